@@ -1,0 +1,15 @@
+// Package inmesh is an in-process service-mesh data plane: the features of
+// Linkerd's proxy as composable net/http middleware.
+//
+// The work is done by the sub-packages, each usable alone:
+//
+//   - [github.com/inmesh/inmesh/destination]: a client for Linkerd's
+//     Destination API (endpoints and service profiles) and an embedded
+//     Destination server fed from ServiceProfile YAML and static endpoints.
+//   - [github.com/inmesh/inmesh/profiles]: the service-profile model and the
+//     per-request route table.
+//   - [github.com/inmesh/inmesh/backoff]: the backoff policy, dialer and
+//     retry loop used by every reconnecting client.
+//
+// See the README for the quick start and the package map.
+package inmesh
