@@ -1,0 +1,226 @@
+package destination
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/profiles"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// ErrRejected is wrapped by the error of an update when the control plane
+// rejected the lookup (InvalidArgument or FailedPrecondition): the watch has
+// stopped, with no profile and no endpoints.
+var ErrRejected = errors.New("destination: lookup rejected by the control plane")
+
+// ErrClosed is returned by the watch methods of a closed [Client].
+var ErrClosed = errors.New("destination: client closed")
+
+// errTooManyWatches wraps profiles.ErrTooManyWatches for both kinds.
+var errTooManyWatches = profiles.ErrTooManyWatches
+
+// EndpointSet is the state of an authority's endpoints. It is immutable.
+type EndpointSet struct {
+	// Exists is false when the control plane says the service does not
+	// exist (no_endpoints{exists: false}); a caller may then fall back to
+	// the authority's own address.
+	Exists bool
+	// Endpoints, sorted by address. Empty with Exists true means the
+	// service has no endpoints now.
+	Endpoints []Endpoint
+}
+
+// EndpointsUpdate is one state of an endpoints watch.
+type EndpointsUpdate struct {
+	// Set is the endpoint set now known, nil with Err.
+	Set *EndpointSet
+	// Err says why there is no set: the lookup was rejected ([ErrRejected]).
+	Err error
+}
+
+// Client watches endpoints and service profiles through the Destination API.
+// It is a [profiles.Source]. A Client is safe for concurrent use; Close
+// releases it.
+type Client struct {
+	api  pb.DestinationClient
+	conn *grpc.ClientConn // closed by Close when the client made it
+	cfg  config
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	close  sync.Once
+
+	profiles  *watches[*pb.DestinationProfile, profiles.Update]
+	endpoints *watches[*pb.Update, EndpointsUpdate]
+}
+
+var _ profiles.Source = (*Client)(nil)
+
+// NewClient returns a Client that makes its calls on cc. The caller keeps
+// ownership of cc and must close it after the Client.
+func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
+	c := &Client{api: pb.NewDestinationClient(cc), cfg: newConfig(opts)}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
+		kind: &kind[*pb.DestinationProfile, profiles.Update]{
+			name: "GetProfile",
+			open: func(ctx context.Context, req *pb.GetDestination) (recvStream[*pb.DestinationProfile], error) {
+				return c.api.GetProfile(ctx, req)
+			},
+			session:  c.profileSession,
+			rejected: func(err error) profiles.Update { return profiles.Update{Err: fmt.Errorf("%w: %w", profiles.ErrNoProfile, err)} },
+		},
+		m: make(map[string]*watch[*pb.DestinationProfile, profiles.Update]),
+	}
+	c.endpoints = &watches[*pb.Update, EndpointsUpdate]{
+		kind: &kind[*pb.Update, EndpointsUpdate]{
+			name: "Get",
+			open: func(ctx context.Context, req *pb.GetDestination) (recvStream[*pb.Update], error) {
+				return c.api.Get(ctx, req)
+			},
+			session:  c.endpointSession,
+			rejected: func(err error) EndpointsUpdate { return EndpointsUpdate{Err: err} },
+		},
+		m: make(map[string]*watch[*pb.Update, EndpointsUpdate]),
+	}
+	return c
+}
+
+// Dial returns a Client over a new plaintext gRPC connection to target (a
+// host:port, or any gRPC target), which Close closes. Connection attempts go
+// through a [backoff.Dialer] with the client's backoff policy, so that a
+// control plane that cannot be reached is retried after a delay, never in a
+// tight loop. Dial does not wait for the connection.
+func Dial(target string, opts ...Option) (*Client, error) {
+	cfg := newConfig(opts)
+	dialer := backoff.NewDialer(cfg.dial, cfg.policy)
+	dialOpts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dialer.DialGRPC),
+		// The Dialer holds each attempt back; gRPC's own reconnect delay
+		// would only add to it.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           grpcbackoff.Config{BaseDelay: time.Millisecond, Multiplier: 1, MaxDelay: time.Millisecond},
+			MinConnectTimeout: 20 * time.Second,
+		}),
+	}, cfg.dialOptions...)
+	conn, err := grpc.NewClient(target, dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("destination: dial %s: %w", target, err)
+	}
+	c := NewClient(conn, opts...)
+	c.conn = conn
+	return c, nil
+}
+
+// Close stops every watch, waits for their goroutines and, for a client
+// made by [Dial], closes the connection. It is safe to call more than once.
+func (c *Client) Close() error {
+	var err error
+	c.close.Do(func() {
+		c.cancel()
+		c.wg.Wait()
+		if c.conn != nil {
+			err = c.conn.Close()
+		}
+	})
+	return err
+}
+
+// Watch implements [profiles.Source]: it streams the service profile of
+// authority (host:port) from GetProfile. A profile that fails to convert is
+// logged and skipped; the last good one stays in force. When the control
+// plane rejects the lookup the last update has a nil Profile and an Err
+// wrapping [profiles.ErrNoProfile] and [ErrRejected].
+func (c *Client) Watch(ctx context.Context, authority string, update func(profiles.Update)) (func(), error) {
+	return c.profiles.subscribe(c, ctx, authority, update)
+}
+
+// WatchEndpoints streams the endpoint set of authority (host:port) from Get,
+// with the semantics of [profiles.Source.Watch]. After a reconnect the last
+// set stays in force until the new stream's first message replaces it.
+func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(EndpointsUpdate)) (func(), error) {
+	return c.endpoints.subscribe(c, ctx, authority, update)
+}
+
+// Stats describes the client's watches.
+type Stats struct {
+	// ProfileWatches and EndpointWatches are the authorities watched now.
+	ProfileWatches, EndpointWatches int
+	// RejectedWatches counts watches refused because the bound was reached.
+	RejectedWatches uint64
+}
+
+// Stats returns the current counts.
+func (c *Client) Stats() Stats {
+	return Stats{
+		ProfileWatches:  c.profiles.len(),
+		EndpointWatches: c.endpoints.len(),
+		RejectedWatches: c.profiles.rejected.Load() + c.endpoints.rejected.Load(),
+	}
+}
+
+func (c *Client) request(authority string) *pb.GetDestination {
+	return &pb.GetDestination{Scheme: c.cfg.scheme, Path: authority, ContextToken: c.cfg.contextToken}
+}
+
+func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (profiles.Update, bool) {
+	return func(m *pb.DestinationProfile) (profiles.Update, bool) {
+		p, err := ProfileFromProto(m)
+		if err != nil {
+			c.cfg.logger.Warn("rejected profile update; keeping the last one", "authority", authority, "error", err)
+			return profiles.Update{}, false
+		}
+		return profiles.Update{Profile: p}, true
+	}
+}
+
+// endpointSession applies the updates of one Get stream. The set starts
+// empty for each stream, so its first message replaces whatever an earlier
+// stream left.
+func (c *Client) endpointSession(authority string) func(*pb.Update) (EndpointsUpdate, bool) {
+	set := make(map[netip.AddrPort]Endpoint)
+	exists := true
+	return func(m *pb.Update) (EndpointsUpdate, bool) {
+		switch u := m.GetUpdate().(type) {
+		case *pb.Update_Add:
+			exists = true
+			labels := u.Add.GetMetricLabels()
+			for i, a := range u.Add.GetAddrs() {
+				e, err := EndpointFromProto(a, labels, fmt.Sprintf("add.addrs[%d]", i))
+				if err != nil {
+					c.cfg.logger.Warn("skipped a bad endpoint", "authority", authority, "error", err)
+					continue
+				}
+				set[e.Addr] = e
+			}
+		case *pb.Update_Remove:
+			for _, a := range u.Remove.GetAddrs() {
+				if addr, err := AddrFromProto(a); err == nil {
+					delete(set, addr)
+				}
+			}
+		case *pb.Update_NoEndpoints:
+			clear(set)
+			exists = u.NoEndpoints.GetExists()
+		default:
+			return EndpointsUpdate{}, false
+		}
+		eps := make([]Endpoint, 0, len(set))
+		for _, e := range set {
+			eps = append(eps, e)
+		}
+		slices.SortFunc(eps, func(a, b Endpoint) int { return a.Addr.Compare(b.Addr) })
+		return EndpointsUpdate{Set: &EndpointSet{Exists: exists, Endpoints: eps}}, true
+	}
+}

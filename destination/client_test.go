@@ -1,0 +1,457 @@
+package destination
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+var fastBackoff = backoff.Policy{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.1}
+
+const books = "books.default.svc.cluster.local"
+
+func ep(addr string, h2 bool) Endpoint {
+	return Endpoint{Addr: netip.MustParseAddrPort(addr), Weight: DefaultWeight, H2: h2}
+}
+
+func addrs(u EndpointsUpdate) []string {
+	if u.Set == nil {
+		return nil
+	}
+	out := []string{}
+	for _, e := range u.Set.Endpoints {
+		out = append(out, e.Addr.String())
+	}
+	return out
+}
+
+func TestProfileUpdatesArriveInOrder(t *testing.T) {
+	store := NewStore()
+	store.PutServiceProfile(serviceProfile(books, "v1"))
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	c := newTestClient(t, cp.addr)
+
+	rec := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "v1", hasRoute("v1"))
+
+	for _, v := range []string{"v2", "v3", "v4"} {
+		store.PutServiceProfile(serviceProfile(books, v))
+		rec.waitFor(t, v, hasRoute(v))
+	}
+	var order []string
+	for _, u := range rec.all() {
+		order = append(order, u.Profile.Routes[0].Labels["route"])
+	}
+	assert.Equal(t, []string{"v1", "v2", "v3", "v4"}, order, "each update once, in order")
+	assert.Equal(t, books, rec.all()[0].Profile.FullyQualifiedName)
+}
+
+func TestEndpointUpdatesArriveInOrder(t *testing.T) {
+	store := NewStore()
+	authority := books + ":7000"
+	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", true)})
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	c := newTestClient(t, cp.addr)
+
+	rec := newRecorder[EndpointsUpdate]()
+	stop, err := c.WatchEndpoints(context.Background(), authority, rec.update)
+	require.NoError(t, err)
+	defer stop()
+
+	first := rec.waitFor(t, "first set", func(u EndpointsUpdate) bool { return u.Set != nil })
+	assert.Equal(t, []string{"10.0.0.1:7000"}, addrs(first))
+	assert.True(t, first.Set.Exists)
+	assert.True(t, first.Set.Endpoints[0].H2)
+
+	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", true), ep("10.0.0.2:7000", false)})
+	rec.waitFor(t, "two", func(u EndpointsUpdate) bool { return len(addrs(u)) == 2 })
+	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.2:7000", false)})
+	rec.waitFor(t, "only .2", func(u EndpointsUpdate) bool {
+		a := addrs(u)
+		return len(a) == 1 && a[0] == "10.0.0.2:7000"
+	})
+	store.PutEndpoints(authority, nil)
+	rec.waitFor(t, "exists, empty", func(u EndpointsUpdate) bool { return u.Set != nil && u.Set.Exists && len(u.Set.Endpoints) == 0 })
+	store.DeleteEndpoints(authority)
+	rec.waitFor(t, "does not exist", func(u EndpointsUpdate) bool { return u.Set != nil && !u.Set.Exists })
+}
+
+func TestStreamsAreShared(t *testing.T) {
+	s := newScripted()
+	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		if err := st.Send(ProfileToProto(serviceProfile(books, "shared").ProfileFor(7000))); err != nil {
+			return err
+		}
+		return block(st.Context())
+	}
+	cp := serve(t, "127.0.0.1:0", s)
+	c := newTestClient(t, cp.addr, WithIdleTimeout(0))
+
+	var stops []func()
+	var recs []*recorder[profiles.Update]
+	for range 5 {
+		rec := newRecorder[profiles.Update]()
+		stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+		require.NoError(t, err)
+		stops, recs = append(stops, stop), append(recs, rec)
+	}
+	for _, rec := range recs {
+		rec.waitFor(t, "profile", hasRoute("shared"))
+	}
+	assert.Len(t, s.callTimes(), 1, "one stream for all watchers")
+	assert.Equal(t, 1, c.Stats().ProfileWatches)
+	for _, stop := range stops {
+		stop()
+		stop() // idempotent
+	}
+	assert.Equal(t, 0, c.Stats().ProfileWatches, "the idle watch is evicted")
+
+	// A watcher after eviction opens a new stream.
+	rec := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "profile again", hasRoute("shared"))
+	assert.Len(t, s.callTimes(), 2)
+}
+
+func TestContextTokenAndScheme(t *testing.T) {
+	s := newScripted()
+	got := make(chan *pb.GetDestination, 1)
+	s.profile = func(_ int, req *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		got <- req
+		return block(st.Context())
+	}
+	cp := serve(t, "127.0.0.1:0", s)
+	c := newTestClient(t, cp.addr, WithContextToken(`{"ns":"default"}`), WithScheme("k8s"))
+	stop, err := c.Watch(context.Background(), books+":7000", func(profiles.Update) {})
+	require.NoError(t, err)
+	defer stop()
+	select {
+	case req := <-got:
+		assert.Equal(t, books+":7000", req.GetPath())
+		assert.Equal(t, `{"ns":"default"}`, req.GetContextToken())
+		assert.Equal(t, "k8s", req.GetScheme())
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("no call")
+	}
+}
+
+// Linkerd's outbound_reconnects_if_controller_stream_ends, with a change
+// made while the control plane was down.
+func TestControlPlaneRestart(t *testing.T) {
+	store := NewStore()
+	store.PutServiceProfile(serviceProfile(books, "before"))
+	authority := books + ":7000"
+	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", false)})
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	addr := cp.addr
+	c := newTestClient(t, addr)
+
+	prof := newRecorder[profiles.Update]()
+	stopP, err := c.Watch(context.Background(), authority, prof.update)
+	require.NoError(t, err)
+	defer stopP()
+	eps := newRecorder[EndpointsUpdate]()
+	stopE, err := c.WatchEndpoints(context.Background(), authority, eps.update)
+	require.NoError(t, err)
+	defer stopE()
+	prof.waitFor(t, "before", hasRoute("before"))
+	eps.waitFor(t, "first endpoints", func(u EndpointsUpdate) bool { return len(addrs(u)) == 1 })
+
+	cp.stop()
+	store.PutServiceProfile(serviceProfile(books, "after"))
+	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.9:7000", false)})
+	cp = serve(t, addr, NewServer(store, quietLogger))
+
+	prof.waitFor(t, "after", hasRoute("after"))
+	eps.waitFor(t, "new endpoints", func(u EndpointsUpdate) bool {
+		a := addrs(u)
+		return len(a) == 1 && a[0] == "10.0.0.9:7000"
+	})
+	// While down, nothing was published: the last state stayed in force.
+	assert.Len(t, prof.all(), 2)
+	assert.Len(t, eps.all(), 2)
+}
+
+// Linkerd's outbound_destinations_reset_on_reconnect_followed_by_*: after a
+// reconnect the stale set is kept until the first message, which replaces
+// it.
+func TestEndpointsResetOnReconnect(t *testing.T) {
+	cases := []struct {
+		name   string
+		second *pb.Update
+		want   []string
+		exists bool
+	}{
+		{"no_endpoints exists", &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: true}}}, []string{}, true},
+		{"no_endpoints dne", &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: false}}}, []string{}, false},
+		{"add none", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{}}}, []string{}, true},
+		{"remove none", &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{}}}, []string{}, true},
+		{"add other", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{EndpointToProto(ep("10.0.0.3:80", false))}}}}, []string{"10.0.0.3:80"}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newScripted()
+			release := make(chan struct{})
+			s.get = func(call int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
+				if call == 1 {
+					return st.Send(&pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{
+						EndpointToProto(ep("10.0.0.1:80", false)), EndpointToProto(ep("10.0.0.2:80", false)),
+					}}}}) // and the stream ends
+				}
+				<-release // the reconnected stream is silent for a while
+				if err := st.Send(tc.second); err != nil {
+					return err
+				}
+				return block(st.Context())
+			}
+			cp := serve(t, "127.0.0.1:0", s)
+			c := newTestClient(t, cp.addr)
+			rec := newRecorder[EndpointsUpdate]()
+			stop, err := c.WatchEndpoints(context.Background(), "svc.ns.svc.cluster.local:80", rec.update)
+			require.NoError(t, err)
+			defer stop()
+			rec.waitFor(t, "two endpoints", func(u EndpointsUpdate) bool { return len(addrs(u)) == 2 })
+			s.waitCalls(t, 2)
+			assert.Len(t, rec.all(), 1, "stale set kept until the first message")
+			close(release)
+			u := rec.waitFor(t, "replaced set", func(u EndpointsUpdate) bool { return len(rec.all()) >= 2 })
+			u = rec.all()[1]
+			assert.Equal(t, tc.want, addrs(u))
+			assert.Equal(t, tc.exists, u.Set.Exists)
+		})
+	}
+}
+
+// Linkerd's outbound_error_reconnects_after_backoff: the control plane is
+// not listening at first; with a 100ms delay from the environment the client
+// keeps trying at that pace, and reaches it once it listens.
+func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
+	t.Setenv("INMESH_CONTROL_BACKOFF_DELAY", "100ms")
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	require.NoError(t, err)
+	require.Equal(t, backoff.Fixed(100*time.Millisecond), policy)
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close()) // nothing listens there now
+
+	dials := make(chan time.Time, 1000)
+	var nd net.Dialer
+	countingDial := func(ctx context.Context, network, a string) (net.Conn, error) {
+		dials <- time.Now()
+		return nd.DialContext(ctx, network, a)
+	}
+	c := newTestClient(t, addr, WithBackoff(policy), WithDialFunc(countingDial))
+	rec := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+
+	// Three refused dials, each at least the delay after the one before.
+	var at []time.Time
+	for len(at) < 3 {
+		select {
+		case d := <-dials:
+			at = append(at, d)
+		case <-time.After(defaultTestTimeout):
+			t.Fatal("the client stopped dialling")
+		}
+	}
+	for i := 1; i < len(at); i++ {
+		assert.GreaterOrEqual(t, at[i].Sub(at[i-1]), 100*time.Millisecond, "dial %d came too soon", i)
+	}
+
+	store := NewStore()
+	store.PutServiceProfile(serviceProfile(books, "reached"))
+	serve(t, addr, NewServer(store, quietLogger))
+	rec.waitFor(t, "profile after the control plane came up", hasRoute("reached"))
+}
+
+func TestStatusCodes(t *testing.T) {
+	retried := []codes.Code{codes.Unavailable, codes.Internal, codes.NotFound, codes.Unknown, codes.ResourceExhausted}
+	for _, code := range retried {
+		t.Run(code.String()+" is retried with backoff", func(t *testing.T) {
+			s := newScripted()
+			s.profile = func(call int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+				if call <= 3 {
+					return status.Error(code, "not now")
+				}
+				if err := st.Send(ProfileToProto(serviceProfile(books, "ok").ProfileFor(7000))); err != nil {
+					return err
+				}
+				return block(st.Context())
+			}
+			cp := serve(t, "127.0.0.1:0", s)
+			policy := backoff.Policy{Min: 30 * time.Millisecond, Max: 100 * time.Millisecond}
+			c := newTestClient(t, cp.addr, WithBackoff(policy))
+			rec := newRecorder[profiles.Update]()
+			stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+			require.NoError(t, err)
+			defer stop()
+			rec.waitFor(t, "profile after retries", hasRoute("ok"))
+			calls := s.callTimes()
+			require.Len(t, calls, 4)
+			for i := 1; i < len(calls); i++ {
+				assert.GreaterOrEqual(t, calls[i].Sub(calls[i-1]), policy.Min, "attempt %d too soon", i)
+			}
+		})
+	}
+	for _, code := range []codes.Code{codes.InvalidArgument, codes.FailedPrecondition} {
+		t.Run(code.String()+" stops with no profile", func(t *testing.T) {
+			s := newScripted()
+			s.profile = func(int, *pb.GetDestination, grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+				return status.Error(code, "no")
+			}
+			s.get = func(int, *pb.GetDestination, grpc.ServerStreamingServer[pb.Update]) error {
+				return status.Error(code, "no")
+			}
+			cp := serve(t, "127.0.0.1:0", s)
+			c := newTestClient(t, cp.addr)
+			rec := newRecorder[profiles.Update]()
+			stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+			require.NoError(t, err)
+			defer stop()
+			u := rec.waitFor(t, "no profile", func(profiles.Update) bool { return true })
+			assert.Nil(t, u.Profile)
+			assert.ErrorIs(t, u.Err, profiles.ErrNoProfile)
+			assert.ErrorIs(t, u.Err, ErrRejected)
+			assert.Equal(t, code, status.Code(u.Err))
+
+			erec := newRecorder[EndpointsUpdate]()
+			stopE, err := c.WatchEndpoints(context.Background(), books+":7000", erec.update)
+			require.NoError(t, err)
+			defer stopE()
+			eu := erec.waitFor(t, "rejected", func(EndpointsUpdate) bool { return true })
+			assert.ErrorIs(t, eu.Err, ErrRejected)
+
+			// Several times the longest delay: no further call.
+			time.Sleep(defaultTestShortTimeout)
+			assert.Len(t, s.callTimes(), 2, "one GetProfile and one Get, never retried")
+		})
+	}
+}
+
+func TestFirstMessageDeadline(t *testing.T) {
+	s := newScripted()
+	cancelled := make(chan struct{})
+	s.profile = func(call int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		if call == 1 {
+			<-st.Context().Done() // accept the stream, never send
+			close(cancelled)
+			return nil
+		}
+		if err := st.Send(ProfileToProto(serviceProfile(books, "second").ProfileFor(7000))); err != nil {
+			return err
+		}
+		return block(st.Context())
+	}
+	cp := serve(t, "127.0.0.1:0", s)
+	c := newTestClient(t, cp.addr, WithFirstMessageTimeout(200*time.Millisecond))
+	rec := newRecorder[profiles.Update]()
+	start := time.Now()
+	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "profile from the second stream", hasRoute("second"))
+	select {
+	case <-cancelled:
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("the silent stream was not cancelled")
+	}
+	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	assert.Len(t, s.callTimes(), 2)
+}
+
+func TestWatchCap(t *testing.T) {
+	store := NewStore()
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	c := newTestClient(t, cp.addr, WithMaxWatches(1000), WithIdleTimeout(0))
+
+	runtime.GC()
+	baseGoroutines := runtime.NumGoroutine()
+	var delivered atomic.Int64
+	var stops []func()
+	var rejected int
+	for i := range 2000 {
+		stop, err := c.Watch(context.Background(), fmt.Sprintf("svc-%d.ns.svc.cluster.local:80", i), func(u profiles.Update) {
+			if u.Profile != nil {
+				delivered.Add(1)
+			}
+		})
+		if err != nil {
+			require.ErrorIs(t, err, profiles.ErrTooManyWatches)
+			rejected++
+			continue
+		}
+		stops = append(stops, stop)
+	}
+	assert.Equal(t, 1000, len(stops))
+	assert.Equal(t, 1000, rejected)
+	require.Eventually(t, func() bool { return delivered.Load() == 1000 }, defaultTestTimeout, 10*time.Millisecond,
+		"every accepted watch gets its default profile")
+	st := c.Stats()
+	assert.Equal(t, 1000, st.ProfileWatches)
+	assert.Equal(t, uint64(1000), st.RejectedWatches)
+
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	perWatch := (runtime.NumGoroutine() - baseGoroutines) / 1000
+	t.Logf("goroutines per watch (client and server in one process): %d; heap in use %d MiB", perWatch, ms.HeapInuse>>20)
+	assert.LessOrEqual(t, perWatch, 8, "goroutines per watch")
+	assert.Less(t, ms.HeapInuse, uint64(512<<20))
+
+	for _, stop := range stops {
+		stop()
+	}
+	assert.Equal(t, 0, c.Stats().ProfileWatches)
+	stop, err := c.Watch(context.Background(), "again.ns.svc.cluster.local:80", func(profiles.Update) {})
+	require.NoError(t, err, "room again after eviction")
+	stop()
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= baseGoroutines+20 }, defaultTestTimeout, 20*time.Millisecond,
+		"goroutines return to the baseline")
+}
+
+func TestClosedClient(t *testing.T) {
+	store := NewStore()
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	c := newTestClient(t, cp.addr)
+	_, err := c.Watch(context.Background(), books+":80", func(profiles.Update) {})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close())
+	_, err = c.Watch(context.Background(), books+":80", func(profiles.Update) {})
+	assert.ErrorIs(t, err, ErrClosed)
+}
+
+func TestWatchEndsWithContext(t *testing.T) {
+	store := NewStore()
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	c := newTestClient(t, cp.addr, WithIdleTimeout(0))
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := newRecorder[profiles.Update]()
+	_, err := c.Watch(ctx, books+":80", rec.update)
+	require.NoError(t, err)
+	rec.waitFor(t, "default profile", func(u profiles.Update) bool { return u.Profile != nil })
+	cancel()
+	require.Eventually(t, func() bool { return c.Stats().ProfileWatches == 0 }, defaultTestTimeout, 5*time.Millisecond)
+}

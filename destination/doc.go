@@ -1,0 +1,17 @@
+// Package destination speaks Linkerd's Destination API
+// (io.linkerd.proxy.destination.Destination): a [Client] that watches the
+// endpoints (Get) and service profiles (GetProfile) of authorities over one
+// gRPC connection, and a [Server] that serves them from a [Store] of
+// ServiceProfile YAML and static endpoints, so that a mesh runs with no
+// Kubernetes at all.
+//
+// The Client is a [profiles.Source]. It keeps one stream per watched
+// authority, shared by every caller; re-subscribes with backoff after any
+// stream end or error, keeping the last state in force meanwhile; treats
+// InvalidArgument and FailedPrecondition as "no profile" and stops; and
+// counts a stream that sends nothing before a deadline as failed.
+//
+// The wire types are in package [destinationpb]; they use Linkerd's proto
+// names, so the Client works against a Linkerd control plane and a Linkerd
+// proxy works against the Server.
+package destination

@@ -1,0 +1,196 @@
+package destination
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	// defaultTestTimeout bounds waits for what must happen.
+	defaultTestTimeout = 10 * time.Second
+	// defaultTestShortTimeout is how long a test watches for something
+	// that must not happen.
+	defaultTestShortTimeout = 300 * time.Millisecond
+)
+
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// controlPlane is a real gRPC server on loopback.
+type controlPlane struct {
+	t    *testing.T
+	addr string
+	srv  *grpc.Server
+	done chan struct{}
+}
+
+// serve starts a gRPC server with svc on addr ("127.0.0.1:0" for any port).
+func serve(t *testing.T, addr string, svc pb.DestinationServer) *controlPlane {
+	t.Helper()
+	var lis net.Listener
+	var err error
+	// A port just released may take a moment to be free again.
+	require.Eventually(t, func() bool {
+		lis, err = net.Listen("tcp", addr)
+		return err == nil
+	}, defaultTestTimeout, 10*time.Millisecond, "listen %s: %v", addr, err)
+	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
+	pb.RegisterDestinationServer(cp.srv, svc)
+	go func() {
+		defer close(cp.done)
+		_ = cp.srv.Serve(lis)
+	}()
+	t.Cleanup(cp.stop)
+	return cp
+}
+
+// stop closes the listener and cuts every stream.
+func (cp *controlPlane) stop() {
+	cp.srv.Stop()
+	<-cp.done
+}
+
+func newTestClient(t *testing.T, addr string, opts ...Option) *Client {
+	t.Helper()
+	opts = append([]Option{WithLogger(quietLogger), WithBackoff(fastBackoff)}, opts...)
+	c, err := Dial(addr, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// recorder collects the updates of one watch.
+type recorder[U any] struct {
+	mu  sync.Mutex
+	got []U
+	ch  chan struct{}
+}
+
+func newRecorder[U any]() *recorder[U] { return &recorder[U]{ch: make(chan struct{}, 1)} }
+
+func (r *recorder[U]) update(u U) {
+	r.mu.Lock()
+	r.got = append(r.got, u)
+	r.mu.Unlock()
+	select {
+	case r.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (r *recorder[U]) all() []U {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]U(nil), r.got...)
+}
+
+// waitFor waits until some update satisfies ok and returns it.
+func (r *recorder[U]) waitFor(t *testing.T, what string, ok func(U) bool) U {
+	t.Helper()
+	deadline := time.NewTimer(defaultTestTimeout)
+	defer deadline.Stop()
+	seen := 0
+	for {
+		got := r.all()
+		for _, u := range got[seen:] {
+			if ok(u) {
+				return u
+			}
+		}
+		seen = len(got)
+		select {
+		case <-r.ch:
+		case <-deadline.C:
+			t.Fatalf("timed out waiting for %s; got %d updates", what, len(got))
+		}
+	}
+}
+
+func hasRoute(name string) func(profiles.Update) bool {
+	return func(u profiles.Update) bool {
+		return u.Profile != nil && len(u.Profile.Routes) > 0 && u.Profile.Routes[0].Labels["route"] == name
+	}
+}
+
+func routeNamed(name string) profiles.Route {
+	return profiles.Route{Condition: profiles.PathRegex("/" + name), Labels: map[string]string{"route": name}}
+}
+
+func serviceProfile(name string, routes ...string) *profiles.ServiceProfile {
+	sp := &profiles.ServiceProfile{Name: name, RetryBudget: profiles.DefaultRetryBudget}
+	for _, r := range routes {
+		sp.Routes = append(sp.Routes, routeNamed(r))
+	}
+	return sp
+}
+
+// scripted is a Destination service whose every call is answered by a
+// function of its own, for faults a Store cannot produce.
+type scripted struct {
+	pb.UnimplementedDestinationServer
+	mu       sync.Mutex
+	calls    []time.Time
+	profile  func(call int, req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error
+	get      func(call int, req *pb.GetDestination, s grpc.ServerStreamingServer[pb.Update]) error
+	callSeen chan int
+}
+
+func newScripted() *scripted { return &scripted{callSeen: make(chan int, 1000)} }
+
+func (s *scripted) record() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, time.Now())
+	n := len(s.calls)
+	s.callSeen <- n
+	return n
+}
+
+func (s *scripted) callTimes() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.calls...)
+}
+
+func (s *scripted) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	return s.profile(s.record(), req, stream)
+}
+
+func (s *scripted) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.Update]) error {
+	return s.get(s.record(), req, stream)
+}
+
+// waitCalls waits until the service has seen n calls.
+func (s *scripted) waitCalls(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.NewTimer(defaultTestTimeout)
+	defer deadline.Stop()
+	for {
+		if len(s.callTimes()) >= n {
+			return
+		}
+		select {
+		case <-s.callSeen:
+		case <-deadline.C:
+			t.Fatalf("timed out waiting for %d calls; saw %d", n, len(s.callTimes()))
+		}
+	}
+}
+
+// block waits until the call is cancelled.
+func block(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}

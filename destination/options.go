@@ -1,0 +1,124 @@
+package destination
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	"google.golang.org/grpc"
+)
+
+// Defaults of the [Client].
+const (
+	DefaultMaxWatches          = 10000
+	DefaultIdleTimeout         = 30 * time.Second
+	DefaultFirstMessageTimeout = 5 * time.Second
+)
+
+// Option configures a [Client]. Options given nil values change nothing.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	scheme, contextToken string
+	policy               backoff.Policy
+	maxWatches           int
+	idleTimeout          time.Duration
+	firstMessageTimeout  time.Duration
+	logger               *slog.Logger
+	dial                 backoff.DialFunc
+	dialOptions          []grpc.DialOption
+}
+
+func newConfig(opts []Option) config {
+	c := config{
+		maxWatches:          DefaultMaxWatches,
+		idleTimeout:         DefaultIdleTimeout,
+		firstMessageTimeout: DefaultFirstMessageTimeout,
+		logger:              slog.Default(),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	return c
+}
+
+// WithScheme sets GetDestination.scheme on every lookup (empty by default,
+// as modern Linkerd proxies send; 2018 proxies sent "k8s").
+func WithScheme(scheme string) Option { return optionFunc(func(c *config) { c.scheme = scheme }) }
+
+// WithContextToken sets GetDestination.context_token, the opaque token that
+// tells a Linkerd control plane who is asking (its proxy injector sets
+// LINKERD2_PROXY_DESTINATION_CONTEXT to it).
+func WithContextToken(token string) Option {
+	return optionFunc(func(c *config) { c.contextToken = token })
+}
+
+// WithBackoff sets the delays between attempts to re-establish a stream (and,
+// with [Dial], between failed connection attempts). The zero Policy is
+// [backoff.DefaultPolicy].
+func WithBackoff(p backoff.Policy) Option { return optionFunc(func(c *config) { c.policy = p }) }
+
+// WithMaxWatches bounds the number of authorities watched at once, for
+// profiles and for endpoints each (default [DefaultMaxWatches]). Past it a
+// watch fails with [profiles.ErrTooManyWatches]. n <= 0 changes nothing.
+func WithMaxWatches(n int) Option {
+	return optionFunc(func(c *config) {
+		if n > 0 {
+			c.maxWatches = n
+		}
+	})
+}
+
+// WithIdleTimeout sets how long a stream is kept after its last watcher
+// stopped, so that a watcher coming back soon finds its state (default
+// [DefaultIdleTimeout]; 0 closes it at once). d < 0 changes nothing.
+func WithIdleTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d >= 0 {
+			c.idleTimeout = d
+		}
+	})
+}
+
+// WithFirstMessageTimeout sets how long a new stream may stay silent before
+// it counts as failed and is re-established (default
+// [DefaultFirstMessageTimeout]). d <= 0 changes nothing.
+func WithFirstMessageTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.firstMessageTimeout = d
+		}
+	})
+}
+
+// WithLogger sets the logger for stream failures and rejected updates
+// (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	})
+}
+
+// WithDialFunc sets how [Dial] makes TCP connections, before the backoff
+// between failed attempts is applied (default: a net.Dialer).
+func WithDialFunc(dial backoff.DialFunc) Option {
+	return optionFunc(func(c *config) {
+		if dial != nil {
+			c.dial = dial
+		}
+	})
+}
+
+// WithDialOptions adds gRPC dial options for [Dial], such as transport
+// credentials (the default is plaintext).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return optionFunc(func(c *config) { c.dialOptions = append(c.dialOptions, opts...) })
+}

@@ -1,0 +1,273 @@
+package destination
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// errFirstMessageTimeout is why a stream that stayed silent was abandoned.
+var errFirstMessageTimeout = errors.New("destination: no message before the first-message deadline")
+
+// errStreamEnded is why a stream that the server closed cleanly is
+// re-established.
+var errStreamEnded = errors.New("destination: stream ended")
+
+// recvStream is the receiving half of a server-streaming call.
+type recvStream[M any] interface{ Recv() (M, error) }
+
+// kind is what differs between the two watched RPCs.
+type kind[M, U any] struct {
+	name string
+	// open starts the call.
+	open func(ctx context.Context, req *pb.GetDestination) (recvStream[M], error)
+	// session returns a handler for the messages of one stream. It returns
+	// the update to publish and whether there is one.
+	session func(authority string) func(M) (U, bool)
+	// rejected is the last update of a watch the server rejected.
+	rejected func(err error) U
+}
+
+// watch is one shared stream for one authority, fanned out to subscribers.
+type watch[M, U any] struct {
+	c         *Client
+	kind      *kind[M, U]
+	authority string
+	cancel    context.CancelFunc
+	done      chan struct{}
+
+	mu      sync.Mutex
+	last    U
+	hasLast bool
+	subs    map[*subscriber[U]]struct{}
+	idleGen uint64 // bumped on every subscribe, so a stale idle timer does nothing
+	evicted bool
+	// attempts counts calls made; read by tests and Stats.
+	attempts atomic.Int64
+}
+
+// subscriber delivers the latest update of a watch to one callback, on a
+// goroutine of its own so that a slow callback never holds the stream up.
+type subscriber[U any] struct {
+	update func(U)
+	ctx    context.Context
+	cancel context.CancelFunc
+	notify chan struct{} // capacity 1
+	done   chan struct{}
+
+	mu      sync.Mutex
+	pending U
+}
+
+func (s *subscriber[U]) offer(u U) {
+	s.mu.Lock()
+	s.pending = u
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (s *subscriber[U]) run(unsubscribe func()) {
+	defer close(s.done)
+	defer unsubscribe()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.notify:
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.mu.Lock()
+		u := s.pending
+		s.mu.Unlock()
+		s.update(u)
+	}
+}
+
+// watches is a bounded set of watches of one kind, keyed by authority.
+type watches[M, U any] struct {
+	kind *kind[M, U]
+	mu   sync.Mutex
+	m    map[string]*watch[M, U]
+	// rejected counts watches refused for the bound.
+	rejected atomic.Uint64
+}
+
+func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority string, update func(U)) (func(), error) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if c.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
+	w := ws.m[authority]
+	if w == nil {
+		if len(ws.m) >= c.cfg.maxWatches {
+			ws.rejected.Add(1)
+			return nil, fmt.Errorf("%w: %d %s watches already", errTooManyWatches, len(ws.m), ws.kind.name)
+		}
+		wctx, cancel := context.WithCancel(c.ctx)
+		w = &watch[M, U]{
+			c: c, kind: ws.kind, authority: authority, cancel: cancel,
+			done: make(chan struct{}), subs: make(map[*subscriber[U]]struct{}),
+		}
+		ws.m[authority] = w
+		c.wg.Add(1)
+		go w.run(wctx)
+	}
+
+	sctx, scancel := context.WithCancel(c.ctx)
+	s := &subscriber[U]{update: update, ctx: sctx, cancel: scancel, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	w.mu.Lock()
+	w.subs[s] = struct{}{}
+	w.idleGen++
+	if w.hasLast {
+		s.offer(w.last)
+	}
+	w.mu.Unlock()
+
+	stopOnCtx := context.AfterFunc(ctx, scancel)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		s.run(func() { ws.unsubscribe(w, s) })
+	}()
+	return sync.OnceFunc(func() {
+		stopOnCtx()
+		scancel()
+		<-s.done
+	}), nil
+}
+
+// unsubscribe removes s from w and, when w has no subscribers left, closes
+// it after the idle timeout.
+func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *subscriber[U]) {
+	w.mu.Lock()
+	delete(w.subs, s)
+	idle := len(w.subs) == 0
+	gen := w.idleGen
+	w.mu.Unlock()
+	if !idle || w.c.ctx.Err() != nil {
+		return
+	}
+	if d := w.c.cfg.idleTimeout; d > 0 {
+		time.AfterFunc(d, func() { ws.evict(w, gen) })
+		return
+	}
+	ws.evict(w, gen)
+}
+
+// evict closes w if nobody subscribed since generation gen.
+func (ws *watches[M, U]) evict(w *watch[M, U], gen uint64) {
+	ws.mu.Lock()
+	w.mu.Lock()
+	stale := w.idleGen != gen || len(w.subs) > 0 || w.evicted
+	if !stale {
+		w.evicted = true
+		delete(ws.m, w.authority)
+	}
+	w.mu.Unlock()
+	ws.mu.Unlock()
+	if !stale {
+		w.cancel()
+	}
+}
+
+func (ws *watches[M, U]) len() int {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return len(ws.m)
+}
+
+func (w *watch[M, U]) publish(u U) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last, w.hasLast = u, true
+	for s := range w.subs {
+		s.offer(u)
+	}
+}
+
+// run keeps a stream open until ctx ends or the server rejects the lookup.
+func (w *watch[M, U]) run(ctx context.Context) {
+	defer w.c.wg.Done()
+	defer close(w.done)
+	log := w.c.cfg.logger.With("rpc", w.kind.name, "authority", w.authority)
+	healthy := true
+	err := backoff.Retry(ctx, w.c.cfg.policy, w.session, func(err error, delay time.Duration) {
+		if healthy || errors.Is(err, backoff.ErrResetBackoff) {
+			log.Warn("destination stream failed; re-establishing", "error", err, "delay", delay)
+		} else {
+			log.Debug("destination stream failed; re-establishing", "error", err, "delay", delay)
+		}
+		healthy = errors.Is(err, backoff.ErrResetBackoff)
+	})
+	if err != nil && ctx.Err() == nil {
+		log.Info("destination lookup rejected; not watching", "error", err)
+		w.publish(w.kind.rejected(err))
+	}
+}
+
+// session runs one stream: it returns an error that says whether to retry
+// (always, unless the server rejected the lookup) and whether the stream made
+// progress.
+func (w *watch[M, U]) session(ctx context.Context) error {
+	w.attempts.Add(1)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var silent atomic.Bool
+	deadline := time.AfterFunc(w.c.cfg.firstMessageTimeout, func() {
+		silent.Store(true)
+		cancel()
+	})
+	defer deadline.Stop()
+
+	stream, err := w.kind.open(ctx, w.c.request(w.authority))
+	if err != nil {
+		return classifyStreamErr(err, false, silent.Load())
+	}
+	handle := w.kind.session(w.authority)
+	received := false
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return classifyStreamErr(err, received, silent.Load())
+		}
+		if !received {
+			received = true
+			deadline.Stop()
+		}
+		if u, ok := handle(msg); ok {
+			w.publish(u)
+		}
+	}
+}
+
+func classifyStreamErr(err error, progressed, silent bool) error {
+	switch {
+	case silent:
+		err = errFirstMessageTimeout
+	case errors.Is(err, io.EOF):
+		err = errStreamEnded
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition:
+		return backoff.Permanent(fmt.Errorf("%w: %w", ErrRejected, err))
+	}
+	if progressed {
+		return fmt.Errorf("%w: %w", backoff.ErrResetBackoff, err)
+	}
+	return err
+}
