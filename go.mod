@@ -3,6 +3,7 @@ module github.com/inmesh/inmesh
 go 1.26.8
 
 require (
+	github.com/google/go-cmp v0.7.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/net v0.62.0

@@ -77,8 +77,10 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 			open: func(ctx context.Context, req *pb.GetDestination) (recvStream[*pb.DestinationProfile], error) {
 				return c.api.GetProfile(ctx, req)
 			},
-			session:  c.profileSession,
-			rejected: func(err error) profiles.Update { return profiles.Update{Err: fmt.Errorf("%w: %w", profiles.ErrNoProfile, err)} },
+			session: c.profileSession,
+			rejected: func(err error) profiles.Update {
+				return profiles.Update{Err: fmt.Errorf("%w: %w", profiles.ErrNoProfile, err)}
+			},
 		},
 		m: make(map[string]*watch[*pb.DestinationProfile, profiles.Update]),
 	}

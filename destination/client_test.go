@@ -179,7 +179,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	cp.stop()
 	store.PutServiceProfile(serviceProfile(books, "after"))
 	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.9:7000", false)})
-	cp = serve(t, addr, NewServer(store, quietLogger))
+	serve(t, addr, NewServer(store, quietLogger))
 
 	prof.waitFor(t, "after", hasRoute("after"))
 	eps.waitFor(t, "new endpoints", func(u EndpointsUpdate) bool {
@@ -233,8 +233,8 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 			s.waitCalls(t, 2)
 			assert.Len(t, rec.all(), 1, "stale set kept until the first message")
 			close(release)
-			u := rec.waitFor(t, "replaced set", func(u EndpointsUpdate) bool { return len(rec.all()) >= 2 })
-			u = rec.all()[1]
+			rec.waitFor(t, "replaced set", func(EndpointsUpdate) bool { return len(rec.all()) >= 2 })
+			u := rec.all()[1]
 			assert.Equal(t, tc.want, addrs(u))
 			assert.Equal(t, tc.exists, u.Set.Exists)
 		})
@@ -454,4 +454,42 @@ func TestWatchEndsWithContext(t *testing.T) {
 	rec.waitFor(t, "default profile", func(u profiles.Update) bool { return u.Profile != nil })
 	cancel()
 	require.Eventually(t, func() bool { return c.Stats().ProfileWatches == 0 }, defaultTestTimeout, 5*time.Millisecond)
+}
+
+func TestBadProfileKeepsLastGood(t *testing.T) {
+	s := newScripted()
+	next := make(chan *pb.DestinationProfile)
+	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		for {
+			select {
+			case m := <-next:
+				if err := st.Send(m); err != nil {
+					return err
+				}
+			case <-st.Context().Done():
+				return nil
+			}
+		}
+	}
+	cp := serve(t, "127.0.0.1:0", s)
+	c := newTestClient(t, cp.addr)
+	rec := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+
+	send := func(m *pb.DestinationProfile) {
+		select {
+		case next <- m:
+		case <-time.After(defaultTestTimeout):
+			t.Fatal("stream not open")
+		}
+	}
+	send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000)))
+	rec.waitFor(t, "good", hasRoute("good"))
+	send(&pb.DestinationProfile{Routes: []*pb.Route{{MetricsLabels: map[string]string{"route": "no condition"}}}})
+	send(ProfileToProto(serviceProfile(books, "good2").ProfileFor(7000)))
+	rec.waitFor(t, "good2", hasRoute("good2"))
+	assert.Len(t, rec.all(), 2, "the bad profile was never delivered")
+	assert.Len(t, s.callTimes(), 1, "a bad message does not break the stream")
 }

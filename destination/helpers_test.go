@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -193,4 +194,9 @@ func (s *scripted) waitCalls(t *testing.T, n int) {
 func block(ctx context.Context) error {
 	<-ctx.Done()
 	return nil
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
 }

@@ -179,15 +179,15 @@ func sortedEndpoints(eps []Endpoint) []Endpoint {
 // ParseEndpoints reads an endpoints file: a YAML list of authorities and
 // their endpoints.
 //
-//	- authority: books.default.svc.cluster.local:7000
-//	  endpoints:
-//	  - addr: 127.0.0.1:4143       # ip:port
-//	    weight: 10000              # optional, default 10000
-//	    h2: true                   # protocol hint: a mesh peer (orig-proto)
-//	    opaqueTransportPort: 4143  # optional
-//	    identity: books.default.serviceaccount.identity.linkerd.cluster.local
-//	    authorityOverride: books.default.svc.cluster.local:7000  # optional
-//	    labels: {pod: books-0}     # optional metric labels
+//   - authority: books.default.svc.cluster.local:7000
+//     endpoints:
+//   - addr: 127.0.0.1:4143       # ip:port
+//     weight: 10000              # optional, default 10000
+//     h2: true                   # protocol hint: a mesh peer (orig-proto)
+//     opaqueTransportPort: 4143  # optional
+//     identity: books.default.serviceaccount.identity.linkerd.cluster.local
+//     authorityOverride: books.default.svc.cluster.local:7000  # optional
+//     labels: {pod: books-0}     # optional metric labels
 //
 // An authority with an empty list exists with no endpoints. Errors name the
 // field, as in "[0].endpoints[1].addr: ...".

@@ -1,0 +1,339 @@
+package destination
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Every field of the ServiceProfile CRD, as a Linkerd controller would
+// translate it.
+const fullProfile = `
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata:
+  name: books.default.svc.cluster.local
+  namespace: default
+spec:
+  routes:
+  - name: GET /books/{id}
+    condition:
+      method: GET
+      pathRegex: /books/\d+
+    responseClasses:
+    - condition:
+        status: {min: 533, max: 533}
+      isFailure: false
+    - condition:
+        all:
+        - status: {min: 500, max: 599}
+        - not:
+            status: {min: 503}
+      isFailure: true
+    - condition:
+        any:
+        - status: {max: 429}
+      isFailure: true
+    isRetryable: true
+    timeout: 300ms
+  - name: everything else
+    condition:
+      all: []
+  - name: POST or PUT
+    condition:
+      any:
+      - method: POST
+      - method: PURGE
+      not:
+        pathRegex: /admin/.*
+  retryBudget:
+    retryRatio: 0.25
+    minRetriesPerSecond: 7
+    ttl: 15s
+  dstOverrides:
+  - authority: books-v1.default.svc.cluster.local:7000
+    weight: 1
+  - authority: books-v2.default.svc.cluster.local
+    weight: 500m
+  opaquePorts: [3306, "5432"]
+`
+
+func TestServiceProfileToProto(t *testing.T) {
+	sps, err := profiles.ParseServiceProfiles([]byte(fullProfile))
+	require.NoError(t, err)
+	require.Len(t, sps, 1)
+	got := ProfileToProto(sps[0].ProfileFor(7000))
+
+	method := func(m string) *pb.RequestMatch {
+		return &pb.RequestMatch{Match: &pb.RequestMatch_Method{Method: MethodToProto(m)}}
+	}
+	path := func(re string) *pb.RequestMatch {
+		return &pb.RequestMatch{Match: &pb.RequestMatch_Path{Path: &pb.PathMatch{Regex: re}}}
+	}
+	status := func(lo, hi uint32) *pb.ResponseMatch {
+		return &pb.ResponseMatch{Match: &pb.ResponseMatch_Status{Status: &pb.HttpStatusRange{Min: lo, Max: hi}}}
+	}
+	want := &pb.DestinationProfile{
+		FullyQualifiedName: "books.default.svc.cluster.local",
+		Routes: []*pb.Route{
+			{
+				Condition: &pb.RequestMatch{Match: &pb.RequestMatch_All{All: &pb.RequestMatch_Seq{Matches: []*pb.RequestMatch{
+					method("GET"), path(`/books/\d+`),
+				}}}},
+				ResponseClasses: []*pb.ResponseClass{
+					{Condition: status(533, 533)},
+					{Condition: &pb.ResponseMatch{Match: &pb.ResponseMatch_All{All: &pb.ResponseMatch_Seq{Matches: []*pb.ResponseMatch{
+						status(500, 599),
+						{Match: &pb.ResponseMatch_Not{Not: status(503, 0)}},
+					}}}}, IsFailure: true},
+					{Condition: &pb.ResponseMatch{Match: &pb.ResponseMatch_Any{Any: &pb.ResponseMatch_Seq{Matches: []*pb.ResponseMatch{
+						status(0, 429),
+					}}}}, IsFailure: true},
+				},
+				MetricsLabels: map[string]string{"route": "GET /books/{id}"},
+				IsRetryable:   true,
+				Timeout:       durationpb.New(300 * time.Millisecond),
+			},
+			{
+				Condition:     &pb.RequestMatch{Match: &pb.RequestMatch_All{All: &pb.RequestMatch_Seq{Matches: []*pb.RequestMatch{}}}},
+				MetricsLabels: map[string]string{"route": "everything else"},
+			},
+			{
+				Condition: &pb.RequestMatch{Match: &pb.RequestMatch_All{All: &pb.RequestMatch_Seq{Matches: []*pb.RequestMatch{
+					{Match: &pb.RequestMatch_Any{Any: &pb.RequestMatch_Seq{Matches: []*pb.RequestMatch{method("POST"), method("PURGE")}}}},
+					{Match: &pb.RequestMatch_Not{Not: path("/admin/.*")}},
+				}}}},
+				MetricsLabels: map[string]string{"route": "POST or PUT"},
+			},
+		},
+		RetryBudget: &pb.RetryBudget{RetryRatio: 0.25, MinRetriesPerSecond: 7, Ttl: durationpb.New(15 * time.Second)},
+		DstOverrides: []*pb.WeightedDst{
+			{Authority: "books-v1.default.svc.cluster.local:7000", Weight: 10000},
+			{Authority: "books-v2.default.svc.cluster.local:7000", Weight: 5000},
+		},
+	}
+	assert.Empty(t, cmp.Diff(want, got, protocmp.Transform()))
+	assert.True(t, ProfileToProto(sps[0].ProfileFor(5432)).GetOpaqueProtocol())
+	assert.True(t, ProfileToProto(sps[0].ProfileFor(3306)).GetOpaqueProtocol())
+
+	// And back: the client sees what the YAML said.
+	back, err := ProfileFromProto(got)
+	require.NoError(t, err)
+	assert.Equal(t, sps[0].ProfileFor(7000), back)
+}
+
+func TestProfileFromProtoErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		m    *pb.DestinationProfile
+		want string
+	}{
+		{"route without condition", &pb.DestinationProfile{Routes: []*pb.Route{{}}}, "routes[0].condition: required"},
+		{"empty match", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: &pb.RequestMatch{}}}}, "routes[0].condition: no match set"},
+		{"nested empty match", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: path0()}, {Condition: &pb.RequestMatch{Match: &pb.RequestMatch_All{All: &pb.RequestMatch_Seq{Matches: []*pb.RequestMatch{{}}}}}}}}, "routes[1].condition.all.matches[0]: no match set"},
+		{"method unset", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: &pb.RequestMatch{Match: &pb.RequestMatch_Method{Method: &pb.HttpMethod{}}}}}}, "routes[0].condition.method: no method set"},
+		{"class without condition", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: path0(), ResponseClasses: []*pb.ResponseClass{{}}}}}, "routes[0].response_classes[0].condition: required"},
+		{"negative timeout", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: path0(), Timeout: durationpb.New(-time.Second)}}}, "routes[0].timeout: negative duration"},
+		{"bad ttl", &pb.DestinationProfile{RetryBudget: &pb.RetryBudget{Ttl: &durationpb.Duration{Seconds: 1, Nanos: 2e9}}}, "retry_budget.ttl:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ProfileFromProto(tt.m)
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func path0() *pb.RequestMatch {
+	return &pb.RequestMatch{Match: &pb.RequestMatch_Path{Path: &pb.PathMatch{Regex: "/"}}}
+}
+
+func TestEndpointRoundTrip(t *testing.T) {
+	e := Endpoint{
+		Addr: netip.MustParseAddrPort("10.0.0.7:4143"), Weight: 2500,
+		Labels:   map[string]string{"pod": "books-0", "zone": "a"},
+		Identity: "books.default.serviceaccount.identity.linkerd.cluster.local", ServerName: "books.default",
+		H2: true, OpaqueTransportPort: 4143, AuthorityOverride: "books.default.svc.cluster.local:7000",
+	}
+	back, err := EndpointFromProto(EndpointToProto(e), nil, "addr")
+	require.NoError(t, err)
+	assert.Equal(t, e, back)
+
+	// Set labels sit under the endpoint's own; zero weight means the default.
+	w := EndpointToProto(Endpoint{Addr: e.Addr, Labels: map[string]string{"zone": "b"}})
+	back, err = EndpointFromProto(w, map[string]string{"zone": "a", "ns": "default"}, "addr")
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"zone": "b", "ns": "default"}, back.Labels)
+	assert.Equal(t, uint32(DefaultWeight), back.Weight)
+
+	uri := &pb.WeightedAddr{Addr: AddrToProto(e.Addr), TlsIdentity: &pb.TlsIdentity{
+		Strategy: &pb.TlsIdentity_UriLikeIdentity_{UriLikeIdentity: &pb.TlsIdentity_UriLikeIdentity{Uri: "spiffe://td/ns/default/sa/books"}},
+	}, ProtocolHint: &pb.ProtocolHint{Protocol: &pb.ProtocolHint_Opaque_{Opaque: &pb.ProtocolHint_Opaque{}}}}
+	back, err = EndpointFromProto(uri, nil, "addr")
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://td/ns/default/sa/books", back.Identity)
+	assert.True(t, back.Opaque)
+}
+
+func TestParseEndpoints(t *testing.T) {
+	sets, err := ParseEndpoints([]byte(`
+- authority: books.default.svc.cluster.local:7000
+  endpoints:
+  - addr: 127.0.0.1:4143
+    weight: 10000
+    h2: true
+    opaqueTransportPort: 4143
+    identity: books.default.serviceaccount.identity.linkerd.cluster.local
+    labels: {pod: books-0, replica: 1}
+  - addr: "[::1]:4144"
+- authority: Empty.Default.svc.cluster.local.:80
+  endpoints: []
+`))
+	require.NoError(t, err)
+	require.Len(t, sets, 2)
+	eps := sets["books.default.svc.cluster.local:7000"]
+	require.Len(t, eps, 2)
+	assert.Equal(t, Endpoint{
+		Addr: netip.MustParseAddrPort("127.0.0.1:4143"), Weight: 10000, H2: true, OpaqueTransportPort: 4143,
+		Identity: "books.default.serviceaccount.identity.linkerd.cluster.local",
+		Labels:   map[string]string{"pod": "books-0", "replica": "1"},
+	}, eps[0])
+	assert.Equal(t, uint32(DefaultWeight), eps[1].Weight)
+	empty, ok := sets["empty.default.svc.cluster.local:80"]
+	assert.True(t, ok, "authority normalised")
+	assert.Empty(t, empty)
+
+	bad := []struct{ yaml, want string }{
+		{"- authority: a:80\n  endpoints:\n  - addr: nope\n", `[0].endpoints[0].addr: "nope" is not an ip:port address`},
+		{"- authority: a\n", `[0].authority: "a" is not host:port`},
+		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    wieght: 1\n", "[0].endpoints[0].wieght: unknown field"},
+		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    h2: yes please\n", "[0].endpoints[0].h2: must be true or false"},
+		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    weight: -1\n", "[0].endpoints[0].weight: -1 is not a whole number"},
+		{"- authority: a:80\n- authority: A:80\n", `[1].authority: a:80 is listed twice`},
+		{"authority: a:80\n", "must be a list"},
+		{"- [unclosed\n", "bad YAML"},
+	}
+	for _, b := range bad {
+		_, err := ParseEndpoints([]byte(b.yaml))
+		assert.ErrorContains(t, err, b.want, b.yaml)
+	}
+}
+
+func TestStoreLoadKeepsLastGood(t *testing.T) {
+	dir := t.TempDir()
+	good := dir + "/books.yaml"
+	writeFile(t, good, fullProfile)
+	store := NewStore()
+	require.NoError(t, store.LoadServiceProfiles(good))
+	p, _ := store.profile("books.default.svc.cluster.local", 7000)
+	require.Len(t, p.Routes, 3)
+
+	broken := dir + "/broken.yaml"
+	writeFile(t, broken, "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: web.ns.svc.cluster.local}\nspec: {}\n---\n"+
+		"apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: x.ns.svc.cluster.local}\nspec:\n  routes:\n  - name: r\n    condition: {pathRegex: /x}\n    timeout: 3x\n")
+	err := store.LoadServiceProfiles(good, broken)
+	assert.EqualError(t, err, broken+`: document 2: spec.routes[0].timeout: "3x" is not a duration (like 300ms or 10s)`)
+	p, _ = store.profile("books.default.svc.cluster.local", 7000)
+	assert.Len(t, p.Routes, 3, "the last good profiles stay served")
+
+	epFile := dir + "/endpoints.yaml"
+	writeFile(t, epFile, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n")
+	require.NoError(t, store.LoadEndpoints(epFile))
+	writeFile(t, epFile, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1\n")
+	assert.ErrorContains(t, store.LoadEndpoints(epFile), epFile+": [0].endpoints[0].addr")
+	eps, exists, _ := store.endpointSet("books.default.svc.cluster.local:7000")
+	assert.True(t, exists)
+	assert.Len(t, eps, 1)
+}
+
+// BenchmarkApplyAdd1000 measures the client applying one add of 1,000
+// endpoints: conversion, the set update and the sorted snapshot.
+func BenchmarkApplyAdd1000(b *testing.B) {
+	add := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
+	for i := range 1000 {
+		add.Addrs = append(add.Addrs, EndpointToProto(Endpoint{
+			Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 8080), Weight: DefaultWeight,
+			Labels: map[string]string{"pod": fmt.Sprintf("books-%d", i)}, H2: true,
+			Identity: "books.default.serviceaccount.identity.linkerd.cluster.local",
+		}))
+	}
+	msg := &pb.Update{Update: &pb.Update_Add{Add: add}}
+	c := NewClient(nil, WithLogger(quietLogger))
+	b.ReportAllocs()
+	for b.Loop() {
+		apply := c.endpointSession("books.default.svc.cluster.local:8080")
+		if u, ok := apply(msg); !ok || len(u.Set.Endpoints) != 1000 {
+			b.Fatal("not applied")
+		}
+	}
+}
+
+// BenchmarkProfileFromProto50Routes measures converting a 50-route profile.
+func BenchmarkProfileFromProto50Routes(b *testing.B) {
+	sp := &profiles.ServiceProfile{Name: "books.default.svc.cluster.local", RetryBudget: profiles.DefaultRetryBudget}
+	for i := range 50 {
+		sp.Routes = append(sp.Routes, profiles.Route{
+			Condition: profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex(fmt.Sprintf(`/api/v1/r%d/[^/]+`, i))},
+			ResponseClasses: []profiles.ResponseClass{
+				{Condition: profiles.StatusRange{Min: 500, Max: 599}, IsFailure: true},
+			},
+			Labels:    map[string]string{"route": fmt.Sprintf("GET /api/v1/r%d/{id}", i)},
+			Retryable: i%2 == 0, Timeout: time.Second,
+		})
+	}
+	m := ProfileToProto(sp.ProfileFor(80))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ProfileFromProto(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStoreUpdateToClient measures a Store change travelling to a
+// watching client over a real gRPC connection on loopback.
+func BenchmarkStoreUpdateToClient(b *testing.B) {
+	store := NewStore()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	srv := grpc.NewServer()
+	NewServer(store, quietLogger).Register(srv)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c, err := Dial(lis.Addr().String(), WithLogger(quietLogger))
+	require.NoError(b, err)
+	defer c.Close()
+	got := make(chan string, 16)
+	stop, err := c.Watch(context.Background(), books+":7000", func(u profiles.Update) {
+		if u.Profile != nil && len(u.Profile.Routes) > 0 {
+			got <- u.Profile.Routes[0].Labels["route"]
+		}
+	})
+	require.NoError(b, err)
+	defer stop()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		name := strconv.Itoa(i)
+		store.PutServiceProfile(serviceProfile(books, name))
+		for r := range got {
+			if r == name {
+				break
+			}
+		}
+	}
+}

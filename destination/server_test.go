@@ -1,0 +1,200 @@
+package destination
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// rawClient talks to a server with the generated client alone, to check
+// the exact messages on the wire.
+func rawClient(t *testing.T, addr string) pb.DestinationClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return pb.NewDestinationClient(conn)
+}
+
+func recvTimeout[M any](t *testing.T, recv func() (M, error)) (M, error) {
+	t.Helper()
+	type result struct {
+		m   M
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		m, err := recv()
+		ch <- result{m, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.m, r.err
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("no message")
+	}
+	panic("unreachable")
+}
+
+func TestServerGetProfile(t *testing.T) {
+	store := NewStore()
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	api := rawClient(t, cp.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+
+	t.Run("unknown service gets the default profile at once", func(t *testing.T) {
+		st, err := api.GetProfile(ctx, &pb.GetDestination{Path: "web.ns.svc.cluster.local:8080"})
+		require.NoError(t, err)
+		m, err := recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		want := &pb.DestinationProfile{
+			FullyQualifiedName: "web.ns.svc.cluster.local",
+			RetryBudget:        &pb.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, Ttl: durationpb.New(10 * time.Second)},
+		}
+		assert.Empty(t, cmp.Diff(want, m, protocmp.Transform()))
+	})
+	t.Run("an IP authority has no name", func(t *testing.T) {
+		st, err := api.GetProfile(ctx, &pb.GetDestination{Path: "10.1.2.3:8080"})
+		require.NoError(t, err)
+		m, err := recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		assert.Empty(t, m.GetFullyQualifiedName())
+	})
+	for _, bad := range []string{"", "no-port", "web:0", "web:99999", "bad host:80", "-x.ns:80"} {
+		t.Run("invalid authority "+bad, func(t *testing.T) {
+			st, err := api.GetProfile(ctx, &pb.GetDestination{Path: bad})
+			require.NoError(t, err)
+			_, err = recvTimeout(t, st.Recv)
+			assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+			st2, err := api.Get(ctx, &pb.GetDestination{Path: bad})
+			require.NoError(t, err)
+			_, err = recvTimeout(t, st2.Recv)
+			assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+		})
+	}
+	t.Run("profile serves every port of its name; change is pushed", func(t *testing.T) {
+		sp := serviceProfile(books, "r1")
+		sp.OpaquePorts = []uint32{3306}
+		sp.DstOverrides = []profiles.WeightedDst{{Authority: "books-v2.default.svc.cluster.local", Weight: 10000}}
+		store.PutServiceProfile(sp)
+		st, err := api.GetProfile(ctx, &pb.GetDestination{Path: "Books.Default.svc.cluster.local.:7000"})
+		require.NoError(t, err)
+		m, err := recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		require.Len(t, m.GetRoutes(), 1)
+		assert.Equal(t, "books-v2.default.svc.cluster.local:7000", m.GetDstOverrides()[0].GetAuthority(), "port of the request appended")
+		assert.False(t, m.GetOpaqueProtocol())
+
+		st3306, err := api.GetProfile(ctx, &pb.GetDestination{Path: books + ":3306"})
+		require.NoError(t, err)
+		m, err = recvTimeout(t, st3306.Recv)
+		require.NoError(t, err)
+		assert.True(t, m.GetOpaqueProtocol())
+
+		store.PutServiceProfile(serviceProfile(books, "r1", "r2"))
+		m, err = recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		assert.Len(t, m.GetRoutes(), 2)
+		store.DeleteServiceProfile(books)
+		m, err = recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		assert.Empty(t, m.GetRoutes(), "back to the default profile")
+	})
+}
+
+func TestServerGet(t *testing.T) {
+	store := NewStore()
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	api := rawClient(t, cp.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	noEndpoints := func(exists bool) *pb.Update {
+		return &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: exists}}}
+	}
+	add := func(eps ...Endpoint) *pb.Update {
+		var ws []*pb.WeightedAddr
+		for _, e := range eps {
+			ws = append(ws, EndpointToProto(e))
+		}
+		return &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: ws}}}
+	}
+	remove := func(eps ...Endpoint) *pb.Update {
+		var as []*pb.TcpAddress
+		for _, e := range eps {
+			as = append(as, AddrToProto(e.Addr))
+		}
+		return &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{Addrs: as}}}
+	}
+	expect := func(t *testing.T, st grpc.ServerStreamingClient[pb.Update], want *pb.Update) {
+		t.Helper()
+		m, err := recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		assert.Empty(t, cmp.Diff(want, m, protocmp.Transform()))
+	}
+
+	st, err := api.Get(ctx, &pb.GetDestination{Path: "web.ns.svc.cluster.local:80"})
+	require.NoError(t, err)
+	expect(t, st, noEndpoints(false))
+
+	a, b := ep("10.0.0.1:80", true), ep("10.0.0.2:80", false)
+	store.PutEndpoints("web.ns.svc.cluster.local:80", nil)
+	expect(t, st, noEndpoints(true))
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{a, b})
+	expect(t, st, add(a, b))
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{b})
+	expect(t, st, remove(a))
+	b2 := b
+	b2.Labels = map[string]string{"pod": "web-1"}
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{b2})
+	expect(t, st, add(b2))
+	store.DeleteEndpoints("web.ns.svc.cluster.local:80")
+	expect(t, st, noEndpoints(false))
+
+	// A new subscription starts with the whole state.
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{a, b})
+	st2, err := api.Get(ctx, &pb.GetDestination{Path: "web.ns.svc.cluster.local:80"})
+	require.NoError(t, err)
+	expect(t, st2, add(a, b))
+	// An unrelated change sends nothing: the next message is the real one.
+	store.PutEndpoints("other.ns.svc.cluster.local:80", []Endpoint{a})
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{a})
+	expect(t, st2, remove(b))
+}
+
+func TestStoreUpdateReachesStream(t *testing.T) {
+	// Many streams, one change: every stream gets it without polling.
+	store := NewStore()
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	api := rawClient(t, cp.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	var streams []grpc.ServerStreamingClient[pb.DestinationProfile]
+	for range 50 {
+		st, err := api.GetProfile(ctx, &pb.GetDestination{Path: books + ":7000"})
+		require.NoError(t, err)
+		_, err = recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		streams = append(streams, st)
+	}
+	store.PutServiceProfile(serviceProfile(books, "pushed"))
+	for _, st := range streams {
+		m, err := recvTimeout(t, st.Recv)
+		require.NoError(t, err)
+		assert.True(t, proto.Equal(ProfileToProto(serviceProfile(books, "pushed").ProfileFor(7000)), m))
+	}
+}
