@@ -11,6 +11,7 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/internal/mailbox"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -48,53 +49,11 @@ type watch[M, U any] struct {
 	mu      sync.Mutex
 	last    U
 	hasLast bool
-	subs    map[*subscriber[U]]struct{}
+	subs    map[*mailbox.Mailbox[U]]struct{}
 	idleGen uint64 // bumped on every subscribe, so a stale idle timer does nothing
 	evicted bool
 	// attempts counts calls made; read by tests and Stats.
 	attempts atomic.Int64
-}
-
-// subscriber delivers the latest update of a watch to one callback, on a
-// goroutine of its own so that a slow callback never holds the stream up.
-type subscriber[U any] struct {
-	update func(U)
-	ctx    context.Context
-	cancel context.CancelFunc
-	notify chan struct{} // capacity 1
-	done   chan struct{}
-
-	mu      sync.Mutex
-	pending U
-}
-
-func (s *subscriber[U]) offer(u U) {
-	s.mu.Lock()
-	s.pending = u
-	s.mu.Unlock()
-	select {
-	case s.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (s *subscriber[U]) run(unsubscribe func()) {
-	defer close(s.done)
-	defer unsubscribe()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-s.notify:
-		}
-		if s.ctx.Err() != nil {
-			return
-		}
-		s.mu.Lock()
-		u := s.pending
-		s.mu.Unlock()
-		s.update(u)
-	}
 }
 
 // watches is a bounded set of watches of one kind, keyed by authority.
@@ -121,39 +80,30 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 		wctx, cancel := context.WithCancel(c.ctx)
 		w = &watch[M, U]{
 			c: c, kind: ws.kind, authority: authority, cancel: cancel,
-			done: make(chan struct{}), subs: make(map[*subscriber[U]]struct{}),
+			done: make(chan struct{}), subs: make(map[*mailbox.Mailbox[U]]struct{}),
 		}
 		ws.m[authority] = w
 		c.wg.Add(1)
 		go w.run(wctx)
 	}
 
-	sctx, scancel := context.WithCancel(c.ctx)
-	s := &subscriber[U]{update: update, ctx: sctx, cancel: scancel, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	// s is added under w.mu, which its exit hook also takes, so even a
+	// mailbox whose context is already done is removed again.
+	var s *mailbox.Mailbox[U]
 	w.mu.Lock()
+	s = mailbox.Start(c.ctx, ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
 	w.subs[s] = struct{}{}
 	w.idleGen++
 	if w.hasLast {
-		s.offer(w.last)
+		s.Offer(w.last)
 	}
 	w.mu.Unlock()
-
-	stopOnCtx := context.AfterFunc(ctx, scancel)
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		s.run(func() { ws.unsubscribe(w, s) })
-	}()
-	return sync.OnceFunc(func() {
-		stopOnCtx()
-		scancel()
-		<-s.done
-	}), nil
+	return s.Stop, nil
 }
 
 // unsubscribe removes s from w and, when w has no subscribers left, closes
 // it after the idle timeout.
-func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *subscriber[U]) {
+func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *mailbox.Mailbox[U]) {
 	w.mu.Lock()
 	delete(w.subs, s)
 	idle := len(w.subs) == 0
@@ -196,7 +146,7 @@ func (w *watch[M, U]) publish(u U) {
 	defer w.mu.Unlock()
 	w.last, w.hasLast = u, true
 	for s := range w.subs {
-		s.offer(u)
+		s.Offer(u)
 	}
 }
 

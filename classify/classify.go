@@ -1,0 +1,231 @@
+package classify
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/http2"
+)
+
+// Class is the outcome of one HTTP exchange.
+type Class struct {
+	// Failure is false for a success.
+	Failure bool
+	// GRPCStatus is the gRPC status code that decided the class, or -1.
+	GRPCStatus int32
+	// Error is set when no complete response was had: "timeout",
+	// "h2(REASON)" for an HTTP/2 reset or GOAWAY, or "unclassified".
+	Error string
+}
+
+// Success and Failure are the classes of plain HTTP outcomes.
+var (
+	Success = Class{GRPCStatus: -1}
+	Failure = Class{Failure: true, GRPCStatus: -1}
+)
+
+// Classification returns "success" or "failure", the classification label.
+func (c Class) Classification() string {
+	if c.Failure {
+		return "failure"
+	}
+	return "success"
+}
+
+// StatusMatcher reports whether a status code matches a condition.
+type StatusMatcher interface{ MatchStatus(code int) bool }
+
+// ResponseClass marks the responses whose status matches as failures or
+// successes.
+type ResponseClass struct {
+	Match   StatusMatcher
+	Failure bool
+}
+
+// Classifier classifies responses. Its zero value applies the default rules;
+// a Classifier is read-only once in use and safe for concurrent use.
+type Classifier struct {
+	// Classes are a route's response classes: the first whose Match
+	// accepts the status decides, at the head. When none matches, the
+	// default rules apply.
+	Classes []ResponseClass
+	// GRPCFailureCodes are the gRPC codes that count as failures; nil
+	// means [DefaultGRPCFailureCodes].
+	GRPCFailureCodes []int32
+	// LegacyGRPC restores the rule of 2018 proxies: every gRPC code other
+	// than 0 is a failure, and a gRPC response without a status too.
+	LegacyGRPC bool
+}
+
+// DefaultGRPCFailureCodes are the codes Linkerd counts as failures:
+// Unknown, DeadlineExceeded, PermissionDenied, Internal, Unavailable and
+// DataLoss.
+var DefaultGRPCFailureCodes = []int32{2, 4, 7, 13, 14, 15}
+
+// Default is the zero Classifier.
+var Default = &Classifier{}
+
+// IsGRPC reports whether the request is a gRPC call (content-type
+// application/grpc, with or without a +suffix).
+func IsGRPC(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return strings.HasPrefix(ct, "application/grpc")
+}
+
+// Head classifies a response head. When final is false the class is
+// tentative and [Classifier.End] decides with the trailers.
+func (c *Classifier) Head(grpcRequest bool, status int, header http.Header) (class Class, final bool) {
+	if c == nil {
+		c = Default
+	}
+	for _, rc := range c.Classes {
+		if rc.Match != nil && rc.Match.MatchStatus(status) {
+			return Class{Failure: rc.Failure, GRPCStatus: -1}, true
+		}
+	}
+	if code, ok := grpcStatus(header); ok {
+		return c.grpcClass(code), true
+	}
+	httpClass := Success
+	if status >= 500 && status <= 599 {
+		httpClass = Failure
+	}
+	if len(c.Classes) > 0 || grpcRequest && status == http.StatusOK {
+		return httpClass, false
+	}
+	return httpClass, true
+}
+
+// End finishes a tentative class with the response trailers (nil when the
+// stream had none): a grpc-status trailer decides; without one a tentative
+// HTTP class stands, except that a gRPC call under the legacy rule fails.
+func (c *Classifier) End(tentative Class, grpcRequest bool, trailers http.Header) Class {
+	if c == nil {
+		c = Default
+	}
+	if code, ok := grpcStatus(trailers); ok {
+		return c.grpcClass(code)
+	}
+	if grpcRequest && c.LegacyGRPC && len(c.Classes) == 0 {
+		return Class{Failure: true, GRPCStatus: 0}
+	}
+	return tentative
+}
+
+// EndStatus is [Classifier.End] for a grpc-status value already looked up.
+func (c *Classifier) EndStatus(tentative Class, grpcRequest bool, value string, ok bool) Class {
+	if c == nil {
+		c = Default
+	}
+	if ok {
+		if code, err := strconv.ParseInt(strings.TrimSpace(value), 10, 32); err == nil && code >= 0 {
+			return c.grpcClass(int32(code))
+		}
+	}
+	if grpcRequest && c.LegacyGRPC && len(c.Classes) == 0 {
+		return Class{Failure: true, GRPCStatus: 0}
+	}
+	return tentative
+}
+
+func (c *Classifier) grpcClass(code int32) Class {
+	if c.LegacyGRPC {
+		return Class{Failure: code != 0, GRPCStatus: code}
+	}
+	codes := c.GRPCFailureCodes
+	if codes == nil {
+		codes = DefaultGRPCFailureCodes
+	}
+	for _, f := range codes {
+		if f == code {
+			return Class{Failure: true, GRPCStatus: code}
+		}
+	}
+	return Class{GRPCStatus: code}
+}
+
+// grpcStatus parses grpc-status; a value that does not parse counts as
+// absent.
+func grpcStatus(h http.Header) (int32, bool) {
+	v, ok := h["Grpc-Status"]
+	if !ok || len(v) == 0 {
+		return 0, false
+	}
+	code, err := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 32)
+	if err != nil || code < 0 {
+		return 0, false
+	}
+	return int32(code), true
+}
+
+// ErrTimeout is the cause a layer gives when it cancels a request because a
+// timeout fired; [ErrorClass] labels such failures "timeout".
+var ErrTimeout = errors.New("classify: request timed out")
+
+// h2Codes are the HTTP/2 error code names, the only REASON values of an
+// h2(REASON) label.
+var h2Codes = map[string]bool{
+	"NO_ERROR": true, "PROTOCOL_ERROR": true, "INTERNAL_ERROR": true, "FLOW_CONTROL_ERROR": true,
+	"SETTINGS_TIMEOUT": true, "STREAM_CLOSED": true, "FRAME_SIZE_ERROR": true, "REFUSED_STREAM": true,
+	"CANCEL": true, "COMPRESSION_ERROR": true, "CONNECT_ERROR": true, "ENHANCE_YOUR_CALM": true,
+	"INADEQUATE_SECURITY": true, "HTTP_1_1_REQUIRED": true,
+}
+
+// ErrorClass classifies a failed exchange: ctx is the request's context,
+// so that a cancellation caused by [ErrTimeout] (or a deadline) counts as a
+// timeout.
+func ErrorClass(ctx context.Context, err error) Class {
+	c := Class{Failure: true, GRPCStatus: -1, Error: "unclassified"}
+	switch {
+	case errors.Is(err, ErrTimeout) || ctx != nil && errors.Is(context.Cause(ctx), ErrTimeout),
+		errors.Is(err, context.DeadlineExceeded):
+		c.Error = "timeout"
+	default:
+		if code := h2ErrorCode(err); code != "" {
+			c.Error = "h2(" + code + ")"
+		}
+	}
+	return c
+}
+
+// h2ErrorCode finds the HTTP/2 error code of a stream reset or GOAWAY, from
+// x/net's error types or from the text of net/http's bundled ones.
+func h2ErrorCode(err error) string {
+	var se http2.StreamError
+	if errors.As(err, &se) {
+		return se.Code.String()
+	}
+	var ga http2.GoAwayError
+	if errors.As(err, &ga) {
+		return ga.ErrCode.String()
+	}
+	if err == nil {
+		return ""
+	}
+	msg := err.Error()
+	if i := strings.Index(msg, "stream error: stream ID "); i >= 0 {
+		rest := msg[i:]
+		if j := strings.Index(rest, "; "); j >= 0 {
+			code := rest[j+2:]
+			if k := strings.IndexAny(code, ";, )"); k >= 0 {
+				code = code[:k]
+			}
+			if h2Codes[code] {
+				return code
+			}
+		}
+	}
+	if i := strings.Index(msg, "ErrCode="); i >= 0 && strings.Contains(msg, "GOAWAY") {
+		code := msg[i+len("ErrCode="):]
+		if k := strings.IndexAny(code, ";, )"); k >= 0 {
+			code = code[:k]
+		}
+		if h2Codes[code] {
+			return code
+		}
+	}
+	return ""
+}

@@ -1,0 +1,69 @@
+package classify
+
+import (
+	"context"
+	"maps"
+	"slices"
+
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// Provider is a context value that supplies the classifier of a request,
+// such as the route a profile router chose for it.
+type Provider interface {
+	ResponseClassifier() *Classifier
+}
+
+type providerKey struct{}
+
+// WithProvider returns a context in which [FromContext] returns p's
+// classifier. p should be long-lived (built once, not per request), so
+// that the context costs one allocation.
+func WithProvider(ctx context.Context, p Provider) context.Context {
+	return context.WithValue(ctx, providerKey{}, p)
+}
+
+// ProviderFromContext returns the Provider of ctx, or nil.
+func ProviderFromContext(ctx context.Context) Provider {
+	p, _ := ctx.Value(providerKey{}).(Provider)
+	return p
+}
+
+// FromContext returns the classifier for a request with context ctx: the
+// Provider's, or nil (the default rules) when there is none.
+func FromContext(ctx context.Context) *Classifier {
+	if p := ProviderFromContext(ctx); p != nil {
+		return p.ResponseClassifier()
+	}
+	return nil
+}
+
+// Labels are extra metric labels of a request's target, such as the dst_*
+// labels of the endpoint a balancer picked. Build them once per target with
+// [NewLabels]; they are immutable.
+type Labels struct {
+	kvs []attribute.KeyValue
+}
+
+// NewLabels returns the labels prefix+key=value for each entry of m, sorted
+// by key.
+func NewLabels(prefix string, m map[string]string) *Labels {
+	l := &Labels{}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		l.kvs = append(l.kvs, attribute.String(prefix+k, m[k]))
+	}
+	return l
+}
+
+type labelsKey struct{}
+
+// WithLabels returns a context whose requests are recorded with l's labels
+// too.
+func WithLabels(ctx context.Context, l *Labels) context.Context {
+	return context.WithValue(ctx, labelsKey{}, l)
+}
+
+func labelsFromContext(ctx context.Context) *Labels {
+	l, _ := ctx.Value(labelsKey{}).(*Labels)
+	return l
+}

@@ -1,0 +1,79 @@
+package classify
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/rw"
+)
+
+// NewMiddleware returns a middleware that classifies every response of the
+// wrapped handler and records the inbound request metrics.
+func NewMiddleware(opts ...Option) func(http.Handler) http.Handler {
+	cfg := newConfig(opts)
+	rec := newRecorder(cfg, "inbound")
+	return func(next http.Handler) http.Handler {
+		return &handler{next: next, rec: rec, classifier: cfg.classifier}
+	}
+}
+
+// NewHandler wraps next with [NewMiddleware].
+func NewHandler(next http.Handler, opts ...Option) http.Handler {
+	return NewMiddleware(opts...)(next)
+}
+
+type handler struct {
+	next       http.Handler
+	rec        *recorder
+	classifier *Classifier
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ctx := r.Context()
+	t := h.rec.target(r.Host, labelsFromContext(ctx))
+	t.Request(ctx)
+	ww, st := rw.Wrap(w)
+	completed := false
+	defer func() {
+		if !completed {
+			// The handler panicked (http.ErrAbortHandler included): the
+			// response was cut short.
+			t.Response(ctx, metrics.Response{Status: st.Status, Failure: true, GRPC: -1, Err: "unclassified"}, start)
+			st.Release()
+		}
+	}()
+	h.next.ServeHTTP(ww, r)
+	completed = true
+
+	c := FromContext(ctx)
+	if c == nil {
+		c = h.classifier
+	}
+	t.Response(ctx, response(st.Status, Finish(c, r, st)), start)
+	st.Release()
+}
+
+// Finish classifies what a handler wrote, once it returned. st must be the
+// state of the handler's wrapped writer.
+func Finish(c *Classifier, r *http.Request, st *rw.State) Class {
+	if st.Hijacked {
+		return Success
+	}
+	status := st.Status
+	if status == 0 {
+		status = http.StatusOK // net/http writes it when the handler returns
+	}
+	grpc := IsGRPC(r.Header)
+	var head http.Header
+	if st.GRPCStatusInHead {
+		head = st.Header()
+	}
+	class, final := c.Head(grpc, status, head)
+	if !final {
+		v, ok := st.Trailer("Grpc-Status")
+		class = c.EndStatus(class, grpc, v, ok)
+	}
+	return class
+}

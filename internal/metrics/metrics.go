@@ -1,0 +1,199 @@
+// Package metrics holds the Linkerd-shaped HTTP metric families that
+// classify and profiles record through the OpenTelemetry metric API, and the
+// caches of attribute sets that keep recording free of allocations.
+//
+// A family is request_total, response_total and (optionally)
+// response_latency_ms under a prefix ("", "route_", "route_actual_"). A
+// [Target] is one set of base labels (direction, authority or dst, rt_*);
+// the response labels (status_code, classification, grpc_status, error) are
+// added per response from a bounded cache.
+package metrics
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// LatencyBucketsMs are Linkerd's response_latency_ms bucket bounds.
+var LatencyBucketsMs = []float64{1, 2, 3, 4, 5, 10, 20, 30, 40, 50, 100, 200, 300, 400, 500,
+	1000, 2000, 3000, 4000, 5000, 10000, 20000, 30000, 40000, 50000}
+
+// Help strings of the families, as Linkerd writes them.
+const (
+	requestHelp  = "Total count of HTTP requests."
+	responseHelp = "Total count of HTTP responses."
+	latencyHelp  = "Elapsed times between a request's headers being received and its response stream completing"
+)
+
+// Family is one prefix's set of instruments. It is safe for concurrent use.
+type Family struct {
+	requests  metric.Int64Counter
+	responses metric.Int64Counter
+	latency   metric.Float64Histogram // nil without latency
+}
+
+// NewFamily creates the instruments named prefix+request_total and so on.
+// Errors go to otel.Handle; the family then records into no-op
+// instruments.
+func NewFamily(meter metric.Meter, prefix string, withLatency bool) *Family {
+	f := &Family{}
+	var err error
+	if f.requests, err = meter.Int64Counter(prefix+"request_total", metric.WithDescription(requestHelp)); err != nil {
+		otel.Handle(err)
+	}
+	if f.responses, err = meter.Int64Counter(prefix+"response_total", metric.WithDescription(responseHelp)); err != nil {
+		otel.Handle(err)
+	}
+	if withLatency {
+		if f.latency, err = meter.Float64Histogram(prefix+"response_latency_ms", metric.WithDescription(latencyHelp),
+			metric.WithUnit("ms"), metric.WithExplicitBucketBoundaries(LatencyBucketsMs...)); err != nil {
+			otel.Handle(err)
+		}
+	}
+	return f
+}
+
+// Response identifies the response labels of one series.
+type Response struct {
+	// Status is the HTTP status, 0 when no response head arrived.
+	Status int
+	// Failure is the classification.
+	Failure bool
+	// GRPC is the gRPC status code, -1 when none.
+	GRPC int32
+	// Err is the error label: "", "timeout", "h2(REASON)", "unclassified".
+	Err string
+}
+
+// maxResponseSeries bounds the response label combinations of a target;
+// past it responses are counted under the last combination's overflow key.
+const maxResponseSeries = 512
+
+var overflow = Response{Status: 0, Failure: true, GRPC: -1, Err: "overflow"}
+
+type responseOpts struct {
+	add    []metric.AddOption
+	record []metric.RecordOption // latency: base labels and status_code
+}
+
+// Target is a family with fixed base labels. It is safe for concurrent use.
+type Target struct {
+	fam     *Family
+	base    []attribute.KeyValue
+	reqOpts []metric.AddOption
+
+	mu   sync.RWMutex
+	resp map[Response]*responseOpts
+}
+
+// NewTarget returns a target of f with the base labels, in order.
+func NewTarget(f *Family, base ...attribute.KeyValue) *Target {
+	t := &Target{fam: f, base: base, resp: make(map[Response]*responseOpts)}
+	t.reqOpts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(base...))}
+	return t
+}
+
+// Request counts one request.
+func (t *Target) Request(ctx context.Context) {
+	t.fam.requests.Add(ctx, 1, t.reqOpts...)
+}
+
+// Response counts one response and, for a family with latency, records
+// the time since start in milliseconds.
+func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
+	o := t.opts(r)
+	t.fam.responses.Add(ctx, 1, o.add...)
+	if t.fam.latency != nil {
+		t.fam.latency.Record(ctx, float64(time.Since(start))/float64(time.Millisecond), o.record...)
+	}
+}
+
+func (t *Target) opts(r Response) *responseOpts {
+	t.mu.RLock()
+	o := t.resp[r]
+	t.mu.RUnlock()
+	if o != nil {
+		return o
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o = t.resp[r]; o != nil {
+		return o
+	}
+	if len(t.resp) >= maxResponseSeries {
+		r = overflow
+		if o = t.resp[r]; o != nil {
+			return o
+		}
+	}
+	withStatus := append(t.base[:len(t.base):len(t.base)], statusAttr(r.Status)...)
+	grpc := ""
+	if r.GRPC >= 0 {
+		grpc = strconv.Itoa(int(r.GRPC))
+	}
+	class := "success"
+	if r.Failure {
+		class = "failure"
+	}
+	all := append(withStatus[:len(withStatus):len(withStatus)],
+		attribute.String("classification", class),
+		attribute.String("grpc_status", grpc),
+		attribute.String("error", r.Err))
+	o = &responseOpts{
+		add:    []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(all...))},
+		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withStatus...))},
+	}
+	t.resp[r] = o
+	return o
+}
+
+func statusAttr(code int) []attribute.KeyValue {
+	if code < 100 || code > 599 {
+		return nil
+	}
+	return []attribute.KeyValue{attribute.String("status_code", strconv.Itoa(code))}
+}
+
+// Counter is a counter with prebuilt option sets, for families outside the
+// request/response shape (route_retryable_total).
+type Counter struct {
+	c metric.Int64Counter
+}
+
+// NewCounter creates a counter; errors go to otel.Handle.
+func NewCounter(meter metric.Meter, name, help string) *Counter {
+	c, err := meter.Int64Counter(name, metric.WithDescription(help))
+	if err != nil {
+		otel.Handle(err)
+	}
+	return &Counter{c: c}
+}
+
+// Opts builds the option set of one series.
+func Opts(kvs ...attribute.KeyValue) []metric.AddOption {
+	return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kvs...))}
+}
+
+// Add counts one event on the series opts.
+func (c *Counter) Add(ctx context.Context, opts []metric.AddOption) { c.c.Add(ctx, 1, opts...) }
+
+// Labels is an ordered, prebuilt list of extra labels.
+type Labels struct{ KVs []attribute.KeyValue }
+
+// Meter returns the meter inmesh records with from mp (nil: the global
+// provider), named after the package's import path.
+func Meter(mp metric.MeterProvider, scope string) metric.Meter {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	return mp.Meter(scope, metric.WithInstrumentationVersion(Version))
+}
+
+// Version is inmesh's instrumentation version.
+const Version = "0.1.0"

@@ -1,0 +1,87 @@
+package profiles
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+func TestBudget(t *testing.T) {
+	t.Run("ratio", func(t *testing.T) {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		b := newBudget(RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 0, TTL: 10 * time.Second}, clock.now)
+		for range 100 {
+			b.Deposit()
+		}
+		granted := 0
+		for range 20 {
+			if b.Withdraw() {
+				granted++
+			}
+		}
+		assert.Equal(t, 10, granted, "one retry per ten requests")
+	})
+	t.Run("minimum per second without deposits", func(t *testing.T) {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		b := newBudget(RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: time.Second}, clock.now)
+		assert.True(t, b.Withdraw())
+		b.Deposit()
+		assert.False(t, b.Withdraw(), "0.1 left")
+		clock.t = clock.t.Add(1100 * time.Millisecond)
+		assert.True(t, b.Withdraw(), "a new window allows the minimum again")
+	})
+	t.Run("deposits expire after ttl", func(t *testing.T) {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		b := newBudget(RetryBudget{RetryRatio: 1, TTL: 2 * time.Second}, clock.now)
+		for range 5 {
+			b.Deposit()
+		}
+		clock.t = clock.t.Add(1500 * time.Millisecond)
+		assert.True(t, b.Withdraw(), "still inside the window")
+		clock.t = clock.t.Add(time.Second)
+		assert.False(t, b.Withdraw(), "expired")
+	})
+}
+
+// BenchmarkBudget deposits and withdraws from two goroutines.
+func BenchmarkBudget(b *testing.B) {
+	budget := NewBudget(DefaultRetryBudget)
+	b.ReportAllocs()
+	b.SetParallelism(1) // GOMAXPROCS goroutines: 2 on this machine
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			budget.Deposit()
+			budget.Withdraw()
+		}
+	})
+}
+
+func TestBudgetConcurrent(t *testing.T) {
+	b := NewBudget(RetryBudget{RetryRatio: 0.5, TTL: time.Minute})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	granted := 0
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 1000 {
+				b.Deposit()
+				if b.Withdraw() {
+					mu.Lock()
+					granted++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, granted, 2000, "never more than ratio × deposits")
+	assert.GreaterOrEqual(t, granted, 1999)
+}

@@ -1,0 +1,316 @@
+package profiles
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+
+	"github.com/inmesh/inmesh/classify"
+	"golang.org/x/net/http/httpguts"
+)
+
+// Table is a compiled profile: the routes with their matches compiled,
+// ready to select a route per request without allocating. A Table is
+// immutable and safe for concurrent use.
+type Table struct {
+	profile *Profile
+	routes  []*CompiledRoute
+	budget  *RetryBudget // nil: retries disabled
+	// BudgetErr says why a profile's retry budget was refused.
+	budgetErr error
+}
+
+// CompiledRoute is one route of a Table, or the default route. It is
+// immutable. The router puts it into the request context ([RouteFromContext]),
+// where classify finds its response classes.
+type CompiledRoute struct {
+	// Route is the route as the profile gave it; the zero Route for the
+	// default route.
+	Route
+	// Index is the route's position in the profile, -1 for the default
+	// route.
+	Index      int
+	match      matcher
+	classifier *classify.Classifier
+}
+
+// ResponseClassifier implements [classify.Provider].
+func (r *CompiledRoute) ResponseClassifier() *classify.Classifier { return r.classifier }
+
+// IsDefault reports whether r is the default route.
+func (r *CompiledRoute) IsDefault() bool { return r.Index < 0 }
+
+// DefaultRoute is the route of requests that match no route, and of every
+// request before a profile is known: no labels, the default classifier, no
+// retries, no timeout.
+var DefaultRoute = &CompiledRoute{Index: -1, classifier: classify.Default}
+
+// Options bound what [Compile] accepts; zero fields mean the package
+// limits [MaxRoutes], [MaxPathRegexLen] and [MaxMatchDepth].
+type Options struct {
+	MaxRoutes       int
+	MaxPathRegexLen int
+	MaxMatchDepth   int
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxRoutes <= 0 {
+		o.MaxRoutes = MaxRoutes
+	}
+	if o.MaxPathRegexLen <= 0 {
+		o.MaxPathRegexLen = MaxPathRegexLen
+	}
+	if o.MaxMatchDepth <= 0 {
+		o.MaxMatchDepth = MaxMatchDepth
+	}
+	return o
+}
+
+// Compile turns p into a route table, or returns an error naming the field
+// at fault (routes[2].condition.all[0].pathRegex: ...). A nil p compiles to
+// the empty table, where every request takes the default route. An invalid
+// retry budget is not an error: the table then has retries disabled, as
+// Linkerd's proxy does, and [Table.BudgetErr] says why.
+func Compile(p *Profile, opts Options) (*Table, error) {
+	opts = opts.withDefaults()
+	t := &Table{profile: p}
+	if p == nil {
+		return t, nil
+	}
+	if len(p.Routes) > opts.MaxRoutes {
+		return nil, fmt.Errorf("routes: %d routes is more than the limit of %d", len(p.Routes), opts.MaxRoutes)
+	}
+	for i, r := range p.Routes {
+		path := fmt.Sprintf("routes[%d]", i)
+		if r.Condition == nil {
+			return nil, fmt.Errorf("%s.condition: required", path)
+		}
+		m, err := compileRequestMatch(r.Condition, path+".condition", 0, opts)
+		if err != nil {
+			return nil, err
+		}
+		if r.Timeout < 0 {
+			return nil, fmt.Errorf("%s.timeout: negative duration %v", path, r.Timeout)
+		}
+		cl := &classify.Classifier{}
+		for j, rc := range r.ResponseClasses {
+			cpath := fmt.Sprintf("%s.responseClasses[%d].condition", path, j)
+			if rc.Condition == nil {
+				return nil, fmt.Errorf("%s: required", cpath)
+			}
+			sm, err := compileResponseMatch(rc.Condition, cpath, 0, opts)
+			if err != nil {
+				return nil, err
+			}
+			cl.Classes = append(cl.Classes, classify.ResponseClass{Match: sm, Failure: rc.IsFailure})
+		}
+		t.routes = append(t.routes, &CompiledRoute{Route: r, Index: i, match: m, classifier: cl})
+	}
+	if b := p.RetryBudget; b != nil {
+		if err := b.Validate(); err != nil {
+			t.budgetErr = err
+		} else {
+			budget := *b
+			t.budget = &budget
+		}
+	}
+	return t, nil
+}
+
+// Profile returns the profile the table was compiled from (nil for the
+// empty table).
+func (t *Table) Profile() *Profile { return t.profile }
+
+// Routes returns the compiled routes in order.
+func (t *Table) Routes() []*CompiledRoute { return t.routes }
+
+// RetryBudget returns the valid retry budget of the profile, or nil when
+// retries are disabled.
+func (t *Table) RetryBudget() *RetryBudget { return t.budget }
+
+// BudgetErr returns why the profile's retry budget was refused, if it was.
+func (t *Table) BudgetErr() error { return t.budgetErr }
+
+// Select returns the first route whose condition matches the request's
+// method and path, or [DefaultRoute]. It does not allocate.
+func (t *Table) Select(r *http.Request) *CompiledRoute {
+	return t.SelectPath(r.Method, r.URL.EscapedPath())
+}
+
+// SelectPath is [Table.Select] for a method and an escaped path (without
+// the query).
+func (t *Table) SelectPath(method, path string) *CompiledRoute {
+	if t != nil {
+		for _, r := range t.routes {
+			if r.match.match(method, path) {
+				return r
+			}
+		}
+	}
+	return DefaultRoute
+}
+
+type matcher interface{ match(method, path string) bool }
+
+type allMatcher []matcher
+
+func (m allMatcher) match(method, path string) bool {
+	for _, c := range m {
+		if !c.match(method, path) {
+			return false
+		}
+	}
+	return true
+}
+
+type anyMatcher []matcher
+
+func (m anyMatcher) match(method, path string) bool {
+	for _, c := range m {
+		if c.match(method, path) {
+			return true
+		}
+	}
+	return false
+}
+
+type notMatcher struct{ m matcher }
+
+func (m notMatcher) match(method, path string) bool { return !m.m.match(method, path) }
+
+type pathMatcher struct{ re *regexp.Regexp }
+
+func (m pathMatcher) match(_, path string) bool { return m.re.MatchString(path) }
+
+type methodMatcher string
+
+func (m methodMatcher) match(method, _ string) bool { return string(m) == method }
+
+var errNilMatch = errors.New("null condition")
+
+func compileRequestMatch(m RequestMatch, path string, depth int, opts Options) (matcher, error) {
+	if depth > opts.MaxMatchDepth {
+		return nil, fmt.Errorf("%s: nested deeper than %d", path, opts.MaxMatchDepth)
+	}
+	switch m := m.(type) {
+	case MatchAll:
+		out := make(allMatcher, len(m))
+		for i, c := range m {
+			var err error
+			if out[i], err = compileRequestMatch(c, fmt.Sprintf("%s.all[%d]", path, i), depth+1, opts); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	case MatchAny:
+		out := make(anyMatcher, len(m))
+		for i, c := range m {
+			var err error
+			if out[i], err = compileRequestMatch(c, fmt.Sprintf("%s.any[%d]", path, i), depth+1, opts); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	case MatchNot:
+		inner, err := compileRequestMatch(m.Match, path+".not", depth+1, opts)
+		if err != nil {
+			return nil, err
+		}
+		return notMatcher{inner}, nil
+	case PathRegex:
+		if len(m) > opts.MaxPathRegexLen {
+			return nil, fmt.Errorf("%s.pathRegex: regex of %d bytes is longer than the limit of %d", path, len(m), opts.MaxPathRegexLen)
+		}
+		re, err := regexp.Compile(anchorPathRegex(string(m)))
+		if err != nil {
+			return nil, fmt.Errorf("%s.pathRegex: bad regex: %v", path, err)
+		}
+		return pathMatcher{re}, nil
+	case Method:
+		if !httpguts.ValidHeaderFieldName(string(m)) {
+			return nil, fmt.Errorf("%s.method: %q is not an HTTP method", path, string(m))
+		}
+		return methodMatcher(m), nil
+	case nil:
+		return nil, fmt.Errorf("%s: %w", path, errNilMatch)
+	}
+	return nil, fmt.Errorf("%s: unknown condition %T", path, m)
+}
+
+type statusAll []classify.StatusMatcher
+
+func (m statusAll) MatchStatus(code int) bool {
+	for _, c := range m {
+		if !c.MatchStatus(code) {
+			return false
+		}
+	}
+	return true
+}
+
+type statusAny []classify.StatusMatcher
+
+func (m statusAny) MatchStatus(code int) bool {
+	for _, c := range m {
+		if c.MatchStatus(code) {
+			return true
+		}
+	}
+	return false
+}
+
+type statusNot struct{ m classify.StatusMatcher }
+
+func (m statusNot) MatchStatus(code int) bool { return !m.m.MatchStatus(code) }
+
+type statusRange struct{ lo, hi int }
+
+func (m statusRange) MatchStatus(code int) bool { return code >= m.lo && code <= m.hi }
+
+func compileResponseMatch(m ResponseMatch, path string, depth int, opts Options) (classify.StatusMatcher, error) {
+	if depth > opts.MaxMatchDepth {
+		return nil, fmt.Errorf("%s: nested deeper than %d", path, opts.MaxMatchDepth)
+	}
+	switch m := m.(type) {
+	case ResponseAll, ResponseAny:
+		var seq []ResponseMatch
+		name := "all"
+		if all, ok := m.(ResponseAll); ok {
+			seq = all
+		} else {
+			seq, name = m.(ResponseAny), "any"
+		}
+		if len(seq) == 0 {
+			// As in Linkerd's proxy: an empty sequence makes the class invalid.
+			return nil, fmt.Errorf("%s.%s: empty", path, name)
+		}
+		out := make([]classify.StatusMatcher, len(seq))
+		for i, c := range seq {
+			var err error
+			if out[i], err = compileResponseMatch(c, fmt.Sprintf("%s.%s[%d]", path, name, i), depth+1, opts); err != nil {
+				return nil, err
+			}
+		}
+		if name == "all" {
+			return statusAll(out), nil
+		}
+		return statusAny(out), nil
+	case ResponseNot:
+		inner, err := compileResponseMatch(m.Match, path+".not", depth+1, opts)
+		if err != nil {
+			return nil, err
+		}
+		return statusNot{inner}, nil
+	case StatusRange:
+		if err := m.check(); err != nil {
+			return nil, fmt.Errorf("%s.status: %v", path, err)
+		}
+		lo, hi := m.bounds()
+		return statusRange{int(lo), int(hi)}, nil
+	case nil:
+		return nil, fmt.Errorf("%s: %w", path, errNilMatch)
+	}
+	return nil, fmt.Errorf("%s: unknown condition %T", path, m)
+}
+
