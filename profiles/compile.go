@@ -151,7 +151,9 @@ func (t *Table) SelectPath(method, path string) *CompiledRoute {
 	return DefaultRoute
 }
 
-type matcher interface{ match(method, path string) bool }
+type matcher interface {
+	match(method, path string) bool
+}
 
 type allMatcher []matcher
 
@@ -313,4 +315,3 @@ func compileResponseMatch(m ResponseMatch, path string, depth int, opts Options)
 	}
 	return nil, fmt.Errorf("%s: unknown condition %T", path, m)
 }
-

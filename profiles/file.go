@@ -1,0 +1,190 @@
+package profiles
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/mailbox"
+)
+
+// FileSource is a [Source] of ServiceProfile YAML files (*.yaml, *.yml) in
+// a directory, read again when the files change. A ServiceProfile serves
+// every port of its name. A broken file is reported (Err, and the
+// OnError hook) and the last good profiles stay in force. A FileSource is
+// safe for concurrent use; Close stops it.
+type FileSource struct {
+	dir      string
+	interval time.Duration
+	log      *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	byName   map[string]*ServiceProfile
+	stamp    string
+	err      error
+	watchers map[*fileWatch]struct{}
+}
+
+type fileWatch struct {
+	host string
+	port uint32
+	m    *mailbox.Mailbox[Update]
+}
+
+var _ Source = (*FileSource)(nil)
+
+// NewFileSource reads dir and checks it for changes every interval
+// (default 1s when interval <= 0). It fails only when the first read fails.
+func NewFileSource(dir string, interval time.Duration, log *slog.Logger) (*FileSource, error) {
+	if interval <= 0 {
+		interval = time.Second
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &FileSource{dir: dir, interval: interval, log: log, done: make(chan struct{}), watchers: make(map[*fileWatch]struct{})}
+	if err := s.reload(); err != nil {
+		return nil, err
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	go s.poll()
+	return s, nil
+}
+
+// Close stops watching the directory and every watch.
+func (s *FileSource) Close() {
+	s.cancel()
+	<-s.done
+	s.mu.Lock()
+	ws := make([]*fileWatch, 0, len(s.watchers))
+	for w := range s.watchers {
+		ws = append(ws, w)
+	}
+	s.mu.Unlock()
+	for _, w := range ws {
+		w.m.Stop()
+	}
+}
+
+// Err returns the error of the last read, nil when it was good.
+func (s *FileSource) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *FileSource) poll() {
+	defer close(s.done)
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			if err := s.reload(); err != nil {
+				s.log.Warn("profile files rejected; keeping the last good profiles", "dir", s.dir, "error", err)
+			}
+		}
+	}
+}
+
+// Reload reads the directory now, as the poll loop does.
+func (s *FileSource) Reload() error { return s.reload() }
+
+func (s *FileSource) files() ([]string, string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, "", err
+	}
+	var paths []string
+	var stamp strings.Builder
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return nil, "", err
+		}
+		paths = append(paths, filepath.Join(s.dir, name))
+		fmt.Fprintf(&stamp, "%s %d %d\n", name, info.Size(), info.ModTime().UnixNano())
+	}
+	slices.Sort(paths)
+	return paths, stamp.String(), nil
+}
+
+func (s *FileSource) reload() error {
+	paths, stamp, err := s.files()
+	if err != nil {
+		s.setErr(err)
+		return err
+	}
+	s.mu.Lock()
+	same := stamp == s.stamp && s.byName != nil
+	s.mu.Unlock()
+	if same {
+		return nil
+	}
+	sps, err := LoadServiceProfileFiles(paths...)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stamp = stamp
+	if err != nil {
+		s.err = err
+		return err
+	}
+	s.err = nil
+	s.byName = make(map[string]*ServiceProfile, len(sps))
+	for _, sp := range sps {
+		s.byName[strings.ToLower(sp.Name)] = sp
+	}
+	for w := range s.watchers {
+		w.m.Offer(s.updateLocked(w))
+	}
+	return nil
+}
+
+func (s *FileSource) setErr(err error) {
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+}
+
+func (s *FileSource) updateLocked(w *fileWatch) Update {
+	if sp := s.byName[w.host]; sp != nil {
+		return Update{Profile: sp.ProfileFor(w.port)}
+	}
+	return Update{}
+}
+
+// Watch implements [Source].
+func (s *FileSource) Watch(ctx context.Context, authority string, update func(Update)) (func(), error) {
+	host, port, err := authpkg.Split(authority)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := &fileWatch{host: host, port: port}
+	w.m = mailbox.Start(s.ctx, ctx, nil, update, func() {
+		s.mu.Lock()
+		delete(s.watchers, w)
+		s.mu.Unlock()
+	})
+	s.watchers[w] = struct{}{}
+	w.m.Offer(s.updateLocked(w))
+	return w.m.Stop, nil
+}

@@ -1,0 +1,51 @@
+package profiles
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/rw"
+)
+
+// Handler returns the inbound side of the router: each request is routed by
+// its profile, its route put into its context, and recorded in the route_
+// metrics with direction="inbound". Inbound routes are neither retried nor
+// timed out.
+func (r *Router) Handler(next http.Handler) http.Handler {
+	return &routerHandler{r: r, next: next}
+}
+
+type routerHandler struct {
+	r    *Router
+	next http.Handler
+}
+
+func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	start := time.Now()
+	d := h.r.destFor(h.r.requestKey(req))
+	ts := d.state.Load()
+	route := ts.table.Select(req)
+	tg := &ts.targetsOf(route).in
+	ctx := req.Context()
+	tg.route.Request(ctx)
+
+	req = req.WithContext(classify.WithProvider(ctx, route))
+	ww, st := rw.Wrap(w)
+	completed := false
+	defer func() {
+		if !completed {
+			tg.route.Response(ctx, metrics.Response{Status: st.Status, Failure: true, GRPC: -1, Err: "unclassified"}, start)
+			st.Release()
+		}
+	}()
+	h.next.ServeHTTP(ww, req)
+	completed = true
+	status := st.Status
+	if status == 0 && !st.Hijacked {
+		status = http.StatusOK
+	}
+	tg.route.Response(ctx, response(status, classify.Finish(route.classifier, req, st)), start)
+	st.Release()
+}

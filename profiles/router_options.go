@@ -1,0 +1,87 @@
+package profiles
+
+import (
+	"log/slog"
+
+	"go.opentelemetry.io/otel/metric"
+)
+
+// ScopeName is the instrumentation scope of the route metrics.
+const ScopeName = "github.com/inmesh/inmesh/profiles"
+
+// DefaultMaxAuthorities bounds the authorities a [Router] watches.
+const DefaultMaxAuthorities = 10000
+
+// MaxRetryBodyBytes is the largest request body buffered for retries
+// (64 KiB, as in Linkerd); a larger body is sent once.
+const MaxRetryBodyBytes = 64 << 10
+
+// RouterOption configures a [Router].
+type RouterOption interface{ apply(*routerConfig) }
+
+type routerOptionFunc func(*routerConfig)
+
+func (f routerOptionFunc) apply(c *routerConfig) { f(c) }
+
+type routerConfig struct {
+	mp             metric.MeterProvider
+	logger         *slog.Logger
+	maxAuthorities int
+	dstOverride    bool
+	compile        Options
+	defaultPort    string
+}
+
+func newRouterConfig(opts []RouterOption) routerConfig {
+	c := routerConfig{logger: slog.Default(), maxAuthorities: DefaultMaxAuthorities, defaultPort: "80"}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	return c
+}
+
+// WithMeterProvider sets the meter provider of the route metrics; nil (the
+// default) means the global one, which records nothing until the
+// application sets one.
+func WithMeterProvider(mp metric.MeterProvider) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) {
+		if mp != nil {
+			c.mp = mp
+		}
+	})
+}
+
+// WithLogger sets the logger for rejected profiles (default slog.Default()).
+func WithLogger(l *slog.Logger) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) {
+		if l != nil {
+			c.logger = l
+		}
+	})
+}
+
+// WithMaxAuthorities bounds the distinct authorities the router watches
+// (default [DefaultMaxAuthorities]). Requests for further authorities take
+// the default route, with dst="other" on their metrics. n <= 0 changes
+// nothing.
+func WithMaxAuthorities(n int) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) {
+		if n > 0 {
+			c.maxAuthorities = n
+		}
+	})
+}
+
+// WithDstOverrideHeader lets the l5d-dst-override request header name the
+// authority to route by. Off by default: only trusted clients should be able
+// to choose it.
+func WithDstOverrideHeader(allow bool) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) { c.dstOverride = allow })
+}
+
+// WithCompileOptions sets the limits profiles are compiled under.
+func WithCompileOptions(o Options) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) { c.compile = o })
+}

@@ -1,0 +1,534 @@
+package profiles
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const testAuthority = "profiles.test.svc.cluster.local:80"
+
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// upstream is the server of Linkerd's profile tests: /0.5 fails with 533
+// and succeeds on the next call, and so on.
+type upstream struct {
+	mu     sync.Mutex
+	calls  map[string]int
+	bodies map[string][]string // request bodies seen, by path
+}
+
+func newUpstream() *upstream {
+	return &upstream{calls: map[string]int{}, bodies: map[string][]string{}}
+}
+
+func (u *upstream) count(path string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.calls[path]
+}
+
+func (u *upstream) seen(path string) []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.bodies[path]...)
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, "bad body", http.StatusBadRequest)
+		return
+	}
+	u.mu.Lock()
+	u.calls[r.URL.Path]++
+	n := u.calls[r.URL.Path]
+	u.bodies[r.URL.Path] = append(u.bodies[r.URL.Path], string(body))
+	u.mu.Unlock()
+	odd := n%2 == 1
+	switch r.URL.Path {
+	case "/load-profile":
+		w.WriteHeader(http.StatusCreated)
+	case "/0.5":
+		if odd {
+			w.WriteHeader(533)
+			return
+		}
+		io.WriteString(w, "retried")
+	case "/0.5/100KB":
+		if odd {
+			w.WriteHeader(533)
+			w.Write(bytes.Repeat([]byte("x"), 100*1024))
+			return
+		}
+		io.WriteString(w, "retried")
+	case "/slow":
+		select {
+		case <-r.Context().Done():
+		case <-time.After(testutil.Timeout):
+		}
+		io.WriteString(w, "too late")
+	case "/grpc/headers": // trailers-only failure, then success
+		w.Header().Set("Content-Type", "application/grpc")
+		if odd {
+			w.Header().Set("Grpc-Status", "14")
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "retried")
+		w.Header().Set("Grpc-Status", "0")
+	case "/grpc/trailers", "/grpc/success-trailers", "/grpc/frames":
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.WriteHeader(http.StatusOK)
+		for i := range 3 {
+			fmt.Fprintf(w, "frame-%d;", i)
+			w.(http.Flusher).Flush()
+		}
+		status := "0"
+		if odd && r.URL.Path == "/grpc/trailers" {
+			status = "14"
+		}
+		w.Header().Set("Grpc-Status", status)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+type harness struct {
+	t       *testing.T
+	up      *upstream
+	url     string
+	client  *http.Client
+	metrics *testutil.Metrics
+	router  *Router
+	source  *StaticSource
+}
+
+func newHarness(t *testing.T, mode testutil.Mode, p *Profile) *harness {
+	up := newUpstream()
+	srv := testutil.NewServer(t, up)
+	m := testutil.NewMetrics(t)
+	src := NewStaticSource(map[string]*Profile{testAuthority: p})
+	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger))
+	t.Cleanup(router.Close)
+	h := &harness{t: t, up: up, url: srv.URL, metrics: m, router: router, source: src,
+		client: &http.Client{Transport: router.Transport(testutil.NewTransport(t, mode))}}
+	h.waitProfile()
+	return h
+}
+
+// waitProfile waits until the router has the profile, as Linkerd's tests do
+// by looping on /load-profile until its route label shows in the metrics.
+func (h *harness) waitProfile() {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		h.do("GET", "/load-profile", nil)
+		return len(h.metrics.Lines(h.t, "route_request_total", `rt_load_profile="test"`)) > 0
+	}, testutil.Timeout, 5*time.Millisecond, "profile never arrived")
+}
+
+func (h *harness) do(method, path string, body io.Reader) (int, string) {
+	h.t.Helper()
+	req, err := http.NewRequest(method, h.url+path, body)
+	require.NoError(h.t, err)
+	req.Host = testAuthority
+	resp, err := h.client.Do(req)
+	require.NoError(h.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(h.t, err)
+	return resp.StatusCode, string(b)
+}
+
+var loadProfile = Route{Condition: PathRegex("/load-profile"), Labels: map[string]string{"load_profile": "test"}}
+
+func profileWith(budget *RetryBudget, routes ...Route) *Profile {
+	return &Profile{FullyQualifiedName: "profiles.test.svc.cluster.local", RetryBudget: budget, Routes: append([]Route{loadProfile}, routes...)}
+}
+
+func retryRoute(path string) Route {
+	return Route{Condition: PathRegex(path), Retryable: true, Labels: map[string]string{"route": path}}
+}
+
+var budget10s = &RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: 10 * time.Second}
+
+func TestRetryIfProfileAllows(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		h := newHarness(t, mode, profileWith(budget10s, retryRoute("/0.5")))
+		status, body := h.do("GET", "/0.5", nil)
+		assert.Equal(t, 200, status)
+		assert.Equal(t, "retried", body)
+		assert.Equal(t, 2, h.up.count("/0.5"))
+		assert.Equal(t, "1", h.metrics.Value(t, "route_actual_response_total", `rt_route="/0.5"`, `status_code="533"`, `classification="failure"`))
+		assert.Equal(t, "1", h.metrics.Value(t, "route_actual_response_total", `rt_route="/0.5"`, `status_code="200"`, `classification="success"`))
+		assert.Equal(t, "2", h.metrics.Value(t, "route_actual_request_total", `rt_route="/0.5"`))
+		assert.Equal(t, "1", h.metrics.Value(t, "route_request_total", `rt_route="/0.5"`))
+		assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `rt_route="/0.5"`, `status_code="200"`))
+		assert.Equal(t, "1", h.metrics.Value(t, "route_retryable_total", `rt_route="/0.5"`, `direction="outbound"`, `dst="profiles.test.svc.cluster.local:80"`))
+	})
+}
+
+func TestRetryUsesBudget(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		h := newHarness(t, mode, profileWith(&RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: time.Second}, retryRoute("/0.5")))
+		status, _ := h.do("GET", "/0.5", nil)
+		assert.Equal(t, 200, status, "the first failure is retried")
+		status, _ = h.do("GET", "/0.5", nil)
+		assert.Equal(t, 533, status, "the budget is spent")
+		assert.Equal(t, "1", h.metrics.Value(t, "route_retryable_total",
+			`direction="outbound"`, `dst="profiles.test.svc.cluster.local:80"`, `rt_route="/0.5"`, `skipped="no_budget"`))
+	})
+}
+
+func TestDoesNotRetryIfRequestDoesNotMatch(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		h := newHarness(t, mode, profileWith(budget10s, retryRoute("/wont/match/anything")))
+		status, _ := h.do("GET", "/0.5", nil)
+		assert.Equal(t, 533, status)
+		assert.Equal(t, 1, h.up.count("/0.5"))
+		assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `status_code="533"`, `classification="failure"`),
+			"recorded on the default route")
+		assert.Empty(t, h.metrics.Lines(t, "route_response_total", `status_code="533"`, `rt_`))
+	})
+}
+
+func TestDoesNotRetryIfEarlierResponseClassIsSuccess(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		r := retryRoute("/0.5")
+		r.ResponseClasses = []ResponseClass{
+			{Condition: StatusRange{Min: 533, Max: 533}, IsFailure: false},
+			{Condition: StatusRange{Min: 500, Max: 599}, IsFailure: true},
+		}
+		h := newHarness(t, mode, profileWith(budget10s, r))
+		status, _ := h.do("GET", "/0.5", nil)
+		assert.Equal(t, 533, status)
+		assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `rt_route="/0.5"`, `status_code="533"`, `classification="success"`))
+	})
+}
+
+func TestRetryWithSmallBody(t *testing.T) {
+	for _, method := range []string{"POST", "PUT"} {
+		t.Run(method, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+				h := newHarness(t, mode, profileWith(budget10s, retryRoute("/0.5")))
+				status, body := h.do(method, "/0.5", strings.NewReader("request body"))
+				assert.Equal(t, 200, status)
+				assert.Equal(t, "retried", body)
+				assert.Equal(t, []string{"request body", "request body"}, h.up.seen("/0.5"), "the body is replayed whole")
+			})
+		})
+	}
+}
+
+// streamingBody is a body without a length, sent in chunks.
+type streamingBody struct {
+	chunks [][]byte
+}
+
+func (b *streamingBody) Read(p []byte) (int, error) {
+	if len(b.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, b.chunks[0])
+	b.chunks[0] = b.chunks[0][n:]
+	if len(b.chunks[0]) == 0 {
+		b.chunks = b.chunks[1:]
+	}
+	return n, nil
+}
+
+func chunks(n, size int) *streamingBody {
+	b := &streamingBody{}
+	for i := range n {
+		b.chunks = append(b.chunks, bytes.Repeat([]byte{byte('a' + i%26)}, size))
+	}
+	return b
+}
+
+func TestRetryWithoutContentLength(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		h := newHarness(t, mode, profileWith(budget10s, retryRoute("/0.5")))
+		status, _ := h.do("POST", "/0.5", chunks(4, 1024))
+		assert.Equal(t, 200, status)
+		seen := h.up.seen("/0.5")
+		require.Len(t, seen, 2)
+		assert.Equal(t, 4096, len(seen[1]))
+		assert.Equal(t, seen[0], seen[1], "the replay is byte-identical, nothing sent twice")
+	})
+}
+
+func TestDoesNotRetryIfBodyIsTooLong(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		h := newHarness(t, mode, profileWith(budget10s, retryRoute("/0.5")))
+		body := bytes.Repeat([]byte("x"), MaxRetryBodyBytes+1)
+		status, _ := h.do("POST", "/0.5", bytes.NewReader(body))
+		assert.Equal(t, 533, status)
+		assert.Equal(t, []string{string(body)}, h.up.seen("/0.5"))
+	})
+}
+
+func TestDoesNotRetryIfStreamingBodyExceedsMaxLength(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		h := newHarness(t, mode, profileWith(budget10s, retryRoute("/0.5")))
+		body := chunks(17, 4096) // 68 KiB, no length
+		var want bytes.Buffer
+		for _, c := range body.chunks {
+			want.Write(c)
+		}
+		status, _ := h.do("POST", "/0.5", body)
+		assert.Equal(t, 533, status)
+		seen := h.up.seen("/0.5")
+		require.Len(t, seen, 1)
+		assert.Equal(t, sha256.Sum256(want.Bytes()), sha256.Sum256([]byte(seen[0])), "the body arrives whole, once")
+	})
+}
+
+func TestDoesNotRetryWithoutValidBudget(t *testing.T) {
+	budgets := map[string]*RetryBudget{
+		"missing":        nil,
+		"ttl 1000s":      {RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: 1000 * time.Second},
+		"ratio 10000":    {RetryRatio: 10000, MinRetriesPerSecond: 1, TTL: 10 * time.Second},
+		"negative ratio": {RetryRatio: -1, MinRetriesPerSecond: 1, TTL: 10 * time.Second},
+	}
+	for name, b := range budgets {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+				h := newHarness(t, mode, profileWith(b, retryRoute("/0.5")))
+				status, _ := h.do("GET", "/0.5", nil)
+				assert.Equal(t, 533, status)
+				assert.Equal(t, 1, h.up.count("/0.5"))
+			})
+		})
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		r := retryRoute("/slow")
+		r.Timeout = 100 * time.Millisecond
+		h := newHarness(t, mode, profileWith(budget10s, r))
+		req, err := http.NewRequest("GET", h.url+"/slow", nil)
+		require.NoError(t, err)
+		req.Host = testAuthority
+		resp, err := h.client.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+		assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "timed out")
+		assert.Equal(t, "1", h.metrics.Value(t, "route_response_total",
+			`direction="outbound"`, `dst="profiles.test.svc.cluster.local:80"`, `rt_route="/slow"`,
+			`status_code="504"`, `classification="failure"`, `error="timeout"`))
+	})
+}
+
+func TestGRPCRetry(t *testing.T) {
+	cases := []struct {
+		path      string
+		wantCalls int
+	}{
+		{"/grpc/headers", 2},          // retries_failure_in_headers
+		{"/grpc/trailers", 2},         // retries_failure_in_trailers
+		{"/grpc/success-trailers", 1}, // does_not_retry_success_in_trailers
+		{"/grpc/frames", 1},           // does_not_eat_multiple_data_frame_body
+	}
+	for _, tc := range cases {
+		t.Run(tc.path, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+				h := newHarness(t, mode, profileWith(budget10s, retryRoute(tc.path)))
+				req, err := http.NewRequest("POST", h.url+tc.path, strings.NewReader("call"))
+				require.NoError(t, err)
+				req.Host = testAuthority
+				req.Header.Set("Content-Type", "application/grpc")
+				resp, err := h.client.Do(req)
+				require.NoError(t, err)
+				body, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				resp.Body.Close()
+				assert.Equal(t, tc.wantCalls, h.up.count(tc.path))
+				assert.Equal(t, "0", resp.Trailer.Get("Grpc-Status"))
+				if tc.path == "/grpc/headers" {
+					assert.Equal(t, "retried", string(body))
+				} else {
+					assert.Equal(t, "frame-0;frame-1;frame-2;", string(body), "every frame passes through")
+				}
+				assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `rt_route="`+tc.path+`"`, `grpc_status="0"`, `classification="success"`))
+			})
+		})
+	}
+}
+
+// Linkerd's http2_failures_dont_leak_connection_window: a failed response
+// with a 100 KB body is retried and the success is still readable.
+func TestFailuresDontLeakConnectionWindow(t *testing.T) {
+	h := newHarness(t, testutil.H2C, profileWith(&RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 100, TTL: 10 * time.Second}, retryRoute("/0.5/100KB")))
+	for range 20 { // 20 × 100 KB of discarded failures is far past the 64 KiB window
+		status, body := h.do("GET", "/0.5/100KB", nil)
+		require.Equal(t, 200, status)
+		require.Equal(t, "retried", body)
+	}
+}
+
+// slowSource holds every watch's first update until released.
+type slowSource struct {
+	*StaticSource
+	release chan struct{}
+}
+
+func (s *slowSource) Watch(ctx context.Context, authority string, update func(Update)) (func(), error) {
+	return s.StaticSource.Watch(ctx, authority, func(u Update) {
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return
+		}
+		update(u)
+	})
+}
+
+func TestFirstRequestDoesNotWaitForProfile(t *testing.T) {
+	up := newUpstream()
+	srv := testutil.NewServer(t, up)
+	m := testutil.NewMetrics(t)
+	src := &slowSource{StaticSource: NewStaticSource(map[string]*Profile{testAuthority: profileWith(budget10s, retryRoute("/0.5"))}), release: make(chan struct{})}
+	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger))
+	defer router.Close()
+	client := &http.Client{Transport: router.Transport(testutil.NewTransport(t, testutil.H1)), Timeout: testutil.Timeout}
+
+	req, _ := http.NewRequest("GET", srv.URL+"/0.5", nil)
+	req.Host = testAuthority
+	resp, err := client.Do(req) // the profile is held back: this must not wait for it
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 533, resp.StatusCode, "default route: no retry")
+	assert.Empty(t, m.Lines(t, "route_request_total", `rt_route`), "no route labels on the default route")
+
+	close(src.release)
+	require.Eventually(t, func() bool {
+		return router.Table(testAuthority) != nil && len(router.Table(testAuthority).Routes()) == 2
+	}, testutil.Timeout, 5*time.Millisecond)
+	req, _ = http.NewRequest("GET", srv.URL+"/0.5", nil)
+	req.Host = testAuthority
+	resp, err = client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode, "533 retried once the profile arrived")
+}
+
+func TestBadUpdateKeepsLastGoodTable(t *testing.T) {
+	h := newHarness(t, testutil.H1, profileWith(budget10s, retryRoute("/0.5")))
+	good := h.router.Table(testAuthority)
+	h.source.Set(testAuthority, &Profile{Routes: []Route{{Condition: PathRegex("/a(")}}})
+	h.source.Set(testAuthority, &Profile{Routes: []Route{{}}})
+	// A later good update proves the bad ones were processed first.
+	h.source.Set(testAuthority, profileWith(budget10s, retryRoute("/0.5"), retryRoute("/x")))
+	require.Eventually(t, func() bool { return len(h.router.Table(testAuthority).Routes()) == 3 }, testutil.Timeout, 5*time.Millisecond)
+	assert.NotSame(t, good, h.router.Table(testAuthority))
+
+	// With only a bad update, the good table stays.
+	cur := h.router.Table(testAuthority)
+	h.source.Set(testAuthority, &Profile{Routes: []Route{{Condition: MatchAny{PathRegex("**")}}}})
+	time.Sleep(testutil.ShortTimeout)
+	assert.Same(t, cur, h.router.Table(testAuthority))
+	status, _ := h.do("GET", "/0.5", nil)
+	assert.Equal(t, 200, status)
+}
+
+func TestProfileSwapKeepsRouteInFlight(t *testing.T) {
+	src := NewStaticSource(map[string]*Profile{testAuthority: versioned(0)})
+	router := NewRouter(src, WithLogger(quietLogger))
+	defer router.Close()
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	var mismatches, served atomic.Int32
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		first := RouteFromContext(r.Context())
+		if r.URL.Path == "/warm" {
+			return
+		}
+		started.Done()
+		<-release
+		if RouteFromContext(r.Context()) != first || first.ResponseClassifier() != classify.FromContext(r.Context()) {
+			mismatches.Add(1)
+		}
+		served.Add(1)
+		io.WriteString(w, first.Labels["version"])
+	})
+	srv := testutil.NewServer(t, router.Handler(app))
+	tr := testutil.NewTransport(t, testutil.H1)
+	tr.MaxConnsPerHost = 0
+	client := &http.Client{Transport: tr}
+
+	// Let the first version arrive.
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest("GET", srv.URL+"/warm", nil)
+		req.Host = testAuthority
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+		return router.Table(testAuthority) != nil && len(router.Table(testAuthority).Routes()) == 1
+	},
+		testutil.Timeout, 5*time.Millisecond)
+	const inflight = 1000
+	started.Add(inflight)
+	var wg sync.WaitGroup
+	versions := make([]string, inflight)
+	errs := make(chan error, inflight)
+	for i := range inflight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("GET", srv.URL+"/work", nil)
+			req.Host = testAuthority
+			resp, err := client.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 {
+				errs <- fmt.Errorf("status %d", resp.StatusCode)
+			}
+			versions[i] = string(b)
+		}()
+	}
+	started.Wait() // every request holds a route of version 0
+	for v := 1; v <= 100; v++ {
+		src.Set(testAuthority, versioned(v))
+	}
+	require.Eventually(t, func() bool {
+		return router.Table(testAuthority).Routes()[0].Labels["version"] == "100"
+	}, testutil.Timeout, 5*time.Millisecond)
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Equal(t, int32(inflight), served.Load())
+	assert.Zero(t, mismatches.Load())
+	for _, v := range versions {
+		assert.Equal(t, "0", v, "each request kept the route it started with")
+	}
+}
+
+func versioned(v int) *Profile {
+	return &Profile{Routes: []Route{{Condition: PathRegex("/.*"), Labels: map[string]string{"version": fmt.Sprint(v)}}}}
+}
