@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 
 	"github.com/inmesh/inmesh/classify"
 	"golang.org/x/net/http/httpguts"
@@ -181,9 +182,15 @@ type notMatcher struct{ m matcher }
 
 func (m notMatcher) match(method, path string) bool { return !m.m.match(method, path) }
 
-type pathMatcher struct{ re *regexp.Regexp }
+// pathMatcher runs a regex, after a cheap check of its literal prefix.
+type pathMatcher struct {
+	re     *regexp.Regexp
+	prefix string
+}
 
-func (m pathMatcher) match(_, path string) bool { return m.re.MatchString(path) }
+func (m pathMatcher) match(_, path string) bool {
+	return strings.HasPrefix(path, m.prefix) && m.re.MatchString(path)
+}
 
 type methodMatcher string
 
@@ -228,7 +235,8 @@ func compileRequestMatch(m RequestMatch, path string, depth int, opts Options) (
 		if err != nil {
 			return nil, fmt.Errorf("%s.pathRegex: bad regex: %v", path, err)
 		}
-		return pathMatcher{re}, nil
+		prefix, _ := re.LiteralPrefix()
+		return pathMatcher{re: re, prefix: prefix}, nil
 	case Method:
 		if !httpguts.ValidHeaderFieldName(string(m)) {
 			return nil, fmt.Errorf("%s.method: %q is not an HTTP method", path, string(m))
