@@ -51,7 +51,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		c = h.classifier
 	}
-	t.Response(ctx, response(st.Status, Finish(c, r, st)), start)
+	status := st.Status
+	if status == 0 && !st.Hijacked {
+		status = http.StatusOK // written by net/http when the handler returns
+	}
+	t.Response(ctx, response(status, Finish(c, r, st)), start)
 	st.Release()
 }
 

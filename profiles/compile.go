@@ -34,6 +34,10 @@ type CompiledRoute struct {
 	Index      int
 	match      matcher
 	classifier *classify.Classifier
+	// method and prefix are necessary conditions of match, checked inline
+	// before it: the method the route requires and a literal prefix of the
+	// paths it accepts ("" when none).
+	method, prefix string
 }
 
 // ResponseClassifier implements [classify.Provider].
@@ -106,7 +110,9 @@ func Compile(p *Profile, opts Options) (*Table, error) {
 			}
 			cl.Classes = append(cl.Classes, classify.ResponseClass{Match: sm, Failure: rc.IsFailure})
 		}
-		t.routes = append(t.routes, &CompiledRoute{Route: r, Index: i, match: m, classifier: cl})
+		cr := &CompiledRoute{Route: r, Index: i, match: m, classifier: cl}
+		cr.method, cr.prefix = necessary(m)
+		t.routes = append(t.routes, cr)
 	}
 	if b := p.RetryBudget; b != nil {
 		if err := b.Validate(); err != nil {
@@ -144,6 +150,9 @@ func (t *Table) Select(r *http.Request) *CompiledRoute {
 func (t *Table) SelectPath(method, path string) *CompiledRoute {
 	if t != nil {
 		for _, r := range t.routes {
+			if r.method != "" && r.method != method || !strings.HasPrefix(path, r.prefix) {
+				continue
+			}
 			if r.match.match(method, path) {
 				return r
 			}
@@ -154,6 +163,31 @@ func (t *Table) SelectPath(method, path string) *CompiledRoute {
 
 type matcher interface {
 	match(method, path string) bool
+}
+
+// necessary returns a method and a path prefix that every request matching
+// m has: from m itself or from the direct children of an all.
+func necessary(m matcher) (method, prefix string) {
+	visit := func(m matcher) {
+		switch m := m.(type) {
+		case methodMatcher:
+			if method == "" {
+				method = string(m)
+			}
+		case pathMatcher:
+			if len(m.prefix) > len(prefix) {
+				prefix = m.prefix
+			}
+		}
+	}
+	if all, ok := m.(allMatcher); ok {
+		for _, c := range all {
+			visit(c)
+		}
+	} else {
+		visit(m)
+	}
+	return method, prefix
 }
 
 type allMatcher []matcher
@@ -182,13 +216,18 @@ type notMatcher struct{ m matcher }
 
 func (m notMatcher) match(method, path string) bool { return !m.m.match(method, path) }
 
-// pathMatcher runs a regex, after a cheap check of its literal prefix.
+// pathMatcher runs a regex, after a cheap check of its literal prefix, or
+// a hand-written matcher for the common shapes of [fastPath].
 type pathMatcher struct {
 	re     *regexp.Regexp
 	prefix string
+	fast   func(string) bool
 }
 
 func (m pathMatcher) match(_, path string) bool {
+	if m.fast != nil {
+		return m.fast(path)
+	}
 	return strings.HasPrefix(path, m.prefix) && m.re.MatchString(path)
 }
 
@@ -236,7 +275,7 @@ func compileRequestMatch(m RequestMatch, path string, depth int, opts Options) (
 			return nil, fmt.Errorf("%s.pathRegex: bad regex: %v", path, err)
 		}
 		prefix, _ := re.LiteralPrefix()
-		return pathMatcher{re: re, prefix: prefix}, nil
+		return pathMatcher{re: re, prefix: prefix, fast: fastPath(string(m))}, nil
 	case Method:
 		if !httpguts.ValidHeaderFieldName(string(m)) {
 			return nil, fmt.Errorf("%s.method: %q is not an HTTP method", path, string(m))
