@@ -2,7 +2,10 @@ package profiles_test
 
 import (
 	"fmt"
+	"net/http"
+	"time"
 
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/profiles"
 )
 
@@ -29,4 +32,45 @@ spec:
 	r := p.Routes[0]
 	fmt.Println(p.FullyQualifiedName, r.Labels["route"], r.Retryable, r.Timeout, p.RetryBudget.RetryRatio)
 	// Output: books.default.svc.cluster.local GET /books/{id} true 300ms 0.2
+}
+
+func ExampleRouter() {
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{
+		"books.default.svc.cluster.local:7000": {
+			Routes: []profiles.Route{{
+				Condition: profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex("/books/[^/]+")},
+				Labels:    map[string]string{"route": "GET /books/{id}"},
+				Retryable: true,
+				Timeout:   time.Second,
+			}},
+			RetryBudget: &profiles.DefaultRetryBudget,
+		},
+	})
+	router := profiles.NewRouter(src)
+	defer router.Close()
+
+	// Outbound: route, time out and retry the application's requests.
+	client := &http.Client{Transport: router.Transport(classify.NewTransport(nil))}
+	// Inbound: route and record the service's requests.
+	handler := router.Handler(classify.NewHandler(http.NotFoundHandler()))
+	_, _ = client, handler
+}
+
+func ExampleTable_Select() {
+	table, err := profiles.Compile(&profiles.Profile{Routes: []profiles.Route{
+		{Condition: profiles.PathRegex("/books"), Labels: map[string]string{"route": "list"}},
+		{Condition: profiles.PathRegex("/books/[^/]+"), Labels: map[string]string{"route": "get"}},
+	}}, profiles.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, path := range []string{"/books", "/books/7", "/books/7/reviews"} {
+		r := table.SelectPath("GET", path)
+		fmt.Printf("%s -> %q default=%v\n", path, r.Labels["route"], r.IsDefault())
+	}
+	// Output:
+	// /books -> "list" default=false
+	// /books/7 -> "get" default=false
+	// /books/7/reviews -> "" default=true
 }

@@ -183,9 +183,6 @@ func Opts(kvs ...attribute.KeyValue) []metric.AddOption {
 // Add counts one event on the series opts.
 func (c *Counter) Add(ctx context.Context, opts []metric.AddOption) { c.c.Add(ctx, 1, opts...) }
 
-// Labels is an ordered, prebuilt list of extra labels.
-type Labels struct{ KVs []attribute.KeyValue }
-
 // Meter returns the meter inmesh records with from mp (nil: the global
 // provider), named after the package's import path.
 func Meter(mp metric.MeterProvider, scope string) metric.Meter {
