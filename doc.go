@@ -7,9 +7,13 @@
 //     Destination API (endpoints and service profiles) and an embedded
 //     Destination server fed from ServiceProfile YAML and static endpoints.
 //   - [github.com/inmesh/inmesh/profiles]: the service-profile model and the
-//     per-request route table.
+//     Router that routes, retries, times out and records each request by
+//     the profile of its destination.
 //   - [github.com/inmesh/inmesh/backoff]: the backoff policy, dialer and
 //     retry loop used by every reconnecting client.
+//
+//   - [github.com/inmesh/inmesh/classify]: response classification and the
+//     request and response metrics.
 //
 // See the README for the quick start and the package map.
 package inmesh

@@ -192,15 +192,11 @@ func ErrorClass(ctx context.Context, err error) Class {
 }
 
 // h2ErrorCode finds the HTTP/2 error code of a stream reset or GOAWAY, from
-// x/net's error types or from the text of net/http's bundled ones.
+// x/net's StreamError or from the text of net/http's bundled errors.
 func h2ErrorCode(err error) string {
 	var se http2.StreamError
 	if errors.As(err, &se) {
 		return se.Code.String()
-	}
-	var ga http2.GoAwayError
-	if errors.As(err, &ga) {
-		return ga.ErrCode.String()
 	}
 	if err == nil {
 		return ""

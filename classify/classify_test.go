@@ -100,7 +100,6 @@ func TestErrorClass(t *testing.T) {
 		{"timeout cause", cancelled, context.Canceled, "timeout"},
 		{"deadline", context.Background(), fmt.Errorf("dial: %w", context.DeadlineExceeded), "timeout"},
 		{"x/net stream reset", context.Background(), http2.StreamError{StreamID: 3, Code: http2.ErrCodeCancel}, "h2(CANCEL)"},
-		{"x/net goaway", context.Background(), http2.GoAwayError{ErrCode: http2.ErrCodeEnhanceYourCalm}, "h2(ENHANCE_YOUR_CALM)"},
 		{"net/http stream error text", context.Background(), errors.New("stream error: stream ID 5; REFUSED_STREAM; received from peer"), "h2(REFUSED_STREAM)"},
 		{"net/http goaway text", context.Background(), errors.New("http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=PROTOCOL_ERROR, debug=\"\""), "h2(PROTOCOL_ERROR)"},
 		{"unknown code stays bounded", context.Background(), errors.New("stream error: stream ID 5; EVIL_CODE"), "unclassified"},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/otlptranslator"
 	"github.com/stretchr/testify/require"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -85,8 +86,7 @@ func NewMetrics(t testing.TB) *Metrics {
 		otelprom.WithRegisterer(reg),
 		otelprom.WithoutScopeInfo(),
 		otelprom.WithoutTargetInfo(),
-		otelprom.WithoutUnits(),
-		otelprom.WithoutCounterSuffixes(),
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithoutSuffixes),
 	)
 	require.NoError(t, err)
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
