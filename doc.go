@@ -6,9 +6,11 @@
 //   - [github.com/inmesh/inmesh/destination]: a client for Linkerd's
 //     Destination API (endpoints and service profiles) and an embedded
 //     Destination server fed from ServiceProfile YAML and static endpoints.
+//
 //   - [github.com/inmesh/inmesh/profiles]: the service-profile model and the
 //     Router that routes, retries, times out and records each request by
 //     the profile of its destination.
+//
 //   - [github.com/inmesh/inmesh/backoff]: the backoff policy, dialer and
 //     retry loop used by every reconnecting client.
 //
