@@ -1,0 +1,180 @@
+package origproto
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+type peerKey struct{}
+
+// WithPeer returns a context saying whether the endpoint a request goes to
+// is a mesh peer that accepts upgraded requests (discovery's h2 hint).
+func WithPeer(ctx context.Context, peer bool) context.Context {
+	return context.WithValue(ctx, peerKey{}, peer)
+}
+
+// PeerFromContext returns what [WithPeer] said, and whether it said
+// anything.
+func PeerFromContext(ctx context.Context) (peer, ok bool) {
+	peer, ok = ctx.Value(peerKey{}).(bool)
+	return peer, ok
+}
+
+// Option configures a [Transport].
+type Option interface{ apply(*Transport) }
+
+type optionFunc func(*Transport)
+
+func (f optionFunc) apply(t *Transport) { f(t) }
+
+// WithHint sets how the transport decides, for a request whose context
+// says nothing ([WithPeer]), whether its endpoint is a mesh peer. The
+// default is never.
+func WithHint(hint func(*http.Request) bool) Option {
+	return optionFunc(func(t *Transport) {
+		if hint != nil {
+			t.hint = hint
+		}
+	})
+}
+
+// WithHTTP1 sets the transport of requests that are not upgraded (default:
+// an HTTP/1 transport of its own).
+func WithHTTP1(rt http.RoundTripper) Option {
+	return optionFunc(func(t *Transport) {
+		if rt != nil {
+			t.h1 = rt
+		}
+	})
+}
+
+// WithH2 sets the transport of upgraded requests; it must speak HTTP/2
+// without TLS (prior knowledge). The default is [NewH2Transport].
+func WithH2(rt http.RoundTripper) Option {
+	return optionFunc(func(t *Transport) {
+		if rt != nil {
+			t.h2 = rt
+		}
+	})
+}
+
+// Transport sends eligible HTTP/1 requests to mesh peers as HTTP/2 with
+// l5d-orig-proto, and everything else through an HTTP/1 transport,
+// untouched. It is safe for concurrent use.
+type Transport struct {
+	h1, h2 http.RoundTripper
+	hint   func(*http.Request) bool
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// NewTransport returns a Transport.
+func NewTransport(opts ...Option) *Transport {
+	t := &Transport{hint: func(*http.Request) bool { return false }}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(t)
+		}
+	}
+	if t.h1 == nil {
+		h1 := http.DefaultTransport.(*http.Transport).Clone()
+		h1.Protocols = new(http.Protocols)
+		h1.Protocols.SetHTTP1(true)
+		t.h1 = h1
+	}
+	if t.h2 == nil {
+		t.h2 = NewH2Transport()
+	}
+	return t
+}
+
+// NewH2Transport returns an HTTP/2 transport without TLS (prior knowledge)
+// that keeps one connection per peer: dials to a peer are not made in
+// parallel, so a burst of requests on a cold start shares one connection
+// rather than racing to open many.
+func NewH2Transport() *http.Transport {
+	t := &http.Transport{
+		Protocols:              new(http.Protocols),
+		MaxConnsPerHost:        1,
+		IdleConnTimeout:        90 * time.Second,
+		MaxResponseHeaderBytes: 64 << 10,
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerConnection: 4 << 20,
+			MaxReceiveBufferPerStream:     1 << 20,
+		},
+	}
+	t.Protocols.SetUnencryptedHTTP2(true)
+	return t
+}
+
+// Eligible reports whether r may be upgraded: an HTTP/1.x request that is
+// neither a CONNECT nor a protocol upgrade (other than h2c).
+func Eligible(r *http.Request) bool {
+	return r.ProtoMajor == 1 && !wantsUpgrade(r)
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	peer, ok := PeerFromContext(r.Context())
+	if !ok {
+		peer = t.hint(r)
+	}
+	if !peer || !Eligible(r) {
+		return t.h1.RoundTrip(r)
+	}
+	p := proto{minor: r.ProtoMinor, absolute: isAbsoluteForm(r)}
+	if p.minor != 0 {
+		p.minor = 1
+	}
+	up := r.Clone(r.Context())
+	up.Trailer = r.Trailer // filled in as the body is read
+	stripHopByHop(up.Header)
+	up.Header[Header] = []string{p.String()}
+	up.Proto, up.ProtoMajor, up.ProtoMinor = "HTTP/2.0", 2, 0
+	up.TransferEncoding = nil
+	up.Close = false
+	if up.Host == "" {
+		up.Host = r.URL.Host
+	}
+	resp, err := t.h2.RoundTrip(up)
+	if err != nil {
+		return nil, &UpgradeError{Err: err}
+	}
+	version := p.version()
+	if v, ok := parseProto(resp.Header.Get(Header)); ok {
+		version = v.version()
+	}
+	delete(resp.Header, Header)
+	if len(resp.Trailer) > 0 {
+		// HTTP/1 carries trailers only in a chunked body.
+		resp.ContentLength = -1
+		delete(resp.Header, "Content-Length")
+	}
+	resp.Proto = version
+	resp.ProtoMajor, resp.ProtoMinor = 1, 1
+	if strings.HasSuffix(version, "1.0") {
+		resp.ProtoMinor = 0
+	}
+	resp.Request = r
+	return resp, nil
+}
+
+// isAbsoluteForm reports whether a request came in with an absolute-form
+// target (GET http://host/path HTTP/1.1).
+func isAbsoluteForm(r *http.Request) bool {
+	u := r.RequestURI
+	return len(u) > 7 && (strings.HasPrefix(u, "http://") || strings.HasPrefix(u, "https://"))
+}
+
+// UpgradeError is the error of an upgraded request that failed on its
+// HTTP/2 hop (a refused connection, a stream reset, a GOAWAY). It is an
+// ordinary error for the HTTP/1 side, which answers it as a bad gateway.
+type UpgradeError struct{ Err error }
+
+func (e *UpgradeError) Error() string {
+	return fmt.Sprintf("origproto: upgraded request failed: %v", e.Err)
+}
+func (e *UpgradeError) Unwrap() error { return e.Err }
