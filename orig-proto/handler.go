@@ -1,6 +1,7 @@
 package origproto
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -101,14 +102,27 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	if len(values) != 1 {
-		http.Error(w, "invalid l5d-orig-proto: more than one value", http.StatusBadRequest)
+	down, p, err := downgrade(r, values)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
+	}
+	h.next.ServeHTTP(downgradedWriter(w, p.version()), down)
+}
+
+// errInvalidValue is the reason a request with a bad l5d-orig-proto is
+// refused.
+var errInvalidValue = errors.New("invalid l5d-orig-proto value")
+
+// downgrade returns the HTTP/1 request that an upgraded HTTP/2 request was,
+// given the values of its l5d-orig-proto header.
+func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
+	if len(values) != 1 {
+		return nil, proto{}, errInvalidValue
 	}
 	p, ok := parseProto(values[0])
 	if !ok {
-		http.Error(w, "invalid l5d-orig-proto value", http.StatusBadRequest)
-		return
+		return nil, proto{}, errInvalidValue
 	}
 	down := r.Clone(r.Context())
 	down.Trailer = r.Trailer // filled in as the body is read
@@ -121,7 +135,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		down.URL.Scheme, down.URL.Host = "http", r.Host
 		down.RequestURI = down.URL.String()
 	}
-	h.next.ServeHTTP(downgradedWriter(w, p.version()), down)
+	return down, p, nil
 }
 
 // downgradedWriter strips the HTTP/1 application's connection headers from

@@ -125,20 +125,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !peer || !Eligible(r) {
 		return t.h1.RoundTrip(r)
 	}
-	p := proto{minor: r.ProtoMinor, absolute: isAbsoluteForm(r)}
-	if p.minor != 0 {
-		p.minor = 1
-	}
-	up := r.Clone(r.Context())
-	up.Trailer = r.Trailer // filled in as the body is read
-	stripHopByHop(up.Header)
-	up.Header[Header] = []string{p.String()}
-	up.Proto, up.ProtoMajor, up.ProtoMinor = "HTTP/2.0", 2, 0
-	up.TransferEncoding = nil
-	up.Close = false
-	if up.Host == "" {
-		up.Host = r.URL.Host
-	}
+	up, p := upgrade(r)
 	resp, err := t.h2.RoundTrip(up)
 	if err != nil {
 		return nil, &UpgradeError{Err: err}
@@ -160,6 +147,26 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	resp.Request = r
 	return resp, nil
+}
+
+// upgrade returns the HTTP/2 form of an eligible HTTP/1 request: a copy
+// without its hop-by-hop headers, with l5d-orig-proto.
+func upgrade(r *http.Request) (*http.Request, proto) {
+	p := proto{minor: r.ProtoMinor, absolute: isAbsoluteForm(r)}
+	if p.minor != 0 {
+		p.minor = 1
+	}
+	up := r.Clone(r.Context())
+	up.Trailer = r.Trailer // filled in as the body is read
+	stripHopByHop(up.Header)
+	up.Header[Header] = []string{p.String()}
+	up.Proto, up.ProtoMajor, up.ProtoMinor = "HTTP/2.0", 2, 0
+	up.TransferEncoding = nil
+	up.Close = false
+	if up.Host == "" {
+		up.Host = r.URL.Host
+	}
+	return up, p
 }
 
 // isAbsoluteForm reports whether a request came in with an absolute-form
