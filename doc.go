@@ -11,6 +11,9 @@
 //     Router that routes, retries, times out and records each request by
 //     the profile of its destination.
 //
+//   - [github.com/inmesh/inmesh/orig-proto] (package origproto): HTTP/1
+//     between mesh peers over one multiplexed HTTP/2 connection, and back.
+//
 //   - [github.com/inmesh/inmesh/backoff]: the backoff policy, dialer and
 //     retry loop used by every reconnecting client.
 //
