@@ -1,0 +1,139 @@
+package destination
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/classify"
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/internal/testutil"
+	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+)
+
+func backend(t *testing.T, name string) (*httptest.Server, Endpoint) {
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config = origproto.NewServer(origproto.NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, name+" "+r.Proto+" "+r.Host)
+	})))
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, Endpoint{Addr: netip.MustParseAddrPort(strings.TrimPrefix(srv.URL, "http://")), Weight: DefaultWeight}
+}
+
+func balancedClient(t *testing.T, c *Client, opts ...BalancerOption) (*Balancer, *http.Client) {
+	b := NewBalancer(c, opts...)
+	t.Cleanup(b.Close)
+	h2 := origproto.NewH2Transport()
+	t.Cleanup(h2.CloseIdleConnections)
+	h1 := &http.Transport{}
+	t.Cleanup(h1.CloseIdleConnections)
+	return b, &http.Client{Transport: b.Transport(origproto.NewTransport(origproto.WithH2(h2), origproto.WithHTTP1(h1))), Timeout: testutil.Timeout}
+}
+
+func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) {
+	t.Helper()
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+func TestBalancerRoutesToEndpoints(t *testing.T) {
+	_, a := backend(t, "a")
+	_, b := backend(t, "b")
+	a.H2 = true // a is a mesh peer: upgraded
+	store := NewStore()
+	store.PutEndpoints(books+":7000", []Endpoint{a, b})
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	_, client := balancedClient(t, newTestClient(t, cp.addr))
+	seen := map[string]int{}
+	for range 200 {
+		status, body, _ := fetch(t, client, "http://"+books+":7000/x")
+		require.Equal(t, 200, status)
+		seen[body]++
+	}
+	assert.Len(t, seen, 2, "both endpoints get traffic: %v", seen)
+	assert.Positive(t, seen["a HTTP/1.1 "+books+":7000"], "the h2-hinted endpoint got HTTP/1.1 through orig-proto: %v", seen)
+	assert.Positive(t, seen["b HTTP/1.1 "+books+":7000"], "%v", seen)
+}
+
+func TestBalancerWeights(t *testing.T) {
+	_, a := backend(t, "a")
+	_, b := backend(t, "b")
+	a.Weight, b.Weight = 9000, 1000
+	store := NewStore()
+	store.PutEndpoints(books+":7000", []Endpoint{a, b})
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	_, client := balancedClient(t, newTestClient(t, cp.addr))
+	count := map[string]int{}
+	for range 400 {
+		_, body, _ := fetch(t, client, "http://"+books+":7000/")
+		count[body[:1]]++
+	}
+	// P2C by weight: a is picked unless both draws are b (1%), or b wins
+	// on latency; a must clearly dominate.
+	assert.Greater(t, count["a"], 3*count["b"], "%v", count)
+}
+
+func TestBalancerFailsFast(t *testing.T) {
+	store := NewStore()
+	store.PutEndpoints("empty.ns.svc.cluster.local:80", nil)
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	c := newTestClient(t, cp.addr)
+	_, client := balancedClient(t, c, WithFallback(false))
+	status, _, h := fetch(t, client, "http://empty.ns.svc.cluster.local/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "no endpoints")
+	status, _, h = fetch(t, client, "http://unknown.ns.svc.cluster.local/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "unknown service")
+}
+
+func TestBalancerFallsBackForUnknownService(t *testing.T) {
+	direct := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "direct") }))
+	cp := serve(t, "127.0.0.1:0", NewServer(NewStore(), quietLogger))
+	_, client := balancedClient(t, newTestClient(t, cp.addr))
+	status, body, _ := fetch(t, client, direct.URL) // 127.0.0.1:port: exists=false
+	assert.Equal(t, 200, status)
+	assert.Equal(t, "direct", body)
+}
+
+func TestBalancerBoundedWait(t *testing.T) {
+	s := newScripted()
+	s.get = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
+		return block(st.Context()) // never answers
+	}
+	cp := serve(t, "127.0.0.1:0", s)
+	_, client := balancedClient(t, newTestClient(t, cp.addr), WithResolveTimeout(100*time.Millisecond))
+	start := time.Now()
+	status, _, h := fetch(t, client, "http://"+books+":7000/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "no answer")
+	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
+}
+
+func TestBalancerLabelsMetrics(t *testing.T) {
+	_, a := backend(t, "a")
+	a.Labels = map[string]string{"pod": "books-0"}
+	store := NewStore()
+	store.PutEndpoints(books+":7000", []Endpoint{a})
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	m := testutil.NewMetrics(t)
+	b := NewBalancer(newTestClient(t, cp.addr))
+	defer b.Close()
+	h1 := &http.Transport{}
+	defer h1.CloseIdleConnections()
+	client := &http.Client{Transport: b.Transport(classify.NewTransport(h1, classify.WithMeterProvider(m.Provider)))}
+	status, _, _ := fetch(t, client, "http://"+books+":7000/")
+	require.Equal(t, 200, status)
+	assert.Equal(t, "1", m.Value(t, "request_total", `dst_pod="books-0"`, `direction="outbound"`))
+}
