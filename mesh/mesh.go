@@ -1,0 +1,161 @@
+// Package mesh assembles inmesh's layers into the two stacks of a meshed
+// service, so that a program does not wire them by hand:
+//
+//	outbound: profiles.Router.Transport -> destination.Balancer ->
+//	          classify.Transport -> origproto.Transport -> net/http
+//	inbound:  origproto.NewHandler -> profiles.Router.Handler ->
+//	          classify.NewHandler -> the application
+//
+// classify sits below the balancer on the way out, so that the endpoint's
+// labels (dst_*) are on request_total and response_total. Each layer stays
+// usable on its own; this package only chooses the order and passes the
+// options through.
+package mesh
+
+import (
+	"log/slog"
+	"net/http"
+	"net/netip"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/destination"
+	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/profiles"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Option configures [NewClient] and [NewServer].
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	mp             metric.MeterProvider
+	logger         *slog.Logger
+	dst            *destination.Client
+	source         profiles.Source
+	trust          func(*http.Request) bool
+	networks       []netip.Prefix
+	maxAuthorities int
+}
+
+// WithMeterProvider sets where the metrics go (default: the global
+// provider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.mp = mp })
+}
+
+// WithLogger sets the logger of the layers (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
+
+// WithDestination sets the control-plane client: it resolves endpoints and,
+// unless [WithProfiles] says otherwise, supplies the profiles.
+func WithDestination(d *destination.Client) Option {
+	return optionFunc(func(c *config) { c.dst = d })
+}
+
+// WithProfiles sets the source of service profiles (default: the
+// destination client; with neither, every request takes the default route).
+func WithProfiles(src profiles.Source) Option { return optionFunc(func(c *config) { c.source = src }) }
+
+// WithTrust sets which inbound peers are mesh peers (see
+// origproto.WithTrust).
+func WithTrust(f func(*http.Request) bool) Option { return optionFunc(func(c *config) { c.trust = f }) }
+
+// WithTrustedNetworks adds networks of trusted inbound peers.
+func WithTrustedNetworks(nets ...netip.Prefix) Option {
+	return optionFunc(func(c *config) { c.networks = append(c.networks, nets...) })
+}
+
+// WithMaxAuthorities bounds the authorities routed by profile.
+func WithMaxAuthorities(n int) Option { return optionFunc(func(c *config) { c.maxAuthorities = n }) }
+
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if c.source == nil && c.dst != nil {
+		c.source = c.dst
+	}
+	if c.source == nil {
+		c.source = profiles.NewStaticSource(nil)
+	}
+	return c
+}
+
+func (c config) routerOptions() []profiles.RouterOption {
+	return []profiles.RouterOption{
+		profiles.WithMeterProvider(c.mp), profiles.WithLogger(c.logger), profiles.WithMaxAuthorities(c.maxAuthorities),
+	}
+}
+
+// Client is the outbound stack. Close it to stop its watches.
+type Client struct {
+	http.RoundTripper
+	router   *profiles.Router
+	balancer *destination.Balancer
+	h1, h2   *http.Transport
+}
+
+// NewClient returns the outbound stack. Requests are addressed by Host to a
+// service authority; without a destination client they go to that address
+// itself.
+func NewClient(opts ...Option) *Client {
+	c := newConfig(opts)
+	cl := &Client{router: profiles.NewRouter(c.source, c.routerOptions()...)}
+	cl.h1 = &http.Transport{MaxIdleConnsPerHost: 64, Protocols: new(http.Protocols)}
+	cl.h1.Protocols.SetHTTP1(true)
+	cl.h2 = origproto.NewH2Transport()
+	var next http.RoundTripper = classify.NewTransport(
+		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), classify.WithMeterProvider(c.mp))
+	if c.dst != nil {
+		cl.balancer = destination.NewBalancer(c.dst)
+		next = cl.balancer.Transport(next)
+	}
+	cl.RoundTripper = cl.router.Transport(next)
+	return cl
+}
+
+// Router returns the profile router of the stack.
+func (c *Client) Router() *profiles.Router { return c.router }
+
+// Close stops the watches and closes idle connections.
+func (c *Client) Close() {
+	c.router.Close()
+	if c.balancer != nil {
+		c.balancer.Close()
+	}
+	c.h1.CloseIdleConnections()
+	c.h2.CloseIdleConnections()
+}
+
+// Server is the inbound stack around an application handler.
+type Server struct {
+	http.Handler
+	router *profiles.Router
+}
+
+// NewServer returns the inbound stack around app. Serve it with
+// origproto.NewServer, so that peers can reach it over h2c.
+func NewServer(app http.Handler, opts ...Option) *Server {
+	c := newConfig(opts)
+	s := &Server{router: profiles.NewRouter(c.source, c.routerOptions()...)}
+	var hopts []origproto.HandlerOption
+	if c.trust != nil {
+		hopts = append(hopts, origproto.WithTrust(c.trust))
+	}
+	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
+	s.Handler = origproto.NewHandler(s.router.Handler(classify.NewHandler(app, classify.WithMeterProvider(c.mp))), hopts...)
+	return s
+}
+
+// Router returns the profile router of the stack.
+func (s *Server) Router() *profiles.Router { return s.router }
+
+// Close stops the watches.
+func (s *Server) Close() { s.router.Close() }
