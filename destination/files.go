@@ -1,0 +1,124 @@
+package destination
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// WatchFiles loads the ServiceProfile YAML files (*.yaml, *.yml) of
+// profilesDir and the endpoints file into store, then checks them every
+// interval and loads again what changed, until ctx is done. Either path may
+// be empty. A file that fails to load is logged with its file, document and
+// field, and the store keeps serving the last good version. WatchFiles
+// returns the error of the first load, without watching, when it fails.
+func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile string, interval time.Duration, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	if interval <= 0 {
+		interval = time.Second
+	}
+	w := &fileWatcher{store: store, dir: profilesDir, endpoints: endpointsFile, log: log}
+	if err := w.load(true); err != nil {
+		return err
+	}
+	go w.run(ctx, interval)
+	return nil
+}
+
+type fileWatcher struct {
+	store                        *Store
+	dir, endpoints               string
+	log                          *slog.Logger
+	profilesStamp, endpointStamp string
+}
+
+func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := w.load(false); err != nil {
+				w.log.Warn("rejected a control-plane file; serving the last good version", "error", err)
+			}
+		}
+	}
+}
+
+func (w *fileWatcher) load(first bool) error {
+	var errs []string
+	if w.dir != "" {
+		paths, stamp, err := yamlFiles(w.dir)
+		switch {
+		case err != nil:
+			errs = append(errs, err.Error())
+		case stamp != w.profilesStamp:
+			w.profilesStamp = stamp
+			if err := w.store.LoadServiceProfiles(paths...); err != nil {
+				errs = append(errs, err.Error())
+			} else if !first {
+				w.log.Info("loaded service profiles", "dir", w.dir, "files", len(paths))
+			}
+		}
+	}
+	if w.endpoints != "" {
+		stamp, err := fileStamp(w.endpoints)
+		switch {
+		case err != nil:
+			errs = append(errs, err.Error())
+		case stamp != w.endpointStamp:
+			w.endpointStamp = stamp
+			if err := w.store.LoadEndpoints(w.endpoints); err != nil {
+				errs = append(errs, err.Error())
+			} else if !first {
+				w.log.Info("loaded endpoints", "file", w.endpoints)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// yamlFiles lists the YAML files of dir, sorted, with a stamp that changes
+// when any of them changes.
+func yamlFiles(dir string) ([]string, string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, "", err
+	}
+	var paths []string
+	var stamp strings.Builder
+	for _, e := range entries {
+		if e.IsDir() || !(strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml")) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		s, err := fileStamp(p)
+		if err != nil {
+			return nil, "", err
+		}
+		paths = append(paths, p)
+		stamp.WriteString(s)
+	}
+	slices.Sort(paths)
+	return paths, stamp.String(), nil
+}
+
+func fileStamp(path string) (string, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s %d %d\n", path, info.Size(), info.ModTime().UnixNano()), nil
+}
