@@ -1,0 +1,181 @@
+// Command proxy is a small sidecar-style proxy built only from inmesh's
+// wrappers around httputil.ReverseProxy.
+//
+//	go run ./examples/proxy -destination 127.0.0.1:8086 -outbound 127.0.0.1:4140 \
+//	    -inbound 127.0.0.1:4143 -app 127.0.0.1:8080 -metrics 127.0.0.1:4191
+//
+// Outbound (-outbound): HTTP/1 and h2c requests addressed by Host to a
+// service authority are resolved through the Destination API, routed by
+// their service profile, retried and timed out per route, sent over HTTP/2
+// with orig-proto when the endpoint is a mesh peer, and forwarded.
+// Inbound (-inbound): HTTP/1 and h2c, upgraded requests downgraded, inbound
+// route metrics, forwarded to -app. /metrics serves Prometheus text with
+// Linkerd's series names; /ready answers 200.
+//
+// The control-plane backoff comes from INMESH_CONTROL_EXP_BACKOFF_MIN, _MAX
+// and _JITTER, or the fixed INMESH_CONTROL_BACKOFF_DELAY; a bad value stops
+// start-up with a message naming the variable. With a real Linkerd control
+// plane, pass -context-token (the pod's LINKERD2_PROXY_DESTINATION_CONTEXT).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/mesh"
+	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/otlptranslator"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+type flags struct {
+	destination, outbound, inbound, app, metrics string
+	contextToken, scheme                         string
+}
+
+func main() {
+	var f flags
+	flag.StringVar(&f.destination, "destination", "127.0.0.1:8086", "Destination API address")
+	flag.StringVar(&f.outbound, "outbound", "127.0.0.1:4140", "outbound listener (the application's requests)")
+	flag.StringVar(&f.inbound, "inbound", "127.0.0.1:4143", "inbound listener (requests from peers)")
+	flag.StringVar(&f.app, "app", "127.0.0.1:8080", "the application's HTTP/1 address")
+	flag.StringVar(&f.metrics, "metrics", "127.0.0.1:4191", "metrics and readiness listener")
+	flag.StringVar(&f.contextToken, "context-token", "", "GetDestination.context_token to send")
+	flag.StringVar(&f.scheme, "scheme", "", `GetDestination.scheme to send ("k8s" for 2018 control planes)`)
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(f, log); err != nil {
+		fmt.Fprintln(os.Stderr, "proxy:", err)
+		os.Exit(1)
+	}
+}
+
+func run(f flags, log *slog.Logger) error {
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	if err != nil {
+		return err
+	}
+	appURL, err := url.Parse("http://" + f.app)
+	if err != nil {
+		return fmt.Errorf("-app: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(
+		otelprom.WithRegisterer(registry),
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithoutSuffixes),
+		otelprom.WithoutScopeInfo(),
+		otelprom.WithoutTargetInfo(),
+	)
+	if err != nil {
+		return err
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer provider.Shutdown(context.Background())
+	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
+		metric.WithDescription("Total count of opened connections."))
+
+	dst, err := destination.Dial(f.destination, destination.WithBackoff(policy), destination.WithLogger(log),
+		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme))
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log)}
+
+	client := mesh.NewClient(opts...)
+	defer client.Close()
+	outbound := origproto.NewServer(&httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
+			pr.Out.Host = pr.In.Host
+		},
+		Transport: client,
+		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	})
+	outbound.ConnState = countConns(tcpOpen, "outbound")
+
+	toApp := &http.Transport{MaxIdleConnsPerHost: 64}
+	defer toApp.CloseIdleConnections()
+	inboundStack := mesh.NewServer(&httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(appURL)
+			pr.Out.Host = pr.In.Host
+		},
+		Transport: toApp,
+		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}, opts...)
+	defer inboundStack.Close()
+	inbound := origproto.NewServer(inboundStack)
+	inbound.ConnState = countConns(tcpOpen, "inbound")
+
+	admin := http.NewServeMux()
+	admin.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ready") })
+	metricsSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
+
+	servers := []struct {
+		name, addr string
+		srv        *http.Server
+	}{{"outbound", f.outbound, outbound}, {"inbound", f.inbound, inbound}, {"metrics", f.metrics, metricsSrv}}
+	errs := make(chan error, len(servers))
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		lis, err := net.Listen("tcp", s.addr)
+		if err != nil {
+			return fmt.Errorf("-%s: %w", s.name, err)
+		}
+		log.Info("listening", "listener", s.name, "addr", lis.Addr().String())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				errs <- fmt.Errorf("%s: %w", s.name, err)
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err := <-errs:
+		return err
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range servers {
+		_ = s.srv.Shutdown(shutdownCtx)
+	}
+	wg.Wait()
+	return nil
+}
+
+// countConns counts accepted connections as Linkerd's tcp_open_total.
+func countConns(c metric.Int64Counter, direction string) func(net.Conn, http.ConnState) {
+	opts := metric.WithAttributes(attribute.String("direction", direction), attribute.String("peer", "src"))
+	return func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			c.Add(context.Background(), 1, opts)
+		}
+	}
+}
