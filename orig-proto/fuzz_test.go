@@ -107,6 +107,9 @@ func FuzzDowngrade(f *testing.F) {
 			return
 		}
 		if err != nil {
+			if p.absolute || strings.Contains(err.Error(), "authority") {
+				return // an authority that cannot make an absolute URI is refused
+			}
 			t.Fatalf("refused %q: %v", value, err)
 		}
 		if down.ProtoMajor != 1 || down.ProtoMinor != p.minor || down.Proto != p.version() {

@@ -2,10 +2,12 @@ package origproto
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 
 	"github.com/felixge/httpsnoop"
@@ -134,6 +136,9 @@ func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 	if p.absolute {
 		down.URL.Scheme, down.URL.Host = "http", r.Host
 		down.RequestURI = down.URL.String()
+		if _, err := url.ParseRequestURI(down.RequestURI); err != nil {
+			return nil, proto{}, fmt.Errorf("invalid authority for an absolute-form request: %q", r.Host)
+		}
 	}
 	return down, p, nil
 }
