@@ -1,0 +1,253 @@
+// Package e2e runs the examples as separate processes on loopback and
+// drives them with curl: a control plane, two proxies and a plain HTTP/1
+// application.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	books   = "books.default.svc.cluster.local:7000"
+	timeout = 30 * time.Second
+)
+
+func profile(extraRoute string) string {
+	return `apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata:
+  name: books.default.svc.cluster.local
+spec:
+  routes:` + extraRoute + `
+  - name: GET /books/{id}
+    condition: {method: GET, pathRegex: '/books/[^/]+'}
+  - name: GET /books
+    condition: {method: GET, pathRegex: /books}
+  - name: GET /flaky
+    condition: {method: GET, pathRegex: /flaky}
+    isRetryable: true
+  - name: GET /slow
+    condition: {method: GET, pathRegex: /slow}
+    timeout: 300ms
+  retryBudget: {retryRatio: 0.2, minRetriesPerSecond: 10, ttl: 10s}
+`
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// build compiles the examples once.
+func build(t *testing.T) string {
+	dir := t.TempDir()
+	for _, name := range []string{"destination", "proxy", "app"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../"+name)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "build %s:\n%s", name, out)
+	}
+	return dir
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	logs bytes.Buffer
+}
+
+func start(t *testing.T, bin string, env []string, args ...string) *proc {
+	p := &proc{cmd: exec.Command(bin, args...)}
+	p.cmd.Env = append(os.Environ(), env...)
+	r, w := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = w, w
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			p.mu.Lock()
+			p.logs.WriteString(s.Text() + "\n")
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		p.stop()
+		w.Close()
+		if t.Failed() {
+			p.mu.Lock()
+			t.Logf("%s logs:\n%s", filepath.Base(bin), p.logs.String())
+			p.mu.Unlock()
+		}
+	})
+	return p
+}
+
+func (p *proc) stop() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Wait()
+	}
+}
+
+func curl(t *testing.T, args ...string) (status int, headers, body string) {
+	t.Helper()
+	full := append([]string{"-sS", "--max-time", "10", "-D", "-", "-w", "\n%{http_code}"}, args...)
+	out, err := exec.Command("curl", full...).CombinedOutput()
+	require.NoError(t, err, "curl %v: %s", args, out)
+	s := string(out)
+	i := strings.LastIndexByte(s, '\n')
+	status, _ = strconv.Atoi(s[i+1:])
+	head, rest, _ := strings.Cut(s[:i], "\r\n\r\n")
+	return status, strings.ToLower(head), rest
+}
+
+func scrape(t *testing.T, addr string) string {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func metric(text, name string, labels ...string) (float64, bool) {
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		if ok {
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+func TestEndToEnd(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("curl is not installed")
+		}
+		t.Skip("curl is not installed")
+	}
+	bin := build(t)
+	dir := t.TempDir()
+	profiles := filepath.Join(dir, "profiles")
+	require.NoError(t, os.Mkdir(profiles, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(profiles, "books.yaml"), []byte(profile("")), 0o644))
+
+	dstAddr, appAddr := freePort(t), freePort(t)
+	aOut, aIn, aMetrics := freePort(t), freePort(t), freePort(t)
+	bOut, bIn, bMetrics := freePort(t), freePort(t), freePort(t)
+	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte(fmt.Sprintf("- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n    labels: {pod: books-0}\n", books, bIn)), 0o644))
+
+	env := []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"}
+	start(t, filepath.Join(bin, "app"), nil, "-listen", appAddr, "-slow", "5s")
+	dstArgs := []string{"-listen", dstAddr, "-profiles", profiles, "-endpoints", endpoints, "-interval", "100ms"}
+	dst := start(t, filepath.Join(bin, "destination"), nil, dstArgs...)
+	start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", bOut, "-inbound", bIn, "-app", appAddr, "-metrics", bMetrics)
+	start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", aOut, "-inbound", aIn, "-app", appAddr, "-metrics", aMetrics)
+	for _, addr := range []string{aMetrics, bMetrics} {
+		require.Eventually(t, func() bool {
+			resp, err := http.Get("http://" + addr + "/ready")
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err == nil && resp.StatusCode == 200
+		}, timeout, 20*time.Millisecond)
+	}
+
+	get := func(path string) (int, string, string) {
+		return curl(t, "-H", "Host: "+books, "http://"+aOut+path)
+	}
+	// The profile reaches proxy A: its route label shows on the metrics.
+	require.Eventually(t, func() bool {
+		get("/books/1")
+		_, ok := metric(scrape(t, aMetrics), "route_request_total", `rt_route="GET /books/{id}"`, `direction="outbound"`)
+		return ok
+	}, timeout, 50*time.Millisecond, "the profile never arrived")
+
+	status, headers, body := get("/books/42")
+	assert.Equal(t, 200, status)
+	assert.Equal(t, `{"id":"42"}`, body)
+	assert.Contains(t, headers, "x-app-proto: http/1.1", "the app sees HTTP/1.1")
+	assert.Contains(t, headers, "x-app-l5d-headers: 0", "no l5d-* header reaches the app")
+	assert.NotContains(t, headers, "l5d-orig-proto", "nor the client")
+
+	// Retries: the flaky route fails every other call; the client sees 200.
+	for range 3 {
+		status, _, body = get("/flaky")
+		assert.Equal(t, 200, status)
+		assert.Equal(t, "recovered", body)
+	}
+	text := scrape(t, aMetrics)
+	failed, _ := metric(text, "route_actual_response_total", `rt_route="GET /flaky"`, `status_code="503"`, `classification="failure"`)
+	assert.GreaterOrEqual(t, failed, 3.0, "the failed attempts are counted")
+	_, ok := metric(text, "route_response_total", `rt_route="GET /flaky"`, `status_code="200"`)
+	assert.True(t, ok)
+
+	// Timeouts: the slow route gives 504 at its timeout.
+	status, headers, _ = get("/slow")
+	assert.Equal(t, 504, status)
+	assert.Contains(t, headers, "l5d-proxy-error")
+	text = scrape(t, aMetrics)
+	_, ok = metric(text, "route_response_total", `rt_route="GET /slow"`, `status_code="504"`, `classification="failure"`, `error="timeout"`)
+	assert.True(t, ok, "timeout recorded")
+	_, ok = metric(text, "request_total", `direction="outbound"`, `dst_pod="books-0"`)
+	assert.True(t, ok, "endpoint labels on request_total")
+
+	// One h2 connection between the peers carried everything.
+	opened, _ := metric(scrape(t, bMetrics), "tcp_open_total", `direction="inbound"`)
+	assert.Equal(t, 1.0, opened, "connections from proxy A to proxy B")
+
+	// Editing the profile changes routing without a restart.
+	edited := "\n  - name: GET /books/edited\n    condition: {method: GET, pathRegex: /books/edited}"
+	require.NoError(t, os.WriteFile(filepath.Join(profiles, "books.yaml"), []byte(profile(edited)), 0o644))
+	editedAt := time.Now()
+	require.Eventually(t, func() bool {
+		get("/books/edited")
+		_, ok := metric(scrape(t, aMetrics), "route_request_total", `rt_route="GET /books/edited"`)
+		return ok
+	}, 2*time.Second, 20*time.Millisecond, "the edit did not take effect within 2s")
+	t.Logf("profile edit took effect after %v", time.Since(editedAt).Round(time.Millisecond))
+
+	// The control plane goes away: traffic keeps flowing on what is known.
+	dst.stop()
+	for range 5 {
+		status, _, _ = get("/books/7")
+		assert.Equal(t, 200, status)
+	}
+	// It comes back with a change made while it was down: updates resume.
+	later := "\n  - name: GET /books/later\n    condition: {method: GET, pathRegex: /books/later}"
+	require.NoError(t, os.WriteFile(filepath.Join(profiles, "books.yaml"), []byte(profile(later)), 0o644))
+	start(t, filepath.Join(bin, "destination"), nil, dstArgs...)
+	require.Eventually(t, func() bool {
+		get("/books/later")
+		_, ok := metric(scrape(t, aMetrics), "route_request_total", `rt_route="GET /books/later"`)
+		return ok
+	}, timeout, 50*time.Millisecond, "updates did not resume after the control plane came back")
+}
