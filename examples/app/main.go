@@ -10,59 +10,17 @@ package main
 
 import (
 	"flag"
-	"fmt"
-	"io"
 	"log"
 	"net/http"
-	"strconv"
-	"strings"
-	"sync/atomic"
 	"time"
+
+	"github.com/inmesh/inmesh/examples/internal/booksapp"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "address to listen on (HTTP/1 only)")
 	slow := flag.Duration("slow", 2*time.Second, "how long GET /slow takes")
 	flag.Parse()
-	srv := &http.Server{Addr: *listen, Handler: handler(*slow), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Addr: *listen, Handler: booksapp.Handler(*slow), ReadHeaderTimeout: 10 * time.Second}
 	log.Fatal(srv.ListenAndServe())
-}
-
-func handler(slow time.Duration) http.Handler {
-	var flaky atomic.Int64
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /books", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `["dune","emma"]`) })
-	mux.HandleFunc("GET /books/{id}", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, `{"id":%q}`, r.PathValue("id"))
-	})
-	mux.HandleFunc("POST /books", func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		w.WriteHeader(http.StatusCreated)
-		w.Write(b)
-	})
-	mux.HandleFunc("GET /flaky", func(w http.ResponseWriter, r *http.Request) {
-		if flaky.Add(1)%2 == 1 {
-			http.Error(w, "flaked", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "recovered")
-	})
-	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-time.After(slow):
-			io.WriteString(w, "slow")
-		case <-r.Context().Done():
-		}
-	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		l5d := 0
-		for name := range r.Header {
-			if strings.HasPrefix(strings.ToLower(name), "l5d-") {
-				l5d++
-			}
-		}
-		w.Header().Set("X-App-Proto", r.Proto)
-		w.Header().Set("X-App-L5d-Headers", strconv.Itoa(l5d))
-		mux.ServeHTTP(w, r)
-	})
 }

@@ -1,15 +1,33 @@
 package main
 
 import (
+	"bytes"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestDemoRuns(t *testing.T) {
-	if err := run(); err != nil {
-		t.Fatal(err)
+func TestDemoPrintsRouteTable(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, run(options{duration: time.Second, workers: 4}, &out))
+	text := out.String()
+	t.Log(text)
+	assert.Contains(t, text, "1 connection(s) between the peers")
+	for _, route := range []string{"GET /books ", "GET /books/{id}", "POST /books", "GET /flaky", "GET /slow"} {
+		assert.Contains(t, text, route)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "GET /flaky") {
+			assert.Contains(t, line, "100.00%", "retries hide the flaky failures")
+		}
+		if strings.HasPrefix(line, "GET /slow") {
+			assert.Contains(t, line, " 0.00%", "every slow request times out")
+		}
 	}
 }
