@@ -136,9 +136,9 @@ func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 	if p.absolute {
 		down.URL.Scheme, down.URL.Host = "http", r.Host
 		down.RequestURI = down.URL.String()
-		if _, err := url.ParseRequestURI(down.RequestURI); err != nil {
-			return nil, proto{}, fmt.Errorf("invalid authority for an absolute-form request: %q", r.Host)
-		}
+	}
+	if _, err := url.ParseRequestURI(down.RequestURI); err != nil {
+		return nil, proto{}, fmt.Errorf("invalid request target or authority: %q", down.RequestURI)
 	}
 	return down, p, nil
 }
