@@ -15,6 +15,7 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/profiles"
 )
 
 // Defaults of the [Balancer].
@@ -50,9 +51,11 @@ func WithFallback(on bool) BalancerOption {
 }
 
 // Balancer resolves each request's authority through the Get stream of a
-// [Client] and sends the request to one of its endpoints: by weight, and
-// with several endpoints the better of two picked at random by a moving
-// average of their latency. It puts the endpoint's protocol hint into the
+// [Client] and sends the request to one of its endpoints. When the
+// authority's profile has dst overrides, the request first goes to one of
+// them by weight (weight 0 is ignored; all zero means the authority itself).
+// Among endpoints it picks by weight, and with several endpoints the better
+// of two picked at random by a moving average of their latency. It puts the endpoint's protocol hint into the
 // request context for origproto and its labels (as dst_*) for classify.
 // It is safe for concurrent use; Close stops its watches.
 type Balancer struct {
@@ -63,8 +66,51 @@ type Balancer struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu    sync.Mutex
-	dests map[string]*balancedDest
+	mu     sync.Mutex
+	dests  map[string]*balancedDest
+	splits map[string]*split
+}
+
+// split is the traffic split of an authority: its profile's dst overrides
+// with a weight above zero, authorities normalized.
+type split struct {
+	dsts  atomic.Pointer[[]profiles.WeightedDst]
+	total atomic.Uint64
+	stop  func()
+}
+
+func (s *split) update(u profiles.Update) {
+	var dsts []profiles.WeightedDst
+	var total uint64
+	if u.Profile != nil {
+		for _, d := range u.Profile.DstOverrides {
+			a, err := authpkg.Normalize(d.Authority)
+			if d.Weight == 0 || err != nil {
+				continue
+			}
+			dsts = append(dsts, profiles.WeightedDst{Authority: a, Weight: d.Weight})
+			total += uint64(d.Weight)
+		}
+	}
+	s.total.Store(total)
+	s.dsts.Store(&dsts)
+}
+
+// pick returns the authority a request for the split's authority goes to:
+// an override by weight, or "" for the authority itself.
+func (s *split) pick() string {
+	p := s.dsts.Load()
+	if p == nil || len(*p) == 0 {
+		return ""
+	}
+	n := rand.Uint64N(s.total.Load())
+	for _, d := range *p {
+		if n < uint64(d.Weight) {
+			return d.Authority
+		}
+		n -= uint64(d.Weight)
+	}
+	return (*p)[len(*p)-1].Authority
 }
 
 type balancedDest struct {
@@ -94,7 +140,8 @@ type balancedEndpoint struct {
 
 // NewBalancer returns a Balancer over c's endpoint watches.
 func NewBalancer(c *Client, opts ...BalancerOption) *Balancer {
-	b := &Balancer{c: c, resolveTimeout: DefaultResolveTimeout, fallback: true, dests: make(map[string]*balancedDest)}
+	b := &Balancer{c: c, resolveTimeout: DefaultResolveTimeout, fallback: true,
+		dests: make(map[string]*balancedDest), splits: make(map[string]*split)}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	for _, o := range opts {
 		if o != nil {
@@ -118,6 +165,33 @@ func (b *Balancer) Close() {
 			d.stop()
 		}
 	}
+	b.mu.Lock()
+	splits := make([]*split, 0, len(b.splits))
+	for _, s := range b.splits {
+		splits = append(splits, s)
+	}
+	b.mu.Unlock()
+	for _, s := range splits {
+		if s.stop != nil {
+			s.stop()
+		}
+	}
+}
+
+// splitFor returns the traffic split of authority, watching its profile on
+// first use. Until the profile arrives there is no split.
+func (b *Balancer) splitFor(authority string) *split {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.splits[authority]; s != nil {
+		return s
+	}
+	s := &split{}
+	if stop, err := b.c.Watch(b.ctx, authority, s.update); err == nil {
+		s.stop = stop
+	}
+	b.splits[authority] = s
+	return s
 }
 
 func (b *Balancer) dest(authority string) *balancedDest {
@@ -234,6 +308,9 @@ func (t *balancerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	authority, err := t.b.normalize(host)
 	if err != nil {
 		return t.base.RoundTrip(req) // not a destination we can resolve
+	}
+	if to := t.b.splitFor(authority).pick(); to != "" {
+		authority = to // traffic split: the request goes to an override's endpoints
 	}
 	d := t.b.dest(authority)
 	select {

@@ -12,6 +12,7 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/profiles"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -136,4 +137,50 @@ func TestBalancerLabelsMetrics(t *testing.T) {
 	status, _, _ := fetch(t, client, "http://"+books+":7000/")
 	require.Equal(t, 200, status)
 	assert.Equal(t, "1", m.Value(t, "request_total", `dst_pod="books-0"`, `direction="outbound"`))
+}
+
+// Linkerd's profile_dst_overrides cases: traffic moves between backends as
+// the profile's overrides change.
+func TestBalancerTrafficSplit(t *testing.T) {
+	_, v1 := backend(t, "1")
+	_, v2 := backend(t, "2")
+	store := NewStore()
+	store.PutEndpoints("books-v1.default.svc.cluster.local:7000", []Endpoint{v1})
+	store.PutEndpoints("books-v2.default.svc.cluster.local:7000", []Endpoint{v2})
+	_, orig := backend(t, "o")
+	store.PutEndpoints(books+":7000", []Endpoint{orig})
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	_, client := balancedClient(t, newTestClient(t, cp.addr))
+	setSplit := func(w1, w2 uint32) {
+		sp := serviceProfile(books)
+		sp.DstOverrides = []profiles.WeightedDst{
+			{Authority: "books-v1.default.svc.cluster.local", Weight: w1},
+			{Authority: "books-v2.default.svc.cluster.local", Weight: w2},
+		}
+		store.PutServiceProfile(sp)
+	}
+	count := func(n int) map[string]int {
+		c := map[string]int{}
+		for range n {
+			_, body, _ := fetch(t, client, "http://"+books+":7000/")
+			c[body[:1]]++
+		}
+		return c
+	}
+	waitOnly := func(name string) {
+		require.Eventually(t, func() bool { c := count(5); return c[name] == 5 }, testutil.Timeout, 10*time.Millisecond)
+	}
+	setSplit(10000, 0) // add_a_dst_override, with a zero weight ignored
+	waitOnly("1")
+	assert.Equal(t, map[string]int{"1": 50}, count(50))
+	setSplit(5000, 5000) // add_multiple_dst_overrides
+	require.Eventually(t, func() bool { c := count(40); return c["1"] > 5 && c["2"] > 5 }, testutil.Timeout, 10*time.Millisecond)
+	setSplit(0, 10000) // set_a_dst_override_weight_to_zero
+	waitOnly("2")
+	setSplit(0, 0) // set_all_dst_override_weights_to_zero: the original destination
+	waitOnly("o")
+	setSplit(10000, 0)
+	waitOnly("1")
+	store.PutServiceProfile(serviceProfile(books)) // remove_a_dst_override
+	waitOnly("o")
 }

@@ -165,11 +165,19 @@ func (s *scripted) callTimes() []time.Time {
 	return append([]time.Time(nil), s.calls...)
 }
 
+// GetProfile and Get run the script's function for the call, or stay
+// silent when the script has none for the RPC.
 func (s *scripted) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	if s.profile == nil {
+		return block(stream.Context())
+	}
 	return s.profile(s.record(), req, stream)
 }
 
 func (s *scripted) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.Update]) error {
+	if s.get == nil {
+		return block(stream.Context())
+	}
 	return s.get(s.record(), req, stream)
 }
 
