@@ -342,7 +342,7 @@ func (t *balancerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		return proxyError(req, http.StatusServiceUnavailable, "no endpoints for "+authority), nil
 	}
 	e := s.pick()
-	ctx := origproto.WithPeer(req.Context(), e.H2)
+	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
 	if e.labels != nil {
 		ctx = classify.WithLabels(ctx, e.labels)
 	}
@@ -365,6 +365,16 @@ func (t *balancerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	e.pending.Add(-1)
 	e.observe(time.Since(start))
 	return resp, err
+}
+
+type endpointKey struct{}
+
+// EndpointFromContext returns the endpoint the [Balancer] picked for the
+// request with context ctx (its address, weight, labels, identity and
+// protocol hints), or nil.
+func EndpointFromContext(ctx context.Context) *Endpoint {
+	e, _ := ctx.Value(endpointKey{}).(*Endpoint)
+	return e
 }
 
 func (b *Balancer) normalize(host string) (string, error) {

@@ -12,8 +12,8 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/testutil"
-	"github.com/inmesh/inmesh/profiles"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -133,11 +133,24 @@ func TestBalancerLabelsMetrics(t *testing.T) {
 	defer b.Close()
 	h1 := &http.Transport{}
 	defer h1.CloseIdleConnections()
-	client := &http.Client{Transport: b.Transport(classify.NewTransport(h1, classify.WithMeterProvider(m.Provider)))}
+	picked := make(chan *Endpoint, 1)
+	spy := roundTrip(func(r *http.Request) (*http.Response, error) {
+		picked <- EndpointFromContext(r.Context())
+		return h1.RoundTrip(r)
+	})
+	client := &http.Client{Transport: b.Transport(classify.NewTransport(spy, classify.WithMeterProvider(m.Provider)))}
 	status, _, _ := fetch(t, client, "http://"+books+":7000/")
 	require.Equal(t, 200, status)
 	assert.Equal(t, "1", m.Value(t, "request_total", `dst_pod="books-0"`, `direction="outbound"`))
+	e := <-picked
+	require.NotNil(t, e)
+	assert.Equal(t, a.Addr, e.Addr)
+	assert.Equal(t, "books-0", e.Labels["pod"])
 }
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // Linkerd's profile_dst_overrides cases: traffic moves between backends as
 // the profile's overrides change.
