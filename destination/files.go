@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"time"
+
+	"github.com/inmesh/inmesh/internal/filestamp"
 )
 
 // WatchFiles loads the ServiceProfile YAML files (*.yaml, *.yml) of
@@ -57,7 +56,7 @@ func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
 func (w *fileWatcher) load(first bool) error {
 	var errs []string
 	if w.dir != "" {
-		paths, stamp, err := yamlFiles(w.dir)
+		paths, stamp, err := filestamp.YAMLFiles(w.dir)
 		switch {
 		case err != nil:
 			errs = append(errs, err.Error())
@@ -71,7 +70,7 @@ func (w *fileWatcher) load(first bool) error {
 		}
 	}
 	if w.endpoints != "" {
-		stamp, err := fileStamp(w.endpoints)
+		stamp, err := filestamp.File(w.endpoints)
 		switch {
 		case err != nil:
 			errs = append(errs, err.Error())
@@ -88,37 +87,4 @@ func (w *fileWatcher) load(first bool) error {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return nil
-}
-
-// yamlFiles lists the YAML files of dir, sorted, with a stamp that changes
-// when any of them changes.
-func yamlFiles(dir string) ([]string, string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, "", err
-	}
-	var paths []string
-	var stamp strings.Builder
-	for _, e := range entries {
-		if e.IsDir() || !(strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml")) {
-			continue
-		}
-		p := filepath.Join(dir, e.Name())
-		s, err := fileStamp(p)
-		if err != nil {
-			return nil, "", err
-		}
-		paths = append(paths, p)
-		stamp.WriteString(s)
-	}
-	slices.Sort(paths)
-	return paths, stamp.String(), nil
-}
-
-func fileStamp(path string) (string, error) {
-	info, err := os.Stat(path)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("%s %d %d\n", path, info.Size(), info.ModTime().UnixNano()), nil
 }

@@ -2,16 +2,13 @@ package profiles
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/mailbox"
 )
 
@@ -103,31 +100,8 @@ func (s *FileSource) poll() {
 // Reload reads the directory now, as the poll loop does.
 func (s *FileSource) Reload() error { return s.reload() }
 
-func (s *FileSource) files() ([]string, string, error) {
-	entries, err := os.ReadDir(s.dir)
-	if err != nil {
-		return nil, "", err
-	}
-	var paths []string
-	var stamp strings.Builder
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
-			continue
-		}
-		info, err := e.Info()
-		if err != nil {
-			return nil, "", err
-		}
-		paths = append(paths, filepath.Join(s.dir, name))
-		fmt.Fprintf(&stamp, "%s %d %d\n", name, info.Size(), info.ModTime().UnixNano())
-	}
-	slices.Sort(paths)
-	return paths, stamp.String(), nil
-}
-
 func (s *FileSource) reload() error {
-	paths, stamp, err := s.files()
+	paths, stamp, err := filestamp.YAMLFiles(s.dir)
 	if err != nil {
 		s.setErr(err)
 		return err
