@@ -2,8 +2,10 @@ package classify
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -43,15 +45,19 @@ func FromContext(ctx context.Context) *Classifier {
 // [NewLabels]; they are immutable.
 type Labels struct {
 	kvs []attribute.KeyValue
+	key string // the labels as text, so that equal sets share series
 }
 
 // NewLabels returns the labels prefix+key=value for each entry of m, sorted
 // by key.
 func NewLabels(prefix string, m map[string]string) *Labels {
 	l := &Labels{}
+	var key strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		l.kvs = append(l.kvs, attribute.String(prefix+k, m[k]))
+		fmt.Fprintf(&key, "%q=%q,", prefix+k, m[k])
 	}
+	l.key = key.String()
 	return l
 }
 

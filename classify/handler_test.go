@@ -183,3 +183,13 @@ func TestHandlerAllocations(t *testing.T) {
 	allocs := testing.AllocsPerRun(1000, func() { h.ServeHTTP(w, r) })
 	assert.Zero(t, allocs, "classification and recording allocate nothing")
 }
+
+func TestEqualLabelsShareATarget(t *testing.T) {
+	rec := newRecorder(newConfig(nil), "outbound")
+	for range 100 {
+		// A balancer builds new Labels on every endpoint update.
+		rec.target("books:7000", NewLabels("dst_", map[string]string{"pod": "books-0"}))
+	}
+	rec.target("books:7000", NewLabels("dst_", map[string]string{"pod": "books-1"}))
+	assert.Len(t, rec.targets, 2)
+}

@@ -22,7 +22,7 @@ type recorder struct {
 
 type targetKey struct {
 	authority string
-	labels    *Labels
+	labels    string // Labels.key
 }
 
 func newRecorder(cfg config, direction string) *recorder {
@@ -38,8 +38,14 @@ func newRecorder(cfg config, direction string) *recorder {
 
 const otherAuthority = "other"
 
+// maxTargetsPerAuthority bounds the label sets cached per authority.
+const maxTargetsPerAuthority = 16
+
 func (r *recorder) target(authority string, l *Labels) *metrics.Target {
-	key := targetKey{authority, l}
+	key := targetKey{authority: authority}
+	if l != nil {
+		key.labels = l.key
+	}
 	r.mu.RLock()
 	t := r.targets[key]
 	r.mu.RUnlock()
@@ -66,12 +72,10 @@ func (r *recorder) target(authority string, l *Labels) *metrics.Target {
 		kvs = append(kvs, l.kvs...)
 	}
 	t = metrics.NewTarget(r.fam, kvs...)
-	// Requests for an unknown authority keep being recorded under "other"
-	// without growing the map.
-	if key.authority == authority {
+	// Requests past the bounds are still recorded, under a target that is
+	// not kept, so that the map stays bounded.
+	if len(r.targets) < maxTargetsPerAuthority*(r.max+1) {
 		r.targets[key] = t
-	} else if len(r.targets) < 4*r.max {
-		r.targets[targetKey{otherAuthority, l}] = t
 	}
 	return t
 }
