@@ -110,7 +110,6 @@ type mesh struct {
 	outbound     *httptest.Server
 	inbound      *httptest.Server
 	inboundConns atomic.Int32
-	h2Conns      atomic.Int32
 	transport    *Transport
 }
 
