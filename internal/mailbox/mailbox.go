@@ -20,6 +20,7 @@ type Mailbox[T any] struct {
 
 	mu      sync.Mutex
 	pending T
+	fresh   bool // pending has not been delivered yet
 }
 
 // Start runs deliver for each value offered, in order, never concurrently,
@@ -40,7 +41,7 @@ func Start[T any](parent, ctx context.Context, wg *sync.WaitGroup, deliver func(
 // Offer replaces the value waiting for delivery with v.
 func (m *Mailbox[T]) Offer(v T) {
 	m.mu.Lock()
-	m.pending = v
+	m.pending, m.fresh = v, true
 	m.mu.Unlock()
 	select {
 	case m.notify <- struct{}{}:
@@ -76,8 +77,11 @@ func (m *Mailbox[T]) run(wg *sync.WaitGroup, onExit func()) {
 			return
 		}
 		m.mu.Lock()
-		v := m.pending
+		v, fresh := m.pending, m.fresh
+		m.fresh = false
 		m.mu.Unlock()
-		m.deliver(v)
+		if fresh { // a wake-up for a value already delivered is dropped
+			m.deliver(v)
+		}
 	}
 }

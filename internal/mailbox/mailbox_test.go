@@ -53,3 +53,25 @@ func TestContextEndsIt(t *testing.T) {
 	<-exited
 	wg.Wait()
 }
+
+func TestEachValueOnce(t *testing.T) {
+	var mu sync.Mutex
+	var got []int
+	m := Start(context.Background(), context.Background(), nil, func(v int) {
+		mu.Lock()
+		got = append(got, v)
+		mu.Unlock()
+	}, nil)
+	for v := range 1000 {
+		m.Offer(v)
+	}
+	assert.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) > 0 && got[len(got)-1] == 999
+	}, 10*time.Second, time.Millisecond)
+	m.Stop()
+	for i := 1; i < len(got); i++ {
+		assert.Less(t, got[i-1], got[i], "a value was delivered twice or out of order")
+	}
+}
