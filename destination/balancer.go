@@ -155,25 +155,17 @@ func NewBalancer(c *Client, opts ...BalancerOption) *Balancer {
 func (b *Balancer) Close() {
 	b.cancel()
 	b.mu.Lock()
-	dests := make([]*balancedDest, 0, len(b.dests))
+	var stops []func()
 	for _, d := range b.dests {
-		dests = append(dests, d)
+		stops = append(stops, d.stop)
 	}
-	b.mu.Unlock()
-	for _, d := range dests {
-		if d.stop != nil {
-			d.stop()
-		}
-	}
-	b.mu.Lock()
-	splits := make([]*split, 0, len(b.splits))
 	for _, s := range b.splits {
-		splits = append(splits, s)
+		stops = append(stops, s.stop)
 	}
 	b.mu.Unlock()
-	for _, s := range splits {
-		if s.stop != nil {
-			s.stop()
+	for _, stop := range stops {
+		if stop != nil {
+			stop()
 		}
 	}
 }
