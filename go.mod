@@ -1,6 +1,6 @@
 module github.com/inmesh/inmesh
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/felixge/httpsnoop v1.1.0
