@@ -38,7 +38,8 @@ func newRecorder(cfg config, direction string) *recorder {
 
 const otherAuthority = "other"
 
-// maxTargetsPerAuthority bounds the label sets cached per authority.
+// maxTargetsPerAuthority bounds the cache at this many label sets per
+// authority on average; past it, targets are built and not kept.
 const maxTargetsPerAuthority = 16
 
 func (r *recorder) target(authority string, l *Labels) *metrics.Target {
