@@ -71,8 +71,8 @@ var Default = &Classifier{}
 // IsGRPC reports whether the request is a gRPC call (content-type
 // application/grpc, with or without a +suffix).
 func IsGRPC(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	return strings.HasPrefix(ct, "application/grpc")
+	ct := h["Content-Type"] // canonical already: no Get, which canonicalizes
+	return len(ct) > 0 && strings.HasPrefix(ct[0], "application/grpc")
 }
 
 // Head classifies a response head. When final is false the class is

@@ -101,6 +101,9 @@ func (s *State) push(target string, opts *http.PushOptions) error {
 // [http.TrailerPrefix]. Call it after the handler returned.
 func (s *State) Trailer(name string) (string, bool) {
 	h := s.w.Header()
+	if len(h) == 0 {
+		return "", false
+	}
 	if v, ok := h[http.TrailerPrefix+name]; ok && len(v) > 0 {
 		return v[0], true
 	}
