@@ -40,7 +40,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !completed {
 			// The handler panicked (http.ErrAbortHandler included): the
 			// response was cut short.
-			t.Response(ctx, metrics.Response{Status: st.Status, Failure: true, GRPC: -1, Err: "unclassified"}, start)
+			t.Response(ctx, metrics.Aborted(st.Status), start)
 			st.Release()
 		}
 	}()
@@ -51,23 +51,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		c = h.classifier
 	}
-	status := st.Status
-	if status == 0 && !st.Hijacked {
-		status = http.StatusOK // written by net/http when the handler returns
-	}
-	t.Response(ctx, response(status, Finish(c, r, st)), start)
+	t.Response(ctx, response(Finish(c, r, st)), start)
 	st.Release()
 }
 
-// Finish classifies what a handler wrote, once it returned. st must be the
-// state of the handler's wrapped writer.
-func Finish(c *Classifier, r *http.Request, st *rw.State) Class {
+// Finish returns the status and class of what a handler wrote, once it
+// returned. st must be the state of the handler's wrapped writer. A handler
+// that wrote nothing answered 200 (net/http writes it when the handler
+// returns); a hijacked connection has no status and is a success.
+func Finish(c *Classifier, r *http.Request, st *rw.State) (status int, class Class) {
 	if st.Hijacked {
-		return Success
+		return 0, Success
 	}
-	status := st.Status
+	status = st.Status
 	if status == 0 {
-		status = http.StatusOK // net/http writes it when the handler returns
+		status = http.StatusOK
 	}
 	grpc := IsGRPC(r.Header)
 	var head http.Header
@@ -79,5 +77,5 @@ func Finish(c *Classifier, r *http.Request, st *rw.State) Class {
 		v, ok := st.Trailer("Grpc-Status")
 		class = c.EndStatus(class, grpc, v, ok)
 	}
-	return class
+	return status, class
 }

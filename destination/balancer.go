@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/inmesh/inmesh/classify"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/proxyerr"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -314,7 +314,7 @@ func (t *balancerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 			timer.Stop()
 		case <-timer.C:
 			closeBody(req)
-			return proxyError(req, http.StatusServiceUnavailable, "no answer from the control plane for "+authority), nil
+			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+authority), nil
 		case <-req.Context().Done():
 			timer.Stop()
 			closeBody(req)
@@ -328,10 +328,10 @@ func (t *balancerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 			return t.base.RoundTrip(req)
 		}
 		closeBody(req)
-		return proxyError(req, http.StatusServiceUnavailable, "unknown service "+authority), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+authority), nil
 	case len(s.endpoints) == 0:
 		closeBody(req)
-		return proxyError(req, http.StatusServiceUnavailable, "no endpoints for "+authority), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+authority), nil
 	}
 	e := s.pick()
 	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
@@ -379,18 +379,5 @@ func (b *Balancer) normalize(host string) (string, error) {
 func closeBody(req *http.Request) {
 	if req.Body != nil {
 		req.Body.Close()
-	}
-}
-
-// proxyError is a response the balancer makes itself, marked with
-// l5d-proxy-error.
-func proxyError(req *http.Request, code int, msg string) *http.Response {
-	return &http.Response{
-		Status:     strconv.Itoa(code) + " " + http.StatusText(code),
-		StatusCode: code,
-		Proto:      "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header:  http.Header{"L5d-Proxy-Error": {msg}, "Content-Type": {"text/plain; charset=utf-8"}},
-		Body:    http.NoBody,
-		Request: req,
 	}
 }

@@ -44,7 +44,6 @@ type watch[M, U any] struct {
 	kind      *kind[M, U]
 	authority string
 	cancel    context.CancelFunc
-	done      chan struct{}
 
 	mu      sync.Mutex
 	last    U
@@ -52,8 +51,6 @@ type watch[M, U any] struct {
 	subs    map[*mailbox.Mailbox[U]]struct{}
 	idleGen uint64 // bumped on every subscribe, so a stale idle timer does nothing
 	evicted bool
-	// attempts counts calls made; read by tests and Stats.
-	attempts atomic.Int64
 }
 
 // watches is a bounded set of watches of one kind, keyed by authority.
@@ -80,7 +77,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 		wctx, cancel := context.WithCancel(c.ctx)
 		w = &watch[M, U]{
 			c: c, kind: ws.kind, authority: authority, cancel: cancel,
-			done: make(chan struct{}), subs: make(map[*mailbox.Mailbox[U]]struct{}),
+			subs: make(map[*mailbox.Mailbox[U]]struct{}),
 		}
 		ws.m[authority] = w
 		c.wg.Add(1)
@@ -153,7 +150,6 @@ func (w *watch[M, U]) publish(u U) {
 // run keeps a stream open until ctx ends or the server rejects the lookup.
 func (w *watch[M, U]) run(ctx context.Context) {
 	defer w.c.wg.Done()
-	defer close(w.done)
 	log := w.c.cfg.logger.With("rpc", w.kind.name, "authority", w.authority)
 	healthy := true
 	err := backoff.Retry(ctx, w.c.cfg.policy, w.session, func(err error, delay time.Duration) {
@@ -174,7 +170,6 @@ func (w *watch[M, U]) run(ctx context.Context) {
 // (always, unless the server rejected the lookup) and whether the stream made
 // progress.
 func (w *watch[M, U]) session(ctx context.Context) error {
-	w.attempts.Add(1)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var silent atomic.Bool

@@ -36,16 +36,12 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	completed := false
 	defer func() {
 		if !completed {
-			tg.route.Response(ctx, metrics.Response{Status: st.Status, Failure: true, GRPC: -1, Err: "unclassified"}, start)
+			tg.route.Response(ctx, metrics.Aborted(st.Status), start)
 			st.Release()
 		}
 	}()
 	h.next.ServeHTTP(ww, req)
 	completed = true
-	status := st.Status
-	if status == 0 && !st.Hijacked {
-		status = http.StatusOK
-	}
-	tg.route.Response(ctx, response(status, classify.Finish(route.classifier, req, st)), start)
+	tg.route.Response(ctx, response(classify.Finish(route.classifier, req, st)), start)
 	st.Release()
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/proxyerr"
 )
 
 // Transport returns the outbound side of the router around base (nil:
@@ -160,18 +161,7 @@ func (x *exchange) gatewayTimeout(req *http.Request) *http.Response {
 	x.done()
 	class := classify.ErrorClass(x.ctx, classify.ErrTimeout)
 	x.tg.route.Response(x.parent, response(http.StatusGatewayTimeout, class), x.start)
-	return &http.Response{
-		Status:     "504 Gateway Timeout",
-		StatusCode: http.StatusGatewayTimeout,
-		Proto:      "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: http.Header{
-			"L5d-Proxy-Error": {"request timed out after " + x.route.Timeout.String()},
-			"Content-Type":    {"text/plain; charset=utf-8"},
-		},
-		Body:          http.NoBody,
-		ContentLength: 0,
-		Request:       req,
-	}
+	return proxyerr.Response(req, http.StatusGatewayTimeout, "request timed out after "+x.route.Timeout.String())
 }
 
 // finish hands resp to the caller, recording the logical request and the

@@ -294,28 +294,19 @@ func parseRequestMatch(n yamltree.Node, depth int) (RequestMatch, error) {
 		return nil, err
 	}
 	var parts []RequestMatch
-	for _, key := range []string{"all", "any"} {
-		seqNode, ok := obj[key]
-		if !ok {
-			continue
-		}
-		items, err := seqNode.List()
+	if sn, ok := obj["all"]; ok {
+		seq, err := parseSeq(sn, depth, parseRequestMatch)
 		if err != nil {
 			return nil, err
 		}
-		seq := make([]RequestMatch, 0, len(items))
-		for _, item := range items {
-			m, err := parseRequestMatch(item, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			seq = append(seq, m)
+		parts = append(parts, MatchAll(seq))
+	}
+	if sn, ok := obj["any"]; ok {
+		seq, err := parseSeq(sn, depth, parseRequestMatch)
+		if err != nil {
+			return nil, err
 		}
-		if key == "all" {
-			parts = append(parts, MatchAll(seq))
-		} else {
-			parts = append(parts, MatchAny(seq))
-		}
+		parts = append(parts, MatchAny(seq))
 	}
 	if mn, ok := obj["method"]; ok {
 		m, err := mn.Str()
@@ -353,6 +344,23 @@ func parseRequestMatch(n yamltree.Node, depth int) (RequestMatch, error) {
 	return MatchAll(parts), nil
 }
 
+// parseSeq reads the list of conditions of an all or any.
+func parseSeq[M any](n yamltree.Node, depth int, parse func(yamltree.Node, int) (M, error)) ([]M, error) {
+	items, err := n.List()
+	if err != nil {
+		return nil, err
+	}
+	seq := make([]M, 0, len(items))
+	for _, item := range items {
+		m, err := parse(item, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		seq = append(seq, m)
+	}
+	return seq, nil
+}
+
 func parseResponseClass(n yamltree.Node) (ResponseClass, error) {
 	obj, err := n.Object("condition", "isFailure")
 	if err != nil {
@@ -383,28 +391,19 @@ func parseResponseMatch(n yamltree.Node, depth int) (ResponseMatch, error) {
 		return nil, err
 	}
 	var parts []ResponseMatch
-	for _, key := range []string{"all", "any"} {
-		seqNode, ok := obj[key]
-		if !ok {
-			continue
-		}
-		items, err := seqNode.List()
+	if sn, ok := obj["all"]; ok {
+		seq, err := parseSeq(sn, depth, parseResponseMatch)
 		if err != nil {
 			return nil, err
 		}
-		seq := make([]ResponseMatch, 0, len(items))
-		for _, item := range items {
-			m, err := parseResponseMatch(item, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			seq = append(seq, m)
+		parts = append(parts, ResponseAll(seq))
+	}
+	if sn, ok := obj["any"]; ok {
+		seq, err := parseSeq(sn, depth, parseResponseMatch)
+		if err != nil {
+			return nil, err
 		}
-		if key == "all" {
-			parts = append(parts, ResponseAll(seq))
-		} else {
-			parts = append(parts, ResponseAny(seq))
-		}
+		parts = append(parts, ResponseAny(seq))
 	}
 	if nn, ok := obj["not"]; ok {
 		m, err := parseResponseMatch(nn, depth+1)

@@ -71,6 +71,12 @@ type Response struct {
 	Err string
 }
 
+// Aborted is the response of a handler that panicked after writing status
+// (0 for none): a failure that no class describes.
+func Aborted(status int) Response {
+	return Response{Status: status, Failure: true, GRPC: -1, Err: "unclassified"}
+}
+
 // maxResponseSeries bounds the response label combinations of a target;
 // past it responses are counted under the last combination's overflow key.
 const maxResponseSeries = 512
