@@ -66,9 +66,20 @@ type Balancer struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
+	mu     sync.RWMutex
+	hosts  map[string]hostEntry // by the Host a request gave
 	dests  map[string]*balancedDest
 	splits map[string]*split
+	// full is the destination of every authority past the client's bound
+	// on watches: it has no endpoints and an error, so requests fall back.
+	full *balancedDest
+}
+
+// hostEntry is what a request's Host resolves to, cached so that the
+// per-request path neither normalizes nor allocates.
+type hostEntry struct {
+	authority string
+	split     *split
 }
 
 // split is the traffic split of an authority: its profile's dst overrides
@@ -141,7 +152,9 @@ type balancedEndpoint struct {
 // NewBalancer returns a Balancer over c's endpoint watches.
 func NewBalancer(c *Client, opts ...BalancerOption) *Balancer {
 	b := &Balancer{c: c, resolveTimeout: DefaultResolveTimeout, fallback: true,
-		dests: make(map[string]*balancedDest), splits: make(map[string]*split)}
+		hosts: make(map[string]hostEntry), dests: make(map[string]*balancedDest), splits: make(map[string]*split),
+		full: &balancedDest{ready: make(chan struct{})}}
+	b.full.update(EndpointsUpdate{Err: profiles.ErrTooManyWatches})
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	for _, o := range opts {
 		if o != nil {
@@ -170,29 +183,56 @@ func (b *Balancer) Close() {
 	}
 }
 
-// splitFor returns the traffic split of authority, watching its profile on
-// first use. Until the profile arrives there is no split.
-func (b *Balancer) splitFor(authority string) *split {
+// host returns the authority and traffic split of a request's Host,
+// normalizing it and watching its profile on first use. Until the profile
+// arrives there is no split.
+func (b *Balancer) host(host string) (hostEntry, error) {
+	b.mu.RLock()
+	e, ok := b.hosts[host]
+	b.mu.RUnlock()
+	if ok {
+		return e, nil
+	}
+	authority, err := b.normalize(host)
+	if err != nil {
+		return hostEntry{}, err
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if s := b.splits[authority]; s != nil {
-		return s
+	s := b.splits[authority]
+	if s == nil {
+		s = &split{}
+		if len(b.splits) < b.c.cfg.maxWatches {
+			if stop, err := b.c.Watch(b.ctx, authority, s.update); err == nil {
+				s.stop = stop
+			}
+			b.splits[authority] = s
+		}
 	}
-	s := &split{}
-	if stop, err := b.c.Watch(b.ctx, authority, s.update); err == nil {
-		s.stop = stop
+	e = hostEntry{authority: authority, split: s}
+	if len(b.hosts) < 2*b.c.cfg.maxWatches {
+		b.hosts[host] = e
 	}
-	b.splits[authority] = s
-	return s
+	return e, nil
 }
 
+// dest returns the endpoints of authority, watching them on first use.
 func (b *Balancer) dest(authority string) *balancedDest {
+	b.mu.RLock()
+	d := b.dests[authority]
+	b.mu.RUnlock()
+	if d != nil {
+		return d
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if d := b.dests[authority]; d != nil {
 		return d
 	}
-	d := &balancedDest{ready: make(chan struct{})}
+	if len(b.dests) >= b.c.cfg.maxWatches {
+		return b.full
+	}
+	d = &balancedDest{ready: make(chan struct{})}
 	stop, err := b.c.WatchEndpoints(b.ctx, authority, func(u EndpointsUpdate) { d.update(u) })
 	if err != nil {
 		d.update(EndpointsUpdate{Err: err})
@@ -297,11 +337,12 @@ func (t *balancerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if host == "" {
 		host = req.URL.Host
 	}
-	authority, err := t.b.normalize(host)
+	entry, err := t.b.host(host)
 	if err != nil {
 		return t.base.RoundTrip(req) // not a destination we can resolve
 	}
-	if to := t.b.splitFor(authority).pick(); to != "" {
+	authority := entry.authority
+	if to := entry.split.pick(); to != "" {
 		authority = to // traffic split: the request goes to an override's endpoints
 	}
 	d := t.b.dest(authority)
@@ -323,7 +364,13 @@ func (t *balancerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	}
 	s := d.state.Load()
 	switch {
-	case s.err != nil || s.set != nil && !s.set.Exists:
+	case s.err != nil:
+		if t.b.fallback {
+			return t.base.RoundTrip(req)
+		}
+		closeBody(req)
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+authority+": "+s.err.Error()), nil
+	case s.set != nil && !s.set.Exists:
 		if t.b.fallback {
 			return t.base.RoundTrip(req)
 		}

@@ -197,3 +197,52 @@ func TestBalancerTrafficSplit(t *testing.T) {
 	store.PutServiceProfile(serviceProfile(books)) // remove_a_dst_override
 	waitOnly("o")
 }
+
+// Past the client's bound on watches, authorities are not watched and
+// requests for them fall back (or fail with a reason).
+func TestBalancerBound(t *testing.T) {
+	_, a := backend(t, "a")
+	store := NewStore()
+	for _, name := range []string{"one", "two", "three"} {
+		store.PutEndpoints(name+".ns.svc.cluster.local:80", []Endpoint{a})
+	}
+	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	b, client := balancedClient(t, newTestClient(t, cp.addr, WithMaxWatches(2)), WithFallback(false))
+	for _, name := range []string{"one", "two"} {
+		status, _, _ := fetch(t, client, "http://"+name+".ns.svc.cluster.local/")
+		assert.Equal(t, 200, status)
+	}
+	status, _, h := fetch(t, client, "http://three.ns.svc.cluster.local/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "too many watched authorities")
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	assert.Len(t, b.dests, 2)
+	assert.Len(t, b.splits, 2)
+}
+
+// Power of two choices: between two endpoints of equal weight, the one
+// with the lower latency average wins when the two draws differ, so it
+// gets about three quarters of the picks.
+func TestBalancerPrefersLowerLatency(t *testing.T) {
+	d := &balancedDest{ready: make(chan struct{})}
+	d.update(EndpointsUpdate{Set: &EndpointSet{Exists: true, Endpoints: []Endpoint{
+		ep("10.0.0.1:80", false), ep("10.0.0.2:80", false),
+	}}})
+	s := d.state.Load()
+	s.endpoints[0].observe(time.Millisecond)
+	s.endpoints[1].observe(100 * time.Millisecond)
+	fast := 0
+	for range 4000 {
+		if s.pick() == s.endpoints[0] {
+			fast++
+		}
+	}
+	assert.InDelta(t, 0.75, float64(fast)/4000, 0.05)
+
+	// An endpoint set update keeps what was learnt about latency.
+	d.update(EndpointsUpdate{Set: &EndpointSet{Exists: true, Endpoints: []Endpoint{
+		ep("10.0.0.1:80", false), ep("10.0.0.2:80", false), ep("10.0.0.3:80", false),
+	}}})
+	assert.Equal(t, s.endpoints[1].ewma.Load(), d.state.Load().endpoints[1].ewma.Load())
+}
