@@ -195,6 +195,13 @@ func TestRemovesConnectionHeaders(t *testing.T) {
 		assert.Empty(t, seen.Header.Values(h), "%s reached the app", h)
 	}
 	assert.Equal(t, "yes", seen.Header.Get("X-Kept"))
+
+	// Naming l5d-orig-proto in Connection cannot remove the header the
+	// upgrade adds: the request is still downgraded to HTTP/1.1.
+	m.raw(t, "GET /named HTTP/1.1\r\nHost: a\r\nConnection: l5d-orig-proto\r\nL5d-Orig-Proto: HTTP/1.0\r\n\r\n")
+	seen = m.app.last(t)
+	assert.Equal(t, "HTTP/1.1", seen.Proto)
+	assert.Empty(t, seen.Header.Values(Header))
 	for _, h := range []string{"X-Hop", "Keep-Alive"} {
 		assert.Empty(t, resp.Header.Values(h), "%s reached the client", h)
 	}

@@ -101,7 +101,7 @@ func start(t *testing.T, bin string, env []string, args ...string) *proc {
 }
 
 func (p *proc) stop() {
-	if p.cmd.ProcessState == nil {
+	if p.cmd.ProcessState == nil && p.cmd.Process.Signal(syscall.Signal(0)) == nil {
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		_ = p.cmd.Wait()
 	}
@@ -170,7 +170,7 @@ func TestEndToEnd(t *testing.T) {
 	dstArgs := []string{"-listen", dstAddr, "-profiles", profiles, "-endpoints", endpoints, "-interval", "100ms"}
 	dst := start(t, filepath.Join(bin, "destination"), nil, dstArgs...)
 	start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", bOut, "-inbound", bIn, "-app", appAddr, "-metrics", bMetrics)
-	start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", aOut, "-inbound", aIn, "-app", appAddr, "-metrics", aMetrics)
+	proxyA := start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", aOut, "-inbound", aIn, "-app", appAddr, "-metrics", aMetrics)
 	for _, addr := range []string{aMetrics, bMetrics} {
 		require.Eventually(t, func() bool {
 			resp, err := http.Get("http://" + addr + "/ready")
@@ -250,4 +250,25 @@ func TestEndToEnd(t *testing.T) {
 		_, ok := metric(scrape(t, aMetrics), "route_request_total", `rt_route="GET /books/later"`)
 		return ok
 	}, timeout, 50*time.Millisecond, "updates did not resume after the control plane came back")
+
+	// SIGTERM: the proxy drains and exits cleanly.
+	require.NoError(t, proxyA.cmd.Process.Signal(syscall.SIGTERM))
+	exited := make(chan error, 1)
+	go func() { exited <- proxyA.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		assert.NoError(t, err, "exit status after SIGTERM")
+	case <-time.After(timeout):
+		t.Fatal("the proxy did not exit after SIGTERM")
+	}
+}
+
+// A bad backoff variable stops the proxy at start-up, naming the variable.
+func TestProxyRejectsBadBackoffVariable(t *testing.T) {
+	bin := build(t)
+	cmd := exec.Command(filepath.Join(bin, "proxy"), "-outbound", freePort(t), "-inbound", freePort(t), "-metrics", freePort(t))
+	cmd.Env = append(os.Environ(), "INMESH_CONTROL_BACKOFF_DELAY=5")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "started despite a bad variable:\n%s", out)
+	assert.Contains(t, string(out), `INMESH_CONTROL_BACKOFF_DELAY="5" is not a duration`)
 }

@@ -43,6 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -248,12 +249,9 @@ func printRoutes(out io.Writer, rm metricdata.ResourceMetrics, d time.Duration) 
 			switch data := m.Data.(type) {
 			case metricdata.Sum[int64]:
 				for _, p := range data.DataPoints {
-					if dir, _ := p.Attributes.Value("direction"); dir.AsString() != "outbound" {
+					route, ok := outboundRoute(p.Attributes)
+					if !ok {
 						continue
-					}
-					route := "[DEFAULT]"
-					if v, ok := p.Attributes.Value("rt_route"); ok {
-						route = v.AsString()
 					}
 					class, _ := p.Attributes.Value("classification")
 					switch m.Name {
@@ -271,12 +269,9 @@ func printRoutes(out io.Writer, rm metricdata.ResourceMetrics, d time.Duration) 
 					continue
 				}
 				for _, p := range data.DataPoints {
-					if dir, _ := p.Attributes.Value("direction"); dir.AsString() != "outbound" {
+					route, ok := outboundRoute(p.Attributes)
+					if !ok {
 						continue
-					}
-					route := "[DEFAULT]"
-					if v, ok := p.Attributes.Value("rt_route"); ok {
-						route = v.AsString()
 					}
 					s := get(route)
 					if s.buckets == nil {
@@ -304,6 +299,17 @@ func printRoutes(out io.Writer, rm metricdata.ResourceMetrics, d time.Duration) 
 			100*s.success/s.total, s.total/d.Seconds(), s.actual/d.Seconds(),
 			quantile(0.5, s), quantile(0.95, s), quantile(0.99, s))
 	}
+}
+
+// outboundRoute returns the route label of an outbound series.
+func outboundRoute(attrs attribute.Set) (string, bool) {
+	if dir, _ := attrs.Value("direction"); dir.AsString() != "outbound" {
+		return "", false
+	}
+	if v, ok := attrs.Value("rt_route"); ok {
+		return v.AsString(), true
+	}
+	return "[DEFAULT]", true
 }
 
 // quantile estimates a quantile from histogram buckets by linear
