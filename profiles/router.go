@@ -57,7 +57,6 @@ type dest struct {
 	authority string
 	state     atomic.Pointer[tableState]
 	stop      func()
-	watchErr  error
 }
 
 // tableState is a compiled table with what requests need next to it: the
@@ -182,9 +181,9 @@ func (r *Router) destFor(key string) *dest {
 		}
 		d = r.newDest(authority)
 		r.dests[authority] = d
-		d.stop, d.watchErr = r.src.Watch(r.ctx, authority, func(u Update) { r.apply(d, u) })
-		if d.watchErr != nil {
-			r.cfg.logger.Warn("cannot watch the profile; using the default route", "authority", authority, "error", d.watchErr)
+		var err error
+		if d.stop, err = r.src.Watch(r.ctx, authority, func(u Update) { r.apply(d, u) }); err != nil {
+			r.cfg.logger.Warn("cannot watch the profile; using the default route", "authority", authority, "error", err)
 		}
 	}
 	if len(r.hosts) < 2*r.cfg.maxAuthorities {

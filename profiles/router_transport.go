@@ -51,7 +51,7 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ts.budget.Deposit()
 	}
 
-	x := &exchange{t: t, route: route, tg: tg, ts: ts, start: start, parent: parent, grpc: classify.IsGRPC(req.Header)}
+	x := &exchange{route: route, tg: tg, start: start, parent: parent, grpc: classify.IsGRPC(req.Header)}
 	ctx := classify.WithProvider(parent, route)
 	if route.Timeout > 0 {
 		var cancel context.CancelCauseFunc
@@ -130,10 +130,8 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // exchange is the state of one logical request across its attempts.
 type exchange struct {
-	t      *routerTransport
 	route  *CompiledRoute
 	tg     *dirTargets
-	ts     *tableState
 	start  time.Time
 	parent context.Context
 	ctx    context.Context
