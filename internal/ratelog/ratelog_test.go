@@ -1,0 +1,60 @@
+package ratelog
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func newTest(interval time.Duration) (*Logger, *bytes.Buffer, *time.Time) {
+	var buf bytes.Buffer
+	l := New(slog.New(slog.NewTextHandler(&buf, nil)), interval)
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	return l, &buf, &now
+}
+
+func TestOneLinePerKeyPerInterval(t *testing.T) {
+	l, buf, now := newTest(time.Second)
+	for range 1000 {
+		l.Warn("a", "stream failed", "authority", "a:80")
+	}
+	l.Warn("b", "stream failed", "authority", "b:80")
+	assert.Equal(t, 2, strings.Count(buf.String(), "\n"))
+
+	*now = now.Add(time.Second)
+	l.Warn("a", "stream failed", "authority", "a:80")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	assert.Len(t, lines, 3)
+	assert.Contains(t, lines[2], "suppressed=999")
+}
+
+func TestDistinctKeysAreBounded(t *testing.T) {
+	l, buf, _ := newTest(time.Minute)
+	for i := range 100_000 {
+		l.Warn(fmt.Sprint(i), "rejected")
+	}
+	assert.LessOrEqual(t, len(l.keys), maxKeys)
+	// Every key is new, so each logs once: the bound is on memory, and the
+	// caller picks keys from a bounded set (authorities under their cap).
+	assert.Equal(t, 100_000, strings.Count(buf.String(), "\n"))
+}
+
+func TestLevelsAndNil(t *testing.T) {
+	var nilLogger *Logger
+	nilLogger.Warn("k", "nothing") // must not panic
+	nilLogger.Slog().Info("nothing")
+
+	var buf bytes.Buffer
+	l := New(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})), 0)
+	assert.Equal(t, DefaultInterval, l.interval)
+	l.Debug("k", "hidden")
+	l.Info("k", "hidden")
+	l.Warn("k", "shown")
+	assert.Equal(t, 1, strings.Count(buf.String(), "\n"))
+}
