@@ -230,6 +230,18 @@ func (r *Registry[S]) Get(raw string) *Entry[S] {
 	return r.get(raw, true)
 }
 
+// Cached returns the entry a raw key was cached for, or nil: it neither
+// normalises nor creates, and never allocates.
+func (r *Registry[S]) Cached(raw string) *Entry[S] {
+	if v, ok := r.raw.Load(raw); ok {
+		if e := v.(*Entry[S]); !e.dead.Load() {
+			e.touch()
+			return e
+		}
+	}
+	return nil
+}
+
 // Lookup returns the entry of a raw key if there is one, creating none.
 func (r *Registry[S]) Lookup(raw string) *Entry[S] {
 	if v, ok := r.raw.Load(raw); ok {
@@ -283,6 +295,9 @@ func (r *Registry[S]) Close() {
 
 // get is the slow path of Get and Lookup.
 func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
+	if raw == "" {
+		return nil
+	}
 	authority, err := r.Normalize(raw)
 	if err != nil {
 		return nil
