@@ -50,7 +50,7 @@ type Router struct {
 	cancel context.CancelFunc
 
 	reg    *registry.Registry[tableState]
-	labels *registry.Names      // authorities admitted as dst label values
+	labels *registry.Names     // authorities admitted as dst label values
 	local  map[string]struct{} // normalised authorities routed inbound
 
 	other     *tableState // the default route with dst="other"

@@ -76,7 +76,7 @@ func TestInboundRoutesOnlyLocalAuthorities(t *testing.T) {
 	m := testutil.NewMetrics(t)
 	const self = "books.default.svc.cluster.local:7000"
 	src := newCountingSource(map[string]*Profile{
-		self:                 {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "self"}}}},
+		self:                {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "self"}}}},
 		"victim.example:80": {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "victim"}}}},
 	})
 	router := NewRouter(src, WithLogger(quietLogger), WithMeterProvider(m.Provider), WithLocalAuthorities(self))
