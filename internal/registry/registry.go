@@ -4,7 +4,7 @@
 // A [Registry] maps the authorities that requests name (a Host header, an
 // l5d-dst-override value, a URL host) to one [Entry] each. It normalises a
 // raw key once (host:port in lower case, the default port added when the
-// key has none; see [internal/authority]) and caches raw key -> entry, so
+// key has none; see internal/authority) and caches raw key -> entry, so
 // that a request for a known authority costs one lock-free map read and no
 // allocation. Each entry holds one immutable snapshot of the user's state
 // type S behind an atomic pointer: requests Load it once and keep it; the
