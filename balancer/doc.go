@@ -17,8 +17,8 @@
 // request that fails without a response (connection refused or reset)
 // counts as a penalty RTT (5 s), not as a fast answer. Two endpoints are
 // drawn at random by weight; the second wins only when its load is clearly
-lower (by a quarter), so that endpoints of about equal load share traffic
-by weight while a real difference in load decides otherwise.
+// lower (by a quarter), so that endpoints of about equal load share traffic
+// by weight while a real difference in load decides otherwise.
 //
 // Everything a request reads (the split, the endpoint set and its weights)
 // is one immutable snapshot behind an atomic pointer; updates build a new
