@@ -7,9 +7,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 
 	"github.com/inmesh/inmesh/destination"
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/testutil"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/stretchr/testify/require"
@@ -97,10 +99,16 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 // client of it.
 func controlPlane(t *testing.T, store *destination.Store, opts ...destination.Option) *destination.Client {
 	t.Helper()
+	return grpcClient(t, destination.NewServer(store, quietLogger), opts...)
+}
+
+// grpcClient serves svc on loopback and returns a client of it.
+func grpcClient(t *testing.T, svc pb.DestinationServer, opts ...destination.Option) *destination.Client {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := grpc.NewServer()
-	destination.NewServer(store, quietLogger).Register(srv)
+	pb.RegisterDestinationServer(srv, svc)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-done })
@@ -115,8 +123,8 @@ type roundTrip func(*http.Request) (*http.Response, error)
 func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // fakeClock is a clock for the load estimates that moves only when told.
-type fakeClock struct{ now int64 }
+type fakeClock struct{ now atomic.Int64 }
 
-func (c *fakeClock) read() int64 { return c.now }
+func (c *fakeClock) read() int64 { return c.now.Load() }
 
 func withClock(now func() int64) Option { return optionFunc(func(c *config) { c.now = now }) }
