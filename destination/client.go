@@ -137,7 +137,8 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 }
 
 // WatchEndpoints streams the endpoint set of authority (host:port) from Get,
-// with the semantics of [profiles.Source.Watch]. After a reconnect the last
+// with the semantics of [profiles.Source.Watch]; it makes the Client a
+// balancer.Source. After a reconnect the last
 // set stays in force until the new stream's first message replaces it.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(EndpointsUpdate)) (func(), error) {
 	return c.endpoints.subscribe(c, ctx, authority, update)
