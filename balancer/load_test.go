@@ -196,7 +196,7 @@ func TestSplitConcurrentUpdates(t *testing.T) {
 		require.NoError(t, src.Set(n+".ns.svc.cluster.local:7000", []Endpoint{backend(t, n)}))
 	}
 	profs := profiles.NewStaticSource(nil)
-	_, client := newClient(t, src, WithProfiles(profs))
+	b, client := newClient(t, src, WithProfiles(profs))
 	splits := [][]profiles.WeightedDst{
 		{{Authority: "v1.ns.svc.cluster.local:7000", Weight: 1}},
 		{{Authority: "v2.ns.svc.cluster.local:7000", Weight: 5}, {Authority: "v3.ns.svc.cluster.local:7000", Weight: 5}},
@@ -216,7 +216,31 @@ func TestSplitConcurrentUpdates(t *testing.T) {
 			time.Sleep(100 * time.Microsecond) // the pace of updates, not synchronisation
 		}
 	}()
+	_, _, _ = fetch(t, client, "http://"+books+":7000/")
+	a := b.table.lookup(books + ":7000")
+	require.Eventually(t, func() bool { return a.split.Load() != nil }, testutil.Timeout, time.Millisecond)
+
+	// Picks as fast as they go: each is one of the backends of the split
+	// it read.
 	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20000 {
+				s := a.split.Load()
+				to := s.Pick()
+				if s == nil {
+					assert.Empty(t, to)
+				} else if !assert.Contains(t, s.backends, to) {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	// Requests through the Balancer.
 	seen := make([]map[string]int, 8)
 	for g := range 8 {
 		seen[g] = map[string]int{}
