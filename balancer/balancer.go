@@ -19,8 +19,8 @@ import (
 	"github.com/inmesh/inmesh/profiles"
 )
 
-// ErrClosed is the error of the authorities a closed [Balancer] is asked
-// about.
+// ErrClosed is why a closed [Balancer] cannot resolve an authority it was
+// not watching yet: such requests fall back, or fail with 503.
 var ErrClosed = errors.New("balancer: closed")
 
 // Balancer resolves each request's authority through a [Source] and sends
@@ -128,17 +128,21 @@ func (b *Balancer) endpoints(a *authority) *snapshot {
 }
 
 func (b *Balancer) watchEndpoints(a *authority) {
+	if b.ctx.Err() != nil {
+		a.publish(&snapshot{err: ErrClosed})
+		return
+	}
 	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u Update) {
 		if u.Set == nil && u.Err == nil {
 			return
 		}
 		if u.Err != nil {
-			b.log.Info("endpoints:"+a.name, "endpoints unavailable", "authority", a.name, "error", u.Err)
+			b.log.Info("endpoints unavailable", "endpoints unavailable", "authority", a.name, "error", u.Err)
 		}
 		a.publish(newSnapshot(u, a.state.Load(), b.rtt, b.cfg.now()))
 	})
 	if err != nil {
-		b.log.Warn("watch:"+a.name, "cannot watch endpoints", "authority", a.name, "error", err)
+		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
 		a.publish(&snapshot{err: err})
 		return
 	}
@@ -159,7 +163,7 @@ func (b *Balancer) watchSplit(a *authority) {
 		a.split.Store(s)
 	})
 	if err != nil {
-		b.log.Warn("profile:"+a.name, "cannot watch the traffic split", "authority", a.name, "error", err)
+		b.log.Warn("watch split", "cannot watch the traffic split", "authority", a.name, "error", err)
 		return
 	}
 	b.keep(stop)
@@ -196,6 +200,10 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if to := a.split.Load().Pick(); to != "" {
 		a = b.table.get(to) // traffic split: the request goes to an override's endpoints
 	}
+	name := a.name
+	if a == b.table.full {
+		name = host
+	}
 	s := b.endpoints(a)
 	if s.wait != nil {
 		var err error
@@ -205,7 +213,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if s == nil {
 			closeBody(req)
-			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+a.name), nil
+			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+name), nil
 		}
 	}
 	switch {
@@ -214,16 +222,16 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return t.base.RoundTrip(req)
 		}
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+a.name+": "+s.err.Error()), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), nil
 	case !s.exists:
 		if b.cfg.fallback {
 			return t.base.RoundTrip(req)
 		}
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+a.name), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+name), nil
 	case len(s.eps) == 0:
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+a.name), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), nil
 	}
 	e := s.pick(b.cfg.now(), b.decay)
 	return t.send(req, host, e)

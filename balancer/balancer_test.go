@@ -2,8 +2,12 @@ package balancer
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -226,4 +230,53 @@ func TestNotAnAuthority(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 204, resp.StatusCode)
 	assert.Equal(t, "bad_host!:99999", got)
+}
+
+// A closed Balancer does not wait for answers it will never get.
+func TestClosed(t *testing.T) {
+	b, client := newClient(t, silentSource{}, WithFallback(false), WithResolveTimeout(time.Hour))
+	b.Close()
+	status, _, h := fetch(t, client, "http://"+books+":7000/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), ErrClosed.Error())
+	b.Close()
+}
+
+// fullSource refuses every watch, as a control-plane client at its bound.
+type fullSource struct{}
+
+func (fullSource) WatchEndpoints(context.Context, string, func(Update)) (func(), error) {
+	return nil, profiles.ErrTooManyWatches
+}
+
+// Requests for many authorities that cannot be watched log one line per
+// interval, not one each.
+func TestWatchFailuresRateLimited(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	b := New(fullSource{}, WithLogger(log), WithFallback(false))
+	defer b.Close()
+	rt := b.Transport(nil)
+	for i := range 50 {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://svc-%d.ns.svc.cluster.local/", i), nil)
+		resp, err := rt.RoundTrip(req)
+		require.NoError(t, err)
+		assert.Equal(t, 503, resp.StatusCode)
+		assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "too many watched authorities")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 1, strings.Count(buf.String(), "cannot watch endpoints"), buf.String())
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
