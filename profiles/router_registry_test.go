@@ -132,8 +132,9 @@ func TestIdleAuthorityStopsItsWatch(t *testing.T) {
 	require.Eventually(t, func() bool { return src.open.Load() == 0 }, testutil.Timeout, time.Millisecond,
 		"idle authorities are released and their watches stopped")
 	assert.Nil(t, router.Table(testAuthority))
+	watched := src.total.Load()
 	require.Eventually(t, func() bool { return get(testAuthority).Labels["route"] == "r" }, testutil.Timeout, time.Millisecond)
-	assert.Equal(t, int32(102), src.total.Load())
+	assert.Greater(t, src.total.Load(), watched, "watched again")
 }
 
 // A Source slow to answer Watch for one authority holds back no other.
