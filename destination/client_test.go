@@ -246,9 +246,9 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 // keeps trying at that pace, and reaches it once it listens.
 func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
 	t.Setenv("INMESH_CONTROL_BACKOFF_DELAY", "100ms")
-	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	require.NoError(t, err)
-	require.Equal(t, backoff.Fixed(100*time.Millisecond), policy)
+	require.Equal(t, backoff.Policy{Min: 100 * time.Millisecond, Max: 100 * time.Millisecond}, policy)
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -77,7 +77,7 @@ func main() {
 
 func run(o options, out io.Writer) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	if err != nil {
 		return err
 	}

@@ -70,7 +70,7 @@ func main() {
 }
 
 func run(f flags, log *slog.Logger) error {
-	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	if err != nil {
 		return err
 	}
