@@ -11,6 +11,7 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
@@ -54,6 +55,7 @@ type Client struct {
 	api  pb.DestinationClient
 	conn *grpc.ClientConn // closed by Close when the client made it
 	cfg  config
+	log  *ratelog.Logger // every line a stream or an update can trigger
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -69,7 +71,8 @@ var _ profiles.Source = (*Client)(nil)
 // NewClient returns a Client that makes its calls on cc. The caller keeps
 // ownership of cc and must close it after the Client.
 func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
-	c := &Client{api: pb.NewDestinationClient(cc), cfg: newConfig(opts)}
+	cfg := newConfig(opts)
+	c := &Client{api: pb.NewDestinationClient(cc), cfg: cfg, log: ratelog.New(cfg.logger, cfg.logInterval)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
@@ -92,6 +95,9 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 			},
 			session:  c.endpointSession,
 			rejected: func(err error) EndpointsUpdate { return EndpointsUpdate{Err: err} },
+			// Linkerd's controller stays silent for a service that exists
+			// with no endpoints (it never sends no_endpoints{exists: true}).
+			silent: func() EndpointsUpdate { return EndpointsUpdate{Set: &EndpointSet{Exists: true}} },
 		},
 		m: make(map[string]*watch[*pb.Update, EndpointsUpdate]),
 	}
@@ -150,7 +156,12 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 
 // WatchEndpoints streams the endpoint set of authority (host:port) from Get,
 // with the semantics of [profiles.Source.Watch]. After a reconnect the last
-// set stays in force until the new stream's first message replaces it.
+// set stays in force until the new stream's first message replaces it. A
+// stream that stays silent past the first-message deadline (see
+// [WithFirstMessageTimeout]) is kept open and stands for a service that
+// exists with no endpoints yet, as with Linkerd's controller: an update with
+// Exists true and no endpoints is delivered, and the stream's first later
+// message applies as usual.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(EndpointsUpdate)) (func(), error) {
 	return c.endpoints.subscribe(c, ctx, authority, update)
 }
@@ -180,7 +191,7 @@ func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (
 	return func(m *pb.DestinationProfile) (profiles.Update, bool) {
 		p, err := ProfileFromProto(m)
 		if err != nil {
-			c.cfg.logger.Warn("rejected profile update; keeping the last one", "authority", authority, "error", err)
+			c.log.Warn("rejected profile", "rejected profile update; keeping the last one", "authority", authority, "error", err)
 			return profiles.Update{}, false
 		}
 		return profiles.Update{Profile: p}, true
@@ -201,7 +212,7 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (EndpointsUp
 			for i, a := range u.Add.GetAddrs() {
 				e, err := EndpointFromProto(a, labels, fmt.Sprintf("add.addrs[%d]", i))
 				if err != nil {
-					c.cfg.logger.Warn("skipped a bad endpoint", "authority", authority, "error", err)
+					c.log.Warn("bad endpoint", "skipped a bad endpoint", "authority", authority, "error", err)
 					continue
 				}
 				set[e.Addr] = e

@@ -1,11 +1,13 @@
 package destination
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -207,4 +209,44 @@ func block(ctx context.Context) error {
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+}
+
+// lineCounter collects the lines of a text logger, for tests that bound
+// what an event may log.
+type lineCounter struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lineCounter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lineCounter) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (l *lineCounter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// count returns the lines containing s (all lines for "").
+func (l *lineCounter) count(s string) int {
+	n := 0
+	for _, line := range strings.Split(l.String(), "\n") {
+		if line != "" && strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *lineCounter) bytes() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Len()
 }
