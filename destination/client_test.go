@@ -42,7 +42,7 @@ func addrs(u EndpointsUpdate) []string {
 func TestProfileUpdatesArriveInOrder(t *testing.T) {
 	store := NewStore()
 	store.PutServiceProfile(serviceProfile(books, "v1"))
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
 	rec := newRecorder[profiles.Update]()
@@ -67,7 +67,7 @@ func TestEndpointUpdatesArriveInOrder(t *testing.T) {
 	store := NewStore()
 	authority := books + ":7000"
 	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", true)})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
 	rec := newRecorder[EndpointsUpdate]()
@@ -161,7 +161,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	store.PutServiceProfile(serviceProfile(books, "before"))
 	authority := books + ":7000"
 	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", false)})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
 	addr := cp.addr
 	c := newTestClient(t, addr)
 
@@ -179,7 +179,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	cp.stop()
 	store.PutServiceProfile(serviceProfile(books, "after"))
 	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.9:7000", false)})
-	serve(t, addr, NewServer(store, quietLogger))
+	serve(t, addr, NewServer(store, WithLogger(quietLogger)))
 
 	prof.waitFor(t, "after", hasRoute("after"))
 	eps.waitFor(t, "new endpoints", func(u EndpointsUpdate) bool {
@@ -283,7 +283,7 @@ func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
 
 	store := NewStore()
 	store.PutServiceProfile(serviceProfile(books, "reached"))
-	serve(t, addr, NewServer(store, quietLogger))
+	serve(t, addr, NewServer(store, WithLogger(quietLogger)))
 	rec.waitFor(t, "profile after the control plane came up", hasRoute("reached"))
 }
 
@@ -384,7 +384,7 @@ func TestFirstMessageDeadline(t *testing.T) {
 
 func TestWatchCap(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr, WithMaxWatches(1000), WithIdleTimeout(0))
 
 	runtime.GC()
@@ -433,7 +433,7 @@ func TestWatchCap(t *testing.T) {
 
 func TestClosedClient(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 	_, err := c.Watch(context.Background(), books+":80", func(profiles.Update) {})
 	require.NoError(t, err)
@@ -445,7 +445,7 @@ func TestClosedClient(t *testing.T) {
 
 func TestWatchEndsWithContext(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr, WithIdleTimeout(0))
 	ctx, cancel := context.WithCancel(context.Background())
 	rec := newRecorder[profiles.Update]()

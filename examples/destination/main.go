@@ -40,7 +40,7 @@ func run(listen, profilesDir, endpoints string, interval time.Duration, log *slo
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	store := destination.NewStore()
-	if err := destination.WatchFiles(ctx, store, profilesDir, endpoints, interval, log); err != nil {
+	if err := destination.WatchFiles(ctx, store, profilesDir, endpoints, interval, destination.WithLogger(log)); err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", listen)
@@ -48,7 +48,7 @@ func run(listen, profilesDir, endpoints string, interval time.Duration, log *slo
 		return err
 	}
 	srv := grpc.NewServer()
-	destination.NewServer(store, log).Register(srv)
+	destination.NewServer(store, destination.WithLogger(log)).Register(srv)
 	go func() {
 		<-ctx.Done()
 		srv.GracefulStop()

@@ -104,7 +104,7 @@ func run(o options, out io.Writer) error {
 		return err
 	}
 	grpcSrv := grpc.NewServer()
-	destination.NewServer(store, log).Register(grpcSrv)
+	destination.NewServer(store, destination.WithLogger(log)).Register(grpcSrv)
 	go grpcSrv.Serve(lis)
 	defer grpcSrv.Stop()
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithBackoff(policy), destination.WithLogger(log))
