@@ -54,7 +54,7 @@ func TestBalancerRoutesToEndpoints(t *testing.T) {
 	a.H2 = true // a is a mesh peer: upgraded
 	store := NewStore()
 	store.PutEndpoints(books+":7000", []Endpoint{a, b})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr))
 	seen := map[string]int{}
 	for range 200 {
@@ -73,7 +73,7 @@ func TestBalancerWeights(t *testing.T) {
 	a.Weight, b.Weight = 9000, 1000
 	store := NewStore()
 	store.PutEndpoints(books+":7000", []Endpoint{a, b})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr))
 	count := map[string]int{}
 	for range 400 {
@@ -88,7 +88,7 @@ func TestBalancerWeights(t *testing.T) {
 func TestBalancerFailsFast(t *testing.T) {
 	store := NewStore()
 	store.PutEndpoints("empty.ns.svc.cluster.local:80", nil)
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 	_, client := balancedClient(t, c, WithFallback(false))
 	status, _, h := fetch(t, client, "http://empty.ns.svc.cluster.local/")
@@ -101,7 +101,7 @@ func TestBalancerFailsFast(t *testing.T) {
 
 func TestBalancerFallsBackForUnknownService(t *testing.T) {
 	direct := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "direct") }))
-	cp := serve(t, "127.0.0.1:0", NewServer(NewStore(), WithLogger(quietLogger)))
+	cp := serve(t, NewServer(NewStore(), WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr))
 	status, body, _ := fetch(t, client, direct.URL) // 127.0.0.1:port: exists=false
 	assert.Equal(t, 200, status)
@@ -113,7 +113,7 @@ func TestBalancerBoundedWait(t *testing.T) {
 	s.get = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
 		return block(st.Context()) // never answers
 	}
-	cp := serve(t, "127.0.0.1:0", s)
+	cp := serve(t, s)
 	_, client := balancedClient(t, newTestClient(t, cp.addr), WithResolveTimeout(100*time.Millisecond))
 	start := time.Now()
 	status, _, h := fetch(t, client, "http://"+books+":7000/")
@@ -127,7 +127,7 @@ func TestBalancerLabelsMetrics(t *testing.T) {
 	a.Labels = map[string]string{"pod": "books-0"}
 	store := NewStore()
 	store.PutEndpoints(books+":7000", []Endpoint{a})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	m := testutil.NewMetrics(t)
 	b := NewBalancer(newTestClient(t, cp.addr))
 	defer b.Close()
@@ -162,7 +162,7 @@ func TestBalancerTrafficSplit(t *testing.T) {
 	store.PutEndpoints("books-v2.default.svc.cluster.local:7000", []Endpoint{v2})
 	_, orig := backend(t, "o")
 	store.PutEndpoints(books+":7000", []Endpoint{orig})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr))
 	setSplit := func(w1, w2 uint32) {
 		sp := serviceProfile(books)
@@ -206,7 +206,7 @@ func TestBalancerBound(t *testing.T) {
 	for _, name := range []string{"one", "two", "three"} {
 		store.PutEndpoints(name+".ns.svc.cluster.local:80", []Endpoint{a})
 	}
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	b, client := balancedClient(t, newTestClient(t, cp.addr, WithMaxWatches(2)), WithFallback(false))
 	for _, name := range []string{"one", "two"} {
 		status, _, _ := fetch(t, client, "http://"+name+".ns.svc.cluster.local/")

@@ -41,7 +41,7 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 		}
 		return block(st.Context())
 	}
-	cp := serve(t, "127.0.0.1:0", s)
+	cp := serve(t, s)
 	logs := &lineCounter{}
 	c := newTestClient(t, cp.addr, WithLogger(logs.logger()))
 	prof := newRecorder[profiles.Update]()

@@ -53,7 +53,7 @@ func recvTimeout[M any](t *testing.T, recv func() (M, error)) (M, error) {
 
 func TestServerGetProfile(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -120,7 +120,7 @@ func TestServerGetProfile(t *testing.T) {
 
 func TestServerGet(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -180,7 +180,7 @@ func TestServerGet(t *testing.T) {
 func TestStoreUpdateReachesStream(t *testing.T) {
 	// Many streams, one change: every stream gets it without polling.
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -209,7 +209,7 @@ func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
 	store.PutServiceProfile(sp)
 	store.PutEndpoints(books+":80", []Endpoint{ep("10.0.0.1:8080", false)})
 	store.PutEndpoints("[fd00::1]:80", []Endpoint{ep("10.0.0.2:8080", false)})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -239,7 +239,7 @@ func TestServerShutdownEndsStreams(t *testing.T) {
 	store := NewStore()
 	store.PutEndpoints(books+":7000", []Endpoint{ep("10.0.0.1:8080", false)})
 	srv := NewServer(store, WithLogger(quietLogger))
-	cp := serve(t, "127.0.0.1:0", srv)
+	cp := serve(t, srv)
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -292,7 +292,7 @@ func TestClientFollowsShutdownToReplacement(t *testing.T) {
 	// replacement process takes over the port.
 	sw := &switchable{}
 	sw.cur.Store(oldSrv)
-	cp := serve(t, "127.0.0.1:0", sw)
+	cp := serve(t, sw)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", rec.update)

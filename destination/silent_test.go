@@ -43,7 +43,7 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 		}
 		return block(st.Context())
 	}
-	cp := serve(t, "127.0.0.1:0", s)
+	cp := serve(t, s)
 	logs := &lineCounter{}
 	c := newTestClient(t, cp.addr, WithFirstMessageTimeout(deadline), WithLogger(logs.logger()))
 
