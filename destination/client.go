@@ -108,9 +108,13 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 // host:port, or any gRPC target), which Close closes. Connection attempts go
 // through a [backoff.Dialer] with the client's backoff policy, so that a
 // control plane that cannot be reached is retried after a delay, never in a
-// tight loop. Dial does not wait for the connection.
+// tight loop. Dial does not wait for the connection. An invalid backoff
+// policy (see [backoff.Policy.Validate]) is an error.
 func Dial(target string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
+	if err := cfg.policy.Validate(); err != nil {
+		return nil, fmt.Errorf("destination: WithBackoff: %w", err)
+	}
 	dialer := backoff.NewDialer(cfg.dial, cfg.policy)
 	dialOpts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

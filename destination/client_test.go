@@ -495,3 +495,8 @@ func TestBadProfileKeepsLastGood(t *testing.T) {
 	assert.Len(t, rec.all(), 2, "the bad profile was never delivered")
 	assert.Len(t, s.callTimes(), 1, "a bad message does not break the stream")
 }
+
+func TestDialRefusesAnInvalidBackoff(t *testing.T) {
+	_, err := Dial("127.0.0.1:1", WithBackoff(backoff.Policy{Min: 0, Max: time.Second}))
+	assert.ErrorContains(t, err, "WithBackoff: backoff: min 0s must be positive")
+}

@@ -62,7 +62,8 @@ func WithContextToken(token string) Option {
 
 // WithBackoff sets the delays between attempts to re-establish a stream (and,
 // with [Dial], between failed connection attempts). The zero Policy is
-// [backoff.DefaultPolicy].
+// [backoff.DefaultPolicy]. [Dial] refuses a policy that does not validate; a
+// [Client] made with [NewClient] clamps it (see [backoff.Policy.Delay]).
 func WithBackoff(p backoff.Policy) Option { return optionFunc(func(c *config) { c.policy = p }) }
 
 // WithMaxWatches bounds the number of authorities watched at once, for
