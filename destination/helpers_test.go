@@ -334,13 +334,21 @@ func (l *lineCounter) String() string {
 	return l.buf.String()
 }
 
-// count returns the lines containing s (all lines for "").
-func (l *lineCounter) count(s string) int {
+// count returns the lines containing every one of subs (all lines for
+// none).
+func (l *lineCounter) count(subs ...string) int {
 	n := 0
+lines:
 	for _, line := range strings.Split(l.String(), "\n") {
-		if line != "" && strings.Contains(line, s) {
-			n++
+		if line == "" {
+			continue
 		}
+		for _, s := range subs {
+			if !strings.Contains(line, s) {
+				continue lines
+			}
+		}
+		n++
 	}
 	return n
 }

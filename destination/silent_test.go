@@ -3,6 +3,8 @@ package destination
 import (
 	"context"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,7 +27,9 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 	_, backendEp := backend(t, "a")
 	s := newScripted()
 	sendAdd := make(chan struct{})
+	var getCalls atomic.Int32
 	s.get = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
+		getCalls.Add(1)
 		select {
 		case <-sendAdd: // accept the stream, say nothing until told
 		case <-st.Context().Done():
@@ -69,15 +73,20 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 
 	// 30 deadlines: the one stream stays open, no reconnect, no warning.
 	time.Sleep(30 * deadline)
-	assert.Len(t, s.callTimes(), 2, "one Get stream and one GetProfile stream, never re-established")
+	// Only Get is counted: the balancer's GetProfile stream has the same
+	// short deadline, and on a loaded machine its first message may miss it.
+	assert.Equal(t, int32(1), getCalls.Load(), "one Get stream, never re-established")
 	assert.Len(t, rec.all(), 1, "one update for the silence, not one per deadline")
-	assert.Zero(t, logs.count("WARN"), "no warning: %s", logs.String())
+	assert.Zero(t, logs.count("level=WARN", "rpc=Get "), "no warning about the Get stream: %s", logs.String())
+	assert.Equal(t, 1, logs.count("level=DEBUG", "rpc=Get ", "silent"), "one debug line for the silence: %s", logs.String())
 
 	// The first message later applies as usual.
 	close(sendAdd)
 	rec.waitFor(t, "the endpoint", func(u EndpointsUpdate) bool { return len(addrs(u)) == 1 })
-	status, body, _ := fetch(t, hc, "http://"+books+":7000/")
-	assert.Equal(t, http.StatusOK, status)
-	assert.Contains(t, body, "a ")
-	assert.Len(t, s.callTimes(), 2, "still the same streams")
+	// The balancer has a subscription of its own, served in its own order.
+	require.Eventually(t, func() bool {
+		status, body, _ := fetch(t, hc, "http://"+books+":7000/")
+		return status == http.StatusOK && strings.HasPrefix(body, "a ")
+	}, defaultTestTimeout, 5*time.Millisecond, "requests reach the endpoint the add announced")
+	assert.Equal(t, int32(1), getCalls.Load(), "still the same stream")
 }
