@@ -76,8 +76,9 @@ func startProxy(t *testing.T, bin, dstAddr, appAddr string) (p *proc, out, in, m
 // ended its streams. A replacement on the same port (the first process
 // chose it, listening on :0, and released it on exit) serves a changed
 // profile, which the proxies route by within 3s. Then SIGTERM to a proxy
-// with a request in flight: the request completes and the proxy exits
-// within 5s.
+// with two requests in flight: the one that finishes during the drain
+// completes, the one that never ends is cut at the 4s drain bound, and the
+// proxy exits within 5s.
 func TestSIGTERMControlPlaneRestartAndProxyDrain(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		if os.Getenv("CI") != "" {
@@ -94,11 +95,16 @@ func TestSIGTERMControlPlaneRestartAndProxyDrain(t *testing.T) {
 	require.NoError(t, os.WriteFile(endpoints, []byte("[]\n"), 0o644)) // no authorities yet
 
 	release := make(chan struct{})
-	inDrain := make(chan struct{}, 1)
+	inDrain := make(chan struct{}, 2)
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/drain" {
+		switch r.URL.Path {
+		case "/drain":
 			inDrain <- struct{}{}
 			<-release
+		case "/stuck":
+			inDrain <- struct{}{}
+			<-r.Context().Done() // answers only when the caller goes away
+			return
 		}
 		fmt.Fprintf(w, "app %s", r.URL.Path)
 	}))
@@ -146,33 +152,38 @@ func TestSIGTERMControlPlaneRestartAndProxyDrain(t *testing.T) {
 	require.Eventually(t, routed("restarted"), 3*time.Second, 20*time.Millisecond, "the replacement's profile was not routed within 3s")
 	t.Logf("the replacement's profile was routed %v after it started", time.Since(startedAt).Round(time.Millisecond))
 
-	// SIGTERM to proxy A with a request in flight: it drains, then exits.
+	// SIGTERM to proxy A with two requests in flight: it drains what
+	// finishes, cuts what does not at the bound, then exits.
+	type exit struct {
+		took time.Duration
+		err  error
+	}
 	type result struct {
 		status int
 		body   string
 		err    error
 	}
-	inflight := make(chan result, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+aOut+"/drain", nil)
+	send := func(path string, to chan<- result) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+aOut+path, nil)
 		req.Host = books
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			inflight <- result{err: err}
+			to <- result{err: err}
 			return
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		inflight <- result{resp.StatusCode, string(b), err}
-	}()
-	select {
-	case <-inDrain:
-	case <-time.After(timeout):
-		t.Fatal("the request never reached the app")
+		to <- result{resp.StatusCode, string(b), err}
 	}
-	type exit struct {
-		took time.Duration
-		err  error
+	inflight, stuck := make(chan result, 1), make(chan result, 1)
+	go send("/drain", inflight)
+	go send("/stuck", stuck)
+	for range 2 {
+		select {
+		case <-inDrain:
+		case <-time.After(timeout):
+			t.Fatal("the requests never reached the app")
+		}
 	}
 	exited := make(chan exit, 1)
 	go func() {
@@ -187,5 +198,9 @@ func TestSIGTERMControlPlaneRestartAndProxyDrain(t *testing.T) {
 	assert.Equal(t, "app /drain", r.body)
 	e := <-exited
 	require.NoError(t, e.err)
-	t.Logf("proxy exited %v after SIGTERM, with a request in flight", e.took.Round(time.Millisecond))
+	t.Logf("proxy exited %v after SIGTERM, with a request that never ends in flight", e.took.Round(time.Millisecond))
+	assert.GreaterOrEqual(t, e.took, 4*time.Second, "the stuck request had its 4s to drain")
+	if r := <-stuck; r.err == nil {
+		assert.NotEqual(t, "app /stuck", r.body, "the stuck request was cut, not answered")
+	}
 }
