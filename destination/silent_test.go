@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,7 +65,7 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 	// Requests through the balancer fail at once: the resolve timeout is
 	// an hour, so a request that waited for the control plane would hang
 	// until the client's own timeout failed the test.
-	_, hc := balancedClient(t, c, WithResolveTimeout(time.Hour), WithFallback(false))
+	_, hc := balancedClient(t, c, balancer.WithResolveTimeout(time.Hour), balancer.WithFallback(false))
 	for range 3 {
 		status, _, hdr := fetch(t, hc, "http://"+books+":7000/")
 		assert.Equal(t, http.StatusServiceUnavailable, status)
