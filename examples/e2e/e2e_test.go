@@ -195,6 +195,9 @@ func TestEndToEnd(t *testing.T) {
 	dstAddr := dst.waitLog(t, dstAddrRe)
 	_, _, bIn, bMetrics := startProxy(t, bin, dstAddr, appAddr)
 	require.NoError(t, os.WriteFile(endpoints, []byte(fmt.Sprintf("- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n    labels: {pod: books-0}\n", books, bIn)), 0o644))
+	// Proxy A starts once the control plane knows books: a request sent
+	// while it is unknown would fall back to resolving the name.
+	dst.waitLog(t, loadedEndpointsRe)
 	proxyA, aOut, _, aMetrics := startProxy(t, bin, dstAddr, appAddr)
 	for _, addr := range []string{aMetrics, bMetrics} {
 		require.Eventually(t, func() bool {

@@ -58,8 +58,9 @@ func (p *proc) terminate(limit time.Duration) (time.Duration, error) {
 }
 
 var (
-	dstAddrRe = regexp.MustCompile(`msg="serving the Destination API" addr=(\S+)`)
-	listenRe  = func(name string) *regexp.Regexp {
+	dstAddrRe         = regexp.MustCompile(`msg="serving the Destination API" addr=(\S+)`)
+	loadedEndpointsRe = regexp.MustCompile(`msg="(loaded endpoints)"`)
+	listenRe          = func(name string) *regexp.Regexp {
 		return regexp.MustCompile(`msg=listening listener=` + name + ` addr=(\S+)`)
 	}
 )
@@ -117,6 +118,9 @@ func TestSIGTERMControlPlaneRestartAndProxyDrain(t *testing.T) {
 	dstAddr := dst.waitLog(t, dstAddrRe)
 	_, _, bIn, _ := startProxy(t, bin, dstAddr, appAddr)
 	require.NoError(t, os.WriteFile(endpoints, []byte(fmt.Sprintf("- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n", books, bIn)), 0o644))
+	// Proxy A starts once the control plane knows books: a request sent
+	// while it is unknown would fall back to resolving the name.
+	dst.waitLog(t, loadedEndpointsRe)
 	proxyA, aOut, _, aMetrics := startProxy(t, bin, dstAddr, appAddr)
 
 	get := func(path string) (int, string) {
