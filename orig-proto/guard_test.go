@@ -133,3 +133,42 @@ func BenchmarkGuard(b *testing.B) {
 		})
 	}
 }
+
+// readerConn is a net.Conn whose reads come from r in pieces of at most
+// step bytes.
+type readerConn struct {
+	net.Conn
+	r    *strings.Reader
+	step int
+}
+
+func (c *readerConn) Read(b []byte) (int, error) {
+	if len(b) > c.step {
+		b = b[:c.step]
+	}
+	return c.r.Read(b)
+}
+
+func (c *readerConn) Close() error { return nil }
+
+// FuzzGuard feeds arbitrary bytes through the guard in arbitrary pieces:
+// it never panics, hands on the input unchanged up to where it refuses or
+// stops, and adds nothing but its own refusal line or Connection: close.
+func FuzzGuard(f *testing.F) {
+	f.Add("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX: 1\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", 3)
+	f.Add("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nhello", 1)
+	f.Add("GET / HTTP/1.1\r\nUpgrade: x\r\n\r\nanything", 7)
+	f.Add(h2Preface+"\x00\x00\x00\x01\x00\x00\x00\x00\x01", 5)
+	f.Fuzz(func(t *testing.T, in string, step int) {
+		if step <= 0 || step > 1<<16 {
+			step = 1
+		}
+		c := &guardConn{Conn: &readerConn{r: strings.NewReader(in), step: step}, headerTimeout: time.Hour}
+		out, _ := io.ReadAll(c)
+		c.Close()
+		got := string(out)
+		got = strings.TrimSuffix(got, refusedLine)
+		got = strings.Replace(got, string(connectionClose), "", 1)
+		require.True(t, strings.HasPrefix(in, got), "output is not the input: %q from %q", out, in)
+	})
+}
