@@ -118,6 +118,9 @@ func (c *guardConn) Read(b []byte) (int, error) {
 			c.r += n
 			if c.r == c.w {
 				c.r, c.p, c.w = 0, 0, 0
+				if len(c.buf) > guardBufSize {
+					c.buf = nil // a large head is done: keep no more than a small buffer
+				}
 			}
 			return n, nil
 		}

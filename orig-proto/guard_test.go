@@ -172,3 +172,19 @@ func FuzzGuard(f *testing.F) {
 		require.True(t, strings.HasPrefix(in, got), "output is not the input: %q from %q", out, in)
 	})
 }
+
+// A large head within the limit passes whole, and the connection keeps
+// serving after it; one past the limit is refused.
+func TestGuardLargeHead(t *testing.T) {
+	m := newWireMesh(t)
+	big := "X-Big: " + strings.Repeat("v", 40<<10) + "\r\n"
+	statuses := m.exchange(t, "GET /big HTTP/1.1\r\nHost: a\r\n"+big+"\r\nGET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+	assert.Equal(t, []int{200, 200}, statuses)
+	seen := m.app.requests()
+	require.Len(t, seen, 2)
+	assert.Len(t, seen[0].Header.Get("X-Big"), 40<<10)
+	statuses = m.exchange(t, "GET /huge HTTP/1.1\r\nHost: a\r\nX-Big: "+strings.Repeat("v", maxHeadBytes)+"\r\n\r\nGET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+	require.NotEmpty(t, statuses)
+	assert.GreaterOrEqual(t, statuses[0], 400)
+	assert.Len(t, m.app.requests(), 2)
+}
