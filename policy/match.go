@@ -221,7 +221,8 @@ func (t *RouteTable) matchRule(rule *compiledRule, req *request) (Match, bool) {
 	best, found := Match{}, false
 	for k := range rule.http {
 		if m, ok := rule.http[k].match(req); ok && (!found || m.Compare(best) > 0) {
-			m.Match, best, found = k, m, true
+			m.Match = k
+			best, found = m, true
 		}
 	}
 	return best, found
