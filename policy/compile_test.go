@@ -120,3 +120,19 @@ func TestDefaultMetadata(t *testing.T) {
 	assert.Equal(t, "random_available", DistributionRandomAvailable.String())
 	assert.Equal(t, "regex", PathRegex.String())
 }
+
+func TestDefaultHTTPRoute(t *testing.T) {
+	b := Backend{Meta: Metadata{Group: "core", Kind: "Service", Name: "s", Namespace: "ns", Port: 80}, Balancer: &Balancer{Authority: "s.ns.svc.cluster.local:80"}}
+	r := DefaultHTTPRoute(b, &Retry{MaxRetries: 2}, Timeouts{Request: time.Second})
+	table, err := Compile(&Policy{Parent: b.Meta, HTTP1: HTTPProtocol{Routes: []HTTPRoute{r}}}, Options{})
+	require.NoError(t, err)
+	got, m := table.Select(newReq("PUT", "http://s.ns.svc.cluster.local/any/path?x"))
+	require.NotNil(t, got)
+	assert.Equal(t, "default", got.Meta.Kind)
+	assert.Equal(t, "http", got.Meta.Name)
+	assert.Equal(t, "s.ns.svc.cluster.local:80", got.Backends.Backends[0].Backend.Balancer.Authority)
+	assert.Equal(t, 2, got.Retry.Limit())
+	assert.Equal(t, time.Second, got.Timeouts.Request)
+	assert.Equal(t, PathPrefix, m.Path)
+	assert.Equal(t, 1, m.PathLen)
+}

@@ -214,7 +214,7 @@ func TestFromProtoGRPC(t *testing.T) {
 							Queue: queue(),
 						}}},
 					}}},
-					Retry:     &outboundpb.GrpcRoute_Retry{Conditions: &outboundpb.GrpcRoute_Retry_Conditions{Unavailable: true, Cancelled: true}},
+					Retry: &outboundpb.GrpcRoute_Retry{Conditions: &outboundpb.GrpcRoute_Retry_Conditions{Unavailable: true, Cancelled: true}},
 					//lint:ignore SA1019 the deprecated field is part of the wire shape under test
 					RequestTimeout: durationpb.New(2 * time.Second),
 				}},
@@ -274,11 +274,17 @@ func TestFromProtoErrorsNameTheField(t *testing.T) {
 		{"header value unset", func(m *outboundpb.OutboundPolicy) {
 			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Matches[0].Headers[0].Value = nil
 		}, "protocol.detect.http1.routes[0].rules[0].matches[0].headers[0].value: no value match set"},
-		{"filter kind unset", func(m *outboundpb.OutboundPolicy) { m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Filters[1].Kind = nil },
+		{"filter kind unset", func(m *outboundpb.OutboundPolicy) {
+			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Filters[1].Kind = nil
+		},
 			"protocol.detect.http1.routes[0].rules[0].filters[1].kind: no filter set"},
-		{"retry without conditions", func(m *outboundpb.OutboundPolicy) { m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Retry.Conditions = nil },
+		{"retry without conditions", func(m *outboundpb.OutboundPolicy) {
+			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Retry.Conditions = nil
+		},
 			"protocol.detect.http1.routes[0].rules[0].retry.conditions: required"},
-		{"retry limit beyond u16", func(m *outboundpb.OutboundPolicy) { m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Retry.MaxRetries = 70000 },
+		{"retry limit beyond u16", func(m *outboundpb.OutboundPolicy) {
+			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Retry.MaxRetries = 70000
+		},
 			"protocol.detect.http1.routes[0].rules[0].retry.max_retries: 70000 is out of range"},
 		{"backoff max below min", func(m *outboundpb.OutboundPolicy) {
 			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Retry.Backoff.MaxBackoff = durationpb.New(time.Millisecond)

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -181,6 +182,11 @@ func (t *RouteTable) find(req *request, runnerUp bool) (best, second Match) {
 		rt := &t.routes[i]
 		host, hostLen, ok := matchHosts(rt.hosts, req)
 		if !ok {
+			continue
+		}
+		// The host is the most significant part of a match: a route whose
+		// host match is weaker than the best so far cannot win.
+		if !runnerUp && best.Route >= 0 && (host < best.Host || host == best.Host && hostLen < best.HostLen) {
 			continue
 		}
 		for j := range rt.rules {
@@ -471,14 +477,12 @@ func (v *valueMatcher) matchHeaderValue(hv string) bool {
 }
 
 // matchQuery walks the raw query as application/x-www-form-urlencoded
-// pairs; it decodes only pairs that need it, into a buffer on the stack
-// when they are short.
+// pairs; it decodes only pairs that need it, into a pooled buffer.
 func (v *valueMatcher) matchQuery(r *http.Request) bool {
 	if r.URL == nil {
 		return false
 	}
 	q := r.URL.RawQuery
-	var buf [256]byte
 	for q != "" {
 		var pair string
 		pair, q, _ = strings.Cut(q, "&")
@@ -486,32 +490,40 @@ func (v *valueMatcher) matchQuery(r *http.Request) bool {
 			continue
 		}
 		rawName, rawValue, _ := strings.Cut(pair, "=")
-		if !v.nameIs(rawName, buf[:0]) {
-			continue
-		}
-		if !needsDecode(rawValue) {
-			if v.matchQueryValue(rawValue) {
+		if !needsDecode(rawName) && !needsDecode(rawValue) {
+			if rawName == v.name && v.matchQueryValue(rawValue) {
 				return true
 			}
 			continue
 		}
-		b := lossyUTF8(formDecode(buf[:0], rawValue))
-		if v.re == nil {
-			if string(b) == v.value {
-				return true
-			}
-		} else if v.re.matchBytes(b) {
+		if v.matchDecoded(rawName, rawValue) {
 			return true
 		}
 	}
 	return false
 }
 
-func (v *valueMatcher) nameIs(raw string, buf []byte) bool {
-	if !needsDecode(raw) {
-		return raw == v.name
+// decodeBufs holds buffers for form decoding, so that matching a query that
+// needs decoding does not allocate either.
+var decodeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+func (v *valueMatcher) matchDecoded(rawName, rawValue string) bool {
+	bp := decodeBufs.Get().(*[]byte)
+	b := formDecode((*bp)[:0], rawName)
+	ok := string(lossyUTF8(b)) == v.name
+	if ok {
+		b = lossyUTF8(formDecode(b[:0], rawValue))
+		if v.re == nil {
+			ok = string(b) == v.value
+		} else {
+			ok = v.re.matchBytes(b)
+		}
 	}
-	return string(lossyUTF8(formDecode(buf, raw))) == v.name
+	if cap(b) <= 4096 {
+		*bp = b[:0]
+		decodeBufs.Put(bp)
+	}
+	return ok
 }
 
 func (v *valueMatcher) matchQueryValue(s string) bool {

@@ -544,3 +544,19 @@ type UnifiedAccrual struct {
 	MaxConsecutiveFailures uint32
 	Backoff                backoff.Policy
 }
+
+// DefaultHTTPRoute returns the route Linkerd's policy controller sends for
+// a Service that no HTTPRoute targets: named "http" (route_kind="default",
+// route_name="http"), one rule matching the prefix "/", all traffic to
+// backend, with the Service's retry policy (nil for none) and timeouts.
+func DefaultHTTPRoute(backend Backend, retry *Retry, timeouts Timeouts) HTTPRoute {
+	return HTTPRoute{
+		Meta: DefaultMetadata("http"),
+		Rules: []HTTPRule{{
+			Matches:  []HTTPRouteMatch{{Path: &PathMatch{Kind: PathPrefix, Value: "/"}}},
+			Backends: Distribution{Kind: DistributionFirstAvailable, Backends: []RouteBackend{{Backend: backend}}},
+			Timeouts: timeouts,
+			Retry:    retry,
+		}},
+	}
+}
