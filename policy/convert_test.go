@@ -214,8 +214,7 @@ func TestFromProtoGRPC(t *testing.T) {
 							Queue: queue(),
 						}}},
 					}}},
-					Retry: &outboundpb.GrpcRoute_Retry{Conditions: &outboundpb.GrpcRoute_Retry_Conditions{Unavailable: true, Cancelled: true}},
-					//lint:ignore SA1019 the deprecated field is part of the wire shape under test
+					Retry:          &outboundpb.GrpcRoute_Retry{Conditions: &outboundpb.GrpcRoute_Retry_Conditions{Unavailable: true, Cancelled: true}},
 					RequestTimeout: durationpb.New(2 * time.Second),
 				}},
 			}},
