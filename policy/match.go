@@ -57,6 +57,8 @@ type Match struct {
 	// Service and RPCMethod are the lengths of the gRPC service and method
 	// names matched (zero when the match accepts any).
 	Service, RPCMethod int
+	// GRPC is set for matches of a gRPC route table.
+	GRPC bool
 }
 
 var noMatch = Match{Route: -1, Rule: -1, Match: -1}
@@ -108,7 +110,7 @@ func (m Match) String() string {
 		b = strconv.AppendInt(b, int64(m.HostLen), 10)
 		b = append(b, ')')
 	}
-	if m.Service > 0 || m.RPCMethod > 0 || m.PathLen == 0 {
+	if m.GRPC {
 		b = append(b, " rpc service("...)
 		b = strconv.AppendInt(b, int64(m.Service), 10)
 		b = append(b, ") method("...)
@@ -194,7 +196,7 @@ func (t *RouteTable) find(req *request, runnerUp bool) (best, second Match) {
 			if !ok {
 				continue
 			}
-			m.Route, m.Rule, m.Host, m.HostLen = i, j, host, hostLen
+			m.Route, m.Rule, m.Host, m.HostLen, m.GRPC = i, j, host, hostLen, t.grpc
 			switch {
 			case best.Route < 0 || m.Compare(best) > 0:
 				second, best = best, m

@@ -367,3 +367,10 @@ func TestParseHostMatch(t *testing.T) {
 	assert.Equal(t, HostMatch{Exact: "example.com"}, ParseHostMatch("example.com"))
 	assert.True(t, strings.HasPrefix(HostExact.String(), "exact"))
 }
+
+func TestMatchStringGRPC(t *testing.T) {
+	rt, err := CompileGRPC(Metadata{}, GRPCProtocol{Routes: []GRPCRoute{grpcRoute(GRPCRouteMatch{Service: "pkg.S", Method: "Get"})}}, Options{}, "grpc")
+	require.NoError(t, err)
+	_, m := rt.Select(newReq("POST", "/pkg.S/Get"))
+	assert.Equal(t, "route 0 rule 0 match 0: host any rpc service(5) method(3) headers 0", m.String())
+}
