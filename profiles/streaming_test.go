@@ -312,3 +312,62 @@ func TestStreamOutlivesRouteTimeout(t *testing.T) {
 	assert.Equal(t, 200, res.resp.StatusCode)
 	assert.Empty(t, h.metrics.Lines(t, "route_response_total", `error="timeout"`), fmt.Sprint("no timeout recorded"))
 }
+
+// duplexApp answers at once, then reads the request body to its end.
+var duplexApp = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	io.WriteString(w, "ack;")
+	w.(http.Flusher).Flush()
+	n, err := io.Copy(io.Discard, r.Body)
+	fmt.Fprintf(w, "read %d bytes, err %v", n, err)
+})
+
+// DuplexExchange checks that the server behind url answers an HTTP/1 POST
+// while its body still arrives, and then reads the rest of it.
+func duplexExchange(t *testing.T, url, host string) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	defer pw.CloseWithError(errors.New("test over"))
+	go func() { _, _ = pw.Write([]byte("part-1;")) }()
+	req, err := http.NewRequest("POST", url, pr)
+	require.NoError(t, err)
+	req.Host = host
+	client := &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := client.Do(req)
+		done <- result{resp: resp, err: err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(testutil.Timeout):
+		t.Fatal("no response while the request body streams: the server waited for the whole body")
+	}
+	require.NoError(t, res.err)
+	defer res.resp.Body.Close()
+	ack := make([]byte, len("ack;"))
+	_, err = io.ReadFull(res.resp.Body, ack)
+	require.NoError(t, err)
+	assert.Equal(t, "ack;", string(ack))
+	_, err = pw.Write([]byte("part-2;"))
+	require.NoError(t, err)
+	require.NoError(t, pw.Close())
+	rest, err := io.ReadAll(res.resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, "read 14 bytes, err <nil>", string(rest))
+}
+
+// The router's inbound handler serves HTTP/1 full duplex.
+func TestHandlerServesHTTP1FullDuplex(t *testing.T) {
+	router := NewRouter(NewStaticSource(nil), WithLogger(quietLogger))
+	defer router.Close()
+	srv := testutil.NewServer(t, router.Handler(duplexApp))
+	duplexExchange(t, srv.URL+"/upload", testAuthority)
+	// The connection stays usable for the next request.
+	h := &harness{t: t, url: srv.URL, client: &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}}
+	for range 3 {
+		status, body := h.do("POST", "/again", strings.NewReader("x"))
+		assert.Equal(t, 200, status)
+		assert.Equal(t, "ack;read 1 bytes, err <nil>", body)
+	}
+}
