@@ -310,7 +310,7 @@ func TestStreamOutlivesRouteTimeout(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "data: bye\n\n", string(rest))
 	assert.Equal(t, 200, res.resp.StatusCode)
-	assert.Empty(t, h.metrics.Lines(t, "route_response_total", `error="timeout"`), fmt.Sprint("no timeout recorded"))
+	assert.Empty(t, h.metrics.Lines(t, "route_response_total", `error="timeout"`), "no timeout recorded")
 }
 
 // duplexApp answers at once, then reads the request body to its end.
