@@ -27,7 +27,8 @@ import (
 // budget allows. The request body is forwarded as it arrives, never
 // waited for, while a copy of up to [MaxRetryBodyBytes] is kept: a retry
 // happens only when the first attempt read the whole body within that cap,
-// and sends the copy. A response is held back only when its class waits on
+// and sends the copy. A body of a known length within the cap that the
+// caller can give again (Request.GetBody) is taken from the caller instead. A response is held back only when its class waits on
 // trailers and its stream ends before any data (a gRPC trailers-only or
 // empty-body failure); a response with data goes to the caller at once.
 // Errors are never retried: the upstream may have seen the request. The
@@ -74,9 +75,16 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if x.timer != nil {
 			body = newAbortBody(ctx, body)
 		}
-		if retryable && req.ContentLength > MaxRetryBodyBytes {
+		switch {
+		case !retryable:
+		case req.ContentLength > MaxRetryBodyBytes:
 			retryable = false
-		} else if retryable {
+		case req.GetBody != nil && req.ContentLength > 0:
+			// The caller can give the body again (http.NewRequest does
+			// for bytes and strings): each retry gets a fresh copy, however
+			// far the first attempt read.
+			x.getBody = req.GetBody
+		default:
 			x.body = newReplayBody(body, req.ContentLength)
 			body = x.body
 		}
@@ -87,9 +95,13 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		switch {
 		case attempt == 0:
 			areq.Body = body
-		case x.body != nil:
-			areq.Body, _ = x.body.replay()
-			areq.GetBody = x.body.replay
+		case x.getBody != nil || x.body != nil:
+			b, err := x.nextBody()
+			if err != nil {
+				x.fail(classify.ErrorClass(ctx, err))
+				return nil, err
+			}
+			areq.Body, areq.GetBody = b, x.nextBody
 		}
 		tg.actual.Request(parent)
 		resp, err := t.base.RoundTrip(areq)
@@ -103,7 +115,7 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		class, final := route.classifier.Head(x.grpc, resp.StatusCode, resp.Header)
-		canRetry := retryable && x.body.replayable()
+		canRetry := retryable && x.replayable()
 		if canRetry && !final {
 			class, final = x.peek(resp, class)
 		}
@@ -146,7 +158,23 @@ type exchange struct {
 	grpc   bool
 	timer  *time.Timer
 	cancel func()
-	body   *replayBody // the request body, when the request may be retried
+	// The request body of a request that may be retried: the copy kept of
+	// it, or the caller's way to get it again.
+	body    *replayBody
+	getBody func() (io.ReadCloser, error)
+}
+
+// replayable reports whether a retry can send the request body.
+func (x *exchange) replayable() bool {
+	return x.getBody != nil || x.body.replayable()
+}
+
+// nextBody returns the request body of a retry.
+func (x *exchange) nextBody() (io.ReadCloser, error) {
+	if x.getBody != nil {
+		return x.getBody()
+	}
+	return x.body.replay()
 }
 
 // deliver hands resp to the caller: no retry follows, the timer stops. A

@@ -371,3 +371,43 @@ func TestHandlerServesHTTP1FullDuplex(t *testing.T) {
 		assert.Equal(t, "ack;read 1 bytes, err <nil>", body)
 	}
 }
+
+// A body the caller can give again (GetBody) is retried even when the
+// failure came before the first attempt read it, each attempt with the
+// whole body.
+func TestRetryWithGetBodyBeforeBodyIsRead(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		var mu sync.Mutex
+		var bodies []string
+		calls := 0
+		srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			if n == 1 {
+				w.WriteHeader(533) // before reading the body
+				return
+			}
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			bodies = append(bodies, string(b))
+			mu.Unlock()
+			io.WriteString(w, "ok")
+		}))
+		src := NewStaticSource(map[string]*Profile{testAuthority: profileWith(budget10s, retryRoute("/x"))})
+		router := NewRouter(src, WithLogger(quietLogger))
+		defer router.Close()
+		router.destFor(testAuthority)
+		require.Eventually(t, func() bool { return len(router.Table(testAuthority).Routes()) == 2 }, testutil.Timeout, 5*time.Millisecond)
+		h := &harness{t: t, url: srv.URL, client: &http.Client{Transport: router.Transport(testutil.NewTransport(t, mode))}}
+		body := strings.Repeat("payload;", 1000)
+		status, got := h.do("POST", "/x", strings.NewReader(body))
+		assert.Equal(t, 200, status)
+		assert.Equal(t, "ok", got)
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Equal(t, 2, calls)
+		assert.Equal(t, []string{body}, bodies, "the retry sent the whole body once")
+	})
+}
