@@ -114,6 +114,7 @@ func run(f flags, log *slog.Logger) error {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
 		Transport:    client,
 		ErrorHandler: proxyError(rl, "outbound"),
@@ -127,6 +128,7 @@ func run(f flags, log *slog.Logger) error {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(appURL)
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
 		Transport:    toApp,
 		ErrorHandler: proxyError(rl, "inbound"),
@@ -152,6 +154,7 @@ func run(f flags, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("-%s: %w", s.name, err)
 		}
+		lis = origproto.GuardListener(lis) // ambiguous HTTP/1 framing is refused
 		log.Info("listening", "listener", s.name, "addr", lis.Addr().String())
 		wg.Add(1)
 		go func() {
@@ -218,6 +221,12 @@ func (w rateWriter) Write(p []byte) (int, error) {
 	w.rl.Warn("proxy log "+w.listener, strings.TrimSpace(string(p)), "listener", w.listener)
 	return len(p), nil
 }
+
+// forwardTrailers sends the request's trailers upstream: ReverseProxy's
+// outgoing request holds a copy of the trailer map taken before the body
+// was read, whose values stay empty; the incoming map is filled in as the
+// body ends.
+func forwardTrailers(pr *httputil.ProxyRequest) { pr.Out.Trailer = pr.In.Trailer }
 
 // countConns counts accepted connections as Linkerd's tcp_open_total.
 func countConns(c metric.Int64Counter, direction string) func(net.Conn, http.ConnState) {
