@@ -53,7 +53,7 @@ func startControlPlane(t *testing.T) *controlPlane {
 		}
 		return h(srv, ss)
 	}))
-	destination.NewServer(cp.store, quiet).Register(g)
+	destination.NewServer(cp.store, destination.WithLogger(quiet)).Register(g)
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
 	cp.addr = lis.Addr().String()

@@ -258,7 +258,9 @@ func (r *Router) apply(e *registry.Entry[tableState], u Update) {
 	if err := t.BudgetErr(); err != nil {
 		r.log.Warn("budget:"+authority, "invalid retry budget; retries disabled", "authority", authority, "error", err)
 	}
-	e.Store(r.build(r.label(authority, t), t))
+	next := r.build(r.label(authority, t), t)
+	keepBudget(e.Load(), next)
+	e.Store(next)
 }
 
 // Table returns the route table in force for authority (host:port, or a
