@@ -26,7 +26,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/signal"
@@ -36,15 +35,13 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/examples/internal/proxylog"
+	"github.com/inmesh/inmesh/examples/internal/telemetry"
+	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/prometheus/otlptranslator"
 	"go.opentelemetry.io/otel/attribute"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 type flags struct {
@@ -81,17 +78,11 @@ func run(f flags, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	registry := prometheus.NewRegistry()
-	exporter, err := otelprom.New(
-		otelprom.WithRegisterer(registry),
-		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithoutSuffixes),
-		otelprom.WithoutScopeInfo(),
-		otelprom.WithoutTargetInfo(),
-	)
+	metrics, err := telemetry.New(0)
 	if err != nil {
 		return err
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	provider := metrics.Provider
 	defer provider.Shutdown(context.Background())
 	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
 		metric.WithDescription("Total count of opened connections."))
@@ -106,32 +97,21 @@ func run(f flags, log *slog.Logger) error {
 
 	client := mesh.NewClient(opts...)
 	defer client.Close()
-	outbound := origproto.NewServer(&httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
-			pr.Out.Host = pr.In.Host
-		},
-		Transport: client,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	})
+	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
+	outbound := origproto.NewServer(outboundProxy(client, outLog))
+	outbound.ErrorLog = outLog.ErrorLog()
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
-	toApp := &http.Transport{MaxIdleConnsPerHost: 64}
+	toApp := transport.HTTP1(transport.Limits{})
 	defer toApp.CloseIdleConnections()
-	inboundStack := mesh.NewServer(&httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(appURL)
-			pr.Out.Host = pr.In.Host
-		},
-		Transport: toApp,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}, opts...)
+	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), opts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(inboundStack)
+	inbound.ErrorLog = inLog.ErrorLog()
 	inbound.ConnState = countConns(tcpOpen, "inbound")
 
 	admin := http.NewServeMux()
-	admin.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	admin.Handle("/metrics", metrics.Handler)
 	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ready") })
 	metricsSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 
