@@ -67,25 +67,17 @@ func kindOf(err error) string {
 }
 
 // ErrorLog returns a *log.Logger for http.Server.ErrorLog and
-// httputil.ReverseProxy.ErrorLog. Each message is keyed by its prefix (the
-// text before its second ": ", which names the failing operation, not the
-// peer) and logged at warning level, or at debug level when it reports a
-// client that went away.
+// httputil.ReverseProxy.ErrorLog. Each message is keyed by its first words,
+// up to the first that holds an address or a number (they name the failing
+// operation, not the peer), and logged at warning level, or at debug level
+// when it reports a client that went away.
 func (l *Logger) ErrorLog() *log.Logger { return log.New(writer{l}, "", 0) }
 
 type writer struct{ l *Logger }
 
 func (w writer) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
-	key := msg
-	if i := strings.Index(msg, ": "); i >= 0 {
-		if j := strings.Index(msg[i+2:], ": "); j >= 0 {
-			key = msg[:i+2+j]
-		}
-	}
-	if len(key) > 80 {
-		key = key[:80]
-	}
+	key := keyOf(msg)
 	if clientGone(msg) {
 		w.l.rl.Debug(w.l.name+"/log/"+key, msg, "listener", w.l.name)
 	} else {
@@ -103,4 +95,15 @@ func clientGone(msg string) bool {
 		}
 	}
 	return false
+}
+
+// keyOf returns the first words of a net/http log message, which name
+// what failed, up to the first word that names a peer or a number.
+func keyOf(msg string) string {
+	words := strings.Fields(msg)
+	n := 0
+	for n < len(words) && n < 4 && !strings.ContainsAny(words[n], "0123456789[/") {
+		n++
+	}
+	return strings.Join(words[:n], " ")
 }
