@@ -43,7 +43,8 @@ func WithHint(hint func(*http.Request) bool) Option {
 }
 
 // WithHTTP1 sets the transport of requests that are not upgraded (default:
-// an HTTP/1 transport of its own).
+// an HTTP/1 transport of its own, which closes idle connections after 90s
+// and keeps at most 1,000 of them, 64 per host).
 func WithHTTP1(rt http.RoundTripper) Option {
 	return optionFunc(func(t *Transport) {
 		if rt != nil {
