@@ -94,6 +94,7 @@ func TestClientClosesIdleConnections(t *testing.T) {
 	t.Logf("fds: baseline %d, after 1,000 hosts %d", baseline, openFDs(t))
 	require.Eventually(t, func() bool { return openFDs(t) <= baseline+10 }, testutil.Timeout, 50*time.Millisecond,
 		"open fds back within 10 of the baseline after the idle timeout")
+	t.Logf("fds after the idle timeout: %d", openFDs(t))
 }
 
 // Past the total idle cap, connections returned to the pool are closed at
