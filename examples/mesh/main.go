@@ -117,6 +117,7 @@ func run(o options, out io.Writer) error {
 	peer := httptest.NewUnstartedServer(nil)
 	peer.Config = origproto.NewServer(inbound)
 	peer.Config.ErrorLog = proxylog.New(log, "inbound").ErrorLog()
+	peer.Listener = origproto.GuardListener(peer.Listener)
 	peer.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			peerConns.Add(1)

@@ -167,6 +167,7 @@ func TestClientResetsAreNotLogged(t *testing.T) {
 	serve := func(srv *http.Server) string {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
+		lis = origproto.GuardListener(lis) // as the proxy serves
 		done := make(chan struct{})
 		go func() {
 			defer close(done)

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/signal"
@@ -126,6 +127,7 @@ func run(f flags, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("-%s: %w", s.name, err)
 		}
+		lis = origproto.GuardListener(lis) // ambiguous HTTP/1 framing is refused
 		log.Info("listening", "listener", s.name, "addr", lis.Addr().String())
 		wg.Add(1)
 		go func() {
@@ -149,6 +151,12 @@ func run(f flags, log *slog.Logger) error {
 	wg.Wait()
 	return nil
 }
+
+// forwardTrailers sends the request's trailers upstream: ReverseProxy's
+// outgoing request holds a copy of the trailer map taken before the body
+// was read, whose values stay empty; the incoming map is filled in as the
+// body ends.
+func forwardTrailers(pr *httputil.ProxyRequest) { pr.Out.Trailer = pr.In.Trailer }
 
 // countConns counts accepted connections as Linkerd's tcp_open_total.
 func countConns(c metric.Int64Counter, direction string) func(net.Conn, http.ConnState) {

@@ -15,6 +15,7 @@ func outboundProxy(rt http.RoundTripper, l *proxylog.Logger) *httputil.ReversePr
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
 		Transport:    rt,
 		ErrorHandler: l.ErrorHandler,
@@ -30,6 +31,7 @@ func inboundProxy(app *url.URL, rt http.RoundTripper, l *proxylog.Logger) *httpu
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(app)
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
 		Transport:    rt,
 		ErrorHandler: l.ErrorHandler,
