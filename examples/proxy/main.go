@@ -99,7 +99,7 @@ func run(f flags, log *slog.Logger) error {
 	client := mesh.NewClient(opts...)
 	defer client.Close()
 	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
-	outbound := origproto.NewServer(outboundProxy(client, outLog))
+	outbound := origproto.NewServer(fullDuplex(outboundProxy(client, outLog)))
 	outbound.ErrorLog = outLog.ErrorLog()
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
@@ -107,7 +107,7 @@ func run(f flags, log *slog.Logger) error {
 	defer toApp.CloseIdleConnections()
 	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), opts...)
 	defer inboundStack.Close()
-	inbound := origproto.NewServer(inboundStack)
+	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ErrorLog = inLog.ErrorLog()
 	inbound.ConnState = countConns(tcpOpen, "inbound")
 
@@ -150,6 +150,26 @@ func run(f flags, log *slog.Logger) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// fullDuplex serves the HTTP/1 requests of h full duplex, so that a
+// response (a route timeout's 504, a stream) can go out while the request
+// body still arrives: Go's HTTP/1 server otherwise reads the whole body
+// before it writes a response. HTTP/2 needs nothing (ErrNotSupported).
+func fullDuplex(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 || r.Header.Get("Upgrade") != "" || http.NewResponseController(w).EnableFullDuplex() != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+		// The response goes out, then the body is closed (which waits for
+		// what is left of it): closing it before the server does keeps the
+		// server from reading the next request while it still reads this
+		// body (golang/go#68560).
+		_ = http.NewResponseController(w).Flush()
+		r.Body.Close()
+	})
 }
 
 // forwardTrailers sends the request's trailers upstream: ReverseProxy's
