@@ -110,6 +110,7 @@ func run(f flags, log *slog.Logger) error {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
 		Transport: client,
 		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -122,6 +123,7 @@ func run(f flags, log *slog.Logger) error {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(appURL)
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
 		Transport: toApp,
 		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -146,6 +148,7 @@ func run(f flags, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("-%s: %w", s.name, err)
 		}
+		lis = origproto.GuardListener(lis) // ambiguous HTTP/1 framing is refused
 		log.Info("listening", "listener", s.name, "addr", lis.Addr().String())
 		wg.Add(1)
 		go func() {
@@ -169,6 +172,12 @@ func run(f flags, log *slog.Logger) error {
 	wg.Wait()
 	return nil
 }
+
+// forwardTrailers sends the request's trailers upstream: ReverseProxy's
+// outgoing request holds a copy of the trailer map taken before the body
+// was read, whose values stay empty; the incoming map is filled in as the
+// body ends.
+func forwardTrailers(pr *httputil.ProxyRequest) { pr.Out.Trailer = pr.In.Trailer }
 
 // countConns counts accepted connections as Linkerd's tcp_open_total.
 func countConns(c metric.Int64Counter, direction string) func(net.Conn, http.ConnState) {
