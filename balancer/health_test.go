@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -361,4 +362,42 @@ func TestRetryAfterParse(t *testing.T) {
 		assert.Zero(t, retryAfter(bad, now), bad)
 	}
 	assert.False(t, errors.Is(ResponseError(&http.Response{Body: http.NoBody}), ErrFailFast))
+}
+
+// The admin handler serves each endpoint's state as JSON; it watches
+// nothing new.
+func TestEndpointsHandler(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var hits atomic.Int64
+	down := counted(t, &hits, func(int64) int { return 500 })
+	up := backend(t, "up")
+	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {down, up}}), withClock(clock.read),
+		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1, Backoff: Backoff{JitterRatio: -1}}}))
+	require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return hits.Load() > 0 }, testutil.Timeout, time.Millisecond)
+	admin := testutil.NewServer(t, bal.EndpointsHandler())
+
+	resp, err := http.Get(admin.URL + "/endpoints?authority=" + svc)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	var states []map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&states))
+	require.Len(t, states, 2)
+	byAddr := map[string]map[string]any{}
+	for _, s := range states {
+		byAddr[s["addr"].(string)] = s
+	}
+	assert.Equal(t, "tripped", byAddr[down.Addr.String()]["state"])
+	assert.EqualValues(t, time.Second, byAddr[down.Addr.String()]["penalty_ns"])
+	assert.NotEmpty(t, byAddr[down.Addr.String()]["until"])
+	assert.Equal(t, "ready", byAddr[up.Addr.String()]["state"])
+
+	for q, want := range map[string]int{"": 400, "?authority=%5B": 400, "?authority=other.ns.svc.cluster.local:80": 404} {
+		resp, err := http.Get(admin.URL + "/endpoints" + q)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, want, resp.StatusCode, q)
+	}
+	assert.Equal(t, 1, bal.table.len(), "no watch for an authority asked about")
 }

@@ -1,6 +1,10 @@
 package balancer
 
-import "time"
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
 
 // EndpointState is what the Balancer knows of one endpoint, for an admin
 // page or a router's explanation. It marshals to JSON as is.
@@ -69,4 +73,32 @@ func (b *Balancer) Endpoints(authority string) []EndpointState {
 		out = append(out, st)
 	}
 	return out
+}
+
+// EndpointsHandler serves [Balancer.Endpoints] as JSON for the authority
+// of the query parameter "authority" (host:port, or a host on port 80): 400
+// without one or for one that is not an authority, 404 when the Balancer
+// has no endpoints for it. It is meant for an admin listener; it starts
+// no watch, so a caller cannot grow the Balancer's state.
+func (b *Balancer) EndpointsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		authority := r.URL.Query().Get("authority")
+		if authority == "" {
+			http.Error(w, "missing query parameter authority", http.StatusBadRequest)
+			return
+		}
+		if _, err := normalize(authority); err != nil {
+			http.Error(w, "authority: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		eps := b.Endpoints(authority)
+		if eps == nil {
+			http.Error(w, "no endpoints known for "+authority, http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(eps)
+	})
 }
