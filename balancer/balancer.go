@@ -78,6 +78,7 @@ func New(src Source, opts ...Option) *Balancer {
 // safe to call more than once.
 func (b *Balancer) Close() {
 	b.cancel()
+	b.metrics.close()
 	b.mu.Lock()
 	stops := b.stops
 	b.stops, b.closed = nil, true

@@ -32,6 +32,15 @@ type balMetrics struct {
 	gateOpen  metric.Int64Counter
 	gateShut  metric.Int64Counter
 	failfasts metric.Int64Counter
+	reg       metric.Registration // the gauges' callback, nil when none
+}
+
+// close stops the gauges' callback, so that a closed Balancer is no
+// longer reported nor held by the provider.
+func (m *balMetrics) close() {
+	if m.reg != nil {
+		_ = m.reg.Unregister()
+	}
 }
 
 // authMetrics is the label set of one authority and its gate state.
@@ -77,7 +86,7 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	}
 	ready := attribute.String("endpoint_state", "ready")
 	pending := attribute.String("endpoint_state", "pending")
-	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		now := b.cfg.now()
 		b.table.each(func(a *authority) {
 			s := a.state.Load()
