@@ -401,3 +401,39 @@ func TestEndpointsHandler(t *testing.T) {
 	}
 	assert.Equal(t, 1, bal.table.len(), "no watch for an authority asked about")
 }
+
+// A gRPC UNAVAILABLE in the trailers and a connection that fails both
+// count as failures; gRPC NOT_FOUND does not.
+func TestAccrualFailureKinds(t *testing.T) {
+	grpcEndpoint := func(code string) Endpoint {
+		return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Trailer", "Grpc-Status")
+			w.WriteHeader(200)
+			w.Write([]byte{0, 0, 0, 0, 0})
+			w.Header().Set("Grpc-Status", code)
+		}))
+	}
+	for _, tc := range []struct {
+		name  string
+		ep    Endpoint
+		trips bool
+	}{
+		{"unavailable in trailers", grpcEndpoint("14"), true},
+		{"not found in trailers", grpcEndpoint("5"), false},
+		{"connection closed", refusing(t), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.now.Store(1)
+			bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {tc.ep}}), withClock(clock.read), WithQueue(0, 50*time.Millisecond),
+				WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3}}))
+			get(t, client, svcURL, 3, 1)
+			want := "ready"
+			if tc.trips {
+				want = "tripped"
+			}
+			assert.Equal(t, want, stateOf(bal, svc, tc.ep).State)
+		})
+	}
+}
