@@ -25,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,6 +33,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,6 +41,7 @@ import (
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,15 +113,17 @@ func run(f flags, log *slog.Logger) error {
 
 	client := mesh.NewClient(opts...)
 	defer client.Close()
-	outbound := origproto.NewServer(&httputil.ReverseProxy{
+	rl := ratelog.New(log, 0)
+	outbound := origproto.NewServer(fullDuplex(&httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
 			pr.Out.Host = pr.In.Host
 			forwardTrailers(pr)
 		},
-		Transport: client,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	})
+		Transport:    client,
+		ErrorHandler: proxyError(rl, "outbound"),
+		ErrorLog:     stdlog.New(rateWriter{rl, "outbound"}, "", 0),
+	}))
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
 	toApp := &http.Transport{MaxIdleConnsPerHost: 64}
@@ -129,11 +134,12 @@ func run(f flags, log *slog.Logger) error {
 			pr.Out.Host = pr.In.Host
 			forwardTrailers(pr)
 		},
-		Transport: toApp,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		Transport:    toApp,
+		ErrorHandler: proxyError(rl, "inbound"),
+		ErrorLog:     stdlog.New(rateWriter{rl, "inbound"}, "", 0),
 	}, opts...)
 	defer inboundStack.Close()
-	inbound := origproto.NewServer(inboundStack)
+	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ConnState = countConns(tcpOpen, "inbound")
 
 	admin := http.NewServeMux()
@@ -178,6 +184,49 @@ func run(f flags, log *slog.Logger) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// fullDuplex serves the HTTP/1 requests of h full duplex, so that a
+// response (a route timeout's 504, a stream) can go out while the request
+// body still arrives: Go's HTTP/1 server otherwise reads the whole body
+// before it writes a response. HTTP/2 needs nothing (ErrNotSupported).
+func fullDuplex(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 || r.Header.Get("Upgrade") != "" || http.NewResponseController(w).EnableFullDuplex() != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+		// The response goes out, then the body is closed (which waits for
+		// what is left of it): closing it before the server does keeps the
+		// server from reading the next request while it still reads this
+		// body (golang/go#68560).
+		_ = http.NewResponseController(w).Flush()
+		r.Body.Close()
+	})
+}
+
+// proxyError answers 502 to a request the proxy could not forward. The
+// warning is rate-limited; a client that went away is no warning.
+func proxyError(rl *ratelog.Logger, listener string) func(http.ResponseWriter, *http.Request, error) {
+	return func(w http.ResponseWriter, r *http.Request, err error) {
+		if r.Context().Err() == nil {
+			rl.Warn("proxy error "+listener, "proxy error", "listener", listener, "error", err)
+		}
+		w.WriteHeader(http.StatusBadGateway)
+	}
+}
+
+// rateWriter sends the reverse proxy's other log lines through the rate
+// limit, one key per listener.
+type rateWriter struct {
+	rl       *ratelog.Logger
+	listener string
+}
+
+func (w rateWriter) Write(p []byte) (int, error) {
+	w.rl.Warn("proxy log "+w.listener, strings.TrimSpace(string(p)), "listener", w.listener)
+	return len(p), nil
 }
 
 // forwardTrailers sends the request's trailers upstream: ReverseProxy's
