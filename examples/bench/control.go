@@ -53,7 +53,7 @@ func profileSwap(o options) (*result, error) {
 		return nil, err
 	}
 	defer m.close()
-	n := o.scale(30000, 5000)
+	n := o.scale(15000, 5000)
 	load := func() (figures, error) {
 		return parallel(m.st.client, func() *http.Request { return get("http://"+books+"/books/1", "") }, n, 64, false)
 	}
@@ -115,7 +115,7 @@ func endpoints1000(o options) (*result, error) {
 	if err := waitRoutes(st.client.Router(), books, func() { _ = do(st.client, req()) }); err != nil {
 		return nil, err
 	}
-	n := o.scale(6000, 2000)
+	n := o.scale(3000, 2000)
 	load := func() (figures, error) { return parallel(st.client, req, n, 4, true) }
 	// Touch the endpoints, so that connections exist before timing.
 	if _, err := parallel(st.client, req, 3*count, 16, false); err != nil {

@@ -41,7 +41,7 @@ func retryBudget(o options) (*result, error) {
 		return nil, err
 	}
 	const rate = 200 // requests per second
-	dur := time.Duration(o.scale(4, 2)) * time.Second
+	dur := time.Duration(o.scale(3, 2)) * time.Second
 	measure := func() (figures, error) {
 		mu.Lock()
 		attempts = attempts[:0]
