@@ -28,24 +28,12 @@ var ErrClosed = errors.New("destination: client closed")
 // errTooManyWatches wraps profiles.ErrTooManyWatches for both kinds.
 var errTooManyWatches = profiles.ErrTooManyWatches
 
-// EndpointSet is the state of an authority's endpoints. It is immutable.
-type EndpointSet struct {
-	// Exists is false when the control plane says the service does not
-	// exist (no_endpoints{exists: false}); a caller may then fall back to
-	// the authority's own address.
-	Exists bool
-	// Endpoints, sorted by address. Empty with Exists true means the
-	// service has no endpoints now.
-	Endpoints []Endpoint
-}
+// EndpointSet is the state of an authority's endpoints (an alias, so that
+// the Client is a source of endpoints for package balancer).
+type EndpointSet = profiles.EndpointSet
 
 // EndpointsUpdate is one state of an endpoints watch.
-type EndpointsUpdate struct {
-	// Set is the endpoint set now known, nil with Err.
-	Set *EndpointSet
-	// Err says why there is no set: the lookup was rejected ([ErrRejected]).
-	Err error
-}
+type EndpointsUpdate = profiles.EndpointsUpdate
 
 // Client watches endpoints and service profiles through the Destination API.
 // It is a [profiles.Source]. A Client is safe for concurrent use; Close
@@ -149,7 +137,8 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 }
 
 // WatchEndpoints streams the endpoint set of authority (host:port) from Get,
-// with the semantics of [profiles.Source.Watch]. After a reconnect the last
+// with the semantics of [profiles.Source.Watch]; it makes the Client a
+// balancer.Source. After a reconnect the last
 // set stays in force until the new stream's first message replaces it.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(EndpointsUpdate)) (func(), error) {
 	return c.endpoints.subscribe(c, ctx, authority, update)

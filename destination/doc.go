@@ -5,7 +5,8 @@
 // ServiceProfile YAML and static endpoints, so that a mesh runs with no
 // Kubernetes at all.
 //
-// The Client is a [profiles.Source]. It keeps one stream per watched
+// The Client is a [profiles.Source] and, through WatchEndpoints, a source
+// of endpoints for package [github.com/inmesh/inmesh/balancer]. It keeps one stream per watched
 // authority, shared by every caller; re-subscribes with backoff after any
 // stream end or error, keeping the last state in force meanwhile; treats
 // InvalidArgument and FailedPrecondition as "no profile" and stops; and

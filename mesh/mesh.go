@@ -1,7 +1,7 @@
 // Package mesh assembles inmesh's layers into the two stacks of a meshed
 // service, so that a program does not wire them by hand:
 //
-//	outbound: profiles.Router.Transport -> destination.Balancer ->
+//	outbound: profiles.Router.Transport -> balancer.Balancer ->
 //	          classify.Transport -> origproto.Transport -> net/http
 //	inbound:  origproto.NewHandler -> profiles.Router.Handler ->
 //	          classify.NewHandler -> the application
@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/netip"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	origproto "github.com/inmesh/inmesh/orig-proto"
@@ -36,6 +37,8 @@ type config struct {
 	logger         *slog.Logger
 	dst            *destination.Client
 	source         profiles.Source
+	endpoints      balancer.Source
+	balancerOpts   []balancer.Option
 	trust          func(*http.Request) bool
 	networks       []netip.Prefix
 	maxAuthorities int
@@ -50,8 +53,9 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // WithLogger sets the logger of the layers (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
-// WithDestination sets the control-plane client: it resolves endpoints and,
-// unless [WithProfiles] says otherwise, supplies the profiles.
+// WithDestination sets the control-plane client: unless [WithEndpoints] or
+// [WithProfiles] say otherwise, it resolves endpoints and supplies the
+// profiles.
 func WithDestination(d *destination.Client) Option {
 	return optionFunc(func(c *config) { c.dst = d })
 }
@@ -59,6 +63,21 @@ func WithDestination(d *destination.Client) Option {
 // WithProfiles sets the source of service profiles (default: the
 // destination client; with neither, every request takes the default route).
 func WithProfiles(src profiles.Source) Option { return optionFunc(func(c *config) { c.source = src }) }
+
+// WithEndpoints sets the source of endpoints the outbound stack balances
+// over (default: the destination client; with neither, requests go to
+// their own address), such as a [balancer.StaticSource].
+func WithEndpoints(src balancer.Source) Option {
+	return optionFunc(func(c *config) { c.endpoints = src })
+}
+
+// WithBalancerOptions adds options of the outbound balancer (resolve
+// timeout, fallback, peak-EWMA parameters, error penalty). The stack's
+// logger, profile source and authority bound come first, so these
+// override them.
+func WithBalancerOptions(opts ...balancer.Option) Option {
+	return optionFunc(func(c *config) { c.balancerOpts = append(c.balancerOpts, opts...) })
+}
 
 // WithTrust sets which inbound peers are mesh peers (see
 // origproto.WithTrust).
@@ -69,7 +88,8 @@ func WithTrustedNetworks(nets ...netip.Prefix) Option {
 	return optionFunc(func(c *config) { c.networks = append(c.networks, nets...) })
 }
 
-// WithMaxAuthorities bounds the authorities routed by profile.
+// WithMaxAuthorities bounds the authorities routed by profile and those
+// the balancer keeps endpoints for.
 func WithMaxAuthorities(n int) Option { return optionFunc(func(c *config) { c.maxAuthorities = n }) }
 
 func newConfig(opts []Option) config {
@@ -85,6 +105,9 @@ func newConfig(opts []Option) config {
 	if c.source == nil {
 		c.source = profiles.NewStaticSource(nil)
 	}
+	if c.endpoints == nil && c.dst != nil {
+		c.endpoints = c.dst
+	}
 	return c
 }
 
@@ -98,12 +121,12 @@ func (c config) routerOptions() []profiles.RouterOption {
 type Client struct {
 	http.RoundTripper
 	router   *profiles.Router
-	balancer *destination.Balancer
+	balancer *balancer.Balancer
 	h1, h2   *http.Transport
 }
 
 // NewClient returns the outbound stack. Requests are addressed by Host to a
-// service authority; without a destination client they go to that address
+// service authority; without a source of endpoints they go to that address
 // itself.
 func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
@@ -113,13 +136,20 @@ func NewClient(opts ...Option) *Client {
 	cl.h2 = origproto.NewH2Transport()
 	var next http.RoundTripper = classify.NewTransport(
 		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), classify.WithMeterProvider(c.mp))
-	if c.dst != nil {
-		cl.balancer = destination.NewBalancer(c.dst)
+	if c.endpoints != nil {
+		opts := append([]balancer.Option{
+			balancer.WithLogger(c.logger), balancer.WithProfiles(c.source), balancer.WithMaxAuthorities(c.maxAuthorities),
+		}, c.balancerOpts...)
+		cl.balancer = balancer.New(c.endpoints, opts...)
 		next = cl.balancer.Transport(next)
 	}
 	cl.RoundTripper = cl.router.Transport(next)
 	return cl
 }
+
+// Balancer returns the balancer of the stack, nil without a source of
+// endpoints.
+func (c *Client) Balancer() *balancer.Balancer { return c.balancer }
 
 // Router returns the profile router of the stack.
 func (c *Client) Router() *profiles.Router { return c.router }

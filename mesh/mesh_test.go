@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	origproto "github.com/inmesh/inmesh/orig-proto"
@@ -114,4 +115,30 @@ spec:
 	assert.Equal(t, "1", m.Value(t, "route_actual_response_total", `direction="outbound"`, `rt_route="GET /flaky"`, `status_code="503"`))
 	assert.NotEmpty(t, m.Lines(t, "request_total", `direction="outbound"`, `dst_pod="books-0"`))
 	assert.Equal(t, int32(1), peerConns.Load(), "one h2 connection between the peers")
+}
+
+// Without a control plane: endpoints from a static source, the balancer's
+// options passed through.
+func TestClientWithStaticEndpoints(t *testing.T) {
+	app := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "app "+r.Host)
+	}))
+	src, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+		books: {{Addr: netip.MustParseAddrPort(strings.TrimPrefix(app.URL, "http://"))}},
+	})
+	require.NoError(t, err)
+	client := NewClient(WithEndpoints(src), WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false), nil))
+	defer client.Close()
+	require.NotNil(t, client.Balancer())
+	hc := &http.Client{Transport: client, Timeout: testutil.Timeout}
+	resp, err := hc.Get("http://" + books + "/x")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "app "+books, string(b))
+	resp, err = hc.Get("http://unknown.ns.svc.cluster.local/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 503, resp.StatusCode, "WithFallback(false) reached the balancer")
+	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "unknown service")
 }

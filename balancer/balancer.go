@@ -1,0 +1,425 @@
+package balancer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inmesh/inmesh/classify"
+	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/proxyerr"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/profiles"
+)
+
+// ErrClosed is why a closed [Balancer] cannot resolve an authority it was
+// not watching yet: such requests fall back, or fail with 503.
+var ErrClosed = errors.New("balancer: closed")
+
+// Balancer resolves each request's authority through a [Source] and sends
+// the request to one of its endpoints, picked by power of two choices over
+// peak-EWMA load (see the package documentation). With [WithProfiles], a
+// request first goes to one of its authority's dst overrides by weight.
+//
+// While an authority has no answer yet, a request waits at most the
+// resolve timeout, then gets a 503 with l5d-proxy-error. An authority with
+// no endpoints fails at once the same way. One the source says does not
+// exist, or cannot resolve, goes to its own address (unless
+// [WithFallback](false): 503).
+//
+// It puts the endpoint's h2 hint into the request context for origproto,
+// its labels (as dst_*) for classify, and the endpoint itself for
+// [EndpointFromContext]. A Balancer is safe for concurrent use; Close stops
+// its watches.
+type Balancer struct {
+	src    Source
+	cfg    config
+	decay  float64
+	rtt    float64
+	log    *ratelog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	table  table
+
+	mu     sync.Mutex
+	stops  []func()
+	closed bool
+}
+
+// New returns a Balancer over the endpoint sets of src.
+func New(src Source, opts ...Option) *Balancer {
+	cfg := newConfig(opts)
+	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
+		log: ratelog.New(cfg.logger, 0)}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.table.init(cfg.maxAuthorities)
+	return b
+}
+
+// Close stops every watch and waits for their callbacks to return. It is
+// safe to call more than once.
+func (b *Balancer) Close() {
+	b.cancel()
+	b.mu.Lock()
+	stops := b.stops
+	b.stops, b.closed = nil, true
+	b.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
+}
+
+// keep records the stop function of a watch, or calls it when the
+// Balancer is already closed.
+func (b *Balancer) keep(stop func()) {
+	b.mu.Lock()
+	if !b.closed {
+		b.stops = append(b.stops, stop)
+		stop = nil
+	}
+	b.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// authority is the state the Balancer keeps for one authority: its
+// traffic split and its endpoints, each one immutable snapshot behind an
+// atomic pointer, and whether their watches have started.
+type authority struct {
+	name     string
+	split    atomic.Pointer[Split]
+	state    atomic.Pointer[snapshot]
+	watching atomic.Bool // endpoints
+	splitOn  atomic.Bool // profile
+}
+
+func newAuthority(name string) *authority {
+	a := &authority{name: name}
+	a.state.Store(&snapshot{wait: make(chan struct{})})
+	return a
+}
+
+// publish makes s the authority's snapshot; the first answer releases
+// the requests waiting for one.
+func (a *authority) publish(s *snapshot) {
+	prev := a.state.Swap(s)
+	if prev.wait != nil {
+		close(prev.wait)
+	}
+}
+
+// endpoints returns the authority's snapshot, watching its endpoints on
+// first use. The watch starts outside every lock: a Source doing I/O holds
+// up only the requests for this authority, which wait for the first answer
+// anyway.
+func (b *Balancer) endpoints(a *authority) *snapshot {
+	if !a.watching.Load() && a.watching.CompareAndSwap(false, true) {
+		b.watchEndpoints(a)
+	}
+	return a.state.Load()
+}
+
+func (b *Balancer) watchEndpoints(a *authority) {
+	if b.ctx.Err() != nil {
+		a.publish(&snapshot{err: ErrClosed})
+		return
+	}
+	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u Update) {
+		if u.Set == nil && u.Err == nil {
+			return
+		}
+		if u.Err != nil {
+			b.log.Info("endpoints unavailable", "endpoints unavailable", "authority", a.name, "error", u.Err)
+		}
+		a.publish(newSnapshot(u, a.state.Load(), b.rtt, b.cfg.now()))
+	})
+	if err != nil {
+		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
+		a.publish(&snapshot{err: err})
+		return
+	}
+	b.keep(stop)
+}
+
+// watchSplit watches the profile of a request's authority for its dst
+// overrides, on first use.
+func (b *Balancer) watchSplit(a *authority) {
+	if b.cfg.profiles == nil || a.splitOn.Load() || !a.splitOn.CompareAndSwap(false, true) {
+		return
+	}
+	stop, err := b.cfg.profiles.Watch(b.ctx, a.name, func(u profiles.Update) {
+		var s *Split
+		if u.Profile != nil {
+			s = NewSplit(u.Profile.DstOverrides)
+		}
+		a.split.Store(s)
+	})
+	if err != nil {
+		b.log.Warn("watch split", "cannot watch the traffic split", "authority", a.name, "error", err)
+		return
+	}
+	b.keep(stop)
+}
+
+// Transport returns the balancing RoundTripper around base (nil:
+// http.DefaultTransport; an origproto.Transport to upgrade requests to mesh
+// peers, under a classify.Transport to label metrics by endpoint).
+func (b *Balancer) Transport(base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &transport{b: b, base: base}
+}
+
+type transport struct {
+	b    *Balancer
+	base http.RoundTripper
+}
+
+var _ http.RoundTripper = (*transport)(nil)
+
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	b := t.b
+	host := req.Host
+	if host == "" && req.URL != nil {
+		host = req.URL.Host
+	}
+	a := b.table.lookup(host)
+	if a == nil {
+		return t.base.RoundTrip(req) // not an authority we can resolve
+	}
+	b.watchSplit(a)
+	if to := a.split.Load().Pick(); to != "" {
+		a = b.table.get(to) // traffic split: the request goes to an override's endpoints
+	}
+	name := a.name
+	if a == b.table.full {
+		name = host
+	}
+	s := b.endpoints(a)
+	if s.wait != nil {
+		var err error
+		if s, err = b.wait(req, a, s); err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		if s == nil {
+			closeBody(req)
+			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+name), nil
+		}
+	}
+	switch {
+	case s.err != nil:
+		if b.cfg.fallback {
+			return t.base.RoundTrip(req)
+		}
+		closeBody(req)
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), nil
+	case !s.exists:
+		if b.cfg.fallback {
+			return t.base.RoundTrip(req)
+		}
+		closeBody(req)
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+name), nil
+	case len(s.eps) == 0:
+		closeBody(req)
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), nil
+	}
+	e := s.pick(b.cfg.now(), b.decay)
+	return t.send(req, host, e)
+}
+
+// wait waits for the first answer about a: the snapshot, nil after the
+// resolve timeout, or the error of the request's context.
+func (b *Balancer) wait(req *http.Request, a *authority, s *snapshot) (*snapshot, error) {
+	timer := time.NewTimer(b.cfg.resolveTimeout)
+	defer timer.Stop()
+	select {
+	case <-s.wait:
+		return a.state.Load(), nil
+	case <-timer.C:
+		return nil, nil
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+}
+
+// send sends req to e and accounts for it in e's load until the response
+// body ends.
+func (t *transport) send(req *http.Request, host string, e *endpoint) (*http.Response, error) {
+	b := t.b
+	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
+	if e.labels != nil {
+		ctx = classify.WithLabels(ctx, e.labels)
+	}
+	out := req.WithContext(ctx)
+	u := *req.URL
+	u.Host = e.addr
+	if u.Scheme == "" {
+		u.Scheme = "http"
+	}
+	out.URL = &u
+	if out.Host == "" {
+		out.Host = host
+	}
+	if e.AuthorityOverride != "" {
+		out.Host = e.AuthorityOverride
+	}
+	l := e.load
+	l.pending.Add(1)
+	start := b.cfg.now()
+	resp, err := t.base.RoundTrip(out)
+	if err != nil {
+		l.pending.Add(-1)
+		if req.Context().Err() == nil {
+			l.observe(float64(b.cfg.penalty), b.cfg.now(), b.decay)
+		}
+		return nil, err
+	}
+	now := b.cfg.now()
+	l.observe(float64(now-start), now, b.decay)
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+		l.pending.Add(-1)
+		return resp, nil
+	}
+	resp.Body = &pendingBody{ReadCloser: resp.Body, b: b, load: l, ctx: req.Context()}
+	return resp, nil
+}
+
+// pendingBody keeps its request in flight on the endpoint's load until
+// the body ends, fails or is closed. A failure other than the caller's own
+// cancellation also counts as a penalty sample.
+type pendingBody struct {
+	io.ReadCloser
+	b    *Balancer
+	load *load
+	ctx  context.Context
+	done atomic.Bool
+}
+
+func (p *pendingBody) Read(buf []byte) (int, error) {
+	n, err := p.ReadCloser.Read(buf)
+	if err != nil {
+		p.finish(err)
+	}
+	return n, err
+}
+
+func (p *pendingBody) Close() error {
+	p.finish(nil)
+	return p.ReadCloser.Close()
+}
+
+func (p *pendingBody) finish(err error) {
+	if p.done.Swap(true) {
+		return
+	}
+	p.load.pending.Add(-1)
+	if err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil {
+		p.load.observe(float64(p.b.cfg.penalty), p.b.cfg.now(), p.b.decay)
+	}
+}
+
+type endpointKey struct{}
+
+// EndpointFromContext returns the endpoint a [Balancer] picked for the
+// request with context ctx (its address, weight, labels, identity and
+// protocol hints), or nil. The endpoint is shared and must not be changed.
+func EndpointFromContext(ctx context.Context) *Endpoint {
+	e, _ := ctx.Value(endpointKey{}).(*Endpoint)
+	return e
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// table is the Balancer's per-authority state: an entry per authority,
+// made on first use and bounded; past the bound every new authority shares
+// one entry that cannot resolve. It is isolated here so that it can move
+// onto a shared registry with idle release.
+type table struct {
+	max  int
+	full *authority
+
+	mu    sync.RWMutex
+	hosts map[string]*authority // by the Host a request gave
+	names map[string]*authority // by normalized authority
+}
+
+func (t *table) init(max int) {
+	t.max = max
+	t.hosts = make(map[string]*authority)
+	t.names = make(map[string]*authority)
+	t.full = newAuthority("")
+	t.full.watching.Store(true)
+	t.full.splitOn.Store(true)
+	t.full.publish(&snapshot{err: profiles.ErrTooManyWatches})
+}
+
+// lookup returns the entry of a request's Host, or nil when it is not an
+// authority. Only the first request for a Host normalizes it.
+func (t *table) lookup(host string) *authority {
+	t.mu.RLock()
+	a := t.hosts[host]
+	t.mu.RUnlock()
+	if a != nil {
+		return a
+	}
+	name, err := normalize(host)
+	if err != nil {
+		return nil
+	}
+	a = t.get(name)
+	t.mu.Lock()
+	if len(t.hosts) < 2*t.max {
+		t.hosts[host] = a
+	}
+	t.mu.Unlock()
+	return a
+}
+
+// get returns the entry of a normalized authority, making it on first use.
+func (t *table) get(name string) *authority {
+	t.mu.RLock()
+	a := t.names[name]
+	t.mu.RUnlock()
+	if a != nil {
+		return a
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if a := t.names[name]; a != nil {
+		return a
+	}
+	if len(t.names) >= t.max {
+		return t.full
+	}
+	a = newAuthority(name)
+	t.names[name] = a
+	return a
+}
+
+func (t *table) len() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.names)
+}
+
+// normalize makes a request's Host an authority: port 80 when it has none.
+func normalize(host string) (string, error) {
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		host = net.JoinHostPort(strings.Trim(host, "[]"), "80")
+	}
+	return authpkg.Normalize(host)
+}

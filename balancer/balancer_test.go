@@ -1,0 +1,282 @@
+package balancer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The destination client is a source of endpoints.
+var _ Source = (*destination.Client)(nil)
+
+func TestRoutesToEndpoints(t *testing.T) {
+	a, b := backend(t, "a"), backend(t, "b")
+	a.H2 = true // a is a mesh peer: upgraded
+	store := destination.NewStore()
+	store.PutEndpoints(books+":7000", []Endpoint{a, b})
+	_, client := newClient(t, controlPlane(t, store))
+	seen := map[string]int{}
+	for range 200 {
+		status, body, _ := fetch(t, client, "http://"+books+":7000/x")
+		require.Equal(t, 200, status)
+		seen[body]++
+	}
+	assert.Len(t, seen, 2, "both endpoints get traffic: %v", seen)
+	assert.Positive(t, seen["a HTTP/1.1 "+books+":7000"], "the h2-hinted endpoint got HTTP/1.1 through orig-proto: %v", seen)
+	assert.Positive(t, seen["b HTTP/1.1 "+books+":7000"], "%v", seen)
+}
+
+func TestWeights(t *testing.T) {
+	a, b := backend(t, "a"), backend(t, "b")
+	a.Weight, b.Weight = 9000, 1000
+	_, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {a, b}}))
+	count := map[string]int{}
+	for range 400 {
+		_, body, _ := fetch(t, client, "http://"+books+":7000/")
+		count[body[:1]]++
+	}
+	// The first draw is a nine times in ten; the second is then b, and
+	// load decides. Both equally loaded: a clearly dominates.
+	assert.Greater(t, count["a"], 3*count["b"], "%v", count)
+	assert.Positive(t, count["b"], "%v", count)
+}
+
+func TestFailsFast(t *testing.T) {
+	src := staticSource(t, map[string][]Endpoint{"empty.ns.svc.cluster.local:80": nil})
+	_, client := newClient(t, src, WithFallback(false))
+	status, _, h := fetch(t, client, "http://empty.ns.svc.cluster.local/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "no endpoints")
+	status, _, h = fetch(t, client, "http://unknown.ns.svc.cluster.local/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "unknown service")
+}
+
+// A service the control plane does not know (exists: false) is reached at
+// its own address, unchanged.
+func TestFallsBackForUnknownService(t *testing.T) {
+	direct := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("direct " + r.Host))
+	}))
+	_, client := newClient(t, controlPlane(t, destination.NewStore()))
+	status, body, _ := fetch(t, client, direct.URL) // 127.0.0.1:port: exists=false
+	assert.Equal(t, 200, status)
+	assert.Equal(t, "direct "+strings.TrimPrefix(direct.URL, "http://"), body)
+
+	// Without fallback the same request fails.
+	_, strict := newClient(t, controlPlane(t, destination.NewStore()), WithFallback(false))
+	status, _, h := fetch(t, strict, direct.URL)
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "unknown service")
+}
+
+// silentSource accepts every watch and never answers, as a control plane
+// that is slow to answer.
+type silentSource struct{}
+
+func (silentSource) WatchEndpoints(ctx context.Context, _ string, _ func(Update)) (func(), error) {
+	return func() {}, nil
+}
+
+func TestBoundedWait(t *testing.T) {
+	_, client := newClient(t, silentSource{}, WithResolveTimeout(100*time.Millisecond))
+	start := time.Now()
+	status, _, h := fetch(t, client, "http://"+books+":7000/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "no answer")
+	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
+
+	// A caller's own cancellation ends the wait with its error.
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+books+":7000/", nil)
+	b := New(silentSource{}, WithResolveTimeout(time.Hour))
+	defer b.Close()
+	errc := make(chan error, 1)
+	go func() { _, err := b.Transport(nil).RoundTrip(req); errc <- err }()
+	cancel()
+	assert.ErrorIs(t, <-errc, context.Canceled)
+}
+
+func TestLabelsMetrics(t *testing.T) {
+	a := backend(t, "a")
+	a.Labels = map[string]string{"pod": "books-0"}
+	m := testutil.NewMetrics(t)
+	b := New(staticSource(t, map[string][]Endpoint{books + ":7000": {a}}), WithLogger(quietLogger))
+	defer b.Close()
+	h1 := &http.Transport{}
+	defer h1.CloseIdleConnections()
+	picked := make(chan *Endpoint, 1)
+	spy := roundTrip(func(r *http.Request) (*http.Response, error) {
+		picked <- EndpointFromContext(r.Context())
+		return h1.RoundTrip(r)
+	})
+	client := &http.Client{Transport: b.Transport(classify.NewTransport(spy, classify.WithMeterProvider(m.Provider)))}
+	status, _, _ := fetch(t, client, "http://"+books+":7000/")
+	require.Equal(t, 200, status)
+	assert.Equal(t, "1", m.Value(t, "request_total", `dst_pod="books-0"`, `direction="outbound"`))
+	e := <-picked
+	require.NotNil(t, e)
+	assert.Equal(t, a.Addr, e.Addr)
+	assert.Equal(t, "books-0", e.Labels["pod"])
+	assert.Nil(t, EndpointFromContext(context.Background()))
+}
+
+// The request keeps the authority it was addressed to as its Host (the
+// URL names the endpoint), unless the endpoint overrides it.
+func TestHostAndAuthorityOverride(t *testing.T) {
+	plain := backend(t, "p")
+	over := backend(t, "o")
+	over.AuthorityOverride = "books-west.example.com:7000"
+	src := staticSource(t, map[string][]Endpoint{books + ":7000": {plain}, "west.ns.svc.cluster.local:80": {over}})
+	_, client := newClient(t, src)
+	_, body, _ := fetch(t, client, "http://"+books+":7000/")
+	assert.Equal(t, "p HTTP/1.1 "+books+":7000", body)
+	// A Host header naming the authority, with the URL at some address.
+	req, _ := http.NewRequest("GET", "http://127.0.0.1:1/", nil)
+	req.Host = books + ":7000"
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	_, body, _ = fetch(t, client, "http://west.ns.svc.cluster.local/")
+	assert.Equal(t, "o HTTP/1.1 books-west.example.com:7000", body)
+}
+
+// Linkerd's profile_dst_overrides cases: traffic moves between backends as
+// the profile's overrides change.
+func TestTrafficSplit(t *testing.T) {
+	store := destination.NewStore()
+	store.PutEndpoints("books-v1.default.svc.cluster.local:7000", []Endpoint{backend(t, "1")})
+	store.PutEndpoints("books-v2.default.svc.cluster.local:7000", []Endpoint{backend(t, "2")})
+	store.PutEndpoints(books+":7000", []Endpoint{backend(t, "o")})
+	cp := controlPlane(t, store)
+	_, client := newClient(t, cp, WithProfiles(cp))
+	setSplit := func(w1, w2 uint32) {
+		store.PutServiceProfile(&profiles.ServiceProfile{Name: books, DstOverrides: []profiles.WeightedDst{
+			{Authority: "books-v1.default.svc.cluster.local:7000", Weight: w1},
+			{Authority: "books-v2.default.svc.cluster.local:7000", Weight: w2},
+		}})
+	}
+	count := func(n int) map[string]int {
+		c := map[string]int{}
+		for range n {
+			_, body, _ := fetch(t, client, "http://"+books+":7000/")
+			c[body[:1]]++
+		}
+		return c
+	}
+	waitOnly := func(name string) {
+		t.Helper()
+		require.Eventually(t, func() bool { c := count(5); return c[name] == 5 }, testutil.Timeout, 10*time.Millisecond)
+	}
+	setSplit(10000, 0) // add_a_dst_override, with a zero weight ignored
+	waitOnly("1")
+	assert.Equal(t, map[string]int{"1": 50}, count(50))
+	setSplit(5000, 5000) // add_multiple_dst_overrides
+	require.Eventually(t, func() bool { c := count(40); return c["1"] > 5 && c["2"] > 5 }, testutil.Timeout, 10*time.Millisecond)
+	setSplit(0, 10000) // set_a_dst_override_weight_to_zero
+	waitOnly("2")
+	setSplit(0, 0) // set_all_dst_override_weights_to_zero: the original destination
+	waitOnly("o")
+	setSplit(10000, 0)
+	waitOnly("1")
+	store.PutServiceProfile(&profiles.ServiceProfile{Name: books}) // remove_a_dst_override
+	waitOnly("o")
+}
+
+// Past the bound on authorities, new ones are not watched and requests for
+// them fall back (or fail with a reason).
+func TestBound(t *testing.T) {
+	a := backend(t, "a")
+	src := staticSource(t, nil)
+	for _, name := range []string{"one", "two", "three"} {
+		require.NoError(t, src.Set(name+".ns.svc.cluster.local:80", []Endpoint{a}))
+	}
+	b, client := newClient(t, src, WithFallback(false), WithMaxAuthorities(2))
+	for _, name := range []string{"one", "two"} {
+		status, _, _ := fetch(t, client, "http://"+name+".ns.svc.cluster.local/")
+		assert.Equal(t, 200, status)
+	}
+	status, _, h := fetch(t, client, "http://three.ns.svc.cluster.local/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), "too many watched authorities")
+	assert.Equal(t, 2, b.table.len())
+}
+
+// A request whose Host is not an authority goes to its own address.
+func TestNotAnAuthority(t *testing.T) {
+	var got string
+	b := New(staticSource(t, nil), WithLogger(quietLogger))
+	defer b.Close()
+	rt := b.Transport(roundTrip(func(r *http.Request) (*http.Response, error) {
+		got = r.URL.Host
+		return &http.Response{StatusCode: 204, Body: http.NoBody, Request: r}, nil
+	}))
+	req, _ := http.NewRequest("GET", "http://bad_host!:99999/", nil)
+	resp, err := rt.RoundTrip(req)
+	require.NoError(t, err)
+	assert.Equal(t, 204, resp.StatusCode)
+	assert.Equal(t, "bad_host!:99999", got)
+}
+
+// A closed Balancer does not wait for answers it will never get.
+func TestClosed(t *testing.T) {
+	b, client := newClient(t, silentSource{}, WithFallback(false), WithResolveTimeout(time.Hour))
+	b.Close()
+	status, _, h := fetch(t, client, "http://"+books+":7000/")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, h.Get("l5d-proxy-error"), ErrClosed.Error())
+	b.Close()
+}
+
+// fullSource refuses every watch, as a control-plane client at its bound.
+type fullSource struct{}
+
+func (fullSource) WatchEndpoints(context.Context, string, func(Update)) (func(), error) {
+	return nil, profiles.ErrTooManyWatches
+}
+
+// Requests for many authorities that cannot be watched log one line per
+// interval, not one each.
+func TestWatchFailuresRateLimited(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	b := New(fullSource{}, WithLogger(log), WithFallback(false))
+	defer b.Close()
+	rt := b.Transport(nil)
+	for i := range 50 {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://svc-%d.ns.svc.cluster.local/", i), nil)
+		resp, err := rt.RoundTrip(req)
+		require.NoError(t, err)
+		assert.Equal(t, 503, resp.StatusCode)
+		assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "too many watched authorities")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 1, strings.Count(buf.String(), "cannot watch endpoints"), buf.String())
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

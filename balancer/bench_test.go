@@ -1,0 +1,40 @@
+package balancer
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/inmesh/inmesh/profiles"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func benchSnapshot(n int) *snapshot {
+	eps := make([]Endpoint, n)
+	for i := range eps {
+		eps[i] = ep(fmt.Sprintf("10.0.%d.%d:80", i/256, i%256))
+	}
+	return newSnapshot(Update{Set: &EndpointSet{Exists: true, Endpoints: eps}}, &snapshot{}, float64(DefaultRTT), 1)
+}
+
+// A pick allocates nothing.
+func TestPickAllocs(t *testing.T) {
+	s := benchSnapshot(10)
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { s.pick(2, float64(DefaultDecay)) }))
+	sp := NewSplit([]profiles.WeightedDst{{Authority: "a.ns:80", Weight: 1}, {Authority: "b.ns:80", Weight: 3}})
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { sp.Pick() }))
+}
+
+func BenchmarkPick(b *testing.B) {
+	for _, n := range []int{2, 100} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			s := benchSnapshot(n)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					s.pick(2, float64(DefaultDecay))
+				}
+			})
+		})
+	}
+}

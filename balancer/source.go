@@ -1,0 +1,149 @@
+package balancer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/mailbox"
+	"github.com/inmesh/inmesh/profiles"
+)
+
+// Endpoint describes one endpoint of an authority: address, weight, metric
+// labels, identity and protocol hints.
+type Endpoint = profiles.Endpoint
+
+// EndpointSet is the state of an authority's endpoints.
+type EndpointSet = profiles.EndpointSet
+
+// Update is one state of an endpoints watch: a set, or an error saying why
+// there is none.
+type Update = profiles.EndpointsUpdate
+
+// DefaultWeight is the weight of an endpoint that sets none.
+const DefaultWeight = 10000
+
+// Source streams the endpoint sets of authorities (host:port).
+//
+// WatchEndpoints starts watching authority and returns at once. The source
+// calls update with each new state, in order, never concurrently for one
+// watch and never from within WatchEndpoints; a state may be skipped when a
+// newer one replaced it first. Transient failures are not reported: the
+// last state stays in force. The watch ends when ctx is done or stop is
+// called; stop waits until update has returned for the last time and is
+// safe to call more than once. WatchEndpoints returns an error (such as
+// [profiles.ErrTooManyWatches]) when it cannot watch; stop is then nil.
+//
+// destination.Client is a Source. Implementations are safe for concurrent
+// use.
+type Source interface {
+	WatchEndpoints(ctx context.Context, authority string, update func(Update)) (stop func(), err error)
+}
+
+// StaticSource is a [Source] of endpoint sets given by hand: each Set
+// reaches the watchers of its authority at once. An authority it has no set
+// for does not exist (requests fall back to their own address). Its zero
+// value is empty and ready; it is safe for concurrent use.
+type StaticSource struct {
+	mu       sync.Mutex
+	sets     map[string]*EndpointSet
+	watchers map[string]map[*mailbox.Mailbox[Update]]struct{}
+}
+
+var _ Source = (*StaticSource)(nil)
+
+// NewStaticSource returns a source serving the endpoints of m (authority
+// host:port to its endpoints; m is copied). It fails on an authority that
+// is not host:port.
+func NewStaticSource(m map[string][]Endpoint) (*StaticSource, error) {
+	s := &StaticSource{}
+	for a, eps := range m {
+		if err := s.Set(a, eps); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Set makes eps the endpoints of authority (an empty list: the service
+// exists with no endpoints, requests fail fast). A zero weight becomes
+// [DefaultWeight]. It fails on an authority that is not host:port.
+func (s *StaticSource) Set(authority string, eps []Endpoint) error {
+	a, err := authpkg.Normalize(authority)
+	if err != nil {
+		return fmt.Errorf("balancer: static endpoints: authority: %w", err)
+	}
+	set := &EndpointSet{Exists: true, Endpoints: slices.Clone(eps)}
+	for i := range set.Endpoints {
+		if set.Endpoints[i].Weight == 0 {
+			set.Endpoints[i].Weight = DefaultWeight
+		}
+	}
+	slices.SortFunc(set.Endpoints, func(x, y Endpoint) int { return x.Addr.Compare(y.Addr) })
+	s.publish(a, set)
+	return nil
+}
+
+// Delete forgets the endpoints of authority: the service no longer exists.
+func (s *StaticSource) Delete(authority string) {
+	if a, err := authpkg.Normalize(authority); err == nil {
+		s.publish(a, nil)
+	}
+}
+
+func (s *StaticSource) publish(a string, set *EndpointSet) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	if set == nil {
+		delete(s.sets, a)
+	} else {
+		s.sets[a] = set
+	}
+	for m := range s.watchers[a] {
+		m.Offer(s.updateLocked(a))
+	}
+}
+
+func (s *StaticSource) initLocked() {
+	if s.sets == nil {
+		s.sets = make(map[string]*EndpointSet)
+		s.watchers = make(map[string]map[*mailbox.Mailbox[Update]]struct{})
+	}
+}
+
+func (s *StaticSource) updateLocked(a string) Update {
+	if set := s.sets[a]; set != nil {
+		return Update{Set: set}
+	}
+	return Update{Set: &EndpointSet{Exists: false}}
+}
+
+// WatchEndpoints implements [Source]. A watcher gets the current state
+// first.
+func (s *StaticSource) WatchEndpoints(ctx context.Context, authority string, update func(Update)) (func(), error) {
+	a, err := authpkg.Normalize(authority)
+	if err != nil {
+		return nil, fmt.Errorf("balancer: static endpoints: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	var m *mailbox.Mailbox[Update]
+	m = mailbox.Start(context.Background(), ctx, nil, update, func() {
+		s.mu.Lock()
+		delete(s.watchers[a], m)
+		if len(s.watchers[a]) == 0 {
+			delete(s.watchers, a)
+		}
+		s.mu.Unlock()
+	})
+	if s.watchers[a] == nil {
+		s.watchers[a] = make(map[*mailbox.Mailbox[Update]]struct{})
+	}
+	s.watchers[a][m] = struct{}{}
+	m.Offer(s.updateLocked(a))
+	return m.Stop, nil
+}
