@@ -53,7 +53,7 @@ func profileSwap(o options) (*result, error) {
 		return nil, err
 	}
 	defer m.close()
-	n := o.scale(15000, 5000)
+	n := o.scale(10000, 5000)
 	load := func() (figures, error) {
 		return parallel(m.st.client, func() *http.Request { return get("http://"+books+"/books/1", "") }, n, 64, false)
 	}
@@ -159,7 +159,7 @@ func hostFlood(o options) (*result, error) {
 	t0 := time.Now()
 	// Bounded in time as well as in count, so that a slow stack cannot
 	// hold the whole run.
-	deadline := t0.Add(time.Duration(o.scale(90, 30)) * time.Second)
+	deadline := t0.Add(time.Duration(o.scale(60, 30)) * time.Second)
 	for range 64 {
 		wg.Add(1)
 		go func() {

@@ -21,8 +21,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -86,6 +88,15 @@ func main() {
 	// under load belongs in the table.
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 
+	// An interrupt stops the nginx processes this run started before
+	// exiting.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		stopAll()
+		os.Exit(130)
+	}()
 	start := time.Now()
 	var results []*result
 	for _, s := range scenarios {

@@ -23,12 +23,16 @@ type variant struct {
 // alternates between rounds so that neither side always goes first, and
 // returns the figures by round and variant (in the order given).
 func interleave(n int, vs ...variant) (rounds, error) {
+	// One untimed pass of a tenth of the size warms connections, pools
+	// and caches.
+	warming.Store(true)
 	for _, v := range vs {
-		// One untimed pass warms connections, pools and caches.
 		if _, err := v.measure(); err != nil {
+			warming.Store(false)
 			return nil, err
 		}
 	}
+	warming.Store(false)
 	rs := make(rounds, n)
 	for r := range n {
 		rs[r] = make([]figures, len(vs))
@@ -48,6 +52,17 @@ func interleave(n int, vs ...variant) (rounds, error) {
 	return rs, nil
 }
 
+// warming is set during interleave's warm-up pass: the loops below run a
+// tenth of their size.
+var warming atomic.Bool
+
+func sized(n int) int {
+	if warming.Load() {
+		return max(1, n/10)
+	}
+	return n
+}
+
 func mallocs() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
@@ -56,6 +71,7 @@ func mallocs() uint64 {
 
 // inProcess serves req n times through h into a recorder.
 func inProcess(h http.Handler, req *http.Request, n int) figures {
+	n = sized(n)
 	a := mallocs()
 	start := time.Now()
 	for range n {
@@ -91,6 +107,7 @@ func get(url, host string) *http.Request {
 
 // serial sends n requests one after the other and records each latency.
 func serial(rt http.RoundTripper, req func() *http.Request, n int) (figures, error) {
+	n = sized(n)
 	lat := make([]time.Duration, n)
 	a := mallocs()
 	start := time.Now()
@@ -117,6 +134,7 @@ func percentiles(lat []time.Duration) (p50, p99 float64) {
 // parallel sends total requests from workers goroutines and reports the
 // throughput and, when lat is true, the latency percentiles.
 func parallel(rt http.RoundTripper, req func() *http.Request, total, workers int, lat bool) (figures, error) {
+	total = sized(total)
 	var next atomic.Int64
 	var firstErr atomic.Pointer[error]
 	lats := make([][]time.Duration, workers)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -88,11 +89,16 @@ func startNginx(upstream string) (*nginx, error) {
 	n.cmd.ExtraFiles = []*os.File{f} // fd 3
 	n.cmd.Env = append(os.Environ(), "NGINX=3;")
 	n.cmd.Dir = dir
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so that the master and its worker are
+	// stopped together; killed with this process if it dies first.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
+	running.Lock()
+	running.m[n] = true
+	running.Unlock()
 	// Ready when a request goes through.
 	c := &http.Client{Transport: h1Transport(), Timeout: time.Second}
 	defer c.CloseIdleConnections()
@@ -114,6 +120,25 @@ func startNginx(upstream string) (*nginx, error) {
 	}
 }
 
+// running is every nginx started and not yet stopped, for stopAll.
+var running = struct {
+	sync.Mutex
+	m map[*nginx]bool
+}{m: map[*nginx]bool{}}
+
+// stopAll stops every nginx still running (on an interrupt).
+func stopAll() {
+	running.Lock()
+	ns := make([]*nginx, 0, len(running.m))
+	for n := range running.m {
+		ns = append(ns, n)
+	}
+	running.Unlock()
+	for _, n := range ns {
+		n.stop()
+	}
+}
+
 // stop ends nginx by its pid (graceful QUIT, KILL after 5 s) and removes
 // its directory.
 func (n *nginx) stop() {
@@ -128,4 +153,7 @@ func (n *nginx) stop() {
 		<-done
 	}
 	os.RemoveAll(n.dir)
+	running.Lock()
+	delete(running.m, n)
+	running.Unlock()
 }

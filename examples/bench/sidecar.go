@@ -15,7 +15,7 @@ func sidecarHop(o options) (*result, error) {
 		return &result{Skipped: err.Error()}, nil
 	}
 	defer ng.stop()
-	n := o.scale(3000, 500)
+	n := o.scale(2000, 500)
 	s, err := newLoopbackSet(n)
 	if err != nil {
 		return nil, err

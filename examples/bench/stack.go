@@ -18,7 +18,7 @@ func stackInProcess(o options) (*result, error) {
 	if err := waitRoutes(st.server.Router(), books, func() { st.server.ServeHTTP(httptest.NewRecorder(), req) }); err != nil {
 		return nil, err
 	}
-	n := o.scale(50000, 10000)
+	n := o.scale(20000, 10000)
 	otel := otelHandler(ok, mp)
 	measure := func(h http.Handler) func() (figures, error) {
 		return func() (figures, error) { return inProcess(h, req, n), nil }
@@ -96,7 +96,7 @@ func newLoopbackSet(n int) (*loopbackSet, error) {
 // stackLoopback: a round trip through inmesh's client and server stacks
 // against bare net/http, and its added time against otelhttp's.
 func stackLoopback(o options) (*result, error) {
-	s, err := newLoopbackSet(o.scale(4000, 1000))
+	s, err := newLoopbackSet(o.scale(2000, 1000))
 	if err != nil {
 		return nil, err
 	}

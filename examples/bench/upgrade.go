@@ -49,7 +49,7 @@ func (p *peerSet) variants(m func(rt http.RoundTripper, url string) (figures, er
 func upgrade64(o options) (*result, error) {
 	p := newPeerSet()
 	defer p.close()
-	n := o.scale(20000, 5000)
+	n := o.scale(10000, 5000)
 	rs, err := interleave(o.rounds, p.variants(func(rt http.RoundTripper, url string) (figures, error) {
 		return parallel(rt, func() *http.Request { return get(url, "") }, n, 64, false)
 	})...)
@@ -74,7 +74,7 @@ func upgrade64(o options) (*result, error) {
 func upgradeSerial(o options) (*result, error) {
 	p := newPeerSet()
 	defer p.close()
-	n := o.scale(4000, 1000)
+	n := o.scale(2000, 1000)
 	rs, err := interleave(o.rounds, p.variants(func(rt http.RoundTripper, url string) (figures, error) {
 		return serial(rt, func() *http.Request { return get(url, "") }, n)
 	})...)
@@ -109,7 +109,7 @@ func mesh64(o options) (*result, error) {
 	defer bare.Close()
 	rt := h1Transport()
 	defer rt.CloseIdleConnections()
-	n := o.scale(15000, 5000)
+	n := o.scale(10000, 5000)
 	vs := []variant{
 		{"bare", withConns(bare, func() (figures, error) {
 			return parallel(rt, func() *http.Request { return get(bare.URL+"/books/1", "") }, n, 64, false)
