@@ -15,6 +15,15 @@
 // each optionally followed by "; absolute-form". Anything else is a 400.
 // l5d-* request headers from peers that are not trusted are removed.
 //
+// [NewServer] serves HTTP/1 and HTTP/2 with prior knowledge on one port.
+// Serve it on [GuardListener], which refuses HTTP/1 requests whose framing
+// two parsers could read differently (Content-Length with
+// Transfer-Encoding, obs-fold, bare LF) with 400 and a closed connection,
+// and closes HTTP/2 connections whose header blocks are not finished in
+// time or are split into a flood of CONTINUATION frames. The guard fits
+// any net/http server; [CheckHTTP2Request] is the check of HTTP/2 request
+// pseudo-headers that NewServer and [NewHandler] apply.
+//
 // Import it with an explicit name, as the directory is orig-proto:
 //
 //	import origproto "github.com/inmesh/inmesh/orig-proto"

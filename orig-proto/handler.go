@@ -104,12 +104,20 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
+	if err := CheckHTTP2Request(r); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	down, p, err := downgrade(r, values)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	h.next.ServeHTTP(downgradedWriter(w, p.version()), down)
+	dw, prepare := downgradedWriter(w, p.version())
+	h.next.ServeHTTP(dw, down)
+	// A handler that wrote nothing leaves the response to net/http, which
+	// sends the header map as it is: strip it now.
+	prepare()
 }
 
 // errInvalidValue is the reason a request with a bad l5d-orig-proto is
@@ -144,10 +152,11 @@ func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 }
 
 // downgradedWriter strips the HTTP/1 application's connection headers from
-// its response and adds l5d-orig-proto, as the head goes out.
-func downgradedWriter(w http.ResponseWriter, version string) http.ResponseWriter {
+// its response and adds l5d-orig-proto, as the head goes out; prepare does
+// it for a handler that returns without writing.
+func downgradedWriter(w http.ResponseWriter, version string) (_ http.ResponseWriter, prepare func()) {
 	done := false
-	prepare := func() {
+	prepare = func() {
 		if !done {
 			done = true
 			h := w.Header()
@@ -186,7 +195,7 @@ func downgradedWriter(w http.ResponseWriter, version string) http.ResponseWriter
 				next()
 			}
 		},
-	})
+	}), prepare
 }
 
 func hasL5d(h http.Header) bool {

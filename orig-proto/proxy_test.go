@@ -122,6 +122,7 @@ func newMesh(t *testing.T) *mesh {
 			m.inboundConns.Add(1)
 		}
 	}
+	m.inbound.Listener = GuardListener(m.inbound.Listener)
 	m.inbound.Start()
 	t.Cleanup(m.inbound.Close)
 	inboundURL, _ := url.Parse(m.inbound.URL)
@@ -139,7 +140,10 @@ func newMesh(t *testing.T) *mesh {
 		Transport: m.transport,
 		ErrorLog:  nil,
 	}
-	m.outbound = testutil.NewServer(t, proxy)
+	m.outbound = httptest.NewUnstartedServer(proxy)
+	m.outbound.Listener = GuardListener(m.outbound.Listener)
+	m.outbound.Start()
+	t.Cleanup(m.outbound.Close)
 	return m
 }
 

@@ -152,6 +152,9 @@ func TestH2spec(t *testing.T) {
 	start := func(srv *http.Server) string {
 		s := httptest.NewUnstartedServer(nil)
 		s.Config = srv
+		if srv.ConnContext != nil { // NewServer's, on a guarded listener
+			s.Listener = GuardListener(s.Listener)
+		}
 		s.Start()
 		t.Cleanup(s.Close)
 		return s.Listener.Addr().String()

@@ -34,9 +34,14 @@ func newWireMesh(t *testing.T) *wireMesh {
 	t.Cleanup(toApp.CloseIdleConnections)
 	inbound := httptest.NewUnstartedServer(nil)
 	inbound.Config = NewServer(NewHandler(&httputil.ReverseProxy{
-		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(appURL); pr.Out.Host = pr.In.Host },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(appURL)
+			pr.Out.Host = pr.In.Host
+			pr.Out.Trailer = pr.In.Trailer // filled in as the body is read
+		},
 		Transport: toApp,
 	}))
+	inbound.Listener = GuardListener(inbound.Listener)
 	inbound.Start()
 	t.Cleanup(inbound.Close)
 	inboundURL, _ := url.Parse(inbound.URL)
@@ -44,9 +49,14 @@ func newWireMesh(t *testing.T) *wireMesh {
 	t.Cleanup(h2.CloseIdleConnections)
 	outbound := httptest.NewUnstartedServer(nil)
 	outbound.Config = NewServer(&httputil.ReverseProxy{
-		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(inboundURL); pr.Out.Host = pr.In.Host },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(inboundURL)
+			pr.Out.Host = pr.In.Host
+			pr.Out.Trailer = pr.In.Trailer
+		},
 		Transport: NewTransport(WithH2(h2), WithHint(func(*http.Request) bool { return true })),
 	})
+	outbound.Listener = GuardListener(outbound.Listener)
 	outbound.Start()
 	t.Cleanup(outbound.Close)
 	m.outbound = strings.TrimPrefix(outbound.URL, "http://")
@@ -61,8 +71,22 @@ func TestSmugglingCorpus(t *testing.T) {
 	cases := []struct {
 		name, request, body string
 	}{
-		{"CL+TE: chunked wins", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, ""},
-		{"TE+CL: chunked wins", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, "hello"},
+		{"CL+TE", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, reject},
+		{"TE+CL", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, reject},
+		{"CL+TE folded", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 40\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n" + smuggled, reject},
+		{"TE folded", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\n chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, reject},
+		{"CL folded", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\t5\r\n\r\nhello" + smuggled, reject},
+		{"CL+TE identity", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: identity\r\n\r\nhello" + smuggled, reject},
+		{"TE chunked,identity", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n5\r\nhello\r\n0\r\n\r\n", reject},
+		{"TE empty", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\nContent-Length: 5\r\n\r\nhello" + smuggled, reject},
+		{"TE with OWS", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:  chunked \t\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "hello"},
+		{"TE name with space before colon", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\nhello" + smuggled, reject},
+		{"bare LF in header line", "POST / HTTP/1.1\r\nHost: a\r\nX-A: 1\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\nhello" + smuggled, reject},
+		{"bare LF line endings", "GET / HTTP/1.1\nHost: a\n\n", reject},
+		{"bare LF ends head", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\nhello" + smuggled, reject},
+		{"chunked trailer obs-fold", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n folded\r\n\r\n" + smuggled, reject},
+		{"chunked with trailer", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n" + smuggled, "hello"},
+		{"leading empty line", "\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", reject},
 		{"two different CL", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 40\r\n\r\nhello" + smuggled, reject},
 		{"CL list", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 40\r\n\r\nhello" + smuggled, reject},
 		{"same CL twice", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello", "hello"},
@@ -74,14 +98,12 @@ func TestSmugglingCorpus(t *testing.T) {
 		{"TE gzip,chunked", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", reject},
 		{"TE twice", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", reject},
 		{"TE mixed case", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "hello"},
-		// net/http reads no body for HTTP/1.0 with Transfer-Encoding, and
-		// closes the connection after the response: the rest is dropped.
-		{"TE on HTTP/1.0", "POST / HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, ""},
+		{"TE on HTTP/1.0", "POST / HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled, reject},
 		{"chunk extension", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\n\r\n", "hello"},
 		{"bare LF chunk size", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n" + smuggled, reject},
 		{"chunk size overflow", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\nhello\r\n0\r\n\r\n", reject},
 		{"chunk too short", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nhello\r\n0\r\n\r\n", reject},
-		{"obs-fold", "GET / HTTP/1.1\r\nHost: a\r\nX-Folded: one\r\n two\r\n\r\n", ""},
+		{"obs-fold", "GET / HTTP/1.1\r\nHost: a\r\nX-Folded: one\r\n two\r\n\r\n", reject},
 		{"NUL in value", "GET / HTTP/1.1\r\nHost: a\r\nX-Bad: a\x00b\r\n\r\n", reject},
 		{"bare CR in value", "GET / HTTP/1.1\r\nHost: a\r\nX-Bad: a\rX-Injected: 1\r\n\r\n", reject},
 		{"CR/LF in Host", "GET / HTTP/1.1\r\nHost: a\rX-Injected: 1\r\n\r\n", reject},
@@ -123,6 +145,10 @@ func TestSmugglingCorpus(t *testing.T) {
 			}
 			if tc.body == reject {
 				assert.GreaterOrEqual(t, statuses[0], 400, "accepted")
+				for _, s := range statuses {
+					// The marker was never answered: the connection closed.
+					assert.GreaterOrEqual(t, s, 400, "the connection stayed open after the refusal")
+				}
 				assert.Empty(t, got, "a rejected request reached the app")
 				return
 			}

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates destination/destinationpb from the .proto files in this folder.
+# Regenerates the protobuf and gRPC packages under destination/ from the
+# .proto files in this folder: destination/destinationpb (Destination API),
+# outboundpb, httproutepb, grpcroutepb, opaqueroutepb and tlsroutepb
+# (OutboundPolicies API). Each Go package holds one or more proto packages, as
+# their go_package options say.
 #   proto/generate.sh          write the generated code
-#   proto/generate.sh --check  fail when the committed code is stale
+#   proto/generate.sh --check  fail when any committed package is stale
 # Needs protoc (Debian: protobuf-compiler); the Go plugins are pinned below and
 # built from the module proxy into a private folder.
 set -euo pipefail
@@ -10,7 +14,6 @@ PROTOC_GEN_GO=google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC=google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-out_pkg=destination/destinationpb
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -25,15 +28,26 @@ PATH="$tmp/bin:$PATH" protoc \
   --go-grpc_out="$tmp/out" --go-grpc_opt=module=github.com/inmesh/inmesh \
   "$root"/proto/*.proto
 
-if [ "${1:-}" = "--check" ]; then
-  mkdir -p "$tmp/committed"
-  cp "$root/$out_pkg"/*.pb.go "$tmp/committed/"
-  if ! diff -ru "$tmp/committed" "$tmp/out/$out_pkg"; then
-    echo "generate.sh: $out_pkg is stale; run proto/generate.sh" >&2
-    exit 1
+# The packages are whatever folders the go_package options name.
+pkgs=$(cd "$tmp/out" && find . -name '*.pb.go' -exec dirname {} \; | sed 's|^\./||' | sort -u)
+[ -n "$pkgs" ] || { echo "generate.sh: protoc generated nothing" >&2; exit 1; }
+
+stale=0
+for pkg in $pkgs; do
+  if [ "${1:-}" = "--check" ]; then
+    mkdir -p "$tmp/committed/$pkg"
+    cp "$root/$pkg"/*.pb.go "$tmp/committed/$pkg/" 2>/dev/null || true
+    if ! diff -ru "$tmp/committed/$pkg" "$tmp/out/$pkg"; then
+      echo "generate.sh: $pkg is stale; run proto/generate.sh" >&2
+      stale=1
+    else
+      echo "generate.sh: $pkg is up to date"
+    fi
+  else
+    mkdir -p "$root/$pkg"
+    rm -f "$root/$pkg"/*.pb.go
+    cp "$tmp/out/$pkg"/*.pb.go "$root/$pkg/"
+    echo "generate.sh: wrote $pkg"
   fi
-  echo "generate.sh: $out_pkg is up to date"
-else
-  rm -f "$root/$out_pkg"/*.pb.go
-  cp "$tmp/out/$out_pkg"/*.pb.go "$root/$out_pkg/"
-fi
+done
+exit $stale

@@ -11,16 +11,23 @@ package main
 import (
 	"flag"
 	"log"
+	"net"
 	"net/http"
 	"time"
 
 	"github.com/inmesh/inmesh/examples/internal/booksapp"
+	origproto "github.com/inmesh/inmesh/orig-proto"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "address to listen on (HTTP/1 only)")
 	slow := flag.Duration("slow", 2*time.Second, "how long GET /slow takes")
 	flag.Parse()
-	srv := &http.Server{Addr: *listen, Handler: booksapp.Handler(*slow), ReadHeaderTimeout: 10 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	srv := &http.Server{Handler: booksapp.Handler(*slow), ReadHeaderTimeout: 10 * time.Second}
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Requests with ambiguous framing are refused before the handler.
+	log.Fatal(srv.Serve(origproto.GuardListener(lis)))
 }

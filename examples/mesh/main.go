@@ -121,6 +121,7 @@ func run(o options, out io.Writer) error {
 	var peerConns atomic.Int32
 	peer := httptest.NewUnstartedServer(nil)
 	peer.Config = origproto.NewServer(inbound)
+	peer.Listener = origproto.GuardListener(peer.Listener)
 	peer.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			peerConns.Add(1)

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,12 +31,14 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,14 +109,17 @@ func run(f flags, log *slog.Logger) error {
 
 	client := mesh.NewClient(opts...)
 	defer client.Close()
-	outbound := origproto.NewServer(&httputil.ReverseProxy{
+	rl := ratelog.New(log, 0)
+	outbound := origproto.NewServer(fullDuplex(&httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
-		Transport: client,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	})
+		Transport:    client,
+		ErrorHandler: proxyError(rl, "outbound"),
+		ErrorLog:     stdlog.New(rateWriter{rl, "outbound"}, "", 0),
+	}))
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
 	toApp := &http.Transport{MaxIdleConnsPerHost: 64}
@@ -122,12 +128,14 @@ func run(f flags, log *slog.Logger) error {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(appURL)
 			pr.Out.Host = pr.In.Host
+			forwardTrailers(pr)
 		},
-		Transport: toApp,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		Transport:    toApp,
+		ErrorHandler: proxyError(rl, "inbound"),
+		ErrorLog:     stdlog.New(rateWriter{rl, "inbound"}, "", 0),
 	}, opts...)
 	defer inboundStack.Close()
-	inbound := origproto.NewServer(inboundStack)
+	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ConnState = countConns(tcpOpen, "inbound")
 
 	admin := http.NewServeMux()
@@ -146,6 +154,7 @@ func run(f flags, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("-%s: %w", s.name, err)
 		}
+		lis = origproto.GuardListener(lis) // ambiguous HTTP/1 framing is refused
 		log.Info("listening", "listener", s.name, "addr", lis.Addr().String())
 		wg.Add(1)
 		go func() {
@@ -169,6 +178,55 @@ func run(f flags, log *slog.Logger) error {
 	wg.Wait()
 	return nil
 }
+
+// fullDuplex serves the HTTP/1 requests of h full duplex, so that a
+// response (a route timeout's 504, a stream) can go out while the request
+// body still arrives: Go's HTTP/1 server otherwise reads the whole body
+// before it writes a response. HTTP/2 needs nothing (ErrNotSupported).
+func fullDuplex(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 || r.Header.Get("Upgrade") != "" || http.NewResponseController(w).EnableFullDuplex() != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+		// The response goes out, then the body is closed (which waits for
+		// what is left of it): closing it before the server does keeps the
+		// server from reading the next request while it still reads this
+		// body (golang/go#68560).
+		_ = http.NewResponseController(w).Flush()
+		r.Body.Close()
+	})
+}
+
+// proxyError answers 502 to a request the proxy could not forward. The
+// warning is rate-limited; a client that went away is no warning.
+func proxyError(rl *ratelog.Logger, listener string) func(http.ResponseWriter, *http.Request, error) {
+	return func(w http.ResponseWriter, r *http.Request, err error) {
+		if r.Context().Err() == nil {
+			rl.Warn("proxy error "+listener, "proxy error", "listener", listener, "error", err)
+		}
+		w.WriteHeader(http.StatusBadGateway)
+	}
+}
+
+// rateWriter sends the reverse proxy's other log lines through the rate
+// limit, one key per listener.
+type rateWriter struct {
+	rl       *ratelog.Logger
+	listener string
+}
+
+func (w rateWriter) Write(p []byte) (int, error) {
+	w.rl.Warn("proxy log "+w.listener, strings.TrimSpace(string(p)), "listener", w.listener)
+	return len(p), nil
+}
+
+// forwardTrailers sends the request's trailers upstream: ReverseProxy's
+// outgoing request holds a copy of the trailer map taken before the body
+// was read, whose values stay empty; the incoming map is filled in as the
+// body ends.
+func forwardTrailers(pr *httputil.ProxyRequest) { pr.Out.Trailer = pr.In.Trailer }
 
 // countConns counts accepted connections as Linkerd's tcp_open_total.
 func countConns(c metric.Int64Counter, direction string) func(net.Conn, http.ConnState) {
