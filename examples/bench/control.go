@@ -90,7 +90,7 @@ func endpoints1000(o options) (*result, error) {
 	}
 	defer cp.close()
 	cp.putProfile("")
-	srv := origprotoServer(downgrade(ok))
+	srv, guard := origprotoServer(downgrade(ok))
 	var addrs []string
 	var lis []net.Listener
 	defer func() {
@@ -106,7 +106,7 @@ func endpoints1000(o options) (*result, error) {
 		}
 		lis = append(lis, l)
 		addrs = append(addrs, l.Addr().String())
-		go srv.Serve(l)
+		go srv.Serve(guard(l))
 	}
 	cp.putEndpoints(books, addrs, true, 10000)
 	st := newStack(ok, mp, nil, cp.dst)

@@ -176,9 +176,13 @@ type server struct {
 	conns atomic.Int64
 }
 
-// serve starts srv (its Handler set) on a new loopback listener.
-func serve(srv *http.Server) *server {
+// serve starts srv (its Handler set) on a new loopback listener, wrapped
+// by each of wrap.
+func serve(srv *http.Server, wrap ...func(net.Listener) net.Listener) *server {
 	s := &server{Server: httptest.NewUnstartedServer(nil)}
+	for _, w := range wrap {
+		s.Listener = w(s.Listener)
+	}
 	s.Config = srv
 	prev := srv.ConnState
 	s.Config.ConnState = func(c net.Conn, st http.ConnState) {

@@ -120,8 +120,8 @@ func (s *stack) close() {
 }
 
 // serveMeshed serves h as inmesh's inbound listener does: HTTP/1 and h2c
-// on one port.
-func serveMeshed(h http.Handler) *server { return serve(origproto.NewServer(h)) }
+// on one port, behind the framing guard.
+func serveMeshed(h http.Handler) *server { return serve(origproto.NewServer(h), origproto.GuardListener) }
 
 // upgraded is the upgrade transport on its own: every request goes to the
 // peer as HTTP/2 with l5d-orig-proto, over one h2c connection.
@@ -255,5 +255,8 @@ func budgetRouter(authority string, budget profiles.RetryBudget) (*profiles.Rout
 }
 
 // origprotoServer is inmesh's inbound listener configuration (HTTP/1 and
-// h2c on one port) around h, not yet serving.
-func origprotoServer(h http.Handler) *http.Server { return origproto.NewServer(h) }
+// h2c on one port) around h, not yet serving, and the framing guard its
+// listeners go behind.
+func origprotoServer(h http.Handler) (*http.Server, func(net.Listener) net.Listener) {
+	return origproto.NewServer(h), origproto.GuardListener
+}
