@@ -121,7 +121,9 @@ func (s *stack) close() {
 
 // serveMeshed serves h as inmesh's inbound listener does: HTTP/1 and h2c
 // on one port, behind the framing guard.
-func serveMeshed(h http.Handler) *server { return serve(origproto.NewServer(h), origproto.GuardListener) }
+func serveMeshed(h http.Handler) *server {
+	return serve(origproto.NewServer(h), origproto.GuardListener)
+}
 
 // upgraded is the upgrade transport on its own: every request goes to the
 // peer as HTTP/2 with l5d-orig-proto, over one h2c connection.
