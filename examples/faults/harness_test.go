@@ -207,7 +207,7 @@ func newMeshWith(t *testing.T, proxyFlags ...string) *mesh {
 	m.dstArgs = []string{"-profiles", m.profiles, "-endpoints", m.endpoints, "-interval", "100ms"}
 	m.dst = start(t, "destination", nil, append([]string{"-listen", "127.0.0.1:0"}, m.dstArgs...)...)
 	m.dstAddr = m.dst.addr(t, "grpc")
-	env := []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms", "GODEBUG=gctrace=1"}
+	env := []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"}
 	proxy := func() *proc {
 		return start(t, "proxy", env, append([]string{"-destination", m.dstAddr, "-outbound", "127.0.0.1:0", "-inbound", "127.0.0.1:0",
 			"-metrics", "127.0.0.1:0", "-app", appLis.Addr().String()}, proxyFlags...)...)
