@@ -160,7 +160,7 @@ func newControlPlane(opts ...destination.Option) (*controlPlane, error) {
 		return nil, err
 	}
 	cp := &controlPlane{store: destination.NewStore(), grpc: grpc.NewServer()}
-	destination.NewServer(cp.store, quiet).Register(cp.grpc)
+	destination.NewServer(cp.store, destination.WithLogger(quiet)).Register(cp.grpc)
 	go cp.grpc.Serve(lis)
 	opts = append([]destination.Option{destination.WithLogger(quiet), destination.WithBackoff(backoff.Policy{Min: 50 * time.Millisecond, Max: 50 * time.Millisecond})}, opts...)
 	cp.dst, err = destination.Dial(lis.Addr().String(), opts...)
