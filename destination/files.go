@@ -88,3 +88,51 @@ func (w *fileWatcher) load(first bool) error {
 	}
 	return nil
 }
+
+// WatchManifestFiles loads the Service, HTTPRoute and GRPCRoute manifests
+// (*.yaml, *.yml) of dir into store for the OutboundPolicies API, then
+// checks them every interval and loads again when any changed, until ctx
+// is done. A bad file is logged with its file, document and field, and the
+// store keeps serving the last good version. The error of the first load
+// is returned, without watching.
+func WatchManifestFiles(ctx context.Context, store *Store, dir string, interval time.Duration, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	if interval <= 0 {
+		interval = time.Second
+	}
+	var stamp string
+	load := func(first bool) error {
+		paths, s, err := filestamp.YAMLFiles(dir)
+		if err != nil || s == stamp {
+			return err
+		}
+		stamp = s
+		if err := store.LoadManifests(paths...); err != nil {
+			return err
+		}
+		if !first {
+			log.Info("loaded policy manifests", "dir", dir, "files", len(paths))
+		}
+		return nil
+	}
+	if err := load(true); err != nil {
+		return err
+	}
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := load(false); err != nil {
+					log.Warn("rejected a policy manifest; serving the last good version", "error", err)
+				}
+			}
+		}
+	}()
+	return nil
+}

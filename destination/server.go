@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/destination/outboundpb"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -36,8 +37,11 @@ func NewServer(store *Store, log *slog.Logger) *Server {
 	return &Server{store: store, log: log}
 }
 
-// Register adds the Destination service to g.
-func (s *Server) Register(g *grpc.Server) { pb.RegisterDestinationServer(g, s) }
+// Register adds the Destination and OutboundPolicies services to g.
+func (s *Server) Register(g *grpc.Server) {
+	pb.RegisterDestinationServer(g, s)
+	outboundpb.RegisterOutboundPoliciesServer(g, &policyServer{store: s.store})
+}
 
 // GetProfile streams the profile of the requested authority.
 func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {

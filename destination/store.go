@@ -10,6 +10,7 @@ import (
 
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/yamltree"
+	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
 )
 
@@ -22,6 +23,7 @@ type Store struct {
 	profiles  map[string]*profiles.ServiceProfile // by name, lower case
 	endpoints map[string][]Endpoint               // by authority host:port, lower case
 	changed   chan struct{}                       // closed and replaced on every change
+	manifests *manifest.Resources                 // Services and routes of the OutboundPolicies API
 }
 
 // NewStore returns an empty Store.
