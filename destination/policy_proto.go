@@ -14,7 +14,8 @@ import (
 
 // PolicyToProto encodes an outbound policy for the wire, the inverse of
 // [policy.FromProto] for HTTP and gRPC policies (opaque and TLS policies
-// are sent without routes). Forward backends are encoded with
+// are sent without routes; filters a protocol does not carry are left
+// out, as [policy.Compile] rejects them). Forward backends are encoded with
 // [EndpointToProto].
 func PolicyToProto(p *policy.Policy) *outboundpb.OutboundPolicy {
 	m := &outboundpb.OutboundPolicy{Metadata: metaToProto(p.Parent), Protocol: &outboundpb.ProxyProtocol{}}
@@ -197,11 +198,6 @@ func grpcFiltersToProto(fs []policy.Filter) []*outboundpb.GrpcRoute_Filter {
 		case f.GRPCFailureInjector != nil:
 			out = append(out, &outboundpb.GrpcRoute_Filter{Kind: &outboundpb.GrpcRoute_Filter_FailureInjector{FailureInjector: &grpcroutepb.GrpcFailureInjector{
 				Code: uint32(f.GRPCFailureInjector.Code), Message: f.GRPCFailureInjector.Message, Ratio: ratioToProto(f.GRPCFailureInjector.Ratio)}}})
-		case f.FailureInjector != nil:
-			// A failing backend of a gRPC route fails its calls with the
-			// gRPC code of the HTTP status, as Linkerd's controller does.
-			out = append(out, &outboundpb.GrpcRoute_Filter{Kind: &outboundpb.GrpcRoute_Filter_FailureInjector{FailureInjector: &grpcroutepb.GrpcFailureInjector{
-				Code: uint32(codes.Internal), Message: f.FailureInjector.Message}}})
 		}
 	}
 	return out

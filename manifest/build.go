@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/policy"
+	"google.golang.org/grpc/codes"
 )
 
 // The values Linkerd's policy controller sends with every backend and
@@ -72,7 +73,8 @@ func (r *Resources) Service(namespace, name string) *Service {
 //     parent Service. A backendRef to a Service with a manifest is a
 //     balancer over name.ns.svc.cluster.local:port (Destination Get); to a
 //     Service without one, a backend that fails its requests with 500 and
-//     the reason in l5d-proxy-error.
+//     the reason in l5d-proxy-error (gRPC: INTERNAL
+//     with the reason in grpc-message).
 //   - Retries and timeouts come from the retry.linkerd.io and
 //     timeout.linkerd.io annotations. A route that sets any retry
 //     annotation replaces the Service's retry policy; one that sets any
@@ -106,7 +108,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 			route.Rules = append(route.Rules, policy.GRPCRule{
 				Matches:  rule.Matches,
 				Filters:  rule.Filters,
-				Backends: r.distribution(rule.BackendRefs, self, port),
+				Backends: r.distribution(rule.BackendRefs, self, port, true),
 				Timeouts: ruleTimeouts(rule.Timeouts, tos),
 				Retry:    retry,
 			})
@@ -134,7 +136,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 			route.Rules = append(route.Rules, policy.HTTPRule{
 				Matches:  rule.Matches,
 				Filters:  rule.Filters,
-				Backends: r.distribution(rule.BackendRefs, self, port),
+				Backends: r.distribution(rule.BackendRefs, self, port, false),
 				Timeouts: ruleTimeouts(rule.Timeouts, tos),
 				Retry:    retry,
 			})
@@ -201,15 +203,17 @@ func (r *Resources) backend(namespace, name string, port uint16) policy.Backend 
 	return b
 }
 
-// notFound is the filter of a backend whose Service is unknown.
-func notFound(namespace, name string, port uint16) policy.Filter {
-	return policy.Filter{FailureInjector: &policy.FailureInjector{
-		Status:  500,
-		Message: fmt.Sprintf("Service %s/%s port %d not found", namespace, name, port),
-	}}
+// notFound is the filter of a backend whose Service is unknown: a 500 on
+// HTTP routes, the gRPC status INTERNAL on gRPC routes.
+func notFound(namespace, name string, port uint16, grpc bool) policy.Filter {
+	msg := fmt.Sprintf("Service %s/%s port %d not found", namespace, name, port)
+	if grpc {
+		return policy.Filter{GRPCFailureInjector: &policy.GRPCFailureInjector{Code: codes.Internal, Message: msg}}
+	}
+	return policy.Filter{FailureInjector: &policy.FailureInjector{Status: 500, Message: msg}}
 }
 
-func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentPort uint16) policy.Distribution {
+func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentPort uint16, grpc bool) policy.Distribution {
 	if len(refs) == 0 {
 		return policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{{Backend: self}}}
 	}
@@ -222,7 +226,7 @@ func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentP
 		b := r.backend(ref.Namespace, ref.Name, port)
 		rb := policy.RouteBackend{Backend: b, Weight: ref.Weight, Filters: ref.Filters}
 		if b.Balancer == nil {
-			rb.Filters = append([]policy.Filter{notFound(ref.Namespace, ref.Name, port)}, ref.Filters...)
+			rb.Filters = append([]policy.Filter{notFound(ref.Namespace, ref.Name, port, grpc)}, ref.Filters...)
 		}
 		d.Backends = append(d.Backends, rb)
 	}
