@@ -57,9 +57,10 @@ func (s *Store) outboundPolicy(authority string) (*policy.Policy, <-chan struct{
 // finds the Service once a manifest for it is loaded. An addr target (an
 // IP address) is not served (InvalidArgument): the embedded control plane
 // knows no Service IPs.
+// Its streams end with the Destination streams on [Server.Shutdown].
 type policyServer struct {
 	outboundpb.UnimplementedOutboundPoliciesServer
-	store *Store
+	s *Server
 }
 
 func target(spec *outboundpb.TrafficSpec) (string, error) {
@@ -82,7 +83,7 @@ func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*ou
 	if err != nil {
 		return nil, err
 	}
-	p, _ := s.store.outboundPolicy(authority)
+	p, _ := s.s.store.outboundPolicy(authority)
 	if p == nil {
 		return nil, notFound(authority)
 	}
@@ -97,9 +98,13 @@ func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStr
 	if err != nil {
 		return err
 	}
+	if err := s.s.begin(); err != nil {
+		return err
+	}
+	defer s.s.streams.Done()
 	var last *outboundpb.OutboundPolicy
 	for {
-		p, changed := s.store.outboundPolicy(authority)
+		p, changed := s.s.store.outboundPolicy(authority)
 		if p == nil {
 			return notFound(authority)
 		}
@@ -112,6 +117,8 @@ func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStr
 		}
 		select {
 		case <-changed:
+		case <-s.s.shutdown:
+			return errShuttingDown
 		case <-stream.Context().Done():
 			return nil
 		}

@@ -58,17 +58,12 @@ func resources(t *testing.T, docs ...string) *manifest.Resources {
 }
 
 // servePolicies serves the embedded control plane (Destination and
-// OutboundPolicies on one gRPC server) on addr.
-func servePolicies(t *testing.T, addr string, store *Store) *controlPlane {
+// OutboundPolicies on one gRPC server) on h.
+func servePolicies(t *testing.T, h *heldListener, store *Store) *controlPlane {
 	t.Helper()
-	var lis net.Listener
-	var err error
-	require.Eventually(t, func() bool {
-		lis, err = net.Listen("tcp", addr)
-		return err == nil
-	}, defaultTestTimeout, 10*time.Millisecond, "listen %s: %v", addr, err)
+	lis := h.generation()
 	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
-	NewServer(store, quietLogger).Register(cp.srv)
+	NewServer(store, WithLogger(quietLogger)).Register(cp.srv)
 	go func() {
 		defer close(cp.done)
 		_ = cp.srv.Serve(lis)
@@ -94,7 +89,7 @@ func routeNamedP(name string) func(policy.Update) bool {
 func TestPolicyDefaultRouteThenRouteOnStoreChange(t *testing.T) {
 	store := NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
-	cp := servePolicies(t, "127.0.0.1:0", store)
+	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr)
 
 	rec := newRecorder[policy.Update]()
@@ -165,7 +160,7 @@ spec:
 func TestPolicyUnknownTargets(t *testing.T) {
 	store := NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
-	cp := servePolicies(t, "127.0.0.1:0", store)
+	cp := servePolicies(t, holdListener(t), store)
 	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	defer cc.Close()
@@ -200,9 +195,9 @@ func TestPolicyUnknownTargets(t *testing.T) {
 func TestPolicyReconnectKeepsLastGood(t *testing.T) {
 	store := NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
-	cp := servePolicies(t, "127.0.0.1:0", store)
-	addr := cp.addr
-	c := newTestClient(t, addr)
+	h := holdListener(t)
+	cp := servePolicies(t, h, store)
+	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
 	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: authorsAuthority}, rec.update)
 	require.NoError(t, err)
@@ -211,7 +206,7 @@ func TestPolicyReconnectKeepsLastGood(t *testing.T) {
 
 	cp.stop()
 	store.SetManifests(resources(t, authorsServiceYAML, authorsRouteYAML))
-	servePolicies(t, addr, store)
+	servePolicies(t, h, store)
 	rec.waitFor(t, "the route after the restart", routeNamedP("authors-get"))
 	// While the control plane was down nothing was published: the last good
 	// policy stayed in force.
@@ -298,7 +293,7 @@ func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
 func TestPolicyWatchBoundAndIdleRelease(t *testing.T) {
 	store := NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
-	cp := servePolicies(t, "127.0.0.1:0", store)
+	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr, WithMaxWatches(2), WithIdleTimeout(0))
 	ctx := context.Background()
 
@@ -344,8 +339,8 @@ func TestWatchManifestFiles(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	logs := &syncBuffer{}
-	require.NoError(t, WatchManifestFiles(ctx, store, dir, 10*time.Millisecond, slog.New(slog.NewTextHandler(logs, nil))))
-	cp := servePolicies(t, "127.0.0.1:0", store)
+	require.NoError(t, WatchManifestFiles(ctx, store, dir, 10*time.Millisecond, WithLogger(slog.New(slog.NewTextHandler(logs, nil)))))
+	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
 	stop, err := c.Policies().Watch(ctx, authorsAuthority, rec.update)
@@ -363,7 +358,33 @@ func TestWatchManifestFiles(t *testing.T) {
 	p, _ := store.outboundPolicy(authorsAuthority)
 	assert.Equal(t, "authors-get", p.HTTP1.Routes[0].Meta.Name, "the last good manifests stay served")
 
-	require.Error(t, WatchManifestFiles(ctx, NewStore(), dir+"/missing", 0, quietLogger))
+	require.Error(t, WatchManifestFiles(ctx, NewStore(), dir+"/missing", 0, WithLogger(quietLogger)))
 }
 
 func netipAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+func TestPolicyStreamsEndOnShutdown(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML))
+	h := holdListener(t)
+	lis := h.generation()
+	g := grpc.NewServer()
+	dst := NewServer(store, WithLogger(quietLogger))
+	dst.Register(g)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	defer func() { g.Stop(); <-done }()
+
+	cc, err := grpc.NewClient(h.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	stream, err := outboundpb.NewOutboundPoliciesClient(cc).Watch(ctx, &outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	require.NoError(t, dst.Shutdown(ctx))
+	_, err = stream.Recv()
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+}

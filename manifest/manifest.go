@@ -12,12 +12,11 @@ package manifest
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
+	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/yamltree"
-	"sigs.k8s.io/yaml"
 )
 
 // Resources is what a set of manifest files holds. Load and Parse return
@@ -40,15 +39,22 @@ type Object struct {
 func (o *Object) key() string { return o.Namespace + "/" + o.Name }
 
 // Load reads the manifest files at paths. It fails, naming the file, the
-// document and the field, when any document is bad or a resource is defined
-// twice; then nothing is returned.
+// document and the field, when any document is bad (duplicate keys
+// included), a file is empty, or a resource is defined twice; then nothing
+// is returned. A file that changed while it was read is an error wrapping
+// filestamp's ErrChanged (the same as profiles.ErrFileChanged).
 func Load(paths ...string) (*Resources, error) {
 	out := &Resources{}
 	seen := make(map[string]string)
 	for _, path := range paths {
-		data, err := os.ReadFile(path)
+		data, err := filestamp.Read(path)
 		if err != nil {
 			return nil, err
+		}
+		if yamltree.Blank(data) {
+			// As the other loaders: an empty file is more likely a copy
+			// caught half-way than a wish to remove everything.
+			return nil, fmt.Errorf("%s: empty file (no documents)", path)
 		}
 		r, err := Parse(data)
 		if err != nil {
@@ -134,11 +140,6 @@ var metadataFields = []string{"name", "namespace", "annotations", "labels", "uid
 	"generation", "creationTimestamp", "managedFields", "ownerReferences", "finalizers", "generateName"}
 
 func parseDocument(doc []byte, out *Resources) (*Object, error) {
-	// A strict pass first: a key given twice is an error, not a silent
-	// choice of one.
-	if _, err := yaml.YAMLToJSONStrict(doc); err != nil {
-		return nil, fmt.Errorf("bad YAML: %w", err)
-	}
 	root, err := yamltree.Decode(doc)
 	if err != nil {
 		return nil, err

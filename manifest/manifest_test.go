@@ -227,7 +227,7 @@ func TestParseErrorsNameDocumentAndField(t *testing.T) {
 		{"unknown kind", "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n", "document 1 (Pod default/x): kind: v1 Pod is not read here"},
 		{"no metadata", "apiVersion: v1\nkind: Service\n", "document 1: metadata: required"},
 		{"bad name", "apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\n", "metadata.name: \"Bad_Name\" is not a DNS name"},
-		{"duplicate key", "apiVersion: v1\nkind: Service\nkind: Service\nmetadata: {name: a}\n", "document 1: bad YAML"},
+		{"duplicate key", "apiVersion: v1\nkind: Service\nkind: Service\nmetadata: {name: a}\n", "document 1: kind: duplicate key \"kind\""},
 		{"bad port", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{port: 70000}]\n", "document 1 (Service default/a): spec.ports[0].port: 70000 is not a port"},
 		{"bad retry annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/http: 6xx}}\n", "metadata.annotations.retry.linkerd.io/http: \"6xx\""},
 		{"bad grpc annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/grpc: aborted}}\n", "metadata.annotations.retry.linkerd.io/grpc: \"aborted\""},
@@ -265,6 +265,10 @@ func TestLoadNamesTheFile(t *testing.T) {
 	_, err = Load(good, bad)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), bad+": document 2 (Service N/x): metadata.namespace: \"N\" is not a DNS label")
+	empty := filepath.Join(dir, "c.yaml")
+	require.NoError(t, os.WriteFile(empty, []byte("# nothing yet\n"), 0o644))
+	_, err = Load(good, empty)
+	require.ErrorContains(t, err, empty+": empty file")
 	_, err = Load(good, good)
 	require.ErrorContains(t, err, "Service default/authors is also defined in "+good)
 }

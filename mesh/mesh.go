@@ -171,7 +171,9 @@ type Server struct {
 }
 
 // NewServer returns the inbound stack around app. Serve it with
-// origproto.NewServer, so that peers can reach it over h2c.
+// origproto.NewServer, so that peers can reach it over h2c. HTTP/1
+// requests are served full duplex: app may answer, or stream, while the
+// request body still arrives.
 func NewServer(app http.Handler, opts ...Option) *Server {
 	c := newConfig(opts)
 	s := &Server{router: profiles.NewRouter(c.source, c.routerOptions()...)}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -67,7 +68,7 @@ spec:
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer()
-	destination.NewServer(store, quiet).Register(g)
+	destination.NewServer(store, destination.WithLogger(quiet)).Register(g)
 	go g.Serve(lis)
 	defer g.Stop()
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet))
@@ -115,6 +116,51 @@ spec:
 	assert.Equal(t, "1", m.Value(t, "route_actual_response_total", `direction="outbound"`, `rt_route="GET /flaky"`, `status_code="503"`))
 	assert.NotEmpty(t, m.Lines(t, "request_total", `direction="outbound"`, `dst_pod="books-0"`))
 	assert.Equal(t, int32(1), peerConns.Load(), "one h2 connection between the peers")
+}
+
+// The inbound stack serves HTTP/1 full duplex: the application can answer
+// while the request body still arrives.
+func TestServerHTTP1FullDuplex(t *testing.T) {
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ack;")
+		w.(http.Flusher).Flush()
+		n, _ := io.Copy(io.Discard, r.Body)
+		io.WriteString(w, strconv.FormatInt(n, 10))
+	})
+	s := NewServer(app, WithLogger(quiet))
+	defer s.Close()
+	srv := testutil.NewServer(t, s)
+	pr, pw := io.Pipe()
+	defer pw.CloseWithError(io.ErrUnexpectedEOF)
+	go func() { _, _ = pw.Write([]byte("part-1;")) }()
+	req, err := http.NewRequest("POST", srv.URL+"/upload", pr)
+	require.NoError(t, err)
+	req.Host = books
+	client := &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := client.Do(req)
+		assert.NoError(t, err)
+		done <- resp
+	}()
+	var resp *http.Response
+	select {
+	case resp = <-done:
+	case <-time.After(testutil.Timeout):
+		t.Fatal("no response while the request body streams")
+	}
+	require.NotNil(t, resp)
+	defer resp.Body.Close()
+	ack := make([]byte, 4)
+	_, err = io.ReadFull(resp.Body, ack)
+	require.NoError(t, err)
+	assert.Equal(t, "ack;", string(ack))
+	_, err = pw.Write([]byte("part-2;"))
+	require.NoError(t, err)
+	require.NoError(t, pw.Close())
+	rest, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, "14", string(rest))
 }
 
 // Without a control plane: endpoints from a static source, the balancer's

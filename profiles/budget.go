@@ -1,28 +1,53 @@
 package profiles
 
 import (
+	"math"
+	"strconv"
 	"sync"
 	"time"
 )
 
-// budgetSlots is how many slices a budget's TTL window is cut into;
-// deposits expire a slice at a time.
-const budgetSlots = 10
+// budgetSlots is how many slices a budget's TTL window is cut into. A
+// deposit counts for the slices it falls in and the budgetSlots-1 after
+// (at most TTL), a withdrawal for budgetSlots more (at least TTL): the
+// expiry errs on the side of fewer retries, so that every window of TTL,
+// aligned on the slices or not, stays within the budget.
+const budgetSlots = 20
+
+// budgetRing is the number of slices a Budget remembers: withdrawals live
+// one slice longer than deposits.
+const budgetRing = budgetSlots + 1
 
 // Budget is the running state of a [RetryBudget], in the manner of
-// Finagle's and tower's retry budgets: every original request deposits one
-// token, every retry withdraws 1/RetryRatio tokens' worth, deposits expire
-// after TTL, and MinRetriesPerSecond·TTL retries are allowed in each window
-// even without deposits. A Budget is safe for concurrent use.
+// Finagle's and tower's retry budgets: every original request deposits
+// RetryRatio retries that expire after TTL; on top of those,
+// MinRetriesPerSecond retries a second are allowed without deposits. In
+// every window of TTL the retries stay within RetryRatio per original
+// request of the window plus MinRetriesPerSecond·TTL. The minimum is spread
+// over the window: at most a tenth of it (and at least one retry) can
+// be taken at once, the rest accrues at MinRetriesPerSecond.
+//
+// A Budget is safe for concurrent use.
 type Budget struct {
-	mu       sync.Mutex
-	slot     time.Duration
-	reserve  float64 // retries always allowed per window
-	ratio    float64
-	slots    [budgetSlots]float64 // deposits·ratio minus withdrawals, per slice
-	current  int
-	sliceEnd time.Time
-	now      func() time.Time
+	params RetryBudget
+	slot   time.Duration
+	ratio  float64
+	// reserve is MinRetriesPerSecond·TTL, the retries allowed in a window
+	// without deposits; rate and burst spread it (per second, at once).
+	reserve, rate, burst float64
+	now                  func() time.Time
+	origin               time.Time
+
+	mu  sync.Mutex
+	cur int64 // the current slice, counted from origin
+	// deposits and the withdrawals they paid for, and the withdrawals the
+	// minimum paid for, per slice.
+	deposits, paid, minimum [budgetRing]int64
+	// live sums: deposits of the last budgetSlots slices, withdrawals of
+	// the last budgetRing slices.
+	depositSum, paidSum, minimumSum int64
+	tokens                          float64 // the spread minimum, up to burst
+	refilled                        time.Time
 }
 
 // NewBudget returns the running state of b, which must be valid (see
@@ -32,51 +57,96 @@ func NewBudget(b RetryBudget) *Budget {
 }
 
 func newBudget(b RetryBudget, now func() time.Time) *Budget {
+	// The ratio comes as a float32: read it as its shortest decimal, so
+	// that 0.7 per request gives 7 retries for 10 requests, not 6.99.
+	ratio, _ := strconv.ParseFloat(strconv.FormatFloat(float64(b.RetryRatio), 'g', -1, 32), 64)
+	reserve := float64(b.MinRetriesPerSecond) * b.TTL.Seconds()
+	start := now()
 	return &Budget{
-		slot:     b.TTL / budgetSlots,
-		reserve:  float64(b.MinRetriesPerSecond) * b.TTL.Seconds(),
-		ratio:    float64(b.RetryRatio),
+		params:   b,
+		slot:     max(b.TTL/budgetSlots, 1),
+		ratio:    ratio,
+		reserve:  reserve,
+		rate:     float64(b.MinRetriesPerSecond),
+		burst:    math.Max(1, reserve/10),
+		tokens:   math.Max(1, reserve/10),
 		now:      now,
-		sliceEnd: now().Add(b.TTL / budgetSlots),
+		origin:   start,
+		refilled: start,
 	}
 }
 
-// advance expires the slices that ended; b.mu is held.
-func (b *Budget) advance() {
-	now := b.now()
-	for i := 0; !now.Before(b.sliceEnd); i++ {
-		if i >= budgetSlots {
-			// A whole window went by: everything expired.
-			b.slots = [budgetSlots]float64{}
-			b.sliceEnd = now.Add(b.slot)
-			return
-		}
-		b.current = (b.current + 1) % budgetSlots
-		b.slots[b.current] = 0
-		b.sliceEnd = b.sliceEnd.Add(b.slot)
+// advance moves to the slice of now, expiring what ended; b.mu is held.
+func (b *Budget) advance(now time.Time) {
+	idx := int64(now.Sub(b.origin) / b.slot)
+	if idx <= b.cur {
+		return
 	}
+	if idx-b.cur >= budgetRing {
+		b.deposits, b.paid, b.minimum = [budgetRing]int64{}, [budgetRing]int64{}, [budgetRing]int64{}
+		b.depositSum, b.paidSum, b.minimumSum = 0, 0, 0
+		b.cur = idx
+		return
+	}
+	for k := b.cur + 1; k <= idx; k++ {
+		if old := k - budgetSlots; old >= 0 {
+			b.depositSum -= b.deposits[old%budgetRing]
+			b.deposits[old%budgetRing] = 0
+		}
+		i := k % budgetRing
+		b.paidSum -= b.paid[i]
+		b.minimumSum -= b.minimum[i]
+		b.paid[i], b.minimum[i] = 0, 0
+	}
+	b.cur = idx
 }
 
 // Deposit records an original request.
 func (b *Budget) Deposit() {
+	now := b.now()
 	b.mu.Lock()
-	b.advance()
-	b.slots[b.current] += b.ratio
+	b.advance(now)
+	b.deposits[b.cur%budgetRing]++
+	b.depositSum++
 	b.mu.Unlock()
 }
 
 // Withdraw takes a retry token and reports whether there was one.
 func (b *Budget) Withdraw() bool {
+	const epsilon = 1e-9
+	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.advance()
-	balance := b.reserve
-	for _, s := range b.slots {
-		balance += s
+	b.advance(now)
+	i := b.cur % budgetRing
+	if b.ratio*float64(b.depositSum)-float64(b.paidSum) >= 1-epsilon {
+		b.paid[i]++
+		b.paidSum++
+		return true
 	}
-	if balance < 1 {
+	// The deposits are spent: draw on the minimum, within the window and
+	// within what has accrued of it.
+	if b.reserve-float64(b.minimumSum) < 1-epsilon {
 		return false
 	}
-	b.slots[b.current]--
+	if elapsed := now.Sub(b.refilled); elapsed > 0 {
+		b.tokens = math.Min(b.burst, b.tokens+b.rate*elapsed.Seconds())
+		b.refilled = now
+	}
+	if b.tokens < 1-epsilon {
+		return false
+	}
+	b.tokens--
+	b.minimum[i]++
+	b.minimumSum++
 	return true
+}
+
+// keepBudget carries prev's budget state into next when both tables run
+// the same retry budget, so that a profile delivered again (a reconnect,
+// an unrelated edit) neither refills nor forgets the budget.
+func keepBudget(prev, next *tableState) {
+	if prev != nil && prev.budget != nil && next.budget != nil && prev.budget.params == next.budget.params {
+		next.budget = prev.budget
+	}
 }

@@ -85,3 +85,55 @@ func TestBudgetConcurrent(t *testing.T) {
 	assert.LessOrEqual(t, granted, 2000, "never more than ratio × deposits")
 	assert.GreaterOrEqual(t, granted, 1999)
 }
+
+// The minimum is spread: a tenth of it at once, the rest as it accrues, and
+// never more than MinRetriesPerSecond·TTL in a window of TTL.
+func TestBudgetSpreadsMinimum(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	b := newBudget(RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 10, TTL: 10 * time.Second}, clock.now)
+	take := func() int {
+		n := 0
+		for b.Withdraw() {
+			n++
+		}
+		return n
+	}
+	assert.Equal(t, 10, take(), "a tenth of the reserve at once")
+	var granted []int
+	for range 30 {
+		clock.t = clock.t.Add(500 * time.Millisecond)
+		granted = append(granted, take())
+	}
+	for i := range granted {
+		if i+20 > len(granted) {
+			break
+		}
+		sum := 0
+		for _, g := range granted[i : i+20] {
+			sum += g
+		}
+		assert.LessOrEqual(t, sum, 100, "window of 10s starting at step %d", i)
+	}
+	assert.Equal(t, 5, granted[len(granted)-1], "10 a second accrue")
+}
+
+func TestKeepBudget(t *testing.T) {
+	mk := func(b RetryBudget) *tableState { return &tableState{budget: NewBudget(b)} }
+	prev := mk(DefaultRetryBudget)
+	same := mk(DefaultRetryBudget)
+	keepBudget(prev, same)
+	assert.Same(t, prev.budget, same.budget, "unchanged parameters keep the state")
+
+	changed := DefaultRetryBudget
+	changed.TTL = 5 * time.Second
+	other := mk(changed)
+	fresh := other.budget
+	keepBudget(prev, other)
+	assert.Same(t, fresh, other.budget, "new parameters start afresh")
+
+	none := &tableState{}
+	keepBudget(prev, none)
+	assert.Nil(t, none.budget, "no budget stays none")
+	keepBudget(nil, same)
+	keepBudget(&tableState{}, same)
+}

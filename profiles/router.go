@@ -213,7 +213,9 @@ func (r *Router) apply(d *dest, u Update) {
 	if err := t.BudgetErr(); err != nil {
 		r.cfg.logger.Warn("invalid retry budget; retries disabled", "authority", d.authority, "error", err)
 	}
-	d.state.Store(r.build(d.authority, t))
+	next := r.build(d.authority, t)
+	keepBudget(d.state.Load(), next)
+	d.state.Store(next)
 }
 
 // Table returns the route table in force for authority (host:port), or

@@ -13,6 +13,11 @@ import (
 // its profile, its route put into its context, and recorded in the route_
 // metrics with direction="inbound". Inbound routes are neither retried nor
 // timed out.
+//
+// HTTP/1 requests are served full duplex ([http.ResponseController.EnableFullDuplex]):
+// the application may answer, or stream its answer, while the request body
+// still arrives, where Go's HTTP/1 server would otherwise wait for the whole
+// body before it writes a response.
 func (r *Router) Handler(next http.Handler) http.Handler {
 	return &routerHandler{r: r, next: next}
 }
@@ -30,6 +35,7 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	tg := &ts.targetsOf(route).in
 	ctx := req.Context()
 	tg.route.Request(ctx)
+	duplex := req.ProtoMajor == 1 && http.NewResponseController(w).EnableFullDuplex() == nil
 
 	req = req.WithContext(classify.WithProvider(ctx, route))
 	ww, st := rw.Wrap(w)
@@ -42,6 +48,25 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}()
 	h.next.ServeHTTP(ww, req)
 	completed = true
+	if duplex && !st.Hijacked {
+		endDuplex(ww, req, st.Status != 0)
+	}
 	tg.route.Response(ctx, response(classify.Finish(route.classifier, req, st)), start)
 	st.Release()
+}
+
+// endDuplex ends an HTTP/1 exchange served full duplex: the response goes
+// out first, then the request body is closed. Closing it here, not in the
+// server after the handler, is what keeps Go's server from reading the
+// next request while its read of this body's end is still under way
+// (golang/go#68560, a panic), and the flush first keeps that close, which
+// waits for the rest of a body still arriving, from holding the response
+// back.
+func endDuplex(w http.ResponseWriter, req *http.Request, wrote bool) {
+	if wrote {
+		_ = http.NewResponseController(w).Flush()
+	}
+	if req.Body != nil {
+		req.Body.Close()
+	}
 }

@@ -93,6 +93,17 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		io.WriteString(w, "retried")
 		w.Header().Set("Grpc-Status", "0")
+	case "/grpc/empty-trailers": // no data, failure in the trailers, then success
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		if odd {
+			w.Header().Set("Grpc-Status", "14")
+			return
+		}
+		io.WriteString(w, "retried")
+		w.Header().Set("Grpc-Status", "0")
 	case "/grpc/trailers", "/grpc/success-trailers", "/grpc/frames":
 		w.Header().Set("Content-Type", "application/grpc")
 		w.Header().Set("Trailer", "Grpc-Status")
@@ -340,13 +351,15 @@ func TestTimeout(t *testing.T) {
 
 func TestGRPCRetry(t *testing.T) {
 	cases := []struct {
-		path      string
-		wantCalls int
+		path       string
+		wantCalls  int
+		wantStatus string
 	}{
-		{"/grpc/headers", 2},          // retries_failure_in_headers
-		{"/grpc/trailers", 2},         // retries_failure_in_trailers
-		{"/grpc/success-trailers", 1}, // does_not_retry_success_in_trailers
-		{"/grpc/frames", 1},           // does_not_eat_multiple_data_frame_body
+		{"/grpc/headers", 2, "0"},          // retries_failure_in_headers (trailers-only)
+		{"/grpc/empty-trailers", 2, "0"},   // no data, then a failure in the trailers
+		{"/grpc/trailers", 1, "14"},        // data went to the caller: the failure in its trailers stands
+		{"/grpc/success-trailers", 1, "0"}, // does_not_retry_success_in_trailers
+		{"/grpc/frames", 1, "0"},           // does_not_eat_multiple_data_frame_body
 	}
 	for _, tc := range cases {
 		t.Run(tc.path, func(t *testing.T) {
@@ -362,13 +375,17 @@ func TestGRPCRetry(t *testing.T) {
 				require.NoError(t, err)
 				resp.Body.Close()
 				assert.Equal(t, tc.wantCalls, h.up.count(tc.path))
-				assert.Equal(t, "0", resp.Trailer.Get("Grpc-Status"))
-				if tc.path == "/grpc/headers" {
+				assert.Equal(t, tc.wantStatus, resp.Trailer.Get("Grpc-Status"))
+				if tc.wantCalls == 2 {
 					assert.Equal(t, "retried", string(body))
 				} else {
 					assert.Equal(t, "frame-0;frame-1;frame-2;", string(body), "every frame passes through")
 				}
-				assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `rt_route="`+tc.path+`"`, `grpc_status="0"`, `classification="success"`))
+				class := "success"
+				if tc.wantStatus != "0" {
+					class = "failure"
+				}
+				assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `rt_route="`+tc.path+`"`, `grpc_status="`+tc.wantStatus+`"`, `classification="`+class+`"`))
 			})
 		})
 	}

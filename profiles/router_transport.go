@@ -1,12 +1,10 @@
 package profiles
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,14 +14,25 @@ import (
 
 // Transport returns the outbound side of the router around base (nil:
 // http.DefaultTransport). Each request is routed by its profile and its
-// route put into its context. A route's timeout bounds the request, every
-// attempt included, until the response head: when it fires the caller gets
-// a 504 with an l5d-proxy-error header, classified error="timeout". A
-// retryable route's failed responses are retried while the profile's
-// budget allows, when the request body is replayable (no body, or one of at
-// most [MaxRetryBodyBytes], which is then buffered). Errors are never
-// retried: the upstream may have seen the request. The route_ metrics count
-// the logical request, route_actual_ each attempt.
+// route put into its context.
+//
+// A route's timeout bounds the request, every attempt included, until its
+// response goes to the caller: the wait for each response head, and for
+// the first body chunk of a response held to read its trailers. When it
+// fires the caller gets a 504 with an l5d-proxy-error header, classified
+// error="timeout". A caller that cancels its request gets its context's
+// error, classified as an error, never as a timeout.
+//
+// A retryable route's failed responses are retried while the profile's
+// budget allows. The request body is forwarded as it arrives, never
+// waited for, while a copy of up to [MaxRetryBodyBytes] is kept: a retry
+// happens only when the first attempt read the whole body within that cap,
+// and sends the copy. A body of a known length within the cap that the
+// caller can give again (Request.GetBody) is taken from the caller instead. A response is held back only when its class waits on
+// trailers and its stream ends before any data (a gRPC trailers-only or
+// empty-body failure); a response with data goes to the caller at once.
+// Errors are never retried: the upstream may have seen the request. The
+// route_ metrics count the logical request, route_actual_ each attempt.
 func (r *Router) Transport(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
@@ -35,9 +44,6 @@ type routerTransport struct {
 	r    *Router
 	base http.RoundTripper
 }
-
-// errBodyTooLarge marks a request body that cannot be replayed.
-var errBodyTooLarge = errors.New("profiles: request body too large to retry")
 
 func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	start := time.Now()
@@ -57,73 +63,87 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
 		x.cancel = func() { cancel(context.Canceled) }
+		// One timer for the whole exchange: it runs across the attempts
+		// and stops when a response goes to the caller.
 		x.timer = time.AfterFunc(route.Timeout, func() { cancel(classify.ErrTimeout) })
 	}
 	x.ctx = ctx
 
 	retryable := route.Retryable && ts.budget != nil
-	var replay []byte
-	body := req.Body
-	if retryable {
-		var err error
-		replay, body, err = bufferBody(req)
-		if err != nil && !errors.Is(err, errBodyTooLarge) {
-			x.done()
-			tg.route.Response(parent, response(0, classify.ErrorClass(ctx, err)), start)
-			return nil, err
+	body := req.Body // what the first attempt reads
+	if body != nil && body != http.NoBody {
+		if x.timer != nil {
+			body = newAbortBody(ctx, body)
 		}
-		retryable = err == nil
+		switch {
+		case !retryable:
+		case req.ContentLength > MaxRetryBodyBytes:
+			retryable = false
+		case req.GetBody != nil && req.ContentLength > 0:
+			// The caller can give the body again (http.NewRequest does
+			// for bytes and strings): each retry gets a fresh copy, however
+			// far the first attempt read.
+			x.getBody = req.GetBody
+		default:
+			x.body = newReplayBody(body, req.ContentLength)
+			body = x.body
+		}
 	}
 
 	for attempt := 0; ; attempt++ {
 		areq := req.WithContext(ctx)
-		if replay != nil {
-			areq.Body = io.NopCloser(bytes.NewReader(replay))
-			areq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(replay)), nil }
-		} else {
-			areq.Body = body // no body, or the one that is sent once
+		switch {
+		case attempt == 0:
+			areq.Body = body
+		case x.getBody != nil || x.body != nil:
+			b, err := x.nextBody()
+			if err != nil {
+				x.fail(classify.ErrorClass(ctx, err))
+				return nil, err
+			}
+			areq.Body, areq.GetBody = b, x.nextBody
 		}
 		tg.actual.Request(parent)
 		resp, err := t.base.RoundTrip(areq)
 		if err != nil {
 			class := classify.ErrorClass(ctx, err)
 			tg.actual.Response(parent, response(0, class), start)
-			if class.Error == "timeout" && x.timedOut() {
+			if x.timedOut() {
 				return x.gatewayTimeout(req), nil
 			}
-			x.done()
-			tg.route.Response(parent, response(0, class), start)
+			x.fail(class)
 			return nil, err
 		}
-		if x.timer != nil && !x.timer.Stop() {
-			// The timeout fired as the head arrived.
+		class, final := route.classifier.Head(x.grpc, resp.StatusCode, resp.Header)
+		canRetry := retryable && x.replayable()
+		if canRetry && !final {
+			class, final = x.peek(resp, class)
+		}
+		if x.timedOut() {
+			// The timeout fired as the head or the first chunk arrived.
 			tg.actual.Response(parent, response(resp.StatusCode, classify.ErrorClass(ctx, classify.ErrTimeout)), start)
-			discard(resp)
+			closeBody(resp)
 			return x.gatewayTimeout(req), nil
 		}
-		class, final := route.classifier.Head(x.grpc, resp.StatusCode, resp.Header)
-		if retryable && !final {
-			// gRPC status may be in the trailers: read the body (up to the
-			// buffer limit) to see them.
-			class, final = x.peekTrailers(resp, class)
-		}
-		if !retryable || !final || !class.Failure {
-			return x.finish(resp, class, final), nil
+		if !canRetry || !final || !class.Failure {
+			return x.deliver(req, resp, class, final), nil
 		}
 		t.r.fams.retryable.Add(parent, tg.retryable)
 		if !ts.budget.Withdraw() {
 			t.r.fams.retryable.Add(parent, tg.noBudget)
-			return x.finish(resp, class, final), nil
+			return x.deliver(req, resp, class, final), nil
 		}
 		tg.actual.Response(parent, response(resp.StatusCode, class), start)
 		discard(resp)
-		if x.timer != nil {
-			// Re-arm for what remains of the route timeout.
-			remaining := route.Timeout - time.Since(start)
-			if remaining <= 0 || ctx.Err() != nil {
-				return x.gatewayTimeout(req), nil
-			}
-			x.timer.Reset(remaining)
+		switch {
+		case parent.Err() != nil:
+			// The caller gave up between attempts: a cancellation, not a
+			// timeout of the route.
+			err := context.Cause(parent)
+			x.fail(classify.ErrorClass(parent, err))
+			return nil, err
+		case x.timedOut():
+			return x.gatewayTimeout(req), nil
 		}
 	}
 }
@@ -138,6 +158,41 @@ type exchange struct {
 	grpc   bool
 	timer  *time.Timer
 	cancel func()
+	// The request body of a request that may be retried: the copy kept of
+	// it, or the caller's way to get it again.
+	body    *replayBody
+	getBody func() (io.ReadCloser, error)
+}
+
+// replayable reports whether a retry can send the request body.
+func (x *exchange) replayable() bool {
+	return x.getBody != nil || x.body.replayable()
+}
+
+// nextBody returns the request body of a retry.
+func (x *exchange) nextBody() (io.ReadCloser, error) {
+	if x.getBody != nil {
+		return x.getBody()
+	}
+	return x.body.replay()
+}
+
+// deliver hands resp to the caller: no retry follows, the timer stops. A
+// timer that fired as it was stopped makes the answer a 504.
+func (x *exchange) deliver(req *http.Request, resp *http.Response, class classify.Class, final bool) *http.Response {
+	x.body.release()
+	if x.timer != nil && !x.timer.Stop() {
+		x.tg.actual.Response(x.parent, response(resp.StatusCode, classify.ErrorClass(x.ctx, classify.ErrTimeout)), x.start)
+		closeBody(resp)
+		return x.gatewayTimeout(req)
+	}
+	return x.finish(resp, class, final)
+}
+
+// fail records a logical request that ended in an error of class c.
+func (x *exchange) fail(c classify.Class) {
+	x.done()
+	x.tg.route.Response(x.parent, response(0, c), x.start)
 }
 
 // done releases the exchange's context and timer.
@@ -188,30 +243,55 @@ func (x *exchange) record(resp *http.Response, class classify.Class, final bool,
 	x.tg.route.Response(x.parent, r, x.start)
 }
 
-// peekTrailers reads a response body of up to MaxRetryBodyBytes to classify
-// it by its trailers, and puts the bytes back in front of the body.
-func (x *exchange) peekTrailers(resp *http.Response, tentative classify.Class) (classify.Class, bool) {
-	buf, err := io.ReadAll(io.LimitReader(resp.Body, MaxRetryBodyBytes+1))
-	rest := resp.Body
-	resp.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), rest), closer: rest}
-	if err != nil || len(buf) > MaxRetryBodyBytes {
-		return tentative, false
+// peekLimit bounds the reads of a held response before it counts as a
+// stream that does not end (a body returning no data and no error).
+const peekLimit = 64
+
+// peek reads the first body chunk of a response whose class waits on its
+// trailers, under the route timeout. A stream that ends before any data (a
+// gRPC trailers-only or empty-body response) is classified by its
+// trailers; a chunk of data, or an error, is put back in front of the body
+// for the caller, and the class stays tentative.
+func (x *exchange) peek(resp *http.Response, tentative classify.Class) (classify.Class, bool) {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return x.route.classifier.End(tentative, x.grpc, resp.Trailer), true
 	}
-	// The body ended within the limit: trailers are known.
-	var probe [1]byte
-	if n, err := rest.Read(probe[:]); n != 0 || !errors.Is(err, io.EOF) {
-		resp.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), bytes.NewReader(probe[:n]), rest), closer: rest}
-		return tentative, false
+	buf := make([]byte, 512)
+	for range peekLimit {
+		n, err := resp.Body.Read(buf)
+		switch {
+		case n > 0 || err != nil && !errors.Is(err, io.EOF):
+			resp.Body = &peekedBody{data: buf[:n], err: err, rest: resp.Body}
+			return tentative, false
+		case err != nil:
+			// Ended without data: the trailers are known.
+			return x.route.classifier.End(tentative, x.grpc, resp.Trailer), true
+		}
 	}
-	return x.route.classifier.End(tentative, x.grpc, resp.Trailer), true
+	return tentative, false
 }
 
-type prefixedBody struct {
-	io.Reader
-	closer io.Closer
+// peekedBody is a response body with its first chunk, or the error its
+// first read returned, put back in front.
+type peekedBody struct {
+	data []byte
+	err  error
+	rest io.ReadCloser
 }
 
-func (b *prefixedBody) Close() error { return b.closer.Close() }
+func (b *peekedBody) Read(p []byte) (int, error) {
+	if len(b.data) > 0 {
+		n := copy(p, b.data)
+		b.data = b.data[n:]
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.rest.Read(p)
+}
+
+func (b *peekedBody) Close() error { return b.rest.Close() }
 
 // routeBody records the exchange when the response stream ends.
 type routeBody struct {
@@ -249,43 +329,22 @@ func (b *routeBody) end(err error) {
 	b.x.done()
 }
 
-// bufferBody reads a request body for replay. It returns the bytes and a
-// body to send once in its place; errBodyTooLarge (with a body that
-// replays the bytes read and streams the rest) when the body is larger than
-// MaxRetryBodyBytes.
-func bufferBody(req *http.Request) ([]byte, io.ReadCloser, error) {
-	if req.Body == nil || req.Body == http.NoBody {
-		return nil, req.Body, nil
+// discard closes a response that will be retried. An HTTP/1 body of a
+// small declared length is read first, under the route timeout, so that
+// its connection can be reused; an HTTP/2 stream is reset, which returns
+// its flow-control window.
+func discard(resp *http.Response) {
+	if resp.Body == nil {
+		return
 	}
-	if req.ContentLength > MaxRetryBodyBytes {
-		return nil, req.Body, errBodyTooLarge
+	if resp.ProtoMajor == 1 && resp.ContentLength >= 0 && resp.ContentLength <= MaxRetryBodyBytes {
+		_, _ = io.CopyN(io.Discard, resp.Body, resp.ContentLength+1)
 	}
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	_, err := buf.ReadFrom(io.LimitReader(req.Body, MaxRetryBodyBytes+1))
-	data := bytes.Clone(buf.Bytes())
-	bufPool.Put(buf)
-	if err != nil {
-		req.Body.Close()
-		return nil, nil, err
-	}
-	if len(data) > MaxRetryBodyBytes {
-		return nil, &prefixedBody{Reader: io.MultiReader(bytes.NewReader(data), req.Body), closer: req.Body}, errBodyTooLarge
-	}
-	req.Body.Close()
-	if data == nil {
-		data = []byte{}
-	}
-	return data, nil, nil
+	resp.Body.Close()
 }
 
-var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// discard drains a little of a response that will not be used, so that its
-// connection can be reused, and closes it.
-func discard(resp *http.Response) {
+func closeBody(resp *http.Response) {
 	if resp.Body != nil {
-		_, _ = io.CopyN(io.Discard, resp.Body, MaxRetryBodyBytes)
 		resp.Body.Close()
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,12 +31,14 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,7 +73,7 @@ func main() {
 }
 
 func run(f flags, log *slog.Logger) error {
-	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	if err != nil {
 		return err
 	}
@@ -107,15 +110,17 @@ func run(f flags, log *slog.Logger) error {
 
 	client := mesh.NewClient(opts...)
 	defer client.Close()
-	outbound := origproto.NewServer(&httputil.ReverseProxy{
+	rl := ratelog.New(log, 0)
+	outbound := origproto.NewServer(fullDuplex(&httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
 			pr.Out.Host = pr.In.Host
 			forwardTrailers(pr)
 		},
-		Transport: client,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	})
+		Transport:    client,
+		ErrorHandler: proxyError(rl, "outbound"),
+		ErrorLog:     stdlog.New(rateWriter{rl, "outbound"}, "", 0),
+	}))
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
 	toApp := &http.Transport{MaxIdleConnsPerHost: 64}
@@ -126,11 +131,12 @@ func run(f flags, log *slog.Logger) error {
 			pr.Out.Host = pr.In.Host
 			forwardTrailers(pr)
 		},
-		Transport: toApp,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		Transport:    toApp,
+		ErrorHandler: proxyError(rl, "inbound"),
+		ErrorLog:     stdlog.New(rateWriter{rl, "inbound"}, "", 0),
 	}, opts...)
 	defer inboundStack.Close()
-	inbound := origproto.NewServer(inboundStack)
+	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ConnState = countConns(tcpOpen, "inbound")
 
 	admin := http.NewServeMux()
@@ -165,13 +171,76 @@ func run(f flags, log *slog.Logger) error {
 	case err := <-errs:
 		return err
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// In-flight requests drain for up to drainTimeout; then every
+	// connection is closed, and a watchdog bounds the rest of the exit.
+	exitBy := time.AfterFunc(drainTimeout+time.Second, func() {
+		log.Error("shutdown took too long; exiting")
+		os.Exit(1)
+	})
+	defer exitBy.Stop()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
+	var drain sync.WaitGroup
 	for _, s := range servers {
-		_ = s.srv.Shutdown(shutdownCtx)
+		drain.Add(1)
+		go func() {
+			defer drain.Done()
+			if err := s.srv.Shutdown(shutdownCtx); err != nil {
+				log.Warn("requests still in flight at the drain deadline; closing", "listener", s.name)
+				_ = s.srv.Close()
+			}
+		}()
 	}
+	drain.Wait()
 	wg.Wait()
 	return nil
+}
+
+// drainTimeout bounds how long in-flight requests may finish after SIGTERM;
+// with the watchdog's second the proxy exits within 5s.
+const drainTimeout = 4 * time.Second
+
+// fullDuplex serves the HTTP/1 requests of h full duplex, so that a
+// response (a route timeout's 504, a stream) can go out while the request
+// body still arrives: Go's HTTP/1 server otherwise reads the whole body
+// before it writes a response. HTTP/2 needs nothing (ErrNotSupported).
+func fullDuplex(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 || r.Header.Get("Upgrade") != "" || http.NewResponseController(w).EnableFullDuplex() != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+		// The response goes out, then the body is closed (which waits for
+		// what is left of it): closing it before the server does keeps the
+		// server from reading the next request while it still reads this
+		// body (golang/go#68560).
+		_ = http.NewResponseController(w).Flush()
+		r.Body.Close()
+	})
+}
+
+// proxyError answers 502 to a request the proxy could not forward. The
+// warning is rate-limited; a client that went away is no warning.
+func proxyError(rl *ratelog.Logger, listener string) func(http.ResponseWriter, *http.Request, error) {
+	return func(w http.ResponseWriter, r *http.Request, err error) {
+		if r.Context().Err() == nil {
+			rl.Warn("proxy error "+listener, "proxy error", "listener", listener, "error", err)
+		}
+		w.WriteHeader(http.StatusBadGateway)
+	}
+}
+
+// rateWriter sends the reverse proxy's other log lines through the rate
+// limit, one key per listener.
+type rateWriter struct {
+	rl       *ratelog.Logger
+	listener string
+}
+
+func (w rateWriter) Write(p []byte) (int, error) {
+	w.rl.Warn("proxy log "+w.listener, strings.TrimSpace(string(p)), "listener", w.listener)
+	return len(p), nil
 }
 
 // forwardTrailers sends the request's trailers upstream: ReverseProxy's

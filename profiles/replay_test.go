@@ -1,0 +1,123 @@
+package profiles
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestReplayBody(t *testing.T) {
+	t.Run("read to EOF replays the same bytes", func(t *testing.T) {
+		b := newReplayBody(io.NopCloser(strings.NewReader("hello")), -1)
+		assert.False(t, b.replayable(), "nothing read yet")
+		got, err := io.ReadAll(b)
+		require.NoError(t, err)
+		assert.Equal(t, "hello", string(got))
+		require.True(t, b.replayable())
+		for range 2 {
+			r, err := b.replay()
+			require.NoError(t, err)
+			again, _ := io.ReadAll(r)
+			assert.Equal(t, "hello", string(again))
+		}
+	})
+	t.Run("declared length reached counts as whole", func(t *testing.T) {
+		b := newReplayBody(io.NopCloser(strings.NewReader("hello")), 5)
+		p := make([]byte, 5)
+		n, err := io.ReadFull(b, p)
+		require.NoError(t, err)
+		assert.Equal(t, 5, n)
+		assert.True(t, b.replayable())
+	})
+	t.Run("partly read is not replayable", func(t *testing.T) {
+		b := newReplayBody(io.NopCloser(strings.NewReader("hello world")), -1)
+		_, _ = b.Read(make([]byte, 3))
+		assert.False(t, b.replayable())
+		require.NoError(t, b.Close())
+		assert.False(t, b.replayable(), "closed before its end")
+	})
+	t.Run("past the cap is not replayable", func(t *testing.T) {
+		b := newReplayBody(io.NopCloser(bytes.NewReader(make([]byte, MaxRetryBodyBytes+1))), -1)
+		n, err := io.Copy(io.Discard, b)
+		require.NoError(t, err)
+		assert.Equal(t, int64(MaxRetryBodyBytes+1), n, "the body passes whole")
+		assert.False(t, b.replayable())
+	})
+	t.Run("a read error is not replayable", func(t *testing.T) {
+		b := newReplayBody(io.NopCloser(io.MultiReader(strings.NewReader("ab"), iotestErr{})), -1)
+		_, err := io.ReadAll(b)
+		require.Error(t, err)
+		assert.False(t, b.replayable())
+	})
+	t.Run("released once the response went to the caller", func(t *testing.T) {
+		b := newReplayBody(io.NopCloser(strings.NewReader("hi")), -1)
+		_, _ = io.ReadAll(b)
+		b.release()
+		assert.False(t, b.replayable())
+		var none *replayBody
+		none.release()
+		assert.True(t, none.replayable(), "no body: nothing to replay")
+	})
+}
+
+type iotestErr struct{}
+
+func (iotestErr) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+// blockingSource is a request body whose reads wait for data or close.
+type blockingSource struct {
+	data   chan []byte
+	closed chan struct{}
+}
+
+func (s *blockingSource) Read(p []byte) (int, error) {
+	select {
+	case d := <-s.data:
+		return copy(p, d), nil
+	case <-s.closed:
+		return 0, io.ErrClosedPipe
+	}
+}
+
+func (s *blockingSource) Close() error { close(s.closed); return nil }
+
+func TestAbortBody(t *testing.T) {
+	src := &blockingSource{data: make(chan []byte, 1), closed: make(chan struct{})}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	b := newAbortBody(ctx, src)
+	src.data <- []byte("chunk")
+	p := make([]byte, 3)
+	n, err := b.Read(p)
+	require.NoError(t, err)
+	assert.Equal(t, "chu", string(p[:n]))
+	n, err = b.Read(p)
+	require.NoError(t, err)
+	assert.Equal(t, "nk", string(p[:n]), "the rest of the chunk first")
+
+	// A read waiting on the source returns when the context ends.
+	done := make(chan error, 1)
+	go func() { _, err := b.Read(p); done <- err }()
+	cancel(classify.ErrTimeout)
+	assert.ErrorIs(t, <-done, classify.ErrTimeout)
+	_, err = b.Read(p)
+	assert.ErrorIs(t, err, classify.ErrTimeout, "sticky")
+	// The reader goroutine closes the source when it ends.
+	<-src.closed
+	require.NoError(t, b.Close())
+}
+
+func TestAbortBodyCloseBeforeRead(t *testing.T) {
+	src := &blockingSource{data: make(chan []byte), closed: make(chan struct{})}
+	b := newAbortBody(context.Background(), src)
+	require.NoError(t, b.Close())
+	<-src.closed
+	_, err := b.Read(make([]byte, 1))
+	assert.Error(t, err)
+}
