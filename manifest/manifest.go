@@ -4,7 +4,8 @@
 // HTTPRoute and GRPCRoute resources (gateway.networking.k8s.io/v1 and
 // Linkerd's policy.linkerd.io/v1beta3 copies) whose parentRefs name a
 // Service. [Resources.Policy] turns them into the outbound policy of one
-// Service port, as Linkerd's policy controller does.
+// Service port, as Linkerd's policy controller does. [ParseEndpoints]
+// reads the endpoints file of the embedded Destination API.
 //
 // Every error names the file, the document (counted from 1) and the field,
 // as in "routes.yaml: document 2 (HTTPRoute default/authors): spec.rules[0].matches[1].path.type: ...".
