@@ -388,3 +388,36 @@ func TestPolicyStreamsEndOnShutdown(t *testing.T) {
 	_, err = stream.Recv()
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 }
+
+func TestPolicyGRPCRouteThroughTheServer(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, `
+apiVersion: v1
+kind: Service
+metadata: {name: greeter, namespace: default}
+spec: {ports: [{port: 9000}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: greeter-hello, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: greeter, port: 9000}]
+  rules:
+  - matches: [{method: {service: helloworld.Greeter, method: SayHello}}]
+    backendRefs: [{name: greeter, port: 9000, weight: 1}, {name: missing, port: 9000, weight: 1}]
+`))
+	cp := servePolicies(t, holdListener(t), store)
+	c := newTestClient(t, cp.addr)
+	rec := newRecorder[policy.Update]()
+	stop, err := c.Policies().Watch(context.Background(), "greeter.default.svc.cluster.local:9000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+	u := rec.waitFor(t, "the gRPC policy", func(u policy.Update) bool { return u.Policy != nil })
+	require.Equal(t, policy.ProtocolGRPC, u.Policy.Protocol)
+	route := u.Policy.GRPC.Routes[0]
+	assert.Equal(t, "greeter-hello", route.Meta.Name)
+	assert.Equal(t, policy.GRPCRouteMatch{Service: "helloworld.Greeter", Method: "SayHello"}, route.Rules[0].Matches[0])
+	missing := route.Rules[0].Backends.Backends[1]
+	require.NotNil(t, missing.Filters[0].GRPCFailureInjector)
+	assert.Equal(t, codes.Internal, missing.Filters[0].GRPCFailureInjector.Code)
+}
