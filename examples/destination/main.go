@@ -62,7 +62,7 @@ func run(listen, profilesDir, endpoints, policies string, interval time.Duration
 	dst.Register(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	log.Info("serving the Destination and OutboundPolicies APIs", "addr", lis.Addr().String())
+	log.Info("serving the Destination API", "addr", lis.Addr().String(), "also", "OutboundPolicies")
 	select {
 	case err := <-served:
 		return err
