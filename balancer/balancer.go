@@ -15,6 +15,7 @@ import (
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/internal/registry"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -52,10 +53,6 @@ type Balancer struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	table    table
-
-	mu     sync.Mutex
-	stops  []func()
-	closed bool
 }
 
 // New returns a Balancer over the endpoint sets of src.
@@ -69,7 +66,7 @@ func New(src Source, opts ...Option) *Balancer {
 		b.penDecay = float64(p.PenaltyDecay)
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.table.init(cfg.maxAuthorities)
+	b.table.init(cfg)
 	b.metrics = newBalMetrics(b)
 	return b
 }
@@ -79,32 +76,13 @@ func New(src Source, opts ...Option) *Balancer {
 func (b *Balancer) Close() {
 	b.cancel()
 	b.metrics.close()
-	b.mu.Lock()
-	stops := b.stops
-	b.stops, b.closed = nil, true
-	b.mu.Unlock()
-	for _, stop := range stops {
-		stop()
-	}
-}
-
-// keep records the stop function of a watch, or calls it when the
-// Balancer is already closed.
-func (b *Balancer) keep(stop func()) {
-	b.mu.Lock()
-	if !b.closed {
-		b.stops = append(b.stops, stop)
-		stop = nil
-	}
-	b.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
+	b.table.close()
 }
 
 // authority is the state the Balancer keeps for one authority: its
 // traffic split and its endpoints, each one immutable snapshot behind an
-// atomic pointer, and whether their watches have started.
+// atomic pointer, whether their watches have started, and how to stop
+// them when the authority is released.
 type authority struct {
 	name     string
 	split    atomic.Pointer[Split]
@@ -114,12 +92,42 @@ type authority struct {
 	group    *group
 	queued   atomic.Int64 // requests in the queue
 	metrics  atomic.Pointer[authMetrics]
+
+	mu       sync.Mutex
+	stops    []func()
+	released bool
 }
 
 func newAuthority(name string) *authority {
 	a := &authority{name: name, group: &group{}}
 	a.state.Store(&snapshot{wait: make(chan struct{}), group: a.group})
 	return a
+}
+
+// keep records the stop function of a watch, or calls it when the
+// authority is already released.
+func (a *authority) keep(stop func()) {
+	a.mu.Lock()
+	if !a.released {
+		a.stops = append(a.stops, stop)
+		stop = nil
+	}
+	a.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// release stops the authority's watches, once; requests that still hold
+// it keep its last snapshot.
+func (a *authority) release() {
+	a.mu.Lock()
+	stops := a.stops
+	a.stops, a.released = nil, true
+	a.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
 }
 
 // publish makes s the authority's snapshot; the first answer releases
@@ -170,7 +178,7 @@ func (b *Balancer) watchEndpoints(a *authority) {
 		a.publish(&snapshot{err: err})
 		return
 	}
-	b.keep(stop)
+	a.keep(stop)
 }
 
 // watchSplit watches the profile of a request's authority for its dst
@@ -190,7 +198,7 @@ func (b *Balancer) watchSplit(a *authority) {
 		b.log.Warn("watch split", "cannot watch the traffic split", "authority", a.name, "error", err)
 		return
 	}
-	b.keep(stop)
+	a.keep(stop)
 }
 
 // Transport returns the balancing RoundTripper around base (nil:
@@ -222,10 +230,12 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	b.watchSplit(a)
 	if to := a.split.Load().Pick(); to != "" {
-		a = b.table.get(to) // traffic split: the request goes to an override's endpoints
+		if o := b.table.lookup(to); o != nil {
+			a = o // traffic split: the request goes to an override's endpoints
+		}
 	}
 	name := a.name
-	if a == b.table.full {
+	if a == b.table.closed {
 		name = host
 	}
 	s := b.endpoints(a)
@@ -478,97 +488,70 @@ func closeBody(req *http.Request) {
 	}
 }
 
-// table is the Balancer's per-authority state: an entry per authority,
-// made on first use and bounded; past the bound every new authority shares
-// one entry that cannot resolve. It is isolated here so that it can move
-// onto a shared registry with idle release.
+// table is the Balancer's per-authority state, on an internal registry:
+// an entry per authority, made on first use; past the bound the least
+// recently used is released, and so is one no request used for the idle
+// timeout: releasing an authority stops its watches. A cached Host is
+// found without a lock or an allocation.
 type table struct {
-	max  int
-	full *authority
-
-	mu    sync.RWMutex
-	hosts map[string]*authority // by the Host a request gave
-	names map[string]*authority // by normalized authority
+	reg    *registry.Registry[authority]
+	live   sync.Map   // *authority -> struct{}: the entries not released, for the metrics
+	closed *authority // what requests get once the Balancer is closed
+	shut   atomic.Bool
 }
 
-func (t *table) init(max int) {
-	t.max = max
-	t.hosts = make(map[string]*authority)
-	t.names = make(map[string]*authority)
-	t.full = newAuthority("")
-	t.full.watching.Store(true)
-	t.full.splitOn.Store(true)
-	t.full.publish(&snapshot{err: profiles.ErrTooManyWatches})
+func (t *table) init(cfg config) {
+	t.closed = newAuthority("")
+	t.closed.watching.Store(true)
+	t.closed.splitOn.Store(true)
+	t.closed.publish(&snapshot{err: ErrClosed})
+	t.reg = registry.New(newAuthority, func(e *registry.Entry[authority]) (func(), error) {
+		a := e.Load()
+		t.live.Store(a, struct{}{})
+		return func() {
+			t.live.Delete(a)
+			a.release()
+		}, nil
+	}, registry.WithMaxEntries(cfg.maxAuthorities), registry.WithIdleTimeout(cfg.idleTimeout))
 }
 
-// lookup returns the entry of a request's Host, or nil when it is not an
-// authority. Only the first request for a Host normalizes it.
+// lookup returns the entry of a request's Host (or of a normalized
+// authority), or nil when it is not an authority. Only the first request
+// for a Host normalizes it.
 func (t *table) lookup(host string) *authority {
-	t.mu.RLock()
-	a := t.hosts[host]
-	t.mu.RUnlock()
-	if a != nil {
-		return a
+	if e := t.reg.Get(host); e != nil {
+		return e.Load()
 	}
-	name, err := normalize(host)
-	if err != nil {
-		return nil
+	if t.shut.Load() {
+		if _, err := normalize(host); err == nil {
+			return t.closed
+		}
 	}
-	a = t.get(name)
-	t.mu.Lock()
-	if len(t.hosts) < 2*t.max {
-		t.hosts[host] = a
-	}
-	t.mu.Unlock()
-	return a
+	return nil
 }
 
-// get returns the entry of a normalized authority, making it on first use.
-func (t *table) get(name string) *authority {
-	t.mu.RLock()
-	a := t.names[name]
-	t.mu.RUnlock()
-	if a != nil {
-		return a
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if a := t.names[name]; a != nil {
-		return a
-	}
-	if len(t.names) >= t.max {
-		return t.full
-	}
-	a = newAuthority(name)
-	t.names[name] = a
-	return a
+func (t *table) close() {
+	t.shut.Store(true)
+	t.reg.Close()
 }
 
-// each calls f for every authority of the table.
+// each calls f for every authority not released.
 func (t *table) each(f func(*authority)) {
-	t.mu.RLock()
-	as := make([]*authority, 0, len(t.names))
-	for _, a := range t.names {
-		as = append(as, a)
-	}
-	t.mu.RUnlock()
-	for _, a := range as {
-		f(a)
-	}
+	t.live.Range(func(k, _ any) bool {
+		f(k.(*authority))
+		return true
+	})
 }
 
-// find returns the entry of a normalized authority, or nil.
+// find returns the entry of a normalized authority, or nil; it makes none.
 func (t *table) find(name string) *authority {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.names[name]
+	if e := t.reg.Lookup(name); e != nil {
+		return e.Load()
+	}
+	return nil
 }
 
-func (t *table) len() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.names)
-}
+func (t *table) len() int { return t.reg.Len() }
 
 // normalize makes a request's Host an authority: port 80 when it has none.
 func normalize(host string) (string, error) {

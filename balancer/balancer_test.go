@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,23 +201,55 @@ func TestTrafficSplit(t *testing.T) {
 	waitOnly("o")
 }
 
-// Past the bound on authorities, new ones are not watched and requests for
-// them fall back (or fail with a reason).
+// Past the bound on authorities, the least recently used one is released:
+// its watch stops, and a later request for it watches anew.
 func TestBound(t *testing.T) {
 	a := backend(t, "a")
-	src := staticSource(t, nil)
+	src := &countingSource{Source: staticSource(t, nil)}
 	for _, name := range []string{"one", "two", "three"} {
-		require.NoError(t, src.Set(name+".ns.svc.cluster.local:80", []Endpoint{a}))
+		require.NoError(t, src.Source.(*StaticSource).Set(name+".ns.svc.cluster.local:80", []Endpoint{a}))
 	}
 	b, client := newClient(t, src, WithFallback(false), WithMaxAuthorities(2))
-	for _, name := range []string{"one", "two"} {
+	for _, name := range []string{"one", "two", "three", "one"} {
 		status, _, _ := fetch(t, client, "http://"+name+".ns.svc.cluster.local/")
-		assert.Equal(t, 200, status)
+		assert.Equal(t, 200, status, name)
+		assert.LessOrEqual(t, b.table.len(), 2)
+		assert.LessOrEqual(t, src.open.Load(), int64(2), "watches past the bound are stopped")
 	}
-	status, _, h := fetch(t, client, "http://three.ns.svc.cluster.local/")
-	assert.Equal(t, 503, status)
-	assert.Contains(t, h.Get("l5d-proxy-error"), "too many watched authorities")
-	assert.Equal(t, 2, b.table.len())
+	assert.Equal(t, int64(4), src.started.Load(), "the released authority is watched anew")
+}
+
+// An authority no request used for the idle timeout is released: its
+// endpoint and split watches stop; the next request watches anew.
+func TestIdleRelease(t *testing.T) {
+	a := backend(t, "a")
+	src := &countingSource{Source: staticSource(t, nil)}
+	require.NoError(t, src.Source.(*StaticSource).Set(books+":80", []Endpoint{a}))
+	b, client := newClient(t, src, WithFallback(false), WithIdleTimeout(20*time.Millisecond))
+	status, _, _ := fetch(t, client, "http://"+books+"/")
+	assert.Equal(t, 200, status)
+	assert.Equal(t, int64(1), src.open.Load())
+	require.Eventually(t, func() bool { return src.open.Load() == 0 && b.table.len() == 0 }, 10*time.Second, 5*time.Millisecond)
+	status, _, _ = fetch(t, client, "http://"+books+"/")
+	assert.Equal(t, 200, status)
+	assert.Equal(t, int64(2), src.started.Load())
+}
+
+// countingSource counts the watches of a Source: started in all, open now.
+type countingSource struct {
+	Source
+	started, open atomic.Int64
+}
+
+func (c *countingSource) WatchEndpoints(ctx context.Context, authority string, f func(Update)) (func(), error) {
+	stop, err := c.Source.WatchEndpoints(ctx, authority, f)
+	if err != nil {
+		return nil, err
+	}
+	c.started.Add(1)
+	c.open.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { c.open.Add(-1); stop() }) }, nil
 }
 
 // A request whose Host is not an authority goes to its own address.

@@ -7,6 +7,7 @@ import (
 	"github.com/inmesh/inmesh/profiles"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func benchSnapshot(n int) *snapshot {
@@ -40,4 +41,12 @@ func BenchmarkPick(b *testing.B) {
 			})
 		})
 	}
+}
+
+// Finding a known authority's state on the request path allocates nothing.
+func TestLookupAllocs(t *testing.T) {
+	b := New(staticSource(t, nil), WithLogger(quietLogger))
+	defer b.Close()
+	require.NotNil(t, b.table.lookup("books.ns:7000"))
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { b.table.lookup("books.ns:7000") }))
 }

@@ -26,6 +26,9 @@ const (
 	// DefaultMaxAuthorities bounds the authorities a Balancer keeps state
 	// for.
 	DefaultMaxAuthorities = 10000
+	// DefaultIdleTimeout is how long a Balancer keeps an authority no
+	// request used before it releases it and stops its watches.
+	DefaultIdleTimeout = time.Minute
 )
 
 // Option configures a [Balancer]. A nil Option changes nothing.
@@ -42,6 +45,7 @@ type config struct {
 	decay          time.Duration
 	penalty        time.Duration
 	maxAuthorities int
+	idleTimeout    time.Duration
 	profiles       profiles.Source
 	logger         *slog.Logger
 	accrual        *accrual
@@ -62,6 +66,7 @@ func newConfig(opts []Option) config {
 		decay:          DefaultDecay,
 		penalty:        DefaultErrorPenalty,
 		maxAuthorities: DefaultMaxAuthorities,
+		idleTimeout:    DefaultIdleTimeout,
 		logger:         slog.Default(),
 		queueCap:       DefaultQueueCapacity,
 		failfast:       DefaultFailfastTimeout,
@@ -122,13 +127,25 @@ func WithErrorPenalty(d time.Duration) Option {
 }
 
 // WithMaxAuthorities bounds the authorities the Balancer keeps state and
-// watches for (default [DefaultMaxAuthorities]). Past it, requests for new
-// authorities are treated as unresolvable: they fall back to their own
-// address, or fail with 503 without fallback. n <= 0 changes nothing.
+// watches for (default [DefaultMaxAuthorities]). Past it, the least
+// recently used authority is released (its watches stop) to make room for
+// the new one. n <= 0 changes nothing.
 func WithMaxAuthorities(n int) Option {
 	return optionFunc(func(c *config) {
 		if n > 0 {
 			c.maxAuthorities = n
+		}
+	})
+}
+
+// WithIdleTimeout sets how long the Balancer keeps an authority no request
+// used (default [DefaultIdleTimeout]): then its endpoint and traffic-split
+// watches stop, freeing the source's watch bound, and the next request
+// for it watches anew. d <= 0 changes nothing.
+func WithIdleTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.idleTimeout = d
 		}
 	})
 }
