@@ -220,6 +220,83 @@ spec:
 	}
 }
 
+// The same flood through the whole outbound stack of NewClient (router,
+// balancer, classify) against a real control plane: memory stays bounded,
+// once the Hosts are idle every profile and endpoint watch is released,
+// and a service first used afterwards gets its profile's route and its
+// endpoints through the balancer.
+func TestClientHostFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a flood of 100,000 requests")
+	}
+	const maxWatches = 1000
+	cp := startControlPlane(t)
+	sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: late.default.svc.cluster.local}
+spec:
+  routes:
+  - name: GET /late
+    condition: {method: GET, pathRegex: /late}
+`))
+	require.NoError(t, err)
+	cp.store.SetServiceProfiles(sps)
+	app := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	appAddr := strings.TrimPrefix(app.URL, "http://")
+	cp.store.PutEndpoints(late, []destination.Endpoint{{Addr: netip.MustParseAddrPort(appAddr), Labels: map[string]string{"pod": "late-0"}}})
+
+	dst, err := destination.Dial(cp.addr, destination.WithLogger(quiet), destination.WithMaxWatches(maxWatches),
+		destination.WithIdleTimeout(time.Second))
+	require.NoError(t, err)
+	defer dst.Close()
+
+	m := testutil.NewMetrics(t)
+	// Whatever the address, an endpoint or a fallback, connections go to
+	// the loopback app.
+	cl := NewClient(WithDestination(dst), WithLogger(quiet), WithMeterProvider(m.Provider),
+		WithMaxAuthorities(maxWatches), WithIdleTimeout(200*time.Millisecond),
+		WithDialContext(func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, appAddr)
+		}))
+	defer cl.Close()
+
+	idle := func() bool {
+		s := dst.Stats()
+		return s.ProfileWatches == 0 && s.EndpointWatches == 0 && cp.openProfileStreams.Load() == 0
+	}
+	flood(t, cl, app.URL, 1000) // warm up pools, instruments and code paths
+	require.Eventually(t, idle, testutil.Timeout, 10*time.Millisecond, "after the warm-up: %+v", dst.Stats())
+	before := heapInUse()
+	flood(t, cl, app.URL, floodHosts)
+	after := heapInUse()
+	growth := int64(after) - int64(before)
+	t.Logf("heap growth over %d distinct Hosts: %.1f MiB; %d GetProfile and %d Get streams opened; stats %+v",
+		floodHosts, float64(growth)/(1<<20), cp.profiles.Load(), cp.gets.Load(), dst.Stats())
+	assert.Less(t, growth, int64(50<<20), "heap growth under 50 MiB")
+	assert.LessOrEqual(t, len(labelValues(t, m, "request_total", "authority")), maxWatches+1)
+	assert.Empty(t, m.Lines(t, "otel_metric_overflow"))
+
+	// Idle: every watch is released, on both sides of the stream.
+	require.Eventually(t, idle, testutil.Timeout, 10*time.Millisecond,
+		"watches released after the idle timeout: %+v", dst.Stats())
+	t.Logf("after the idle timeout: stats %+v, open GetProfile streams %d", dst.Stats(), cp.openProfileStreams.Load())
+
+	// A service first used now gets its profile's route and, through the
+	// balancer, its endpoints: the response is labelled with the
+	// endpoint's labels.
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest("GET", app.URL+"/late", nil)
+		req.Host = late
+		resp, err := cl.RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && len(cl.Balancer().Endpoints(late)) == 1 &&
+			hasRoute(cl.Router().Table(late), "GET /late") &&
+			len(m.Lines(t, "response_total", `dst_pod="late-0"`)) > 0
+	}, testutil.Timeout, 10*time.Millisecond)
+}
+
 // The same flood at the inbound stack opens no control-plane watch at all.
 func TestInboundHostFlood(t *testing.T) {
 	if testing.Short() {
@@ -247,6 +324,19 @@ func TestInboundHostFlood(t *testing.T) {
 	assert.True(t, len(dsts) == 1 && dsts["other"], "inbound dst is only other: %d values", len(dsts))
 	assert.LessOrEqual(t, len(labelValues(t, m, "request_total", "authority")), classify.DefaultMaxAuthorities+1)
 	assert.Less(t, int64(after)-int64(before), int64(50<<20))
+}
+
+// hasRoute reports whether t holds a profile with the route name.
+func hasRoute(t *profiles.Table, name string) bool {
+	if t == nil || t.Profile() == nil {
+		return false
+	}
+	for _, r := range t.Profile().Routes {
+		if r.Labels["route"] == name {
+			return true
+		}
+	}
+	return false
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

@@ -13,9 +13,12 @@
 package mesh
 
 import (
+	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
+	"time"
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
@@ -43,6 +46,8 @@ type config struct {
 	trust          func(*http.Request) bool
 	networks       []netip.Prefix
 	maxAuthorities int
+	idleTimeout    time.Duration
+	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
 	local          []string
 	conns          transport.Limits // see transport.go
 }
@@ -92,8 +97,32 @@ func WithTrustedNetworks(nets ...netip.Prefix) Option {
 }
 
 // WithMaxAuthorities bounds the authorities routed by profile and those
-// the balancer keeps endpoints for.
+// the balancer keeps endpoints for, and classify's authority label values.
 func WithMaxAuthorities(n int) Option { return optionFunc(func(c *config) { c.maxAuthorities = n }) }
+
+// WithIdleTimeout sets how long the stacks keep an authority no request
+// used: the router's profile watch, the balancer's endpoint and split
+// watches and classify's metric targets are released after it (defaults:
+// each layer's own), so that the control-plane client's watch bound frees
+// again. d <= 0 changes nothing.
+func WithIdleTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.idleTimeout = d
+		}
+	})
+}
+
+// WithDialContext sets how the outbound stack opens connections, to an
+// endpoint or a fallback address (default: a net.Dialer); nil changes
+// nothing.
+func WithDialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
+	return optionFunc(func(c *config) {
+		if dial != nil {
+			c.dial = dial
+		}
+	})
+}
 
 // WithLocalAuthorities names the service's own authorities (host:port),
 // the only ones the inbound stack routes by profile (see
@@ -126,6 +155,13 @@ func newConfig(opts []Option) config {
 func (c config) routerOptions() []profiles.RouterOption {
 	return []profiles.RouterOption{
 		profiles.WithMeterProvider(c.mp), profiles.WithLogger(c.logger), profiles.WithMaxAuthorities(c.maxAuthorities),
+		profiles.WithIdleTimeout(c.idleTimeout),
+	}
+}
+
+func (c config) classifyOptions() []classify.Option {
+	return []classify.Option{
+		classify.WithMeterProvider(c.mp), classify.WithMaxAuthorities(c.maxAuthorities), classify.WithIdleTimeout(c.idleTimeout),
 	}
 }
 
@@ -144,12 +180,20 @@ func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
 	cl := &Client{router: profiles.NewRouter(c.source, c.routerOptions()...)}
 	cl.h1, cl.h2 = c.transports()
+	if c.dial != nil {
+		cl.h1.DialContext, cl.h2.DialContext = c.dial, c.dial
+	}
 	var next http.RoundTripper = classify.NewTransport(
-		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), classify.WithMeterProvider(c.mp))
+		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), c.classifyOptions()...)
 	if c.endpoints != nil {
-		opts := append([]balancer.Option{
+		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithProfiles(c.source), balancer.WithMaxAuthorities(c.maxAuthorities),
-		}, c.balancerOpts...)
+			balancer.WithIdleTimeout(c.idleTimeout),
+		}
+		if c.mp != nil {
+			opts = append(opts, balancer.WithMeterProvider(c.mp))
+		}
+		opts = append(opts, c.balancerOpts...)
 		cl.balancer = balancer.New(c.endpoints, opts...)
 		next = cl.balancer.Transport(next)
 	}
@@ -192,7 +236,7 @@ func NewServer(app http.Handler, opts ...Option) *Server {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
-	s.Handler = origproto.NewHandler(s.router.Handler(classify.NewHandler(app, classify.WithMeterProvider(c.mp))), hopts...)
+	s.Handler = origproto.NewHandler(s.router.Handler(classify.NewHandler(app, c.classifyOptions()...)), hopts...)
 	return s
 }
 
