@@ -1,6 +1,7 @@
 package profiles
 
 import (
+	"github.com/inmesh/inmesh/internal/exchange"
 	"log/slog"
 
 	"go.opentelemetry.io/otel/metric"
@@ -14,7 +15,7 @@ const DefaultMaxAuthorities = 10000
 
 // MaxRetryBodyBytes is the largest request body buffered for retries
 // (64 KiB, as in Linkerd); a larger body is sent once.
-const MaxRetryBodyBytes = 64 << 10
+const MaxRetryBodyBytes = exchange.MaxRetryBodyBytes
 
 // RouterOption configures a [Router].
 type RouterOption interface{ apply(*routerConfig) }
