@@ -37,9 +37,10 @@ func TestDelay(t *testing.T) {
 		{"jitter adds", Policy{Min: 100 * ms, Max: 5 * time.Second, Jitter: 0.5}, 0, 0.5, 125 * ms},
 		{"jitter never passes max", Policy{Min: 4 * time.Second, Max: 5 * time.Second, Jitter: 100}, 0, 0.999, 5 * time.Second},
 		{"jitter at max adds nothing", Policy{Min: 100 * ms, Max: time.Second, Jitter: 1}, 10, 0.9, time.Second},
-		{"fixed", Fixed(3 * time.Second), 7, 0.9, 3 * time.Second},
-		{"zero policy is default", Policy{}, 0, 0, DefaultPolicy.Min},
-		{"min zero stays zero", Policy{Min: 0, Max: time.Second, Jitter: 1}, 5, 0.5, 0},
+		{"fixed", mustFixed(3 * time.Second), 7, 0.9, 3 * time.Second},
+		{"zero policy is default", Policy{}, 0, 0, DefaultPolicy().Min},
+		{"invalid min zero never spins", Policy{Min: 0, Max: time.Second}, 0, 0.5, DefaultPolicy().Min},
+		{"invalid max zero never spins", Policy{Min: 0, Max: 0, Jitter: 0.1}, 0, 0, DefaultPolicy().Min},
 		{"min above max clamps", Policy{Min: 2 * time.Second, Max: time.Second}, 0, 0, time.Second},
 		{"NaN jitter adds nothing", Policy{Min: ms, Max: time.Second, Jitter: math.NaN()}, 0, 0.5, ms},
 	}
@@ -69,11 +70,13 @@ func TestValidate(t *testing.T) {
 		wantErr string
 	}{
 		{"zero is default", Policy{}, ""},
-		{"fixed", Fixed(time.Second), ""},
+		{"fixed", mustFixed(time.Second), ""},
 		{"jitter 100", Policy{Min: 1, Max: 2, Jitter: 100}, ""},
 		{"min above max", Policy{Min: 2 * time.Second, Max: time.Second}, "min 2s is greater than max 1s"},
-		{"max zero", Policy{Min: 0, Max: 0, Jitter: 0.1}, "max 0s must be positive"},
-		{"negative min", Policy{Min: -1, Max: 1}, "negative"},
+		{"max zero", Policy{Min: 1, Max: 0, Jitter: 0.1}, "max 0s must be positive"},
+		{"min zero", Policy{Min: 0, Max: time.Second}, "min 0s must be positive"},
+		{"min zero with jitter only", Policy{Jitter: 0.1}, "min 0s must be positive"},
+		{"negative min", Policy{Min: -1, Max: 1}, "min -1ns must be positive"},
 		{"jitter too big", Policy{Min: 1, Max: 2, Jitter: 100.5}, "outside [0, 100]"},
 		{"jitter negative", Policy{Min: 1, Max: 2, Jitter: -0.1}, "outside [0, 100]"},
 		{"jitter inf", Policy{Min: 1, Max: 2, Jitter: math.Inf(1)}, "finite"},
@@ -88,6 +91,25 @@ func TestValidate(t *testing.T) {
 			}
 			assert.ErrorContains(t, err, tt.wantErr)
 		})
+	}
+}
+
+func mustFixed(d time.Duration) Policy {
+	p, err := Fixed(d)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+func TestFixed(t *testing.T) {
+	p, err := Fixed(250 * ms)
+	require.NoError(t, err)
+	assert.Equal(t, Policy{Min: 250 * ms, Max: 250 * ms}, p)
+	for _, d := range []time.Duration{0, -time.Second} {
+		p, err := Fixed(d)
+		assert.ErrorContains(t, err, "fixed delay "+d.String()+" must be positive")
+		assert.Zero(t, p)
 	}
 }
 
@@ -159,7 +181,7 @@ func TestDialerNoTightLoop(t *testing.T) {
 func TestDialerOtherAddressNotHeldBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flakyDial{failures: 1}
-		d := NewDialer(f.dial, Fixed(time.Hour))
+		d := NewDialer(f.dial, mustFixed(time.Hour))
 		_, err := d.DialContext(context.Background(), "tcp", "10.0.0.1:80")
 		require.Error(t, err)
 		start := time.Now()
@@ -173,7 +195,7 @@ func TestDialerOtherAddressNotHeldBack(t *testing.T) {
 func TestDialerCancelEndsWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flakyDial{failures: 1}
-		d := NewDialer(f.dial, Fixed(time.Hour))
+		d := NewDialer(f.dial, mustFixed(time.Hour))
 		_, err := d.DialContext(context.Background(), "tcp", "10.0.0.1:80")
 		require.Error(t, err)
 
@@ -219,7 +241,7 @@ func TestRetry(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			stop := errors.New("rejected")
 			calls := 0
-			err := Retry(context.Background(), Fixed(ms), func(context.Context) error {
+			err := Retry(context.Background(), mustFixed(ms), func(context.Context) error {
 				calls++
 				if calls == 3 {
 					return Permanent(stop)
@@ -236,7 +258,7 @@ func TestRetry(t *testing.T) {
 			done := make(chan error, 1)
 			var retries atomic.Int32
 			go func() {
-				done <- Retry(ctx, Fixed(time.Hour), func(context.Context) error { return errors.New("down") },
+				done <- Retry(ctx, mustFixed(time.Hour), func(context.Context) error { return errors.New("down") },
 					func(error, time.Duration) { retries.Add(1) })
 			}()
 			synctest.Wait()
@@ -257,7 +279,7 @@ func TestFromEnv(t *testing.T) {
 		wantErr string
 	}{
 		{"none is default", nil, def, ""},
-		{"fixed", map[string]string{p + "_BACKOFF_DELAY": "100ms"}, Fixed(100 * ms), ""},
+		{"fixed", map[string]string{p + "_BACKOFF_DELAY": "100ms"}, mustFixed(100 * ms), ""},
 		{"all three", map[string]string{p + "_EXP_BACKOFF_MIN": "10ms", p + "_EXP_BACKOFF_MAX": "1s", p + "_EXP_BACKOFF_JITTER": "0.2"}, Policy{10 * ms, time.Second, 0.2}, ""},
 		{"min and max", map[string]string{p + "_EXP_BACKOFF_MIN": "10ms", p + "_EXP_BACKOFF_MAX": "1s"}, Policy{10 * ms, time.Second, 0}, ""},
 		{"only min", map[string]string{p + "_EXP_BACKOFF_MIN": "10ms"}, Policy{}, p + "_EXP_BACKOFF_MAX is required"},
@@ -266,7 +288,9 @@ func TestFromEnv(t *testing.T) {
 		{"bad duration", map[string]string{p + "_BACKOFF_DELAY": "5"}, Policy{}, p + `_BACKOFF_DELAY="5" is not a duration`},
 		{"zero fixed", map[string]string{p + "_BACKOFF_DELAY": "0s"}, Policy{}, p + "_BACKOFF_DELAY must be positive"},
 		{"negative", map[string]string{p + "_EXP_BACKOFF_MIN": "-1s", p + "_EXP_BACKOFF_MAX": "1s"}, Policy{}, p + `_EXP_BACKOFF_MIN="-1s" is negative`},
-		{"zero max", map[string]string{p + "_EXP_BACKOFF_MIN": "0s", p + "_EXP_BACKOFF_MAX": "0s"}, Policy{}, p + "_EXP_BACKOFF_MAX must be positive"},
+		{"zero max", map[string]string{p + "_EXP_BACKOFF_MIN": "1s", p + "_EXP_BACKOFF_MAX": "0s"}, Policy{}, p + "_EXP_BACKOFF_MAX must be positive"},
+		{"zero min", map[string]string{p + "_EXP_BACKOFF_MIN": "0s", p + "_EXP_BACKOFF_MAX": "1s"}, Policy{}, p + "_EXP_BACKOFF_MIN must be positive"},
+		{"zero min and max", map[string]string{p + "_EXP_BACKOFF_MIN": "0s", p + "_EXP_BACKOFF_MAX": "0s", p + "_EXP_BACKOFF_JITTER": "0.1"}, Policy{}, p + "_EXP_BACKOFF_MIN must be positive"},
 		{"min above max", map[string]string{p + "_EXP_BACKOFF_MIN": "2s", p + "_EXP_BACKOFF_MAX": "1s"}, Policy{}, p + "_EXP_BACKOFF_MIN (2s) is greater than " + p + "_EXP_BACKOFF_MAX (1s)"},
 		{"bad jitter", map[string]string{p + "_EXP_BACKOFF_MIN": "1s", p + "_EXP_BACKOFF_MAX": "2s", p + "_EXP_BACKOFF_JITTER": "lots"}, Policy{}, p + `_EXP_BACKOFF_JITTER="lots" is not a number`},
 		{"jitter out of range", map[string]string{p + "_EXP_BACKOFF_MIN": "1s", p + "_EXP_BACKOFF_MAX": "2s", p + "_EXP_BACKOFF_JITTER": "101"}, Policy{}, p + "_EXP_BACKOFF_JITTER: backoff: jitter 101 is outside"},

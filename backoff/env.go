@@ -43,10 +43,11 @@ func FromLookup(prefix string, def Policy, lookup func(string) (string, bool)) (
 		if err != nil {
 			return Policy{}, err
 		}
-		if d == 0 {
+		p, err := Fixed(d)
+		if err != nil {
 			return Policy{}, fmt.Errorf("backoff: %s must be positive", fixName)
 		}
-		return Fixed(d), nil
+		return p, nil
 	}
 	if !hasMin && !hasMax && !hasJit {
 		return def, nil
@@ -71,8 +72,12 @@ func FromLookup(prefix string, def Policy, lookup func(string) (string, bool)) (
 			return Policy{}, fmt.Errorf("backoff: %s=%q is not a number", jitName, jitVal)
 		}
 	}
+	// Checked here, by name: a zero Policy would otherwise read as the
+	// default, and Validate's errors do not know the variables.
+	if p.Min == 0 {
+		return Policy{}, fmt.Errorf("backoff: %s must be positive", minName)
+	}
 	if p.Max == 0 {
-		// Checked here: a zero Policy would otherwise read as the default.
 		return Policy{}, fmt.Errorf("backoff: %s must be positive", maxName)
 	}
 	if p.Min > p.Max {

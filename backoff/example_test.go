@@ -23,14 +23,14 @@ func ExamplePolicy_Delay() {
 
 func ExampleFromLookup() {
 	env := map[string]string{"INMESH_CONTROL_BACKOFF_DELAY": "250ms"}
-	p, err := backoff.FromLookup("INMESH_CONTROL", backoff.DefaultPolicy, func(k string) (string, bool) {
+	p, err := backoff.FromLookup("INMESH_CONTROL", backoff.DefaultPolicy(), func(k string) (string, bool) {
 		v, ok := env[k]
 		return v, ok
 	})
 	fmt.Println(p.Min, p.Max, err)
 
 	env = map[string]string{"INMESH_CONTROL_EXP_BACKOFF_MIN": "1s"}
-	_, err = backoff.FromLookup("INMESH_CONTROL", backoff.DefaultPolicy, func(k string) (string, bool) {
+	_, err = backoff.FromLookup("INMESH_CONTROL", backoff.DefaultPolicy(), func(k string) (string, bool) {
 		v, ok := env[k]
 		return v, ok
 	})

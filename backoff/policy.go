@@ -8,16 +8,21 @@ import (
 	"time"
 )
 
-// DefaultPolicy is the policy used where a zero [Policy] is given: Linkerd's
-// defaults for a connection to a control plane on the same host.
-var DefaultPolicy = Policy{Min: 100 * time.Millisecond, Max: 10 * time.Second, Jitter: 0.1}
+// defaultPolicy is what DefaultPolicy returns.
+var defaultPolicy = Policy{Min: 100 * time.Millisecond, Max: 10 * time.Second, Jitter: 0.1}
+
+// DefaultPolicy returns the policy used where a zero [Policy] is given:
+// Linkerd's defaults for a connection to a control plane on the same host
+// (100ms to 10s, jitter 0.1).
+func DefaultPolicy() Policy { return defaultPolicy }
 
 // Policy describes exponential backoff with jitter.
 //
 // The zero Policy means [DefaultPolicy]. A Policy is a value; it is safe for
 // concurrent use.
 type Policy struct {
-	// Min is the delay before the first retry (attempt 0).
+	// Min is the delay before the first retry (attempt 0). It must be
+	// positive: a zero minimum would make every delay zero.
 	Min time.Duration
 	// Max bounds every delay, jitter included. It must be positive and at
 	// least Min.
@@ -27,22 +32,31 @@ type Policy struct {
 	Jitter float64
 }
 
-// Fixed returns the policy that always waits d.
-func Fixed(d time.Duration) Policy { return Policy{Min: d, Max: d} }
+// Fixed returns the policy that always waits d. A d that is not positive is
+// an error: a zero delay would retry in a tight loop, and the zero Policy
+// already means [DefaultPolicy].
+func Fixed(d time.Duration) (Policy, error) {
+	if d <= 0 {
+		return Policy{}, fmt.Errorf("backoff: fixed delay %v must be positive", d)
+	}
+	return Policy{Min: d, Max: d}, nil
+}
 
 func (p Policy) orDefault() Policy {
 	if p == (Policy{}) {
-		return DefaultPolicy
+		return defaultPolicy
 	}
 	return p
 }
 
-// Validate reports whether the policy can be used. The zero Policy is valid.
+// Validate reports whether the policy can be used: Min positive, Max at
+// least Min, Jitter finite in [0, 100]. The zero Policy is valid (it means
+// [DefaultPolicy]).
 func (p Policy) Validate() error {
 	p = p.orDefault()
 	switch {
-	case p.Min < 0:
-		return fmt.Errorf("backoff: min %v is negative", p.Min)
+	case p.Min <= 0:
+		return fmt.Errorf("backoff: min %v must be positive", p.Min)
 	case p.Max <= 0:
 		return fmt.Errorf("backoff: max %v must be positive", p.Max)
 	case p.Min > p.Max:
@@ -58,7 +72,8 @@ func (p Policy) Validate() error {
 // Delay returns the delay before retry number attempt, counting from 0. It
 // never exceeds Max and is never below the exponential base Min·2ⁿ (capped at
 // Max). A negative attempt counts as 0. An invalid policy (see
-// [Policy.Validate]) is clamped into range rather than trusted.
+// [Policy.Validate]) is clamped into range rather than trusted: a Min or Max
+// that is not positive takes [DefaultPolicy]'s, so no delay is ever zero.
 func (p Policy) Delay(attempt int) time.Duration {
 	return p.delay(attempt, rand.Float64())
 }
@@ -67,17 +82,20 @@ func (p Policy) Delay(attempt int) time.Duration {
 // is a pure function.
 func (p Policy) delay(attempt int, u float64) time.Duration {
 	p = p.orDefault()
+	// An invalid policy must not spin: a missing bound takes the default.
 	if p.Max <= 0 {
-		return 0
+		p.Max = defaultPolicy.Max
 	}
-	minD := min(max(p.Min, 0), p.Max)
+	minD := p.Min
+	if minD <= 0 {
+		minD = defaultPolicy.Min
+	}
+	minD = min(minD, p.Max)
 	if attempt < 0 {
 		attempt = 0
 	}
 	base := p.Max
-	if minD == 0 {
-		base = 0
-	} else if attempt < 63 && minD <= p.Max>>uint(attempt) {
+	if attempt < 63 && minD <= p.Max>>uint(attempt) {
 		base = minD << uint(attempt)
 	}
 	jitter := p.Jitter

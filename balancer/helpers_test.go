@@ -99,7 +99,7 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 // client of it.
 func controlPlane(t *testing.T, store *destination.Store, opts ...destination.Option) *destination.Client {
 	t.Helper()
-	return grpcClient(t, destination.NewServer(store, quietLogger), opts...)
+	return grpcClient(t, destination.NewServer(store, destination.WithLogger(quietLogger)), opts...)
 }
 
 // grpcClient serves svc on loopback and returns a client of it.

@@ -53,7 +53,7 @@ func TestClientFeedsBalancer(t *testing.T) {
 	store := NewStore()
 	store.PutEndpoints(books+":7000", []Endpoint{a})
 	store.PutEndpoints("empty.ns.svc.cluster.local:80", nil)
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr), balancer.WithFallback(false))
 	status, body, _ := fetch(t, client, "http://"+books+":7000/")
 	assert.Equal(t, 200, status)

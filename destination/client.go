@@ -11,6 +11,7 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
@@ -42,6 +43,7 @@ type Client struct {
 	api  pb.DestinationClient
 	conn *grpc.ClientConn // closed by Close when the client made it
 	cfg  config
+	log  *ratelog.Logger // every line a stream or an update can trigger
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -57,7 +59,8 @@ var _ profiles.Source = (*Client)(nil)
 // NewClient returns a Client that makes its calls on cc. The caller keeps
 // ownership of cc and must close it after the Client.
 func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
-	c := &Client{api: pb.NewDestinationClient(cc), cfg: newConfig(opts)}
+	cfg := newConfig(opts)
+	c := &Client{api: pb.NewDestinationClient(cc), cfg: cfg, log: ratelog.New(cfg.logger, cfg.logInterval)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
@@ -80,6 +83,9 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 			},
 			session:  c.endpointSession,
 			rejected: func(err error) EndpointsUpdate { return EndpointsUpdate{Err: err} },
+			// Linkerd's controller stays silent for a service that exists
+			// with no endpoints (it never sends no_endpoints{exists: true}).
+			silent: func() EndpointsUpdate { return EndpointsUpdate{Set: &EndpointSet{Exists: true}} },
 		},
 		m: make(map[string]*watch[*pb.Update, EndpointsUpdate]),
 	}
@@ -90,9 +96,13 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 // host:port, or any gRPC target), which Close closes. Connection attempts go
 // through a [backoff.Dialer] with the client's backoff policy, so that a
 // control plane that cannot be reached is retried after a delay, never in a
-// tight loop. Dial does not wait for the connection.
+// tight loop. Dial does not wait for the connection. An invalid backoff
+// policy (see [backoff.Policy.Validate]) is an error.
 func Dial(target string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
+	if err := cfg.policy.Validate(); err != nil {
+		return nil, fmt.Errorf("destination: WithBackoff: %w", err)
+	}
 	dialer := backoff.NewDialer(cfg.dial, cfg.policy)
 	dialOpts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -138,8 +148,13 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 
 // WatchEndpoints streams the endpoint set of authority (host:port) from Get,
 // with the semantics of [profiles.Source.Watch]; it makes the Client a
-// balancer.Source. After a reconnect the last
-// set stays in force until the new stream's first message replaces it.
+// balancer.Source. After a reconnect the last set stays in force until the
+// new stream's first message replaces it. A stream that stays silent past
+// the first-message deadline (see [WithFirstMessageTimeout]) is kept open and
+// stands for a service that exists with no endpoints yet, as with Linkerd's
+// controller: an update with Exists true and no endpoints is delivered (a
+// balancer then fails requests at once with 503), and the stream's first
+// later message applies as usual.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(EndpointsUpdate)) (func(), error) {
 	return c.endpoints.subscribe(c, ctx, authority, update)
 }
@@ -169,7 +184,7 @@ func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (
 	return func(m *pb.DestinationProfile) (profiles.Update, bool) {
 		p, err := ProfileFromProto(m)
 		if err != nil {
-			c.cfg.logger.Warn("rejected profile update; keeping the last one", "authority", authority, "error", err)
+			c.log.Warn("rejected profile", "rejected profile update; keeping the last one", "authority", authority, "error", err)
 			return profiles.Update{}, false
 		}
 		return profiles.Update{Profile: p}, true
@@ -190,7 +205,7 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (EndpointsUp
 			for i, a := range u.Add.GetAddrs() {
 				e, err := EndpointFromProto(a, labels, fmt.Sprintf("add.addrs[%d]", i))
 				if err != nil {
-					c.cfg.logger.Warn("skipped a bad endpoint", "authority", authority, "error", err)
+					c.log.Warn("bad endpoint", "skipped a bad endpoint", "authority", authority, "error", err)
 					continue
 				}
 				set[e.Addr] = e

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func addrs(u EndpointsUpdate) []string {
 func TestProfileUpdatesArriveInOrder(t *testing.T) {
 	store := NewStore()
 	store.PutServiceProfile(serviceProfile(books, "v1"))
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
 	rec := newRecorder[profiles.Update]()
@@ -67,7 +68,7 @@ func TestEndpointUpdatesArriveInOrder(t *testing.T) {
 	store := NewStore()
 	authority := books + ":7000"
 	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", true)})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
 	rec := newRecorder[EndpointsUpdate]()
@@ -101,7 +102,7 @@ func TestStreamsAreShared(t *testing.T) {
 		}
 		return block(st.Context())
 	}
-	cp := serve(t, "127.0.0.1:0", s)
+	cp := serve(t, s)
 	c := newTestClient(t, cp.addr, WithIdleTimeout(0))
 
 	var stops []func()
@@ -139,7 +140,7 @@ func TestContextTokenAndScheme(t *testing.T) {
 		got <- req
 		return block(st.Context())
 	}
-	cp := serve(t, "127.0.0.1:0", s)
+	cp := serve(t, s)
 	c := newTestClient(t, cp.addr, WithContextToken(`{"ns":"default"}`), WithScheme("k8s"))
 	stop, err := c.Watch(context.Background(), books+":7000", func(profiles.Update) {})
 	require.NoError(t, err)
@@ -161,9 +162,9 @@ func TestControlPlaneRestart(t *testing.T) {
 	store.PutServiceProfile(serviceProfile(books, "before"))
 	authority := books + ":7000"
 	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", false)})
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
-	addr := cp.addr
-	c := newTestClient(t, addr)
+	held := holdListener(t)
+	cp := serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
+	c := newTestClient(t, held.addr())
 
 	prof := newRecorder[profiles.Update]()
 	stopP, err := c.Watch(context.Background(), authority, prof.update)
@@ -179,7 +180,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	cp.stop()
 	store.PutServiceProfile(serviceProfile(books, "after"))
 	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.9:7000", false)})
-	serve(t, addr, NewServer(store, quietLogger))
+	serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
 
 	prof.waitFor(t, "after", hasRoute("after"))
 	eps.waitFor(t, "new endpoints", func(u EndpointsUpdate) bool {
@@ -223,7 +224,7 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 				}
 				return block(st.Context())
 			}
-			cp := serve(t, "127.0.0.1:0", s)
+			cp := serve(t, s)
 			c := newTestClient(t, cp.addr)
 			rec := newRecorder[EndpointsUpdate]()
 			stop, err := c.WatchEndpoints(context.Background(), "svc.ns.svc.cluster.local:80", rec.update)
@@ -246,22 +247,23 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 // keeps trying at that pace, and reaches it once it listens.
 func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
 	t.Setenv("INMESH_CONTROL_BACKOFF_DELAY", "100ms")
-	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	require.NoError(t, err)
-	require.Equal(t, backoff.Fixed(100*time.Millisecond), policy)
+	require.Equal(t, backoff.Policy{Min: 100 * time.Millisecond, Max: 100 * time.Millisecond}, policy)
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := lis.Addr().String()
-	require.NoError(t, lis.Close()) // nothing listens there now
-
+	// The port is held by the test; until a server serves it, dials are
+	// refused as by a port nothing listens on.
+	held := holdListener(t)
 	dials := make(chan time.Time, 1000)
 	var nd net.Dialer
 	countingDial := func(ctx context.Context, network, a string) (net.Conn, error) {
 		dials <- time.Now()
+		if !held.serving() {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+		}
 		return nd.DialContext(ctx, network, a)
 	}
-	c := newTestClient(t, addr, WithBackoff(policy), WithDialFunc(countingDial))
+	c := newTestClient(t, held.addr(), WithBackoff(policy), WithDialFunc(countingDial))
 	rec := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
 	require.NoError(t, err)
@@ -283,7 +285,7 @@ func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
 
 	store := NewStore()
 	store.PutServiceProfile(serviceProfile(books, "reached"))
-	serve(t, addr, NewServer(store, quietLogger))
+	serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
 	rec.waitFor(t, "profile after the control plane came up", hasRoute("reached"))
 }
 
@@ -301,7 +303,7 @@ func TestStatusCodes(t *testing.T) {
 				}
 				return block(st.Context())
 			}
-			cp := serve(t, "127.0.0.1:0", s)
+			cp := serve(t, s)
 			policy := backoff.Policy{Min: 30 * time.Millisecond, Max: 100 * time.Millisecond}
 			c := newTestClient(t, cp.addr, WithBackoff(policy))
 			rec := newRecorder[profiles.Update]()
@@ -325,7 +327,7 @@ func TestStatusCodes(t *testing.T) {
 			s.get = func(int, *pb.GetDestination, grpc.ServerStreamingServer[pb.Update]) error {
 				return status.Error(code, "no")
 			}
-			cp := serve(t, "127.0.0.1:0", s)
+			cp := serve(t, s)
 			c := newTestClient(t, cp.addr)
 			rec := newRecorder[profiles.Update]()
 			stop, err := c.Watch(context.Background(), books+":7000", rec.update)
@@ -365,7 +367,7 @@ func TestFirstMessageDeadline(t *testing.T) {
 		}
 		return block(st.Context())
 	}
-	cp := serve(t, "127.0.0.1:0", s)
+	cp := serve(t, s)
 	c := newTestClient(t, cp.addr, WithFirstMessageTimeout(200*time.Millisecond))
 	rec := newRecorder[profiles.Update]()
 	start := time.Now()
@@ -384,17 +386,20 @@ func TestFirstMessageDeadline(t *testing.T) {
 
 func TestWatchCap(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr, WithMaxWatches(1000), WithIdleTimeout(0))
 
 	runtime.GC()
 	baseGoroutines := runtime.NumGoroutine()
+	// delivered counts the watches that got a profile, once each: under
+	// load a stream may be re-established and deliver its profile again.
 	var delivered atomic.Int64
 	var stops []func()
 	var rejected int
 	for i := range 2000 {
+		var got atomic.Bool
 		stop, err := c.Watch(context.Background(), fmt.Sprintf("svc-%d.ns.svc.cluster.local:80", i), func(u profiles.Update) {
-			if u.Profile != nil {
+			if u.Profile != nil && !got.Swap(true) {
 				delivered.Add(1)
 			}
 		})
@@ -433,7 +438,7 @@ func TestWatchCap(t *testing.T) {
 
 func TestClosedClient(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 	_, err := c.Watch(context.Background(), books+":80", func(profiles.Update) {})
 	require.NoError(t, err)
@@ -445,7 +450,7 @@ func TestClosedClient(t *testing.T) {
 
 func TestWatchEndsWithContext(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr, WithIdleTimeout(0))
 	ctx, cancel := context.WithCancel(context.Background())
 	rec := newRecorder[profiles.Update]()
@@ -471,7 +476,7 @@ func TestBadProfileKeepsLastGood(t *testing.T) {
 			}
 		}
 	}
-	cp := serve(t, "127.0.0.1:0", s)
+	cp := serve(t, s)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
@@ -492,4 +497,9 @@ func TestBadProfileKeepsLastGood(t *testing.T) {
 	rec.waitFor(t, "good2", hasRoute("good2"))
 	assert.Len(t, rec.all(), 2, "the bad profile was never delivered")
 	assert.Len(t, s.callTimes(), 1, "a bad message does not break the stream")
+}
+
+func TestDialRefusesAnInvalidBackoff(t *testing.T) {
+	_, err := Dial("127.0.0.1:1", WithBackoff(backoff.Policy{Min: 0, Max: time.Second}))
+	assert.ErrorContains(t, err, "WithBackoff: backoff: min 0s must be positive")
 }

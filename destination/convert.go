@@ -19,6 +19,35 @@ type Endpoint = profiles.Endpoint
 // DefaultWeight is the weight of an endpoint that sets none.
 const DefaultWeight = 10000
 
+// Bounds of an endpoint's metric labels (its set's labels and its own,
+// merged), which become dst_* labels on every request series: an endpoints
+// file or a Get stream beyond them is an error naming the field, and the
+// endpoint is not used.
+const (
+	MaxEndpointLabels = 32  // labels of one endpoint
+	MaxLabelKeyLen    = 63  // bytes of one label key
+	MaxLabelValueLen  = 253 // bytes of one label value
+)
+
+// checkLabels applies the label bounds; the error names the label at
+// fault.
+func checkLabels(labels map[string]string) error {
+	if len(labels) > MaxEndpointLabels {
+		return fmt.Errorf("%d labels, more than %d", len(labels), MaxEndpointLabels)
+	}
+	for k, v := range labels {
+		switch {
+		case k == "":
+			return errors.New("empty label key")
+		case len(k) > MaxLabelKeyLen:
+			return fmt.Errorf("label key %.20q... is %d bytes, more than %d", k, len(k), MaxLabelKeyLen)
+		case len(v) > MaxLabelValueLen:
+			return fmt.Errorf("label %s: value is %d bytes, more than %d", k, len(v), MaxLabelValueLen)
+		}
+	}
+	return nil
+}
+
 // ProfileToProto converts a profile to its wire form. Routes with a nil
 // condition are sent without one.
 func ProfileToProto(p *profiles.Profile) *pb.DestinationProfile {
@@ -385,10 +414,16 @@ func EndpointFromProto(w *pb.WeightedAddr, setLabels map[string]string, path str
 	if e.Weight == 0 {
 		e.Weight = DefaultWeight
 	}
-	if len(setLabels)+len(w.GetMetricLabels()) > 0 {
-		e.Labels = make(map[string]string, len(setLabels)+len(w.GetMetricLabels()))
+	if n := len(setLabels) + len(w.GetMetricLabels()); n > 0 {
+		if n > 2*MaxEndpointLabels {
+			return Endpoint{}, errAt(path+".metric_labels", "%d labels, more than %d", n, MaxEndpointLabels)
+		}
+		e.Labels = make(map[string]string, n)
 		maps.Copy(e.Labels, setLabels)
 		maps.Copy(e.Labels, w.GetMetricLabels())
+		if err := checkLabels(e.Labels); err != nil {
+			return Endpoint{}, errAt(path+".metric_labels", "%v", err)
+		}
 	}
 	if id := w.GetTlsIdentity(); id != nil {
 		switch s := id.GetStrategy().(type) {

@@ -310,7 +310,7 @@ func BenchmarkStoreUpdateToClient(b *testing.B) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	srv := grpc.NewServer()
-	NewServer(store, quietLogger).Register(srv)
+	NewServer(store, WithLogger(quietLogger)).Register(srv)
 	go srv.Serve(lis)
 	defer srv.Stop()
 	c, err := Dial(lis.Addr().String(), WithLogger(quietLogger))

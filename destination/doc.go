@@ -9,8 +9,15 @@
 // of endpoints for package [github.com/inmesh/inmesh/balancer]. It keeps one stream per watched
 // authority, shared by every caller; re-subscribes with backoff after any
 // stream end or error, keeping the last state in force meanwhile; treats
-// InvalidArgument and FailedPrecondition as "no profile" and stops; and
-// counts a stream that sends nothing before a deadline as failed.
+// InvalidArgument and FailedPrecondition as "no profile" and stops; counts
+// a GetProfile stream that sends nothing before a deadline as failed; and
+// keeps a silent Get stream open as "exists, no endpoints yet", which is what
+// Linkerd's controller means by it.
+//
+// The Server follows the contract of Linkerd's controller, and
+// [Server.Shutdown] ends all of its streams so that clients re-subscribe
+// elsewhere at once. [WatchFiles] feeds a Store from files and keeps the
+// last good state against every bad file.
 //
 // The wire types are in package [destinationpb]; they use Linkerd's proto
 // names, so the Client works against a Linkerd control plane and a Linkerd

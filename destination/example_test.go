@@ -25,7 +25,7 @@ func ExampleClient_WatchEndpoints() {
 		return
 	}
 	srv := grpc.NewServer()
-	destination.NewServer(store, nil).Register(srv)
+	destination.NewServer(store).Register(srv)
 	go srv.Serve(lis)
 	defer srv.Stop()
 

@@ -2,28 +2,35 @@ package destination
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/inmesh/inmesh/internal/filestamp"
+	"github.com/inmesh/inmesh/internal/ratelog"
 )
 
 // WatchFiles loads the ServiceProfile YAML files (*.yaml, *.yml) of
 // profilesDir and the endpoints file into store, then checks them every
-// interval and loads again what changed, until ctx is done. Either path may
-// be empty. A file that fails to load is logged with its file, document and
-// field, and the store keeps serving the last good version. WatchFiles
-// returns the error of the first load, without watching, when it fails.
-func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile string, interval time.Duration, log *slog.Logger) error {
-	if log == nil {
-		log = slog.Default()
-	}
+// interval (default 1s when interval <= 0) and loads again what changed,
+// until ctx is done. Either path may be empty. Of the package's options it
+// uses [WithLogger] and [WithLogInterval].
+//
+// A changed file is loaded once it stayed the same for one interval, so that
+// a copy caught half-way is not loaded; a file that changes while it is read
+// is read again at the next poll. A file that fails to load (bad YAML, a
+// duplicate key, a bad field, an empty or truncated file) is logged with its
+// file, document and field, and the store keeps serving the last good
+// version. WatchFiles returns the error of the first load, without
+// watching, when it fails.
+func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile string, interval time.Duration, opts ...Option) error {
+	cfg := newConfig(opts)
 	if interval <= 0 {
 		interval = time.Second
 	}
-	w := &fileWatcher{store: store, dir: profilesDir, endpoints: endpointsFile, log: log}
+	w := &fileWatcher{store: store, dir: profilesDir, endpoints: endpointsFile,
+		log: ratelog.New(cfg.logger, cfg.logInterval)}
 	if err := w.load(true); err != nil {
 		return err
 	}
@@ -32,10 +39,10 @@ func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile st
 }
 
 type fileWatcher struct {
-	store                        *Store
-	dir, endpoints               string
-	log                          *slog.Logger
-	profilesStamp, endpointStamp string
+	store                           *Store
+	dir, endpoints                  string
+	log                             *ratelog.Logger
+	profilesSettle, endpointsSettle filestamp.Settle
 }
 
 func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
@@ -47,12 +54,13 @@ func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			if err := w.load(false); err != nil {
-				w.log.Warn("rejected a control-plane file; serving the last good version", "error", err)
+				w.log.Warn("rejected file", "rejected a control-plane file; serving the last good version", "error", err)
 			}
 		}
 	}
 }
 
+// load reads what changed; first loads everything at once.
 func (w *fileWatcher) load(first bool) error {
 	var errs []string
 	if w.dir != "" {
@@ -60,12 +68,20 @@ func (w *fileWatcher) load(first bool) error {
 		switch {
 		case err != nil:
 			errs = append(errs, err.Error())
-		case stamp != w.profilesStamp:
-			w.profilesStamp = stamp
-			if err := w.store.LoadServiceProfiles(paths...); err != nil {
+		case first || w.profilesSettle.Ready(stamp):
+			err := w.store.LoadServiceProfiles(paths...)
+			switch {
+			case errors.Is(err, filestamp.ErrChanged):
+				// Not recorded: read again at the next poll.
+				w.log.Debug("file changed", "a file changed while it was read", "error", err)
+			case err != nil:
+				w.profilesSettle.Loaded(stamp)
 				errs = append(errs, err.Error())
-			} else if !first {
-				w.log.Info("loaded service profiles", "dir", w.dir, "files", len(paths))
+			default:
+				w.profilesSettle.Loaded(stamp)
+				if !first {
+					w.log.Info("loaded profiles", "loaded service profiles", "dir", w.dir, "files", len(paths))
+				}
 			}
 		}
 	}
@@ -74,12 +90,19 @@ func (w *fileWatcher) load(first bool) error {
 		switch {
 		case err != nil:
 			errs = append(errs, err.Error())
-		case stamp != w.endpointStamp:
-			w.endpointStamp = stamp
-			if err := w.store.LoadEndpoints(w.endpoints); err != nil {
+		case first || w.endpointsSettle.Ready(stamp):
+			err := w.store.LoadEndpoints(w.endpoints)
+			switch {
+			case errors.Is(err, filestamp.ErrChanged):
+				w.log.Debug("file changed", "a file changed while it was read", "error", err)
+			case err != nil:
+				w.endpointsSettle.Loaded(stamp)
 				errs = append(errs, err.Error())
-			} else if !first {
-				w.log.Info("loaded endpoints", "file", w.endpoints)
+			default:
+				w.endpointsSettle.Loaded(stamp)
+				if !first {
+					w.log.Info("loaded endpoints", "loaded endpoints", "file", w.endpoints)
+				}
 			}
 		}
 	}

@@ -22,7 +22,7 @@ func TestWatchFiles(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	store := NewStore()
-	require.NoError(t, WatchFiles(ctx, store, profilesDir, eps, 10*time.Millisecond, quietLogger))
+	require.NoError(t, WatchFiles(ctx, store, profilesDir, eps, 10*time.Millisecond, WithLogger(quietLogger)))
 	p, _ := store.profile("books.default.svc.cluster.local", 7000)
 	assert.Len(t, p.Routes, 3)
 
@@ -46,5 +46,5 @@ func TestWatchFiles(t *testing.T) {
 	p, _ = store.profile("books.default.svc.cluster.local", 7000)
 	assert.Len(t, p.Routes, 3, "the broken profile file left the last good profiles")
 
-	assert.Error(t, WatchFiles(ctx, NewStore(), filepath.Join(dir, "missing"), "", 0, nil), "the first load must succeed")
+	assert.Error(t, WatchFiles(ctx, NewStore(), filepath.Join(dir, "missing"), "", 0), "the first load must succeed")
 }

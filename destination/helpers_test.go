@@ -1,11 +1,13 @@
 package destination
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,16 +39,17 @@ type controlPlane struct {
 	done chan struct{}
 }
 
-// serve starts a gRPC server with svc on addr ("127.0.0.1:0" for any port).
-func serve(t *testing.T, addr string, svc pb.DestinationServer) *controlPlane {
+// serve starts a gRPC server with svc on a port the kernel picks.
+func serve(t *testing.T, svc pb.DestinationServer) *controlPlane {
 	t.Helper()
-	var lis net.Listener
-	var err error
-	// A port just released may take a moment to be free again.
-	require.Eventually(t, func() bool {
-		lis, err = net.Listen("tcp", addr)
-		return err == nil
-	}, defaultTestTimeout, 10*time.Millisecond, "listen %s: %v", addr, err)
+	return serveHeld(t, holdListener(t), svc)
+}
+
+// serveHeld starts a gRPC server with svc on h. Several servers may serve h
+// one after the other: the port stays held by the test in between.
+func serveHeld(t *testing.T, h *heldListener, svc pb.DestinationServer) *controlPlane {
+	t.Helper()
+	lis := h.generation()
 	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
 	pb.RegisterDestinationServer(cp.srv, svc)
 	go func() {
@@ -56,6 +59,105 @@ func serve(t *testing.T, addr string, svc pb.DestinationServer) *controlPlane {
 	t.Cleanup(cp.stop)
 	return cp
 }
+
+// heldListener holds a loopback port for a whole test and hands its
+// connections to one server at a time; while none serves, a connection is
+// closed as soon as it is accepted. It stands for a control plane that
+// restarts on its port without the test ever releasing the port.
+type heldListener struct {
+	lis  net.Listener
+	mu   sync.Mutex
+	cur  *genListener
+	done chan struct{}
+}
+
+func holdListener(t *testing.T) *heldListener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	h := &heldListener{lis: lis, done: make(chan struct{})}
+	go h.acceptLoop()
+	t.Cleanup(func() {
+		lis.Close()
+		<-h.done
+	})
+	return h
+}
+
+func (h *heldListener) addr() string { return h.lis.Addr().String() }
+
+// serving reports whether a server takes the connections now.
+func (h *heldListener) serving() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cur != nil
+}
+
+func (h *heldListener) acceptLoop() {
+	defer close(h.done)
+	for {
+		c, err := h.lis.Accept()
+		if err != nil {
+			return
+		}
+		h.mu.Lock()
+		g := h.cur
+		h.mu.Unlock()
+		if g == nil || !g.offer(c) {
+			c.Close()
+		}
+	}
+}
+
+// generation returns the listener of the next server.
+func (h *heldListener) generation() net.Listener {
+	g := &genListener{h: h, conns: make(chan net.Conn), closed: make(chan struct{})}
+	h.mu.Lock()
+	h.cur = g
+	h.mu.Unlock()
+	return g
+}
+
+// genListener is one server's view of a heldListener; closing it does not
+// release the port.
+type genListener struct {
+	h      *heldListener
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (g *genListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.conns:
+		return c, nil
+	case <-g.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (g *genListener) offer(c net.Conn) bool {
+	select {
+	case g.conns <- c:
+		return true
+	case <-g.closed:
+		return false
+	}
+}
+
+func (g *genListener) Close() error {
+	g.once.Do(func() {
+		g.h.mu.Lock()
+		if g.h.cur == g {
+			g.h.cur = nil
+		}
+		g.h.mu.Unlock()
+		close(g.closed)
+	})
+	return nil
+}
+
+func (g *genListener) Addr() net.Addr { return g.h.lis.Addr() }
 
 // stop closes the listener and cuts every stream.
 func (cp *controlPlane) stop() {
@@ -207,4 +309,52 @@ func block(ctx context.Context) error {
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+}
+
+// lineCounter collects the lines of a text logger, for tests that bound
+// what an event may log.
+type lineCounter struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lineCounter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lineCounter) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (l *lineCounter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// count returns the lines containing every one of subs (all lines for
+// none).
+func (l *lineCounter) count(subs ...string) int {
+	n := 0
+lines:
+	for _, line := range strings.Split(l.String(), "\n") {
+		if line == "" {
+			continue
+		}
+		for _, s := range subs {
+			if !strings.Contains(line, s) {
+				continue lines
+			}
+		}
+		n++
+	}
+	return n
+}
+
+func (l *lineCounter) bytes() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Len()
 }

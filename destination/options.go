@@ -29,6 +29,7 @@ type config struct {
 	idleTimeout          time.Duration
 	firstMessageTimeout  time.Duration
 	logger               *slog.Logger
+	logInterval          time.Duration
 	dial                 backoff.DialFunc
 	dialOptions          []grpc.DialOption
 }
@@ -61,7 +62,8 @@ func WithContextToken(token string) Option {
 
 // WithBackoff sets the delays between attempts to re-establish a stream (and,
 // with [Dial], between failed connection attempts). The zero Policy is
-// [backoff.DefaultPolicy].
+// [backoff.DefaultPolicy]. [Dial] refuses a policy that does not validate; a
+// [Client] made with [NewClient] clamps it (see [backoff.Policy.Delay]).
 func WithBackoff(p backoff.Policy) Option { return optionFunc(func(c *config) { c.policy = p }) }
 
 // WithMaxWatches bounds the number of authorities watched at once, for
@@ -87,8 +89,10 @@ func WithIdleTimeout(d time.Duration) Option {
 }
 
 // WithFirstMessageTimeout sets how long a new stream may stay silent before
-// it counts as failed and is re-established (default
-// [DefaultFirstMessageTimeout]). d <= 0 changes nothing.
+// its silence means something (default [DefaultFirstMessageTimeout]): a
+// silent GetProfile stream counts as failed and is re-established; a silent
+// Get stream is kept open and means "exists, no endpoints yet". d <= 0
+// changes nothing.
 func WithFirstMessageTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d > 0 {
@@ -97,12 +101,26 @@ func WithFirstMessageTimeout(d time.Duration) Option {
 	})
 }
 
-// WithLogger sets the logger for stream failures and rejected updates
-// (default slog.Default()).
+// WithLogger sets the logger (default slog.Default()): of a [Client], for
+// stream failures and rejected updates, each kind of line at most once per
+// [WithLogInterval]; of a [Server] and [WatchFiles], for rejected files and
+// shutdown.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) {
 		if l != nil {
 			c.logger = l
+		}
+	})
+}
+
+// WithLogInterval sets how often each kind of line that a stream or an
+// update can trigger is written at most, with the number of lines suppressed
+// meanwhile attached to the next (default 10s). d <= 0
+// changes nothing.
+func WithLogInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.logInterval = d
 		}
 	})
 }

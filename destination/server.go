@@ -1,8 +1,13 @@
 package destination
 
 import (
+	"context"
 	"log/slog"
+	"net"
 	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
@@ -17,34 +22,95 @@ import (
 // stream is sent at once and describes the whole state (an add with every
 // endpoint, or no_endpoints); an unknown service gets
 // no_endpoints{exists: false} from Get and a default profile (no routes,
-// [profiles.DefaultRetryBudget]) from GetProfile; an authority that is not
-// host:port gets InvalidArgument. Every later change of the Store is pushed
-// at once.
+// [profiles.DefaultRetryBudget]) from GetProfile; an authority without a
+// port means port 80; an authority that is not host[:port] gets
+// InvalidArgument. Every later change of the Store is pushed at once.
+//
+// [Server.Shutdown] ends every open stream, so that clients re-subscribe
+// elsewhere at once: grpc's GracefulStop alone waits for these endless
+// streams forever. A Server is safe for concurrent use.
 type Server struct {
 	pb.UnimplementedDestinationServer
 	store *Store
 	log   *slog.Logger
+
+	shutdownOnce sync.Once
+	shutdown     chan struct{} // closed by Shutdown
+	streams      sync.WaitGroup
 }
 
 var _ pb.DestinationServer = (*Server)(nil)
 
-// NewServer returns a Server for store; a nil logger means slog.Default().
-func NewServer(store *Store, log *slog.Logger) *Server {
-	if log == nil {
-		log = slog.Default()
-	}
-	return &Server{store: store, log: log}
+// errShuttingDown ends the streams of a Server that is shutting down; the
+// client reconnects, to this control plane's replacement.
+var errShuttingDown = status.Error(codes.Unavailable, "destination: server shutting down")
+
+// NewServer returns a Server for store. Of the package's options it uses
+// [WithLogger].
+func NewServer(store *Store, opts ...Option) *Server {
+	cfg := newConfig(opts)
+	return &Server{store: store, log: cfg.logger, shutdown: make(chan struct{})}
 }
 
-// Register adds the Destination service to g.
-func (s *Server) Register(g *grpc.Server) { pb.RegisterDestinationServer(g, s) }
+// Register adds the Destination service to r, such as a *grpc.Server.
+func (s *Server) Register(r grpc.ServiceRegistrar) { pb.RegisterDestinationServer(r, s) }
+
+// Shutdown ends every open stream with Unavailable and refuses new ones
+// from now on, then waits until every stream handler has returned or ctx is
+// done (returning ctx.Err()). Call it before grpc.Server.GracefulStop, which
+// then returns as soon as the remaining unary work (none) is done. It is
+// safe to call more than once.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() { close(s.shutdown) })
+	done := make(chan struct{})
+	go func() {
+		s.streams.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// begin registers a stream handler; it fails once Shutdown was called.
+func (s *Server) begin() error {
+	select {
+	case <-s.shutdown:
+		return errShuttingDown
+	default:
+	}
+	s.streams.Add(1)
+	return nil
+}
+
+// requestedAuthority parses a GetDestination path as Linkerd's controller
+// does: host:port, or a host alone meaning port 80.
+func requestedAuthority(path string) (host string, port uint32, err error) {
+	host, port, err = authpkg.Split(path)
+	if err == nil {
+		return host, port, nil
+	}
+	if !strings.Contains(path, ":") || (strings.HasPrefix(path, "[") && strings.HasSuffix(path, "]")) {
+		if h, p, err2 := authpkg.Split(path + ":80"); err2 == nil {
+			return h, p, nil
+		}
+	}
+	return "", 0, err
+}
 
 // GetProfile streams the profile of the requested authority.
 func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-	host, port, err := authpkg.Split(req.GetPath())
+	host, port, err := requestedAuthority(req.GetPath())
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "invalid authority: %v", err)
 	}
+	if err := s.begin(); err != nil {
+		return err
+	}
+	defer s.streams.Done()
 	var last *pb.DestinationProfile
 	for {
 		p, changed := s.store.profile(host, port)
@@ -57,6 +123,8 @@ func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingS
 		}
 		select {
 		case <-changed:
+		case <-s.shutdown:
+			return errShuttingDown
 		case <-stream.Context().Done():
 			return nil
 		}
@@ -66,10 +134,15 @@ func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingS
 // Get streams the endpoints of the requested authority as adds and removes
 // against what the stream already sent.
 func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.Update]) error {
-	authority, err := authpkg.Normalize(req.GetPath())
+	host, port, err := requestedAuthority(req.GetPath())
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "invalid authority: %v", err)
 	}
+	if err := s.begin(); err != nil {
+		return err
+	}
+	defer s.streams.Done()
+	authority := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	sent := map[netip.AddrPort]*pb.WeightedAddr{}
 	first := true
 	var lastExists bool
@@ -83,6 +156,8 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 		first, lastExists = false, exists
 		select {
 		case <-changed:
+		case <-s.shutdown:
+			return errShuttingDown
 		case <-stream.Context().Done():
 			return nil
 		}

@@ -2,6 +2,7 @@ package destination
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,7 +53,7 @@ func recvTimeout[M any](t *testing.T, recv func() (M, error)) (M, error) {
 
 func TestServerGetProfile(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -75,7 +76,7 @@ func TestServerGetProfile(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, m.GetFullyQualifiedName())
 	})
-	for _, bad := range []string{"", "no-port", "web:0", "web:99999", "bad host:80", "-x.ns:80"} {
+	for _, bad := range []string{"", "web:", "::1", "web:0", "web:99999", "bad host:80", "-x.ns:80"} {
 		t.Run("invalid authority "+bad, func(t *testing.T) {
 			st, err := api.GetProfile(ctx, &pb.GetDestination{Path: bad})
 			require.NoError(t, err)
@@ -119,7 +120,7 @@ func TestServerGetProfile(t *testing.T) {
 
 func TestServerGet(t *testing.T) {
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -179,7 +180,7 @@ func TestServerGet(t *testing.T) {
 func TestStoreUpdateReachesStream(t *testing.T) {
 	// Many streams, one change: every stream gets it without polling.
 	store := NewStore()
-	cp := serve(t, "127.0.0.1:0", NewServer(store, quietLogger))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -197,4 +198,126 @@ func TestStoreUpdateReachesStream(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(ProfileToProto(serviceProfile(books, "pushed").ProfileFor(7000)), m))
 	}
+}
+
+// As Linkerd's controller: an authority without a port means port 80, on
+// GetProfile and Get.
+func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
+	store := NewStore()
+	sp := serviceProfile(books, "r1")
+	sp.OpaquePorts = []uint32{80}
+	store.PutServiceProfile(sp)
+	store.PutEndpoints(books+":80", []Endpoint{ep("10.0.0.1:8080", false)})
+	store.PutEndpoints("[fd00::1]:80", []Endpoint{ep("10.0.0.2:8080", false)})
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	api := rawClient(t, cp.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+
+	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: books})
+	require.NoError(t, err)
+	m, err := recvTimeout(t, st.Recv)
+	require.NoError(t, err)
+	assert.Len(t, m.GetRoutes(), 1)
+	assert.True(t, m.GetOpaqueProtocol(), "the profile for port 80")
+
+	for path, want := range map[string]string{books: "10.0.0.1:8080", "[fd00::1]": "10.0.0.2:8080"} {
+		eps, err := api.Get(ctx, &pb.GetDestination{Path: path})
+		require.NoError(t, err)
+		u, err := recvTimeout(t, eps.Recv)
+		require.NoError(t, err)
+		require.Len(t, u.GetAdd().GetAddrs(), 1, path)
+		addr, err := AddrFromProto(u.GetAdd().GetAddrs()[0].GetAddr())
+		require.NoError(t, err)
+		assert.Equal(t, want, addr.String(), path)
+	}
+}
+
+// Shutdown ends every open stream at once (GracefulStop alone would wait
+// for them forever), refuses new ones, and lets GracefulStop return.
+func TestServerShutdownEndsStreams(t *testing.T) {
+	store := NewStore()
+	store.PutEndpoints(books+":7000", []Endpoint{ep("10.0.0.1:8080", false)})
+	srv := NewServer(store, WithLogger(quietLogger))
+	cp := serve(t, srv)
+	api := rawClient(t, cp.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+
+	prof, err := api.GetProfile(ctx, &pb.GetDestination{Path: books + ":7000"})
+	require.NoError(t, err)
+	_, err = recvTimeout(t, prof.Recv)
+	require.NoError(t, err)
+	eps, err := api.Get(ctx, &pb.GetDestination{Path: books + ":7000"})
+	require.NoError(t, err)
+	_, err = recvTimeout(t, eps.Recv)
+	require.NoError(t, err)
+
+	require.NoError(t, srv.Shutdown(ctx))
+	_, err = recvTimeout(t, prof.Recv)
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	_, err = recvTimeout(t, eps.Recv)
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+
+	late, err := api.Get(ctx, &pb.GetDestination{Path: books + ":7000"})
+	require.NoError(t, err)
+	_, err = recvTimeout(t, late.Recv)
+	assert.Equal(t, codes.Unavailable, status.Code(err), "a new stream is refused: %v", err)
+
+	stopped := make(chan struct{})
+	go func() {
+		cp.srv.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("GracefulStop did not return after Shutdown")
+	}
+	require.NoError(t, srv.Shutdown(ctx), "a second Shutdown is fine")
+}
+
+// A client watching a Server that shuts down re-subscribes at once to the
+// replacement, which here serves a changed state, over the same connection
+// target.
+func TestClientFollowsShutdownToReplacement(t *testing.T) {
+	oldStore, newStore := NewStore(), NewStore()
+	oldStore.PutServiceProfile(serviceProfile(books, "old"))
+	newStore.PutServiceProfile(serviceProfile(books, "new"))
+	oldSrv := NewServer(oldStore, WithLogger(quietLogger))
+	newSrv := NewServer(newStore, WithLogger(quietLogger))
+
+	// One gRPC server, two Destination services behind a switch: the
+	// client's connection and its target stay the same, as when a
+	// replacement process takes over the port.
+	sw := &switchable{}
+	sw.cur.Store(oldSrv)
+	cp := serve(t, sw)
+	c := newTestClient(t, cp.addr)
+	rec := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "the old profile", hasRoute("old"))
+
+	sw.cur.Store(newSrv)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	require.NoError(t, oldSrv.Shutdown(ctx))
+	rec.waitFor(t, "the new profile", hasRoute("new"))
+	require.NoError(t, newSrv.Shutdown(ctx))
+}
+
+// switchable forwards each call to the current Destination service.
+type switchable struct {
+	pb.UnimplementedDestinationServer
+	cur atomic.Pointer[Server]
+}
+
+func (s *switchable) GetProfile(req *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	return s.cur.Load().GetProfile(req, st)
+}
+
+func (s *switchable) Get(req *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
+	return s.cur.Load().Get(req, st)
 }

@@ -1,14 +1,15 @@
 package destination
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 
 	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/yamltree"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -124,9 +125,10 @@ func (s *Store) LoadServiceProfiles(paths ...string) error {
 
 // LoadEndpoints reads an endpoints file (see [ParseEndpoints]) and, when it
 // is good, replaces the store's endpoint sets with its. On error the store is
-// unchanged.
+// unchanged; a file that changed while it was read is an error wrapping
+// filestamp's ErrChanged, to be read again later.
 func (s *Store) LoadEndpoints(path string) error {
-	data, err := os.ReadFile(path)
+	data, err := filestamp.Read(path)
 	if err != nil {
 		return err
 	}
@@ -189,19 +191,25 @@ func sortedEndpoints(eps []Endpoint) []Endpoint {
 //     authorityOverride: books.default.svc.cluster.local:7000  # optional
 //     labels: {pod: books-0}     # optional metric labels
 //
-// An authority with an empty list exists with no endpoints. Errors name the
-// field, as in "[0].endpoints[1].addr: ...".
+// An authority with an empty list exists with no endpoints. A state with no
+// authorities at all is written as an explicit empty list, []: an empty file
+// (or one of only spaces and comments, or null) is an error, because that is
+// what a file truncated or caught half-way through a copy looks like. A key
+// given twice is an error. Each endpoint has at most [MaxEndpointLabels]
+// labels, keys of at most [MaxLabelKeyLen] bytes and values of at most
+// [MaxLabelValueLen]. Errors name the field, as in
+// "[0].endpoints[1].addr: ...".
 func ParseEndpoints(data []byte) (map[string][]Endpoint, error) {
 	out := make(map[string][]Endpoint)
 	if yamltree.Blank(data) {
-		return out, nil
+		return nil, errEmptyEndpoints
 	}
 	root, err := yamltree.Decode(data)
 	if err != nil {
 		return nil, err
 	}
 	if root.Value == nil {
-		return out, nil
+		return nil, errEmptyEndpoints
 	}
 	entries, err := root.List()
 	if err != nil {
@@ -244,6 +252,9 @@ func ParseEndpoints(data []byte) (map[string][]Endpoint, error) {
 	}
 	return out, nil
 }
+
+// errEmptyEndpoints is why an empty endpoints file is refused.
+var errEmptyEndpoints = errors.New("the endpoints file is empty (truncated, or still being written?); write [] for a state with no authorities")
 
 func parseEndpoint(n yamltree.Node) (Endpoint, error) {
 	obj, err := n.Object("addr", "weight", "h2", "opaqueTransportPort", "identity", "authorityOverride", "labels")
@@ -302,6 +313,9 @@ func parseEndpoint(n yamltree.Node) (Endpoint, error) {
 				return e, err
 			}
 			e.Labels[k] = v
+		}
+		if err := checkLabels(e.Labels); err != nil {
+			return e, ln.Errorf("%v", err)
 		}
 	}
 	return e, nil

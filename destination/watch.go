@@ -36,6 +36,10 @@ type kind[M, U any] struct {
 	session func(authority string) func(M) (U, bool)
 	// rejected is the last update of a watch the server rejected.
 	rejected func(err error) U
+	// silent, when set, is the update that a stream silent past the
+	// first-message deadline stands for; the stream is then kept open.
+	// When nil, such a stream counts as failed and is re-established.
+	silent func() U
 }
 
 // watch is one shared stream for one authority, fanned out to subscribers.
@@ -148,20 +152,26 @@ func (w *watch[M, U]) publish(u U) {
 }
 
 // run keeps a stream open until ctx ends or the server rejects the lookup.
+// Its lines go through the client's rate limiter, keyed by event and RPC
+// (not by authority): a control plane that flaps under thousands of watches
+// writes a line per interval, not a line per watch.
 func (w *watch[M, U]) run(ctx context.Context) {
 	defer w.c.wg.Done()
-	log := w.c.cfg.logger.With("rpc", w.kind.name, "authority", w.authority)
+	rpc := w.kind.name
 	healthy := true
 	err := backoff.Retry(ctx, w.c.cfg.policy, w.session, func(err error, delay time.Duration) {
 		if healthy || errors.Is(err, backoff.ErrResetBackoff) {
-			log.Warn("destination stream failed; re-establishing", "error", err, "delay", delay)
+			w.c.log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
+				"rpc", rpc, "authority", w.authority, "error", err, "delay", delay)
 		} else {
-			log.Debug("destination stream failed; re-establishing", "error", err, "delay", delay)
+			w.c.log.Debug("stream failed again "+rpc, "destination stream failed; re-establishing",
+				"rpc", rpc, "authority", w.authority, "error", err, "delay", delay)
 		}
 		healthy = errors.Is(err, backoff.ErrResetBackoff)
 	})
 	if err != nil && ctx.Err() == nil {
-		log.Info("destination lookup rejected; not watching", "error", err)
+		w.c.log.Info("rejected "+rpc, "destination lookup rejected; not watching",
+			"rpc", rpc, "authority", w.authority, "error", err)
 		w.publish(w.kind.rejected(err))
 	}
 }
@@ -169,31 +179,63 @@ func (w *watch[M, U]) run(ctx context.Context) {
 // session runs one stream: it returns an error that says whether to retry
 // (always, unless the server rejected the lookup) and whether the stream made
 // progress.
+//
+// A stream silent past the first-message deadline is either cut and retried
+// (GetProfile: the controller always answers at once) or kept open with the
+// kind's silent update published (Get: Linkerd's controller says nothing for
+// a service with no endpoints). Either way the silence counts as progress,
+// so a later failure reconnects after the shortest delay.
 func (w *watch[M, U]) session(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var silent atomic.Bool
+	// mu orders the deadline's update before any message's, so that a
+	// first message racing the deadline is never overwritten by it.
+	var (
+		mu       sync.Mutex
+		received bool
+		timedOut bool
+	)
 	deadline := time.AfterFunc(w.c.cfg.firstMessageTimeout, func() {
-		silent.Store(true)
-		cancel()
+		mu.Lock()
+		defer mu.Unlock()
+		if received {
+			return
+		}
+		timedOut = true
+		if w.kind.silent == nil {
+			cancel()
+			return
+		}
+		w.c.log.Debug("silent "+w.kind.name,
+			"destination stream silent past the first-message deadline; no endpoints yet",
+			"rpc", w.kind.name, "authority", w.authority)
+		w.publish(w.kind.silent())
 	})
 	defer deadline.Stop()
+	state := func() (progressed, silent bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return received || (timedOut && w.kind.silent != nil), timedOut && w.kind.silent == nil
+	}
 
 	stream, err := w.kind.open(ctx, w.c.request(w.authority))
 	if err != nil {
-		return classifyStreamErr(err, false, silent.Load())
+		progressed, silent := state()
+		return classifyStreamErr(err, progressed, silent)
 	}
 	handle := w.kind.session(w.authority)
-	received := false
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
-			return classifyStreamErr(err, received, silent.Load())
+			progressed, silent := state()
+			return classifyStreamErr(err, progressed, silent)
 		}
+		mu.Lock()
 		if !received {
 			received = true
 			deadline.Stop()
 		}
+		mu.Unlock()
 		if u, ok := handle(msg); ok {
 			w.publish(u)
 		}

@@ -68,7 +68,7 @@ spec:
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer()
-	destination.NewServer(store, quiet).Register(g)
+	destination.NewServer(store, destination.WithLogger(quiet)).Register(g)
 	go g.Serve(lis)
 	defer g.Stop()
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet))

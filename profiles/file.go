@@ -2,6 +2,7 @@ package profiles
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -10,17 +11,23 @@ import (
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/mailbox"
+	"github.com/inmesh/inmesh/internal/ratelog"
 )
 
 // FileSource is a [Source] of ServiceProfile YAML files (*.yaml, *.yml) in
 // a directory, read again when the files change. A ServiceProfile serves
-// every port of its name. A broken file is reported (Err, and the
-// OnError hook) and the last good profiles stay in force. A FileSource is
-// safe for concurrent use; Close stops it.
+// every port of its name. A changed file is loaded once it stayed the same
+// for one poll interval, so that a copy caught half-way is not loaded, and a
+// file that changes while it is read is read again at the next poll. A
+// broken file (bad YAML, a duplicate key, a bad field, an empty or
+// truncated file) is reported (Err, and a log line naming the file and the
+// field, rate-limited) and the last good profiles stay in force. A
+// FileSource is safe for concurrent use; Close stops it.
 type FileSource struct {
 	dir      string
 	interval time.Duration
-	log      *slog.Logger
+	log      *ratelog.Logger
+	settle   filestamp.Settle // used by the poll loop only
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -47,13 +54,11 @@ func NewFileSource(dir string, interval time.Duration, log *slog.Logger) (*FileS
 	if interval <= 0 {
 		interval = time.Second
 	}
-	if log == nil {
-		log = slog.Default()
-	}
-	s := &FileSource{dir: dir, interval: interval, log: log, done: make(chan struct{}), watchers: make(map[*fileWatch]struct{})}
+	s := &FileSource{dir: dir, interval: interval, log: ratelog.New(log, 0), done: make(chan struct{}), watchers: make(map[*fileWatch]struct{})}
 	if err := s.reload(); err != nil {
 		return nil, err
 	}
+	s.settle.Loaded(s.stamp)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	go s.poll()
 	return s, nil
@@ -90,14 +95,30 @@ func (s *FileSource) poll() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
-			if err := s.reload(); err != nil {
-				s.log.Warn("profile files rejected; keeping the last good profiles", "dir", s.dir, "error", err)
+			paths, stamp, err := filestamp.YAMLFiles(s.dir)
+			if err != nil {
+				s.setErr(err)
+				s.log.Warn("profile dir", "cannot list the profile files; keeping the last good profiles", "dir", s.dir, "error", err)
+				continue
 			}
+			if !s.settle.Ready(stamp) {
+				continue
+			}
+			err = s.load(paths, stamp)
+			switch {
+			case errors.Is(err, ErrFileChanged):
+				s.log.Debug("profile file changed", "a profile file changed while it was read", "dir", s.dir, "error", err)
+				continue // read again at the next poll
+			case err != nil:
+				s.log.Warn("profile files rejected", "profile files rejected; keeping the last good profiles", "dir", s.dir, "error", err)
+			}
+			s.settle.Loaded(stamp)
 		}
 	}
 }
 
-// Reload reads the directory now, as the poll loop does.
+// Reload reads the directory now, without waiting for changed files to
+// settle as the poll loop does, and returns what Err would.
 func (s *FileSource) Reload() error { return s.reload() }
 
 func (s *FileSource) reload() error {
@@ -112,9 +133,17 @@ func (s *FileSource) reload() error {
 	if same {
 		return nil
 	}
+	return s.load(paths, stamp)
+}
+
+// load reads paths (of stamp) and, when all are good, swaps them in.
+func (s *FileSource) load(paths []string, stamp string) error {
 	sps, err := LoadServiceProfileFiles(paths...)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if errors.Is(err, ErrFileChanged) {
+		return err
+	}
 	s.stamp = stamp
 	if err != nil {
 		s.err = err

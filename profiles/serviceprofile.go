@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/yamltree"
 	"golang.org/x/net/http/httpguts"
 )
@@ -86,19 +86,30 @@ func ParseServiceProfiles(data []byte) ([]*ServiceProfile, error) {
 	return out, nil
 }
 
+// ErrFileChanged is wrapped by the error of [LoadServiceProfileFiles] when a
+// file changed while it was read (its size or modification time differed
+// before and after): it is still being written and is read again later.
+var ErrFileChanged = filestamp.ErrChanged
+
 // LoadServiceProfileFiles reads the ServiceProfiles of each file; errors
-// name the file. Two profiles with one name are an error.
+// name the file. Two profiles with one name are an error, and so is a file
+// with no ServiceProfile (empty, only comments, or truncated to nothing):
+// remove a file to remove its profiles. A file that changed while it was
+// read gives an error wrapping [ErrFileChanged]; read it again later.
 func LoadServiceProfileFiles(paths ...string) ([]*ServiceProfile, error) {
 	var out []*ServiceProfile
 	seen := make(map[string]string)
 	for _, path := range paths {
-		data, err := os.ReadFile(path)
+		data, err := filestamp.Read(path)
 		if err != nil {
 			return nil, err
 		}
 		sps, err := ParseServiceProfiles(data)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if len(sps) == 0 {
+			return nil, fmt.Errorf("%s: no ServiceProfile in the file (empty, or truncated?); remove the file to remove its profiles", path)
 		}
 		for _, sp := range sps {
 			if prev, dup := seen[sp.Name]; dup {
@@ -316,7 +327,9 @@ func parseRequestMatch(n yamltree.Node, depth int) (RequestMatch, error) {
 		if !httpguts.ValidHeaderFieldName(m) {
 			return nil, mn.Errorf("%q is not an HTTP method", m)
 		}
-		parts = append(parts, Method(m))
+		// Upper-cased as Linkerd's controller does: method: delete
+		// matches a DELETE request.
+		parts = append(parts, Method(strings.ToUpper(m)))
 	}
 	if nn, ok := obj["not"]; ok {
 		m, err := parseRequestMatch(nn, depth+1)

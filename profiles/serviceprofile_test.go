@@ -1,6 +1,8 @@
 package profiles
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -135,4 +137,23 @@ func TestRetryBudgetValidate(t *testing.T) {
 	assert.ErrorContains(t, RetryBudget{RetryRatio: 0.1, TTL: 1000 * time.Second}.Validate(), "ttl")
 	assert.ErrorContains(t, RetryBudget{RetryRatio: 0.1}.Validate(), "ttl")
 	assert.ErrorContains(t, RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1 << 31, TTL: time.Second}.Validate(), "minRetriesPerSecond")
+}
+
+// As Linkerd's controller: a method is upper-cased, so `method: delete`
+// matches a DELETE request (methods are case-sensitive on the wire).
+func TestMethodIsUpperCased(t *testing.T) {
+	sps, err := ParseServiceProfiles([]byte(header + "spec:\n  routes:\n  - name: del\n    condition: {method: delete, pathRegex: /books/.*}\n  - name: purge\n    condition: {method: Purge}\n"))
+	require.NoError(t, err)
+	table, err := Compile(sps[0].ProfileFor(80), Options{})
+	require.NoError(t, err)
+	del := httptest.NewRequest(http.MethodDelete, "/books/1", nil)
+	assert.Equal(t, "del", table.Select(del).Labels["route"])
+	purge := httptest.NewRequest("PURGE", "/x", nil)
+	assert.Equal(t, "purge", table.Select(purge).Labels["route"])
+	assert.True(t, table.Select(httptest.NewRequest(http.MethodGet, "/books/1", nil)).IsDefault())
+}
+
+func TestParseServiceProfileDuplicateKey(t *testing.T) {
+	_, err := ParseServiceProfiles([]byte(header + "spec:\n  routes:\n  - name: a\n    name: b\n    condition: {method: GET}\n"))
+	assert.ErrorContains(t, err, `document 1: spec.routes[0].name: duplicate key "name"`)
 }

@@ -5,7 +5,9 @@
 //	go run ./examples/destination -listen 127.0.0.1:8086 -profiles DIR -endpoints FILE
 //
 // A bad file is logged with its file, document and field, and the last good
-// version stays served.
+// version stays served. On SIGTERM or SIGINT it ends every open stream, so
+// that proxies re-subscribe at once (to its replacement), and exits within
+// 5s.
 package main
 
 import (
@@ -40,7 +42,7 @@ func run(listen, profilesDir, endpoints string, interval time.Duration, log *slo
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	store := destination.NewStore()
-	if err := destination.WatchFiles(ctx, store, profilesDir, endpoints, interval, log); err != nil {
+	if err := destination.WatchFiles(ctx, store, profilesDir, endpoints, interval, destination.WithLogger(log)); err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", listen)
@@ -48,11 +50,41 @@ func run(listen, profilesDir, endpoints string, interval time.Duration, log *slo
 		return err
 	}
 	srv := grpc.NewServer()
-	destination.NewServer(store, log).Register(srv)
-	go func() {
-		<-ctx.Done()
-		srv.GracefulStop()
-	}()
+	dst := destination.NewServer(store, destination.WithLogger(log))
+	dst.Register(srv)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
 	log.Info("serving the Destination API", "addr", lis.Addr().String())
-	return srv.Serve(lis)
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown(srv, dst, log)
+	return <-served
+}
+
+// shutdownTimeout bounds the exit after SIGTERM.
+const shutdownTimeout = 4 * time.Second
+
+// shutdown ends every Destination stream first, so that proxies re-subscribe
+// at once (to this process's replacement), then stops the gRPC server:
+// gracefully within the bound, at once past it.
+func shutdown(srv *grpc.Server, dst *destination.Server, log *slog.Logger) {
+	log.Info("shutting down: ending every stream")
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	_ = dst.Shutdown(ctx)
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		log.Warn("streams still open at the shutdown deadline; closing them")
+		srv.Stop()
+		<-stopped
+	}
 }

@@ -8,8 +8,8 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/examples/internal/booksapp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 const (
@@ -50,22 +52,44 @@ spec:
 `
 }
 
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+// binDir holds the binaries that build compiles, once for all tests.
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
-// build compiles the examples once.
+// build compiles the examples once and returns their directory.
 func build(t *testing.T) string {
-	dir := t.TempDir()
-	for _, name := range []string{"destination", "proxy", "app"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../"+name)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "build %s:\n%s", name, out)
-	}
-	return dir
+	t.Helper()
+	binOnce.Do(func() {
+		if binDir, binErr = os.MkdirTemp("", "inmesh-e2e-"); binErr != nil {
+			return
+		}
+		for _, name := range []string{"destination", "proxy"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, name), "../"+name)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				binErr = fmt.Errorf("build %s: %w\n%s", name, err, out)
+				return
+			}
+		}
+	})
+	require.NoError(t, binErr)
+	return binDir
 }
 
 type proc struct {
@@ -159,18 +183,22 @@ func TestEndToEnd(t *testing.T) {
 	require.NoError(t, os.Mkdir(profiles, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(profiles, "books.yaml"), []byte(profile("")), 0o644))
 
-	dstAddr, appAddr := freePort(t), freePort(t)
-	aOut, aIn, aMetrics := freePort(t), freePort(t), freePort(t)
-	bOut, bIn, bMetrics := freePort(t), freePort(t), freePort(t)
+	// Every listener's port is picked by the kernel and held by its
+	// process, which logs it.
+	app := httptest.NewServer(booksapp.Handler(5 * time.Second))
+	defer app.Close()
+	appAddr := strings.TrimPrefix(app.URL, "http://")
 	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte("[]\n"), 0o644)) // no authorities until proxy B listens
+	dstArgs := []string{"-profiles", profiles, "-endpoints", endpoints, "-interval", "100ms"}
+	dst := start(t, filepath.Join(bin, "destination"), nil, append([]string{"-listen", "127.0.0.1:0"}, dstArgs...)...)
+	dstAddr := dst.waitLog(t, dstAddrRe)
+	_, _, bIn, bMetrics := startProxy(t, bin, dstAddr, appAddr)
 	require.NoError(t, os.WriteFile(endpoints, []byte(fmt.Sprintf("- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n    labels: {pod: books-0}\n", books, bIn)), 0o644))
-
-	env := []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"}
-	start(t, filepath.Join(bin, "app"), nil, "-listen", appAddr, "-slow", "5s")
-	dstArgs := []string{"-listen", dstAddr, "-profiles", profiles, "-endpoints", endpoints, "-interval", "100ms"}
-	dst := start(t, filepath.Join(bin, "destination"), nil, dstArgs...)
-	start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", bOut, "-inbound", bIn, "-app", appAddr, "-metrics", bMetrics)
-	proxyA := start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", aOut, "-inbound", aIn, "-app", appAddr, "-metrics", aMetrics)
+	// Proxy A starts once the control plane knows books: a request sent
+	// while it is unknown would fall back to resolving the name.
+	dst.waitLog(t, loadedEndpointsRe)
+	proxyA, aOut, _, aMetrics := startProxy(t, bin, dstAddr, appAddr)
 	for _, addr := range []string{aMetrics, bMetrics} {
 		require.Eventually(t, func() bool {
 			resp, err := http.Get("http://" + addr + "/ready")
@@ -244,29 +272,25 @@ func TestEndToEnd(t *testing.T) {
 	// It comes back with a change made while it was down: updates resume.
 	later := "\n  - name: GET /books/later\n    condition: {method: GET, pathRegex: /books/later}"
 	require.NoError(t, os.WriteFile(filepath.Join(profiles, "books.yaml"), []byte(profile(later)), 0o644))
-	start(t, filepath.Join(bin, "destination"), nil, dstArgs...)
+	// The port was released when the killed process exited; its
+	// replacement takes it again.
+	start(t, filepath.Join(bin, "destination"), nil, append([]string{"-listen", dstAddr}, dstArgs...)...)
 	require.Eventually(t, func() bool {
 		get("/books/later")
 		_, ok := metric(scrape(t, aMetrics), "route_request_total", `rt_route="GET /books/later"`)
 		return ok
 	}, timeout, 50*time.Millisecond, "updates did not resume after the control plane came back")
 
-	// SIGTERM: the proxy drains and exits cleanly.
-	require.NoError(t, proxyA.cmd.Process.Signal(syscall.SIGTERM))
-	exited := make(chan error, 1)
-	go func() { exited <- proxyA.cmd.Wait() }()
-	select {
-	case err := <-exited:
-		assert.NoError(t, err, "exit status after SIGTERM")
-	case <-time.After(timeout):
-		t.Fatal("the proxy did not exit after SIGTERM")
-	}
+	// SIGTERM: the proxy drains and exits cleanly, within 5s.
+	took, err := proxyA.terminate(5 * time.Second)
+	require.NoError(t, err)
+	t.Logf("proxy exited %v after SIGTERM", took.Round(time.Millisecond))
 }
 
 // A bad backoff variable stops the proxy at start-up, naming the variable.
 func TestProxyRejectsBadBackoffVariable(t *testing.T) {
 	bin := build(t)
-	cmd := exec.Command(filepath.Join(bin, "proxy"), "-outbound", freePort(t), "-inbound", freePort(t), "-metrics", freePort(t))
+	cmd := exec.Command(filepath.Join(bin, "proxy"), "-outbound", "127.0.0.1:0", "-inbound", "127.0.0.1:0", "-metrics", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "INMESH_CONTROL_BACKOFF_DELAY=5")
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err, "started despite a bad variable:\n%s", out)

@@ -80,15 +80,16 @@ func TestFramingAtProxyListeners(t *testing.T) {
 	t.Cleanup(appSrv.Close)
 	appAddr := strings.TrimPrefix(appSrv.URL, "http://")
 
-	dstAddr := freePort(t)
-	aOut, aIn, aMetrics := freePort(t), freePort(t), freePort(t)
-	bOut, bIn, bMetrics := freePort(t), freePort(t), freePort(t)
+	// Every listener's port is picked by the kernel and held by its
+	// process, which logs it.
 	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte("[]\n"), 0o644)) // no authorities until proxy B listens
+	dst := start(t, filepath.Join(bin, "destination"), nil, "-listen", "127.0.0.1:0", "-profiles", profiles, "-endpoints", endpoints, "-interval", "100ms")
+	dstAddr := dst.waitLog(t, dstAddrRe)
+	_, _, bIn, bMetrics := startProxy(t, bin, dstAddr, appAddr)
 	require.NoError(t, os.WriteFile(endpoints, []byte(fmt.Sprintf("- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n", books, bIn)), 0o644))
-	env := []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"}
-	start(t, filepath.Join(bin, "destination"), nil, "-listen", dstAddr, "-profiles", profiles, "-endpoints", endpoints, "-interval", "100ms")
-	start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", bOut, "-inbound", bIn, "-app", appAddr, "-metrics", bMetrics)
-	start(t, filepath.Join(bin, "proxy"), env, "-destination", dstAddr, "-outbound", aOut, "-inbound", aIn, "-app", appAddr, "-metrics", aMetrics)
+	dst.waitLog(t, loadedEndpointsRe)
+	_, aOut, _, aMetrics := startProxy(t, bin, dstAddr, appAddr)
 	for _, addr := range []string{aMetrics, bMetrics} {
 		require.Eventually(t, func() bool {
 			resp, err := http.Get("http://" + addr + "/ready")

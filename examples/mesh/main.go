@@ -77,7 +77,7 @@ func main() {
 
 func run(o options, out io.Writer) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	if err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ func run(o options, out io.Writer) error {
 		return err
 	}
 	grpcSrv := grpc.NewServer()
-	destination.NewServer(store, log).Register(grpcSrv)
+	destination.NewServer(store, destination.WithLogger(log)).Register(grpcSrv)
 	go grpcSrv.Serve(lis)
 	defer grpcSrv.Stop()
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithBackoff(policy), destination.WithLogger(log))

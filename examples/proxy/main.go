@@ -73,7 +73,7 @@ func main() {
 }
 
 func run(f flags, log *slog.Logger) error {
-	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy)
+	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	if err != nil {
 		return err
 	}
@@ -170,14 +170,34 @@ func run(f flags, log *slog.Logger) error {
 	case err := <-errs:
 		return err
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// In-flight requests drain for up to drainTimeout; then every
+	// connection is closed, and a watchdog bounds the rest of the exit.
+	exitBy := time.AfterFunc(drainTimeout+time.Second, func() {
+		log.Error("shutdown took too long; exiting")
+		os.Exit(1)
+	})
+	defer exitBy.Stop()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
+	var drain sync.WaitGroup
 	for _, s := range servers {
-		_ = s.srv.Shutdown(shutdownCtx)
+		drain.Add(1)
+		go func() {
+			defer drain.Done()
+			if err := s.srv.Shutdown(shutdownCtx); err != nil {
+				log.Warn("requests still in flight at the drain deadline; closing", "listener", s.name)
+				_ = s.srv.Close()
+			}
+		}()
 	}
+	drain.Wait()
 	wg.Wait()
 	return nil
 }
+
+// drainTimeout bounds how long in-flight requests may finish after SIGTERM;
+// with the watchdog's second the proxy exits within 5s.
+const drainTimeout = 4 * time.Second
 
 // fullDuplex serves the HTTP/1 requests of h full duplex, so that a
 // response (a route timeout's 504, a stream) can go out while the request

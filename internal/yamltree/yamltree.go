@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	yaml3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 )
 
@@ -176,8 +177,13 @@ func SortedKeys[V any](m map[string]V) []string {
 }
 
 // Decode parses one YAML document into a tree of maps, lists, strings,
-// json.Number values and booleans. The root has an empty path.
+// json.Number values and booleans. The root has an empty path. A key that
+// appears twice in one object is an error naming its path and lines (YAML
+// forbids it; the decoder underneath would keep the last value silently).
 func Decode(doc []byte) (Node, error) {
+	if err := checkDuplicateKeys(doc); err != nil {
+		return Node{}, err
+	}
 	js, err := yaml.YAMLToJSON(doc)
 	if err != nil {
 		return Node{}, fmt.Errorf("bad YAML: %w", err)
@@ -220,4 +226,51 @@ func Blank(doc []byte) bool {
 		}
 	}
 	return true
+}
+
+// checkDuplicateKeys reports the first key defined twice in one mapping of
+// doc. A document the node parser cannot read is left to the decoder, which
+// reports its own error.
+func checkDuplicateKeys(doc []byte) error {
+	var root yaml3.Node
+	if err := yaml3.Unmarshal(doc, &root); err != nil {
+		return nil
+	}
+	return duplicateKeys(&root, "")
+}
+
+func duplicateKeys(n *yaml3.Node, path string) error {
+	switch n.Kind {
+	case yaml3.DocumentNode:
+		for _, c := range n.Content {
+			if err := duplicateKeys(c, path); err != nil {
+				return err
+			}
+		}
+	case yaml3.SequenceNode:
+		for i, c := range n.Content {
+			if err := duplicateKeys(c, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	case yaml3.MappingNode:
+		seen := make(map[string]int, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind != yaml3.ScalarNode || k.Value == "<<" {
+				continue // merge keys and complex keys are the decoder's business
+			}
+			child := Node{Path: path}.Child(k.Value)
+			if line, dup := seen[k.Value]; dup {
+				return Node{Path: child}.Errorf("duplicate key %q (first on line %d, again on line %d)", k.Value, line, k.Line)
+			}
+			seen[k.Value] = k.Line
+			if err := duplicateKeys(v, child); err != nil {
+				return err
+			}
+		}
+	}
+	// Aliases are not followed: their target was checked where it is
+	// defined, and following them could expand a small document hugely.
+	return nil
 }

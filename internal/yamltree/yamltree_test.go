@@ -44,3 +44,23 @@ func TestPaths(t *testing.T) {
 	_, err = Decode([]byte("a: [1\n"))
 	assert.ErrorContains(t, err, "bad YAML")
 }
+
+func TestDecodeRejectsDuplicateKeys(t *testing.T) {
+	tests := []struct {
+		name, doc, want string
+	}{
+		{"top level", "kind: A\nkind: B\n", `kind: duplicate key "kind" (first on line 1, again on line 2)`},
+		{"nested", "spec:\n  routes:\n  - name: a\n    condition: {method: GET, method: POST}\n", `spec.routes[0].condition.method: duplicate key "method" (first on line 4, again on line 4)`},
+		{"in a list root", "- authority: a:80\n- authority: b:80\n  endpoints: []\n  authority: c:80\n", `[1].authority: duplicate key "authority" (first on line 2, again on line 4)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode([]byte(tt.doc))
+			require.Error(t, err)
+			assert.Equal(t, tt.want, err.Error())
+		})
+	}
+	n, err := Decode([]byte("a: {b: 1}\nc: {b: 2}\nlist: [{x: 1}, {x: 2}]\n"))
+	require.NoError(t, err, "the same key in different objects is fine")
+	assert.NotNil(t, n.Value)
+}

@@ -1,0 +1,149 @@
+package destination
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stampedWriter writes files with a modification time that moves forward on
+// every write, so that each change shows in the size+mtime stamp even within
+// one clock tick.
+type stampedWriter struct {
+	t *testing.T
+	n int
+}
+
+func (w *stampedWriter) write(path, content string) {
+	w.t.Helper()
+	w.n++
+	require.NoError(w.t, os.WriteFile(path, []byte(content), 0o644))
+	at := time.Now().Add(time.Duration(w.n) * time.Minute)
+	require.NoError(w.t, os.Chtimes(path, at, at))
+}
+
+const goodEndpoints = "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {pod: books-0}\n  - addr: 127.0.0.1:4144\n"
+
+func manyLabels(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "l%d: v, ", i)
+	}
+	return strings.TrimSuffix(b.String(), ", ")
+}
+
+// Every bad endpoints file is logged with its file and field, and the store
+// keeps the last good endpoints; a good file afterwards loads.
+func TestWatchFilesKeepsLastGoodEndpoints(t *testing.T) {
+	const authority = "books.default.svc.cluster.local:7000"
+	cases := []struct {
+		name, content string
+		wantLog       []string // in the warning, besides the file name
+	}{
+		{"empty (: > endpoints.yaml)", "", []string{"is empty"}},
+		{"whitespace only", "  \n\t\n", []string{"is empty"}},
+		{"comments only", "# nothing yet\n", []string{"is empty"}},
+		{"null document", "~\n", []string{"is empty"}},
+		{"truncated in a key", goodEndpoints[:len("- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - ad")], []string{"[0].endpoints[0]", "must be an object"}},
+		{"truncated in a value", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.", []string{"[0].endpoints[0].addr", "is not an ip:port"}},
+		{"truncated in a flow mapping", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - {addr: 127.0.0.1:4143, lab", []string{"bad YAML"}},
+		{"duplicate key", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    addr: 127.0.0.1:4145\n", []string{"[0].endpoints[0].addr", `duplicate key \"addr\"`}},
+		{"too many labels", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {" + manyLabels(MaxEndpointLabels+1) + "}\n", []string{"[0].endpoints[0].labels", "33 labels, more than 32"}},
+		{"label value too long", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {pod: " + strings.Repeat("x", MaxLabelValueLen+1) + "}\n", []string{"[0].endpoints[0].labels", "label pod: value is 254 bytes"}},
+		{"label key too long", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {" + strings.Repeat("k", MaxLabelKeyLen+1) + ": v}\n", []string{"[0].endpoints[0].labels", "bytes, more than 63"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			eps := filepath.Join(dir, "endpoints.yaml")
+			w := &stampedWriter{t: t}
+			w.write(eps, goodEndpoints)
+			logs := &lineCounter{}
+			store := NewStore()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			require.NoError(t, WatchFiles(ctx, store, "", eps, 5*time.Millisecond, WithLogger(logs.logger())))
+			got, exists, _ := store.endpointSet(authority)
+			require.True(t, exists)
+			require.Len(t, got, 2)
+
+			w.write(eps, tc.content)
+			require.Eventually(t, func() bool { return logs.count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond, "the bad file was never reported")
+			line := logs.String()
+			assert.Contains(t, line, eps, "the warning names the file")
+			for _, want := range tc.wantLog {
+				assert.Contains(t, line, want)
+			}
+			got, exists, _ = store.endpointSet(authority)
+			assert.True(t, exists, "the last good state stays")
+			assert.Len(t, got, 2, "the last good state stays")
+			assert.Equal(t, 1, logs.count("WARN"), "reported once, not at every poll")
+
+			w.write(eps, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4145\n")
+			require.Eventually(t, func() bool {
+				got, _, _ := store.endpointSet(authority)
+				return len(got) == 1 && got[0].Addr.Port() == 4145
+			}, defaultTestTimeout, 5*time.Millisecond, "a good file loads after the bad one")
+		})
+	}
+}
+
+// An explicit empty list is a valid state with no authorities, unlike an
+// empty file; a first load of an empty file fails.
+func TestEndpointsFileExplicitEmptyList(t *testing.T) {
+	got, err := ParseEndpoints([]byte("[]\n"))
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	_, err = ParseEndpoints(nil)
+	assert.ErrorContains(t, err, "write [] for a state with no authorities")
+
+	eps := filepath.Join(t.TempDir(), "endpoints.yaml")
+	writeFile(t, eps, "")
+	err = WatchFiles(context.Background(), NewStore(), "", eps, time.Hour)
+	assert.ErrorContains(t, err, "is empty")
+}
+
+// Bad profile files, through WatchFiles: the last good profiles stay.
+func TestWatchFilesKeepsLastGoodProfiles(t *testing.T) {
+	cases := []struct {
+		name, content string
+		wantLog       []string
+	}{
+		{"empty", "", []string{"no ServiceProfile in the file"}},
+		{"whitespace", "\n   \n", []string{"no ServiceProfile in the file"}},
+		{"truncated", fullProfile[:strings.Index(fullProfile, "spec:")], []string{"spec: required"}},
+		{"duplicate key", "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec:\n  routes:\n  - name: a\n    condition: {pathRegex: /a}\n    condition: {pathRegex: /b}\n", []string{"spec.routes[0].condition", "duplicate key"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sp := filepath.Join(dir, "books.yaml")
+			w := &stampedWriter{t: t}
+			w.write(sp, fullProfile)
+			logs := &lineCounter{}
+			store := NewStore()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			require.NoError(t, WatchFiles(ctx, store, dir, "", 5*time.Millisecond, WithLogger(logs.logger())))
+			p, _ := store.profile("books.default.svc.cluster.local", 7000)
+			require.Len(t, p.Routes, 3)
+
+			w.write(sp, tc.content)
+			require.Eventually(t, func() bool { return logs.count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond)
+			line := logs.String()
+			assert.Contains(t, line, sp)
+			for _, want := range tc.wantLog {
+				assert.Contains(t, line, want)
+			}
+			p, _ = store.profile("books.default.svc.cluster.local", 7000)
+			assert.Len(t, p.Routes, 3, "the last good profiles stay")
+		})
+	}
+}

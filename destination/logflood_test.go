@@ -1,0 +1,59 @@
+package destination
+
+import (
+	"context"
+	"testing"
+
+	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+)
+
+// A control plane flooding rejected updates (profiles that do not convert,
+// endpoints with a bad address) writes a few log lines, not one per update.
+func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
+	const n = 5000
+	s := newScripted()
+	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		bad := &pb.DestinationProfile{Routes: []*pb.Route{{}}} // a route without a condition
+		for range n {
+			if err := st.Send(bad); err != nil {
+				return err
+			}
+		}
+		if err := st.Send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
+			return err
+		}
+		return block(st.Context())
+	}
+	s.get = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
+		bad := &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{{Addr: &pb.TcpAddress{Port: 70000}}}}}}
+		for range n {
+			if err := st.Send(bad); err != nil {
+				return err
+			}
+		}
+		good := &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{EndpointToProto(ep("10.0.0.1:80", false))}}}}
+		if err := st.Send(good); err != nil {
+			return err
+		}
+		return block(st.Context())
+	}
+	cp := serve(t, s)
+	logs := &lineCounter{}
+	c := newTestClient(t, cp.addr, WithLogger(logs.logger()))
+	prof := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
+	require.NoError(t, err)
+	defer stop()
+	eps := newRecorder[EndpointsUpdate]()
+	stopE, err := c.WatchEndpoints(context.Background(), books+":7000", eps.update)
+	require.NoError(t, err)
+	defer stopE()
+	prof.waitFor(t, "the good profile", hasRoute("good"))
+	eps.waitFor(t, "the good endpoint", func(u EndpointsUpdate) bool { return len(addrs(u)) == 1 })
+	t.Logf("%d rejected updates: %d log lines, %d bytes", 2*n, logs.count(""), logs.bytes())
+	assert.LessOrEqual(t, logs.count("WARN"), 4, "one line per kind per interval")
+}
