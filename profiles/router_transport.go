@@ -95,8 +95,8 @@ type budgetRetry struct {
 	fam    *metrics.Counter
 }
 
-func (b *budgetRetry) Retryable(resp *http.Response, _ classify.Class, _ error) bool {
-	return resp != nil
+func (b *budgetRetry) Retryable(resp *http.Response, class classify.Class, _ error) bool {
+	return resp != nil && class.Failure
 }
 
 func (b *budgetRetry) Allow(ctx context.Context, _ int) bool {

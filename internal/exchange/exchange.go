@@ -81,9 +81,9 @@ type Recorder interface {
 
 // Retry decides whether a failed attempt is retried.
 type Retry interface {
-	// Retryable reports whether the failure of an attempt is one this
-	// policy retries: a final class (resp set) or a round-trip error
-	// (err set, resp nil).
+	// Retryable reports whether an attempt's outcome is one this policy
+	// retries: a response with its final class (resp set), or a round-trip
+	// error (err set, resp nil).
 	Retryable(resp *http.Response, class classify.Class, err error) bool
 	// Allow is called for a retryable failure after retries retries; it
 	// reports whether another attempt follows (the limit, the budget),
@@ -248,7 +248,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			closeBody(resp)
 			return x.gatewayTimeout(req), nil
 		}
-		if !canRetry || !final || !class.Failure || !p.Retry.Retryable(resp, class, nil) {
+		if !canRetry || !final || !p.Retry.Retryable(resp, class, nil) {
 			return x.deliver(req, resp, class, final), nil
 		}
 		if !p.Retry.Allow(ctx, attempt) {
