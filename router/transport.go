@@ -330,6 +330,15 @@ func (x *policyExchange) Retryable(resp *http.Response, class classify.Class, er
 		class.Error == "h2(REFUSED_STREAM)"
 }
 
+// retriable reports whether the final outcome of a retried request is
+// one the policy would retry: then the retries did not succeed.
+func (x *policyExchange) retriable(o exchange.Outcome) bool {
+	if x.grpc {
+		return o.Class.GRPCStatus < 0 || x.retry.RetryableCode(codes.Code(o.Class.GRPCStatus))
+	}
+	return x.retry.RetryableStatus(o.Status)
+}
+
 // Allow implements exchange.Retry: the count, then the budget, then the
 // backoff.
 func (x *policyExchange) Allow(ctx context.Context, retries int) bool {
@@ -361,7 +370,7 @@ func (x *policyExchange) AttemptDone(ctx context.Context, o exchange.Outcome, _ 
 func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	st := x.status(o)
 	x.rt.metrics.Done(ctx, st, start)
-	if o.Retries > 0 && st.Error == "" && !o.Class.Failure {
+	if o.Retries > 0 && st.Error == "" && !x.retriable(o) {
 		x.rt.metrics.RetrySuccess(ctx)
 	}
 }
