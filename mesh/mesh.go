@@ -20,6 +20,7 @@ import (
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/transport"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/profiles"
 	"go.opentelemetry.io/otel/metric"
@@ -42,6 +43,7 @@ type config struct {
 	trust          func(*http.Request) bool
 	networks       []netip.Prefix
 	maxAuthorities int
+	conns          transport.Limits // see transport.go
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -131,9 +133,7 @@ type Client struct {
 func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
 	cl := &Client{router: profiles.NewRouter(c.source, c.routerOptions()...)}
-	cl.h1 = &http.Transport{MaxIdleConnsPerHost: 64, Protocols: new(http.Protocols)}
-	cl.h1.Protocols.SetHTTP1(true)
-	cl.h2 = origproto.NewH2Transport()
+	cl.h1, cl.h2 = c.transports()
 	var next http.RoundTripper = classify.NewTransport(
 		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), classify.WithMeterProvider(c.mp))
 	if c.endpoints != nil {

@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
+
+	"github.com/inmesh/inmesh/internal/transport"
 )
 
 type peerKey struct{}
@@ -42,7 +43,8 @@ func WithHint(hint func(*http.Request) bool) Option {
 }
 
 // WithHTTP1 sets the transport of requests that are not upgraded (default:
-// an HTTP/1 transport of its own).
+// an HTTP/1 transport of its own, which closes idle connections after 90s
+// and keeps at most 1,000 of them, 64 per host).
 func WithHTTP1(rt http.RoundTripper) Option {
 	return optionFunc(func(t *Transport) {
 		if rt != nil {
@@ -80,10 +82,7 @@ func NewTransport(opts ...Option) *Transport {
 		}
 	}
 	if t.h1 == nil {
-		h1 := http.DefaultTransport.(*http.Transport).Clone()
-		h1.Protocols = new(http.Protocols)
-		h1.Protocols.SetHTTP1(true)
-		t.h1 = h1
+		t.h1 = transport.HTTP1(transport.Limits{})
 	}
 	if t.h2 == nil {
 		t.h2 = NewH2Transport()
@@ -94,21 +93,9 @@ func NewTransport(opts ...Option) *Transport {
 // NewH2Transport returns an HTTP/2 transport without TLS (prior knowledge)
 // that keeps one connection per peer: dials to a peer are not made in
 // parallel, so a burst of requests on a cold start shares one connection
-// rather than racing to open many.
-func NewH2Transport() *http.Transport {
-	t := &http.Transport{
-		Protocols:              new(http.Protocols),
-		MaxConnsPerHost:        1,
-		IdleConnTimeout:        90 * time.Second,
-		MaxResponseHeaderBytes: 64 << 10,
-		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerConnection: 4 << 20,
-			MaxReceiveBufferPerStream:     1 << 20,
-		},
-	}
-	t.Protocols.SetUnencryptedHTTP2(true)
-	return t
-}
+// rather than racing to open many. A connection without streams for 90s is
+// closed (set IdleConnTimeout on the result to change it).
+func NewH2Transport() *http.Transport { return transport.H2(transport.Limits{}) }
 
 // Eligible reports whether r may be upgraded: an HTTP/1.x request that is
 // neither a CONNECT nor a protocol upgrade (other than h2c).

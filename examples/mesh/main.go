@@ -37,14 +37,12 @@ import (
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/examples/internal/booksapp"
+	"github.com/inmesh/inmesh/examples/internal/proxylog"
+	"github.com/inmesh/inmesh/examples/internal/telemetry"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/profiles"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/prometheus/otlptranslator"
 	"go.opentelemetry.io/otel/attribute"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
@@ -82,14 +80,11 @@ func run(o options, out io.Writer) error {
 		return err
 	}
 	reader := sdkmetric.NewManualReader()
-	registry := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(registry),
-		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithoutSuffixes),
-		otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
+	metrics, err := telemetry.New(0, reader)
 	if err != nil {
 		return err
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader), sdkmetric.WithReader(exporter))
+	provider := metrics.Provider
 	defer provider.Shutdown(context.Background())
 
 	// The embedded control plane.
@@ -121,6 +116,7 @@ func run(o options, out io.Writer) error {
 	var peerConns atomic.Int32
 	peer := httptest.NewUnstartedServer(nil)
 	peer.Config = origproto.NewServer(inbound)
+	peer.Config.ErrorLog = proxylog.New(log, "inbound").ErrorLog()
 	peer.Listener = origproto.GuardListener(peer.Listener)
 	peer.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -157,7 +153,7 @@ func run(o options, out io.Writer) error {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+		mux.Handle("/metrics", metrics.Handler)
 		srv := &http.Server{Addr: o.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			<-ctx.Done()

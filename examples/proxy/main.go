@@ -23,7 +23,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -31,23 +30,19 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/destination"
-	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/examples/internal/proxylog"
+	"github.com/inmesh/inmesh/examples/internal/telemetry"
+	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/prometheus/otlptranslator"
 	"go.opentelemetry.io/otel/attribute"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 type flags struct {
@@ -84,17 +79,11 @@ func run(f flags, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	registry := prometheus.NewRegistry()
-	exporter, err := otelprom.New(
-		otelprom.WithRegisterer(registry),
-		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithoutSuffixes),
-		otelprom.WithoutScopeInfo(),
-		otelprom.WithoutTargetInfo(),
-	)
+	metrics, err := telemetry.New(0)
 	if err != nil {
 		return err
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	provider := metrics.Provider
 	defer provider.Shutdown(context.Background())
 	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
 		metric.WithDescription("Total count of opened connections."))
@@ -109,37 +98,21 @@ func run(f flags, log *slog.Logger) error {
 
 	client := mesh.NewClient(opts...)
 	defer client.Close()
-	rl := ratelog.New(log, 0)
-	outbound := origproto.NewServer(fullDuplex(&httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
-			pr.Out.Host = pr.In.Host
-			forwardTrailers(pr)
-		},
-		Transport:    client,
-		ErrorHandler: proxyError(rl, "outbound"),
-		ErrorLog:     stdlog.New(rateWriter{rl, "outbound"}, "", 0),
-	}))
+	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
+	outbound := origproto.NewServer(fullDuplex(outboundProxy(client, outLog)))
+	outbound.ErrorLog = outLog.ErrorLog()
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
-	toApp := &http.Transport{MaxIdleConnsPerHost: 64}
+	toApp := transport.HTTP1(transport.Limits{})
 	defer toApp.CloseIdleConnections()
-	inboundStack := mesh.NewServer(&httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(appURL)
-			pr.Out.Host = pr.In.Host
-			forwardTrailers(pr)
-		},
-		Transport:    toApp,
-		ErrorHandler: proxyError(rl, "inbound"),
-		ErrorLog:     stdlog.New(rateWriter{rl, "inbound"}, "", 0),
-	}, opts...)
+	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), opts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))
+	inbound.ErrorLog = inLog.ErrorLog()
 	inbound.ConnState = countConns(tcpOpen, "inbound")
 
 	admin := http.NewServeMux()
-	admin.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	admin.Handle("/metrics", metrics.Handler)
 	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ready") })
 	metricsSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 
@@ -217,29 +190,6 @@ func fullDuplex(h http.Handler) http.Handler {
 		_ = http.NewResponseController(w).Flush()
 		r.Body.Close()
 	})
-}
-
-// proxyError answers 502 to a request the proxy could not forward. The
-// warning is rate-limited; a client that went away is no warning.
-func proxyError(rl *ratelog.Logger, listener string) func(http.ResponseWriter, *http.Request, error) {
-	return func(w http.ResponseWriter, r *http.Request, err error) {
-		if r.Context().Err() == nil {
-			rl.Warn("proxy error "+listener, "proxy error", "listener", listener, "error", err)
-		}
-		w.WriteHeader(http.StatusBadGateway)
-	}
-}
-
-// rateWriter sends the reverse proxy's other log lines through the rate
-// limit, one key per listener.
-type rateWriter struct {
-	rl       *ratelog.Logger
-	listener string
-}
-
-func (w rateWriter) Write(p []byte) (int, error) {
-	w.rl.Warn("proxy log "+w.listener, strings.TrimSpace(string(p)), "listener", w.listener)
-	return len(p), nil
 }
 
 // forwardTrailers sends the request's trailers upstream: ReverseProxy's

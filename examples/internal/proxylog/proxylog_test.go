@@ -1,0 +1,125 @@
+package proxylog
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *buffer) lines() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Split(strings.TrimSpace(b.b.String()), "\n")
+}
+
+// hangUp accepts connections and closes them at once, as a crashing
+// upstream does.
+func hangUp(t *testing.T) string {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		<-done
+	})
+	return lis.Addr().String()
+}
+
+func TestErrorHandler(t *testing.T) {
+	var out buffer
+	l := New(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})), "outbound")
+	target, _ := url.Parse("http://" + hangUp(t))
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	rp := &httputil.ReverseProxy{
+		Rewrite:      func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport:    tr,
+		ErrorHandler: l.ErrorHandler,
+		ErrorLog:     l.ErrorLog(),
+	}
+	proxy := httptest.NewServer(rp)
+	defer proxy.Close()
+
+	for range 50 {
+		resp, err := http.Get(proxy.URL)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	}
+	// Requests their client cancelled, straight into the handler.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 50 {
+		w := httptest.NewRecorder()
+		rp.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+		assert.Equal(t, http.StatusBadGateway, w.Code)
+	}
+	lines := out.lines()
+	require.Len(t, lines, 2, "one line per kind of error: %q", lines)
+	assert.Contains(t, lines[0], "level=WARN")
+	assert.Contains(t, lines[0], "kind=other")
+	assert.Contains(t, lines[1], "level=DEBUG")
+	assert.Contains(t, lines[1], "cancelled by its client")
+}
+
+func TestKind(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{context.DeadlineExceeded, "timeout"},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, "dial"},
+		{errors.New("EOF"), "other"},
+	} {
+		assert.Equal(t, tc.want, kindOf(tc.err), "%v", tc.err)
+	}
+}
+
+func TestErrorLogKeysByOperation(t *testing.T) {
+	var out buffer
+	l := New(slog.New(slog.NewTextHandler(&out, nil)), "inbound").ErrorLog()
+	for i := range 20 {
+		l.Printf("http: TLS handshake error from 127.0.0.%d:1234: EOF", i)
+		l.Printf("httputil: ReverseProxy read error during body copy: context canceled")
+	}
+	lines := out.lines()
+	require.Len(t, lines, 1, "%q", lines)
+	assert.Contains(t, lines[0], "level=WARN")
+	assert.Contains(t, lines[0], "TLS handshake error")
+}

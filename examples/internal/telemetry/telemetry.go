@@ -1,0 +1,70 @@
+// Package telemetry sets up the OpenTelemetry SDK and Prometheus exporter of
+// the example programs: Linkerd's series names, and a cardinality limit that
+// matches the library's own bounds, so that no series is folded into
+// otel_metric_overflow while the library still labels it, and nothing a
+// client sends grows the exporter past that limit.
+package telemetry
+
+import (
+	"net/http"
+
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/otlptranslator"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+// SeriesPerAuthority is the room the limit leaves for each authority the
+// library labels: both directions, or two response kinds in one.
+const SeriesPerAuthority = 2
+
+// CardinalityLimit returns the series limit per instrument for a mesh whose
+// router labels up to maxAuthorities authorities (<= 0:
+// profiles.DefaultMaxAuthorities), plus the fixed "other" value: the
+// route_* families carry one dst per authority, the other families fewer
+// (classify labels at most classify.DefaultMaxAuthorities).
+func CardinalityLimit(maxAuthorities int) int {
+	if maxAuthorities <= 0 {
+		maxAuthorities = profiles.DefaultMaxAuthorities
+	}
+	return SeriesPerAuthority * (maxAuthorities + 1)
+}
+
+// Metrics is a MeterProvider, the Prometheus registry its exporter fills
+// and the /metrics handler that serves it.
+type Metrics struct {
+	Provider *sdkmetric.MeterProvider
+	Registry *prometheus.Registry
+	Handler  http.Handler
+}
+
+// New returns the provider and handler for a mesh labelling up to
+// maxAuthorities authorities (see [CardinalityLimit]); readers are added to
+// the Prometheus exporter (the mesh demo reads its table from a
+// ManualReader). Shut the provider down when done.
+func New(maxAuthorities int, readers ...sdkmetric.Reader) (*Metrics, error) {
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(
+		otelprom.WithRegisterer(registry),
+		// No _milliseconds or extra _total suffixes: the names are Linkerd's already.
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithoutSuffixes),
+		otelprom.WithoutScopeInfo(),
+		otelprom.WithoutTargetInfo(),
+	)
+	if err != nil {
+		return nil, err
+	}
+	opts := []sdkmetric.Option{sdkmetric.WithReader(exporter), sdkmetric.WithCardinalityLimit(CardinalityLimit(maxAuthorities))}
+	for _, r := range readers {
+		if r != nil {
+			opts = append(opts, sdkmetric.WithReader(r))
+		}
+	}
+	return &Metrics{
+		Provider: sdkmetric.NewMeterProvider(opts...),
+		Registry: registry,
+		Handler:  promhttp.HandlerFor(registry, promhttp.HandlerOpts{}),
+	}, nil
+}
