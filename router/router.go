@@ -236,4 +236,3 @@ func (r *Router) routeTarget(route *policy.Route) *routeTarget {
 	}
 	return rt
 }
-

@@ -26,8 +26,8 @@ func TestFilters(t *testing.T) {
 				Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathPrefix, Value: "/headers"}}},
 				Filters: []policy.Filter{
 					{RequestHeaders: &policy.HeaderModifier{
-						Add: []policy.Header{{Name: "X-Add", Value: "a"}, {Name: "X-Set", Value: "added"}},
-						Set: []policy.Header{{Name: "X-Set", Value: "set"}, {Name: "X-Gone", Value: "x"}},
+						Add:    []policy.Header{{Name: "X-Add", Value: "a"}, {Name: "X-Set", Value: "added"}},
+						Set:    []policy.Header{{Name: "X-Set", Value: "set"}, {Name: "X-Gone", Value: "x"}},
 						Remove: []string{"X-Gone", "X-Drop"}}},
 					{ResponseHeaders: &policy.HeaderModifier{Set: []policy.Header{{Name: "X-Resp", Value: "r"}}}},
 				},
