@@ -26,6 +26,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	profiles       profiles.Source
+	profileRouter  *profiles.Router
 	profileOpts    []profiles.RouterOption
 	policies       policy.Source
 	mp             metric.MeterProvider
@@ -70,6 +71,17 @@ func WithProfiles(src profiles.Source, opts ...profiles.RouterOption) Option {
 		if src != nil {
 			c.profiles = src
 			c.profileOpts = opts
+		}
+	})
+}
+
+// WithProfileRouter routes by the ServiceProfiles of an existing profile
+// router (such as the one of a mesh client), which the Router then shares
+// and does not close. It takes precedence over [WithProfiles].
+func WithProfileRouter(pr *profiles.Router) Option {
+	return optionFunc(func(c *config) {
+		if pr != nil {
+			c.profileRouter = pr
 		}
 	})
 }

@@ -35,8 +35,9 @@ import (
 //
 // A Router is safe for concurrent use. Close stops its watches.
 type Router struct {
-	cfg  config
-	prof *profiles.Router
+	cfg     config
+	prof    *profiles.Router
+	ownProf bool // prof is the router's own, closed with it
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -78,7 +79,11 @@ func New(opts ...Option) *Router {
 	cfg := newConfig(opts)
 	r := &Router{cfg: cfg, dests: make(map[string]*dest)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	if cfg.profiles != nil {
+	switch {
+	case cfg.profileRouter != nil:
+		r.prof = cfg.profileRouter
+	case cfg.profiles != nil:
+		r.ownProf = true
 		popts := append([]profiles.RouterOption{profiles.WithMeterProvider(cfg.mp), profiles.WithLogger(cfg.logger)}, cfg.profileOpts...)
 		r.prof = profiles.NewRouter(cfg.profiles, popts...)
 	}
@@ -96,7 +101,7 @@ func (r *Router) Profiles() *profiles.Router { return r.prof }
 // has.
 func (r *Router) Close() {
 	r.cancel()
-	if r.prof != nil {
+	if r.ownProf {
 		r.prof.Close()
 	}
 	r.mu.Lock()

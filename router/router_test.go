@@ -442,3 +442,24 @@ func TestExplain(t *testing.T) {
 	assert.Equal(t, ModelDefault, e.Model)
 	assert.Contains(t, e.Reason, "no outbound policy")
 }
+
+func TestExplainHandler(t *testing.T) {
+	up := newUpstream(t, nil)
+	f := newFixture(t, testutil.H1, httpPolicy(policy.HTTPRule{Backends: to(up.backend("web"))}))
+	srv := httptest.NewServer(f.r.ExplainHandler())
+	t.Cleanup(srv.Close)
+	resp, err := http.Get(srv.URL + "/routes?authority=svc.test:80&method=POST&path=/a/b")
+	require.NoError(t, err)
+	var e Explanation
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	resp.Body.Close()
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	assert.Equal(t, ModelPolicy, e.Model)
+	assert.Equal(t, "web", e.Route)
+	for _, bad := range []string{"", "?authority=", "?authority=svc.test:80&path=relative", "?authority=svc.test:80&method=B%20AD"} {
+		resp, err := http.Get(srv.URL + "/routes" + bad)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, bad)
+	}
+}
