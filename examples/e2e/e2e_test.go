@@ -219,6 +219,15 @@ func TestEndToEnd(t *testing.T) {
 		return ok
 	}, timeout, 50*time.Millisecond, "the profile never arrived")
 
+	// The admin listener explains the route: the profile's, by first match.
+	resp, err := http.Get("http://" + aMetrics + "/routes?authority=" + books + "&method=GET&path=/books/1")
+	require.NoError(t, err)
+	explained, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	assert.Contains(t, string(explained), `"model": "serviceprofile"`)
+	assert.Contains(t, string(explained), `"route": "GET /books/{id}"`)
+
 	status, headers, body := get("/books/42")
 	assert.Equal(t, 200, status)
 	assert.Equal(t, `{"id":"42"}`, body)

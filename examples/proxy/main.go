@@ -10,7 +10,9 @@
 // with orig-proto when the endpoint is a mesh peer, and forwarded.
 // Inbound (-inbound): HTTP/1 and h2c, upgraded requests downgraded, inbound
 // route metrics, forwarded to -app. /metrics serves Prometheus text with
-// Linkerd's series names; /ready answers 200.
+// Linkerd's series names; /ready answers 200; /routes?authority=host:port&
+// method=GET&path=/x answers with the JSON explanation of how such a
+// request is routed (model, route, match, timeouts, retry and budget).
 //
 // The control-plane backoff comes from INMESH_CONTROL_EXP_BACKOFF_MIN, _MAX
 // and _JITTER, or the fixed INMESH_CONTROL_BACKOFF_DELAY; a bad value stops
@@ -41,6 +43,7 @@ import (
 	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -113,6 +116,11 @@ func run(f flags, log *slog.Logger) error {
 
 	admin := http.NewServeMux()
 	admin.Handle("/metrics", metrics.Handler)
+	// /routes explains the routing of a request through the outbound
+	// stack's profile router.
+	explain := router.New(router.WithProfileRouter(client.Router()), router.WithMeterProvider(provider))
+	defer explain.Close()
+	admin.Handle("/routes", explain.ExplainHandler())
 	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ready") })
 	metricsSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 
