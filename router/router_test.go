@@ -1,11 +1,14 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -462,4 +465,95 @@ func TestExplainHandler(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, bad)
 	}
+}
+
+// failFastOnce fails the first request without sending it, as a
+// balancer's fail-fast does.
+type failFastOnce struct {
+	base http.RoundTripper
+	n    atomic.Int64
+}
+
+type failFastErr struct{}
+
+func (failFastErr) Error() string  { return "no ready endpoint" }
+func (failFastErr) FailFast() bool { return true }
+
+type loadShedErr struct{}
+
+func (loadShedErr) Error() string  { return "overloaded" }
+func (loadShedErr) LoadShed() bool { return true }
+
+func (f *failFastOnce) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch f.n.Add(1) {
+	case 1:
+		closeReqBody(req)
+		if req.URL.Path == "/shed" {
+			return nil, loadShedErr{}
+		}
+		return nil, failFastErr{}
+	}
+	return f.base.RoundTrip(req)
+}
+
+func TestRetryErrors(t *testing.T) {
+	up := newUpstream(t, nil)
+	pol := policy.NewStaticSource(map[string]*policy.Policy{authority: httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: &policy.Retry{}})})
+	m := testutil.NewMetrics(t)
+	r := New(WithPolicies(pol), WithMeterProvider(m.Provider))
+	t.Cleanup(r.Close)
+	r.cfg.wait = func(ctx context.Context, _ time.Duration) bool { return true }
+	req := httptest.NewRequest("GET", "http://svc.test/", nil)
+	require.Eventually(t, func() bool { return r.Explain(req).Model == ModelPolicy }, testutil.Timeout, 5*time.Millisecond)
+
+	ff := &failFastOnce{base: testutil.NewTransport(t, testutil.H1)}
+	client := &http.Client{Transport: r.Transport(ff)}
+	resp, err := client.Post("http://svc.test/", "text/plain", strings.NewReader("body"))
+	require.NoError(t, err, "a fail-fast error is retried")
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "1", m.Value(t, "outbound_http_route_backend_response_statuses_total", `error="FAIL_FAST"`))
+
+	ff.n.Store(0)
+	_, err = client.Get("http://svc.test/shed")
+	require.Error(t, err, "load shedding is never retried")
+	assert.Equal(t, "1", m.Value(t, "outbound_http_route_request_statuses_total", `error="LOAD_SHED"`))
+}
+
+func TestStreamedBodyReplay(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		up := newUpstream(t, func(n int64, w http.ResponseWriter, _ *http.Request) {
+			if n == 1 {
+				w.WriteHeader(503)
+			}
+		})
+		f := newFixture(t, mode, httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: &policy.Retry{MaxRequestBytes: 8}}))
+		send := func(body string) int {
+			// A body of unknown length that the caller cannot give again:
+			// the copy kept while it streams is what a retry sends.
+			req, err := http.NewRequest("POST", "http://svc.test/", io.NopCloser(strings.NewReader(body)))
+			require.NoError(t, err)
+			resp, err := f.client.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		assert.Equal(t, 200, send("12345678"))
+		assert.Equal(t, []string{"12345678", "12345678"}, up.bodies())
+		up.n.Store(0)
+		assert.Equal(t, 503, send("123456789"), "a body past max_request_bytes is not retried")
+		assert.Len(t, up.bodies(), 3)
+	})
+}
+
+func TestRetryBudgetOnTop(t *testing.T) {
+	up := newUpstream(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
+	budget := profiles.RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 1, TTL: 10 * time.Second}
+	f := newFixture(t, testutil.H1, httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: &policy.Retry{MaxRetries: 100}}),
+		WithRetryBudget(&budget))
+	f.do(t, "GET", "http://svc.test/", "", nil)
+	n := up.n.Load()
+	assert.Less(t, n, int64(101), "the budget stops retries before the count")
+	assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_retry_overflow_total", `route_name="web"`))
+	assert.Equal(t, strconv.FormatInt(n-1, 10), f.m.Value(t, "outbound_http_route_retry_requests_total", `route_name="web"`))
 }
