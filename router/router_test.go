@@ -139,6 +139,14 @@ func TestTimeouts(t *testing.T) {
 				case <-release:
 				case <-r.Context().Done():
 				}
+			case "/idle":
+				w.WriteHeader(200)
+				_, _ = io.WriteString(w, "first chunk")
+				w.(http.Flusher).Flush()
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
 			case "/slow-body":
 				w.WriteHeader(200)
 				w.(http.Flusher).Flush()
@@ -165,12 +173,13 @@ func TestTimeouts(t *testing.T) {
 		p := httpPolicy(
 			rule("/slow-head", policy.Timeouts{Request: 100 * time.Millisecond}, &policy.Retry{}),
 			rule("/slow-body", policy.Timeouts{Request: 100 * time.Millisecond}, nil),
+			rule("/idle", policy.Timeouts{Idle: 100 * time.Millisecond}, nil),
 			rule("/slow-response", policy.Timeouts{Response: 100 * time.Millisecond}, nil),
 			policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/try"}}},
 				Backends: to(tryUp.backend("web")), Retry: &policy.Retry{Timeout: 100 * time.Millisecond, MaxRetries: 1}},
 		)
-		p.HTTP1.Routes[0].Rules[2].Matches[0].Path.Value = "/slow-head"
-		p.HTTP1.Routes[0].Rules[2].Matches[0].Headers = []policy.HeaderMatch{{Name: "X-Response", Value: "1"}}
+		p.HTTP1.Routes[0].Rules[3].Matches[0].Path.Value = "/slow-head"
+		p.HTTP1.Routes[0].Rules[3].Matches[0].Headers = []policy.HeaderMatch{{Name: "X-Response", Value: "1"}}
 		f := newFixture(t, mode, p)
 
 		resp, _ := f.do(t, "GET", "http://svc.test/slow-head", "", nil)
@@ -186,6 +195,14 @@ func TestTimeouts(t *testing.T) {
 		assert.Error(t, err, "the request timeout bounds the response stream")
 		resp.Body.Close()
 
+		req, _ = http.NewRequest("GET", "http://svc.test/idle", nil)
+		resp, err = f.client.Do(req)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		assert.Error(t, err, "the idle timeout ends a stalled stream")
+		assert.Equal(t, "first chunk", string(b))
+		resp.Body.Close()
+
 		resp, _ = f.do(t, "GET", "http://svc.test/slow-head", "", http.Header{"X-Response": {"1"}})
 		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
 		assert.Contains(t, resp.Header.Get("L5d-Proxy-Error"), "response timed out")
@@ -198,6 +215,7 @@ func TestTimeouts(t *testing.T) {
 		assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_request_statuses_total", lbl, `error="REQUEST_TIMEOUT"`, `http_status=""`))
 		assert.NotEmpty(t, f.m.Value(t, "outbound_http_route_backend_response_statuses_total", lbl, `error="RESPONSE_HEADERS_TIMEOUT"`))
 		assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_request_statuses_total", lbl, `error="RESPONSE_STREAM_TIMEOUT"`))
+		assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_request_statuses_total", lbl, `error="IDLE_TIMEOUT"`, `http_status="200"`))
 	})
 }
 

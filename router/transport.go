@@ -41,7 +41,9 @@ type LoadShed interface{ LoadShed() bool }
 // random by weight). The request timeout bounds the whole exchange, both
 // streams; the response timeout the time from the first attempt to the
 // end of the response; when one fires before the response went to the
-// caller the answer is a 504. Neither is retried. The retry's timeout
+// caller the answer is a 504. The idle timeout bounds the time in which
+// neither body moves (the wait for the response head included). None of
+// these is retried. The retry's timeout
 // bounds each attempt but the last until its response headers; an attempt
 // that runs out is retried. Retries are counted (max_retries, default 1):
 // responses with a status in the rule's ranges (empty: 500-599) or a
@@ -116,6 +118,10 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 	if timeouts.Response > 0 {
 		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Response, Cause: exchange.ErrResponseTimeout, Stream: true,
 			Message: "response timed out after " + timeouts.Response.String()})
+	}
+	if timeouts.Idle > 0 {
+		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Idle, Cause: exchange.ErrIdleTimeout, Stream: true,
+			Message: "stream idle for " + timeouts.Idle.String()})
 	}
 	if retry != nil {
 		p.Retry = x

@@ -146,7 +146,12 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			x.cancelCause = cancel
 		}
 		cancel := x.cancelCause
-		x.timers = append(x.timers, timer{t: t, timer: time.AfterFunc(t.After, func() { cancel(t.Cause) })})
+		tm := time.AfterFunc(t.After, func() { cancel(t.Cause) })
+		x.timers = append(x.timers, timer{t: t, timer: tm})
+		if t.Cause == ErrIdleTimeout {
+			// Idle: every read of either body starts it again.
+			x.idle, x.idleFor = tm, t.After
+		}
 	}
 	x.ctx = ctx
 
@@ -159,6 +164,9 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 	if body != nil && body != http.NoBody {
 		if len(x.timers) > 0 {
 			body = newAbortBody(ctx, body)
+		}
+		if x.idle != nil {
+			body = &activityBody{ReadCloser: body, x: x}
 		}
 		switch {
 		case !retryable:
@@ -288,6 +296,8 @@ type exchange struct {
 	cancelCause context.CancelCauseFunc
 	tryCancel   context.CancelCauseFunc // the delivered attempt's context
 	retries     int
+	idle        *time.Timer // the idle timer, reset on activity
+	idleFor     time.Duration
 	// The request body of a request that may be retried: the copy kept of
 	// it, or the caller's way to get it again.
 	body    *replayBody
@@ -301,6 +311,27 @@ func (x *exchange) cause(err error) error {
 		return c
 	}
 	return err
+}
+
+// touch restarts the idle timer: a body moved.
+func (x *exchange) touch() {
+	if x.idle != nil {
+		x.idle.Reset(x.idleFor)
+	}
+}
+
+// activityBody is a request body whose reads count as activity.
+type activityBody struct {
+	io.ReadCloser
+	x *exchange
+}
+
+func (b *activityBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.x.touch()
+	}
+	return n, err
 }
 
 // replayable reports whether a retry can send the request body.
@@ -469,6 +500,9 @@ type routeBody struct {
 
 func (b *routeBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.x.touch()
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, io.EOF):
