@@ -90,8 +90,7 @@ type statusSet struct {
 }
 
 type statusOpts struct {
-	add    []metric.AddOption
-	record []metric.RecordOption
+	add []metric.AddOption
 }
 
 func (s *statusSet) get(st Status) statusOpts {
