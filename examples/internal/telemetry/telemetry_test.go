@@ -51,7 +51,7 @@ func TestHostFloodSeriesBounded(t *testing.T) {
 				// Sent to the one loopback server, addressed to a distinct
 				// IP-literal authority: no DNS, one connection.
 				req, _ := http.NewRequest("GET", app.URL+"/", nil)
-				req.Host = fmt.Sprintf("10.%d.%d.%d:80", i>>16&255, i>>8&255, i&255)
+				req.Host = fmt.Sprintf("127.%d.%d.%d:80", 1+i>>16&255, i>>8&255, i&255)
 				resp, err := hc.Do(req)
 				if !assert.NoError(t, err) {
 					continue

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// during runs m while every runs each period, and reports how many times
+// it ran.
+func during(period time.Duration, every func(i int), m func() (figures, error)) (figures, int, error) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var count atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				every(i)
+				count.Add(1)
+			}
+		}
+	}()
+	f, err := m()
+	close(stop)
+	wg.Wait()
+	return f, int(count.Load()), err
+}
+
+// profileSwap: the whole mesh with 64 clients while the control plane
+// changes books' profile 100 times a second, against the same without
+// changes.
+func profileSwap(o options) (*result, error) {
+	mp := newMeter()
+	defer mp.Shutdown(context.Background())
+	m, err := newMeshed(ok, mp)
+	if err != nil {
+		return nil, err
+	}
+	defer m.close()
+	n := o.scale(10000, 5000)
+	load := func() (figures, error) {
+		return parallel(m.st.client, func() *http.Request { return get("http://"+books+"/books/1", "") }, n, 64, false)
+	}
+	var updates, elapsed float64
+	swapping := func() (figures, error) {
+		t0 := time.Now()
+		f, c, err := during(10*time.Millisecond, func(i int) { m.cp.putProfile(strconv.Itoa(i % 2)) }, load)
+		updates += float64(c)
+		elapsed += time.Since(t0).Seconds()
+		return f, err
+	}
+	rs, err := interleave(o.rounds, variant{"steady", load}, variant{"swapping", swapping})
+	if err != nil {
+		return nil, err
+	}
+	r := &result{
+		ratio:     rs.ratio("", atLeast(0.97), func(f []figures) float64 { return f[1].RPS / f[0].RPS }),
+		Candidate: rs.median(1), Baseline: rs.median(0),
+	}
+	r.Note = fmt.Sprintf("ratio = requests/s while the profile changes / steady; %.0f profile updates/s delivered (20 routes each)", updates/elapsed)
+	return r, nil
+}
+
+// endpoints1000: p99 latency of 4 clients through the outbound stack to
+// books, which has 1,000 endpoints, while the control plane sends a new
+// weight for every one of them 20 times a second, against steady.
+func endpoints1000(o options) (*result, error) {
+	const count = 1000
+	mp := newMeter()
+	defer mp.Shutdown(context.Background())
+	cp, err := newControlPlane()
+	if err != nil {
+		return nil, err
+	}
+	defer cp.close()
+	cp.putProfile("")
+	srv, guard := origprotoServer(downgrade(ok))
+	var addrs []string
+	var lis []net.Listener
+	defer func() {
+		srv.Close()
+		for _, l := range lis {
+			l.Close()
+		}
+	}()
+	for range count {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lis = append(lis, l)
+		addrs = append(addrs, l.Addr().String())
+		go srv.Serve(guard(l))
+	}
+	cp.putEndpoints(books, addrs, true, 10000)
+	st := newStack(ok, mp, nil, cp.dst)
+	defer st.close()
+	req := func() *http.Request { return get("http://"+books+"/books/1", "") }
+	if err := waitRoutes(st.client.Router(), books, func() { _ = do(st.client, req()) }); err != nil {
+		return nil, err
+	}
+	n := o.scale(3000, 2000)
+	load := func() (figures, error) { return parallel(st.client, req, n, 4, true) }
+	// Touch the endpoints, so that connections exist before timing.
+	if _, err := parallel(st.client, req, 3*count, 16, false); err != nil {
+		return nil, err
+	}
+	updating := func() (figures, error) {
+		f, _, err := during(50*time.Millisecond, func(i int) { cp.putEndpoints(books, addrs, true, uint32(10000+i%2)) }, load)
+		return f, err
+	}
+	rs, err := interleave(o.rounds, variant{"steady", load}, variant{"updating", updating})
+	if err != nil {
+		return nil, err
+	}
+	r := &result{
+		ratio:     rs.ratio("", noGoal, func(f []figures) float64 { return f[1].P99 / f[0].P99 }),
+		Candidate: rs.median(1), Baseline: rs.median(0),
+		Extra: []ratio{rs.ratio("p50 updating / steady", noGoal, func(f []figures) float64 { return f[1].P50 / f[0].P50 })},
+	}
+	r.Note = "ratio = p99 while 1,000-endpoint updates arrive 20 times a second / steady (4 clients)"
+	return r, nil
+}
+
+// hostFlood: memory growth of the outbound stack and its control plane
+// (one process) over requests for distinct Hosts: IP literals on
+// 127.0.0.0/8 whose port nothing listens on, so that each falls back to
+// its own address and is refused at once.
+func hostFlood(o options) (*result, error) {
+	hosts := o.scale(100000, 10000)
+	mp := newMeter()
+	defer mp.Shutdown(context.Background())
+	cp, err := newControlPlane()
+	if err != nil {
+		return nil, err
+	}
+	defer cp.close()
+	st := newStack(ok, mp, nil, cp.dst)
+	defer st.close()
+	before, rssBefore := heap(), rss()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	// Bounded in time as well as in count, so that a slow stack cannot
+	// hold the whole run.
+	deadline := t0.Add(time.Duration(o.scale(60, 30)) * time.Second)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(hosts) || time.Now().After(deadline) {
+					return
+				}
+				host := fmt.Sprintf("127.%d.%d.%d:1", 1+i/65536, (i/256)%256, i%256)
+				_ = do(st.client, get("http://"+host+"/", ""))
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(t0)
+	sent := min(int(next.Load())-64, hosts)
+	after, rssAfter := heap(), rss()
+	watches := cp.watches()
+	growth := float64(after-before) / (1 << 20)
+	r := &result{
+		ratio:     ratio{Ratio: growth, Goal: atMost(50), Spread: spread{growth, growth}},
+		Unit:      "MiB",
+		Candidate: &figures{MiB: growth, Requests: float64(sent), RPS: float64(sent) / el.Seconds()},
+		Baseline:  &figures{MiB: float64(before) / (1 << 20)},
+		Rounds:    1,
+	}
+	r.Note = fmt.Sprintf("ratio = heap growth in MiB after %d distinct Hosts (after GC; RSS %+.0f MiB); %d watches open at the end",
+		sent, float64(rssAfter-rssBefore)/(1<<20), watches)
+	if sent < hosts {
+		r.Note += fmt.Sprintf("; stopped at the time bound, %d of %d Hosts sent", sent, hosts)
+	}
+	return r, nil
+}
+
+// heap returns the live heap after a full collection.
+func heap() uint64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// rss returns the resident set size of this process.
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
