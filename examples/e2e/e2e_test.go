@@ -269,7 +269,7 @@ func TestEndToEnd(t *testing.T) {
 	assert.Equal(t, 1.0, ready)
 	_, ok = metric(text, "outbound_http_balancer_queue_requests_total", `parent_name="books"`)
 	assert.True(t, ok)
-	resp, err := http.Get("http://" + aMetrics + "/endpoints?authority=" + books)
+	resp, err = http.Get("http://" + aMetrics + "/endpoints?authority=" + books)
 	require.NoError(t, err)
 	states, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
