@@ -47,6 +47,11 @@ func TestFilters(t *testing.T) {
 				Backends: to(up.backend("web")),
 			},
 			policy.HTTPRule{
+				Matches:  []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathPrefix, Value: "/old"}}},
+				Filters:  []policy.Filter{{Redirect: &policy.Redirect{Status: 302, Path: &policy.PathModifier{Full: "/new", Prefix: true}}}},
+				Backends: to(up.backend("web")),
+			},
+			policy.HTTPRule{
 				Matches:  []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathPrefix, Value: "/never"}}},
 				Filters:  []policy.Filter{{FailureInjector: &policy.FailureInjector{Status: 503, Message: "never", Ratio: policy.Ratio{Numerator: 0, Denominator: 1}}}},
 				Backends: to(up.backend("web")),
@@ -67,6 +72,10 @@ func TestFilters(t *testing.T) {
 		resp, _ = f.do(t, "GET", "http://svc.test/redirect/x?q=1", "", nil)
 		assert.Equal(t, http.StatusMovedPermanently, resp.StatusCode, "redirect status defaults to 301")
 		assert.Equal(t, "https://other.test:8443/moved?q=1", resp.Header.Get("Location"))
+
+		resp, _ = f.do(t, "GET", "http://svc.test/old/a/b", "", nil)
+		assert.Equal(t, http.StatusFound, resp.StatusCode)
+		assert.Equal(t, "http://svc.test/new/a/b", resp.Header.Get("Location"), "a prefix rewrite keeps the rest of the path")
 
 		n := up.n.Load()
 		resp, _ = f.do(t, "GET", "http://svc.test/fail", "", nil)

@@ -88,18 +88,18 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return t.base.RoundTrip(req)
 	}
-	route, _ := ps.table.Select(req)
+	route, match := ps.table.Select(req)
 	if route == nil {
 		closeReqBody(req)
 		return proxyerr.Response(req, http.StatusNotFound, "no route found for request"), nil
 	}
-	return r.runPolicy(t.base, req, ps.targets[route])
+	return r.runPolicy(t.base, req, ps.targets[route], match)
 }
 
-// runPolicy runs req by the policy route of rt.
-func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeTarget) (*http.Response, error) {
+// runPolicy runs req by the policy route of rt, selected by match.
+func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeTarget, match policy.Match) (*http.Response, error) {
 	route := rt.route
-	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header)}
+	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header), match: match}
 	timeouts := route.Timeouts
 	retry := route.Retry
 	if hasL5d(req.Header) {
@@ -148,6 +148,7 @@ type policyExchange struct {
 	base  http.RoundTripper
 	grpc  bool
 	retry *policy.Retry
+	match policy.Match
 	// backend is the series of the attempt in flight.
 	backend *metrics.BackendTarget
 	start   time.Time
@@ -221,7 +222,7 @@ func (x *policyExchange) filter(req *http.Request, fs []policy.Filter, respMods 
 			closeReqBody(req)
 			resp := proxyerr.Response(req, f.Redirect.StatusCode(), "redirected")
 			resp.Header.Del(proxyerr.Header)
-			resp.Header.Set("Location", redirectURL(req, f.Redirect))
+			resp.Header.Set("Location", redirectURL(req, f.Redirect, x.match))
 			return req, resp
 		case f.FailureInjector != nil:
 			if x.fires(f.FailureInjector.Ratio) {
@@ -276,7 +277,7 @@ func (x *policyExchange) pick() int {
 	return len(d.Backends) - 1
 }
 
-func redirectURL(req *http.Request, rd *policy.Redirect) string {
+func redirectURL(req *http.Request, rd *policy.Redirect, m policy.Match) string {
 	u := *req.URL
 	host := req.Host
 	if host == "" {
@@ -303,9 +304,19 @@ func redirectURL(req *http.Request, rd *policy.Redirect) string {
 	}
 	path := u.Path
 	if rd.Path != nil {
-		// A prefix rewrite replaces the path as a whole too: the router
-		// does not keep the part of the path the prefix match matched.
 		path = rd.Path.Full
+		if rd.Path.Prefix && m.Path == policy.PathPrefix && m.PathLen <= len(u.Path) {
+			// Replace the part the prefix match matched; the rest of the
+			// path follows the new prefix.
+			rest := u.Path[m.PathLen:]
+			if rest != "" && !strings.HasPrefix(rest, "/") {
+				rest = "/" + rest
+			}
+			path = strings.TrimSuffix(rd.Path.Full, "/") + rest
+			if path == "" {
+				path = "/"
+			}
+		}
 	}
 	out := url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: u.RawQuery}
 	return out.String()
