@@ -84,6 +84,9 @@ func TestFilters(t *testing.T) {
 		resp, _ = f.do(t, "GET", "http://svc.test/never", "", nil)
 		assert.Equal(t, 200, resp.StatusCode, "ratio 0/1 never fires")
 		assert.Equal(t, n+1, up.n.Load(), "only the ratio-0 request reached the upstream")
+		assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_request_statuses_total", `http_status="503"`))
+		assert.Empty(t, f.m.Lines(t, "outbound_http_route_backend_response_statuses_total", `http_status="503"`),
+			"a rule's injected failure reaches no backend")
 	})
 }
 

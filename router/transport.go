@@ -158,7 +158,7 @@ type policyExchange struct {
 func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	route := x.rt.route
 	x.start = time.Now()
-	x.backend = x.rt.noBackend
+	x.backend = nil // a rule filter's answer has no backend series
 	var respMods []*policy.HeaderModifier
 	req, resp := x.filter(req, route.Filters, &respMods)
 	if resp != nil {
@@ -166,6 +166,7 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	}
 	i := x.pick()
 	if i < 0 {
+		x.backend = x.rt.noBackend
 		x.backend.Request(req.Context())
 		closeReqBody(req)
 		return proxyerr.Response(req, http.StatusInternalServerError, "no backends for this route"), nil
