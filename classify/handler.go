@@ -61,7 +61,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // returns); a hijacked connection has no status and is a success.
 func Finish(c *Classifier, r *http.Request, st *rw.State) (status int, class Class) {
 	if st.Hijacked {
-		return 0, Success
+		return 0, success
 	}
 	status = st.Status
 	if status == 0 {

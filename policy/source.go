@@ -2,15 +2,20 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/inmesh/inmesh/internal/mailbox"
 )
 
+// ErrTooManyWatches is returned by [Source.Watch] when the source already
+// watches as many targets as it may.
+var ErrTooManyWatches = errors.New("policy: too many watched targets")
+
 // Update is one state of a policy watch.
 type Update struct {
-	// Policy is the policy now in force, or nil when none is known (the
-	// router then uses its default route).
+	// Policy is the policy now in force, or nil when none is known and
+	// requests use the default route.
 	Policy *Policy
 	// Err, with a nil Policy, tells why there is none.
 	Err error
@@ -18,15 +23,18 @@ type Update struct {
 
 // Source streams the outbound policies of authorities (host:port), with
 // the contract of profiles.Source: Watch returns at once; update is called
-// with each new state in order, never concurrently for one watch and never
-// from within Watch; stop waits for the last call and may be called more
-// than once.
+// with each new state, in order, never concurrently for one watch and never
+// from within Watch; a state may be skipped when a newer one replaced it;
+// transient failures are not reported (the last state stays in force); the
+// watch ends when ctx is done or stop is called, and stop waits until update
+// has returned for the last time. Watch returns an error (such as
+// [ErrTooManyWatches]) when it cannot watch; stop is then nil.
 type Source interface {
 	Watch(ctx context.Context, authority string, update func(Update)) (stop func(), err error)
 }
 
-// StaticSource is a [Source] of policies set by hand, for users without a
-// control plane: each Set reaches the watchers of its authority at once.
+// StaticSource is a [Source] of policies set by hand, for programs without
+// a control plane: each Set reaches the watchers of its authority at once.
 // Its zero value is empty and ready; it is safe for concurrent use.
 type StaticSource struct {
 	mu       sync.Mutex
@@ -53,7 +61,8 @@ func (s *StaticSource) initLocked() {
 	}
 }
 
-// Set makes p the policy of authority; nil removes it.
+// Set makes p the policy of authority; nil removes it (the default route).
+// p must not change afterwards.
 func (s *StaticSource) Set(authority string, p *Policy) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -78,6 +87,9 @@ func (s *StaticSource) Watch(ctx context.Context, authority string, update func(
 	m = mailbox.Start(context.Background(), ctx, nil, update, func() {
 		s.mu.Lock()
 		delete(s.watchers[authority], m)
+		if len(s.watchers[authority]) == 0 {
+			delete(s.watchers, authority)
+		}
 		s.mu.Unlock()
 	})
 	if s.watchers[authority] == nil {

@@ -49,7 +49,7 @@ func (r *CompiledRoute) IsDefault() bool { return r.Index < 0 }
 // DefaultRoute is the route of requests that match no route, and of every
 // request before a profile is known: no labels, the default classifier, no
 // retries, no timeout.
-var DefaultRoute = &CompiledRoute{Index: -1, classifier: classify.Default}
+var DefaultRoute = &CompiledRoute{Index: -1, classifier: classify.Default()}
 
 // Options bound what [Compile] accepts; zero fields mean the package
 // limits [MaxRoutes], [MaxPathRegexLen] and [MaxMatchDepth].

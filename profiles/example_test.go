@@ -46,13 +46,16 @@ func ExampleRouter() {
 			RetryBudget: &profiles.DefaultRetryBudget,
 		},
 	})
-	router := profiles.NewRouter(src)
-	defer router.Close()
-
 	// Outbound: route, time out and retry the application's requests.
-	client := &http.Client{Transport: router.Transport(classify.NewTransport(nil))}
-	// Inbound: route and record the service's requests.
-	handler := router.Handler(classify.NewHandler(http.NotFoundHandler()))
+	outbound := profiles.NewRouter(src)
+	defer outbound.Close()
+	client := &http.Client{Transport: outbound.Transport(classify.NewTransport(nil))}
+
+	// Inbound: route and record the requests for the service's own
+	// authority; requests naming any other Host take the default route.
+	inbound := profiles.NewRouter(src, profiles.WithLocalAuthorities("books.default.svc.cluster.local:7000"))
+	defer inbound.Close()
+	handler := inbound.Handler(classify.NewHandler(http.NotFoundHandler()))
 	_, _ = client, handler
 }
 

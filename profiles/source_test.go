@@ -130,7 +130,8 @@ func TestRouterAuthority(t *testing.T) {
 		{"override allowed", true, "books.default.svc.cluster.local:7000", "books.default.svc.cluster.local:80", "port80"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			router := NewRouter(src, WithLogger(quietLogger), WithDstOverrideHeader(tc.override))
+			router := NewRouter(src, WithLogger(quietLogger), WithDstOverrideHeader(tc.override),
+				WithLocalAuthorities("books.default.svc.cluster.local", "books.default.svc.cluster.local:7000"))
 			defer router.Close()
 			srv := testutil.NewServer(t, router.Handler(app))
 			client := &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}

@@ -44,7 +44,7 @@ func newStacks(t testing.TB) stacks {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
 	router := NewRouter(NewStaticSource(map[string]*Profile{stackAuthority: booksProfile(20)}),
-		WithMeterProvider(mp), WithLogger(quietLogger))
+		WithMeterProvider(mp), WithLogger(quietLogger), WithLocalAuthorities(stackAuthority))
 	s := stacks{
 		bare:   app,
 		otel:   otelhttp.NewHandler(app, "inbound", otelhttp.WithMeterProvider(mp), otelhttp.WithTracerProvider(tracenoop.NewTracerProvider())),

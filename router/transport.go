@@ -110,7 +110,7 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 		stripL5d(req.Header)
 	}
 	x.retry = retry
-	p := &exchange.Plan{Classifier: classify.Default, Recorder: x}
+	p := &exchange.Plan{Classifier: defaultClassifier, Recorder: x}
 	if timeouts.Request > 0 {
 		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Request, Cause: exchange.ErrRequestTimeout, Stream: true,
 			Message: "request timed out after " + timeouts.Request.String()})
@@ -458,3 +458,7 @@ func closeReqBody(req *http.Request) {
 		req.Body.Close()
 	}
 }
+
+// defaultClassifier classifies the responses of policy routes: Linkerd's
+// default rules (5xx, failing gRPC codes, errors).
+var defaultClassifier = classify.Default()

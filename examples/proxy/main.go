@@ -95,7 +95,8 @@ func run(f flags, log *slog.Logger) error {
 		metric.WithDescription("Total count of opened connections."))
 
 	dst, err := destination.Dial(f.destination, destination.WithBackoff(policy), destination.WithLogger(log),
-		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme))
+		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme),
+		destination.WithWorkload(os.Getenv(destination.PolicyWorkloadEnv)))
 	if err != nil {
 		return err
 	}
