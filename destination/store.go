@@ -148,7 +148,7 @@ func (s *Store) profile(host string, port uint32) (*profiles.Profile, <-chan str
 	if sp := s.profiles[host]; sp != nil {
 		return sp.ProfileFor(port), s.changed
 	}
-	budget := profiles.DefaultRetryBudget
+	budget := profiles.DefaultRetryBudget()
 	p := &profiles.Profile{RetryBudget: &budget}
 	if _, err := netip.ParseAddr(host); err != nil {
 		p.FullyQualifiedName = host

@@ -35,6 +35,7 @@ spec:
 }
 
 func ExampleRouter() {
+	budget := profiles.DefaultRetryBudget()
 	src := profiles.NewStaticSource(map[string]*profiles.Profile{
 		"books.default.svc.cluster.local:7000": {
 			Routes: []profiles.Route{{
@@ -43,7 +44,7 @@ func ExampleRouter() {
 				Retryable: true,
 				Timeout:   time.Second,
 			}},
-			RetryBudget: &profiles.DefaultRetryBudget,
+			RetryBudget: &budget,
 		},
 	})
 	// Outbound: route, time out and retry the application's requests.

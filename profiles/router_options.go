@@ -1,6 +1,7 @@
 package profiles
 
 import (
+	"github.com/inmesh/inmesh/internal/exchange"
 	"log/slog"
 	"time"
 
@@ -19,7 +20,7 @@ const DefaultIdleTimeout = time.Minute
 
 // MaxRetryBodyBytes is the largest request body buffered for retries
 // (64 KiB, as in Linkerd); a larger body is sent once.
-const MaxRetryBodyBytes = 64 << 10
+const MaxRetryBodyBytes = exchange.MaxRetryBodyBytes
 
 // RouterOption configures a [Router].
 type RouterOption interface{ apply(*routerConfig) }

@@ -52,7 +52,7 @@ func TestFileSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "books.yaml")
 	writeProfile(t, path, "v1")
-	src, err := NewFileSource(dir, 10*time.Millisecond, quietLogger)
+	src, err := NewFileSource(dir, WithPollInterval(10*time.Millisecond), WithFileLogger(quietLogger))
 	require.NoError(t, err)
 	defer src.Close()
 
@@ -83,7 +83,7 @@ func TestFileSource(t *testing.T) {
 
 	_, err = src.Watch(context.Background(), "not an authority", func(Update) {})
 	assert.Error(t, err)
-	_, err = NewFileSource(filepath.Join(dir, "missing"), 0, nil)
+	_, err = NewFileSource(filepath.Join(dir, "missing"), WithPollInterval(0), nil)
 	assert.Error(t, err)
 }
 

@@ -20,7 +20,8 @@ const stackAuthority = "books.default.svc.cluster.local:7000"
 
 // booksProfile is a profile of n routes; /books/{id} is the last of them.
 func booksProfile(n int) *Profile {
-	p := &Profile{RetryBudget: &DefaultRetryBudget}
+	budget := DefaultRetryBudget()
+	p := &Profile{RetryBudget: &budget}
 	for i := range n - 1 {
 		p.Routes = append(p.Routes, Route{
 			Condition: MatchAll{Method("POST"), PathRegex(fmt.Sprintf("/other/r%d/[^/]+", i))},

@@ -219,6 +219,15 @@ func TestEndToEnd(t *testing.T) {
 		return ok
 	}, timeout, 50*time.Millisecond, "the profile never arrived")
 
+	// The admin listener explains the route: the profile's, by first match.
+	resp, err := http.Get("http://" + aMetrics + "/routes?authority=" + books + "&method=GET&path=/books/1")
+	require.NoError(t, err)
+	explained, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	assert.Contains(t, string(explained), `"model": "serviceprofile"`)
+	assert.Contains(t, string(explained), `"route": "GET /books/{id}"`)
+
 	status, headers, body := get("/books/42")
 	assert.Equal(t, 200, status)
 	assert.Equal(t, `{"id":"42"}`, body)
@@ -260,7 +269,7 @@ func TestEndToEnd(t *testing.T) {
 	assert.Equal(t, 1.0, ready)
 	_, ok = metric(text, "outbound_http_balancer_queue_requests_total", `parent_name="books"`)
 	assert.True(t, ok)
-	resp, err := http.Get("http://" + aMetrics + "/endpoints?authority=" + books)
+	resp, err = http.Get("http://" + aMetrics + "/endpoints?authority=" + books)
 	require.NoError(t, err)
 	states, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

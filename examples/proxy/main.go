@@ -12,7 +12,9 @@
 // route metrics, forwarded to -app. /metrics serves Prometheus text with
 // Linkerd's series names (the outbound_http_balancer_* families among them);
 // /endpoints?authority=host:port the balancer's state of each endpoint as
-// JSON; /ready answers 200.
+// JSON; /routes?authority=host:port&method=GET&path=/x the JSON explanation
+// of how such a request is routed (model, route, match, timeouts, retry and
+// budget); /ready answers 200.
 //
 // The control-plane backoff comes from INMESH_CONTROL_EXP_BACKOFF_MIN, _MAX
 // and _JITTER, or the fixed INMESH_CONTROL_BACKOFF_DELAY; a bad value stops
@@ -44,6 +46,7 @@ import (
 	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -118,6 +121,11 @@ func run(f flags, log *slog.Logger) error {
 
 	admin := http.NewServeMux()
 	admin.Handle("/metrics", metrics.Handler)
+	// /routes explains the routing of a request through the outbound
+	// stack's profile router.
+	explain := router.New(router.WithProfileRouter(client.Router()), router.WithMeterProvider(provider))
+	defer explain.Close()
+	admin.Handle("/routes", explain.ExplainHandler())
 	if b := client.Balancer(); b != nil {
 		admin.Handle("/endpoints", b.EndpointsHandler()) // ?authority=host:port: each endpoint's state as JSON
 	}
