@@ -39,14 +39,19 @@ var ErrClosed = errors.New("balancer: closed")
 // [EndpointFromContext]. A Balancer is safe for concurrent use; Close stops
 // its watches.
 type Balancer struct {
-	src    Source
-	cfg    config
-	decay  float64
-	rtt    float64
-	log    *ratelog.Logger
-	ctx    context.Context
-	cancel context.CancelFunc
-	table  table
+	src   Source
+	cfg   config
+	decay float64
+	rtt   float64
+	log   *ratelog.Logger
+	// health: picks check endpoint health; penDecay: the load penalty's
+	// time constant.
+	health   bool
+	penDecay float64
+	metrics  *balMetrics
+	ctx      context.Context
+	cancel   context.CancelFunc
+	table    table
 
 	mu     sync.Mutex
 	stops  []func()
@@ -58,8 +63,14 @@ func New(src Source, opts ...Option) *Balancer {
 	cfg := newConfig(opts)
 	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
 		log: ratelog.New(cfg.logger, 0)}
+	b.health = cfg.accrual != nil || cfg.penaltyEWMA != nil
+	b.penDecay = b.decay
+	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
+		b.penDecay = float64(p.PenaltyDecay)
+	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.table.init(cfg.maxAuthorities)
+	b.metrics = newBalMetrics(b)
 	return b
 }
 
@@ -67,6 +78,7 @@ func New(src Source, opts ...Option) *Balancer {
 // safe to call more than once.
 func (b *Balancer) Close() {
 	b.cancel()
+	b.metrics.close()
 	b.mu.Lock()
 	stops := b.stops
 	b.stops, b.closed = nil, true
@@ -99,11 +111,14 @@ type authority struct {
 	state    atomic.Pointer[snapshot]
 	watching atomic.Bool // endpoints
 	splitOn  atomic.Bool // profile
+	group    *group
+	queued   atomic.Int64 // requests in the queue
+	metrics  atomic.Pointer[authMetrics]
 }
 
 func newAuthority(name string) *authority {
-	a := &authority{name: name}
-	a.state.Store(&snapshot{wait: make(chan struct{})})
+	a := &authority{name: name, group: &group{}}
+	a.state.Store(&snapshot{wait: make(chan struct{}), group: a.group})
 	return a
 }
 
@@ -139,7 +154,16 @@ func (b *Balancer) watchEndpoints(a *authority) {
 		if u.Err != nil {
 			b.log.Info("endpoints unavailable", "endpoints unavailable", "authority", a.name, "error", u.Err)
 		}
-		a.publish(newSnapshot(u, a.state.Load(), b.rtt, b.cfg.now()))
+		prev := a.state.Load()
+		ns := newSnapshot(u, prev, b.rtt, b.cfg.now())
+		ns.health = b.health
+		n := ns.countReady()
+		a.group.mu.Lock()
+		a.group.ready = n
+		a.group.mu.Unlock()
+		a.publish(ns)
+		a.group.notify()
+		b.metrics.update(a, prev, ns)
 	})
 	if err != nil {
 		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
@@ -233,8 +257,63 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), nil
 	}
-	e := s.pick(b.cfg.now(), b.decay)
-	return t.send(req, host, e)
+	start := b.cfg.now()
+	e, probe := s.choose(start, b.decay)
+	if e == nil {
+		var resp *http.Response
+		var err error
+		if e, probe, resp, err = b.queue(req, a, name); e == nil {
+			closeBody(req)
+			return resp, err
+		}
+	}
+	b.metrics.dequeued(a, req.Context(), b.cfg.now()-start)
+	return t.send(req, host, e, probe)
+}
+
+// queuePoll is how often a queued request looks again for an endpoint
+// whose penalty ended (other changes wake it at once).
+const queuePoll = 10 * time.Millisecond
+
+// queue waits until an endpoint of a is in rotation, at most the failfast
+// timeout; past the capacity it refuses at once. It returns the endpoint,
+// or the response (503 fail-fast or load-shed) or error (the request's
+// own) to answer with.
+func (b *Balancer) queue(req *http.Request, a *authority, name string) (*endpoint, bool, *http.Response, error) {
+	if a.queued.Add(1) > int64(b.cfg.queueCap) {
+		a.queued.Add(-1)
+		b.log.Info("load shed", "queue full, request refused", "authority", name)
+		return nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
+	}
+	defer a.queued.Add(-1)
+	b.metrics.gate(a, req.Context(), false)
+	timer := time.NewTimer(b.cfg.failfast)
+	defer timer.Stop()
+	tick := time.NewTicker(queuePoll)
+	defer tick.Stop()
+	for {
+		wake := a.group.wake()
+		if e, probe := a.state.Load().choose(b.cfg.now(), b.decay); e != nil {
+			b.metrics.gate(a, req.Context(), true)
+			return e, probe, nil, nil
+		}
+		select {
+		case <-wake:
+		case <-tick.C:
+		case <-timer.C:
+			b.metrics.failfast(a, req.Context())
+			return nil, false, failResponse(req, ErrFailFast, "fail-fast: no endpoint of "+name+" ready within "+b.cfg.failfast.String()), nil
+		case <-req.Context().Done():
+			return nil, false, nil, req.Context().Err()
+		}
+	}
+}
+
+// failResponse is the 503 the balancer answers with for err.
+func failResponse(req *http.Request, err error, msg string) *http.Response {
+	resp := proxyerr.Response(req, http.StatusServiceUnavailable, msg)
+	resp.Body = errBody{err}
+	return resp
 }
 
 // wait waits for the first answer about a: the snapshot, nil after the
@@ -254,7 +333,7 @@ func (b *Balancer) wait(req *http.Request, a *authority, s *snapshot) (*snapshot
 
 // send sends req to e and accounts for it in e's load until the response
 // body ends.
-func (t *transport) send(req *http.Request, host string, e *endpoint) (*http.Response, error) {
+func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool) (*http.Response, error) {
 	b := t.b
 	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
 	if e.labels != nil {
@@ -280,18 +359,49 @@ func (t *transport) send(req *http.Request, host string, e *endpoint) (*http.Res
 	if err != nil {
 		l.pending.Add(-1)
 		if req.Context().Err() == nil {
-			l.observe(float64(b.cfg.penalty), b.cfg.now(), b.decay)
+			now := b.cfg.now()
+			l.observe(float64(b.cfg.penalty), now, b.decay)
+			b.record(e, outcome{failure: true}, probe, now)
+		} else if probe {
+			l.release()
 		}
 		return nil, err
 	}
 	now := b.cfg.now()
 	l.observe(float64(now-start), now, b.decay)
+	o, final := headOutcome(resp, time.Now())
+	if p := b.cfg.penaltyEWMA; p != nil {
+		if o.exhausted {
+			l.penalize(float64(p.Penalty), b.penDecay, now)
+		}
+		if o.retryIn > 0 {
+			l.avoidFor(min(o.retryIn, int64(p.MaxRetryAfter)), now)
+		}
+	}
+	if final {
+		b.record(e, o, probe, now)
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		l.pending.Add(-1)
+		if !final {
+			b.record(e, o, probe, now)
+		}
 		return resp, nil
 	}
-	resp.Body = &pendingBody{ReadCloser: resp.Body, b: b, load: l, ctx: req.Context()}
+	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, load: l, ctx: req.Context(), resp: resp}
+	if !final {
+		pb.verdict, pb.probe, pb.head = true, probe, o
+	}
+	resp.Body = pb
 	return resp, nil
+}
+
+// record folds an outcome into e's accrual; an endpoint back in rotation
+// wakes the queue.
+func (b *Balancer) record(e *endpoint, o outcome, probe bool, now int64) {
+	if e.load.record(o, probe, now, b.cfg.accrual, e.group()) {
+		e.group().notify()
+	}
 }
 
 // pendingBody keeps its request in flight on the endpoint's load until
@@ -300,9 +410,15 @@ func (t *transport) send(req *http.Request, host string, e *endpoint) (*http.Res
 type pendingBody struct {
 	io.ReadCloser
 	b    *Balancer
+	e    *endpoint
 	load *load
 	ctx  context.Context
+	resp *http.Response
 	done atomic.Bool
+	// verdict: the outcome waits for the trailers (gRPC).
+	verdict bool
+	probe   bool
+	head    outcome
 }
 
 func (p *pendingBody) Read(buf []byte) (int, error) {
@@ -323,9 +439,27 @@ func (p *pendingBody) finish(err error) {
 		return
 	}
 	p.load.pending.Add(-1)
-	if err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil {
+	failed := err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil
+	if failed {
 		p.load.observe(float64(p.b.cfg.penalty), p.b.cfg.now(), p.b.decay)
 	}
+	if !p.verdict {
+		return
+	}
+	switch {
+	case failed:
+		p.head.failure = true
+	case p.ctx.Err() != nil || err == nil: // cancelled, or closed before the end: no verdict
+		if p.probe {
+			p.load.release()
+		}
+		return
+	default:
+		if code, ok := grpcStatus(p.resp.Trailer); ok {
+			p.head.grpc(code, p.resp.Trailer)
+		}
+	}
+	p.b.record(p.e, p.head, p.probe, p.b.cfg.now())
 }
 
 type endpointKey struct{}
@@ -408,6 +542,26 @@ func (t *table) get(name string) *authority {
 	a = newAuthority(name)
 	t.names[name] = a
 	return a
+}
+
+// each calls f for every authority of the table.
+func (t *table) each(f func(*authority)) {
+	t.mu.RLock()
+	as := make([]*authority, 0, len(t.names))
+	for _, a := range t.names {
+		as = append(as, a)
+	}
+	t.mu.RUnlock()
+	for _, a := range as {
+		f(a)
+	}
+}
+
+// find returns the entry of a normalized authority, or nil.
+func (t *table) find(name string) *authority {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.names[name]
 }
 
 func (t *table) len() int {

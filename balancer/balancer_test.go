@@ -42,7 +42,10 @@ func TestRoutesToEndpoints(t *testing.T) {
 func TestWeights(t *testing.T) {
 	a, b := backend(t, "a"), backend(t, "b")
 	a.Weight, b.Weight = 9000, 1000
-	_, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {a, b}}))
+	// A still clock: every RTT sample is 0, so a slow answer on a loaded
+	// machine cannot make load decide instead of the weights.
+	clock := &fakeClock{}
+	_, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {a, b}}), withClock(clock.read))
 	count := map[string]int{}
 	for range 400 {
 		_, body, _ := fetch(t, client, "http://"+books+":7000/")

@@ -21,6 +21,9 @@ func benchSnapshot(n int) *snapshot {
 func TestPickAllocs(t *testing.T) {
 	s := benchSnapshot(10)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { s.pick(2, float64(DefaultDecay)) }))
+	s.health = true // picks that check each endpoint's health
+	s.eps[3].load.health.tripped, s.eps[3].load.health.until = true, 1<<62
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { s.pick(2, float64(DefaultDecay)) }))
 	sp := NewSplit([]profiles.WeightedDst{{Authority: "a.ns:80", Weight: 1}, {Authority: "b.ns:80", Weight: 3}})
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { sp.Pick() }))
 }

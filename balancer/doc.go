@@ -24,4 +24,31 @@
 // is one immutable snapshot behind an atomic pointer; updates build a new
 // snapshot and never block requests. Load statistics are kept across
 // updates for the endpoints that stay.
+//
+// # Endpoint health
+//
+// With [WithFailureAccrual] an endpoint that fails (a 5xx; a gRPC
+// DATA_LOSS, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED or UNAVAILABLE
+// in the headers or trailers; a request failing without a response) trips:
+// consecutive failures, or in unified mode also a success rate below a
+// threshold. A tripped endpoint gets nothing for its penalty, then exactly
+// one probe; a good answer restores it, a bad one trips it again for a
+// penalty that doubles (jittered) up to the maximum. The ejection floor
+// keeps a number of endpoints in rotation whatever they answer.
+//
+// With [WithPenaltyPeakEWMA] a 429 or gRPC RESOURCE_EXHAUSTED adds a
+// decaying penalty to the endpoint's load, and a Retry-After (429, 503) or
+// grpc-retry-pushback-ms keeps it out of picks that long, capped.
+//
+// When no endpoint of an authority is in rotation, requests wait in its
+// queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the
+// failfast timeout gets a 503 carrying [ErrFailFast], one past the
+// capacity a 503 carrying [ErrLoadShed] at once; [ResponseError] tells a
+// router which. A fail-fast means the backend has nothing ready: a router
+// may move a first-available distribution to its next backend and retry
+// the request; a load shed is not retried.
+//
+// [Balancer.Endpoints] and [Balancer.EndpointsHandler] report each
+// endpoint's state. The outbound_http_balancer_* families (Linkerd's
+// names) go to the provider of [WithMeterProvider].
 package balancer

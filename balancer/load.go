@@ -15,6 +15,11 @@ type load struct {
 	mu    sync.Mutex
 	rtt   float64 // estimate in nanoseconds at stamp
 	stamp int64   // clock reading of the estimate
+
+	pen      float64 // load penalty (429, RESOURCE_EXHAUSTED) at penStamp
+	penStamp int64
+
+	health health
 }
 
 func newLoad(defaultRTT float64, now int64) *load {
@@ -33,7 +38,7 @@ func (l *load) estimateLocked(now int64, decay float64) float64 {
 // cost is the estimate times the requests in flight plus one.
 func (l *load) cost(now int64, decay float64) float64 {
 	l.mu.Lock()
-	rtt := l.estimateLocked(now, decay)
+	rtt := l.estimateLocked(now, decay) + l.penaltyLocked(now)
 	l.mu.Unlock()
 	return rtt * float64(l.pending.Load()+1)
 }
@@ -58,4 +63,26 @@ func (l *load) observe(sample float64, now int64, decay float64) {
 	if now > l.stamp {
 		l.stamp = now
 	}
+}
+
+// penaltyLocked is the load penalty at now: it decays with its own time
+// constant, stored with it.
+func (l *load) penaltyLocked(now int64) float64 {
+	if l.pen == 0 {
+		return 0
+	}
+	if dt := now - l.penStamp; dt > 0 {
+		return l.pen * math.Exp(-float64(dt)/l.health.penDecay)
+	}
+	return l.pen
+}
+
+// penalize adds a load penalty of p nanoseconds that decays with time
+// constant decay.
+func (l *load) penalize(p, decay float64, now int64) {
+	l.mu.Lock()
+	l.pen = l.penaltyLocked(now) + p
+	l.penStamp = max(l.penStamp, now)
+	l.health.penDecay = decay
+	l.mu.Unlock()
 }

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/inmesh/inmesh/profiles"
 )
 
@@ -42,6 +44,11 @@ type config struct {
 	maxAuthorities int
 	profiles       profiles.Source
 	logger         *slog.Logger
+	accrual        *accrual
+	queueCap       int
+	failfast       time.Duration
+	penaltyEWMA    *PenaltyPeakEWMA
+	meter          metric.MeterProvider
 	// now is the clock of the load estimates: a monotonic reading in
 	// nanoseconds. Tests replace it.
 	now func() int64
@@ -56,6 +63,8 @@ func newConfig(opts []Option) config {
 		penalty:        DefaultErrorPenalty,
 		maxAuthorities: DefaultMaxAuthorities,
 		logger:         slog.Default(),
+		queueCap:       DefaultQueueCapacity,
+		failfast:       DefaultFailfastTimeout,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -140,6 +149,86 @@ func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) {
 		if l != nil {
 			c.logger = l
+		}
+	})
+}
+
+// WithFailureAccrual takes failing endpoints out of rotation as fa says
+// (default: none; see [FailureAccrual]). fa is copied; nil changes
+// nothing.
+func WithFailureAccrual(fa *FailureAccrual) Option {
+	return optionFunc(func(c *config) {
+		if a := newAccrual(fa); a != nil {
+			c.accrual = a
+		}
+	})
+}
+
+// WithQueue sets the queue of each authority, as an OutboundPolicy's Queue
+// carries it: while none of its endpoints is ready (all tripped or
+// avoided), up to capacity requests (default [DefaultQueueCapacity]) wait
+// at most failfast (default [DefaultFailfastTimeout]) for one, then fail
+// with 503 and [ErrFailFast]; a request past the capacity fails at once
+// with [ErrLoadShed]. A value <= 0 keeps its default.
+//
+// An authority whose set is empty answers at once with 503 (no endpoints),
+// as before any queue.
+func WithQueue(capacity int, failfast time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if capacity > 0 {
+			c.queueCap = capacity
+		}
+		if failfast > 0 {
+			c.failfast = failfast
+		}
+	})
+}
+
+// PenaltyPeakEWMA is the OutboundPolicy's penalty_peak_ewma load: peak
+// EWMA (DefaultRTT, Decay, as [WithPeakEWMA]) where a 429 or a gRPC
+// RESOURCE_EXHAUSTED adds Penalty (0: [DefaultLoadPenalty]) to the
+// endpoint's load, decaying with time constant PenaltyDecay (0: Decay),
+// and a Retry-After (on 429 and 503, seconds or an HTTP-date) or
+// grpc-retry-pushback-ms keeps the endpoint out of picks that long, at
+// most MaxRetryAfter (0: [DefaultMaxRetryAfter]).
+type PenaltyPeakEWMA struct {
+	DefaultRTT    time.Duration
+	Decay         time.Duration
+	Penalty       time.Duration
+	MaxRetryAfter time.Duration
+	PenaltyDecay  time.Duration
+}
+
+// WithPenaltyPeakEWMA sets peak EWMA with load penalties (default: plain
+// peak EWMA, no penalties). p is copied; nil changes nothing.
+func WithPenaltyPeakEWMA(p *PenaltyPeakEWMA) Option {
+	return optionFunc(func(c *config) {
+		if p == nil {
+			return
+		}
+		q := *p
+		if q.DefaultRTT > 0 {
+			c.defaultRTT = q.DefaultRTT
+		}
+		if q.Decay > 0 {
+			c.decay = q.Decay
+		}
+		if q.Penalty <= 0 {
+			q.Penalty = DefaultLoadPenalty
+		}
+		if q.MaxRetryAfter <= 0 {
+			q.MaxRetryAfter = DefaultMaxRetryAfter
+		}
+		c.penaltyEWMA = &q
+	})
+}
+
+// WithMeterProvider sets where the outbound_http_balancer_* families go
+// (default: the global provider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) {
+		if mp != nil {
+			c.meter = mp
 		}
 	})
 }

@@ -15,7 +15,10 @@ type endpoint struct {
 	addr   string
 	labels *classify.Labels
 	load   *load
+	g      *group // the authority's, nil outside a Balancer
 }
+
+func (e *endpoint) group() *group { return e.g }
 
 // snapshot is everything a pick reads about one authority's endpoints. It
 // is immutable once published.
@@ -27,12 +30,17 @@ type snapshot struct {
 	exists bool
 	eps    []*endpoint
 	cum    []uint64 // cum[i]: the weights of eps[:i+1]
+	// health says whether picks check the endpoints' health (failure
+	// accrual or load penalties are on); group is the authority's share
+	// for the ejection floor.
+	health bool
+	group  *group
 }
 
 // newSnapshot builds the snapshot of u, keeping the loads of the endpoints
 // of prev that stay.
 func newSnapshot(u Update, prev *snapshot, defaultRTT float64, now int64) *snapshot {
-	s := &snapshot{err: u.Err}
+	s := &snapshot{err: u.Err, health: prev.health, group: prev.group}
 	if u.Set == nil {
 		return s
 	}
@@ -43,7 +51,7 @@ func newSnapshot(u Update, prev *snapshot, defaultRTT float64, now int64) *snaps
 	}
 	var total uint64
 	for _, e := range u.Set.Endpoints {
-		ep := &endpoint{Endpoint: e, addr: e.Addr.String()}
+		ep := &endpoint{Endpoint: e, addr: e.Addr.String(), g: prev.group}
 		if ep.load = old[ep.addr]; ep.load == nil {
 			ep.load = newLoad(defaultRTT, now)
 		}
@@ -66,28 +74,120 @@ const clearlyLower = 0.75
 // pick draws two different endpoints at random by weight and returns the
 // first unless the second's cost is clearly lower (power of two choices).
 func (s *snapshot) pick(now int64, decay float64) *endpoint {
+	e, _ := s.choose(now, decay)
+	return e
+}
+
+// draws is how many times a pick draws again when it draws an endpoint
+// out of rotation, before it looks through them all.
+const draws = 4
+
+// choose is pick among the endpoints in rotation: nil when none is. An
+// endpoint on probation that a draw meets is chosen at once for its probe
+// (probe true).
+func (s *snapshot) choose(now int64, decay float64) (e *endpoint, probe bool) {
 	switch len(s.eps) {
 	case 0:
-		return nil
+		return nil, false
 	case 1:
-		return s.eps[0]
+		ok, probe := s.available(s.eps[0], now)
+		if !ok {
+			return nil, false
+		}
+		return s.eps[0], probe
 	}
 	total := s.cum[len(s.cum)-1]
-	i := s.find(rand.Uint64N(total))
+	i := -1
+	for range draws {
+		j := s.find(rand.Uint64N(total))
+		ok, probe := s.available(s.eps[j], now)
+		if probe {
+			return s.eps[j], true
+		}
+		if ok {
+			i = j
+			break
+		}
+	}
+	if i < 0 {
+		start := rand.IntN(len(s.eps))
+		for k := range s.eps {
+			j := (start + k) % len(s.eps)
+			ok, probe := s.available(s.eps[j], now)
+			if ok {
+				return s.eps[j], probe // the only candidates are rare: no second draw
+			}
+		}
+		return nil, false
+	}
 	// The second draw leaves the first endpoint's weight out.
 	wi := uint64(max(s.eps[i].Weight, 1))
-	n := rand.Uint64N(total - wi)
-	if n >= s.cum[i]-wi {
-		n += wi
+	if total == wi {
+		return s.eps[i], false
 	}
-	a, b := s.eps[i], s.eps[s.find(n)]
-	if b.load.cost(now, decay) < clearlyLower*a.load.cost(now, decay) {
-		return b
+	a := s.eps[i]
+	for range draws {
+		n := rand.Uint64N(total - wi)
+		if n >= s.cum[i]-wi {
+			n += wi
+		}
+		b := s.eps[s.find(n)]
+		ok, probe := s.available(b, now)
+		if probe {
+			return b, true
+		}
+		if !ok {
+			continue
+		}
+		if b.load.cost(now, decay) < clearlyLower*a.load.cost(now, decay) {
+			return b, false
+		}
+		return a, false
 	}
-	return a
+	return a, false
+}
+
+// available reports whether e may be picked at now, claiming its probe when
+// it is on probation.
+func (s *snapshot) available(e *endpoint, now int64) (ok, probe bool) {
+	if !s.health {
+		return true, false
+	}
+	e.load.mu.Lock()
+	defer e.load.mu.Unlock()
+	return e.load.health.availableLocked(now)
+}
+
+// countReady returns how many endpoints of s are not tripped.
+func (s *snapshot) countReady() int {
+	n := 0
+	for _, e := range s.eps {
+		e.load.mu.Lock()
+		if !e.load.health.tripped {
+			n++
+		}
+		e.load.mu.Unlock()
+	}
+	return n
 }
 
 // find returns the endpoint whose weight interval holds n.
 func (s *snapshot) find(n uint64) int {
 	return sort.Search(len(s.cum), func(i int) bool { return s.cum[i] > n })
+}
+
+// countAvailable returns how many endpoints of s a pick may choose at now
+// (not tripped, not avoided; one on probation counts once its penalty
+// ended and its probe is not out).
+func (s *snapshot) countAvailable(now int64) int {
+	n := 0
+	for _, e := range s.eps {
+		e.load.mu.Lock()
+		h := &e.load.health
+		if now >= h.avoid && (!h.tripped || (!h.probing && now >= h.until)) {
+			n++
+		}
+		e.load.mu.Unlock()
+	}
+	return n
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,10 +22,10 @@ type Class struct {
 	Error string
 }
 
-// Success and Failure are the classes of plain HTTP outcomes.
+// success and failure are the classes of plain HTTP outcomes.
 var (
-	Success = Class{GRPCStatus: -1}
-	Failure = Class{Failure: true, GRPCStatus: -1}
+	success = Class{GRPCStatus: -1}
+	failure = Class{Failure: true, GRPCStatus: -1}
 )
 
 // Classification returns "success" or "failure", the classification label.
@@ -53,20 +54,26 @@ type Classifier struct {
 	// default rules apply.
 	Classes []ResponseClass
 	// GRPCFailureCodes are the gRPC codes that count as failures; nil
-	// means [DefaultGRPCFailureCodes].
+	// means those of [DefaultGRPCFailureCodes].
 	GRPCFailureCodes []int32
 	// LegacyGRPC restores the rule of 2018 proxies: every gRPC code other
 	// than 0 is a failure, and a gRPC response without a status too.
 	LegacyGRPC bool
 }
 
-// DefaultGRPCFailureCodes are the codes Linkerd counts as failures:
+// DefaultGRPCFailureCodes returns the codes Linkerd counts as failures:
 // Unknown, DeadlineExceeded, PermissionDenied, Internal, Unavailable and
-// DataLoss.
-var DefaultGRPCFailureCodes = []int32{2, 4, 7, 13, 14, 15}
+// DataLoss. Each call returns a new slice.
+func DefaultGRPCFailureCodes() []int32 { return slices.Clone(defaultGRPCFailureCodes[:]) }
 
-// Default is the zero Classifier.
-var Default = &Classifier{}
+var defaultGRPCFailureCodes = [...]int32{2, 4, 7, 13, 14, 15}
+
+// Default returns a new Classifier with the default rules: the zero
+// Classifier, which a nil *Classifier means too.
+func Default() *Classifier { return &Classifier{} }
+
+// defaultClassifier is what a nil *Classifier classifies with.
+var defaultClassifier Classifier
 
 // IsGRPC reports whether the request is a gRPC call (content-type
 // application/grpc, with or without a +suffix).
@@ -79,7 +86,7 @@ func IsGRPC(h http.Header) bool {
 // tentative and [Classifier.End] decides with the trailers.
 func (c *Classifier) Head(grpcRequest bool, status int, header http.Header) (class Class, final bool) {
 	if c == nil {
-		c = Default
+		c = &defaultClassifier
 	}
 	for _, rc := range c.Classes {
 		if rc.Match != nil && rc.Match.MatchStatus(status) {
@@ -89,9 +96,9 @@ func (c *Classifier) Head(grpcRequest bool, status int, header http.Header) (cla
 	if code, ok := grpcStatus(header); ok {
 		return c.grpcClass(code), true
 	}
-	httpClass := Success
+	httpClass := success
 	if status >= 500 && status <= 599 {
-		httpClass = Failure
+		httpClass = failure
 	}
 	if len(c.Classes) > 0 || grpcRequest && status == http.StatusOK {
 		return httpClass, false
@@ -104,7 +111,7 @@ func (c *Classifier) Head(grpcRequest bool, status int, header http.Header) (cla
 // HTTP class stands, except that a gRPC call under the legacy rule fails.
 func (c *Classifier) End(tentative Class, grpcRequest bool, trailers http.Header) Class {
 	if c == nil {
-		c = Default
+		c = &defaultClassifier
 	}
 	if code, ok := grpcStatus(trailers); ok {
 		return c.grpcClass(code)
@@ -118,7 +125,7 @@ func (c *Classifier) End(tentative Class, grpcRequest bool, trailers http.Header
 // EndStatus is [Classifier.End] for a grpc-status value already looked up.
 func (c *Classifier) EndStatus(tentative Class, grpcRequest bool, value string, ok bool) Class {
 	if c == nil {
-		c = Default
+		c = &defaultClassifier
 	}
 	if ok {
 		if code, err := strconv.ParseInt(strings.TrimSpace(value), 10, 32); err == nil && code >= 0 {
@@ -137,7 +144,7 @@ func (c *Classifier) grpcClass(code int32) Class {
 	}
 	codes := c.GRPCFailureCodes
 	if codes == nil {
-		codes = DefaultGRPCFailureCodes
+		codes = defaultGRPCFailureCodes[:]
 	}
 	for _, f := range codes {
 		if f == code {

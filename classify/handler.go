@@ -55,26 +55,32 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.Release()
 }
 
+// Written is what a handler wrote, as a ResponseWriter wrapper records it.
+type Written interface {
+	// WrittenHead returns the status written (0: none), whether the
+	// connection was hijacked, and the header when it carries a
+	// grpc-status (nil otherwise).
+	WrittenHead() (status int, hijacked bool, grpcHead http.Header)
+	// Trailer returns the value of a trailer the handler set.
+	Trailer(name string) (string, bool)
+}
+
 // Finish returns the status and class of what a handler wrote, once it
-// returned. st must be the state of the handler's wrapped writer. A handler
-// that wrote nothing answered 200 (net/http writes it when the handler
-// returns); a hijacked connection has no status and is a success.
-func Finish(c *Classifier, r *http.Request, st *rw.State) (status int, class Class) {
-	if st.Hijacked {
-		return 0, Success
+// returned. A handler that wrote nothing answered 200 (net/http writes it
+// when the handler returns); a hijacked connection has no status and is a
+// success.
+func Finish(c *Classifier, r *http.Request, w Written) (status int, class Class) {
+	status, hijacked, head := w.WrittenHead()
+	if hijacked {
+		return 0, success
 	}
-	status = st.Status
 	if status == 0 {
 		status = http.StatusOK
 	}
 	grpc := IsGRPC(r.Header)
-	var head http.Header
-	if st.GRPCStatusInHead {
-		head = st.Header()
-	}
 	class, final := c.Head(grpc, status, head)
 	if !final {
-		v, ok := st.Trailer("Grpc-Status")
+		v, ok := w.Trailer("Grpc-Status")
 		class = c.EndStatus(class, grpc, v, ok)
 	}
 	return status, class

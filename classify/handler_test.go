@@ -191,5 +191,5 @@ func TestEqualLabelsShareATarget(t *testing.T) {
 		rec.target("books:7000", NewLabels("dst_", map[string]string{"pod": "books-0"}))
 	}
 	rec.target("books:7000", NewLabels("dst_", map[string]string{"pod": "books-1"}))
-	assert.Len(t, rec.targets, 2)
+	assert.Len(t, rec.reg.Get("books:7000").Load().targets, 2)
 }

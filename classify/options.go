@@ -1,6 +1,8 @@
 package classify
 
 import (
+	"time"
+
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -18,14 +20,19 @@ type config struct {
 	mp             metric.MeterProvider
 	classifier     *Classifier
 	maxAuthorities int
+	idleTimeout    time.Duration
 }
 
 // DefaultMaxAuthorities bounds the distinct authority label values; past
 // it, requests are labelled authority="other".
 const DefaultMaxAuthorities = 1000
 
+// DefaultIdleTimeout is how long the metric targets of an authority no
+// request used are kept.
+const DefaultIdleTimeout = 5 * time.Minute
+
 func newConfig(opts []Option) config {
-	c := config{maxAuthorities: DefaultMaxAuthorities}
+	c := config{maxAuthorities: DefaultMaxAuthorities, idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -55,11 +62,27 @@ func WithClassifier(cl *Classifier) Option {
 }
 
 // WithMaxAuthorities bounds the distinct values of the authority label
-// (default [DefaultMaxAuthorities]); n <= 0 changes nothing.
+// over the life of the handler or transport (default
+// [DefaultMaxAuthorities]), and the authorities whose metric targets are
+// kept at once. The label is the authority normalised to host:port (port
+// 80 when the request names none); requests for further authorities, or
+// with an authority that is not a valid host:port, are labelled
+// authority="other". n <= 0 changes nothing.
 func WithMaxAuthorities(n int) Option {
 	return optionFunc(func(c *config) {
 		if n > 0 {
 			c.maxAuthorities = n
+		}
+	})
+}
+
+// WithIdleTimeout sets how long the metric targets of an authority no
+// request used are kept (default [DefaultIdleTimeout]); they are rebuilt,
+// with the same labels, when it is used again. d <= 0 changes nothing.
+func WithIdleTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.idleTimeout = d
 		}
 	})
 }

@@ -1,83 +1,107 @@
 package classify
 
 import (
-	"sync"
+	"maps"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/registry"
 	"go.opentelemetry.io/otel/attribute"
-	"golang.org/x/net/http/httpguts"
 )
 
-// recorder maps a request's authority and extra labels to a metric target,
-// with a bound on distinct authorities.
+// recorder maps a request's authority and extra labels to a metric target.
+// Authorities live in a registry (bounded, idle-released); the authority
+// label values come from a bounded set, past which requests are labelled
+// authority="other".
 type recorder struct {
 	fam       *metrics.Family
 	direction attribute.KeyValue
-	max       int
-
-	mu      sync.RWMutex
-	targets map[targetKey]*metrics.Target
-	hosts   map[string]struct{}
+	labels    *registry.Names
+	reg       *registry.Registry[authTargets]
+	other     atomic.Pointer[authTargets]
 }
 
-type targetKey struct {
+// authTargets is the immutable snapshot of one authority: its label value
+// and the targets built for it so far, by Labels.key.
+type authTargets struct {
 	authority string
-	labels    string // Labels.key
+	overflow  bool // recorded under other
+	targets   map[string]*metrics.Target
 }
 
-func newRecorder(cfg config, direction string) *recorder {
-	meter := metrics.Meter(cfg.mp, ScopeName)
-	return &recorder{
-		fam:       metrics.NewFamily(meter, "", true),
-		direction: attribute.String("direction", direction),
-		max:       cfg.maxAuthorities,
-		targets:   make(map[targetKey]*metrics.Target),
-		hosts:     make(map[string]struct{}),
-	}
+// snapshot is where an authTargets lives: a registry entry, or the other
+// pointer.
+type snapshot interface {
+	Load() *authTargets
+	CompareAndSwap(old, new *authTargets) bool
 }
 
 const otherAuthority = "other"
 
-// maxTargetsPerAuthority bounds the cache at this many label sets per
-// authority on average; past it, targets are built and not kept.
+// maxTargetsPerAuthority bounds the label sets kept per authority; past
+// it, targets are built and not kept.
 const maxTargetsPerAuthority = 16
 
+var overflowTargets = &authTargets{overflow: true}
+
+func newRecorder(cfg config, direction string) *recorder {
+	meter := metrics.Meter(cfg.mp, ScopeName)
+	r := &recorder{
+		fam:       metrics.NewFamily(meter, "", true),
+		direction: attribute.String("direction", direction),
+		labels:    registry.NewNames(cfg.maxAuthorities),
+	}
+	r.reg = registry.New(r.newState, nil, registry.WithMaxEntries(cfg.maxAuthorities),
+		registry.WithIdleTimeout(cfg.idleTimeout))
+	r.other.Store(&authTargets{authority: otherAuthority})
+	return r
+}
+
+func (r *recorder) newState(authority string) *authTargets {
+	if !r.labels.Admit(authority) {
+		return overflowTargets
+	}
+	return &authTargets{authority: authority}
+}
+
 func (r *recorder) target(authority string, l *Labels) *metrics.Target {
-	key := targetKey{authority: authority}
-	if l != nil {
-		key.labels = l.key
-	}
-	r.mu.RLock()
-	t := r.targets[key]
-	r.mu.RUnlock()
-	if t != nil {
-		return t
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if t = r.targets[key]; t != nil {
-		return t
-	}
-	if _, known := r.hosts[authority]; !known {
-		if len(r.hosts) >= r.max || authority == "" || !httpguts.ValidHostHeader(authority) {
-			key.authority = otherAuthority
-			if t = r.targets[key]; t != nil {
-				return t
-			}
-		} else {
-			r.hosts[authority] = struct{}{}
+	if e := r.reg.Get(authority); e != nil {
+		if st := e.Load(); !st.overflow {
+			return r.targetIn(e, st, l)
 		}
 	}
-	kvs := []attribute.KeyValue{attribute.String("authority", key.authority), r.direction}
+	return r.targetIn(&r.other, r.other.Load(), l)
+}
+
+// targetIn returns the target of l in the snapshot at p, adding it when
+// there is room.
+func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Target {
+	key := ""
+	if l != nil {
+		key = l.key
+	}
+	if t := st.targets[key]; t != nil {
+		return t
+	}
+	kvs := []attribute.KeyValue{attribute.String("authority", st.authority), r.direction}
 	if l != nil {
 		kvs = append(kvs, l.kvs...)
 	}
-	t = metrics.NewTarget(r.fam, kvs...)
-	// Requests past the bounds are still recorded, under a target that is
-	// not kept, so that the map stays bounded.
-	if len(r.targets) < maxTargetsPerAuthority*(r.max+1) {
-		r.targets[key] = t
+	t := metrics.NewTarget(r.fam, kvs...)
+	for len(st.targets) < maxTargetsPerAuthority {
+		next := &authTargets{authority: st.authority, targets: maps.Clone(st.targets)}
+		if next.targets == nil {
+			next.targets = make(map[string]*metrics.Target, 1)
+		}
+		next.targets[key] = t
+		if p.CompareAndSwap(st, next) {
+			break
+		}
+		if st = p.Load(); st.targets[key] != nil {
+			return st.targets[key]
+		}
 	}
+	// Past the bound the target is still recorded into, and not kept.
 	return t
 }
 

@@ -11,7 +11,9 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
@@ -52,6 +54,8 @@ type Client struct {
 
 	profiles  *watches[*pb.DestinationProfile, profiles.Update]
 	endpoints *watches[*pb.Update, EndpointsUpdate]
+	policies  *watches[*outboundpb.OutboundPolicy, policy.Update]
+	policyAPI outboundpb.OutboundPoliciesClient
 }
 
 var _ profiles.Source = (*Client)(nil)
@@ -65,8 +69,8 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
-			open: func(ctx context.Context, req *pb.GetDestination) (recvStream[*pb.DestinationProfile], error) {
-				return c.api.GetProfile(ctx, req)
+			open: func(ctx context.Context, authority string) (recvStream[*pb.DestinationProfile], error) {
+				return c.api.GetProfile(ctx, c.request(authority))
 			},
 			session: c.profileSession,
 			rejected: func(err error) profiles.Update {
@@ -78,8 +82,8 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.endpoints = &watches[*pb.Update, EndpointsUpdate]{
 		kind: &kind[*pb.Update, EndpointsUpdate]{
 			name: "Get",
-			open: func(ctx context.Context, req *pb.GetDestination) (recvStream[*pb.Update], error) {
-				return c.api.Get(ctx, req)
+			open: func(ctx context.Context, authority string) (recvStream[*pb.Update], error) {
+				return c.api.Get(ctx, c.request(authority))
 			},
 			session:  c.endpointSession,
 			rejected: func(err error) EndpointsUpdate { return EndpointsUpdate{Err: err} },
@@ -89,6 +93,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		},
 		m: make(map[string]*watch[*pb.Update, EndpointsUpdate]),
 	}
+	c.initPolicies(cc)
 	return c
 }
 
@@ -161,8 +166,9 @@ func (c *Client) WatchEndpoints(ctx context.Context, authority string, update fu
 
 // Stats describes the client's watches.
 type Stats struct {
-	// ProfileWatches and EndpointWatches are the authorities watched now.
-	ProfileWatches, EndpointWatches int
+	// ProfileWatches, EndpointWatches and PolicyWatches are the targets
+	// watched now.
+	ProfileWatches, EndpointWatches, PolicyWatches int
 	// RejectedWatches counts watches refused because the bound was reached.
 	RejectedWatches uint64
 }
@@ -172,7 +178,8 @@ func (c *Client) Stats() Stats {
 	return Stats{
 		ProfileWatches:  c.profiles.len(),
 		EndpointWatches: c.endpoints.len(),
-		RejectedWatches: c.profiles.rejected.Load() + c.endpoints.rejected.Load(),
+		PolicyWatches:   c.policies.len(),
+		RejectedWatches: c.profiles.rejected.Load() + c.endpoints.rejected.Load() + c.policies.rejected.Load(),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -17,36 +18,21 @@ import (
 type Endpoint = profiles.Endpoint
 
 // DefaultWeight is the weight of an endpoint that sets none.
-const DefaultWeight = 10000
+const DefaultWeight = manifest.DefaultWeight
 
 // Bounds of an endpoint's metric labels (its set's labels and its own,
 // merged), which become dst_* labels on every request series: an endpoints
 // file or a Get stream beyond them is an error naming the field, and the
 // endpoint is not used.
 const (
-	MaxEndpointLabels = 32  // labels of one endpoint
-	MaxLabelKeyLen    = 63  // bytes of one label key
-	MaxLabelValueLen  = 253 // bytes of one label value
+	MaxEndpointLabels = manifest.MaxEndpointLabels // labels of one endpoint
+	MaxLabelKeyLen    = manifest.MaxLabelKeyLen    // bytes of one label key
+	MaxLabelValueLen  = manifest.MaxLabelValueLen  // bytes of one label value
 )
 
 // checkLabels applies the label bounds; the error names the label at
 // fault.
-func checkLabels(labels map[string]string) error {
-	if len(labels) > MaxEndpointLabels {
-		return fmt.Errorf("%d labels, more than %d", len(labels), MaxEndpointLabels)
-	}
-	for k, v := range labels {
-		switch {
-		case k == "":
-			return errors.New("empty label key")
-		case len(k) > MaxLabelKeyLen:
-			return fmt.Errorf("label key %.20q... is %d bytes, more than %d", k, len(k), MaxLabelKeyLen)
-		case len(v) > MaxLabelValueLen:
-			return fmt.Errorf("label %s: value is %d bytes, more than %d", k, len(v), MaxLabelValueLen)
-		}
-	}
-	return nil
-}
+func checkLabels(labels map[string]string) error { return manifest.CheckLabels(labels) }
 
 // ProfileToProto converts a profile to its wire form. Routes with a nil
 // condition are sent without one.

@@ -283,7 +283,7 @@ func BenchmarkApplyAdd1000(b *testing.B) {
 
 // BenchmarkProfileFromProto50Routes measures converting a 50-route profile.
 func BenchmarkProfileFromProto50Routes(b *testing.B) {
-	sp := &profiles.ServiceProfile{Name: "books.default.svc.cluster.local", RetryBudget: profiles.DefaultRetryBudget}
+	sp := &profiles.ServiceProfile{Name: "books.default.svc.cluster.local", RetryBudget: profiles.DefaultRetryBudget()}
 	for i := range 50 {
 		sp.Routes = append(sp.Routes, profiles.Route{
 			Condition: profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex(fmt.Sprintf(`/api/v1/r%d/[^/]+`, i))},

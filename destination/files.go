@@ -41,8 +41,10 @@ func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile st
 type fileWatcher struct {
 	store                           *Store
 	dir, endpoints                  string
+	manifests                       string
 	log                             *ratelog.Logger
 	profilesSettle, endpointsSettle filestamp.Settle
+	manifestsSettle                 filestamp.Settle
 }
 
 func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
@@ -106,8 +108,51 @@ func (w *fileWatcher) load(first bool) error {
 			}
 		}
 	}
+	if w.manifests != "" {
+		paths, stamp, err := filestamp.YAMLFiles(w.manifests)
+		switch {
+		case err != nil:
+			errs = append(errs, err.Error())
+		case first || w.manifestsSettle.Ready(stamp):
+			err := w.store.LoadManifests(paths...)
+			switch {
+			case errors.Is(err, filestamp.ErrChanged):
+				w.log.Debug("file changed", "a file changed while it was read", "error", err)
+			case err != nil:
+				w.manifestsSettle.Loaded(stamp)
+				errs = append(errs, err.Error())
+			default:
+				w.manifestsSettle.Loaded(stamp)
+				if !first {
+					w.log.Info("loaded manifests", "loaded policy manifests", "dir", w.manifests, "files", len(paths))
+				}
+			}
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
+	return nil
+}
+
+// WatchManifestFiles loads the Service, HTTPRoute and GRPCRoute manifests
+// (*.yaml, *.yml) of dir into store for the OutboundPolicies API, then
+// checks them every interval (default 1s when interval <= 0) and loads them
+// again when any changed, until ctx is done, with the semantics of
+// [WatchFiles]: a change is loaded once it settled for one interval; a bad
+// file is logged with its file, document and field, and the store keeps
+// serving the last good version. Of the package's options it uses
+// [WithLogger] and [WithLogInterval]. The error of the first load is
+// returned, without watching.
+func WatchManifestFiles(ctx context.Context, store *Store, dir string, interval time.Duration, opts ...Option) error {
+	cfg := newConfig(opts)
+	if interval <= 0 {
+		interval = time.Second
+	}
+	w := &fileWatcher{store: store, manifests: dir, log: ratelog.New(cfg.logger, cfg.logInterval)}
+	if err := w.load(true); err != nil {
+		return err
+	}
+	go w.run(ctx, interval)
 	return nil
 }

@@ -24,6 +24,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	scheme, contextToken string
+	workload             string
 	policy               backoff.Policy
 	maxWatches           int
 	idleTimeout          time.Duration
@@ -139,4 +140,12 @@ func WithDialFunc(dial backoff.DialFunc) Option {
 // credentials (the default is plaintext).
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return optionFunc(func(c *config) { c.dialOptions = append(c.dialOptions, opts...) })
+}
+
+// WithWorkload sets TrafficSpec.source_workload on every OutboundPolicies
+// watch: who is asking, as Linkerd's proxy sends its
+// LINKERD2_PROXY_POLICY_WORKLOAD, JSON such as {"ns":"default","pod":"web-0"}
+// (see [PolicyWorkload]).
+func WithWorkload(workload string) Option {
+	return optionFunc(func(c *config) { c.workload = workload })
 }

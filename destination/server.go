@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/destination/outboundpb"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -52,8 +53,12 @@ func NewServer(store *Store, opts ...Option) *Server {
 	return &Server{store: store, log: cfg.logger, shutdown: make(chan struct{})}
 }
 
-// Register adds the Destination service to r, such as a *grpc.Server.
-func (s *Server) Register(r grpc.ServiceRegistrar) { pb.RegisterDestinationServer(r, s) }
+// Register adds the Destination and OutboundPolicies services to r, such
+// as a *grpc.Server.
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	pb.RegisterDestinationServer(r, s)
+	outboundpb.RegisterOutboundPoliciesServer(r, &policyServer{s: s})
+}
 
 // Shutdown ends every open stream with Unavailable and refuses new ones
 // from now on, then waits until every stream handler has returned or ctx is

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/mailbox"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -29,8 +28,8 @@ type recvStream[M any] interface{ Recv() (M, error) }
 // kind is what differs between the two watched RPCs.
 type kind[M, U any] struct {
 	name string
-	// open starts the call.
-	open func(ctx context.Context, req *pb.GetDestination) (recvStream[M], error)
+	// open starts the call for a target.
+	open func(ctx context.Context, target string) (recvStream[M], error)
 	// session returns a handler for the messages of one stream. It returns
 	// the update to publish and whether there is one.
 	session func(authority string) func(M) (U, bool)
@@ -218,7 +217,7 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 		return received || (timedOut && w.kind.silent != nil), timedOut && w.kind.silent == nil
 	}
 
-	stream, err := w.kind.open(ctx, w.c.request(w.authority))
+	stream, err := w.kind.open(ctx, w.authority)
 	if err != nil {
 		progressed, silent := state()
 		return classifyStreamErr(err, progressed, silent)

@@ -43,6 +43,7 @@ type config struct {
 	trust          func(*http.Request) bool
 	networks       []netip.Prefix
 	maxAuthorities int
+	local          []string
 	conns          transport.Limits // see transport.go
 }
 
@@ -93,6 +94,15 @@ func WithTrustedNetworks(nets ...netip.Prefix) Option {
 // WithMaxAuthorities bounds the authorities routed by profile and those
 // the balancer keeps endpoints for.
 func WithMaxAuthorities(n int) Option { return optionFunc(func(c *config) { c.maxAuthorities = n }) }
+
+// WithLocalAuthorities names the service's own authorities (host:port),
+// the only ones the inbound stack routes by profile (see
+// profiles.WithLocalAuthorities). Without it every inbound request takes
+// the default route, and no Host a client sends makes the stack watch
+// anything.
+func WithLocalAuthorities(authorities ...string) Option {
+	return optionFunc(func(c *config) { c.local = append(c.local, authorities...) })
+}
 
 func newConfig(opts []Option) config {
 	var c config
@@ -176,7 +186,7 @@ type Server struct {
 // request body still arrives.
 func NewServer(app http.Handler, opts ...Option) *Server {
 	c := newConfig(opts)
-	s := &Server{router: profiles.NewRouter(c.source, c.routerOptions()...)}
+	s := &Server{router: profiles.NewRouter(c.source, append(c.routerOptions(), profiles.WithLocalAuthorities(c.local...))...)}
 	var hopts []origproto.HandlerOption
 	if c.trust != nil {
 		hopts = append(hopts, origproto.WithTrust(c.trust))

@@ -76,7 +76,7 @@ spec:
 	defer dst.Close()
 
 	var peerConns atomic.Int32
-	inbound := NewServer(app, WithDestination(dst), WithMeterProvider(m.Provider), WithLogger(quiet))
+	inbound := NewServer(app, WithDestination(dst), WithMeterProvider(m.Provider), WithLogger(quiet), WithLocalAuthorities(books))
 	defer inbound.Close()
 	peer := httptest.NewUnstartedServer(nil)
 	peer.Config = origproto.NewServer(inbound)

@@ -51,7 +51,7 @@ func TestBudget(t *testing.T) {
 
 // BenchmarkBudget deposits and withdraws from two goroutines.
 func BenchmarkBudget(b *testing.B) {
-	budget := NewBudget(DefaultRetryBudget)
+	budget := NewBudget(DefaultRetryBudget())
 	b.ReportAllocs()
 	b.SetParallelism(1) // GOMAXPROCS goroutines: 2 on this machine
 	b.RunParallel(func(pb *testing.PB) {
@@ -119,12 +119,12 @@ func TestBudgetSpreadsMinimum(t *testing.T) {
 
 func TestKeepBudget(t *testing.T) {
 	mk := func(b RetryBudget) *tableState { return &tableState{budget: NewBudget(b)} }
-	prev := mk(DefaultRetryBudget)
-	same := mk(DefaultRetryBudget)
+	prev := mk(DefaultRetryBudget())
+	same := mk(DefaultRetryBudget())
 	keepBudget(prev, same)
 	assert.Same(t, prev.budget, same.budget, "unchanged parameters keep the state")
 
-	changed := DefaultRetryBudget
+	changed := DefaultRetryBudget()
 	changed.TTL = 5 * time.Second
 	other := mk(changed)
 	fresh := other.budget

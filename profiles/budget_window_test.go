@@ -104,7 +104,7 @@ func TestBudgetSurvivesRedelivery(t *testing.T) {
 		total     time.Duration
 		redeliver time.Duration
 	}{
-		{"default budget, 20 rps, redelivered every second", DefaultRetryBudget, 50 * time.Millisecond, 30 * time.Second, time.Second},
+		{"default budget, 20 rps, redelivered every second", DefaultRetryBudget(), 50 * time.Millisecond, 30 * time.Second, time.Second},
 		{"minimum only, 10 rps, redelivered every second", RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 1, TTL: 10 * time.Second}, 100 * time.Millisecond, 30 * time.Second, time.Second},
 		{"ratio dominates, 100 rps, never redelivered", RetryBudget{RetryRatio: 0.5, MinRetriesPerSecond: 1, TTL: 10 * time.Second}, 10 * time.Millisecond, 30 * time.Second, 0},
 		{"minimum only, 10 rps, never redelivered", RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 2, TTL: 10 * time.Second}, 100 * time.Millisecond, 30 * time.Second, 0},

@@ -46,10 +46,12 @@ func (r *CompiledRoute) ResponseClassifier() *classify.Classifier { return r.cla
 // IsDefault reports whether r is the default route.
 func (r *CompiledRoute) IsDefault() bool { return r.Index < 0 }
 
-// DefaultRoute is the route of requests that match no route, and of every
-// request before a profile is known: no labels, the default classifier, no
-// retries, no timeout.
-var DefaultRoute = &CompiledRoute{Index: -1, classifier: classify.Default}
+// DefaultRoute returns the route of requests that match no route, and of
+// every request before a profile is known: no labels, the default
+// classifier, no retries, no timeout. It is one shared, immutable value.
+func DefaultRoute() *CompiledRoute { return defaultRoute }
+
+var defaultRoute = &CompiledRoute{Index: -1, classifier: classify.Default()}
 
 // Options bound what [Compile] accepts; zero fields mean the package
 // limits [MaxRoutes], [MaxPathRegexLen] and [MaxMatchDepth].
@@ -140,7 +142,7 @@ func (t *Table) RetryBudget() *RetryBudget { return t.budget }
 func (t *Table) BudgetErr() error { return t.budgetErr }
 
 // Select returns the first route whose condition matches the request's
-// method and path, or [DefaultRoute]. It does not allocate.
+// method and path, or [DefaultRoute]'s. It does not allocate.
 func (t *Table) Select(r *http.Request) *CompiledRoute {
 	return t.SelectPath(r.Method, r.URL.EscapedPath())
 }
@@ -158,7 +160,7 @@ func (t *Table) SelectPath(method, path string) *CompiledRoute {
 			}
 		}
 	}
-	return DefaultRoute
+	return defaultRoute
 }
 
 type matcher interface {

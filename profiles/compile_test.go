@@ -63,7 +63,7 @@ func TestFirstMatchWins(t *testing.T) {
 	assert.Equal(t, "rest", table.SelectPath("GET", "/").Labels["route"])
 	assert.Equal(t, 2, table.SelectPath("GET", "/").Index)
 	var nilTable *Table
-	assert.Same(t, DefaultRoute, nilTable.SelectPath("GET", "/"))
+	assert.Same(t, DefaultRoute(), nilTable.SelectPath("GET", "/"))
 }
 
 func TestCompileErrors(t *testing.T) {
@@ -200,7 +200,7 @@ func FuzzCompileMatch(f *testing.F) {
 		if got.IsDefault() {
 			t.Fatalf("method %q pattern %q path %q: no match", method, pattern, path)
 		}
-		if table.SelectPath(method+"X", path) != DefaultRoute {
+		if table.SelectPath(method+"X", path) != DefaultRoute() {
 			t.Fatal("matched another method")
 		}
 	})

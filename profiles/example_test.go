@@ -35,6 +35,7 @@ spec:
 }
 
 func ExampleRouter() {
+	budget := profiles.DefaultRetryBudget()
 	src := profiles.NewStaticSource(map[string]*profiles.Profile{
 		"books.default.svc.cluster.local:7000": {
 			Routes: []profiles.Route{{
@@ -43,16 +44,19 @@ func ExampleRouter() {
 				Retryable: true,
 				Timeout:   time.Second,
 			}},
-			RetryBudget: &profiles.DefaultRetryBudget,
+			RetryBudget: &budget,
 		},
 	})
-	router := profiles.NewRouter(src)
-	defer router.Close()
-
 	// Outbound: route, time out and retry the application's requests.
-	client := &http.Client{Transport: router.Transport(classify.NewTransport(nil))}
-	// Inbound: route and record the service's requests.
-	handler := router.Handler(classify.NewHandler(http.NotFoundHandler()))
+	outbound := profiles.NewRouter(src)
+	defer outbound.Close()
+	client := &http.Client{Transport: outbound.Transport(classify.NewTransport(nil))}
+
+	// Inbound: route and record the requests for the service's own
+	// authority; requests naming any other Host take the default route.
+	inbound := profiles.NewRouter(src, profiles.WithLocalAuthorities("books.default.svc.cluster.local:7000"))
+	defer inbound.Close()
+	handler := inbound.Handler(classify.NewHandler(http.NotFoundHandler()))
 	_, _ = client, handler
 }
 

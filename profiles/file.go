@@ -48,13 +48,48 @@ type fileWatch struct {
 
 var _ Source = (*FileSource)(nil)
 
-// NewFileSource reads dir and checks it for changes every interval
-// (default 1s when interval <= 0). It fails only when the first read fails.
-func NewFileSource(dir string, interval time.Duration, log *slog.Logger) (*FileSource, error) {
-	if interval <= 0 {
-		interval = time.Second
+// FileOption configures a [FileSource]; a nil FileOption changes nothing.
+type FileOption interface{ applyFile(*fileConfig) }
+
+type fileConfig struct {
+	interval time.Duration
+	log      *slog.Logger
+}
+
+type fileOptionFunc func(*fileConfig)
+
+func (f fileOptionFunc) applyFile(c *fileConfig) { f(c) }
+
+// WithPollInterval sets how often a [FileSource] checks its directory for
+// changes (default 1s); d <= 0 changes nothing.
+func WithPollInterval(d time.Duration) FileOption {
+	return fileOptionFunc(func(c *fileConfig) {
+		if d > 0 {
+			c.interval = d
+		}
+	})
+}
+
+// WithFileLogger sets where a [FileSource] reports files it rejects
+// (default slog.Default()); nil changes nothing.
+func WithFileLogger(l *slog.Logger) FileOption {
+	return fileOptionFunc(func(c *fileConfig) {
+		if l != nil {
+			c.log = l
+		}
+	})
+}
+
+// NewFileSource reads dir and checks it for changes as [WithPollInterval]
+// says. It fails only when the first read fails.
+func NewFileSource(dir string, opts ...FileOption) (*FileSource, error) {
+	cfg := fileConfig{interval: time.Second, log: slog.Default()}
+	for _, o := range opts {
+		if o != nil {
+			o.applyFile(&cfg)
+		}
 	}
-	s := &FileSource{dir: dir, interval: interval, log: ratelog.New(log, 0), done: make(chan struct{}), watchers: make(map[*fileWatch]struct{})}
+	s := &FileSource{dir: dir, interval: cfg.interval, log: ratelog.New(cfg.log, 0), done: make(chan struct{}), watchers: make(map[*fileWatch]struct{})}
 	if err := s.reload(); err != nil {
 		return nil, err
 	}

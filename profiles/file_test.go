@@ -63,7 +63,7 @@ func TestFileSourceKeepsLastGoodProfile(t *testing.T) {
 			}
 			write(good)
 			logs := &syncBuffer{}
-			src, err := NewFileSource(dir, 5*time.Millisecond, slog.New(slog.NewTextHandler(logs, nil)))
+			src, err := NewFileSource(dir, WithPollInterval(5*time.Millisecond), WithFileLogger(slog.New(slog.NewTextHandler(logs, nil))))
 			require.NoError(t, err)
 			defer src.Close()
 			update, wait := collect(t)

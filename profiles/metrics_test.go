@@ -54,7 +54,7 @@ func TestExposition(t *testing.T) {
 	m := testutil.NewMetrics(t)
 	up := newUpstream()
 	src := NewStaticSource(map[string]*Profile{testAuthority: profileWith(budget10s, retryRoute("/0.5"))})
-	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger))
+	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger), WithLocalAuthorities(testAuthority))
 	defer router.Close()
 	// Outbound: router then classify; inbound: router then classify.
 	inbound := router.Handler(classify.NewHandler(up, classify.WithMeterProvider(m.Provider)))

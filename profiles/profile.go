@@ -55,9 +55,11 @@ type RetryBudget struct {
 	TTL time.Duration
 }
 
-// DefaultRetryBudget is the budget a control plane sends for a service
-// whose profile sets none.
-var DefaultRetryBudget = RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second}
+// DefaultRetryBudget returns the budget a control plane sends for a service
+// whose profile sets none: 20% extra, 10 retries a second, a 10 s window.
+func DefaultRetryBudget() RetryBudget {
+	return RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second}
+}
 
 // WeightedDst is one target of a traffic split.
 type WeightedDst struct {

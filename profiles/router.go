@@ -3,16 +3,13 @@ package profiles
 import (
 	"context"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/inmesh/inmesh/classify"
-	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/internal/registry"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -24,25 +21,40 @@ import (
 // the current route table of that authority, and the first route that
 // matches. The route goes into the request context ([RouteFromContext]),
 // where classify finds its response classes, and names the route metrics.
-// The first request to an authority starts a watch on the [Source] in the
-// background and takes the default route: discovery never holds a request
-// back. Each profile update is compiled and swapped in with one atomic
-// store; requests in flight keep the route they started with; an update that
-// fails to compile is logged and the last good table stays.
+// On the outbound side ([Router.Transport]) the first request to an
+// authority starts a watch on the [Source] and takes the default route:
+// discovery never holds a request back. The inbound side
+// ([Router.Handler]) never starts a watch for the Host a client chose: it
+// routes only the server's own authorities ([WithLocalAuthorities]).
 //
-// A Router is safe for concurrent use. Close stops its watches.
+// Each profile update is compiled and swapped in with one atomic store;
+// requests in flight keep the route they started with; an update that fails
+// to compile is logged and the last good table stays.
+//
+// The router holds at most [WithMaxAuthorities] authorities, evicting the
+// least recently used past that, and releases an authority unused for
+// [WithIdleTimeout], which stops its watch. The dst label of the route
+// metrics is the authority for at most as many authorities over the
+// router's life (and for every authority whose profile has routes or
+// traffic splits, which the control plane bounds); every other request is
+// labelled dst="other".
+//
+// A Router is safe for concurrent use. Close stops its watches; requests
+// after Close take the default route.
 type Router struct {
 	src Source
 	cfg routerConfig
+	log *ratelog.Logger
 
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu    sync.RWMutex
-	hosts map[string]*dest // by the key the request gave
-	dests map[string]*dest // by normalized authority
+	reg    *registry.Registry[tableState]
+	labels *registry.Names     // authorities admitted as dst label values
+	local  map[string]struct{} // normalised authorities routed inbound
 
-	other *dest // the destination of every authority past the bound
+	other     *tableState // the default route with dst="other"
+	otherDest dest
 
 	fams families
 }
@@ -52,12 +64,20 @@ type families struct {
 	retryable     *metrics.Counter
 }
 
-// dest is one authority: its watch and its current table.
-type dest struct {
-	authority string
-	state     atomic.Pointer[tableState]
-	stop      func()
-}
+// OtherAuthority is the dst label value of requests whose authority has no
+// label of its own: past the label bound, not a valid authority, or, on
+// the inbound side, not one of the server's own authorities.
+const OtherAuthority = "other"
+
+// dest is what a request reads its authority's state through.
+type dest struct{ state stateLoader }
+
+type stateLoader interface{ Load() *tableState }
+
+// fixedState is the state of requests routed by no entry.
+type fixedState struct{ ts *tableState }
+
+func (f *fixedState) Load() *tableState { return f.ts }
 
 // tableState is a compiled table with what requests need next to it: the
 // budget state and the metric targets of each route.
@@ -86,10 +106,11 @@ func (ts *tableState) targetsOf(r *CompiledRoute) *routeTargets {
 	return ts.def
 }
 
-// NewRouter returns a Router that watches src.
+// NewRouter returns a Router that watches src (nil: no source, every
+// request takes the default route).
 func NewRouter(src Source, opts ...RouterOption) *Router {
 	cfg := newRouterConfig(opts)
-	r := &Router{src: src, cfg: cfg, hosts: make(map[string]*dest), dests: make(map[string]*dest)}
+	r := &Router{src: src, cfg: cfg, log: ratelog.New(cfg.logger, 0)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	meter := metrics.Meter(cfg.mp, ScopeName)
 	r.fams = families{
@@ -98,30 +119,51 @@ func NewRouter(src Source, opts ...RouterOption) *Router {
 		retryable: metrics.NewCounter(meter, "route_retryable_total",
 			"Total count of retryable HTTP responses, and of those not retried for want of budget."),
 	}
-	r.other = r.newDest("other")
+	r.other = r.build(OtherAuthority, nil)
+	r.otherDest = dest{state: &fixedState{r.other}}
+	r.labels = registry.NewNames(cfg.maxAuthorities)
+	var start func(*registry.Entry[tableState]) (func(), error)
+	if src != nil {
+		start = r.watch
+	}
+	r.reg = registry.New(r.newState, start, registry.WithMaxEntries(cfg.maxAuthorities),
+		registry.WithIdleTimeout(cfg.idleTimeout), registry.WithDefaultPort(cfg.defaultPort))
+	r.local = make(map[string]struct{}, len(cfg.local))
+	for _, a := range cfg.local {
+		if n, err := r.reg.Normalize(a); err == nil {
+			r.local[n] = struct{}{}
+		} else {
+			r.log.Slog().Warn("ignored a local authority that is not host:port", "authority", a, "error", err)
+		}
+	}
+	for _, a := range cfg.local {
+		r.reg.Get(a) // start watching the server's own profiles now
+	}
 	return r
 }
 
-// Close stops every watch; the router keeps routing with the tables it has.
+// Close stops every watch and releases every authority; later requests
+// take the default route. It is safe to call more than once.
 func (r *Router) Close() {
 	r.cancel()
-	r.mu.Lock()
-	dests := make([]*dest, 0, len(r.dests))
-	for _, d := range r.dests {
-		dests = append(dests, d)
-	}
-	r.mu.Unlock()
-	for _, d := range dests {
-		if d.stop != nil {
-			d.stop()
-		}
-	}
+	r.reg.Close()
 }
 
-func (r *Router) newDest(authority string) *dest {
-	d := &dest{authority: authority}
-	d.state.Store(r.build(authority, nil))
-	return d
+// newState is the first state of an authority: the default route.
+func (r *Router) newState(authority string) *tableState {
+	if !r.labels.Admit(authority) {
+		return r.other
+	}
+	return r.build(authority, nil)
+}
+
+// watch starts the profile watch of a new entry.
+func (r *Router) watch(e *registry.Entry[tableState]) (func(), error) {
+	stop, err := r.src.Watch(r.ctx, e.Authority(), func(u Update) { r.apply(e, u) })
+	if err != nil && r.ctx.Err() == nil {
+		r.log.Warn("watch", "cannot watch a profile; using the default route", "authority", e.Authority(), "error", err)
+	}
+	return stop, err
 }
 
 // build compiles the state of a table for authority (nil: the empty table).
@@ -157,81 +199,79 @@ func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string) 
 	return &routeTargets{in: mk("inbound"), out: mk("outbound")}
 }
 
-// destFor returns the destination of a request's authority key, starting
-// its watch on first use.
-func (r *Router) destFor(key string) *dest {
-	r.mu.RLock()
-	d := r.hosts[key]
-	r.mu.RUnlock()
-	if d != nil {
-		return d
+// destFor returns the state of a request's authority key on the outbound
+// side, starting its watch on first use.
+func (r *Router) destFor(key string) dest {
+	if e := r.reg.Get(key); e != nil {
+		return dest{state: e}
 	}
-	authority, err := r.normalize(key)
-	if err != nil {
-		return r.other
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if d = r.hosts[key]; d != nil {
-		return d
-	}
-	if d = r.dests[authority]; d == nil {
-		if len(r.dests) >= r.cfg.maxAuthorities || r.ctx.Err() != nil {
-			return r.other
-		}
-		d = r.newDest(authority)
-		r.dests[authority] = d
-		var err error
-		if d.stop, err = r.src.Watch(r.ctx, authority, func(u Update) { r.apply(d, u) }); err != nil {
-			r.cfg.logger.Warn("cannot watch the profile; using the default route", "authority", authority, "error", err)
-		}
-	}
-	if len(r.hosts) < 2*r.cfg.maxAuthorities {
-		r.hosts[key] = d
-	}
-	return d
+	return r.otherDest
 }
 
-func (r *Router) normalize(key string) (string, error) {
-	if _, _, err := net.SplitHostPort(key); err != nil {
-		key = net.JoinHostPort(strings.Trim(key, "[]"), r.cfg.defaultPort)
+// localDestFor returns the state of a request's authority key on the
+// inbound side: one of the server's own authorities, or the default route.
+func (r *Router) localDestFor(key string) dest {
+	if len(r.local) > 0 {
+		if e := r.reg.Cached(key); e != nil {
+			if _, ok := r.local[e.Authority()]; ok {
+				return dest{state: e}
+			}
+		}
+		if a, err := r.reg.Normalize(key); err == nil {
+			if _, ok := r.local[a]; ok {
+				if e := r.reg.Get(key); e != nil {
+					return dest{state: e}
+				}
+			}
+		}
 	}
-	return authpkg.Normalize(key)
+	return r.otherDest
 }
 
-// apply compiles a profile update for d and swaps it in.
-func (r *Router) apply(d *dest, u Update) {
+// label returns the dst label value of authority with table t.
+func (r *Router) label(authority string, t *Table) string {
+	if p := t.Profile(); p != nil && (len(p.Routes) > 0 || len(p.DstOverrides) > 0) {
+		return authority
+	}
+	if r.labels.Admit(authority) {
+		return authority
+	}
+	return OtherAuthority
+}
+
+// apply compiles a profile update for e and swaps it in.
+func (r *Router) apply(e *registry.Entry[tableState], u Update) {
+	authority := e.Authority()
 	if u.Profile == nil {
-		d.state.Store(r.build(d.authority, nil))
+		if r.labels.Admit(authority) {
+			e.Store(r.build(authority, nil))
+		} else {
+			e.Store(r.other)
+		}
 		return
 	}
 	t, err := Compile(u.Profile, r.cfg.compile)
 	if err != nil {
-		r.cfg.logger.Warn("rejected profile; keeping the last good one", "authority", d.authority, "error", err)
+		r.log.Warn("reject:"+authority, "rejected profile; keeping the last good one", "authority", authority, "error", err)
 		return
 	}
 	if err := t.BudgetErr(); err != nil {
-		r.cfg.logger.Warn("invalid retry budget; retries disabled", "authority", d.authority, "error", err)
+		r.log.Warn("budget:"+authority, "invalid retry budget; retries disabled", "authority", authority, "error", err)
 	}
-	next := r.build(d.authority, t)
-	keepBudget(d.state.Load(), next)
-	d.state.Store(next)
+	next := r.build(r.label(authority, t), t)
+	keepBudget(e.Load(), next)
+	e.Store(next)
 }
 
-// Table returns the route table in force for authority (host:port), or
-// nil when the router has not seen the authority.
+// Table returns the route table in force for authority (host:port, or a
+// host with the default port), or nil when the router holds no state for
+// it.
 func (r *Router) Table(authority string) *Table {
-	a, err := authpkg.Normalize(authority)
-	if err != nil {
+	e := r.reg.Lookup(authority)
+	if e == nil {
 		return nil
 	}
-	r.mu.RLock()
-	d := r.dests[a]
-	r.mu.RUnlock()
-	if d == nil {
-		return nil
-	}
-	return d.state.Load().table
+	return e.Load().table
 }
 
 // requestKey returns the authority a request is routed by.

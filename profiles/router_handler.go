@@ -9,8 +9,11 @@ import (
 	"github.com/inmesh/inmesh/internal/rw"
 )
 
-// Handler returns the inbound side of the router: each request is routed by
-// its profile, its route put into its context, and recorded in the route_
+// Handler returns the inbound side of the router: each request for one of
+// the server's own authorities ([WithLocalAuthorities]) is routed by its
+// profile; every other request takes the default route, labelled
+// dst="other", and never makes the router watch its Host. The route goes
+// into the request's context and the request is recorded in the route_
 // metrics with direction="inbound". Inbound routes are neither retried nor
 // timed out.
 //
@@ -29,7 +32,7 @@ type routerHandler struct {
 
 func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
-	d := h.r.destFor(h.r.requestKey(req))
+	d := h.r.localDestFor(h.r.requestKey(req))
 	ts := d.state.Load()
 	route := ts.table.Select(req)
 	tg := &ts.targetsOf(route).in

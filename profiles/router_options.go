@@ -1,7 +1,9 @@
 package profiles
 
 import (
+	"github.com/inmesh/inmesh/internal/exchange"
 	"log/slog"
+	"time"
 
 	"go.opentelemetry.io/otel/metric"
 )
@@ -12,9 +14,13 @@ const ScopeName = "github.com/inmesh/inmesh/profiles"
 // DefaultMaxAuthorities bounds the authorities a [Router] watches.
 const DefaultMaxAuthorities = 10000
 
+// DefaultIdleTimeout is how long a [Router] keeps an authority no request
+// used: then its watch stops, freeing the control-plane client's cap.
+const DefaultIdleTimeout = time.Minute
+
 // MaxRetryBodyBytes is the largest request body buffered for retries
 // (64 KiB, as in Linkerd); a larger body is sent once.
-const MaxRetryBodyBytes = 64 << 10
+const MaxRetryBodyBytes = exchange.MaxRetryBodyBytes
 
 // RouterOption configures a [Router].
 type RouterOption interface{ apply(*routerConfig) }
@@ -30,10 +36,13 @@ type routerConfig struct {
 	dstOverride    bool
 	compile        Options
 	defaultPort    string
+	idleTimeout    time.Duration
+	local          []string
 }
 
 func newRouterConfig(opts []RouterOption) routerConfig {
-	c := routerConfig{logger: slog.Default(), maxAuthorities: DefaultMaxAuthorities, defaultPort: "80"}
+	c := routerConfig{logger: slog.Default(), maxAuthorities: DefaultMaxAuthorities, defaultPort: "80",
+		idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -62,10 +71,11 @@ func WithLogger(l *slog.Logger) RouterOption {
 	})
 }
 
-// WithMaxAuthorities bounds the distinct authorities the router watches
-// (default [DefaultMaxAuthorities]). Requests for further authorities take
-// the default route, with dst="other" on their metrics. n <= 0 changes
-// nothing.
+// WithMaxAuthorities bounds the authorities the router holds at once
+// (default [DefaultMaxAuthorities]): past it, the least recently used is
+// released and its watch stopped. It also bounds the dst label values over
+// the router's life: further authorities without routes or traffic splits
+// are labelled dst="other" ([OtherAuthority]). n <= 0 changes nothing.
 func WithMaxAuthorities(n int) RouterOption {
 	return routerOptionFunc(func(c *routerConfig) {
 		if n > 0 {
@@ -84,4 +94,24 @@ func WithDstOverrideHeader(allow bool) RouterOption {
 // WithCompileOptions sets the limits profiles are compiled under.
 func WithCompileOptions(o Options) RouterOption {
 	return routerOptionFunc(func(c *routerConfig) { c.compile = o })
+}
+
+// WithIdleTimeout sets how long an authority no request used is kept
+// (default [DefaultIdleTimeout]); then it is released and its watch
+// stopped. d <= 0 changes nothing.
+func WithIdleTimeout(d time.Duration) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) {
+		if d > 0 {
+			c.idleTimeout = d
+		}
+	})
+}
+
+// WithLocalAuthorities names the server's own authorities (host:port, or a
+// host on the default port), the only ones [Router.Handler] routes by
+// profile; their profiles are watched from the start. Every other inbound
+// request takes the default route with dst="other", and no client can make
+// the router watch anything. Repeated options add up.
+func WithLocalAuthorities(authorities ...string) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) { c.local = append(c.local, authorities...) })
 }

@@ -469,7 +469,7 @@ func TestBadUpdateKeepsLastGoodTable(t *testing.T) {
 
 func TestProfileSwapKeepsRouteInFlight(t *testing.T) {
 	src := NewStaticSource(map[string]*Profile{testAuthority: versioned(0)})
-	router := NewRouter(src, WithLogger(quietLogger))
+	router := NewRouter(src, WithLogger(quietLogger), WithLocalAuthorities(testAuthority))
 	defer router.Close()
 	release := make(chan struct{})
 	var started sync.WaitGroup

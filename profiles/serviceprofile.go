@@ -137,7 +137,7 @@ func parseServiceProfile(doc []byte) (*ServiceProfile, error) {
 	if err := expectString(root, "kind", "ServiceProfile"); err != nil {
 		return nil, err
 	}
-	sp := &ServiceProfile{RetryBudget: DefaultRetryBudget}
+	sp := &ServiceProfile{RetryBudget: DefaultRetryBudget()}
 	meta, ok := root["metadata"]
 	if !ok {
 		return nil, errors.New("metadata.name: required")

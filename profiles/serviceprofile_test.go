@@ -27,7 +27,7 @@ func TestParseServiceProfilesDocuments(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, sps, 2)
 	assert.Equal(t, "web.ns.svc.cluster.local", sps[0].Name)
-	assert.Equal(t, DefaultRetryBudget, sps[0].RetryBudget, "no retryBudget means the default")
+	assert.Equal(t, DefaultRetryBudget(), sps[0].RetryBudget, "no retryBudget means the default")
 	assert.Equal(t, "api.ns.svc.cluster.local", sps[1].Name)
 	assert.Equal(t, []Route{{Condition: PathRegex("/.*"), Labels: map[string]string{"route": "all"}}}, sps[1].Routes)
 }
@@ -131,7 +131,7 @@ func TestParseWeight(t *testing.T) {
 }
 
 func TestRetryBudgetValidate(t *testing.T) {
-	assert.NoError(t, DefaultRetryBudget.Validate())
+	assert.NoError(t, DefaultRetryBudget().Validate())
 	assert.ErrorContains(t, RetryBudget{RetryRatio: 10000, TTL: time.Second}.Validate(), "retryRatio")
 	assert.ErrorContains(t, RetryBudget{RetryRatio: -1, TTL: time.Second}.Validate(), "retryRatio")
 	assert.ErrorContains(t, RetryBudget{RetryRatio: 0.1, TTL: 1000 * time.Second}.Validate(), "ttl")

@@ -52,7 +52,7 @@ func TestFileSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "books.yaml")
 	writeProfile(t, path, "v1")
-	src, err := NewFileSource(dir, 10*time.Millisecond, quietLogger)
+	src, err := NewFileSource(dir, WithPollInterval(10*time.Millisecond), WithFileLogger(quietLogger))
 	require.NoError(t, err)
 	defer src.Close()
 
@@ -83,7 +83,7 @@ func TestFileSource(t *testing.T) {
 
 	_, err = src.Watch(context.Background(), "not an authority", func(Update) {})
 	assert.Error(t, err)
-	_, err = NewFileSource(filepath.Join(dir, "missing"), 0, nil)
+	_, err = NewFileSource(filepath.Join(dir, "missing"), WithPollInterval(0), nil)
 	assert.Error(t, err)
 }
 
@@ -130,7 +130,8 @@ func TestRouterAuthority(t *testing.T) {
 		{"override allowed", true, "books.default.svc.cluster.local:7000", "books.default.svc.cluster.local:80", "port80"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			router := NewRouter(src, WithLogger(quietLogger), WithDstOverrideHeader(tc.override))
+			router := NewRouter(src, WithLogger(quietLogger), WithDstOverrideHeader(tc.override),
+				WithLocalAuthorities("books.default.svc.cluster.local", "books.default.svc.cluster.local:7000"))
 			defer router.Close()
 			srv := testutil.NewServer(t, router.Handler(app))
 			client := &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}

@@ -20,7 +20,8 @@ const stackAuthority = "books.default.svc.cluster.local:7000"
 
 // booksProfile is a profile of n routes; /books/{id} is the last of them.
 func booksProfile(n int) *Profile {
-	p := &Profile{RetryBudget: &DefaultRetryBudget}
+	budget := DefaultRetryBudget()
+	p := &Profile{RetryBudget: &budget}
 	for i := range n - 1 {
 		p.Routes = append(p.Routes, Route{
 			Condition: MatchAll{Method("POST"), PathRegex(fmt.Sprintf("/other/r%d/[^/]+", i))},
@@ -44,7 +45,7 @@ func newStacks(t testing.TB) stacks {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
 	router := NewRouter(NewStaticSource(map[string]*Profile{stackAuthority: booksProfile(20)}),
-		WithMeterProvider(mp), WithLogger(quietLogger))
+		WithMeterProvider(mp), WithLogger(quietLogger), WithLocalAuthorities(stackAuthority))
 	s := stacks{
 		bare:   app,
 		otel:   otelhttp.NewHandler(app, "inbound", otelhttp.WithMeterProvider(mp), otelhttp.WithTracerProvider(tracenoop.NewTracerProvider())),

@@ -1,8 +1,10 @@
-// Command destination runs inmesh's embedded Destination control plane: it
-// serves the ServiceProfiles of a directory and the endpoints of a file over
-// Linkerd's Destination gRPC API, and reloads both when they change.
+// Command destination runs inmesh's embedded control plane: it serves the
+// ServiceProfiles of a directory and the endpoints of a file over Linkerd's
+// Destination gRPC API, the outbound policies of the Service, HTTPRoute and
+// GRPCRoute manifests of another directory over the OutboundPolicies API
+// (same address), and reloads all of them when they change.
 //
-//	go run ./examples/destination -listen 127.0.0.1:8086 -profiles DIR -endpoints FILE
+//	go run ./examples/destination -listen 127.0.0.1:8086 -profiles DIR -endpoints FILE -policies DIR
 //
 // A bad file is logged with its file, document and field, and the last good
 // version stays served. On SIGTERM or SIGINT it ends every open stream, so
@@ -29,21 +31,27 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8086", "address to serve the Destination API on")
 	profilesDir := flag.String("profiles", "", "directory of ServiceProfile YAML files")
 	endpoints := flag.String("endpoints", "", "endpoints YAML file")
+	policies := flag.String("policies", "", "directory of Service, HTTPRoute and GRPCRoute YAML files (OutboundPolicies API)")
 	interval := flag.Duration("interval", 500*time.Millisecond, "how often to check the files for changes")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*listen, *profilesDir, *endpoints, *interval, log); err != nil {
+	if err := run(*listen, *profilesDir, *endpoints, *policies, *interval, log); err != nil {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, profilesDir, endpoints string, interval time.Duration, log *slog.Logger) error {
+func run(listen, profilesDir, endpoints, policies string, interval time.Duration, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	store := destination.NewStore()
 	if err := destination.WatchFiles(ctx, store, profilesDir, endpoints, interval, destination.WithLogger(log)); err != nil {
 		return err
+	}
+	if policies != "" {
+		if err := destination.WatchManifestFiles(ctx, store, policies, interval, destination.WithLogger(log)); err != nil {
+			return err
+		}
 	}
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -54,7 +62,7 @@ func run(listen, profilesDir, endpoints string, interval time.Duration, log *slo
 	dst.Register(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	log.Info("serving the Destination API", "addr", lis.Addr().String())
+	log.Info("serving the Destination API", "addr", lis.Addr().String(), "also", "OutboundPolicies")
 	select {
 	case err := <-served:
 		return err
@@ -67,7 +75,7 @@ func run(listen, profilesDir, endpoints string, interval time.Duration, log *slo
 // shutdownTimeout bounds the exit after SIGTERM.
 const shutdownTimeout = 4 * time.Second
 
-// shutdown ends every Destination stream first, so that proxies re-subscribe
+// shutdown ends every Destination and OutboundPolicies stream first, so that proxies re-subscribe
 // at once (to this process's replacement), then stops the gRPC server:
 // gracefully within the bound, at once past it.
 func shutdown(srv *grpc.Server, dst *destination.Server, log *slog.Logger) {

@@ -219,6 +219,15 @@ func TestEndToEnd(t *testing.T) {
 		return ok
 	}, timeout, 50*time.Millisecond, "the profile never arrived")
 
+	// The admin listener explains the route: the profile's, by first match.
+	resp, err := http.Get("http://" + aMetrics + "/routes?authority=" + books + "&method=GET&path=/books/1")
+	require.NoError(t, err)
+	explained, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	assert.Contains(t, string(explained), `"model": "serviceprofile"`)
+	assert.Contains(t, string(explained), `"route": "GET /books/{id}"`)
+
 	status, headers, body := get("/books/42")
 	assert.Equal(t, 200, status)
 	assert.Equal(t, `{"id":"42"}`, body)
@@ -251,6 +260,22 @@ func TestEndToEnd(t *testing.T) {
 	// One h2 connection between the peers carried everything.
 	opened, _ := metric(scrape(t, bMetrics), "tcp_open_total", `direction="inbound"`)
 	assert.Equal(t, 1.0, opened, "connections from proxy A to proxy B")
+
+	// The balancer's families and its endpoint states are on the admin
+	// listener: one endpoint, ready.
+	text = scrape(t, aMetrics)
+	ready, ok := metric(text, "outbound_http_balancer_endpoints", `endpoint_state="ready"`, `parent_name="books"`, `parent_namespace="default"`, `parent_port="7000"`)
+	assert.True(t, ok, "outbound_http_balancer_endpoints on /metrics")
+	assert.Equal(t, 1.0, ready)
+	_, ok = metric(text, "outbound_http_balancer_queue_requests_total", `parent_name="books"`)
+	assert.True(t, ok)
+	resp, err = http.Get("http://" + aMetrics + "/endpoints?authority=" + books)
+	require.NoError(t, err)
+	states, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Contains(t, string(states), `"addr": "`+bIn+`"`)
+	assert.Contains(t, string(states), `"state": "ready"`)
 
 	// Editing the profile changes routing without a restart.
 	edited := "\n  - name: GET /books/edited\n    condition: {method: GET, pathRegex: /books/edited}"

@@ -10,7 +10,11 @@
 // with orig-proto when the endpoint is a mesh peer, and forwarded.
 // Inbound (-inbound): HTTP/1 and h2c, upgraded requests downgraded, inbound
 // route metrics, forwarded to -app. /metrics serves Prometheus text with
-// Linkerd's series names; /ready answers 200.
+// Linkerd's series names (the outbound_http_balancer_* families among them);
+// /endpoints?authority=host:port the balancer's state of each endpoint as
+// JSON; /routes?authority=host:port&method=GET&path=/x the JSON explanation
+// of how such a request is routed (model, route, match, timeouts, retry and
+// budget); /ready answers 200.
 //
 // The control-plane backoff comes from INMESH_CONTROL_EXP_BACKOFF_MIN, _MAX
 // and _JITTER, or the fixed INMESH_CONTROL_BACKOFF_DELAY; a bad value stops
@@ -35,12 +39,14 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
 	"github.com/inmesh/inmesh/examples/internal/telemetry"
 	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -89,12 +95,14 @@ func run(f flags, log *slog.Logger) error {
 		metric.WithDescription("Total count of opened connections."))
 
 	dst, err := destination.Dial(f.destination, destination.WithBackoff(policy), destination.WithLogger(log),
-		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme))
+		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme),
+		destination.WithWorkload(os.Getenv(destination.PolicyWorkloadEnv)))
 	if err != nil {
 		return err
 	}
 	defer dst.Close()
-	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log)}
+	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
+		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider))}
 
 	client := mesh.NewClient(opts...)
 	defer client.Close()
@@ -113,6 +121,14 @@ func run(f flags, log *slog.Logger) error {
 
 	admin := http.NewServeMux()
 	admin.Handle("/metrics", metrics.Handler)
+	// /routes explains the routing of a request through the outbound
+	// stack's profile router.
+	explain := router.New(router.WithProfileRouter(client.Router()), router.WithMeterProvider(provider))
+	defer explain.Close()
+	admin.Handle("/routes", explain.ExplainHandler())
+	if b := client.Balancer(); b != nil {
+		admin.Handle("/endpoints", b.EndpointsHandler()) // ?authority=host:port: each endpoint's state as JSON
+	}
 	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ready") })
 	metricsSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 

@@ -54,6 +54,16 @@ func (s *State) Release() {
 // handler returned, it holds the trailers that were set.
 func (s *State) Header() http.Header { return s.w.Header() }
 
+// WrittenHead reports the status the handler wrote (0: none), whether it
+// hijacked the connection, and its header when that carries a grpc-status
+// (nil otherwise). It satisfies classify.Written.
+func (s *State) WrittenHead() (status int, hijacked bool, grpcHead http.Header) {
+	if s.GRPCStatusInHead {
+		grpcHead = s.w.Header()
+	}
+	return s.Status, s.Hijacked, grpcHead
+}
+
 func (s *State) writeHeader(code int) {
 	if s.Status == 0 && code >= 200 {
 		s.Status = code

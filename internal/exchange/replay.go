@@ -1,4 +1,4 @@
-package profiles
+package exchange
 
 import (
 	"bytes"
@@ -18,8 +18,9 @@ import (
 // replayed, so a retry never starts before the body was read and never
 // sends a chunk the first attempt had not finished with.
 type replayBody struct {
-	src  io.ReadCloser
-	want int64 // the declared length; <= 0 when unknown
+	src   io.ReadCloser
+	want  int64 // the declared length; <= 0 when unknown
+	limit int   // the largest copy kept
 
 	mu       sync.Mutex
 	buf      []byte
@@ -31,7 +32,12 @@ type replayBody struct {
 // src, a body of declared length want (<= 0: unknown; at most
 // MaxRetryBodyBytes).
 func newReplayBody(src io.ReadCloser, want int64) *replayBody {
-	return &replayBody{src: src, want: want}
+	return newReplayBodyLimit(src, want, MaxRetryBodyBytes)
+}
+
+// newReplayBodyLimit is newReplayBody keeping a copy of up to limit bytes.
+func newReplayBodyLimit(src io.ReadCloser, want int64, limit int) *replayBody {
+	return &replayBody{src: src, want: want, limit: limit}
 }
 
 // Read reads the source for the first attempt, keeping a copy.
@@ -44,7 +50,7 @@ func (b *replayBody) Read(p []byte) (int, error) {
 		// already complete stays what the upstream could have seen.
 		return n, err
 	}
-	if len(b.buf)+n > MaxRetryBodyBytes {
+	if len(b.buf)+n > b.limit {
 		b.spoil()
 		return n, err
 	}

@@ -1,0 +1,427 @@
+package balancer
+
+import (
+	"errors"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Defaults of failure accrual, the queue and the load penalties (Linkerd's
+// Service annotations and policy-controller defaults).
+const (
+	DefaultMaxFailures     = 7
+	DefaultMinPenalty      = time.Second
+	DefaultMaxPenalty      = time.Minute
+	DefaultJitterRatio     = 0.5
+	DefaultSuccessRate     = 0.8
+	DefaultSuccessDecay    = 10 * time.Second
+	DefaultMinRequests     = 5
+	DefaultQueueCapacity   = 100
+	DefaultFailfastTimeout = 3 * time.Second
+	DefaultLoadPenalty     = 5 * time.Second
+	DefaultMaxRetryAfter   = 300 * time.Second
+)
+
+// FailureAccrual is how endpoints are taken out of rotation when they fail,
+// shaped after the OutboundPolicy's FailureAccrual so that a policy or a
+// Service annotation can fill it. Exactly one of ConsecutiveFailures and
+// Unified is used (Unified when both are set); neither: no accrual.
+//
+// A tripped endpoint gets no requests for its penalty, then it is on
+// probation: exactly one probe request goes to it. A success restores it;
+// a failure trips it again for a penalty grown by the Backoff, never past
+// its maximum. A failure is a 5xx, a gRPC DATA_LOSS, DEADLINE_EXCEEDED,
+// INTERNAL, PERMISSION_DENIED or UNAVAILABLE (headers or trailers), or a
+// request that fails without a response (the caller's own cancellation
+// aside).
+type FailureAccrual struct {
+	ConsecutiveFailures *ConsecutiveFailures
+	Unified             *Unified
+	Ejection            Ejection
+}
+
+// ConsecutiveFailures trips an endpoint after MaxFailures failures in a
+// row (0: [DefaultMaxFailures]).
+type ConsecutiveFailures struct {
+	MaxFailures uint32
+	Backoff     Backoff
+}
+
+// Unified trips an endpoint when its success rate, an average that forgets
+// with time constant Decay (0: [DefaultSuccessDecay]) and in which every
+// response weighs at least a tenth, falls below SuccessRateThreshold (0:
+// [DefaultSuccessRate]) after at least MinRequests responses (0:
+// [DefaultMinRequests]), or after MaxConsecutiveFailures failures in a row
+// (0: [DefaultMaxFailures]).
+type Unified struct {
+	SuccessRateThreshold   float64
+	Decay                  time.Duration
+	MinRequests            uint32
+	MaxConsecutiveFailures uint32
+	Backoff                Backoff
+}
+
+// Backoff is the penalty of a tripped endpoint: MinBackoff (0:
+// [DefaultMinPenalty]) the first time, doubling on each failed probe up to
+// MaxBackoff (0: [DefaultMaxPenalty]), each grown by a random share of up
+// to JitterRatio (0: [DefaultJitterRatio]; negative: none) and capped at
+// MaxBackoff.
+type Backoff struct {
+	MinBackoff  time.Duration
+	MaxBackoff  time.Duration
+	JitterRatio float64
+}
+
+// Ejection bounds how many endpoints accrual may take out: an endpoint does
+// not trip while fewer than MinReadyEndpoints others would stay ready.
+type Ejection struct {
+	MinReadyEndpoints uint32
+}
+
+// accrual is a FailureAccrual with its defaults filled in.
+type accrual struct {
+	unified     bool
+	maxFailures int
+	threshold   float64
+	decay       float64
+	minRequests int
+	minPenalty  float64
+	maxPenalty  float64
+	jitter      float64
+	minReady    int
+}
+
+func newAccrual(fa *FailureAccrual) *accrual {
+	if fa == nil || (fa.ConsecutiveFailures == nil && fa.Unified == nil) {
+		return nil
+	}
+	a := &accrual{minReady: int(fa.Ejection.MinReadyEndpoints)}
+	var bo Backoff
+	if u := fa.Unified; u != nil {
+		a.unified = true
+		a.maxFailures = int(u.MaxConsecutiveFailures)
+		a.threshold = u.SuccessRateThreshold
+		if a.threshold <= 0 {
+			a.threshold = DefaultSuccessRate
+		}
+		a.decay = float64(u.Decay)
+		if a.decay <= 0 {
+			a.decay = float64(DefaultSuccessDecay)
+		}
+		a.minRequests = int(u.MinRequests)
+		if a.minRequests <= 0 {
+			a.minRequests = DefaultMinRequests
+		}
+		bo = u.Backoff
+	} else {
+		a.maxFailures = int(fa.ConsecutiveFailures.MaxFailures)
+		bo = fa.ConsecutiveFailures.Backoff
+	}
+	if a.maxFailures <= 0 {
+		a.maxFailures = DefaultMaxFailures
+	}
+	a.minPenalty, a.maxPenalty, a.jitter = float64(bo.MinBackoff), float64(bo.MaxBackoff), bo.JitterRatio
+	if a.minPenalty <= 0 {
+		a.minPenalty = float64(DefaultMinPenalty)
+	}
+	if a.maxPenalty <= 0 {
+		a.maxPenalty = float64(DefaultMaxPenalty)
+	}
+	a.maxPenalty = max(a.maxPenalty, a.minPenalty)
+	switch {
+	case a.jitter == 0:
+		a.jitter = DefaultJitterRatio
+	case a.jitter < 0:
+		a.jitter = 0
+	}
+	return a
+}
+
+// penalty is the penalty after n failed probes (n = 0: the first trip).
+func (a *accrual) penalty(n int) float64 {
+	base := a.minPenalty * math.Pow(2, float64(min(n, 62)))
+	base = min(base, a.maxPenalty)
+	return min(base*(1+a.jitter*rand.Float64()), a.maxPenalty)
+}
+
+// Endpoint health states.
+const (
+	stateReady     = "ready"
+	stateTripped   = "tripped"
+	stateProbation = "probation"
+	stateAvoided   = "avoided" // Retry-After or grpc-retry-pushback-ms
+)
+
+// group is what the endpoints of one authority share for the ejection
+// floor: how many are ready.
+type group struct {
+	mu    sync.Mutex
+	ready int
+	wch   chan struct{} // closed when an endpoint may be back
+}
+
+// wake returns a channel closed at the next notify.
+func (g *group) wake() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.wch == nil {
+		g.wch = make(chan struct{})
+	}
+	return g.wch
+}
+
+// notify wakes the queued requests.
+func (g *group) notify() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	if g.wch != nil {
+		close(g.wch)
+		g.wch = nil
+	}
+	g.mu.Unlock()
+}
+
+// health is the failure-accrual state of one endpoint; it lives in the
+// endpoint's load, across updates, under the load's lock.
+type health struct {
+	tripped  bool
+	probing  bool  // the probe is out
+	until    int64 // tripped: clock reading its penalty ends
+	avoid    int64 // clock reading a Retry-After ends
+	failures int   // in a row
+	rate     float64
+	requests int
+	stamp    int64
+	trips    int // failed probes since the last restore
+	penalty  float64
+	penDecay float64 // time constant of the load penalty
+}
+
+// available reports whether a pick may choose the endpoint at now, and
+// claims the probe of an endpoint on probation (probe true). It is called
+// under l.mu.
+func (h *health) availableLocked(now int64) (ok, probe bool) {
+	if now < h.avoid {
+		return false, false
+	}
+	if !h.tripped {
+		return true, false
+	}
+	if h.probing || now < h.until {
+		return false, false
+	}
+	h.probing = true
+	return true, true
+}
+
+// outcome is what a response says to accrual and to the load penalties.
+type outcome struct {
+	failure   bool
+	exhausted bool  // 429 or RESOURCE_EXHAUSTED
+	retryIn   int64 // Retry-After or pushback, 0: none
+}
+
+// record folds one outcome into h at now; probe says whether the request
+// was the endpoint's probe. It returns whether an endpoint that was out of
+// rotation is back (the queue may go on).
+func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) (restored bool) {
+	if acc == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := &l.health
+	if probe {
+		h.probing = false
+		if o.failure {
+			h.trips++
+			h.penalty = acc.penalty(h.trips)
+			h.until = now + int64(h.penalty)
+			return false
+		}
+		h.tripped, h.failures, h.trips, h.penalty = false, 0, 0, 0
+		h.rate, h.requests, h.stamp = 1, 0, now
+		if g != nil {
+			g.mu.Lock()
+			g.ready++
+			g.mu.Unlock()
+		}
+		return true
+	}
+	if h.tripped {
+		return false // an answer from before the trip
+	}
+	if o.failure {
+		h.failures++
+	} else {
+		h.failures = 0
+	}
+	trip := h.failures >= acc.maxFailures
+	if acc.unified {
+		w := 0.9
+		if h.requests == 0 {
+			h.rate, w = 1, 0.9
+		} else if dt := now - h.stamp; dt > 0 {
+			w = min(math.Exp(-float64(dt)/acc.decay), 0.9)
+		}
+		x := 1.0
+		if o.failure {
+			x = 0
+		}
+		h.rate = h.rate*w + x*(1-w)
+		h.requests++
+		h.stamp = max(h.stamp, now)
+		trip = trip || (h.requests >= acc.minRequests && h.rate < acc.threshold)
+	}
+	if !trip {
+		return false
+	}
+	if g != nil {
+		g.mu.Lock()
+		if g.ready-1 < acc.minReady {
+			g.mu.Unlock()
+			return false // the ejection floor keeps it in rotation
+		}
+		g.ready--
+		g.mu.Unlock()
+	}
+	h.tripped, h.trips = true, 0
+	h.penalty = acc.penalty(0)
+	h.until = now + int64(h.penalty)
+	return false
+}
+
+// release gives back the probe of a request that ended without a verdict
+// (its caller cancelled it): the next pick probes again.
+func (l *load) release() {
+	l.mu.Lock()
+	l.health.probing = false
+	l.mu.Unlock()
+}
+
+// avoidFor keeps the endpoint out of picks for d nanoseconds from now.
+func (l *load) avoidFor(d, now int64) {
+	l.mu.Lock()
+	l.health.avoid = max(l.health.avoid, now+d)
+	l.mu.Unlock()
+}
+
+// gRPC status codes that count as failures, and RESOURCE_EXHAUSTED.
+const (
+	grpcDeadlineExceeded  = 4
+	grpcPermissionDenied  = 7
+	grpcResourceExhausted = 8
+	grpcInternal          = 13
+	grpcUnavailable       = 14
+	grpcDataLoss          = 15
+)
+
+// grpcStatus reads the grpc-status of h.
+func grpcStatus(h http.Header) (int, bool) {
+	v := h.Get("Grpc-Status")
+	if v == "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	return n, err == nil
+}
+
+func grpcFailure(code int) bool {
+	switch code {
+	case grpcDeadlineExceeded, grpcPermissionDenied, grpcInternal, grpcUnavailable, grpcDataLoss:
+		return true
+	}
+	return false
+}
+
+// headOutcome classifies a response head. final is false for a gRPC
+// response whose status comes in the trailers.
+func headOutcome(resp *http.Response, now time.Time) (o outcome, final bool) {
+	if resp.StatusCode >= 500 {
+		o.failure = true
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		o.exhausted = true
+	}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		o.retryIn = retryAfter(resp.Header.Get("Retry-After"), now)
+	}
+	if code, ok := grpcStatus(resp.Header); ok {
+		o.grpc(code, resp.Header)
+		return o, true
+	}
+	grpc := strings.HasPrefix(resp.Header.Get("Content-Type"), "application/grpc")
+	return o, !grpc
+}
+
+func (o *outcome) grpc(code int, h http.Header) {
+	o.failure = o.failure || grpcFailure(code)
+	if code == grpcResourceExhausted {
+		o.exhausted = true
+	}
+	if v := h.Get("Grpc-Retry-Pushback-Ms"); v != "" {
+		if ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && ms > 0 {
+			o.retryIn = min(ms, math.MaxInt64/int64(time.Millisecond)) * int64(time.Millisecond)
+		}
+	}
+}
+
+// retryAfter parses a Retry-After value (seconds or an HTTP-date) into
+// nanoseconds from now; 0 when absent, invalid or past.
+func retryAfter(v string, now time.Time) int64 {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s <= 0 {
+			return 0
+		}
+		return min(s, math.MaxInt64/int64(time.Second)) * int64(time.Second)
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return int64(d)
+		}
+	}
+	return 0
+}
+
+// Errors a [Balancer] answers requests with, as a 503 response with
+// l5d-proxy-error; [ResponseError] recovers them from the response.
+var (
+	// ErrFailFast: no endpoint of the authority became ready within the
+	// failfast timeout. A router may send the request to the next backend
+	// of a first-available distribution, and may retry it.
+	ErrFailFast = errors.New("FAIL_FAST")
+	// ErrLoadShed: the authority's queue was full; the request was refused
+	// at once. Not retryable.
+	ErrLoadShed = errors.New("LOAD_SHED")
+)
+
+// errBody is the empty body of a response the balancer made itself,
+// carrying why.
+type errBody struct{ err error }
+
+func (errBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (errBody) Close() error             { return nil }
+
+// ResponseError returns [ErrFailFast] or [ErrLoadShed] when resp is the
+// balancer's answer for that reason, else nil.
+func ResponseError(resp *http.Response) error {
+	if resp == nil {
+		return nil
+	}
+	if b, ok := resp.Body.(errBody); ok {
+		return b.err
+	}
+	return nil
+}

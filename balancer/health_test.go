@@ -1,0 +1,439 @@
+package balancer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// counted starts an endpoint that counts its requests and answers with the
+// status fail returns (0: 200).
+func counted(t *testing.T, hits *atomic.Int64, fail func(n int64) int) Endpoint {
+	return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := hits.Add(1)
+		if code := fail(n); code != 0 {
+			w.WriteHeader(code)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+}
+
+func ok(int64) int { return 0 }
+
+// get sends n requests through c, conc at a time, and returns how many
+// got each status.
+func get(t *testing.T, c *http.Client, url string, n, conc int) map[int]int {
+	t.Helper()
+	var mu sync.Mutex
+	out := map[int]int{}
+	var wg sync.WaitGroup
+	work := make(chan struct{}, n)
+	for range n {
+		work <- struct{}{}
+	}
+	close(work)
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range work {
+				resp, err := c.Get(url)
+				code := -1
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					code = resp.StatusCode
+				}
+				mu.Lock()
+				out[code]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func stateOf(b *Balancer, authority string, e Endpoint) EndpointState {
+	for _, s := range b.Endpoints(authority) {
+		if s.Addr == e.Addr.String() {
+			return s
+		}
+	}
+	return EndpointState{}
+}
+
+const svc = books + ":7000"
+const svcURL = "http://" + svc + "/"
+
+// Acceptance: of three endpoints, one failing every request trips after
+// its consecutive failures; then under 1% of requests reach it; after its
+// penalty exactly one probe goes out, even to twenty concurrent clients;
+// each failed probe doubles the penalty up to the maximum, never past it;
+// once it recovers, the next probe puts it back in rotation.
+func TestAccrualTripsProbesAndRecovers(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var ha, hb, hc atomic.Int64
+	var failing atomic.Bool
+	failing.Store(true)
+	a, b := counted(t, &ha, ok), counted(t, &hb, ok)
+	c := counted(t, &hc, func(int64) int {
+		if failing.Load() {
+			return 500
+		}
+		return 0
+	})
+	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b, c}}), withClock(clock.read),
+		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3,
+			Backoff: Backoff{MinBackoff: time.Second, MaxBackoff: 4 * time.Second, JitterRatio: -1}}}))
+
+	require.Eventually(t, func() bool {
+		get(t, client, svcURL, 10, 1)
+		return stateOf(bal, svc, c).State == "tripped"
+	}, testutil.Timeout, time.Millisecond)
+	assert.EqualValues(t, 3, hc.Load(), "it tripped at its third failure in a row")
+	assert.Equal(t, time.Second, stateOf(bal, svc, c).Penalty)
+
+	hc.Store(0)
+	codes := get(t, client, svcURL, 500, 10)
+	assert.Equal(t, 500, codes[200], "the others answer everything: %v", codes)
+	assert.Less(t, hc.Load(), int64(5), "under 1%% reach the tripped endpoint")
+
+	for _, want := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
+		clock.now.Add(int64(stateOf(bal, svc, c).Penalty))
+		assert.Equal(t, "probation", stateOf(bal, svc, c).State)
+		hc.Store(0)
+		get(t, client, svcURL, 200, 20)
+		assert.EqualValues(t, 1, hc.Load(), "exactly one probe")
+		st := stateOf(bal, svc, c)
+		assert.Equal(t, "tripped", st.State)
+		assert.Equal(t, want, st.Penalty, "the penalty doubles up to the maximum")
+	}
+
+	failing.Store(false)
+	clock.now.Add(int64(4 * time.Second)) // one penalty
+	hc.Store(0)
+	get(t, client, svcURL, 300, 10)
+	assert.Equal(t, "ready", stateOf(bal, svc, c).State)
+	assert.Greater(t, hc.Load(), int64(30), "back in rotation: %d of 300", hc.Load())
+}
+
+// With jitter the penalty stays between the minimum and the maximum.
+func TestPenaltyBounds(t *testing.T) {
+	acc := newAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{}})
+	require.NotNil(t, acc)
+	assert.Equal(t, DefaultMaxFailures, acc.maxFailures)
+	for n := range 100 {
+		p := acc.penalty(n)
+		assert.GreaterOrEqual(t, p, float64(DefaultMinPenalty))
+		assert.LessOrEqual(t, p, float64(DefaultMaxPenalty))
+	}
+	assert.Greater(t, acc.penalty(0), float64(DefaultMinPenalty), "jittered by default")
+	assert.Nil(t, newAccrual(&FailureAccrual{}), "no mode: no accrual")
+}
+
+// Acceptance: in unified mode an endpoint failing 30% of its requests is
+// ejected; the healthy ones are not.
+func TestUnifiedEjectsFlakyEndpoint(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var ha, hb, hc atomic.Int64
+	a, b := counted(t, &ha, ok), counted(t, &hb, ok)
+	c := counted(t, &hc, func(n int64) int {
+		if n%10 < 3 {
+			return 503
+		}
+		return 0
+	})
+	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b, c}}), withClock(clock.read),
+		WithFailureAccrual(&FailureAccrual{Unified: &Unified{SuccessRateThreshold: 0.8, MinRequests: 5, MaxConsecutiveFailures: 100}}))
+	get(t, client, svcURL, 300, 1)
+	assert.Equal(t, "tripped", stateOf(bal, svc, c).State)
+	assert.Equal(t, "ready", stateOf(bal, svc, a).State)
+	assert.Equal(t, "ready", stateOf(bal, svc, b).State)
+	assert.Less(t, hc.Load(), int64(30), "ejected early: %d of 300", hc.Load())
+}
+
+// Acceptance: the ejection floor keeps two of three endpoints in rotation
+// even when all fail.
+func TestEjectionFloor(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var h [3]atomic.Int64
+	var eps []Endpoint
+	for i := range h {
+		eps = append(eps, counted(t, &h[i], func(int64) int { return 500 }))
+	}
+	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: eps}), withClock(clock.read),
+		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 2}, Ejection: Ejection{MinReadyEndpoints: 2}}))
+	codes := get(t, client, svcURL, 200, 4)
+	assert.Equal(t, 200, codes[500], "no request waits or fails fast: %v", codes)
+	ready := 0
+	for _, s := range bal.Endpoints(svc) {
+		if s.State == "ready" {
+			ready++
+		}
+	}
+	assert.Equal(t, 2, ready, "%+v", bal.Endpoints(svc))
+}
+
+// Acceptance: with every endpoint tripped, a request waits the failfast
+// timeout, then gets 503 FAIL_FAST; with the queue full the next one gets
+// LOAD_SHED at once. The balancer families say so.
+func TestFailFastAndLoadShed(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	m := testutil.NewMetrics(t)
+	var hits atomic.Int64
+	down := counted(t, &hits, func(int64) int { return 502 })
+	const failfast = 300 * time.Millisecond
+	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {down}}), withClock(clock.read),
+		WithMeterProvider(m.Provider), WithQueue(2, failfast),
+		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1}}))
+	status, _, _ := fetch(t, client, svcURL)
+	require.Equal(t, 502, status)
+	require.Equal(t, "tripped", stateOf(bal, svc, down).State)
+
+	labels := []string{`parent_kind="Service"`, `parent_name="books"`, `parent_namespace="default"`, `parent_port="7000"`, `backend_name="books"`}
+	assert.Equal(t, "0", m.Value(t, "outbound_http_balancer_endpoints", append(labels, `endpoint_state="ready"`)...))
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_endpoints", append(labels, `endpoint_state="pending"`)...))
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_p2c_endpoints", labels...))
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_p2c_updates_total", append(labels, `op="Reset"`)...))
+
+	start := time.Now()
+	resp, err := client.Get(svcURL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.GreaterOrEqual(t, time.Since(start), failfast, "it waited the failfast timeout")
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "fail-fast")
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_shut_total", labels...))
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_timeout_total", labels...))
+
+	// The error is recognisable on the RoundTripper's response.
+	req, _ := http.NewRequest("GET", svcURL, nil)
+	resp, err = bal.Transport(nil).RoundTrip(req)
+	require.NoError(t, err)
+	assert.ErrorIs(t, ResponseError(resp), ErrFailFast)
+
+	// Two requests fill the queue; the third is shed at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, "GET", svcURL, nil)
+			resp, err := bal.Transport(nil).RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	a := bal.table.find(svc)
+	require.Eventually(t, func() bool { return a.queued.Load() == 2 }, testutil.Timeout, time.Millisecond)
+	assert.Equal(t, "2", m.Value(t, "outbound_http_balancer_queue_length", labels...))
+	req, _ = http.NewRequest("GET", svcURL, nil)
+	resp, err = bal.Transport(nil).RoundTrip(req)
+	require.NoError(t, err)
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.ErrorIs(t, ResponseError(resp), ErrLoadShed)
+	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "load shed")
+	cancel()
+	wg.Wait()
+
+	// After its penalty the endpoint is probed; a queued request is the
+	// probe, and the gate opens.
+	hits.Store(0)
+	done := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", svcURL, nil)
+		resp, err := bal.Transport(nil).RoundTrip(req)
+		if err != nil {
+			resp = nil
+		}
+		done <- resp
+	}()
+	require.Eventually(t, func() bool { return a.queued.Load() == 1 }, testutil.Timeout, time.Millisecond)
+	clock.now.Add(int64(DefaultMaxPenalty))
+	resp = <-done
+	require.NotNil(t, resp)
+	resp.Body.Close()
+	assert.Equal(t, 502, resp.StatusCode, "the queued request went to the endpoint on probation")
+	assert.EqualValues(t, 1, hits.Load())
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_open_total", labels...))
+	assert.NotEmpty(t, m.Value(t, "outbound_http_balancer_queue_latency_seconds_count", labels...))
+	assert.Equal(t, "0", m.Value(t, "outbound_http_balancer_queue_length", labels...))
+}
+
+// Acceptance: an endpoint answering 429 with Retry-After: 2 gets no
+// request for 2 s, then traffic again; a Retry-After past the maximum is
+// capped.
+func TestRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name, header string
+		// avoided until between before and after
+		before, after time.Duration
+	}{
+		{"seconds", "2", 1900 * time.Millisecond, 2100 * time.Millisecond},
+		{"capped", "3600", 2900 * time.Millisecond, 3100 * time.Millisecond},
+		{"date", "", 1400 * time.Millisecond, 2600 * time.Millisecond}, // second precision
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.now.Store(1)
+			var ha, hb atomic.Int64
+			var limited atomic.Bool
+			limited.Store(true)
+			a := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ha.Add(1)
+				if limited.Swap(false) {
+					v := tc.header
+					if v == "" {
+						v = time.Now().Add(2500 * time.Millisecond).UTC().Format(http.TimeFormat)
+					}
+					w.Header().Set("Retry-After", v)
+					w.WriteHeader(http.StatusTooManyRequests)
+					return
+				}
+				io.WriteString(w, "a")
+			}))
+			b := counted(t, &hb, ok)
+			bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b}}), withClock(clock.read),
+				WithPenaltyPeakEWMA(&PenaltyPeakEWMA{MaxRetryAfter: 3 * time.Second, PenaltyDecay: 100 * time.Millisecond}))
+			require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return !limited.Load() }, testutil.Timeout, time.Millisecond)
+			assert.Equal(t, "avoided", stateOf(bal, svc, a).State)
+			ha.Store(0)
+			get(t, client, svcURL, 100, 4)
+			assert.Zero(t, ha.Load(), "avoided")
+			clock.now.Add(int64(tc.before))
+			get(t, client, svcURL, 100, 4)
+			assert.Zero(t, ha.Load(), "still avoided just before the end")
+			clock.now.Add(int64(tc.after - tc.before))
+			assert.Equal(t, "ready", stateOf(bal, svc, a).State)
+			get(t, client, svcURL, 200, 4)
+			assert.Greater(t, ha.Load(), int64(20), "traffic again: %d of 200", ha.Load())
+		})
+	}
+}
+
+// A 429 without Retry-After raises the endpoint's load: it is avoided by
+// the picks while its penalty lasts, without leaving rotation.
+func TestLoadPenalty(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var hb atomic.Int64
+	var once atomic.Bool
+	a := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !once.Swap(true) {
+			w.Header().Set("Grpc-Status", "8")
+			w.Header().Set("Content-Type", "application/grpc")
+			w.WriteHeader(200)
+			return
+		}
+		io.WriteString(w, "a")
+	}))
+	b := counted(t, &hb, ok)
+	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b}}), withClock(clock.read),
+		WithPenaltyPeakEWMA(&PenaltyPeakEWMA{}))
+	require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return once.Load() }, testutil.Timeout, time.Millisecond)
+	st := stateOf(bal, svc, a)
+	assert.Equal(t, "ready", st.State)
+	assert.Greater(t, st.LoadSeconds, 4.0, "RESOURCE_EXHAUSTED adds the 5 s penalty")
+}
+
+func TestRetryAfterParse(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	assert.Equal(t, int64(2*time.Second), retryAfter("2", now))
+	assert.Equal(t, int64(90*time.Second), retryAfter(now.Add(90*time.Second).Format(http.TimeFormat), now))
+	for _, bad := range []string{"", "-1", "0", "soon", now.Add(-time.Hour).Format(http.TimeFormat)} {
+		assert.Zero(t, retryAfter(bad, now), bad)
+	}
+	assert.False(t, errors.Is(ResponseError(&http.Response{Body: http.NoBody}), ErrFailFast))
+}
+
+// The admin handler serves each endpoint's state as JSON; it watches
+// nothing new.
+func TestEndpointsHandler(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var hits atomic.Int64
+	down := counted(t, &hits, func(int64) int { return 500 })
+	up := backend(t, "up")
+	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {down, up}}), withClock(clock.read),
+		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1, Backoff: Backoff{JitterRatio: -1}}}))
+	require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return hits.Load() > 0 }, testutil.Timeout, time.Millisecond)
+	admin := testutil.NewServer(t, bal.EndpointsHandler())
+
+	resp, err := http.Get(admin.URL + "/endpoints?authority=" + svc)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	var states []map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&states))
+	require.Len(t, states, 2)
+	byAddr := map[string]map[string]any{}
+	for _, s := range states {
+		byAddr[s["addr"].(string)] = s
+	}
+	assert.Equal(t, "tripped", byAddr[down.Addr.String()]["state"])
+	assert.EqualValues(t, time.Second, byAddr[down.Addr.String()]["penalty_ns"])
+	assert.NotEmpty(t, byAddr[down.Addr.String()]["until"])
+	assert.Equal(t, "ready", byAddr[up.Addr.String()]["state"])
+
+	for q, want := range map[string]int{"": 400, "?authority=%5B": 400, "?authority=other.ns.svc.cluster.local:80": 404} {
+		resp, err := http.Get(admin.URL + "/endpoints" + q)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, want, resp.StatusCode, q)
+	}
+	assert.Equal(t, 1, bal.table.len(), "no watch for an authority asked about")
+}
+
+// A gRPC UNAVAILABLE in the trailers and a connection that fails both
+// count as failures; gRPC NOT_FOUND does not.
+func TestAccrualFailureKinds(t *testing.T) {
+	grpcEndpoint := func(code string) Endpoint {
+		return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Trailer", "Grpc-Status")
+			w.WriteHeader(200)
+			w.Write([]byte{0, 0, 0, 0, 0})
+			w.Header().Set("Grpc-Status", code)
+		}))
+	}
+	for _, tc := range []struct {
+		name  string
+		ep    Endpoint
+		trips bool
+	}{
+		{"unavailable in trailers", grpcEndpoint("14"), true},
+		{"not found in trailers", grpcEndpoint("5"), false},
+		{"connection closed", refusing(t), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.now.Store(1)
+			bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {tc.ep}}), withClock(clock.read), WithQueue(0, 50*time.Millisecond),
+				WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3}}))
+			get(t, client, svcURL, 3, 1)
+			want := "ready"
+			if tc.trips {
+				want = "tripped"
+			}
+			assert.Equal(t, want, stateOf(bal, svc, tc.ep).State)
+		})
+	}
+}

@@ -1,0 +1,212 @@
+package balancer
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync/atomic"
+
+	"github.com/inmesh/inmesh/internal/metrics"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// The balancer's families carry Linkerd's parent and backend label groups.
+// Without a control plane that names the parent, they come from the
+// authority: "name.ns.svc.<zone>:port" is the Service name in ns on port
+// (parent_group "core", parent_kind "Service", the backend the same
+// Service); any other authority gets the fixed values parent_kind
+// "default", parent_name "unknown", empty namespace and port, so the label
+// sets stay bounded by the authorities the Balancer keeps (see
+// [WithMaxAuthorities]).
+const scope = "github.com/inmesh/inmesh/balancer"
+
+// queueLatencyBuckets are the bounds of queue_latency_seconds.
+var queueLatencyBuckets = []float64{0.0005, 0.005, 0.05, 0.5, 1, 3}
+
+type balMetrics struct {
+	updates   metric.Int64Counter
+	requests  metric.Int64Counter
+	latency   metric.Float64Histogram
+	gateOpen  metric.Int64Counter
+	gateShut  metric.Int64Counter
+	failfasts metric.Int64Counter
+	reg       metric.Registration // the gauges' callback, nil when none
+}
+
+// close stops the gauges' callback, so that a closed Balancer is no
+// longer reported nor held by the provider.
+func (m *balMetrics) close() {
+	if m.reg != nil {
+		_ = m.reg.Unregister()
+	}
+}
+
+// authMetrics is the label set of one authority and its gate state.
+type authMetrics struct {
+	set  attribute.Set
+	add  []metric.AddOption
+	rec  []metric.RecordOption
+	shut atomic.Bool
+}
+
+func newBalMetrics(b *Balancer) *balMetrics {
+	meter := metrics.Meter(b.cfg.meter, scope)
+	m := &balMetrics{}
+	var err error
+	handle := func(e error) {
+		if e != nil {
+			otel.Handle(e)
+		}
+	}
+	m.updates, err = meter.Int64Counter("outbound_http_balancer_p2c_updates_total", metric.WithDescription("The total number of balancer endpoint updates, by operation."))
+	handle(err)
+	m.requests, err = meter.Int64Counter("outbound_http_balancer_queue_requests_total", metric.WithDescription("The total number of requests through the balancer queue."))
+	handle(err)
+	m.latency, err = meter.Float64Histogram("outbound_http_balancer_queue_latency_seconds", metric.WithDescription("The time requests wait in the balancer queue."),
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(queueLatencyBuckets...))
+	handle(err)
+	m.gateOpen, err = meter.Int64Counter("outbound_http_balancer_queue_gate_open_total", metric.WithDescription("The number of times the queue opened: an endpoint became ready."))
+	handle(err)
+	m.gateShut, err = meter.Int64Counter("outbound_http_balancer_queue_gate_shut_total", metric.WithDescription("The number of times the queue shut: no endpoint was ready."))
+	handle(err)
+	m.failfasts, err = meter.Int64Counter("outbound_http_balancer_queue_gate_timeout_total", metric.WithDescription("The number of requests that failed fast after the failfast timeout."))
+	handle(err)
+	endpoints, err := meter.Int64ObservableGauge("outbound_http_balancer_endpoints", metric.WithDescription("The number of endpoints, by state: ready, or pending (tripped or avoided)."))
+	handle(err)
+	p2c, err := meter.Int64ObservableGauge("outbound_http_balancer_p2c_endpoints", metric.WithDescription("The number of endpoints the balancer picks among."))
+	handle(err)
+	qlen, err := meter.Int64ObservableGauge("outbound_http_balancer_queue_length", metric.WithDescription("The number of requests waiting in the balancer queue."))
+	handle(err)
+	timeout, err := meter.Float64ObservableGauge("outbound_http_balancer_queue_gate_timeout_seconds", metric.WithDescription("The failfast timeout of the balancer queue."), metric.WithUnit("s"))
+	handle(err)
+	if endpoints == nil || p2c == nil || qlen == nil || timeout == nil {
+		return m
+	}
+	ready := attribute.String("endpoint_state", "ready")
+	pending := attribute.String("endpoint_state", "pending")
+	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		now := b.cfg.now()
+		b.table.each(func(a *authority) {
+			s := a.state.Load()
+			if s.wait != nil || s.err != nil {
+				return
+			}
+			am := b.metrics.of(a)
+			r := s.countAvailable(now)
+			o.ObserveInt64(endpoints, int64(r), metric.WithAttributeSet(withAttr(am.set, ready)))
+			o.ObserveInt64(endpoints, int64(len(s.eps)-r), metric.WithAttributeSet(withAttr(am.set, pending)))
+			o.ObserveInt64(p2c, int64(len(s.eps)), am.obs())
+			o.ObserveInt64(qlen, a.queued.Load(), am.obs())
+			o.ObserveFloat64(timeout, b.cfg.failfast.Seconds(), am.obs())
+		})
+		return nil
+	}, endpoints, p2c, qlen, timeout)
+	handle(err)
+	return m
+}
+
+func (am *authMetrics) obs() metric.ObserveOption { return metric.WithAttributeSet(am.set) }
+
+func withAttr(s attribute.Set, kv attribute.KeyValue) attribute.Set {
+	return attribute.NewSet(append(s.ToSlice(), kv)...)
+}
+
+// of returns a's label set, made on first use.
+func (m *balMetrics) of(a *authority) *authMetrics {
+	if am := a.metrics.Load(); am != nil {
+		return am
+	}
+	set := attribute.NewSet(labelsOf(a.name)...)
+	am := &authMetrics{set: set, add: []metric.AddOption{metric.WithAttributeSet(set)}, rec: []metric.RecordOption{metric.WithAttributeSet(set)}}
+	if a.metrics.CompareAndSwap(nil, am) {
+		return am
+	}
+	return a.metrics.Load()
+}
+
+// labelsOf returns the parent and backend labels of an authority.
+func labelsOf(authority string) []attribute.KeyValue {
+	group, kind, ns, name, port := "", "default", "", "unknown", ""
+	if host, p, err := net.SplitHostPort(authority); err == nil {
+		if parts := strings.Split(host, "."); len(parts) >= 3 && parts[2] == "svc" && parts[0] != "" && parts[1] != "" {
+			group, kind, name, ns, port = "core", "Service", parts[0], parts[1], p
+		}
+	}
+	kvs := make([]attribute.KeyValue, 0, 12)
+	for _, prefix := range []string{"parent_", "backend_"} {
+		kvs = append(kvs,
+			attribute.String(prefix+"group", group), attribute.String(prefix+"kind", kind),
+			attribute.String(prefix+"namespace", ns), attribute.String(prefix+"name", name),
+			attribute.String(prefix+"port", port), attribute.String(prefix+"section_name", ""))
+	}
+	return kvs
+}
+
+// update counts one endpoint update of a: Reset for the first set,
+// DoesNotExist for a service that does not exist, else Add and Remove for
+// the endpoints that came and went.
+func (m *balMetrics) update(a *authority, prev, next *snapshot) {
+	if next.err != nil {
+		return
+	}
+	am := m.of(a)
+	ctx := context.Background()
+	op := func(name string) {
+		m.updates.Add(ctx, 1, metric.WithAttributeSet(withAttr(am.set, attribute.String("op", name))))
+	}
+	switch {
+	case !next.exists:
+		op("DoesNotExist")
+		return
+	case prev.wait != nil || !prev.exists:
+		op("Reset")
+		return
+	}
+	old := make(map[string]bool, len(prev.eps))
+	for _, e := range prev.eps {
+		old[e.addr] = true
+	}
+	added := false
+	for _, e := range next.eps {
+		if !old[e.addr] {
+			added = true
+		}
+		delete(old, e.addr)
+	}
+	if added {
+		op("Add")
+	}
+	if len(old) > 0 {
+		op("Remove")
+	}
+}
+
+// dequeued counts a request that got an endpoint after waiting d
+// nanoseconds (0: at once).
+func (m *balMetrics) dequeued(a *authority, ctx context.Context, d int64) {
+	am := m.of(a)
+	m.requests.Add(ctx, 1, am.add...)
+	m.latency.Record(ctx, float64(max(d, 0))/1e9, am.rec...)
+}
+
+// gate records the queue of a opening (an endpoint ready again) or
+// shutting (none ready).
+func (m *balMetrics) gate(a *authority, ctx context.Context, open bool) {
+	am := m.of(a)
+	if am.shut.CompareAndSwap(open, !open) {
+		if open {
+			m.gateOpen.Add(ctx, 1, am.add...)
+		} else {
+			m.gateShut.Add(ctx, 1, am.add...)
+		}
+	}
+}
+
+// failfast counts a request that failed fast.
+func (m *balMetrics) failfast(a *authority, ctx context.Context) {
+	am := m.of(a)
+	m.requests.Add(ctx, 1, am.add...)
+	m.failfasts.Add(ctx, 1, am.add...)
+}

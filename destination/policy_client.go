@@ -1,0 +1,128 @@
+package destination
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/inmesh/inmesh/destination/outboundpb"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/policy"
+	"google.golang.org/grpc"
+)
+
+// PolicyWorkloadEnv is the environment variable in which Linkerd's proxy
+// injector passes the workload string of the OutboundPolicies API.
+const PolicyWorkloadEnv = "LINKERD2_PROXY_POLICY_WORKLOAD"
+
+// PolicyWorkload returns the workload string of a pod, {"ns":..,"pod":..},
+// for [WithWorkload].
+func PolicyWorkload(namespace, pod string) string {
+	b, _ := json.Marshal(struct {
+		NS  string `json:"ns"`
+		Pod string `json:"pod"`
+	}{namespace, pod})
+	return string(b)
+}
+
+// TrafficSpec is the target of an OutboundPolicies watch: an authority
+// (host:port) or, when Authority is empty, an address.
+type TrafficSpec struct {
+	Authority string
+	Addr      netip.AddrPort
+}
+
+func (t TrafficSpec) key() (string, error) {
+	switch {
+	case t.Authority != "":
+		return "authority=" + t.Authority, nil
+	case t.Addr.IsValid():
+		return "addr=" + t.Addr.String(), nil
+	}
+	return "", errors.New("destination: a TrafficSpec needs an authority or an address")
+}
+
+func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
+	c.policyAPI = outboundpb.NewOutboundPoliciesClient(cc)
+	rl := ratelog.New(c.cfg.logger, 10*time.Second)
+	c.policies = &watches[*outboundpb.OutboundPolicy, policy.Update]{
+		kind: &kind[*outboundpb.OutboundPolicy, policy.Update]{
+			name: "OutboundPolicies.Watch",
+			open: func(ctx context.Context, key string) (recvStream[*outboundpb.OutboundPolicy], error) {
+				return c.policyAPI.Watch(ctx, c.trafficSpec(key))
+			},
+			session: func(key string) func(*outboundpb.OutboundPolicy) (policy.Update, bool) {
+				return func(m *outboundpb.OutboundPolicy) (policy.Update, bool) {
+					p, err := PolicyFromProto(m)
+					if err != nil {
+						rl.Warn("policy "+key, "rejected an outbound policy; keeping the last one", "target", key, "error", err)
+						return policy.Update{}, false
+					}
+					return policy.Update{Policy: p}, true
+				}
+			},
+			rejected: func(err error) policy.Update { return policy.Update{Err: err} },
+		},
+		m: make(map[string]*watch[*outboundpb.OutboundPolicy, policy.Update]),
+	}
+}
+
+// PolicyFromProto converts an OutboundPolicy and checks that it compiles:
+// the error names the field at fault.
+func PolicyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
+	p, err := policy.FromProto(m)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := policy.Compile(p, policy.Options{}); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (c *Client) trafficSpec(key string) *outboundpb.TrafficSpec {
+	spec := &outboundpb.TrafficSpec{SourceWorkload: c.cfg.workload}
+	if a, ok := strings.CutPrefix(key, "authority="); ok {
+		spec.Target = &outboundpb.TrafficSpec_Authority{Authority: a}
+	} else if a, ok := strings.CutPrefix(key, "addr="); ok {
+		ap, _ := netip.ParseAddrPort(a)
+		spec.Target = &outboundpb.TrafficSpec_Addr{Addr: AddrToProto(ap)}
+	}
+	return spec
+}
+
+// WatchPolicy streams the outbound policy of target from the
+// OutboundPolicies API, with the semantics of [policy.Source]: one stream
+// per target however many watch it, re-established with backoff after any
+// end or error, the last good policy in force meanwhile; a policy that
+// fails to convert or compile is logged (rate-limited) with the field at
+// fault and skipped. When the control plane rejects the target
+// (InvalidArgument, FailedPrecondition) the last update has a nil Policy
+// and an Err wrapping [ErrRejected]. Targets are bounded by
+// [WithMaxWatches] (past it: [policy.ErrTooManyWatches]) and released
+// [WithIdleTimeout] after their last watcher left.
+func (c *Client) WatchPolicy(ctx context.Context, target TrafficSpec, update func(policy.Update)) (func(), error) {
+	key, err := target.key()
+	if err != nil {
+		return nil, err
+	}
+	stop, err := c.policies.subscribe(c, ctx, key, update)
+	if errors.Is(err, errTooManyWatches) {
+		return nil, fmt.Errorf("%w: %w", policy.ErrTooManyWatches, err)
+	}
+	return stop, err
+}
+
+// Policies returns the client as a [policy.Source] of the policies of
+// authorities, for a router.
+func (c *Client) Policies() policy.Source { return policySource{c} }
+
+type policySource struct{ c *Client }
+
+func (s policySource) Watch(ctx context.Context, authority string, update func(policy.Update)) (func(), error) {
+	return s.c.WatchPolicy(ctx, TrafficSpec{Authority: authority}, update)
+}

@@ -1,0 +1,423 @@
+package destination
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/inmesh/inmesh/destination/outboundpb"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+const authorsAuthority = "authors.default.svc.cluster.local:7001"
+
+const authorsServiceYAML = `
+apiVersion: v1
+kind: Service
+metadata:
+  name: authors
+  namespace: default
+  annotations: {retry.linkerd.io/http: 5xx, timeout.linkerd.io/request: 2s}
+spec:
+  ports: [{port: 7001}]
+`
+
+const authorsRouteYAML = `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: authors-get, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: authors, port: 7001}]
+  rules:
+  - matches: [{path: {value: /authors}, method: GET}]
+    backendRefs: [{name: authors, port: 7001, weight: 3}, {name: gone, port: 7001, weight: 1}]
+`
+
+func resources(t *testing.T, docs ...string) *manifest.Resources {
+	t.Helper()
+	var all string
+	for _, d := range docs {
+		all += "---\n" + d
+	}
+	r, err := manifest.Parse([]byte(all))
+	require.NoError(t, err)
+	return r
+}
+
+// servePolicies serves the embedded control plane (Destination and
+// OutboundPolicies on one gRPC server) on h.
+func servePolicies(t *testing.T, h *heldListener, store *Store) *controlPlane {
+	t.Helper()
+	lis := h.generation()
+	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
+	NewServer(store, WithLogger(quietLogger)).Register(cp.srv)
+	go func() {
+		defer close(cp.done)
+		_ = cp.srv.Serve(lis)
+	}()
+	t.Cleanup(cp.stop)
+	return cp
+}
+
+func firstHTTPRoute(u policy.Update) *policy.HTTPRoute {
+	if u.Policy == nil || len(u.Policy.HTTP1.Routes) == 0 {
+		return nil
+	}
+	return &u.Policy.HTTP1.Routes[0]
+}
+
+func routeNamedP(name string) func(policy.Update) bool {
+	return func(u policy.Update) bool {
+		r := firstHTTPRoute(u)
+		return r != nil && r.Meta.Name == name
+	}
+}
+
+func TestPolicyDefaultRouteThenRouteOnStoreChange(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML))
+	cp := servePolicies(t, holdListener(t), store)
+	c := newTestClient(t, cp.addr)
+
+	rec := newRecorder[policy.Update]()
+	stop, err := c.Policies().Watch(context.Background(), authorsAuthority, rec.update)
+	require.NoError(t, err)
+	defer stop()
+	u := rec.waitFor(t, "the default route", routeNamedP("http"))
+	route := firstHTTPRoute(u)
+	assert.True(t, route.Meta.IsDefault())
+	assert.Equal(t, policy.Metadata{Group: "core", Kind: "Service", Namespace: "default", Name: "authors", Port: 7001}, u.Policy.Parent)
+	rule := route.Rules[0]
+	assert.Equal(t, 2*time.Second, rule.Timeouts.Request)
+	require.NotNil(t, rule.Retry)
+	assert.Equal(t, authorsAuthority, rule.Backends.Backends[0].Backend.Balancer.Authority)
+
+	store.SetManifests(resources(t, authorsServiceYAML, authorsRouteYAML))
+	u = rec.waitFor(t, "the HTTPRoute", routeNamedP("authors-get"))
+	d := firstHTTPRoute(u).Rules[0].Backends
+	require.Len(t, d.Backends, 2)
+	assert.Equal(t, []uint32{3, 1}, []uint32{d.Backends[0].Weight, d.Backends[1].Weight})
+	assert.NotNil(t, d.Backends[0].Backend.Balancer)
+	assert.Nil(t, d.Backends[1].Backend.Balancer, "a backendRef to a Service without a manifest")
+	require.NotNil(t, d.Backends[1].Filters[0].FailureInjector)
+	assert.Equal(t, 500, d.Backends[1].Filters[0].FailureInjector.Status)
+}
+
+// What the server sends converts back to exactly what the manifests say.
+func TestPolicyWireRoundTrip(t *testing.T) {
+	grpcDocs := `
+apiVersion: v1
+kind: Service
+metadata: {name: greeter, namespace: default, annotations: {retry.linkerd.io/grpc: unavailable, retry.linkerd.io/timeout: 100ms}}
+---
+apiVersion: policy.linkerd.io/v1beta3
+kind: GRPCRoute
+metadata: {name: greeter, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: greeter}]
+  hostnames: ["*.example.com"]
+  rules:
+  - matches: [{method: {service: helloworld.Greeter}, headers: [{name: x, value: "1"}]}]
+    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: a, value: b}]}}]
+    backendRefs: [{name: greeter, port: 9000}, {name: nowhere, port: 9000}]
+`
+	redirect := `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: moved, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: authors}]
+  rules:
+  - matches: [{path: {type: RegularExpression, value: "/old/.*"}, queryParams: [{name: q, value: v}]}]
+    filters:
+    - {type: RequestRedirect, requestRedirect: {scheme: https, hostname: new.example.com, port: 8443, statusCode: 302, path: {type: ReplacePrefixMatch, replacePrefixMatch: /new}}}
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x-r, value: "1"}], remove: [server]}}
+  - matches: [{path: {type: Exact, value: /x}, method: PATCH}]
+    timeouts: {request: 1s, backendRequest: 500ms}
+`
+	r := resources(t, authorsServiceYAML, authorsRouteYAML, redirect, grpcDocs)
+	for _, want := range []*policy.Policy{r.Policy("default", "authors", 7001), r.Policy("default", "greeter", 9000)} {
+		require.NotNil(t, want)
+		got, err := PolicyFromProto(PolicyToProto(want))
+		require.NoError(t, err)
+		assert.Empty(t, cmp.Diff(want, got))
+	}
+}
+
+func TestPolicyUnknownTargets(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML))
+	cp := servePolicies(t, holdListener(t), store)
+	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	api := outboundpb.NewOutboundPoliciesClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+
+	got, err := api.Get(ctx, &outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: "authors.default.svc:7001"}})
+	require.NoError(t, err, "the shorter form names the Service too")
+	assert.Equal(t, "authors", got.GetMetadata().GetResource().GetName())
+	for _, a := range []string{"books.default.svc.cluster.local:7000", authorsAuthority[:len(authorsAuthority)-1] + "2", "example.com:80"} {
+		_, err = api.Get(ctx, &outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: a}})
+		assert.Equal(t, codes.NotFound, status.Code(err), a)
+	}
+	_, err = api.Get(ctx, &outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Addr{Addr: AddrToProto(netipAddrPort("10.0.0.1:80"))}})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+	_, err = api.Get(ctx, &outboundpb.TrafficSpec{})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+
+	// A watch of a Service not known yet finds it once its manifest is
+	// loaded: NotFound is retried with backoff.
+	c := newTestClient(t, cp.addr)
+	rec := newRecorder[policy.Update]()
+	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: "books.default.svc.cluster.local:7000"}, rec.update)
+	require.NoError(t, err)
+	defer stop()
+	store.SetManifests(resources(t, authorsServiceYAML, "apiVersion: v1\nkind: Service\nmetadata: {name: books}\n"))
+	u := rec.waitFor(t, "the books default route", routeNamedP("http"))
+	assert.Equal(t, "books", u.Policy.Parent.Name)
+}
+
+func TestPolicyReconnectKeepsLastGood(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML))
+	h := holdListener(t)
+	cp := servePolicies(t, h, store)
+	c := newTestClient(t, cp.addr)
+	rec := newRecorder[policy.Update]()
+	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: authorsAuthority}, rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "the default route", routeNamedP("http"))
+
+	cp.stop()
+	store.SetManifests(resources(t, authorsServiceYAML, authorsRouteYAML))
+	servePolicies(t, h, store)
+	rec.waitFor(t, "the route after the restart", routeNamedP("authors-get"))
+	// While the control plane was down nothing was published: the last good
+	// policy stayed in force.
+	for _, u := range rec.all() {
+		assert.NotNil(t, u.Policy)
+	}
+	assert.Len(t, rec.all(), 2)
+}
+
+// scriptedPolicies sends the policies it is given, one per Watch call in
+// turn, and records the TrafficSpecs.
+type scriptedPolicies struct {
+	outboundpb.UnimplementedOutboundPoliciesServer
+	mu    sync.Mutex
+	specs []*outboundpb.TrafficSpec
+	send  []*outboundpb.OutboundPolicy
+}
+
+func (s *scriptedPolicies) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
+	s.mu.Lock()
+	s.specs = append(s.specs, spec)
+	msgs := s.send
+	s.mu.Unlock()
+	for _, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
+	good := PolicyToProto(resources(t, authorsServiceYAML).Policy("default", "authors", 7001))
+	bad := PolicyToProto(resources(t, authorsServiceYAML, authorsRouteYAML).Policy("default", "authors", 7001))
+	bad.GetProtocol().GetDetect().GetHttp1().GetRoutes()[0].GetRules()[0].GetBackends().Kind = nil
+	srv := &scriptedPolicies{send: []*outboundpb.OutboundPolicy{good, bad}}
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	outboundpb.RegisterOutboundPoliciesServer(g, srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	defer func() { g.Stop(); <-done }()
+
+	logs := &syncBuffer{}
+	workload := PolicyWorkload("default", "web-0")
+	c := newTestClient(t, lis.Addr().String(), WithLogger(slog.New(slog.NewTextHandler(logs, nil))), WithWorkload(workload))
+	rec := newRecorder[policy.Update]()
+	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: authorsAuthority}, rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "the good policy", routeNamedP("http"))
+	require.Eventually(t, func() bool {
+		return bytes.Contains([]byte(logs.String()), []byte("protocol.detect.http1.routes[0].rules[0].backends.kind: missing distribution kind"))
+	}, defaultTestTimeout, 10*time.Millisecond, "the log names the field: %s", logs.String())
+	assert.Len(t, rec.all(), 1, "the bad policy is not published; the good one stays")
+
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	require.NotEmpty(t, srv.specs)
+	assert.Equal(t, `{"ns":"default","pod":"web-0"}`, srv.specs[0].GetSourceWorkload())
+	assert.Equal(t, authorsAuthority, srv.specs[0].GetAuthority())
+}
+
+func TestPolicyWatchBoundAndIdleRelease(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML))
+	cp := servePolicies(t, holdListener(t), store)
+	c := newTestClient(t, cp.addr, WithMaxWatches(2), WithIdleTimeout(0))
+	ctx := context.Background()
+
+	stop1, err := c.WatchPolicy(ctx, TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
+	require.NoError(t, err)
+	stop1b, err := c.WatchPolicy(ctx, TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
+	require.NoError(t, err, "a second watcher of one target shares its stream")
+	stop2, err := c.WatchPolicy(ctx, TrafficSpec{Addr: netipAddrPort("10.0.0.1:80")}, func(policy.Update) {})
+	require.NoError(t, err)
+	assert.Equal(t, 2, c.Stats().PolicyWatches)
+	_, err = c.Policies().Watch(ctx, "other.default.svc.cluster.local:80", func(policy.Update) {})
+	require.ErrorIs(t, err, policy.ErrTooManyWatches)
+	_, err = c.WatchPolicy(ctx, TrafficSpec{}, func(policy.Update) {})
+	require.Error(t, err, "a TrafficSpec with no target")
+
+	stop1()
+	assert.Equal(t, 2, c.Stats().PolicyWatches, "the target still has a watcher")
+	stop1b()
+	require.Eventually(t, func() bool { return c.Stats().PolicyWatches == 1 }, defaultTestTimeout, 10*time.Millisecond)
+	stop3, err := c.Policies().Watch(ctx, "other.default.svc.cluster.local:80", func(policy.Update) {})
+	require.NoError(t, err, "room again after the idle target was released")
+	stop3()
+	stop2()
+	assert.Equal(t, uint64(1), c.Stats().RejectedWatches)
+}
+
+func TestStaticPolicySource(t *testing.T) {
+	src := policy.NewStaticSource(map[string]*policy.Policy{authorsAuthority: resources(t, authorsServiceYAML).Policy("default", "authors", 7001)})
+	rec := newRecorder[policy.Update]()
+	stop, err := src.Watch(context.Background(), authorsAuthority, rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "the set policy", routeNamedP("http"))
+	src.Set(authorsAuthority, nil)
+	rec.waitFor(t, "no policy", func(u policy.Update) bool { return u.Policy == nil })
+}
+
+func TestWatchManifestFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/authors.yaml"
+	writeFile(t, path, authorsServiceYAML)
+	store := NewStore()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &syncBuffer{}
+	require.NoError(t, WatchManifestFiles(ctx, store, dir, 10*time.Millisecond, WithLogger(slog.New(slog.NewTextHandler(logs, nil)))))
+	cp := servePolicies(t, holdListener(t), store)
+	c := newTestClient(t, cp.addr)
+	rec := newRecorder[policy.Update]()
+	stop, err := c.Policies().Watch(ctx, authorsAuthority, rec.update)
+	require.NoError(t, err)
+	defer stop()
+	rec.waitFor(t, "the default route", routeNamedP("http"))
+
+	writeFile(t, path, authorsServiceYAML+"---\n"+authorsRouteYAML)
+	rec.waitFor(t, "the route from the edited file", routeNamedP("authors-get"))
+
+	writeFile(t, path, authorsServiceYAML+"---\n"+authorsRouteYAML+"  hostnames: [\"Not A Host\"]\n")
+	require.Eventually(t, func() bool {
+		return bytes.Contains([]byte(logs.String()), []byte("authors.yaml: document 2 (HTTPRoute default/authors-get): spec.hostnames[0]"))
+	}, defaultTestTimeout, 10*time.Millisecond, "the log names file, document and field: %s", logs.String())
+	p, _ := store.outboundPolicy(authorsAuthority)
+	assert.Equal(t, "authors-get", p.HTTP1.Routes[0].Meta.Name, "the last good manifests stay served")
+
+	require.Error(t, WatchManifestFiles(ctx, NewStore(), dir+"/missing", 0, WithLogger(quietLogger)))
+}
+
+func netipAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+func TestPolicyStreamsEndOnShutdown(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML))
+	h := holdListener(t)
+	lis := h.generation()
+	g := grpc.NewServer()
+	dst := NewServer(store, WithLogger(quietLogger))
+	dst.Register(g)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	defer func() { g.Stop(); <-done }()
+
+	cc, err := grpc.NewClient(h.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	stream, err := outboundpb.NewOutboundPoliciesClient(cc).Watch(ctx, &outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	require.NoError(t, dst.Shutdown(ctx))
+	_, err = stream.Recv()
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+}
+
+func TestPolicyGRPCRouteThroughTheServer(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, `
+apiVersion: v1
+kind: Service
+metadata: {name: greeter, namespace: default}
+spec: {ports: [{port: 9000}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: greeter-hello, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: greeter, port: 9000}]
+  rules:
+  - matches: [{method: {service: helloworld.Greeter, method: SayHello}}]
+    backendRefs: [{name: greeter, port: 9000, weight: 1}, {name: missing, port: 9000, weight: 1}]
+`))
+	cp := servePolicies(t, holdListener(t), store)
+	c := newTestClient(t, cp.addr)
+	rec := newRecorder[policy.Update]()
+	stop, err := c.Policies().Watch(context.Background(), "greeter.default.svc.cluster.local:9000", rec.update)
+	require.NoError(t, err)
+	defer stop()
+	u := rec.waitFor(t, "the gRPC policy", func(u policy.Update) bool { return u.Policy != nil })
+	require.Equal(t, policy.ProtocolGRPC, u.Policy.Protocol)
+	route := u.Policy.GRPC.Routes[0]
+	assert.Equal(t, "greeter-hello", route.Meta.Name)
+	assert.Equal(t, policy.GRPCRouteMatch{Service: "helloworld.Greeter", Method: "SayHello"}, route.Rules[0].Matches[0])
+	missing := route.Rules[0].Backends.Backends[1]
+	require.NotNil(t, missing.Filters[0].GRPCFailureInjector)
+	assert.Equal(t, codes.Internal, missing.Filters[0].GRPCFailureInjector.Code)
+}

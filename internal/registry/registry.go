@@ -1,0 +1,473 @@
+// Package registry holds per-authority state for the layers that keep some:
+// the profile router, the balancer and classify's metric targets.
+//
+// A [Registry] maps the authorities that requests name (a Host header, an
+// l5d-dst-override value, a URL host) to one [Entry] each. It normalises a
+// raw key once (host:port in lower case, the default port added when the
+// key has none; see internal/authority) and caches raw key -> entry, so
+// that a request for a known authority costs one lock-free map read and no
+// allocation. Each entry holds one immutable snapshot of the user's state
+// type S behind an atomic pointer: requests Load it once and keep it; the
+// owner of the entry (a watch callback) builds a new snapshot and Stores it.
+//
+// The registry is bounded and forgets what is not used:
+//
+//   - Past [WithMaxEntries] entries, creating one evicts the least
+//     recently used (approximated with the CLOCK algorithm: each lookup sets
+//     a reference bit; eviction gives referenced entries a second chance).
+//   - An entry unused for [WithIdleTimeout] is released.
+//
+// Releasing an entry (eviction, idle, [Registry.Close]) calls the stop
+// function its start function returned, exactly once, outside every lock of
+// the registry; this is how a watch on a control plane ends and frees the
+// client's watch cap. A released entry stays usable by the requests that
+// hold it; the next lookup of its authority creates a new entry.
+//
+// Creating an entry calls two user functions, neither under the
+// registry's lock, so that a start function doing I/O never stalls
+// lookups of other authorities: newState builds the first snapshot (it must
+// be cheap and must not block), start (optional) starts what feeds the
+// entry, typically a watch whose callback calls [Entry.Store]. A lookup
+// that races with creation gets the entry with its first snapshot before
+// start returns. A start function that fails returns an error: the entry is
+// dropped again, so that the next lookup tries anew.
+//
+// Idle entries are released by a sweep every idle timeout / 4: on a
+// goroutine of the registry's own when it has a start function (its entries
+// hold watches that must stop even when no request comes; [Registry.Close]
+// ends it), otherwise during the next lookup that misses the cache.
+//
+// A balancer adopts it as the router does: S is its endpoint picker
+// snapshot, start opens the endpoint watch and Stores a new picker on each
+// update, and Get(req.Host) on the request path finds the picker.
+package registry
+
+import (
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	authpkg "github.com/inmesh/inmesh/internal/authority"
+)
+
+// Defaults of a [Registry].
+const (
+	DefaultMaxEntries  = 10000
+	DefaultPort        = "80"
+	DefaultIdleTimeout = 0 // no idle release
+)
+
+// maxAliases bounds the raw keys cached per entry; other spellings of the
+// same authority are normalised on every lookup.
+const maxAliases = 4
+
+// Option configures a [Registry]. An option given a value it documents as
+// ignored changes nothing.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	max         int
+	idle        time.Duration
+	defaultPort string
+}
+
+// WithMaxEntries bounds the entries (default [DefaultMaxEntries]); n <= 0
+// changes nothing.
+func WithMaxEntries(n int) Option {
+	return optionFunc(func(c *config) {
+		if n > 0 {
+			c.max = n
+		}
+	})
+}
+
+// WithIdleTimeout releases entries unused for d (default: never); d <= 0
+// changes nothing.
+func WithIdleTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.idle = d
+		}
+	})
+}
+
+// WithDefaultPort sets the port of raw keys without one (default "80");
+// "" changes nothing.
+func WithDefaultPort(port string) Option {
+	return optionFunc(func(c *config) {
+		if port != "" {
+			c.defaultPort = port
+		}
+	})
+}
+
+// Entry is one authority's state. Its methods are safe for concurrent use.
+type Entry[S any] struct {
+	authority string
+	state     atomic.Pointer[S]
+	ref       atomic.Bool // used since the last sweep or eviction pass
+	dead      atomic.Bool // released
+
+	// Guarded by the registry's mu.
+	prev, next *Entry[S]
+	aliases    []string
+	idleSince  time.Time
+
+	stopMu  sync.Mutex
+	stop    func()
+	stopped bool
+}
+
+// Authority returns the normalised authority (host:port) of the entry.
+func (e *Entry[S]) Authority() string { return e.authority }
+
+// Load returns the current snapshot.
+func (e *Entry[S]) Load() *S { return e.state.Load() }
+
+// Store replaces the snapshot. Storing into a released entry is harmless:
+// only requests that still hold the entry see it.
+func (e *Entry[S]) Store(s *S) { e.state.Store(s) }
+
+// CompareAndSwap replaces the snapshot old with s, reporting whether it
+// did.
+func (e *Entry[S]) CompareAndSwap(old, s *S) bool { return e.state.CompareAndSwap(old, s) }
+
+// Released reports whether the entry has been released.
+func (e *Entry[S]) Released() bool { return e.dead.Load() }
+
+func (e *Entry[S]) touch() {
+	if !e.ref.Load() {
+		e.ref.Store(true)
+	}
+}
+
+// setStop records the stop function start returned; when the entry was
+// released meanwhile it is called at once.
+func (e *Entry[S]) setStop(stop func()) {
+	if stop == nil {
+		return
+	}
+	e.stopMu.Lock()
+	if e.stopped {
+		e.stopMu.Unlock()
+		stop()
+		return
+	}
+	e.stop = stop
+	e.stopMu.Unlock()
+}
+
+// finish calls the stop function once, if there is one.
+func (e *Entry[S]) finish() {
+	e.stopMu.Lock()
+	stop := e.stop
+	e.stop, e.stopped = nil, true
+	e.stopMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// Registry is a bounded, idle-released map from authorities to entries.
+// It is safe for concurrent use.
+type Registry[S any] struct {
+	cfg      config
+	newState func(authority string) *S
+	start    func(*Entry[S]) (stop func(), err error)
+
+	raw sync.Map // raw key -> *Entry[S]
+
+	mu        sync.Mutex
+	entries   map[string]*Entry[S] // by authority
+	head      *Entry[S]            // the list in CLOCK order, oldest first
+	tail      *Entry[S]
+	lastSweep time.Time
+	closed    bool
+
+	quit chan struct{}
+	done chan struct{}
+}
+
+// New returns a registry whose entries start with newState(authority) as
+// their snapshot, after which start (nil: none) is called for each new
+// entry. Neither is called with a lock of the registry held. A registry
+// with a start function runs a goroutine when it has an idle timeout, and
+// must be closed.
+func New[S any](newState func(authority string) *S, start func(*Entry[S]) (stop func(), err error), opts ...Option) *Registry[S] {
+	cfg := config{max: DefaultMaxEntries, defaultPort: DefaultPort}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	r := &Registry[S]{cfg: cfg, newState: newState, start: start,
+		entries: make(map[string]*Entry[S]), lastSweep: time.Now()}
+	if start != nil && cfg.idle > 0 {
+		r.quit, r.done = make(chan struct{}), make(chan struct{})
+		go r.janitor()
+	}
+	return r
+}
+
+// Get returns the entry of a raw key (a Host header: host, host:port,
+// [v6]:port), creating it on first use. It returns nil when the key is not
+// a valid authority or the registry is closed. A lookup of a cached key
+// allocates nothing and takes no lock.
+func (r *Registry[S]) Get(raw string) *Entry[S] {
+	if v, ok := r.raw.Load(raw); ok {
+		e := v.(*Entry[S])
+		if !e.dead.Load() {
+			e.touch()
+			return e
+		}
+	}
+	return r.get(raw, true)
+}
+
+// Cached returns the entry a raw key was cached for, or nil: it neither
+// normalises nor creates, and never allocates.
+func (r *Registry[S]) Cached(raw string) *Entry[S] {
+	if v, ok := r.raw.Load(raw); ok {
+		if e := v.(*Entry[S]); !e.dead.Load() {
+			e.touch()
+			return e
+		}
+	}
+	return nil
+}
+
+// Lookup returns the entry of a raw key if there is one, creating none.
+func (r *Registry[S]) Lookup(raw string) *Entry[S] {
+	if v, ok := r.raw.Load(raw); ok {
+		if e := v.(*Entry[S]); !e.dead.Load() {
+			return e
+		}
+	}
+	return r.get(raw, false)
+}
+
+// Normalize returns the authority of a raw key as the registry keys it.
+func (r *Registry[S]) Normalize(raw string) (string, error) {
+	if _, _, err := net.SplitHostPort(raw); err != nil {
+		raw = net.JoinHostPort(strings.Trim(raw, "[]"), r.cfg.defaultPort)
+	}
+	return authpkg.Normalize(raw)
+}
+
+// Len returns the number of entries.
+func (r *Registry[S]) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.entries)
+}
+
+// Close releases every entry (calling their stop functions) and ends the
+// registry's goroutine. Get then returns nil. Close is idempotent.
+func (r *Registry[S]) Close() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	var released []*Entry[S]
+	for e := r.head; e != nil; e = e.next {
+		released = append(released, e)
+	}
+	for _, e := range released {
+		r.removeLocked(e)
+	}
+	r.mu.Unlock()
+	if r.quit != nil {
+		close(r.quit)
+		<-r.done
+	}
+	for _, e := range released {
+		e.finish()
+	}
+}
+
+// get is the slow path of Get and Lookup.
+func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
+	if raw == "" {
+		return nil
+	}
+	authority, err := r.Normalize(raw)
+	if err != nil {
+		return nil
+	}
+	var released []*Entry[S]
+	defer func() {
+		for _, e := range released {
+			e.finish()
+		}
+	}()
+	r.mu.Lock()
+	if r.start == nil {
+		released = r.sweepLocked(time.Now(), false)
+	}
+	if e := r.aliasLocked(raw, authority, create); e != nil || !create || r.closed {
+		r.mu.Unlock()
+		return e
+	}
+	r.mu.Unlock()
+
+	state := r.newState(authority)
+
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	if e := r.aliasLocked(raw, authority, true); e != nil {
+		r.mu.Unlock()
+		return e
+	}
+	for len(r.entries) >= r.cfg.max {
+		released = append(released, r.evictLocked())
+	}
+	e := &Entry[S]{authority: authority, idleSince: time.Now()}
+	e.state.Store(state)
+	r.entries[authority] = e
+	r.pushLocked(e)
+	r.addAliasLocked(e, raw)
+	r.mu.Unlock()
+
+	if r.start != nil {
+		stop, err := r.start(e)
+		if err != nil {
+			r.mu.Lock()
+			if r.entries[authority] == e {
+				r.removeLocked(e)
+			}
+			r.mu.Unlock()
+			return e // the caller uses its first state this once
+		}
+		e.setStop(stop)
+	}
+	return e
+}
+
+// aliasLocked returns the entry of authority, caching raw for it; nil when
+// there is none.
+func (r *Registry[S]) aliasLocked(raw, authority string, touch bool) *Entry[S] {
+	e := r.entries[authority]
+	if e == nil {
+		return nil
+	}
+	if touch {
+		e.touch()
+	}
+	r.addAliasLocked(e, raw)
+	return e
+}
+
+func (r *Registry[S]) addAliasLocked(e *Entry[S], raw string) {
+	if len(e.aliases) >= maxAliases {
+		return
+	}
+	for _, a := range e.aliases {
+		if a == raw {
+			return
+		}
+	}
+	e.aliases = append(e.aliases, raw)
+	r.raw.Store(raw, e)
+}
+
+// evictLocked removes the least recently used entry (CLOCK: referenced
+// entries move to the back with their bit cleared) and returns it.
+func (r *Registry[S]) evictLocked() *Entry[S] {
+	for {
+		e := r.head
+		if e.ref.Swap(false) && e.next != nil {
+			r.unlinkLocked(e)
+			r.pushLocked(e)
+			continue
+		}
+		r.removeLocked(e)
+		return e
+	}
+}
+
+// sweepLocked releases the entries unused for the idle timeout, at most
+// once per quarter of it unless force; it returns them, to be finished
+// outside the lock.
+func (r *Registry[S]) sweepLocked(now time.Time, force bool) []*Entry[S] {
+	idle := r.cfg.idle
+	if idle <= 0 || !force && now.Sub(r.lastSweep) < idle/4 {
+		return nil
+	}
+	r.lastSweep = now
+	var released []*Entry[S]
+	for e := r.head; e != nil; {
+		next := e.next
+		switch {
+		case e.ref.Swap(false):
+			e.idleSince = now
+		case now.Sub(e.idleSince) >= idle:
+			r.removeLocked(e)
+			released = append(released, e)
+		}
+		e = next
+	}
+	return released
+}
+
+func (r *Registry[S]) janitor() {
+	defer close(r.done)
+	t := time.NewTicker(max(r.cfg.idle/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-r.quit:
+			return
+		case now := <-t.C:
+			r.mu.Lock()
+			released := r.sweepLocked(now, true)
+			r.mu.Unlock()
+			for _, e := range released {
+				e.finish()
+			}
+		}
+	}
+}
+
+func (r *Registry[S]) removeLocked(e *Entry[S]) {
+	e.dead.Store(true)
+	delete(r.entries, e.authority)
+	for _, a := range e.aliases {
+		r.raw.CompareAndDelete(a, e)
+	}
+	r.unlinkLocked(e)
+}
+
+func (r *Registry[S]) pushLocked(e *Entry[S]) {
+	e.prev, e.next = r.tail, nil
+	if r.tail != nil {
+		r.tail.next = e
+	} else {
+		r.head = e
+	}
+	r.tail = e
+}
+
+func (r *Registry[S]) unlinkLocked(e *Entry[S]) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else if r.head == e {
+		r.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else if r.tail == e {
+		r.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}

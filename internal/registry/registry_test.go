@@ -1,0 +1,293 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type state struct{ authority string }
+
+func newState(a string) *state { return &state{authority: a} }
+
+// counter counts starts and stops per authority.
+type counter struct {
+	mu     sync.Mutex
+	starts map[string]int
+	stops  map[string]int
+	err    error
+}
+
+func newCounter() *counter { return &counter{starts: map[string]int{}, stops: map[string]int{}} }
+
+func (c *counter) start(e *Entry[state]) (func(), error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.starts[e.Authority()]++
+	if c.err != nil {
+		return nil, c.err
+	}
+	return func() {
+		c.mu.Lock()
+		c.stops[e.Authority()]++
+		c.mu.Unlock()
+	}, nil
+}
+
+func (c *counter) get(m map[string]int, a string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return m[a]
+}
+
+func TestNormalizeOnce(t *testing.T) {
+	r := New(newState, nil, WithDefaultPort("8080"))
+	tests := []struct{ raw, want string }{
+		{"Books", "books:8080"},
+		{"books:8080", "books:8080"},
+		{"BOOKS.:8080", "books:8080"},
+		{"10.0.0.1", "10.0.0.1:8080"},
+		{"[::1]", "[::1]:8080"},
+		{"[::1]:90", "[::1]:90"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.raw, func(t *testing.T) {
+			e := r.Get(tt.raw)
+			require.NotNil(t, e)
+			assert.Equal(t, tt.want, e.Authority())
+			assert.Equal(t, tt.want, e.Load().authority, "first snapshot built for the normalised authority")
+		})
+	}
+	assert.Same(t, r.Get("books"), r.Get("Books:8080"))
+	assert.Equal(t, 4, r.Len())
+	for _, bad := range []string{"", "bad host", "a:0", "a:99999", "a/b:80", "\r\n"} {
+		assert.Nil(t, r.Get(bad), "%q", bad)
+	}
+	assert.Equal(t, 4, r.Len())
+	assert.Nil(t, r.Lookup("other:1"), "Lookup creates nothing")
+	assert.Same(t, r.Get("books"), r.Lookup("BOOKS"))
+}
+
+func TestEvictsLeastRecentlyUsed(t *testing.T) {
+	c := newCounter()
+	r := New(newState, c.start, WithMaxEntries(3))
+	defer r.Close()
+	a, b := r.Get("a"), r.Get("b")
+	r.Get("c")
+	require.Same(t, a, r.Get("a")) // a is used again; b is not
+	r.Get("d")
+	assert.True(t, b.Released())
+	assert.False(t, a.Released())
+	assert.Equal(t, 1, c.get(c.stops, "b:80"), "eviction stops the entry")
+	assert.Nil(t, r.Lookup("b"))
+	for _, k := range []string{"a", "c", "d"} {
+		assert.NotNil(t, r.Lookup(k), k)
+	}
+	assert.Equal(t, 3, r.Len())
+	// b comes back as a new entry, with a new start.
+	assert.NotSame(t, b, r.Get("b"))
+	assert.Equal(t, 2, c.get(c.starts, "b:80"))
+}
+
+func TestIdleReleaseStopsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCounter()
+		r := New(newState, c.start, WithIdleTimeout(time.Second))
+		defer r.Close()
+		busy, idle := r.Get("busy"), r.Get("idle")
+		for range 20 {
+			time.Sleep(100 * time.Millisecond)
+			r.Get("busy")
+		}
+		assert.True(t, idle.Released())
+		assert.False(t, busy.Released(), "used within the idle timeout")
+		assert.Equal(t, 1, c.get(c.stops, "idle:80"))
+		assert.Equal(t, 0, c.get(c.stops, "busy:80"))
+		time.Sleep(10 * time.Second)
+		assert.True(t, busy.Released())
+		assert.Equal(t, 1, c.get(c.stops, "idle:80"), "stopped exactly once")
+		assert.Equal(t, 1, c.get(c.stops, "busy:80"))
+		assert.Equal(t, 0, r.Len())
+		r.Close()
+		assert.Equal(t, 1, c.get(c.stops, "busy:80"), "Close does not stop released entries again")
+	})
+}
+
+func TestIdleReleaseWithoutStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(newState, nil, WithIdleTimeout(time.Second))
+		old := r.Get("old")
+		time.Sleep(2 * time.Second)
+		r.Get("new") // a miss sweeps
+		assert.True(t, old.Released())
+		assert.Equal(t, 1, r.Len())
+	})
+}
+
+func TestStartErrorDropsTheEntry(t *testing.T) {
+	c := newCounter()
+	c.err = errors.New("full")
+	r := New(newState, c.start)
+	defer r.Close()
+	e := r.Get("a")
+	require.NotNil(t, e, "the request still gets a first state")
+	assert.Equal(t, "a:80", e.Load().authority)
+	assert.Equal(t, 0, r.Len())
+	r.Get("a")
+	assert.Equal(t, 2, c.get(c.starts, "a:80"), "the next lookup tries again")
+	c.mu.Lock()
+	c.err = nil
+	c.mu.Unlock()
+	r.Get("a")
+	r.Get("a")
+	assert.Equal(t, 3, c.get(c.starts, "a:80"))
+	assert.Equal(t, 1, r.Len())
+}
+
+func TestStartRunsWithoutTheLock(t *testing.T) {
+	block := make(chan struct{})
+	entered := make(chan struct{})
+	start := func(e *Entry[state]) (func(), error) {
+		if e.Authority() == "slow:80" {
+			close(entered)
+			<-block
+		}
+		return func() {}, nil
+	}
+	r := New(newState, start)
+	defer r.Close()
+	done := make(chan *Entry[state])
+	go func() { done <- r.Get("slow") }()
+	<-entered
+	// Other authorities, and the slow one itself, are served meanwhile.
+	assert.NotNil(t, r.Get("fast"))
+	assert.Equal(t, "slow:80", r.Get("slow").Load().authority)
+	close(block)
+	assert.NotNil(t, <-done)
+}
+
+func TestStopOfAnEntryReleasedDuringStart(t *testing.T) {
+	var stops atomic.Int32
+	var r *Registry[state]
+	r = New(newState, func(e *Entry[state]) (func(), error) {
+		if e.Authority() == "a:80" {
+			r.Get("b") // evicts a (max 1) before a's start returns
+		}
+		return func() { stops.Add(1) }, nil
+	}, WithMaxEntries(1))
+	a := r.Get("a")
+	assert.True(t, a.Released())
+	assert.Equal(t, int32(1), stops.Load(), "a's stop ran when its start returned")
+	r.Close()
+	assert.Equal(t, int32(2), stops.Load())
+}
+
+func TestCloseReleasesEverything(t *testing.T) {
+	c := newCounter()
+	r := New(newState, c.start, WithIdleTimeout(time.Hour))
+	for i := range 10 {
+		r.Get("h" + strconv.Itoa(i))
+	}
+	r.Close()
+	r.Close()
+	for i := range 10 {
+		assert.Equal(t, 1, c.get(c.stops, "h"+strconv.Itoa(i)+":80"))
+	}
+	assert.Nil(t, r.Get("h1"))
+	assert.Nil(t, r.Get("new"))
+	assert.Equal(t, 0, r.Len())
+}
+
+func TestConcurrentUse(t *testing.T) {
+	c := newCounter()
+	r := New(newState, c.start, WithMaxEntries(20), WithIdleTimeout(5*time.Millisecond))
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				key := fmt.Sprintf("h%d:%d", (i*7+g)%50, 80+g%2)
+				e := r.Get(key)
+				if e == nil || e.Load() == nil {
+					t.Errorf("no entry for %s", key)
+					return
+				}
+				if i%10 == 0 {
+					e.Store(newState(e.Authority()))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, r.Len(), 20)
+	r.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for a, n := range c.starts {
+		assert.Equal(t, n, c.stops[a], "every start of %s is stopped once", a)
+	}
+}
+
+func TestRawKeysAreBounded(t *testing.T) {
+	r := New(newState, nil)
+	for i := range 100 {
+		// Spellings of one authority differing only in case.
+		k := []byte("books")
+		for j := range k {
+			if i>>j&1 == 1 {
+				k[j] -= 'a' - 'A'
+			}
+		}
+		r.Get(string(k))
+	}
+	n := 0
+	r.raw.Range(func(any, any) bool { n++; return true })
+	assert.Equal(t, maxAliases, n)
+}
+
+func TestGetAllocatesNothing(t *testing.T) {
+	r := New(newState, func(*Entry[state]) (func(), error) { return func() {}, nil }, WithIdleTimeout(time.Hour))
+	defer r.Close()
+	key := "books.default.svc.cluster.local:7000"
+	r.Get(key)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if r.Get(key) == nil {
+			t.Fatal("no entry")
+		}
+	})
+	assert.Zero(t, allocs)
+}
+
+func TestNames(t *testing.T) {
+	n := NewNames(2)
+	assert.True(t, n.Admit("a"))
+	assert.True(t, n.Admit("b"))
+	assert.False(t, n.Admit("c"))
+	assert.True(t, n.Admit("a"), "admitted names stay admitted")
+	assert.Equal(t, 2, n.Len())
+	assert.False(t, NewNames(0).Admit("a"))
+}
+
+func BenchmarkGet(b *testing.B) {
+	r := New(newState, nil)
+	key := "books.default.svc.cluster.local:7000"
+	r.Get(key)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r.Get(key)
+		}
+	})
+}

@@ -1,0 +1,234 @@
+package manifest
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/inmesh/inmesh/policy"
+	"google.golang.org/grpc/codes"
+)
+
+// The values Linkerd's policy controller sends with every backend and
+// protocol.
+const (
+	DefaultRTT             = 30 * time.Millisecond
+	DefaultDecay           = 10 * time.Second
+	DefaultQueueCapacity   = 100
+	DefaultFailFastTimeout = 3 * time.Second
+	DefaultDetectTimeout   = 10 * time.Second
+	// ClusterDomain is the suffix of the Services' names.
+	ClusterDomain = "svc.cluster.local"
+)
+
+// Authority returns the Destination path of a Service port,
+// name.namespace.svc.cluster.local:port.
+func Authority(namespace, name string, port uint16) string {
+	return fmt.Sprintf("%s.%s.%s:%d", name, namespace, ClusterDomain, port)
+}
+
+// ParseAuthority splits an authority naming a Service port:
+// name.namespace.svc.cluster.local:port, with or without a trailing dot, or
+// the shorter name.namespace.svc:port and name.namespace:port. ok is false
+// for anything else (IP addresses and names outside the cluster).
+func ParseAuthority(authority string) (namespace, name string, port uint16, ok bool) {
+	i := strings.LastIndexByte(authority, ':')
+	if i < 0 {
+		return "", "", 0, false
+	}
+	var p uint64
+	if _, err := fmt.Sscanf(authority[i+1:], "%d", &p); err != nil || p == 0 || p > 65535 || fmt.Sprint(p) != authority[i+1:] {
+		return "", "", 0, false
+	}
+	host := strings.TrimSuffix(strings.ToLower(authority[:i]), ".")
+	host = strings.TrimSuffix(strings.TrimSuffix(host, ".cluster.local"), ".svc")
+	labels := strings.Split(host, ".")
+	if len(labels) != 2 || !isDNSLabel(labels[0]) || !isDNSLabel(labels[1]) {
+		return "", "", 0, false
+	}
+	return labels[1], labels[0], uint16(p), true
+}
+
+// Service returns the Service namespace/name, or nil.
+func (r *Resources) Service(namespace, name string) *Service {
+	for _, s := range r.Services {
+		if s.Namespace == namespace && s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Policy returns the outbound policy of a Service port, as Linkerd's policy
+// controller builds it, or nil when no Service manifest names that Service
+// and port:
+//
+//   - The parent is the Service (group core, kind Service) and port.
+//   - The GRPCRoutes whose parentRefs name the Service (and the port, or no
+//     port) make a gRPC policy; otherwise the HTTPRoutes make a detect
+//     policy with the same routes for HTTP/1 and HTTP/2. Without routes, the
+//     controller's default route "http" sends everything to the Service.
+//   - A rule's backendRefs become a random-available distribution by
+//     weight (1 when not given); a rule without backendRefs goes to the
+//     parent Service. A backendRef to a Service with a manifest is a
+//     balancer over name.ns.svc.cluster.local:port (Destination Get); to a
+//     Service without one, a backend that fails its requests with 500 and
+//     the reason in l5d-proxy-error (gRPC: INTERNAL
+//     with the reason in grpc-message).
+//   - Retries and timeouts come from the retry.linkerd.io and
+//     timeout.linkerd.io annotations. A route that sets any retry
+//     annotation replaces the Service's retry policy; one that sets any
+//     timeout annotation replaces its timeouts; a rule's own timeouts field
+//     replaces both annotations' timeouts.
+func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
+	svc := r.Service(namespace, name)
+	if svc == nil || !svc.HasPort(port) {
+		return nil
+	}
+	parent := policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port}
+	self := r.backend(namespace, name, port)
+	svcHTTPRetry, _ := httpRetry(svc.Annotations)
+	svcGRPCRetry, _ := grpcRetry(svc.Annotations)
+	svcTimeouts, _ := timeouts(svc.Annotations)
+
+	var grpcRoutes []policy.GRPCRoute
+	for _, g := range r.GRPCRoutes {
+		if !attached(g.ParentRefs, namespace, name, port) {
+			continue
+		}
+		retry, tos := svcGRPCRetry, svcTimeouts
+		if hasRetryAnnotation(g.Annotations) {
+			retry, _ = grpcRetry(g.Annotations)
+		}
+		if t, _ := timeouts(g.Annotations); t != nil {
+			tos = t
+		}
+		route := policy.GRPCRoute{Meta: routeMeta(&g.Object), Hosts: hostMatches(g.Hostnames)}
+		for _, rule := range g.Rules {
+			route.Rules = append(route.Rules, policy.GRPCRule{
+				Matches:  rule.Matches,
+				Filters:  rule.Filters,
+				Backends: r.distribution(rule.BackendRefs, self, port, true),
+				Timeouts: ruleTimeouts(rule.Timeouts, tos),
+				Retry:    retry,
+			})
+		}
+		grpcRoutes = append(grpcRoutes, route)
+	}
+	if len(grpcRoutes) > 0 {
+		return &policy.Policy{Parent: parent, Protocol: policy.ProtocolGRPC, GRPC: policy.GRPCProtocol{Routes: grpcRoutes}}
+	}
+
+	var httpRoutes []policy.HTTPRoute
+	for _, h := range r.HTTPRoutes {
+		if !attached(h.ParentRefs, namespace, name, port) {
+			continue
+		}
+		retry, tos := svcHTTPRetry, svcTimeouts
+		if hasRetryAnnotation(h.Annotations) {
+			retry, _ = httpRetry(h.Annotations)
+		}
+		if t, _ := timeouts(h.Annotations); t != nil {
+			tos = t
+		}
+		route := policy.HTTPRoute{Meta: routeMeta(&h.Object), Hosts: hostMatches(h.Hostnames)}
+		for _, rule := range h.Rules {
+			route.Rules = append(route.Rules, policy.HTTPRule{
+				Matches:  rule.Matches,
+				Filters:  rule.Filters,
+				Backends: r.distribution(rule.BackendRefs, self, port, false),
+				Timeouts: ruleTimeouts(rule.Timeouts, tos),
+				Retry:    retry,
+			})
+		}
+		httpRoutes = append(httpRoutes, route)
+	}
+	if len(httpRoutes) == 0 {
+		var tos policy.Timeouts
+		if svcTimeouts != nil {
+			tos = *svcTimeouts
+		}
+		httpRoutes = []policy.HTTPRoute{policy.DefaultHTTPRoute(self, svcHTTPRetry, tos)}
+	}
+	return &policy.Policy{
+		Parent:        parent,
+		Protocol:      policy.ProtocolDetect,
+		DetectTimeout: DefaultDetectTimeout,
+		HTTP1:         policy.HTTPProtocol{Routes: httpRoutes},
+		HTTP2:         policy.HTTPProtocol{Routes: httpRoutes},
+	}
+}
+
+func attached(parents []ParentRef, namespace, name string, port uint16) bool {
+	for _, p := range parents {
+		if p.IsService() && p.Namespace == namespace && p.Name == name && (p.Port == 0 || p.Port == port) {
+			return true
+		}
+	}
+	return false
+}
+
+func routeMeta(o *Object) policy.Metadata {
+	return policy.Metadata{Group: o.Group, Kind: o.Kind, Namespace: o.Namespace, Name: o.Name}
+}
+
+func hostMatches(hosts []string) []policy.HostMatch {
+	var out []policy.HostMatch
+	for _, h := range hosts {
+		out = append(out, policy.ParseHostMatch(h))
+	}
+	return out
+}
+
+func ruleTimeouts(rule, annotations *policy.Timeouts) policy.Timeouts {
+	switch {
+	case rule != nil:
+		return *rule
+	case annotations != nil:
+		return *annotations
+	}
+	return policy.Timeouts{}
+}
+
+// backend returns the backend of a Service port: a balancer when the
+// Service is known, else a backend that fails its requests.
+func (r *Resources) backend(namespace, name string, port uint16) policy.Backend {
+	b := policy.Backend{
+		Meta:  policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port},
+		Queue: policy.Queue{Capacity: DefaultQueueCapacity, FailFastTimeout: DefaultFailFastTimeout},
+	}
+	if svc := r.Service(namespace, name); svc != nil && svc.HasPort(port) {
+		b.Balancer = &policy.Balancer{Authority: Authority(namespace, name, port), DefaultRTT: DefaultRTT, Decay: DefaultDecay}
+	}
+	return b
+}
+
+// notFound is the filter of a backend whose Service is unknown: a 500 on
+// HTTP routes, the gRPC status INTERNAL on gRPC routes.
+func notFound(namespace, name string, port uint16, grpc bool) policy.Filter {
+	msg := fmt.Sprintf("Service %s/%s port %d not found", namespace, name, port)
+	if grpc {
+		return policy.Filter{GRPCFailureInjector: &policy.GRPCFailureInjector{Code: codes.Internal, Message: msg}}
+	}
+	return policy.Filter{FailureInjector: &policy.FailureInjector{Status: 500, Message: msg}}
+}
+
+func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentPort uint16, grpc bool) policy.Distribution {
+	if len(refs) == 0 {
+		return policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{{Backend: self}}}
+	}
+	d := policy.Distribution{Kind: policy.DistributionRandomAvailable}
+	for _, ref := range refs {
+		port := ref.Port
+		if port == 0 {
+			port = parentPort
+		}
+		b := r.backend(ref.Namespace, ref.Name, port)
+		rb := policy.RouteBackend{Backend: b, Weight: ref.Weight, Filters: ref.Filters}
+		if b.Balancer == nil {
+			rb.Filters = append([]policy.Filter{notFound(ref.Namespace, ref.Name, port, grpc)}, ref.Filters...)
+		}
+		d.Backends = append(d.Backends, rb)
+	}
+	return d
+}

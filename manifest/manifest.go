@@ -1,0 +1,304 @@
+// Package manifest reads the Kubernetes-style YAML that inmesh's embedded
+// control plane serves from: Service manifests (their ports and the
+// retry.linkerd.io and timeout.linkerd.io annotations), and Gateway API
+// HTTPRoute and GRPCRoute resources (gateway.networking.k8s.io/v1 and
+// Linkerd's policy.linkerd.io/v1beta3 copies) whose parentRefs name a
+// Service. [Resources.Policy] turns them into the outbound policy of one
+// Service port, as Linkerd's policy controller does. [ParseEndpoints]
+// reads the endpoints file of the embedded Destination API.
+//
+// Every error names the file, the document (counted from 1) and the field,
+// as in "routes.yaml: document 2 (HTTPRoute default/authors): spec.rules[0].matches[1].path.type: ...".
+package manifest
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/inmesh/inmesh/internal/filestamp"
+	"github.com/inmesh/inmesh/internal/yamltree"
+)
+
+// Resources is what a set of manifest files holds. Load and Parse return
+// it sorted (namespace, then name), which is the order routes of equal
+// precedence are tried in.
+type Resources struct {
+	Services   []*Service
+	HTTPRoutes []*HTTPRoute
+	GRPCRoutes []*GRPCRoute
+}
+
+// Object identifies a resource.
+type Object struct {
+	// Group is the API group ("" for core), Kind its kind.
+	Group, Kind     string
+	Namespace, Name string
+	Annotations     map[string]string
+}
+
+func (o *Object) key() string { return o.Namespace + "/" + o.Name }
+
+// Load reads the manifest files at paths. It fails, naming the file, the
+// document and the field, when any document is bad (duplicate keys
+// included), a file is empty, or a resource is defined twice; then nothing
+// is returned. A file that changed while it was read is an error wrapping
+// filestamp's ErrChanged (the same as profiles.ErrFileChanged).
+func Load(paths ...string) (*Resources, error) {
+	out := &Resources{}
+	seen := make(map[string]string)
+	for _, path := range paths {
+		data, err := filestamp.Read(path)
+		if err != nil {
+			return nil, err
+		}
+		if yamltree.Blank(data) {
+			// As the other loaders: an empty file is more likely a copy
+			// caught half-way than a wish to remove everything.
+			return nil, fmt.Errorf("%s: empty file (no documents)", path)
+		}
+		r, err := Parse(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		for _, o := range r.objects() {
+			k := o.Kind + " " + o.key()
+			if prev, dup := seen[k]; dup {
+				return nil, fmt.Errorf("%s: %s is also defined in %s", path, k, prev)
+			}
+			seen[k] = path
+		}
+		out.Services = append(out.Services, r.Services...)
+		out.HTTPRoutes = append(out.HTTPRoutes, r.HTTPRoutes...)
+		out.GRPCRoutes = append(out.GRPCRoutes, r.GRPCRoutes...)
+	}
+	out.sort()
+	return out, nil
+}
+
+func (r *Resources) objects() []*Object {
+	var out []*Object
+	for _, s := range r.Services {
+		out = append(out, &s.Object)
+	}
+	for _, h := range r.HTTPRoutes {
+		out = append(out, &h.Object)
+	}
+	for _, g := range r.GRPCRoutes {
+		out = append(out, &g.Object)
+	}
+	return out
+}
+
+func (r *Resources) sort() {
+	slices.SortStableFunc(r.Services, func(a, b *Service) int { return strings.Compare(a.key(), b.key()) })
+	slices.SortStableFunc(r.HTTPRoutes, func(a, b *HTTPRoute) int { return strings.Compare(a.key(), b.key()) })
+	slices.SortStableFunc(r.GRPCRoutes, func(a, b *GRPCRoute) int { return strings.Compare(a.key(), b.key()) })
+}
+
+// Parse reads a YAML stream of Service, HTTPRoute and GRPCRoute documents.
+// Errors name the document and the field.
+func Parse(data []byte) (*Resources, error) {
+	out := &Resources{}
+	seen := make(map[string]int)
+	for i, doc := range yamltree.SplitDocuments(data) {
+		if yamltree.Blank(doc) {
+			continue
+		}
+		obj, err := parseDocument(doc, out)
+		if err != nil {
+			if obj != nil && obj.Name != "" {
+				return nil, fmt.Errorf("document %d (%s %s): %w", i+1, obj.Kind, obj.key(), err)
+			}
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		if obj == nil {
+			continue
+		}
+		k := obj.Kind + " " + obj.key()
+		if prev, dup := seen[k]; dup {
+			return nil, fmt.Errorf("document %d: %s is also defined in document %d", i+1, k, prev)
+		}
+		seen[k] = i + 1
+	}
+	out.sort()
+	return out, nil
+}
+
+// The API versions read.
+const (
+	gatewayV1      = "gateway.networking.k8s.io/v1"
+	linkerdV1beta3 = "policy.linkerd.io/v1beta3"
+)
+
+// topFields are the fields a document may have; status (as kubectl get
+// prints it) is ignored.
+var topFields = []string{"apiVersion", "kind", "metadata", "spec", "status"}
+
+// metadataFields are the fields of metadata; only name, namespace and
+// annotations are used.
+var metadataFields = []string{"name", "namespace", "annotations", "labels", "uid", "resourceVersion",
+	"generation", "creationTimestamp", "managedFields", "ownerReferences", "finalizers", "generateName"}
+
+func parseDocument(doc []byte, out *Resources) (*Object, error) {
+	root, err := yamltree.Decode(doc)
+	if err != nil {
+		return nil, err
+	}
+	if root.Value == nil {
+		return nil, nil
+	}
+	top, err := root.Object(topFields...)
+	if err != nil {
+		return nil, err
+	}
+	apiVersion, err := requiredString(root, top, "apiVersion")
+	if err != nil {
+		return nil, err
+	}
+	kind, err := requiredString(root, top, "kind")
+	if err != nil {
+		return nil, err
+	}
+	obj := &Object{Kind: kind}
+	if err := obj.parseMetadata(root, top); err != nil {
+		return obj, err
+	}
+	spec := top["spec"]
+	if spec.Path == "" {
+		spec = yamltree.Node{Path: "spec", Value: map[string]any{}}
+	}
+	switch {
+	case kind == "Service" && apiVersion == "v1":
+		s := &Service{Object: *obj}
+		if err := s.parseSpec(spec); err != nil {
+			return obj, err
+		}
+		out.Services = append(out.Services, s)
+	case kind == "HTTPRoute" && (apiVersion == gatewayV1 || apiVersion == linkerdV1beta3):
+		obj.Group = strings.Split(apiVersion, "/")[0]
+		h := &HTTPRoute{Object: *obj}
+		if err := h.parseSpec(spec); err != nil {
+			return obj, err
+		}
+		out.HTTPRoutes = append(out.HTTPRoutes, h)
+	case kind == "GRPCRoute" && (apiVersion == gatewayV1 || apiVersion == linkerdV1beta3):
+		obj.Group = strings.Split(apiVersion, "/")[0]
+		g := &GRPCRoute{Object: *obj}
+		if err := g.parseSpec(spec); err != nil {
+			return obj, err
+		}
+		out.GRPCRoutes = append(out.GRPCRoutes, g)
+	default:
+		return obj, top["kind"].Errorf("%s %s is not read here (known: v1 Service; HTTPRoute and GRPCRoute of %s or %s)",
+			apiVersion, kind, gatewayV1, linkerdV1beta3)
+	}
+	if err := checkAnnotations(obj.Annotations); err != nil {
+		return obj, err
+	}
+	return obj, nil
+}
+
+func (o *Object) parseMetadata(root yamltree.Node, top map[string]yamltree.Node) error {
+	mn, ok := top["metadata"]
+	if !ok {
+		return yamltree.Node{Path: root.Child("metadata")}.Errorf("required")
+	}
+	md, err := mn.Object(metadataFields...)
+	if err != nil {
+		return err
+	}
+	if o.Name, err = requiredString(mn, md, "name"); err != nil {
+		return err
+	}
+	if !isDNSName(o.Name) {
+		return md["name"].Errorf("%q is not a DNS name (lower case letters, digits, '-' and '.')", o.Name)
+	}
+	o.Namespace = "default"
+	if nn, ok := md["namespace"]; ok {
+		if o.Namespace, err = nn.Str(); err != nil {
+			return err
+		}
+		if !isDNSLabel(o.Namespace) {
+			return nn.Errorf("%q is not a DNS label (lower case letters, digits and '-')", o.Namespace)
+		}
+	}
+	if an, ok := md["annotations"]; ok && an.Value != nil {
+		m, ok := an.Value.(map[string]any)
+		if !ok {
+			return an.Errorf("must be an object of strings")
+		}
+		o.Annotations = make(map[string]string, len(m))
+		for _, k := range yamltree.SortedKeys(m) {
+			v, err := yamltree.Node{Path: an.Child(k), Value: m[k]}.Scalar()
+			if err != nil {
+				return err
+			}
+			o.Annotations[k] = v
+		}
+	}
+	return nil
+}
+
+func requiredString(parent yamltree.Node, obj map[string]yamltree.Node, field string) (string, error) {
+	n, ok := obj[field]
+	if !ok {
+		return "", yamltree.Node{Path: parent.Child(field)}.Errorf("required")
+	}
+	s, err := n.Str()
+	if err != nil {
+		return "", err
+	}
+	if s == "" {
+		return "", n.Errorf("must not be empty")
+	}
+	return s, nil
+}
+
+func optionalString(obj map[string]yamltree.Node, field string) (string, error) {
+	n, ok := obj[field]
+	if !ok || n.Value == nil {
+		return "", nil
+	}
+	return n.Str()
+}
+
+// isDNSLabel reports whether s is an RFC 1123 label, as Kubernetes names
+// of Services and namespaces are.
+func isDNSLabel(s string) bool {
+	if s == "" || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// isDNSName reports whether s is a DNS subdomain of labels (route names
+// may hold dots).
+func isDNSName(s string) bool {
+	if len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if !isDNSLabel(l) {
+			return false
+		}
+	}
+	return true
+}
+
+func port(n yamltree.Node) (uint16, error) {
+	p, err := n.Uint32()
+	if err != nil {
+		return 0, err
+	}
+	if p == 0 || p > 65535 {
+		return 0, n.Errorf("%d is not a port (1-65535)", p)
+	}
+	return uint16(p), nil
+}

@@ -1,0 +1,298 @@
+package manifest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/policy"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const authorsService = `
+apiVersion: v1
+kind: Service
+metadata:
+  name: authors
+  namespace: default
+  annotations:
+    retry.linkerd.io/http: 5xx
+    retry.linkerd.io/limit: "2"
+    timeout.linkerd.io/request: 2s
+spec:
+  ports:
+  - name: http
+    port: 7001
+`
+
+const authorsRoute = `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: authors-routes
+  namespace: default
+spec:
+  parentRefs:
+  - {group: core, kind: Service, name: authors, port: 7001}
+  hostnames: ["authors.default.svc.cluster.local"]
+  rules:
+  - matches:
+    - path: {type: PathPrefix, value: /authors}
+      method: GET
+      headers: [{name: x-canary, value: "1"}]
+      queryParams: [{type: RegularExpression, name: page, value: "[0-9]+"}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        add: [{name: x-added, value: a}]
+        remove: [x-removed]
+    backendRefs:
+    - {name: authors, port: 7001, weight: 90}
+    - {name: authors-next, port: 7001, weight: 10}
+`
+
+func mustParse(t *testing.T, docs ...string) *Resources {
+	t.Helper()
+	var all string
+	for _, d := range docs {
+		all += "---\n" + d
+	}
+	r, err := Parse([]byte(all))
+	require.NoError(t, err)
+	return r
+}
+
+func compiles(t *testing.T, p *policy.Policy) {
+	t.Helper()
+	_, err := policy.Compile(p, policy.Options{})
+	require.NoError(t, err)
+}
+
+func TestDefaultRouteWithServiceAnnotations(t *testing.T) {
+	r := mustParse(t, authorsService)
+	p := r.Policy("default", "authors", 7001)
+	require.NotNil(t, p)
+	compiles(t, p)
+	assert.Equal(t, policy.Metadata{Group: "core", Kind: "Service", Namespace: "default", Name: "authors", Port: 7001}, p.Parent)
+	assert.Equal(t, policy.ProtocolDetect, p.Protocol)
+	require.Len(t, p.HTTP1.Routes, 1)
+	route := p.HTTP1.Routes[0]
+	assert.True(t, route.Meta.IsDefault())
+	assert.Equal(t, "http", route.Meta.Name)
+	rule := route.Rules[0]
+	assert.Equal(t, 2*time.Second, rule.Timeouts.Request)
+	require.NotNil(t, rule.Retry)
+	assert.Equal(t, uint32(2), rule.Retry.MaxRetries)
+	assert.Equal(t, []policy.StatusRange{{Start: 500, End: 599}}, rule.Retry.StatusRanges)
+	require.Len(t, rule.Backends.Backends, 1)
+	assert.Equal(t, "authors.default.svc.cluster.local:7001", rule.Backends.Backends[0].Backend.Balancer.Authority)
+
+	assert.Nil(t, r.Policy("default", "authors", 7002), "a port the Service does not have")
+	assert.Nil(t, r.Policy("default", "books", 7001), "a Service without a manifest")
+}
+
+func TestHTTPRouteWeightsAndUnknownBackend(t *testing.T) {
+	r := mustParse(t, authorsService, authorsRoute)
+	p := r.Policy("default", "authors", 7001)
+	require.NotNil(t, p)
+	compiles(t, p)
+	require.Len(t, p.HTTP1.Routes, 1)
+	assert.Equal(t, p.HTTP1.Routes, p.HTTP2.Routes)
+	route := p.HTTP1.Routes[0]
+	assert.Equal(t, policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "default", Name: "authors-routes"}, route.Meta)
+	assert.Equal(t, []policy.HostMatch{{Exact: "authors.default.svc.cluster.local"}}, route.Hosts)
+	rule := route.Rules[0]
+	m := rule.Matches[0]
+	assert.Equal(t, &policy.PathMatch{Kind: policy.PathPrefix, Value: "/authors"}, m.Path)
+	assert.Equal(t, "GET", m.Method)
+	assert.Equal(t, []policy.HeaderMatch{{Name: "x-canary", Value: "1"}}, m.Headers)
+	assert.Equal(t, []policy.QueryParamMatch{{Name: "page", Value: "[0-9]+", Regex: true}}, m.QueryParams)
+	assert.Equal(t, []policy.Header{{Name: "x-added", Value: "a"}}, rule.Filters[0].RequestHeaders.Add)
+
+	d := rule.Backends
+	assert.Equal(t, policy.DistributionRandomAvailable, d.Kind)
+	require.Len(t, d.Backends, 2)
+	assert.Equal(t, uint32(90), d.Backends[0].Weight)
+	assert.Equal(t, uint32(10), d.Backends[1].Weight)
+	assert.Equal(t, "authors.default.svc.cluster.local:7001", d.Backends[0].Backend.Balancer.Authority)
+	assert.Empty(t, d.Backends[0].Filters)
+	// authors-next has no Service manifest: its share fails with 500.
+	unknown := d.Backends[1]
+	assert.Nil(t, unknown.Backend.Balancer)
+	assert.Equal(t, "authors-next", unknown.Backend.Meta.Name)
+	require.Len(t, unknown.Filters, 1)
+	require.NotNil(t, unknown.Filters[0].FailureInjector)
+	assert.Equal(t, 500, unknown.Filters[0].FailureInjector.Status)
+	assert.Contains(t, unknown.Filters[0].FailureInjector.Message, "default/authors-next")
+
+	// The Service's annotations apply to the route that sets none.
+	assert.Equal(t, 2*time.Second, rule.Timeouts.Request)
+	assert.Equal(t, uint32(2), rule.Retry.MaxRetries)
+}
+
+func TestRouteAnnotationsOverrideService(t *testing.T) {
+	route := `
+apiVersion: policy.linkerd.io/v1beta3
+kind: HTTPRoute
+metadata:
+  name: authors
+  namespace: default
+  annotations:
+    retry.linkerd.io/http: gateway-error,429
+    timeout.linkerd.io/response: 300ms
+spec:
+  parentRefs: [{kind: Service, group: "", name: authors}]
+  rules:
+  - {}
+  - timeouts: {request: 1s}
+`
+	p := mustParse(t, authorsService, route).Policy("default", "authors", 7001)
+	require.NotNil(t, p)
+	compiles(t, p)
+	rt := p.HTTP1.Routes[0]
+	assert.Equal(t, "policy.linkerd.io", rt.Meta.Group)
+	r0 := rt.Rules[0]
+	// The route's retry annotation replaces the Service's retry policy as a
+	// whole: its own conditions, the default limit.
+	assert.Equal(t, []policy.StatusRange{{Start: 502, End: 504}, {Start: 429, End: 429}}, r0.Retry.StatusRanges)
+	assert.Equal(t, uint32(policy.DefaultMaxRetries), r0.Retry.MaxRetries)
+	// Its timeout annotation replaces the Service's timeouts.
+	assert.Equal(t, policy.Timeouts{Response: 300 * time.Millisecond}, r0.Timeouts)
+	// A rule's timeouts field wins over both.
+	assert.Equal(t, policy.Timeouts{Request: time.Second}, rt.Rules[1].Timeouts)
+	// Without backendRefs, a rule goes to the parent Service.
+	assert.Equal(t, policy.DistributionFirstAvailable, r0.Backends.Kind)
+	assert.Equal(t, "authors.default.svc.cluster.local:7001", r0.Backends.Backends[0].Backend.Balancer.Authority)
+}
+
+func TestGRPCRoute(t *testing.T) {
+	svc := `
+apiVersion: v1
+kind: Service
+metadata:
+  name: greeter
+  namespace: apps
+  annotations: {retry.linkerd.io/grpc: "unavailable, internal"}
+spec:
+  ports: [{port: 9000}]
+`
+	route := `
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: greeter, namespace: apps}
+spec:
+  parentRefs: [{kind: Service, group: core, name: greeter, port: 9000}]
+  rules:
+  - matches:
+    - method: {service: helloworld.Greeter, method: SayHello}
+      headers: [{name: x-user, type: RegularExpression, value: "a.*"}]
+    backendRefs: [{name: greeter, port: 9000}]
+`
+	r := mustParse(t, svc, route)
+	p := r.Policy("apps", "greeter", 9000)
+	require.NotNil(t, p)
+	compiles(t, p)
+	assert.Equal(t, policy.ProtocolGRPC, p.Protocol)
+	require.Len(t, p.GRPC.Routes, 1)
+	rule := p.GRPC.Routes[0].Rules[0]
+	assert.Equal(t, policy.GRPCRouteMatch{Service: "helloworld.Greeter", Method: "SayHello",
+		Headers: []policy.HeaderMatch{{Name: "x-user", Value: "a.*", Regex: true}}}, rule.Matches[0])
+	assert.Equal(t, []codes.Code{codes.Unavailable, codes.Internal}, rule.Retry.GRPCCodes)
+	assert.Equal(t, "greeter.apps.svc.cluster.local:9000", rule.Backends.Backends[0].Backend.Balancer.Authority)
+}
+
+func TestRoutesOfOtherParentsDoNotApply(t *testing.T) {
+	route := `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: gw, namespace: default}
+spec:
+  parentRefs: [{name: my-gateway}, {kind: Service, group: core, name: authors, port: 9999}]
+`
+	p := mustParse(t, authorsService, route).Policy("default", "authors", 7001)
+	require.NotNil(t, p)
+	assert.True(t, p.HTTP1.Routes[0].Meta.IsDefault())
+}
+
+func TestParseErrorsNameDocumentAndField(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc, want string
+	}{
+		{"unknown kind", "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n", "document 1 (Pod default/x): kind: v1 Pod is not read here"},
+		{"no metadata", "apiVersion: v1\nkind: Service\n", "document 1: metadata: required"},
+		{"bad name", "apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\n", "metadata.name: \"Bad_Name\" is not a DNS name"},
+		{"duplicate key", "apiVersion: v1\nkind: Service\nkind: Service\nmetadata: {name: a}\n", "document 1: kind: duplicate key \"kind\""},
+		{"bad port", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{port: 70000}]\n", "document 1 (Service default/a): spec.ports[0].port: 70000 is not a port"},
+		{"bad retry annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/http: 6xx}}\n", "metadata.annotations.retry.linkerd.io/http: \"6xx\""},
+		{"bad grpc annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/grpc: aborted}}\n", "metadata.annotations.retry.linkerd.io/grpc: \"aborted\""},
+		{"bad timeout annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {timeout.linkerd.io/request: soon}}\n", "metadata.annotations.timeout.linkerd.io/request: \"soon\" is not a duration"},
+		{"bad limit", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/limit: many}}\n", "metadata.annotations.retry.linkerd.io/limit"},
+		{"bad path type", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - matches:\n    - path: {type: Glob, value: /x}\n", "document 1 (HTTPRoute default/r): spec.rules[0].matches[0].path.type: \"Glob\""},
+		{"relative path", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - matches:\n    - path: {value: x}\n", "spec.rules[0].matches[0].path.value: \"x\" does not start with /"},
+		{"unknown rule field", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - backendRef: []\n", "spec.rules[0].backendRef: unknown field"},
+		{"unsupported filter", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - filters: [{type: URLRewrite}]\n", "spec.rules[0].filters[0].type: filter \"URLRewrite\" is not supported"},
+		{"backend not a Service", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - backendRefs: [{kind: Bucket, group: s3, name: b}]\n", "spec.rules[0].backendRefs[0]: backend s3/Bucket is not a Service"},
+		{"bad weight", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - backendRefs: [{name: b, weight: -1}]\n", "spec.rules[0].backendRefs[0].weight"},
+		{"grpc filter", "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - filters: [{type: RequestRedirect}]\n", "spec.rules[0].filters[0].type: filter \"RequestRedirect\" is not supported (supported: RequestHeaderModifier)"},
+		{"grpc method", "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - matches: [{method: {type: RegularExpression, service: a}}]\n", "spec.rules[0].matches[0].method.type: \"RegularExpression\" is not supported"},
+		{"old version", "apiVersion: gateway.networking.k8s.io/v1alpha1\nkind: HTTPRoute\nmetadata: {name: r}\n", "kind: gateway.networking.k8s.io/v1alpha1 HTTPRoute is not read here"},
+		{"twice", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a}\n", "document 2: Service default/a is also defined in document 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestLoadNamesTheFile(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "a.yaml")
+	bad := filepath.Join(dir, "b.yaml")
+	require.NoError(t, os.WriteFile(good, []byte(authorsService+"---\n"+authorsRoute), 0o644))
+	require.NoError(t, os.WriteFile(bad, []byte("# empty first\n---\napiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: \"N\"}\n"), 0o644))
+	r, err := Load(good)
+	require.NoError(t, err)
+	assert.Len(t, r.Services, 1)
+	assert.Len(t, r.HTTPRoutes, 1)
+	_, err = Load(good, bad)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), bad+": document 2 (Service N/x): metadata.namespace: \"N\" is not a DNS label")
+	empty := filepath.Join(dir, "c.yaml")
+	require.NoError(t, os.WriteFile(empty, []byte("# nothing yet\n"), 0o644))
+	_, err = Load(good, empty)
+	require.ErrorContains(t, err, empty+": empty file")
+	_, err = Load(good, good)
+	require.ErrorContains(t, err, "Service default/authors is also defined in "+good)
+}
+
+func TestParseAuthority(t *testing.T) {
+	for _, a := range []string{"authors.default.svc.cluster.local:7001", "authors.default.svc.cluster.local.:7001", "authors.default.svc:7001", "authors.default:7001", "Authors.Default.svc.cluster.local:7001"} {
+		ns, name, port, ok := ParseAuthority(a)
+		assert.True(t, ok, a)
+		assert.Equal(t, []any{"default", "authors", uint16(7001)}, []any{ns, name, port}, a)
+	}
+	for _, a := range []string{"authors:7001", "127.0.0.1:7001", "authors.default.svc.cluster.local", "a.b.example.com:80", "authors.default:0", "authors.default:+80", "a.b:99999"} {
+		_, _, _, ok := ParseAuthority(a)
+		assert.False(t, ok, a)
+	}
+}
+
+func TestExampleManifests(t *testing.T) {
+	paths, err := filepath.Glob("../examples/destination/policies/*.yaml")
+	require.NoError(t, err)
+	require.NotEmpty(t, paths)
+	r, err := Load(paths...)
+	require.NoError(t, err)
+	p := r.Policy("default", "authors", 7001)
+	require.NotNil(t, p)
+	compiles(t, p)
+	assert.Equal(t, "authors-routes", p.HTTP1.Routes[0].Meta.Name)
+}

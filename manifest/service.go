@@ -1,0 +1,255 @@
+package manifest
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/inmesh/inmesh/internal/yamltree"
+	"github.com/inmesh/inmesh/policy"
+	"google.golang.org/grpc/codes"
+)
+
+// Service is a v1 Service manifest: the embedded control plane knows a
+// Service, and serves its policy, when it has one.
+type Service struct {
+	Object
+	// Ports are the Service's ports; empty means any port.
+	Ports []ServicePort
+}
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	Name string
+	Port uint16
+}
+
+// HasPort reports whether the Service serves port.
+func (s *Service) HasPort(p uint16) bool {
+	if len(s.Ports) == 0 {
+		return true
+	}
+	for _, sp := range s.Ports {
+		if sp.Port == p {
+			return true
+		}
+	}
+	return false
+}
+
+var serviceSpecFields = []string{"ports", "selector", "type", "clusterIP", "clusterIPs", "sessionAffinity",
+	"sessionAffinityConfig", "ipFamilies", "ipFamilyPolicy", "internalTrafficPolicy", "externalTrafficPolicy",
+	"publishNotReadyAddresses", "externalName", "externalIPs", "loadBalancerIP", "loadBalancerSourceRanges",
+	"allocateLoadBalancerNodePorts", "healthCheckNodePort", "loadBalancerClass", "trafficDistribution"}
+
+var servicePortFields = []string{"name", "port", "targetPort", "protocol", "appProtocol", "nodePort"}
+
+func (s *Service) parseSpec(spec yamltree.Node) error {
+	if !isDNSLabel(s.Name) {
+		return yamltree.Node{Path: "metadata.name"}.Errorf("%q is not a DNS label (lower case letters, digits and '-')", s.Name)
+	}
+	obj, err := spec.Object(serviceSpecFields...)
+	if err != nil {
+		return err
+	}
+	pn, ok := obj["ports"]
+	if !ok || pn.Value == nil {
+		return nil
+	}
+	items, err := pn.List()
+	if err != nil {
+		return err
+	}
+	for _, item := range items {
+		po, err := item.Object(servicePortFields...)
+		if err != nil {
+			return err
+		}
+		var sp ServicePort
+		if sp.Name, err = optionalString(po, "name"); err != nil {
+			return err
+		}
+		n, ok := po["port"]
+		if !ok {
+			return yamltree.Node{Path: item.Child("port")}.Errorf("required")
+		}
+		if sp.Port, err = port(n); err != nil {
+			return err
+		}
+		s.Ports = append(s.Ports, sp)
+	}
+	return nil
+}
+
+// The annotations read from Services, HTTPRoutes and GRPCRoutes.
+const (
+	AnnotationRetryHTTP       = "retry.linkerd.io/http"
+	AnnotationRetryGRPC       = "retry.linkerd.io/grpc"
+	AnnotationRetryLimit      = "retry.linkerd.io/limit"
+	AnnotationRetryTimeout    = "retry.linkerd.io/timeout"
+	AnnotationTimeoutRequest  = "timeout.linkerd.io/request"
+	AnnotationTimeoutResponse = "timeout.linkerd.io/response"
+	AnnotationTimeoutIdle     = "timeout.linkerd.io/idle"
+)
+
+// checkAnnotations validates the retry and timeout annotations, so that a
+// bad one fails its file.
+func checkAnnotations(a map[string]string) error {
+	if _, err := httpRetry(a); err != nil {
+		return err
+	}
+	if _, err := grpcRetry(a); err != nil {
+		return err
+	}
+	_, err := timeouts(a)
+	return err
+}
+
+func annotationErr(key, format string, args ...any) error {
+	return fmt.Errorf("metadata.annotations.%s: %s", key, fmt.Sprintf(format, args...))
+}
+
+// retryCommon reads the limit and timeout annotations: nil when no retry
+// annotation is present or the limit is zero.
+func retryCommon(a map[string]string, conditionsKey string) (*policy.Retry, error) {
+	_, hasCond := a[conditionsKey]
+	limit, hasLimit := a[AnnotationRetryLimit]
+	timeout, hasTimeout := a[AnnotationRetryTimeout]
+	if !hasCond && !hasLimit && !hasTimeout {
+		return nil, nil
+	}
+	b := policy.DefaultRetryBackoff()
+	r := &policy.Retry{MaxRetries: policy.DefaultMaxRetries, MaxRequestBytes: policy.DefaultMaxRequestBytes, Backoff: &b}
+	if hasLimit {
+		n, err := strconv.ParseUint(strings.TrimSpace(limit), 10, 16)
+		if err != nil {
+			return nil, annotationErr(AnnotationRetryLimit, "%q is not a whole number from 0 to 65535", limit)
+		}
+		// Zero retries is a valid choice; the model's zero means the
+		// default, so a limit of zero keeps no retry policy at all.
+		if n == 0 {
+			return nil, nil
+		}
+		r.MaxRetries = uint32(n)
+	}
+	if hasTimeout {
+		d, err := parseDuration(timeout)
+		if err != nil {
+			return nil, annotationErr(AnnotationRetryTimeout, "%v", err)
+		}
+		r.Timeout = d
+	}
+	return r, nil
+}
+
+// httpRetry is the HTTP retry policy of the annotations: nil when none is
+// set.
+func httpRetry(a map[string]string) (*policy.Retry, error) {
+	r, err := retryCommon(a, AnnotationRetryHTTP)
+	if err != nil || r == nil {
+		return nil, err
+	}
+	if v, ok := a[AnnotationRetryHTTP]; ok {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(strings.ToLower(f))
+			switch {
+			case f == "":
+			case f == "5xx":
+				r.StatusRanges = append(r.StatusRanges, policy.StatusRange{Start: 500, End: 599})
+			case f == "gateway-error":
+				r.StatusRanges = append(r.StatusRanges, policy.StatusRange{Start: 502, End: 504})
+			default:
+				lo, hi, isRange := strings.Cut(f, "-")
+				if !isRange {
+					hi = lo
+				}
+				s, err1 := strconv.ParseUint(lo, 10, 16)
+				e, err2 := strconv.ParseUint(hi, 10, 16)
+				if err1 != nil || err2 != nil || s < 100 || e > 599 || s > e {
+					return nil, annotationErr(AnnotationRetryHTTP, "%q is not 5xx, gateway-error, a status code or a range like 500-504", f)
+				}
+				r.StatusRanges = append(r.StatusRanges, policy.StatusRange{Start: uint16(s), End: uint16(e)})
+			}
+		}
+	}
+	return r, nil
+}
+
+var grpcConditions = map[string]codes.Code{
+	"cancelled":          codes.Canceled,
+	"deadline-exceeded":  codes.DeadlineExceeded,
+	"internal":           codes.Internal,
+	"resource-exhausted": codes.ResourceExhausted,
+	"unavailable":        codes.Unavailable,
+}
+
+// grpcRetry is the gRPC retry policy of the annotations.
+func grpcRetry(a map[string]string) (*policy.Retry, error) {
+	r, err := retryCommon(a, AnnotationRetryGRPC)
+	if err != nil || r == nil {
+		return nil, err
+	}
+	if v, ok := a[AnnotationRetryGRPC]; ok {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(strings.ToLower(f))
+			if f == "" {
+				continue
+			}
+			c, ok := grpcConditions[f]
+			if !ok {
+				return nil, annotationErr(AnnotationRetryGRPC, "%q is not one of cancelled, deadline-exceeded, internal, resource-exhausted, unavailable", f)
+			}
+			r.GRPCCodes = append(r.GRPCCodes, c)
+		}
+	}
+	return r, nil
+}
+
+// timeouts reads the timeout annotations; nil when none is set.
+func timeouts(a map[string]string) (*policy.Timeouts, error) {
+	var t policy.Timeouts
+	set := false
+	for _, f := range []struct {
+		key string
+		dst *time.Duration
+	}{{AnnotationTimeoutRequest, &t.Request}, {AnnotationTimeoutResponse, &t.Response}, {AnnotationTimeoutIdle, &t.Idle}} {
+		v, ok := a[f.key]
+		if !ok {
+			continue
+		}
+		d, err := parseDuration(v)
+		if err != nil {
+			return nil, annotationErr(f.key, "%v", err)
+		}
+		*f.dst, set = d, true
+	}
+	if !set {
+		return nil, nil
+	}
+	return &t, nil
+}
+
+// hasRetryAnnotation reports whether a sets any retry annotation, so that
+// a route's retry policy (even "no retries") replaces the Service's.
+func hasRetryAnnotation(a map[string]string) bool {
+	for _, k := range []string{AnnotationRetryHTTP, AnnotationRetryGRPC, AnnotationRetryLimit, AnnotationRetryTimeout} {
+		if _, ok := a[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// parseDuration reads a duration as Linkerd's annotations and Gateway API
+// write them: a Go duration such as 300ms, 10s or 1m30s, not negative.
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration (like 300ms or 10s)", s)
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("%q is negative", s)
+	}
+	return d, nil
+}

@@ -1,0 +1,54 @@
+package profiles
+
+import "net/http"
+
+// Resolved is the profile state of one request's authority, read once:
+// the route table in force and its retry budget. Another router uses it
+// to decide whether the profile applies (a profile with routes or
+// destination overrides wins over an outbound policy) and to run the
+// request by it.
+type Resolved struct {
+	r  *Router
+	ts *tableState
+}
+
+// Resolve returns the profile state of req's authority, starting its watch
+// on first use (the state is then the empty table until the profile
+// arrives).
+func (r *Router) Resolve(req *http.Request) Resolved {
+	return Resolved{r: r, ts: r.destFor(r.requestKey(req)).state.Load()}
+}
+
+// Table returns the route table in force.
+func (v Resolved) Table() *Table { return v.ts.table }
+
+// Budget returns the retry budget of the profile, nil when it has none.
+func (v Resolved) Budget() *Budget { return v.ts.budget }
+
+// Applies reports whether the profile has routes or destination
+// overrides, and so takes precedence over an outbound policy.
+func (v Resolved) Applies() bool {
+	p := v.ts.table.Profile()
+	return p != nil && (len(p.Routes) > 0 || len(p.DstOverrides) > 0)
+}
+
+// RoundTrip runs req through base by the profile, as the router's
+// Transport does.
+func (v Resolved) RoundTrip(base http.RoundTripper, req *http.Request) (*http.Response, error) {
+	return v.r.roundTrip(base, req, v.ts)
+}
+
+// BudgetState is what a [Budget] holds at one moment, for introspection.
+type BudgetState struct {
+	RetryBudget
+	// Deposits counts the requests of the current window; Withdrawals the
+	// retries taken over it, paid by deposits or by the minimum.
+	Deposits, Withdrawals int64
+}
+
+// State returns the budget's parameters and counts.
+func (b *Budget) State() BudgetState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return BudgetState{RetryBudget: b.params, Deposits: b.depositSum, Withdrawals: b.paidSum + b.minimumSum}
+}

@@ -1,0 +1,92 @@
+package router_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/router"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+)
+
+const booksAuthority = "books.default.svc.cluster.local:7000"
+
+const booksYAML = `
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  ports: [{port: 7000}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: books-get, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /books}}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {set: [{name: x-routed, value: books-get}]}
+    backendRefs: [{name: books, port: 7000}]
+`
+
+// The policy comes from the embedded control plane over a real gRPC
+// stream, the backend resolves through the Destination API and the
+// balancer, and the request reaches the upstream with the route's filter
+// applied and the outbound metrics labelled by the HTTPRoute.
+func TestEmbeddedControlPlane(t *testing.T) {
+	up := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.Header.Get("X-Routed"))
+	}))
+	res, err := manifest.Parse([]byte(booksYAML))
+	require.NoError(t, err)
+	store := destination.NewStore()
+	store.SetManifests(res)
+	store.SetEndpoints(map[string][]destination.Endpoint{
+		booksAuthority: {{Addr: netip.MustParseAddrPort(up.Listener.Addr().String())}},
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	destination.NewServer(store).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+
+	dst, err := destination.Dial(lis.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	bal := balancer.New(dst)
+	t.Cleanup(bal.Close)
+	m := testutil.NewMetrics(t)
+	r := router.New(router.WithPolicies(dst.Policies()), router.WithMeterProvider(m.Provider))
+	t.Cleanup(r.Close)
+
+	probe := httptest.NewRequest("GET", "http://"+booksAuthority+"/books/1", nil)
+	require.Eventually(t, func() bool { return r.Explain(probe).Route == "books-get" }, testutil.Timeout, 10*time.Millisecond)
+
+	client := &http.Client{Transport: r.Transport(bal.Transport(testutil.NewTransport(t, testutil.H1)))}
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+booksAuthority+"/books/1", nil)
+	require.NoError(t, err)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "books-get", string(body), "the route's request header modifier applied")
+	assert.Equal(t, "1", m.Value(t, "outbound_http_route_request_statuses_total",
+		`route_kind="HTTPRoute"`, `route_name="books-get"`, `parent_name="books"`, `http_status="200"`))
+}

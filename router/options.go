@@ -1,0 +1,146 @@
+package router
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// ScopeName is the instrumentation scope of the outbound route metrics.
+const ScopeName = "github.com/inmesh/inmesh/router"
+
+// DefaultMaxAuthorities bounds the authorities whose policies a [Router]
+// watches.
+const DefaultMaxAuthorities = 10000
+
+// Option configures a [Router].
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	profiles       profiles.Source
+	profileRouter  *profiles.Router
+	profileOpts    []profiles.RouterOption
+	policies       policy.Source
+	mp             metric.MeterProvider
+	logger         *slog.Logger
+	maxAuthorities int
+	defaultPort    string
+	budget         *profiles.RetryBudget
+	compile        policy.Options
+	// wait sleeps between retries; tests replace it.
+	wait func(ctx context.Context, d time.Duration) bool
+	// rand returns a number in [0, 1); tests replace it.
+	rand func() float64
+}
+
+func newConfig(opts []Option) config {
+	c := config{logger: slog.Default(), maxAuthorities: DefaultMaxAuthorities, defaultPort: "80", wait: sleep}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	return c
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// WithProfiles routes by the ServiceProfiles of src. A profile with routes
+// or destination overrides takes precedence over the outbound policy of
+// the same authority. The options configure the profile side (its route_*
+// metrics take the router's meter provider unless they set another).
+func WithProfiles(src profiles.Source, opts ...profiles.RouterOption) Option {
+	return optionFunc(func(c *config) {
+		if src != nil {
+			c.profiles = src
+			c.profileOpts = opts
+		}
+	})
+}
+
+// WithProfileRouter routes by the ServiceProfiles of an existing profile
+// router (such as the one of a mesh client), which the Router then shares
+// and does not close. It takes precedence over [WithProfiles].
+func WithProfileRouter(pr *profiles.Router) Option {
+	return optionFunc(func(c *config) {
+		if pr != nil {
+			c.profileRouter = pr
+		}
+	})
+}
+
+// WithPolicies routes by the outbound policies of src (the OutboundPolicies
+// API, or [policy.NewStaticSource] without a control plane).
+func WithPolicies(src policy.Source) Option {
+	return optionFunc(func(c *config) {
+		if src != nil {
+			c.policies = src
+		}
+	})
+}
+
+// WithMeterProvider sets the meter provider of the route metrics; nil (the
+// default) means the global one.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) {
+		if mp != nil {
+			c.mp = mp
+		}
+	})
+}
+
+// WithLogger sets the logger for rejected policies (default
+// slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	})
+}
+
+// WithMaxAuthorities bounds the authorities whose policies are watched;
+// requests for further authorities take the default route. n <= 0 changes
+// nothing.
+func WithMaxAuthorities(n int) Option {
+	return optionFunc(func(c *config) {
+		if n > 0 {
+			c.maxAuthorities = n
+		}
+	})
+}
+
+// WithRetryBudget adds a retry budget (ratio, minimum per second, TTL) to
+// the counted retries of every policy route, beyond Linkerd (as Gateway
+// API GEP-3388 proposes): a retry needs both the count and the budget. Each
+// route has its own budget. A nil or invalid budget changes nothing.
+func WithRetryBudget(b *profiles.RetryBudget) Option {
+	return optionFunc(func(c *config) {
+		if b != nil && b.Validate() == nil {
+			cp := *b
+			c.budget = &cp
+		}
+	})
+}
+
+// WithCompileOptions sets the limits policies are compiled under.
+func WithCompileOptions(o policy.Options) Option {
+	return optionFunc(func(c *config) { c.compile = o })
+}

@@ -1,0 +1,243 @@
+package router
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// Router routes requests by the route tables of both of Linkerd's models:
+// ServiceProfiles and outbound policies (HTTPRoute and GRPCRoute).
+//
+// For each request it finds the authority (the Host, with its port), and
+// then, as Linkerd's proxy does: the ServiceProfile's table when the
+// profile has routes or destination overrides; else the outbound policy's
+// table; else the default route, which sends the request on unchanged.
+// Either source may be left out. Both tables run through one exchange loop
+// (timeouts, retries with streaming-safe body replay, metrics): budgeted
+// retries and the route_* families for profiles, counted retries and the
+// outbound_{http,grpc}_route_* families for policies.
+//
+// The first request to an authority starts its watches in the background
+// and takes the default route: discovery never holds a request back. Each
+// policy update is compiled and swapped in with one atomic store; a policy
+// that fails to compile is logged and the last good table stays.
+//
+// A Router is safe for concurrent use. Close stops its watches.
+type Router struct {
+	cfg     config
+	prof    *profiles.Router
+	ownProf bool // prof is the router's own, closed with it
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu    sync.RWMutex
+	dests map[string]*dest // by normalized authority
+
+	httpFam, grpcFam *metrics.Outbound
+}
+
+// dest is one authority's policy watch and its current table.
+type dest struct {
+	authority string
+	state     atomic.Pointer[policyState]
+	stop      func()
+}
+
+// policyState is a compiled policy with the metric targets and retry
+// budgets of its routes, built once per table.
+type policyState struct {
+	table   *policy.Table
+	targets map[*policy.Route]*routeTarget
+}
+
+// routeTarget is what requests of one policy route need beside the route.
+type routeTarget struct {
+	route    *policy.Route
+	metrics  *metrics.RouteTarget
+	backends []*metrics.BackendTarget // by position in route.Backends
+	// noBackend is the series of a request no backend took.
+	noBackend *metrics.BackendTarget
+	budget    *profiles.Budget // nil: the count alone limits retries
+	// total is the sum of the random-available weights.
+	total uint64
+}
+
+// New returns a Router over the sources its options give.
+func New(opts ...Option) *Router {
+	cfg := newConfig(opts)
+	r := &Router{cfg: cfg, dests: make(map[string]*dest)}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	switch {
+	case cfg.profileRouter != nil:
+		r.prof = cfg.profileRouter
+	case cfg.profiles != nil:
+		r.ownProf = true
+		popts := append([]profiles.RouterOption{profiles.WithMeterProvider(cfg.mp), profiles.WithLogger(cfg.logger)}, cfg.profileOpts...)
+		r.prof = profiles.NewRouter(cfg.profiles, popts...)
+	}
+	meter := metrics.Meter(cfg.mp, ScopeName)
+	r.httpFam = metrics.NewOutbound(meter, false)
+	r.grpcFam = metrics.NewOutbound(meter, true)
+	return r
+}
+
+// Profiles returns the ServiceProfile router inside r, nil without a
+// profile source.
+func (r *Router) Profiles() *profiles.Router { return r.prof }
+
+// Close stops every watch; the router keeps routing with the tables it
+// has.
+func (r *Router) Close() {
+	r.cancel()
+	if r.ownProf {
+		r.prof.Close()
+	}
+	r.mu.Lock()
+	dests := make([]*dest, 0, len(r.dests))
+	for _, d := range r.dests {
+		dests = append(dests, d)
+	}
+	r.mu.Unlock()
+	for _, d := range dests {
+		if d.stop != nil {
+			d.stop()
+		}
+	}
+}
+
+var emptyState = &policyState{}
+
+// policyFor returns the policy state of a request's authority, starting its
+// watch on first use; nil without a policy source or past the bound.
+func (r *Router) policyFor(req *http.Request) *policyState {
+	if r.cfg.policies == nil {
+		return nil
+	}
+	authority, err := r.normalize(requestKey(req))
+	if err != nil {
+		return nil
+	}
+	r.mu.RLock()
+	d := r.dests[authority]
+	r.mu.RUnlock()
+	if d == nil {
+		r.mu.Lock()
+		if d = r.dests[authority]; d == nil {
+			if len(r.dests) >= r.cfg.maxAuthorities || r.ctx.Err() != nil {
+				r.mu.Unlock()
+				return nil
+			}
+			d = &dest{authority: authority}
+			d.state.Store(emptyState)
+			r.dests[authority] = d
+			if d.stop, err = r.cfg.policies.Watch(r.ctx, authority, func(u policy.Update) { r.apply(d, u) }); err != nil {
+				r.cfg.logger.Warn("cannot watch the outbound policy; using the default route", "authority", authority, "error", err)
+			}
+		}
+		r.mu.Unlock()
+	}
+	return d.state.Load()
+}
+
+func (r *Router) normalize(key string) (string, error) {
+	if _, _, err := net.SplitHostPort(key); err != nil {
+		key = net.JoinHostPort(strings.Trim(key, "[]"), r.cfg.defaultPort)
+	}
+	return authpkg.Normalize(key)
+}
+
+func requestKey(req *http.Request) string {
+	if req.Host != "" {
+		return req.Host
+	}
+	if req.URL != nil {
+		return req.URL.Host
+	}
+	return ""
+}
+
+// apply compiles a policy update for d and swaps it in.
+func (r *Router) apply(d *dest, u policy.Update) {
+	if u.Policy == nil {
+		d.state.Store(emptyState)
+		return
+	}
+	t, err := policy.Compile(u.Policy, r.cfg.compile)
+	if err != nil {
+		r.cfg.logger.Warn("rejected outbound policy; keeping the last good one", "authority", d.authority, "error", err)
+		return
+	}
+	d.state.Store(r.build(t))
+}
+
+// build makes the state of a compiled policy: the metric targets of each
+// route and backend, and the budgets.
+func (r *Router) build(t *policy.Table) *policyState {
+	ps := &policyState{table: t, targets: make(map[*policy.Route]*routeTarget)}
+	p := t.Policy()
+	var tables []*policy.RouteTable
+	switch p.Protocol {
+	case policy.ProtocolGRPC:
+		tables = append(tables, t.For(&http.Request{ProtoMajor: 2}))
+	default:
+		tables = append(tables, t.For(&http.Request{ProtoMajor: 1}), t.For(&http.Request{ProtoMajor: 2}))
+	}
+	for _, rt := range tables {
+		if rt == nil {
+			continue
+		}
+		for _, route := range rt.Routes() {
+			if ps.targets[route] == nil {
+				ps.targets[route] = r.routeTarget(route)
+			}
+		}
+	}
+	return ps
+}
+
+func metaLabels(prefix string, m policy.Metadata, withPort bool) []attribute.KeyValue {
+	kvs := []attribute.KeyValue{
+		attribute.String(prefix+"_group", m.Group),
+		attribute.String(prefix+"_kind", m.Kind),
+		attribute.String(prefix+"_namespace", m.Namespace),
+		attribute.String(prefix+"_name", m.Name),
+	}
+	if withPort {
+		port := ""
+		if m.Port != 0 {
+			port = strconv.Itoa(int(m.Port))
+		}
+		kvs = append(kvs, attribute.String(prefix+"_port", port), attribute.String(prefix+"_section_name", m.Section))
+	}
+	return kvs
+}
+
+func (r *Router) routeTarget(route *policy.Route) *routeTarget {
+	fam := r.httpFam
+	if route.GRPC {
+		fam = r.grpcFam
+	}
+	labels := append(metaLabels("parent", route.Parent, true), metaLabels("route", route.Meta, false)...)
+	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(fam, "", labels...)}
+	for _, b := range route.Backends.Backends {
+		rt.backends = append(rt.backends, rt.metrics.NewBackendTarget(metaLabels("backend", b.Backend.Meta, true)...))
+		rt.total += uint64(b.Weight)
+	}
+	rt.noBackend = rt.metrics.NewBackendTarget(metaLabels("backend", policy.Metadata{}, true)...)
+	if r.cfg.budget != nil {
+		rt.budget = profiles.NewBudget(*r.cfg.budget)
+	}
+	return rt
+}

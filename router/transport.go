@@ -1,0 +1,464 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/exchange"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/proxyerr"
+	"github.com/inmesh/inmesh/policy"
+	"google.golang.org/grpc/codes"
+)
+
+// FailFast is implemented by errors of a backend that failed a request
+// without sending it because it had no ready endpoint in time (the
+// balancer's fail-fast). Such a request is retried by a policy route with
+// retries, whatever its conditions.
+type FailFast interface{ FailFast() bool }
+
+// LoadShed is implemented by errors of a backend that refused a request
+// because it was overloaded; these are never retried.
+type LoadShed interface{ LoadShed() bool }
+
+// Transport returns the outbound side of the router around base (nil:
+// http.DefaultTransport). base receives each attempt with its URL host
+// set to the chosen backend: a balancer backend's authority (base is then
+// typically a balancer.Transport, which resolves it), or a forward
+// backend's address.
+//
+// Policy routes: the rule's filters apply in order (request and response
+// header modifiers, redirects, failure injectors), then the backend's;
+// the backend comes from the rule's distribution (empty: 500 with
+// l5d-proxy-error; first-available: the first; random-available: at
+// random by weight). The request timeout bounds the whole exchange, both
+// streams; the response timeout the time from the first attempt to the
+// end of the response; when one fires before the response went to the
+// caller the answer is a 504. The idle timeout bounds the time in which
+// neither body moves (the wait for the response head included). None of
+// these is retried. The retry's timeout
+// bounds each attempt but the last until its response headers; an attempt
+// that runs out is retried. Retries are counted (max_retries, default 1):
+// responses with a status in the rule's ranges (empty: 500-599) or a
+// gRPC status among its codes, fail-fast errors ([FailFast]), response
+// header timeouts and REFUSED_STREAM resets; never load shedding
+// ([LoadShed]). Request bodies of up to max_request_bytes are replayed;
+// larger ones are sent once. Between attempts the retry's backoff waits
+// (25-250 ms with full jitter by default).
+//
+// With allow_l5d_request_headers the l5d-retry-http, l5d-retry-grpc,
+// l5d-retry-limit, l5d-retry-timeout, l5d-timeout (or l5d-request-timeout)
+// and l5d-response-timeout request headers override the rule's retry and
+// timeouts. These headers never reach the upstream on a policy route:
+// Linkerd's proxy removes them only when it honours them; here they are
+// removed whether or not the rule allows them, so a client cannot steer
+// a proxy further on.
+func (r *Router) Transport(base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &transport{r: r, base: base}
+}
+
+type transport struct {
+	r    *Router
+	base http.RoundTripper
+}
+
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r := t.r
+	if r.prof != nil {
+		if v := r.prof.Resolve(req); v.Applies() {
+			return v.RoundTrip(t.base, req)
+		}
+	}
+	ps := r.policyFor(req)
+	if ps == nil || ps.table == nil {
+		// No policy: the default route, through the profile router when
+		// there is one (its default route and metrics).
+		if r.prof != nil {
+			return r.prof.Resolve(req).RoundTrip(t.base, req)
+		}
+		return t.base.RoundTrip(req)
+	}
+	route, match := ps.table.Select(req)
+	if route == nil {
+		closeReqBody(req)
+		return proxyerr.Response(req, http.StatusNotFound, "no route found for request"), nil
+	}
+	return r.runPolicy(t.base, req, ps.targets[route], match)
+}
+
+// runPolicy runs req by the policy route of rt, selected by match.
+func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeTarget, match policy.Match) (*http.Response, error) {
+	route := rt.route
+	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header), match: match}
+	timeouts := route.Timeouts
+	retry := route.Retry
+	if hasL5d(req.Header) {
+		req = req.Clone(req.Context())
+		if route.AllowL5dRequestHeaders {
+			retry, timeouts = overrideL5d(req.Header, retry, timeouts, route.GRPC)
+		}
+		stripL5d(req.Header)
+	}
+	x.retry = retry
+	p := &exchange.Plan{Classifier: defaultClassifier, Recorder: x}
+	if timeouts.Request > 0 {
+		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Request, Cause: exchange.ErrRequestTimeout, Stream: true,
+			Message: "request timed out after " + timeouts.Request.String()})
+	}
+	if timeouts.Response > 0 {
+		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Response, Cause: exchange.ErrResponseTimeout, Stream: true,
+			Message: "response timed out after " + timeouts.Response.String()})
+	}
+	if timeouts.Idle > 0 {
+		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Idle, Cause: exchange.ErrIdleTimeout, Stream: true,
+			Message: "stream idle for " + timeouts.Idle.String()})
+	}
+	if retry != nil {
+		p.Retry = x
+		p.MaxRetries = retry.Limit()
+		p.BodyLimit = retry.BodyLimit()
+		p.TryTimeout = retry.Timeout
+		if rt.budget != nil {
+			rt.budget.Deposit()
+		}
+	}
+	return exchange.RoundTrip(attemptFunc(x.attempt), req, p)
+}
+
+type attemptFunc func(*http.Request) (*http.Response, error)
+
+func (f attemptFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// policyExchange is one logical request of a policy route: the retry
+// strategy and the recorder of its exchange, and the attempt that applies
+// the filters and picks the backend.
+type policyExchange struct {
+	r     *Router
+	rt    *routeTarget
+	base  http.RoundTripper
+	grpc  bool
+	retry *policy.Retry
+	match policy.Match
+	// backend is the series of the attempt in flight.
+	backend *metrics.BackendTarget
+	start   time.Time
+}
+
+// attempt sends one attempt: the rule's filters, a backend, its filters.
+func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
+	route := x.rt.route
+	x.start = time.Now()
+	x.backend = nil // a rule filter's answer has no backend series
+	var respMods []*policy.HeaderModifier
+	req, resp := x.filter(req, route.Filters, &respMods)
+	if resp != nil {
+		return resp, nil
+	}
+	i := x.pick()
+	if i < 0 {
+		x.backend = x.rt.noBackend
+		x.backend.Request(req.Context())
+		closeReqBody(req)
+		return proxyerr.Response(req, http.StatusInternalServerError, "no backends for this route"), nil
+	}
+	rb := &route.Backends.Backends[i]
+	x.backend = x.rt.backends[i]
+	x.backend.Request(req.Context())
+	if req, resp = x.filter(req, rb.Filters, &respMods); resp != nil {
+		return resp, nil
+	}
+	out := req.Clone(req.Context())
+	out.Body, out.GetBody = req.Body, req.GetBody
+	u := *req.URL
+	out.URL = &u
+	switch b := rb.Backend; {
+	case b.Balancer != nil:
+		out.URL.Host, out.Host = b.Balancer.Authority, b.Balancer.Authority
+	case b.Forward != nil:
+		out.URL.Host, out.Host = b.Forward.Addr.String(), b.Forward.Addr.String()
+	default:
+		closeReqBody(req)
+		return proxyerr.Response(req, http.StatusInternalServerError, "backend has no destination"), nil
+	}
+	if out.URL.Scheme == "" {
+		out.URL.Scheme = "http"
+	}
+	resp, err := x.base.RoundTrip(out)
+	if err == nil {
+		for _, m := range respMods {
+			m.Apply(resp.Header)
+		}
+	}
+	return resp, err
+}
+
+// filter applies filters to req: header modifiers edit a copy of its
+// headers (response modifiers are collected for the response); a redirect
+// or a failure injector that fires answers at once.
+func (x *policyExchange) filter(req *http.Request, fs []policy.Filter, respMods *[]*policy.HeaderModifier) (*http.Request, *http.Response) {
+	cloned := false
+	for _, f := range fs {
+		switch {
+		case f.RequestHeaders != nil:
+			if !cloned {
+				body, getBody := req.Body, req.GetBody
+				req = req.Clone(req.Context())
+				req.Body, req.GetBody = body, getBody
+				cloned = true
+			}
+			f.RequestHeaders.Apply(req.Header)
+		case f.ResponseHeaders != nil:
+			*respMods = append(*respMods, f.ResponseHeaders)
+		case f.Redirect != nil:
+			closeReqBody(req)
+			resp := proxyerr.Response(req, f.Redirect.StatusCode(), "redirected")
+			resp.Header.Del(proxyerr.Header)
+			resp.Header.Set("Location", redirectURL(req, f.Redirect, x.match))
+			return req, resp
+		case f.FailureInjector != nil:
+			if x.fires(f.FailureInjector.Ratio) {
+				closeReqBody(req)
+				return req, proxyerr.Response(req, f.FailureInjector.Status, f.FailureInjector.Message)
+			}
+		case f.GRPCFailureInjector != nil:
+			if x.fires(f.GRPCFailureInjector.Ratio) {
+				closeReqBody(req)
+				resp := proxyerr.Response(req, http.StatusOK, f.GRPCFailureInjector.Message)
+				resp.Header.Del(proxyerr.Header)
+				resp.Header.Set("Content-Type", "application/grpc")
+				resp.Header.Set("Grpc-Status", strconv.Itoa(int(f.GRPCFailureInjector.Code)))
+				resp.Header.Set("Grpc-Message", f.GRPCFailureInjector.Message)
+				return req, resp
+			}
+		}
+	}
+	return req, nil
+}
+
+func (x *policyExchange) random() float64 {
+	if x.r.cfg.rand != nil {
+		return x.r.cfg.rand()
+	}
+	return rand.Float64()
+}
+
+func (x *policyExchange) fires(r policy.Ratio) bool {
+	p := r.Probability()
+	return p >= 1 || p > 0 && x.random() < p
+}
+
+// pick returns the index of the backend of this attempt, -1 for none.
+func (x *policyExchange) pick() int {
+	d := &x.rt.route.Backends
+	switch {
+	case len(d.Backends) == 0 || d.Kind == policy.DistributionEmpty:
+		return -1
+	case d.Kind == policy.DistributionFirstAvailable || len(d.Backends) == 1:
+		return 0
+	case x.rt.total == 0:
+		return int(x.random() * float64(len(d.Backends)))
+	}
+	n := uint64(x.random() * float64(x.rt.total))
+	for i, b := range d.Backends {
+		if n < uint64(b.Weight) {
+			return i
+		}
+		n -= uint64(b.Weight)
+	}
+	return len(d.Backends) - 1
+}
+
+func redirectURL(req *http.Request, rd *policy.Redirect, m policy.Match) string {
+	u := *req.URL
+	host := req.Host
+	if host == "" {
+		host = u.Host
+	}
+	scheme := u.Scheme
+	if scheme == "" {
+		scheme = "http"
+	}
+	if rd.Scheme != "" {
+		scheme = rd.Scheme
+	}
+	h, port := splitHostPort(host)
+	if rd.Host != "" {
+		h = rd.Host
+	}
+	if rd.Port != 0 {
+		port = strconv.Itoa(int(rd.Port))
+	}
+	if port != "" {
+		host = h + ":" + port
+	} else {
+		host = h
+	}
+	path := u.Path
+	if rd.Path != nil {
+		path = rd.Path.Full
+		if rd.Path.Prefix && m.Path == policy.PathPrefix && m.PathLen <= len(u.Path) {
+			// Replace the part the prefix match matched; the rest of the
+			// path follows the new prefix.
+			rest := u.Path[m.PathLen:]
+			if rest != "" && !strings.HasPrefix(rest, "/") {
+				rest = "/" + rest
+			}
+			path = strings.TrimSuffix(rd.Path.Full, "/") + rest
+			if path == "" {
+				path = "/"
+			}
+		}
+	}
+	out := url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: u.RawQuery}
+	return out.String()
+}
+
+func splitHostPort(hp string) (string, string) {
+	i := strings.LastIndexByte(hp, ':')
+	if i < 0 || strings.HasSuffix(hp, "]") {
+		return hp, ""
+	}
+	return hp[:i], hp[i+1:]
+}
+
+// Retryable implements exchange.Retry.
+func (x *policyExchange) Retryable(resp *http.Response, class classify.Class, err error) bool {
+	if resp != nil {
+		if x.grpc {
+			return class.GRPCStatus >= 0 && x.retry.RetryableCode(codes.Code(class.GRPCStatus))
+		}
+		return x.retry.RetryableStatus(resp.StatusCode)
+	}
+	var ls LoadShed
+	if errors.As(err, &ls) && ls.LoadShed() {
+		return false
+	}
+	var ff FailFast
+	return errors.Is(err, exchange.ErrTryTimeout) || errors.As(err, &ff) && ff.FailFast() ||
+		class.Error == "h2(REFUSED_STREAM)"
+}
+
+// retriable reports whether the final outcome of a retried request is
+// one the policy would retry: then the retries did not succeed.
+func (x *policyExchange) retriable(o exchange.Outcome) bool {
+	if x.grpc {
+		return o.Class.GRPCStatus < 0 || x.retry.RetryableCode(codes.Code(o.Class.GRPCStatus))
+	}
+	return x.retry.RetryableStatus(o.Status)
+}
+
+// Allow implements exchange.Retry: the count, then the budget, then the
+// backoff.
+func (x *policyExchange) Allow(ctx context.Context, retries int) bool {
+	m := x.rt.metrics
+	if retries >= x.retry.Limit() {
+		m.LimitExceeded(ctx)
+		return false
+	}
+	if x.rt.budget != nil && !x.rt.budget.Withdraw() {
+		m.Overflow(ctx)
+		return false
+	}
+	m.Retry(ctx)
+	return x.r.cfg.wait(ctx, x.retry.BackoffPolicy().Delay(retries))
+}
+
+// Attempt implements exchange.Recorder; the backend's request is counted
+// once the attempt picked it.
+func (x *policyExchange) Attempt(context.Context) {}
+
+// AttemptDone implements exchange.Recorder.
+func (x *policyExchange) AttemptDone(ctx context.Context, o exchange.Outcome, _ time.Time) {
+	if x.backend != nil {
+		x.backend.Done(ctx, x.status(o), x.start)
+	}
+}
+
+// Done implements exchange.Recorder.
+func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
+	st := x.status(o)
+	x.rt.metrics.Done(ctx, st, start)
+	if o.Retries > 0 && st.Error == "" && !x.retriable(o) {
+		x.rt.metrics.RetrySuccess(ctx)
+	}
+}
+
+func (x *policyExchange) status(o exchange.Outcome) metrics.Status {
+	st := metrics.Status{HTTP: o.Status, GRPC: o.Class.GRPCStatus, Error: errorValue(o)}
+	if st.Error != "" {
+		// A response the proxy made for an error carries no upstream
+		// status.
+		if o.Status == http.StatusGatewayTimeout {
+			st.HTTP = 0
+		}
+		st.GRPC = -1
+	}
+	return st
+}
+
+// errorValue maps an outcome to Linkerd's error label values.
+func errorValue(o exchange.Outcome) string {
+	err := o.Err
+	if err == nil {
+		return ""
+	}
+	var ff FailFast
+	var ls LoadShed
+	switch {
+	case errors.Is(err, exchange.ErrRequestTimeout):
+		return "REQUEST_TIMEOUT"
+	case errors.Is(err, exchange.ErrResponseTimeout):
+		return "RESPONSE_STREAM_TIMEOUT"
+	case errors.Is(err, exchange.ErrTryTimeout):
+		return "RESPONSE_HEADERS_TIMEOUT"
+	case errors.Is(err, exchange.ErrIdleTimeout):
+		return "IDLE_TIMEOUT"
+	case errors.As(err, &ff) && ff.FailFast():
+		return "FAIL_FAST"
+	case errors.As(err, &ls) && ls.LoadShed():
+		return "LOAD_SHED"
+	case errors.Is(err, context.Canceled):
+		return "CANCEL"
+	}
+	switch o.Class.Error {
+	case "h2(REFUSED_STREAM)":
+		return "REFUSED"
+	case "h2(ENHANCE_YOUR_CALM)":
+		return "ENHANCE_YOUR_CALM"
+	case "h2(CANCEL)":
+		return "CANCEL"
+	case "unclassified", "", "timeout":
+	default:
+		if strings.HasPrefix(o.Class.Error, "h2(") {
+			return "RESET"
+		}
+	}
+	if strings.Contains(err.Error(), "GOAWAY") {
+		return "GO_AWAY"
+	}
+	var ne interface{ Timeout() bool }
+	if errors.As(err, &ne) || strings.Contains(err.Error(), "connection") {
+		return "IO"
+	}
+	return "UNKNOWN"
+}
+
+func closeReqBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// defaultClassifier classifies the responses of policy routes: Linkerd's
+// default rules (5xx, failing gRPC codes, errors).
+var defaultClassifier = classify.Default()
