@@ -459,8 +459,9 @@ func TestExplain(t *testing.T) {
 	_, err := json.Marshal(e)
 	require.NoError(t, err)
 
+	profileBudget := profiles.DefaultRetryBudget()
 	prof.Set(authority, &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.Method("GET"), Labels: map[string]string{"route": "gets"}, Retryable: true}},
-		RetryBudget: &profiles.DefaultRetryBudget})
+		RetryBudget: &profileBudget})
 	f.waitModel(t, "http://svc.test/api", ModelProfile)
 	e = f.r.Explain(httptest.NewRequest("GET", "http://svc.test/api", nil))
 	assert.Equal(t, "gets", e.Route)
