@@ -138,6 +138,12 @@ func FuzzDowngrade(f *testing.F) {
 		if down.Host != host {
 			t.Fatalf("host %q, want %q", down.Host, host)
 		}
+		if plainOriginForm(path) && u.RequestURI() != path {
+			t.Fatalf("target %q taken as is, but reads back as %q", path, u.RequestURI())
+		}
+		if r.Header.Get(Header) != value || r.URL != u || r.Proto != "HTTP/2.0" {
+			t.Fatal("the downgrade changed the request it was given")
+		}
 	})
 }
 

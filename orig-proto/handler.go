@@ -3,14 +3,13 @@ package origproto
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"strings"
 
-	"github.com/felixge/httpsnoop"
+	"github.com/inmesh/inmesh/internal/rw"
 )
 
 // HandlerOption configures [NewHandler].
@@ -113,11 +112,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	dw, prepare := downgradedWriter(w, p.version())
+	dw, st := rw.Wrap(w)
+	st.OnHead = prepareHTTP11
+	if p.minor == 0 {
+		st.OnHead = prepareHTTP10
+	}
 	h.next.ServeHTTP(dw, down)
 	// A handler that wrote nothing leaves the response to net/http, which
-	// sends the header map as it is: strip it now.
-	prepare()
+	// sends the header map as it is: prepare it now.
+	if st.Status == 0 {
+		st.OnHead(w.Header())
+	}
+	st.Release()
 }
 
 // errInvalidValue is the reason a request with a bad l5d-orig-proto is
@@ -125,7 +131,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 var errInvalidValue = errors.New("invalid l5d-orig-proto value")
 
 // downgrade returns the HTTP/1 request that an upgraded HTTP/2 request was,
-// given the values of its l5d-orig-proto header.
+// given the values of its l5d-orig-proto header. It copies only what it
+// changes: the request, its URL and its header map; header values, the
+// body and the trailers are shared with r.
 func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 	if len(values) != 1 {
 		return nil, proto{}, errInvalidValue
@@ -134,16 +142,28 @@ func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 	if !ok {
 		return nil, proto{}, errInvalidValue
 	}
-	down := r.Clone(r.Context())
-	down.Trailer = r.Trailer // filled in as the body is read
+	down := new(http.Request)
+	*down = *r
+	u := *r.URL
+	down.URL = &u
+	down.Header = make(http.Header, len(r.Header))
+	for k, v := range r.Header {
+		down.Header[k] = v
+	}
 	delete(down.Header, Header)
 	stripHopByHop(down.Header)
 	down.Proto, down.ProtoMajor, down.ProtoMinor = p.version(), 1, p.minor
-	down.URL.Scheme, down.URL.Host = "", ""
-	down.RequestURI = down.URL.RequestURI()
+	u.Scheme, u.Host = "", ""
+	if !p.absolute && plainOriginForm(r.RequestURI) && u.Opaque == "" {
+		// The target net/http parsed is already what an HTTP/1 request
+		// line carries, and it needs no second look.
+		down.RequestURI = r.RequestURI
+		return down, p, nil
+	}
+	down.RequestURI = u.RequestURI()
 	if p.absolute {
-		down.URL.Scheme, down.URL.Host = "http", r.Host
-		down.RequestURI = down.URL.String()
+		u.Scheme, u.Host = "http", r.Host
+		down.RequestURI = u.String()
 	}
 	if _, err := url.ParseRequestURI(down.RequestURI); err != nil {
 		return nil, proto{}, fmt.Errorf("invalid request target or authority: %q", down.RequestURI)
@@ -151,51 +171,48 @@ func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 	return down, p, nil
 }
 
-// downgradedWriter strips the HTTP/1 application's connection headers from
-// its response and adds l5d-orig-proto, as the head goes out; prepare does
-// it for a handler that returns without writing.
-func downgradedWriter(w http.ResponseWriter, version string) (_ http.ResponseWriter, prepare func()) {
-	done := false
-	prepare = func() {
-		if !done {
-			done = true
-			h := w.Header()
-			declared := h["Trailer"]
-			stripHopByHop(h)
-			if declared != nil {
-				h["Trailer"] = declared // trailers are end-to-end, not hop-by-hop, on HTTP/2
-			}
-			h[Header] = []string{version}
+// plainOriginForm reports whether t is an origin-form target of only
+// unreserved characters, slashes and an optional query of unreserved
+// characters, '=' and '&': a target that parses as itself and reads back
+// unchanged.
+func plainOriginForm(t string) bool {
+	if len(t) == 0 || t[0] != '/' || len(t) > 1 && t[1] == '/' {
+		return false
+	}
+	query := false
+	for i := 1; i < len(t); i++ {
+		c := t[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '-', c == '.', c == '_', c == '~', c == '/':
+		case c == '?' && !query:
+			query = true
+		case query && (c == '=' || c == '&'):
+		default:
+			return false
 		}
 	}
-	return httpsnoop.Wrap(w, httpsnoop.Hooks{
-		WriteHeader: func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
-			return func(code int) {
-				if code >= 200 {
-					prepare()
-				}
-				next(code)
-			}
-		},
-		Write: func(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
-			return func(b []byte) (int, error) {
-				prepare()
-				return next(b)
-			}
-		},
-		ReadFrom: func(next httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc {
-			return func(src io.Reader) (int64, error) {
-				prepare()
-				return next(src)
-			}
-		},
-		Flush: func(next httpsnoop.FlushFunc) httpsnoop.FlushFunc {
-			return func() {
-				prepare()
-				next()
-			}
-		},
-	}), prepare
+	return true
+}
+
+// headerLower is [Header] in the form HTTP/2 sends, so that net/http
+// writes it without converting it on every response.
+const headerLower = "l5d-orig-proto"
+
+// prepareHTTP11 and prepareHTTP10 strip the HTTP/1 application's
+// connection headers from its response and add l5d-orig-proto, as the
+// head goes out.
+func prepareHTTP11(h http.Header) { prepareHead(h, "HTTP/1.1") }
+func prepareHTTP10(h http.Header) { prepareHead(h, "HTTP/1.0") }
+
+func prepareHead(h http.Header, version string) {
+	declared := h["Trailer"]
+	stripHopByHop(h)
+	if declared != nil {
+		h["Trailer"] = declared // trailers are end-to-end, not hop-by-hop, on HTTP/2
+	}
+	delete(h, Header)
+	h[headerLower] = []string{version}
 }
 
 func hasL5d(h http.Header) bool {

@@ -61,9 +61,11 @@ var hopByHop = []string{
 // l5d-orig-proto in Connection cannot remove it.
 func stripHopByHop(h http.Header) {
 	for _, v := range h["Connection"] {
-		for _, name := range strings.Split(v, ",") {
-			if name = textproto.TrimString(name); name != "" {
-				h.Del(name)
+		for v != "" {
+			var name string
+			name, v, _ = strings.Cut(v, ",")
+			if name = textproto.TrimString(name); name != "" && !isHopByHop(name) {
+				deleteFold(h, name)
 			}
 		}
 	}
@@ -73,6 +75,27 @@ func stripHopByHop(h http.Header) {
 	}
 	if wantsTrailers {
 		h["Te"] = []string{"trailers"}
+	}
+}
+
+// isHopByHop reports whether name is in the fixed list, which is removed
+// anyway.
+func isHopByHop(name string) bool {
+	for _, n := range hopByHop {
+		if strings.EqualFold(n, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// deleteFold removes the header name in any spelling, without building its
+// canonical form.
+func deleteFold(h http.Header, name string) {
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			delete(h, k)
+		}
 	}
 }
 

@@ -137,14 +137,21 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // upgrade returns the HTTP/2 form of an eligible HTTP/1 request: a copy
-// without its hop-by-hop headers, with l5d-orig-proto.
+// without its hop-by-hop headers, with l5d-orig-proto. Only the request
+// and its header map are copied; header values, the URL, the body and the
+// trailers (filled in as the body is read) are shared with r, which the
+// RoundTripper contract keeps unchanged while the request is in flight.
 func upgrade(r *http.Request) (*http.Request, proto) {
 	p := proto{minor: r.ProtoMinor, absolute: isAbsoluteForm(r)}
 	if p.minor != 0 {
 		p.minor = 1
 	}
-	up := r.Clone(r.Context())
-	up.Trailer = r.Trailer // filled in as the body is read
+	up := new(http.Request)
+	*up = *r
+	up.Header = make(http.Header, len(r.Header)+1)
+	for k, v := range r.Header {
+		up.Header[k] = v
+	}
 	stripHopByHop(up.Header)
 	up.Header[Header] = []string{p.String()}
 	up.Proto, up.ProtoMajor, up.ProtoMinor = "HTTP/2.0", 2, 0

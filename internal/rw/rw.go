@@ -29,6 +29,10 @@ type State struct {
 	// GRPCStatusInHead is set when grpc-status was among the headers
 	// sent with the status (a trailers-only gRPC response).
 	GRPCStatusInHead bool
+	// OnHead, when set, is called once with the header map just before
+	// the head goes out: at the first non-1xx WriteHeader, or the first
+	// Write, ReadFrom or Flush. It may edit the map.
+	OnHead func(http.Header)
 }
 
 var pool = sync.Pool{New: func() any { return new(State) }}
@@ -63,6 +67,9 @@ func (s *State) WrittenHead() (status int, hijacked bool, grpcHead http.Header) 
 func (s *State) writeHeader(code int) {
 	if s.Status == 0 && code >= 200 {
 		s.Status = code
+		if s.OnHead != nil {
+			s.OnHead(s.w.Header())
+		}
 		_, s.GRPCStatusInHead = s.w.Header()["Grpc-Status"]
 	}
 	s.w.WriteHeader(code)
@@ -71,6 +78,9 @@ func (s *State) writeHeader(code int) {
 func (s *State) implicitHeader() {
 	if s.Status == 0 {
 		s.Status = http.StatusOK
+		if s.OnHead != nil {
+			s.OnHead(s.w.Header())
+		}
 		_, s.GRPCStatusInHead = s.w.Header()["Grpc-Status"]
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -87,6 +88,32 @@ func TestState(t *testing.T) {
 	w.Write([]byte("x"))
 	assert.Equal(t, http.StatusOK, st.Status, "a write before WriteHeader means 200")
 	st.Release()
+}
+
+func TestOnHead(t *testing.T) {
+	for name, send := range map[string]func(http.ResponseWriter){
+		"WriteHeader": func(w http.ResponseWriter) { w.WriteHeader(204); w.WriteHeader(500) },
+		"Write":       func(w http.ResponseWriter) { w.Write([]byte("a")); w.Write([]byte("b")) },
+		"Flush":       func(w http.ResponseWriter) { w.(http.Flusher).Flush(); w.Write([]byte("b")) },
+		"ReadFrom":    func(w http.ResponseWriter) { w.(io.ReaderFrom).ReadFrom(strings.NewReader("x")) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := &readFromRecorder{httptest.NewRecorder()}
+			w, st := Wrap(rec)
+			calls := 0
+			st.OnHead = func(h http.Header) { calls++; h.Set("X-Head", "set") }
+			send(w)
+			assert.Equal(t, 1, calls, "called once, before the head")
+			assert.Equal(t, "set", rec.Result().Header.Get("X-Head"), "the edit is in the head sent")
+			st.Release()
+		})
+	}
+}
+
+type readFromRecorder struct{ *httptest.ResponseRecorder }
+
+func (r *readFromRecorder) ReadFrom(src io.Reader) (int64, error) {
+	return io.Copy(r.ResponseRecorder, src)
 }
 
 func TestWrapAllocatesNothing(t *testing.T) {
