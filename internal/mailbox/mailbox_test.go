@@ -2,6 +2,7 @@ package mailbox
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -74,4 +75,61 @@ func TestEachValueOnce(t *testing.T) {
 	for i := 1; i < len(got); i++ {
 		assert.Less(t, got[i-1], got[i], "a value was delivered twice or out of order")
 	}
+}
+
+// An idle mailbox holds no goroutine: thousands of watchers of quiet
+// authorities cost no stacks. A value offered starts one, which ends once
+// the value is delivered.
+func TestIdleMailboxHoldsNoGoroutine(t *testing.T) {
+	before := runtime.NumGoroutine()
+	delivered := make(chan int, 1)
+	var ms []*Mailbox[int]
+	for range 1000 {
+		ms = append(ms, Start(context.Background(), context.Background(), nil, func(int) {}, nil))
+	}
+	assert.LessOrEqual(t, runtime.NumGoroutine(), before+5, "1,000 idle mailboxes")
+	m := Start(context.Background(), context.Background(), nil, func(v int) { delivered <- v }, nil)
+	m.Offer(7)
+	assert.Equal(t, 7, <-delivered)
+	m.Stop()
+	for _, m := range ms {
+		m.Stop()
+	}
+}
+
+// Stop called while a delivery runs waits for it; onExit runs once, after
+// the last delivery, and nothing is delivered after Stop returned.
+func TestStopWaitsForDelivery(t *testing.T) {
+	in, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var events []string
+	m := Start(context.Background(), context.Background(), nil, func(v int) {
+		if v == 1 {
+			close(in)
+			<-release
+		}
+		mu.Lock()
+		events = append(events, "deliver")
+		mu.Unlock()
+	}, func() {
+		mu.Lock()
+		events = append(events, "exit")
+		mu.Unlock()
+	})
+	m.Offer(1)
+	<-in
+	stopped := make(chan struct{})
+	go func() { m.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while deliver ran")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	<-stopped
+	m.Offer(3)
+	m.Stop()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"deliver", "exit"}, events)
 }
