@@ -436,6 +436,33 @@ func TestWatchCap(t *testing.T) {
 		"goroutines return to the baseline")
 }
 
+// At the bound, a stream kept only for its idle timeout (no watcher left)
+// gives way to a new watch instead of refusing it; streams with watchers
+// are never taken.
+func TestWatchCapTakesIdleStreams(t *testing.T) {
+	store := NewStore()
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	c := newTestClient(t, cp.addr, WithMaxWatches(2), WithIdleTimeout(time.Hour))
+	ctx := context.Background()
+
+	held, err := c.Watch(ctx, "held.ns.svc.cluster.local:80", func(profiles.Update) {})
+	require.NoError(t, err)
+	defer held()
+	idle, err := c.Watch(ctx, "idle.ns.svc.cluster.local:80", func(profiles.Update) {})
+	require.NoError(t, err)
+	idle()
+	// The stop above returns before its mailbox has left the stream.
+	var fresh func()
+	require.Eventually(t, func() bool {
+		fresh, err = c.Watch(ctx, "new.ns.svc.cluster.local:80", func(profiles.Update) {})
+		return err == nil
+	}, defaultTestTimeout, 10*time.Millisecond, "the idle stream never made room")
+	defer fresh()
+	assert.Equal(t, 2, c.Stats().ProfileWatches, "the held watch and the new one")
+	_, err = c.Watch(ctx, "third.ns.svc.cluster.local:80", func(profiles.Update) {})
+	assert.ErrorIs(t, err, profiles.ErrTooManyWatches, "a stream with a watcher is never taken")
+}
+
 func TestClosedClient(t *testing.T) {
 	store := NewStore()
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))

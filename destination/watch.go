@@ -73,7 +73,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	}
 	w := ws.m[authority]
 	if w == nil {
-		if len(ws.m) >= c.cfg.maxWatches {
+		if len(ws.m) >= c.cfg.maxWatches && !ws.evictIdleLocked() {
 			ws.rejected.Add(1)
 			return nil, fmt.Errorf("%w: %d %s watches already", errTooManyWatches, len(ws.m), ws.kind.name)
 		}
@@ -133,6 +133,26 @@ func (ws *watches[M, U]) evict(w *watch[M, U], gen uint64) {
 	if !stale {
 		w.cancel()
 	}
+}
+
+// evictIdleLocked closes one stream that nobody watches any more (one
+// kept for its idle timeout), making room for a new watch; it reports
+// whether there was one. The caller holds ws.mu.
+func (ws *watches[M, U]) evictIdleLocked() bool {
+	for a, w := range ws.m {
+		w.mu.Lock()
+		idle := len(w.subs) == 0 && !w.evicted
+		if idle {
+			w.evicted = true
+		}
+		w.mu.Unlock()
+		if idle {
+			delete(ws.m, a)
+			w.cancel()
+			return true
+		}
+	}
+	return false
 }
 
 func (ws *watches[M, U]) len() int {
