@@ -148,6 +148,9 @@ func (c *Client) Close() error {
 // plane rejects the lookup the last update has a nil Profile and an Err
 // wrapping [profiles.ErrNoProfile] and [ErrRejected].
 func (c *Client) Watch(ctx context.Context, authority string, update func(profiles.Update)) (func(), error) {
+	if !c.inScope(authority) {
+		return outOfScope(c, ctx, noProfile, update), nil
+	}
 	return c.profiles.subscribe(c, ctx, authority, update)
 }
 
@@ -161,6 +164,9 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 // balancer then fails requests at once with 503), and the stream's first
 // later message applies as usual.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(EndpointsUpdate)) (func(), error) {
+	if !c.inScope(authority) {
+		return outOfScope(c, ctx, noService, update), nil
+	}
 	return c.endpoints.subscribe(c, ctx, authority, update)
 }
 

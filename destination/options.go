@@ -2,6 +2,7 @@ package destination
 
 import (
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
@@ -33,6 +34,8 @@ type config struct {
 	logInterval          time.Duration
 	dial                 backoff.DialFunc
 	dialOptions          []grpc.DialOption
+	suffixes             []string
+	networks             []netip.Prefix
 }
 
 func newConfig(opts []Option) config {
@@ -41,6 +44,7 @@ func newConfig(opts []Option) config {
 		idleTimeout:         DefaultIdleTimeout,
 		firstMessageTimeout: DefaultFirstMessageTimeout,
 		logger:              slog.Default(),
+		suffixes:            []string{"svc.cluster.local"}, // DefaultSearchSuffixes, normalised
 	}
 	for _, o := range opts {
 		if o != nil {

@@ -110,6 +110,9 @@ func (c *Client) WatchPolicy(ctx context.Context, target TrafficSpec, update fun
 	if err != nil {
 		return nil, err
 	}
+	if target.Authority != "" && !c.inScope(target.Authority) {
+		return outOfScope(c, ctx, noPolicy, update), nil
+	}
 	stop, err := c.policies.subscribe(c, ctx, key, update)
 	if errors.Is(err, errTooManyWatches) {
 		return nil, fmt.Errorf("%w: %w", policy.ErrTooManyWatches, err)

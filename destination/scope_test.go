@@ -1,0 +1,89 @@
+package destination
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Authorities outside the search path are answered at once, without a
+// stream: whatever Hosts an application sends cannot fill the watch bound.
+func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
+	store := NewStore()
+	store.PutEndpoints(books+":7000", []Endpoint{ep("10.0.0.1:7000", true)})
+	store.PutEndpoints("10.1.2.3:80", []Endpoint{ep("10.1.2.3:80", false)})
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	c := newTestClient(t, cp.addr, WithMaxWatches(1),
+		WithSearchNetworks(netip.MustParsePrefix("10.1.0.0/16")))
+	ctx := context.Background()
+
+	for _, a := range []string{"example.com:80", "books.default.svc.cluster.local.evil.com:80", "192.168.1.1:80", "[2001:db8::1]:80"} {
+		prof := newRecorder[profiles.Update]()
+		stop, err := c.Watch(ctx, a, prof.update)
+		require.NoError(t, err, a)
+		defer stop()
+		got := prof.waitFor(t, a+": no profile", func(profiles.Update) bool { return true })
+		assert.Nil(t, got.Profile, a)
+		assert.NoError(t, got.Err, a)
+
+		eps := newRecorder[EndpointsUpdate]()
+		stop, err = c.WatchEndpoints(ctx, a, eps.update)
+		require.NoError(t, err, a)
+		defer stop()
+		set := eps.waitFor(t, a+": no such service", func(u EndpointsUpdate) bool { return u.Set != nil })
+		assert.False(t, set.Set.Exists, a)
+
+		pol := newRecorder[policy.Update]()
+		stop, err = c.WatchPolicy(ctx, TrafficSpec{Authority: a}, pol.update)
+		require.NoError(t, err, a)
+		defer stop()
+		pu := pol.waitFor(t, a+": no policy", func(policy.Update) bool { return true })
+		assert.Nil(t, pu.Policy, a)
+	}
+	assert.Equal(t, Stats{}, c.Stats(), "no stream opened, no room taken")
+
+	// A cluster name (with a trailing dot too, any case) and an address in
+	// a search network are looked up.
+	eps := newRecorder[EndpointsUpdate]()
+	stop, err := c.WatchEndpoints(ctx, "Books.Default.svc.cluster.local.:7000", eps.update)
+	require.NoError(t, err)
+	defer stop()
+	assert.Equal(t, 1, c.Stats().EndpointWatches)
+
+	ip := newRecorder[EndpointsUpdate]()
+	stopIP, err := c.WatchEndpoints(ctx, "10.1.2.3:80", ip.update)
+	assert.ErrorIs(t, err, profiles.ErrTooManyWatches, "an in-network address takes room under the bound")
+	if err == nil {
+		stopIP()
+	}
+}
+
+func TestSearchSuffixes(t *testing.T) {
+	store := NewStore()
+	store.PutEndpoints("web.corp:80", []Endpoint{ep("10.0.0.9:80", false)})
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+
+	c := newTestClient(t, cp.addr, WithSearchSuffixes("Corp."))
+	rec := newRecorder[EndpointsUpdate]()
+	stop, err := c.WatchEndpoints(context.Background(), "web.corp:80", rec.update)
+	require.NoError(t, err)
+	defer stop()
+	got := rec.waitFor(t, "web.corp's endpoints", func(u EndpointsUpdate) bool { return u.Set != nil })
+	assert.True(t, got.Set.Exists)
+	assert.Equal(t, []string{"10.0.0.9:80"}, addrs(got))
+
+	_, err = c.WatchEndpoints(context.Background(), books+":7000", func(EndpointsUpdate) {})
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.Stats().EndpointWatches, "the default suffix was replaced")
+
+	all := newTestClient(t, cp.addr, WithSearchSuffixes("."))
+	stop, err = all.WatchEndpoints(context.Background(), "anything.at.all:80", func(EndpointsUpdate) {})
+	require.NoError(t, err)
+	defer stop()
+	assert.Equal(t, 1, all.Stats().EndpointWatches, `"." looks up every name`)
+}
