@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/metrics"
@@ -88,8 +89,25 @@ type tableState struct {
 	def     *routeTargets
 }
 
+// routeTargets are a route's metric targets, each direction's made on its
+// first request: a router serves one direction in practice, and the
+// targets of an authority that sees no traffic cost nothing.
 type routeTargets struct {
-	in, out dirTargets
+	build   func(direction string) *dirTargets
+	in, out atomic.Pointer[dirTargets]
+}
+
+func (rt *routeTargets) inbound() *dirTargets  { return rt.get(&rt.in, "inbound") }
+func (rt *routeTargets) outbound() *dirTargets { return rt.get(&rt.out, "outbound") }
+
+func (rt *routeTargets) get(p *atomic.Pointer[dirTargets], direction string) *dirTargets {
+	if t := p.Load(); t != nil {
+		return t
+	}
+	if p.CompareAndSwap(nil, rt.build(direction)) {
+		return p.Load()
+	}
+	return p.Load()
 }
 
 type dirTargets struct {
@@ -184,19 +202,19 @@ func (r *Router) build(authority string, t *Table) *tableState {
 }
 
 func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string) *routeTargets {
-	mk := func(direction string) dirTargets {
+	mk := func(direction string) *dirTargets {
 		kvs := []attribute.KeyValue{attribute.String("direction", direction), dst}
 		for _, k := range slices.Sorted(maps.Keys(labels)) {
 			kvs = append(kvs, attribute.String("rt_"+k, labels[k]))
 		}
-		return dirTargets{
+		return &dirTargets{
 			route:     metrics.NewTarget(r.fams.route, kvs...),
 			actual:    metrics.NewTarget(r.fams.actual, kvs...),
 			retryable: metrics.Opts(kvs...),
 			noBudget:  metrics.Opts(append(kvs[:len(kvs):len(kvs)], attribute.String("skipped", "no_budget"))...),
 		}
 	}
-	return &routeTargets{in: mk("inbound"), out: mk("outbound")}
+	return &routeTargets{build: mk}
 }
 
 // destFor returns the state of a request's authority key on the outbound

@@ -35,7 +35,7 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	d := h.r.localDestFor(h.r.requestKey(req))
 	ts := d.state.Load()
 	route := ts.table.Select(req)
-	tg := &ts.targetsOf(route).in
+	tg := ts.targetsOf(route).inbound()
 	ctx := req.Context()
 	tg.route.Request(ctx)
 	duplex := req.ProtoMajor == 1 && http.NewResponseController(w).EnableFullDuplex() == nil

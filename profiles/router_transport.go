@@ -52,7 +52,7 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // roundTrip runs req by the profile table state ts.
 func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableState) (*http.Response, error) {
 	route := ts.table.Select(req)
-	tg := &ts.targetsOf(route).out
+	tg := ts.targetsOf(route).outbound()
 	tg.route.Request(req.Context())
 	if ts.budget != nil {
 		ts.budget.Deposit()
