@@ -185,6 +185,12 @@ func newMesh(t *testing.T) *mesh { return newMeshWith(t) }
 // newMeshWith starts the mesh with extra flags for both proxies.
 func newMeshWith(t *testing.T, proxyFlags ...string) *mesh {
 	t.Helper()
+	return newMeshEnv(t, nil, proxyFlags...)
+}
+
+// newMeshEnv is newMeshWith with more environment for the proxies.
+func newMeshEnv(t *testing.T, proxyEnv []string, proxyFlags ...string) *mesh {
+	t.Helper()
 	m := &mesh{dir: t.TempDir()}
 	m.profiles = filepath.Join(m.dir, "profiles")
 	require.NoError(t, os.Mkdir(m.profiles, 0o755))
@@ -207,7 +213,7 @@ func newMeshWith(t *testing.T, proxyFlags ...string) *mesh {
 	m.dstArgs = []string{"-profiles", m.profiles, "-endpoints", m.endpoints, "-interval", "100ms"}
 	m.dst = start(t, "destination", nil, append([]string{"-listen", "127.0.0.1:0"}, m.dstArgs...)...)
 	m.dstAddr = m.dst.addr(t, "grpc")
-	env := []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"}
+	env := append([]string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"}, proxyEnv...)
 	proxy := func() *proc {
 		return start(t, "proxy", env, append([]string{"-destination", m.dstAddr, "-outbound", "127.0.0.1:0", "-inbound", "127.0.0.1:0",
 			"-metrics", "127.0.0.1:0", "-app", appLis.Addr().String()}, proxyFlags...)...)

@@ -20,6 +20,14 @@
 // and _JITTER, or the fixed INMESH_CONTROL_BACKOFF_DELAY; a bad value stops
 // start-up with a message naming the variable. With a real Linkerd control
 // plane, pass -context-token (the pod's LINKERD2_PROXY_DESTINATION_CONTEXT).
+//
+// State under hostile traffic is bounded: -max-authorities routed and
+// labelled at once, -max-watches per control-plane API, authorities idle for
+// -idle-timeout released. Only names under -search-suffixes (default
+// svc.cluster.local.) and addresses in -search-networks (default none) are
+// looked up; other Hosts take the default route to their own address
+// without a watch. On the inbound side only -local-authority names are
+// routed by profile; any other Host is labelled with a fixed overflow value.
 package main
 
 import (
@@ -31,9 +39,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -54,6 +64,11 @@ import (
 type flags struct {
 	destination, outbound, inbound, app, metrics string
 	contextToken, scheme                         string
+	idleTimeout                                  time.Duration
+	maxAuthorities, maxWatches                   int
+	local                                        []string
+	suffixes                                     []string
+	networks                                     []netip.Prefix
 }
 
 func main() {
@@ -65,6 +80,27 @@ func main() {
 	flag.StringVar(&f.metrics, "metrics", "127.0.0.1:4191", "metrics and readiness listener")
 	flag.StringVar(&f.contextToken, "context-token", "", "GetDestination.context_token to send")
 	flag.StringVar(&f.scheme, "scheme", "", `GetDestination.scheme to send ("k8s" for 2018 control planes)`)
+	flag.DurationVar(&f.idleTimeout, "idle-timeout", 0,
+		"release an authority no request used for this long: its watches, endpoints and metric targets (0: the library's defaults)")
+	flag.IntVar(&f.maxAuthorities, "max-authorities", 0,
+		"authorities routed, balanced and labelled at once (0: the library's default, 10000)")
+	flag.IntVar(&f.maxWatches, "max-watches", 0,
+		"control-plane watches open at once, per API (0: the library's default, 10000)")
+	flag.Func("local-authority", "one of the application's own authorities (host:port), routed by profile on the inbound side; repeatable",
+		func(s string) error { f.local = append(f.local, s); return nil })
+	flag.Func("search-suffixes", `comma-separated DNS suffixes looked up on the control plane ("." for every name; default svc.cluster.local.)`,
+		func(s string) error { f.suffixes = append(f.suffixes, strings.Split(s, ",")...); return nil })
+	flag.Func("search-networks", "comma-separated CIDRs whose IP-literal authorities are looked up (default none)",
+		func(s string) error {
+			for _, c := range strings.Split(s, ",") {
+				p, err := netip.ParsePrefix(strings.TrimSpace(c))
+				if err != nil {
+					return err
+				}
+				f.networks = append(f.networks, p)
+			}
+			return nil
+		})
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(f, log); err != nil {
@@ -85,7 +121,7 @@ func run(f flags, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	metrics, err := telemetry.New(0)
+	metrics, err := telemetry.New(f.maxAuthorities)
 	if err != nil {
 		return err
 	}
@@ -94,15 +130,24 @@ func run(f flags, log *slog.Logger) error {
 	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
 		metric.WithDescription("Total count of opened connections."))
 
-	dst, err := destination.Dial(f.destination, destination.WithBackoff(policy), destination.WithLogger(log),
+	dstOpts := []destination.Option{destination.WithBackoff(policy), destination.WithLogger(log),
 		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme),
-		destination.WithWorkload(os.Getenv(destination.PolicyWorkloadEnv)))
+		destination.WithWorkload(os.Getenv(destination.PolicyWorkloadEnv)), destination.WithMaxWatches(f.maxWatches),
+		destination.WithSearchNetworks(f.networks...)}
+	if f.suffixes != nil {
+		dstOpts = append(dstOpts, destination.WithSearchSuffixes(f.suffixes...))
+	}
+	dst, err := destination.Dial(f.destination, dstOpts...)
 	if err != nil {
 		return err
 	}
 	defer dst.Close()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
-		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider))}
+		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)),
+		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithLocalAuthorities(f.local...)}
+	if f.maxAuthorities > 0 {
+		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
+	}
 
 	client := mesh.NewClient(opts...)
 	defer client.Close()
