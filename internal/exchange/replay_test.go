@@ -108,7 +108,10 @@ func TestAbortBody(t *testing.T) {
 	assert.ErrorIs(t, <-done, classify.ErrTimeout)
 	_, err = b.Read(p)
 	assert.ErrorIs(t, err, classify.ErrTimeout, "sticky")
-	// The reader goroutine closes the source when it ends.
+	// The reader goroutine may be inside the source's read, or may have
+	// seen the context's end first; either way it closes the source once
+	// that read returns.
+	src.data <- []byte("late")
 	<-src.closed
 	require.NoError(t, b.Close())
 }
