@@ -143,8 +143,10 @@ spec:
 	app := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	cp.store.PutEndpoints(late, []destination.Endpoint{{Addr: netip.MustParseAddrPort(strings.TrimPrefix(app.URL, "http://"))}})
 
+	// The flood's loopback literals are inside the search path, so every
+	// Host is looked up and the watch bound is what holds.
 	dst, err := destination.Dial(cp.addr, destination.WithLogger(quiet), destination.WithMaxWatches(maxWatches),
-		destination.WithIdleTimeout(time.Second))
+		destination.WithIdleTimeout(time.Second), destination.WithSearchNetworks(netip.MustParsePrefix("127.0.0.0/8")))
 	require.NoError(t, err)
 	defer dst.Close()
 
@@ -246,8 +248,10 @@ spec:
 	appAddr := strings.TrimPrefix(app.URL, "http://")
 	cp.store.PutEndpoints(late, []destination.Endpoint{{Addr: netip.MustParseAddrPort(appAddr), Labels: map[string]string{"pod": "late-0"}}})
 
+	// The flood's loopback literals are inside the search path, so every
+	// Host is looked up and the watch bound is what holds.
 	dst, err := destination.Dial(cp.addr, destination.WithLogger(quiet), destination.WithMaxWatches(maxWatches),
-		destination.WithIdleTimeout(time.Second))
+		destination.WithIdleTimeout(time.Second), destination.WithSearchNetworks(netip.MustParsePrefix("127.0.0.0/8")))
 	require.NoError(t, err)
 	defer dst.Close()
 
