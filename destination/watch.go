@@ -61,6 +61,9 @@ type watches[M, U any] struct {
 	kind *kind[M, U]
 	mu   sync.Mutex
 	m    map[string]*watch[M, U]
+	// idle holds the watches of m that nobody watches any more, kept for
+	// their idle timeout: at the bound, one of them makes room.
+	idle map[*watch[M, U]]struct{}
 	// rejected counts watches refused for the bound.
 	rejected atomic.Uint64
 }
@@ -89,6 +92,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 
 	// s is added under w.mu, which its exit hook also takes, so even a
 	// mailbox whose context is already done is removed again.
+	delete(ws.idle, w)
 	var s *mailbox.Mailbox[U]
 	w.mu.Lock()
 	s = mailbox.Start(c.ctx, ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
@@ -112,6 +116,16 @@ func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *mailbox.Mailbox[U]) {
 	if !idle || w.c.ctx.Err() != nil {
 		return
 	}
+	ws.mu.Lock()
+	w.mu.Lock()
+	if len(w.subs) == 0 && !w.evicted {
+		if ws.idle == nil {
+			ws.idle = make(map[*watch[M, U]]struct{})
+		}
+		ws.idle[w] = struct{}{}
+	}
+	w.mu.Unlock()
+	ws.mu.Unlock()
 	if d := w.c.cfg.idleTimeout; d > 0 {
 		time.AfterFunc(d, func() { ws.evict(w, gen) })
 		return
@@ -127,6 +141,7 @@ func (ws *watches[M, U]) evict(w *watch[M, U], gen uint64) {
 	if !stale {
 		w.evicted = true
 		delete(ws.m, w.authority)
+		delete(ws.idle, w)
 	}
 	w.mu.Unlock()
 	ws.mu.Unlock()
@@ -139,18 +154,14 @@ func (ws *watches[M, U]) evict(w *watch[M, U], gen uint64) {
 // kept for its idle timeout), making room for a new watch; it reports
 // whether there was one. The caller holds ws.mu.
 func (ws *watches[M, U]) evictIdleLocked() bool {
-	for a, w := range ws.m {
+	for w := range ws.idle {
+		delete(ws.idle, w)
 		w.mu.Lock()
-		idle := len(w.subs) == 0 && !w.evicted
-		if idle {
-			w.evicted = true
-		}
+		w.evicted = true
 		w.mu.Unlock()
-		if idle {
-			delete(ws.m, a)
-			w.cancel()
-			return true
-		}
+		delete(ws.m, w.authority)
+		w.cancel()
+		return true
 	}
 	return false
 }
