@@ -44,8 +44,8 @@ func newConfig(opts []Option) config {
 		idleTimeout:         DefaultIdleTimeout,
 		firstMessageTimeout: DefaultFirstMessageTimeout,
 		logger:              slog.Default(),
-		suffixes:            []string{"svc.cluster.local"}, // DefaultSearchSuffixes, normalised
 	}
+	WithSearchSuffixes(DefaultSearchSuffixes()...).apply(&c)
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)

@@ -104,9 +104,7 @@ func (rt *routeTargets) get(p *atomic.Pointer[dirTargets], direction string) *di
 	if t := p.Load(); t != nil {
 		return t
 	}
-	if p.CompareAndSwap(nil, rt.build(direction)) {
-		return p.Load()
-	}
+	p.CompareAndSwap(nil, rt.build(direction)) // a racing first request may have won
 	return p.Load()
 }
 
