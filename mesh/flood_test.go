@@ -296,7 +296,7 @@ spec:
 		require.NoError(t, err)
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK && len(cl.Balancer().Endpoints(late)) == 1 &&
-			hasRoute(cl.Router().Table(late), "GET /late") &&
+			hasRoute(cl.Profiles().Table(late), "GET /late") &&
 			len(m.Lines(t, "response_total", `dst_pod="late-0"`)) > 0
 	}, testutil.Timeout, 10*time.Millisecond)
 }

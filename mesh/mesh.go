@@ -1,8 +1,9 @@
 // Package mesh assembles inmesh's layers into the two stacks of a meshed
 // service, so that a program does not wire them by hand:
 //
-//	outbound: profiles.Router.Transport -> balancer.Balancer ->
-//	          classify.Transport -> origproto.Transport -> net/http
+//	outbound: router.Router.Transport (ServiceProfiles, then outbound
+//	          policies) -> balancer.Balancer -> classify.Transport ->
+//	          origproto.Transport -> net/http
 //	inbound:  origproto.NewHandler -> profiles.Router.Handler ->
 //	          classify.NewHandler -> the application
 //
@@ -25,7 +26,9 @@ import (
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/transport"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -41,6 +44,8 @@ type config struct {
 	logger         *slog.Logger
 	dst            *destination.Client
 	source         profiles.Source
+	policies       policy.Source
+	noPolicies     bool
 	endpoints      balancer.Source
 	balancerOpts   []balancer.Option
 	trust          func(*http.Request) bool
@@ -71,6 +76,14 @@ func WithDestination(d *destination.Client) Option {
 // WithProfiles sets the source of service profiles (default: the
 // destination client; with neither, every request takes the default route).
 func WithProfiles(src profiles.Source) Option { return optionFunc(func(c *config) { c.source = src }) }
+
+// WithPolicies sets the source of outbound policies (HTTPRoute and
+// GRPCRoute) the outbound stack routes by where no ServiceProfile with
+// routes applies (default: the destination client's OutboundPolicies
+// API). A nil source turns policy routing off.
+func WithPolicies(src policy.Source) Option {
+	return optionFunc(func(c *config) { c.policies, c.noPolicies = src, src == nil })
+}
 
 // WithEndpoints sets the source of endpoints the outbound stack balances
 // over (default: the destination client; with neither, requests go to
@@ -146,6 +159,9 @@ func newConfig(opts []Option) config {
 	if c.source == nil {
 		c.source = profiles.NewStaticSource(nil)
 	}
+	if c.policies == nil && !c.noPolicies && c.dst != nil {
+		c.policies = c.dst.Policies()
+	}
 	if c.endpoints == nil && c.dst != nil {
 		c.endpoints = c.dst
 	}
@@ -168,7 +184,8 @@ func (c config) classifyOptions() []classify.Option {
 // Client is the outbound stack. Close it to stop its watches.
 type Client struct {
 	http.RoundTripper
-	router   *profiles.Router
+	router   *router.Router
+	profiles *profiles.Router
 	balancer *balancer.Balancer
 	h1, h2   *http.Transport
 }
@@ -178,7 +195,11 @@ type Client struct {
 // itself.
 func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
-	cl := &Client{router: profiles.NewRouter(c.source, c.routerOptions()...)}
+	cl := &Client{profiles: profiles.NewRouter(c.source, c.routerOptions()...)}
+	ropts := []router.Option{router.WithProfileRouter(cl.profiles), router.WithPolicies(c.policies),
+		router.WithMeterProvider(c.mp), router.WithLogger(c.logger), router.WithMaxAuthorities(c.maxAuthorities),
+		router.WithIdleTimeout(c.idleTimeout)}
+	cl.router = router.New(ropts...)
 	cl.h1, cl.h2 = c.transports()
 	if c.dial != nil {
 		cl.h1.DialContext, cl.h2.DialContext = c.dial, c.dial
@@ -205,12 +226,17 @@ func NewClient(opts ...Option) *Client {
 // endpoints.
 func (c *Client) Balancer() *balancer.Balancer { return c.balancer }
 
-// Router returns the profile router of the stack.
-func (c *Client) Router() *profiles.Router { return c.router }
+// Router returns the router of the stack, over ServiceProfiles and outbound
+// policies; its Explain says how a request is routed.
+func (c *Client) Router() *router.Router { return c.router }
+
+// Profiles returns the ServiceProfile router inside the stack's router.
+func (c *Client) Profiles() *profiles.Router { return c.profiles }
 
 // Close stops the watches and closes idle connections.
 func (c *Client) Close() {
 	c.router.Close()
+	c.profiles.Close()
 	if c.balancer != nil {
 		c.balancer.Close()
 	}

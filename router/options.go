@@ -32,6 +32,7 @@ type config struct {
 	mp             metric.MeterProvider
 	logger         *slog.Logger
 	maxAuthorities int
+	idleTimeout    time.Duration
 	defaultPort    string
 	budget         *profiles.RetryBudget
 	compile        policy.Options
@@ -42,7 +43,8 @@ type config struct {
 }
 
 func newConfig(opts []Option) config {
-	c := config{logger: slog.Default(), maxAuthorities: DefaultMaxAuthorities, defaultPort: "80", wait: sleep}
+	c := config{logger: slog.Default(), maxAuthorities: DefaultMaxAuthorities,
+		idleTimeout: profiles.DefaultIdleTimeout, defaultPort: "80", wait: sleep}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -117,12 +119,24 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithMaxAuthorities bounds the authorities whose policies are watched;
-// requests for further authorities take the default route. n <= 0 changes
+// past it, the least recently used one is released. n <= 0 changes
 // nothing.
 func WithMaxAuthorities(n int) Option {
 	return optionFunc(func(c *config) {
 		if n > 0 {
 			c.maxAuthorities = n
+		}
+	})
+}
+
+// WithIdleTimeout sets how long the router keeps the policy of an
+// authority no request used (default profiles.DefaultIdleTimeout); then
+// its watch stops, which frees room under the control-plane client's watch
+// bound, and the next request watches it anew. d <= 0 changes nothing.
+func WithIdleTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.idleTimeout = d
 		}
 	})
 }

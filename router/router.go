@@ -2,15 +2,11 @@ package router
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 
-	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"go.opentelemetry.io/otel/attribute"
@@ -42,17 +38,9 @@ type Router struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu    sync.RWMutex
-	dests map[string]*dest // by normalized authority
+	reg *registry.Registry[policyState] // the policy of each authority in use
 
 	httpFam, grpcFam *metrics.Outbound
-}
-
-// dest is one authority's policy watch and its current table.
-type dest struct {
-	authority string
-	state     atomic.Pointer[policyState]
-	stop      func()
 }
 
 // policyState is a compiled policy with the metric targets and retry
@@ -77,8 +65,15 @@ type routeTarget struct {
 // New returns a Router over the sources its options give.
 func New(opts ...Option) *Router {
 	cfg := newConfig(opts)
-	r := &Router{cfg: cfg, dests: make(map[string]*dest)}
+	r := &Router{cfg: cfg}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	var start func(*registry.Entry[policyState]) (func(), error)
+	if cfg.policies != nil {
+		start = r.watch
+	}
+	r.reg = registry.New(func(string) *policyState { return emptyState }, start,
+		registry.WithMaxEntries(cfg.maxAuthorities), registry.WithIdleTimeout(cfg.idleTimeout),
+		registry.WithDefaultPort(cfg.defaultPort))
 	switch {
 	case cfg.profileRouter != nil:
 		r.prof = cfg.profileRouter
@@ -97,65 +92,40 @@ func New(opts ...Option) *Router {
 // profile source.
 func (r *Router) Profiles() *profiles.Router { return r.prof }
 
-// Close stops every watch; the router keeps routing with the tables it
-// has.
+// Close stops every watch; later requests take the default route, or
+// the profile router's.
 func (r *Router) Close() {
 	r.cancel()
+	r.reg.Close()
 	if r.ownProf {
 		r.prof.Close()
-	}
-	r.mu.Lock()
-	dests := make([]*dest, 0, len(r.dests))
-	for _, d := range r.dests {
-		dests = append(dests, d)
-	}
-	r.mu.Unlock()
-	for _, d := range dests {
-		if d.stop != nil {
-			d.stop()
-		}
 	}
 }
 
 var emptyState = &policyState{}
 
 // policyFor returns the policy state of a request's authority, starting its
-// watch on first use; nil without a policy source or past the bound.
+// watch on first use; nil without a policy source or once closed. An
+// authority no request used for the idle timeout is released (its watch
+// stops); past the bound the least recently used one is.
 func (r *Router) policyFor(req *http.Request) *policyState {
 	if r.cfg.policies == nil {
 		return nil
 	}
-	authority, err := r.normalize(requestKey(req))
-	if err != nil {
+	e := r.reg.Get(requestKey(req))
+	if e == nil {
 		return nil
 	}
-	r.mu.RLock()
-	d := r.dests[authority]
-	r.mu.RUnlock()
-	if d == nil {
-		r.mu.Lock()
-		if d = r.dests[authority]; d == nil {
-			if len(r.dests) >= r.cfg.maxAuthorities || r.ctx.Err() != nil {
-				r.mu.Unlock()
-				return nil
-			}
-			d = &dest{authority: authority}
-			d.state.Store(emptyState)
-			r.dests[authority] = d
-			if d.stop, err = r.cfg.policies.Watch(r.ctx, authority, func(u policy.Update) { r.apply(d, u) }); err != nil {
-				r.cfg.logger.Warn("cannot watch the outbound policy; using the default route", "authority", authority, "error", err)
-			}
-		}
-		r.mu.Unlock()
-	}
-	return d.state.Load()
+	return e.Load()
 }
 
-func (r *Router) normalize(key string) (string, error) {
-	if _, _, err := net.SplitHostPort(key); err != nil {
-		key = net.JoinHostPort(strings.Trim(key, "[]"), r.cfg.defaultPort)
+// watch starts the policy watch of a new entry.
+func (r *Router) watch(e *registry.Entry[policyState]) (func(), error) {
+	stop, err := r.cfg.policies.Watch(r.ctx, e.Authority(), func(u policy.Update) { r.apply(e, u) })
+	if err != nil && r.ctx.Err() == nil {
+		r.cfg.logger.Warn("cannot watch the outbound policy; using the default route", "authority", e.Authority(), "error", err)
 	}
-	return authpkg.Normalize(key)
+	return stop, err
 }
 
 func requestKey(req *http.Request) string {
@@ -169,17 +139,17 @@ func requestKey(req *http.Request) string {
 }
 
 // apply compiles a policy update for d and swaps it in.
-func (r *Router) apply(d *dest, u policy.Update) {
+func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
 	if u.Policy == nil {
-		d.state.Store(emptyState)
+		e.Store(emptyState)
 		return
 	}
 	t, err := policy.Compile(u.Policy, r.cfg.compile)
 	if err != nil {
-		r.cfg.logger.Warn("rejected outbound policy; keeping the last good one", "authority", d.authority, "error", err)
+		r.cfg.logger.Warn("rejected outbound policy; keeping the last good one", "authority", e.Authority(), "error", err)
 		return
 	}
-	d.state.Store(r.build(t))
+	e.Store(r.build(t))
 }
 
 // build makes the state of a compiled policy: the metric targets of each
@@ -241,3 +211,5 @@ func (r *Router) routeTarget(route *policy.Route) *routeTarget {
 	}
 	return rt
 }
+
+func (r *Router) normalize(key string) (string, error) { return r.reg.Normalize(key) }

@@ -112,7 +112,7 @@ func endpoints1000(o options) (*result, error) {
 	st := newStack(ok, mp, nil, cp.dst)
 	defer st.close()
 	req := func() *http.Request { return get("http://"+books+"/books/1", "") }
-	if err := waitRoutes(st.client.Router(), books, func() { _ = do(st.client, req()) }); err != nil {
+	if err := waitRoutes(st.client.Profiles(), books, func() { _ = do(st.client, req()) }); err != nil {
 		return nil, err
 	}
 	n := o.scale(3000, 2000)

@@ -225,7 +225,7 @@ func newMeshed(app http.Handler, mp metric.MeterProvider) (*meshed, error) {
 	// Both routers hold the profile and the request reached the peer
 	// (never a fallback to the service name) before anything is timed.
 	send := func() { _ = do(st.client, get("http://"+books+"/books/1", "")) }
-	if err := waitRoutes(st.client.Router(), books, send); err != nil {
+	if err := waitRoutes(st.client.Profiles(), books, send); err != nil {
 		m.close()
 		return nil, err
 	}

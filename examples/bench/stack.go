@@ -82,7 +82,7 @@ func newLoopbackSet(n int) (*loopbackSet, error) {
 	s.otel = variant{"otelhttp", run(otelRT, otelSrv.URL+"/books/1")}
 	s.inmesh = variant{"inmesh", run(st.client, meshURL)}
 	send := func() { _ = do(st.client, get(meshURL, "")) }
-	if err := waitRoutes(st.client.Router(), meshSrv.addr(), send); err != nil {
+	if err := waitRoutes(st.client.Profiles(), meshSrv.addr(), send); err != nil {
 		s.close()
 		return nil, err
 	}

@@ -135,7 +135,7 @@ func run(o options, out io.Writer) error {
 	client := mesh.NewClient(opts...)
 	defer client.Close()
 	hc := &http.Client{Transport: client, Timeout: 10 * time.Second}
-	if err := waitForProfile(hc, client.Router()); err != nil {
+	if err := waitForProfile(hc, client.Profiles()); err != nil {
 		return err
 	}
 

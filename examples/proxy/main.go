@@ -56,7 +56,6 @@ import (
 	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
-	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -167,10 +166,8 @@ func run(f flags, log *slog.Logger) error {
 	admin := http.NewServeMux()
 	admin.Handle("/metrics", metrics.Handler)
 	// /routes explains the routing of a request through the outbound
-	// stack's profile router.
-	explain := router.New(router.WithProfileRouter(client.Router()), router.WithMeterProvider(provider))
-	defer explain.Close()
-	admin.Handle("/routes", explain.ExplainHandler())
+	// stack's router (ServiceProfiles and outbound policies).
+	admin.Handle("/routes", client.Router().ExplainHandler())
 	if b := client.Balancer(); b != nil {
 		admin.Handle("/endpoints", b.EndpointsHandler()) // ?authority=host:port: each endpoint's state as JSON
 	}
