@@ -190,7 +190,10 @@ func (w *watch[M, U]) run(ctx context.Context) {
 	rpc := w.kind.name
 	healthy := true
 	err := backoff.Retry(ctx, w.c.cfg.policy, w.session, func(err error, delay time.Duration) {
-		if healthy || errors.Is(err, backoff.ErrResetBackoff) {
+		// NotFound is the control plane's ordinary answer for a target it
+		// does not know (yet): a Service with no policy, a name not loaded;
+		// the watch keeps asking, without alarm.
+		if (healthy || errors.Is(err, backoff.ErrResetBackoff)) && status.Code(err) != codes.NotFound {
 			w.c.log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
 				"rpc", rpc, "authority", w.authority, "error", err, "delay", delay)
 		} else {

@@ -1,9 +1,11 @@
 // Command mesh runs the whole of inmesh in one process on loopback: an
-// embedded Destination control plane serving the books ServiceProfile
-// shipped beside this file, the books application behind the inbound stack
-// of one peer, and the outbound stack of another peer sending it a load of
-// requests over one HTTP/2 connection (orig-proto). It then prints a
-// per-route table like `linkerd viz routes` and exits.
+// embedded control plane serving the books ServiceProfile and the authors
+// HTTPRoutes shipped beside this file (Destination and OutboundPolicies
+// APIs), the application behind the inbound stack of one peer, and the
+// outbound stack of another peer sending both services a load of requests
+// over one HTTP/2 connection (orig-proto). It then prints the per-route
+// tables of both models, like `linkerd viz routes` for the profile's
+// routes and `linkerd viz stat-outbound` for the HTTPRoutes, and exits.
 //
 //	go run ./examples/mesh                 # a few seconds of load, then the table
 //	go run ./examples/mesh -serve          # keep running, /metrics on -metrics
@@ -39,9 +41,11 @@ import (
 	"github.com/inmesh/inmesh/examples/internal/booksapp"
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
 	"github.com/inmesh/inmesh/examples/internal/telemetry"
+	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -51,7 +55,13 @@ import (
 //go:embed books.yaml
 var booksProfile []byte
 
-const authority = "books.default.svc.cluster.local:7000"
+//go:embed authors.yaml
+var authorsRoutes []byte
+
+const (
+	authority = "books.default.svc.cluster.local:7000"
+	authors   = "authors.default.svc.cluster.local:7001"
+)
 
 type options struct {
 	duration    time.Duration
@@ -92,8 +102,13 @@ func run(o options, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("books.yaml: %w", err)
 	}
+	manifests, err := manifest.Parse(authorsRoutes)
+	if err != nil {
+		return fmt.Errorf("authors.yaml: %w", err)
+	}
 	store := destination.NewStore()
 	store.SetServiceProfiles(sps)
+	store.SetManifests(manifests)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -125,17 +140,16 @@ func run(o options, out io.Writer) error {
 	}
 	peer.Start()
 	defer peer.Close()
-	store.PutEndpoints(authority, []destination.Endpoint{{
-		Addr: netip.MustParseAddrPort(strings.TrimPrefix(peer.URL, "http://")), H2: true,
-		Labels: map[string]string{"pod": "books-0"},
-	}})
+	peerAddr := netip.MustParseAddrPort(strings.TrimPrefix(peer.URL, "http://"))
+	store.PutEndpoints(authority, []destination.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
+	store.PutEndpoints(authors, []destination.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
 	fmt.Fprintf(out, "control plane on %s, books peer on %s\n", lis.Addr(), peer.Listener.Addr())
 
 	// The client peer.
 	client := mesh.NewClient(opts...)
 	defer client.Close()
 	hc := &http.Client{Transport: client, Timeout: 10 * time.Second}
-	if err := waitForProfile(hc, client.Profiles()); err != nil {
+	if err := waitForRoutes(hc, client.Router()); err != nil {
 		return err
 	}
 
@@ -148,6 +162,8 @@ func run(o options, out io.Writer) error {
 		return err
 	}
 	printRoutes(out, rm, o.duration)
+	fmt.Fprintln(out)
+	printPolicyRoutes(out, rm, o.duration)
 
 	if o.serve {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -168,25 +184,30 @@ func run(o options, out io.Writer) error {
 	return nil
 }
 
-// waitForProfile sends requests until the router routes by the profile.
-func waitForProfile(hc *http.Client, router *profiles.Router) error {
+// waitForRoutes sends requests until the router routes books by its
+// profile and authors by its HTTPRoutes.
+func waitForRoutes(hc *http.Client, r *router.Router) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if resp, err := hc.Get("http://" + authority + "/books"); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+		for _, a := range []string{authority, authors} {
+			if resp, err := hc.Get("http://" + a + "/"); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
 		}
-		if t := router.Table(authority); t != nil && len(t.Routes()) > 0 {
+		if r.Explain(httptest.NewRequest("GET", "http://"+authority+"/books", nil)).Model == router.ModelProfile &&
+			r.Explain(httptest.NewRequest("GET", "http://"+authors+"/authors", nil)).Model == router.ModelPolicy {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return errors.New("the profile never arrived")
+	return errors.New("the profile or the HTTPRoutes never arrived")
 }
 
-var requests = []struct{ method, path string }{
-	{"GET", "/books"}, {"GET", "/books/1"}, {"GET", "/books/2"}, {"POST", "/books"},
-	{"GET", "/flaky"}, {"GET", "/slow"}, {"GET", "/books/3"}, {"GET", "/books"},
+var requests = []struct{ authority, method, path string }{
+	{authority, "GET", "/books"}, {authority, "GET", "/books/1"}, {authority, "GET", "/books/2"}, {authority, "POST", "/books"},
+	{authority, "GET", "/flaky"}, {authority, "GET", "/slow"}, {authority, "GET", "/books/3"}, {authority, "GET", "/books"},
+	{authors, "GET", "/authors"}, {authors, "GET", "/authors/herbert"}, {authors, "GET", "/flaky"},
 }
 
 // load sends requests from o.workers clients for o.duration, printing a
@@ -201,7 +222,7 @@ func load(hc *http.Client, o options, out io.Writer) int64 {
 			defer wg.Done()
 			for i := w; time.Now().Before(stop); i++ {
 				r := requests[i%len(requests)]
-				req, _ := http.NewRequest(r.method, "http://"+authority+r.path, strings.NewReader(`{"title":"dune"}`))
+				req, _ := http.NewRequest(r.method, "http://"+r.authority+r.path, strings.NewReader(`{"title":"dune"}`))
 				if resp, err := hc.Do(req); err == nil {
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -286,6 +307,7 @@ func printRoutes(out io.Writer, rm metricdata.ResourceMetrics, d time.Duration) 
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	fmt.Fprintf(out, "books (ServiceProfile routes)\n")
 	fmt.Fprintf(out, "%-18s %8s %8s %8s %10s %10s %10s\n", "ROUTE", "SUCCESS", "RPS", "ACTUAL", "LATENCY_P50", "LATENCY_P95", "LATENCY_P99")
 	for _, n := range names {
 		s := stats[n]
@@ -298,6 +320,74 @@ func printRoutes(out io.Writer, rm metricdata.ResourceMetrics, d time.Duration) 
 	}
 }
 
+// printPolicyRoutes prints the outbound_http_route_* series as `linkerd
+// viz stat-outbound` does: per route, the success rate (no error and no
+// 5xx), the request rate, the retries and latency percentiles. The
+// family's buckets are Linkerd's, coarse (50ms, 500ms, 1s, 10s): a
+// percentile is shown as the bound of its bucket.
+func printPolicyRoutes(out io.Writer, rm metricdata.ResourceMetrics, d time.Duration) {
+	stats := map[string]*routeStats{}
+	retries := map[string]float64{}
+	get := func(attrs attribute.Set) *routeStats {
+		v, _ := attrs.Value("route_name")
+		if stats[v.AsString()] == nil {
+			stats[v.AsString()] = &routeStats{}
+		}
+		return stats[v.AsString()]
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range data.DataPoints {
+					switch m.Name {
+					case "outbound_http_route_request_statuses_total":
+						s := get(p.Attributes)
+						s.total += float64(p.Value)
+						errv, _ := p.Attributes.Value("error")
+						status, _ := p.Attributes.Value("http_status")
+						if errv.AsString() == "" && !strings.HasPrefix(status.AsString(), "5") {
+							s.success += float64(p.Value)
+						}
+					case "outbound_http_route_retry_requests_total":
+						v, _ := p.Attributes.Value("route_name")
+						retries[v.AsString()] += float64(p.Value)
+					}
+				}
+			case metricdata.Histogram[float64]:
+				if m.Name != "outbound_http_route_request_duration_seconds" {
+					continue
+				}
+				for _, p := range data.DataPoints {
+					s := get(p.Attributes)
+					if s.buckets == nil {
+						s.buckets, s.bounds = make([]uint64, len(p.BucketCounts)), p.Bounds
+					}
+					for i, c := range p.BucketCounts {
+						s.buckets[i] += c
+					}
+				}
+			}
+		}
+	}
+	names := make([]string, 0, len(stats))
+	for n := range stats {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintf(out, "authors (HTTPRoutes)\n")
+	fmt.Fprintf(out, "%-18s %8s %8s %8s %10s %10s %10s\n", "ROUTE", "SUCCESS", "RPS", "RETRIES", "LATENCY_P50", "LATENCY_P95", "LATENCY_P99")
+	for _, n := range names {
+		s := stats[n]
+		if s.total == 0 {
+			continue
+		}
+		fmt.Fprintf(out, "%-18s %7.2f%% %6.1frps %8.0f %11s %11s %11s\n", n,
+			100*s.success/s.total, s.total/d.Seconds(), retries[n],
+			bucketBound(0.5, s), bucketBound(0.95, s), bucketBound(0.99, s))
+	}
+}
+
 // outboundRoute returns the route label of an outbound series.
 func outboundRoute(attrs attribute.Set) (string, bool) {
 	if dir, _ := attrs.Value("direction"); dir.AsString() != "outbound" {
@@ -307,6 +397,27 @@ func outboundRoute(attrs attribute.Set) (string, bool) {
 		return v.AsString(), true
 	}
 	return "[DEFAULT]", true
+}
+
+// bucketBound returns the upper bound of the bucket holding quantile q, in
+// milliseconds, as "<=50ms".
+func bucketBound(q float64, s *routeStats) string {
+	var total uint64
+	for _, c := range s.buckets {
+		total += c
+	}
+	rank := q * float64(total)
+	var seen uint64
+	for i, c := range s.buckets {
+		seen += c
+		if float64(seen) >= rank && c > 0 {
+			if i == len(s.bounds) {
+				return fmt.Sprintf(">%gms", 1000*s.bounds[i-1])
+			}
+			return fmt.Sprintf("<=%gms", 1000*s.bounds[i])
+		}
+	}
+	return "-"
 }
 
 // quantile estimates a quantile from histogram buckets by linear

@@ -22,7 +22,17 @@ func TestDemoPrintsRouteTable(t *testing.T) {
 	for _, route := range []string{"GET /books ", "GET /books/{id}", "POST /books", "GET /flaky", "GET /slow"} {
 		assert.Contains(t, text, route)
 	}
+	assert.Contains(t, text, "authors (HTTPRoutes)")
+	for _, route := range []string{"authors-get", "authors-flaky"} {
+		assert.Contains(t, text, route)
+	}
 	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "authors-get") {
+			assert.Contains(t, line, "100.00%", "the HTTPRoute's backend answers")
+		}
+		if f := strings.Fields(line); len(f) > 3 && f[0] == "authors-flaky" {
+			assert.NotEqual(t, "0", f[3], "the route's retry annotations retry the flaky calls")
+		}
 		if strings.HasPrefix(line, "GET /flaky") {
 			assert.Contains(t, line, "100.00%", "retries hide the flaky failures")
 		}

@@ -6,7 +6,10 @@
 //
 // Outbound (-outbound): HTTP/1 and h2c requests addressed by Host to a
 // service authority are resolved through the Destination API, routed by
-// their service profile, retried and timed out per route, sent over HTTP/2
+// their service profile (one with routes) or else their outbound policy
+// (HTTPRoute, GRPCRoute; the OutboundPolicies API at -destination, or at
+// -policy when another server has it), retried and timed out per route,
+// sent over HTTP/2
 // with orig-proto when the endpoint is a mesh peer, and forwarded.
 // Inbound (-inbound): HTTP/1 and h2c, upgraded requests downgraded, inbound
 // route metrics, forwarded to -app. /metrics serves Prometheus text with
@@ -61,18 +64,19 @@ import (
 )
 
 type flags struct {
-	destination, outbound, inbound, app, metrics string
-	contextToken, scheme                         string
-	idleTimeout                                  time.Duration
-	maxAuthorities, maxWatches                   int
-	local                                        []string
-	suffixes                                     []string
-	networks                                     []netip.Prefix
+	destination, policyAddr, outbound, inbound, app, metrics string
+	contextToken, scheme                                     string
+	idleTimeout                                              time.Duration
+	maxAuthorities, maxWatches                               int
+	local                                                    []string
+	suffixes                                                 []string
+	networks                                                 []netip.Prefix
 }
 
 func main() {
 	var f flags
-	flag.StringVar(&f.destination, "destination", "127.0.0.1:8086", "Destination API address")
+	flag.StringVar(&f.destination, "destination", "127.0.0.1:8086", "Destination API address (and OutboundPolicies, unless -policy)")
+	flag.StringVar(&f.policyAddr, "policy", "", "OutboundPolicies API address, when not the -destination one (Linkerd's policy controller)")
 	flag.StringVar(&f.outbound, "outbound", "127.0.0.1:4140", "outbound listener (the application's requests)")
 	flag.StringVar(&f.inbound, "inbound", "127.0.0.1:4143", "inbound listener (requests from peers)")
 	flag.StringVar(&f.app, "app", "127.0.0.1:8080", "the application's HTTP/1 address")
@@ -146,6 +150,14 @@ func run(f flags, log *slog.Logger) error {
 		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithLocalAuthorities(f.local...)}
 	if f.maxAuthorities > 0 {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
+	}
+	if f.policyAddr != "" {
+		pol, err := destination.Dial(f.policyAddr, dstOpts...)
+		if err != nil {
+			return fmt.Errorf("-policy: %w", err)
+		}
+		defer pol.Close()
+		opts = append(opts, mesh.WithPolicies(pol.Policies()))
 	}
 
 	client := mesh.NewClient(opts...)

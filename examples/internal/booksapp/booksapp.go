@@ -14,14 +14,19 @@ import (
 	"time"
 )
 
-// Handler serves GET /books, GET /books/{id}, POST /books, GET /flaky
-// (every other call fails with 503) and GET /slow (answers after slow).
+// Handler serves GET /books, GET /books/{id}, POST /books, GET /authors,
+// GET /authors/{id}, GET /flaky (every other call fails with 503) and GET
+// /slow (answers after slow).
 func Handler(slow time.Duration) http.Handler {
 	var flaky atomic.Int64
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /books", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `["dune","emma"]`) })
 	mux.HandleFunc("GET /books/{id}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"id":%q}`, r.PathValue("id"))
+	})
+	mux.HandleFunc("GET /authors", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `["herbert","austen"]`) })
+	mux.HandleFunc("GET /authors/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"author":%q}`, r.PathValue("id"))
 	})
 	mux.HandleFunc("POST /books", func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
