@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,25 +93,43 @@ func TestFilters(t *testing.T) {
 
 func TestDistributions(t *testing.T) {
 	t.Run("weights", func(t *testing.T) {
-		// In process: the pick of a random-available distribution honours
+		// Over real connections: a random-available distribution honours
 		// the weights within 5% over 10,000 requests.
-		bs := []policy.RouteBackend{
-			{Backend: policy.Backend{Meta: policy.Metadata{Name: "a"}}, Weight: 70},
-			{Backend: policy.Backend{Meta: policy.Metadata{Name: "b"}}, Weight: 20},
-			{Backend: policy.Backend{Meta: policy.Metadata{Name: "c"}}, Weight: 10},
+		weights := []uint32{70, 20, 10}
+		var ups []*upstream
+		var bs []policy.RouteBackend
+		for i, w := range weights {
+			u := newUpstream(t, nil)
+			b := u.backend(string(rune('a' + i)))
+			b.Weight = w
+			ups, bs = append(ups, u), append(bs, b)
 		}
-		r := New()
-		defer r.Close()
-		route := &policy.Route{Meta: routeMeta, Parent: parentMeta, Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: bs}}
-		x := &policyExchange{r: r, rt: r.routeTarget(route)}
-		counts := make([]int, 3)
-		const n = 10000
-		for range n {
-			counts[x.pick()]++
+		f := newFixture(t, testutil.H2C, httpPolicy(policy.HTTPRule{
+			Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: bs}}))
+		const n, workers = 10000, 8
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range n / workers {
+					resp, err := f.client.Get("http://svc.test/")
+					if !assert.NoError(t, err) {
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
 		}
-		for i, b := range bs {
-			want := float64(b.Weight) / 100
-			assert.InDelta(t, want, float64(counts[i])/n, 0.05*want+0.005, "backend %s: %v", b.Backend.Meta.Name, counts)
+		wg.Wait()
+		var counts []int64
+		for _, u := range ups {
+			counts = append(counts, u.n.Load())
+		}
+		for i, w := range weights {
+			want := float64(w) / 100
+			assert.InDelta(t, want, float64(counts[i])/n, 0.05*want+0.005, "backend %d: %v", i, counts)
 		}
 	})
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {

@@ -24,7 +24,10 @@ const authors = "authors.default.svc.cluster.local:7001"
 func authorsRoutes(mark string) string {
 	return `apiVersion: v1
 kind: Service
-metadata: {name: authors, namespace: default}
+metadata:
+  name: authors
+  namespace: default
+  annotations: {retry.linkerd.io/http: 5xx, retry.linkerd.io/limit: "1"}
 spec:
   ports: [{name: http, port: 7001}]
 ---
@@ -67,6 +70,10 @@ func TestPolicyEndToEnd(t *testing.T) {
 	require.NoError(t, os.WriteFile(routesFile, []byte(authorsRoutes("v1")), 0o644))
 
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/fail") {
+			http.Error(w, "failed", http.StatusServiceUnavailable)
+			return
+		}
 		if r.URL.Path == "/slow" {
 			select {
 			case <-r.Context().Done():
@@ -120,6 +127,49 @@ func TestPolicyEndToEnd(t *testing.T) {
 	status, _, _ = get("/elsewhere")
 	assert.Equal(t, 404, status, "no rule matches")
 
+	// A failing request is retried once (the Service's annotations).
+	status, _, _ = get("/authors/fail")
+	assert.Equal(t, 503, status)
+
+	// Every family, series by series, with exactly Linkerd's label names.
+	text = scrape(t, aMetrics)
+	parent := []string{"parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port", "parent_section_name"}
+	route := []string{"route_group", "route_kind", "route_namespace", "route_name"}
+	backend := []string{"backend_group", "backend_kind", "backend_namespace", "backend_name", "backend_port", "backend_section_name"}
+	cat := func(groups ...[]string) []string {
+		var out []string
+		for _, g := range groups {
+			out = append(out, g...)
+		}
+		return out
+	}
+	for family, want := range map[string][]string{
+		"outbound_http_route_request_duration_seconds_bucket":          cat(parent, route, []string{"hostname", "le"}),
+		"outbound_http_route_request_duration_seconds_count":           cat(parent, route, []string{"hostname"}),
+		"outbound_http_route_request_statuses_total":                   cat(parent, route, []string{"hostname", "http_status", "error"}),
+		"outbound_http_route_retry_requests_total":                     cat(parent, route),
+		"outbound_http_route_retry_limit_exceeded_total":               cat(parent, route),
+		"outbound_http_route_backend_requests_total":                   cat(parent, route, backend),
+		"outbound_http_route_backend_response_duration_seconds_bucket": cat(parent, route, backend, []string{"le"}),
+		"outbound_http_route_backend_response_statuses_total":          cat(parent, route, backend, []string{"http_status", "error"}),
+	} {
+		series := seriesOf(text, family, `route_name="authors-routes"`)
+		if assert.NotEmpty(t, series, family) {
+			for _, labels := range series {
+				assert.ElementsMatch(t, want, labelNames(labels), "%s{%s}", family, labels)
+			}
+		}
+	}
+	retried, _ := metric(text, "outbound_http_route_retry_requests_total", `route_name="authors-routes"`)
+	assert.Equal(t, 1.0, retried)
+	exceeded, _ := metric(text, "outbound_http_route_retry_limit_exceeded_total", `route_name="authors-routes"`)
+	assert.Equal(t, 1.0, exceeded)
+	attempts, _ := metric(text, "outbound_http_route_backend_response_statuses_total", `route_name="authors-routes"`, `http_status="503"`)
+	assert.Equal(t, 2.0, attempts, "both attempts on the backend series")
+	line, _ := metric(text, "outbound_http_route_request_statuses_total", `route_name="authors-routes"`, `http_status="503"`)
+	assert.Equal(t, 1.0, line, "one logical request")
+	t.Logf("a series: %s", seriesOf(text, "outbound_http_route_request_statuses_total", `http_status="503"`))
+
 	// Editing the route changes routing without a restart, within 2s.
 	require.NoError(t, os.WriteFile(routesFile, []byte(authorsRoutes("v2")), 0o644))
 	editedAt := time.Now()
@@ -128,4 +178,40 @@ func TestPolicyEndToEnd(t *testing.T) {
 		return body == "/authors/1 v2"
 	}, 2*time.Second, 20*time.Millisecond, "the edit did not take effect within 2s")
 	t.Logf("route edit took effect after %v", time.Since(editedAt).Round(time.Millisecond))
+}
+
+// seriesOf returns the label text of every series of a family holding all
+// the given label pairs.
+func seriesOf(text, family string, pairs ...string) []string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, family+"{")
+		if !ok {
+			continue
+		}
+		labels, _, _ := strings.Cut(rest, "} ")
+		all := true
+		for _, p := range pairs {
+			all = all && strings.Contains(labels, p)
+		}
+		if all {
+			out = append(out, labels)
+		}
+	}
+	return out
+}
+
+// labelNames returns the names of a series' labels (values hold no quote
+// here, so splitting on the quoted values is enough).
+func labelNames(labels string) []string {
+	var names []string
+	for labels != "" {
+		name, rest, ok := strings.Cut(labels, `="`)
+		if !ok {
+			break
+		}
+		names = append(names, strings.TrimPrefix(name, ","))
+		_, labels, _ = strings.Cut(rest, `"`)
+	}
+	return names
 }
