@@ -49,6 +49,8 @@ type Balancer struct {
 	// time constant.
 	health   bool
 	penDecay float64
+	def      *groupConf // the configuration of the options
+
 	metrics  *balMetrics
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -61,6 +63,7 @@ func New(src Source, opts ...Option) *Balancer {
 	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
 		log: ratelog.New(cfg.logger, 0)}
 	b.health = cfg.accrual != nil || cfg.penaltyEWMA != nil
+	b.def = b.defaultConf()
 	b.penDecay = b.decay
 	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
 		b.penDecay = float64(p.PenaltyDecay)
@@ -234,6 +237,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			a = o // traffic split: the request goes to an override's endpoints
 		}
 	}
+	if bc, _ := req.Context().Value(backendConfigKey{}).(*BackendConfig); bc != nil {
+		b.configure(a.group, bc)
+	}
 	name := a.name
 	if a == b.table.closed {
 		name = host
@@ -290,14 +296,15 @@ const queuePoll = 10 * time.Millisecond
 // or the response (503 fail-fast or load-shed) or error (the request's
 // own) to answer with.
 func (b *Balancer) queue(req *http.Request, a *authority, name string) (*endpoint, bool, *http.Response, error) {
-	if a.queued.Add(1) > int64(b.cfg.queueCap) {
+	conf := b.conf(a.group)
+	if a.queued.Add(1) > int64(conf.queueCap) {
 		a.queued.Add(-1)
 		b.log.Info("load shed", "queue full, request refused", "authority", name)
 		return nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
 	}
 	defer a.queued.Add(-1)
 	b.metrics.gate(a, req.Context(), false)
-	timer := time.NewTimer(b.cfg.failfast)
+	timer := time.NewTimer(conf.failfast)
 	defer timer.Stop()
 	tick := time.NewTicker(queuePoll)
 	defer tick.Stop()
@@ -312,7 +319,7 @@ func (b *Balancer) queue(req *http.Request, a *authority, name string) (*endpoin
 		case <-tick.C:
 		case <-timer.C:
 			b.metrics.failfast(a, req.Context())
-			return nil, false, failResponse(req, ErrFailFast, "fail-fast: no endpoint of "+name+" ready within "+b.cfg.failfast.String()), nil
+			return nil, false, failResponse(req, ErrFailFast, "fail-fast: no endpoint of "+name+" ready within "+conf.failfast.String()), nil
 		case <-req.Context().Done():
 			return nil, false, nil, req.Context().Err()
 		}
@@ -409,7 +416,7 @@ func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool
 // record folds an outcome into e's accrual; an endpoint back in rotation
 // wakes the queue.
 func (b *Balancer) record(e *endpoint, o outcome, probe bool, now int64) {
-	if e.load.record(o, probe, now, b.cfg.accrual, e.group()) {
+	if e.load.record(o, probe, now, b.conf(e.group()).acc, e.group()) {
 		e.group().notify()
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -164,6 +165,18 @@ type group struct {
 	mu    sync.Mutex
 	ready int
 	wch   chan struct{} // closed when an endpoint may be back
+	// conf is the authority's own configuration, from a policy backend
+	// (nil: the balancer's options).
+	conf atomic.Pointer[groupConf]
+}
+
+// ownAccrual reports whether g has a failure accrual of its own.
+func (g *group) ownAccrual() bool {
+	if g == nil {
+		return false
+	}
+	c := g.conf.Load()
+	return c != nil && c.acc != nil
 }
 
 // wake returns a channel closed at the next notify.

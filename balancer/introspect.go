@@ -53,7 +53,7 @@ func (b *Balancer) Endpoints(authority string) []EndpointState {
 		st.LoadSeconds = (l.estimateLocked(now, b.decay) + l.penaltyLocked(now)) / 1e9
 		l.mu.Unlock()
 		st.ConsecutiveFailures = h.failures
-		if b.cfg.accrual != nil && b.cfg.accrual.unified && h.requests > 0 {
+		if acc := b.conf(a.group).acc; acc != nil && acc.unified && h.requests > 0 {
 			st.SuccessRate = h.rate
 		}
 		until := func(t int64) *time.Time {

@@ -99,7 +99,7 @@ func newBalMetrics(b *Balancer) *balMetrics {
 			o.ObserveInt64(endpoints, int64(len(s.eps)-r), metric.WithAttributeSet(withAttr(am.set, pending)))
 			o.ObserveInt64(p2c, int64(len(s.eps)), am.obs())
 			o.ObserveInt64(qlen, a.queued.Load(), am.obs())
-			o.ObserveFloat64(timeout, b.cfg.failfast.Seconds(), am.obs())
+			o.ObserveFloat64(timeout, b.conf(a.group).failfast.Seconds(), am.obs())
 		})
 		return nil
 	}, endpoints, p2c, qlen, timeout)

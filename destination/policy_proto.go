@@ -3,6 +3,7 @@ package destination
 import (
 	"time"
 
+	"github.com/inmesh/inmesh/backoff"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/grpcroutepb"
 	"github.com/inmesh/inmesh/destination/httproutepb"
@@ -23,22 +24,53 @@ func PolicyToProto(p *policy.Policy) *outboundpb.OutboundPolicy {
 	case policy.ProtocolDetect:
 		m.Protocol.Kind = &outboundpb.ProxyProtocol_Detect_{Detect: &outboundpb.ProxyProtocol_Detect{
 			Timeout: durationpb.New(p.DetectTimeout),
-			Http1:   &outboundpb.ProxyProtocol_Http1{Routes: httpRoutesToProto(p.HTTP1.Routes)},
-			Http2:   &outboundpb.ProxyProtocol_Http2{Routes: httpRoutesToProto(p.HTTP2.Routes)},
+			Http1:   &outboundpb.ProxyProtocol_Http1{Routes: httpRoutesToProto(p.HTTP1.Routes), FailureAccrual: accrualToProto(p.HTTP1.FailureAccrual)},
+			Http2:   &outboundpb.ProxyProtocol_Http2{Routes: httpRoutesToProto(p.HTTP2.Routes), FailureAccrual: accrualToProto(p.HTTP2.FailureAccrual)},
 			Opaque:  &outboundpb.ProxyProtocol_Opaque{},
 		}}
 	case policy.ProtocolHTTP1:
-		m.Protocol.Kind = &outboundpb.ProxyProtocol_Http1_{Http1: &outboundpb.ProxyProtocol_Http1{Routes: httpRoutesToProto(p.HTTP1.Routes)}}
+		m.Protocol.Kind = &outboundpb.ProxyProtocol_Http1_{Http1: &outboundpb.ProxyProtocol_Http1{Routes: httpRoutesToProto(p.HTTP1.Routes),
+			FailureAccrual: accrualToProto(p.HTTP1.FailureAccrual)}}
 	case policy.ProtocolHTTP2:
-		m.Protocol.Kind = &outboundpb.ProxyProtocol_Http2_{Http2: &outboundpb.ProxyProtocol_Http2{Routes: httpRoutesToProto(p.HTTP2.Routes)}}
+		m.Protocol.Kind = &outboundpb.ProxyProtocol_Http2_{Http2: &outboundpb.ProxyProtocol_Http2{Routes: httpRoutesToProto(p.HTTP2.Routes),
+			FailureAccrual: accrualToProto(p.HTTP2.FailureAccrual)}}
 	case policy.ProtocolGRPC:
-		m.Protocol.Kind = &outboundpb.ProxyProtocol_Grpc_{Grpc: &outboundpb.ProxyProtocol_Grpc{Routes: grpcRoutesToProto(p.GRPC.Routes)}}
+		m.Protocol.Kind = &outboundpb.ProxyProtocol_Grpc_{Grpc: &outboundpb.ProxyProtocol_Grpc{Routes: grpcRoutesToProto(p.GRPC.Routes),
+			FailureAccrual: accrualToProto(p.GRPC.FailureAccrual)}}
 	case policy.ProtocolOpaque:
 		m.Protocol.Kind = &outboundpb.ProxyProtocol_Opaque_{Opaque: &outboundpb.ProxyProtocol_Opaque{}}
 	case policy.ProtocolTLS:
 		m.Protocol.Kind = &outboundpb.ProxyProtocol_Tls_{Tls: &outboundpb.ProxyProtocol_Tls{}}
 	}
 	return m
+}
+
+// accrualToProto encodes a failure accrual; nil stays nil (no breaker).
+func accrualToProto(fa *policy.FailureAccrual) *outboundpb.FailureAccrual {
+	if fa == nil {
+		return nil
+	}
+	bo := func(b backoff.Policy) *outboundpb.ExponentialBackoff {
+		return &outboundpb.ExponentialBackoff{MinBackoff: durationpb.New(b.Min), MaxBackoff: durationpb.New(b.Max), JitterRatio: float32(b.Jitter)}
+	}
+	out := &outboundpb.FailureAccrual{}
+	if fa.MinReadyEndpoints > 0 {
+		out.Ejection = &outboundpb.EjectionConfig{MinReadyEndpoints: fa.MinReadyEndpoints}
+	}
+	switch {
+	case fa.Unified != nil:
+		u := fa.Unified
+		out.Kind = &outboundpb.FailureAccrual_Unified_{Unified: &outboundpb.FailureAccrual_Unified{
+			SuccessRateThreshold: u.SuccessRateThreshold, Decay: durationpb.New(u.Window), MinRequests: u.MinRequests,
+			MaxConsecutiveFailures: u.MaxConsecutiveFailures, Backoff: bo(u.Backoff)}}
+	case fa.Consecutive != nil:
+		c := fa.Consecutive
+		out.Kind = &outboundpb.FailureAccrual_ConsecutiveFailures_{ConsecutiveFailures: &outboundpb.FailureAccrual_ConsecutiveFailures{
+			MaxFailures: c.MaxFailures, Backoff: bo(c.Backoff)}}
+	default:
+		return nil
+	}
+	return out
 }
 
 func metaToProto(md policy.Metadata) *pb.Metadata {

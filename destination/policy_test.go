@@ -121,7 +121,8 @@ func TestPolicyWireRoundTrip(t *testing.T) {
 	grpcDocs := `
 apiVersion: v1
 kind: Service
-metadata: {name: greeter, namespace: default, annotations: {retry.linkerd.io/grpc: unavailable, retry.linkerd.io/timeout: 100ms}}
+metadata: {name: greeter, namespace: default, annotations: {retry.linkerd.io/grpc: unavailable, retry.linkerd.io/timeout: 100ms,
+  balancer.linkerd.io/failure-accrual: unified, balancer.alpha.linkerd.io/failure-accrual-success-rate-threshold: "0.7"}}
 ---
 apiVersion: policy.linkerd.io/v1beta3
 kind: GRPCRoute
@@ -148,8 +149,18 @@ spec:
   - matches: [{path: {type: Exact, value: /x}, method: PATCH}]
     timeouts: {request: 1s, backendRequest: 500ms}
 `
-	r := resources(t, authorsServiceYAML, authorsRouteYAML, redirect, grpcDocs)
-	for _, want := range []*policy.Policy{r.Policy("default", "authors", 7001), r.Policy("default", "greeter", 9000)} {
+	accrual := `
+apiVersion: v1
+kind: Service
+metadata: {name: flaky, namespace: default, annotations: {balancer.linkerd.io/failure-accrual: consecutive}}
+spec:
+  ports: [{port: 80}]
+`
+	r := resources(t, authorsServiceYAML, authorsRouteYAML, redirect, grpcDocs, accrual)
+	flaky := r.Policy("default", "flaky", 80)
+	require.NotNil(t, flaky.HTTP1.FailureAccrual)
+	require.NotNil(t, r.Policy("default", "greeter", 9000).GRPC.FailureAccrual)
+	for _, want := range []*policy.Policy{r.Policy("default", "authors", 7001), r.Policy("default", "greeter", 9000), flaky} {
 		require.NotNil(t, want)
 		got, err := PolicyFromProto(PolicyToProto(want))
 		require.NoError(t, err)

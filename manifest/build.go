@@ -80,6 +80,10 @@ func (r *Resources) Service(namespace, name string) *Service {
 //     annotation replaces the Service's retry policy; one that sets any
 //     timeout annotation replaces its timeouts; a rule's own timeouts field
 //     replaces both annotations' timeouts.
+//   - The Service's balancer.linkerd.io/failure-accrual annotations
+//     (consecutive or unified, with their -max-failures, -min-penalty,
+//     -max-penalty, -jitter-ratio and the alpha success-rate ones) are the
+//     failure accrual of every protocol of the policy.
 func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 	svc := r.Service(namespace, name)
 	if svc == nil || !svc.HasPort(port) {
@@ -90,6 +94,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 	svcHTTPRetry, _ := httpRetry(svc.Annotations)
 	svcGRPCRetry, _ := grpcRetry(svc.Annotations)
 	svcTimeouts, _ := timeouts(svc.Annotations)
+	accrual, _ := failureAccrual(svc.Annotations)
 
 	var grpcRoutes []policy.GRPCRoute
 	for _, g := range r.GRPCRoutes {
@@ -116,7 +121,8 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 		grpcRoutes = append(grpcRoutes, route)
 	}
 	if len(grpcRoutes) > 0 {
-		return &policy.Policy{Parent: parent, Protocol: policy.ProtocolGRPC, GRPC: policy.GRPCProtocol{Routes: grpcRoutes}}
+		return &policy.Policy{Parent: parent, Protocol: policy.ProtocolGRPC,
+			GRPC: policy.GRPCProtocol{Routes: grpcRoutes, FailureAccrual: accrual}}
 	}
 
 	var httpRoutes []policy.HTTPRoute
@@ -154,8 +160,8 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 		Parent:        parent,
 		Protocol:      policy.ProtocolDetect,
 		DetectTimeout: DefaultDetectTimeout,
-		HTTP1:         policy.HTTPProtocol{Routes: httpRoutes},
-		HTTP2:         policy.HTTPProtocol{Routes: httpRoutes},
+		HTTP1:         policy.HTTPProtocol{Routes: httpRoutes, FailureAccrual: accrual},
+		HTTP2:         policy.HTTPProtocol{Routes: httpRoutes, FailureAccrual: accrual},
 	}
 }
 

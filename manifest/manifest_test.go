@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -95,6 +96,30 @@ func TestDefaultRouteWithServiceAnnotations(t *testing.T) {
 
 	assert.Nil(t, r.Policy("default", "authors", 7002), "a port the Service does not have")
 	assert.Nil(t, r.Policy("default", "books", 7001), "a Service without a manifest")
+}
+
+// The failure-accrual annotations of a Service become the failure accrual
+// of its policy, with Linkerd's defaults for what they leave out.
+func TestFailureAccrualAnnotations(t *testing.T) {
+	svc := func(annotations string) string {
+		return "apiVersion: v1\nkind: Service\nmetadata:\n  name: a\n  annotations: {" + annotations + "}\nspec:\n  ports: [{port: 80}]\n"
+	}
+	p := mustParse(t, svc("balancer.linkerd.io/failure-accrual: consecutive")).Policy("default", "a", 80)
+	compiles(t, p)
+	require.NotNil(t, p.HTTP1.FailureAccrual)
+	assert.Equal(t, &policy.FailureAccrual{Consecutive: &policy.ConsecutiveFailures{MaxFailures: 7,
+		Backoff: backoff.Policy{Min: time.Second, Max: time.Minute, Jitter: 0.5}}}, p.HTTP1.FailureAccrual)
+	assert.Same(t, p.HTTP1.FailureAccrual, p.HTTP2.FailureAccrual)
+
+	p = mustParse(t, svc(`balancer.linkerd.io/failure-accrual: unified, balancer.linkerd.io/failure-accrual-consecutive-max-failures: "3",
+    balancer.linkerd.io/failure-accrual-consecutive-min-penalty: 2s, balancer.linkerd.io/failure-accrual-consecutive-max-penalty: 30s,
+    balancer.linkerd.io/failure-accrual-consecutive-jitter-ratio: "0", balancer.alpha.linkerd.io/failure-accrual-success-rate-threshold: "0.9",
+    balancer.alpha.linkerd.io/failure-accrual-success-rate-window: 5s, balancer.alpha.linkerd.io/failure-accrual-success-rate-min-requests: "20"`)).Policy("default", "a", 80)
+	compiles(t, p)
+	assert.Equal(t, &policy.FailureAccrual{Unified: &policy.UnifiedAccrual{SuccessRateThreshold: 0.9, Window: 5 * time.Second,
+		MinRequests: 20, MaxConsecutiveFailures: 3, Backoff: backoff.Policy{Min: 2 * time.Second, Max: 30 * time.Second}}}, p.HTTP1.FailureAccrual)
+
+	assert.Nil(t, mustParse(t, svc("")).Policy("default", "a", 80).HTTP1.FailureAccrual, "no annotation, no breaker")
 }
 
 func TestHTTPRouteWeightsAndUnknownBackend(t *testing.T) {
@@ -233,6 +258,13 @@ func TestParseErrorsNameDocumentAndField(t *testing.T) {
 		{"bad grpc annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/grpc: aborted}}\n", "metadata.annotations.retry.linkerd.io/grpc: \"aborted\""},
 		{"bad timeout annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {timeout.linkerd.io/request: soon}}\n", "metadata.annotations.timeout.linkerd.io/request: \"soon\" is not a duration"},
 		{"bad limit", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/limit: many}}\n", "metadata.annotations.retry.linkerd.io/limit"},
+		{"bad accrual mode", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {balancer.linkerd.io/failure-accrual: always}}\n", "metadata.annotations.balancer.linkerd.io/failure-accrual: \"always\" is not consecutive or unified"},
+		{"accrual setting without mode", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {balancer.linkerd.io/failure-accrual-consecutive-max-failures: \"3\"}}\n", "metadata.annotations.balancer.linkerd.io/failure-accrual-consecutive-max-failures: needs balancer.linkerd.io/failure-accrual"},
+		{"bad max failures", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {balancer.linkerd.io/failure-accrual: consecutive, balancer.linkerd.io/failure-accrual-consecutive-max-failures: lots}}\n", "failure-accrual-consecutive-max-failures: \"lots\" is not a whole number"},
+		{"penalties inverted", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {balancer.linkerd.io/failure-accrual: consecutive, balancer.linkerd.io/failure-accrual-consecutive-max-penalty: 100ms}}\n", "failure-accrual-consecutive-max-penalty: 100ms is less than the minimum penalty 1s"},
+		{"bad jitter", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {balancer.linkerd.io/failure-accrual: consecutive, balancer.linkerd.io/failure-accrual-consecutive-jitter-ratio: \"-1\"}}\n", "failure-accrual-consecutive-jitter-ratio: \"-1\" is not a number from 0 to 100"},
+		{"success rate with consecutive", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {balancer.linkerd.io/failure-accrual: consecutive, balancer.alpha.linkerd.io/failure-accrual-success-rate-threshold: \"0.9\"}}\n", "failure-accrual-success-rate-threshold: applies only with balancer.linkerd.io/failure-accrual: unified"},
+		{"bad success rate", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {balancer.linkerd.io/failure-accrual: unified, balancer.alpha.linkerd.io/failure-accrual-success-rate-threshold: \"1.5\"}}\n", "failure-accrual-success-rate-threshold: \"1.5\" is not a number from 0 to 1"},
 		{"bad path type", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - matches:\n    - path: {type: Glob, value: /x}\n", "document 1 (HTTPRoute default/r): spec.rules[0].matches[0].path.type: \"Glob\""},
 		{"relative path", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - matches:\n    - path: {value: x}\n", "spec.rules[0].matches[0].path.value: \"x\" does not start with /"},
 		{"unknown rule field", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - backendRef: []\n", "spec.rules[0].backendRef: unknown field"},

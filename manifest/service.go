@@ -102,7 +102,10 @@ func checkAnnotations(a map[string]string) error {
 	if _, err := grpcRetry(a); err != nil {
 		return err
 	}
-	_, err := timeouts(a)
+	if _, err := timeouts(a); err != nil {
+		return err
+	}
+	_, err := failureAccrual(a)
 	return err
 }
 

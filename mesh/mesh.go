@@ -196,16 +196,15 @@ type Client struct {
 func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
 	cl := &Client{profiles: profiles.NewRouter(c.source, c.routerOptions()...)}
-	ropts := []router.Option{router.WithProfileRouter(cl.profiles), router.WithPolicies(c.policies),
-		router.WithMeterProvider(c.mp), router.WithLogger(c.logger), router.WithMaxAuthorities(c.maxAuthorities),
-		router.WithIdleTimeout(c.idleTimeout)}
-	cl.router = router.New(ropts...)
 	cl.h1, cl.h2 = c.transports()
 	if c.dial != nil {
 		cl.h1.DialContext, cl.h2.DialContext = c.dial, c.dial
 	}
 	var next http.RoundTripper = classify.NewTransport(
 		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), c.classifyOptions()...)
+	ropts := []router.Option{router.WithProfileRouter(cl.profiles), router.WithPolicies(c.policies),
+		router.WithMeterProvider(c.mp), router.WithLogger(c.logger), router.WithMaxAuthorities(c.maxAuthorities),
+		router.WithIdleTimeout(c.idleTimeout)}
 	if c.endpoints != nil {
 		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithProfiles(c.source), balancer.WithMaxAuthorities(c.maxAuthorities),
@@ -217,7 +216,9 @@ func NewClient(opts ...Option) *Client {
 		opts = append(opts, c.balancerOpts...)
 		cl.balancer = balancer.New(c.endpoints, opts...)
 		next = cl.balancer.Transport(next)
+		ropts = append(ropts, router.WithReadiness(cl.balancer.Ready))
 	}
+	cl.router = router.New(ropts...)
 	cl.RoundTripper = cl.router.Transport(next)
 	return cl
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,4 +90,71 @@ func TestEmbeddedControlPlane(t *testing.T) {
 	assert.Equal(t, "books-get", string(body), "the route's request header modifier applied")
 	assert.Equal(t, "1", m.Value(t, "outbound_http_route_request_statuses_total",
 		`route_kind="HTTPRoute"`, `route_name="books-get"`, `parent_name="books"`, `http_status="200"`))
+}
+
+// The Service's failure-accrual annotations travel from the embedded
+// control plane over OutboundPolicies to the balancer of the route's
+// backend: of three endpoints, the one failing every request trips after
+// its three consecutive failures and receives nothing more.
+func TestEmbeddedControlPlaneFailureAccrual(t *testing.T) {
+	var bad atomic.Int64
+	var eps []destination.Endpoint
+	for i := range 3 {
+		srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if i == 2 {
+				bad.Add(1)
+				w.WriteHeader(http.StatusInternalServerError)
+			}
+		}))
+		eps = append(eps, destination.Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String())})
+	}
+	res, err := manifest.Parse([]byte(`
+apiVersion: v1
+kind: Service
+metadata:
+  name: books
+  namespace: default
+  annotations:
+    balancer.linkerd.io/failure-accrual: consecutive
+    balancer.linkerd.io/failure-accrual-consecutive-max-failures: "3"
+    balancer.linkerd.io/failure-accrual-consecutive-min-penalty: 1h
+    balancer.linkerd.io/failure-accrual-consecutive-max-penalty: 1h
+spec:
+  ports: [{port: 7000}]
+`))
+	require.NoError(t, err)
+	store := destination.NewStore()
+	store.SetManifests(res)
+	store.SetEndpoints(map[string][]destination.Endpoint{booksAuthority: eps})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	destination.NewServer(store).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	dst, err := destination.Dial(lis.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	bal := balancer.New(dst)
+	t.Cleanup(bal.Close)
+	r := router.New(router.WithPolicies(dst.Policies()), router.WithReadiness(bal.Ready))
+	t.Cleanup(r.Close)
+	probe := httptest.NewRequest("GET", "http://"+booksAuthority+"/", nil)
+	require.Eventually(t, func() bool { return r.Explain(probe).Model == router.ModelPolicy }, testutil.Timeout, 10*time.Millisecond)
+
+	client := &http.Client{Transport: r.Transport(bal.Transport(testutil.NewTransport(t, testutil.H1)))}
+	get := func() int {
+		resp, err := client.Get("http://" + booksAuthority + "/")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for bad.Load() < 3 {
+		get()
+	}
+	for range 300 {
+		assert.Equal(t, 200, get())
+	}
+	assert.Equal(t, int64(3), bad.Load(), "requests reached the tripped endpoint")
 }

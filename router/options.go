@@ -36,6 +36,7 @@ type config struct {
 	defaultPort    string
 	budget         *profiles.RetryBudget
 	compile        policy.Options
+	ready          func(authority string) bool
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.
@@ -152,6 +153,16 @@ func WithRetryBudget(b *profiles.RetryBudget) Option {
 			c.budget = &cp
 		}
 	})
+}
+
+// WithReadiness tells the router which balancer backends can take a
+// request now (typically [balancer.Balancer.Ready]): a first-available
+// distribution sends its requests to the first backend that is ready,
+// passing over one whose endpoints are all out of rotation or failing
+// fast. Without it, a first-available distribution always takes its first
+// backend (and a fail-fast answer is retried, when the route retries).
+func WithReadiness(ready func(authority string) bool) Option {
+	return optionFunc(func(c *config) { c.ready = ready })
 }
 
 // WithCompileOptions sets the limits policies are compiled under.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/policy"
@@ -58,6 +60,10 @@ type routeTarget struct {
 	// noBackend is the series of a request no backend took.
 	noBackend *metrics.BackendTarget
 	budget    *profiles.Budget // nil: the count alone limits retries
+	// balancing is the balancer configuration of each backend (by
+	// position; nil: the balancer's own), from the policy's failure
+	// accrual and the backend's queue.
+	balancing []*balancer.BackendConfig
 	// total is the sum of the random-available weights.
 	total uint64
 }
@@ -157,20 +163,26 @@ func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
 func (r *Router) build(t *policy.Table) *policyState {
 	ps := &policyState{table: t, targets: make(map[*policy.Route]*routeTarget)}
 	p := t.Policy()
-	var tables []*policy.RouteTable
+	type protoTable struct {
+		rt *policy.RouteTable
+		fa *policy.FailureAccrual
+	}
+	var tables []protoTable
 	switch p.Protocol {
 	case policy.ProtocolGRPC:
-		tables = append(tables, t.For(&http.Request{ProtoMajor: 2}))
+		tables = append(tables, protoTable{t.For(&http.Request{ProtoMajor: 2}), p.GRPC.FailureAccrual})
 	default:
-		tables = append(tables, t.For(&http.Request{ProtoMajor: 1}), t.For(&http.Request{ProtoMajor: 2}))
+		tables = append(tables, protoTable{t.For(&http.Request{ProtoMajor: 1}), p.HTTP1.FailureAccrual},
+			protoTable{t.For(&http.Request{ProtoMajor: 2}), p.HTTP2.FailureAccrual})
 	}
-	for _, rt := range tables {
-		if rt == nil {
+	for _, pt := range tables {
+		if pt.rt == nil {
 			continue
 		}
-		for _, route := range rt.Routes() {
+		fa := balancerAccrual(pt.fa)
+		for _, route := range pt.rt.Routes() {
 			if ps.targets[route] == nil {
-				ps.targets[route] = r.routeTarget(route)
+				ps.targets[route] = r.routeTarget(route, fa)
 			}
 		}
 	}
@@ -194,7 +206,7 @@ func metaLabels(prefix string, m policy.Metadata, withPort bool) []attribute.Key
 	return kvs
 }
 
-func (r *Router) routeTarget(route *policy.Route) *routeTarget {
+func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *routeTarget {
 	fam := r.httpFam
 	if route.GRPC {
 		fam = r.grpcFam
@@ -203,6 +215,7 @@ func (r *Router) routeTarget(route *policy.Route) *routeTarget {
 	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(fam, "", labels...)}
 	for _, b := range route.Backends.Backends {
 		rt.backends = append(rt.backends, rt.metrics.NewBackendTarget(metaLabels("backend", b.Backend.Meta, true)...))
+		rt.balancing = append(rt.balancing, backendConfig(b.Backend, fa))
 		rt.total += uint64(b.Weight)
 	}
 	rt.noBackend = rt.metrics.NewBackendTarget(metaLabels("backend", policy.Metadata{}, true)...)
@@ -213,3 +226,36 @@ func (r *Router) routeTarget(route *policy.Route) *routeTarget {
 }
 
 func (r *Router) normalize(key string) (string, error) { return r.reg.Normalize(key) }
+
+// balancerAccrual is the balancer's form of a policy's failure accrual.
+func balancerAccrual(fa *policy.FailureAccrual) *balancer.FailureAccrual {
+	if fa == nil || fa.Consecutive == nil && fa.Unified == nil {
+		return nil
+	}
+	bo := func(p backoff.Policy) balancer.Backoff {
+		b := balancer.Backoff{MinBackoff: p.Min, MaxBackoff: p.Max, JitterRatio: p.Jitter}
+		if p.Min > 0 && p.Jitter == 0 {
+			b.JitterRatio = -1 // a policy's zero jitter is none, not the default
+		}
+		return b
+	}
+	out := &balancer.FailureAccrual{Ejection: balancer.Ejection{MinReadyEndpoints: fa.MinReadyEndpoints}}
+	if c := fa.Consecutive; c != nil {
+		out.ConsecutiveFailures = &balancer.ConsecutiveFailures{MaxFailures: c.MaxFailures, Backoff: bo(c.Backoff)}
+	}
+	if u := fa.Unified; u != nil {
+		out.Unified = &balancer.Unified{SuccessRateThreshold: u.SuccessRateThreshold, Decay: u.Window,
+			MinRequests: u.MinRequests, MaxConsecutiveFailures: u.MaxConsecutiveFailures, Backoff: bo(u.Backoff)}
+	}
+	return out
+}
+
+// backendConfig is the balancer configuration of a balancer backend: the
+// policy's failure accrual and the backend's queue; nil when neither says
+// anything or the backend is not a balancer.
+func backendConfig(b policy.Backend, fa *balancer.FailureAccrual) *balancer.BackendConfig {
+	if b.Balancer == nil || fa == nil && b.Queue.Capacity == 0 && b.Queue.FailFastTimeout == 0 {
+		return nil
+	}
+	return &balancer.BackendConfig{FailureAccrual: fa, QueueCapacity: int(b.Queue.Capacity), FailFast: b.Queue.FailFastTimeout}
+}

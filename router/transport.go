@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
 	"github.com/inmesh/inmesh/internal/metrics"
@@ -132,8 +133,29 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 			rt.budget.Deposit()
 		}
 	}
-	return exchange.RoundTrip(attemptFunc(x.attempt), req, p)
+	resp, err := exchange.RoundTrip(attemptFunc(x.attempt), req, p)
+	var be *backendError
+	if err != nil && errors.As(err, &be) {
+		// The balancer's own answer (fail-fast, load shed) goes to the
+		// caller as it made it: a 503 with l5d-proxy-error.
+		return be.resp, nil
+	}
+	return resp, err
 }
+
+// backendError is a balancer's answer that it sent no request (fail-fast,
+// load shed): an error to the exchange, so that it is retried or not as
+// such and labelled FAIL_FAST or LOAD_SHED, and the balancer's response for
+// the caller.
+type backendError struct {
+	err  error
+	resp *http.Response
+}
+
+func (e *backendError) Error() string  { return e.err.Error() }
+func (e *backendError) Unwrap() error  { return e.err }
+func (e *backendError) FailFast() bool { return errors.Is(e.err, balancer.ErrFailFast) }
+func (e *backendError) LoadShed() bool { return errors.Is(e.err, balancer.ErrLoadShed) }
 
 type attemptFunc func(*http.Request) (*http.Response, error)
 
@@ -177,7 +199,11 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	if req, resp = x.filter(req, rb.Filters, &respMods); resp != nil {
 		return resp, nil
 	}
-	out := req.Clone(req.Context())
+	ctx := req.Context()
+	if bc := x.rt.balancing[i]; bc != nil {
+		ctx = balancer.WithBackendConfig(ctx, bc)
+	}
+	out := req.Clone(ctx)
 	out.Body, out.GetBody = req.Body, req.GetBody
 	u := *req.URL
 	out.URL = &u
@@ -195,6 +221,9 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := x.base.RoundTrip(out)
 	if err == nil {
+		if berr := balancer.ResponseError(resp); berr != nil {
+			return nil, &backendError{err: berr, resp: resp}
+		}
 		for _, m := range respMods {
 			m.Apply(resp.Header)
 		}
@@ -263,7 +292,21 @@ func (x *policyExchange) pick() int {
 	switch {
 	case len(d.Backends) == 0 || d.Kind == policy.DistributionEmpty:
 		return -1
-	case d.Kind == policy.DistributionFirstAvailable || len(d.Backends) == 1:
+	case len(d.Backends) == 1:
+		return 0
+	case d.Kind == policy.DistributionFirstAvailable:
+		// The first backend that may take the request: a balancer backend
+		// none of whose endpoints is in rotation (all tripped, or failing
+		// fast) is passed over while another is ready.
+		ready := x.r.cfg.ready
+		if ready == nil {
+			return 0
+		}
+		for i, b := range d.Backends {
+			if b.Backend.Balancer == nil || ready(b.Backend.Balancer.Authority) {
+				return i
+			}
+		}
 		return 0
 	case x.rt.total == 0:
 		return int(x.random() * float64(len(d.Backends)))
