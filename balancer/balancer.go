@@ -50,7 +50,6 @@ type Balancer struct {
 	health   bool
 	penDecay float64
 	def      *groupConf // the configuration of the options
-
 	metrics  *balMetrics
 	ctx      context.Context
 	cancel   context.CancelFunc

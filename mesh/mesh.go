@@ -216,7 +216,7 @@ func NewClient(opts ...Option) *Client {
 		opts = append(opts, c.balancerOpts...)
 		cl.balancer = balancer.New(c.endpoints, opts...)
 		next = cl.balancer.Transport(next)
-		ropts = append(ropts, router.WithReadiness(cl.balancer.Ready))
+		ropts = append(ropts, router.WithBalancer(cl.balancer))
 	}
 	cl.router = router.New(ropts...)
 	cl.RoundTripper = cl.router.Transport(next)

@@ -137,7 +137,7 @@ spec:
 	t.Cleanup(func() { _ = dst.Close() })
 	bal := balancer.New(dst)
 	t.Cleanup(bal.Close)
-	r := router.New(router.WithPolicies(dst.Policies()), router.WithReadiness(bal.Ready))
+	r := router.New(router.WithPolicies(dst.Policies()), router.WithBalancer(bal))
 	t.Cleanup(r.Close)
 	probe := httptest.NewRequest("GET", "http://"+booksAuthority+"/", nil)
 	require.Eventually(t, func() bool { return r.Explain(probe).Model == router.ModelPolicy }, testutil.Timeout, 10*time.Millisecond)

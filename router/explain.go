@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -60,6 +61,14 @@ type BackendInfo struct {
 	Target  string   `json:"target"` // the balancer's authority or the forward address
 	Weight  uint32   `json:"weight,omitempty"`
 	Filters []string `json:"filters,omitempty"`
+	// FailureAccrual names the breaker of a balancer backend's endpoints
+	// ("consecutive", "unified"), empty for the balancer's own.
+	FailureAccrual string `json:"failureAccrual,omitempty"`
+	// With [WithBalancer]: Ready says whether the backend can take a
+	// request now, Endpoints the state of each of its endpoints (ready,
+	// tripped until when, on probation, load and penalty).
+	Ready     *bool                    `json:"ready,omitempty"`
+	Endpoints []balancer.EndpointState `json:"endpoints,omitempty"`
 }
 
 // TimeoutsInfo are the timeouts of a route, as Go durations; empty means
@@ -144,11 +153,22 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	}
 	e.Filters = filterNames(route.Filters)
 	bi := &BackendsInfo{Distribution: route.Backends.Kind.String(), Backends: []BackendInfo{}}
-	for _, b := range route.Backends.Backends {
+	rtgt := ps.targets[route]
+	for i, b := range route.Backends.Backends {
 		info := BackendInfo{Name: b.Backend.Meta.Name, Kind: b.Backend.Meta.Kind, Weight: b.Weight, Filters: filterNames(b.Filters)}
 		switch {
 		case b.Backend.Balancer != nil:
 			info.Target = b.Backend.Balancer.Authority
+			if bc := rtgt.balancing[i]; bc != nil && bc.FailureAccrual != nil {
+				info.FailureAccrual = "consecutive"
+				if bc.FailureAccrual.Unified != nil {
+					info.FailureAccrual = "unified"
+				}
+			}
+			if bal := r.cfg.balancer; bal != nil {
+				ready := bal.Ready(info.Target)
+				info.Ready, info.Endpoints = &ready, bal.Endpoints(info.Target)
+			}
 		case b.Backend.Forward != nil:
 			info.Target = b.Backend.Forward.Addr.String()
 		}

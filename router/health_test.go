@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"sync/atomic"
 	"testing"
@@ -34,7 +35,7 @@ func newHealthFixture(t *testing.T, p *policy.Policy, eps map[string][]balancer.
 	f.bal = balancer.New(src)
 	t.Cleanup(f.bal.Close)
 	pol := policy.NewStaticSource(map[string]*policy.Policy{authority: p})
-	f.r = New(WithPolicies(pol), WithMeterProvider(f.m.Provider), WithReadiness(f.bal.Ready))
+	f.r = New(WithPolicies(pol), WithMeterProvider(f.m.Provider), WithBalancer(f.bal))
 	t.Cleanup(f.r.Close)
 	f.r.cfg.wait = func(ctx context.Context, _ time.Duration) bool { return ctx.Err() == nil }
 	f.client = &http.Client{Transport: f.r.Transport(f.bal.Transport(testutil.NewTransport(t, testutil.H1)))}
@@ -135,6 +136,21 @@ func TestFirstAvailableFallsThrough(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), nA.Load(), "backend a after its endpoint tripped")
 	assert.Equal(t, int64(20), nB.Load())
+
+	// Explain shows why: backend a is not ready, its endpoint tripped.
+	x := f.r.Explain(httptest.NewRequest("GET", "http://svc.test/", nil))
+	require.NotNil(t, x.Backends)
+	require.Len(t, x.Backends.Backends, 2)
+	ea, eb := x.Backends.Backends[0], x.Backends.Backends[1]
+	assert.Equal(t, "consecutive", ea.FailureAccrual)
+	require.NotNil(t, ea.Ready)
+	require.NotNil(t, eb.Ready)
+	assert.False(t, *ea.Ready)
+	assert.True(t, *eb.Ready)
+	require.Len(t, ea.Endpoints, 1)
+	assert.Equal(t, "tripped", ea.Endpoints[0].State)
+	require.Len(t, eb.Endpoints, 1)
+	assert.Equal(t, "ready", eb.Endpoints[0].State)
 
 	resp, err := f.client.Get("http://svc.test/only-a")
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"go.opentelemetry.io/otel/metric"
@@ -36,7 +37,7 @@ type config struct {
 	defaultPort    string
 	budget         *profiles.RetryBudget
 	compile        policy.Options
-	ready          func(authority string) bool
+	balancer       *balancer.Balancer
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.
@@ -155,14 +156,16 @@ func WithRetryBudget(b *profiles.RetryBudget) Option {
 	})
 }
 
-// WithReadiness tells the router which balancer backends can take a
-// request now (typically [balancer.Balancer.Ready]): a first-available
+// WithBalancer names the balancer under the router's transport (the one
+// that resolves its balancer backends), so that a first-available
 // distribution sends its requests to the first backend that is ready,
-// passing over one whose endpoints are all out of rotation or failing
-// fast. Without it, a first-available distribution always takes its first
-// backend (and a fail-fast answer is retried, when the route retries).
-func WithReadiness(ready func(authority string) bool) Option {
-	return optionFunc(func(c *config) { c.ready = ready })
+// passing over one whose endpoints are all out of rotation or failing fast
+// ([balancer.Balancer.Ready]), and [Router.Explain] shows each backend's
+// endpoints and their state. Without it, a first-available distribution
+// always takes its first backend (a fail-fast answer is then retried when
+// the route retries).
+func WithBalancer(b *balancer.Balancer) Option {
+	return optionFunc(func(c *config) { c.balancer = b })
 }
 
 // WithCompileOptions sets the limits policies are compiled under.

@@ -298,12 +298,12 @@ func (x *policyExchange) pick() int {
 		// The first backend that may take the request: a balancer backend
 		// none of whose endpoints is in rotation (all tripped, or failing
 		// fast) is passed over while another is ready.
-		ready := x.r.cfg.ready
-		if ready == nil {
+		bal := x.r.cfg.balancer
+		if bal == nil {
 			return 0
 		}
 		for i, b := range d.Backends {
-			if b.Backend.Balancer == nil || ready(b.Backend.Balancer.Authority) {
+			if b.Backend.Balancer == nil || bal.Ready(b.Backend.Balancer.Authority) {
 				return i
 			}
 		}
