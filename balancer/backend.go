@@ -25,6 +25,10 @@ type BackendConfig struct {
 	// <= 0 keeps the balancer's.
 	QueueCapacity int
 	FailFast      time.Duration
+	// PenaltyPeakEWMA, when not nil, adds load penalties as
+	// [WithPenaltyPeakEWMA] does (its Penalty, MaxRetryAfter and
+	// PenaltyDecay; zero fields take their defaults).
+	PenaltyPeakEWMA *PenaltyPeakEWMA
 }
 
 type backendConfigKey struct{}
@@ -44,11 +48,14 @@ type groupConf struct {
 	acc      *accrual
 	queueCap int
 	failfast time.Duration
+	penalty  *PenaltyPeakEWMA
+	penDecay float64
 }
 
 // defaultConf is the configuration of the balancer's options.
 func (b *Balancer) defaultConf() *groupConf {
-	return &groupConf{acc: b.cfg.accrual, queueCap: b.cfg.queueCap, failfast: b.cfg.failfast}
+	return &groupConf{acc: b.cfg.accrual, queueCap: b.cfg.queueCap, failfast: b.cfg.failfast,
+		penalty: b.cfg.penaltyEWMA, penDecay: b.penDecay}
 }
 
 // conf returns the configuration that balances g.
@@ -77,6 +84,19 @@ func (b *Balancer) configure(g *group, c *BackendConfig) {
 	if c.FailFast > 0 {
 		gc.failfast = c.FailFast
 	}
+	if p := c.PenaltyPeakEWMA; p != nil {
+		q := *p
+		if q.Penalty <= 0 {
+			q.Penalty = DefaultLoadPenalty
+		}
+		if q.MaxRetryAfter <= 0 {
+			q.MaxRetryAfter = DefaultMaxRetryAfter
+		}
+		gc.penalty, gc.penDecay = &q, b.decay
+		if q.PenaltyDecay > 0 {
+			gc.penDecay = float64(q.PenaltyDecay)
+		}
+	}
 	g.conf.Store(gc)
 	g.notify() // queued requests look again under the new configuration
 }
@@ -100,7 +120,7 @@ func (b *Balancer) Ready(authority string) bool {
 		return true
 	case s.err != nil || !s.exists || len(s.eps) == 0:
 		return false
-	case !s.health && !s.group.ownAccrual():
+	case !s.health && !s.group.ownHealth():
 		return true
 	}
 	return s.countAvailable(b.cfg.now()) > 0

@@ -62,11 +62,11 @@ func New(src Source, opts ...Option) *Balancer {
 	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
 		log: ratelog.New(cfg.logger, 0)}
 	b.health = cfg.accrual != nil || cfg.penaltyEWMA != nil
-	b.def = b.defaultConf()
 	b.penDecay = b.decay
 	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
 		b.penDecay = float64(p.PenaltyDecay)
 	}
+	b.def = b.defaultConf()
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.table.init(cfg)
 	b.metrics = newBalMetrics(b)
@@ -386,9 +386,10 @@ func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool
 	now := b.cfg.now()
 	l.observe(float64(now-start), now, b.decay)
 	o, final := headOutcome(resp, time.Now())
-	if p := b.cfg.penaltyEWMA; p != nil {
+	if c := b.conf(e.group()); c.penalty != nil {
+		p := c.penalty
 		if o.exhausted {
-			l.penalize(float64(p.Penalty), b.penDecay, now)
+			l.penalize(float64(p.Penalty), c.penDecay, now)
 		}
 		if o.retryIn > 0 {
 			l.avoidFor(min(o.retryIn, int64(p.MaxRetryAfter)), now)

@@ -170,13 +170,14 @@ type group struct {
 	conf atomic.Pointer[groupConf]
 }
 
-// ownAccrual reports whether g has a failure accrual of its own.
-func (g *group) ownAccrual() bool {
+// ownHealth reports whether g has a failure accrual or load penalties of
+// its own, so that picks check the endpoints' health.
+func (g *group) ownHealth() bool {
 	if g == nil {
 		return false
 	}
 	c := g.conf.Load()
-	return c != nil && c.acc != nil
+	return c != nil && (c.acc != nil || c.penalty != nil)
 }
 
 // wake returns a channel closed at the next notify.

@@ -150,7 +150,7 @@ func (s *snapshot) choose(now int64, decay float64) (e *endpoint, probe bool) {
 // available reports whether e may be picked at now, claiming its probe when
 // it is on probation.
 func (s *snapshot) available(e *endpoint, now int64) (ok, probe bool) {
-	if !s.health && !s.group.ownAccrual() {
+	if !s.health && !s.group.ownHealth() {
 		return true, false
 	}
 	e.load.mu.Lock()

@@ -160,3 +160,33 @@ func TestFirstAvailableFallsThrough(t *testing.T) {
 	assert.Equal(t, int64(1), nA.Load())
 	assert.Contains(t, f.m.Scrape(t), `error="FAIL_FAST"`)
 }
+
+// A backend's penalty_peak_ewma load reaches its balancer: an endpoint
+// answering 429 with Retry-After is avoided while the other takes every
+// request.
+func TestPolicyLoadPenalty(t *testing.T) {
+	var n429, nOK atomic.Int64
+	srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		n429.Add(1)
+		w.Header().Set("Retry-After", "60")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	var ok atomic.Int64
+	ok.Store(200)
+	eps := []balancer.Endpoint{
+		{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: balancer.DefaultWeight},
+		endpoint(t, "ok", &ok, &nOK),
+	}
+	b := balancerBackend("web", "web.ns.svc.cluster.local:80")
+	b.Backend.Balancer.Penalty = &policy.LoadPenalty{Penalty: 5 * time.Second, MaxRetryAfter: time.Minute}
+	f := newHealthFixture(t, httpPolicy(policy.HTTPRule{Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable,
+		Backends: []policy.RouteBackend{b}}}), map[string][]balancer.Endpoint{"web.ns.svc.cluster.local:80": eps})
+	for n429.Load() == 0 {
+		f.get(t)
+	}
+	for range 100 {
+		resp, _ := f.get(t)
+		assert.Equal(t, 200, resp.StatusCode)
+	}
+	assert.Equal(t, int64(1), n429.Load(), "the endpoint that asked to be left alone")
+}

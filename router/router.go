@@ -251,11 +251,15 @@ func balancerAccrual(fa *policy.FailureAccrual) *balancer.FailureAccrual {
 }
 
 // backendConfig is the balancer configuration of a balancer backend: the
-// policy's failure accrual and the backend's queue; nil when neither says
-// anything or the backend is not a balancer.
+// policy's failure accrual, the backend's queue and load penalties; nil
+// when none says anything or the backend is not a balancer.
 func backendConfig(b policy.Backend, fa *balancer.FailureAccrual) *balancer.BackendConfig {
-	if b.Balancer == nil || fa == nil && b.Queue.Capacity == 0 && b.Queue.FailFastTimeout == 0 {
+	if b.Balancer == nil || fa == nil && b.Queue.Capacity == 0 && b.Queue.FailFastTimeout == 0 && b.Balancer.Penalty == nil {
 		return nil
 	}
-	return &balancer.BackendConfig{FailureAccrual: fa, QueueCapacity: int(b.Queue.Capacity), FailFast: b.Queue.FailFastTimeout}
+	bc := &balancer.BackendConfig{FailureAccrual: fa, QueueCapacity: int(b.Queue.Capacity), FailFast: b.Queue.FailFastTimeout}
+	if p := b.Balancer.Penalty; p != nil {
+		bc.PenaltyPeakEWMA = &balancer.PenaltyPeakEWMA{Penalty: p.Penalty, MaxRetryAfter: p.MaxRetryAfter, PenaltyDecay: p.PenaltyDecay}
+	}
+	return bc
 }
