@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
@@ -98,25 +99,37 @@ func otelTransport(rt http.RoundTripper, mp metric.MeterProvider) http.RoundTrip
 }
 
 // stack is an inbound and an outbound inmesh stack sharing one meter,
-// with profiles from src, or from the control plane when dst is set.
+// with profiles from src, or from the control plane when dst is set. The
+// inbound stack routes the local authorities by profile (an inbound stack
+// routes only its service's own names).
 type stack struct {
 	server *mesh.Server
 	client *mesh.Client
 }
 
-func newStack(app http.Handler, mp metric.MeterProvider, src profiles.Source, dst *destination.Client) *stack {
+func newStack(app http.Handler, mp metric.MeterProvider, src profiles.Source, dst *destination.Client, local ...string) *stack {
 	opts := []mesh.Option{mesh.WithMeterProvider(mp), mesh.WithLogger(quiet)}
 	if dst != nil {
 		opts = append(opts, mesh.WithDestination(dst))
 	} else {
 		opts = append(opts, mesh.WithProfiles(src))
 	}
-	return &stack{server: mesh.NewServer(app, opts...), client: mesh.NewClient(opts...)}
+	return &stack{server: mesh.NewServer(app, append(opts, mesh.WithLocalAuthorities(local...))...), client: mesh.NewClient(opts...)}
 }
 
 func (s *stack) close() {
 	s.client.Close()
 	s.server.Close()
+}
+
+// lateHandler serves with a handler set once its listener's address is
+// known (an inbound stack named by that address).
+type lateHandler struct{ h atomic.Pointer[http.Handler] }
+
+func (l *lateHandler) set(h http.Handler) { l.h.Store(&h) }
+
+func (l *lateHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*l.h.Load()).ServeHTTP(w, r)
 }
 
 // serveMeshed serves h as inmesh's inbound listener does: HTTP/1 and h2c
@@ -214,7 +227,7 @@ func newMeshed(app http.Handler, mp metric.MeterProvider) (*meshed, error) {
 		return nil, err
 	}
 	cp.putProfile("")
-	st := newStack(app, mp, nil, cp.dst)
+	st := newStack(app, mp, nil, cp.dst, books)
 	peer := serveMeshed(st.server)
 	cp.putEndpoints(books, []string{peer.addr()}, true, 0)
 	m := &meshed{cp: cp, st: st, peer: peer, close: func() {

@@ -12,7 +12,7 @@ import (
 func stackInProcess(o options) (*result, error) {
 	mp := newMeter()
 	defer mp.Shutdown(context.Background())
-	st := newStack(ok, mp, namedProfile(books), nil)
+	st := newStack(ok, mp, namedProfile(books), nil, books)
 	defer st.close()
 	req := httptest.NewRequest("GET", "http://"+books+"/books/123", nil)
 	if err := waitRoutes(st.server.Router(), books, func() { st.server.ServeHTTP(httptest.NewRecorder(), req) }); err != nil {
@@ -60,8 +60,10 @@ func newLoopbackSet(n int) (*loopbackSet, error) {
 	bareSrv := serve(&http.Server{Handler: ok})
 	otelSrv := serve(&http.Server{Handler: otelHandler(ok, mp)})
 	src, setProfile := staticProfiles()
-	st := newStack(ok, mp, src, nil)
-	meshSrv := serveMeshed(st.server)
+	late := &lateHandler{}
+	meshSrv := serveMeshed(late)
+	st := newStack(ok, mp, src, nil, meshSrv.addr())
+	late.set(st.server)
 	setProfile(meshSrv.addr())
 	bareRT, otelBase := h1Transport(), h1Transport()
 	otelRT := otelTransport(otelBase, mp)

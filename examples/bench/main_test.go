@@ -1,0 +1,39 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Every scenario runs to a figure in its smallest form: the bench must not
+// rot while the library changes under it. The figures themselves are not
+// asserted (they are measured, not tested); a scenario that errors, or
+// produces no ratio where it should, fails. host_flood's full size is left
+// to the bench itself.
+func TestScenariosRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the scenarios take about a minute")
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(stopAll)
+	o := options{rounds: 1, short: true}
+	for _, s := range scenarios {
+		t.Run(s.name, func(t *testing.T) {
+			r, err := s.run(o)
+			require.NoError(t, err)
+			require.NotNil(t, r)
+			if r.Skipped != "" {
+				if os.Getenv("CI") != "" && s.name == "sidecar_hop" {
+					t.Fatalf("skipped in CI: %s", r.Skipped)
+				}
+				t.Skip(r.Skipped)
+			}
+			assert.NotZero(t, r.Ratio, "no ratio")
+		})
+	}
+}
