@@ -4,9 +4,9 @@ import (
 	"context"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/internal/authority"
-	"github.com/inmesh/inmesh/internal/mailbox"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -67,11 +67,24 @@ func (c *Client) inScope(a string) bool {
 }
 
 // outOfScope answers a watch outside the search path with one update and no
-// stream.
+// stream. It keeps nothing once the update is delivered: under a flood of
+// names outside the path, every authority a router or balancer holds has
+// such a watch, so it is a goroutine that ends, not a mailbox that stays.
 func outOfScope[U any](c *Client, ctx context.Context, u U, update func(U)) func() {
-	m := mailbox.Start(c.ctx, ctx, &c.wg, update, nil)
-	m.Offer(u)
-	return m.Stop
+	done := make(chan struct{})
+	var stopped atomic.Bool
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer close(done)
+		if !stopped.Load() && ctx.Err() == nil && c.ctx.Err() == nil {
+			update(u)
+		}
+	}()
+	return func() {
+		stopped.Store(true)
+		<-done
+	}
 }
 
 // The updates a watch outside the search path gets.

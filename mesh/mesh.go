@@ -187,7 +187,8 @@ type Client struct {
 	router   *router.Router
 	profiles *profiles.Router
 	balancer *balancer.Balancer
-	h1, h2   *http.Transport
+	h1       *transport.Recycling
+	h2       *http.Transport
 }
 
 // NewClient returns the outbound stack. Requests are addressed by Host to a
@@ -197,9 +198,6 @@ func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
 	cl := &Client{profiles: profiles.NewRouter(c.source, c.routerOptions()...)}
 	cl.h1, cl.h2 = c.transports()
-	if c.dial != nil {
-		cl.h1.DialContext, cl.h2.DialContext = c.dial, c.dial
-	}
 	var next http.RoundTripper = classify.NewTransport(
 		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), c.classifyOptions()...)
 	ropts := []router.Option{router.WithProfileRouter(cl.profiles), router.WithPolicies(c.policies),

@@ -48,7 +48,21 @@ func WithMaxIdleConns(total, perHost int) Option {
 
 // transports returns the HTTP/1 and HTTP/2 transports at the bottom of the
 // outbound stack, with the configured bounds (the HTTP/2 one is what
-// origproto.NewH2Transport returns, with the same idle timeout).
-func (c config) transports() (h1, h2 *http.Transport) {
-	return transport.HTTP1(c.conns), transport.H2(c.conns)
+// origproto.NewH2Transport returns, with the same idle timeout). The
+// HTTP/1 one, which also carries the requests that fall back to their own
+// address, is recycled every transport.DefaultMaxHosts distinct hosts, so
+// that a flood of Hosts leaves no per-host state behind in net/http.
+func (c config) transports() (h1 *transport.Recycling, h2 *http.Transport) {
+	h1 = transport.NewRecycling(func() *http.Transport {
+		t := transport.HTTP1(c.conns)
+		if c.dial != nil {
+			t.DialContext = c.dial
+		}
+		return t
+	}, 0)
+	h2 = transport.H2(c.conns)
+	if c.dial != nil {
+		h2.DialContext = c.dial
+	}
+	return h1, h2
 }

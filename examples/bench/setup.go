@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 )
@@ -39,7 +40,11 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // shared by every stack of a scenario, so that inmesh and otelhttp pay
 // the same SDK.
 func newMeter() *sdkmetric.MeterProvider {
-	return sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	// As the examples configure it (examples/internal/telemetry): no
+	// exemplars, which would keep a reservoir per series and cost every
+	// measurement; the SDK's default cardinality limit.
+	return sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()),
+		sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
 }
 
 // profileYAML is a ServiceProfile of 20 routes for name; GET /books/{id}
