@@ -58,16 +58,7 @@ func TestEmbeddedControlPlane(t *testing.T) {
 	store.SetEndpoints(map[string][]destination.Endpoint{
 		booksAuthority: {{Addr: netip.MustParseAddrPort(up.Listener.Addr().String())}},
 	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	destination.NewServer(store).Register(g)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
-
-	dst, err := destination.Dial(lis.Addr().String())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = dst.Close() })
+	dst := serveStore(t, store)
 	bal := balancer.New(dst)
 	t.Cleanup(bal.Close)
 	m := testutil.NewMetrics(t)
@@ -126,15 +117,7 @@ spec:
 	store := destination.NewStore()
 	store.SetManifests(res)
 	store.SetEndpoints(map[string][]destination.Endpoint{booksAuthority: eps})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	destination.NewServer(store).Register(g)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
-	dst, err := destination.Dial(lis.Addr().String())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = dst.Close() })
+	dst := serveStore(t, store)
 	bal := balancer.New(dst)
 	t.Cleanup(bal.Close)
 	r := router.New(router.WithPolicies(dst.Policies()), router.WithBalancer(bal))
@@ -157,4 +140,20 @@ spec:
 		assert.Equal(t, 200, get())
 	}
 	assert.Equal(t, int64(3), bad.Load(), "requests reached the tripped endpoint")
+}
+
+// serveStore serves store as the embedded control plane on loopback and
+// returns a client of it.
+func serveStore(t *testing.T, store *destination.Store) *destination.Client {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	destination.NewServer(store).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	dst, err := destination.Dial(lis.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	return dst
 }

@@ -131,6 +131,18 @@ func (p *proc) stop() {
 	}
 }
 
+// needCurl skips a test that drives the examples with curl where curl is
+// missing, and fails it in CI, where it must be installed.
+func needCurl(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("curl"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("curl is not installed")
+		}
+		t.Skip("curl is not installed")
+	}
+}
+
 func curl(t *testing.T, args ...string) (status int, headers, body string) {
 	t.Helper()
 	full := append([]string{"-sS", "--max-time", "10", "-D", "-", "-w", "\n%{http_code}"}, args...)
@@ -171,12 +183,7 @@ func metric(text, name string, labels ...string) (float64, bool) {
 }
 
 func TestEndToEnd(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("curl is not installed")
-		}
-		t.Skip("curl is not installed")
-	}
+	needCurl(t)
 	bin := build(t)
 	dir := t.TempDir()
 	profiles := filepath.Join(dir, "profiles")

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -43,12 +42,7 @@ spec:
 // gets 503 FAIL_FAST, counted by the queue's gate and the route's error
 // label.
 func TestEndpointHealthEndToEnd(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("curl is not installed")
-		}
-		t.Skip("curl is not installed")
-	}
+	needCurl(t)
 	bin := build(t)
 	dir := t.TempDir()
 	profiles, policies := filepath.Join(dir, "profiles"), filepath.Join(dir, "policies")

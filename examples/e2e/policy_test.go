@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -55,12 +54,7 @@ spec:
 // outbound_http_route_* series carry the route, /routes explains it, and an
 // edit of the YAML routes within 2s without a restart.
 func TestPolicyEndToEnd(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("curl is not installed")
-		}
-		t.Skip("curl is not installed")
-	}
+	needCurl(t)
 	bin := build(t)
 	dir := t.TempDir()
 	profiles, policies := filepath.Join(dir, "profiles"), filepath.Join(dir, "policies")

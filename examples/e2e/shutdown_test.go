@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -81,12 +80,7 @@ func startProxy(t *testing.T, bin, dstAddr, appAddr string) (p *proc, out, in, m
 // completes, the one that never ends is cut at the 4s drain bound, and the
 // proxy exits within 5s.
 func TestSIGTERMControlPlaneRestartAndProxyDrain(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("curl is not installed")
-		}
-		t.Skip("curl is not installed")
-	}
+	needCurl(t)
 	bin := build(t)
 	dir := t.TempDir()
 	profiles := filepath.Join(dir, "profiles")
