@@ -4,6 +4,8 @@ import (
 	"regexp"
 	"regexp/syntax"
 	"unicode"
+
+	"github.com/inmesh/inmesh/internal/recache"
 )
 
 // wholeRegex matches a value as Linkerd's proxy does: the leftmost-first
@@ -23,17 +25,28 @@ type wholeRegex struct {
 	exact  bool           // full matching implies the preferred match ends at the end
 }
 
+// wholeRegexes keeps the compiled form of every pattern: a policy update
+// mostly repeats the patterns of the one before.
+var wholeRegexes recache.Memo[wholeRegex]
+
 func compileWholeRegex(pattern string) (wholeRegex, error) {
-	full, err := regexp.Compile(`^(?:` + pattern + `)$`)
+	return wholeRegexes.Get(pattern, newWholeRegex)
+}
+
+func newWholeRegex(pattern string) (wholeRegex, error) {
+	full, err := recache.Compile(`^(?:` + pattern + `)$`)
 	if err != nil {
 		return wholeRegex{}, err
 	}
 	// Compiling the pattern alone rejects patterns that only parse inside
 	// the group (an unbalanced ")(").
-	if _, err := regexp.Compile(pattern); err != nil {
+	if _, err := recache.Compile(pattern); err != nil {
 		return wholeRegex{}, err
 	}
-	prefix := regexp.MustCompile(`^(?:` + pattern + `)`)
+	prefix, err := recache.Compile(`^(?:` + pattern + `)`)
+	if err != nil {
+		return wholeRegex{}, err
+	}
 	re, err := syntax.Parse(pattern, syntax.Perl)
 	if err != nil {
 		return wholeRegex{}, err

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/recache"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -89,11 +91,11 @@ func Compile(p *Profile, opts Options) (*Table, error) {
 		return nil, fmt.Errorf("routes: %d routes is more than the limit of %d", len(p.Routes), opts.MaxRoutes)
 	}
 	for i, r := range p.Routes {
-		path := fmt.Sprintf("routes[%d]", i)
+		path := &field{name: "routes", index: i}
 		if r.Condition == nil {
 			return nil, fmt.Errorf("%s.condition: required", path)
 		}
-		m, err := compileRequestMatch(r.Condition, path+".condition", 0, opts)
+		m, err := compileRequestMatch(r.Condition, path.at("condition", -1), 0, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -102,7 +104,7 @@ func Compile(p *Profile, opts Options) (*Table, error) {
 		}
 		cl := &classify.Classifier{}
 		for j, rc := range r.ResponseClasses {
-			cpath := fmt.Sprintf("%s.responseClasses[%d].condition", path, j)
+			cpath := path.at("responseClasses", j).at("condition", -1)
 			if rc.Condition == nil {
 				return nil, fmt.Errorf("%s: required", cpath)
 			}
@@ -233,13 +235,26 @@ func (m pathMatcher) match(_, path string) bool {
 	return strings.HasPrefix(path, m.prefix) && m.re.MatchString(path)
 }
 
+// pathMatchers keeps the matcher of every pattern compiled: a profile
+// update mostly repeats the patterns of the one before.
+var pathMatchers recache.Memo[pathMatcher]
+
+func newPathMatcher(pattern string) (pathMatcher, error) {
+	re, err := recache.Compile(anchorPathRegex(pattern))
+	if err != nil {
+		return pathMatcher{}, err
+	}
+	prefix, _ := re.LiteralPrefix()
+	return pathMatcher{re: re, prefix: prefix, fast: fastPath(pattern)}, nil
+}
+
 type methodMatcher string
 
 func (m methodMatcher) match(method, _ string) bool { return string(m) == method }
 
 var errNilMatch = errors.New("null condition")
 
-func compileRequestMatch(m RequestMatch, path string, depth int, opts Options) (matcher, error) {
+func compileRequestMatch(m RequestMatch, path *field, depth int, opts Options) (matcher, error) {
 	if depth > opts.MaxMatchDepth {
 		return nil, fmt.Errorf("%s: nested deeper than %d", path, opts.MaxMatchDepth)
 	}
@@ -248,7 +263,7 @@ func compileRequestMatch(m RequestMatch, path string, depth int, opts Options) (
 		out := make(allMatcher, len(m))
 		for i, c := range m {
 			var err error
-			if out[i], err = compileRequestMatch(c, fmt.Sprintf("%s.all[%d]", path, i), depth+1, opts); err != nil {
+			if out[i], err = compileRequestMatch(c, path.at("all", i), depth+1, opts); err != nil {
 				return nil, err
 			}
 		}
@@ -257,13 +272,13 @@ func compileRequestMatch(m RequestMatch, path string, depth int, opts Options) (
 		out := make(anyMatcher, len(m))
 		for i, c := range m {
 			var err error
-			if out[i], err = compileRequestMatch(c, fmt.Sprintf("%s.any[%d]", path, i), depth+1, opts); err != nil {
+			if out[i], err = compileRequestMatch(c, path.at("any", i), depth+1, opts); err != nil {
 				return nil, err
 			}
 		}
 		return out, nil
 	case MatchNot:
-		inner, err := compileRequestMatch(m.Match, path+".not", depth+1, opts)
+		inner, err := compileRequestMatch(m.Match, path.at("not", -1), depth+1, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -272,12 +287,11 @@ func compileRequestMatch(m RequestMatch, path string, depth int, opts Options) (
 		if len(m) > opts.MaxPathRegexLen {
 			return nil, fmt.Errorf("%s.pathRegex: regex of %d bytes is longer than the limit of %d", path, len(m), opts.MaxPathRegexLen)
 		}
-		re, err := regexp.Compile(anchorPathRegex(string(m)))
+		pm, err := pathMatchers.Get(string(m), newPathMatcher)
 		if err != nil {
 			return nil, fmt.Errorf("%s.pathRegex: bad regex: %v", path, err)
 		}
-		prefix, _ := re.LiteralPrefix()
-		return pathMatcher{re: re, prefix: prefix, fast: fastPath(string(m))}, nil
+		return pm, nil
 	case Method:
 		if !httpguts.ValidHeaderFieldName(string(m)) {
 			return nil, fmt.Errorf("%s.method: %q is not an HTTP method", path, string(m))
@@ -319,7 +333,7 @@ type statusRange struct{ lo, hi int }
 
 func (m statusRange) MatchStatus(code int) bool { return code >= m.lo && code <= m.hi }
 
-func compileResponseMatch(m ResponseMatch, path string, depth int, opts Options) (classify.StatusMatcher, error) {
+func compileResponseMatch(m ResponseMatch, path *field, depth int, opts Options) (classify.StatusMatcher, error) {
 	if depth > opts.MaxMatchDepth {
 		return nil, fmt.Errorf("%s: nested deeper than %d", path, opts.MaxMatchDepth)
 	}
@@ -339,7 +353,7 @@ func compileResponseMatch(m ResponseMatch, path string, depth int, opts Options)
 		out := make([]classify.StatusMatcher, len(seq))
 		for i, c := range seq {
 			var err error
-			if out[i], err = compileResponseMatch(c, fmt.Sprintf("%s.%s[%d]", path, name, i), depth+1, opts); err != nil {
+			if out[i], err = compileResponseMatch(c, path.at(name, i), depth+1, opts); err != nil {
 				return nil, err
 			}
 		}
@@ -348,7 +362,7 @@ func compileResponseMatch(m ResponseMatch, path string, depth int, opts Options)
 		}
 		return statusAny(out), nil
 	case ResponseNot:
-		inner, err := compileResponseMatch(m.Match, path+".not", depth+1, opts)
+		inner, err := compileResponseMatch(m.Match, path.at("not", -1), depth+1, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -363,4 +377,33 @@ func compileResponseMatch(m ResponseMatch, path string, depth int, opts Options)
 		return nil, fmt.Errorf("%s: %w", path, errNilMatch)
 	}
 	return nil, fmt.Errorf("%s: unknown condition %T", path, m)
+}
+
+// field names the place in a profile that an error is about
+// (routes[2].condition.all[0]); it is formatted only when an error is,
+// so that compiling a valid profile builds no names.
+type field struct {
+	up    *field
+	name  string
+	index int // -1: not an element of a list
+}
+
+// at returns the child name, or its element index when index >= 0.
+func (f *field) at(name string, index int) *field { return &field{up: f, name: name, index: index} }
+
+func (f *field) String() string {
+	var b []byte
+	var walk func(f *field)
+	walk = func(f *field) {
+		if f.up != nil {
+			walk(f.up)
+			b = append(b, '.')
+		}
+		b = append(b, f.name...)
+		if f.index >= 0 {
+			b = append(append(append(b, '['), strconv.Itoa(f.index)...), ']')
+		}
+	}
+	walk(f)
+	return string(b)
 }

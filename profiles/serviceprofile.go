@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/filestamp"
+	"github.com/inmesh/inmesh/internal/recache"
 	"github.com/inmesh/inmesh/internal/yamltree"
 	"golang.org/x/net/http/httpguts"
 )
@@ -608,7 +608,7 @@ func checkPathRegex(pattern string) error {
 	if len(pattern) > MaxPathRegexLen {
 		return fmt.Errorf("regex of %d bytes is longer than the limit of %d", len(pattern), MaxPathRegexLen)
 	}
-	if _, err := regexp.Compile(anchorPathRegex(pattern)); err != nil {
+	if _, err := recache.Compile(anchorPathRegex(pattern)); err != nil {
 		return fmt.Errorf("bad regex: %v", err)
 	}
 	return nil

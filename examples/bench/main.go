@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -68,6 +69,7 @@ func main() {
 	flag.BoolVar(&o.short, "short", false, "smaller runs, for a quick look")
 	flag.BoolVar(&o.json, "json", false, "print a JSON array instead of the table")
 	flag.StringVar(&only, "only", "", "comma-separated scenario names to run (default all)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if o.rounds <= 0 {
 		o.rounds = o.scale(5, 3)
@@ -97,6 +99,18 @@ func main() {
 		stopAll()
 		os.Exit(130)
 	}()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	var results []*result
 	for _, s := range scenarios {
