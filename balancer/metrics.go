@@ -27,7 +27,7 @@ var queueLatencyBuckets = []float64{0.0005, 0.005, 0.05, 0.5, 1, 3}
 
 type balMetrics struct {
 	updates   metric.Int64Counter
-	requests  metric.Int64Counter
+	requests  *metrics.Sum
 	latency   metric.Float64Histogram
 	gateOpen  metric.Int64Counter
 	gateShut  metric.Int64Counter
@@ -45,10 +45,11 @@ func (m *balMetrics) close() {
 
 // authMetrics is the label set of one authority and its gate state.
 type authMetrics struct {
-	set  attribute.Set
-	add  []metric.AddOption
-	rec  []metric.RecordOption
-	shut atomic.Bool
+	set      attribute.Set
+	add      []metric.AddOption
+	rec      []metric.RecordOption
+	requests *metrics.Series
+	shut     atomic.Bool
 }
 
 func newBalMetrics(b *Balancer) *balMetrics {
@@ -62,8 +63,7 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	}
 	m.updates, err = meter.Int64Counter("outbound_http_balancer_p2c_updates_total", metric.WithDescription("The total number of balancer endpoint updates, by operation."))
 	handle(err)
-	m.requests, err = meter.Int64Counter("outbound_http_balancer_queue_requests_total", metric.WithDescription("The total number of requests through the balancer queue."))
-	handle(err)
+	m.requests = metrics.NewSum(meter, "outbound_http_balancer_queue_requests_total", "The total number of requests through the balancer queue.")
 	m.latency, err = meter.Float64Histogram("outbound_http_balancer_queue_latency_seconds", metric.WithDescription("The time requests wait in the balancer queue."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(queueLatencyBuckets...))
 	handle(err)
@@ -119,7 +119,8 @@ func (m *balMetrics) of(a *authority) *authMetrics {
 		return am
 	}
 	set := attribute.NewSet(labelsOf(a.name)...)
-	am := &authMetrics{set: set, add: []metric.AddOption{metric.WithAttributeSet(set)}, rec: []metric.RecordOption{metric.WithAttributeSet(set)}}
+	am := &authMetrics{set: set, add: []metric.AddOption{metric.WithAttributeSet(set)}, rec: []metric.RecordOption{metric.WithAttributeSet(set)},
+		requests: m.requests.Series(set)}
 	if a.metrics.CompareAndSwap(nil, am) {
 		return am
 	}
@@ -187,7 +188,7 @@ func (m *balMetrics) update(a *authority, prev, next *snapshot) {
 // nanoseconds (0: at once).
 func (m *balMetrics) dequeued(a *authority, ctx context.Context, d int64) {
 	am := m.of(a)
-	m.requests.Add(ctx, 1, am.add...)
+	am.requests.Add()
 	m.latency.Record(ctx, float64(max(d, 0))/1e9, am.rec...)
 }
 
@@ -207,6 +208,6 @@ func (m *balMetrics) gate(a *authority, ctx context.Context, open bool) {
 // failfast counts a request that failed fast.
 func (m *balMetrics) failfast(a *authority, ctx context.Context) {
 	am := m.of(a)
-	m.requests.Add(ctx, 1, am.add...)
+	am.requests.Add()
 	m.failfasts.Add(ctx, 1, am.add...)
 }

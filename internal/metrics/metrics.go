@@ -33,8 +33,8 @@ const (
 
 // Family is one prefix's set of instruments. It is safe for concurrent use.
 type Family struct {
-	requests  metric.Int64Counter
-	responses metric.Int64Counter
+	requests  *Sum
+	responses *Sum
 	latency   metric.Float64Histogram // nil without latency
 }
 
@@ -42,15 +42,12 @@ type Family struct {
 // Errors go to otel.Handle; the family then records into no-op
 // instruments.
 func NewFamily(meter metric.Meter, prefix string, withLatency bool) *Family {
-	f := &Family{}
-	var err error
-	if f.requests, err = meter.Int64Counter(prefix+"request_total", metric.WithDescription(requestHelp)); err != nil {
-		otel.Handle(err)
-	}
-	if f.responses, err = meter.Int64Counter(prefix+"response_total", metric.WithDescription(responseHelp)); err != nil {
-		otel.Handle(err)
+	f := &Family{
+		requests:  NewSum(meter, prefix+"request_total", requestHelp),
+		responses: NewSum(meter, prefix+"response_total", responseHelp),
 	}
 	if withLatency {
+		var err error
 		if f.latency, err = meter.Float64Histogram(prefix+"response_latency_ms", metric.WithDescription(latencyHelp),
 			metric.WithUnit("ms"), metric.WithExplicitBucketBoundaries(LatencyBucketsMs...)); err != nil {
 			otel.Handle(err)
@@ -84,15 +81,15 @@ const maxResponseSeries = 512
 var overflow = Response{Status: 0, Failure: true, GRPC: -1, Err: "overflow"}
 
 type responseOpts struct {
-	add    []metric.AddOption
+	count  *Series
 	record []metric.RecordOption // latency: base labels and status_code
 }
 
 // Target is a family with fixed base labels. It is safe for concurrent use.
 type Target struct {
-	fam     *Family
-	base    []attribute.KeyValue
-	reqOpts []metric.AddOption
+	fam      *Family
+	base     []attribute.KeyValue
+	requests *Series
 
 	mu   sync.RWMutex
 	resp map[Response]*responseOpts
@@ -101,20 +98,18 @@ type Target struct {
 // NewTarget returns a target of f with the base labels, in order.
 func NewTarget(f *Family, base ...attribute.KeyValue) *Target {
 	t := &Target{fam: f, base: base, resp: make(map[Response]*responseOpts)}
-	t.reqOpts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(base...))}
+	t.requests = f.requests.Series(attribute.NewSet(base...))
 	return t
 }
 
 // Request counts one request.
-func (t *Target) Request(ctx context.Context) {
-	t.fam.requests.Add(ctx, 1, t.reqOpts...)
-}
+func (t *Target) Request(context.Context) { t.requests.Add() }
 
 // Response counts one response and, for a family with latency, records
 // the time since start in milliseconds.
 func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
 	o := t.opts(r)
-	t.fam.responses.Add(ctx, 1, o.add...)
+	o.count.Add()
 	if t.fam.latency != nil {
 		t.fam.latency.Record(ctx, float64(time.Since(start))/float64(time.Millisecond), o.record...)
 	}
@@ -152,7 +147,7 @@ func (t *Target) opts(r Response) *responseOpts {
 		attribute.String("grpc_status", grpc),
 		attribute.String("error", r.Err))
 	o = &responseOpts{
-		add:    []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(all...))},
+		count:  t.fam.responses.Series(attribute.NewSet(all...)),
 		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withStatus...))},
 	}
 	t.resp[r] = o

@@ -24,14 +24,14 @@ type Outbound struct {
 	grpc bool
 
 	duration        metric.Float64Histogram
-	statuses        metric.Int64Counter
+	statuses        *Sum
 	retryRequests   metric.Int64Counter
 	retrySuccesses  metric.Int64Counter
 	retryLimit      metric.Int64Counter
 	retryOverflow   metric.Int64Counter
-	backendRequests metric.Int64Counter
+	backendRequests *Sum
 	backendDuration metric.Float64Histogram
-	backendStatuses metric.Int64Counter
+	backendStatuses *Sum
 }
 
 // NewOutbound creates the outbound_http_route_ families, or with grpc the
@@ -58,14 +58,14 @@ func NewOutbound(meter metric.Meter, grpc bool) *Outbound {
 		return h
 	}
 	o.duration = hist("request_duration_seconds", "The time between request initialization and response completion.", RouteDurationBuckets)
-	o.statuses = counter("request_statuses_total", "Completed request-response streams.")
+	o.statuses = NewSum(meter, p+"request_statuses_total", "Completed request-response streams.")
 	o.retryRequests = counter("retry_requests_total", "Retry requests emitted.")
 	o.retrySuccesses = counter("retry_successes_total", "Successful responses to retry requests.")
 	o.retryLimit = counter("retry_limit_exceeded_total", "Retryable requests not sent due to retry limits.")
 	o.retryOverflow = counter("retry_overflow_total", "Retryable requests not sent due to circuit breakers or the retry budget.")
-	o.backendRequests = counter("backend_requests_total", "The total number of requests dispatched.")
+	o.backendRequests = NewSum(meter, p+"backend_requests_total", "The total number of requests dispatched.")
 	o.backendDuration = hist("backend_response_duration_seconds", "The time between request dispatch and response completion.", BackendDurationBuckets)
-	o.backendStatuses = counter("backend_response_statuses_total", "Completed responses.")
+	o.backendStatuses = NewSum(meter, p+"backend_response_statuses_total", "Completed responses.")
 	return o
 }
 
@@ -80,20 +80,17 @@ type Status struct {
 	Error string
 }
 
-// statusSet caches the option sets of a target's statuses, bounded.
+// statusSet holds the series of a target's statuses, bounded.
 type statusSet struct {
 	grpc bool
 	base []attribute.KeyValue
+	sum  *Sum
 
 	mu sync.RWMutex
-	m  map[Status]statusOpts
+	m  map[Status]*Series
 }
 
-type statusOpts struct {
-	add []metric.AddOption
-}
-
-func (s *statusSet) get(st Status) statusOpts {
+func (s *statusSet) get(st Status) *Series {
 	s.mu.RLock()
 	o, ok := s.m[st]
 	s.mu.RUnlock()
@@ -126,7 +123,7 @@ func (s *statusSet) get(st Status) statusOpts {
 		kvs = append(kvs, attribute.String("http_status", code))
 	}
 	kvs = append(kvs, attribute.String("error", st.Error))
-	o = statusOpts{add: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kvs...))}}
+	o = s.sum.Series(attribute.NewSet(kvs...))
 	s.m[st] = o
 	return o
 }
@@ -151,14 +148,14 @@ func NewRouteTarget(f *Outbound, hostname string, labels ...attribute.KeyValue) 
 		base:     labels,
 		opts:     []metric.AddOption{metric.WithAttributeSet(set)},
 		record:   []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withHost...))},
-		statuses: statusSet{grpc: f.grpc, base: withHost, m: make(map[Status]statusOpts)},
+		statuses: statusSet{grpc: f.grpc, base: withHost, sum: f.statuses, m: make(map[Status]*Series)},
 	}
 }
 
 // Done records the end of a logical request.
 func (t *RouteTarget) Done(ctx context.Context, st Status, start time.Time) {
 	t.fam.duration.Record(ctx, time.Since(start).Seconds(), t.record...)
-	t.fam.statuses.Add(ctx, 1, t.statuses.get(st).add...)
+	t.statuses.get(st).Add()
 }
 
 // Retry counts a retry sent; RetrySuccess a retried request that
@@ -173,7 +170,7 @@ func (t *RouteTarget) Overflow(ctx context.Context)      { t.fam.retryOverflow.A
 // label groups, built once.
 type BackendTarget struct {
 	fam      *Outbound
-	opts     []metric.AddOption
+	requests *Series
 	record   []metric.RecordOption
 	statuses statusSet
 }
@@ -185,19 +182,19 @@ func (rt *RouteTarget) NewBackendTarget(labels ...attribute.KeyValue) *BackendTa
 	set := attribute.NewSet(all...)
 	return &BackendTarget{
 		fam:      rt.fam,
-		opts:     []metric.AddOption{metric.WithAttributeSet(set)},
+		requests: rt.fam.backendRequests.Series(set),
 		record:   []metric.RecordOption{metric.WithAttributeSet(set)},
-		statuses: statusSet{grpc: rt.fam.grpc, base: all, m: make(map[Status]statusOpts)},
+		statuses: statusSet{grpc: rt.fam.grpc, base: all, sum: rt.fam.backendStatuses, m: make(map[Status]*Series)},
 	}
 }
 
 // Request counts one request sent to the backend.
-func (t *BackendTarget) Request(ctx context.Context) { t.fam.backendRequests.Add(ctx, 1, t.opts...) }
+func (t *BackendTarget) Request(context.Context) { t.requests.Add() }
 
 // Done records the end of one response of the backend.
 func (t *BackendTarget) Done(ctx context.Context, st Status, start time.Time) {
 	t.fam.backendDuration.Record(ctx, time.Since(start).Seconds(), t.record...)
-	t.fam.backendStatuses.Add(ctx, 1, t.statuses.get(st).add...)
+	t.statuses.get(st).Add()
 }
 
 var grpcNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",

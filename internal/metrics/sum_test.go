@@ -1,0 +1,126 @@
+package metrics
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// collect returns the int64 sum named name: its points by their
+// attribute sets, and whether it is monotonic and cumulative.
+func collect(t *testing.T, r *sdkmetric.ManualReader, name string) (map[attribute.Distinct]int64, metricdata.Sum[int64]) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, r.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			require.True(t, ok, "%s is %T, not an int64 sum", name, m.Data)
+			points := map[attribute.Distinct]int64{}
+			for _, p := range sum.DataPoints {
+				points[p.Attributes.Equivalent()] = p.Value
+			}
+			return points, sum
+		}
+	}
+	return nil, metricdata.Sum[int64]{}
+}
+
+func TestFamilyCountsReachTheReader(t *testing.T) {
+	r := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+	defer mp.Shutdown(context.Background())
+	meter := mp.Meter("test")
+	base := []attribute.KeyValue{attribute.String("direction", "inbound"), attribute.String("authority", "books:7000")}
+	target := NewTarget(NewFamily(meter, "", true), base...)
+
+	points, _ := collect(t, r, "request_total")
+	assert.Empty(t, points, "no series before anything is counted")
+
+	for range 3 {
+		target.Request(context.Background())
+	}
+	target.Response(context.Background(), Response{Status: 200, GRPC: -1}, time.Now())
+	target.Response(context.Background(), Response{Status: 200, GRPC: -1}, time.Now())
+	target.Response(context.Background(), Response{Status: 503, Failure: true, GRPC: -1}, time.Now())
+
+	points, sum := collect(t, r, "request_total")
+	assert.True(t, sum.IsMonotonic)
+	assert.Equal(t, metricdata.CumulativeTemporality, sum.Temporality)
+	assert.Equal(t, map[attribute.Distinct]int64{key(base...): 3}, points)
+
+	ok := attribute.NewSet(append(base[:2:2], attribute.String("status_code", "200"), attribute.String("classification", "success"),
+		attribute.String("grpc_status", ""), attribute.String("error", ""))...)
+	failed := attribute.NewSet(append(base[:2:2], attribute.String("status_code", "503"), attribute.String("classification", "failure"),
+		attribute.String("grpc_status", ""), attribute.String("error", ""))...)
+	points, _ = collect(t, r, "response_total")
+	assert.Equal(t, map[attribute.Distinct]int64{ok.Equivalent(): 2, failed.Equivalent(): 1}, points)
+
+	// Cumulative: a second collection still reports the totals.
+	target.Request(context.Background())
+	points, _ = collect(t, r, "request_total")
+	assert.Equal(t, int64(4), points[key(base...)])
+}
+
+func TestFamiliesOfOneMeterShareSeries(t *testing.T) {
+	r := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+	defer mp.Shutdown(context.Background())
+	meter := mp.Meter("test")
+	label := attribute.String("direction", "outbound")
+	// Two stacks, or a target rebuilt by a profile update: the same
+	// labels are one series, counted once each time.
+	a := NewTarget(NewFamily(meter, "route_", false), label)
+	b := NewTarget(NewFamily(meter, "route_", false), label)
+	other := NewTarget(NewFamily(meter, "route_", false), attribute.String("direction", "inbound"))
+
+	var wg sync.WaitGroup
+	for _, tg := range []*Target{a, b, other} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 1000 {
+				tg.Request(context.Background())
+			}
+		}()
+	}
+	wg.Wait()
+	points, _ := collect(t, r, "route_request_total")
+	assert.Equal(t, map[attribute.Distinct]int64{
+		key(label): 2000,
+		key(attribute.String("direction", "inbound")): 1000,
+	}, points)
+}
+
+func TestSumsOfTwoProvidersAreApart(t *testing.T) {
+	r1, r2 := sdkmetric.NewManualReader(), sdkmetric.NewManualReader()
+	mp1 := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r1))
+	mp2 := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r2))
+	defer mp1.Shutdown(context.Background())
+	defer mp2.Shutdown(context.Background())
+	label := attribute.String("direction", "inbound")
+	NewTarget(NewFamily(mp1.Meter("test"), "", false), label).Request(context.Background())
+	t2 := NewTarget(NewFamily(mp2.Meter("test"), "", false), label)
+	t2.Request(context.Background())
+	t2.Request(context.Background())
+
+	p1, _ := collect(t, r1, "request_total")
+	p2, _ := collect(t, r2, "request_total")
+	assert.Equal(t, int64(1), p1[key(label)])
+	assert.Equal(t, int64(2), p2[key(label)])
+}
+
+func key(kvs ...attribute.KeyValue) attribute.Distinct {
+	set := attribute.NewSet(kvs...)
+	return set.Equivalent()
+}
