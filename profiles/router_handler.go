@@ -38,7 +38,7 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	tg := ts.targetsOf(route).inbound()
 	ctx := req.Context()
 	tg.route.Request(ctx)
-	duplex := req.ProtoMajor == 1 && http.NewResponseController(w).EnableFullDuplex() == nil
+	duplex := req.ProtoMajor == 1 && canFullDuplex(w) && http.NewResponseController(w).EnableFullDuplex() == nil
 
 	req = req.WithContext(classify.WithProvider(ctx, route))
 	ww, st := rw.Wrap(w)
@@ -65,6 +65,22 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 // (golang/go#68560, a panic), and the flush first keeps that close, which
 // waits for the rest of a body still arriving, from holding the response
 // back.
+// canFullDuplex reports whether w, or a writer it wraps, has
+// EnableFullDuplex: asking a writer that has none costs the formatting of
+// an error on every request.
+func canFullDuplex(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case interface{ EnableFullDuplex() error }:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
 func endDuplex(w http.ResponseWriter, req *http.Request, wrote bool) {
 	if wrote {
 		_ = http.NewResponseController(w).Flush()
