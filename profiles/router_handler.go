@@ -1,6 +1,7 @@
 package profiles
 
 import (
+	"io"
 	"net/http"
 	"time"
 
@@ -38,9 +39,18 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	tg := ts.targetsOf(route).inbound()
 	ctx := req.Context()
 	tg.route.Request(ctx)
-	duplex := req.ProtoMajor == 1 && canFullDuplex(w) && http.NewResponseController(w).EnableFullDuplex() == nil
+	// A request without a body has nothing to read while the response is
+	// written: it is served as Go's server serves it.
+	var duplex *duplexBody
+	if req.ProtoMajor == 1 && req.Body != nil && req.Body != http.NoBody &&
+		canFullDuplex(w) && http.NewResponseController(w).EnableFullDuplex() == nil {
+		duplex = &duplexBody{ReadCloser: req.Body}
+	}
 
 	req = req.WithContext(classify.WithProvider(ctx, route))
+	if duplex != nil {
+		req.Body = duplex
+	}
 	ww, st := rw.Wrap(w)
 	completed := false
 	defer func() {
@@ -51,20 +61,13 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}()
 	h.next.ServeHTTP(ww, req)
 	completed = true
-	if duplex && !st.Hijacked {
-		endDuplex(ww, req, st.Status != 0)
+	if duplex != nil && !st.Hijacked {
+		endDuplex(ww, duplex, st.Status != 0)
 	}
 	tg.route.Response(ctx, response(classify.Finish(route.classifier, req, st)), start)
 	st.Release()
 }
 
-// endDuplex ends an HTTP/1 exchange served full duplex: the response goes
-// out first, then the request body is closed. Closing it here, not in the
-// server after the handler, is what keeps Go's server from reading the
-// next request while its read of this body's end is still under way
-// (golang/go#68560, a panic), and the flush first keeps that close, which
-// waits for the rest of a body still arriving, from holding the response
-// back.
 // canFullDuplex reports whether w, or a writer it wraps, has
 // EnableFullDuplex: asking a writer that has none costs the formatting of
 // an error on every request.
@@ -81,11 +84,36 @@ func canFullDuplex(w http.ResponseWriter) bool {
 	}
 }
 
-func endDuplex(w http.ResponseWriter, req *http.Request, wrote bool) {
+// duplexBody is the body of a request served full duplex; it notes
+// whether the handler read it to its end.
+type duplexBody struct {
+	io.ReadCloser
+	done bool
+}
+
+func (b *duplexBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.done = true
+	}
+	return n, err
+}
+
+// endDuplex ends an HTTP/1 exchange served full duplex whose body the
+// handler did not read to its end: the response goes out first, then the
+// request body is closed. Closing it here, not in the server after the
+// handler, is what keeps Go's server from reading the next request while
+// its read of this body's end is still under way (golang/go#68560, a
+// panic), and the flush first keeps that close, which waits for the rest
+// of a body still arriving, from holding the response back. A body read
+// to its end needs neither, and without the flush a short response keeps
+// its Content-Length and goes out in one write.
+func endDuplex(w http.ResponseWriter, body *duplexBody, wrote bool) {
+	if body.done {
+		return
+	}
 	if wrote {
 		_ = http.NewResponseController(w).Flush()
 	}
-	if req.Body != nil {
-		req.Body.Close()
-	}
+	body.Close()
 }

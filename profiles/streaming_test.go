@@ -372,6 +372,50 @@ func TestHandlerServesHTTP1FullDuplex(t *testing.T) {
 	}
 }
 
+// Full duplex costs a short response nothing: without a body, or with one
+// the application read to its end, the response keeps its Content-Length
+// (no chunked framing, no second write), as Go's server sends it. A body
+// left unread still gets its response first.
+func TestHandlerKeepsContentLength(t *testing.T) {
+	router := NewRouter(NewStaticSource(nil), WithLogger(quietLogger))
+	defer router.Close()
+	srv := testutil.NewServer(t, router.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/read" {
+			_, _ = io.Copy(io.Discard, r.Body)
+		}
+		_, _ = w.Write([]byte("ok"))
+	})))
+	client := &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}
+	for _, c := range []struct {
+		method, path, body string
+		chunked            bool
+	}{
+		{"GET", "/get", "", false},
+		{"POST", "/read", "a body", false},
+		{"POST", "/unread", "a body", true},
+	} {
+		var body io.Reader
+		if c.body != "" {
+			body = strings.NewReader(c.body)
+		}
+		req, err := http.NewRequest(c.method, srv.URL+c.path, body)
+		require.NoError(t, err)
+		req.Host = testAuthority
+		resp, err := client.Do(req)
+		require.NoError(t, err, c.path)
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, "ok", string(got), c.path)
+		if c.chunked {
+			assert.Equal(t, []string{"chunked"}, resp.TransferEncoding, "%s: flushed before the unread body is closed", c.path)
+		} else {
+			assert.Equal(t, int64(2), resp.ContentLength, c.path)
+			assert.Empty(t, resp.TransferEncoding, c.path)
+		}
+	}
+}
+
 // A body the caller can give again (GetBody) is retried even when the
 // failure came before the first attempt read it, each attempt with the
 // whole body.
