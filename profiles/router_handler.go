@@ -40,9 +40,11 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	ctx := req.Context()
 	tg.route.Request(ctx)
 	// A request without a body has nothing to read while the response is
-	// written: it is served as Go's server serves it.
+	// written: it is served as Go's server serves it. (An HTTP/2 request
+	// restored to HTTP/1 by the orig-proto layer has a body value even
+	// when it has no body, and a ContentLength of 0.)
 	var duplex *duplexBody
-	if req.ProtoMajor == 1 && req.Body != nil && req.Body != http.NoBody &&
+	if req.ProtoMajor == 1 && req.ContentLength != 0 && req.Body != nil && req.Body != http.NoBody &&
 		canFullDuplex(w) && http.NewResponseController(w).EnableFullDuplex() == nil {
 		duplex = &duplexBody{ReadCloser: req.Body}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/internal/testutil"
+	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -454,4 +456,38 @@ func TestRetryWithGetBodyBeforeBodyIsRead(t *testing.T) {
 		assert.Equal(t, 2, calls)
 		assert.Equal(t, []string{body}, bodies, "the retry sent the whole body once")
 	})
+}
+
+// An upgraded request (HTTP/2 restored to HTTP/1 by the orig-proto layer)
+// without a body is not served as an HTTP/1 duplex exchange: the response
+// is not flushed early, so it keeps its content-length and its
+// end of stream rides on its one DATA frame.
+func TestHandlerUpgradedRequestKeepsContentLength(t *testing.T) {
+	router := NewRouter(NewStaticSource(nil), WithLogger(quietLogger))
+	defer router.Close()
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		assert.Equal(t, 1, r.ProtoMajor, "the application sees the HTTP/1 request")
+		_, _ = w.Write([]byte("ok"))
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := origproto.NewServer(origproto.NewHandler(router.Handler(app)))
+	go func() { _ = srv.Serve(origproto.GuardListener(lis)) }()
+	defer srv.Close()
+	h2 := origproto.NewH2Transport()
+	defer h2.CloseIdleConnections()
+	client := &http.Client{Transport: origproto.NewTransport(origproto.WithH2(h2),
+		origproto.WithHint(func(*http.Request) bool { return true }))}
+	for range 3 {
+		req, err := http.NewRequest("GET", "http://"+lis.Addr().String()+"/books/1", nil)
+		require.NoError(t, err)
+		req.Host = testAuthority
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, "ok", string(body))
+		assert.Equal(t, int64(2), resp.ContentLength, "flushed before the handler ended")
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	origproto "github.com/inmesh/inmesh/orig-proto"
 	"net/http"
 	"net/http/httptest"
 )
@@ -52,12 +53,17 @@ func stackInProcess(o options) (*result, error) {
 // both sides (no control plane: the request goes to its own address).
 type loopbackSet struct {
 	bare, otel, inmesh variant
-	close              func()
+	// timed is bare net/http with the inbound listener's timeouts (a
+	// header deadline and an idle timeout), which the inmesh server has.
+	timed variant
+	close func()
 }
 
 func newLoopbackSet(n int) (*loopbackSet, error) {
 	mp := newMeter()
 	bareSrv := serve(&http.Server{Handler: ok})
+	inbound := origproto.NewServer(nil)
+	timedSrv := serve(&http.Server{Handler: ok, ReadHeaderTimeout: inbound.ReadHeaderTimeout, IdleTimeout: inbound.IdleTimeout})
 	otelSrv := serve(&http.Server{Handler: otelHandler(ok, mp)})
 	src, setProfile := staticProfiles()
 	late := &lateHandler{}
@@ -73,6 +79,7 @@ func newLoopbackSet(n int) (*loopbackSet, error) {
 		otelBase.CloseIdleConnections()
 		st.close()
 		bareSrv.Close()
+		timedSrv.Close()
 		otelSrv.Close()
 		meshSrv.Close()
 		mp.Shutdown(context.Background())
@@ -81,6 +88,7 @@ func newLoopbackSet(n int) (*loopbackSet, error) {
 		return func() (figures, error) { return serial(rt, func() *http.Request { return get(url, "") }, n) }
 	}
 	s.bare = variant{"bare", run(bareRT, bareSrv.URL+"/books/1")}
+	s.timed = variant{"bare_timeouts", run(bareRT, timedSrv.URL+"/books/1")}
 	s.otel = variant{"otelhttp", run(otelRT, otelSrv.URL+"/books/1")}
 	s.inmesh = variant{"inmesh", run(st.client, meshURL)}
 	send := func() { _ = do(st.client, get(meshURL, "")) }
@@ -103,20 +111,22 @@ func stackLoopback(o options) (*result, error) {
 		return nil, err
 	}
 	defer s.close()
-	rs, err := interleave(o.rounds, s.bare, s.otel, s.inmesh)
+	rs, err := interleave(o.rounds, s.bare, s.otel, s.inmesh, s.timed)
 	if err != nil {
 		return nil, err
 	}
-	const bare, oh, im = 0, 1, 2
+	const bare, oh, im, timed = 0, 1, 2, 3
 	r := &result{
 		ratio:     rs.ratio("", atMost(1.15), func(f []figures) float64 { return f[im].P50 / f[bare].P50 }),
 		Candidate: rs.median(im), Baseline: rs.median(bare),
-		Others: map[string]figures{"otelhttp": *rs.median(oh)},
+		Others: map[string]figures{"otelhttp": *rs.median(oh), "bare_timeouts": *rs.median(timed)},
 		Extra: []ratio{
 			rs.ratio("added p50: inmesh / otelhttp", atMost(0.5), func(f []figures) float64 {
 				return (f[im].P50 - f[bare].P50) / (f[oh].P50 - f[bare].P50)
 			}),
 			rs.ratio("otelhttp p50 / bare", noGoal, func(f []figures) float64 { return f[oh].P50 / f[bare].P50 }),
+			rs.ratio("bare with the inbound listener's timeouts p50 / bare", noGoal, func(f []figures) float64 { return f[timed].P50 / f[bare].P50 }),
+			rs.ratio("inmesh p50 / bare with the same timeouts", noGoal, func(f []figures) float64 { return f[im].P50 / f[timed].P50 }),
 		},
 	}
 	r.Note = "ratio = p50 through both inmesh stacks / bare net/http p50"
