@@ -202,17 +202,21 @@ const headerLower = "l5d-orig-proto"
 // prepareHTTP11 and prepareHTTP10 strip the HTTP/1 application's
 // connection headers from its response and add l5d-orig-proto, as the
 // head goes out.
-func prepareHTTP11(h http.Header) { prepareHead(h, "HTTP/1.1") }
-func prepareHTTP10(h http.Header) { prepareHead(h, "HTTP/1.0") }
+func prepareHTTP11(h http.Header) { prepareHead(h, http11) }
+func prepareHTTP10(h http.Header) { prepareHead(h, http10) }
 
-func prepareHead(h http.Header, version string) {
+// http11 and http10 are the response values of l5d-orig-proto, shared by
+// every response and never modified.
+var http11, http10 = []string{"HTTP/1.1"}, []string{"HTTP/1.0"}
+
+func prepareHead(h http.Header, version []string) {
 	declared := h["Trailer"]
 	stripHopByHop(h)
 	if declared != nil {
 		h["Trailer"] = declared // trailers are end-to-end, not hop-by-hop, on HTTP/2
 	}
 	delete(h, Header)
-	h[headerLower] = []string{version}
+	h[headerLower] = version
 }
 
 func hasL5d(h http.Header) bool {

@@ -153,7 +153,8 @@ func upgrade(r *http.Request) (*http.Request, proto) {
 		up.Header[k] = v
 	}
 	stripHopByHop(up.Header)
-	up.Header[Header] = []string{p.String()}
+	// One of four shared values, never modified.
+	up.Header[Header] = requestValues[p.minor][b2i(p.absolute)]
 	up.Proto, up.ProtoMajor, up.ProtoMinor = "HTTP/2.0", 2, 0
 	up.TransferEncoding = nil
 	up.Close = false
@@ -161,6 +162,20 @@ func upgrade(r *http.Request) (*http.Request, proto) {
 		up.Host = r.URL.Host
 	}
 	return up, p
+}
+
+// requestValues are the l5d-orig-proto values of upgraded requests, by
+// minor version and absolute form.
+var requestValues = [2][2][]string{
+	{{proto{minor: 0}.String()}, {proto{minor: 0, absolute: true}.String()}},
+	{{proto{minor: 1}.String()}, {proto{minor: 1, absolute: true}.String()}},
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // isAbsoluteForm reports whether a request came in with an absolute-form
