@@ -22,14 +22,26 @@ import (
 // Every family created under one name on one meter shares one Sum, so
 // that two stacks recording the same labels add to one series, as they
 // would with the SDK's own counter. Series are never forgotten, as
-// cumulative series in the SDK are not; callers bound the label sets.
+// cumulative series in the SDK are not, and they are bounded as the SDK
+// bounds them: past [MaxSeries] label sets a Sum counts into one series
+// labelled otel.metric.overflow="true".
 type Sum struct {
 	inst metric.Int64ObservableCounter
 
-	mu     sync.Mutex
-	series map[attribute.Distinct]*Series
-	list   []*Series // in creation order; append-only
+	mu       sync.Mutex
+	bySet    map[attribute.Distinct]*Series
+	list     []*Series // in creation order; append-only
+	overflow *Series
 }
+
+// MaxSeries is the number of label sets a [Sum] keeps, its overflow series
+// included: two series for each of the 10,000 authorities the library
+// labels at most by default, and their "other". The families with a label
+// per authority and route (the route_ families) are [NewWideFamily]'s,
+// bounded by the MeterProvider instead.
+const MaxSeries = 2 * (10000 + 1)
+
+var overflowSet = attribute.NewSet(attribute.Bool("otel.metric.overflow", true))
 
 // Series is one label set of a [Sum].
 type Series struct {
@@ -59,7 +71,7 @@ func NewSum(meter metric.Meter, name, help string) *Sum {
 			return s.(*Sum)
 		}
 	}
-	s := &Sum{series: make(map[attribute.Distinct]*Series)}
+	s := &Sum{bySet: make(map[attribute.Distinct]*Series)}
 	inst, err := meter.Int64ObservableCounter(name, metric.WithDescription(help))
 	if err != nil {
 		otel.Handle(err)
@@ -82,11 +94,18 @@ func (s *Sum) Series(set attribute.Set) *Series {
 	key := set.Equivalent()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if se := s.series[key]; se != nil {
+	if se := s.bySet[key]; se != nil {
 		return se
 	}
+	if len(s.list) >= MaxSeries-1 {
+		if s.overflow == nil {
+			s.overflow = &Series{obs: []metric.ObserveOption{metric.WithAttributeSet(overflowSet)}}
+			s.list = append(s.list, s.overflow)
+		}
+		return s.overflow
+	}
 	se := &Series{obs: []metric.ObserveOption{metric.WithAttributeSet(set)}}
-	s.series[key] = se
+	s.bySet[key] = se
 	s.list = append(s.list, se)
 	return se
 }

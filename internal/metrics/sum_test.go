@@ -124,3 +124,21 @@ func key(kvs ...attribute.KeyValue) attribute.Distinct {
 	set := attribute.NewSet(kvs...)
 	return set.Equivalent()
 }
+
+// Past MaxSeries label sets a Sum counts into the overflow series, as the
+// SDK does past its default cardinality limit: a flood of label values
+// cannot grow it without bound.
+func TestSumIsBounded(t *testing.T) {
+	r := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r), sdkmetric.WithCardinalityLimit(10*MaxSeries))
+	defer mp.Shutdown(context.Background())
+	sum := NewSum(mp.Meter("test"), "bounded_total", "")
+	for i := range 3 * MaxSeries {
+		sum.Series(attribute.NewSet(attribute.Int("i", i))).Add()
+	}
+	points, _ := collect(t, r, "bounded_total")
+	assert.Len(t, points, MaxSeries)
+	assert.Equal(t, int64(1), points[key(attribute.Int("i", 0))])
+	assert.Equal(t, int64(2*MaxSeries+1), points[key(attribute.Bool("otel.metric.overflow", true))])
+	assert.Len(t, sum.list, MaxSeries)
+}
