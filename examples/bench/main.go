@@ -65,14 +65,14 @@ var scenarios = []scenario{
 func main() {
 	var o options
 	var only string
-	flag.IntVar(&o.rounds, "rounds", 0, "rounds per scenario (default 5, 3 with -short)")
+	flag.IntVar(&o.rounds, "rounds", 0, "rounds per scenario (default 9, 3 with -short)")
 	flag.BoolVar(&o.short, "short", false, "smaller runs, for a quick look")
 	flag.BoolVar(&o.json, "json", false, "print a JSON array instead of the table")
 	flag.StringVar(&only, "only", "", "comma-separated scenario names to run (default all)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if o.rounds <= 0 {
-		o.rounds = o.scale(5, 3)
+		o.rounds = o.scale(9, 3)
 	}
 	o.only = map[string]bool{}
 	for _, n := range strings.Split(only, ",") {
