@@ -64,7 +64,10 @@ var sums sync.Map // sumKey -> *Sum
 // reporting.
 func NewSum(meter metric.Meter, name, help string) *Sum {
 	// A meter of a type that cannot be a map key gets a Sum of its own.
-	shared := reflect.TypeOf(meter).Comparable()
+	// The map holds every Sum for the life of the process, as a
+	// MeterProvider holds its instruments.
+	t := reflect.TypeOf(meter)
+	shared := t != nil && t.Comparable()
 	key := sumKey{meter, name}
 	if shared {
 		if s, ok := sums.Load(key); ok {
