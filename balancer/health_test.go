@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // counted starts an endpoint that counts its requests and answers with the
@@ -436,4 +438,26 @@ func TestAccrualFailureKinds(t *testing.T) {
 			assert.Equal(t, want, stateOf(bal, svc, tc.ep).State)
 		})
 	}
+}
+
+// Authorities that are not a Service's name all carry the fixed default
+// labels: they share one label set rather than keeping a copy each, so a
+// flood of such Hosts costs no labels per Host. A Service's authority has
+// labels of its own.
+func TestDefaultLabelsShared(t *testing.T) {
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	defer mp.Shutdown(context.Background())
+	b := New(staticSource(t, nil), WithMeterProvider(mp))
+	defer b.Close()
+	first := b.metrics.of(newAuthority("127.0.0.1:1"))
+	for i := range 100 {
+		am := b.metrics.of(newAuthority(fmt.Sprintf("127.0.%d.%d:80", i/256, i%256)))
+		assert.Same(t, first.authLabels, am.authLabels)
+	}
+	books := b.metrics.of(newAuthority("books.default.svc.cluster.local:7000"))
+	assert.NotSame(t, first.authLabels, books.authLabels)
+	name, _ := books.set.Value("parent_name")
+	assert.Equal(t, "books", name.AsString())
+	unknown, _ := first.set.Value("parent_name")
+	assert.Equal(t, "unknown", unknown.AsString())
 }

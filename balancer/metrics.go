@@ -33,6 +33,7 @@ type balMetrics struct {
 	gateShut  metric.Int64Counter
 	failfasts metric.Int64Counter
 	reg       metric.Registration // the gauges' callback, nil when none
+	unknown   *authLabels         // the labels of every authority that is not a Service's
 }
 
 // close stops the gauges' callback, so that a closed Balancer is no
@@ -45,11 +46,25 @@ func (m *balMetrics) close() {
 
 // authMetrics is the label set of one authority and its gate state.
 type authMetrics struct {
+	*authLabels
+	shut atomic.Bool
+}
+
+// authLabels is one label set with its options, immutable. Every
+// authority that is not a Service's name shares one (the fixed
+// "default"/"unknown" labels), so that a flood of such Hosts does not
+// keep a copy of the same dozen labels for each.
+type authLabels struct {
 	set      attribute.Set
 	add      []metric.AddOption
 	rec      []metric.RecordOption
 	requests *metrics.Series
-	shut     atomic.Bool
+}
+
+func (m *balMetrics) newLabels(kvs []attribute.KeyValue) *authLabels {
+	set := attribute.NewSet(kvs...)
+	return &authLabels{set: set, add: []metric.AddOption{metric.WithAttributeSet(set)},
+		rec: []metric.RecordOption{metric.WithAttributeSet(set)}, requests: m.requests.Series(set)}
 }
 
 func newBalMetrics(b *Balancer) *balMetrics {
@@ -64,6 +79,8 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	m.updates, err = meter.Int64Counter("outbound_http_balancer_p2c_updates_total", metric.WithDescription("The total number of balancer endpoint updates, by operation."))
 	handle(err)
 	m.requests = metrics.NewSum(meter, "outbound_http_balancer_queue_requests_total", "The total number of requests through the balancer queue.")
+	kvs, _ := labelsOf("")
+	m.unknown = m.newLabels(kvs)
 	m.latency, err = meter.Float64Histogram("outbound_http_balancer_queue_latency_seconds", metric.WithDescription("The time requests wait in the balancer queue."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(queueLatencyBuckets...))
 	handle(err)
@@ -118,21 +135,27 @@ func (m *balMetrics) of(a *authority) *authMetrics {
 	if am := a.metrics.Load(); am != nil {
 		return am
 	}
-	set := attribute.NewSet(labelsOf(a.name)...)
-	am := &authMetrics{set: set, add: []metric.AddOption{metric.WithAttributeSet(set)}, rec: []metric.RecordOption{metric.WithAttributeSet(set)},
-		requests: m.requests.Series(set)}
+	kvs, service := labelsOf(a.name)
+	labels := m.unknown
+	if service {
+		labels = m.newLabels(kvs)
+	}
+	am := &authMetrics{authLabels: labels}
 	if a.metrics.CompareAndSwap(nil, am) {
 		return am
 	}
 	return a.metrics.Load()
 }
 
-// labelsOf returns the parent and backend labels of an authority.
-func labelsOf(authority string) []attribute.KeyValue {
+// labelsOf returns the parent and backend labels of an authority, and
+// whether they name a Service (else they are the fixed default ones).
+func labelsOf(authority string) ([]attribute.KeyValue, bool) {
 	group, kind, ns, name, port := "", "default", "", "unknown", ""
+	service := false
 	if host, p, err := net.SplitHostPort(authority); err == nil {
 		if parts := strings.Split(host, "."); len(parts) >= 3 && parts[2] == "svc" && parts[0] != "" && parts[1] != "" {
 			group, kind, name, ns, port = "core", "Service", parts[0], parts[1], p
+			service = true
 		}
 	}
 	kvs := make([]attribute.KeyValue, 0, 12)
@@ -142,7 +165,7 @@ func labelsOf(authority string) []attribute.KeyValue {
 			attribute.String(prefix+"namespace", ns), attribute.String(prefix+"name", name),
 			attribute.String(prefix+"port", port), attribute.String(prefix+"section_name", ""))
 	}
-	return kvs
+	return kvs, service
 }
 
 // update counts one endpoint update of a: Reset for the first set,
