@@ -130,10 +130,8 @@ func NewRouter(src Source, opts ...RouterOption) *Router {
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	meter := metrics.Meter(cfg.mp, ScopeName)
 	r.fams = families{
-		// One dst per authority, up to the label bound: the SDK's
-		// counters, bounded by the user's cardinality limit.
-		route:  metrics.NewWideFamily(meter, "route_", true),
-		actual: metrics.NewWideFamily(meter, "route_actual_", false),
+		route:  metrics.NewFamily(meter, "route_", true),
+		actual: metrics.NewFamily(meter, "route_actual_", false),
 		retryable: metrics.NewCounter(meter, "route_retryable_total",
 			"Total count of retryable HTTP responses, and of those not retried for want of budget."),
 	}

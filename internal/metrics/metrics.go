@@ -33,35 +33,10 @@ const (
 
 // Family is one prefix's set of instruments. It is safe for concurrent use.
 type Family struct {
-	requests  counter
-	responses counter
+	requests  *Sum
+	responses *Sum
 	latency   metric.Float64Histogram // nil without latency
 }
-
-// counter makes the series of one counter family.
-type counter interface{ series(attribute.Set) adder }
-
-type adder interface{ add(context.Context) }
-
-func (s *Sum) series(set attribute.Set) adder { return s.Series(set) }
-
-func (s *Series) add(context.Context) { s.Add() }
-
-// syncCounter is a counter the SDK keeps: as many series as the
-// MeterProvider's cardinality limit allows, each measurement resolved by
-// the SDK.
-type syncCounter struct{ c metric.Int64Counter }
-
-func (c syncCounter) series(set attribute.Set) adder {
-	return syncSeries{c.c, []metric.AddOption{metric.WithAttributeSet(set)}}
-}
-
-type syncSeries struct {
-	c    metric.Int64Counter
-	opts []metric.AddOption
-}
-
-func (s syncSeries) add(ctx context.Context) { s.c.Add(ctx, 1, s.opts...) }
 
 // NewFamily creates the instruments named prefix+request_total and so on,
 // its counters kept in memory ([Sum], at most [MaxSeries] label sets
@@ -72,26 +47,6 @@ func NewFamily(meter metric.Meter, prefix string, withLatency bool) *Family {
 		requests:  NewSum(meter, prefix+"request_total", requestHelp),
 		responses: NewSum(meter, prefix+"response_total", responseHelp),
 	}
-	return f.withLatency(meter, prefix, withLatency)
-}
-
-// NewWideFamily is [NewFamily] for label sets that may outnumber
-// [MaxSeries] (a dst label per authority, up to a router's bound): its
-// counters are the SDK's, bounded by the MeterProvider's cardinality
-// limit, so that memory follows what the user configured.
-func NewWideFamily(meter metric.Meter, prefix string, withLatency bool) *Family {
-	sync := func(name, help string) counter {
-		c, err := meter.Int64Counter(name, metric.WithDescription(help))
-		if err != nil {
-			otel.Handle(err)
-		}
-		return syncCounter{c}
-	}
-	f := &Family{requests: sync(prefix+"request_total", requestHelp), responses: sync(prefix+"response_total", responseHelp)}
-	return f.withLatency(meter, prefix, withLatency)
-}
-
-func (f *Family) withLatency(meter metric.Meter, prefix string, withLatency bool) *Family {
 	if withLatency {
 		var err error
 		if f.latency, err = meter.Float64Histogram(prefix+"response_latency_ms", metric.WithDescription(latencyHelp),
@@ -127,7 +82,7 @@ const maxResponseSeries = 512
 var overflow = Response{Status: 0, Failure: true, GRPC: -1, Err: "overflow"}
 
 type responseOpts struct {
-	count  adder
+	count  *Series
 	record []metric.RecordOption // latency: base labels and status_code
 }
 
@@ -135,7 +90,7 @@ type responseOpts struct {
 type Target struct {
 	fam      *Family
 	base     []attribute.KeyValue
-	requests adder
+	requests *Series
 
 	mu   sync.RWMutex
 	resp map[Response]*responseOpts
@@ -144,18 +99,18 @@ type Target struct {
 // NewTarget returns a target of f with the base labels, in order.
 func NewTarget(f *Family, base ...attribute.KeyValue) *Target {
 	t := &Target{fam: f, base: base, resp: make(map[Response]*responseOpts)}
-	t.requests = f.requests.series(attribute.NewSet(base...))
+	t.requests = f.requests.Series(attribute.NewSet(base...))
 	return t
 }
 
 // Request counts one request.
-func (t *Target) Request(ctx context.Context) { t.requests.add(ctx) }
+func (t *Target) Request(context.Context) { t.requests.Add() }
 
 // Response counts one response and, for a family with latency, records
 // the time since start in milliseconds.
 func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
 	o := t.opts(r)
-	o.count.add(ctx)
+	o.count.Add()
 	if t.fam.latency != nil {
 		t.fam.latency.Record(ctx, float64(time.Since(start))/float64(time.Millisecond), o.record...)
 	}
@@ -193,7 +148,7 @@ func (t *Target) opts(r Response) *responseOpts {
 		attribute.String("grpc_status", grpc),
 		attribute.String("error", r.Err))
 	o = &responseOpts{
-		count:  t.fam.responses.series(attribute.NewSet(all...)),
+		count:  t.fam.responses.Series(attribute.NewSet(all...)),
 		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withStatus...))},
 	}
 	t.resp[r] = o

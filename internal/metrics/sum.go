@@ -36,9 +36,7 @@ type Sum struct {
 
 // MaxSeries is the number of label sets a [Sum] keeps, its overflow series
 // included: two series for each of the 10,000 authorities the library
-// labels at most by default, and their "other". The families with a label
-// per authority and route (the route_ families) are [NewWideFamily]'s,
-// bounded by the MeterProvider instead.
+// labels at most by default, and their "other".
 const MaxSeries = 2 * (10000 + 1)
 
 var overflowSet = attribute.NewSet(attribute.Bool("otel.metric.overflow", true))
