@@ -36,7 +36,9 @@ type Sum struct {
 
 // MaxSeries is the number of label sets a [Sum] keeps, its overflow series
 // included: two series for each of the 10,000 authorities the library
-// labels at most by default, and their "other".
+// labels at most by default, and their "other". A router allowed more
+// authorities than that (WithMaxAuthorities) overflows here before the
+// SDK's own limit would.
 const MaxSeries = 2 * (10000 + 1)
 
 var overflowSet = attribute.NewSet(attribute.Bool("otel.metric.overflow", true))
