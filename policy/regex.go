@@ -33,20 +33,19 @@ func compileWholeRegex(pattern string) (wholeRegex, error) {
 	return wholeRegexes.Get(pattern, newWholeRegex)
 }
 
+// newWholeRegex compiles pattern; wholeRegexes keeps the result, so its
+// regexes are compiled here directly rather than kept twice.
 func newWholeRegex(pattern string) (wholeRegex, error) {
-	full, err := recache.Compile(`^(?:` + pattern + `)$`)
+	full, err := regexp.Compile(`^(?:` + pattern + `)$`)
 	if err != nil {
 		return wholeRegex{}, err
 	}
 	// Compiling the pattern alone rejects patterns that only parse inside
 	// the group (an unbalanced ")(").
-	if _, err := recache.Compile(pattern); err != nil {
+	if _, err := regexp.Compile(pattern); err != nil {
 		return wholeRegex{}, err
 	}
-	prefix, err := recache.Compile(`^(?:` + pattern + `)`)
-	if err != nil {
-		return wholeRegex{}, err
-	}
+	prefix := regexp.MustCompile(`^(?:` + pattern + `)`)
 	re, err := syntax.Parse(pattern, syntax.Perl)
 	if err != nil {
 		return wholeRegex{}, err

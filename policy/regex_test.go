@@ -141,3 +141,18 @@ func FuzzCompileSelect(f *testing.F) {
 		require.Equal(t, 0, m.Compare(bestMatch))
 	})
 }
+
+// A policy update that repeats a pattern reuses its compiled form, and a
+// bad pattern is refused every time.
+func TestWholeRegexKeptPerPattern(t *testing.T) {
+	a, err := compileWholeRegex(`/books/[0-9]+`)
+	require.NoError(t, err)
+	b, err := compileWholeRegex(`/books/[0-9]+`)
+	require.NoError(t, err)
+	assert.Same(t, a.full, b.full)
+	assert.True(t, b.matchString("/books/12"))
+	for range 2 {
+		_, err := compileWholeRegex(`/books/(`)
+		assert.Error(t, err)
+	}
+}
