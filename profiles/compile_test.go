@@ -205,3 +205,20 @@ func FuzzCompileMatch(f *testing.F) {
 		}
 	})
 }
+
+// Compiling a profile again, as every update does, reuses the compiled
+// path matchers of the patterns it repeats; the tables stay apart.
+func TestCompileReusesPathMatchers(t *testing.T) {
+	p := booksProfile(20)
+	first, err := Compile(p, Options{})
+	require.NoError(t, err)
+	second, err := Compile(p, Options{})
+	require.NoError(t, err)
+	require.NotSame(t, first, second)
+	for i, r := range first.Routes() {
+		a := r.match.(allMatcher)[1].(pathMatcher)
+		b := second.Routes()[i].match.(allMatcher)[1].(pathMatcher)
+		assert.Same(t, a.re, b.re, "route %d compiled its regex again", i)
+	}
+	assert.Equal(t, 19, second.SelectPath("GET", "/books/7").Index)
+}

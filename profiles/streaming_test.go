@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -490,4 +491,22 @@ func TestHandlerUpgradedRequestKeepsContentLength(t *testing.T) {
 		assert.Equal(t, "ok", string(body))
 		assert.Equal(t, int64(2), resp.ContentLength, "flushed before the handler ended")
 	}
+}
+
+type duplexWriter struct{ http.ResponseWriter }
+
+func (duplexWriter) EnableFullDuplex() error { return nil }
+
+type unwrapper struct{ http.ResponseWriter }
+
+func (u unwrapper) Unwrap() http.ResponseWriter { return u.ResponseWriter }
+
+// Full duplex is asked for only of a writer that has it, directly or
+// through the writers wrapping it, as http.ResponseController finds it.
+func TestCanFullDuplex(t *testing.T) {
+	rec := httptest.NewRecorder()
+	assert.False(t, canFullDuplex(rec))
+	assert.False(t, canFullDuplex(unwrapper{rec}))
+	assert.True(t, canFullDuplex(duplexWriter{rec}))
+	assert.True(t, canFullDuplex(unwrapper{unwrapper{duplexWriter{rec}}}))
 }
