@@ -101,28 +101,19 @@ func profileSwap(o options) (*result, error) {
 // update waited for until both routers hold it.
 func cpuPerUpdate(m *meshed, n int) (float64, error) {
 	routers := []*profiles.Router{m.st.client.Profiles(), m.st.server.Router()}
-	arrived := func(tag string) bool {
-		for _, r := range routers {
-			t := r.Table(books)
-			if t == nil || len(t.Routes()) == 0 || !strings.HasSuffix(t.Routes()[0].Labels["route"], " "+tag) {
-				return false
-			}
-		}
-		return true
-	}
-	before := cpuTime()
-	for i := range n {
+	return cpuPer(n, func(i int) func() bool {
 		tag := "cpu" + strconv.Itoa(i%2)
 		m.cp.putProfile(tag)
-		deadline := time.Now().Add(10 * time.Second)
-		for !arrived(tag) {
-			if time.Now().After(deadline) {
-				return 0, fmt.Errorf("profile update %d never reached both routers", i)
+		return func() bool {
+			for _, r := range routers {
+				t := r.Table(books)
+				if t == nil || len(t.Routes()) == 0 || !strings.HasSuffix(t.Routes()[0].Labels["route"], " "+tag) {
+					return false
+				}
 			}
-			time.Sleep(200 * time.Microsecond)
+			return true
 		}
-	}
-	return float64(cpuTime()-before) / float64(n) / float64(time.Microsecond), nil
+	})
 }
 
 // routerCPUPerUpdate returns the CPU time, in microseconds, one inbound
@@ -145,34 +136,47 @@ func routerCPUPerUpdate(n int) (float64, error) {
 	req := httptest.NewRequest("GET", "http://"+books+"/books/1", nil)
 	h.ServeHTTP(httptest.NewRecorder(), req) // the watch starts
 	w := httptest.NewRecorder()
-	// Sleeping, not spinning: the figure is the process's CPU, and a
-	// spinning wait would be most of it. The polls' own CPU is measured
-	// alone afterwards and taken off.
-	poll := func() *profiles.Table {
-		time.Sleep(20 * time.Microsecond)
-		return router.Table(books)
-	}
+	return cpuPer(n, func(i int) func() bool {
+		p := versions[i%2]
+		st.Set(books, p)
+		served := false
+		return func() bool {
+			if t := router.Table(books); t == nil || t.Profile() != p {
+				return false
+			}
+			if !served {
+				h.ServeHTTP(w, req)
+				served = true
+			}
+			return true
+		}
+	})
+}
+
+// cpuPer returns the process CPU time, in microseconds, of each of n
+// steps: step i starts its work and returns the check of its end, which
+// is polled with sleeps, not spinning (a spinning wait would be most of
+// the figure). The sleeps' own CPU is measured alone afterwards and taken
+// off.
+func cpuPer(n int, step func(i int) (done func() bool)) (float64, error) {
+	const pause = 20 * time.Microsecond
 	polls := 0
 	before := cpuTime()
 	for i := range n {
-		p := versions[i%2]
-		st.Set(books, p)
 		deadline := time.Now().Add(10 * time.Second)
-		for t := router.Table(books); t == nil || t.Profile() != p; t = poll() {
+		for done := step(i); !done(); polls++ {
 			if time.Now().After(deadline) {
-				return 0, fmt.Errorf("profile update %d never reached the router", i)
+				return 0, fmt.Errorf("update %d never arrived", i)
 			}
-			polls++
+			time.Sleep(pause)
 		}
-		h.ServeHTTP(w, req)
 	}
-	updates := cpuTime() - before
+	work := cpuTime() - before
 	before = cpuTime()
 	for range polls {
-		poll()
+		time.Sleep(pause)
 	}
-	idle := cpuTime() - before
-	return float64(updates-idle) / float64(n) / float64(time.Microsecond), nil
+	return float64(work-(cpuTime()-before)) / float64(n) / float64(time.Microsecond), nil
 }
 
 // cpuTime returns the user and system CPU time of this process.
