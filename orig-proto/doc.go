@@ -8,8 +8,11 @@
 // l5d-orig-proto with the original protocol and sends it as HTTP/2. The
 // receiving side, [NewHandler], restores the HTTP/1 request from a trusted
 // peer and echoes the header on the response, which the sender removes
-// again. CONNECT, protocol upgrades (except h2c, which is stripped) and
-// requests that are already HTTP/2 pass through untouched.
+// again. CONNECT and protocol upgrades (except h2c, which is stripped)
+// pass through untouched. A request that is already HTTP/2, or is gRPC,
+// stays HTTP/2 on every hop: the Transport sends it over HTTP/2 to any
+// endpoint, peer or not, without l5d-orig-proto, and the Handler passes it
+// on as it came, trailers, streaming and cancellation intact.
 //
 // The header's values are exactly those of Linkerd: "HTTP/1.1", "HTTP/1.0",
 // each optionally followed by "; absolute-form". Anything else is a 400.

@@ -272,13 +272,22 @@ func TestUpgradesAreNeverUpgraded(t *testing.T) {
 	assert.Equal(t, "echo", m.app.last(t).Header.Get("Upgrade"), "the upgrade reached the app as HTTP/1")
 }
 
+// CONNECT and protocol upgrades go out as they came, over HTTP/1; a
+// request that is already HTTP/2 goes out over HTTP/2 as it came, never
+// with l5d-orig-proto.
 func TestConnectIsNeverUpgraded(t *testing.T) {
 	var sawH2 atomic.Bool
+	ok := func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}}, nil
+	}
 	tr := NewTransport(WithHint(func(*http.Request) bool { return true }),
-		WithH2(roundTripFunc(func(*http.Request) (*http.Response, error) { sawH2.Store(true); return nil, io.EOF })),
-		WithHTTP1(roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			return &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}}, nil
-		})))
+		WithH2(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.ProtoMajor != 2 || r.Header[Header] != nil {
+				sawH2.Store(true)
+			}
+			return ok(r)
+		})),
+		WithHTTP1(roundTripFunc(ok)))
 	for _, r := range []*http.Request{
 		{Method: "CONNECT", URL: &url.URL{Host: "a:443"}, Host: "a:443", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}},
 		{Method: "GET", URL: &url.URL{Scheme: "http", Host: "a"}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{"Upgrade": {"websocket"}}},
@@ -288,7 +297,7 @@ func TestConnectIsNeverUpgraded(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 	}
-	assert.False(t, sawH2.Load())
+	assert.False(t, sawH2.Load(), "upgraded")
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

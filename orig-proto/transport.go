@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/transport"
 )
 
@@ -53,8 +54,9 @@ func WithHTTP1(rt http.RoundTripper) Option {
 	})
 }
 
-// WithH2 sets the transport of upgraded requests; it must speak HTTP/2
-// without TLS (prior knowledge). The default is [NewH2Transport].
+// WithH2 sets the transport of upgraded requests and of those that must
+// stay HTTP/2 ([HTTP2Only]); it must speak HTTP/2 without TLS (prior
+// knowledge). The default is [NewH2Transport].
 func WithH2(rt http.RoundTripper) Option {
 	return optionFunc(func(t *Transport) {
 		if rt != nil {
@@ -64,8 +66,10 @@ func WithH2(rt http.RoundTripper) Option {
 }
 
 // Transport sends eligible HTTP/1 requests to mesh peers as HTTP/2 with
-// l5d-orig-proto, and everything else through an HTTP/1 transport,
-// untouched. It is safe for concurrent use.
+// l5d-orig-proto, requests that are HTTP/2 end to end ([HTTP2Only]: an
+// HTTP/2 request, gRPC) as HTTP/2 to any endpoint, peer or not, and
+// everything else through an HTTP/1 transport, untouched. It is safe for
+// concurrent use.
 type Transport struct {
 	h1, h2 http.RoundTripper
 	hint   func(*http.Request) bool
@@ -98,13 +102,32 @@ func NewTransport(opts ...Option) *Transport {
 func NewH2Transport() *http.Transport { return transport.H2(transport.Limits{}) }
 
 // Eligible reports whether r may be upgraded: an HTTP/1.x request that is
-// neither a CONNECT nor a protocol upgrade (other than h2c).
+// neither a CONNECT nor a protocol upgrade (other than h2c), nor one that
+// must stay HTTP/2 ([HTTP2Only]).
 func Eligible(r *http.Request) bool {
-	return r.ProtoMajor == 1 && !wantsUpgrade(r)
+	return r.ProtoMajor == 1 && !wantsUpgrade(r) && !IsGRPC(r)
 }
+
+// HTTP2Only reports whether r must travel as HTTP/2 on every hop: it
+// arrived as HTTP/2, or it is gRPC, which is defined over HTTP/2 only (a
+// net/http-based gRPC client such as connect-go builds its requests with
+// ProtoMajor 1 whatever the wire will be). Such a request passes every
+// inmesh hop as HTTP/2, never with l5d-orig-proto; CONNECT is the
+// exception, as net/http's transports do not tunnel it over HTTP/2.
+func HTTP2Only(r *http.Request) bool {
+	return (r.ProtoMajor == 2 || IsGRPC(r)) && r.Method != http.MethodConnect
+}
+
+// IsGRPC reports whether r is a gRPC request: its content-type is
+// application/grpc, alone or with a +suffix or parameters. gRPC-Web
+// (application/grpc-web), which runs over HTTP/1 too, is not.
+func IsGRPC(r *http.Request) bool { return proxyerr.IsGRPC(r) }
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if HTTP2Only(r) {
+		return t.h2.RoundTrip(r)
+	}
 	peer, ok := PeerFromContext(r.Context())
 	if !ok {
 		peer = t.hint(r)

@@ -156,14 +156,17 @@ func TestTimeoutAsHeadArrives(t *testing.T) {
 }
 
 // A response held to read its trailers is held under the timeout: a head
-// followed by silence gives the 504 when the timeout fires.
+// followed by silence gives the timeout's answer when it fires, to this
+// gRPC request in gRPC's form (DEADLINE_EXCEEDED, trailers-only).
 func TestTimeoutBoundsTrailerWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		up := &scripted{script: []func(*http.Request) (*http.Response, error){grpcHeadThenSilence}}
 		h := newTimeoutHarness(t, up, timedRoute("/x", 200*time.Millisecond))
 		resp, took, err := h.request(t, t.Context(), "POST", "/x")
 		require.NoError(t, err)
-		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, "4", resp.Header.Get("Grpc-Status"))
+		assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "timed out")
 		assert.Equal(t, 200*time.Millisecond, took)
 		assert.Len(t, up.attempts, 1)
 	})

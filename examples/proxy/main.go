@@ -79,7 +79,7 @@ func main() {
 	flag.StringVar(&f.policyAddr, "policy", "", "OutboundPolicies API address, when not the -destination one (Linkerd's policy controller)")
 	flag.StringVar(&f.outbound, "outbound", "127.0.0.1:4140", "outbound listener (the application's requests)")
 	flag.StringVar(&f.inbound, "inbound", "127.0.0.1:4143", "inbound listener (requests from peers)")
-	flag.StringVar(&f.app, "app", "127.0.0.1:8080", "the application's HTTP/1 address")
+	flag.StringVar(&f.app, "app", "127.0.0.1:8080", "the application's address (HTTP/1, and h2c for requests that arrive as HTTP/2)")
 	flag.StringVar(&f.metrics, "metrics", "127.0.0.1:4191", "metrics and readiness listener")
 	flag.StringVar(&f.contextToken, "context-token", "", "GetDestination.context_token to send")
 	flag.StringVar(&f.scheme, "scheme", "", `GetDestination.scheme to send ("k8s" for 2018 control planes)`)
@@ -167,8 +167,12 @@ func run(f flags, log *slog.Logger) error {
 	outbound.ErrorLog = outLog.ErrorLog()
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
-	toApp := transport.HTTP1(transport.Limits{})
-	defer toApp.CloseIdleConnections()
+	// HTTP/1 requests reach the application over HTTP/1; those that came as
+	// HTTP/2 (gRPC among them) over HTTP/2 with prior knowledge, as they came.
+	appH1, appH2 := transport.HTTP1(transport.Limits{}), transport.H2(transport.Limits{})
+	defer appH1.CloseIdleConnections()
+	defer appH2.CloseIdleConnections()
+	toApp := origproto.NewTransport(origproto.WithHTTP1(appH1), origproto.WithH2(appH2))
 	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), opts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 )
@@ -32,7 +33,8 @@ func New(log *slog.Logger, name string) *Logger {
 }
 
 // ErrorHandler is an httputil.ReverseProxy ErrorHandler: it answers 502
-// (504 for a timeout) and logs one line per kind of error and interval; a
+// (504 for a timeout; gRPC requests with the matching gRPC status), marked
+// with l5d-proxy-error, and logs one line per kind of error and interval; a
 // request whose client went away is answered the same way and logged at
 // debug level.
 func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
@@ -47,7 +49,9 @@ func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error)
 	default:
 		l.rl.Warn(l.name+"/"+kind, "proxy error", "listener", l.name, "kind", kind, "error", err)
 	}
-	w.WriteHeader(code)
+	// A gRPC client reads the error as a gRPC status (UNAVAILABLE,
+	// DEADLINE_EXCEEDED), as Linkerd's proxy answers it.
+	proxyerr.Write(w, r, code, "upstream request failed: "+kind)
 }
 
 func kindOf(err error) string {
