@@ -193,7 +193,11 @@ type Client struct {
 
 // NewClient returns the outbound stack. Requests are addressed by Host to a
 // service authority; without a source of endpoints they go to that address
-// itself.
+// itself. HTTP/1 requests to mesh peers are upgraded to HTTP/2 (orig-proto);
+// HTTP/2 and gRPC requests (a net/http-based gRPC client such as
+// connect-go, whatever ProtoMajor it sets) go as HTTP/2 with prior
+// knowledge, and the errors the stack answers itself reach a gRPC client
+// as gRPC statuses.
 func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
 	cl := &Client{profiles: profiles.NewRouter(c.source, c.routerOptions()...)}
@@ -252,7 +256,9 @@ type Server struct {
 // NewServer returns the inbound stack around app. Serve it with
 // origproto.NewServer, so that peers can reach it over h2c. HTTP/1
 // requests are served full duplex: app may answer, or stream, while the
-// request body still arrives.
+// request body still arrives. A request that came as HTTP/2 reaches app
+// as HTTP/2, trailers and streaming intact, so app may be a grpc.Server
+// (which is an http.Handler).
 func NewServer(app http.Handler, opts ...Option) *Server {
 	c := newConfig(opts)
 	s := &Server{router: profiles.NewRouter(c.source, append(c.routerOptions(), profiles.WithLocalAuthorities(c.local...))...)}

@@ -11,6 +11,7 @@ package metrics
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -98,8 +99,12 @@ type Target struct {
 
 // NewTarget returns a target of f with the base labels, in order.
 func NewTarget(f *Family, base ...attribute.KeyValue) *Target {
+	// attribute.NewSet sorts the slice it is given in place, and callers
+	// share their label slices between targets: every set is built from a
+	// copy.
+	base = slices.Clip(slices.Clone(base))
 	t := &Target{fam: f, base: base, resp: make(map[Response]*responseOpts)}
-	t.requests = f.requests.Series(attribute.NewSet(base...))
+	t.requests = f.requests.Series(attribute.NewSet(slices.Clone(base)...))
 	return t
 }
 
@@ -134,7 +139,7 @@ func (t *Target) opts(r Response) *responseOpts {
 			return o
 		}
 	}
-	withStatus := append(t.base[:len(t.base):len(t.base)], statusAttr(r.Status)...)
+	withStatus := append(slices.Clone(t.base), statusAttr(r.Status)...)
 	grpc := ""
 	if r.GRPC >= 0 {
 		grpc = strconv.Itoa(int(r.GRPC))
@@ -149,7 +154,7 @@ func (t *Target) opts(r Response) *responseOpts {
 		attribute.String("error", r.Err))
 	o = &responseOpts{
 		count:  t.fam.responses.Series(attribute.NewSet(all...)),
-		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withStatus...))},
+		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(slices.Clone(withStatus)...))},
 	}
 	t.resp[r] = o
 	return o
