@@ -58,6 +58,10 @@ func newGRPCApp() *grpcApp {
 	return &grpcApp{deadline: make(chan time.Duration, 1), cancelled: make(chan error, 1)}
 }
 
+func (a *grpcApp) EmptyCall(context.Context, *testpb.Empty) (*testpb.Empty, error) {
+	return &testpb.Empty{}, nil
+}
+
 func (a *grpcApp) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
 	if d, ok := ctx.Deadline(); ok {
 		select {
@@ -328,4 +332,37 @@ func TestGRPCProxyErrorsAreStatuses(t *testing.T) {
 	_, err = testgrpc.NewTestServiceClient(dial(grpcEmpty)).EmptyCall(ctx, &testpb.Empty{})
 	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "no endpoints")
+}
+
+// A net/http-based gRPC client (as connect-go builds its requests:
+// ProtoMajor 1, content-type application/grpc) calls through NewClient
+// straight into a grpc.Server behind NewServer: the call crosses as HTTP/2
+// and its status arrives in the trailers.
+func TestGRPCFromNetHTTPClient(t *testing.T) {
+	app := newGRPCApp()
+	gs := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(gs, app)
+	defer gs.Stop()
+	eps, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+		grpcSvc: {{Addr: netip.MustParseAddrPort(meshInbound(t, gs)), H2: true}},
+	})
+	require.NoError(t, err)
+	client := NewClient(WithEndpoints(eps), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+	defer client.Close()
+
+	// One length-prefixed message: an empty testpb.Empty.
+	req, err := http.NewRequest(http.MethodPost, "http://"+grpcSvc+"/grpc.testing.TestService/EmptyCall",
+		bytes.NewReader([]byte{0, 0, 0, 0, 0}))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	resp, err := (&http.Client{Transport: client, Timeout: testutil.Timeout}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, 2, resp.ProtoMajor, "HTTP/2 end to end")
+	assert.Equal(t, []byte{0, 0, 0, 0, 0}, body, "one empty message back")
+	assert.Equal(t, "0", resp.Trailer.Get("Grpc-Status"), "OK, in the trailers")
 }

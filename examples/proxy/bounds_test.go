@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
-	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/stretchr/testify/assert"
@@ -153,7 +152,13 @@ func TestClientResetsAreNotLogged(t *testing.T) {
 	out := &lines{}
 	log := slog.New(slog.NewTextHandler(out, nil))
 
-	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	// The application speaks HTTP/1 and h2c, as one that receives the
+	// requests that arrive as HTTP/2 must.
+	app := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	app.Config.Protocols = new(http.Protocols)
+	app.Config.Protocols.SetHTTP1(true)
+	app.Config.Protocols.SetUnencryptedHTTP2(true)
+	app.Start()
 	defer app.Close()
 	appURL, _ := url.Parse(app.URL)
 
@@ -188,8 +193,8 @@ func TestClientResetsAreNotLogged(t *testing.T) {
 	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
 	outbound := origproto.NewServer(fullDuplex(count(outboundProxy(client, outLog))))
 	outbound.ErrorLog = outLog.ErrorLog()
-	toApp := transport.HTTP1(transport.Limits{})
-	defer toApp.CloseIdleConnections()
+	toApp, closeApp := appTransport()
+	defer closeApp()
 	inboundStack := mesh.NewServer(count(inboundProxy(appURL, toApp, inLog)), opts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))

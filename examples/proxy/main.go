@@ -12,7 +12,8 @@
 // sent over HTTP/2
 // with orig-proto when the endpoint is a mesh peer, and forwarded.
 // Inbound (-inbound): HTTP/1 and h2c, upgraded requests downgraded, inbound
-// route metrics, forwarded to -app. /metrics serves Prometheus text with
+// route metrics, forwarded to -app (HTTP/2 requests, gRPC among them, over
+// h2c, as they came). /metrics serves Prometheus text with
 // Linkerd's series names (the outbound_http_balancer_* families among them);
 // /endpoints?authority=host:port the balancer's state of each endpoint as
 // JSON; /routes?authority=host:port&method=GET&path=/x the JSON explanation
@@ -167,12 +168,8 @@ func run(f flags, log *slog.Logger) error {
 	outbound.ErrorLog = outLog.ErrorLog()
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
-	// HTTP/1 requests reach the application over HTTP/1; those that came as
-	// HTTP/2 (gRPC among them) over HTTP/2 with prior knowledge, as they came.
-	appH1, appH2 := transport.HTTP1(transport.Limits{}), transport.H2(transport.Limits{})
-	defer appH1.CloseIdleConnections()
-	defer appH2.CloseIdleConnections()
-	toApp := origproto.NewTransport(origproto.WithHTTP1(appH1), origproto.WithH2(appH2))
+	toApp, closeApp := appTransport()
+	defer closeApp()
 	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), opts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))
@@ -264,6 +261,18 @@ func fullDuplex(h http.Handler) http.Handler {
 		_ = http.NewResponseController(w).Flush()
 		r.Body.Close()
 	})
+}
+
+// appTransport returns the transport of the inbound proxy to the
+// application, and a function that closes its idle connections: HTTP/1
+// requests reach the application over HTTP/1, those that came as HTTP/2
+// (gRPC among them) over HTTP/2 with prior knowledge, as they came.
+func appTransport() (http.RoundTripper, func()) {
+	h1, h2 := transport.HTTP1(transport.Limits{}), transport.H2(transport.Limits{})
+	return origproto.NewTransport(origproto.WithHTTP1(h1), origproto.WithH2(h2)), func() {
+		h1.CloseIdleConnections()
+		h2.CloseIdleConnections()
+	}
 }
 
 // forwardTrailers sends the request's trailers upstream: ReverseProxy's
