@@ -1,0 +1,279 @@
+package controlplane
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/inmesh/inmesh/proxyapi/identitypb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// The issuance defaults of an [Issuer] unless an option changes them:
+// Linkerd's identity controller's chart values (issuanceLifetime and
+// clockSkewAllowance).
+const (
+	DefaultIssuanceLifetime = 24 * time.Hour
+	DefaultClockSkew        = 20 * time.Second
+)
+
+// Token errors a [TokenValidator] returns, which the Issuer answers with
+// the gRPC codes Linkerd's identity controller uses.
+var (
+	// ErrInvalidToken: the token cannot be read (InvalidArgument).
+	ErrInvalidToken = errors.New("invalid token")
+	// ErrNotAuthenticated: the token is well formed but proves nothing
+	// (FailedPrecondition).
+	ErrNotAuthenticated = errors.New("token not authenticated")
+)
+
+// TokenValidator says which identity a token proves: the stand-in for
+// Kubernetes' TokenReview. An error wrapping [ErrInvalidToken] or
+// [ErrNotAuthenticated] is the caller's fault; any other is the Issuer's.
+type TokenValidator interface {
+	Validate(ctx context.Context, token []byte) (identity string, err error)
+}
+
+// IssuerOption configures an [Issuer].
+type IssuerOption interface{ apply(*Issuer) }
+
+type issuerOptionFunc func(*Issuer)
+
+func (f issuerOptionFunc) apply(i *Issuer) { f(i) }
+
+// WithIssuanceLifetime sets how long an issued certificate is valid
+// (default [DefaultIssuanceLifetime]); d <= 0 changes nothing.
+func WithIssuanceLifetime(d time.Duration) IssuerOption {
+	return issuerOptionFunc(func(i *Issuer) {
+		if d > 0 {
+			i.lifetime = d
+		}
+	})
+}
+
+// WithClockSkew sets the allowance added before and after the lifetime
+// (default [DefaultClockSkew]); d < 0 changes nothing.
+func WithClockSkew(d time.Duration) IssuerOption {
+	return issuerOptionFunc(func(i *Issuer) {
+		if d >= 0 {
+			i.skew = d
+		}
+	})
+}
+
+// WithIssuerLogger sets where refused requests are logged (default
+// slog.Default()); nil changes nothing.
+func WithIssuerLogger(l *slog.Logger) IssuerOption {
+	return issuerOptionFunc(func(i *Issuer) {
+		if l != nil {
+			i.log = l
+		}
+	})
+}
+
+// Issuer serves the Identity API's Certify: it signs a workload's
+// certificate signing request with the issuer's key once the token proves
+// the identity asked for, with the rules and gRPC codes of Linkerd's
+// identity controller. It is safe for concurrent use.
+type Issuer struct {
+	identitypb.UnimplementedIdentityServer
+
+	crt      *x509.Certificate
+	key      crypto.Signer
+	chain    [][]byte // the issuer's certificate, then any beyond it
+	expiry   time.Time
+	tokens   TokenValidator
+	lifetime time.Duration
+	skew     time.Duration
+	log      *slog.Logger
+	now      func() time.Time
+
+	mu     sync.Mutex
+	serial int64
+}
+
+// NewIssuer returns an Issuer signing with the CA certificate issuer (DER
+// chain, issuer first, up to but not including an anchor) and its key,
+// after checking that the chain leads to anchors, and taking the
+// identities tokens prove.
+func NewIssuer(anchors *x509.CertPool, chain [][]byte, key crypto.Signer, tokens TokenValidator, opts ...IssuerOption) (*Issuer, error) {
+	if len(chain) == 0 || key == nil || tokens == nil || anchors == nil {
+		return nil, errors.New("controlplane: an issuer needs anchors, a certificate chain, a key and a token validator")
+	}
+	crts := make([]*x509.Certificate, len(chain))
+	pool := x509.NewCertPool()
+	for n, der := range chain {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: issuer certificate %d: %w", n, err)
+		}
+		crts[n] = c
+		if n > 0 {
+			pool.AddCert(c)
+		}
+	}
+	crt := crts[0]
+	if !crt.IsCA {
+		return nil, errors.New("controlplane: the issuer certificate is not a CA")
+	}
+	if _, err := crt.Verify(x509.VerifyOptions{Roots: anchors, Intermediates: pool,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return nil, fmt.Errorf("controlplane: the issuer certificate does not chain to the trust anchors: %w", err)
+	}
+	if pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(crt.PublicKey) {
+		return nil, errors.New("controlplane: the issuer key does not match its certificate")
+	}
+	i := &Issuer{crt: crt, key: key, chain: chain, tokens: tokens, lifetime: DefaultIssuanceLifetime,
+		skew: DefaultClockSkew, log: slog.Default(), now: time.Now}
+	i.expiry = crt.NotAfter
+	for _, c := range crts[1:] {
+		if c.NotAfter.Before(i.expiry) {
+			i.expiry = c.NotAfter
+		}
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(i)
+		}
+	}
+	return i, nil
+}
+
+// Register adds the Identity service to s.
+func (i *Issuer) Register(s grpc.ServiceRegistrar) { identitypb.RegisterIdentityServer(s, i) }
+
+// Certify implements the Identity service, checking in Linkerd's order:
+// a missing identity, token or request, or a request that does not parse,
+// is InvalidArgument; a request whose names break the rules (exactly one
+// DNS SAN, equal to the identity; a common name empty or equal; no other
+// SAN kinds) is FailedPrecondition; an unreadable token InvalidArgument,
+// an unauthenticated one FailedPrecondition, one for another identity
+// FailedPrecondition; a failure to sign Internal.
+func (i *Issuer) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*identitypb.CertifyResponse, error) {
+	id, tok, der := req.GetIdentity(), req.GetToken(), req.GetCertificateSigningRequest()
+	switch {
+	case id == "":
+		return nil, status.Error(codes.InvalidArgument, "missing identity")
+	case len(tok) == 0:
+		return nil, status.Error(codes.InvalidArgument, "missing token")
+	case len(der) == 0:
+		return nil, status.Error(codes.InvalidArgument, "missing certificate signing request")
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := checkCSR(csr, id); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	proven, err := i.tokens.Validate(ctx, tok)
+	switch {
+	case errors.Is(err, ErrInvalidToken):
+		i.log.Warn("identity: refused a token", "identity", id, "error", err)
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrNotAuthenticated):
+		i.log.Warn("identity: refused a token", "identity", id, "error", err)
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	case err != nil:
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if proven != id {
+		i.log.Warn("identity: a token for another identity", "requested", id, "token", proven)
+		return nil, status.Error(codes.FailedPrecondition, "requested identity did not match provided token")
+	}
+	leaf, notAfter, err := i.issue(csr)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &identitypb.CertifyResponse{
+		LeafCertificate:          leaf,
+		IntermediateCertificates: i.chain,
+		ValidUntil:               timestamppb.New(notAfter),
+	}, nil
+}
+
+// checkCSR applies the naming rules of Linkerd's identity controller
+// (linkerd2 pkg/identity/service.go checkCSR), with its messages.
+func checkCSR(csr *x509.CertificateRequest, id string) error {
+	if len(csr.DNSNames) != 1 {
+		return errors.New("CSR must have exactly one DNSName")
+	}
+	if csr.DNSNames[0] != id {
+		return fmt.Errorf("CSR name does not match requested identity: csr=%s; req=%s", csr.DNSNames[0], id)
+	}
+	if cn := csr.Subject.CommonName; cn != "" && cn != id {
+		return fmt.Errorf("invalid CommonName: %s", cn)
+	}
+	if len(csr.EmailAddresses) > 0 {
+		return errors.New("cannot validate email addresses")
+	}
+	if len(csr.IPAddresses) > 0 {
+		return errors.New("cannot validate IP addresses")
+	}
+	if len(csr.URIs) > 0 {
+		return errors.New("cannot validate URIs")
+	}
+	return nil
+}
+
+// issue signs the leaf of csr: valid from now less the skew allowance to
+// now plus the lifetime and the allowance, never past the issuer chain's
+// own expiry.
+func (i *Issuer) issue(csr *x509.CertificateRequest) ([]byte, time.Time, error) {
+	if _, ok := csr.PublicKey.(*ecdsa.PublicKey); !ok {
+		return nil, time.Time{}, errors.New("CSR must contain an ECDSA public key")
+	}
+	now := i.now()
+	notAfter := now.Add(i.lifetime + i.skew)
+	if notAfter.After(i.expiry) {
+		notAfter = i.expiry
+	}
+	i.mu.Lock()
+	i.serial++
+	serial := big.NewInt(i.serial)
+	i.mu.Unlock()
+	tmpl := &x509.Certificate{
+		SerialNumber:       serial,
+		Subject:            csr.Subject,
+		DNSNames:           csr.DNSNames,
+		NotBefore:          now.Add(-i.skew),
+		NotAfter:           notAfter,
+		SignatureAlgorithm: x509.ECDSAWithSHA256,
+		KeyUsage:           x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:        []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, i.crt, csr.PublicKey, i.key)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("signing the certificate: %w", err)
+	}
+	return der, notAfter, nil
+}
+
+// ServiceAccountIdentity returns the identity Linkerd gives a Kubernetes
+// service account: sa.namespace.serviceaccount.identity.controlNamespace.trustDomain.
+func ServiceAccountIdentity(sa, namespace, controlNamespace, trustDomain string) string {
+	return sa + "." + namespace + ".serviceaccount.identity." + controlNamespace + "." + trustDomain
+}
+
+// StaticTokens is a [TokenValidator] over a fixed table of tokens and the
+// identities they prove.
+type StaticTokens map[string]string
+
+// Validate implements TokenValidator.
+func (t StaticTokens) Validate(_ context.Context, token []byte) (string, error) {
+	if id, ok := t[string(token)]; ok {
+		return id, nil
+	}
+	return "", fmt.Errorf("%w: unknown token", ErrNotAuthenticated)
+}

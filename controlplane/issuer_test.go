@@ -1,0 +1,201 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/proxyapi/identitypb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+const (
+	books     = "books.default.serviceaccount.identity.linkerd.cluster.local"
+	authors   = "authors.default.serviceaccount.identity.linkerd.cluster.local"
+	booksTok  = "token-of-books"
+	badTokErr = "token-with-a-fault"
+)
+
+// tokens proves books with booksTok, and fails for badTokErr as a broken
+// review would.
+type tokens struct{}
+
+func (tokens) Validate(_ context.Context, tok []byte) (string, error) {
+	switch string(tok) {
+	case booksTok:
+		return books, nil
+	case "malformed":
+		return "", ErrInvalidToken
+	case badTokErr:
+		return "", assert.AnError
+	}
+	return "", ErrNotAuthenticated
+}
+
+func newTestIssuer(t *testing.T, opts ...IssuerOption) (*Issuer, *x509.CertPool, *CA) {
+	t.Helper()
+	root, err := NewRootCA("root.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	iss, err := root.NewIntermediate("identity.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	i, err := NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens{}, append([]IssuerOption{WithIssuerLogger(quiet)}, opts...)...)
+	require.NoError(t, err)
+	return i, anchors, iss
+}
+
+func csrFor(t *testing.T, tmpl *x509.CertificateRequest, key any) []byte {
+	t.Helper()
+	if key == nil {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		key = k
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	require.NoError(t, err)
+	return der
+}
+
+// Certify's refusals, each with the gRPC code and message of Linkerd's
+// identity controller (linkerd2 pkg/identity/service.go: Certify,
+// checkRequest, checkCSR; its service_test.go covers the same rules).
+func TestCertifyRefusals(t *testing.T) {
+	issuer, _, _ := newTestIssuer(t)
+	good := csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil)
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		req  *identitypb.CertifyRequest
+		code codes.Code
+		msg  string
+	}{
+		{"no identity", &identitypb.CertifyRequest{Token: []byte(booksTok), CertificateSigningRequest: good}, codes.InvalidArgument, "missing identity"},
+		{"no token", &identitypb.CertifyRequest{Identity: books, CertificateSigningRequest: good}, codes.InvalidArgument, "missing token"},
+		{"no csr", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok)}, codes.InvalidArgument, "missing certificate signing request"},
+		{"csr not der", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok), CertificateSigningRequest: []byte("-----BEGIN")}, codes.InvalidArgument, ""},
+		{"two dns names", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books, authors}}, nil)},
+			codes.FailedPrecondition, "CSR must have exactly one DNSName"},
+		{"no dns name", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{Subject: pkix.Name{CommonName: books}}, nil)},
+			codes.FailedPrecondition, "CSR must have exactly one DNSName"},
+		{"other dns name", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{authors}}, nil)},
+			codes.FailedPrecondition, "CSR name does not match requested identity: csr=" + authors + "; req=" + books},
+		{"other common name", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{Subject: pkix.Name{CommonName: authors}, DNSNames: []string{books}}, nil)},
+			codes.FailedPrecondition, "invalid CommonName: " + authors},
+		{"email", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}, EmailAddresses: []string{"a@b.c"}}, nil)},
+			codes.FailedPrecondition, "cannot validate email addresses"},
+		{"ip", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}, nil)},
+			codes.FailedPrecondition, "cannot validate IP addresses"},
+		{"uri", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}, URIs: []*url.URL{{Scheme: "spiffe", Host: "td", Path: "/books"}}}, nil)},
+			codes.FailedPrecondition, "cannot validate URIs"},
+		{"malformed token", &identitypb.CertifyRequest{Identity: books, Token: []byte("malformed"), CertificateSigningRequest: good}, codes.InvalidArgument, ""},
+		{"unknown token", &identitypb.CertifyRequest{Identity: books, Token: []byte("who?"), CertificateSigningRequest: good}, codes.FailedPrecondition, ""},
+		{"review fails", &identitypb.CertifyRequest{Identity: books, Token: []byte(badTokErr), CertificateSigningRequest: good}, codes.Internal, ""},
+		{"token of another identity", &identitypb.CertifyRequest{Identity: authors, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{authors}}, nil)},
+			codes.FailedPrecondition, "requested identity did not match provided token"},
+		{"rsa key", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, rsaKey)},
+			codes.Internal, "CSR must contain an ECDSA public key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := issuer.Certify(context.Background(), tc.req)
+			st, _ := status.FromError(err)
+			assert.Equal(t, tc.code, st.Code(), "%v", err)
+			if tc.msg != "" {
+				assert.Equal(t, tc.msg, st.Message())
+			}
+		})
+	}
+}
+
+// An issued leaf: the CSR's subject and one DNS SAN, ECDSA with SHA-256,
+// server and client use, valid from the clock skew before now to the
+// lifetime and the skew after, a serial counting from 1, and the issuer
+// as the one intermediate, as Linkerd's controller issues it
+// (linkerd2 pkg/tls/ca.go).
+func TestCertifyIssues(t *testing.T) {
+	issuer, anchors, iss := newTestIssuer(t, WithIssuanceLifetime(time.Minute), WithClockSkew(5*time.Second))
+	now := time.Now().Truncate(time.Second).UTC()
+	issuer.now = func() time.Time { return now }
+	for serial := int64(1); serial <= 2; serial++ {
+		resp, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{
+			Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{Subject: pkix.Name{CommonName: books}, DNSNames: []string{books}}, nil),
+		})
+		require.NoError(t, err)
+		leaf, err := x509.ParseCertificate(resp.LeafCertificate)
+		require.NoError(t, err)
+		assert.Equal(t, []string{books}, leaf.DNSNames)
+		assert.Equal(t, books, leaf.Subject.CommonName)
+		assert.Equal(t, x509.ECDSAWithSHA256, leaf.SignatureAlgorithm)
+		assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, leaf.ExtKeyUsage)
+		assert.Equal(t, now.Add(-5*time.Second), leaf.NotBefore)
+		assert.Equal(t, now.Add(65*time.Second), leaf.NotAfter)
+		assert.Equal(t, now.Add(65*time.Second), resp.ValidUntil.AsTime())
+		assert.Equal(t, serial, leaf.SerialNumber.Int64())
+		require.Equal(t, [][]byte{iss.DER}, resp.IntermediateCertificates)
+		inter := x509.NewCertPool()
+		inter.AddCert(iss.Cert)
+		_, err = leaf.Verify(x509.VerifyOptions{Roots: anchors, Intermediates: inter, CurrentTime: now,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		assert.NoError(t, err)
+	}
+}
+
+// A leaf never outlives the issuer chain.
+func TestCertifyClampsToIssuerExpiry(t *testing.T) {
+	issuer, _, iss := newTestIssuer(t, WithIssuanceLifetime(48*time.Hour))
+	resp, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{
+		Identity: books, Token: []byte(booksTok), CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil),
+	})
+	require.NoError(t, err)
+	assert.Equal(t, iss.Cert.NotAfter, resp.ValidUntil.AsTime())
+}
+
+func TestNewIssuerRejects(t *testing.T) {
+	root, err := NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	other, err := NewRootCA("other", time.Hour)
+	require.NoError(t, err)
+	iss, err := root.NewIntermediate("issuer", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	_, err = NewIssuer(anchors, [][]byte{iss.DER}, other.Key, tokens{})
+	assert.ErrorContains(t, err, "does not match")
+	foreign := x509.NewCertPool()
+	foreign.AddCert(other.Cert)
+	_, err = NewIssuer(foreign, [][]byte{iss.DER}, iss.Key, tokens{})
+	assert.ErrorContains(t, err, "does not chain to the trust anchors")
+	_, err = NewIssuer(anchors, nil, iss.Key, tokens{})
+	assert.Error(t, err)
+	_, err = NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, nil)
+	assert.Error(t, err)
+}

@@ -1,0 +1,155 @@
+package identity
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/proxyapi/identitypb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	xcredentials "google.golang.org/grpc/experimental/credentials"
+)
+
+// The refresh bounds of a [Certifier] unless an option changes them:
+// Linkerd's proxy's defaults (LINKERD2_PROXY_IDENTITY_MIN_REFRESH and
+// _MAX_REFRESH).
+const (
+	DefaultMinRefresh = 10 * time.Second
+	DefaultMaxRefresh = 24 * time.Hour
+)
+
+// Option configures a [Certifier].
+type Option interface{ apply(*Certifier) }
+
+type optionFunc func(*Certifier)
+
+func (f optionFunc) apply(c *Certifier) { f(c) }
+
+// WithRefreshBounds bounds the wait between two certifications (defaults
+// [DefaultMinRefresh] and [DefaultMaxRefresh]); a value <= 0 keeps its
+// default.
+func WithRefreshBounds(min, max time.Duration) Option {
+	return optionFunc(func(c *Certifier) {
+		if min > 0 {
+			c.min = min
+		}
+		if max > 0 {
+			c.max = max
+		}
+	})
+}
+
+// WithLogger sets where the Certifier logs its failures (default
+// slog.Default()); nil changes nothing.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *Certifier) {
+		if l != nil {
+			c.log = l
+		}
+	})
+}
+
+// Certifier keeps a [Local] identity certified by an Identity service.
+type Certifier struct {
+	local     *Local
+	client    identitypb.IdentityClient
+	tokenFile string
+	min, max  time.Duration
+	log       *slog.Logger
+}
+
+// NewCertifier returns a Certifier of local that calls the Identity
+// service on conn with the token in tokenFile, read anew for every call.
+// conn is typically dialled with [Local.TransportCredentials] of the
+// service's own identity.
+func NewCertifier(local *Local, conn grpc.ClientConnInterface, tokenFile string, opts ...Option) *Certifier {
+	c := &Certifier{local: local, client: identitypb.NewIdentityClient(conn), tokenFile: tokenFile,
+		min: DefaultMinRefresh, max: DefaultMaxRefresh, log: slog.Default()}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(c)
+		}
+	}
+	if c.max < c.min {
+		c.max = c.min
+	}
+	return c
+}
+
+// Run certifies the identity, then again each time [RefreshIn] says, until
+// ctx is done; it returns ctx's error. A failed call is logged and tried
+// again after the minimum refresh interval while the current certificate
+// stays in use.
+func (c *Certifier) Run(ctx context.Context) error {
+	for {
+		if err := c.Certify(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("identity: certification failed; the current certificate stays in use",
+				"identity", c.local.Name(), "expires", c.local.Expiry(), "error", err)
+		}
+		if err := backoff.Wait(ctx, RefreshIn(c.local.now(), c.local.Expiry(), c.min, c.max)); err != nil {
+			return err
+		}
+	}
+}
+
+// Certify makes one Certify call and installs the certificate it returns.
+func (c *Certifier) Certify(ctx context.Context) error {
+	token, err := os.ReadFile(c.tokenFile)
+	if err != nil {
+		return fmt.Errorf("identity: reading the token: %w", err)
+	}
+	if token = bytes.TrimSpace(token); len(token) == 0 {
+		return fmt.Errorf("identity: the token file %s is empty", c.tokenFile)
+	}
+	resp, err := c.client.Certify(ctx, &identitypb.CertifyRequest{
+		Identity: c.local.Name(), Token: token, CertificateSigningRequest: c.local.CSR(),
+	})
+	if err != nil {
+		return fmt.Errorf("identity: certify: %w", err)
+	}
+	if resp.ValidUntil == nil || !resp.ValidUntil.AsTime().After(c.local.now()) {
+		return errors.New("identity: certify: the response's valid_until is missing or past")
+	}
+	return c.local.SetCertificate(resp.LeafCertificate, resp.IntermediateCertificates)
+}
+
+// RefreshIn returns how long to wait before the next certification, as
+// Linkerd's proxy schedules it: 70% of the time left until expiry, within
+// [min, max]; min when there is no valid certificate (expiry zero or past).
+func RefreshIn(now, expiry time.Time, min, max time.Duration) time.Duration {
+	if expiry.IsZero() || !expiry.After(now) {
+		return min
+	}
+	d := expiry.Sub(now) * 7 / 10
+	return max2(min, min2(d, max))
+}
+
+func min2(a, b time.Duration) time.Duration {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+func max2(a, b time.Duration) time.Duration {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// TransportCredentials returns gRPC transport credentials for a control-
+// plane service (Identity, Destination, policy) whose identity is server,
+// built on [Local.ClientConfig]: the service must prove that identity,
+// and the local certificate is presented once there is one. The handshake
+// negotiates no ALPN, since Linkerd's proxies in front of its controllers
+// select none, which grpc-go's default TLS credentials would refuse.
+func (l *Local) TransportCredentials(server string) credentials.TransportCredentials {
+	return xcredentials.NewTLSWithALPNDisabled(l.ClientConfig(server))
+}

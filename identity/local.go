@@ -1,0 +1,196 @@
+package identity
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors of a certificate that [Local.SetCertificate] refuses.
+var (
+	ErrNotReady     = errors.New("identity: no certificate yet")
+	ErrWrongName    = errors.New("identity: certificate does not carry the identity")
+	ErrWrongKey     = errors.New("identity: certificate is not for the local key")
+	ErrExpired      = errors.New("identity: certificate is expired or not yet valid")
+	ErrInvalidName  = errors.New("identity: invalid identity name")
+	ErrNoAnchors    = errors.New("identity: no trust anchors")
+	ErrUntrustedCrt = errors.New("identity: certificate does not chain to the trust anchors")
+)
+
+// Local is the identity of this process: its name, its private key, the
+// certificate signing request for both, and the current certificate once
+// one is installed. It is safe for concurrent use.
+type Local struct {
+	name    string
+	anchors *x509.CertPool
+	key     *ecdsa.PrivateKey
+	csr     []byte
+	now     func() time.Time
+
+	cert      atomic.Pointer[current]
+	readyOnce sync.Once
+	ready     chan struct{}
+}
+
+// current is an installed certificate: the chain presented in handshakes
+// and when it expires.
+type current struct {
+	tls      *tls.Certificate
+	notAfter time.Time
+	serial   string
+}
+
+// NewLocal returns the local identity name, trusting the certificates of
+// anchors: a new ECDSA P-256 key and a signing request whose subject
+// common name and one DNS SAN are name, as Linkerd's proxy requests them.
+// name must be a DNS-like identity (lower-case labels, no trailing dot).
+func NewLocal(name string, anchors *x509.CertPool) (*Local, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if anchors == nil {
+		return nil, ErrNoAnchors
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("identity: generating a key: %w", err)
+	}
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject:  pkix.Name{CommonName: name},
+		DNSNames: []string{name},
+	}, key)
+	if err != nil {
+		return nil, fmt.Errorf("identity: making the signing request: %w", err)
+	}
+	return &Local{name: name, anchors: anchors, key: key, csr: csr, now: time.Now, ready: make(chan struct{})}, nil
+}
+
+// CheckName returns an error unless name is a DNS-like identity as Linkerd
+// names workloads: dot-separated labels of lower-case letters, digits and
+// hyphens, neither starting nor ending with a hyphen, no trailing dot, at
+// most 253 bytes.
+func CheckName(name string) error {
+	if name == "" || len(name) > 253 || strings.HasSuffix(name, ".") {
+		return fmt.Errorf("%w: %q", ErrInvalidName, name)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("%w: %q", ErrInvalidName, name)
+		}
+		for i := 0; i < len(label); i++ {
+			if c := label[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+				return fmt.Errorf("%w: %q", ErrInvalidName, name)
+			}
+		}
+	}
+	return nil
+}
+
+// Name returns the identity's name.
+func (l *Local) Name() string { return l.name }
+
+// Anchors returns the trust anchors.
+func (l *Local) Anchors() *x509.CertPool { return l.anchors }
+
+// CSR returns the certificate signing request, DER. It is the same for
+// every renewal.
+func (l *Local) CSR() []byte { return l.csr }
+
+// Ready is closed once the first certificate is installed.
+func (l *Local) Ready() <-chan struct{} { return l.ready }
+
+// Certificate returns the chain presented in handshakes, nil before the
+// first certificate is installed.
+func (l *Local) Certificate() *tls.Certificate {
+	if c := l.cert.Load(); c != nil {
+		return c.tls
+	}
+	return nil
+}
+
+// Expiry returns when the current certificate expires, zero before the
+// first one.
+func (l *Local) Expiry() time.Time {
+	if c := l.cert.Load(); c != nil {
+		return c.notAfter
+	}
+	return time.Time{}
+}
+
+// SetCertificate installs leaf (DER) with the intermediates between it and
+// the anchors (DER, issuer first) as the current certificate, once it is
+// verified: the chain leads to an anchor, the leaf is valid now, carries
+// the identity's name as a DNS SAN and certifies the local key. A refused
+// certificate leaves the current one in place.
+func (l *Local) SetCertificate(leaf []byte, intermediates [][]byte) error {
+	crt, err := x509.ParseCertificate(leaf)
+	if err != nil {
+		return fmt.Errorf("identity: parsing the leaf: %w", err)
+	}
+	pool := x509.NewCertPool()
+	chain := [][]byte{leaf}
+	for i, der := range intermediates {
+		ic, err := x509.ParseCertificate(der)
+		if err != nil {
+			return fmt.Errorf("identity: parsing intermediate %d: %w", i, err)
+		}
+		pool.AddCert(ic)
+		chain = append(chain, der)
+	}
+	now := l.now()
+	if now.Before(crt.NotBefore) || now.After(crt.NotAfter) {
+		return fmt.Errorf("%w (valid %s to %s)", ErrExpired, crt.NotBefore.UTC().Format(time.RFC3339), crt.NotAfter.UTC().Format(time.RFC3339))
+	}
+	if err := verifyName(crt, l.name); err != nil {
+		return err
+	}
+	if _, err := crt.Verify(x509.VerifyOptions{
+		Roots: l.anchors, Intermediates: pool, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	}); err != nil {
+		return fmt.Errorf("%w: %v", ErrUntrustedCrt, err)
+	}
+	if pub, ok := crt.PublicKey.(*ecdsa.PublicKey); !ok || !pub.Equal(l.key.Public()) {
+		return ErrWrongKey
+	}
+	l.cert.Store(&current{
+		tls:      &tls.Certificate{Certificate: chain, PrivateKey: crypto.Signer(l.key), Leaf: crt},
+		notAfter: crt.NotAfter,
+		serial:   crt.SerialNumber.String(),
+	})
+	l.readyOnce.Do(func() { close(l.ready) })
+	return nil
+}
+
+// verifyName returns ErrWrongName unless crt carries name as a DNS SAN.
+func verifyName(crt *x509.Certificate, name string) error {
+	for _, n := range crt.DNSNames {
+		if n == name {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w %q (its DNS names: %q)", ErrWrongName, name, crt.DNSNames)
+}
+
+// PeerIdentity returns the identity a verified peer certificate carries:
+// its first DNS SAN that is a valid identity name (one with a trailing dot
+// is skipped), as Linkerd's proxy reads a client's identity; empty when
+// there is none.
+func PeerIdentity(crt *x509.Certificate) string {
+	for _, n := range crt.DNSNames {
+		if CheckName(n) == nil {
+			return n
+		}
+	}
+	return ""
+}

@@ -1,0 +1,132 @@
+package identity
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+)
+
+// ErrNoPeerCertificate is the error of a handshake in which the server
+// presented no certificate.
+var ErrNoPeerCertificate = errors.New("identity: the peer presented no certificate")
+
+// ClientConfig returns the TLS configuration of a connection to the meshed
+// server whose identity is server: SNI is server, the handshake succeeds
+// only when the server's chain leads to the anchors and its leaf carries
+// server as a DNS SAN, and the local certificate is presented when the
+// server asks for one (none before the first is installed). TLS 1.3 only,
+// no ALPN, no session resumption: what Linkerd's proxy sends and accepts.
+// Each handshake takes the certificate current at that moment.
+func (l *Local) ClientConfig(server string) *tls.Config {
+	return &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		ServerName:             server,
+		InsecureSkipVerify:     true, // VerifyConnection checks chain and identity
+		VerifyConnection:       func(cs tls.ConnectionState) error { return l.verifyServer(cs, server) },
+		GetClientCertificate:   l.clientCertificate,
+		SessionTicketsDisabled: true,
+	}
+}
+
+// ServerConfig returns the TLS configuration of the local identity's
+// server side: it presents the current certificate (a handshake before the
+// first is installed fails), asks for a client certificate and verifies one
+// against the anchors when given, and admits clients without one (port
+// policy decides later what they may do). TLS 1.3 only, no ALPN.
+func (l *Local) ServerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		GetCertificate:         l.serverCertificate,
+		ClientAuth:             tls.VerifyClientCertIfGiven,
+		ClientCAs:              l.anchors,
+		SessionTicketsDisabled: true,
+	}
+}
+
+func (l *Local) serverCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if c := l.Certificate(); c != nil {
+		return c, nil
+	}
+	return nil, ErrNotReady
+}
+
+func (l *Local) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if c := l.Certificate(); c != nil {
+		return c, nil
+	}
+	return &tls.Certificate{}, nil // no certificate to send
+}
+
+// IdentityError is the error of a handshake whose server is not the
+// identity expected: its chain does not lead to the anchors, or its leaf
+// does not carry the identity.
+type IdentityError struct {
+	// Expected is the server identity the client required.
+	Expected string
+	Err      error
+}
+
+func (e *IdentityError) Error() string {
+	return fmt.Sprintf("identity: server is not %s: %v", e.Expected, e.Err)
+}
+
+func (e *IdentityError) Unwrap() error { return e.Err }
+
+func (l *Local) verifyServer(cs tls.ConnectionState, server string) error {
+	if len(cs.PeerCertificates) == 0 {
+		return &IdentityError{Expected: server, Err: ErrNoPeerCertificate}
+	}
+	leaf := cs.PeerCertificates[0]
+	pool := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		pool.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots: l.anchors, Intermediates: pool, CurrentTime: l.now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}); err != nil {
+		return &IdentityError{Expected: server, Err: fmt.Errorf("%w: %v", ErrUntrustedCrt, err)}
+	}
+	if err := verifyName(leaf, server); err != nil {
+		return &IdentityError{Expected: server, Err: err}
+	}
+	return nil
+}
+
+// Peer is what a connection's TLS says of the other side.
+type Peer struct {
+	// TLS is true when the connection is meshed TLS terminated here.
+	TLS bool
+	// ID is the peer's verified identity; empty when it presented no
+	// certificate (or the connection is not TLS).
+	ID string
+}
+
+// PeerFromState returns the peer of a TLS connection whose handshake
+// verified the peer's certificate chain (VerifiedChains set).
+func PeerFromState(cs *tls.ConnectionState) Peer {
+	if cs == nil || !cs.HandshakeComplete {
+		return Peer{}
+	}
+	p := Peer{TLS: true}
+	if len(cs.VerifiedChains) > 0 && len(cs.PeerCertificates) > 0 {
+		p.ID = PeerIdentity(cs.PeerCertificates[0])
+	}
+	return p
+}
+
+type peerKey struct{}
+
+// WithPeer returns a context carrying p, for the handlers of a request.
+func WithPeer(ctx context.Context, p Peer) context.Context {
+	return context.WithValue(ctx, peerKey{}, p)
+}
+
+// PeerFromContext returns the peer that [WithPeer] put in ctx, and whether
+// there was one.
+func PeerFromContext(ctx context.Context) (Peer, bool) {
+	p, ok := ctx.Value(peerKey{}).(Peer)
+	return p, ok
+}
