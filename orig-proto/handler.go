@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/rw"
 )
 
@@ -20,9 +21,9 @@ type handlerOptionFunc func(*handler)
 func (f handlerOptionFunc) applyHandler(h *handler) { f(h) }
 
 // WithTrust sets the policy that decides whether a request comes from a
-// mesh peer, whose l5d-* headers are honoured. The default trusts loopback
-// and the networks of [WithTrustedNetworks]; an identity-based policy (a
-// verified TLS peer) plugs in here.
+// mesh peer, whose l5d-* headers are honoured. The default trusts a client
+// with a verified mesh identity ([identity.PeerFromContext]), loopback and
+// the networks of [WithTrustedNetworks].
 func WithTrust(trusted func(*http.Request) bool) HandlerOption {
 	return handlerOptionFunc(func(h *handler) {
 		if trusted != nil {
@@ -60,6 +61,9 @@ func NewHandler(next http.Handler, opts ...HandlerOption) http.Handler {
 }
 
 func (h *handler) defaultTrust(r *http.Request) bool {
+	if p, ok := identity.PeerFromContext(r.Context()); ok && p.ID != "" {
+		return true // an authenticated meshed peer
+	}
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		host, _, err := net.SplitHostPort(r.RemoteAddr)

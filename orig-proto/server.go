@@ -23,6 +23,12 @@ import (
 // malformed in ways net/http lets through (see [CheckHTTP2Request]), and
 // runs HTTP/1 requests full duplex, so that a response can go out while
 // the request body is still arriving.
+//
+// On a [MeshTLSListener] (under the guard), each request of a meshed TLS
+// connection carries its client's verified identity in its context
+// ([identity.PeerFromContext]) and in l5d-client-id; a l5d-client-id that
+// a client sends itself is removed, on TLS and plaintext connections
+// alike.
 func NewServer(h http.Handler) *http.Server {
 	srv := &http.Server{
 		Handler:           serverHandler{h},
@@ -44,6 +50,10 @@ func NewServer(h http.Handler) *http.Server {
 			} else if d := srv.ReadTimeout; d > 0 {
 				g.headerTimeout = d
 			}
+			c = g.Conn
+		}
+		if pc, ok := c.(peerConn); ok {
+			ctx = context.WithValue(ctx, connKey{}, pc)
 		}
 		return ctx
 	}
@@ -55,6 +65,7 @@ func NewServer(h http.Handler) *http.Server {
 type serverHandler struct{ next http.Handler }
 
 func (s serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r = withPeer(r)
 	if r.ProtoMajor == 1 {
 		_ = http.NewResponseController(w).EnableFullDuplex() // ErrNotSupported: nothing to do
 	} else if err := CheckHTTP2Request(r); err != nil {

@@ -1,0 +1,192 @@
+package origproto
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/inmesh/inmesh/identity"
+)
+
+// MeshTLSListener returns a listener whose connections serve meshed mTLS
+// and plaintext on one port, told apart by their first byte: a connection
+// that opens with a TLS handshake record is a TLS client, whose ClientHello
+// must name local's identity as SNI (another name fails the handshake);
+// its TLS is terminated with local's [identity.Local.ServerConfig] and the
+// HTTP inside is served as on plaintext (HTTP/1, or HTTP/2 with prior
+// knowledge, which is what Linkerd's proxies send inside mTLS, with no
+// ALPN). Anything else is served as plaintext, unchanged.
+//
+// Detection happens on the connection's first read, in the goroutine that
+// serves it, so a slow or silent client holds nothing but its own
+// connection; the server's read deadlines bound it. Wrap the result in
+// [GuardListener] (the guard then sees the decrypted bytes) and serve it
+// with [NewServer], which gives each request its peer
+// ([identity.PeerFromContext]) and l5d-client-id.
+func MeshTLSListener(ln net.Listener, local *identity.Local) net.Listener {
+	cfg := local.ServerConfig()
+	name := local.Name()
+	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		if hello.ServerName != name {
+			return nil, fmt.Errorf("origproto: TLS for %q is not for the local identity", hello.ServerName)
+		}
+		return nil, nil
+	}
+	return &meshTLSListener{Listener: ln, cfg: cfg}
+}
+
+type meshTLSListener struct {
+	net.Listener
+	cfg *tls.Config
+}
+
+func (l *meshTLSListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &meshConn{Conn: c, cfg: l.cfg}, nil
+}
+
+// tlsRecordHandshake is the first byte of a TLS connection: the content
+// type of the record that carries the ClientHello.
+const tlsRecordHandshake = 0x16
+
+// meshConn is a connection whose protocol (meshed TLS or plaintext) is
+// decided by its first byte, on its first read or write.
+type meshConn struct {
+	net.Conn
+	cfg *tls.Config
+
+	once sync.Once
+	err  error
+	tls  *tls.Conn
+	peer identity.Peer
+	// first is the byte read to decide, handed on by the next Read of a
+	// plaintext connection.
+	first    [1]byte
+	hasFirst bool
+}
+
+// ErrTLSHandshake wraps the error of a meshed TLS handshake that failed.
+var ErrTLSHandshake = errors.New("origproto: meshed TLS handshake failed")
+
+func (c *meshConn) detect() {
+	if _, err := io.ReadFull(c.Conn, c.first[:]); err != nil {
+		c.err = err
+		return
+	}
+	c.hasFirst = true
+	if c.first[0] != tlsRecordHandshake {
+		return
+	}
+	c.hasFirst = false
+	c.tls = tls.Server(&prefixConn{Conn: c.Conn, prefix: c.first[:]}, c.cfg)
+	if err := c.tls.Handshake(); err != nil {
+		c.err = fmt.Errorf("%w: %v", ErrTLSHandshake, err)
+		return
+	}
+	cs := c.tls.ConnectionState()
+	c.peer = identity.PeerFromState(&cs)
+}
+
+func (c *meshConn) Read(b []byte) (int, error) {
+	c.once.Do(c.detect)
+	switch {
+	case c.err != nil:
+		return 0, c.err
+	case c.tls != nil:
+		return c.tls.Read(b)
+	case c.hasFirst:
+		if len(b) == 0 {
+			return 0, nil
+		}
+		b[0], c.hasFirst = c.first[0], false
+		return 1, nil
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *meshConn) Write(b []byte) (int, error) {
+	c.once.Do(c.detect)
+	switch {
+	case c.err != nil:
+		return 0, c.err
+	case c.tls != nil:
+		return c.tls.Write(b)
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *meshConn) Close() error {
+	if c.tls != nil {
+		return c.tls.Close()
+	}
+	return c.Conn.Close()
+}
+
+// Peer returns what the connection's TLS says of the client: the zero Peer
+// for plaintext.
+func (c *meshConn) Peer() identity.Peer {
+	c.once.Do(c.detect)
+	return c.peer
+}
+
+// prefixConn reads prefix before the rest of its connection.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(b, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}
+
+// peerConn is a connection that knows its client's identity.
+type peerConn interface{ Peer() identity.Peer }
+
+type connKey struct{}
+
+// peerOf returns the peer of the connection a request came on, as
+// [NewServer] recorded it; the zero Peer for plaintext.
+func peerOf(ctx context.Context) identity.Peer {
+	if pc, ok := ctx.Value(connKey{}).(peerConn); ok {
+		return pc.Peer()
+	}
+	return identity.Peer{}
+}
+
+// ClientIDHeader is the request header in which the inbound side gives the
+// application its client's verified identity, as Linkerd's proxy does.
+const ClientIDHeader = "L5d-Client-Id"
+
+// withPeer returns r with its connection's peer in its context and
+// l5d-client-id set to the client's verified identity, or removed when
+// there is none (so that no client can send one of its own).
+func withPeer(r *http.Request) *http.Request {
+	p := peerOf(r.Context())
+	_, sent := r.Header[ClientIDHeader]
+	if !p.TLS && !sent {
+		return r
+	}
+	ctx := r.Context()
+	if p.TLS {
+		ctx = identity.WithPeer(ctx, p)
+	}
+	r = r.Clone(ctx)
+	delete(r.Header, ClientIDHeader)
+	if p.ID != "" {
+		r.Header[ClientIDHeader] = []string{p.ID}
+	}
+	return r
+}
