@@ -352,6 +352,9 @@ func (b *Balancer) wait(req *http.Request, a *authority, s *snapshot) (*snapshot
 func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool) (*http.Response, error) {
 	b := t.b
 	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
+	if e.Identity != "" {
+		ctx = origproto.WithServerIdentity(ctx, e.Identity) // mTLS to it, never plaintext
+	}
 	if e.labels != nil {
 		ctx = classify.WithLabels(ctx, e.labels)
 	}

@@ -178,7 +178,7 @@ func TestCertifyChecksTheServiceIdentity(t *testing.T) {
 	require.NoError(t, err)
 	defer cc.Close()
 	err = identity.NewCertifier(l, cc, m.tokenFile(t, booksTok)).Certify(context.Background())
-	assert.ErrorContains(t, err, "server is not "+svcName)
+	assert.ErrorContains(t, err, "cannot verify the server as "+svcName)
 	assert.Nil(t, l.Certificate())
 }
 

@@ -59,9 +59,10 @@ func (l *Local) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate
 	return &tls.Certificate{}, nil // no certificate to send
 }
 
-// IdentityError is the error of a handshake whose server is not the
-// identity expected: its chain does not lead to the anchors, or its leaf
-// does not carry the identity.
+// IdentityError is the error of a handshake that did not prove the server
+// to be the identity expected: its chain does not lead to the anchors, its
+// leaf does not carry the identity, or the handshake failed before that
+// could be checked (a server refuses a ClientHello for a name it is not).
 type IdentityError struct {
 	// Expected is the server identity the client required.
 	Expected string
@@ -69,7 +70,7 @@ type IdentityError struct {
 }
 
 func (e *IdentityError) Error() string {
-	return fmt.Sprintf("identity: server is not %s: %v", e.Expected, e.Err)
+	return fmt.Sprintf("identity: cannot verify the server as %s: %v", e.Expected, e.Err)
 }
 
 func (e *IdentityError) Unwrap() error { return e.Err }

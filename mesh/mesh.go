@@ -24,6 +24,7 @@ import (
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/transport"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/policy"
@@ -55,6 +56,7 @@ type config struct {
 	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
 	local          []string
 	conns          transport.Limits // see transport.go
+	identity       *identity.Local
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -146,6 +148,22 @@ func WithLocalAuthorities(authorities ...string) Option {
 	return optionFunc(func(c *config) { c.local = append(c.local, authorities...) })
 }
 
+// WithIdentity makes the stacks meshed mTLS peers with the identity local:
+// the outbound stack reaches every endpoint that discovery gives an
+// identity only over mTLS that verifies it (never in plaintext), presenting
+// local's certificate; the inbound stack's [Server.Listener] terminates
+// mTLS whose SNI is local's name on the same port as plaintext, and gives
+// the application the client's verified identity (l5d-client-id,
+// identity.PeerFromContext). Without it, nothing is encrypted and endpoint
+// identities are ignored; nil changes nothing.
+func WithIdentity(local *identity.Local) Option {
+	return optionFunc(func(c *config) {
+		if local != nil {
+			c.identity = local
+		}
+	})
+}
+
 func newConfig(opts []Option) config {
 	var c config
 	for _, o := range opts {
@@ -189,6 +207,7 @@ type Client struct {
 	balancer *balancer.Balancer
 	h1       *transport.Recycling
 	h2       *http.Transport
+	peers    *origproto.Transport
 }
 
 // NewClient returns the outbound stack. Requests are addressed by Host to a
@@ -202,8 +221,12 @@ func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
 	cl := &Client{profiles: profiles.NewRouter(c.source, c.routerOptions()...)}
 	cl.h1, cl.h2 = c.transports()
-	var next http.RoundTripper = classify.NewTransport(
-		origproto.NewTransport(origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2)), c.classifyOptions()...)
+	topts := []origproto.Option{origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2), origproto.WithDialContext(c.dial)}
+	if c.identity != nil {
+		topts = append(topts, origproto.WithClientIdentity(c.identity))
+	}
+	cl.peers = origproto.NewTransport(topts...)
+	var next http.RoundTripper = classify.NewTransport(cl.peers, c.classifyOptions()...)
 	ropts := []router.Option{router.WithProfileRouter(cl.profiles), router.WithPolicies(c.policies),
 		router.WithMeterProvider(c.mp), router.WithLogger(c.logger), router.WithMaxAuthorities(c.maxAuthorities),
 		router.WithIdleTimeout(c.idleTimeout)}
@@ -243,14 +266,25 @@ func (c *Client) Close() {
 	if c.balancer != nil {
 		c.balancer.Close()
 	}
-	c.h1.CloseIdleConnections()
-	c.h2.CloseIdleConnections()
+	c.peers.CloseIdleConnections()
 }
 
 // Server is the inbound stack around an application handler.
 type Server struct {
 	http.Handler
-	router *profiles.Router
+	router   *profiles.Router
+	identity *identity.Local
+}
+
+// Listener returns ln as the server must be served on it, with
+// origproto.NewServer: guarded against ambiguous framing
+// (origproto.GuardListener) and, with [WithIdentity], serving meshed mTLS
+// beside plaintext (origproto.MeshTLSListener).
+func (s *Server) Listener(ln net.Listener) net.Listener {
+	if s.identity != nil {
+		ln = origproto.MeshTLSListener(ln, s.identity)
+	}
+	return origproto.GuardListener(ln)
 }
 
 // NewServer returns the inbound stack around app. Serve it with
@@ -261,7 +295,8 @@ type Server struct {
 // (which is an http.Handler).
 func NewServer(app http.Handler, opts ...Option) *Server {
 	c := newConfig(opts)
-	s := &Server{router: profiles.NewRouter(c.source, append(c.routerOptions(), profiles.WithLocalAuthorities(c.local...))...)}
+	s := &Server{router: profiles.NewRouter(c.source, append(c.routerOptions(), profiles.WithLocalAuthorities(c.local...))...),
+		identity: c.identity}
 	var hopts []origproto.HandlerOption
 	if c.trust != nil {
 		hopts = append(hopts, origproto.WithTrust(c.trust))

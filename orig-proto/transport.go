@@ -3,8 +3,10 @@ package origproto
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/transport"
@@ -73,13 +75,16 @@ func WithH2(rt http.RoundTripper) Option {
 type Transport struct {
 	h1, h2 http.RoundTripper
 	hint   func(*http.Request) bool
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	tls    *tlsTransports // nil without a client identity
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
 // NewTransport returns a Transport.
 func NewTransport(opts ...Option) *Transport {
-	t := &Transport{hint: func(*http.Request) bool { return false }}
+	t := &Transport{hint: func(*http.Request) bool { return false },
+		dial: (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(t)
@@ -125,18 +130,25 @@ func IsGRPC(r *http.Request) bool { return proxyerr.IsGRPC(r) }
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	h1, h2 := t.h1, t.h2
+	if t.tls != nil {
+		if id := ServerIdentityFromContext(r.Context()); id != "" {
+			p := t.tls.get(id)
+			h1, h2 = p.h1, p.h2
+		}
+	}
 	if HTTP2Only(r) {
-		return t.h2.RoundTrip(r)
+		return h2.RoundTrip(r)
 	}
 	peer, ok := PeerFromContext(r.Context())
 	if !ok {
 		peer = t.hint(r)
 	}
 	if !peer || !Eligible(r) {
-		return t.h1.RoundTrip(r)
+		return h1.RoundTrip(r)
 	}
 	up, p := upgrade(r)
-	resp, err := t.h2.RoundTrip(up)
+	resp, err := h2.RoundTrip(up)
 	if err != nil {
 		return nil, &UpgradeError{Err: err}
 	}
@@ -157,6 +169,20 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	resp.Request = r
 	return resp, nil
+}
+
+// CloseIdleConnections closes the idle connections of the transports the
+// Transport made itself (its mTLS ones) and of those it was given that
+// have the method.
+func (t *Transport) CloseIdleConnections() {
+	for _, rt := range []http.RoundTripper{t.h1, t.h2} {
+		if c, ok := rt.(interface{ CloseIdleConnections() }); ok {
+			c.CloseIdleConnections()
+		}
+	}
+	if t.tls != nil {
+		t.tls.closeIdle()
+	}
 }
 
 // upgrade returns the HTTP/2 form of an eligible HTTP/1 request: a copy

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	origproto "github.com/inmesh/inmesh/orig-proto"
@@ -49,16 +50,23 @@ func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error)
 	default:
 		l.rl.Warn(l.name+"/"+kind, "proxy error", "listener", l.name, "kind", kind, "error", err)
 	}
+	msg := "upstream request failed: " + kind
+	if kind == "identity" {
+		msg += ": " + err.Error() // which identity could not be verified, and why
+	}
 	// A gRPC client reads the error as a gRPC status (UNAVAILABLE,
 	// DEADLINE_EXCEEDED), as Linkerd's proxy answers it.
-	proxyerr.Write(w, r, code, "upstream request failed: "+kind)
+	proxyerr.Write(w, r, code, msg)
 }
 
 func kindOf(err error) string {
 	var upgrade *origproto.UpgradeError
 	var op *net.OpError
 	var ne net.Error
+	var id *identity.IdentityError
 	switch {
+	case errors.As(err, &id):
+		return "identity"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
 	case errors.As(err, &upgrade):

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/inmesh/inmesh/identity"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -106,9 +108,28 @@ func TestKind(t *testing.T) {
 		{context.DeadlineExceeded, "timeout"},
 		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, "dial"},
 		{errors.New("EOF"), "other"},
+		{&identity.IdentityError{Expected: "books.default.serviceaccount.identity.linkerd.cluster.local", Err: identity.ErrWrongName}, "identity"},
 	} {
 		assert.Equal(t, tc.want, kindOf(tc.err), "%v", tc.err)
 	}
+}
+
+// A request that failed the server's identity check is answered 502 with
+// l5d-proxy-error naming the identity; to a gRPC client, UNAVAILABLE.
+func TestErrorHandlerNamesTheIdentityCheck(t *testing.T) {
+	l := New(slog.New(slog.NewTextHandler(io.Discard, nil)), "outbound")
+	err := &identity.IdentityError{Expected: "books.default.serviceaccount.identity.linkerd.cluster.local", Err: identity.ErrWrongName}
+	w := httptest.NewRecorder()
+	l.ErrorHandler(w, httptest.NewRequest("GET", "/", nil), err)
+	assert.Equal(t, http.StatusBadGateway, w.Code)
+	assert.Contains(t, w.Header().Get("L5d-Proxy-Error"), "cannot verify the server as books.default.serviceaccount.identity.linkerd.cluster.local")
+
+	req := httptest.NewRequest("POST", "/pkg.Svc/M", nil)
+	req.Header.Set("Content-Type", "application/grpc")
+	w = httptest.NewRecorder()
+	l.ErrorHandler(w, req, err)
+	assert.Equal(t, http.StatusOK, w.Code)
+	assert.Equal(t, "14", w.Header().Get("Grpc-Status"))
 }
 
 func TestErrorLogKeysByOperation(t *testing.T) {

@@ -1,0 +1,125 @@
+package mesh
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
+	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/proxyapi/identitypb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+const (
+	booksID   = "books.default.serviceaccount.identity.linkerd.cluster.local"
+	webID     = "web.default.serviceaccount.identity.linkerd.cluster.local"
+	reviewsID = "reviews.default.serviceaccount.identity.linkerd.cluster.local"
+)
+
+// certify returns the identity name certified by a fresh issuer's chain,
+// in process; all identities of one test share anchors.
+type pki struct {
+	anchors *x509.CertPool
+	issuer  *controlplane.Issuer
+}
+
+func newPKI(t *testing.T) *pki {
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	iss, err := root.NewIntermediate("issuer", time.Hour)
+	require.NoError(t, err)
+	p := &pki{anchors: x509.NewCertPool()}
+	p.anchors.AddCert(root.Cert)
+	p.issuer, err = controlplane.NewIssuer(p.anchors, [][]byte{iss.DER}, iss.Key,
+		controlplane.StaticTokens{booksID: booksID, webID: webID, reviewsID: reviewsID}, controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	return p
+}
+
+func (p *pki) certify(t *testing.T, name string) *identity.Local {
+	l, err := identity.NewLocal(name, p.anchors)
+	require.NoError(t, err)
+	resp, err := p.issuer.Certify(context.Background(), &identitypb.CertifyRequest{
+		Identity: name, Token: []byte(name), CertificateSigningRequest: l.CSR()})
+	require.NoError(t, err)
+	require.NoError(t, l.SetCertificate(resp.LeafCertificate, resp.IntermediateCertificates))
+	return l
+}
+
+// Two peers with identities: the request crosses as mTLS (the server's
+// certificate carries its identity), the application sees the client's
+// identity in l5d-client-id; a plaintext client of the same port is
+// served without one, even when it sends one; an endpoint whose advertised
+// identity differs from its certificate's fails with an identity error,
+// and nothing reaches the application in plaintext.
+func TestMeshedMTLS(t *testing.T) {
+	p := newPKI(t)
+	var reached atomic.Int32
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		peer, _ := identity.PeerFromContext(r.Context())
+		io.WriteString(w, r.Proto+" "+r.Header.Get("L5d-Client-Id")+" tls="+boolText(peer.TLS))
+	})
+	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+	defer server.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := origproto.NewServer(server)
+	srv.ErrorLog = quietLog
+	go srv.Serve(server.Listener(lis))
+	defer srv.Close()
+	addr := netip.MustParseAddrPort(lis.Addr().String())
+
+	const books, wrong = "books.default.svc.cluster.local:7000", "wrong.default.svc.cluster.local:7000"
+	eps, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+		books: {{Addr: addr, H2: true, Identity: booksID}},
+		wrong: {{Addr: addr, H2: true, Identity: reviewsID}},
+	})
+	require.NoError(t, err)
+	client := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(noop.NewMeterProvider()),
+		WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
+	defer client.Close()
+	hc := &http.Client{Transport: client, Timeout: testutil.Timeout}
+
+	resp, err := hc.Get("http://" + books + "/")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "HTTP/1.1 "+webID+" tls=true", string(body), "upgraded inside mTLS, the client's identity for the app")
+
+	// A plaintext client on the same port, sending a l5d-client-id.
+	req, _ := http.NewRequest("GET", "http://"+lis.Addr().String()+"/", nil)
+	req.Header.Set("L5d-Client-Id", "admin.default.serviceaccount.identity.linkerd.cluster.local")
+	resp, err = testutil.NewTransport(t, testutil.H1).RoundTrip(req)
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "HTTP/1.1  tls=false", string(body), "served, without a client identity")
+
+	before := reached.Load()
+	_, err = hc.Get("http://" + wrong + "/")
+	var idErr *identity.IdentityError
+	require.True(t, errors.As(err, &idErr), "%v", err)
+	assert.Equal(t, reviewsID, idErr.Expected)
+	assert.Equal(t, before, reached.Load(), "nothing reached the app in plaintext")
+}
+
+func boolText(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
