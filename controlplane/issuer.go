@@ -11,8 +11,10 @@ import (
 	"log/slog"
 	"math/big"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -273,6 +275,43 @@ type StaticTokens map[string]string
 // Validate implements TokenValidator.
 func (t StaticTokens) Validate(_ context.Context, token []byte) (string, error) {
 	if id, ok := t[string(token)]; ok {
+		return id, nil
+	}
+	return "", fmt.Errorf("%w: unknown token", ErrNotAuthenticated)
+}
+
+// Tokens is a [TokenValidator] over the entries of a tokens file
+// (manifest.ParseTokens), replaced whole by each Set, as the file changes:
+// each token proves its service account's identity under the control
+// plane's namespace and trust domain. It is safe for concurrent use; its
+// zero value is not usable.
+type Tokens struct {
+	controlNamespace, trustDomain string
+	m                             atomic.Pointer[map[string]string]
+}
+
+// NewTokens returns Tokens with no entries yet, for identities under
+// controlNamespace (Linkerd's default: linkerd) and trustDomain (default:
+// cluster.local).
+func NewTokens(controlNamespace, trustDomain string) *Tokens {
+	t := &Tokens{controlNamespace: controlNamespace, trustDomain: trustDomain}
+	t.m.Store(&map[string]string{})
+	return t
+}
+
+// Set replaces the entries.
+func (t *Tokens) Set(entries []manifest.Token) {
+	m := make(map[string]string, len(entries))
+	for _, e := range entries {
+		m[e.Token] = ServiceAccountIdentity(e.ServiceAccount, e.Namespace, t.controlNamespace, t.trustDomain)
+	}
+	t.m.Store(&m)
+}
+
+// Validate implements TokenValidator: a token not in the entries proves
+// nothing (ErrNotAuthenticated).
+func (t *Tokens) Validate(_ context.Context, token []byte) (string, error) {
+	if id, ok := (*t.m.Load())[string(token)]; ok {
 		return id, nil
 	}
 	return "", fmt.Errorf("%w: unknown token", ErrNotAuthenticated)

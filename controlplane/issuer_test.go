@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -198,4 +199,22 @@ func TestNewIssuerRejects(t *testing.T) {
 	assert.Error(t, err)
 	_, err = NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, nil)
 	assert.Error(t, err)
+}
+
+// Tokens from a tokens file prove service-account identities under the
+// control plane's namespace and trust domain; a Set replaces them whole.
+func TestTokens(t *testing.T) {
+	tokens := NewTokens("linkerd", "cluster.local")
+	tokens.Set([]manifest.Token{{Token: "t1", ServiceAccount: "books", Namespace: "default"}})
+	id, err := tokens.Validate(context.Background(), []byte("t1"))
+	require.NoError(t, err)
+	assert.Equal(t, books, id)
+	_, err = tokens.Validate(context.Background(), []byte("t2"))
+	assert.ErrorIs(t, err, ErrNotAuthenticated)
+	tokens.Set([]manifest.Token{{Token: "t2", ServiceAccount: "authors", Namespace: "default"}})
+	_, err = tokens.Validate(context.Background(), []byte("t1"))
+	assert.ErrorIs(t, err, ErrNotAuthenticated, "the old entry is gone")
+	id, err = tokens.Validate(context.Background(), []byte("t2"))
+	require.NoError(t, err)
+	assert.Equal(t, authors, id)
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -28,6 +29,11 @@ const (
 
 // certifiedPair returns two identities certified by one issuer in process.
 func certifiedPair(t testing.TB) (server, client *identity.Local, anchors *x509.CertPool) {
+	server, client, anchors, _, _ = certifiedPairWithIssuer(t)
+	return server, client, anchors
+}
+
+func certifiedPairWithIssuer(t testing.TB) (server, client *identity.Local, anchors *x509.CertPool, issuer *controlplane.Issuer, root *controlplane.CA) {
 	t.Helper()
 	root, err := controlplane.NewRootCA("root", time.Hour)
 	require.NoError(t, err)
@@ -35,8 +41,8 @@ func certifiedPair(t testing.TB) (server, client *identity.Local, anchors *x509.
 	require.NoError(t, err)
 	anchors = x509.NewCertPool()
 	anchors.AddCert(root.Cert)
-	issuer, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key,
-		controlplane.StaticTokens{"b": booksID, "a": authorsID})
+	issuer, err = controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key,
+		controlplane.StaticTokens{"b": booksID, "a": authorsID}, controlplane.WithIssuerLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	require.NoError(t, err)
 	certify := func(name, token string) *identity.Local {
 		l, err := identity.NewLocal(name, anchors)
@@ -46,7 +52,7 @@ func certifiedPair(t testing.TB) (server, client *identity.Local, anchors *x509.
 		require.NoError(t, l.SetCertificate(resp.LeafCertificate, resp.IntermediateCertificates))
 		return l
 	}
-	return certify(booksID, "b"), certify(authorsID, "a"), anchors
+	return certify(booksID, "b"), certify(authorsID, "a"), anchors, issuer, root
 }
 
 // meshTLSServer serves an application that reports what it saw of each
