@@ -7,10 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	xcredentials "google.golang.org/grpc/experimental/credentials"
@@ -55,6 +60,18 @@ func WithLogger(l *slog.Logger) Option {
 	})
 }
 
+// WithMeterProvider sets where the Certifier's metrics go (default: the
+// global provider): control_identity_cert_expiration_timestamp_seconds,
+// control_identity_cert_refresh_timestamp_seconds and
+// control_identity_cert_refreshes_total{result="ok"|"error"}, the names
+// and labels of Linkerd's proxy.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *Certifier) { c.mp = mp })
+}
+
+// ScopeName is the instrumentation scope of the identity metrics.
+const ScopeName = "github.com/inmesh/inmesh/identity"
+
 // Certifier keeps a [Local] identity certified by an Identity service.
 type Certifier struct {
 	local     *Local
@@ -62,6 +79,12 @@ type Certifier struct {
 	tokenFile string
 	min, max  time.Duration
 	log       *slog.Logger
+	mp        metric.MeterProvider
+
+	meter       metric.Meter
+	refreshes   metric.Int64Counter
+	ok, failed  metric.AddOption
+	lastRefresh atomic.Int64 // unix nanoseconds of the last certificate installed
 }
 
 // NewCertifier returns a Certifier of local that calls the Identity
@@ -79,7 +102,42 @@ func NewCertifier(local *Local, conn grpc.ClientConnInterface, tokenFile string,
 	if c.max < c.min {
 		c.max = c.min
 	}
+	c.meter = metrics.Meter(c.mp, ScopeName)
+	var err error
+	if c.refreshes, err = c.meter.Int64Counter("control_identity_cert_refreshes_total",
+		metric.WithDescription("The total number of times the identity certificate was refreshed, by result.")); err != nil {
+		otel.Handle(err)
+	}
+	c.ok = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "ok")))
+	c.failed = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "error")))
 	return c
+}
+
+// observe reports the certificate's expiry and last refresh while Run
+// runs; the returned function unregisters them.
+func (c *Certifier) observe() func() {
+	exp, err1 := c.meter.Float64ObservableGauge("control_identity_cert_expiration_timestamp_seconds",
+		metric.WithDescription("Time when this proxy's current mTLS identity certificate will expire (in seconds since the UNIX epoch)."))
+	ref, err2 := c.meter.Float64ObservableGauge("control_identity_cert_refresh_timestamp_seconds",
+		metric.WithDescription("Time when this proxy's current mTLS identity certificate was last refreshed (in seconds since the UNIX epoch)."))
+	if err := errors.Join(err1, err2); err != nil {
+		otel.Handle(err)
+		return func() {}
+	}
+	reg, err := c.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if e := c.local.Expiry(); !e.IsZero() {
+			o.ObserveFloat64(exp, float64(e.UnixNano())/1e9)
+		}
+		if r := c.lastRefresh.Load(); r != 0 {
+			o.ObserveFloat64(ref, float64(r)/1e9)
+		}
+		return nil
+	}, exp, ref)
+	if err != nil {
+		otel.Handle(err)
+		return func() {}
+	}
+	return func() { _ = reg.Unregister() }
 }
 
 // Run certifies the identity, then again each time [RefreshIn] says, until
@@ -87,6 +145,7 @@ func NewCertifier(local *Local, conn grpc.ClientConnInterface, tokenFile string,
 // again after the minimum refresh interval while the current certificate
 // stays in use.
 func (c *Certifier) Run(ctx context.Context) error {
+	defer c.observe()()
 	for {
 		if err := c.Certify(ctx); err != nil && ctx.Err() == nil {
 			c.log.Warn("identity: certification failed; the current certificate stays in use",
@@ -100,6 +159,21 @@ func (c *Certifier) Run(ctx context.Context) error {
 
 // Certify makes one Certify call and installs the certificate it returns.
 func (c *Certifier) Certify(ctx context.Context) error {
+	err := c.certify(ctx)
+	if c.refreshes != nil {
+		result := c.ok
+		if err != nil {
+			result = c.failed
+		}
+		c.refreshes.Add(ctx, 1, result)
+	}
+	if err == nil {
+		c.lastRefresh.Store(c.local.now().UnixNano())
+	}
+	return err
+}
+
+func (c *Certifier) certify(ctx context.Context) error {
 	token, err := os.ReadFile(c.tokenFile)
 	if err != nil {
 		return fmt.Errorf("identity: reading the token: %w", err)

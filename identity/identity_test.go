@@ -18,6 +18,8 @@ import (
 	"github.com/inmesh/inmesh/identity"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -367,4 +369,63 @@ func TestParseAnchors(t *testing.T) {
 	assert.ErrorIs(t, err, identity.ErrNoAnchors)
 	_, err = identity.ParseAnchors(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("junk")}))
 	assert.Error(t, err)
+}
+
+// The Certifier's metrics, with Linkerd's proxy's names and labels
+// (linkerd2-proxy linkerd/identity/src/metrics.rs under the
+// control_identity prefix): the expiry of the current certificate, the
+// time of the last refresh, and refreshes counted by result.
+func TestCertifierMetrics(t *testing.T) {
+	m := newMesh(t)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	l, err := identity.NewLocal(books, m.anchors)
+	require.NoError(t, err)
+	token := m.tokenFile(t, "not-a-token")
+	c := identity.NewCertifier(l, m.dial(t, l), token, identity.WithLogger(quiet), identity.WithMeterProvider(mp),
+		identity.WithRefreshBounds(10*time.Millisecond, time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	require.Eventually(t, func() bool { return counted(t, reader, "error") >= 1 }, timeout, 5*time.Millisecond)
+	require.NoError(t, os.WriteFile(token, []byte(booksTok), 0o600))
+	select {
+	case <-l.Ready():
+	case <-time.After(timeout):
+		t.Fatal("never certified")
+	}
+	require.Eventually(t, func() bool { return counted(t, reader, "ok") == 1 }, timeout, 5*time.Millisecond)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	gauges := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if g, ok := mt.Data.(metricdata.Gauge[float64]); ok && len(g.DataPoints) == 1 {
+				gauges[mt.Name] = g.DataPoints[0].Value
+			}
+		}
+	}
+	assert.InDelta(t, float64(l.Expiry().Unix()), gauges["control_identity_cert_expiration_timestamp_seconds"], 1)
+	assert.NotZero(t, gauges["control_identity_cert_refresh_timestamp_seconds"])
+	cancel()
+	<-done
+}
+
+// counted returns control_identity_cert_refreshes_total{result}.
+func counted(t *testing.T, reader *sdkmetric.ManualReader, result string) int64 {
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if s, ok := mt.Data.(metricdata.Sum[int64]); ok && mt.Name == "control_identity_cert_refreshes_total" {
+				for _, dp := range s.DataPoints {
+					if v, _ := dp.Attributes.Value("result"); v.AsString() == result {
+						return dp.Value
+					}
+				}
+			}
+		}
+	}
+	return 0
 }
