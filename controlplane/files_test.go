@@ -1,0 +1,93 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/identity"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// An empty identity directory gets a new anchor and issuer, which load
+// again as they were written and sign certificates that chain to the
+// anchor; a directory with only some of the files is an error naming the
+// missing ones.
+func TestLoadIdentityDir(t *testing.T) {
+	dir := t.TempDir()
+	d, created, err := LoadIdentityDir(dir)
+	require.NoError(t, err)
+	assert.True(t, created)
+	again, created, err := LoadIdentityDir(dir)
+	require.NoError(t, err)
+	assert.False(t, created, "loaded, not made again")
+	assert.Equal(t, d.Chain, again.Chain)
+	info, err := os.Stat(filepath.Join(dir, IssuerKeyFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "the key is private")
+
+	issuer, err := NewIssuer(again.Anchors, again.Chain, again.Key, StaticTokens{}, WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	svc, err := identity.NewLocal(IdentityServiceName("linkerd", "cluster.local"), again.Anchors)
+	require.NoError(t, err)
+	require.NoError(t, issuer.CertifyLocal(svc))
+	assert.Equal(t, "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local", svc.Name())
+
+	require.NoError(t, os.Remove(filepath.Join(dir, IssuerKeyFile)))
+	_, _, err = LoadIdentityDir(dir)
+	assert.ErrorContains(t, err, IssuerKeyFile)
+}
+
+// The tokens file is reloaded once a change settles; a bad edit is refused
+// and the last good tokens stay in force.
+func TestWatchTokens(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("- {token: t1, serviceAccount: books, namespace: default}\n"), 0o600))
+	tokens := NewTokens("linkerd", "cluster.local")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	require.NoError(t, WatchTokens(ctx, tokens, path, 10*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil))))
+	id, err := tokens.Validate(ctx, []byte("t1"))
+	require.NoError(t, err)
+	assert.Equal(t, books, id)
+
+	require.NoError(t, os.WriteFile(path, []byte("- {token: t2, serviceAccount: authors, namespace: default}\n"), 0o600))
+	require.Eventually(t, func() bool { id, err := tokens.Validate(ctx, []byte("t2")); return err == nil && id == authors },
+		30*time.Second, 5*time.Millisecond)
+	require.NoError(t, os.WriteFile(path, []byte("- {token: t3}\n"), 0o600))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "[0].serviceAccount: required") },
+		30*time.Second, 5*time.Millisecond, "the bad edit is refused, naming the field")
+	_, err = tokens.Validate(ctx, []byte("t2"))
+	assert.NoError(t, err, "the last good tokens stay in force")
+	_, err = tokens.Validate(ctx, []byte("t3"))
+	assert.ErrorIs(t, err, ErrNotAuthenticated)
+
+	_, err = os.Stat(filepath.Join(t.TempDir(), "none"))
+	require.Error(t, err)
+	assert.Error(t, WatchTokens(ctx, tokens, filepath.Join(t.TempDir(), "none"), time.Second, quiet), "a missing file fails the first load")
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
