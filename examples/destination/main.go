@@ -6,6 +6,15 @@
 //
 //	go run ./examples/destination -listen 127.0.0.1:8086 -profiles DIR -endpoints FILE -policies DIR
 //
+// With -identity-dir it also serves Linkerd's Identity API (Certify) over
+// TLS on -identity-listen, with the identity service's own name
+// (linkerd-identity.NS.serviceaccount.identity.NS.TRUSTDOMAIN), issuing
+// certificates from the directory's issuer (ca.crt, issuer.crt,
+// issuer.key; made there, and the path printed, when the directory holds
+// none of them) to the workloads whose tokens -identity-tokens lists:
+//
+//	go run ./examples/destination ... -identity-dir DIR -identity-tokens FILE
+//
 // A bad file is logged with its file, document and field, and the last good
 // version stays served. On SIGTERM or SIGINT it ends every open stream, so
 // that proxies re-subscribe at once (to its replacement), and exits within
@@ -20,11 +29,15 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/identity"
 	"google.golang.org/grpc"
+	xcredentials "google.golang.org/grpc/experimental/credentials"
 )
 
 func main() {
@@ -33,17 +46,32 @@ func main() {
 	endpoints := flag.String("endpoints", "", "endpoints YAML file")
 	policies := flag.String("policies", "", "directory of Service, HTTPRoute and GRPCRoute YAML files (OutboundPolicies API)")
 	interval := flag.Duration("interval", 500*time.Millisecond, "how often to check the files for changes")
+	var id identityFlags
+	flag.StringVar(&id.dir, "identity-dir", "", "directory of the trust anchors and issuer (ca.crt, issuer.crt, issuer.key; made when empty): serve the Identity API")
+	flag.StringVar(&id.tokens, "identity-tokens", "", "tokens file: YAML list of token, serviceAccount, namespace")
+	flag.DurationVar(&id.lifetime, "identity-lifetime", controlplane.DefaultIssuanceLifetime, "lifetime of issued certificates")
+	flag.StringVar(&id.listen, "identity-listen", "127.0.0.1:8083", "address to serve the Identity API on (TLS)")
+	flag.StringVar(&id.trustDomain, "trust-domain", "cluster.local", "identity trust domain")
+	flag.StringVar(&id.namespace, "identity-namespace", "linkerd", "the control plane's namespace, in identity names")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*listen, *profilesDir, *endpoints, *policies, *interval, log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if id.dir != "" {
+		idSrv, err := serveIdentity(ctx, id, *interval, log)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "destination:", err)
+			os.Exit(1)
+		}
+		defer idSrv.Stop()
+	}
+	if err := run(ctx, *listen, *profilesDir, *endpoints, *policies, *interval, log); err != nil {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, profilesDir, endpoints, policies string, interval time.Duration, log *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+func run(ctx context.Context, listen, profilesDir, endpoints, policies string, interval time.Duration, log *slog.Logger) error {
 	store := destination.NewStore()
 	if err := destination.WatchFiles(ctx, store, profilesDir, endpoints, interval, destination.WithLogger(log)); err != nil {
 		return err
@@ -95,4 +123,51 @@ func shutdown(srv *grpc.Server, dst *destination.Server, log *slog.Logger) {
 		srv.Stop()
 		<-stopped
 	}
+}
+
+type identityFlags struct {
+	dir, tokens, listen, trustDomain, namespace string
+	lifetime                                    time.Duration
+}
+
+// serveIdentity serves the Identity API on its own TLS listener, with the
+// identity service's own certificate from its issuer, renewed as any.
+func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration, log *slog.Logger) (*grpc.Server, error) {
+	if f.tokens == "" {
+		return nil, fmt.Errorf("-identity-dir needs -identity-tokens")
+	}
+	dir, created, err := controlplane.LoadIdentityDir(f.dir)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		log.Info("made a new trust anchor and issuer", "dir", f.dir, "anchors", filepath.Join(f.dir, controlplane.TrustAnchorsFile))
+	}
+	tokens := controlplane.NewTokens(f.namespace, f.trustDomain)
+	if err := controlplane.WatchTokens(ctx, tokens, f.tokens, interval, log); err != nil {
+		return nil, err
+	}
+	issuer, err := controlplane.NewIssuer(dir.Anchors, dir.Chain, dir.Key, tokens,
+		controlplane.WithIssuanceLifetime(f.lifetime), controlplane.WithIssuerLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	self, err := identity.NewLocal(controlplane.IdentityServiceName(f.namespace, f.trustDomain), dir.Anchors)
+	if err != nil {
+		return nil, err
+	}
+	if err := issuer.CertifyLocal(self); err != nil {
+		return nil, err
+	}
+	go issuer.KeepCertified(ctx, self)
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return nil, fmt.Errorf("-identity-listen: %w", err)
+	}
+	// Linkerd's proxies negotiate no ALPN with the identity service.
+	srv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))
+	issuer.Register(srv)
+	go srv.Serve(lis)
+	log.Info("serving the Identity API", "addr", lis.Addr().String(), "identity", self.Name())
+	return srv, nil
 }

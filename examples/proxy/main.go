@@ -25,6 +25,14 @@
 // start-up with a message naming the variable. With a real Linkerd control
 // plane, pass -context-token (the pod's LINKERD2_PROXY_DESTINATION_CONTEXT).
 //
+// With an identity (-identity-name, -identity-token-file,
+// -identity-trust-anchors, -identity-addr, -identity-server-name, or
+// Linkerd's LINKERD2_PROXY_IDENTITY_* variables), the proxy obtains and
+// renews its certificate from the Identity API, reaches every endpoint that
+// discovery gives an identity over mTLS verifying it, serves meshed mTLS
+// beside plaintext on -inbound (the application sees the client's identity
+// in l5d-client-id), and /ready answers 503 until it holds a certificate.
+//
 // State under hostile traffic is bounded: -max-authorities routed and
 // labelled at once, -max-watches per control-plane API, authorities idle for
 // -idle-timeout released. Only names under -search-suffixes (default
@@ -72,6 +80,7 @@ type flags struct {
 	local                                                    []string
 	suffixes                                                 []string
 	networks                                                 []netip.Prefix
+	identity                                                 identityFlags
 }
 
 func main() {
@@ -105,6 +114,7 @@ func main() {
 			}
 			return nil
 		})
+	f.identity.register(flag.CommandLine)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(f, log); err != nil {
@@ -134,6 +144,12 @@ func run(f flags, log *slog.Logger) error {
 	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
 		metric.WithDescription("Total count of opened connections."))
 
+	local, stopIdentity, err := startIdentity(ctx, f.identity, provider, log)
+	if err != nil {
+		return err
+	}
+	defer stopIdentity()
+
 	dstOpts := []destination.Option{destination.WithBackoff(policy), destination.WithLogger(log),
 		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme),
 		destination.WithWorkload(os.Getenv(destination.PolicyWorkloadEnv)), destination.WithMaxWatches(f.maxWatches),
@@ -148,7 +164,7 @@ func run(f flags, log *slog.Logger) error {
 	defer dst.Close()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
 		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)),
-		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithLocalAuthorities(f.local...)}
+		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithLocalAuthorities(f.local...), mesh.WithIdentity(local)}
 	if f.maxAuthorities > 0 {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
 	}
@@ -184,7 +200,13 @@ func run(f flags, log *slog.Logger) error {
 	if b := client.Balancer(); b != nil {
 		admin.Handle("/endpoints", b.EndpointsHandler()) // ?authority=host:port: each endpoint's state as JSON
 	}
-	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ready") })
+	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
+		if local != nil && local.Certificate() == nil {
+			http.Error(w, "not ready: no identity certificate yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	metricsSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 
 	servers := []struct {
@@ -198,7 +220,11 @@ func run(f flags, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("-%s: %w", s.name, err)
 		}
-		lis = origproto.GuardListener(lis) // ambiguous HTTP/1 framing is refused
+		if s.name == "inbound" {
+			lis = inboundStack.Listener(lis) // guarded; meshed mTLS beside plaintext with an identity
+		} else {
+			lis = origproto.GuardListener(lis) // ambiguous HTTP/1 framing is refused
+		}
 		log.Info("listening", "listener", s.name, "addr", lis.Addr().String())
 		wg.Add(1)
 		go func() {
