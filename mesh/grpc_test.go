@@ -26,7 +26,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -58,11 +57,11 @@ func newGRPCApp() *grpcApp {
 	return &grpcApp{deadline: make(chan time.Duration, 1), cancelled: make(chan error, 1)}
 }
 
-func (a *grpcApp) EmptyCall(context.Context, *testpb.Empty) (*testpb.Empty, error) {
-	return &testpb.Empty{}, nil
+func (a *grpcApp) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	return &testgrpc.Empty{}, nil
 }
 
-func (a *grpcApp) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+func (a *grpcApp) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	if d, ok := ctx.Deadline(); ok {
 		select {
 		case a.deadline <- time.Until(d):
@@ -73,7 +72,7 @@ func (a *grpcApp) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*te
 		return nil, status.Error(codes.Code(req.ResponseStatus.Code), req.ResponseStatus.Message)
 	}
 	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-trailer", "t-"+string(req.GetPayload().GetBody()[:1])))
-	return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: bytes.Repeat([]byte{'r'}, int(req.ResponseSize))}}, nil
+	return &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: bytes.Repeat([]byte{'r'}, int(req.ResponseSize))}}, nil
 }
 
 // FullDuplexCall echoes each message, and reports how the call ended when
@@ -85,7 +84,7 @@ func (a *grpcApp) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallServe
 			a.cancelled <- stream.Context().Err()
 			return err
 		}
-		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: in.Payload}); err != nil {
+		if err := stream.Send(&testgrpc.StreamingOutputCallResponse{Payload: in.Payload}); err != nil {
 			return err
 		}
 	}
@@ -93,7 +92,7 @@ func (a *grpcApp) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallServe
 
 // StreamingOutputCall sends the requested messages, counting each one sent;
 // with an interval it waits that long before each.
-func (a *grpcApp) StreamingOutputCall(req *testpb.StreamingOutputCallRequest, stream testgrpc.TestService_StreamingOutputCallServer) error {
+func (a *grpcApp) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, stream testgrpc.TestService_StreamingOutputCallServer) error {
 	for _, p := range req.ResponseParameters {
 		if p.IntervalUs > 0 {
 			select {
@@ -102,7 +101,7 @@ func (a *grpcApp) StreamingOutputCall(req *testpb.StreamingOutputCallRequest, st
 				return stream.Context().Err()
 			}
 		}
-		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: &testpb.Payload{Body: make([]byte, p.Size)}}); err != nil {
+		if err := stream.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: make([]byte, p.Size)}}); err != nil {
 			return err
 		}
 		a.sent.Add(1)
@@ -190,8 +189,8 @@ func TestGRPCLargeMessagesTrailersAndDeadline(t *testing.T) {
 	defer cancel()
 	var trailer metadata.MD
 	body := append([]byte{'q'}, make([]byte, largeMessage-1)...)
-	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{
-		ResponseSize: largeMessage, Payload: &testpb.Payload{Body: body},
+	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{
+		ResponseSize: largeMessage, Payload: &testgrpc.Payload{Body: body},
 	}, grpc.Trailer(&trailer))
 	require.NoError(t, err)
 	assert.Len(t, resp.Payload.Body, largeMessage)
@@ -205,8 +204,8 @@ func TestGRPCLargeMessagesTrailersAndDeadline(t *testing.T) {
 	}
 
 	// A status with a message that needs percent-encoding, in trailers.
-	_, err = testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{
-		ResponseStatus: &testpb.EchoStatus{Code: int32(codes.FailedPrecondition), Message: "no\tlibros 100%"},
+	_, err = testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{
+		ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.FailedPrecondition), Message: "no\tlibros 100%"},
 	})
 	assert.Equal(t, codes.FailedPrecondition, status.Code(err))
 	assert.Equal(t, "no\tlibros 100%", status.Convert(err).Message())
@@ -223,7 +222,7 @@ func TestGRPCStreamCancelReachesHandler(t *testing.T) {
 	stream, err := testgrpc.NewTestServiceClient(cc).FullDuplexCall(ctx)
 	require.NoError(t, err)
 	for _, m := range []string{"one", "two", "three"} {
-		require.NoError(t, stream.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: []byte(m)}}))
+		require.NoError(t, stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: []byte(m)}}))
 		got, err := stream.Recv()
 		require.NoError(t, err)
 		assert.Equal(t, m, string(got.Payload.Body), "each answer before the next message")
@@ -278,11 +277,11 @@ func TestGRPCFlowControlUnderSlowReader(t *testing.T) {
 	cc, _, _ := grpcMesh(t, app, http.NotFoundHandler())
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 	defer cancel()
-	params := make([]*testpb.ResponseParameters, messages)
+	params := make([]*testgrpc.ResponseParameters, messages)
 	for i := range params {
-		params[i] = &testpb.ResponseParameters{Size: size}
+		params[i] = &testgrpc.ResponseParameters{Size: size}
 	}
-	stream, err := testgrpc.NewTestServiceClient(cc).StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{ResponseParameters: params})
+	stream, err := testgrpc.NewTestServiceClient(cc).StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{ResponseParameters: params})
 	require.NoError(t, err)
 	_, err = stream.Recv()
 	require.NoError(t, err)
@@ -316,20 +315,20 @@ func TestGRPCProxyErrorsAreStatuses(t *testing.T) {
 	// Discovery never blocks: the first call watches the authority, and
 	// the route applies once its profile is in.
 	slow := dial(grpcSlow)
-	_, _ = testgrpc.NewTestServiceClient(slow).EmptyCall(ctx, &testpb.Empty{})
+	_, _ = testgrpc.NewTestServiceClient(slow).EmptyCall(ctx, &testgrpc.Empty{})
 	probe, err := http.NewRequest(http.MethodPost, "http://"+grpcSlow+"/grpc.testing.TestService/StreamingOutputCall", nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return client.Router().Explain(probe).Route == "StreamingOutputCall" },
 		testutil.Timeout, 5*time.Millisecond)
-	stream, err := testgrpc.NewTestServiceClient(slow).StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{
-		ResponseParameters: []*testpb.ResponseParameters{{Size: 1, IntervalUs: int32((50 * grpcRouteTimeout).Microseconds())}},
+	stream, err := testgrpc.NewTestServiceClient(slow).StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{
+		ResponseParameters: []*testgrpc.ResponseParameters{{Size: 1, IntervalUs: int32((50 * grpcRouteTimeout).Microseconds())}},
 	})
 	require.NoError(t, err)
 	_, err = stream.Recv()
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	assert.NoError(t, ctx.Err(), "the route's timeout fired, not the client's deadline")
 
-	_, err = testgrpc.NewTestServiceClient(dial(grpcEmpty)).EmptyCall(ctx, &testpb.Empty{})
+	_, err = testgrpc.NewTestServiceClient(dial(grpcEmpty)).EmptyCall(ctx, &testgrpc.Empty{})
 	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "no endpoints")
 }
@@ -350,7 +349,7 @@ func TestGRPCFromNetHTTPClient(t *testing.T) {
 	client := NewClient(WithEndpoints(eps), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
 	defer client.Close()
 
-	// One length-prefixed message: an empty testpb.Empty.
+	// One length-prefixed message: an empty testgrpc.Empty.
 	req, err := http.NewRequest(http.MethodPost, "http://"+grpcSvc+"/grpc.testing.TestService/EmptyCall",
 		bytes.NewReader([]byte{0, 0, 0, 0, 0}))
 	require.NoError(t, err)

@@ -25,7 +25,6 @@ import (
 	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/interop"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 )
 
@@ -159,8 +158,8 @@ func interopServer(t *testing.T) (*grpc.Server, string) {
 func assertRouteTimeout(t *testing.T, cc *grpc.ClientConn) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stream, err := testgrpc.NewTestServiceClient(cc).StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{
-		ResponseParameters: []*testpb.ResponseParameters{{Size: 1, IntervalUs: int32((10 * slowTimeout).Microseconds())}},
+	stream, err := testgrpc.NewTestServiceClient(cc).StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{
+		ResponseParameters: []*testgrpc.ResponseParameters{{Size: 1, IntervalUs: int32((10 * slowTimeout).Microseconds())}},
 	})
 	require.NoError(t, err)
 	_, err = stream.Recv()
@@ -213,7 +212,7 @@ func TestGRPCInteropThroughProxyPair(t *testing.T) {
 		if !ok {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			stream, err := testgrpc.NewTestServiceClient(slow).StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{})
+			stream, err := testgrpc.NewTestServiceClient(slow).StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
 			if err == nil {
 				_, _ = stream.Recv()
 			}
