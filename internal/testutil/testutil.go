@@ -1,24 +1,26 @@
 // Package testutil holds test helpers shared by inmesh's packages: real
 // HTTP/1 and h2c servers and clients on loopback, and metric scraping with
-// the OpenTelemetry SDK and its Prometheus exporter. Only tests import it.
+// the OpenTelemetry SDK, rendered as the Prometheus exporter names the
+// series. Only tests import it.
 package testutil
 
 import (
-	"bytes"
 	"context"
+	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/otlptranslator"
 	"github.com/stretchr/testify/require"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 const (
@@ -71,40 +73,141 @@ func NewTransport(t testing.TB, mode Mode) *http.Transport {
 	return tr
 }
 
-// Metrics is an SDK meter provider read through the Prometheus exporter,
-// configured so that the series are named exactly as Linkerd names them.
+// Metrics is an SDK meter provider whose series [Metrics.Scrape] renders in
+// the Prometheus text format, named as the OpenTelemetry Prometheus
+// exporter names them under inmesh's configuration (no unit or _total
+// suffixes added, characters outside [a-zA-Z0-9_:] escaped to '_',
+// histograms as cumulative _bucket, _sum and _count), so that tests read
+// the series Linkerd's dashboards query. The library's module keeps no
+// dependency on the exporter; the examples module scrapes through the real
+// one.
 type Metrics struct {
 	Provider *sdkmetric.MeterProvider
-	registry *prometheus.Registry
+	reader   *sdkmetric.ManualReader
 }
 
 // NewMetrics returns a provider whose series [Metrics.Scrape] returns.
 func NewMetrics(t testing.TB) *Metrics {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	exp, err := otelprom.New(
-		otelprom.WithRegisterer(reg),
-		otelprom.WithoutScopeInfo(),
-		otelprom.WithoutTargetInfo(),
-		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithoutSuffixes),
-	)
-	require.NoError(t, err)
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	return &Metrics{Provider: mp, registry: reg}
+	return &Metrics{Provider: mp, reader: reader}
 }
 
 // Scrape returns the Prometheus text exposition of every series.
 func (m *Metrics) Scrape(t testing.TB) string {
 	t.Helper()
-	families, err := m.registry.Gather()
-	require.NoError(t, err)
-	var b bytes.Buffer
-	for _, f := range families {
-		_, err := expfmt.MetricFamilyToText(&b, f)
-		require.NoError(t, err)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, m.reader.Collect(context.Background(), &rm))
+	var b strings.Builder
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			name := promName(mt.Name)
+			if mt.Description != "" {
+				fmt.Fprintf(&b, "# HELP %s %s\n", name, helpEscaper.Replace(mt.Description))
+			}
+			switch d := mt.Data.(type) {
+			case metricdata.Sum[int64]:
+				writeType(&b, name, d.IsMonotonic)
+				for _, dp := range d.DataPoints {
+					writeSample(&b, name, dp.Attributes, "", strconv.FormatInt(dp.Value, 10))
+				}
+			case metricdata.Sum[float64]:
+				writeType(&b, name, d.IsMonotonic)
+				for _, dp := range d.DataPoints {
+					writeSample(&b, name, dp.Attributes, "", formatFloat(dp.Value))
+				}
+			case metricdata.Gauge[int64]:
+				fmt.Fprintf(&b, "# TYPE %s gauge\n", name)
+				for _, dp := range d.DataPoints {
+					writeSample(&b, name, dp.Attributes, "", strconv.FormatInt(dp.Value, 10))
+				}
+			case metricdata.Gauge[float64]:
+				fmt.Fprintf(&b, "# TYPE %s gauge\n", name)
+				for _, dp := range d.DataPoints {
+					writeSample(&b, name, dp.Attributes, "", formatFloat(dp.Value))
+				}
+			case metricdata.Histogram[float64]:
+				fmt.Fprintf(&b, "# TYPE %s histogram\n", name)
+				for _, dp := range d.DataPoints {
+					var cum uint64
+					for i, bound := range dp.Bounds {
+						cum += dp.BucketCounts[i]
+						writeSample(&b, name+"_bucket", dp.Attributes, formatFloat(bound), strconv.FormatUint(cum, 10))
+					}
+					writeSample(&b, name+"_bucket", dp.Attributes, "+Inf", strconv.FormatUint(dp.Count, 10))
+					writeSample(&b, name+"_sum", dp.Attributes, "", formatFloat(dp.Sum))
+					writeSample(&b, name+"_count", dp.Attributes, "", strconv.FormatUint(dp.Count, 10))
+				}
+			}
+		}
 	}
 	return b.String()
+}
+
+func writeType(b *strings.Builder, name string, monotonic bool) {
+	kind := "gauge"
+	if monotonic {
+		kind = "counter"
+	}
+	fmt.Fprintf(b, "# TYPE %s %s\n", name, kind)
+}
+
+// writeSample writes one line: name, the labels sorted by name with le
+// last, the value.
+func writeSample(b *strings.Builder, name string, attrs attribute.Set, le, value string) {
+	type label struct{ k, v string }
+	labels := make([]label, 0, attrs.Len()+1)
+	for _, kv := range attrs.ToSlice() {
+		labels = append(labels, label{promName(string(kv.Key)), kv.Value.Emit()})
+	}
+	sort.Slice(labels, func(i, j int) bool { return labels[i].k < labels[j].k })
+	if le != "" {
+		labels = append(labels, label{"le", le}) // last, as the exposition format writes it
+	}
+	b.WriteString(name)
+	if len(labels) > 0 {
+		b.WriteByte('{')
+		for i, l := range labels {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(l.k)
+			b.WriteString(`="`)
+			b.WriteString(labelEscaper.Replace(l.v))
+			b.WriteByte('"')
+		}
+		b.WriteByte('}')
+	}
+	b.WriteByte(' ')
+	b.WriteString(value)
+	b.WriteByte('\n')
+}
+
+var helpEscaper = strings.NewReplacer(`\`, `\\`, "\n", `\n`)
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`)
+
+// promName escapes what a Prometheus name may not hold to '_'.
+func promName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '_' || r == ':' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// formatFloat formats as the Prometheus text format does.
+func formatFloat(f float64) string {
+	switch {
+	case math.IsInf(f, 1):
+		return "+Inf"
+	case math.IsInf(f, -1):
+		return "-Inf"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 // Lines returns the scraped lines that start with prefix and contain every
