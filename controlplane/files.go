@@ -234,7 +234,7 @@ func WatchTokens(ctx context.Context, tokens *Tokens, path string, interval time
 			if err := load(); errors.Is(err, filestamp.ErrChanged) {
 				continue
 			} else if err != nil {
-				rl.Warn("tokens/"+err.Error(), "rejected the tokens file; the last good tokens stay in force", "error", err)
+				rl.WarnErr("tokens", "rejected the tokens file; the last good tokens stay in force", err)
 			} else {
 				log.Info("loaded tokens", "file", path)
 			}

@@ -197,7 +197,7 @@ func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (
 	return func(m *pb.DestinationProfile) (profiles.Update, bool) {
 		p, err := ProfileFromProto(m)
 		if err != nil {
-			c.log.Warn("rejected profile", "rejected profile update; keeping the last one", "authority", authority, "error", err)
+			c.log.WarnErr("rejected profile:"+authority, "rejected profile update; keeping the last one", err, "authority", authority)
 			return profiles.Update{}, false
 		}
 		return profiles.Update{Profile: p}, true
@@ -218,7 +218,7 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (EndpointsUp
 			for i, a := range u.Add.GetAddrs() {
 				e, err := EndpointFromProto(a, labels, fmt.Sprintf("add.addrs[%d]", i))
 				if err != nil {
-					c.log.Warn("bad endpoint", "skipped a bad endpoint", "authority", authority, "error", err)
+					c.log.WarnErr("bad endpoint:"+authority, "skipped a bad endpoint", err, "authority", authority)
 					continue
 				}
 				set[e.Addr] = e

@@ -56,7 +56,7 @@ func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			if err := w.load(false); err != nil {
-				w.log.Warn("rejected file", "rejected a control-plane file; serving the last good version", "error", err)
+				w.log.WarnErr("rejected file", "rejected a control-plane file; serving the last good version", err)
 			}
 		}
 	}

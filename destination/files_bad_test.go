@@ -147,3 +147,33 @@ func TestWatchFilesKeepsLastGoodProfiles(t *testing.T) {
 		})
 	}
 }
+
+// One running control plane, one bad endpoints file after another, each a
+// different mistake: every one is named in the log (file and field), even
+// within one rate-limit interval; the same mistake again is not repeated.
+func TestEveryDistinctMistakeIsLogged(t *testing.T) {
+	dir := t.TempDir()
+	eps := filepath.Join(dir, "endpoints.yaml")
+	w := &stampedWriter{t: t}
+	w.write(eps, goodEndpoints)
+	logs := &lineCounter{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, WatchFiles(ctx, NewStore(), "", eps, 5*time.Millisecond, WithLogger(logs.logger()), WithLogInterval(time.Hour)))
+	mistakes := []struct{ content, want string }{
+		{"- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.\n", "[0].endpoints[0].addr"},
+		{"- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    weight: -1\n", "[0].endpoints[0].weight"},
+		{"- authority: books\n  endpoints: []\n", "[0].authority"},
+		{"- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    h2: maybe\n", "[0].endpoints[0].h2"},
+		{"- endpoints: []\n", "[0].authority: required"},
+	}
+	for i, m := range mistakes {
+		w.write(eps, m.content)
+		require.Eventually(t, func() bool { return strings.Contains(logs.String(), m.want) }, defaultTestTimeout, 5*time.Millisecond,
+			"mistake %d (%s) was never named; log:\n%s", i, m.want, logs.String())
+	}
+	assert.Equal(t, len(mistakes), logs.count("WARN", eps), "one line per mistake")
+	w.write(eps, mistakes[0].content) // the first mistake again
+	w.write(eps, mistakes[0].content+"\n")
+	assert.Never(t, func() bool { return logs.count("WARN", eps) > len(mistakes)+1 }, 100*time.Millisecond, 5*time.Millisecond)
+}

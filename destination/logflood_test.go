@@ -2,7 +2,9 @@ package destination
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
@@ -56,4 +58,42 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 	eps.waitFor(t, "the good endpoint", func(u EndpointsUpdate) bool { return len(addrs(u)) == 1 })
 	t.Logf("%d rejected updates: %d log lines, %d bytes", 2*n, logs.count(""), logs.bytes())
 	assert.LessOrEqual(t, logs.count("WARN"), 4, "one line per kind per interval")
+}
+
+// A rogue control plane sending distinct bad profiles: each one refused is
+// named in the log, within one rate-limit interval; the good profile after
+// them is applied.
+func TestEveryDistinctRejectedProfileIsLogged(t *testing.T) {
+	const n = 17
+	s := newScripted()
+	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		good := ProfileToProto(serviceProfile(books, "r").ProfileFor(7000)).Routes[0]
+		for i := range n {
+			// i good routes, then one without a condition: a different
+			// field at fault each time.
+			bad := &pb.DestinationProfile{}
+			for range i {
+				bad.Routes = append(bad.Routes, good)
+			}
+			bad.Routes = append(bad.Routes, &pb.Route{})
+			if err := st.Send(bad); err != nil {
+				return err
+			}
+		}
+		if err := st.Send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
+			return err
+		}
+		return block(st.Context())
+	}
+	cp := serve(t, s)
+	logs := &lineCounter{}
+	c := newTestClient(t, cp.addr, WithLogger(logs.logger()), WithLogInterval(time.Hour))
+	prof := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
+	require.NoError(t, err)
+	defer stop()
+	prof.waitFor(t, "the good profile", hasRoute("good"))
+	for i := range n {
+		assert.Equal(t, 1, logs.count("WARN", fmt.Sprintf("routes[%d]", i)), "bad profile %d named once:\n%s", i, logs.String())
+	}
 }

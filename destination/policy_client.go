@@ -59,7 +59,7 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 				return func(m *outboundpb.OutboundPolicy) (policy.Update, bool) {
 					p, err := PolicyFromProto(m)
 					if err != nil {
-						rl.Warn("policy "+key, "rejected an outbound policy; keeping the last one", "target", key, "error", err)
+						rl.WarnErr("policy "+key, "rejected an outbound policy; keeping the last one", err, "target", key)
 						return policy.Update{}, false
 					}
 					return policy.Update{Policy: p}, true

@@ -145,7 +145,7 @@ func (s *FileSource) poll() {
 				s.log.Debug("profile file changed", "a profile file changed while it was read", "dir", s.dir, "error", err)
 				continue // read again at the next poll
 			case err != nil:
-				s.log.Warn("profile files rejected", "profile files rejected; keeping the last good profiles", "dir", s.dir, "error", err)
+				s.log.WarnErr("profile files rejected", "profile files rejected; keeping the last good profiles", err, "dir", s.dir)
 			}
 			s.settle.Loaded(stamp)
 		}

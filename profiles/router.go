@@ -268,11 +268,11 @@ func (r *Router) apply(e *registry.Entry[tableState], u Update) {
 	}
 	t, err := Compile(u.Profile, r.cfg.compile)
 	if err != nil {
-		r.log.Warn("reject:"+authority, "rejected profile; keeping the last good one", "authority", authority, "error", err)
+		r.log.WarnErr("reject:"+authority, "rejected profile; keeping the last good one", err, "authority", authority)
 		return
 	}
 	if err := t.BudgetErr(); err != nil {
-		r.log.Warn("budget:"+authority, "invalid retry budget; retries disabled", "authority", authority, "error", err)
+		r.log.WarnErr("budget:"+authority, "invalid retry budget; retries disabled", err, "authority", authority)
 	}
 	next := r.build(r.label(authority, t), t)
 	keepBudget(e.Load(), next)

@@ -26,8 +26,9 @@ type Logger struct {
 	interval time.Duration
 	now      func() time.Time
 
-	mu   sync.Mutex
-	keys map[string]*entry
+	mu      sync.Mutex
+	keys    map[string]*entry
+	reasons map[string]*budget // by key: distinct reasons logged this interval
 }
 
 type entry struct {
@@ -44,7 +45,7 @@ func New(log *slog.Logger, interval time.Duration) *Logger {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	return &Logger{log: log, interval: interval, now: time.Now, keys: make(map[string]*entry)}
+	return &Logger{log: log, interval: interval, now: time.Now, keys: make(map[string]*entry), reasons: make(map[string]*budget)}
 }
 
 // Slog returns the logger underneath, for lines that no request or update
@@ -61,6 +62,62 @@ func (l *Logger) Warn(key, msg string, args ...any) { l.logAt(slog.LevelWarn, ke
 
 // Info logs msg at info level unless key was logged within the interval.
 func (l *Logger) Info(key, msg string, args ...any) { l.logAt(slog.LevelInfo, key, msg, args) }
+
+// WarnErr logs msg at warning level with err, at most once per key and
+// reason (err's text) per interval: a mistake that differs from the last
+// one is named at once, while the same one repeated stays one line. At
+// most [MaxReasons] distinct reasons are logged for a key per interval;
+// the others are counted as suppressed on the key's next line.
+func (l *Logger) WarnErr(key, msg string, err error, args ...any) {
+	if l == nil || !l.log.Enabled(context.Background(), slog.LevelWarn) {
+		return
+	}
+	args = append(args[:len(args):len(args)], "error", err)
+	reason := err.Error()
+	if len(reason) > maxReasonLen {
+		reason = reason[:maxReasonLen]
+	}
+	rkey := key + "\x00" + reason
+	now := l.now()
+	l.mu.Lock()
+	if _, known := l.keys[rkey]; !known {
+		b := l.reasons[key]
+		if b == nil || now.Sub(b.since) >= l.interval {
+			if b == nil {
+				if len(l.reasons) >= maxKeys {
+					clear(l.reasons)
+				}
+				b = &budget{}
+				l.reasons[key] = b
+			}
+			b.since, b.n = now, 0
+		}
+		if b.n >= MaxReasons {
+			b.suppressed++
+			l.mu.Unlock()
+			return
+		}
+		b.n++
+		if b.suppressed > 0 {
+			args = append(args, "other_reasons_suppressed", b.suppressed)
+			b.suppressed = 0
+		}
+	}
+	l.mu.Unlock()
+	l.logAt(slog.LevelWarn, rkey, msg, args)
+}
+
+// MaxReasons bounds the distinct reasons [Logger.WarnErr] logs for one key
+// per interval.
+const MaxReasons = 64
+
+// maxReasonLen bounds the bytes of a reason kept as part of a key.
+const maxReasonLen = 256
+
+type budget struct {
+	since         time.Time
+	n, suppressed int
+}
 
 // Debug logs msg at debug level unless key was logged within the interval.
 func (l *Logger) Debug(key, msg string, args ...any) { l.logAt(slog.LevelDebug, key, msg, args) }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func newTest(interval time.Duration) (*Logger, *bytes.Buffer, *time.Time) {
@@ -57,4 +58,31 @@ func TestLevelsAndNil(t *testing.T) {
 	l.Info("k", "hidden")
 	l.Warn("k", "shown")
 	assert.Equal(t, 1, strings.Count(buf.String(), "\n"))
+}
+
+// Five different mistakes from one source are five lines; the same mistake
+// repeated stays one line; a flood of distinct mistakes is bounded per
+// interval, the rest counted.
+func TestWarnErrKeysOnTheReason(t *testing.T) {
+	l, buf, now := newTest(time.Minute)
+	for i := range 5 {
+		for range 100 {
+			l.WarnErr("rejected file", "rejected a control-plane file", fmt.Errorf("books.yaml: routes[%d].condition: bad regex", i))
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 5, buf.String())
+	for i, line := range lines {
+		assert.Contains(t, line, fmt.Sprintf("routes[%d].condition", i))
+	}
+
+	buf.Reset()
+	for i := range 1000 {
+		l.WarnErr("flood", "rejected", fmt.Errorf("mistake %d", i))
+	}
+	assert.Equal(t, MaxReasons, strings.Count(buf.String(), "\n"))
+	*now = now.Add(time.Minute)
+	buf.Reset()
+	l.WarnErr("flood", "rejected", fmt.Errorf("mistake %d", 5000))
+	assert.Contains(t, buf.String(), "other_reasons_suppressed=984")
 }
