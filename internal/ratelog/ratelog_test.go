@@ -84,5 +84,5 @@ func TestWarnErrKeysOnTheReason(t *testing.T) {
 	*now = now.Add(time.Minute)
 	buf.Reset()
 	l.WarnErr("flood", "rejected", fmt.Errorf("mistake %d", 5000))
-	assert.Contains(t, buf.String(), "other_reasons_suppressed=984")
+	assert.Contains(t, buf.String(), "other_reasons_suppressed=936")
 }
