@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // A control plane flooding rejected updates (profiles that do not convert,
@@ -96,4 +98,39 @@ func TestEveryDistinctRejectedProfileIsLogged(t *testing.T) {
 	for i := range n {
 		assert.Equal(t, 1, logs.count("WARN", fmt.Sprintf("routes[%d]", i)), "bad profile %d named once:\n%s", i, logs.String())
 	}
+}
+
+// A stream that delivered updates and then ended is logged as an event
+// (info, with the cause), not as an error marked "progress made".
+func TestStreamEndAfterUpdatesIsNotAnError(t *testing.T) {
+	s := newScripted()
+	s.profile = func(n int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		if n > 1 { // calls count from 1
+			return block(st.Context())
+		}
+		if err := st.Send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
+			return err
+		}
+		return status.Error(codes.Unavailable, "the control plane is restarting")
+	}
+	cp := serve(t, s)
+	logs := &lineCounter{}
+	c := newTestClient(t, cp.addr, WithLogger(logs.logger()))
+	prof := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
+	require.NoError(t, err)
+	defer stop()
+	require.Eventually(t, func() bool { return logs.count("stream ended after updates") == 1 }, defaultTestTimeout, 5*time.Millisecond, logs.String())
+	line := logs.String()
+	assert.Contains(t, line, "level=INFO")
+	assert.Contains(t, line, "the control plane is restarting")
+	assert.NotContains(t, line, "progress made")
+	assert.NotContains(t, line, "level=WARN")
+}
+
+// The target of a policy watch is logged under its own name, once.
+func TestTargetAttr(t *testing.T) {
+	assert.Equal(t, "authority=books.default.svc.cluster.local:7000", targetAttr("authority=books.default.svc.cluster.local:7000").String())
+	assert.Equal(t, "addr=10.0.0.1:80", targetAttr("addr=10.0.0.1:80").String())
+	assert.Equal(t, "authority=books.default.svc.cluster.local:7000", targetAttr("books.default.svc.cluster.local:7000").String())
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,18 +195,25 @@ func (w *watch[M, U]) run(ctx context.Context) {
 		// NotFound is the control plane's ordinary answer for a target it
 		// does not know (yet): a Service with no policy, a name not loaded;
 		// the watch keeps asking, without alarm.
-		if (healthy || errors.Is(err, backoff.ErrResetBackoff)) && status.Code(err) != codes.NotFound {
+		progress := errors.Is(err, backoff.ErrResetBackoff)
+		switch {
+		case progress && status.Code(err) != codes.NotFound:
+			// The stream delivered updates, then ended (a control plane
+			// restart, a load balancer's idle cut): an event, not a failure.
+			w.c.log.Info("stream ended "+rpc, "destination stream ended after updates; re-establishing",
+				"rpc", rpc, targetAttr(w.authority), "cause", streamCause(err), "delay", delay)
+		case healthy && status.Code(err) != codes.NotFound:
 			w.c.log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
-				"rpc", rpc, "authority", w.authority, "error", err, "delay", delay)
-		} else {
+				"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
+		default:
 			w.c.log.Debug("stream failed again "+rpc, "destination stream failed; re-establishing",
-				"rpc", rpc, "authority", w.authority, "error", err, "delay", delay)
+				"rpc", rpc, targetAttr(w.authority), "error", streamCause(err), "delay", delay)
 		}
 		healthy = errors.Is(err, backoff.ErrResetBackoff)
 	})
 	if err != nil && ctx.Err() == nil {
 		w.c.log.Info("rejected "+rpc, "destination lookup rejected; not watching",
-			"rpc", rpc, "authority", w.authority, "error", err)
+			"rpc", rpc, targetAttr(w.authority), "error", err)
 		w.publish(w.kind.rejected(err))
 	}
 }
@@ -241,7 +250,7 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 		}
 		w.c.log.Debug("silent "+w.kind.name,
 			"destination stream silent past the first-message deadline; no endpoints yet",
-			"rpc", w.kind.name, "authority", w.authority)
+			"rpc", w.kind.name, targetAttr(w.authority))
 		w.publish(w.kind.silent())
 	})
 	defer deadline.Stop()
@@ -288,6 +297,32 @@ func classifyStreamErr(err error, progressed, silent bool) error {
 	}
 	if progressed {
 		return fmt.Errorf("%w: %w", backoff.ErrResetBackoff, err)
+	}
+	return err
+}
+
+// targetAttr is the log attribute of a watch's key: an authority, or the
+// OutboundPolicies target the key names ("authority=host:port" or
+// "addr=ip:port"), under its own name.
+func targetAttr(key string) slog.Attr {
+	if a, ok := strings.CutPrefix(key, "authority="); ok {
+		return slog.String("authority", a)
+	}
+	if a, ok := strings.CutPrefix(key, "addr="); ok {
+		return slog.String("addr", a)
+	}
+	return slog.String("authority", key)
+}
+
+// streamCause returns why a stream ended, without the marker that says it
+// made progress first.
+func streamCause(err error) error {
+	if m, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range m.Unwrap() {
+			if !errors.Is(e, backoff.ErrResetBackoff) {
+				return e
+			}
+		}
 	}
 	return err
 }

@@ -36,13 +36,14 @@ func compileWholeRegex(pattern string) (wholeRegex, error) {
 // newWholeRegex compiles pattern; wholeRegexes keeps the result, so its
 // regexes are compiled here directly rather than kept twice.
 func newWholeRegex(pattern string) (wholeRegex, error) {
-	full, err := regexp.Compile(`^(?:` + pattern + `)$`)
-	if err != nil {
+	// Compiling the pattern alone first reports a bad one by what the user
+	// wrote, not by the anchored form, and rejects patterns that only parse
+	// inside the group (an unbalanced ")(").
+	if _, err := regexp.Compile(pattern); err != nil {
 		return wholeRegex{}, err
 	}
-	// Compiling the pattern alone rejects patterns that only parse inside
-	// the group (an unbalanced ")(").
-	if _, err := regexp.Compile(pattern); err != nil {
+	full, err := regexp.Compile(`^(?:` + pattern + `)$`)
+	if err != nil {
 		return wholeRegex{}, err
 	}
 	prefix := regexp.MustCompile(`^(?:` + pattern + `)`)

@@ -156,3 +156,13 @@ func TestWholeRegexKeptPerPattern(t *testing.T) {
 		assert.Error(t, err)
 	}
 }
+
+// A bad path regex is reported by what the user wrote, not by the anchored
+// pattern built from it.
+func TestBadRegexNamesTheUsersPattern(t *testing.T) {
+	_, err := Compile(&Policy{HTTP1: HTTPProtocol{Routes: []HTTPRoute{{Rules: []HTTPRule{{Matches: []HTTPRouteMatch{
+		{Path: &PathMatch{Kind: PathRegex, Value: "a(b"}}}}}}}}}, Options{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "http1.routes[0].rules[0].matches[0].path.regex: bad regex")
+	assert.NotContains(t, err.Error(), "^(?:")
+}

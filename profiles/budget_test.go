@@ -1,11 +1,13 @@
 package profiles
 
 import (
+	"encoding/json"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 type fakeClock struct{ t time.Time }
@@ -136,4 +138,12 @@ func TestKeepBudget(t *testing.T) {
 	assert.Nil(t, none.budget, "no budget stays none")
 	keepBudget(nil, same)
 	keepBudget(&tableState{}, same)
+}
+
+// A budget's state reads in a route explanation as the rest of it does:
+// lower-camel names, the window as a duration.
+func TestBudgetStateJSON(t *testing.T) {
+	b, err := json.Marshal(BudgetState{RetryBudget: DefaultRetryBudget(), Deposits: 3, Withdrawals: 1})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"retryRatio":0.2,"minRetriesPerSecond":10,"ttl":"10s","deposits":3,"withdrawals":1}`, string(b))
 }

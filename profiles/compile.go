@@ -240,7 +240,7 @@ func (m pathMatcher) match(_, path string) bool {
 var pathMatchers recache.Memo[pathMatcher]
 
 func newPathMatcher(pattern string) (pathMatcher, error) {
-	re, err := recache.Compile(anchorPathRegex(pattern))
+	re, err := recache.CompileWhole(strings.TrimSpace(pattern))
 	if err != nil {
 		return pathMatcher{}, err
 	}

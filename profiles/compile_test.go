@@ -222,3 +222,14 @@ func TestCompileReusesPathMatchers(t *testing.T) {
 	}
 	assert.Equal(t, 19, second.SelectPath("GET", "/books/7").Index)
 }
+
+// A bad path regex is reported by what the user wrote, not by the anchored
+// pattern built from it.
+func TestBadRegexNamesTheUsersPattern(t *testing.T) {
+	_, err := Compile(&Profile{Routes: []Route{{Condition: PathRegex("/books/(["), Labels: map[string]string{"route": "x"}}}}, Options{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "routes[0].condition.pathRegex: bad regex")
+	assert.Contains(t, err.Error(), "`[`")
+	assert.NotContains(t, err.Error(), "^(?:")
+	assert.NotContains(t, err.Error(), ")$")
+}

@@ -1,8 +1,10 @@
 package profiles
 
 import (
-	"regexp"
+	"strings"
 	"testing"
+
+	"github.com/inmesh/inmesh/internal/recache"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -25,7 +27,7 @@ func FuzzFastPath(f *testing.F) {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, pattern, path string) {
-		re, err := regexp.Compile(anchorPathRegex(pattern))
+		re, err := recache.CompileWhole(strings.TrimSpace(pattern))
 		fast := fastPath(pattern)
 		if err != nil || fast == nil {
 			return // Compile rejects it, or it takes the regexp engine

@@ -1,6 +1,9 @@
 package profiles
 
-import "net/http"
+import (
+	"encoding/json"
+	"net/http"
+)
 
 // Resolved is the profile state of one request's authority, read once:
 // the route table in force and its retry budget. Another router uses it
@@ -44,6 +47,20 @@ type BudgetState struct {
 	// Deposits counts the requests of the current window; Withdrawals the
 	// retries taken over it, paid by deposits or by the minimum.
 	Deposits, Withdrawals int64
+}
+
+// MarshalJSON writes the state with the field names of the rest of a route
+// explanation and the window as a duration ("10s"), as a ServiceProfile
+// writes it: {"retryRatio":0.2,"minRetriesPerSecond":10,"ttl":"10s",
+// "deposits":N,"withdrawals":M}.
+func (s BudgetState) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		RetryRatio          float32 `json:"retryRatio"`
+		MinRetriesPerSecond uint32  `json:"minRetriesPerSecond"`
+		TTL                 string  `json:"ttl"`
+		Deposits            int64   `json:"deposits"`
+		Withdrawals         int64   `json:"withdrawals"`
+	}{s.RetryRatio, s.MinRetriesPerSecond, s.TTL.String(), s.Deposits, s.Withdrawals})
 }
 
 // State returns the budget's parameters and counts.

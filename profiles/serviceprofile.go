@@ -598,17 +598,11 @@ func (r StatusRange) bounds() (lo, hi uint32) {
 	return lo, hi
 }
 
-// anchorPathRegex turns a profile's path pattern into a regular expression
-// that must match the whole path.
-func anchorPathRegex(pattern string) string {
-	return "^(?:" + strings.TrimSpace(pattern) + ")$"
-}
-
 func checkPathRegex(pattern string) error {
 	if len(pattern) > MaxPathRegexLen {
 		return fmt.Errorf("regex of %d bytes is longer than the limit of %d", len(pattern), MaxPathRegexLen)
 	}
-	if _, err := recache.Compile(anchorPathRegex(pattern)); err != nil {
+	if _, err := recache.CompileWhole(strings.TrimSpace(pattern)); err != nil {
 		return fmt.Errorf("bad regex: %v", err)
 	}
 	return nil

@@ -69,3 +69,16 @@ var regexps Memo[*regexp.Regexp]
 // Compile is [regexp.Compile] with the result kept for the next caller of
 // the same pattern.
 func Compile(pattern string) (*regexp.Regexp, error) { return regexps.Get(pattern, regexp.Compile) }
+
+// CompileWhole compiles pattern as a match of a whole string,
+// ^(?:pattern)$, kept as [Compile] keeps it. A pattern that is not a
+// regular expression on its own is refused with the error of the pattern
+// as written, which names what the user wrote rather than the anchored
+// form built from it (and refuses patterns such as "a)(b" that parse only
+// inside the group).
+func CompileWhole(pattern string) (*regexp.Regexp, error) {
+	if _, err := Compile(pattern); err != nil {
+		return nil, err
+	}
+	return Compile("^(?:" + pattern + ")$")
+}
