@@ -84,6 +84,9 @@ func (w *fileWatcher) load(first bool) error {
 				if !first {
 					w.log.Info("loaded profiles", "loaded service profiles", "dir", w.dir, "files", len(paths))
 				}
+				for _, err := range w.store.ProfileNameProblems() {
+					w.log.WarnErr("profile name", "a loaded ServiceProfile will never apply", err, "dir", w.dir)
+				}
 			}
 		}
 	}

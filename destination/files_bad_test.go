@@ -177,3 +177,15 @@ func TestEveryDistinctMistakeIsLogged(t *testing.T) {
 	w.write(eps, mistakes[0].content+"\n")
 	assert.Never(t, func() bool { return logs.count("WARN", eps) > len(mistakes)+1 }, 100*time.Millisecond, 5*time.Millisecond)
 }
+
+// A ServiceProfile named "stock" loads, and the control plane says it will
+// never apply.
+func TestShortProfileNameIsReported(t *testing.T) {
+	dir := t.TempDir()
+	logs := &lineCounter{}
+	writeFile(t, filepath.Join(dir, "stock.yaml"), "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: stock}\nspec:\n  routes: []\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, WatchFiles(ctx, NewStore(), dir, "", 5*time.Millisecond, WithLogger(logs.logger())))
+	assert.Equal(t, 1, logs.count("WARN", `metadata.name \"stock\" is not a fully qualified service name (such as stock.default.svc.cluster.local)`), logs.String())
+}

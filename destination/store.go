@@ -122,6 +122,20 @@ func (s *Store) LoadServiceProfiles(paths ...string) error {
 	return nil
 }
 
+// ProfileNameProblems returns the problem of each ServiceProfile whose name
+// can never be a request's authority ([profiles.ServiceProfile.NameProblem]).
+func (s *Store) ProfileNameProblems() []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, sp := range s.profiles {
+		if err := sp.NameProblem(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
 // LoadEndpoints reads an endpoints file (see [ParseEndpoints]) and, when it
 // is good, replaces the store's endpoint sets with its. On error the store is
 // unchanged; a file that changed while it was read is an error wrapping

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -604,6 +605,23 @@ func checkPathRegex(pattern string) error {
 	}
 	if _, err := recache.CompileWhole(strings.TrimSpace(pattern)); err != nil {
 		return fmt.Errorf("bad regex: %v", err)
+	}
+	return nil
+}
+
+// NameProblem returns an error when sp's name cannot be the authority of a
+// request, so that the profile would never apply: a name of one label
+// ("stock"), or a Kubernetes service name that is cut short or misplaced
+// ("stock.default.svc", "stock.svc.cluster.local": the service and the
+// namespace are the two labels before "svc", and the cluster domain
+// follows). Requests are routed by their authority's fully qualified name,
+// such as stock.default.svc.cluster.local; nil means the name is usable
+// (two-label names are left alone: they may be external domains).
+func (sp *ServiceProfile) NameProblem() error {
+	labels := strings.Split(sp.Name, ".")
+	svc := slices.Index(labels, "svc")
+	if len(labels) < 2 || svc >= 0 && (svc != 2 || svc == len(labels)-1) {
+		return fmt.Errorf("metadata.name %q is not a fully qualified service name (such as %s.default.svc.cluster.local): requests are routed by their authority's full name, so this profile matches none", sp.Name, labels[0])
 	}
 	return nil
 }

@@ -157,3 +157,23 @@ func TestParseServiceProfileDuplicateKey(t *testing.T) {
 	_, err := ParseServiceProfiles([]byte(header + "spec:\n  routes:\n  - name: a\n    name: b\n    condition: {method: GET}\n"))
 	assert.ErrorContains(t, err, `document 1: spec.routes[0].name: duplicate key "name"`)
 }
+
+// A ServiceProfile whose name can never be a request's authority is named
+// as such when loaded.
+func TestNameProblem(t *testing.T) {
+	for name, bad := range map[string]bool{
+		"stock":                           true,
+		"stock.default.svc":               true,
+		"stock.svc.cluster.local":         true,
+		"stock.default.svc.cluster.local": false,
+		"stock.default.svc.example.org":   false,
+		"api.example.com":                 false,
+		"stock.default":                   false, // two labels: maybe an external domain
+	} {
+		err := (&ServiceProfile{Name: name}).NameProblem()
+		assert.Equal(t, bad, err != nil, "%s: %v", name, err)
+		if bad {
+			assert.ErrorContains(t, err, "is not a fully qualified service name")
+		}
+	}
+}

@@ -240,9 +240,15 @@ func load(hc *http.Client, o options, out io.Writer) int64 {
 		case <-done:
 			return sent.Load()
 		case <-tick.C:
-			fmt.Fprintf(out, "\r  %d requests, %s left   ", sent.Load(), time.Until(stop).Round(time.Second))
+			fmt.Fprintf(out, "\r  %d requests, %s left   ", sent.Load(), remaining(time.Until(stop)))
 		}
 	}
+}
+
+// remaining is the countdown shown while the load runs: whole seconds, never
+// below zero (the last requests finish after the deadline).
+func remaining(d time.Duration) time.Duration {
+	return max(d, 0).Round(time.Second)
 }
 
 type routeStats struct {

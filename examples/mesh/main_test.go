@@ -41,3 +41,16 @@ func TestDemoPrintsRouteTable(t *testing.T) {
 		}
 	}
 }
+
+// The countdown never shows a negative time, however late the last
+// requests finish.
+func TestRemaining(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		2400 * time.Millisecond: "2s", 500 * time.Millisecond: "1s", 0: "0s",
+		-400 * time.Millisecond: "0s", -1600 * time.Millisecond: "0s",
+	} {
+		if got := remaining(d).String(); got != want {
+			t.Errorf("remaining(%v) = %s, want %s", d, got, want)
+		}
+	}
+}
