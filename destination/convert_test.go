@@ -245,7 +245,7 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 	writeFile(t, broken, "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: web.ns.svc.cluster.local}\nspec: {}\n---\n"+
 		"apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: x.ns.svc.cluster.local}\nspec:\n  routes:\n  - name: r\n    condition: {pathRegex: /x}\n    timeout: 3x\n")
 	err := store.LoadServiceProfiles(good, broken)
-	assert.EqualError(t, err, broken+`: document 2: spec.routes[0].timeout: "3x" is not a duration (like 300ms or 10s)`)
+	assert.EqualError(t, err, broken+`: document 2 (ServiceProfile x.ns.svc.cluster.local): spec.routes[0].timeout: "3x" is not a duration (like 300ms or 10s)`)
 	p, _ = store.profile("books.default.svc.cluster.local", 7000)
 	assert.Len(t, p.Routes, 3, "the last good profiles stay served")
 

@@ -116,8 +116,8 @@ func TestWatchFilesKeepsLastGoodProfiles(t *testing.T) {
 		name, content string
 		wantLog       []string
 	}{
-		{"empty", "", []string{"no ServiceProfile in the file"}},
-		{"whitespace", "\n   \n", []string{"no ServiceProfile in the file"}},
+		{"empty", "", []string{"empty file (no documents)"}},
+		{"whitespace", "\n   \n", []string{"empty file (no documents)"}},
 		{"truncated", fullProfile[:strings.Index(fullProfile, "spec:")], []string{"spec: required"}},
 		{"duplicate key", "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec:\n  routes:\n  - name: a\n    condition: {pathRegex: /a}\n    condition: {pathRegex: /b}\n", []string{"spec.routes[0].condition", "duplicate key"}},
 	}

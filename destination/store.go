@@ -109,16 +109,19 @@ func (s *Store) DeleteEndpoints(authority string) {
 	s.notifyLocked()
 }
 
-// LoadServiceProfiles reads the ServiceProfile YAML files and, when all of
-// them are good, replaces the store's profiles with theirs. On error the
-// store is unchanged and the error names the file, the document and the
-// field.
+// LoadServiceProfiles reads the ServiceProfiles of the YAML files and, when
+// all of them are good, replaces the store's profiles with theirs. The
+// files may hold the other manifests the control plane knows (Services,
+// HTTPRoutes, GRPCRoutes) beside the profiles, as users keep a service's
+// resources; those are skipped here. On error (a bad or unknown document,
+// an empty file, a profile defined twice) the store is unchanged and the
+// error names the file, the document and the field.
 func (s *Store) LoadServiceProfiles(paths ...string) error {
-	sps, err := profiles.LoadServiceProfileFiles(paths...)
+	r, err := manifest.Load(paths...)
 	if err != nil {
 		return err
 	}
-	s.SetServiceProfiles(sps)
+	s.SetServiceProfiles(r.ServiceProfiles)
 	return nil
 }
 

@@ -1,9 +1,10 @@
 // Package manifest reads the Kubernetes-style YAML that inmesh's embedded
 // control plane serves from: Service manifests (their ports and the
-// retry.linkerd.io and timeout.linkerd.io annotations), and Gateway API
+// retry.linkerd.io and timeout.linkerd.io annotations), Gateway API
 // HTTPRoute and GRPCRoute resources (gateway.networking.k8s.io/v1 and
 // Linkerd's policy.linkerd.io/v1beta3 copies) whose parentRefs name a
-// Service. [Resources.Policy] turns them into the outbound policy of one
+// Service, and ServiceProfiles, side by side in any file, as users keep a
+// service's resources. [Resources.Policy] turns them into the outbound policy of one
 // Service port, as Linkerd's policy controller does. [ParseEndpoints]
 // reads the endpoints file of the embedded Destination API.
 //
@@ -18,6 +19,7 @@ import (
 
 	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/yamltree"
+	"github.com/inmesh/inmesh/profiles"
 )
 
 // Resources is what a set of manifest files holds. Load and Parse return
@@ -27,6 +29,12 @@ type Resources struct {
 	Services   []*Service
 	HTTPRoutes []*HTTPRoute
 	GRPCRoutes []*GRPCRoute
+	// ServiceProfiles are the linkerd.io/v1alpha2 ServiceProfiles, which
+	// the Destination API serves; a directory of manifests may hold them
+	// beside the Services and routes, as users keep a service's resources.
+	ServiceProfiles []*profiles.ServiceProfile
+
+	profileObjects []*Object // for the duplicate check across files
 }
 
 // Object identifies a resource.
@@ -37,7 +45,12 @@ type Object struct {
 	Annotations     map[string]string
 }
 
-func (o *Object) key() string { return o.Namespace + "/" + o.Name }
+func (o *Object) key() string {
+	if o.Namespace == "" {
+		return o.Name
+	}
+	return o.Namespace + "/" + o.Name
+}
 
 // Load reads the manifest files at paths. It fails, naming the file, the
 // document and the field, when any document is bad (duplicate keys
@@ -71,6 +84,8 @@ func Load(paths ...string) (*Resources, error) {
 		out.Services = append(out.Services, r.Services...)
 		out.HTTPRoutes = append(out.HTTPRoutes, r.HTTPRoutes...)
 		out.GRPCRoutes = append(out.GRPCRoutes, r.GRPCRoutes...)
+		out.ServiceProfiles = append(out.ServiceProfiles, r.ServiceProfiles...)
+		out.profileObjects = append(out.profileObjects, r.profileObjects...)
 	}
 	out.sort()
 	return out, nil
@@ -87,13 +102,14 @@ func (r *Resources) objects() []*Object {
 	for _, g := range r.GRPCRoutes {
 		out = append(out, &g.Object)
 	}
-	return out
+	return append(out, r.profileObjects...)
 }
 
 func (r *Resources) sort() {
 	slices.SortStableFunc(r.Services, func(a, b *Service) int { return strings.Compare(a.key(), b.key()) })
 	slices.SortStableFunc(r.HTTPRoutes, func(a, b *HTTPRoute) int { return strings.Compare(a.key(), b.key()) })
 	slices.SortStableFunc(r.GRPCRoutes, func(a, b *GRPCRoute) int { return strings.Compare(a.key(), b.key()) })
+	slices.SortStableFunc(r.ServiceProfiles, func(a, b *profiles.ServiceProfile) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // Parse reads a YAML stream of Service, HTTPRoute and GRPCRoute documents.
@@ -127,8 +143,9 @@ func Parse(data []byte) (*Resources, error) {
 
 // The API versions read.
 const (
-	gatewayV1      = "gateway.networking.k8s.io/v1"
-	linkerdV1beta3 = "policy.linkerd.io/v1beta3"
+	gatewayV1              = "gateway.networking.k8s.io/v1"
+	linkerdV1beta3         = "policy.linkerd.io/v1beta3"
+	serviceProfileV1alpha2 = "linkerd.io/v1alpha2"
 )
 
 // topFields are the fields a document may have; status (as kubectl get
@@ -189,9 +206,18 @@ func parseDocument(doc []byte, out *Resources) (*Object, error) {
 			return obj, err
 		}
 		out.GRPCRoutes = append(out.GRPCRoutes, g)
+	case kind == "ServiceProfile" && apiVersion == serviceProfileV1alpha2:
+		obj.Group, obj.Namespace = "linkerd.io", "" // known by its fully qualified name
+		sp, err := profiles.ParseServiceProfile(doc)
+		if err != nil {
+			return obj, err
+		}
+		out.ServiceProfiles = append(out.ServiceProfiles, sp)
+		out.profileObjects = append(out.profileObjects, obj)
+		return obj, nil
 	default:
-		return obj, top["kind"].Errorf("%s %s is not read here (known: v1 Service; HTTPRoute and GRPCRoute of %s or %s)",
-			apiVersion, kind, gatewayV1, linkerdV1beta3)
+		return obj, top["kind"].Errorf("%s %s is not read here (known: v1 Service; HTTPRoute and GRPCRoute of %s or %s; %s ServiceProfile)",
+			apiVersion, kind, gatewayV1, linkerdV1beta3, serviceProfileV1alpha2)
 	}
 	if err := checkAnnotations(obj.Annotations); err != nil {
 		return obj, err

@@ -328,3 +328,48 @@ func TestExampleManifests(t *testing.T) {
 	compiles(t, p)
 	assert.Equal(t, "authors-routes", p.HTTP1.Routes[0].Meta.Name)
 }
+
+// A file may hold a service's ServiceProfile, Service and HTTPRoutes side
+// by side, as users keep them: each reader takes its kinds; an unknown kind
+// is still an error naming it, and a ServiceProfile defined twice across
+// files is named.
+func TestMixedKinds(t *testing.T) {
+	dir := t.TempDir()
+	mixed := filepath.Join(dir, "books.yaml")
+	require.NoError(t, os.WriteFile(mixed, []byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  routes:
+  - name: GET /books
+    condition: {method: GET, pathRegex: /books}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  ports: [{port: 7000}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: books, namespace: default}
+spec:
+  parentRefs: [{group: core, kind: Service, name: books, port: 7000}]
+  rules: [{backendRefs: [{name: books, port: 7000}]}]
+`), 0o644))
+	r, err := Load(mixed)
+	require.NoError(t, err)
+	require.Len(t, r.ServiceProfiles, 1)
+	assert.Equal(t, "books.default.svc.cluster.local", r.ServiceProfiles[0].Name)
+	assert.Len(t, r.Services, 1)
+	assert.Len(t, r.HTTPRoutes, 1)
+
+	again := filepath.Join(dir, "again.yaml")
+	require.NoError(t, os.WriteFile(again, []byte("apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec: {routes: []}\n"), 0o644))
+	_, err = Load(mixed, again)
+	assert.ErrorContains(t, err, "ServiceProfile books.default.svc.cluster.local is also defined in")
+
+	_, err = Parse([]byte("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: books}\nspec: {}\n"))
+	assert.ErrorContains(t, err, `document 1 (Deployment default/books): kind: apps/v1 Deployment is not read here`)
+}

@@ -123,6 +123,10 @@ func LoadServiceProfileFiles(paths ...string) ([]*ServiceProfile, error) {
 	return out, nil
 }
 
+// ParseServiceProfile reads one YAML document holding a ServiceProfile;
+// the error names the field, as in "spec.routes[0].timeout: ...".
+func ParseServiceProfile(doc []byte) (*ServiceProfile, error) { return parseServiceProfile(doc) }
+
 func parseServiceProfile(doc []byte) (*ServiceProfile, error) {
 	doc0, err := yamltree.Decode(doc)
 	if err != nil {

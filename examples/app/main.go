@@ -28,6 +28,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	log.Printf("listening on %s", lis.Addr())
 	// Requests with ambiguous framing are refused before the handler.
 	log.Fatal(srv.Serve(origproto.GuardListener(lis)))
 }

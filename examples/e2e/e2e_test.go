@@ -80,7 +80,7 @@ func build(t *testing.T) string {
 		if binDir, binErr = os.MkdirTemp("", "inmesh-e2e-"); binErr != nil {
 			return
 		}
-		for _, name := range []string{"destination", "proxy"} {
+		for _, name := range []string{"destination", "proxy", "app", "mesh"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, name), "../"+name)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				binErr = fmt.Errorf("build %s: %w\n%s", name, err, out)
