@@ -70,7 +70,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
 			open: func(ctx context.Context, authority string) (recvStream[*pb.DestinationProfile], error) {
-				return c.api.GetProfile(ctx, c.request(authority))
+				return c.api.GetProfile(ctx, c.request(authority), waitForReady)
 			},
 			session: c.profileSession,
 			rejected: func(err error) profiles.Update {
@@ -83,7 +83,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		kind: &kind[*pb.Update, EndpointsUpdate]{
 			name: "Get",
 			open: func(ctx context.Context, authority string) (recvStream[*pb.Update], error) {
-				return c.api.Get(ctx, c.request(authority))
+				return c.api.Get(ctx, c.request(authority), waitForReady)
 			},
 			session:  c.endpointSession,
 			rejected: func(err error) EndpointsUpdate { return EndpointsUpdate{Err: err} },
@@ -101,8 +101,12 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 // host:port, or any gRPC target), which Close closes. Connection attempts go
 // through a [backoff.Dialer] with the client's backoff policy, so that a
 // control plane that cannot be reached is retried after a delay, never in a
-// tight loop. Dial does not wait for the connection. An invalid backoff
-// policy (see [backoff.Policy.Validate]) is an error.
+// tight loop. That one policy governs reconnection: gRPC's own connection
+// backoff is turned off, and a watch's stream waits for the connection
+// rather than failing and backing off on its own while the control plane
+// is down, so that watches resume within the policy's maximum delay of the
+// control plane's return. Dial does not wait for the connection. An
+// invalid backoff policy (see [backoff.Policy.Validate]) is an error.
 func Dial(target string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
 	if err := cfg.policy.Validate(); err != nil {

@@ -53,7 +53,7 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 		kind: &kind[*outboundpb.OutboundPolicy, policy.Update]{
 			name: "OutboundPolicies.Watch",
 			open: func(ctx context.Context, key string) (recvStream[*outboundpb.OutboundPolicy], error) {
-				return c.policyAPI.Watch(ctx, c.trafficSpec(key))
+				return c.policyAPI.Watch(ctx, c.trafficSpec(key), waitForReady)
 			},
 			session: func(key string) func(*outboundpb.OutboundPolicy) (policy.Update, bool) {
 				return func(m *outboundpb.OutboundPolicy) (policy.Update, bool) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc"
 	"io"
 	"log/slog"
 	"strings"
@@ -237,6 +238,13 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 		received bool
 		timedOut bool
 	)
+	// The stream opens once the connection is up (waitForReady), however
+	// long that takes; the first-message deadline runs from then, so that
+	// an outage is never taken for a silent control plane.
+	stream, err := w.kind.open(ctx, w.authority)
+	if err != nil {
+		return classifyStreamErr(err, false, false)
+	}
 	deadline := time.AfterFunc(w.c.cfg.firstMessageTimeout, func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -260,11 +268,6 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 		return received || (timedOut && w.kind.silent != nil), timedOut && w.kind.silent == nil
 	}
 
-	stream, err := w.kind.open(ctx, w.authority)
-	if err != nil {
-		progressed, silent := state()
-		return classifyStreamErr(err, progressed, silent)
-	}
 	handle := w.kind.session(w.authority)
 	for {
 		msg, err := stream.Recv()
@@ -326,3 +329,10 @@ func streamCause(err error) error {
 	}
 	return err
 }
+
+// waitForReady makes a watch's stream wait for the connection to the
+// control plane instead of failing at once while it is down: the
+// connection's reconnection, paced by the client's backoff policy (the
+// dialer), is then the only delay between the control plane's return and
+// the streams, rather than a stream backoff in series with it.
+var waitForReady = grpc.WaitForReady(true)

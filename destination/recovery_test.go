@@ -1,0 +1,68 @@
+package destination
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+)
+
+// The control plane goes away for 30 s (its port refuses connections, as a
+// stopped process's does) and comes back with a profile changed meanwhile:
+// the client routes by the new profile within the backoff's maximum plus
+// one second of the return, with one backoff policy governing both the
+// reconnection and the streams.
+func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a 30 s outage")
+	}
+	t.Parallel()
+	policy := backoff.Policy{Min: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
+	store := NewStore()
+	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(books, "before")})
+	held := holdListener(t)
+	up := func() *grpc.Server {
+		srv := grpc.NewServer()
+		NewServer(store, WithLogger(quietLogger)).Register(srv)
+		lis := held.generation()
+		go srv.Serve(lis)
+		return srv
+	}
+	srv := up()
+	var down atomic.Bool
+	refuse := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if down.Load() {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	c := newTestClient(t, held.addr(), WithBackoff(policy), WithDialFunc(refuse))
+	prof := newRecorder[profiles.Update]()
+	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
+	require.NoError(t, err)
+	defer stop()
+	prof.waitFor(t, "the first profile", hasRoute("before"))
+
+	down.Store(true)
+	srv.Stop() // every stream ends; new connections are refused
+	// The outage: long enough for every backoff to reach its maximum.
+	time.Sleep(30 * time.Second)
+	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(books, "after")})
+	down.Store(false)
+	srv = up()
+	defer srv.Stop()
+	back := time.Now()
+	prof.waitFor(t, "the profile changed during the outage", hasRoute("after"))
+	took := time.Since(back)
+	t.Logf("routing by the new profile %v after the control plane returned", took.Round(time.Millisecond))
+	assert.LessOrEqual(t, took, policy.Max+time.Second)
+}
