@@ -57,6 +57,15 @@ type config struct {
 	local          []string
 	conns          transport.Limits // see transport.go
 	identity       *identity.Local
+	discoveryWait  time.Duration
+}
+
+// WithDiscoveryWait lets an outbound request wait up to d for its
+// authority's first profile and policy answers before it takes a route
+// (see router.WithDiscoveryWait). By default discovery never blocks: the
+// first request to an authority takes the default route at once.
+func WithDiscoveryWait(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.discoveryWait = d })
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -229,7 +238,7 @@ func NewClient(opts ...Option) *Client {
 	var next http.RoundTripper = classify.NewTransport(cl.peers, c.classifyOptions()...)
 	ropts := []router.Option{router.WithProfileRouter(cl.profiles), router.WithPolicies(c.policies),
 		router.WithMeterProvider(c.mp), router.WithLogger(c.logger), router.WithMaxAuthorities(c.maxAuthorities),
-		router.WithIdleTimeout(c.idleTimeout)}
+		router.WithIdleTimeout(c.idleTimeout), router.WithDiscoveryWait(c.discoveryWait)}
 	if c.endpoints != nil {
 		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithProfiles(c.source), balancer.WithMaxAuthorities(c.maxAuthorities),

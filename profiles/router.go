@@ -87,6 +87,9 @@ type tableState struct {
 	budget  *Budget
 	targets map[*CompiledRoute]*routeTargets
 	def     *routeTargets
+	// first is closed by the authority's first answer from the source;
+	// every state of the authority shares it.
+	first *registry.First
 }
 
 // routeTargets are a route's metric targets, each direction's made on its
@@ -170,12 +173,17 @@ func (r *Router) newState(authority string) *tableState {
 	if !r.labels.Admit(authority) {
 		return r.other
 	}
-	return r.build(authority, nil)
+	ts := r.build(authority, nil)
+	ts.first = registry.NewFirst()
+	return ts
 }
 
 // watch starts the profile watch of a new entry.
 func (r *Router) watch(e *registry.Entry[tableState]) (func(), error) {
 	stop, err := r.src.Watch(r.ctx, e.Authority(), func(u Update) { r.apply(e, u) })
+	if err != nil {
+		e.Load().first.Answered() // no answer will come: nobody waits for one
+	}
 	if err != nil && r.ctx.Err() == nil {
 		r.log.Warn("watch", "cannot watch a profile; using the default route", "authority", e.Authority(), "error", err)
 	}
@@ -258,9 +266,13 @@ func (r *Router) label(authority string, t *Table) string {
 // apply compiles a profile update for e and swaps it in.
 func (r *Router) apply(e *registry.Entry[tableState], u Update) {
 	authority := e.Authority()
+	first := e.Load().first
+	defer first.Answered()
 	if u.Profile == nil {
 		if r.labels.Admit(authority) {
-			e.Store(r.build(authority, nil))
+			next := r.build(authority, nil)
+			next.first = first
+			e.Store(next)
 		} else {
 			e.Store(r.other)
 		}
@@ -275,6 +287,7 @@ func (r *Router) apply(e *registry.Entry[tableState], u Update) {
 		r.log.WarnErr("budget:"+authority, "invalid retry budget; retries disabled", err, "authority", authority)
 	}
 	next := r.build(r.label(authority, t), t)
+	next.first = first
 	keepBudget(e.Load(), next)
 	e.Store(next)
 }

@@ -22,6 +22,11 @@ func (r *Router) Resolve(req *http.Request) Resolved {
 	return Resolved{r: r, ts: r.destFor(r.requestKey(req)).state.Load()}
 }
 
+// Discovered is closed once the source's first answer about the
+// authority arrived (a profile, or none): what a request that may wait for
+// discovery waits on.
+func (v Resolved) Discovered() <-chan struct{} { return v.ts.first.Done() }
+
 // Table returns the route table in force.
 func (v Resolved) Table() *Table { return v.ts.table }
 

@@ -38,6 +38,7 @@ type config struct {
 	budget         *profiles.RetryBudget
 	compile        policy.Options
 	balancer       *balancer.Balancer
+	discoveryWait  time.Duration
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.
@@ -141,6 +142,19 @@ func WithIdleTimeout(d time.Duration) Option {
 			c.idleTimeout = d
 		}
 	})
+}
+
+// WithDiscoveryWait lets a request wait up to d for its authority's first
+// answers from the control plane (its ServiceProfile and its outbound
+// policy, or the word that there is none) before it takes a route, so that
+// the first request to an authority, and the first after it was released
+// for idleness, is routed, timed out and retried by its route like any
+// other. By default (d <= 0) discovery never blocks: such a request takes
+// the default route at once. A request whose answers have not arrived
+// within d takes the default route; one cancelled meanwhile returns its
+// context's error. Answers already in cost nothing.
+func WithDiscoveryWait(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.discoveryWait = d })
 }
 
 // WithRetryBudget adds a retry budget (ratio, minimum per second, TTL) to

@@ -50,6 +50,9 @@ type Router struct {
 type policyState struct {
 	table   *policy.Table
 	targets map[*policy.Route]*routeTarget
+	// first is closed by the authority's first answer from the policy
+	// source; every state of the authority shares it.
+	first *registry.First
 }
 
 // routeTarget is what requests of one policy route need beside the route.
@@ -77,7 +80,7 @@ func New(opts ...Option) *Router {
 	if cfg.policies != nil {
 		start = r.watch
 	}
-	r.reg = registry.New(func(string) *policyState { return emptyState }, start,
+	r.reg = registry.New(func(string) *policyState { return &policyState{first: registry.NewFirst()} }, start,
 		registry.WithMaxEntries(cfg.maxAuthorities), registry.WithIdleTimeout(cfg.idleTimeout),
 		registry.WithDefaultPort(cfg.defaultPort))
 	switch {
@@ -108,8 +111,6 @@ func (r *Router) Close() {
 	}
 }
 
-var emptyState = &policyState{}
-
 // policyFor returns the policy state of a request's authority, starting its
 // watch on first use; nil without a policy source or once closed. An
 // authority no request used for the idle timeout is released (its watch
@@ -128,6 +129,9 @@ func (r *Router) policyFor(req *http.Request) *policyState {
 // watch starts the policy watch of a new entry.
 func (r *Router) watch(e *registry.Entry[policyState]) (func(), error) {
 	stop, err := r.cfg.policies.Watch(r.ctx, e.Authority(), func(u policy.Update) { r.apply(e, u) })
+	if err != nil {
+		e.Load().first.Answered() // no answer will come: nobody waits for one
+	}
 	if err != nil && r.ctx.Err() == nil {
 		r.cfg.logger.Warn("cannot watch the outbound policy; using the default route", "authority", e.Authority(), "error", err)
 	}
@@ -146,8 +150,10 @@ func requestKey(req *http.Request) string {
 
 // apply compiles a policy update for d and swaps it in.
 func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
+	first := e.Load().first
+	defer first.Answered()
 	if u.Policy == nil {
-		e.Store(emptyState)
+		e.Store(&policyState{first: first})
 		return
 	}
 	t, err := policy.Compile(u.Policy, r.cfg.compile)
@@ -155,7 +161,9 @@ func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
 		r.cfg.logger.Warn("rejected outbound policy; keeping the last good one", "authority", e.Authority(), "error", err)
 		return
 	}
-	e.Store(r.build(t))
+	next := r.build(t)
+	next.first = first
+	e.Store(next)
 }
 
 // build makes the state of a compiled policy: the metric targets of each

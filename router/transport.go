@@ -75,6 +75,12 @@ type transport struct {
 
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := t.r
+	if r.cfg.discoveryWait > 0 {
+		if err := r.awaitDiscovery(req); err != nil {
+			closeReqBody(req)
+			return nil, err
+		}
+	}
 	if r.prof != nil {
 		if v := r.prof.Resolve(req); v.Applies() {
 			return v.RoundTrip(t.base, req)
@@ -95,6 +101,47 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return proxyerr.Response(req, http.StatusNotFound, "no route found for request"), nil
 	}
 	return r.runPolicy(t.base, req, ps.targets[route], match)
+}
+
+// awaitDiscovery waits, at most the configured bound, until the request's
+// authority has its first profile and policy answers; it returns the
+// request's context error when the request ends first.
+func (r *Router) awaitDiscovery(req *http.Request) error {
+	var prof, pol <-chan struct{}
+	if r.prof != nil {
+		prof = r.prof.Resolve(req).Discovered()
+	}
+	if ps := r.policyFor(req); ps != nil {
+		pol = ps.first.Done()
+	}
+	if answered(prof) && answered(pol) {
+		return nil
+	}
+	timer := time.NewTimer(r.cfg.discoveryWait)
+	defer timer.Stop()
+	for _, ch := range []<-chan struct{}{prof, pol} {
+		if ch == nil {
+			continue
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return nil // the bound: the default route
+		case <-req.Context().Done():
+			return req.Context().Err()
+		}
+	}
+	return nil
+}
+
+// answered reports whether ch is nil or closed.
+func answered(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return ch == nil
+	}
 }
 
 // runPolicy runs req by the policy route of rt, selected by match.

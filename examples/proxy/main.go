@@ -75,7 +75,7 @@ import (
 type flags struct {
 	destination, policyAddr, outbound, inbound, app, metrics string
 	contextToken, scheme                                     string
-	idleTimeout                                              time.Duration
+	idleTimeout, discoveryWait                               time.Duration
 	maxAuthorities, maxWatches                               int
 	local                                                    []string
 	suffixes                                                 []string
@@ -114,6 +114,8 @@ func main() {
 			}
 			return nil
 		})
+	flag.DurationVar(&f.discoveryWait, "discovery-wait", 0,
+		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route)")
 	f.identity.register(flag.CommandLine)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -164,7 +166,8 @@ func run(f flags, log *slog.Logger) error {
 	defer dst.Close()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
 		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)),
-		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithLocalAuthorities(f.local...), mesh.WithIdentity(local)}
+		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithLocalAuthorities(f.local...), mesh.WithIdentity(local),
+		mesh.WithDiscoveryWait(f.discoveryWait)}
 	if f.maxAuthorities > 0 {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
 	}
