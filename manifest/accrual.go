@@ -36,6 +36,70 @@ const (
 	maxAccrualMinRequestsValue = 1 << 20
 )
 
+// The load biaser's annotations of a Service, as Linkerd's policy
+// controller reads them (policy-controller, parse_load_biaser_config): with
+// penalize-failures, the Service's backends use the peak-EWMA estimator
+// that adds the penalty to an endpoint answering 429 or
+// RESOURCE_EXHAUSTED and keeps it out of picks for its Retry-After (at
+// most max-retry-after).
+const (
+	AnnotationPenalizeFailures        = "balancer.alpha.linkerd.io/penalize-failures"
+	AnnotationLoadBiaserPenalty       = "balancer.alpha.linkerd.io/load-biaser-penalty"
+	AnnotationLoadBiaserMaxRetryAfter = "balancer.alpha.linkerd.io/load-biaser-max-retry-after"
+	// AnnotationHonorRetryAfter is read and checked; it tunes the failure
+	// accrual's backoff, which has no effect without a failure-accrual
+	// mode (as Linkerd's controller says).
+	AnnotationHonorRetryAfter = "balancer.alpha.linkerd.io/failure-accrual-honor-retry-after"
+)
+
+// Defaults of the load biaser's annotations (Linkerd's).
+const (
+	DefaultLoadBiaserPenalty       = 5 * time.Second
+	DefaultLoadBiaserMaxRetryAfter = 300 * time.Second
+	// maxLoadBiaserPenalty is the most the proxy can carry: a u32 of
+	// milliseconds.
+	maxLoadBiaserPenalty = time.Duration(1<<32-1) * time.Millisecond
+)
+
+// loadBiaser reads the load biaser's annotations: nil unless
+// penalize-failures is true. An error names the annotation.
+func loadBiaser(a map[string]string) (*policy.LoadPenalty, error) {
+	if _, err := boolAnnotation(a, AnnotationHonorRetryAfter); err != nil {
+		return nil, err
+	}
+	on, err := boolAnnotation(a, AnnotationPenalizeFailures)
+	if err != nil || !on {
+		return nil, err
+	}
+	penalty, err := durationAnnotation(a, AnnotationLoadBiaserPenalty, DefaultLoadBiaserPenalty)
+	if err != nil {
+		return nil, err
+	}
+	if penalty > maxLoadBiaserPenalty {
+		return nil, annotationErr(AnnotationLoadBiaserPenalty, "%v exceeds the maximum supported value (~49.7 days)", penalty)
+	}
+	maxRetryAfter, err := durationAnnotation(a, AnnotationLoadBiaserMaxRetryAfter, DefaultLoadBiaserMaxRetryAfter)
+	if err != nil {
+		return nil, err
+	}
+	return &policy.LoadPenalty{Penalty: penalty, MaxRetryAfter: maxRetryAfter, PenaltyDecay: DefaultDecay}, nil
+}
+
+// boolAnnotation reads "true" or "false" (false when absent).
+func boolAnnotation(a map[string]string, key string) (bool, error) {
+	v, ok := a[key]
+	if !ok {
+		return false, nil
+	}
+	switch strings.TrimSpace(v) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, annotationErr(key, "%q is not true or false", v)
+}
+
 // failureAccrual reads the failure-accrual annotations: nil when
 // balancer.linkerd.io/failure-accrual is not set. An error names the
 // annotation.
@@ -43,7 +107,7 @@ func failureAccrual(a map[string]string) (*policy.FailureAccrual, error) {
 	mode, ok := a[AnnotationFailureAccrual]
 	if !ok {
 		for k := range a {
-			if strings.HasPrefix(k, "balancer.linkerd.io/failure-accrual-") || strings.HasPrefix(k, "balancer.alpha.linkerd.io/failure-accrual-") {
+			if k != AnnotationHonorRetryAfter && (strings.HasPrefix(k, "balancer.linkerd.io/failure-accrual-") || strings.HasPrefix(k, "balancer.alpha.linkerd.io/failure-accrual-")) {
 				return nil, annotationErr(k, "needs %s (consecutive or unified)", AnnotationFailureAccrual)
 			}
 		}

@@ -90,7 +90,8 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 		return nil
 	}
 	parent := policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port}
-	self := r.backend(namespace, name, port)
+	lb, _ := loadBiaser(svc.Annotations)
+	self := r.backend(namespace, name, port, lb)
 	svcHTTPRetry, _ := httpRetry(svc.Annotations)
 	svcGRPCRetry, _ := grpcRetry(svc.Annotations)
 	svcTimeouts, _ := timeouts(svc.Annotations)
@@ -113,7 +114,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 			route.Rules = append(route.Rules, policy.GRPCRule{
 				Matches:  rule.Matches,
 				Filters:  rule.Filters,
-				Backends: r.distribution(rule.BackendRefs, self, port, true),
+				Backends: r.distribution(rule.BackendRefs, self, port, true, lb),
 				Timeouts: ruleTimeouts(rule.Timeouts, tos),
 				Retry:    retry,
 			})
@@ -142,7 +143,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 			route.Rules = append(route.Rules, policy.HTTPRule{
 				Matches:  rule.Matches,
 				Filters:  rule.Filters,
-				Backends: r.distribution(rule.BackendRefs, self, port, false),
+				Backends: r.distribution(rule.BackendRefs, self, port, false, lb),
 				Timeouts: ruleTimeouts(rule.Timeouts, tos),
 				Retry:    retry,
 			})
@@ -197,14 +198,15 @@ func ruleTimeouts(rule, annotations *policy.Timeouts) policy.Timeouts {
 }
 
 // backend returns the backend of a Service port: a balancer when the
-// Service is known, else a backend that fails its requests.
-func (r *Resources) backend(namespace, name string, port uint16) policy.Backend {
+// Service is known (with the parent Service's load biaser lb, if any),
+// else a backend that fails its requests.
+func (r *Resources) backend(namespace, name string, port uint16, lb *policy.LoadPenalty) policy.Backend {
 	b := policy.Backend{
 		Meta:  policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port},
 		Queue: policy.Queue{Capacity: DefaultQueueCapacity, FailFastTimeout: DefaultFailFastTimeout},
 	}
 	if svc := r.Service(namespace, name); svc != nil && svc.HasPort(port) {
-		b.Balancer = &policy.Balancer{Authority: Authority(namespace, name, port), DefaultRTT: DefaultRTT, Decay: DefaultDecay}
+		b.Balancer = &policy.Balancer{Authority: Authority(namespace, name, port), DefaultRTT: DefaultRTT, Decay: DefaultDecay, Penalty: lb}
 	}
 	return b
 }
@@ -219,7 +221,7 @@ func notFound(namespace, name string, port uint16, grpc bool) policy.Filter {
 	return policy.Filter{FailureInjector: &policy.FailureInjector{Status: 500, Message: msg}}
 }
 
-func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentPort uint16, grpc bool) policy.Distribution {
+func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentPort uint16, grpc bool, lb *policy.LoadPenalty) policy.Distribution {
 	if len(refs) == 0 {
 		return policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{{Backend: self}}}
 	}
@@ -229,7 +231,7 @@ func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentP
 		if port == 0 {
 			port = parentPort
 		}
-		b := r.backend(ref.Namespace, ref.Name, port)
+		b := r.backend(ref.Namespace, ref.Name, port, lb)
 		rb := policy.RouteBackend{Backend: b, Weight: ref.Weight, Filters: ref.Filters}
 		if b.Balancer == nil {
 			rb.Filters = append([]policy.Filter{notFound(ref.Namespace, ref.Name, port, grpc)}, ref.Filters...)

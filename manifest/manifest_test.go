@@ -373,3 +373,52 @@ spec:
 	_, err = Parse([]byte("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: books}\nspec: {}\n"))
 	assert.ErrorContains(t, err, `document 1 (Deployment default/books): kind: apps/v1 Deployment is not read here`)
 }
+
+// The load biaser's annotations, as Linkerd's policy controller parses
+// them (linkerd2 policy-controller parse_load_biaser_config, and its
+// policy tests' load-bias cases): off unless penalize-failures is true;
+// penalty 5s and max-retry-after 300s by default; a bad value names the
+// annotation; honor-retry-after alone is no error.
+func TestLoadBiaserAnnotations(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a    map[string]string
+		want *policy.LoadPenalty
+		err  string
+	}{
+		{"absent", nil, nil, ""},
+		{"off", map[string]string{AnnotationPenalizeFailures: "false"}, nil, ""},
+		{"defaults", map[string]string{AnnotationPenalizeFailures: "true"},
+			&policy.LoadPenalty{Penalty: 5 * time.Second, MaxRetryAfter: 300 * time.Second, PenaltyDecay: DefaultDecay}, ""},
+		{"custom", map[string]string{AnnotationPenalizeFailures: "true", AnnotationLoadBiaserPenalty: "3s", AnnotationLoadBiaserMaxRetryAfter: "1m"},
+			&policy.LoadPenalty{Penalty: 3 * time.Second, MaxRetryAfter: time.Minute, PenaltyDecay: DefaultDecay}, ""},
+		{"not a bool", map[string]string{AnnotationPenalizeFailures: "yes"}, nil, AnnotationPenalizeFailures},
+		{"bad penalty", map[string]string{AnnotationPenalizeFailures: "true", AnnotationLoadBiaserPenalty: "soon"}, nil, AnnotationLoadBiaserPenalty},
+		{"penalty too large", map[string]string{AnnotationPenalizeFailures: "true", AnnotationLoadBiaserPenalty: "2000h"}, nil, "maximum supported value"},
+		{"bad max-retry-after", map[string]string{AnnotationPenalizeFailures: "true", AnnotationLoadBiaserMaxRetryAfter: "-"}, nil, AnnotationLoadBiaserMaxRetryAfter},
+		{"honor-retry-after alone", map[string]string{AnnotationHonorRetryAfter: "true"}, nil, ""},
+		{"honor-retry-after not a bool", map[string]string{AnnotationHonorRetryAfter: "1"}, nil, AnnotationHonorRetryAfter},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := loadBiaser(tc.a)
+			if tc.err != "" {
+				assert.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			_, err = failureAccrual(tc.a)
+			assert.NoError(t, err, "honor-retry-after is not a failure-accrual parameter")
+		})
+	}
+
+	// The Service's backends carry it in their policy.
+	r, err := Parse([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: books, namespace: default, annotations: {" +
+		AnnotationPenalizeFailures + ": 'true'}}\nspec: {ports: [{port: 7000}]}\n"))
+	require.NoError(t, err)
+	p := r.Policy("default", "books", 7000)
+	require.NotNil(t, p)
+	b := p.HTTP1.Routes[0].Rules[0].Backends.Backends[0].Backend
+	require.NotNil(t, b.Balancer)
+	assert.Equal(t, 5*time.Second, b.Balancer.Penalty.Penalty)
+}

@@ -105,6 +105,9 @@ func checkAnnotations(a map[string]string) error {
 	if _, err := timeouts(a); err != nil {
 		return err
 	}
+	if _, err := loadBiaser(a); err != nil {
+		return err
+	}
 	_, err := failureAccrual(a)
 	return err
 }
