@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
 	"time"
 
@@ -25,7 +26,7 @@ const (
 	DefaultErrorPenalty = 5 * time.Second
 	// DefaultMaxAuthorities bounds the authorities a Balancer keeps state
 	// for.
-	DefaultMaxAuthorities = 10000
+	DefaultMaxAuthorities = registry.DefaultMaxEntries
 	// DefaultIdleTimeout is how long a Balancer keeps an authority no
 	// request used before it releases it and stops its watches.
 	DefaultIdleTimeout = time.Minute

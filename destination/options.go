@@ -1,6 +1,7 @@
 package destination
 
 import (
+	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -11,7 +12,7 @@ import (
 
 // Defaults of the [Client].
 const (
-	DefaultMaxWatches          = 10000
+	DefaultMaxWatches          = registry.DefaultMaxEntries
 	DefaultIdleTimeout         = 30 * time.Second
 	DefaultFirstMessageTimeout = 5 * time.Second
 )

@@ -2,6 +2,7 @@ package profiles
 
 import (
 	"github.com/inmesh/inmesh/internal/exchange"
+	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
 	"time"
 
@@ -12,7 +13,7 @@ import (
 const ScopeName = "github.com/inmesh/inmesh/profiles"
 
 // DefaultMaxAuthorities bounds the authorities a [Router] watches.
-const DefaultMaxAuthorities = 10000
+const DefaultMaxAuthorities = registry.DefaultMaxEntries
 
 // DefaultIdleTimeout is how long a [Router] keeps an authority no request
 // used: then its watch stops, freeing the control-plane client's cap.

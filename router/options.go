@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
 	"time"
 
@@ -16,7 +17,7 @@ const ScopeName = "github.com/inmesh/inmesh/router"
 
 // DefaultMaxAuthorities bounds the authorities whose policies a [Router]
 // watches.
-const DefaultMaxAuthorities = 10000
+const DefaultMaxAuthorities = registry.DefaultMaxEntries
 
 // Option configures a [Router].
 type Option interface{ apply(*config) }

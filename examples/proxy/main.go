@@ -96,9 +96,9 @@ func main() {
 	flag.DurationVar(&f.idleTimeout, "idle-timeout", 0,
 		"release an authority no request used for this long: its watches, endpoints and metric targets (0: the library's defaults)")
 	flag.IntVar(&f.maxAuthorities, "max-authorities", 0,
-		"authorities routed, balanced and labelled at once (0: the library's default, 10000)")
+		"authorities routed, balanced and labelled at once (0: the library's default, 2000)")
 	flag.IntVar(&f.maxWatches, "max-watches", 0,
-		"control-plane watches open at once, per API (0: the library's default, 10000)")
+		"control-plane watches open at once, per API (0: the library's default, 2000)")
 	flag.Func("local-authority", "one of the application's own authorities (host:port), routed by profile on the inbound side; repeatable",
 		func(s string) error { f.local = append(f.local, s); return nil })
 	flag.Func("search-suffixes", `comma-separated DNS suffixes looked up on the control plane ("." for every name; default svc.cluster.local.)`,
