@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
 	"google.golang.org/grpc"
@@ -99,6 +100,7 @@ type Issuer struct {
 	lifetime time.Duration
 	skew     time.Duration
 	log      *slog.Logger
+	refused  *ratelog.Logger // refusals a caller can repeat at will
 	now      func() time.Time
 
 	mu     sync.Mutex
@@ -149,6 +151,7 @@ func NewIssuer(anchors *x509.CertPool, chain [][]byte, key crypto.Signer, tokens
 			o.apply(i)
 		}
 	}
+	i.refused = ratelog.New(i.log, 0)
 	return i, nil
 }
 
@@ -182,16 +185,16 @@ func (i *Issuer) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*
 	proven, err := i.tokens.Validate(ctx, tok)
 	switch {
 	case errors.Is(err, ErrInvalidToken):
-		i.log.Warn("identity: refused a token", "identity", id, "error", err)
+		i.refused.WarnErr("token:"+id, "identity: refused a token", err, "identity", id)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrNotAuthenticated):
-		i.log.Warn("identity: refused a token", "identity", id, "error", err)
+		i.refused.WarnErr("token:"+id, "identity: refused a token", err, "identity", id)
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	case err != nil:
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	if proven != id {
-		i.log.Warn("identity: a token for another identity", "requested", id, "token", proven)
+		i.refused.WarnErr("other:"+id, "identity: a token for another identity", errors.New("the token proves "+proven), "requested", id)
 		return nil, status.Error(codes.FailedPrecondition, "requested identity did not match provided token")
 	}
 	leaf, notAfter, err := i.issue(csr)

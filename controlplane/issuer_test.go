@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"net/url"
 	"testing"
 	"time"
@@ -217,4 +218,17 @@ func TestTokens(t *testing.T) {
 	id, err = tokens.Validate(context.Background(), []byte("t2"))
 	require.NoError(t, err)
 	assert.Equal(t, authors, id)
+}
+
+// A refused token is logged once per reason and interval, however often a
+// caller repeats it.
+func TestRefusedTokensAreLoggedOnce(t *testing.T) {
+	var logs syncBuffer
+	issuer, _, _ := newTestIssuer(t, WithIssuerLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	csr := csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil)
+	for range 100 {
+		_, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{Identity: books, Token: []byte("who?"), CertificateSigningRequest: csr})
+		require.Error(t, err)
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "refused a token"), logs.String())
 }
