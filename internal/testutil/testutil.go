@@ -160,7 +160,7 @@ func writeSample(b *strings.Builder, name string, attrs attribute.Set, le, value
 	type label struct{ k, v string }
 	labels := make([]label, 0, attrs.Len()+1)
 	for _, kv := range attrs.ToSlice() {
-		labels = append(labels, label{promName(string(kv.Key)), kv.Value.Emit()})
+		labels = append(labels, label{promName(string(kv.Key)), kv.Value.String()})
 	}
 	sort.Slice(labels, func(i, j int) bool { return labels[i].k < labels[j].k })
 	if le != "" {
