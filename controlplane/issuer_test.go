@@ -11,8 +11,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strings"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
