@@ -14,8 +14,8 @@ import (
 const Header = "L5d-Proxy-Error"
 
 // Response returns an empty response with status code and reason msg, for
-// the request req. To a gRPC request ([IsGRPC]) an error status (3xx and
-// up) is answered as gRPC does, trailers-only: HTTP 200 with content-type
+// the request req. To a gRPC request ([IsGRPC], or gRPC-Web over HTTP/2)
+// an error status (3xx and up) is answered as gRPC does, trailers-only: HTTP 200 with content-type
 // application/grpc, grpc-status mapped from code ([GRPCCode]) and
 // grpc-message msg, so that a gRPC client reads the reason rather than an
 // HTTP status it cannot interpret.
@@ -28,7 +28,7 @@ func Response(req *http.Request, code int, msg string) *http.Response {
 		Body:    http.NoBody,
 		Request: req,
 	}
-	if code >= 300 && req != nil && IsGRPC(req) {
+	if code >= 300 && req != nil && answersGRPC(req) {
 		resp.Status, resp.StatusCode = "200 OK", http.StatusOK
 		resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/2.0", 2, 0
 		resp.Header["Content-Type"] = grpcContentType
@@ -66,6 +66,17 @@ func IsGRPC(r *http.Request) bool {
 	}
 	rest, ok := strings.CutPrefix(ct[0], "application/grpc")
 	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
+}
+
+// answersGRPC reports whether a proxy-made answer to r takes gRPC's form:
+// a gRPC request, or any application/grpc* one over HTTP/2 (gRPC-Web
+// included), as Linkerd's proxy decides.
+func answersGRPC(r *http.Request) bool {
+	if IsGRPC(r) {
+		return true
+	}
+	ct := r.Header["Content-Type"]
+	return r.ProtoMajor == 2 && len(ct) > 0 && strings.HasPrefix(ct[0], "application/grpc")
 }
 
 // The gRPC status codes that proxy-made answers use.

@@ -35,7 +35,13 @@ func TestResponseToGRPCRequestIsTrailersOnly(t *testing.T) {
 	assert.Equal(t, "request timed out after 1s: 100% of it", resp.Header.Get(Header))
 	assert.Empty(t, resp.Trailer)
 
-	// gRPC-Web and plain HTTP get the HTTP status.
+	// gRPC-Web over HTTP/2 is answered as gRPC, as Linkerd's proxy does.
+	req.Header.Set("Content-Type", "application/grpc-web+proto")
+	req.ProtoMajor = 2
+	assert.Equal(t, "14", Response(req, http.StatusServiceUnavailable, "no endpoints").Header.Get("Grpc-Status"))
+	req.ProtoMajor = 1
+
+	// gRPC-Web over HTTP/1 and plain HTTP get the HTTP status.
 	for _, ct := range []string{"application/grpc-web", "text/plain", ""} {
 		req.Header.Set("Content-Type", ct)
 		resp = Response(req, http.StatusServiceUnavailable, "no endpoints")
