@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -98,7 +99,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 	accrual, _ := failureAccrual(svc.Annotations)
 
 	var grpcRoutes []policy.GRPCRoute
-	for _, g := range r.GRPCRoutes {
+	for _, g := range byAge(r.GRPCRoutes, func(g *GRPCRoute) *Object { return &g.Object }) {
 		if !attached(g.ParentRefs, namespace, name, port) {
 			continue
 		}
@@ -127,7 +128,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 	}
 
 	var httpRoutes []policy.HTTPRoute
-	for _, h := range r.HTTPRoutes {
+	for _, h := range byAge(r.HTTPRoutes, func(h *HTTPRoute) *Object { return &h.Object }) {
 		if !attached(h.ParentRefs, namespace, name, port) {
 			continue
 		}
@@ -164,6 +165,29 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 		HTTP1:         policy.HTTPProtocol{Routes: httpRoutes, FailureAccrual: accrual},
 		HTTP2:         policy.HTTPProtocol{Routes: httpRoutes, FailureAccrual: accrual},
 	}
+}
+
+// byAge returns routes in the order a policy lists them, which decides
+// between routes whose matches tie: the oldest by creationTimestamp first,
+// routes without one after those with one, then by namespace and name (the
+// order of Resources). Linkerd's policy controller orders them the same way
+// (policy-controller/grpc/src/outbound.rs, timestamp_then_name).
+func byAge[T any](routes []T, obj func(T) *Object) []T {
+	out := slices.Clone(routes)
+	slices.SortStableFunc(out, func(a, b T) int {
+		ta, tb := obj(a).Created, obj(b).Created
+		switch {
+		case ta.IsZero() != tb.IsZero():
+			if ta.IsZero() {
+				return 1
+			}
+			return -1
+		case !ta.Equal(tb):
+			return ta.Compare(tb)
+		}
+		return 0
+	})
+	return out
 }
 
 func attached(parents []ParentRef, namespace, name string, port uint16) bool {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/yamltree"
@@ -43,6 +44,10 @@ type Object struct {
 	Group, Kind     string
 	Namespace, Name string
 	Annotations     map[string]string
+	// Created is metadata.creationTimestamp (zero when absent): among
+	// routes whose matches tie, the oldest wins, as in Linkerd and the
+	// Gateway API.
+	Created time.Time
 }
 
 func (o *Object) key() string {
@@ -152,8 +157,8 @@ const (
 // prints it) is ignored.
 var topFields = []string{"apiVersion", "kind", "metadata", "spec", "status"}
 
-// metadataFields are the fields of metadata; only name, namespace and
-// annotations are used.
+// metadataFields are the fields of metadata; only name, namespace,
+// annotations and creationTimestamp are used.
 var metadataFields = []string{"name", "namespace", "annotations", "labels", "uid", "resourceVersion",
 	"generation", "creationTimestamp", "managedFields", "ownerReferences", "finalizers", "generateName"}
 
@@ -247,6 +252,15 @@ func (o *Object) parseMetadata(root yamltree.Node, top map[string]yamltree.Node)
 		}
 		if !isDNSLabel(o.Namespace) {
 			return nn.Errorf("%q is not a DNS label (lower case letters, digits and '-')", o.Namespace)
+		}
+	}
+	if cn, ok := md["creationTimestamp"]; ok && cn.Value != nil {
+		v, err := cn.Str()
+		if err != nil {
+			return err
+		}
+		if o.Created, err = time.Parse(time.RFC3339, v); err != nil {
+			return cn.Errorf("%q is not an RFC 3339 time (such as 2024-01-02T15:04:05Z)", v)
 		}
 	}
 	if an, ok := md["annotations"]; ok && an.Value != nil {

@@ -1,8 +1,10 @@
 package manifest
 
 import (
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -421,4 +423,51 @@ func TestLoadBiaserAnnotations(t *testing.T) {
 	b := p.HTTP1.Routes[0].Rules[0].Backends.Backends[0].Backend
 	require.NotNil(t, b.Balancer)
 	assert.Equal(t, 5*time.Second, b.Balancer.Penalty.Penalty)
+}
+
+// TestTiedRoutesGoToTheOldest: routes whose matches tie are listed oldest
+// first by creationTimestamp, those without one last, then by namespace
+// and name, as Linkerd's policy controller lists them
+// (policy-controller/grpc/src/outbound.rs, timestamp_then_name), so the
+// router's first-of-equals rule picks the oldest route.
+func TestTiedRoutesGoToTheOldest(t *testing.T) {
+	route := func(name, created string) string {
+		ts := ""
+		if created != "" {
+			ts = "\n  creationTimestamp: " + created
+		}
+		return `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: ` + name + `
+  namespace: default` + ts + `
+spec:
+  parentRefs: [{group: core, kind: Service, name: authors, port: 7001}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /a}}]
+`
+	}
+	r := mustParse(t, authorsService,
+		route("a-undated", ""),
+		route("b-newer", "2024-05-01T00:00:00Z"),
+		route("c-oldest", "2023-01-01T10:00:00Z"),
+		route("d-newer", "2024-05-01T00:00:00Z"))
+	p := r.Policy("default", "authors", 7001)
+	require.NotNil(t, p)
+	var names []string
+	for _, rt := range p.HTTP1.Routes {
+		names = append(names, rt.Meta.Name)
+	}
+	assert.Equal(t, []string{"c-oldest", "b-newer", "d-newer", "a-undated"}, names)
+
+	table, err := policy.Compile(p, policy.Options{})
+	require.NoError(t, err)
+	req := httptest.NewRequest("GET", "http://authors.default.svc.cluster.local:7001/a/1", nil)
+	got, _ := table.Select(req)
+	require.NotNil(t, got)
+	assert.Equal(t, "c-oldest", got.Meta.Name)
+
+	_, err = Parse([]byte(strings.Replace(route("x", "2023-01-01T10:00:00Z"), "2023-01-01T10:00:00Z", "yesterday", 1)))
+	require.ErrorContains(t, err, `metadata.creationTimestamp: "yesterday" is not an RFC 3339 time`)
 }

@@ -33,8 +33,10 @@ func (k HostKind) String() string {
 
 // Match says which route, rule and match selected a request, and how
 // strongly: the values best match compares, most significant first (Host,
-// HostLen, then PathLen, Headers, QueryParams and Method for HTTP, or
-// Service, RPCMethod and Headers for gRPC). Select returns it by value.
+// HostLen, then PathLen with an exact path above any other path of the same
+// length, Method, Headers and QueryParams for HTTP, as the Gateway API's
+// HTTPRoute precedence orders them; Service, RPCMethod and Headers for
+// gRPC). Select returns it by value.
 type Match struct {
 	// Route and Rule are the indexes of the selected rule in the policy,
 	// -1 when nothing matched. Match is the index of the best of the rule's
@@ -68,8 +70,9 @@ var noMatch = Match{Route: -1, Rule: -1, Match: -1}
 func (m Match) Compare(o Match) int {
 	for _, d := range [...]int{
 		int(m.Host) - int(o.Host), m.HostLen - o.HostLen,
-		m.PathLen - o.PathLen, m.Service - o.Service, m.RPCMethod - o.RPCMethod,
-		m.Headers - o.Headers, m.QueryParams - o.QueryParams, b2i(m.Method) - b2i(o.Method),
+		m.PathLen - o.PathLen, b2i(m.Path == PathExact) - b2i(o.Path == PathExact),
+		m.Service - o.Service, m.RPCMethod - o.RPCMethod,
+		b2i(m.Method) - b2i(o.Method), m.Headers - o.Headers, m.QueryParams - o.QueryParams,
 	} {
 		if d != 0 {
 			if d < 0 {
@@ -88,7 +91,7 @@ func b2i(b bool) int {
 	return 0
 }
 
-// String describes m for people: "route 1 rule 0 match 2: host exact(11) path prefix(4) headers 1".
+// String describes m for people, in the order of precedence: "route 1 rule 0 match 2: host exact(11) path prefix(4) method headers 1".
 func (m Match) String() string {
 	if m.Route < 0 {
 		return "no match"
@@ -123,14 +126,14 @@ func (m Match) String() string {
 		b = strconv.AppendInt(b, int64(m.PathLen), 10)
 		b = append(b, ')')
 	}
+	if m.Method {
+		b = append(b, " method"...)
+	}
 	b = append(b, " headers "...)
 	b = strconv.AppendInt(b, int64(m.Headers), 10)
 	if m.QueryParams > 0 {
 		b = append(b, " query "...)
 		b = strconv.AppendInt(b, int64(m.QueryParams), 10)
-	}
-	if m.Method {
-		b = append(b, " method"...)
 	}
 	return string(b)
 }

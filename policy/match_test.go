@@ -57,13 +57,13 @@ func TestBestMatchHTTP(t *testing.T) {
 		wantRule  int
 		wantMatch int
 	}{
-		// Paths: compared by matched length only.
+		// Paths: compared by matched length; at equal length an exact path wins.
 		{"exact longer than prefix wins", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/foo")}), route(HTTPRouteMatch{Path: exact("/foo/bar")})}, newReq(get, "/foo/bar"), 1, 0, 0},
 		{"longer prefix wins over earlier shorter prefix", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/foo")}), route(HTTPRouteMatch{Path: prefix("/foo/bar")})}, newReq(get, "/foo/bar/baz"), 1, 0, 0},
-		{"prefix and exact of equal length tie: earlier route (prefix)", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/foo/bar")}), route(HTTPRouteMatch{Path: exact("/foo/bar")})}, newReq(get, "/foo/bar"), 0, 0, 0},
-		{"prefix and exact of equal length tie: earlier route (exact)", []HTTPRoute{route(HTTPRouteMatch{Path: exact("/foo/bar")}), route(HTTPRouteMatch{Path: prefix("/foo/bar")})}, newReq(get, "/foo/bar"), 0, 0, 0},
+		{"exact beats a prefix of equal length, later", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/foo/bar")}), route(HTTPRouteMatch{Path: exact("/foo/bar")})}, newReq(get, "/foo/bar"), 1, 0, 0},
+		{"exact beats a prefix of equal length, earlier", []HTTPRoute{route(HTTPRouteMatch{Path: exact("/foo/bar")}), route(HTTPRouteMatch{Path: prefix("/foo/bar")})}, newReq(get, "/foo/bar"), 0, 0, 0},
 		{"regex counts the whole path, beating a shorter prefix", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/foo/bar")}), route(HTTPRouteMatch{Path: regex("/foo/.*")})}, newReq(get, "/foo/bar/baz"), 1, 0, 0},
-		{"regex and exact of the same path tie: earlier", []HTTPRoute{route(HTTPRouteMatch{Path: regex("/foo/[a-z]+")}), route(HTTPRouteMatch{Path: exact("/foo/bar")})}, newReq(get, "/foo/bar"), 0, 0, 0},
+		{"exact beats a regex matching the same path", []HTTPRoute{route(HTTPRouteMatch{Path: regex("/foo/[a-z]+")}), route(HTTPRouteMatch{Path: exact("/foo/bar")})}, newReq(get, "/foo/bar"), 1, 0, 0},
 		{"prefix equal to the whole path ties with a regex: earlier prefix", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/a/b")}), route(HTTPRouteMatch{Path: regex("/a/.*")})}, newReq(get, "/a/b"), 0, 0, 0},
 		{"regex beats a prefix shorter than the path even when later", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/a")}), route(HTTPRouteMatch{Path: regex("/a/.*")})}, newReq(get, "/a/b"), 1, 0, 0},
 		{"regex must match the whole path", []HTTPRoute{route(HTTPRouteMatch{Path: regex("/foo")})}, newReq(get, "/foo/bar"), -1, 0, 0},
@@ -89,7 +89,7 @@ func TestBestMatchHTTP(t *testing.T) {
 		{"a route with no rules matches nothing", []HTTPRoute{{}}, newReq(get, "/"), -1, 0, 0},
 		{"no routes", nil, newReq(get, "/"), -1, 0, 0},
 
-		// Headers, query parameters, method, in that order after the path.
+		// Method, headers, query parameters, in that order after the path.
 		{"more header matches win", []HTTPRoute{
 			route(HTTPRouteMatch{Headers: []HeaderMatch{{Name: "x-a", Value: "1"}}}),
 			route(HTTPRouteMatch{Headers: []HeaderMatch{{Name: "x-a", Value: "1"}, {Name: "x-b", Value: "2"}}}),
@@ -102,10 +102,14 @@ func TestBestMatchHTTP(t *testing.T) {
 			route(HTTPRouteMatch{QueryParams: []QueryParamMatch{{Name: "q", Value: "1"}, {Name: "r", Value: "2"}}}),
 			route(HTTPRouteMatch{Headers: []HeaderMatch{{Name: "x-a", Value: "1"}}}),
 		}, newReq(get, "/?q=1&r=2", "x-a", "1"), 1, 0, 0},
-		{"query params beat method", []HTTPRoute{
-			route(HTTPRouteMatch{Method: get}),
+		{"method beats query params", []HTTPRoute{
 			route(HTTPRouteMatch{QueryParams: []QueryParamMatch{{Name: "q", Value: "1"}}}),
+			route(HTTPRouteMatch{Method: get}),
 		}, newReq(get, "/?q=1"), 1, 0, 0},
+		{"method beats headers", []HTTPRoute{
+			route(HTTPRouteMatch{Headers: []HeaderMatch{{Name: "x-a", Value: "1"}, {Name: "x-b", Value: "2"}}}),
+			route(HTTPRouteMatch{Method: get}),
+		}, newReq(get, "/", "x-a", "1", "x-b", "2"), 1, 0, 0},
 		{"method breaks a tie", []HTTPRoute{
 			route(HTTPRouteMatch{Path: prefix("/")}),
 			route(HTTPRouteMatch{Path: prefix("/"), Method: get}),
@@ -175,14 +179,14 @@ func TestMatchSummaryValues(t *testing.T) {
 	)
 	_, m := rt.Select(newReq("GET", "http://a.example.com/foo/bar?q=2", "x", "1"))
 	assert.Equal(t, Match{Route: 0, Rule: 0, Match: 0, Host: HostSuffix, HostLen: len(".example.com"), Path: PathPrefix, PathLen: 4, Headers: 1, QueryParams: 1, Method: true}, m)
-	assert.Equal(t, "route 0 rule 0 match 0: host suffix(12) path prefix(4) headers 1 query 1 method", m.String())
+	assert.Equal(t, "route 0 rule 0 match 0: host suffix(12) path prefix(4) method headers 1 query 1", m.String())
 
 	rt = compileHTTP(t, route(HTTPRouteMatch{Path: regex("/foo/.*")}), route(HTTPRouteMatch{Path: exact("/foo/b")}))
 	_, m = rt.Select(newReq("GET", "/foo/bar"))
 	assert.Equal(t, PathRegex, m.Path)
 	assert.Equal(t, len("/foo/bar"), m.PathLen)
 	_, m = rt.Select(newReq("GET", "/foo/b"))
-	assert.Equal(t, 0, m.Route, "regex and exact both 6 bytes: the earlier")
+	assert.Equal(t, 1, m.Route, "regex and exact both 6 bytes: the exact path")
 }
 
 func TestHeaderAndQueryMatching(t *testing.T) {
