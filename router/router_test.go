@@ -141,6 +141,12 @@ func TestDistributions(t *testing.T) {
 			policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/random"}}},
 				Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: []policy.RouteBackend{a.backend("a"), b.backend("b")}}},
 			policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/empty"}}}},
+			policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/zero"}}},
+				Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: []policy.RouteBackend{weighted(a.backend("a"), 0), b.backend("b")}}},
+			policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/lone-zero"}}},
+				Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: []policy.RouteBackend{weighted(a.backend("a"), 0)}}},
+			policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/all-zero"}}},
+				Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: []policy.RouteBackend{weighted(a.backend("a"), 0), weighted(b.backend("b"), 0)}}},
 		)
 		f := newFixture(t, mode, p)
 		for range 5 {
@@ -156,7 +162,28 @@ func TestDistributions(t *testing.T) {
 		resp, _ := f.do(t, "GET", "http://svc.test/empty", "", nil)
 		assert.Equal(t, 500, resp.StatusCode, "an empty distribution fails the request")
 		assert.NotEmpty(t, resp.Header.Get("L5d-Proxy-Error"))
+
+		// A backendRef of weight 0 takes no traffic (Gateway API
+		// HTTPBackendRef.weight: "If weight is set to 0, no traffic should
+		// be forwarded for this entry"), even alone or with every other
+		// backend at 0.
+		na := a.n.Load()
+		for range 100 {
+			_, body := f.do(t, "GET", "http://svc.test/zero", "", nil)
+			require.Equal(t, "b", body, "the weight-0 backend took a request")
+		}
+		for _, path := range []string{"/lone-zero", "/all-zero"} {
+			resp, _ := f.do(t, "GET", "http://svc.test"+path, "", nil)
+			assert.Equal(t, 500, resp.StatusCode, path)
+			assert.Equal(t, "every backend of this route has weight 0", resp.Header.Get("L5d-Proxy-Error"), path)
+		}
+		assert.Equal(t, na, a.n.Load(), "no request reached a weight-0 backend")
 	})
+}
+
+func weighted(b policy.RouteBackend, w uint32) policy.RouteBackend {
+	b.Weight = w
+	return b
 }
 
 func TestTimeouts(t *testing.T) {

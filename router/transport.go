@@ -238,7 +238,11 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 		x.backend = x.rt.noBackend
 		x.backend.Request(req.Context())
 		closeReqBody(req)
-		return proxyerr.Response(req, http.StatusInternalServerError, "no backends for this route"), nil
+		msg := "no backends for this route"
+		if len(route.Backends.Backends) > 0 {
+			msg = "every backend of this route has weight 0"
+		}
+		return proxyerr.Response(req, http.StatusInternalServerError, msg), nil
 	}
 	rb := &route.Backends.Backends[i]
 	x.backend = x.rt.backends[i]
@@ -339,6 +343,10 @@ func (x *policyExchange) pick() int {
 	switch {
 	case len(d.Backends) == 0 || d.Kind == policy.DistributionEmpty:
 		return -1
+	case d.Kind == policy.DistributionRandomAvailable && x.rt.total == 0:
+		// A backend of weight 0 takes no traffic (the Gateway API's
+		// backendRef weight), even when it is the only one.
+		return -1
 	case len(d.Backends) == 1:
 		return 0
 	case d.Kind == policy.DistributionFirstAvailable:
@@ -355,17 +363,20 @@ func (x *policyExchange) pick() int {
 			}
 		}
 		return 0
-	case x.rt.total == 0:
-		return int(x.random() * float64(len(d.Backends)))
 	}
 	n := uint64(x.random() * float64(x.rt.total))
+	last := -1
 	for i, b := range d.Backends {
+		if b.Weight == 0 {
+			continue
+		}
 		if n < uint64(b.Weight) {
 			return i
 		}
 		n -= uint64(b.Weight)
+		last = i
 	}
-	return len(d.Backends) - 1
+	return last // only reached through rounding: the last weighted backend
 }
 
 func redirectURL(req *http.Request, rd *policy.Redirect, m policy.Match) string {
