@@ -634,3 +634,77 @@ func TestRetryBudgetOnTop(t *testing.T) {
 	assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_retry_overflow_total", `route_name="web"`))
 	assert.Equal(t, strconv.FormatInt(n-1, 10), f.m.Value(t, "outbound_http_route_retry_requests_total", `route_name="web"`))
 }
+
+// TestTimeoutDuringBackoff: a request timeout that fires while a retry
+// waits out its backoff answers 504 REQUEST_TIMEOUT, as Linkerd's proxy
+// does, not the 5xx of the attempt that was to be retried.
+func TestTimeoutDuringBackoff(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		up := newUpstream(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) })
+		long := backoff.Policy{Min: time.Hour, Max: time.Hour}
+		p := httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")),
+			Timeouts: policy.Timeouts{Request: 200 * time.Millisecond},
+			Retry:    &policy.Retry{MaxRetries: 3, Backoff: &long}})
+		f := newFixture(t, mode, p)
+		f.r.cfg.wait = sleep // a real backoff, which the timeout interrupts
+
+		resp, _ := f.do(t, "GET", "http://svc.test/", "", nil)
+		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+		assert.Equal(t, "request timed out after 200ms", resp.Header.Get("L5d-Proxy-Error"))
+		assert.Equal(t, int64(1), up.n.Load(), "no retry after the timeout")
+		assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_request_statuses_total", `error="REQUEST_TIMEOUT"`))
+	})
+}
+
+// TestResponseTimeoutStartsAfterTheUpload: the response timeout runs from
+// the end of the request body, as Linkerd's does, so an upload slower
+// than the timeout is answered; a slow answer after the upload still
+// times out.
+func TestResponseTimeoutStartsAfterTheUpload(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		// The upstream has read the whole body when its handler runs.
+		up := newUpstream(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow-answer" {
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			_, _ = io.WriteString(w, "uploaded")
+		})
+		const timeout = 500 * time.Millisecond
+		p := httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Timeouts: policy.Timeouts{Response: timeout}})
+		f := newFixture(t, mode, p)
+
+		upload := func(path string) *http.Response {
+			pr, pw := io.Pipe()
+			go func() {
+				_, _ = io.WriteString(pw, "first half, ")
+				// The scenario is a slow client: the rest comes twice the
+				// response timeout later.
+				<-time.After(2 * timeout)
+				_, _ = io.WriteString(pw, "second half")
+				pw.Close()
+			}()
+			req, _ := http.NewRequest("POST", "http://svc.test"+path, pr)
+			resp, err := f.client.Do(req)
+			require.NoError(t, err)
+			t.Cleanup(func() { resp.Body.Close() })
+			return resp
+		}
+		resp := upload("/echo")
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, 200, resp.StatusCode, "l5d-proxy-error %q", resp.Header.Get("L5d-Proxy-Error"))
+		assert.Equal(t, "uploaded", string(b))
+		bodies := up.bodies()
+		assert.Equal(t, "first half, second half", bodies[len(bodies)-1])
+
+		resp = upload("/slow-answer")
+		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+		assert.Equal(t, "response timed out after 500ms", resp.Header.Get("L5d-Proxy-Error"))
+	})
+}

@@ -40,8 +40,9 @@ type LoadShed interface{ LoadShed() bool }
 // the backend comes from the rule's distribution (empty: 500 with
 // l5d-proxy-error; first-available: the first; random-available: at
 // random by weight). The request timeout bounds the whole exchange, both
-// streams; the response timeout the time from the first attempt to the
-// end of the response; when one fires before the response went to the
+// streams; the response timeout the time from the end of the request
+// body (at once without one) to the end of the response, so that a slow
+// upload does not count; when one fires before the response went to the
 // caller the answer is a 504. The idle timeout bounds the time in which
 // neither body moves (the wait for the response head included). None of
 // these is retried. The retry's timeout
@@ -165,7 +166,7 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 	}
 	if timeouts.Response > 0 {
 		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Response, Cause: exchange.ErrResponseTimeout, Stream: true,
-			Message: "response timed out after " + timeouts.Response.String()})
+			FromRequestEnd: true, Message: "response timed out after " + timeouts.Response.String()})
 	}
 	if timeouts.Idle > 0 {
 		p.Timeouts = append(p.Timeouts, exchange.Timeout{After: timeouts.Idle, Cause: exchange.ErrIdleTimeout, Stream: true,

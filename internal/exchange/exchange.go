@@ -10,6 +10,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,6 +51,10 @@ type Timeout struct {
 	// Stream keeps the timer running until the response stream ends;
 	// otherwise it stops when a response goes to the caller.
 	Stream bool
+	// FromRequestEnd starts the timer when the request body ends (read to
+	// its end, or closed), at once for a request without a body: Linkerd's
+	// response timeout, which does not count a slow upload.
+	FromRequestEnd bool
 	// Message is the l5d-proxy-error of the 504 answered when it fires
 	// before a response went to the caller.
 	Message string
@@ -148,6 +153,10 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 		cancel := x.cancelCause
 		tm := time.AfterFunc(t.After, func() { cancel(t.Cause) })
 		x.timers = append(x.timers, timer{t: t, timer: tm})
+		if t.FromRequestEnd && req.Body != nil && req.Body != http.NoBody {
+			tm.Stop()
+			x.afterBody = append(x.afterBody, timer{t: t, timer: tm})
+		}
 		if t.Cause == ErrIdleTimeout {
 			// Idle: every read of either body starts it again.
 			x.idle, x.idleFor = tm, t.After
@@ -162,6 +171,9 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 	retryable := p.Retry != nil
 	body := req.Body // what the first attempt reads
 	if body != nil && body != http.NoBody {
+		if len(x.afterBody) > 0 {
+			body = &endBody{ReadCloser: body, x: x}
+		}
 		if len(x.timers) > 0 {
 			body = newAbortBody(ctx, body)
 		}
@@ -228,16 +240,20 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			if x.timedOut() {
 				return x.gatewayTimeout(req), nil
 			}
-			if retryable && x.replayable() && p.Retry.Retryable(nil, class, err) && parent.Err() == nil &&
-				p.Retry.Allow(ctx, attempt) {
-				x.retries++
+			if retryable && x.replayable() && p.Retry.Retryable(nil, class, err) && parent.Err() == nil {
+				allowed := p.Retry.Allow(ctx, attempt)
+				if allowed {
+					x.retries++
+				}
 				if x.timedOut() {
 					return x.gatewayTimeout(req), nil
 				}
-				if parent.Err() == nil {
+				if allowed && parent.Err() == nil {
 					continue
 				}
-				err = context.Cause(parent)
+				if allowed {
+					err = context.Cause(parent)
+				}
 			}
 			x.fail(err)
 			return nil, err
@@ -260,6 +276,13 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			return x.deliver(req, resp, class, final), nil
 		}
 		if !p.Retry.Allow(ctx, attempt) {
+			if x.timedOut() {
+				// A timeout fired during the backoff: the caller gets the
+				// timeout, not the failure that was to be retried.
+				p.Recorder.AttemptDone(parent, Outcome{Status: resp.StatusCode, Class: class}, start)
+				discard(resp)
+				return x.gatewayTimeout(req), nil
+			}
 			return x.deliver(req, resp, class, final), nil
 		}
 		x.retries++
@@ -298,6 +321,11 @@ type exchange struct {
 	retries     int
 	idle        *time.Timer // the idle timer, reset on activity
 	idleFor     time.Duration
+	// afterBody are the timers that start when the request body ends;
+	// bodyEnded starts them once, unless the exchange is over.
+	afterBody []timer
+	bodyEnded sync.Once
+	over      atomic.Bool
 	// The request body of a request that may be retried: the copy kept of
 	// it, or the caller's way to get it again.
 	body    *replayBody
@@ -318,6 +346,38 @@ func (x *exchange) touch() {
 	if x.idle != nil {
 		x.idle.Reset(x.idleFor)
 	}
+}
+
+// requestEnded starts the timers that run from the end of the request.
+func (x *exchange) requestEnded() {
+	x.bodyEnded.Do(func() {
+		if x.over.Load() {
+			return
+		}
+		for _, t := range x.afterBody {
+			t.timer.Reset(t.t.After)
+		}
+	})
+}
+
+// endBody is a request body that reports its end: its last read, or its
+// closing, whichever comes first.
+type endBody struct {
+	io.ReadCloser
+	x *exchange
+}
+
+func (b *endBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.x.requestEnded()
+	}
+	return n, err
+}
+
+func (b *endBody) Close() error {
+	b.x.requestEnded()
+	return b.ReadCloser.Close()
 }
 
 // activityBody is a request body whose reads count as activity.
@@ -381,6 +441,7 @@ func (x *exchange) fail(err error) {
 
 // done releases the exchange's contexts and timers.
 func (x *exchange) done() {
+	x.over.Store(true)
 	for _, t := range x.timers {
 		t.timer.Stop()
 	}
