@@ -301,10 +301,18 @@ func (x *policyExchange) filter(req *http.Request, fs []policy.Filter, respMods 
 		case f.ResponseHeaders != nil:
 			*respMods = append(*respMods, f.ResponseHeaders)
 		case f.Redirect != nil:
+			loc, same, err := redirectURL(req, f.Redirect, x.match)
+			switch {
+			case err != nil:
+				closeReqBody(req)
+				return req, proxyerr.Response(req, http.StatusInternalServerError, err.Error())
+			case same:
+				continue // nothing to redirect to
+			}
 			closeReqBody(req)
 			resp := proxyerr.Response(req, f.Redirect.StatusCode(), "redirected")
 			resp.Header.Del(proxyerr.Header)
-			resp.Header.Set("Location", redirectURL(req, f.Redirect, x.match))
+			resp.Header.Set("Location", loc)
 			return req, resp
 		case f.FailureInjector != nil:
 			if x.fires(f.FailureInjector.Ratio) {
@@ -380,37 +388,61 @@ func (x *policyExchange) pick() int {
 	return last // only reached through rounding: the last weighted backend
 }
 
-func redirectURL(req *http.Request, rd *policy.Redirect, m policy.Match) string {
-	u := *req.URL
-	host := req.Host
-	if host == "" {
-		host = u.Host
+// errPrefixRedirect fails a redirect that replaces a path prefix when the
+// request matched no path prefix: a filter that cannot apply, answered
+// with a 500 as Linkerd's proxy does.
+var errPrefixRedirect = errors.New("a redirect may only replace the path prefix when a path prefix matched")
+
+// redirectURL is the Location of a redirect of req by rd, matched by m;
+// same is true when it would send the client to the URL it asked for, in
+// which case the filter does nothing (linkerd2-proxy's redirect.rs).
+//
+// The scheme is rd's or the request's (http when unknown). The port is
+// rd's; without one the request's, unless rd changes the scheme, which
+// implies its well-known port; a port that is the scheme's well-known
+// one is left out (the Gateway API's HTTPRequestRedirectFilter). A full
+// path replaces the path and the query (it may carry a query of its own);
+// a prefix replacement keeps the rest of the path and the query.
+func redirectURL(req *http.Request, rd *policy.Redirect, m policy.Match) (loc string, same bool, err error) {
+	u := req.URL
+	authority := req.Host
+	if authority == "" {
+		authority = u.Host
 	}
-	scheme := u.Scheme
-	if scheme == "" {
-		scheme = "http"
+	origScheme := u.Scheme
+	if origScheme == "" {
+		origScheme = "http"
 	}
+	scheme := origScheme
 	if rd.Scheme != "" {
-		scheme = rd.Scheme
+		scheme = strings.ToLower(rd.Scheme)
 	}
-	h, port := splitHostPort(host)
+	host, port := splitHostPort(authority)
 	if rd.Host != "" {
-		h = rd.Host
+		host = rd.Host
 	}
-	if rd.Port != 0 {
+	switch {
+	case rd.Port != 0:
 		port = strconv.Itoa(int(rd.Port))
+	case scheme != origScheme:
+		port = ""
+	}
+	if port == defaultPort(scheme) {
+		port = ""
 	}
 	if port != "" {
-		host = h + ":" + port
-	} else {
-		host = h
+		host += ":" + port
 	}
-	path := u.Path
+	path, query := u.Path, u.RawQuery
 	if rd.Path != nil {
-		path = rd.Path.Full
-		if rd.Path.Prefix && m.Path == policy.PathPrefix && m.PathLen <= len(u.Path) {
-			// Replace the part the prefix match matched; the rest of the
-			// path follows the new prefix.
+		switch {
+		case !rd.Path.Prefix:
+			path, query, _ = strings.Cut(rd.Path.Full, "?")
+		case m.Path != policy.PathPrefix || m.PathLen > len(u.Path):
+			return "", false, errPrefixRedirect
+		default:
+			// Replace the part the prefix matched; the rest of the path
+			// follows the new prefix.
 			rest := u.Path[m.PathLen:]
 			if rest != "" && !strings.HasPrefix(rest, "/") {
 				rest = "/" + rest
@@ -421,8 +453,21 @@ func redirectURL(req *http.Request, rd *policy.Redirect, m policy.Match) string 
 			}
 		}
 	}
-	out := url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: u.RawQuery}
-	return out.String()
+	out := url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: query}
+	loc = out.String()
+	orig := url.URL{Scheme: origScheme, Host: authority, Path: u.Path, RawQuery: u.RawQuery}
+	return loc, loc == orig.String(), nil
+}
+
+// defaultPort is the well-known port of an http or https scheme.
+func defaultPort(scheme string) string {
+	switch scheme {
+	case "http":
+		return "80"
+	case "https":
+		return "443"
+	}
+	return ""
 }
 
 func splitHostPort(hp string) (string, string) {
