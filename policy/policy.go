@@ -264,13 +264,30 @@ type Header struct {
 // Apply edits h: add, then set, then remove.
 func (m *HeaderModifier) Apply(h http.Header) {
 	for _, f := range m.Add {
+		foldInto(h, f.Name)
 		h.Add(f.Name, f.Value)
 	}
 	for _, f := range m.Set {
+		foldInto(h, f.Name)
 		h.Set(f.Name, f.Value)
 	}
 	for _, name := range m.Remove {
+		foldInto(h, name)
 		h.Del(name)
+	}
+}
+
+// foldInto moves the values of keys of h that differ from name's
+// canonical form only in case (a header set on an http.Header by map
+// assignment) under the canonical key, so that the header is modified
+// whatever case the request used, as header names are case-insensitive.
+func foldInto(h http.Header, name string) {
+	ck := http.CanonicalHeaderKey(name)
+	for k, vs := range h {
+		if k != ck && len(k) == len(ck) && strings.EqualFold(k, ck) {
+			h[ck] = append(h[ck], vs...)
+			delete(h, k)
+		}
 	}
 }
 
