@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/inmesh/inmesh/destination/outboundpb"
@@ -28,6 +30,21 @@ func PolicyWorkload(namespace, pod string) string {
 	}{namespace, pod})
 	return string(b)
 }
+
+// defaultWorkload is the workload string sent without [WithWorkload]: that
+// of $LINKERD2_PROXY_POLICY_WORKLOAD, or else a pod named by this host in
+// the namespace "default". Linkerd's controller refuses a watch without
+// one.
+var defaultWorkload = sync.OnceValue(func() string {
+	if w := os.Getenv(PolicyWorkloadEnv); w != "" {
+		return w
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "inmesh"
+	}
+	return PolicyWorkload("default", host)
+})
 
 // TrafficSpec is the target of an OutboundPolicies watch: an authority
 // (host:port) or, when Authority is empty, an address.
@@ -85,7 +102,11 @@ func PolicyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
 }
 
 func (c *Client) trafficSpec(key string) *outboundpb.TrafficSpec {
-	spec := &outboundpb.TrafficSpec{SourceWorkload: c.cfg.workload}
+	workload := c.cfg.workload
+	if workload == "" {
+		workload = defaultWorkload()
+	}
+	spec := &outboundpb.TrafficSpec{SourceWorkload: workload}
 	if a, ok := strings.CutPrefix(key, "authority="); ok {
 		spec.Target = &outboundpb.TrafficSpec_Authority{Authority: a}
 	} else if a, ok := strings.CutPrefix(key, "addr="); ok {

@@ -26,7 +26,7 @@ func PolicyToProto(p *policy.Policy) *outboundpb.OutboundPolicy {
 			Timeout: durationpb.New(p.DetectTimeout),
 			Http1:   &outboundpb.ProxyProtocol_Http1{Routes: httpRoutesToProto(p.HTTP1.Routes), FailureAccrual: accrualToProto(p.HTTP1.FailureAccrual)},
 			Http2:   &outboundpb.ProxyProtocol_Http2{Routes: httpRoutesToProto(p.HTTP2.Routes), FailureAccrual: accrualToProto(p.HTTP2.FailureAccrual)},
-			Opaque:  &outboundpb.ProxyProtocol_Opaque{},
+			Opaque:  &outboundpb.ProxyProtocol_Opaque{Routes: opaqueRoutesToProto(p.Opaque.Routes)},
 		}}
 	case policy.ProtocolHTTP1:
 		m.Protocol.Kind = &outboundpb.ProxyProtocol_Http1_{Http1: &outboundpb.ProxyProtocol_Http1{Routes: httpRoutesToProto(p.HTTP1.Routes),
@@ -38,7 +38,7 @@ func PolicyToProto(p *policy.Policy) *outboundpb.OutboundPolicy {
 		m.Protocol.Kind = &outboundpb.ProxyProtocol_Grpc_{Grpc: &outboundpb.ProxyProtocol_Grpc{Routes: grpcRoutesToProto(p.GRPC.Routes),
 			FailureAccrual: accrualToProto(p.GRPC.FailureAccrual)}}
 	case policy.ProtocolOpaque:
-		m.Protocol.Kind = &outboundpb.ProxyProtocol_Opaque_{Opaque: &outboundpb.ProxyProtocol_Opaque{}}
+		m.Protocol.Kind = &outboundpb.ProxyProtocol_Opaque_{Opaque: &outboundpb.ProxyProtocol_Opaque{Routes: opaqueRoutesToProto(p.Opaque.Routes)}}
 	case policy.ProtocolTLS:
 		m.Protocol.Kind = &outboundpb.ProxyProtocol_Tls_{Tls: &outboundpb.ProxyProtocol_Tls{}}
 	}
@@ -261,14 +261,46 @@ func backendToProto(b policy.Backend) *outboundpb.Backend {
 	return out
 }
 
+// opaqueRoutesToProto encodes opaque routes, each of one rule without
+// filters.
+func opaqueRoutesToProto(routes []policy.OpaqueRoute) []*outboundpb.OpaqueRoute {
+	var out []*outboundpb.OpaqueRoute
+	for _, r := range routes {
+		d := &outboundpb.OpaqueRoute_Distribution{}
+		switch r.Backends.Kind {
+		case policy.DistributionFirstAvailable:
+			fa := &outboundpb.OpaqueRoute_Distribution_FirstAvailable{}
+			for _, b := range r.Backends.Backends {
+				fa.Backends = append(fa.Backends, &outboundpb.OpaqueRoute_RouteBackend{Backend: backendToProto(b.Backend)})
+			}
+			d.Kind = &outboundpb.OpaqueRoute_Distribution_FirstAvailable_{FirstAvailable: fa}
+		case policy.DistributionRandomAvailable:
+			ra := &outboundpb.OpaqueRoute_Distribution_RandomAvailable{}
+			for _, b := range r.Backends.Backends {
+				ra.Backends = append(ra.Backends, &outboundpb.OpaqueRoute_WeightedRouteBackend{
+					Backend: &outboundpb.OpaqueRoute_RouteBackend{Backend: backendToProto(b.Backend)}, Weight: b.Weight})
+			}
+			d.Kind = &outboundpb.OpaqueRoute_Distribution_RandomAvailable_{RandomAvailable: ra}
+		default:
+			d.Kind = &outboundpb.OpaqueRoute_Distribution_Empty_{Empty: &outboundpb.OpaqueRoute_Distribution_Empty{}}
+		}
+		out = append(out, &outboundpb.OpaqueRoute{Metadata: metaToProto(r.Meta), Rules: []*outboundpb.OpaqueRoute_Rule{{Backends: d}}})
+	}
+	return out
+}
+
 func httpRoutesToProto(routes []policy.HTTPRoute) []*outboundpb.HttpRoute {
 	out := make([]*outboundpb.HttpRoute, 0, len(routes))
 	for _, r := range routes {
 		hr := &outboundpb.HttpRoute{Metadata: metaToProto(r.Meta), Hosts: hostsToProto(r.Hosts)}
 		for _, rule := range r.Rules {
 			pr := &outboundpb.HttpRoute_Rule{
-				Filters:                httpFiltersToProto(rule.Filters),
-				Timeouts:               timeoutsToProto(rule.Timeouts),
+				Filters:  httpFiltersToProto(rule.Filters),
+				Timeouts: timeoutsToProto(rule.Timeouts),
+				// The deprecated field mirrors the request timeout, as
+				// Linkerd's controller still sends it for older proxies.
+				//lint:ignore SA1019 sent for proxies that read only this field
+				RequestTimeout:         durationOrNil(rule.Timeouts.Request),
 				AllowL5DRequestHeaders: rule.AllowL5dRequestHeaders,
 				Backends:               &outboundpb.HttpRoute_Distribution{},
 			}
@@ -313,8 +345,12 @@ func grpcRoutesToProto(routes []policy.GRPCRoute) []*outboundpb.GrpcRoute {
 		gr := &outboundpb.GrpcRoute{Metadata: metaToProto(r.Meta), Hosts: hostsToProto(r.Hosts)}
 		for _, rule := range r.Rules {
 			pr := &outboundpb.GrpcRoute_Rule{
-				Filters:                grpcFiltersToProto(rule.Filters),
-				Timeouts:               timeoutsToProto(rule.Timeouts),
+				Filters:  grpcFiltersToProto(rule.Filters),
+				Timeouts: timeoutsToProto(rule.Timeouts),
+				// The deprecated field mirrors the request timeout, as
+				// Linkerd's controller still sends it for older proxies.
+				//lint:ignore SA1019 sent for proxies that read only this field
+				RequestTimeout:         durationOrNil(rule.Timeouts.Request),
 				AllowL5DRequestHeaders: rule.AllowL5dRequestHeaders,
 				Backends:               &outboundpb.GrpcRoute_Distribution{},
 			}

@@ -2,7 +2,9 @@ package destination
 
 import (
 	"context"
-	"fmt"
+	"encoding/json"
+	"net"
+	"strings"
 
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/manifest"
@@ -37,44 +39,86 @@ func (s *Store) LoadManifests(paths ...string) error {
 }
 
 // outboundPolicy returns the policy of a target authority, or nil when it
-// names no known Service port, and a channel closed on the next change.
+// names no Service, and a channel closed on the next change. A Service
+// without a manifest, or a port it does not declare, gets the default
+// policy, as from Linkerd's controller.
 func (s *Store) outboundPolicy(authority string) (*policy.Policy, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	ns, name, port, ok := manifest.ParseAuthority(authority)
-	if !ok || s.manifests == nil {
+	if !ok {
 		return nil, s.changed
 	}
-	return s.manifests.Policy(ns, name, port), s.changed
+	r := s.manifests
+	if r == nil {
+		r = &manifest.Resources{}
+	}
+	return r.Policy(ns, name, port), s.changed
 }
 
 // policyServer serves OutboundPolicies from a Store. Targets are
 // authorities naming a Service port (name.ns.svc.cluster.local:port, or the
-// shorter name.ns.svc:port and name.ns:port). As Linkerd's policy
-// controller, it answers NotFound for an authority that names no known
-// Service port: the client then keeps its default route, and the watch
-// finds the Service once a manifest for it is loaded. An addr target (an
-// IP address) is not served (InvalidArgument): the embedded control plane
-// knows no Service IPs.
+// shorter name.ns.svc:port and name.ns:port; port 80 when none is given).
+// As Linkerd's policy controller, it serves the default policy for a
+// Service it has no manifest of, or a port the Service does not declare,
+// and sends the Service's policy once a manifest for it is loaded; it
+// answers NotFound for an authority that names no Service, and
+// InvalidArgument for a missing target or source workload (see target).
 // Its streams end with the Destination streams on [Server.Shutdown].
 type policyServer struct {
 	outboundpb.UnimplementedOutboundPoliciesServer
 	s *Server
 }
 
+// target checks a TrafficSpec as Linkerd's policy controller does
+// (policy-controller/grpc/src/outbound.rs lookup and workload.rs), with its
+// codes and messages: the target is required, the source workload must be
+// "ns:pod" or JSON naming ns and a pod or an external_workload, and an
+// authority must name a Service, port 80 when it has none. An addr target
+// (an IP address) is not served: the embedded control plane knows no
+// Service IPs.
 func target(spec *outboundpb.TrafficSpec) (string, error) {
+	if spec.GetTarget() == nil {
+		return "", status.Error(codes.InvalidArgument, "target is required")
+	}
+	if !validWorkload(spec.GetSourceWorkload()) {
+		return "", status.Error(codes.InvalidArgument, "Invalid workload: "+spec.GetSourceWorkload())
+	}
 	switch t := spec.GetTarget().(type) {
 	case *outboundpb.TrafficSpec_Authority:
-		return t.Authority, nil
-	case *outboundpb.TrafficSpec_Addr:
+		authority := t.Authority
+		host, port, err := net.SplitHostPort(authority)
+		if err != nil {
+			host, port = strings.TrimSuffix(authority, ":"), "80"
+		}
+		if host == "" {
+			return "", status.Error(codes.InvalidArgument, "authority must have a host")
+		}
+		authority = net.JoinHostPort(host, port)
+		svcHost := strings.TrimSuffix(strings.TrimSuffix(strings.ToLower(host), "."), ".cluster.local")
+		if _, _, _, ok := manifest.ParseAuthority(authority); !ok || !strings.HasSuffix(svcHost, ".svc") {
+			return "", status.Error(codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local")
+		}
+		return authority, nil
+	default:
 		return "", status.Error(codes.InvalidArgument, "addr targets are not served; name a Service by authority")
 	}
-	return "", status.Error(codes.InvalidArgument, "target: required")
 }
 
-func notFound(authority string) error {
-	return status.Error(codes.NotFound, fmt.Sprintf("no policy for %q: no Service manifest names this Service and port", authority))
+// validWorkload reports whether s is a source workload Linkerd's controller
+// accepts.
+func validWorkload(s string) bool {
+	if strings.HasPrefix(s, "{") {
+		var w struct {
+			NS       *string `json:"ns"`
+			Pod      *string `json:"pod"`
+			External *string `json:"external_workload"`
+		}
+		return json.Unmarshal([]byte(s), &w) == nil && w.NS != nil && (w.Pod != nil) != (w.External != nil)
+	}
+	ns, pod, ok := strings.Cut(s, ":")
+	return ok && ns != "" && pod != ""
 }
 
 // Get returns the current policy of the target.
@@ -85,7 +129,7 @@ func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*ou
 	}
 	p, _ := s.s.store.outboundPolicy(authority)
 	if p == nil {
-		return nil, notFound(authority)
+		return nil, status.Error(codes.NotFound, "unknown target")
 	}
 	return PolicyToProto(p), nil
 }
@@ -106,7 +150,7 @@ func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStr
 	for {
 		p, changed := s.s.store.outboundPolicy(authority)
 		if p == nil {
-			return notFound(authority)
+			return status.Error(codes.NotFound, "unknown target")
 		}
 		msg := PolicyToProto(p)
 		if last == nil || !proto.Equal(msg, last) {

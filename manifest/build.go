@@ -87,12 +87,15 @@ func (r *Resources) Service(namespace, name string) *Service {
 //     failure accrual of every protocol of the policy.
 func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 	svc := r.Service(namespace, name)
-	if svc == nil || !svc.HasPort(port) {
-		return nil
+	if svc == nil {
+		// As Linkerd's controller: a Service it does not know yet gets
+		// the default policy, whose backend finds no endpoints until the
+		// Service appears.
+		svc = &Service{Object: Object{Group: "core", Kind: "Service", Namespace: namespace, Name: name}}
 	}
 	parent := policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port}
 	lb, _ := loadBiaser(svc.Annotations)
-	self := r.backend(namespace, name, port, lb)
+	self := serviceBackend(namespace, name, port, lb)
 	svcHTTPRetry, _ := httpRetry(svc.Annotations)
 	svcGRPCRetry, _ := grpcRetry(svc.Annotations)
 	svcTimeouts, _ := timeouts(svc.Annotations)
@@ -103,26 +106,38 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 		if !attached(g.ParentRefs, namespace, name, port) {
 			continue
 		}
-		retry, tos := svcGRPCRetry, svcTimeouts
+		retry := svcGRPCRetry
 		if hasRetryAnnotation(g.Annotations) {
 			retry, _ = grpcRetry(g.Annotations)
 		}
-		if t, _ := timeouts(g.Annotations); t != nil {
-			tos = t
-		}
+		routeTimeouts, _ := timeouts(g.Annotations)
 		route := policy.GRPCRoute{Meta: routeMeta(&g.Object), Hosts: hostMatches(g.Hostnames)}
 		for _, rule := range g.Rules {
 			route.Rules = append(route.Rules, policy.GRPCRule{
 				Matches:  rule.Matches,
 				Filters:  rule.Filters,
 				Backends: r.distribution(rule.BackendRefs, self, port, true, lb),
-				Timeouts: ruleTimeouts(rule.Timeouts, tos),
+				Timeouts: ruleTimeouts(nil, routeTimeouts, svcTimeouts),
 				Retry:    retry,
 			})
 		}
 		grpcRoutes = append(grpcRoutes, route)
 	}
-	if len(grpcRoutes) > 0 {
+	app := strings.ToLower(svc.appProtocol(port))
+	if app == "" {
+		if opaque, _ := opaquePort(svc.Annotations, port); opaque {
+			app = "linkerd.io/opaque"
+		}
+	}
+	switch app {
+	case "", "http", "kubernetes.io/h2c":
+	default:
+		// linkerd.io/opaque, linkerd.io/tcp, an opaque port, or an
+		// appProtocol Linkerd does not know: opaque, to the Service.
+		return &policy.Policy{Parent: parent, Protocol: policy.ProtocolOpaque,
+			Opaque: policy.OpaqueProtocol{Routes: []policy.OpaqueRoute{policy.DefaultOpaqueRoute(self)}}}
+	}
+	if len(grpcRoutes) > 0 && app != "http" {
 		return &policy.Policy{Parent: parent, Protocol: policy.ProtocolGRPC,
 			GRPC: policy.GRPCProtocol{Routes: grpcRoutes, FailureAccrual: accrual}}
 	}
@@ -132,20 +147,18 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 		if !attached(h.ParentRefs, namespace, name, port) {
 			continue
 		}
-		retry, tos := svcHTTPRetry, svcTimeouts
+		retry := svcHTTPRetry
 		if hasRetryAnnotation(h.Annotations) {
 			retry, _ = httpRetry(h.Annotations)
 		}
-		if t, _ := timeouts(h.Annotations); t != nil {
-			tos = t
-		}
+		routeTimeouts, _ := timeouts(h.Annotations)
 		route := policy.HTTPRoute{Meta: routeMeta(&h.Object), Hosts: hostMatches(h.Hostnames)}
 		for _, rule := range h.Rules {
 			route.Rules = append(route.Rules, policy.HTTPRule{
 				Matches:  rule.Matches,
 				Filters:  rule.Filters,
 				Backends: r.distribution(rule.BackendRefs, self, port, false, lb),
-				Timeouts: ruleTimeouts(rule.Timeouts, tos),
+				Timeouts: ruleTimeouts(rule.Timeouts, routeTimeouts, svcTimeouts),
 				Retry:    retry,
 			})
 		}
@@ -158,12 +171,21 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 		}
 		httpRoutes = []policy.HTTPRoute{policy.DefaultHTTPRoute(self, svcHTTPRetry, tos)}
 	}
+	routes := policy.HTTPProtocol{Routes: httpRoutes, FailureAccrual: accrual}
+	switch app {
+	case "http":
+		return &policy.Policy{Parent: parent, Protocol: policy.ProtocolHTTP1, HTTP1: routes}
+	case "kubernetes.io/h2c":
+		return &policy.Policy{Parent: parent, Protocol: policy.ProtocolHTTP2, HTTP2: routes}
+	}
 	return &policy.Policy{
 		Parent:        parent,
 		Protocol:      policy.ProtocolDetect,
 		DetectTimeout: DefaultDetectTimeout,
-		HTTP1:         policy.HTTPProtocol{Routes: httpRoutes, FailureAccrual: accrual},
-		HTTP2:         policy.HTTPProtocol{Routes: httpRoutes, FailureAccrual: accrual},
+		HTTP1:         routes,
+		HTTP2:         routes,
+		// What detection finds is not HTTP goes to the Service.
+		Opaque: policy.OpaqueProtocol{Routes: []policy.OpaqueRoute{policy.DefaultOpaqueRoute(self)}},
 	}
 }
 
@@ -211,34 +233,55 @@ func hostMatches(hosts []string) []policy.HostMatch {
 	return out
 }
 
-func ruleTimeouts(rule, annotations *policy.Timeouts) policy.Timeouts {
-	switch {
-	case rule != nil:
-		return *rule
-	case annotations != nil:
-		return *annotations
+// ruleTimeouts combines the timeouts of a rule as Linkerd's policy
+// controller does (policy-controller/k8s/index/src/outbound/index/http.rs
+// and grpc/src/outbound/http.rs): the route's timeout annotations, field by
+// field; the rule's timeouts.request where the annotations set no request
+// timeout (zero meaning none, as GEP-1742 says); and, when that leaves no
+// timeout at all, the Service's annotations. A rule's backendRequest is
+// read but not applied, as the controller does not apply it.
+func ruleTimeouts(rule, route, service *policy.Timeouts) policy.Timeouts {
+	var t policy.Timeouts
+	if route != nil {
+		t = *route
 	}
-	return policy.Timeouts{}
+	if t.Request == 0 && rule != nil {
+		t.Request = rule.Request
+	}
+	if t == (policy.Timeouts{}) && service != nil {
+		t = *service
+	}
+	return t
 }
 
 // backend returns the backend of a Service port: a balancer when the
 // Service is known (with the parent Service's load biaser lb, if any),
 // else a backend that fails its requests.
 func (r *Resources) backend(namespace, name string, port uint16, lb *policy.LoadPenalty) policy.Backend {
-	b := policy.Backend{
-		Meta:  policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port},
-		Queue: policy.Queue{Capacity: DefaultQueueCapacity, FailFastTimeout: DefaultFailFastTimeout},
+	if r.Service(namespace, name) == nil {
+		return policy.Backend{
+			Meta:  policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port},
+			Queue: policy.Queue{Capacity: DefaultQueueCapacity, FailFastTimeout: DefaultFailFastTimeout},
+		}
 	}
-	if svc := r.Service(namespace, name); svc != nil && svc.HasPort(port) {
-		b.Balancer = &policy.Balancer{Authority: Authority(namespace, name, port), DefaultRTT: DefaultRTT, Decay: DefaultDecay, Penalty: lb}
-	}
-	return b
+	return serviceBackend(namespace, name, port, lb)
 }
 
-// notFound is the filter of a backend whose Service is unknown: a 500 on
-// HTTP routes, the gRPC status INTERNAL on gRPC routes.
-func notFound(namespace, name string, port uint16, grpc bool) policy.Filter {
-	msg := fmt.Sprintf("Service %s/%s port %d not found", namespace, name, port)
+// serviceBackend is the balancer over a Service port's endpoints.
+func serviceBackend(namespace, name string, port uint16, lb *policy.LoadPenalty) policy.Backend {
+	return policy.Backend{
+		Meta:     policy.Metadata{Group: "core", Kind: "Service", Namespace: namespace, Name: name, Port: port},
+		Queue:    policy.Queue{Capacity: DefaultQueueCapacity, FailFastTimeout: DefaultFailFastTimeout},
+		Balancer: &policy.Balancer{Authority: Authority(namespace, name, port), DefaultRTT: DefaultRTT, Decay: DefaultDecay, Penalty: lb},
+	}
+}
+
+// invalidBackend fails its requests with msg: a 500 on HTTP routes, the
+// gRPC status INTERNAL on gRPC routes. The messages are those of Linkerd's
+// policy controller ("Service not found NAME", "missing port for backend
+// Service NAME"); where it sends the gRPC code 500, outside gRPC's codes,
+// INTERNAL is sent.
+func invalidBackend(msg string, grpc bool) policy.Filter {
 	if grpc {
 		return policy.Filter{GRPCFailureInjector: &policy.GRPCFailureInjector{Code: codes.Internal, Message: msg}}
 	}
@@ -251,14 +294,20 @@ func (r *Resources) distribution(refs []BackendRef, self policy.Backend, parentP
 	}
 	d := policy.Distribution{Kind: policy.DistributionRandomAvailable}
 	for _, ref := range refs {
-		port := ref.Port
-		if port == 0 {
-			port = parentPort
+		if ref.Port == 0 {
+			// The Gateway API requires a port on a Service backendRef.
+			d.Backends = append(d.Backends, policy.RouteBackend{
+				Backend: policy.Backend{Meta: policy.DefaultMetadata("invalid"),
+					Queue: policy.Queue{Capacity: DefaultQueueCapacity, FailFastTimeout: DefaultFailFastTimeout}},
+				Weight:  ref.Weight,
+				Filters: []policy.Filter{invalidBackend("missing port for backend Service "+ref.Name, grpc)},
+			})
+			continue
 		}
-		b := r.backend(ref.Namespace, ref.Name, port, lb)
+		b := r.backend(ref.Namespace, ref.Name, ref.Port, lb)
 		rb := policy.RouteBackend{Backend: b, Weight: ref.Weight, Filters: ref.Filters}
 		if b.Balancer == nil {
-			rb.Filters = append([]policy.Filter{notFound(ref.Namespace, ref.Name, port, grpc)}, ref.Filters...)
+			rb.Filters = []policy.Filter{invalidBackend("Service not found "+ref.Name, grpc)}
 		}
 		d.Backends = append(d.Backends, rb)
 	}

@@ -96,8 +96,19 @@ func TestDefaultRouteWithServiceAnnotations(t *testing.T) {
 	require.Len(t, rule.Backends.Backends, 1)
 	assert.Equal(t, "authors.default.svc.cluster.local:7001", rule.Backends.Backends[0].Backend.Balancer.Authority)
 
-	assert.Nil(t, r.Policy("default", "authors", 7002), "a port the Service does not have")
-	assert.Nil(t, r.Policy("default", "books", 7001), "a Service without a manifest")
+	// As Linkerd's controller (resource_routes_or_default), a port the
+	// Service does not declare and a Service it does not know get the
+	// default policy: the default route to the Service port's balancer.
+	for _, tc := range []struct {
+		name string
+		port uint16
+	}{{"authors", 7002}, {"books", 7001}} {
+		p := r.Policy("default", tc.name, tc.port)
+		require.NotNil(t, p, "%s:%d", tc.name, tc.port)
+		assert.Equal(t, policy.ProtocolDetect, p.Protocol)
+		assert.Equal(t, "http", p.HTTP1.Routes[0].Meta.Name)
+		assert.Equal(t, Authority("default", tc.name, tc.port), p.HTTP1.Routes[0].Rules[0].Backends.Backends[0].Backend.Balancer.Authority)
+	}
 }
 
 // The failure-accrual annotations of a Service become the failure accrual
@@ -156,7 +167,7 @@ func TestHTTPRouteWeightsAndUnknownBackend(t *testing.T) {
 	require.Len(t, unknown.Filters, 1)
 	require.NotNil(t, unknown.Filters[0].FailureInjector)
 	assert.Equal(t, 500, unknown.Filters[0].FailureInjector.Status)
-	assert.Contains(t, unknown.Filters[0].FailureInjector.Message, "default/authors-next")
+	assert.Equal(t, "Service not found authors-next", unknown.Filters[0].FailureInjector.Message, "policy-controller/grpc/src/outbound/http.rs")
 
 	// The Service's annotations apply to the route that sets none.
 	assert.Equal(t, 2*time.Second, rule.Timeouts.Request)
@@ -191,8 +202,9 @@ spec:
 	assert.Equal(t, uint32(policy.DefaultMaxRetries), r0.Retry.MaxRetries)
 	// Its timeout annotation replaces the Service's timeouts.
 	assert.Equal(t, policy.Timeouts{Response: 300 * time.Millisecond}, r0.Timeouts)
-	// A rule's timeouts field wins over both.
-	assert.Equal(t, policy.Timeouts{Request: time.Second}, rt.Rules[1].Timeouts)
+	// A rule's timeouts.request fills in the request timeout the
+	// annotations leave unset.
+	assert.Equal(t, policy.Timeouts{Request: time.Second, Response: 300 * time.Millisecond}, rt.Rules[1].Timeouts)
 	// Without backendRefs, a rule goes to the parent Service.
 	assert.Equal(t, policy.DistributionFirstAvailable, r0.Backends.Kind)
 	assert.Equal(t, "authors.default.svc.cluster.local:7001", r0.Backends.Backends[0].Backend.Balancer.Authority)
@@ -470,4 +482,153 @@ spec:
 
 	_, err = Parse([]byte(strings.Replace(route("x", "2023-01-01T10:00:00Z"), "2023-01-01T10:00:00Z", "yesterday", 1)))
 	require.ErrorContains(t, err, `metadata.creationTimestamp: "yesterday" is not an RFC 3339 time`)
+}
+
+// TestTimeoutPrecedenceAsLinkerd: a rule's timeouts combine as Linkerd's
+// policy controller combines them (policy-controller/k8s/index/src/
+// outbound/index/http.rs convert_linkerd_rule, then grpc/src/outbound/
+// http.rs): the route's annotations field by field, the rule's
+// timeouts.request only where the annotations set no request timeout,
+// and the Service's annotations only when nothing else set a timeout.
+func TestTimeoutPrecedenceAsLinkerd(t *testing.T) {
+	svc := `
+apiVersion: v1
+kind: Service
+metadata:
+  name: authors
+  annotations: {timeout.linkerd.io/idle: 9s}
+spec:
+  ports: [{port: 7001}]
+`
+	route := func(annotations, ruleTimeouts string) string {
+		return `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: authors
+  annotations: {` + annotations + `}
+spec:
+  parentRefs: [{kind: Service, group: core, name: authors, port: 7001}]
+  rules:
+  - timeouts: {` + ruleTimeouts + `}
+`
+	}
+	for _, tc := range []struct {
+		name, annotations, rule string
+		want                    policy.Timeouts
+	}{
+		{"annotations win over the rule's request (measured against Linkerd)",
+			"timeout.linkerd.io/request: 3s, timeout.linkerd.io/response: 700ms", "request: 1s",
+			policy.Timeouts{Request: 3 * time.Second, Response: 700 * time.Millisecond}},
+		{"the rule's request fills in", "timeout.linkerd.io/response: 700ms", "request: 1s",
+			policy.Timeouts{Request: time.Second, Response: 700 * time.Millisecond}},
+		{"the rule alone", "", "request: 1s", policy.Timeouts{Request: time.Second}},
+		{"a zero request timeout is none; the Service's apply", "", "request: 0s", policy.Timeouts{Idle: 9 * time.Second}},
+		{"backendRequest is not applied", "", "backendRequest: 1s", policy.Timeouts{Idle: 9 * time.Second}},
+		{"nothing on the route: the Service's", "", "", policy.Timeouts{Idle: 9 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := mustParse(t, svc, route(tc.annotations, tc.rule)).Policy("default", "authors", 7001)
+			require.NotNil(t, p)
+			assert.Equal(t, tc.want, p.HTTP1.Routes[0].Rules[0].Timeouts)
+		})
+	}
+}
+
+// TestProtocolByPort: which protocol a Service port's policy has, as
+// Linkerd's policy controller decides (policy-controller/core/src/
+// outbound.rs AppProtocol, k8s/index/src/outbound/index.rs opaque ports,
+// grpc/src/outbound.rs to_proto): a port's appProtocol first, then the
+// opaque-ports annotation (or the default opaque ports), then detection.
+func TestProtocolByPort(t *testing.T) {
+	svc := func(annotations, ports string) string {
+		return `
+apiVersion: v1
+kind: Service
+metadata:
+  name: db
+  annotations: {` + annotations + `}
+spec:
+  ports: [` + ports + `]
+`
+	}
+	grpcRoute := `
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: db-grpc}
+spec:
+  parentRefs: [{kind: Service, group: core, name: db, port: 9000}]
+  rules: [{}]
+`
+	for _, tc := range []struct {
+		name, annotations, ports string
+		port                     uint16
+		extra                    string
+		want                     policy.Protocol
+	}{
+		{"a default opaque port", "", "{port: 3306}", 3306, "", policy.ProtocolOpaque},
+		{"another default opaque port", "", "{port: 11211}", 11211, "", policy.ProtocolOpaque},
+		{"an ordinary port", "", "{port: 8080}", 8080, "", policy.ProtocolDetect},
+		{"the annotation replaces the defaults", "config.linkerd.io/opaque-ports: \"8080\"", "{port: 3306}", 3306, "", policy.ProtocolDetect},
+		{"the annotation names the port", "config.linkerd.io/opaque-ports: \"8080\"", "{port: 8080}", 8080, "", policy.ProtocolOpaque},
+		{"the annotation's range", "config.linkerd.io/opaque-ports: \"25, 8000-8100\"", "{port: 8080}", 8080, "", policy.ProtocolOpaque},
+		{"appProtocol http: HTTP/1 only", "", "{port: 8080, appProtocol: http}", 8080, "", policy.ProtocolHTTP1},
+		{"appProtocol h2c: HTTP/2 only", "", "{port: 8080, appProtocol: kubernetes.io/h2c}", 8080, "", policy.ProtocolHTTP2},
+		{"appProtocol h2c with GRPCRoutes: gRPC", "", "{port: 9000, appProtocol: kubernetes.io/h2c}", 9000, grpcRoute, policy.ProtocolGRPC},
+		{"appProtocol wins over a default opaque port", "", "{port: 3306, appProtocol: http}", 3306, "", policy.ProtocolHTTP1},
+		{"appProtocol linkerd.io/opaque", "", "{port: 8080, appProtocol: linkerd.io/opaque}", 8080, "", policy.ProtocolOpaque},
+		{"appProtocol linkerd.io/tcp", "", "{port: 8080, appProtocol: linkerd.io/tcp}", 8080, "", policy.ProtocolOpaque},
+		{"an unknown appProtocol is opaque", "", "{port: 8080, appProtocol: mysql}", 8080, "", policy.ProtocolOpaque},
+		{"appProtocol is case-insensitive", "", "{port: 8080, appProtocol: HTTP}", 8080, "", policy.ProtocolHTTP1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			docs := []string{svc(tc.annotations, tc.ports)}
+			if tc.extra != "" {
+				docs = append(docs, tc.extra)
+			}
+			p := mustParse(t, docs...).Policy("default", "db", tc.port)
+			require.NotNil(t, p)
+			assert.Equal(t, tc.want, p.Protocol)
+			switch tc.want {
+			case policy.ProtocolOpaque, policy.ProtocolDetect:
+				// Opaque traffic, and what detection finds is not HTTP,
+				// goes to the Service by the default route "opaq".
+				require.Len(t, p.Opaque.Routes, 1)
+				assert.Equal(t, policy.DefaultMetadata("opaq"), p.Opaque.Routes[0].Meta)
+				assert.Equal(t, Authority("default", "db", tc.port), p.Opaque.Routes[0].Backends.Backends[0].Backend.Balancer.Authority)
+			case policy.ProtocolHTTP1:
+				assert.Equal(t, "http", p.HTTP1.Routes[0].Meta.Name)
+			case policy.ProtocolHTTP2:
+				assert.Equal(t, "http", p.HTTP2.Routes[0].Meta.Name)
+			}
+		})
+	}
+	_, err := Parse([]byte(svc(`config.linkerd.io/opaque-ports: "80-x"`, "{port: 80}")))
+	require.ErrorContains(t, err, `metadata.annotations.config.linkerd.io/opaque-ports: "80-x" is not a port or a range of ports`)
+}
+
+// TestBackendRefWithoutPort: the Gateway API requires a port on a Service
+// backendRef; Linkerd's controller sends such a backend as invalid, whose
+// requests fail with 500 "missing port for backend Service NAME"
+// (policy-controller/k8s/index/src/outbound/index/http.rs convert_backend).
+func TestBackendRefWithoutPort(t *testing.T) {
+	route := `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r}
+spec:
+  parentRefs: [{kind: Service, group: core, name: authors, port: 7001}]
+  rules:
+  - backendRefs: [{name: authors}, {name: authors, port: 7001}]
+`
+	p := mustParse(t, authorsService, route).Policy("default", "authors", 7001)
+	require.NotNil(t, p)
+	compiles(t, p)
+	bs := p.HTTP1.Routes[0].Rules[0].Backends.Backends
+	require.Len(t, bs, 2)
+	assert.Equal(t, policy.DefaultMetadata("invalid"), bs[0].Backend.Meta)
+	assert.Nil(t, bs[0].Backend.Balancer, "not the parent's port")
+	require.Len(t, bs[0].Filters, 1)
+	assert.Equal(t, &policy.FailureInjector{Status: 500, Message: "missing port for backend Service authors"}, bs[0].Filters[0].FailureInjector)
+	assert.NotNil(t, bs[1].Backend.Balancer)
 }

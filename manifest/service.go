@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +24,60 @@ type Service struct {
 type ServicePort struct {
 	Name string
 	Port uint16
+	// AppProtocol is the port's appProtocol: "http" makes its policy
+	// HTTP/1-only, "kubernetes.io/h2c" HTTP/2-only (gRPC with GRPCRoutes),
+	// "linkerd.io/opaque", "linkerd.io/tcp" or any other value opaque.
+	AppProtocol string
+}
+
+// DefaultOpaquePorts are the ports whose traffic is opaque unless the
+// Service's config.linkerd.io/opaque-ports annotation says otherwise: the
+// default of Linkerd's control plane (its proxy.opaquePorts value; SMTP,
+// MySQL, Galera, PostgreSQL, Redis, Elasticsearch and Memcached).
+var DefaultOpaquePorts = []uint16{25, 587, 3306, 4444, 5432, 6379, 9300, 11211}
+
+// AnnotationOpaquePorts lists a Service's opaque ports ("3306,5000-5010"),
+// in place of [DefaultOpaquePorts].
+const AnnotationOpaquePorts = "config.linkerd.io/opaque-ports"
+
+// opaquePorts returns whether port is opaque by the Service's annotation or
+// the defaults.
+func opaquePort(a map[string]string, port uint16) (bool, error) {
+	v, ok := a[AnnotationOpaquePorts]
+	if !ok {
+		return slices.Contains(DefaultOpaquePorts, port), nil
+	}
+	found := false
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(item, "-")
+		l, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+		h := l
+		var err2 error
+		if isRange {
+			h, err2 = strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+		}
+		if err1 != nil || err2 != nil || l == 0 || h < l {
+			return false, annotationErr(AnnotationOpaquePorts, "%q is not a port or a range of ports (such as 3306 or 5000-5010)", item)
+		}
+		if uint64(port) >= l && uint64(port) <= h {
+			found = true
+		}
+	}
+	return found, nil
+}
+
+// appProtocol returns the appProtocol of port, "" when it has none.
+func (s *Service) appProtocol(port uint16) string {
+	for _, sp := range s.Ports {
+		if sp.Port == port {
+			return sp.AppProtocol
+		}
+	}
+	return ""
 }
 
 // HasPort reports whether the Service serves port.
@@ -77,6 +132,9 @@ func (s *Service) parseSpec(spec yamltree.Node) error {
 		if sp.Port, err = port(n); err != nil {
 			return err
 		}
+		if sp.AppProtocol, err = optionalString(po, "appProtocol"); err != nil {
+			return err
+		}
 		s.Ports = append(s.Ports, sp)
 	}
 	return nil
@@ -106,6 +164,9 @@ func checkAnnotations(a map[string]string) error {
 		return err
 	}
 	if _, err := loadBiaser(a); err != nil {
+		return err
+	}
+	if _, err := opaquePort(a, 0); err != nil {
 		return err
 	}
 	_, err := failureAccrual(a)

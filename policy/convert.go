@@ -34,7 +34,8 @@ func errAt(path, format string, args ...any) error {
 // "protocol.http1.routes[0].rules[2].backends: missing distribution kind":
 // missing metadata, oneofs with no variant set, invalid durations,
 // numbers out of range. Semantic checks (regexes, header names, ratios)
-// are [Compile]'s. Opaque and TLS routes are not converted: only the
+// are [Compile]'s. Opaque routes are kept (their first rule's backends;
+// opaque filters are not); TLS routes are not converted: only the
 // protocol is kept.
 func FromProto(m *outboundpb.OutboundPolicy) (*Policy, error) {
 	if m == nil {
@@ -76,6 +77,9 @@ func FromProto(m *outboundpb.OutboundPolicy) (*Policy, error) {
 		if p.HTTP2, err = httpProtocolFromProto(d.GetHttp2().GetRoutes(), d.GetHttp2().GetFailureAccrual(), "protocol.detect.http2"); err != nil {
 			return nil, err
 		}
+		if p.Opaque, err = opaqueProtocolFromProto(d.GetOpaque(), "protocol.detect.opaque"); err != nil {
+			return nil, err
+		}
 	case *outboundpb.ProxyProtocol_Http1_:
 		p.Protocol = ProtocolHTTP1
 		if p.HTTP1, err = httpProtocolFromProto(k.Http1.GetRoutes(), k.Http1.GetFailureAccrual(), "protocol.http1"); err != nil {
@@ -93,6 +97,9 @@ func FromProto(m *outboundpb.OutboundPolicy) (*Policy, error) {
 		}
 	case *outboundpb.ProxyProtocol_Opaque_:
 		p.Protocol = ProtocolOpaque
+		if p.Opaque, err = opaqueProtocolFromProto(k.Opaque, "protocol.opaque"); err != nil {
+			return nil, err
+		}
 	case *outboundpb.ProxyProtocol_Tls_:
 		p.Protocol = ProtocolTLS
 	default:
@@ -457,6 +464,50 @@ func backoffFromProto(b *outboundpb.ExponentialBackoff, path string) (backoff.Po
 		return p, errAt(path, "%v", err)
 	}
 	return p, nil
+}
+
+func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (OpaqueProtocol, error) {
+	var out OpaqueProtocol
+	for i, r := range o.GetRoutes() {
+		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
+		if r.GetMetadata() == nil {
+			return out, errAt(rpath+".metadata", "required")
+		}
+		meta, err := metadataFromProto(r.GetMetadata(), rpath+".metadata")
+		if err != nil {
+			return out, err
+		}
+		route := OpaqueRoute{Meta: meta}
+		if rules := r.GetRules(); len(rules) > 0 {
+			dpath := rpath + ".rules[0].backends"
+			switch k := rules[0].GetBackends().GetKind().(type) {
+			case *outboundpb.OpaqueRoute_Distribution_Empty_:
+			case *outboundpb.OpaqueRoute_Distribution_FirstAvailable_:
+				route.Backends.Kind = DistributionFirstAvailable
+				for j, rb := range k.FirstAvailable.GetBackends() {
+					b, err := routeBackendFromProto(rb.GetBackend(), fmt.Sprintf("%s.first_available.backends[%d]", dpath, j))
+					if err != nil {
+						return out, err
+					}
+					route.Backends.Backends = append(route.Backends.Backends, b)
+				}
+			case *outboundpb.OpaqueRoute_Distribution_RandomAvailable_:
+				route.Backends.Kind = DistributionRandomAvailable
+				for j, wb := range k.RandomAvailable.GetBackends() {
+					b, err := routeBackendFromProto(wb.GetBackend().GetBackend(), fmt.Sprintf("%s.random_available.backends[%d].backend", dpath, j))
+					if err != nil {
+						return out, err
+					}
+					b.Weight = wb.GetWeight()
+					route.Backends.Backends = append(route.Backends.Backends, b)
+				}
+			default:
+				return out, errAt(dpath+".kind", "missing distribution kind")
+			}
+		}
+		out.Routes = append(out.Routes, route)
+	}
+	return out, nil
 }
 
 func httpDistributionFromProto(d *outboundpb.HttpRoute_Distribution, path string) (Distribution, error) {

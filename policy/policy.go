@@ -28,6 +28,33 @@ type Policy struct {
 	HTTP1, HTTP2 HTTPProtocol
 	// GRPC holds the routes of [ProtocolGRPC].
 	GRPC GRPCProtocol
+	// Opaque holds the routes of [ProtocolOpaque], and of the traffic
+	// that [ProtocolDetect] finds is not HTTP. The router sends no TCP
+	// itself; these routes are carried for the proxies a control plane
+	// serves.
+	Opaque OpaqueProtocol
+}
+
+// OpaqueProtocol is the route list of opaque (TCP) traffic.
+type OpaqueProtocol struct {
+	Routes []OpaqueRoute
+}
+
+// OpaqueRoute is one route of opaque traffic: every connection goes to its
+// backends (filters on them are ignored).
+type OpaqueRoute struct {
+	Meta     Metadata
+	Backends Distribution
+}
+
+// DefaultOpaqueRoute returns the route "opaq" that Linkerd's controller
+// synthesises for the opaque traffic of a Service: every connection to
+// backend.
+func DefaultOpaqueRoute(backend Backend) OpaqueRoute {
+	return OpaqueRoute{
+		Meta:     DefaultMetadata("opaq"),
+		Backends: Distribution{Kind: DistributionFirstAvailable, Backends: []RouteBackend{{Backend: backend}}},
+	}
 }
 
 // Protocol is the kind of traffic a target carries.

@@ -88,9 +88,11 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	ps := r.policyFor(req)
-	if ps == nil || ps.table == nil {
-		// No policy: the default route, through the profile router when
-		// there is one (its default route and metrics).
+	if ps == nil || ps.table == nil || ps.table.For(req) == nil {
+		// No policy, or one without HTTP routes (an opaque or TLS port,
+		// whose connections go to the Service as they are): the default
+		// route, through the profile router when there is one (its
+		// default route and metrics).
 		if r.prof != nil {
 			return r.prof.Resolve(req).RoundTrip(t.base, req)
 		}
