@@ -226,16 +226,31 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
 	}
-	a := b.table.lookup(host)
+	a, ent := b.table.lookup(host)
 	if a == nil {
 		return t.base.RoundTrip(req) // not an authority we can resolve
 	}
 	b.watchSplit(a)
 	if to := a.split.Load().Pick(); to != "" {
-		if o := b.table.lookup(to); o != nil {
-			a = o // traffic split: the request goes to an override's endpoints
+		if o, oe := b.table.lookup(to); o != nil {
+			a, ent = o, oe // traffic split: the request goes to an override's endpoints
 		}
 	}
+	// The request holds its authority until it ends (its response body
+	// included), so that the idle sweep never releases the state it uses:
+	// the loads of the endpoints, their failure accrual, the queue.
+	ent.Hold()
+	resp, held, err := t.roundTrip(req, host, a, ent)
+	if !held {
+		ent.Unhold()
+	}
+	return resp, err
+}
+
+// roundTrip sends req to an endpoint of a. held says whether the response
+// body took over the hold of ent.
+func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
+	b := t.b
 	if bc, _ := req.Context().Value(backendConfigKey{}).(*BackendConfig); bc != nil {
 		b.configure(a.group, bc)
 	}
@@ -248,29 +263,31 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		var err error
 		if s, err = b.wait(req, a, s); err != nil {
 			closeBody(req)
-			return nil, err
+			return nil, false, err
 		}
 		if s == nil {
 			closeBody(req)
-			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+name), nil
+			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+name), false, nil
 		}
 	}
 	switch {
 	case s.err != nil:
 		if b.cfg.fallback {
-			return t.base.RoundTrip(req)
+			resp, err := t.base.RoundTrip(req)
+			return resp, false, err
 		}
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), false, nil
 	case !s.exists:
 		if b.cfg.fallback {
-			return t.base.RoundTrip(req)
+			resp, err := t.base.RoundTrip(req)
+			return resp, false, err
 		}
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+name), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+name), false, nil
 	case len(s.eps) == 0:
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), false, nil
 	}
 	start := b.cfg.now()
 	e, probe := s.choose(start, b.decay)
@@ -279,11 +296,11 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		var err error
 		if e, probe, resp, err = b.queue(req, a, name); e == nil {
 			closeBody(req)
-			return resp, err
+			return resp, false, err
 		}
 	}
 	b.metrics.dequeued(a, req.Context(), b.cfg.now()-start)
-	return t.send(req, host, e, probe)
+	return t.send(req, host, e, probe, ent)
 }
 
 // queuePoll is how often a queued request looks again for an endpoint
@@ -349,7 +366,7 @@ func (b *Balancer) wait(req *http.Request, a *authority, s *snapshot) (*snapshot
 
 // send sends req to e and accounts for it in e's load until the response
 // body ends.
-func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool) (*http.Response, error) {
+func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
 	b := t.b
 	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
 	if e.Identity != "" {
@@ -384,7 +401,7 @@ func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool
 		} else if probe {
 			l.release()
 		}
-		return nil, err
+		return nil, false, err
 	}
 	now := b.cfg.now()
 	l.observe(float64(now-start), now, b.decay)
@@ -406,14 +423,14 @@ func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool
 		if !final {
 			b.record(e, o, probe, now)
 		}
-		return resp, nil
+		return resp, false, nil
 	}
-	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, load: l, ctx: req.Context(), resp: resp}
+	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, load: l, ctx: req.Context(), resp: resp, hold: ent}
 	if !final {
 		pb.verdict, pb.probe, pb.head = true, probe, o
 	}
 	resp.Body = pb
-	return resp, nil
+	return resp, true, nil
 }
 
 // record folds an outcome into e's accrual; an endpoint back in rotation
@@ -434,6 +451,7 @@ type pendingBody struct {
 	load *load
 	ctx  context.Context
 	resp *http.Response
+	hold *registry.Entry[authority] // the authority's entry, held until the end
 	done atomic.Bool
 	// verdict: the outcome waits for the trailers (gRPC).
 	verdict bool
@@ -458,6 +476,7 @@ func (p *pendingBody) finish(err error) {
 	if p.done.Swap(true) {
 		return
 	}
+	defer p.hold.Unhold()
 	p.load.pending.Add(-1)
 	failed := err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil
 	if failed {
@@ -501,8 +520,10 @@ func closeBody(req *http.Request) {
 // table is the Balancer's per-authority state, on an internal registry:
 // an entry per authority, made on first use; past the bound the least
 // recently used is released, and so is one no request used for the idle
-// timeout: releasing an authority stops its watches. A cached Host is
-// found without a lock or an allocation.
+// timeout: releasing an authority stops its watches. A request holds its
+// entry until its response body ends, so an authority with requests in
+// flight is never idle, and eviction takes one only when every authority
+// has some. A cached Host is found without a lock or an allocation.
 type table struct {
 	reg    *registry.Registry[authority]
 	live   sync.Map   // *authority -> struct{}: the entries not released, for the metrics
@@ -525,19 +546,20 @@ func (t *table) init(cfg config) {
 	}, registry.WithMaxEntries(cfg.maxAuthorities), registry.WithIdleTimeout(cfg.idleTimeout))
 }
 
-// lookup returns the entry of a request's Host (or of a normalized
-// authority), or nil when it is not an authority. Only the first request
-// for a Host normalizes it.
-func (t *table) lookup(host string) *authority {
+// lookup returns the state of a request's Host (or of a normalized
+// authority) and its registry entry, or nil when it is not an authority.
+// Only the first request for a Host normalizes it. Once the Balancer is
+// closed, an authority gets the closed state and no entry.
+func (t *table) lookup(host string) (*authority, *registry.Entry[authority]) {
 	if e := t.reg.Get(host); e != nil {
-		return e.Load()
+		return e.Load(), e
 	}
 	if t.shut.Load() {
 		if _, err := normalize(host); err == nil {
-			return t.closed
+			return t.closed, nil
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 func (t *table) close() {
