@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,8 +57,13 @@ type Balancer struct {
 	table    table
 }
 
-// New returns a Balancer over the endpoint sets of src.
+// New returns a Balancer over the endpoint sets of src. It panics when src
+// is nil (a nil interface or a nil pointer, map, func or channel in one):
+// a Balancer without a source could answer no request.
 func New(src Source, opts ...Option) *Balancer {
+	if isNil(src) {
+		panic("balancer: New: nil Source")
+	}
 	cfg := newConfig(opts)
 	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
 		log: ratelog.New(cfg.logger, 0)}
@@ -71,6 +77,19 @@ func New(src Source, opts ...Option) *Balancer {
 	b.table.init(cfg)
 	b.metrics = newBalMetrics(b)
 	return b
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, func, channel,
+// slice or interface.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface, reflect.UnsafePointer:
+		return r.IsNil()
+	}
+	return false
 }
 
 // Close stops every watch and waits for their callbacks to return. It is
@@ -206,7 +225,12 @@ func (b *Balancer) watchSplit(a *authority) {
 // Transport returns the balancing RoundTripper around base (nil:
 // http.DefaultTransport; an origproto.Transport to upgrade requests to mesh
 // peers, under a classify.Transport to label metrics by endpoint).
+//
+// It panics when b is nil or was not made by [New].
 func (b *Balancer) Transport(base http.RoundTripper) http.RoundTripper {
+	if b == nil || b.ctx == nil {
+		panic("balancer: Transport of a Balancer not made by New")
+	}
 	if base == nil {
 		base = http.DefaultTransport
 	}

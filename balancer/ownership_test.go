@@ -3,6 +3,7 @@ package balancer
 import (
 	"io"
 	"net/http"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -90,4 +91,42 @@ func TestStreamKeepsAuthorityAcrossIdleSweeps(t *testing.T) {
 	b.table.reg.Sweep(now.Add(10 * time.Hour))
 	assert.Equal(t, 0, b.table.len())
 	assert.EqualValues(t, 0, src.open.Load())
+}
+
+// Constructors refuse what would only fail later, on a request: a nil
+// Source or a Balancer not made by New panic at once with a message that
+// names the mistake (programmer errors); an endpoint without an address
+// is an error naming the field, and the last good set stays.
+func TestConstructorsRejectBadInput(t *testing.T) {
+	for name, src := range map[string]Source{
+		"nil interface":    nil,
+		"nil StaticSource": (*StaticSource)(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			assert.PanicsWithValue(t, "balancer: New: nil Source", func() { New(src) })
+		})
+	}
+	assert.PanicsWithValue(t, "balancer: Transport of a Balancer not made by New", func() { (*Balancer)(nil).Transport(nil) })
+	assert.PanicsWithValue(t, "balancer: Transport of a Balancer not made by New", func() { new(Balancer).Transport(nil) })
+
+	good := backend(t, "good")
+	src, err := NewStaticSource(map[string][]Endpoint{svc: {good}})
+	require.NoError(t, err)
+	for name, eps := range map[string][]Endpoint{
+		"zero address": {good, {}},
+		"zero port":    {{Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 0)}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := src.Set(svc, eps)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "Addr")
+			assert.Contains(t, err.Error(), svc)
+			_, err = NewStaticSource(map[string][]Endpoint{svc: eps})
+			assert.ErrorContains(t, err, "Addr")
+		})
+	}
+	_, client := newClient(t, src, WithFallback(false))
+	status, body, _ := fetch(t, client, svcURL)
+	assert.Equal(t, 200, status, "the last good set stays")
+	assert.Contains(t, body, "good")
 }
