@@ -46,9 +46,7 @@ type Balancer struct {
 	decay float64
 	rtt   float64
 	log   *ratelog.Logger
-	// health: picks check endpoint health; penDecay: the load penalty's
-	// time constant.
-	health   bool
+	// penDecay: the load penalty's time constant.
 	penDecay float64
 	def      *groupConf // the configuration of the options
 	metrics  *balMetrics
@@ -67,14 +65,13 @@ func New(src Source, opts ...Option) *Balancer {
 	cfg := newConfig(opts)
 	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
 		log: ratelog.New(cfg.logger, 0)}
-	b.health = cfg.accrual != nil || cfg.penaltyEWMA != nil
 	b.penDecay = b.decay
 	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
 		b.penDecay = float64(p.PenaltyDecay)
 	}
-	b.def = b.defaultConf()
+	b.def = newGroupConf(b.defaultKey())
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.table.init(cfg)
+	b.table.init(cfg, b.def)
 	b.metrics = newBalMetrics(b)
 	return b
 }
@@ -101,27 +98,39 @@ func (b *Balancer) Close() {
 }
 
 // authority is the state the Balancer keeps for one authority: its
-// traffic split and its endpoints, each one immutable snapshot behind an
-// atomic pointer, whether their watches have started, and how to stop
-// them when the authority is released.
+// traffic split, whether its watches have started, how to stop them when
+// the authority is released, and its groups: the balancing of its
+// endpoints under each configuration requests carry (def: the balancer's
+// options), each with its own snapshot behind an atomic pointer.
 type authority struct {
 	name     string
 	split    atomic.Pointer[Split]
-	state    atomic.Pointer[snapshot]
 	watching atomic.Bool // endpoints
 	splitOn  atomic.Bool // profile
-	group    *group
-	queued   atomic.Int64 // requests in the queue
+	def      *group
+	cur      atomic.Pointer[group]     // the group of the latest request, for Ready and Endpoints
+	recent   atomic.Pointer[[]confRef] // the configurations seen last, newest first
 	metrics  atomic.Pointer[authMetrics]
 
 	mu       sync.Mutex
 	stops    []func()
 	released bool
+	groups   map[confKey]*group // the configured groups but def
 }
 
-func newAuthority(name string) *authority {
-	a := &authority{name: name, group: &group{}}
-	a.state.Store(&snapshot{wait: make(chan struct{}), group: a.group})
+// confRef is a BackendConfig and the group it is balanced by.
+type confRef struct {
+	src *BackendConfig
+	g   *group
+}
+
+// maxRecent bounds the BackendConfigs an authority recognises by address.
+const maxRecent = 8
+
+func newAuthority(name string, def *groupConf) *authority {
+	a := &authority{name: name, def: &group{conf: def}}
+	a.def.publish(&snapshot{wait: make(chan struct{}), health: def.health(), group: a.def})
+	a.cur.Store(a.def)
 	return a
 }
 
@@ -140,7 +149,7 @@ func (a *authority) keep(stop func()) {
 }
 
 // release stops the authority's watches, once; requests that still hold
-// it keep its last snapshot.
+// it keep their snapshots.
 func (a *authority) release() {
 	a.mu.Lock()
 	stops := a.stops
@@ -151,29 +160,138 @@ func (a *authority) release() {
 	}
 }
 
-// publish makes s the authority's snapshot; the first answer releases
-// the requests waiting for one.
-func (a *authority) publish(s *snapshot) {
-	prev := a.state.Swap(s)
-	if prev.wait != nil {
-		close(prev.wait)
+// current returns the group of the latest request.
+func (a *authority) current() *group { return a.cur.Load() }
+
+// each calls f for every group of a, under its lock.
+func (a *authority) each(f func(*group)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f(a.def)
+	for _, g := range a.groups {
+		f(g)
 	}
 }
 
-// endpoints returns the authority's snapshot, watching its endpoints on
-// first use. The watch starts outside every lock: a Source doing I/O holds
-// up only the requests for this authority, which wait for the first answer
+// update makes u the answer of every group of a; it returns the default
+// group's snapshots before and after.
+func (a *authority) update(u Update, defaultRTT float64, now int64) (prev, next *snapshot) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	prev = a.def.state.Load()
+	next = newSnapshot(u, prev, defaultRTT, now)
+	a.def.publish(next)
+	for _, g := range a.groups {
+		g.publish(newSnapshot(u, g.state.Load(), defaultRTT, now))
+	}
+	return prev, next
+}
+
+// group returns the group that balances requests carrying c (nil: the
+// balancer's options), making it on first use; now is the clock reading of
+// the request. A BackendConfig seen lately is found without a lock or an
+// allocation.
+func (b *Balancer) group(a *authority, c *BackendConfig, now int64) *group {
+	g := a.def
+	if c != nil {
+		g = nil
+		if r := a.recent.Load(); r != nil {
+			for _, ref := range *r {
+				if ref.src == c {
+					g = ref.g
+					break
+				}
+			}
+		}
+		if g == nil {
+			g = b.groupSlow(a, c, now)
+		}
+		if g != a.def && g.used.Load() != now {
+			g.used.Store(now)
+		}
+	}
+	if a.cur.Load() != g {
+		a.cur.Store(g)
+	}
+	return g
+}
+
+func (b *Balancer) groupSlow(a *authority, c *BackendConfig, now int64) *group {
+	k := b.keyOf(c)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g := a.def
+	if k != a.def.conf.key {
+		if g = a.groups[k]; g == nil {
+			g = a.addGroupLocked(newGroupConf(k), b.rtt, now)
+		}
+	}
+	var refs []confRef
+	if r := a.recent.Load(); r != nil {
+		refs = *r
+	}
+	next := make([]confRef, 0, maxRecent)
+	next = append(next, confRef{c, g})
+	for _, ref := range refs {
+		if len(next) == maxRecent {
+			break
+		}
+		if ref.src != c {
+			next = append(next, ref)
+		}
+	}
+	a.recent.Store(&next)
+	return g
+}
+
+// addGroupLocked makes the group of conf, its endpoints those of the
+// latest answer, each ready with a new load; past [MaxConfigurations] the
+// least recently used group is dropped (its requests in flight end in it).
+func (a *authority) addGroupLocked(conf *groupConf, defaultRTT float64, now int64) *group {
+	if a.groups == nil {
+		a.groups = make(map[confKey]*group)
+	}
+	if len(a.groups) >= MaxConfigurations {
+		var lru *group
+		for _, g := range a.groups {
+			if lru == nil || g.used.Load() < lru.used.Load() {
+				lru = g
+			}
+		}
+		delete(a.groups, lru.conf.key)
+		if r := a.recent.Load(); r != nil {
+			kept := make([]confRef, 0, len(*r))
+			for _, ref := range *r {
+				if ref.g != lru {
+					kept = append(kept, ref)
+				}
+			}
+			a.recent.Store(&kept)
+		}
+		a.cur.CompareAndSwap(lru, a.def)
+		lru.notify()
+	}
+	g := &group{conf: conf}
+	g.used.Store(now)
+	g.publish(a.def.state.Load().fork(g, defaultRTT, now))
+	a.groups[conf.key] = g
+	return g
+}
+
+// endpoints returns g's snapshot, watching a's endpoints on first use.
+// The watch starts outside every lock: a Source doing I/O holds up only
+// the requests for this authority, which wait for the first answer
 // anyway.
-func (b *Balancer) endpoints(a *authority) *snapshot {
+func (b *Balancer) endpoints(a *authority, g *group) *snapshot {
 	if !a.watching.Load() && a.watching.CompareAndSwap(false, true) {
 		b.watchEndpoints(a)
 	}
-	return a.state.Load()
+	return g.state.Load()
 }
 
 func (b *Balancer) watchEndpoints(a *authority) {
 	if b.ctx.Err() != nil {
-		a.publish(&snapshot{err: ErrClosed})
+		a.update(Update{Err: ErrClosed}, b.rtt, b.cfg.now())
 		return
 	}
 	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u Update) {
@@ -183,20 +301,12 @@ func (b *Balancer) watchEndpoints(a *authority) {
 		if u.Err != nil {
 			b.log.Info("endpoints unavailable", "endpoints unavailable", "authority", a.name, "error", u.Err)
 		}
-		prev := a.state.Load()
-		ns := newSnapshot(u, prev, b.rtt, b.cfg.now())
-		ns.health = b.health
-		n := ns.countReady()
-		a.group.mu.Lock()
-		a.group.ready = n
-		a.group.mu.Unlock()
-		a.publish(ns)
-		a.group.notify()
-		b.metrics.update(a, prev, ns)
+		prev, next := a.update(u, b.rtt, b.cfg.now())
+		b.metrics.update(a, prev, next)
 	})
 	if err != nil {
 		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
-		a.publish(&snapshot{err: err})
+		a.update(Update{Err: err}, b.rtt, b.cfg.now())
 		return
 	}
 	a.keep(stop)
@@ -275,17 +385,19 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // body took over the hold of ent.
 func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
 	b := t.b
-	if bc, _ := req.Context().Value(backendConfigKey{}).(*BackendConfig); bc != nil {
-		b.configure(a.group, bc)
-	}
 	name := a.name
+	g := a.def
 	if a == b.table.closed {
 		name = host
+	} else if bc, _ := req.Context().Value(backendConfigKey{}).(*BackendConfig); bc != nil {
+		g = b.group(a, bc, b.cfg.now())
+	} else if a.cur.Load() != g {
+		a.cur.Store(g)
 	}
-	s := b.endpoints(a)
+	s := b.endpoints(a, g)
 	if s.wait != nil {
 		var err error
-		if s, err = b.wait(req, a, s); err != nil {
+		if s, err = b.wait(req, g, s); err != nil {
 			closeBody(req)
 			return nil, false, err
 		}
@@ -318,7 +430,7 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	if e == nil {
 		var resp *http.Response
 		var err error
-		if e, probe, resp, err = b.queue(req, a, name); e == nil {
+		if e, probe, resp, err = b.queue(req, a, g, name); e == nil {
 			closeBody(req)
 			return resp, false, err
 		}
@@ -335,22 +447,22 @@ const queuePoll = 10 * time.Millisecond
 // timeout; past the capacity it refuses at once. It returns the endpoint,
 // or the response (503 fail-fast or load-shed) or error (the request's
 // own) to answer with.
-func (b *Balancer) queue(req *http.Request, a *authority, name string) (*endpoint, bool, *http.Response, error) {
-	conf := b.conf(a.group)
-	if a.queued.Add(1) > int64(conf.queueCap) {
-		a.queued.Add(-1)
+func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string) (*endpoint, bool, *http.Response, error) {
+	conf := g.conf
+	if g.queued.Add(1) > int64(conf.queueCap) {
+		g.queued.Add(-1)
 		b.log.Info("load shed", "queue full, request refused", "authority", name)
 		return nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
 	}
-	defer a.queued.Add(-1)
+	defer g.queued.Add(-1)
 	b.metrics.gate(a, req.Context(), false)
 	timer := time.NewTimer(conf.failfast)
 	defer timer.Stop()
 	tick := time.NewTicker(queuePoll)
 	defer tick.Stop()
 	for {
-		wake := a.group.wake()
-		if e, probe := a.state.Load().choose(b.cfg.now(), b.decay); e != nil {
+		wake := g.wake()
+		if e, probe := g.state.Load().choose(b.cfg.now(), b.decay); e != nil {
 			b.metrics.gate(a, req.Context(), true)
 			return e, probe, nil, nil
 		}
@@ -373,14 +485,14 @@ func failResponse(req *http.Request, err error, msg string) *http.Response {
 	return resp
 }
 
-// wait waits for the first answer about a: the snapshot, nil after the
+// wait waits for the first answer for g: the snapshot, nil after the
 // resolve timeout, or the error of the request's context.
-func (b *Balancer) wait(req *http.Request, a *authority, s *snapshot) (*snapshot, error) {
+func (b *Balancer) wait(req *http.Request, g *group, s *snapshot) (*snapshot, error) {
 	timer := time.NewTimer(b.cfg.resolveTimeout)
 	defer timer.Stop()
 	select {
 	case <-s.wait:
-		return a.state.Load(), nil
+		return g.state.Load(), nil
 	case <-timer.C:
 		return nil, nil
 	case <-req.Context().Done():
@@ -555,12 +667,12 @@ type table struct {
 	shut   atomic.Bool
 }
 
-func (t *table) init(cfg config) {
-	t.closed = newAuthority("")
+func (t *table) init(cfg config, def *groupConf) {
+	t.closed = newAuthority("", def)
 	t.closed.watching.Store(true)
 	t.closed.splitOn.Store(true)
-	t.closed.publish(&snapshot{err: ErrClosed})
-	t.reg = registry.New(newAuthority, func(e *registry.Entry[authority]) (func(), error) {
+	t.closed.update(Update{Err: ErrClosed}, 0, 0)
+	t.reg = registry.New(func(name string) *authority { return newAuthority(name, def) }, func(e *registry.Entry[authority]) (func(), error) {
 		a := e.Load()
 		t.live.Store(a, struct{}{})
 		return func() {

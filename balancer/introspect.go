@@ -29,7 +29,8 @@ type EndpointState struct {
 }
 
 // Endpoints returns the state of each endpoint of authority (host:port, as
-// requests name it), in address order; nil when the Balancer has no
+// requests name it), in address order, under the configuration of the
+// authority's latest request (see [BackendConfig]); nil when the Balancer has no
 // endpoints for it (never asked, no answer yet, or past its bound). It
 // starts no watch.
 func (b *Balancer) Endpoints(authority string) []EndpointState {
@@ -41,7 +42,8 @@ func (b *Balancer) Endpoints(authority string) []EndpointState {
 	if a == nil {
 		return nil
 	}
-	s := a.state.Load()
+	g := a.current()
+	s := g.state.Load()
 	now := b.cfg.now()
 	wall := time.Now()
 	out := make([]EndpointState, 0, len(s.eps))
@@ -53,7 +55,7 @@ func (b *Balancer) Endpoints(authority string) []EndpointState {
 		st.LoadSeconds = (l.estimateLocked(now, b.decay) + l.penaltyLocked(now)) / 1e9
 		l.mu.Unlock()
 		st.ConsecutiveFailures = h.failures
-		if acc := b.conf(a.group).acc; acc != nil && acc.unified && h.requests > 0 {
+		if acc := g.conf.acc; acc != nil && acc.unified && h.requests > 0 {
 			st.SuccessRate = h.rate
 		}
 		until := func(t int64) *time.Time {

@@ -185,7 +185,7 @@ func TestPendingUntilBodyEnds(t *testing.T) {
 	b, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {e}}))
 	resp, err := client.Get("http://" + books + ":7000/")
 	require.NoError(t, err)
-	l := lookup(b, books+":7000").state.Load().eps[0].load
+	l := lookup(b, books+":7000").def.state.Load().eps[0].load
 	assert.EqualValues(t, 1, l.pending.Load(), "in flight after the head")
 	close(more)
 	body, err := io.ReadAll(resp.Body)
@@ -368,6 +368,6 @@ func TestSampleIsTimeToHead(t *testing.T) {
 	b, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {e}}), withClock(clock.read))
 	_, body, _ := fetch(t, client, "http://"+books+":7000/")
 	require.Equal(t, "ok", body)
-	l := lookup(b, books+":7000").state.Load().eps[0].load
+	l := lookup(b, books+":7000").def.state.Load().eps[0].load
 	assert.InDelta(t, 200*ms, l.cost(clock.read(), float64(DefaultDecay)), 1)
 }
