@@ -158,14 +158,57 @@ func (b *Balancer) Ready(authority string) bool {
 	if a == nil {
 		return true
 	}
-	s := a.current().state.Load()
+	return b.ready(a.current().state.Load(), true)
+}
+
+// ReadyWith is [Balancer.Ready] for the requests that carry c
+// ([WithBackendConfig]; nil: the balancer's options): the endpoints'
+// health is that under c. Under a configuration no request carried yet,
+// every endpoint is ready. A router asks it for the backend it is about to
+// choose.
+func (b *Balancer) ReadyWith(authority string, c *BackendConfig) bool {
+	a := b.table.find(authority)
+	if a == nil {
+		return true
+	}
+	if g := b.findGroup(a, c); g != nil {
+		return b.ready(g.state.Load(), true)
+	}
+	return b.ready(a.def.state.Load(), false)
+}
+
+// ready reports whether a pick from s may find an endpoint now; health
+// false: as if none were out of rotation.
+func (b *Balancer) ready(s *snapshot, health bool) bool {
 	switch {
 	case s.wait != nil:
 		return true
 	case s.err != nil || !s.exists || len(s.eps) == 0:
 		return false
-	case !s.health:
+	case !s.health || !health:
 		return true
 	}
 	return s.countAvailable(b.cfg.now()) > 0
+}
+
+// findGroup returns the group of a that balances requests carrying c, or
+// nil when none has been made; it makes none.
+func (b *Balancer) findGroup(a *authority, c *BackendConfig) *group {
+	if c == nil {
+		return a.def
+	}
+	if r := a.recent.Load(); r != nil {
+		for _, ref := range *r {
+			if ref.src == c {
+				return ref.g
+			}
+		}
+	}
+	k := b.keyOf(c)
+	if k == a.def.conf.key {
+		return a.def
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.groups[k]
 }

@@ -34,15 +34,39 @@ type EndpointState struct {
 // endpoints for it (never asked, no answer yet, or past its bound). It
 // starts no watch.
 func (b *Balancer) Endpoints(authority string) []EndpointState {
+	a := b.findAuthority(authority)
+	if a == nil {
+		return nil
+	}
+	return b.endpointStates(a.current())
+}
+
+// EndpointsWith is [Balancer.Endpoints] under the configuration c
+// ([WithBackendConfig]; nil: the balancer's options). Under a
+// configuration no request carried yet, every endpoint is ready, with no
+// load but the default RTT.
+func (b *Balancer) EndpointsWith(authority string, c *BackendConfig) []EndpointState {
+	a := b.findAuthority(authority)
+	if a == nil {
+		return nil
+	}
+	g := b.findGroup(a, c)
+	if g == nil {
+		g = &group{conf: newGroupConf(b.keyOf(c))} // what the first request under c will make
+		g.state.Store(a.def.state.Load().fork(g, b.rtt, b.cfg.now()))
+	}
+	return b.endpointStates(g)
+}
+
+func (b *Balancer) findAuthority(authority string) *authority {
 	name, err := normalize(authority)
 	if err != nil {
 		return nil
 	}
-	a := b.table.find(name)
-	if a == nil {
-		return nil
-	}
-	g := a.current()
+	return b.table.find(name)
+}
+
+func (b *Balancer) endpointStates(g *group) []EndpointState {
 	s := g.state.Load()
 	now := b.cfg.now()
 	wall := time.Now()

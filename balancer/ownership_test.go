@@ -244,6 +244,7 @@ func TestProbationSurvivesConfigurationChange(t *testing.T) {
 	bad.hits.Store(0)
 	codes = getWith(t, rt, x, 200)
 	assert.Equal(t, 200, codes[200], "%v", codes)
+	t.Logf("back in rotation: %d of 200 requests", bad.hits.Load())
 	assert.Greater(t, bad.hits.Load(), int64(20), "the probe succeeded: back in rotation under x")
 }
 
@@ -327,4 +328,35 @@ func TestNaNAccrualIsDefault(t *testing.T) {
 	defer b.Close()
 	c := &BackendConfig{FailureAccrual: &FailureAccrual{Unified: &Unified{SuccessRateThreshold: nan}}}
 	assert.Equal(t, b.keyOf(c), b.keyOf(c))
+}
+
+// ReadyWith and EndpointsWith answer for one configuration, whatever the
+// authority's latest request carried: a first-available distribution asks
+// about the backend it is about to choose.
+func TestReadyWithConfiguration(t *testing.T) {
+	bad, badEp := newProbed(t)
+	bal := New(staticSource(t, map[string][]Endpoint{svc: {badEp}}), WithLogger(quietLogger))
+	t.Cleanup(bal.Close)
+	h1 := &http.Transport{}
+	t.Cleanup(h1.CloseIdleConnections)
+	rt := bal.Transport(h1)
+	strictFor := func() *BackendConfig {
+		c := consecutive(1)
+		c.FailureAccrual.ConsecutiveFailures.Backoff.MinBackoff = time.Hour
+		return c
+	}
+	strict, lenient := strictFor(), consecutive(1000)
+
+	assert.True(t, bal.ReadyWith(svc, strict), "an authority not seen yet is ready")
+	getWith(t, rt, strict, 1)
+	require.EqualValues(t, 1, bad.hits.Load())
+	getWith(t, rt, lenient, 3)
+	assert.True(t, bal.Ready(svc), "ready under the latest request's configuration")
+	assert.False(t, bal.ReadyWith(svc, strict), "tripped under its own")
+	assert.True(t, bal.ReadyWith(svc, lenient))
+	assert.True(t, bal.ReadyWith(svc, nil), "the balancer's options: no accrual")
+	assert.True(t, bal.ReadyWith(svc, consecutive(2)), "a configuration not used yet starts ready")
+	assert.Equal(t, "tripped", bal.EndpointsWith(svc, strictFor())[0].State, "an equal configuration")
+	assert.Equal(t, 3, bal.EndpointsWith(svc, lenient)[0].ConsecutiveFailures)
+	assert.Equal(t, "ready", bal.EndpointsWith(svc, consecutive(2))[0].State)
 }
