@@ -187,14 +187,14 @@ type group struct {
 // publish makes s the group's snapshot; the first answer releases the
 // requests waiting for one.
 func (g *group) publish(s *snapshot) {
+	n := s.countReady() // before any request may pick from s
+	g.mu.Lock()
+	g.ready = n
+	g.mu.Unlock()
 	prev := g.state.Swap(s)
 	if prev != nil && prev.wait != nil {
 		close(prev.wait)
 	}
-	n := s.countReady()
-	g.mu.Lock()
-	g.ready = n
-	g.mu.Unlock()
 	g.notify()
 }
 
