@@ -15,7 +15,7 @@ type endpoint struct {
 	addr   string
 	labels *classify.Labels
 	load   *load
-	g      *group // the authority's, nil outside a Balancer
+	g      *group // the configuration's balancing it is in, nil outside a Balancer
 }
 
 func (e *endpoint) group() *group { return e.g }
