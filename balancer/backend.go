@@ -8,15 +8,23 @@ import (
 // BackendConfig is the balancing configuration that a backend of an
 // outbound policy carries for its authority (the OutboundPolicy's
 // FailureAccrual and Queue): a router puts it in the context of each
-// request it sends to the backend ([WithBackendConfig]), and the authority
-// is balanced by it from then on, instead of by the balancer's own
-// options. Its zero fields keep the balancer's options.
+// request it sends to the backend ([WithBackendConfig]). Its zero fields
+// keep the balancer's options.
 //
-// A BackendConfig must not change once used: a router makes one per
-// backend of each policy it compiles, and the balancer recognises it by
-// its address, so that a request costs one pointer comparison. When a
-// policy update brings a new one, the endpoints keep their health state
-// (failure counts, penalties) under the new configuration.
+// The balancer balances an authority under each configuration apart, as a
+// Linkerd proxy builds one balancer per backend: the endpoints' loads,
+// their failure accrual (failures in a row, penalties, probation and its
+// probe) and the queue belong to one configuration, and requests under
+// another neither see nor change them. Configurations equal in every field
+// share that state: a policy update bringing an equal one keeps it; a
+// changed one starts afresh, every endpoint ready, while requests still
+// under the old one finish there (a probe in flight is answered where it
+// was sent). An authority keeps the state of at most [MaxConfigurations]
+// configurations, dropping the least recently used.
+//
+// A BackendConfig must not change once used: the balancer remembers the
+// last few it saw by their address, so that a request costs a few pointer
+// comparisons.
 type BackendConfig struct {
 	// FailureAccrual takes failing endpoints out of rotation; nil keeps the
 	// balancer's ([WithFailureAccrual]).
@@ -31,6 +39,11 @@ type BackendConfig struct {
 	PenaltyPeakEWMA *PenaltyPeakEWMA
 }
 
+// MaxConfigurations bounds the configurations an authority is balanced
+// under at once (the balancer's options aside): past it, the least
+// recently used one's state is dropped.
+const MaxConfigurations = 8
+
 type backendConfigKey struct{}
 
 // WithBackendConfig returns a context whose requests the balancer balances
@@ -42,9 +55,9 @@ func WithBackendConfig(ctx context.Context, c *BackendConfig) context.Context {
 	return context.WithValue(ctx, backendConfigKey{}, c)
 }
 
-// groupConf is the resolved configuration of one authority.
+// groupConf is the resolved configuration of one group; immutable.
 type groupConf struct {
-	src      *BackendConfig // nil: the balancer's options
+	key      confKey
 	acc      *accrual
 	queueCap int
 	failfast time.Duration
@@ -52,53 +65,82 @@ type groupConf struct {
 	penDecay float64
 }
 
-// defaultConf is the configuration of the balancer's options.
-func (b *Balancer) defaultConf() *groupConf {
-	return &groupConf{acc: b.cfg.accrual, queueCap: b.cfg.queueCap, failfast: b.cfg.failfast,
-		penalty: b.cfg.penaltyEWMA, penDecay: b.penDecay}
+// confKey is a configuration as a comparable value: the zero accrual and
+// the zero penalty are none (resolved ones have positive fields).
+type confKey struct {
+	acc      accrual
+	queueCap int
+	failfast time.Duration
+	penalty  PenaltyPeakEWMA
+	penDecay float64
 }
 
-// conf returns the configuration that balances g.
-func (b *Balancer) conf(g *group) *groupConf {
-	if g != nil {
-		if c := g.conf.Load(); c != nil {
-			return c
-		}
+// health reports whether picks under c check the endpoints' health
+// (failure accrual or load penalties are on).
+func (c *groupConf) health() bool { return c.acc != nil || c.penalty != nil }
+
+// newGroupConf makes the configuration of key.
+func newGroupConf(k confKey) *groupConf {
+	c := &groupConf{key: k, queueCap: k.queueCap, failfast: k.failfast, penDecay: k.penDecay}
+	if k.acc != (accrual{}) {
+		acc := k.acc
+		c.acc = &acc
 	}
-	return b.def
+	if k.penalty != (PenaltyPeakEWMA{}) {
+		p := k.penalty
+		c.penalty = &p
+	}
+	return c
 }
 
-// configure makes c the configuration of g when it is not already.
-func (b *Balancer) configure(g *group, c *BackendConfig) {
-	if cur := g.conf.Load(); cur != nil && cur.src == c {
-		return
+// defaultKey is the configuration of the balancer's options.
+func (b *Balancer) defaultKey() confKey {
+	k := confKey{queueCap: b.cfg.queueCap, failfast: b.cfg.failfast, penDecay: b.penDecay}
+	if b.cfg.accrual != nil {
+		k.acc = *b.cfg.accrual
 	}
-	gc := b.defaultConf()
-	gc.src = c
-	if c.FailureAccrual != nil {
-		gc.acc = newAccrual(c.FailureAccrual)
+	if b.cfg.penaltyEWMA != nil {
+		k.penalty = *b.cfg.penaltyEWMA
+		k.penalty.DefaultRTT, k.penalty.Decay = 0, 0
+	}
+	return k
+}
+
+// keyOf resolves c over the balancer's options, allocating nothing.
+func (b *Balancer) keyOf(c *BackendConfig) confKey {
+	k := b.def.key
+	if acc, ok := accrualOf(c.FailureAccrual); ok {
+		k.acc = acc
 	}
 	if c.QueueCapacity > 0 {
-		gc.queueCap = c.QueueCapacity
+		k.queueCap = c.QueueCapacity
 	}
 	if c.FailFast > 0 {
-		gc.failfast = c.FailFast
+		k.failfast = c.FailFast
 	}
 	if p := c.PenaltyPeakEWMA; p != nil {
 		q := *p
+		q.DefaultRTT, q.Decay = 0, 0 // the balancer's; not part of the configuration
 		if q.Penalty <= 0 {
 			q.Penalty = DefaultLoadPenalty
 		}
 		if q.MaxRetryAfter <= 0 {
 			q.MaxRetryAfter = DefaultMaxRetryAfter
 		}
-		gc.penalty, gc.penDecay = &q, b.decay
+		k.penalty, k.penDecay = q, b.decay
 		if q.PenaltyDecay > 0 {
-			gc.penDecay = float64(q.PenaltyDecay)
+			k.penDecay = float64(q.PenaltyDecay)
 		}
 	}
-	g.conf.Store(gc)
-	g.notify() // queued requests look again under the new configuration
+	return k
+}
+
+// conf returns the configuration that balances g.
+func (b *Balancer) conf(g *group) *groupConf {
+	if g != nil {
+		return g.conf
+	}
+	return b.def
 }
 
 // Ready reports whether a request for authority (host:port) would find an
@@ -108,20 +150,65 @@ func (b *Balancer) configure(g *group, c *BackendConfig) {
 // its probe out, or avoided after a Retry-After. An authority the
 // balancer has not seen yet, or whose first answer is still awaited, is
 // ready: a request to it starts its watch. A router's first-available
-// distribution uses it to pass over a backend that would fail fast.
+// distribution uses it to pass over a backend that would fail fast. The
+// endpoints' health is that under the configuration of the authority's
+// latest request (see [BackendConfig]).
 func (b *Balancer) Ready(authority string) bool {
 	a := b.table.find(authority)
 	if a == nil {
 		return true
 	}
-	s := a.state.Load()
+	return b.ready(a.current().state.Load(), true)
+}
+
+// ReadyWith is [Balancer.Ready] for the requests that carry c
+// ([WithBackendConfig]; nil: the balancer's options): the endpoints'
+// health is that under c. Under a configuration no request carried yet,
+// every endpoint is ready. A router asks it for the backend it is about to
+// choose.
+func (b *Balancer) ReadyWith(authority string, c *BackendConfig) bool {
+	a := b.table.find(authority)
+	if a == nil {
+		return true
+	}
+	if g := b.findGroup(a, c); g != nil {
+		return b.ready(g.state.Load(), true)
+	}
+	return b.ready(a.def.state.Load(), false)
+}
+
+// ready reports whether a pick from s may find an endpoint now; health
+// false: as if none were out of rotation.
+func (b *Balancer) ready(s *snapshot, health bool) bool {
 	switch {
 	case s.wait != nil:
 		return true
 	case s.err != nil || !s.exists || len(s.eps) == 0:
 		return false
-	case !s.health && !s.group.ownHealth():
+	case !s.health || !health:
 		return true
 	}
 	return s.countAvailable(b.cfg.now()) > 0
+}
+
+// findGroup returns the group of a that balances requests carrying c, or
+// nil when none has been made; it makes none.
+func (b *Balancer) findGroup(a *authority, c *BackendConfig) *group {
+	if c == nil {
+		return a.def
+	}
+	if r := a.recent.Load(); r != nil {
+		for _, ref := range *r {
+			if ref.src == c {
+				return ref.g
+			}
+		}
+	}
+	k := b.keyOf(c)
+	if k == a.def.conf.key {
+		return a.def
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.groups[k]
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,9 +46,7 @@ type Balancer struct {
 	decay float64
 	rtt   float64
 	log   *ratelog.Logger
-	// health: picks check endpoint health; penDecay: the load penalty's
-	// time constant.
-	health   bool
+	// penDecay: the load penalty's time constant.
 	penDecay float64
 	def      *groupConf // the configuration of the options
 	metrics  *balMetrics
@@ -56,21 +55,38 @@ type Balancer struct {
 	table    table
 }
 
-// New returns a Balancer over the endpoint sets of src.
+// New returns a Balancer over the endpoint sets of src. It panics when src
+// is nil (a nil interface or a nil pointer, map, func or channel in one):
+// a Balancer without a source could answer no request.
 func New(src Source, opts ...Option) *Balancer {
+	if isNil(src) {
+		panic("balancer: New: nil Source")
+	}
 	cfg := newConfig(opts)
 	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
 		log: ratelog.New(cfg.logger, 0)}
-	b.health = cfg.accrual != nil || cfg.penaltyEWMA != nil
 	b.penDecay = b.decay
 	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
 		b.penDecay = float64(p.PenaltyDecay)
 	}
-	b.def = b.defaultConf()
+	b.def = newGroupConf(b.defaultKey())
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.table.init(cfg)
+	b.table.init(cfg, b.def)
 	b.metrics = newBalMetrics(b)
 	return b
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, func, channel,
+// slice or interface.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface, reflect.UnsafePointer:
+		return r.IsNil()
+	}
+	return false
 }
 
 // Close stops every watch and waits for their callbacks to return. It is
@@ -82,27 +98,39 @@ func (b *Balancer) Close() {
 }
 
 // authority is the state the Balancer keeps for one authority: its
-// traffic split and its endpoints, each one immutable snapshot behind an
-// atomic pointer, whether their watches have started, and how to stop
-// them when the authority is released.
+// traffic split, whether its watches have started, how to stop them when
+// the authority is released, and its groups: the balancing of its
+// endpoints under each configuration requests carry (def: the balancer's
+// options), each with its own snapshot behind an atomic pointer.
 type authority struct {
 	name     string
 	split    atomic.Pointer[Split]
-	state    atomic.Pointer[snapshot]
 	watching atomic.Bool // endpoints
 	splitOn  atomic.Bool // profile
-	group    *group
-	queued   atomic.Int64 // requests in the queue
+	def      *group
+	cur      atomic.Pointer[group]     // the group of the latest request, for Ready and Endpoints
+	recent   atomic.Pointer[[]confRef] // the configurations seen last, newest first
 	metrics  atomic.Pointer[authMetrics]
 
 	mu       sync.Mutex
 	stops    []func()
 	released bool
+	groups   map[confKey]*group // the configured groups but def
 }
 
-func newAuthority(name string) *authority {
-	a := &authority{name: name, group: &group{}}
-	a.state.Store(&snapshot{wait: make(chan struct{}), group: a.group})
+// confRef is a BackendConfig and the group it is balanced by.
+type confRef struct {
+	src *BackendConfig
+	g   *group
+}
+
+// maxRecent bounds the BackendConfigs an authority recognises by address.
+const maxRecent = 8
+
+func newAuthority(name string, def *groupConf) *authority {
+	a := &authority{name: name, def: &group{conf: def}}
+	a.def.publish(&snapshot{wait: make(chan struct{}), health: def.health(), group: a.def})
+	a.cur.Store(a.def)
 	return a
 }
 
@@ -121,7 +149,7 @@ func (a *authority) keep(stop func()) {
 }
 
 // release stops the authority's watches, once; requests that still hold
-// it keep its last snapshot.
+// it keep their snapshots.
 func (a *authority) release() {
 	a.mu.Lock()
 	stops := a.stops
@@ -132,29 +160,138 @@ func (a *authority) release() {
 	}
 }
 
-// publish makes s the authority's snapshot; the first answer releases
-// the requests waiting for one.
-func (a *authority) publish(s *snapshot) {
-	prev := a.state.Swap(s)
-	if prev.wait != nil {
-		close(prev.wait)
+// current returns the group of the latest request.
+func (a *authority) current() *group { return a.cur.Load() }
+
+// each calls f for every group of a, under its lock.
+func (a *authority) each(f func(*group)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f(a.def)
+	for _, g := range a.groups {
+		f(g)
 	}
 }
 
-// endpoints returns the authority's snapshot, watching its endpoints on
-// first use. The watch starts outside every lock: a Source doing I/O holds
-// up only the requests for this authority, which wait for the first answer
+// update makes u the answer of every group of a; it returns the default
+// group's snapshots before and after.
+func (a *authority) update(u Update, defaultRTT float64, now int64) (prev, next *snapshot) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	prev = a.def.state.Load()
+	next = newSnapshot(u, prev, defaultRTT, now)
+	a.def.publish(next)
+	for _, g := range a.groups {
+		g.publish(newSnapshot(u, g.state.Load(), defaultRTT, now))
+	}
+	return prev, next
+}
+
+// group returns the group that balances requests carrying c (nil: the
+// balancer's options), making it on first use; now is the clock reading of
+// the request. A BackendConfig seen lately is found without a lock or an
+// allocation.
+func (b *Balancer) group(a *authority, c *BackendConfig, now int64) *group {
+	g := a.def
+	if c != nil {
+		g = nil
+		if r := a.recent.Load(); r != nil {
+			for _, ref := range *r {
+				if ref.src == c {
+					g = ref.g
+					break
+				}
+			}
+		}
+		if g == nil {
+			g = b.groupSlow(a, c, now)
+		}
+		if g != a.def && g.used.Load() != now {
+			g.used.Store(now)
+		}
+	}
+	if a.cur.Load() != g {
+		a.cur.Store(g)
+	}
+	return g
+}
+
+func (b *Balancer) groupSlow(a *authority, c *BackendConfig, now int64) *group {
+	k := b.keyOf(c)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g := a.def
+	if k != a.def.conf.key {
+		if g = a.groups[k]; g == nil {
+			g = a.addGroupLocked(newGroupConf(k), b.rtt, now)
+		}
+	}
+	var refs []confRef
+	if r := a.recent.Load(); r != nil {
+		refs = *r
+	}
+	next := make([]confRef, 0, maxRecent)
+	next = append(next, confRef{c, g})
+	for _, ref := range refs {
+		if len(next) == maxRecent {
+			break
+		}
+		if ref.src != c {
+			next = append(next, ref)
+		}
+	}
+	a.recent.Store(&next)
+	return g
+}
+
+// addGroupLocked makes the group of conf, its endpoints those of the
+// latest answer, each ready with a new load; past [MaxConfigurations] the
+// least recently used group is dropped (its requests in flight end in it).
+func (a *authority) addGroupLocked(conf *groupConf, defaultRTT float64, now int64) *group {
+	if a.groups == nil {
+		a.groups = make(map[confKey]*group)
+	}
+	if len(a.groups) >= MaxConfigurations {
+		var lru *group
+		for _, g := range a.groups {
+			if lru == nil || g.used.Load() < lru.used.Load() {
+				lru = g
+			}
+		}
+		delete(a.groups, lru.conf.key)
+		if r := a.recent.Load(); r != nil {
+			kept := make([]confRef, 0, len(*r))
+			for _, ref := range *r {
+				if ref.g != lru {
+					kept = append(kept, ref)
+				}
+			}
+			a.recent.Store(&kept)
+		}
+		a.cur.CompareAndSwap(lru, a.def)
+		lru.notify()
+	}
+	g := &group{conf: conf}
+	g.used.Store(now)
+	g.publish(a.def.state.Load().fork(g, defaultRTT, now))
+	a.groups[conf.key] = g
+	return g
+}
+
+// endpoints returns g's snapshot, watching a's endpoints on first use.
+// The watch starts outside every lock: a Source doing I/O holds up only
+// the requests for this authority, which wait for the first answer
 // anyway.
-func (b *Balancer) endpoints(a *authority) *snapshot {
+func (b *Balancer) endpoints(a *authority, g *group) *snapshot {
 	if !a.watching.Load() && a.watching.CompareAndSwap(false, true) {
 		b.watchEndpoints(a)
 	}
-	return a.state.Load()
+	return g.state.Load()
 }
 
 func (b *Balancer) watchEndpoints(a *authority) {
 	if b.ctx.Err() != nil {
-		a.publish(&snapshot{err: ErrClosed})
+		a.update(Update{Err: ErrClosed}, b.rtt, b.cfg.now())
 		return
 	}
 	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u Update) {
@@ -164,20 +301,12 @@ func (b *Balancer) watchEndpoints(a *authority) {
 		if u.Err != nil {
 			b.log.Info("endpoints unavailable", "endpoints unavailable", "authority", a.name, "error", u.Err)
 		}
-		prev := a.state.Load()
-		ns := newSnapshot(u, prev, b.rtt, b.cfg.now())
-		ns.health = b.health
-		n := ns.countReady()
-		a.group.mu.Lock()
-		a.group.ready = n
-		a.group.mu.Unlock()
-		a.publish(ns)
-		a.group.notify()
-		b.metrics.update(a, prev, ns)
+		prev, next := a.update(u, b.rtt, b.cfg.now())
+		b.metrics.update(a, prev, next)
 	})
 	if err != nil {
 		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
-		a.publish(&snapshot{err: err})
+		a.update(Update{Err: err}, b.rtt, b.cfg.now())
 		return
 	}
 	a.keep(stop)
@@ -206,7 +335,12 @@ func (b *Balancer) watchSplit(a *authority) {
 // Transport returns the balancing RoundTripper around base (nil:
 // http.DefaultTransport; an origproto.Transport to upgrade requests to mesh
 // peers, under a classify.Transport to label metrics by endpoint).
+//
+// It panics when b is nil or was not made by [New].
 func (b *Balancer) Transport(base http.RoundTripper) http.RoundTripper {
+	if b == nil || b.ctx == nil {
+		panic("balancer: Transport of a Balancer not made by New")
+	}
 	if base == nil {
 		base = http.DefaultTransport
 	}
@@ -226,64 +360,83 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
 	}
-	a := b.table.lookup(host)
+	a, ent := b.table.lookup(host)
 	if a == nil {
 		return t.base.RoundTrip(req) // not an authority we can resolve
 	}
 	b.watchSplit(a)
 	if to := a.split.Load().Pick(); to != "" {
-		if o := b.table.lookup(to); o != nil {
-			a = o // traffic split: the request goes to an override's endpoints
+		if o, oe := b.table.lookup(to); o != nil {
+			a, ent = o, oe // traffic split: the request goes to an override's endpoints
 		}
 	}
-	if bc, _ := req.Context().Value(backendConfigKey{}).(*BackendConfig); bc != nil {
-		b.configure(a.group, bc)
+	// The request holds its authority until it ends (its response body
+	// included), so that the idle sweep never releases the state it uses:
+	// the loads of the endpoints, their failure accrual, the queue.
+	ent.Hold()
+	resp, held, err := t.roundTrip(req, host, a, ent)
+	if !held {
+		ent.Unhold()
 	}
+	return resp, err
+}
+
+// roundTrip sends req to an endpoint of a. held says whether the response
+// body took over the hold of ent.
+func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
+	b := t.b
 	name := a.name
+	g := a.def
 	if a == b.table.closed {
 		name = host
+	} else if bc, _ := req.Context().Value(backendConfigKey{}).(*BackendConfig); bc != nil {
+		g = b.group(a, bc, b.cfg.now())
+	} else if a.cur.Load() != g {
+		a.cur.Store(g)
 	}
-	s := b.endpoints(a)
+	s := b.endpoints(a, g)
 	if s.wait != nil {
 		var err error
-		if s, err = b.wait(req, a, s); err != nil {
+		if s, err = b.wait(req, g, s); err != nil {
 			closeBody(req)
-			return nil, err
+			return nil, false, err
 		}
 		if s == nil {
 			closeBody(req)
-			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+name), nil
+			return proxyerr.Response(req, http.StatusServiceUnavailable, "no answer from the control plane for "+name), false, nil
 		}
 	}
 	switch {
 	case s.err != nil:
 		if b.cfg.fallback {
-			return t.base.RoundTrip(req)
+			resp, err := t.base.RoundTrip(req)
+			return resp, false, err
 		}
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), false, nil
 	case !s.exists:
 		if b.cfg.fallback {
-			return t.base.RoundTrip(req)
+			resp, err := t.base.RoundTrip(req)
+			return resp, false, err
 		}
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+name), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+name), false, nil
 	case len(s.eps) == 0:
 		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), nil
+		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), false, nil
 	}
 	start := b.cfg.now()
 	e, probe := s.choose(start, b.decay)
 	if e == nil {
 		var resp *http.Response
 		var err error
-		if e, probe, resp, err = b.queue(req, a, name); e == nil {
+		if e, probe, resp, err = b.queue(req, a, g, name); e == nil {
 			closeBody(req)
-			return resp, err
+			return resp, false, err
 		}
 	}
 	b.metrics.dequeued(a, req.Context(), b.cfg.now()-start)
-	return t.send(req, host, e, probe)
+	return t.send(req, host, e, probe, ent)
 }
 
 // queuePoll is how often a queued request looks again for an endpoint
@@ -294,22 +447,22 @@ const queuePoll = 10 * time.Millisecond
 // timeout; past the capacity it refuses at once. It returns the endpoint,
 // or the response (503 fail-fast or load-shed) or error (the request's
 // own) to answer with.
-func (b *Balancer) queue(req *http.Request, a *authority, name string) (*endpoint, bool, *http.Response, error) {
-	conf := b.conf(a.group)
-	if a.queued.Add(1) > int64(conf.queueCap) {
-		a.queued.Add(-1)
+func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string) (*endpoint, bool, *http.Response, error) {
+	conf := g.conf
+	if g.queued.Add(1) > int64(conf.queueCap) {
+		g.queued.Add(-1)
 		b.log.Info("load shed", "queue full, request refused", "authority", name)
 		return nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
 	}
-	defer a.queued.Add(-1)
+	defer g.queued.Add(-1)
 	b.metrics.gate(a, req.Context(), false)
 	timer := time.NewTimer(conf.failfast)
 	defer timer.Stop()
 	tick := time.NewTicker(queuePoll)
 	defer tick.Stop()
 	for {
-		wake := a.group.wake()
-		if e, probe := a.state.Load().choose(b.cfg.now(), b.decay); e != nil {
+		wake := g.wake()
+		if e, probe := g.state.Load().choose(b.cfg.now(), b.decay); e != nil {
 			b.metrics.gate(a, req.Context(), true)
 			return e, probe, nil, nil
 		}
@@ -332,14 +485,14 @@ func failResponse(req *http.Request, err error, msg string) *http.Response {
 	return resp
 }
 
-// wait waits for the first answer about a: the snapshot, nil after the
+// wait waits for the first answer for g: the snapshot, nil after the
 // resolve timeout, or the error of the request's context.
-func (b *Balancer) wait(req *http.Request, a *authority, s *snapshot) (*snapshot, error) {
+func (b *Balancer) wait(req *http.Request, g *group, s *snapshot) (*snapshot, error) {
 	timer := time.NewTimer(b.cfg.resolveTimeout)
 	defer timer.Stop()
 	select {
 	case <-s.wait:
-		return a.state.Load(), nil
+		return g.state.Load(), nil
 	case <-timer.C:
 		return nil, nil
 	case <-req.Context().Done():
@@ -349,7 +502,7 @@ func (b *Balancer) wait(req *http.Request, a *authority, s *snapshot) (*snapshot
 
 // send sends req to e and accounts for it in e's load until the response
 // body ends.
-func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool) (*http.Response, error) {
+func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
 	b := t.b
 	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
 	if e.Identity != "" {
@@ -384,7 +537,7 @@ func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool
 		} else if probe {
 			l.release()
 		}
-		return nil, err
+		return nil, false, err
 	}
 	now := b.cfg.now()
 	l.observe(float64(now-start), now, b.decay)
@@ -406,14 +559,14 @@ func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool
 		if !final {
 			b.record(e, o, probe, now)
 		}
-		return resp, nil
+		return resp, false, nil
 	}
-	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, load: l, ctx: req.Context(), resp: resp}
+	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, load: l, ctx: req.Context(), resp: resp, hold: ent}
 	if !final {
 		pb.verdict, pb.probe, pb.head = true, probe, o
 	}
 	resp.Body = pb
-	return resp, nil
+	return resp, true, nil
 }
 
 // record folds an outcome into e's accrual; an endpoint back in rotation
@@ -434,6 +587,7 @@ type pendingBody struct {
 	load *load
 	ctx  context.Context
 	resp *http.Response
+	hold *registry.Entry[authority] // the authority's entry, held until the end
 	done atomic.Bool
 	// verdict: the outcome waits for the trailers (gRPC).
 	verdict bool
@@ -458,6 +612,7 @@ func (p *pendingBody) finish(err error) {
 	if p.done.Swap(true) {
 		return
 	}
+	defer p.hold.Unhold()
 	p.load.pending.Add(-1)
 	failed := err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil
 	if failed {
@@ -501,8 +656,10 @@ func closeBody(req *http.Request) {
 // table is the Balancer's per-authority state, on an internal registry:
 // an entry per authority, made on first use; past the bound the least
 // recently used is released, and so is one no request used for the idle
-// timeout: releasing an authority stops its watches. A cached Host is
-// found without a lock or an allocation.
+// timeout: releasing an authority stops its watches. A request holds its
+// entry until its response body ends, so an authority with requests in
+// flight is never idle, and eviction takes one only when every authority
+// has some. A cached Host is found without a lock or an allocation.
 type table struct {
 	reg    *registry.Registry[authority]
 	live   sync.Map   // *authority -> struct{}: the entries not released, for the metrics
@@ -510,12 +667,12 @@ type table struct {
 	shut   atomic.Bool
 }
 
-func (t *table) init(cfg config) {
-	t.closed = newAuthority("")
+func (t *table) init(cfg config, def *groupConf) {
+	t.closed = newAuthority("", def)
 	t.closed.watching.Store(true)
 	t.closed.splitOn.Store(true)
-	t.closed.publish(&snapshot{err: ErrClosed})
-	t.reg = registry.New(newAuthority, func(e *registry.Entry[authority]) (func(), error) {
+	t.closed.update(Update{Err: ErrClosed}, 0, 0)
+	t.reg = registry.New(func(name string) *authority { return newAuthority(name, def) }, func(e *registry.Entry[authority]) (func(), error) {
 		a := e.Load()
 		t.live.Store(a, struct{}{})
 		return func() {
@@ -525,19 +682,20 @@ func (t *table) init(cfg config) {
 	}, registry.WithMaxEntries(cfg.maxAuthorities), registry.WithIdleTimeout(cfg.idleTimeout))
 }
 
-// lookup returns the entry of a request's Host (or of a normalized
-// authority), or nil when it is not an authority. Only the first request
-// for a Host normalizes it.
-func (t *table) lookup(host string) *authority {
+// lookup returns the state of a request's Host (or of a normalized
+// authority) and its registry entry, or nil when it is not an authority.
+// Only the first request for a Host normalizes it. Once the Balancer is
+// closed, an authority gets the closed state and no entry.
+func (t *table) lookup(host string) (*authority, *registry.Entry[authority]) {
 	if e := t.reg.Get(host); e != nil {
-		return e.Load()
+		return e.Load(), e
 	}
 	if t.shut.Load() {
 		if _, err := normalize(host); err == nil {
-			return t.closed
+			return t.closed, nil
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 func (t *table) close() {

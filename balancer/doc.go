@@ -36,6 +36,17 @@
 // penalty that doubles (jittered) up to the maximum. The ejection floor
 // keeps a number of endpoints in rotation whatever they answer.
 //
+// A router's policy backend may carry its own failure accrual, queue and
+// load penalties ([BackendConfig], [WithBackendConfig]). The authority is
+// then balanced under each configuration apart, as a Linkerd proxy gives
+// each backend its own balancer: the endpoints' loads and health belong to
+// one configuration, so a request under another neither sees nor resets
+// them, and a probe is answered under the configuration that sent it.
+//
+// A request holds its authority until its response body ends: an
+// authority with a stream in flight is never idle, and its state (loads,
+// health, queue, watches) outlives any idle timeout ([WithIdleTimeout]).
+//
 // With [WithPenaltyPeakEWMA] a 429 or gRPC RESOURCE_EXHAUSTED adds a
 // decaying penalty to the endpoint's load, and a Retry-After (429, 503) or
 // grpc-retry-pushback-ms keeps it out of picks that long, capped.

@@ -56,8 +56,8 @@ type ConsecutiveFailures struct {
 
 // Unified trips an endpoint when its success rate, an average that forgets
 // with time constant Decay (0: [DefaultSuccessDecay]) and in which every
-// response weighs at least a tenth, falls below SuccessRateThreshold (0:
-// [DefaultSuccessRate]) after at least MinRequests responses (0:
+// response weighs at least a tenth, falls below SuccessRateThreshold (0 or
+// NaN: [DefaultSuccessRate]) after at least MinRequests responses (0:
 // [DefaultMinRequests]), or after MaxConsecutiveFailures failures in a row
 // (0: [DefaultMaxFailures]).
 type Unified struct {
@@ -71,8 +71,8 @@ type Unified struct {
 // Backoff is the penalty of a tripped endpoint: MinBackoff (0:
 // [DefaultMinPenalty]) the first time, doubling on each failed probe up to
 // MaxBackoff (0: [DefaultMaxPenalty]), each grown by a random share of up
-// to JitterRatio (0: [DefaultJitterRatio]; negative: none) and capped at
-// MaxBackoff.
+// to JitterRatio (0 or NaN: [DefaultJitterRatio]; negative: none) and
+// capped at MaxBackoff.
 type Backoff struct {
 	MinBackoff  time.Duration
 	MaxBackoff  time.Duration
@@ -99,16 +99,26 @@ type accrual struct {
 }
 
 func newAccrual(fa *FailureAccrual) *accrual {
-	if fa == nil || (fa.ConsecutiveFailures == nil && fa.Unified == nil) {
+	a, ok := accrualOf(fa)
+	if !ok {
 		return nil
 	}
-	a := &accrual{minReady: int(fa.Ejection.MinReadyEndpoints)}
+	return &a
+}
+
+// accrualOf is fa with its defaults filled in; false when fa takes no
+// endpoint out.
+func accrualOf(fa *FailureAccrual) (accrual, bool) {
+	if fa == nil || (fa.ConsecutiveFailures == nil && fa.Unified == nil) {
+		return accrual{}, false
+	}
+	a := accrual{minReady: int(fa.Ejection.MinReadyEndpoints)}
 	var bo Backoff
 	if u := fa.Unified; u != nil {
 		a.unified = true
 		a.maxFailures = int(u.MaxConsecutiveFailures)
 		a.threshold = u.SuccessRateThreshold
-		if a.threshold <= 0 {
+		if !(a.threshold > 0) { // NaN too
 			a.threshold = DefaultSuccessRate
 		}
 		a.decay = float64(u.Decay)
@@ -136,12 +146,12 @@ func newAccrual(fa *FailureAccrual) *accrual {
 	}
 	a.maxPenalty = max(a.maxPenalty, a.minPenalty)
 	switch {
-	case a.jitter == 0:
+	case a.jitter == 0 || math.IsNaN(a.jitter):
 		a.jitter = DefaultJitterRatio
 	case a.jitter < 0:
 		a.jitter = 0
 	}
-	return a
+	return a, true
 }
 
 // penalty is the penalty after n failed probes (n = 0: the first trip).
@@ -159,25 +169,33 @@ const (
 	stateAvoided   = "avoided" // Retry-After or grpc-retry-pushback-ms
 )
 
-// group is what the endpoints of one authority share for the ejection
-// floor: how many are ready.
+// group is the balancing of one authority under one configuration (the
+// balancer's options, or a policy backend's): its own snapshot of the
+// endpoints, whose loads carry their failure-accrual state, its queue,
+// and how many of its endpoints are ready, for the ejection floor.
 type group struct {
+	conf   *groupConf // immutable
+	state  atomic.Pointer[snapshot]
+	queued atomic.Int64 // requests in the queue
+	used   atomic.Int64 // clock reading of its last use, to drop the least recently used
+
 	mu    sync.Mutex
 	ready int
 	wch   chan struct{} // closed when an endpoint may be back
-	// conf is the authority's own configuration, from a policy backend
-	// (nil: the balancer's options).
-	conf atomic.Pointer[groupConf]
 }
 
-// ownHealth reports whether g has a failure accrual or load penalties of
-// its own, so that picks check the endpoints' health.
-func (g *group) ownHealth() bool {
-	if g == nil {
-		return false
+// publish makes s the group's snapshot; the first answer releases the
+// requests waiting for one.
+func (g *group) publish(s *snapshot) {
+	n := s.countReady() // before any request may pick from s
+	g.mu.Lock()
+	g.ready = n
+	g.mu.Unlock()
+	prev := g.state.Swap(s)
+	if prev != nil && prev.wait != nil {
+		close(prev.wait)
 	}
-	c := g.conf.Load()
-	return c != nil && (c.acc != nil || c.penalty != nil)
+	g.notify()
 }
 
 // wake returns a channel closed at the next notify.
@@ -247,12 +265,13 @@ type outcome struct {
 // was the endpoint's probe. It returns whether an endpoint that was out of
 // rotation is back (the queue may go on).
 func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) (restored bool) {
-	if acc == nil {
-		return false
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h := &l.health
+	if acc == nil {
+		h.probing = h.probing && !probe // a probe is given back whatever happens
+		return false
+	}
 	if probe {
 		h.probing = false
 		if o.failure {

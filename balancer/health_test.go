@@ -245,7 +245,7 @@ func TestFailFastAndLoadShed(t *testing.T) {
 		}()
 	}
 	a := bal.table.find(svc)
-	require.Eventually(t, func() bool { return a.queued.Load() == 2 }, testutil.Timeout, time.Millisecond)
+	require.Eventually(t, func() bool { return a.def.queued.Load() == 2 }, testutil.Timeout, time.Millisecond)
 	assert.Equal(t, "2", m.Value(t, "outbound_http_balancer_queue_length", labels...))
 	req, _ = http.NewRequest("GET", svcURL, nil)
 	resp, err = bal.Transport(nil).RoundTrip(req)
@@ -268,7 +268,7 @@ func TestFailFastAndLoadShed(t *testing.T) {
 		}
 		done <- resp
 	}()
-	require.Eventually(t, func() bool { return a.queued.Load() == 1 }, testutil.Timeout, time.Millisecond)
+	require.Eventually(t, func() bool { return a.def.queued.Load() == 1 }, testutil.Timeout, time.Millisecond)
 	clock.now.Add(int64(DefaultMaxPenalty))
 	resp = <-done
 	require.NotNil(t, resp)
@@ -449,12 +449,12 @@ func TestDefaultLabelsShared(t *testing.T) {
 	defer mp.Shutdown(context.Background())
 	b := New(staticSource(t, nil), WithMeterProvider(mp))
 	defer b.Close()
-	first := b.metrics.of(newAuthority("127.0.0.1:1"))
+	first := b.metrics.of(newAuthority("127.0.0.1:1", b.def))
 	for i := range 100 {
-		am := b.metrics.of(newAuthority(fmt.Sprintf("127.0.%d.%d:80", i/256, i%256)))
+		am := b.metrics.of(newAuthority(fmt.Sprintf("127.0.%d.%d:80", i/256, i%256), b.def))
 		assert.Same(t, first.authLabels, am.authLabels)
 	}
-	books := b.metrics.of(newAuthority("books.default.svc.cluster.local:7000"))
+	books := b.metrics.of(newAuthority("books.default.svc.cluster.local:7000", b.def))
 	assert.NotSame(t, first.authLabels, books.authLabels)
 	name, _ := books.set.Value("parent_name")
 	assert.Equal(t, "books", name.AsString())

@@ -128,3 +128,9 @@ type fakeClock struct{ now atomic.Int64 }
 func (c *fakeClock) read() int64 { return c.now.Load() }
 
 func withClock(now func() int64) Option { return optionFunc(func(c *config) { c.now = now }) }
+
+// lookup returns the state of authority in b, made on first use.
+func lookup(b *Balancer, authority string) *authority {
+	a, _ := b.table.lookup(authority)
+	return a
+}

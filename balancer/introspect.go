@@ -29,19 +29,45 @@ type EndpointState struct {
 }
 
 // Endpoints returns the state of each endpoint of authority (host:port, as
-// requests name it), in address order; nil when the Balancer has no
+// requests name it), in address order, under the configuration of the
+// authority's latest request (see [BackendConfig]); nil when the Balancer has no
 // endpoints for it (never asked, no answer yet, or past its bound). It
 // starts no watch.
 func (b *Balancer) Endpoints(authority string) []EndpointState {
+	a := b.findAuthority(authority)
+	if a == nil {
+		return nil
+	}
+	return b.endpointStates(a.current())
+}
+
+// EndpointsWith is [Balancer.Endpoints] under the configuration c
+// ([WithBackendConfig]; nil: the balancer's options). Under a
+// configuration no request carried yet, every endpoint is ready, with no
+// load but the default RTT.
+func (b *Balancer) EndpointsWith(authority string, c *BackendConfig) []EndpointState {
+	a := b.findAuthority(authority)
+	if a == nil {
+		return nil
+	}
+	g := b.findGroup(a, c)
+	if g == nil {
+		g = &group{conf: newGroupConf(b.keyOf(c))} // what the first request under c will make
+		g.state.Store(a.def.state.Load().fork(g, b.rtt, b.cfg.now()))
+	}
+	return b.endpointStates(g)
+}
+
+func (b *Balancer) findAuthority(authority string) *authority {
 	name, err := normalize(authority)
 	if err != nil {
 		return nil
 	}
-	a := b.table.find(name)
-	if a == nil {
-		return nil
-	}
-	s := a.state.Load()
+	return b.table.find(name)
+}
+
+func (b *Balancer) endpointStates(g *group) []EndpointState {
+	s := g.state.Load()
 	now := b.cfg.now()
 	wall := time.Now()
 	out := make([]EndpointState, 0, len(s.eps))
@@ -53,7 +79,7 @@ func (b *Balancer) Endpoints(authority string) []EndpointState {
 		st.LoadSeconds = (l.estimateLocked(now, b.decay) + l.penaltyLocked(now)) / 1e9
 		l.mu.Unlock()
 		st.ConsecutiveFailures = h.failures
-		if acc := b.conf(a.group).acc; acc != nil && acc.unified && h.requests > 0 {
+		if acc := g.conf.acc; acc != nil && acc.unified && h.requests > 0 {
 			st.SuccessRate = h.rate
 		}
 		until := func(t int64) *time.Time {

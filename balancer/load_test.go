@@ -185,7 +185,7 @@ func TestPendingUntilBodyEnds(t *testing.T) {
 	b, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {e}}))
 	resp, err := client.Get("http://" + books + ":7000/")
 	require.NoError(t, err)
-	l := b.table.lookup(books + ":7000").state.Load().eps[0].load
+	l := lookup(b, books+":7000").def.state.Load().eps[0].load
 	assert.EqualValues(t, 1, l.pending.Load(), "in flight after the head")
 	close(more)
 	body, err := io.ReadAll(resp.Body)
@@ -228,7 +228,7 @@ func TestSplitConcurrentUpdates(t *testing.T) {
 		}
 	}()
 	_, _, _ = fetch(t, client, "http://"+books+":7000/")
-	a := b.table.lookup(books + ":7000")
+	a := lookup(b, books+":7000")
 	require.Eventually(t, func() bool { return a.split.Load() != nil }, testutil.Timeout, time.Millisecond)
 
 	// Picks as fast as they go: each is one of the backends of the split
@@ -368,6 +368,6 @@ func TestSampleIsTimeToHead(t *testing.T) {
 	b, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {e}}), withClock(clock.read))
 	_, body, _ := fetch(t, client, "http://"+books+":7000/")
 	require.Equal(t, "ok", body)
-	l := b.table.lookup(books + ":7000").state.Load().eps[0].load
+	l := lookup(b, books+":7000").def.state.Load().eps[0].load
 	assert.InDelta(t, 200*ms, l.cost(clock.read(), float64(DefaultDecay)), 1)
 }

@@ -106,17 +106,20 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		now := b.cfg.now()
 		b.table.each(func(a *authority) {
-			s := a.state.Load()
+			g := a.current()
+			s := g.state.Load()
 			if s.wait != nil || s.err != nil {
 				return
 			}
+			var queued int64
+			a.each(func(g *group) { queued += g.queued.Load() })
 			am := b.metrics.of(a)
 			r := s.countAvailable(now)
 			o.ObserveInt64(endpoints, int64(r), metric.WithAttributeSet(withAttr(am.set, ready)))
 			o.ObserveInt64(endpoints, int64(len(s.eps)-r), metric.WithAttributeSet(withAttr(am.set, pending)))
 			o.ObserveInt64(p2c, int64(len(s.eps)), am.obs())
-			o.ObserveInt64(qlen, a.queued.Load(), am.obs())
-			o.ObserveFloat64(timeout, b.conf(a.group).failfast.Seconds(), am.obs())
+			o.ObserveInt64(qlen, queued, am.obs())
+			o.ObserveFloat64(timeout, g.conf.failfast.Seconds(), am.obs())
 		})
 		return nil
 	}, endpoints, p2c, qlen, timeout)

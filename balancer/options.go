@@ -142,7 +142,9 @@ func WithMaxAuthorities(n int) Option {
 // WithIdleTimeout sets how long the Balancer keeps an authority no request
 // used (default [DefaultIdleTimeout]): then its endpoint and traffic-split
 // watches stop, freeing the source's watch bound, and the next request
-// for it watches anew. d <= 0 changes nothing.
+// for it watches anew. An authority with a request in flight (a long
+// stream, its response body not yet ended) is in use, not idle. d <= 0
+// changes nothing.
 func WithIdleTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d > 0 {

@@ -15,7 +15,7 @@ type endpoint struct {
 	addr   string
 	labels *classify.Labels
 	load   *load
-	g      *group // the authority's, nil outside a Balancer
+	g      *group // the configuration's balancing it is in, nil outside a Balancer
 }
 
 func (e *endpoint) group() *group { return e.g }
@@ -31,8 +31,8 @@ type snapshot struct {
 	eps    []*endpoint
 	cum    []uint64 // cum[i]: the weights of eps[:i+1]
 	// health says whether picks check the endpoints' health (failure
-	// accrual or load penalties are on); group is the authority's share
-	// for the ejection floor.
+	// accrual or load penalties are on); group is the configuration's
+	// balancing the snapshot belongs to.
 	health bool
 	group  *group
 }
@@ -63,6 +63,24 @@ func newSnapshot(u Update, prev *snapshot, defaultRTT float64, now int64) *snaps
 		s.cum = append(s.cum, total)
 	}
 	return s
+}
+
+// fork returns the snapshot of the same answer for g: the same endpoints,
+// each with a load of its own, new.
+func (s *snapshot) fork(g *group, defaultRTT float64, now int64) *snapshot {
+	ns := &snapshot{err: s.err, exists: s.exists, cum: s.cum, health: g.conf.health(), group: g}
+	if s.wait != nil {
+		ns.wait = make(chan struct{})
+	}
+	if len(s.eps) > 0 {
+		ns.eps = make([]*endpoint, len(s.eps))
+		for i, e := range s.eps {
+			ep := *e
+			ep.load, ep.g = newLoad(defaultRTT, now), g
+			ns.eps[i] = &ep
+		}
+	}
+	return ns
 }
 
 // clearlyLower is how much lower the second draw's cost must be for it to
@@ -150,7 +168,7 @@ func (s *snapshot) choose(now int64, decay float64) (e *endpoint, probe bool) {
 // available reports whether e may be picked at now, claiming its probe when
 // it is on probation.
 func (s *snapshot) available(e *endpoint, now int64) (ok, probe bool) {
-	if !s.health && !s.group.ownHealth() {
+	if !s.health {
 		return true, false
 	}
 	e.load.mu.Lock()

@@ -55,8 +55,8 @@ type StaticSource struct {
 var _ Source = (*StaticSource)(nil)
 
 // NewStaticSource returns a source serving the endpoints of m (authority
-// host:port to its endpoints; m is copied). It fails on an authority that
-// is not host:port.
+// host:port to its endpoints; m is copied). It fails as [StaticSource.Set]
+// does.
 func NewStaticSource(m map[string][]Endpoint) (*StaticSource, error) {
 	s := &StaticSource{}
 	for a, eps := range m {
@@ -69,7 +69,8 @@ func NewStaticSource(m map[string][]Endpoint) (*StaticSource, error) {
 
 // Set makes eps the endpoints of authority (an empty list: the service
 // exists with no endpoints, requests fail fast). A zero weight becomes
-// [DefaultWeight]. It fails on an authority that is not host:port.
+// [DefaultWeight]. It fails on an authority that is not host:port, or an
+// endpoint without an address and port; the last good set stays.
 func (s *StaticSource) Set(authority string, eps []Endpoint) error {
 	a, err := authpkg.Normalize(authority)
 	if err != nil {
@@ -77,6 +78,9 @@ func (s *StaticSource) Set(authority string, eps []Endpoint) error {
 	}
 	set := &EndpointSet{Exists: true, Endpoints: slices.Clone(eps)}
 	for i := range set.Endpoints {
+		if ap := set.Endpoints[i].Addr; !ap.IsValid() || ap.Port() == 0 {
+			return fmt.Errorf("balancer: static endpoints: %s: endpoint %d: Addr %q is not an address and port", a, i, ap)
+		}
 		if set.Endpoints[i].Weight == 0 {
 			set.Endpoints[i].Weight = DefaultWeight
 		}

@@ -166,8 +166,8 @@ func (r *Router) Explain(req *http.Request) Explanation {
 				}
 			}
 			if bal := r.cfg.balancer; bal != nil {
-				ready := bal.Ready(info.Target)
-				info.Ready, info.Endpoints = &ready, bal.Endpoints(info.Target)
+				ready := bal.ReadyWith(info.Target, rtgt.balancing[i])
+				info.Ready, info.Endpoints = &ready, bal.EndpointsWith(info.Target, rtgt.balancing[i])
 			}
 		case b.Backend.Forward != nil:
 			info.Target = b.Backend.Forward.Addr.String()

@@ -369,7 +369,7 @@ func (x *policyExchange) pick() int {
 			return 0
 		}
 		for i, b := range d.Backends {
-			if b.Backend.Balancer == nil || bal.Ready(b.Backend.Balancer.Authority) {
+			if b.Backend.Balancer == nil || bal.ReadyWith(b.Backend.Balancer.Authority, x.rt.balancing[i]) {
 				return i
 			}
 		}

@@ -17,6 +17,12 @@
 //     a reference bit; eviction gives referenced entries a second chance).
 //   - An entry unused for [WithIdleTimeout] is released.
 //
+// A request in flight holds its entry ([Entry.Hold] until [Entry.Unhold]):
+// a held entry is in use, however long the request lasts, so the idle sweep
+// never releases it (a long stream keeps its authority's state: the loads
+// of its endpoints, their failure accrual); eviction past the bound passes
+// over held entries while any other is left.
+//
 // Releasing an entry (eviction, idle, [Registry.Close]) calls the stop
 // function its start function returned, exactly once, outside every lock of
 // the registry; this is how a watch on a control plane ends and frees the
@@ -120,8 +126,9 @@ func WithDefaultPort(port string) Option {
 type Entry[S any] struct {
 	authority string
 	state     atomic.Pointer[S]
-	ref       atomic.Bool // used since the last sweep or eviction pass
-	dead      atomic.Bool // released
+	ref       atomic.Bool  // used since the last sweep or eviction pass
+	holds     atomic.Int64 // requests in flight that hold the entry
+	dead      atomic.Bool  // released
 
 	// Guarded by the registry's mu.
 	prev, next *Entry[S]
@@ -149,6 +156,27 @@ func (e *Entry[S]) CompareAndSwap(old, s *S) bool { return e.state.CompareAndSwa
 
 // Released reports whether the entry has been released.
 func (e *Entry[S]) Released() bool { return e.dead.Load() }
+
+// Hold marks the entry in use until a matching [Entry.Unhold]: the idle
+// sweep does not release a held entry, and eviction takes one only when
+// every entry is held. A request holds its entry for as long as it is in
+// flight. A nil *Entry does nothing.
+func (e *Entry[S]) Hold() {
+	if e != nil {
+		e.holds.Add(1)
+	}
+}
+
+// Unhold ends one [Entry.Hold]; the entry counts as used now, so that its
+// idle time starts when its last request ends.
+func (e *Entry[S]) Unhold() {
+	if e != nil {
+		e.holds.Add(-1)
+		e.touch()
+	}
+}
+
+func (e *Entry[S]) held() bool { return e.holds.Load() > 0 }
 
 func (e *Entry[S]) touch() {
 	if !e.ref.Load() {
@@ -391,11 +419,12 @@ func (r *Registry[S]) addAliasLocked(e *Entry[S], raw string) {
 }
 
 // evictLocked removes the least recently used entry (CLOCK: referenced
-// entries move to the back with their bit cleared) and returns it.
+// entries move to the back with their bit cleared; held entries move to
+// the back too, until two rounds found none other) and returns it.
 func (r *Registry[S]) evictLocked() *Entry[S] {
-	for {
+	for n := 2 * len(r.entries); ; n-- {
 		e := r.head
-		if e.ref.Swap(false) && e.next != nil {
+		if second := e.ref.Swap(false) || e.held(); second && e.next != nil && n > 0 {
 			r.unlinkLocked(e)
 			r.pushLocked(e)
 			continue
@@ -418,7 +447,7 @@ func (r *Registry[S]) sweepLocked(now time.Time, force bool) []*Entry[S] {
 	for e := r.head; e != nil; {
 		next := e.next
 		switch {
-		case e.ref.Swap(false):
+		case e.ref.Swap(false) || e.held():
 			e.idleSince = now
 		case now.Sub(e.idleSince) >= idle:
 			r.removeLocked(e)
@@ -427,6 +456,19 @@ func (r *Registry[S]) sweepLocked(now time.Time, force bool) []*Entry[S] {
 		e = next
 	}
 	return released
+}
+
+// Sweep releases the entries unused for the idle timeout as of now, as
+// the periodic sweep does (an entry used since the previous sweep, or
+// held, starts its idle time at now). Tests call it with a clock of their
+// own; the registry sweeps by itself.
+func (r *Registry[S]) Sweep(now time.Time) {
+	r.mu.Lock()
+	released := r.sweepLocked(now, true)
+	r.mu.Unlock()
+	for _, e := range released {
+		e.finish()
+	}
 }
 
 func (r *Registry[S]) janitor() {
@@ -438,12 +480,7 @@ func (r *Registry[S]) janitor() {
 		case <-r.quit:
 			return
 		case now := <-t.C:
-			r.mu.Lock()
-			released := r.sweepLocked(now, true)
-			r.mu.Unlock()
-			for _, e := range released {
-				e.finish()
-			}
+			r.Sweep(now)
 		}
 	}
 }

@@ -124,6 +124,72 @@ func TestIdleReleaseStopsOnce(t *testing.T) {
 	})
 }
 
+// An entry held by a request in flight is in use for as long as it is
+// held: the idle sweep does not release it, however many idle timeouts the
+// request lasts; once the last hold ends, the entry idles out as any other.
+func TestHeldEntryOutlivesIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCounter()
+		r := New(newState, c.start, WithIdleTimeout(time.Second))
+		defer r.Close()
+		long, short := r.Get("long"), r.Get("short")
+		long.Hold()
+		long.Hold()
+		time.Sleep(10 * time.Second)
+		assert.True(t, short.Released())
+		assert.False(t, long.Released(), "held across ten idle timeouts")
+		assert.Equal(t, 0, c.get(c.stops, "long:80"))
+		long.Unhold()
+		time.Sleep(10 * time.Second)
+		assert.False(t, long.Released(), "still held once")
+		long.Unhold()
+		time.Sleep(time.Second / 2)
+		assert.False(t, long.Released(), "its idle time starts when the last hold ends")
+		time.Sleep(2 * time.Second)
+		assert.True(t, long.Released())
+		assert.Equal(t, 1, c.get(c.stops, "long:80"))
+	})
+}
+
+// Sweep releases by the clock it is given.
+func TestSweepByHand(t *testing.T) {
+	r := New(newState, func(*Entry[state]) (func(), error) { return func() {}, nil }, WithIdleTimeout(time.Hour))
+	defer r.Close()
+	idle, held := r.Get("idle"), r.Get("held")
+	held.Hold()
+	now := time.Now()
+	r.Sweep(now.Add(2 * time.Hour))
+	assert.True(t, idle.Released())
+	assert.False(t, held.Released())
+	r.Sweep(now.Add(4 * time.Hour))
+	assert.False(t, held.Released())
+	held.Unhold()
+	r.Sweep(now.Add(6 * time.Hour)) // used since the last sweep
+	assert.False(t, held.Released())
+	r.Sweep(now.Add(8 * time.Hour))
+	assert.True(t, held.Released())
+}
+
+// Past the bound, eviction passes over held entries while another is
+// left; when every entry is held, the bound still holds.
+func TestEvictionPassesOverHeld(t *testing.T) {
+	c := newCounter()
+	r := New(newState, c.start, WithMaxEntries(2))
+	defer r.Close()
+	a, b := r.Get("a"), r.Get("b")
+	a.Hold()
+	r.Get("c") // a is the least recently used, but held
+	assert.False(t, a.Released())
+	assert.True(t, b.Released())
+	r.Get("a")
+	c2 := r.Lookup("c")
+	require.NotNil(t, c2)
+	c2.Hold()
+	r.Get("d")
+	assert.Equal(t, 2, r.Len(), "the bound holds when every entry is held")
+	assert.True(t, a.Released() != c2.Released(), "exactly one held entry was evicted")
+}
+
 func TestIdleReleaseWithoutStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := New(newState, nil, WithIdleTimeout(time.Second))
