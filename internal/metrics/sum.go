@@ -3,8 +3,10 @@ package metrics
 import (
 	"context"
 	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"weak"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -26,7 +28,8 @@ import (
 // bounds them: past [MaxSeries] label sets a Sum counts into one series
 // labelled otel.metric.overflow="true".
 type Sum struct {
-	inst metric.Int64ObservableCounter
+	meter metric.Meter
+	inst  metric.Int64ObservableCounter
 
 	mu       sync.Mutex
 	bySet    map[attribute.Distinct]*Series
@@ -52,29 +55,64 @@ type Series struct {
 // Add counts one event.
 func (s *Series) Add() { s.n.Add(1) }
 
+// sumKey finds the Sum of a name on a meter. A meter that is a pointer
+// (the SDK's) is keyed by its address, so that the map does not keep it,
+// or the MeterProvider behind it, alive: the Sum is then held weakly, and
+// an entry goes once its Sum is unreachable (the provider shut down and
+// dropped, the families gone). Any other comparable meter (the no-op one)
+// is the key itself.
 type sumKey struct {
-	meter metric.Meter
+	meter any
+	addr  uintptr
+	typ   reflect.Type
 	name  string
 }
 
-var sums sync.Map // sumKey -> *Sum
+// sums maps a sumKey to a *Sum (value meters) or a weak.Pointer[Sum]
+// (pointer meters).
+var sums sync.Map
+
+// sumEntry is what the cleanup of a weakly held Sum removes.
+type sumEntry struct {
+	key sumKey
+	ref weak.Pointer[Sum]
+}
+
+func loadSum(key sumKey) (*Sum, any) {
+	v, ok := sums.Load(key)
+	if !ok {
+		return nil, nil
+	}
+	if ref, ok := v.(weak.Pointer[Sum]); ok {
+		return ref.Value(), v
+	}
+	return v.(*Sum), v
+}
 
 // NewSum returns the Sum named name on meter, creating and registering it
 // on first use. Errors go to otel.Handle; the Sum then counts without
-// reporting.
+// reporting. A Sum lives as long as its meter's provider or its users do,
+// never longer.
 func NewSum(meter metric.Meter, name, help string) *Sum {
 	// A meter of a type that cannot be a map key gets a Sum of its own.
-	// The map holds every Sum for the life of the process, as a
-	// MeterProvider holds its instruments.
-	t := reflect.TypeOf(meter)
-	shared := t != nil && t.Comparable()
-	key := sumKey{meter, name}
-	if shared {
-		if s, ok := sums.Load(key); ok {
-			return s.(*Sum)
+	var key sumKey
+	shared, weakly := false, false
+	if v := reflect.ValueOf(meter); v.IsValid() {
+		switch {
+		case v.Kind() == reflect.Pointer:
+			key, shared, weakly = sumKey{addr: v.Pointer(), typ: v.Type(), name: name}, true, true
+		case v.Type().Comparable():
+			key, shared = sumKey{meter: meter, name: name}, true
 		}
 	}
-	s := &Sum{bySet: make(map[attribute.Distinct]*Series)}
+	if shared {
+		if s, _ := loadSum(key); s != nil {
+			return s
+		}
+	}
+	// s keeps its meter, so that the address it is keyed by is not
+	// reused while it lives.
+	s := &Sum{meter: meter, bySet: make(map[attribute.Distinct]*Series)}
 	inst, err := meter.Int64ObservableCounter(name, metric.WithDescription(help))
 	if err != nil {
 		otel.Handle(err)
@@ -82,8 +120,24 @@ func NewSum(meter metric.Meter, name, help string) *Sum {
 	}
 	s.inst = inst
 	if shared {
-		if prev, loaded := sums.LoadOrStore(key, s); loaded {
-			return prev.(*Sum)
+		var val any = s
+		if weakly {
+			ref := weak.Make(s)
+			val = ref
+			runtime.AddCleanup(s, func(e sumEntry) { sums.CompareAndDelete(e.key, e.ref) }, sumEntry{key, ref})
+		}
+		for {
+			prev, loaded := sums.LoadOrStore(key, val)
+			if !loaded {
+				break
+			}
+			if ps, _ := loadSum(key); ps != nil {
+				return ps
+			}
+			// The entry of a Sum already collected: replace it.
+			if sums.CompareAndSwap(key, prev, val) {
+				break
+			}
 		}
 	}
 	if _, err := meter.RegisterCallback(s.observe, inst); err != nil {

@@ -2,9 +2,12 @@ package metrics
 
 import (
 	"context"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -141,4 +144,45 @@ func TestSumIsBounded(t *testing.T) {
 	assert.Equal(t, int64(1), points[key(attribute.Int("i", 0))])
 	assert.Equal(t, int64(2*MaxSeries+1), points[key(attribute.Bool("otel.metric.overflow", true))])
 	assert.Len(t, sum.list, MaxSeries)
+}
+
+// liveSums counts the Sums the process-wide map still reaches.
+func liveSums() int {
+	n := 0
+	sums.Range(func(_, v any) bool {
+		if ref, ok := v.(weak.Pointer[Sum]); !ok || ref.Value() != nil {
+			n++
+		}
+		return true
+	})
+	return n
+}
+
+// TestShutDownProvidersAreReleased: a MeterProvider that was used, shut
+// down and dropped is not kept alive by the Sums made on it, however many
+// come and go (each used to stay reachable for the life of the process,
+// about 169 KiB apiece).
+func TestShutDownProvidersAreReleased(t *testing.T) {
+	runtime.GC()
+	before := liveSums()
+	var collected atomic.Int64
+	const providers = 50
+	func() {
+		for range providers {
+			r := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+			runtime.AddCleanup(mp, func(*atomic.Int64) { collected.Add(1) }, &collected)
+			target := NewTarget(NewFamily(mp.Meter("test"), "", false), attribute.String("direction", "inbound"))
+			target.Request(context.Background())
+			points, _ := collect(t, r, "request_total")
+			require.Len(t, points, 1)
+			require.NoError(t, mp.Shutdown(context.Background()))
+		}
+	}()
+	assert.Greater(t, liveSums(), before, "the Sums exist while they may be reachable")
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return collected.Load() == providers && liveSums() == before
+	}, 30*time.Second, 10*time.Millisecond, "%d of %d providers collected, %d Sums live (%d before)",
+		collected.Load(), providers, liveSums(), before)
 }
