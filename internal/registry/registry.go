@@ -35,8 +35,9 @@
 // be cheap and must not block), start (optional) starts what feeds the
 // entry, typically a watch whose callback calls [Entry.Store]. A lookup
 // that races with creation gets the entry with its first snapshot before
-// start returns. A start function that fails returns an error: the entry is
-// dropped again, so that the next lookup tries anew.
+// start returns. A start function that fails returns an error: the entry
+// stays with its first snapshot, and the lookup after the retry delay
+// ([WithRetry], growing while the failures go on) calls start again.
 //
 // Idle entries are released by a sweep every idle timeout / 4: on a
 // goroutine of the registry's own when it has a start function (its entries
@@ -55,6 +56,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/backoff"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 )
 
@@ -90,6 +92,36 @@ type config struct {
 	max         int
 	idle        time.Duration
 	defaultPort string
+	retry       backoff.Policy
+	now         func() time.Time
+}
+
+// DefaultRetry is the backoff between the attempts to start the watch of
+// an entry whose start function failed: the entry stays, with its first
+// snapshot, and lookups do not call start again until the delay has
+// passed, so that a failure costs one attempt and one log line per delay,
+// not one per request.
+var DefaultRetry = backoff.Policy{Min: time.Second, Max: time.Minute, Jitter: 0.2}
+
+// WithRetry sets the backoff between start attempts of a failed entry
+// (default [DefaultRetry]); a policy without a positive Min changes
+// nothing.
+func WithRetry(p backoff.Policy) Option {
+	return optionFunc(func(c *config) {
+		if p.Min > 0 && p.Max >= p.Min {
+			c.retry = p
+		}
+	})
+}
+
+// WithClock sets the clock of the retry delays (default time.Now), for
+// tests; nil changes nothing.
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(c *config) {
+		if now != nil {
+			c.now = now
+		}
+	})
 }
 
 // WithMaxEntries bounds the entries (default [DefaultMaxEntries]); n <= 0
@@ -129,6 +161,12 @@ type Entry[S any] struct {
 	ref       atomic.Bool  // used since the last sweep or eviction pass
 	holds     atomic.Int64 // requests in flight that hold the entry
 	dead      atomic.Bool  // released
+	// retryAt is when a lookup may call start again after it failed, in
+	// Unix nanoseconds; 0 when start has not failed.
+	retryAt atomic.Int64
+	// failures counts the start attempts that failed in a row; guarded
+	// by the registry's mu.
+	failures int
 
 	// Guarded by the registry's mu.
 	prev, next *Entry[S]
@@ -237,7 +275,7 @@ type Registry[S any] struct {
 // with a start function runs a goroutine when it has an idle timeout, and
 // must be closed.
 func New[S any](newState func(authority string) *S, start func(*Entry[S]) (stop func(), err error), opts ...Option) *Registry[S] {
-	cfg := config{max: DefaultMaxEntries, defaultPort: DefaultPort}
+	cfg := config{max: DefaultMaxEntries, defaultPort: DefaultPort, retry: DefaultRetry, now: time.Now}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&cfg)
@@ -261,10 +299,45 @@ func (r *Registry[S]) Get(raw string) *Entry[S] {
 		e := v.(*Entry[S])
 		if !e.dead.Load() {
 			e.touch()
+			if at := e.retryAt.Load(); at != 0 && r.cfg.now().UnixNano() >= at {
+				r.restart(e)
+			}
 			return e
 		}
 	}
 	return r.get(raw, true)
+}
+
+// restart calls start again for an entry whose start failed, once its
+// retry delay has passed; concurrent lookups leave it to the first.
+func (r *Registry[S]) restart(e *Entry[S]) {
+	now := r.cfg.now()
+	r.mu.Lock()
+	at := e.retryAt.Load()
+	if r.closed || e.dead.Load() || at == 0 || now.UnixNano() < at {
+		r.mu.Unlock()
+		return
+	}
+	// Claim the attempt: lookups meanwhile wait for the next delay.
+	e.retryAt.Store(now.Add(r.cfg.retry.Delay(e.failures)).UnixNano())
+	r.mu.Unlock()
+	stop, err := r.start(e)
+	r.started(e, stop, err)
+}
+
+// started records the outcome of a start attempt of e.
+func (r *Registry[S]) started(e *Entry[S], stop func(), err error) {
+	r.mu.Lock()
+	if err != nil {
+		e.failures++
+		e.retryAt.Store(r.cfg.now().Add(r.cfg.retry.Delay(e.failures - 1)).UnixNano())
+		r.mu.Unlock()
+		return
+	}
+	e.failures = 0
+	e.retryAt.Store(0)
+	r.mu.Unlock()
+	e.setStop(stop)
 }
 
 // Cached returns the entry a raw key was cached for, or nil: it neither
@@ -377,16 +450,10 @@ func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
 	r.mu.Unlock()
 
 	if r.start != nil {
+		// A failed start leaves the entry with its first snapshot; the
+		// next attempt waits for the retry delay (see restart).
 		stop, err := r.start(e)
-		if err != nil {
-			r.mu.Lock()
-			if r.entries[authority] == e {
-				r.removeLocked(e)
-			}
-			r.mu.Unlock()
-			return e // the caller uses its first state this once
-		}
-		e.setStop(stop)
+		r.started(e, stop, err)
 	}
 	return e
 }

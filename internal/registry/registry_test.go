@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/inmesh/inmesh/backoff"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -201,23 +202,51 @@ func TestIdleReleaseWithoutStart(t *testing.T) {
 	})
 }
 
-func TestStartErrorDropsTheEntry(t *testing.T) {
+// TestStartErrorBacksOff: a start function that fails (a watch refused at
+// the control-plane client's cap, say) is not called again on every
+// lookup: the entry stays with its first snapshot and the next attempt
+// waits for the retry delay, which grows while the failures go on and
+// resets after a success.
+func TestStartErrorBacksOff(t *testing.T) {
 	c := newCounter()
 	c.err = errors.New("full")
-	r := New(newState, c.start)
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	r := New(newState, c.start, WithClock(clock), WithRetry(backoff.Policy{Min: time.Second, Max: 4 * time.Second}))
 	defer r.Close()
 	e := r.Get("a")
 	require.NotNil(t, e, "the request still gets a first state")
 	assert.Equal(t, "a:80", e.Load().authority)
-	assert.Equal(t, 0, r.Len())
+	assert.Equal(t, 1, r.Len(), "the failed entry stays")
+	for range 200 {
+		require.Same(t, e, r.Get("a"))
+	}
+	assert.Equal(t, 1, c.get(c.starts, "a:80"), "200 lookups within the delay start nothing")
+
+	advance(time.Second)
 	r.Get("a")
-	assert.Equal(t, 2, c.get(c.starts, "a:80"), "the next lookup tries again")
+	assert.Equal(t, 2, c.get(c.starts, "a:80"), "after the delay the next lookup tries again")
+	advance(time.Second)
+	r.Get("a")
+	assert.Equal(t, 2, c.get(c.starts, "a:80"), "the delay doubled after the second failure")
+	advance(time.Second)
+	r.Get("a")
+	assert.Equal(t, 3, c.get(c.starts, "a:80"))
+
 	c.mu.Lock()
 	c.err = nil
 	c.mu.Unlock()
+	advance(4 * time.Second)
 	r.Get("a")
+	assert.Equal(t, 4, c.get(c.starts, "a:80"))
+	for range 10 {
+		r.Get("a")
+	}
+	advance(time.Hour)
 	r.Get("a")
-	assert.Equal(t, 3, c.get(c.starts, "a:80"))
+	assert.Equal(t, 4, c.get(c.starts, "a:80"), "a started entry is not started again")
 	assert.Equal(t, 1, r.Len())
 }
 
