@@ -3,13 +3,10 @@ package profiles
 import (
 	"context"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/inmesh/inmesh/internal/testutil"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,56 +32,6 @@ func routeIs(name string) func(Update) bool {
 	return func(u Update) bool {
 		return u.Profile != nil && len(u.Profile.Routes) > 0 && u.Profile.Routes[0].Labels["route"] == name
 	}
-}
-
-func writeProfile(t *testing.T, path, route string) {
-	t.Helper()
-	data := "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata:\n  name: books.default.svc.cluster.local\nspec:\n  routes:\n  - name: " +
-		route + "\n    condition: {pathRegex: /books}\n"
-	require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
-	// Make the change visible to the size+mtime check even within one
-	// clock tick.
-	future := time.Now().Add(time.Duration(len(route)) * time.Second)
-	require.NoError(t, os.Chtimes(path, future, future))
-}
-
-func TestFileSource(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "books.yaml")
-	writeProfile(t, path, "v1")
-	src, err := NewFileSource(dir, WithPollInterval(10*time.Millisecond), WithFileLogger(quietLogger))
-	require.NoError(t, err)
-	defer src.Close()
-
-	update, wait := collect(t)
-	stop, err := src.Watch(context.Background(), "books.default.svc.cluster.local:7000", update)
-	require.NoError(t, err)
-	defer stop()
-	wait("v1", routeIs("v1"))
-
-	writeProfile(t, path, "v2-edited")
-	wait("the edit", routeIs("v2-edited"))
-
-	// A broken file: reported, and the last good profile stays.
-	require.NoError(t, os.WriteFile(path, []byte("apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec:\n  routes:\n  - name: x\n    condition: {pathRegex: '/a('}\n"), 0o644))
-	require.Eventually(t, func() bool { return src.Err() != nil }, testutil.Timeout, 5*time.Millisecond)
-	assert.ErrorContains(t, src.Err(), "books.yaml: document 1: spec.routes[0].condition.pathRegex: bad regex")
-
-	writeProfile(t, path, "v3-fixed-again")
-	wait("the fix", routeIs("v3-fixed-again"))
-	assert.NoError(t, src.Err())
-
-	// An unknown name has no profile.
-	u2, wait2 := collect(t)
-	stop2, err := src.Watch(context.Background(), "web.default.svc.cluster.local:80", u2)
-	require.NoError(t, err)
-	defer stop2()
-	wait2("no profile", func(u Update) bool { return u.Profile == nil })
-
-	_, err = src.Watch(context.Background(), "not an authority", func(Update) {})
-	assert.Error(t, err)
-	_, err = NewFileSource(filepath.Join(dir, "missing"), WithPollInterval(0), nil)
-	assert.Error(t, err)
 }
 
 func TestStaticSource(t *testing.T) {
