@@ -28,11 +28,24 @@ import (
 // outbound_{http,grpc}_route_* families for policies.
 //
 // The first request to an authority starts its watches in the background
-// and takes the default route: discovery never holds a request back. Each
-// policy update is compiled and swapped in with one atomic store; a policy
-// that fails to compile is logged and the last good table stays.
+// and takes the default route: discovery never holds a request back
+// (unless [WithDiscoveryWait] allows a wait). Each profile or policy
+// update is compiled and swapped in with one atomic store; requests in
+// flight keep the route they started with; an update that fails to
+// compile is logged and the last good table stays. The inbound side
+// ([Router.Handler]) routes by profile only the server's own authorities
+// ([WithLocalAuthorities]) and never watches the Host a client chose.
 //
-// A Router is safe for concurrent use. Close stops its watches.
+// The router holds at most [WithMaxAuthorities] authorities, evicting the
+// least recently used past that, and releases an authority unused for
+// [WithIdleTimeout], which stops its watches. The dst label of the route_*
+// metrics is the authority for at most as many authorities over the
+// router's life (and for every authority whose profile has routes or
+// traffic splits, which the control plane bounds); every other request is
+// labelled dst="other" ([OtherAuthority]).
+//
+// A Router is safe for concurrent use. Close stops its watches; requests
+// after Close take the default route.
 type Router struct {
 	cfg config
 	// prof routes by ServiceProfile: both directions with a profile
