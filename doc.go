@@ -7,9 +7,12 @@
 //     Destination API (endpoints and service profiles) and an embedded
 //     Destination server fed from ServiceProfile YAML and static endpoints.
 //
-//   - [github.com/inmesh/inmesh/profiles]: the service-profile model and the
-//     Router that routes, retries, times out and records each request by
-//     the profile of its destination.
+//   - [github.com/inmesh/inmesh/profiles]: the service-profile model and its
+//     compiler to a route table.
+//
+//   - [github.com/inmesh/inmesh/router]: the one Router, which routes,
+//     retries, times out and records each request by the ServiceProfile or
+//     the outbound policy of its destination.
 //
 //   - [github.com/inmesh/inmesh/orig-proto] (package origproto): HTTP/1
 //     between mesh peers over one multiplexed HTTP/2 connection, and back.

@@ -7,6 +7,8 @@
 // service's resources. [Resources.Policy] turns them into the outbound policy of one
 // Service port, as Linkerd's policy controller does. [ParseEndpoints]
 // reads the endpoints file of the embedded Destination API.
+// [ProfileSource] watches a directory of ServiceProfile files and streams
+// their profiles to a router that has no control plane.
 //
 // Every error names the file, the document (counted from 1) and the field,
 // as in "routes.yaml: document 2 (HTTPRoute default/authors): spec.rules[0].matches[1].path.type: ...".

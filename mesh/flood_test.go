@@ -19,6 +19,7 @@ import (
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -151,9 +152,9 @@ spec:
 	defer dst.Close()
 
 	m := testutil.NewMetrics(t)
-	router := profiles.NewRouter(dst, profiles.WithLogger(quiet), profiles.WithMeterProvider(m.Provider),
-		profiles.WithMaxAuthorities(maxWatches), profiles.WithIdleTimeout(200*time.Millisecond))
-	defer router.Close()
+	rtr := router.New(router.WithProfiles(dst), router.WithLogger(quiet), router.WithMeterProvider(m.Provider),
+		router.WithMaxAuthorities(maxWatches), router.WithIdleTimeout(200*time.Millisecond))
+	defer rtr.Close()
 	// Whatever the Host, connections go to the loopback app.
 	base := testutil.NewTransport(t, testutil.H1)
 	base.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -162,11 +163,11 @@ spec:
 	routes := make(chan *profiles.CompiledRoute, 1)
 	spy := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		if r.Host == late {
-			routes <- profiles.RouteFromContext(r.Context())
+			routes <- router.ProfileRouteFromContext(r.Context())
 		}
 		return base.RoundTrip(r)
 	})
-	rt := router.Transport(classify.NewTransport(spy, classify.WithMeterProvider(m.Provider),
+	rt := rtr.Transport(classify.NewTransport(spy, classify.WithMeterProvider(m.Provider),
 		classify.WithMaxAuthorities(maxWatches)))
 
 	flood(t, rt, app.URL, 1000) // warm up pools, instruments and code paths
@@ -296,7 +297,7 @@ spec:
 		require.NoError(t, err)
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK && len(cl.Balancer().Endpoints(late)) == 1 &&
-			hasRoute(cl.Profiles().Table(late), "GET /late") &&
+			hasRoute(cl.Router().ProfileTable(late), "GET /late") &&
 			len(m.Lines(t, "response_total", `dst_pod="late-0"`)) > 0
 	}, testutil.Timeout, 10*time.Millisecond)
 }

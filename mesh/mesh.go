@@ -4,7 +4,7 @@
 //	outbound: router.Router.Transport (ServiceProfiles, then outbound
 //	          policies) -> balancer.Balancer -> classify.Transport ->
 //	          origproto.Transport -> net/http
-//	inbound:  origproto.NewHandler -> profiles.Router.Handler ->
+//	inbound:  origproto.NewHandler -> router.Router.Handler ->
 //	          classify.NewHandler -> the application
 //
 // classify sits below the balancer on the way out, so that the endpoint's
@@ -150,7 +150,7 @@ func WithDialContext(dial func(ctx context.Context, network, addr string) (net.C
 
 // WithLocalAuthorities names the service's own authorities (host:port),
 // the only ones the inbound stack routes by profile (see
-// profiles.WithLocalAuthorities). Without it every inbound request takes
+// router.WithLocalAuthorities). Without it every inbound request takes
 // the default route, and no Host a client sends makes the stack watch
 // anything.
 func WithLocalAuthorities(authorities ...string) Option {
@@ -195,10 +195,10 @@ func newConfig(opts []Option) config {
 	return c
 }
 
-func (c config) routerOptions() []profiles.RouterOption {
-	return []profiles.RouterOption{
-		profiles.WithMeterProvider(c.mp), profiles.WithLogger(c.logger), profiles.WithMaxAuthorities(c.maxAuthorities),
-		profiles.WithIdleTimeout(c.idleTimeout),
+func (c config) routerOptions() []router.Option {
+	return []router.Option{
+		router.WithProfiles(c.source), router.WithMeterProvider(c.mp), router.WithLogger(c.logger),
+		router.WithMaxAuthorities(c.maxAuthorities), router.WithIdleTimeout(c.idleTimeout),
 	}
 }
 
@@ -212,7 +212,6 @@ func (c config) classifyOptions() []classify.Option {
 type Client struct {
 	http.RoundTripper
 	router   *router.Router
-	profiles *profiles.Router
 	balancer *balancer.Balancer
 	h1       *transport.Recycling
 	h2       *http.Transport
@@ -228,7 +227,7 @@ type Client struct {
 // as gRPC statuses.
 func NewClient(opts ...Option) *Client {
 	c := newConfig(opts)
-	cl := &Client{profiles: profiles.NewRouter(c.source, c.routerOptions()...)}
+	cl := &Client{}
 	cl.h1, cl.h2 = c.transports()
 	topts := []origproto.Option{origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2), origproto.WithDialContext(c.dial)}
 	if c.identity != nil {
@@ -236,9 +235,7 @@ func NewClient(opts ...Option) *Client {
 	}
 	cl.peers = origproto.NewTransport(topts...)
 	var next http.RoundTripper = classify.NewTransport(cl.peers, c.classifyOptions()...)
-	ropts := []router.Option{router.WithProfileRouter(cl.profiles), router.WithPolicies(c.policies),
-		router.WithMeterProvider(c.mp), router.WithLogger(c.logger), router.WithMaxAuthorities(c.maxAuthorities),
-		router.WithIdleTimeout(c.idleTimeout), router.WithDiscoveryWait(c.discoveryWait)}
+	ropts := append(c.routerOptions(), router.WithPolicies(c.policies), router.WithDiscoveryWait(c.discoveryWait))
 	if c.endpoints != nil {
 		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithProfiles(c.source), balancer.WithMaxAuthorities(c.maxAuthorities),
@@ -265,13 +262,9 @@ func (c *Client) Balancer() *balancer.Balancer { return c.balancer }
 // policies; its Explain says how a request is routed.
 func (c *Client) Router() *router.Router { return c.router }
 
-// Profiles returns the ServiceProfile router inside the stack's router.
-func (c *Client) Profiles() *profiles.Router { return c.profiles }
-
 // Close stops the watches and closes idle connections.
 func (c *Client) Close() {
 	c.router.Close()
-	c.profiles.Close()
 	if c.balancer != nil {
 		c.balancer.Close()
 	}
@@ -281,7 +274,7 @@ func (c *Client) Close() {
 // Server is the inbound stack around an application handler.
 type Server struct {
 	http.Handler
-	router   *profiles.Router
+	router   *router.Router
 	identity *identity.Local
 }
 
@@ -304,8 +297,7 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 // (which is an http.Handler).
 func NewServer(app http.Handler, opts ...Option) *Server {
 	c := newConfig(opts)
-	s := &Server{router: profiles.NewRouter(c.source, append(c.routerOptions(), profiles.WithLocalAuthorities(c.local...))...),
-		identity: c.identity}
+	s := &Server{router: router.New(append(c.routerOptions(), router.WithLocalAuthorities(c.local...))...), identity: c.identity}
 	var hopts []origproto.HandlerOption
 	if c.trust != nil {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
@@ -315,8 +307,9 @@ func NewServer(app http.Handler, opts ...Option) *Server {
 	return s
 }
 
-// Router returns the profile router of the stack.
-func (s *Server) Router() *profiles.Router { return s.router }
+// Router returns the router of the stack, which routes inbound requests by
+// the ServiceProfiles of the local authorities.
+func (s *Server) Router() *router.Router { return s.router }
 
 // Close stops the watches.
 func (s *Server) Close() { s.router.Close() }

@@ -1,6 +1,7 @@
 package profiles
 
 import (
+	"encoding/json"
 	"math"
 	"strconv"
 	"sync"
@@ -142,11 +143,31 @@ func (b *Budget) Withdraw() bool {
 	return true
 }
 
-// keepBudget carries prev's budget state into next when both tables run
-// the same retry budget, so that a profile delivered again (a reconnect,
-// an unrelated edit) neither refills nor forgets the budget.
-func keepBudget(prev, next *tableState) {
-	if prev != nil && prev.budget != nil && next.budget != nil && prev.budget.params == next.budget.params {
-		next.budget = prev.budget
-	}
+// BudgetState is what a [Budget] holds at one moment, for introspection.
+type BudgetState struct {
+	RetryBudget
+	// Deposits counts the requests of the current window; Withdrawals the
+	// retries taken over it, paid by deposits or by the minimum.
+	Deposits, Withdrawals int64
+}
+
+// MarshalJSON writes the state with the field names of the rest of a route
+// explanation and the window as a duration ("10s"), as a ServiceProfile
+// writes it: {"retryRatio":0.2,"minRetriesPerSecond":10,"ttl":"10s",
+// "deposits":N,"withdrawals":M}.
+func (s BudgetState) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		RetryRatio          float32 `json:"retryRatio"`
+		MinRetriesPerSecond uint32  `json:"minRetriesPerSecond"`
+		TTL                 string  `json:"ttl"`
+		Deposits            int64   `json:"deposits"`
+		Withdrawals         int64   `json:"withdrawals"`
+	}{s.RetryRatio, s.MinRetriesPerSecond, s.TTL.String(), s.Deposits, s.Withdrawals})
+}
+
+// State returns the budget's parameters and counts.
+func (b *Budget) State() BudgetState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return BudgetState{RetryBudget: b.params, Deposits: b.depositSum, Withdrawals: b.paidSum + b.minimumSum}
 }

@@ -119,27 +119,6 @@ func TestBudgetSpreadsMinimum(t *testing.T) {
 	assert.Equal(t, 5, granted[len(granted)-1], "10 a second accrue")
 }
 
-func TestKeepBudget(t *testing.T) {
-	mk := func(b RetryBudget) *tableState { return &tableState{budget: NewBudget(b)} }
-	prev := mk(DefaultRetryBudget())
-	same := mk(DefaultRetryBudget())
-	keepBudget(prev, same)
-	assert.Same(t, prev.budget, same.budget, "unchanged parameters keep the state")
-
-	changed := DefaultRetryBudget()
-	changed.TTL = 5 * time.Second
-	other := mk(changed)
-	fresh := other.budget
-	keepBudget(prev, other)
-	assert.Same(t, fresh, other.budget, "new parameters start afresh")
-
-	none := &tableState{}
-	keepBudget(prev, none)
-	assert.Nil(t, none.budget, "no budget stays none")
-	keepBudget(nil, same)
-	keepBudget(&tableState{}, same)
-}
-
 // A budget's state reads in a route explanation as the rest of it does:
 // lower-camel names, the window as a duration.
 func TestBudgetStateJSON(t *testing.T) {

@@ -25,8 +25,9 @@ type Table struct {
 }
 
 // CompiledRoute is one route of a Table, or the default route. It is
-// immutable. The router puts it into the request context ([RouteFromContext]),
-// where classify finds its response classes.
+// immutable. The router puts it into the request context
+// (router.ProfileRouteFromContext), where classify finds its response
+// classes.
 type CompiledRoute struct {
 	// Route is the route as the profile gave it; the zero Route for the
 	// default route.

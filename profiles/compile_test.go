@@ -1,6 +1,7 @@
 package profiles
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -232,4 +233,22 @@ func TestBadRegexNamesTheUsersPattern(t *testing.T) {
 	assert.Contains(t, err.Error(), "`[`")
 	assert.NotContains(t, err.Error(), "^(?:")
 	assert.NotContains(t, err.Error(), ")$")
+}
+
+// booksProfile is a profile of n routes; /books/{id} is the last of them.
+func booksProfile(n int) *Profile {
+	budget := DefaultRetryBudget()
+	p := &Profile{RetryBudget: &budget}
+	for i := range n - 1 {
+		p.Routes = append(p.Routes, Route{
+			Condition: MatchAll{Method("POST"), PathRegex(fmt.Sprintf("/other/r%d/[^/]+", i))},
+			Labels:    map[string]string{"route": fmt.Sprintf("POST /other/r%d/{id}", i)},
+		})
+	}
+	p.Routes = append(p.Routes, Route{
+		Condition:       MatchAll{Method("GET"), PathRegex("/books/[^/]+")},
+		Labels:          map[string]string{"route": "GET /books/{id}"},
+		ResponseClasses: []ResponseClass{{Condition: StatusRange{Min: 500, Max: 599}, IsFailure: true}},
+	})
+	return p
 }

@@ -1,11 +1,14 @@
-// Package profiles holds the service-profile model of inmesh: a [Profile]
-// is the routes of one destination (each with its request match, response
-// classes, metric labels, retryability and timeout), its retry budget and
-// its traffic split, as plain data that a [Source] streams and that users
-// may also build by hand.
+// Package profiles holds the service-profile model of inmesh and its
+// compiler: a [Profile] is the routes of one destination (each with its
+// request match, response classes, metric labels, retryability and
+// timeout), its retry budget and its traffic split, as plain data that a
+// [Source] streams and that users may also build by hand. [Compile] turns
+// a profile into an immutable route [Table] (first match wins) or an error
+// naming the field; a [Budget] runs a retry budget. The router that
+// executes these tables is package router.
 //
 // Profiles come from a [Source]: the destination client (a Linkerd control
-// plane or inmesh's embedded one), or a static or file source. The
-// ServiceProfile YAML of Linkerd's CRD (apiVersion linkerd.io/v1alpha2) is
-// read by [ParseServiceProfiles].
+// plane or inmesh's embedded one), a [StaticSource], or the files a
+// manifest.ProfileSource watches. The ServiceProfile YAML of Linkerd's CRD
+// (apiVersion linkerd.io/v1alpha2) is read by [ParseServiceProfiles].
 package profiles

@@ -2,10 +2,7 @@ package profiles_test
 
 import (
 	"fmt"
-	"net/http"
-	"time"
 
-	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/profiles"
 )
 
@@ -32,32 +29,6 @@ spec:
 	r := p.Routes[0]
 	fmt.Println(p.FullyQualifiedName, r.Labels["route"], r.Retryable, r.Timeout, p.RetryBudget.RetryRatio)
 	// Output: books.default.svc.cluster.local GET /books/{id} true 300ms 0.2
-}
-
-func ExampleRouter() {
-	budget := profiles.DefaultRetryBudget()
-	src := profiles.NewStaticSource(map[string]*profiles.Profile{
-		"books.default.svc.cluster.local:7000": {
-			Routes: []profiles.Route{{
-				Condition: profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex("/books/[^/]+")},
-				Labels:    map[string]string{"route": "GET /books/{id}"},
-				Retryable: true,
-				Timeout:   time.Second,
-			}},
-			RetryBudget: &budget,
-		},
-	})
-	// Outbound: route, time out and retry the application's requests.
-	outbound := profiles.NewRouter(src)
-	defer outbound.Close()
-	client := &http.Client{Transport: outbound.Transport(classify.NewTransport(nil))}
-
-	// Inbound: route and record the requests for the service's own
-	// authority; requests naming any other Host take the default route.
-	inbound := profiles.NewRouter(src, profiles.WithLocalAuthorities("books.default.svc.cluster.local:7000"))
-	defer inbound.Close()
-	handler := inbound.Handler(classify.NewHandler(http.NotFoundHandler()))
-	_, _ = client, handler
 }
 
 func ExampleTable_Select() {

@@ -2,14 +2,10 @@ package profiles
 
 import (
 	"context"
-	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/inmesh/inmesh/internal/testutil"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,56 +33,6 @@ func routeIs(name string) func(Update) bool {
 	}
 }
 
-func writeProfile(t *testing.T, path, route string) {
-	t.Helper()
-	data := "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata:\n  name: books.default.svc.cluster.local\nspec:\n  routes:\n  - name: " +
-		route + "\n    condition: {pathRegex: /books}\n"
-	require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
-	// Make the change visible to the size+mtime check even within one
-	// clock tick.
-	future := time.Now().Add(time.Duration(len(route)) * time.Second)
-	require.NoError(t, os.Chtimes(path, future, future))
-}
-
-func TestFileSource(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "books.yaml")
-	writeProfile(t, path, "v1")
-	src, err := NewFileSource(dir, WithPollInterval(10*time.Millisecond), WithFileLogger(quietLogger))
-	require.NoError(t, err)
-	defer src.Close()
-
-	update, wait := collect(t)
-	stop, err := src.Watch(context.Background(), "books.default.svc.cluster.local:7000", update)
-	require.NoError(t, err)
-	defer stop()
-	wait("v1", routeIs("v1"))
-
-	writeProfile(t, path, "v2-edited")
-	wait("the edit", routeIs("v2-edited"))
-
-	// A broken file: reported, and the last good profile stays.
-	require.NoError(t, os.WriteFile(path, []byte("apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec:\n  routes:\n  - name: x\n    condition: {pathRegex: '/a('}\n"), 0o644))
-	require.Eventually(t, func() bool { return src.Err() != nil }, testutil.Timeout, 5*time.Millisecond)
-	assert.ErrorContains(t, src.Err(), "books.yaml: document 1: spec.routes[0].condition.pathRegex: bad regex")
-
-	writeProfile(t, path, "v3-fixed-again")
-	wait("the fix", routeIs("v3-fixed-again"))
-	assert.NoError(t, src.Err())
-
-	// An unknown name has no profile.
-	u2, wait2 := collect(t)
-	stop2, err := src.Watch(context.Background(), "web.default.svc.cluster.local:80", u2)
-	require.NoError(t, err)
-	defer stop2()
-	wait2("no profile", func(u Update) bool { return u.Profile == nil })
-
-	_, err = src.Watch(context.Background(), "not an authority", func(Update) {})
-	assert.Error(t, err)
-	_, err = NewFileSource(filepath.Join(dir, "missing"), WithPollInterval(0), nil)
-	assert.Error(t, err)
-}
-
 func TestStaticSource(t *testing.T) {
 	src := NewStaticSource(nil)
 	update, wait := collect(t)
@@ -105,76 +51,3 @@ func TestStaticSource(t *testing.T) {
 		return len(src.watchers["a:80"]) == 0
 	}, testutil.Timeout, time.Millisecond, "a cancelled watch is removed")
 }
-
-func TestRouterAuthority(t *testing.T) {
-	src := NewStaticSource(map[string]*Profile{
-		"books.default.svc.cluster.local:80":   {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "port80"}}}},
-		"books.default.svc.cluster.local:7000": {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "port7000"}}}},
-	})
-	routes := make(chan string, 10)
-	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rt := RouteFromContext(r.Context()); rt != nil {
-			routes <- rt.Labels["route"]
-		}
-	})
-	for _, tc := range []struct {
-		name     string
-		override bool
-		host     string
-		header   string
-		want     string
-	}{
-		{"host without port is :80", false, "Books.Default.svc.cluster.local", "", "port80"},
-		{"host with port", false, "books.default.svc.cluster.local:7000", "", "port7000"},
-		{"override ignored by default", false, "books.default.svc.cluster.local:7000", "books.default.svc.cluster.local:80", "port7000"},
-		{"override allowed", true, "books.default.svc.cluster.local:7000", "books.default.svc.cluster.local:80", "port80"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			router := NewRouter(src, WithLogger(quietLogger), WithDstOverrideHeader(tc.override),
-				WithLocalAuthorities("books.default.svc.cluster.local", "books.default.svc.cluster.local:7000"))
-			defer router.Close()
-			srv := testutil.NewServer(t, router.Handler(app))
-			client := &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}
-			require.Eventually(t, func() bool {
-				req, _ := http.NewRequest("GET", srv.URL+"/", nil)
-				req.Host = tc.host
-				if tc.header != "" {
-					req.Header.Set("l5d-dst-override", tc.header)
-				}
-				resp, err := client.Do(req)
-				require.NoError(t, err)
-				resp.Body.Close()
-				select {
-				case got := <-routes:
-					return got == tc.want
-				case <-time.After(testutil.Timeout):
-					return false
-				}
-			}, testutil.Timeout, 5*time.Millisecond)
-		})
-	}
-}
-
-func TestTransportPutsRouteInContext(t *testing.T) {
-	src := NewStaticSource(map[string]*Profile{testAuthority: {Routes: []Route{{Condition: PathRegex("/x"), Labels: map[string]string{"route": "x"}}}}})
-	router := NewRouter(src, WithLogger(quietLogger))
-	defer router.Close()
-	seen := make(chan *CompiledRoute, 10)
-	rt := router.Transport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		seen <- RouteFromContext(r.Context())
-		return testutil.NewTransport(t, testutil.H1).RoundTrip(r)
-	}))
-	srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	require.Eventually(t, func() bool {
-		req, _ := http.NewRequest("GET", srv.URL+"/x", nil)
-		req.Host = testAuthority
-		resp, err := rt.RoundTrip(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		return (<-seen).Labels["route"] == "x"
-	}, testutil.Timeout, 5*time.Millisecond)
-}
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -53,7 +53,7 @@ const discoveryAuthority = "books.default.svc.cluster.local:7000"
 func discoveryStack(t *testing.T, src profiles.Source, opts ...Option) (*http.Client, *testutil.Metrics) {
 	m := testutil.NewMetrics(t)
 	app := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	r := New(append([]Option{WithProfiles(src, profiles.WithMeterProvider(m.Provider)), WithLogger(quietLogger)}, opts...)...)
+	r := New(append([]Option{WithProfiles(src), WithMeterProvider(m.Provider), WithLogger(quietLogger)}, opts...)...)
 	t.Cleanup(r.Close)
 	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
 		req = req.Clone(req.Context())

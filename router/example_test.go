@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/inmesh/inmesh/router"
 )
@@ -72,3 +73,27 @@ spec:
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// One router serves both sides of a service: its Transport routes, times
+// out and retries the application's outbound requests; its Handler routes
+// and records the inbound requests for the service's own authority, while
+// requests naming any other Host take the default route.
+func ExampleRouter_Handler() {
+	budget := profiles.DefaultRetryBudget()
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{
+		"books.default.svc.cluster.local:7000": {
+			Routes: []profiles.Route{{
+				Condition: profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex("/books/[^/]+")},
+				Labels:    map[string]string{"route": "GET /books/{id}"},
+				Retryable: true,
+				Timeout:   time.Second,
+			}},
+			RetryBudget: &budget,
+		},
+	})
+	r := router.New(router.WithProfiles(src), router.WithLocalAuthorities("books.default.svc.cluster.local:7000"))
+	defer r.Close()
+	client := &http.Client{Transport: r.Transport(classify.NewTransport(nil))}
+	handler := r.Handler(classify.NewHandler(http.NotFoundHandler()))
+	_, _ = client, handler
+}

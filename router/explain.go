@@ -8,6 +8,7 @@ import (
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router/internal/profileroute"
 )
 
 // The models an [Explanation] names.
@@ -109,8 +110,9 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	if a, err := r.normalize(e.Authority); err == nil {
 		e.Authority = a
 	}
-	if r.prof != nil {
-		if v := r.prof.Resolve(req); v.Applies() {
+	prof := r.outProfiles()
+	if prof != nil {
+		if v := prof.Resolve(req); v.Applies() {
 			explainProfile(&e, v, req)
 			e.Reason = "the ServiceProfile has routes or destination overrides, so it takes precedence"
 			return e
@@ -120,15 +122,15 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	if ps == nil || ps.table == nil {
 		e.Model = ModelDefault
 		switch {
-		case r.cfg.policies == nil && r.prof == nil:
+		case r.cfg.policies == nil && prof == nil:
 			e.Reason = "the router has no profile or policy source"
 		case r.cfg.policies == nil:
 			e.Reason = "no ServiceProfile with routes or destination overrides, and no policy source"
 		default:
 			e.Reason = "no ServiceProfile with routes or destination overrides, and no outbound policy (yet)"
 		}
-		if r.prof != nil {
-			explainProfile(&e, r.prof.Resolve(req), req)
+		if prof != nil {
+			explainProfile(&e, prof.Resolve(req), req)
 			e.Model = ModelDefault
 		}
 		return e
@@ -201,7 +203,7 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	return e
 }
 
-func explainProfile(e *Explanation, v profiles.Resolved, req *http.Request) {
+func explainProfile(e *Explanation, v profileroute.Resolved, req *http.Request) {
 	e.Model = ModelProfile
 	route := v.Table().Select(req)
 	if route.IsDefault() {
@@ -214,7 +216,7 @@ func explainProfile(e *Explanation, v profiles.Resolved, req *http.Request) {
 	}
 	e.Timeouts.Request = dur(route.Timeout)
 	if route.Retryable {
-		e.Retry = &RetryInfo{Kind: "budget", MaxRequestBytes: profiles.MaxRetryBodyBytes}
+		e.Retry = &RetryInfo{Kind: "budget", MaxRequestBytes: MaxRetryBodyBytes}
 	}
 	if b := v.Budget(); b != nil {
 		st := b.State()

@@ -2,9 +2,11 @@ package router
 
 import (
 	"context"
-	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
 	"time"
+
+	"github.com/inmesh/inmesh/internal/registry"
+	"github.com/inmesh/inmesh/router/internal/profileroute"
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/policy"
@@ -12,12 +14,26 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// ScopeName is the instrumentation scope of the outbound route metrics.
+// ScopeName is the instrumentation scope of the route metrics.
 const ScopeName = "github.com/inmesh/inmesh/router"
 
-// DefaultMaxAuthorities bounds the authorities whose policies a [Router]
-// watches.
+// DefaultMaxAuthorities bounds the authorities whose profiles and policies
+// a [Router] watches.
 const DefaultMaxAuthorities = registry.DefaultMaxEntries
+
+// DefaultIdleTimeout is how long a [Router] keeps an authority no request
+// used: then its watches stop, freeing the control-plane client's cap.
+const DefaultIdleTimeout = profileroute.DefaultIdleTimeout
+
+// MaxRetryBodyBytes is the largest request body a ServiceProfile route
+// buffers for retries (64 KiB, as in Linkerd); a larger body is sent once.
+const MaxRetryBodyBytes = profileroute.MaxRetryBodyBytes
+
+// OtherAuthority is the dst label value of route_* metrics of requests
+// whose authority has no label of its own: past the label bound, not a
+// valid authority, or, on the inbound side, not one of the server's own
+// authorities.
+const OtherAuthority = profileroute.OtherAuthority
 
 // Option configures a [Router].
 type Option interface{ apply(*config) }
@@ -28,8 +44,9 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	profiles       profiles.Source
-	profileRouter  *profiles.Router
-	profileOpts    []profiles.RouterOption
+	profileCompile profiles.Options
+	dstOverride    bool
+	local          []string
 	policies       policy.Source
 	mp             metric.MeterProvider
 	logger         *slog.Logger
@@ -48,7 +65,7 @@ type config struct {
 
 func newConfig(opts []Option) config {
 	c := config{logger: slog.Default(), maxAuthorities: DefaultMaxAuthorities,
-		idleTimeout: profiles.DefaultIdleTimeout, defaultPort: "80", wait: sleep}
+		idleTimeout: DefaultIdleTimeout, defaultPort: "80", wait: sleep}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -68,28 +85,41 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// WithProfiles routes by the ServiceProfiles of src. A profile with routes
-// or destination overrides takes precedence over the outbound policy of
-// the same authority. The options configure the profile side (its route_*
-// metrics take the router's meter provider unless they set another).
-func WithProfiles(src profiles.Source, opts ...profiles.RouterOption) Option {
+// WithProfiles routes by the ServiceProfiles of src (the destination
+// client, a [profiles.StaticSource], or a [manifest.ProfileSource] of
+// ServiceProfile files). On the outbound side a profile with routes or
+// destination overrides takes precedence over the outbound policy of the
+// same authority; the inbound side ([Router.Handler]) routes by profile
+// alone. Profile routes record the route_* metric families.
+func WithProfiles(src profiles.Source) Option {
 	return optionFunc(func(c *config) {
 		if src != nil {
 			c.profiles = src
-			c.profileOpts = opts
 		}
 	})
 }
 
-// WithProfileRouter routes by the ServiceProfiles of an existing profile
-// router (such as the one of a mesh client), which the Router then shares
-// and does not close. It takes precedence over [WithProfiles].
-func WithProfileRouter(pr *profiles.Router) Option {
-	return optionFunc(func(c *config) {
-		if pr != nil {
-			c.profileRouter = pr
-		}
-	})
+// WithProfileCompileOptions sets the limits ServiceProfiles are compiled
+// under (see [profiles.Options]).
+func WithProfileCompileOptions(o profiles.Options) Option {
+	return optionFunc(func(c *config) { c.profileCompile = o })
+}
+
+// WithDstOverrideHeader lets the l5d-dst-override request header name the
+// authority whose ServiceProfile routes the request. Off by default: only
+// trusted clients should be able to choose it. Outbound policies are
+// looked up by the request's own authority either way.
+func WithDstOverrideHeader(allow bool) Option {
+	return optionFunc(func(c *config) { c.dstOverride = allow })
+}
+
+// WithLocalAuthorities names the server's own authorities (host:port, or a
+// host on the default port), the only ones [Router.Handler] routes by
+// profile; their profiles are watched from the start. Every other inbound
+// request takes the default route with dst="other" ([OtherAuthority]), and
+// no client can make the router watch anything. Repeated options add up.
+func WithLocalAuthorities(authorities ...string) Option {
+	return optionFunc(func(c *config) { c.local = append(c.local, authorities...) })
 }
 
 // WithPolicies routes by the outbound policies of src (the OutboundPolicies
@@ -102,8 +132,10 @@ func WithPolicies(src policy.Source) Option {
 	})
 }
 
-// WithMeterProvider sets the meter provider of the route metrics; nil (the
-// default) means the global one.
+// WithMeterProvider sets the meter provider of the route metrics (route_*
+// for profiles, outbound_{http,grpc}_route_* for policies); nil (the
+// default) means the global one, which records nothing until the
+// application sets one.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) {
 		if mp != nil {
@@ -112,7 +144,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	})
 }
 
-// WithLogger sets the logger for rejected policies (default
+// WithLogger sets the logger for rejected profiles and policies (default
 // slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) {
@@ -122,9 +154,12 @@ func WithLogger(l *slog.Logger) Option {
 	})
 }
 
-// WithMaxAuthorities bounds the authorities whose policies are watched;
-// past it, the least recently used one is released. n <= 0 changes
-// nothing.
+// WithMaxAuthorities bounds the authorities whose profiles and policies
+// the router holds at once (default [DefaultMaxAuthorities]); past it, the
+// least recently used one is released and its watches stopped. It also
+// bounds the dst label values of the route_* metrics over the router's
+// life: further authorities without profile routes or traffic splits are
+// labelled dst="other" ([OtherAuthority]). n <= 0 changes nothing.
 func WithMaxAuthorities(n int) Option {
 	return optionFunc(func(c *config) {
 		if n > 0 {
@@ -133,9 +168,9 @@ func WithMaxAuthorities(n int) Option {
 	})
 }
 
-// WithIdleTimeout sets how long the router keeps the policy of an
-// authority no request used (default profiles.DefaultIdleTimeout); then
-// its watch stops, which frees room under the control-plane client's watch
+// WithIdleTimeout sets how long the router keeps the profile and policy
+// of an authority no request used (default [DefaultIdleTimeout]); then
+// its watches stop, which frees room under the control-plane client's watch
 // bound, and the next request watches it anew. d <= 0 changes nothing.
 func WithIdleTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) {

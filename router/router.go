@@ -11,6 +11,7 @@ import (
 	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router/internal/profileroute"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -27,15 +28,31 @@ import (
 // outbound_{http,grpc}_route_* families for policies.
 //
 // The first request to an authority starts its watches in the background
-// and takes the default route: discovery never holds a request back. Each
-// policy update is compiled and swapped in with one atomic store; a policy
-// that fails to compile is logged and the last good table stays.
+// and takes the default route: discovery never holds a request back
+// (unless [WithDiscoveryWait] allows a wait). Each profile or policy
+// update is compiled and swapped in with one atomic store; requests in
+// flight keep the route they started with; an update that fails to
+// compile is logged and the last good table stays. The inbound side
+// ([Router.Handler]) routes by profile only the server's own authorities
+// ([WithLocalAuthorities]) and never watches the Host a client chose.
 //
-// A Router is safe for concurrent use. Close stops its watches.
+// The router holds at most [WithMaxAuthorities] authorities, evicting the
+// least recently used past that, and releases an authority unused for
+// [WithIdleTimeout], which stops its watches. The dst label of the route_*
+// metrics is the authority for at most as many authorities over the
+// router's life (and for every authority whose profile has routes or
+// traffic splits, which the control plane bounds); every other request is
+// labelled dst="other" ([OtherAuthority]).
+//
+// A Router is safe for concurrent use. Close stops its watches; requests
+// after Close take the default route.
 type Router struct {
-	cfg     config
-	prof    *profiles.Router
-	ownProf bool // prof is the router's own, closed with it
+	cfg config
+	// prof routes by ServiceProfile: both directions with a profile
+	// source; without one, only the inbound side, every request by the
+	// default route.
+	prof    *profileroute.Router
+	outProf bool // the outbound side routes by prof
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -83,32 +100,43 @@ func New(opts ...Option) *Router {
 	r.reg = registry.New(func(string) *policyState { return &policyState{first: registry.NewFirst()} }, start,
 		registry.WithMaxEntries(cfg.maxAuthorities), registry.WithIdleTimeout(cfg.idleTimeout),
 		registry.WithDefaultPort(cfg.defaultPort))
-	switch {
-	case cfg.profileRouter != nil:
-		r.prof = cfg.profileRouter
-	case cfg.profiles != nil:
-		r.ownProf = true
-		popts := append([]profiles.RouterOption{profiles.WithMeterProvider(cfg.mp), profiles.WithLogger(cfg.logger)}, cfg.profileOpts...)
-		r.prof = profiles.NewRouter(cfg.profiles, popts...)
-	}
+	r.prof = profileroute.NewRouter(cfg.profiles, profileroute.WithMeterProvider(cfg.mp), profileroute.WithLogger(cfg.logger),
+		profileroute.WithMaxAuthorities(cfg.maxAuthorities), profileroute.WithIdleTimeout(cfg.idleTimeout),
+		profileroute.WithDstOverrideHeader(cfg.dstOverride), profileroute.WithCompileOptions(cfg.profileCompile),
+		profileroute.WithLocalAuthorities(cfg.local...))
+	r.outProf = cfg.profiles != nil
 	meter := metrics.Meter(cfg.mp, ScopeName)
 	r.httpFam = metrics.NewOutbound(meter, false)
 	r.grpcFam = metrics.NewOutbound(meter, true)
 	return r
 }
 
-// Profiles returns the ServiceProfile router inside r, nil without a
-// profile source.
-func (r *Router) Profiles() *profiles.Router { return r.prof }
+// outProfiles returns the profile side of the outbound direction, nil
+// without a profile source.
+func (r *Router) outProfiles() *profileroute.Router {
+	if r.outProf {
+		return r.prof
+	}
+	return nil
+}
 
-// Close stops every watch; later requests take the default route, or
-// the profile router's.
+// ProfileTable returns the ServiceProfile route table in force for
+// authority (host:port, or a host with the default port), or nil when the
+// router holds no profile state for it.
+func (r *Router) ProfileTable(authority string) *profiles.Table { return r.prof.Table(authority) }
+
+// ProfileRouteFromContext returns the ServiceProfile route the router chose
+// for the request with context ctx (the default route when no profile
+// route matched), or nil when no router routed it by profile.
+func ProfileRouteFromContext(ctx context.Context) *profiles.CompiledRoute {
+	return profileroute.RouteFromContext(ctx)
+}
+
+// Close stops every watch; later requests take the default route.
 func (r *Router) Close() {
 	r.cancel()
 	r.reg.Close()
-	if r.ownProf {
-		r.prof.Close()
-	}
+	r.prof.Close()
 }
 
 // policyFor returns the policy state of a request's authority, starting its

@@ -82,8 +82,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
-	if r.prof != nil {
-		if v := r.prof.Resolve(req); v.Applies() {
+	prof := r.outProfiles()
+	if prof != nil {
+		if v := prof.Resolve(req); v.Applies() {
 			return v.RoundTrip(t.base, req)
 		}
 	}
@@ -93,8 +94,8 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// whose connections go to the Service as they are): the default
 		// route, through the profile router when there is one (its
 		// default route and metrics).
-		if r.prof != nil {
-			return r.prof.Resolve(req).RoundTrip(t.base, req)
+		if prof != nil {
+			return prof.Resolve(req).RoundTrip(t.base, req)
 		}
 		return t.base.RoundTrip(req)
 	}
@@ -111,8 +112,8 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // request's context error when the request ends first.
 func (r *Router) awaitDiscovery(req *http.Request) error {
 	var prof, pol <-chan struct{}
-	if r.prof != nil {
-		prof = r.prof.Resolve(req).Discovered()
+	if p := r.outProfiles(); p != nil {
+		prof = p.Resolve(req).Discovered()
 	}
 	if ps := r.policyFor(req); ps != nil {
 		pol = ps.first.Done()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 )
 
 // during runs m while every runs each period, and reports how many times
@@ -88,7 +89,7 @@ func profileSwap(o options) (*result, error) {
 	r.Extra = append(r.Extra, ratio{Name: "router CPU µs per profile update (20 routes, one router, then a request)",
 		Ratio: routerCPU, Goal: atMost(100), Spread: spread{routerCPU, routerCPU}})
 	// The whole process: most of it is gRPC and protobuf. One router's
-	// share is BenchmarkProfileUpdate in package profiles.
+	// share is BenchmarkProfileUpdate in package router/internal/profileroute.
 	r.Extra = append(r.Extra, ratio{Name: "process CPU µs per profile update (20 routes; control plane, gRPC, outbound and inbound router)",
 		Ratio: cpu, Goal: noGoal, Spread: spread{cpu, cpu}})
 	r.Note = fmt.Sprintf("ratio = requests/s while the profile changes / steady; %.0f profile updates/s delivered (20 routes each)", updates/elapsed)
@@ -100,13 +101,13 @@ func profileSwap(o options) (*result, error) {
 // sending, the client's decoding, and both routers' compiling, each
 // update waited for until both routers hold it.
 func cpuPerUpdate(m *meshed, n int) (float64, error) {
-	routers := []*profiles.Router{m.st.client.Profiles(), m.st.server.Router()}
+	routers := []*router.Router{m.st.client.Router(), m.st.server.Router()}
 	return cpuPer(n, func(i int) func() bool {
 		tag := "cpu" + strconv.Itoa(i%2)
 		m.cp.putProfile(tag)
 		return func() bool {
 			for _, r := range routers {
-				t := r.Table(books)
+				t := r.ProfileTable(books)
 				if t == nil || len(t.Routes()) == 0 || !strings.HasSuffix(t.Routes()[0].Labels["route"], " "+tag) {
 					return false
 				}
@@ -130,9 +131,9 @@ func routerCPUPerUpdate(n int) (float64, error) {
 		serviceProfile(strings.Split(books, ":")[0], "a").ProfileFor(7000),
 		serviceProfile(strings.Split(books, ":")[0], "b").ProfileFor(7000),
 	}
-	router := profiles.NewRouter(src, profiles.WithMeterProvider(mp), profiles.WithLogger(quiet), profiles.WithLocalAuthorities(books))
-	defer router.Close()
-	h := router.Handler(ok)
+	rtr := router.New(router.WithProfiles(src), router.WithMeterProvider(mp), router.WithLogger(quiet), router.WithLocalAuthorities(books))
+	defer rtr.Close()
+	h := rtr.Handler(ok)
 	req := httptest.NewRequest("GET", "http://"+books+"/books/1", nil)
 	h.ServeHTTP(httptest.NewRecorder(), req) // the watch starts
 	w := httptest.NewRecorder()
@@ -141,7 +142,7 @@ func routerCPUPerUpdate(n int) (float64, error) {
 		st.Set(books, p)
 		served := false
 		return func() bool {
-			if t := router.Table(books); t == nil || t.Profile() != p {
+			if t := rtr.ProfileTable(books); t == nil || t.Profile() != p {
 				return false
 			}
 			if !served {
@@ -223,7 +224,7 @@ func endpoints1000(o options) (*result, error) {
 	st := newStack(ok, mp, nil, cp.dst)
 	defer st.close()
 	req := func() *http.Request { return get("http://"+books+"/books/1", "") }
-	if err := waitRoutes(st.client.Profiles(), books, func() { _ = do(st.client, req()) }); err != nil {
+	if err := waitRoutes(st.client.Router(), books, func() { _ = do(st.client, req()) }); err != nil {
 		return nil, err
 	}
 	n := o.scale(3000, 2000)

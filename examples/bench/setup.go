@@ -22,6 +22,7 @@ import (
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -153,11 +154,11 @@ func upgraded() (http.RoundTripper, func()) {
 
 // waitRoutes sends requests through send until router has the routes of
 // authority's profile.
-func waitRoutes(router *profiles.Router, authority string, send func()) error {
+func waitRoutes(r *router.Router, authority string, send func()) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		send()
-		if t := router.Table(authority); t != nil && len(t.Routes()) > 0 {
+		if t := r.ProfileTable(authority); t != nil && len(t.Routes()) > 0 {
 			return nil
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -252,7 +253,7 @@ func newMeshed(app http.Handler, mp metric.MeterProvider) (*meshed, error) {
 	// Both routers hold the profile and the request reached the peer
 	// (never a fallback to the service name) before anything is timed.
 	send := func() { _ = do(st.client, get("http://"+books+"/books/1", "")) }
-	if err := waitRoutes(st.client.Profiles(), books, send); err != nil {
+	if err := waitRoutes(st.client.Router(), books, send); err != nil {
 		m.close()
 		return nil, err
 	}
@@ -270,7 +271,7 @@ func newMeshed(app http.Handler, mp metric.MeterProvider) (*meshed, error) {
 // budgetRouter is a router with a static profile for authority whose only
 // route is retryable under budget, and a way to deliver that same
 // profile again (as a reconnecting control plane does).
-func budgetRouter(authority string, budget profiles.RetryBudget) (*profiles.Router, func()) {
+func budgetRouter(authority string, budget profiles.RetryBudget) (*router.Router, func()) {
 	mk := func() *profiles.Profile {
 		b := budget
 		return &profiles.Profile{RetryBudget: &b, Routes: []profiles.Route{{
@@ -279,7 +280,7 @@ func budgetRouter(authority string, budget profiles.RetryBudget) (*profiles.Rout
 		}}}
 	}
 	src := profiles.NewStaticSource(map[string]*profiles.Profile{authority: mk()})
-	r := profiles.NewRouter(src, profiles.WithLogger(quiet))
+	r := router.New(router.WithProfiles(src), router.WithLogger(quiet))
 	return r, func() { src.Set(authority, mk()) }
 }
 

@@ -2,9 +2,10 @@ package main
 
 import (
 	"context"
-	origproto "github.com/inmesh/inmesh/orig-proto"
 	"net/http"
 	"net/http/httptest"
+
+	origproto "github.com/inmesh/inmesh/orig-proto"
 )
 
 // stackInProcess: the inbound stack served in process (no network), its
@@ -92,7 +93,7 @@ func newLoopbackSet(n int) (*loopbackSet, error) {
 	s.otel = variant{"otelhttp", run(otelRT, otelSrv.URL+"/books/1")}
 	s.inmesh = variant{"inmesh", run(st.client, meshURL)}
 	send := func() { _ = do(st.client, get(meshURL, "")) }
-	if err := waitRoutes(st.client.Profiles(), meshSrv.addr(), send); err != nil {
+	if err := waitRoutes(st.client.Router(), meshSrv.addr(), send); err != nil {
 		s.close()
 		return nil, err
 	}

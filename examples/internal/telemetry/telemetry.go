@@ -8,7 +8,7 @@ package telemetry
 import (
 	"net/http"
 
-	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/otlptranslator"
@@ -23,12 +23,12 @@ const SeriesPerAuthority = 2
 
 // CardinalityLimit returns the series limit per instrument for a mesh whose
 // router labels up to maxAuthorities authorities (<= 0:
-// profiles.DefaultMaxAuthorities), plus the fixed "other" value: the
+// router.DefaultMaxAuthorities), plus the fixed "other" value: the
 // route_* families carry one dst per authority, the other families fewer
 // (classify labels at most classify.DefaultMaxAuthorities).
 func CardinalityLimit(maxAuthorities int) int {
 	if maxAuthorities <= 0 {
-		maxAuthorities = profiles.DefaultMaxAuthorities
+		maxAuthorities = router.DefaultMaxAuthorities
 	}
 	return SeriesPerAuthority * (maxAuthorities + 1)
 }

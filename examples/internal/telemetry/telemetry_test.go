@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/mesh"
-	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // router's 10,000 dst values and its "other"). Under -race or -short, the
 // router's bound is 2,100 (still past the SDK's default limit of 2,000).
 func TestHostFloodSeriesBounded(t *testing.T) {
-	bound := profiles.DefaultMaxAuthorities
+	bound := router.DefaultMaxAuthorities
 	if testing.Short() || raceEnabled {
 		bound = 2100
 	}

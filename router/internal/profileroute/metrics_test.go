@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"fmt"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -53,7 +54,7 @@ func series(t *testing.T, text string) map[string][]string {
 func TestExposition(t *testing.T) {
 	m := testutil.NewMetrics(t)
 	up := newUpstream()
-	src := NewStaticSource(map[string]*Profile{testAuthority: profileWith(budget10s, retryRoute("/0.5"))})
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: profileWith(budget10s, retryRoute("/0.5"))})
 	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger), WithLocalAuthorities(testAuthority))
 	defer router.Close()
 	// Outbound: router then classify; inbound: router then classify.
@@ -77,7 +78,7 @@ func TestExposition(t *testing.T) {
 	up.mu.Lock()
 	up.calls["/0.5"] = 0
 	up.mu.Unlock()
-	src.Set(testAuthority, profileWith(&RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 0, TTL: time.Second}, retryRoute("/0.5")))
+	src.Set(testAuthority, profileWith(&profiles.RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 0, TTL: time.Second}, retryRoute("/0.5")))
 	require.Eventually(t, func() bool { return router.Table(testAuthority).RetryBudget().MinRetriesPerSecond == 0 }, testutil.Timeout, 5*time.Millisecond)
 	get("/0.5") // retryable, no budget
 
@@ -126,7 +127,7 @@ func TestCardinality(t *testing.T) {
 	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader([]int{200, 404, 500}[len(r.URL.Path)%3])
 	})
-	src := NewStaticSource(nil)
+	src := profiles.NewStaticSource(nil)
 	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger), WithMaxAuthorities(10))
 	defer router.Close()
 	srv := testutil.NewServer(t, up)

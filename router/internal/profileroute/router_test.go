@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -129,14 +130,14 @@ type harness struct {
 	client  *http.Client
 	metrics *testutil.Metrics
 	router  *Router
-	source  *StaticSource
+	source  *profiles.StaticSource
 }
 
-func newHarness(t *testing.T, mode testutil.Mode, p *Profile) *harness {
+func newHarness(t *testing.T, mode testutil.Mode, p *profiles.Profile) *harness {
 	up := newUpstream()
 	srv := testutil.NewServer(t, up)
 	m := testutil.NewMetrics(t)
-	src := NewStaticSource(map[string]*Profile{testAuthority: p})
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: p})
 	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger))
 	t.Cleanup(router.Close)
 	h := &harness{t: t, up: up, url: srv.URL, metrics: m, router: router, source: src,
@@ -168,17 +169,17 @@ func (h *harness) do(method, path string, body io.Reader) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-var loadProfile = Route{Condition: PathRegex("/load-profile"), Labels: map[string]string{"load_profile": "test"}}
+var loadProfile = profiles.Route{Condition: profiles.PathRegex("/load-profile"), Labels: map[string]string{"load_profile": "test"}}
 
-func profileWith(budget *RetryBudget, routes ...Route) *Profile {
-	return &Profile{FullyQualifiedName: "profiles.test.svc.cluster.local", RetryBudget: budget, Routes: append([]Route{loadProfile}, routes...)}
+func profileWith(budget *profiles.RetryBudget, routes ...profiles.Route) *profiles.Profile {
+	return &profiles.Profile{FullyQualifiedName: "profiles.test.svc.cluster.local", RetryBudget: budget, Routes: append([]profiles.Route{loadProfile}, routes...)}
 }
 
-func retryRoute(path string) Route {
-	return Route{Condition: PathRegex(path), Retryable: true, Labels: map[string]string{"route": path}}
+func retryRoute(path string) profiles.Route {
+	return profiles.Route{Condition: profiles.PathRegex(path), Retryable: true, Labels: map[string]string{"route": path}}
 }
 
-var budget10s = &RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: 10 * time.Second}
+var budget10s = &profiles.RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: 10 * time.Second}
 
 func TestRetryIfProfileAllows(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
@@ -198,7 +199,7 @@ func TestRetryIfProfileAllows(t *testing.T) {
 
 func TestRetryUsesBudget(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
-		h := newHarness(t, mode, profileWith(&RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: time.Second}, retryRoute("/0.5")))
+		h := newHarness(t, mode, profileWith(&profiles.RetryBudget{RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: time.Second}, retryRoute("/0.5")))
 		status, _ := h.do("GET", "/0.5", nil)
 		assert.Equal(t, 200, status, "the first failure is retried")
 		status, _ = h.do("GET", "/0.5", nil)
@@ -223,9 +224,9 @@ func TestDoesNotRetryIfRequestDoesNotMatch(t *testing.T) {
 func TestDoesNotRetryIfEarlierResponseClassIsSuccess(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
 		r := retryRoute("/0.5")
-		r.ResponseClasses = []ResponseClass{
-			{Condition: StatusRange{Min: 533, Max: 533}, IsFailure: false},
-			{Condition: StatusRange{Min: 500, Max: 599}, IsFailure: true},
+		r.ResponseClasses = []profiles.ResponseClass{
+			{Condition: profiles.StatusRange{Min: 533, Max: 533}, IsFailure: false},
+			{Condition: profiles.StatusRange{Min: 500, Max: 599}, IsFailure: true},
 		}
 		h := newHarness(t, mode, profileWith(budget10s, r))
 		status, _ := h.do("GET", "/0.5", nil)
@@ -312,7 +313,7 @@ func TestDoesNotRetryIfStreamingBodyExceedsMaxLength(t *testing.T) {
 }
 
 func TestDoesNotRetryWithoutValidBudget(t *testing.T) {
-	budgets := map[string]*RetryBudget{
+	budgets := map[string]*profiles.RetryBudget{
 		"missing":        nil,
 		"ttl 1000s":      {RetryRatio: 0.1, MinRetriesPerSecond: 1, TTL: 1000 * time.Second},
 		"ratio 10000":    {RetryRatio: 10000, MinRetriesPerSecond: 1, TTL: 10 * time.Second},
@@ -394,7 +395,7 @@ func TestGRPCRetry(t *testing.T) {
 // Linkerd's http2_failures_dont_leak_connection_window: a failed response
 // with a 100 KB body is retried and the success is still readable.
 func TestFailuresDontLeakConnectionWindow(t *testing.T) {
-	h := newHarness(t, testutil.H2C, profileWith(&RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 100, TTL: 10 * time.Second}, retryRoute("/0.5/100KB")))
+	h := newHarness(t, testutil.H2C, profileWith(&profiles.RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 100, TTL: 10 * time.Second}, retryRoute("/0.5/100KB")))
 	for range 20 { // 20 × 100 KB of discarded failures is far past the 64 KiB window
 		status, body := h.do("GET", "/0.5/100KB", nil)
 		require.Equal(t, 200, status)
@@ -404,12 +405,12 @@ func TestFailuresDontLeakConnectionWindow(t *testing.T) {
 
 // slowSource holds every watch's first update until released.
 type slowSource struct {
-	*StaticSource
+	*profiles.StaticSource
 	release chan struct{}
 }
 
-func (s *slowSource) Watch(ctx context.Context, authority string, update func(Update)) (func(), error) {
-	return s.StaticSource.Watch(ctx, authority, func(u Update) {
+func (s *slowSource) Watch(ctx context.Context, authority string, update func(profiles.Update)) (func(), error) {
+	return s.StaticSource.Watch(ctx, authority, func(u profiles.Update) {
 		select {
 		case <-s.release:
 		case <-ctx.Done():
@@ -423,7 +424,7 @@ func TestFirstRequestDoesNotWaitForProfile(t *testing.T) {
 	up := newUpstream()
 	srv := testutil.NewServer(t, up)
 	m := testutil.NewMetrics(t)
-	src := &slowSource{StaticSource: NewStaticSource(map[string]*Profile{testAuthority: profileWith(budget10s, retryRoute("/0.5"))}), release: make(chan struct{})}
+	src := &slowSource{StaticSource: profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: profileWith(budget10s, retryRoute("/0.5"))}), release: make(chan struct{})}
 	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger))
 	defer router.Close()
 	client := &http.Client{Transport: router.Transport(testutil.NewTransport(t, testutil.H1)), Timeout: testutil.Timeout}
@@ -451,8 +452,8 @@ func TestFirstRequestDoesNotWaitForProfile(t *testing.T) {
 func TestBadUpdateKeepsLastGoodTable(t *testing.T) {
 	h := newHarness(t, testutil.H1, profileWith(budget10s, retryRoute("/0.5")))
 	good := h.router.Table(testAuthority)
-	h.source.Set(testAuthority, &Profile{Routes: []Route{{Condition: PathRegex("/a(")}}})
-	h.source.Set(testAuthority, &Profile{Routes: []Route{{}}})
+	h.source.Set(testAuthority, &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.PathRegex("/a(")}}})
+	h.source.Set(testAuthority, &profiles.Profile{Routes: []profiles.Route{{}}})
 	// A later good update proves the bad ones were processed first.
 	h.source.Set(testAuthority, profileWith(budget10s, retryRoute("/0.5"), retryRoute("/x")))
 	require.Eventually(t, func() bool { return len(h.router.Table(testAuthority).Routes()) == 3 }, testutil.Timeout, 5*time.Millisecond)
@@ -460,7 +461,7 @@ func TestBadUpdateKeepsLastGoodTable(t *testing.T) {
 
 	// With only a bad update, the good table stays.
 	cur := h.router.Table(testAuthority)
-	h.source.Set(testAuthority, &Profile{Routes: []Route{{Condition: MatchAny{PathRegex("**")}}}})
+	h.source.Set(testAuthority, &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.MatchAny{profiles.PathRegex("**")}}}})
 	time.Sleep(testutil.ShortTimeout)
 	assert.Same(t, cur, h.router.Table(testAuthority))
 	status, _ := h.do("GET", "/0.5", nil)
@@ -468,7 +469,7 @@ func TestBadUpdateKeepsLastGoodTable(t *testing.T) {
 }
 
 func TestProfileSwapKeepsRouteInFlight(t *testing.T) {
-	src := NewStaticSource(map[string]*Profile{testAuthority: versioned(0)})
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: versioned(0)})
 	router := NewRouter(src, WithLogger(quietLogger), WithLocalAuthorities(testAuthority))
 	defer router.Close()
 	release := make(chan struct{})
@@ -546,6 +547,6 @@ func TestProfileSwapKeepsRouteInFlight(t *testing.T) {
 	}
 }
 
-func versioned(v int) *Profile {
-	return &Profile{Routes: []Route{{Condition: PathRegex("/.*"), Labels: map[string]string{"version": fmt.Sprint(v)}}}}
+func versioned(v int) *profiles.Profile {
+	return &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.PathRegex("/.*"), Labels: map[string]string{"version": fmt.Sprint(v)}}}}
 }

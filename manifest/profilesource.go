@@ -1,4 +1,4 @@
-package profiles
+package manifest
 
 import (
 	"context"
@@ -12,9 +12,10 @@ import (
 	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/mailbox"
 	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/profiles"
 )
 
-// FileSource is a [Source] of ServiceProfile YAML files (*.yaml, *.yml) in
+// ProfileSource is a [profiles.Source] of ServiceProfile YAML files (*.yaml, *.yml) in
 // a directory, read again when the files change. A ServiceProfile serves
 // every port of its name. A changed file is loaded once it stayed the same
 // for one poll interval, so that a copy caught half-way is not loaded, and a
@@ -22,8 +23,8 @@ import (
 // broken file (bad YAML, a duplicate key, a bad field, an empty or
 // truncated file) is reported (Err, and a log line naming the file and the
 // field, rate-limited) and the last good profiles stay in force. A
-// FileSource is safe for concurrent use; Close stops it.
-type FileSource struct {
+// ProfileSource is safe for concurrent use; Close stops it.
+type ProfileSource struct {
 	dir      string
 	interval time.Duration
 	log      *ratelog.Logger
@@ -34,62 +35,62 @@ type FileSource struct {
 	done   chan struct{}
 
 	mu       sync.Mutex
-	byName   map[string]*ServiceProfile
+	byName   map[string]*profiles.ServiceProfile
 	stamp    string
 	err      error
-	watchers map[*fileWatch]struct{}
+	watchers map[*profileWatch]struct{}
 }
 
-type fileWatch struct {
+type profileWatch struct {
 	host string
 	port uint32
-	m    *mailbox.Mailbox[Update]
+	m    *mailbox.Mailbox[profiles.Update]
 }
 
-var _ Source = (*FileSource)(nil)
+var _ profiles.Source = (*ProfileSource)(nil)
 
-// FileOption configures a [FileSource]; a nil FileOption changes nothing.
-type FileOption interface{ applyFile(*fileConfig) }
+// Option configures a [ProfileSource]; a nil Option changes nothing.
+type Option interface{ apply(*config) }
 
-type fileConfig struct {
+type config struct {
 	interval time.Duration
 	log      *slog.Logger
 }
 
-type fileOptionFunc func(*fileConfig)
+type optionFunc func(*config)
 
-func (f fileOptionFunc) applyFile(c *fileConfig) { f(c) }
+func (f optionFunc) apply(c *config) { f(c) }
 
-// WithPollInterval sets how often a [FileSource] checks its directory for
+// WithPollInterval sets how often a [ProfileSource] checks its directory for
 // changes (default 1s); d <= 0 changes nothing.
-func WithPollInterval(d time.Duration) FileOption {
-	return fileOptionFunc(func(c *fileConfig) {
+func WithPollInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) {
 		if d > 0 {
 			c.interval = d
 		}
 	})
 }
 
-// WithFileLogger sets where a [FileSource] reports files it rejects
+// WithLogger sets where a [ProfileSource] reports files it rejects
 // (default slog.Default()); nil changes nothing.
-func WithFileLogger(l *slog.Logger) FileOption {
-	return fileOptionFunc(func(c *fileConfig) {
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) {
 		if l != nil {
 			c.log = l
 		}
 	})
 }
 
-// NewFileSource reads dir and checks it for changes as [WithPollInterval]
+// NewProfileSource reads dir and checks it for changes as [WithPollInterval]
 // says. It fails only when the first read fails.
-func NewFileSource(dir string, opts ...FileOption) (*FileSource, error) {
-	cfg := fileConfig{interval: time.Second, log: slog.Default()}
+func NewProfileSource(dir string, opts ...Option) (*ProfileSource, error) {
+	cfg := config{interval: time.Second, log: slog.Default()}
 	for _, o := range opts {
 		if o != nil {
-			o.applyFile(&cfg)
+			o.apply(&cfg)
 		}
 	}
-	s := &FileSource{dir: dir, interval: cfg.interval, log: ratelog.New(cfg.log, 0), done: make(chan struct{}), watchers: make(map[*fileWatch]struct{})}
+	s := &ProfileSource{dir: dir, interval: cfg.interval, log: ratelog.New(cfg.log, 0), done: make(chan struct{}), watchers: make(map[*profileWatch]struct{})}
 	if err := s.reload(); err != nil {
 		return nil, err
 	}
@@ -100,11 +101,11 @@ func NewFileSource(dir string, opts ...FileOption) (*FileSource, error) {
 }
 
 // Close stops watching the directory and every watch.
-func (s *FileSource) Close() {
+func (s *ProfileSource) Close() {
 	s.cancel()
 	<-s.done
 	s.mu.Lock()
-	ws := make([]*fileWatch, 0, len(s.watchers))
+	ws := make([]*profileWatch, 0, len(s.watchers))
 	for w := range s.watchers {
 		ws = append(ws, w)
 	}
@@ -115,13 +116,13 @@ func (s *FileSource) Close() {
 }
 
 // Err returns the error of the last read, nil when it was good.
-func (s *FileSource) Err() error {
+func (s *ProfileSource) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
 }
 
-func (s *FileSource) poll() {
+func (s *ProfileSource) poll() {
 	defer close(s.done)
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
@@ -141,7 +142,7 @@ func (s *FileSource) poll() {
 			}
 			err = s.load(paths, stamp)
 			switch {
-			case errors.Is(err, ErrFileChanged):
+			case errors.Is(err, profiles.ErrFileChanged):
 				s.log.Debug("profile file changed", "a profile file changed while it was read", "dir", s.dir, "error", err)
 				continue // read again at the next poll
 			case err != nil:
@@ -154,9 +155,9 @@ func (s *FileSource) poll() {
 
 // Reload reads the directory now, without waiting for changed files to
 // settle as the poll loop does, and returns what Err would.
-func (s *FileSource) Reload() error { return s.reload() }
+func (s *ProfileSource) Reload() error { return s.reload() }
 
-func (s *FileSource) reload() error {
+func (s *ProfileSource) reload() error {
 	paths, stamp, err := filestamp.YAMLFiles(s.dir)
 	if err != nil {
 		s.setErr(err)
@@ -172,11 +173,11 @@ func (s *FileSource) reload() error {
 }
 
 // load reads paths (of stamp) and, when all are good, swaps them in.
-func (s *FileSource) load(paths []string, stamp string) error {
-	sps, err := LoadServiceProfileFiles(paths...)
+func (s *ProfileSource) load(paths []string, stamp string) error {
+	sps, err := profiles.LoadServiceProfileFiles(paths...)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if errors.Is(err, ErrFileChanged) {
+	if errors.Is(err, profiles.ErrFileChanged) {
 		return err
 	}
 	s.stamp = stamp
@@ -185,7 +186,7 @@ func (s *FileSource) load(paths []string, stamp string) error {
 		return err
 	}
 	s.err = nil
-	s.byName = make(map[string]*ServiceProfile, len(sps))
+	s.byName = make(map[string]*profiles.ServiceProfile, len(sps))
 	for _, sp := range sps {
 		s.byName[strings.ToLower(sp.Name)] = sp
 	}
@@ -195,28 +196,28 @@ func (s *FileSource) load(paths []string, stamp string) error {
 	return nil
 }
 
-func (s *FileSource) setErr(err error) {
+func (s *ProfileSource) setErr(err error) {
 	s.mu.Lock()
 	s.err = err
 	s.mu.Unlock()
 }
 
-func (s *FileSource) updateLocked(w *fileWatch) Update {
+func (s *ProfileSource) updateLocked(w *profileWatch) profiles.Update {
 	if sp := s.byName[w.host]; sp != nil {
-		return Update{Profile: sp.ProfileFor(w.port)}
+		return profiles.Update{Profile: sp.ProfileFor(w.port)}
 	}
-	return Update{}
+	return profiles.Update{}
 }
 
-// Watch implements [Source].
-func (s *FileSource) Watch(ctx context.Context, authority string, update func(Update)) (func(), error) {
+// Watch implements [profiles.Source].
+func (s *ProfileSource) Watch(ctx context.Context, authority string, update func(profiles.Update)) (func(), error) {
 	host, port, err := authpkg.Split(authority)
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w := &fileWatch{host: host, port: port}
+	w := &profileWatch{host: host, port: port}
 	w.m = mailbox.Start(s.ctx, ctx, nil, update, func() {
 		s.mu.Lock()
 		delete(s.watchers, w)

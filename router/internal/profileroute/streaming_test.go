@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/inmesh/inmesh/internal/testutil"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -88,7 +89,7 @@ func (u *streamUpstream) seen() (int, []string) {
 	return u.calls, append([]string(nil), u.bodies...)
 }
 
-func newStreamHarness(t *testing.T, mode testutil.Mode, routes ...Route) (*streamUpstream, *harness) {
+func newStreamHarness(t *testing.T, mode testutil.Mode, routes ...profiles.Route) (*streamUpstream, *harness) {
 	up := newStreamUpstream()
 	srv := testutil.NewServer(t, up)
 	t.Cleanup(func() { // before the server's close, which waits for the handlers
@@ -99,7 +100,7 @@ func newStreamHarness(t *testing.T, mode testutil.Mode, routes ...Route) (*strea
 		}
 	})
 	m := testutil.NewMetrics(t)
-	src := NewStaticSource(map[string]*Profile{testAuthority: profileWith(budget10s, routes...)})
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: profileWith(budget10s, routes...)})
 	router := NewRouter(src, WithMeterProvider(m.Provider), WithLogger(quietLogger))
 	t.Cleanup(router.Close)
 	h := &harness{t: t, up: newUpstream(), url: srv.URL, metrics: m, router: router, source: src,
@@ -240,7 +241,7 @@ func TestPipeBodyReplayed(t *testing.T) {
 // whose classes or gRPC status wait on trailers.
 func TestStreamingResponseNotHeld(t *testing.T) {
 	sse := retryRoute("/sse")
-	sse.ResponseClasses = []ResponseClass{{Condition: StatusRange{Min: 500, Max: 599}, IsFailure: true}}
+	sse.ResponseClasses = []profiles.ResponseClass{{Condition: profiles.StatusRange{Min: 500, Max: 599}, IsFailure: true}}
 	cases := []struct {
 		name, path, first string
 		grpc              bool
@@ -295,7 +296,7 @@ func TestStreamingResponseNotHeld(t *testing.T) {
 func TestStreamOutlivesRouteTimeout(t *testing.T) {
 	r := retryRoute("/sse")
 	r.Timeout = 50 * time.Millisecond
-	r.ResponseClasses = []ResponseClass{{Condition: StatusRange{Min: 500, Max: 599}, IsFailure: true}}
+	r.ResponseClasses = []profiles.ResponseClass{{Condition: profiles.StatusRange{Min: 500, Max: 599}, IsFailure: true}}
 	up, h := newStreamHarness(t, testutil.H2C, r)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -362,7 +363,7 @@ func duplexExchange(t *testing.T, url, host string) {
 
 // The router's inbound handler serves HTTP/1 full duplex.
 func TestHandlerServesHTTP1FullDuplex(t *testing.T) {
-	router := NewRouter(NewStaticSource(nil), WithLogger(quietLogger))
+	router := NewRouter(profiles.NewStaticSource(nil), WithLogger(quietLogger))
 	defer router.Close()
 	srv := testutil.NewServer(t, router.Handler(duplexApp))
 	duplexExchange(t, srv.URL+"/upload", testAuthority)
@@ -380,7 +381,7 @@ func TestHandlerServesHTTP1FullDuplex(t *testing.T) {
 // (no chunked framing, no second write), as Go's server sends it. A body
 // left unread still gets its response first.
 func TestHandlerKeepsContentLength(t *testing.T) {
-	router := NewRouter(NewStaticSource(nil), WithLogger(quietLogger))
+	router := NewRouter(profiles.NewStaticSource(nil), WithLogger(quietLogger))
 	defer router.Close()
 	srv := testutil.NewServer(t, router.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/read" {
@@ -442,7 +443,7 @@ func TestRetryWithGetBodyBeforeBodyIsRead(t *testing.T) {
 			mu.Unlock()
 			io.WriteString(w, "ok")
 		}))
-		src := NewStaticSource(map[string]*Profile{testAuthority: profileWith(budget10s, retryRoute("/x"))})
+		src := profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: profileWith(budget10s, retryRoute("/x"))})
 		router := NewRouter(src, WithLogger(quietLogger))
 		defer router.Close()
 		router.destFor(testAuthority)
@@ -464,7 +465,7 @@ func TestRetryWithGetBodyBeforeBodyIsRead(t *testing.T) {
 // is not flushed early, so it keeps its content-length and its
 // end of stream rides on its one DATA frame.
 func TestHandlerUpgradedRequestKeepsContentLength(t *testing.T) {
-	router := NewRouter(NewStaticSource(nil), WithLogger(quietLogger))
+	router := NewRouter(profiles.NewStaticSource(nil), WithLogger(quietLogger))
 	defer router.Close()
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		assert.Equal(t, 1, r.ProtoMajor, "the application sees the HTTP/1 request")

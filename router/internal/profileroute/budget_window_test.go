@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"io"
@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -27,11 +28,11 @@ func (f *failing) RoundTrip(req *http.Request) (*http.Response, error) {
 // budgetRun sends a request every interval for total under 100% failures,
 // delivering the same profile again every redeliver (0: never), and returns
 // the times of the original requests and of the retries.
-func budgetRun(t *testing.T, b RetryBudget, interval, total, redeliver time.Duration) (requests, retries []time.Time) {
+func budgetRun(t *testing.T, b profiles.RetryBudget, interval, total, redeliver time.Duration) (requests, retries []time.Time) {
 	t.Helper()
 	synctest.Test(t, func(t *testing.T) {
 		p := profileWith(&b, retryRoute("/fail"))
-		src := NewStaticSource(map[string]*Profile{testAuthority: p})
+		src := profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: p})
 		router := NewRouter(src, WithLogger(quietLogger))
 		defer router.Close()
 		up := &failing{}
@@ -72,7 +73,7 @@ func budgetRun(t *testing.T, b RetryBudget, interval, total, redeliver time.Dura
 // start is a multiple of step within the run, of the retries in the window
 // to what the budget allows in it: RetryRatio per original request plus
 // MinRetriesPerSecond·TTL.
-func worstWindow(b RetryBudget, requests, retries []time.Time, step time.Duration) (worst float64, at time.Duration) {
+func worstWindow(b profiles.RetryBudget, requests, retries []time.Time, step time.Duration) (worst float64, at time.Duration) {
 	count := func(ts []time.Time, from, to time.Time) int {
 		n := 0
 		for _, x := range ts {
@@ -99,16 +100,16 @@ func worstWindow(b RetryBudget, requests, retries []time.Time, step time.Duratio
 func TestBudgetSurvivesRedelivery(t *testing.T) {
 	cases := []struct {
 		name      string
-		budget    RetryBudget
+		budget    profiles.RetryBudget
 		interval  time.Duration
 		total     time.Duration
 		redeliver time.Duration
 	}{
-		{"default budget, 20 rps, redelivered every second", DefaultRetryBudget(), 50 * time.Millisecond, 30 * time.Second, time.Second},
-		{"minimum only, 10 rps, redelivered every second", RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 1, TTL: 10 * time.Second}, 100 * time.Millisecond, 30 * time.Second, time.Second},
-		{"ratio dominates, 100 rps, never redelivered", RetryBudget{RetryRatio: 0.5, MinRetriesPerSecond: 1, TTL: 10 * time.Second}, 10 * time.Millisecond, 30 * time.Second, 0},
-		{"minimum only, 10 rps, never redelivered", RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 2, TTL: 10 * time.Second}, 100 * time.Millisecond, 30 * time.Second, 0},
-		{"unaligned 3s ttl, 7 rps, redelivered every 700ms", RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 5, TTL: 3 * time.Second}, 143 * time.Millisecond, 15 * time.Second, 700 * time.Millisecond},
+		{"default budget, 20 rps, redelivered every second", profiles.DefaultRetryBudget(), 50 * time.Millisecond, 30 * time.Second, time.Second},
+		{"minimum only, 10 rps, redelivered every second", profiles.RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 1, TTL: 10 * time.Second}, 100 * time.Millisecond, 30 * time.Second, time.Second},
+		{"ratio dominates, 100 rps, never redelivered", profiles.RetryBudget{RetryRatio: 0.5, MinRetriesPerSecond: 1, TTL: 10 * time.Second}, 10 * time.Millisecond, 30 * time.Second, 0},
+		{"minimum only, 10 rps, never redelivered", profiles.RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 2, TTL: 10 * time.Second}, 100 * time.Millisecond, 30 * time.Second, 0},
+		{"unaligned 3s ttl, 7 rps, redelivered every 700ms", profiles.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 5, TTL: 3 * time.Second}, 143 * time.Millisecond, 15 * time.Second, 700 * time.Millisecond},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

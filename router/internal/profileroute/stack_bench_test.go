@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -18,19 +19,19 @@ import (
 const stackAuthority = "books.default.svc.cluster.local:7000"
 
 // booksProfile is a profile of n routes; /books/{id} is the last of them.
-func booksProfile(n int) *Profile {
-	budget := DefaultRetryBudget()
-	p := &Profile{RetryBudget: &budget}
+func booksProfile(n int) *profiles.Profile {
+	budget := profiles.DefaultRetryBudget()
+	p := &profiles.Profile{RetryBudget: &budget}
 	for i := range n - 1 {
-		p.Routes = append(p.Routes, Route{
-			Condition: MatchAll{Method("POST"), PathRegex(fmt.Sprintf("/other/r%d/[^/]+", i))},
+		p.Routes = append(p.Routes, profiles.Route{
+			Condition: profiles.MatchAll{profiles.Method("POST"), profiles.PathRegex(fmt.Sprintf("/other/r%d/[^/]+", i))},
 			Labels:    map[string]string{"route": fmt.Sprintf("POST /other/r%d/{id}", i)},
 		})
 	}
-	p.Routes = append(p.Routes, Route{
-		Condition:       MatchAll{Method("GET"), PathRegex("/books/[^/]+")},
+	p.Routes = append(p.Routes, profiles.Route{
+		Condition:       profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex("/books/[^/]+")},
 		Labels:          map[string]string{"route": "GET /books/{id}"},
-		ResponseClasses: []ResponseClass{{Condition: StatusRange{Min: 500, Max: 599}, IsFailure: true}},
+		ResponseClasses: []profiles.ResponseClass{{Condition: profiles.StatusRange{Min: 500, Max: 599}, IsFailure: true}},
 	})
 	return p
 }
@@ -43,7 +44,7 @@ type stacks struct {
 func newStacks(t testing.TB) stacks {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
-	router := NewRouter(NewStaticSource(map[string]*Profile{stackAuthority: booksProfile(20)}),
+	router := NewRouter(profiles.NewStaticSource(map[string]*profiles.Profile{stackAuthority: booksProfile(20)}),
 		WithMeterProvider(mp), WithLogger(quietLogger), WithLocalAuthorities(stackAuthority))
 	s := stacks{
 		bare:   app,
@@ -121,11 +122,11 @@ func TestInboundStackAllocations(t *testing.T) {
 func BenchmarkProfileUpdate(b *testing.B) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	defer mp.Shutdown(context.Background())
-	src := NewStaticSource(nil)
+	src := profiles.NewStaticSource(nil)
 	router := NewRouter(src, WithMeterProvider(mp), WithLogger(quietLogger), WithLocalAuthorities(stackAuthority))
 	defer router.Close()
 	h := router.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	versions := [2]*Profile{booksProfile(20), booksProfile(20)}
+	versions := [2]*profiles.Profile{booksProfile(20), booksProfile(20)}
 	for i := range versions[1].Routes {
 		versions[1].Routes[i].Labels = map[string]string{"route": fmt.Sprintf("v1 %d", i)}
 	}

@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -76,9 +77,9 @@ type timeoutHarness struct {
 	metrics *testutil.Metrics
 }
 
-func newTimeoutHarness(t *testing.T, up http.RoundTripper, routes ...Route) *timeoutHarness {
-	ample := &RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 100, TTL: 10 * time.Second}
-	src := NewStaticSource(map[string]*Profile{testAuthority: profileWith(ample, routes...)})
+func newTimeoutHarness(t *testing.T, up http.RoundTripper, routes ...profiles.Route) *timeoutHarness {
+	ample := &profiles.RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 100, TTL: 10 * time.Second}
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{testAuthority: profileWith(ample, routes...)})
 	m := testutil.NewMetrics(t)
 	router := NewRouter(src, WithLogger(quietLogger), WithMeterProvider(m.Provider))
 	t.Cleanup(router.Close)
@@ -103,7 +104,7 @@ func (h *timeoutHarness) request(t *testing.T, ctx context.Context, method, path
 	return resp, time.Since(start), err
 }
 
-func timedRoute(path string, timeout time.Duration) Route {
+func timedRoute(path string, timeout time.Duration) profiles.Route {
 	r := retryRoute(path)
 	r.Timeout = timeout
 	return r

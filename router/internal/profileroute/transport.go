@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/profiles"
 )
 
 // Transport returns the outbound side of the router around base (nil:
@@ -59,7 +60,7 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	}
 	p := &exchange.Plan{
 		Provider:   route,
-		Classifier: route.classifier,
+		Classifier: route.ResponseClassifier(),
 		BodyLimit:  MaxRetryBodyBytes,
 		Recorder:   (*profileRecorder)(tg),
 	}
@@ -90,7 +91,7 @@ func (pr *profileRecorder) Done(ctx context.Context, o exchange.Outcome, start t
 // budgetRetry retries a retryable route's failed responses, never its
 // errors, while the profile's budget allows.
 type budgetRetry struct {
-	budget *Budget
+	budget *profiles.Budget
 	tg     *dirTargets
 	fam    *metrics.Counter
 }

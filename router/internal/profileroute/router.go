@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/internal/registry"
+	"github.com/inmesh/inmesh/profiles"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -23,7 +24,7 @@ import (
 // matches. The route goes into the request context ([RouteFromContext]),
 // where classify finds its response classes, and names the route metrics.
 // On the outbound side ([Router.Transport]) the first request to an
-// authority starts a watch on the [Source] and takes the default route:
+// authority starts a watch on the [profiles.Source] and takes the default route:
 // discovery never holds a request back. The inbound side
 // ([Router.Handler]) never starts a watch for the Host a client chose: it
 // routes only the server's own authorities ([WithLocalAuthorities]).
@@ -43,7 +44,7 @@ import (
 // A Router is safe for concurrent use. Close stops its watches; requests
 // after Close take the default route.
 type Router struct {
-	src Source
+	src profiles.Source
 	cfg routerConfig
 	log *ratelog.Logger
 
@@ -83,9 +84,9 @@ func (f *fixedState) Load() *tableState { return f.ts }
 // tableState is a compiled table with what requests need next to it: the
 // budget state and the metric targets of each route.
 type tableState struct {
-	table   *Table
-	budget  *Budget
-	targets map[*CompiledRoute]*routeTargets
+	table   *profiles.Table
+	budget  *profiles.Budget
+	targets map[*profiles.CompiledRoute]*routeTargets
 	def     *routeTargets
 	// first is closed by the authority's first answer from the source;
 	// every state of the authority shares it.
@@ -118,7 +119,7 @@ type dirTargets struct {
 	noBudget  []metric.AddOption
 }
 
-func (ts *tableState) targetsOf(r *CompiledRoute) *routeTargets {
+func (ts *tableState) targetsOf(r *profiles.CompiledRoute) *routeTargets {
 	if t := ts.targets[r]; t != nil {
 		return t
 	}
@@ -127,7 +128,7 @@ func (ts *tableState) targetsOf(r *CompiledRoute) *routeTargets {
 
 // NewRouter returns a Router that watches src (nil: no source, every
 // request takes the default route).
-func NewRouter(src Source, opts ...RouterOption) *Router {
+func NewRouter(src profiles.Source, opts ...RouterOption) *Router {
 	cfg := newRouterConfig(opts)
 	r := &Router{src: src, cfg: cfg, log: ratelog.New(cfg.logger, 0)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -180,7 +181,7 @@ func (r *Router) newState(authority string) *tableState {
 
 // watch starts the profile watch of a new entry.
 func (r *Router) watch(e *registry.Entry[tableState]) (func(), error) {
-	stop, err := r.src.Watch(r.ctx, e.Authority(), func(u Update) { r.apply(e, u) })
+	stop, err := r.src.Watch(r.ctx, e.Authority(), func(u profiles.Update) { r.apply(e, u) })
 	if err != nil {
 		e.Load().first.Answered() // no answer will come: nobody waits for one
 	}
@@ -191,16 +192,16 @@ func (r *Router) watch(e *registry.Entry[tableState]) (func(), error) {
 }
 
 // build compiles the state of a table for authority (nil: the empty table).
-func (r *Router) build(authority string, t *Table) *tableState {
+func (r *Router) build(authority string, t *profiles.Table) *tableState {
 	if t == nil {
-		t, _ = Compile(nil, Options{})
+		t, _ = profiles.Compile(nil, profiles.Options{})
 	}
-	ts := &tableState{table: t, targets: make(map[*CompiledRoute]*routeTargets, len(t.routes))}
+	ts := &tableState{table: t, targets: make(map[*profiles.CompiledRoute]*routeTargets, len(t.Routes()))}
 	if b := t.RetryBudget(); b != nil {
-		ts.budget = NewBudget(*b)
+		ts.budget = profiles.NewBudget(*b)
 	}
 	dst := attribute.String("dst", authority)
-	for _, cr := range t.routes {
+	for _, cr := range t.Routes() {
 		ts.targets[cr] = r.routeTargets(dst, cr.Labels)
 	}
 	ts.def = r.routeTargets(dst, nil)
@@ -253,7 +254,7 @@ func (r *Router) localDestFor(key string) dest {
 }
 
 // label returns the dst label value of authority with table t.
-func (r *Router) label(authority string, t *Table) string {
+func (r *Router) label(authority string, t *profiles.Table) string {
 	if p := t.Profile(); p != nil && (len(p.Routes) > 0 || len(p.DstOverrides) > 0) {
 		return authority
 	}
@@ -264,7 +265,7 @@ func (r *Router) label(authority string, t *Table) string {
 }
 
 // apply compiles a profile update for e and swaps it in.
-func (r *Router) apply(e *registry.Entry[tableState], u Update) {
+func (r *Router) apply(e *registry.Entry[tableState], u profiles.Update) {
 	authority := e.Authority()
 	first := e.Load().first
 	defer first.Answered()
@@ -278,7 +279,7 @@ func (r *Router) apply(e *registry.Entry[tableState], u Update) {
 		}
 		return
 	}
-	t, err := Compile(u.Profile, r.cfg.compile)
+	t, err := profiles.Compile(u.Profile, r.cfg.compile)
 	if err != nil {
 		r.log.WarnErr("reject:"+authority, "rejected profile; keeping the last good one", err, "authority", authority)
 		return
@@ -295,7 +296,7 @@ func (r *Router) apply(e *registry.Entry[tableState], u Update) {
 // Table returns the route table in force for authority (host:port, or a
 // host with the default port), or nil when the router holds no state for
 // it.
-func (r *Router) Table(authority string) *Table {
+func (r *Router) Table(authority string) *profiles.Table {
 	e := r.reg.Lookup(authority)
 	if e == nil {
 		return nil
@@ -321,11 +322,20 @@ func (r *Router) requestKey(req *http.Request) string {
 
 // RouteFromContext returns the route the router chose for the request with
 // context ctx, or nil when no router saw it.
-func RouteFromContext(ctx context.Context) *CompiledRoute {
-	r, _ := classify.ProviderFromContext(ctx).(*CompiledRoute)
+func RouteFromContext(ctx context.Context) *profiles.CompiledRoute {
+	r, _ := classify.ProviderFromContext(ctx).(*profiles.CompiledRoute)
 	return r
 }
 
 func response(status int, c classify.Class) metrics.Response {
 	return metrics.Response{Status: status, Failure: c.Failure, GRPC: c.GRPCStatus, Err: c.Error}
+}
+
+// keepBudget carries prev's budget state into next when both tables run
+// the same retry budget, so that a profile delivered again (a reconnect,
+// an unrelated edit) neither refills nor forgets the budget.
+func keepBudget(prev, next *tableState) {
+	if prev != nil && prev.budget != nil && next.budget != nil && prev.budget.State().RetryBudget == next.budget.State().RetryBudget {
+		next.budget = prev.budget
+	}
 }

@@ -1,16 +1,18 @@
-package profiles
+package profileroute
 
 import (
-	"github.com/inmesh/inmesh/internal/exchange"
-	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
 	"time"
+
+	"github.com/inmesh/inmesh/internal/exchange"
+	"github.com/inmesh/inmesh/internal/registry"
+	"github.com/inmesh/inmesh/profiles"
 
 	"go.opentelemetry.io/otel/metric"
 )
 
 // ScopeName is the instrumentation scope of the route metrics.
-const ScopeName = "github.com/inmesh/inmesh/profiles"
+const ScopeName = "github.com/inmesh/inmesh/router"
 
 // DefaultMaxAuthorities bounds the authorities a [Router] watches.
 const DefaultMaxAuthorities = registry.DefaultMaxEntries
@@ -35,7 +37,7 @@ type routerConfig struct {
 	logger         *slog.Logger
 	maxAuthorities int
 	dstOverride    bool
-	compile        Options
+	compile        profiles.Options
 	defaultPort    string
 	idleTimeout    time.Duration
 	local          []string
@@ -93,7 +95,7 @@ func WithDstOverrideHeader(allow bool) RouterOption {
 }
 
 // WithCompileOptions sets the limits profiles are compiled under.
-func WithCompileOptions(o Options) RouterOption {
+func WithCompileOptions(o profiles.Options) RouterOption {
 	return routerOptionFunc(func(c *routerConfig) { c.compile = o })
 }
 

@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -21,17 +22,17 @@ import (
 // countingSource is a StaticSource that counts the watches open now and
 // ever, and can hold Watch back for one authority.
 type countingSource struct {
-	*StaticSource
+	*profiles.StaticSource
 	open, total atomic.Int32
 	mu          sync.Mutex
 	block       map[string]chan struct{}
 }
 
-func newCountingSource(m map[string]*Profile) *countingSource {
-	return &countingSource{StaticSource: NewStaticSource(m), block: map[string]chan struct{}{}}
+func newCountingSource(m map[string]*profiles.Profile) *countingSource {
+	return &countingSource{StaticSource: profiles.NewStaticSource(m), block: map[string]chan struct{}{}}
 }
 
-func (s *countingSource) Watch(ctx context.Context, authority string, update func(Update)) (func(), error) {
+func (s *countingSource) Watch(ctx context.Context, authority string, update func(profiles.Update)) (func(), error) {
 	s.mu.Lock()
 	ch := s.block[authority]
 	s.mu.Unlock()
@@ -75,9 +76,9 @@ func TestNewRouterWithoutSource(t *testing.T) {
 func TestInboundRoutesOnlyLocalAuthorities(t *testing.T) {
 	m := testutil.NewMetrics(t)
 	const self = "books.default.svc.cluster.local:7000"
-	src := newCountingSource(map[string]*Profile{
-		self:                {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "self"}}}},
-		"victim.example:80": {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "victim"}}}},
+	src := newCountingSource(map[string]*profiles.Profile{
+		self:                {Routes: []profiles.Route{{Condition: profiles.MatchAll{}, Labels: map[string]string{"route": "self"}}}},
+		"victim.example:80": {Routes: []profiles.Route{{Condition: profiles.MatchAll{}, Labels: map[string]string{"route": "victim"}}}},
 	})
 	router := NewRouter(src, WithLogger(quietLogger), WithMeterProvider(m.Provider), WithLocalAuthorities(self))
 	defer router.Close()
@@ -108,17 +109,17 @@ func TestInboundRoutesOnlyLocalAuthorities(t *testing.T) {
 // An authority no request uses for the idle timeout is released: its watch
 // stops. Used again, it is watched again and gets its profile.
 func TestIdleAuthorityStopsItsWatch(t *testing.T) {
-	src := newCountingSource(map[string]*Profile{
-		testAuthority: {Routes: []Route{{Condition: MatchAll{}, Labels: map[string]string{"route": "r"}}}},
+	src := newCountingSource(map[string]*profiles.Profile{
+		testAuthority: {Routes: []profiles.Route{{Condition: profiles.MatchAll{}, Labels: map[string]string{"route": "r"}}}},
 	})
 	router := NewRouter(src, WithLogger(quietLogger), WithIdleTimeout(50*time.Millisecond))
 	defer router.Close()
-	route := make(chan *CompiledRoute, 1)
+	route := make(chan *profiles.CompiledRoute, 1)
 	rt := router.Transport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		route <- RouteFromContext(r.Context())
 		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: r}, nil
 	}))
-	get := func(host string) *CompiledRoute {
+	get := func(host string) *profiles.CompiledRoute {
 		req, _ := http.NewRequest("GET", "http://"+host+"/", nil)
 		resp, err := rt.RoundTrip(req)
 		require.NoError(t, err)
@@ -188,7 +189,7 @@ func TestAuthorityBoundEvicts(t *testing.T) {
 }
 
 func TestRouterLookupAllocatesNothing(t *testing.T) {
-	router := NewRouter(NewStaticSource(nil), WithLogger(quietLogger), WithLocalAuthorities(testAuthority))
+	router := NewRouter(profiles.NewStaticSource(nil), WithLogger(quietLogger), WithLocalAuthorities(testAuthority))
 	defer router.Close()
 	router.destFor(testAuthority)
 	router.localDestFor(testAuthority)

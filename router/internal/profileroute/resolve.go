@@ -1,8 +1,9 @@
-package profiles
+package profileroute
 
 import (
-	"encoding/json"
 	"net/http"
+
+	"github.com/inmesh/inmesh/profiles"
 )
 
 // Resolved is the profile state of one request's authority, read once:
@@ -28,10 +29,10 @@ func (r *Router) Resolve(req *http.Request) Resolved {
 func (v Resolved) Discovered() <-chan struct{} { return v.ts.first.Done() }
 
 // Table returns the route table in force.
-func (v Resolved) Table() *Table { return v.ts.table }
+func (v Resolved) Table() *profiles.Table { return v.ts.table }
 
 // Budget returns the retry budget of the profile, nil when it has none.
-func (v Resolved) Budget() *Budget { return v.ts.budget }
+func (v Resolved) Budget() *profiles.Budget { return v.ts.budget }
 
 // Applies reports whether the profile has routes or destination
 // overrides, and so takes precedence over an outbound policy.
@@ -44,33 +45,4 @@ func (v Resolved) Applies() bool {
 // Transport does.
 func (v Resolved) RoundTrip(base http.RoundTripper, req *http.Request) (*http.Response, error) {
 	return v.r.roundTrip(base, req, v.ts)
-}
-
-// BudgetState is what a [Budget] holds at one moment, for introspection.
-type BudgetState struct {
-	RetryBudget
-	// Deposits counts the requests of the current window; Withdrawals the
-	// retries taken over it, paid by deposits or by the minimum.
-	Deposits, Withdrawals int64
-}
-
-// MarshalJSON writes the state with the field names of the rest of a route
-// explanation and the window as a duration ("10s"), as a ServiceProfile
-// writes it: {"retryRatio":0.2,"minRetriesPerSecond":10,"ttl":"10s",
-// "deposits":N,"withdrawals":M}.
-func (s BudgetState) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		RetryRatio          float32 `json:"retryRatio"`
-		MinRetriesPerSecond uint32  `json:"minRetriesPerSecond"`
-		TTL                 string  `json:"ttl"`
-		Deposits            int64   `json:"deposits"`
-		Withdrawals         int64   `json:"withdrawals"`
-	}{s.RetryRatio, s.MinRetriesPerSecond, s.TTL.String(), s.Deposits, s.Withdrawals})
-}
-
-// State returns the budget's parameters and counts.
-func (b *Budget) State() BudgetState {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return BudgetState{RetryBudget: b.params, Deposits: b.depositSum, Withdrawals: b.paidSum + b.minimumSum}
 }

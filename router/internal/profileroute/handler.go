@@ -1,4 +1,4 @@
-package profiles
+package profileroute
 
 import (
 	"io"
@@ -66,7 +66,7 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if duplex != nil && !st.Hijacked {
 		endDuplex(ww, duplex, st.Status != 0)
 	}
-	tg.route.Response(ctx, response(classify.Finish(route.classifier, req, st)), start)
+	tg.route.Response(ctx, response(classify.Finish(route.ResponseClassifier(), req, st)), start)
 	st.Release()
 }
 
