@@ -33,12 +33,49 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Option configures [NewClient] and [NewServer].
-type Option interface{ apply(*config) }
+// ClientOption configures [NewClient]; ServerOption configures
+// [NewServer]. An Option configures either: the options both stacks share.
+// An option of one stack given to the other does not compile.
+type (
+	ClientOption interface{ applyClient(*config) }
+	ServerOption interface{ applyServer(*config) }
+	Option       interface {
+		ClientOption
+		ServerOption
+	}
+)
 
-type optionFunc func(*config)
+// ClientOptions returns shared options as client options, so that a slice
+// of them can be given to [NewClient] with options of its own.
+func ClientOptions(opts ...Option) []ClientOption {
+	out := make([]ClientOption, len(opts))
+	for i, o := range opts {
+		out[i] = o
+	}
+	return out
+}
 
-func (f optionFunc) apply(c *config) { f(c) }
+// ServerOptions returns shared options as server options, for [NewServer].
+func ServerOptions(opts ...Option) []ServerOption {
+	out := make([]ServerOption, len(opts))
+	for i, o := range opts {
+		out[i] = o
+	}
+	return out
+}
+
+// optionFunc is an option of both stacks, clientOption and serverOption
+// options of one.
+type (
+	optionFunc   func(*config)
+	clientOption func(*config)
+	serverOption func(*config)
+)
+
+func (f optionFunc) applyClient(c *config)   { f(c) }
+func (f optionFunc) applyServer(c *config)   { f(c) }
+func (f clientOption) applyClient(c *config) { f(c) }
+func (f serverOption) applyServer(c *config) { f(c) }
 
 type config struct {
 	mp             metric.MeterProvider
@@ -64,8 +101,8 @@ type config struct {
 // authority's first profile and policy answers before it takes a route
 // (see router.WithDiscoveryWait). By default discovery never blocks: the
 // first request to an authority takes the default route at once.
-func WithDiscoveryWait(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.discoveryWait = d })
+func WithDiscoveryWait(d time.Duration) ClientOption {
+	return clientOption(func(c *config) { c.discoveryWait = d })
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -90,34 +127,46 @@ func WithProfiles(src profiles.Source) Option { return optionFunc(func(c *config
 
 // WithPolicies sets the source of outbound policies (HTTPRoute and
 // GRPCRoute) the outbound stack routes by where no ServiceProfile with
-// routes applies (default: the destination client's OutboundPolicies
-// API). A nil source turns policy routing off.
-func WithPolicies(src policy.Source) Option {
-	return optionFunc(func(c *config) { c.policies, c.noPolicies = src, src == nil })
+// routes applies (default, and with nil: the destination client's
+// OutboundPolicies API).
+func WithPolicies(src policy.Source) ClientOption {
+	return clientOption(func(c *config) {
+		if src != nil {
+			c.policies, c.noPolicies = src, false
+		}
+	})
+}
+
+// WithoutPolicies turns policy routing off: every request the profiles do
+// not route takes the default route.
+func WithoutPolicies() ClientOption {
+	return clientOption(func(c *config) { c.policies, c.noPolicies = nil, true })
 }
 
 // WithEndpoints sets the source of endpoints the outbound stack balances
 // over (default: the destination client; with neither, requests go to
 // their own address), such as a [balancer.StaticSource].
-func WithEndpoints(src balancer.Source) Option {
-	return optionFunc(func(c *config) { c.endpoints = src })
+func WithEndpoints(src balancer.Source) ClientOption {
+	return clientOption(func(c *config) { c.endpoints = src })
 }
 
 // WithBalancerOptions adds options of the outbound balancer (resolve
 // timeout, fallback, peak-EWMA parameters, error penalty). The stack's
 // logger, profile source and authority bound come first, so these
 // override them.
-func WithBalancerOptions(opts ...balancer.Option) Option {
-	return optionFunc(func(c *config) { c.balancerOpts = append(c.balancerOpts, opts...) })
+func WithBalancerOptions(opts ...balancer.Option) ClientOption {
+	return clientOption(func(c *config) { c.balancerOpts = append(c.balancerOpts, opts...) })
 }
 
 // WithTrust sets which inbound peers are mesh peers (see
 // origproto.WithTrust).
-func WithTrust(f func(*http.Request) bool) Option { return optionFunc(func(c *config) { c.trust = f }) }
+func WithTrust(f func(*http.Request) bool) ServerOption {
+	return serverOption(func(c *config) { c.trust = f })
+}
 
 // WithTrustedNetworks adds networks of trusted inbound peers.
-func WithTrustedNetworks(nets ...netip.Prefix) Option {
-	return optionFunc(func(c *config) { c.networks = append(c.networks, nets...) })
+func WithTrustedNetworks(nets ...netip.Prefix) ServerOption {
+	return serverOption(func(c *config) { c.networks = append(c.networks, nets...) })
 }
 
 // WithMaxAuthorities bounds the authorities routed by profile and those
@@ -140,8 +189,8 @@ func WithIdleTimeout(d time.Duration) Option {
 // WithDialContext sets how the outbound stack opens connections, to an
 // endpoint or a fallback address (default: a net.Dialer); nil changes
 // nothing.
-func WithDialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
-	return optionFunc(func(c *config) {
+func WithDialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) ClientOption {
+	return clientOption(func(c *config) {
 		if dial != nil {
 			c.dial = dial
 		}
@@ -153,8 +202,8 @@ func WithDialContext(dial func(ctx context.Context, network, addr string) (net.C
 // router.WithLocalAuthorities). Without it every inbound request takes
 // the default route, and no Host a client sends makes the stack watch
 // anything.
-func WithLocalAuthorities(authorities ...string) Option {
-	return optionFunc(func(c *config) { c.local = append(c.local, authorities...) })
+func WithLocalAuthorities(authorities ...string) ServerOption {
+	return serverOption(func(c *config) { c.local = append(c.local, authorities...) })
 }
 
 // WithIdentity makes the stacks meshed mTLS peers with the identity local:
@@ -173,13 +222,27 @@ func WithIdentity(local *identity.Local) Option {
 	})
 }
 
-func newConfig(opts []Option) config {
+func newClientConfig(opts []ClientOption) config {
 	var c config
 	for _, o := range opts {
 		if o != nil {
-			o.apply(&c)
+			o.applyClient(&c)
 		}
 	}
+	return c.withDefaults()
+}
+
+func newServerConfig(opts []ServerOption) config {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o.applyServer(&c)
+		}
+	}
+	return c.withDefaults()
+}
+
+func (c config) withDefaults() config {
 	if c.source == nil && c.dst != nil {
 		c.source = c.dst
 	}
@@ -225,8 +288,8 @@ type Client struct {
 // connect-go, whatever ProtoMajor it sets) go as HTTP/2 with prior
 // knowledge, and the errors the stack answers itself reach a gRPC client
 // as gRPC statuses.
-func NewClient(opts ...Option) *Client {
-	c := newConfig(opts)
+func NewClient(opts ...ClientOption) *Client {
+	c := newClientConfig(opts)
 	cl := &Client{}
 	cl.h1, cl.h2 = c.transports()
 	topts := []origproto.Option{origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2), origproto.WithDialContext(c.dial)}
@@ -295,8 +358,8 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 // request body still arrives. A request that came as HTTP/2 reaches app
 // as HTTP/2, trailers and streaming intact, so app may be a grpc.Server
 // (which is an http.Handler).
-func NewServer(app http.Handler, opts ...Option) *Server {
-	c := newConfig(opts)
+func NewServer(app http.Handler, opts ...ServerOption) *Server {
+	c := newServerConfig(opts)
 	s := &Server{router: router.New(append(c.routerOptions(), router.WithLocalAuthorities(c.local...))...), identity: c.identity}
 	var hopts []origproto.HandlerOption
 	if c.trust != nil {

@@ -23,8 +23,8 @@ const (
 // WithIdleConnTimeout sets how long the outbound stack keeps an idle
 // connection, HTTP/1 or HTTP/2 (default [DefaultIdleConnTimeout]); d <= 0
 // changes nothing.
-func WithIdleConnTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
+func WithIdleConnTimeout(d time.Duration) ClientOption {
+	return clientOption(func(c *config) {
 		if d > 0 {
 			c.conns.IdleConnTimeout = d
 		}
@@ -35,8 +35,8 @@ func WithIdleConnTimeout(d time.Duration) Option {
 // total and per host (defaults [DefaultMaxIdleConns] and
 // [DefaultMaxIdleConnsPerHost]); a value <= 0 keeps its default. Past the
 // cap, a connection returned to the pool is closed.
-func WithMaxIdleConns(total, perHost int) Option {
-	return optionFunc(func(c *config) {
+func WithMaxIdleConns(total, perHost int) ClientOption {
+	return clientOption(func(c *config) {
 		if total > 0 {
 			c.conns.MaxIdleConns = total
 		}

@@ -121,7 +121,8 @@ func newStack(app http.Handler, mp metric.MeterProvider, src profiles.Source, ds
 	} else {
 		opts = append(opts, mesh.WithProfiles(src))
 	}
-	return &stack{server: mesh.NewServer(app, append(opts, mesh.WithLocalAuthorities(local...))...), client: mesh.NewClient(opts...)}
+	return &stack{server: mesh.NewServer(app, append(mesh.ServerOptions(opts...), mesh.WithLocalAuthorities(local...))...),
+		client: mesh.NewClient(mesh.ClientOptions(opts...)...)}
 }
 
 func (s *stack) close() {

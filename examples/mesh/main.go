@@ -126,7 +126,7 @@ func run(o options, out io.Writer) error {
 
 	// The server peer: the books app behind the inbound stack, on one port
 	// for HTTP/1 and h2c.
-	inbound := mesh.NewServer(booksapp.Handler(500*time.Millisecond), opts...)
+	inbound := mesh.NewServer(booksapp.Handler(500*time.Millisecond), mesh.ServerOptions(opts...)...)
 	defer inbound.Close()
 	var peerConns atomic.Int32
 	peer := httptest.NewUnstartedServer(nil)
@@ -146,7 +146,7 @@ func run(o options, out io.Writer) error {
 	fmt.Fprintf(out, "control plane on %s, books peer on %s\n", lis.Addr(), peer.Listener.Addr())
 
 	// The client peer.
-	client := mesh.NewClient(opts...)
+	client := mesh.NewClient(mesh.ClientOptions(opts...)...)
 	defer client.Close()
 	hc := &http.Client{Transport: client, Timeout: 10 * time.Second}
 	if err := waitForRoutes(hc, client.Router()); err != nil {

@@ -188,14 +188,14 @@ func TestClientResetsAreNotLogged(t *testing.T) {
 	}
 
 	opts := []mesh.Option{mesh.WithLogger(log)}
-	client := mesh.NewClient(opts...)
+	client := mesh.NewClient(mesh.ClientOptions(opts...)...)
 	defer client.Close()
 	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
 	outbound := origproto.NewServer(fullDuplex(count(outboundProxy(client, outLog))))
 	outbound.ErrorLog = outLog.ErrorLog()
 	toApp, closeApp := appTransport()
 	defer closeApp()
-	inboundStack := mesh.NewServer(count(inboundProxy(appURL, toApp, inLog)), opts...)
+	inboundStack := mesh.NewServer(count(inboundProxy(appURL, toApp, inLog)), mesh.ServerOptions(opts...)...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ErrorLog = inLog.ErrorLog()

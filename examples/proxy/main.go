@@ -165,22 +165,23 @@ func run(f flags, log *slog.Logger) error {
 	}
 	defer dst.Close()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
-		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)),
-		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithLocalAuthorities(f.local...), mesh.WithIdentity(local),
-		mesh.WithDiscoveryWait(f.discoveryWait)}
+		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local)}
 	if f.maxAuthorities > 0 {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
 	}
+	clientOpts := append(mesh.ClientOptions(opts...),
+		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)), mesh.WithDiscoveryWait(f.discoveryWait))
+	serverOpts := append(mesh.ServerOptions(opts...), mesh.WithLocalAuthorities(f.local...))
 	if f.policyAddr != "" {
 		pol, err := destination.Dial(f.policyAddr, dstOpts...)
 		if err != nil {
 			return fmt.Errorf("-policy: %w", err)
 		}
 		defer pol.Close()
-		opts = append(opts, mesh.WithPolicies(pol.Policies()))
+		clientOpts = append(clientOpts, mesh.WithPolicies(pol.Policies()))
 	}
 
-	client := mesh.NewClient(opts...)
+	client := mesh.NewClient(clientOpts...)
 	defer client.Close()
 	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
 	outbound := origproto.NewServer(fullDuplex(outboundProxy(client, outLog)))
@@ -189,7 +190,7 @@ func run(f flags, log *slog.Logger) error {
 
 	toApp, closeApp := appTransport()
 	defer closeApp()
-	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), opts...)
+	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), serverOpts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ErrorLog = inLog.ErrorLog()
