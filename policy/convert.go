@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/httproutepb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
-	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -640,8 +640,8 @@ func backendFromProto(b *outboundpb.Backend, path string) (Backend, error) {
 
 // endpointFromProto decodes a forward address: its IP address, port,
 // weight, labels, identity, HTTP/2 hint and authority override.
-func endpointFromProto(w *pb.WeightedAddr, path string) (profiles.Endpoint, error) {
-	var e profiles.Endpoint
+func endpointFromProto(w *pb.WeightedAddr, path string) (endpoint.Endpoint, error) {
+	var e endpoint.Endpoint
 	a := w.GetAddr()
 	if a.GetPort() > math.MaxUint16 {
 		return e, errAt(path+".addr.port", "%d is out of range", a.GetPort())

@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/grpcroutepb"
 	"github.com/inmesh/inmesh/destination/httproutepb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
-	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -160,7 +160,7 @@ func TestFromProtoHTTP(t *testing.T) {
 	assert.Equal(t, Queue{Capacity: 100, FailFastTimeout: 3 * time.Second}, bal.Backend.Queue)
 	fwd := rule.Backends.Backends[1]
 	assert.Equal(t, uint32(10), fwd.Weight)
-	assert.Equal(t, &profiles.Endpoint{
+	assert.Equal(t, &endpoint.Endpoint{
 		Addr: netip.MustParseAddrPort("127.0.0.1:9000"), Weight: 5,
 		Identity: "books.ns.serviceaccount.identity.linkerd.cluster.local", H2: true,
 	}, fwd.Backend.Forward)
