@@ -61,6 +61,10 @@ func TestPackageBoundaries(t *testing.T) {
 			return strings.HasPrefix(dep, "google.golang.org/protobuf/") || dep == "google.golang.org/grpc" ||
 				strings.HasPrefix(dep, mod+"destination") || dep == mod+"balancer" || dep == mod+"policy"
 		}},
+		{"policy", func(dep string) bool {
+			return strings.HasPrefix(dep, "google.golang.org/protobuf/") || dep == "google.golang.org/grpc" ||
+				strings.HasPrefix(dep, mod+"destination") || dep == mod+"balancer" || dep == mod+"profiles"
+		}},
 		{"balancer", func(dep string) bool {
 			return dep == mod+"profiles" || dep == mod+"policy" || strings.HasPrefix(dep, mod+"destination") || dep == mod+"router"
 		}},
