@@ -56,8 +56,9 @@ func NewStaticSource(m map[string][]endpoint.Endpoint) (*StaticSource, error) {
 
 // Set makes eps the endpoints of authority (an empty list: the service
 // exists with no endpoints, requests fail fast). A zero weight becomes
-// [endpoint.DefaultWeight]. It fails on an authority that is not host:port, or an
-// endpoint without an address and port; the last good set stays.
+// [endpoint.DefaultWeight]. It fails on an authority that is not
+// host:port, or an endpoint without an address and port; the last good set
+// stays.
 func (s *StaticSource) Set(authority string, eps []endpoint.Endpoint) error {
 	a, err := authpkg.Normalize(authority)
 	if err != nil {

@@ -384,8 +384,11 @@ func EndpointToProto(e endpoint.Endpoint) *pb.WeightedAddr {
 	return w
 }
 
-// EndpointFromProto decodes an endpoint; setLabels are the labels of the
-// set it came in, under its own. A zero weight becomes [endpoint.DefaultWeight].
+// EndpointFromProto decodes an endpoint of the Get stream or a policy's
+// forward backend; setLabels are the labels of the set it came in, under
+// its own. A zero weight becomes [endpoint.DefaultWeight]; labels beyond
+// the bounds ([MaxEndpointLabels], [MaxLabelKeyLen], [MaxLabelValueLen])
+// are an error naming path.metric_labels.
 func EndpointFromProto(w *pb.WeightedAddr, setLabels map[string]string, path string) (endpoint.Endpoint, error) {
 	addr, err := AddrFromProto(w.GetAddr())
 	if err != nil {
