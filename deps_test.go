@@ -2,8 +2,12 @@ package inmesh
 
 import (
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // The library's module carries only what its packages need: the
@@ -24,6 +28,51 @@ func TestLibraryModuleDependencies(t *testing.T) {
 	} {
 		if strings.Contains(string(data), forbidden) {
 			t.Errorf("go.mod requires %s, which only the examples module may", forbidden)
+		}
+	}
+}
+
+// deps lists the packages pkg imports, directly or not (go list -deps).
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to list the imports with")
+	}
+	out, err := exec.Command(goTool, "list", "-deps", pkg).Output()
+	require.NoError(t, err)
+	return strings.Fields(string(out))
+}
+
+// The models are plain data and the balancer knows no routing model: the
+// arrows between packages point one way, as the package documentation
+// says.
+func TestPackageBoundaries(t *testing.T) {
+	const mod = "github.com/inmesh/inmesh/"
+	for _, tc := range []struct {
+		pkg       string
+		forbidden func(dep string) bool
+	}{
+		{"balancer/endpoint", func(dep string) bool {
+			first, _, _ := strings.Cut(dep, "/")
+			return strings.Contains(first, ".") // the standard library only
+		}},
+		{"profiles", func(dep string) bool {
+			return strings.HasPrefix(dep, "google.golang.org/protobuf/") || dep == "google.golang.org/grpc" ||
+				strings.HasPrefix(dep, mod+"destination") || dep == mod+"balancer" || dep == mod+"policy"
+		}},
+		{"policy", func(dep string) bool {
+			return strings.HasPrefix(dep, "google.golang.org/protobuf/") || dep == "google.golang.org/grpc" ||
+				strings.HasPrefix(dep, mod+"destination") || dep == mod+"balancer" || dep == mod+"profiles"
+		}},
+		{"balancer", func(dep string) bool {
+			return dep == mod+"profiles" || dep == mod+"policy" || strings.HasPrefix(dep, mod+"destination") || dep == mod+"router"
+		}},
+	} {
+		for _, dep := range deps(t, mod+tc.pkg) {
+			if dep != mod+tc.pkg {
+				assert.False(t, tc.forbidden(dep), "%s imports %s", tc.pkg, dep)
+			}
 		}
 	}
 }

@@ -12,13 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/internal/registry"
 	origproto "github.com/inmesh/inmesh/orig-proto"
-	"github.com/inmesh/inmesh/profiles"
 )
 
 // ErrClosed is why a closed [Balancer] cannot resolve an authority it was
@@ -27,8 +27,8 @@ var ErrClosed = errors.New("balancer: closed")
 
 // Balancer resolves each request's authority through a [Source] and sends
 // the request to one of its endpoints, picked by power of two choices over
-// peak-EWMA load (see the package documentation). With [WithProfiles], a
-// request first goes to one of its authority's dst overrides by weight.
+// peak-EWMA load (see the package documentation). With [WithSplits], a
+// request first goes to one of its authority's split backends by weight.
 //
 // While an authority has no answer yet, a request waits at most the
 // resolve timeout, then gets a 503 with l5d-proxy-error. An authority with
@@ -106,7 +106,7 @@ type authority struct {
 	name     string
 	split    atomic.Pointer[Split]
 	watching atomic.Bool // endpoints
-	splitOn  atomic.Bool // profile
+	splitOn  atomic.Bool // split
 	def      *group
 	cur      atomic.Pointer[group]     // the group of the latest request, for Ready and Endpoints
 	recent   atomic.Pointer[[]confRef] // the configurations seen last, newest first
@@ -175,7 +175,7 @@ func (a *authority) each(f func(*group)) {
 
 // update makes u the answer of every group of a; it returns the default
 // group's snapshots before and after.
-func (a *authority) update(u Update, defaultRTT float64, now int64) (prev, next *snapshot) {
+func (a *authority) update(u endpoint.Update, defaultRTT float64, now int64) (prev, next *snapshot) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	prev = a.def.state.Load()
@@ -291,10 +291,10 @@ func (b *Balancer) endpoints(a *authority, g *group) *snapshot {
 
 func (b *Balancer) watchEndpoints(a *authority) {
 	if b.ctx.Err() != nil {
-		a.update(Update{Err: ErrClosed}, b.rtt, b.cfg.now())
+		a.update(endpoint.Update{Err: ErrClosed}, b.rtt, b.cfg.now())
 		return
 	}
-	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u Update) {
+	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u endpoint.Update) {
 		if u.Set == nil && u.Err == nil {
 			return
 		}
@@ -306,24 +306,20 @@ func (b *Balancer) watchEndpoints(a *authority) {
 	})
 	if err != nil {
 		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
-		a.update(Update{Err: err}, b.rtt, b.cfg.now())
+		a.update(endpoint.Update{Err: err}, b.rtt, b.cfg.now())
 		return
 	}
 	a.keep(stop)
 }
 
-// watchSplit watches the profile of a request's authority for its dst
-// overrides, on first use.
+// watchSplit watches the traffic split of a request's authority, on first
+// use.
 func (b *Balancer) watchSplit(a *authority) {
-	if b.cfg.profiles == nil || a.splitOn.Load() || !a.splitOn.CompareAndSwap(false, true) {
+	if b.cfg.splits == nil || a.splitOn.Load() || !a.splitOn.CompareAndSwap(false, true) {
 		return
 	}
-	stop, err := b.cfg.profiles.Watch(b.ctx, a.name, func(u profiles.Update) {
-		var s *Split
-		if u.Profile != nil {
-			s = NewSplit(u.Profile.DstOverrides)
-		}
-		a.split.Store(s)
+	stop, err := b.cfg.splits.WatchSplit(b.ctx, a.name, func(dsts []endpoint.WeightedDst) {
+		a.split.Store(NewSplit(dsts))
 	})
 	if err != nil {
 		b.log.Warn("watch split", "cannot watch the traffic split", "authority", a.name, "error", err)
@@ -447,7 +443,7 @@ const queuePoll = 10 * time.Millisecond
 // timeout; past the capacity it refuses at once. It returns the endpoint,
 // or the response (503 fail-fast or load-shed) or error (the request's
 // own) to answer with.
-func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string) (*endpoint, bool, *http.Response, error) {
+func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string) (*member, bool, *http.Response, error) {
 	conf := g.conf
 	if g.queued.Add(1) > int64(conf.queueCap) {
 		g.queued.Add(-1)
@@ -502,7 +498,7 @@ func (b *Balancer) wait(req *http.Request, g *group, s *snapshot) (*snapshot, er
 
 // send sends req to e and accounts for it in e's load until the response
 // body ends.
-func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
+func (t *transport) send(req *http.Request, host string, e *member, probe bool, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
 	b := t.b
 	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
 	if e.Identity != "" {
@@ -571,7 +567,7 @@ func (t *transport) send(req *http.Request, host string, e *endpoint, probe bool
 
 // record folds an outcome into e's accrual; an endpoint back in rotation
 // wakes the queue.
-func (b *Balancer) record(e *endpoint, o outcome, probe bool, now int64) {
+func (b *Balancer) record(e *member, o outcome, probe bool, now int64) {
 	if e.load.record(o, probe, now, b.conf(e.group()).acc, e.group()) {
 		e.group().notify()
 	}
@@ -583,7 +579,7 @@ func (b *Balancer) record(e *endpoint, o outcome, probe bool, now int64) {
 type pendingBody struct {
 	io.ReadCloser
 	b    *Balancer
-	e    *endpoint
+	e    *member
 	load *load
 	ctx  context.Context
 	resp *http.Response
@@ -642,8 +638,8 @@ type endpointKey struct{}
 // EndpointFromContext returns the endpoint a [Balancer] picked for the
 // request with context ctx (its address, weight, labels, identity and
 // protocol hints), or nil. The endpoint is shared and must not be changed.
-func EndpointFromContext(ctx context.Context) *Endpoint {
-	e, _ := ctx.Value(endpointKey{}).(*Endpoint)
+func EndpointFromContext(ctx context.Context) *endpoint.Endpoint {
+	e, _ := ctx.Value(endpointKey{}).(*endpoint.Endpoint)
 	return e
 }
 
@@ -671,7 +667,7 @@ func (t *table) init(cfg config, def *groupConf) {
 	t.closed = newAuthority("", def)
 	t.closed.watching.Store(true)
 	t.closed.splitOn.Store(true)
-	t.closed.update(Update{Err: ErrClosed}, 0, 0)
+	t.closed.update(endpoint.Update{Err: ErrClosed}, 0, 0)
 	t.reg = registry.New(func(name string) *authority { return newAuthority(name, def) }, func(e *registry.Entry[authority]) (func(), error) {
 		a := e.Load()
 		t.live.Store(a, struct{}{})

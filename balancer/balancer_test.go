@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -27,7 +29,7 @@ func TestRoutesToEndpoints(t *testing.T) {
 	a, b := backend(t, "a"), backend(t, "b")
 	a.H2 = true // a is a mesh peer: upgraded
 	store := destination.NewStore()
-	store.PutEndpoints(books+":7000", []Endpoint{a, b})
+	store.PutEndpoints(books+":7000", []endpoint.Endpoint{a, b})
 	_, client := newClient(t, controlPlane(t, store))
 	seen := map[string]int{}
 	for range 200 {
@@ -46,7 +48,7 @@ func TestWeights(t *testing.T) {
 	// A still clock: every RTT sample is 0, so a slow answer on a loaded
 	// machine cannot make load decide instead of the weights.
 	clock := &fakeClock{}
-	_, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {a, b}}), withClock(clock.read))
+	_, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {a, b}}), withClock(clock.read))
 	count := map[string]int{}
 	for range 400 {
 		_, body, _ := fetch(t, client, "http://"+books+":7000/")
@@ -59,7 +61,7 @@ func TestWeights(t *testing.T) {
 }
 
 func TestFailsFast(t *testing.T) {
-	src := staticSource(t, map[string][]Endpoint{"empty.ns.svc.cluster.local:80": nil})
+	src := staticSource(t, map[string][]endpoint.Endpoint{"empty.ns.svc.cluster.local:80": nil})
 	_, client := newClient(t, src, WithFallback(false))
 	status, _, h := fetch(t, client, "http://empty.ns.svc.cluster.local/")
 	assert.Equal(t, 503, status)
@@ -91,7 +93,7 @@ func TestFallsBackForUnknownService(t *testing.T) {
 // that is slow to answer.
 type silentSource struct{}
 
-func (silentSource) WatchEndpoints(ctx context.Context, _ string, _ func(Update)) (func(), error) {
+func (silentSource) WatchEndpoints(ctx context.Context, _ string, _ func(endpoint.Update)) (func(), error) {
 	return func() {}, nil
 }
 
@@ -118,11 +120,11 @@ func TestLabelsMetrics(t *testing.T) {
 	a := backend(t, "a")
 	a.Labels = map[string]string{"pod": "books-0"}
 	m := testutil.NewMetrics(t)
-	b := New(staticSource(t, map[string][]Endpoint{books + ":7000": {a}}), WithLogger(quietLogger))
+	b := New(staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {a}}), WithLogger(quietLogger))
 	defer b.Close()
 	h1 := &http.Transport{}
 	defer h1.CloseIdleConnections()
-	picked := make(chan *Endpoint, 1)
+	picked := make(chan *endpoint.Endpoint, 1)
 	spy := roundTrip(func(r *http.Request) (*http.Response, error) {
 		picked <- EndpointFromContext(r.Context())
 		return h1.RoundTrip(r)
@@ -144,7 +146,7 @@ func TestHostAndAuthorityOverride(t *testing.T) {
 	plain := backend(t, "p")
 	over := backend(t, "o")
 	over.AuthorityOverride = "books-west.example.com:7000"
-	src := staticSource(t, map[string][]Endpoint{books + ":7000": {plain}, "west.ns.svc.cluster.local:80": {over}})
+	src := staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {plain}, "west.ns.svc.cluster.local:80": {over}})
 	_, client := newClient(t, src)
 	_, body, _ := fetch(t, client, "http://"+books+":7000/")
 	assert.Equal(t, "p HTTP/1.1 "+books+":7000", body)
@@ -163,13 +165,13 @@ func TestHostAndAuthorityOverride(t *testing.T) {
 // the profile's overrides change.
 func TestTrafficSplit(t *testing.T) {
 	store := destination.NewStore()
-	store.PutEndpoints("books-v1.default.svc.cluster.local:7000", []Endpoint{backend(t, "1")})
-	store.PutEndpoints("books-v2.default.svc.cluster.local:7000", []Endpoint{backend(t, "2")})
-	store.PutEndpoints(books+":7000", []Endpoint{backend(t, "o")})
+	store.PutEndpoints("books-v1.default.svc.cluster.local:7000", []endpoint.Endpoint{backend(t, "1")})
+	store.PutEndpoints("books-v2.default.svc.cluster.local:7000", []endpoint.Endpoint{backend(t, "2")})
+	store.PutEndpoints(books+":7000", []endpoint.Endpoint{backend(t, "o")})
 	cp := controlPlane(t, store)
-	_, client := newClient(t, cp, WithProfiles(cp))
+	_, client := newClient(t, cp, WithSplits(profiles.Splits(cp)))
 	setSplit := func(w1, w2 uint32) {
-		store.PutServiceProfile(&profiles.ServiceProfile{Name: books, DstOverrides: []profiles.WeightedDst{
+		store.PutServiceProfile(&profiles.ServiceProfile{Name: books, DstOverrides: []endpoint.WeightedDst{
 			{Authority: "books-v1.default.svc.cluster.local:7000", Weight: w1},
 			{Authority: "books-v2.default.svc.cluster.local:7000", Weight: w2},
 		}})
@@ -207,7 +209,7 @@ func TestBound(t *testing.T) {
 	a := backend(t, "a")
 	src := &countingSource{Source: staticSource(t, nil)}
 	for _, name := range []string{"one", "two", "three"} {
-		require.NoError(t, src.Source.(*StaticSource).Set(name+".ns.svc.cluster.local:80", []Endpoint{a}))
+		require.NoError(t, src.Source.(*StaticSource).Set(name+".ns.svc.cluster.local:80", []endpoint.Endpoint{a}))
 	}
 	b, client := newClient(t, src, WithFallback(false), WithMaxAuthorities(2))
 	for _, name := range []string{"one", "two", "three", "one"} {
@@ -224,7 +226,7 @@ func TestBound(t *testing.T) {
 func TestIdleRelease(t *testing.T) {
 	a := backend(t, "a")
 	src := &countingSource{Source: staticSource(t, nil)}
-	require.NoError(t, src.Source.(*StaticSource).Set(books+":80", []Endpoint{a}))
+	require.NoError(t, src.Source.(*StaticSource).Set(books+":80", []endpoint.Endpoint{a}))
 	b, client := newClient(t, src, WithFallback(false), WithIdleTimeout(20*time.Millisecond))
 	status, _, _ := fetch(t, client, "http://"+books+"/")
 	assert.Equal(t, 200, status)
@@ -241,7 +243,7 @@ type countingSource struct {
 	started, open atomic.Int64
 }
 
-func (c *countingSource) WatchEndpoints(ctx context.Context, authority string, f func(Update)) (func(), error) {
+func (c *countingSource) WatchEndpoints(ctx context.Context, authority string, f func(endpoint.Update)) (func(), error) {
 	stop, err := c.Source.WatchEndpoints(ctx, authority, f)
 	if err != nil {
 		return nil, err
@@ -281,8 +283,10 @@ func TestClosed(t *testing.T) {
 // fullSource refuses every watch, as a control-plane client at its bound.
 type fullSource struct{}
 
-func (fullSource) WatchEndpoints(context.Context, string, func(Update)) (func(), error) {
-	return nil, profiles.ErrTooManyWatches
+var errTooManyWatches = errors.New("too many watched authorities")
+
+func (fullSource) WatchEndpoints(context.Context, string, func(endpoint.Update)) (func(), error) {
+	return nil, errTooManyWatches
 }
 
 // Requests for many authorities that cannot be watched log one line per
@@ -315,4 +319,43 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// fixedSplits is a SplitSource of fixed splits that counts its open
+// watches.
+type fixedSplits struct {
+	m    map[string][]endpoint.WeightedDst
+	open atomic.Int64
+}
+
+func (f *fixedSplits) WatchSplit(ctx context.Context, authority string, update func([]endpoint.WeightedDst)) (func(), error) {
+	f.open.Add(1)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		update(f.m[authority])
+		<-ctx.Done()
+	}()
+	var once sync.Once
+	return func() { cancel(); <-done; once.Do(func() { f.open.Add(-1) }) }, nil
+}
+
+// Any SplitSource splits traffic, not only profiles; its watches end with
+// the Balancer. A nil SplitSource, even in an interface, means no split.
+func TestSplitSource(t *testing.T) {
+	src := staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {backend(t, "o")}, "v2.ns.svc.cluster.local:7000": {backend(t, "2")}})
+	splits := &fixedSplits{m: map[string][]endpoint.WeightedDst{books + ":7000": {{Authority: "v2.ns.svc.cluster.local:7000", Weight: 1}}}}
+	b, client := newClient(t, src, WithSplits(splits))
+	require.Eventually(t, func() bool {
+		_, body, _ := fetch(t, client, "http://"+books+":7000/")
+		return strings.HasPrefix(body, "2 ")
+	}, testutil.Timeout, 10*time.Millisecond)
+	assert.EqualValues(t, 1, splits.open.Load())
+	b.Close()
+	assert.EqualValues(t, 0, splits.open.Load(), "Close stops the split watches")
+
+	_, client = newClient(t, src, WithSplits((*fixedSplits)(nil)))
+	_, body, _ := fetch(t, client, "http://"+books+":7000/")
+	assert.True(t, strings.HasPrefix(body, "o "), body)
 }

@@ -4,18 +4,18 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func benchSnapshot(n int) *snapshot {
-	eps := make([]Endpoint, n)
+	eps := make([]endpoint.Endpoint, n)
 	for i := range eps {
 		eps[i] = ep(fmt.Sprintf("10.0.%d.%d:80", i/256, i%256))
 	}
-	return newSnapshot(Update{Set: &EndpointSet{Exists: true, Endpoints: eps}}, &snapshot{}, float64(DefaultRTT), 1)
+	return newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: eps}}, &snapshot{}, float64(DefaultRTT), 1)
 }
 
 // A pick allocates nothing.
@@ -25,7 +25,7 @@ func TestPickAllocs(t *testing.T) {
 	s.health = true // picks that check each endpoint's health
 	s.eps[3].load.health.tripped, s.eps[3].load.health.until = true, 1<<62
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { s.pick(2, float64(DefaultDecay)) }))
-	sp := NewSplit([]profiles.WeightedDst{{Authority: "a.ns:80", Weight: 1}, {Authority: "b.ns:80", Weight: 3}})
+	sp := NewSplit([]endpoint.WeightedDst{{Authority: "a.ns:80", Weight: 1}, {Authority: "b.ns:80", Weight: 3}})
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { sp.Pick() }))
 }
 

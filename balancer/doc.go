@@ -4,9 +4,13 @@
 //
 // A [Balancer] learns the endpoints of each authority from a [Source]: the
 // destination client's Get stream (destination.Client is a Source), or a
-// [StaticSource] for a program without a control plane. With a
-// profiles.Source ([WithProfiles]) it also applies the traffic split of
-// each authority's profile (its dst overrides, a [Split]).
+// [StaticSource] for a program without a control plane. The endpoints are
+// the plain data of package github.com/inmesh/inmesh/balancer/endpoint,
+// which models and sources share without knowing the balancer. With a
+// [SplitSource] ([WithSplits]) it also applies each authority's traffic
+// split (a [Split]), such as the dst overrides of its ServiceProfile
+// (profiles.Splits). The balancer knows no control plane and no routing
+// model.
 //
 // Each endpoint's load is its round-trip-time estimate times the number of
 // its requests in flight plus one. A new endpoint starts at a default RTT

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/profiles"
 )
 
@@ -20,7 +21,7 @@ func ExampleNew() {
 		fmt.Fprintf(w, "v2 answered for %s", r.Host)
 	}))
 	defer v2.Close()
-	src, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+	src, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
 		"books-v2.default.svc.cluster.local:7000": {{Addr: netip.MustParseAddrPort(strings.TrimPrefix(v2.URL, "http://"))}},
 		"books.default.svc.cluster.local:7000":    {}, // no endpoints of its own
 	})
@@ -29,11 +30,11 @@ func ExampleNew() {
 		return
 	}
 	profs := profiles.NewStaticSource(map[string]*profiles.Profile{
-		"books.default.svc.cluster.local:7000": {DstOverrides: []profiles.WeightedDst{
+		"books.default.svc.cluster.local:7000": {DstOverrides: []endpoint.WeightedDst{
 			{Authority: "books-v2.default.svc.cluster.local:7000", Weight: 10000},
 		}},
 	})
-	b := balancer.New(src, balancer.WithProfiles(profs))
+	b := balancer.New(src, balancer.WithSplits(profiles.Splits(profs)))
 	defer b.Close()
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,7 +21,7 @@ import (
 
 // counted starts an endpoint that counts its requests and answers with the
 // status fail returns (0: 200).
-func counted(t *testing.T, hits *atomic.Int64, fail func(n int64) int) Endpoint {
+func counted(t *testing.T, hits *atomic.Int64, fail func(n int64) int) endpoint.Endpoint {
 	return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := hits.Add(1)
 		if code := fail(n); code != 0 {
@@ -67,7 +68,7 @@ func get(t *testing.T, c *http.Client, url string, n, conc int) map[int]int {
 	return out
 }
 
-func stateOf(b *Balancer, authority string, e Endpoint) EndpointState {
+func stateOf(b *Balancer, authority string, e endpoint.Endpoint) EndpointState {
 	for _, s := range b.Endpoints(authority) {
 		if s.Addr == e.Addr.String() {
 			return s
@@ -97,7 +98,7 @@ func TestAccrualTripsProbesAndRecovers(t *testing.T) {
 		}
 		return 0
 	})
-	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b, c}}), withClock(clock.read),
+	bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {a, b, c}}), withClock(clock.read),
 		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3,
 			Backoff: Backoff{MinBackoff: time.Second, MaxBackoff: 4 * time.Second, JitterRatio: -1}}}))
 
@@ -159,7 +160,7 @@ func TestUnifiedEjectsFlakyEndpoint(t *testing.T) {
 		}
 		return 0
 	})
-	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b, c}}), withClock(clock.read),
+	bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {a, b, c}}), withClock(clock.read),
 		WithFailureAccrual(&FailureAccrual{Unified: &Unified{SuccessRateThreshold: 0.8, MinRequests: 5, MaxConsecutiveFailures: 100}}))
 	get(t, client, svcURL, 300, 1)
 	assert.Equal(t, "tripped", stateOf(bal, svc, c).State)
@@ -174,11 +175,11 @@ func TestEjectionFloor(t *testing.T) {
 	clock := &fakeClock{}
 	clock.now.Store(1)
 	var h [3]atomic.Int64
-	var eps []Endpoint
+	var eps []endpoint.Endpoint
 	for i := range h {
 		eps = append(eps, counted(t, &h[i], func(int64) int { return 500 }))
 	}
-	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: eps}), withClock(clock.read),
+	bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: eps}), withClock(clock.read),
 		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 2}, Ejection: Ejection{MinReadyEndpoints: 2}}))
 	codes := get(t, client, svcURL, 200, 4)
 	assert.Equal(t, 200, codes[500], "no request waits or fails fast: %v", codes)
@@ -201,7 +202,7 @@ func TestFailFastAndLoadShed(t *testing.T) {
 	var hits atomic.Int64
 	down := counted(t, &hits, func(int64) int { return 502 })
 	const failfast = 300 * time.Millisecond
-	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {down}}), withClock(clock.read),
+	bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {down}}), withClock(clock.read),
 		WithMeterProvider(m.Provider), WithQueue(2, failfast),
 		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1}}))
 	status, _, _ := fetch(t, client, svcURL)
@@ -313,7 +314,7 @@ func TestRetryAfter(t *testing.T) {
 				io.WriteString(w, "a")
 			}))
 			b := counted(t, &hb, ok)
-			bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b}}), withClock(clock.read),
+			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {a, b}}), withClock(clock.read),
 				WithPenaltyPeakEWMA(&PenaltyPeakEWMA{MaxRetryAfter: 3 * time.Second, PenaltyDecay: 100 * time.Millisecond}))
 			require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return !limited.Load() }, testutil.Timeout, time.Millisecond)
 			assert.Equal(t, "avoided", stateOf(bal, svc, a).State)
@@ -348,7 +349,7 @@ func TestLoadPenalty(t *testing.T) {
 		io.WriteString(w, "a")
 	}))
 	b := counted(t, &hb, ok)
-	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {a, b}}), withClock(clock.read),
+	bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {a, b}}), withClock(clock.read),
 		WithPenaltyPeakEWMA(&PenaltyPeakEWMA{}))
 	require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return once.Load() }, testutil.Timeout, time.Millisecond)
 	st := stateOf(bal, svc, a)
@@ -374,7 +375,7 @@ func TestEndpointsHandler(t *testing.T) {
 	var hits atomic.Int64
 	down := counted(t, &hits, func(int64) int { return 500 })
 	up := backend(t, "up")
-	bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {down, up}}), withClock(clock.read),
+	bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {down, up}}), withClock(clock.read),
 		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1, Backoff: Backoff{JitterRatio: -1}}}))
 	require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return hits.Load() > 0 }, testutil.Timeout, time.Millisecond)
 	admin := testutil.NewServer(t, bal.EndpointsHandler())
@@ -407,7 +408,7 @@ func TestEndpointsHandler(t *testing.T) {
 // A gRPC UNAVAILABLE in the trailers and a connection that fails both
 // count as failures; gRPC NOT_FOUND does not.
 func TestAccrualFailureKinds(t *testing.T) {
-	grpcEndpoint := func(code string) Endpoint {
+	grpcEndpoint := func(code string) endpoint.Endpoint {
 		return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/grpc")
 			w.Header().Set("Trailer", "Grpc-Status")
@@ -418,7 +419,7 @@ func TestAccrualFailureKinds(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name  string
-		ep    Endpoint
+		ep    endpoint.Endpoint
 		trips bool
 	}{
 		{"unavailable in trailers", grpcEndpoint("14"), true},
@@ -428,7 +429,7 @@ func TestAccrualFailureKinds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := &fakeClock{}
 			clock.now.Store(1)
-			bal, client := newClient(t, staticSource(t, map[string][]Endpoint{svc: {tc.ep}}), withClock(clock.read), WithQueue(0, 50*time.Millisecond),
+			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {tc.ep}}), withClock(clock.read), WithQueue(0, 50*time.Millisecond),
 				WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3}}))
 			get(t, client, svcURL, 3, 1)
 			want := "ready"

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -27,17 +28,17 @@ var quietLogger = slog.New(slog.DiscardHandler)
 
 // backendHandler starts a loopback server (HTTP/1.1 and h2c, with the
 // orig-proto downgrade) for h and returns its endpoint.
-func backendHandler(t *testing.T, h http.Handler) Endpoint {
+func backendHandler(t *testing.T, h http.Handler) endpoint.Endpoint {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Config = origproto.NewServer(origproto.NewHandler(h))
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: DefaultWeight}
+	return endpoint.Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: endpoint.DefaultWeight}
 }
 
 // backend starts a server that answers "<name> <proto> <host>".
-func backend(t *testing.T, name string) Endpoint {
+func backend(t *testing.T, name string) endpoint.Endpoint {
 	return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, name+" "+r.Proto+" "+r.Host)
 	}))
@@ -46,7 +47,7 @@ func backend(t *testing.T, name string) Endpoint {
 // refusing starts a listener that accepts each connection and closes it at
 // once: an endpoint that fails every request fast. It is held until the
 // end of the test, so its port is never reused.
-func refusing(t *testing.T) Endpoint {
+func refusing(t *testing.T) endpoint.Endpoint {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -62,10 +63,10 @@ func refusing(t *testing.T) Endpoint {
 		}
 	}()
 	t.Cleanup(func() { lis.Close(); <-done })
-	return Endpoint{Addr: netip.MustParseAddrPort(lis.Addr().String()), Weight: DefaultWeight}
+	return endpoint.Endpoint{Addr: netip.MustParseAddrPort(lis.Addr().String()), Weight: endpoint.DefaultWeight}
 }
 
-func staticSource(t *testing.T, m map[string][]Endpoint) *StaticSource {
+func staticSource(t *testing.T, m map[string][]endpoint.Endpoint) *StaticSource {
 	t.Helper()
 	s, err := NewStaticSource(m)
 	require.NoError(t, err)

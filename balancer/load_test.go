@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -49,9 +50,9 @@ func TestPeakEWMA(t *testing.T) {
 // that stay.
 func TestPrefersLowerLoad(t *testing.T) {
 	clock := &fakeClock{}
-	eps := []Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80")}
+	eps := []endpoint.Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80")}
 	prev := &snapshot{wait: make(chan struct{})}
-	s := newSnapshot(Update{Set: &EndpointSet{Exists: true, Endpoints: eps}}, prev, float64(DefaultRTT), clock.read())
+	s := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: eps}}, prev, float64(DefaultRTT), clock.read())
 	s.eps[0].load.observe(1*ms, 1, float64(DefaultDecay))
 	s.eps[1].load.observe(100*ms, 1, float64(DefaultDecay))
 	fast := 0
@@ -62,14 +63,14 @@ func TestPrefersLowerLoad(t *testing.T) {
 	}
 	assert.Equal(t, 1000, fast)
 
-	next := newSnapshot(Update{Set: &EndpointSet{Exists: true, Endpoints: append(eps, ep("10.0.0.3:80"))}}, s, float64(DefaultRTT), 2)
+	next := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: append(eps, ep("10.0.0.3:80"))}}, s, float64(DefaultRTT), 2)
 	assert.Same(t, s.eps[1].load, next.eps[1].load)
 	assert.InDelta(t, 30*ms, next.eps[2].load.cost(2, float64(DefaultDecay)), 1, "the new one starts at the default")
 }
 
 // ep is an endpoint nothing listens on, for tests that do not send.
-func ep(addr string) Endpoint {
-	return Endpoint{Addr: netip.MustParseAddrPort(addr), Weight: DefaultWeight}
+func ep(addr string) endpoint.Endpoint {
+	return endpoint.Endpoint{Addr: netip.MustParseAddrPort(addr), Weight: endpoint.DefaultWeight}
 }
 
 // Acceptance: a cold endpoint with 100 requests in flight (held open by
@@ -92,7 +93,7 @@ func TestColdEndpointInFlight(t *testing.T) {
 		io.WriteString(w, "c")
 	}))
 	warm := backend(t, "a")
-	src := staticSource(t, map[string][]Endpoint{books + ":7000": {cold}})
+	src := staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {cold}})
 	_, client := newClient(t, src)
 	var wg sync.WaitGroup
 	for range 100 {
@@ -110,7 +111,7 @@ func TestColdEndpointInFlight(t *testing.T) {
 	defer close(release)
 	arrived.Wait()
 
-	require.NoError(t, src.Set(books+":7000", []Endpoint{cold, warm}))
+	require.NoError(t, src.Set(books+":7000", []endpoint.Endpoint{cold, warm}))
 	require.Eventually(t, func() bool { _, b, _ := fetch(t, client, "http://"+books+":7000/"); return b[:1] == "a" }, testutil.Timeout, time.Millisecond)
 	n := map[string]int{}
 	for range 200 {
@@ -125,7 +126,7 @@ func TestColdEndpointInFlight(t *testing.T) {
 // tenth of the picks; its failures count as a penalty, not as fast
 // answers. (Before: three picks in four.)
 func TestFailingEndpoint(t *testing.T) {
-	src := staticSource(t, map[string][]Endpoint{books + ":7000": {backend(t, "a"), refusing(t)}})
+	src := staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {backend(t, "a"), refusing(t)}})
 	_, client := newClient(t, src)
 	fails := 0
 	for range 200 {
@@ -151,13 +152,13 @@ func TestFailingEndpoint(t *testing.T) {
 // fast endpoint look slow at times, and the slow one got 12 of 100.)
 func TestSlowEndpoint(t *testing.T) {
 	clock := &fakeClock{}
-	timed := func(name string, d time.Duration) Endpoint {
+	timed := func(name string, d time.Duration) endpoint.Endpoint {
 		return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			clock.now.Add(int64(d)) // the endpoint's service time
 			io.WriteString(w, name)
 		}))
 	}
-	src := staticSource(t, map[string][]Endpoint{books + ":7000": {timed("f", 10*time.Millisecond), timed("s", 100*time.Millisecond)}})
+	src := staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {timed("f", 10*time.Millisecond), timed("s", 100*time.Millisecond)}})
 	_, client := newClient(t, src, withClock(clock.read))
 	n := map[string]int{}
 	for range 100 {
@@ -182,7 +183,7 @@ func TestPendingUntilBodyEnds(t *testing.T) {
 		<-more
 		io.WriteString(w, " tail")
 	}))
-	b, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {e}}))
+	b, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {e}}))
 	resp, err := client.Get("http://" + books + ":7000/")
 	require.NoError(t, err)
 	l := lookup(b, books+":7000").def.state.Load().eps[0].load
@@ -202,13 +203,13 @@ func TestPendingUntilBodyEnds(t *testing.T) {
 // backends and their total apart, and a pick panicked on a total of 0.)
 func TestSplitConcurrentUpdates(t *testing.T) {
 	names := []string{"v1", "v2", "v3"}
-	src := staticSource(t, map[string][]Endpoint{books + ":7000": {backend(t, "o")}})
+	src := staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {backend(t, "o")}})
 	for _, n := range names {
-		require.NoError(t, src.Set(n+".ns.svc.cluster.local:7000", []Endpoint{backend(t, n)}))
+		require.NoError(t, src.Set(n+".ns.svc.cluster.local:7000", []endpoint.Endpoint{backend(t, n)}))
 	}
 	profs := profiles.NewStaticSource(nil)
-	b, client := newClient(t, src, WithProfiles(profs))
-	splits := [][]profiles.WeightedDst{
+	b, client := newClient(t, src, WithSplits(profiles.Splits(profs)))
+	splits := [][]endpoint.WeightedDst{
 		{{Authority: "v1.ns.svc.cluster.local:7000", Weight: 1}},
 		{{Authority: "v2.ns.svc.cluster.local:7000", Weight: 5}, {Authority: "v3.ns.svc.cluster.local:7000", Weight: 5}},
 		nil,
@@ -287,9 +288,9 @@ func TestSplitConcurrentUpdates(t *testing.T) {
 
 func TestSplitValue(t *testing.T) {
 	assert.Nil(t, NewSplit(nil))
-	assert.Nil(t, NewSplit([]profiles.WeightedDst{{Authority: "a.ns:80", Weight: 0}}), "all zero: the authority itself")
+	assert.Nil(t, NewSplit([]endpoint.WeightedDst{{Authority: "a.ns:80", Weight: 0}}), "all zero: the authority itself")
 	assert.Equal(t, "", (*Split)(nil).Pick())
-	s := NewSplit([]profiles.WeightedDst{
+	s := NewSplit([]endpoint.WeightedDst{
 		{Authority: "A.ns:80", Weight: 3}, {Authority: "b.ns:80", Weight: 0}, {Authority: "bad", Weight: 5}, {Authority: "c.ns:80", Weight: 1},
 	})
 	assert.Equal(t, []string{"a.ns:80", "c.ns:80"}, s.Backends())
@@ -305,26 +306,26 @@ func TestSplitValue(t *testing.T) {
 // without a new message from the control plane.
 func TestLateSubscriberGetsCachedState(t *testing.T) {
 	t.Run("static", func(t *testing.T) {
-		src := staticSource(t, map[string][]Endpoint{books + ":7000": {ep("10.0.0.1:80")}})
-		got := make(chan Update, 1)
-		stop, err := src.WatchEndpoints(context.Background(), books+":7000", func(u Update) { got <- u })
+		src := staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {ep("10.0.0.1:80")}})
+		got := make(chan endpoint.Update, 1)
+		stop, err := src.WatchEndpoints(context.Background(), books+":7000", func(u endpoint.Update) { got <- u })
 		require.NoError(t, err)
 		defer stop()
 		u := <-got
 		require.NotNil(t, u.Set)
 		assert.True(t, u.Set.Exists)
-		assert.Equal(t, DefaultWeight, int(u.Set.Endpoints[0].Weight))
+		assert.Equal(t, endpoint.DefaultWeight, int(u.Set.Endpoints[0].Weight))
 	})
 	t.Run("destination", func(t *testing.T) {
 		svc := &onceGet{calls: make(chan struct{}, 10)}
 		c := grpcClient(t, svc)
-		first := make(chan Update, 1)
-		stop1, err := c.WatchEndpoints(context.Background(), books+":7000", func(u Update) { first <- u })
+		first := make(chan endpoint.Update, 1)
+		stop1, err := c.WatchEndpoints(context.Background(), books+":7000", func(u endpoint.Update) { first <- u })
 		require.NoError(t, err)
 		defer stop1()
 		require.Len(t, (<-first).Set.Endpoints, 1)
-		late := make(chan Update, 1)
-		stop2, err := c.WatchEndpoints(context.Background(), books+":7000", func(u Update) { late <- u })
+		late := make(chan endpoint.Update, 1)
+		stop2, err := c.WatchEndpoints(context.Background(), books+":7000", func(u endpoint.Update) { late <- u })
 		require.NoError(t, err)
 		defer stop2()
 		select {
@@ -365,7 +366,7 @@ func TestSampleIsTimeToHead(t *testing.T) {
 		clock.now.Add(int64(200 * time.Millisecond))
 		io.WriteString(w, "ok")
 	}))
-	b, client := newClient(t, staticSource(t, map[string][]Endpoint{books + ":7000": {e}}), withClock(clock.read))
+	b, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {e}}), withClock(clock.read))
 	_, body, _ := fetch(t, client, "http://"+books+":7000/")
 	require.Equal(t, "ok", body)
 	l := lookup(b, books+":7000").def.state.Load().eps[0].load

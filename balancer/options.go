@@ -1,13 +1,12 @@
 package balancer
 
 import (
-	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
 	"time"
 
-	"go.opentelemetry.io/otel/metric"
+	"github.com/inmesh/inmesh/internal/registry"
 
-	"github.com/inmesh/inmesh/profiles"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Defaults of the [Balancer].
@@ -47,7 +46,7 @@ type config struct {
 	penalty        time.Duration
 	maxAuthorities int
 	idleTimeout    time.Duration
-	profiles       profiles.Source
+	splits         SplitSource
 	logger         *slog.Logger
 	accrual        *accrual
 	queueCap       int
@@ -153,12 +152,14 @@ func WithIdleTimeout(d time.Duration) Option {
 	})
 }
 
-// WithProfiles sets where the traffic split of each authority comes from:
-// the dst overrides of its profile (default: none, no split).
-func WithProfiles(src profiles.Source) Option {
+// WithSplits sets where the traffic split of each authority comes from,
+// such as profiles.Splits over a source of ServiceProfiles: the dst
+// overrides of each authority's profile (default: none, no split). A nil
+// src, or one holding a nil pointer, changes nothing.
+func WithSplits(src SplitSource) Option {
 	return optionFunc(func(c *config) {
-		if src != nil {
-			c.profiles = src
+		if !isNil(src) {
+			c.splits = src
 		}
 	})
 }

@@ -11,13 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // streamer starts an endpoint that answers /fail with 500 and /stream with
 // a first chunk at once and the rest when release is closed.
-func streamer(t *testing.T, release <-chan struct{}) Endpoint {
+func streamer(t *testing.T, release <-chan struct{}) endpoint.Endpoint {
 	return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/fail" {
 			w.WriteHeader(http.StatusInternalServerError)
@@ -46,7 +47,7 @@ func TestStreamKeepsAuthorityAcrossIdleSweeps(t *testing.T) {
 		}
 	})
 	x, y := streamer(t, release), streamer(t, release)
-	src := &countingSource{Source: staticSource(t, map[string][]Endpoint{svc: {x, y}})}
+	src := &countingSource{Source: staticSource(t, map[string][]endpoint.Endpoint{svc: {x, y}})}
 	b, client := newClient(t, src, WithIdleTimeout(time.Hour),
 		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1,
 			Backoff: Backoff{MinBackoff: time.Hour, JitterRatio: -1}}}))
@@ -114,9 +115,9 @@ func TestConstructorsRejectBadInput(t *testing.T) {
 	assert.PanicsWithValue(t, "balancer: Transport of a Balancer not made by New", func() { new(Balancer).Transport(nil) })
 
 	good := backend(t, "good")
-	src, err := NewStaticSource(map[string][]Endpoint{svc: {good}})
+	src, err := NewStaticSource(map[string][]endpoint.Endpoint{svc: {good}})
 	require.NoError(t, err)
-	for name, eps := range map[string][]Endpoint{
+	for name, eps := range map[string][]endpoint.Endpoint{
 		"zero address": {good, {}},
 		"zero port":    {{Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 0)}},
 	} {
@@ -125,7 +126,7 @@ func TestConstructorsRejectBadInput(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "Addr")
 			assert.Contains(t, err.Error(), svc)
-			_, err = NewStaticSource(map[string][]Endpoint{svc: eps})
+			_, err = NewStaticSource(map[string][]endpoint.Endpoint{svc: eps})
 			assert.ErrorContains(t, err, "Addr")
 		})
 	}
@@ -148,7 +149,7 @@ type probed struct {
 	released sync.Once
 }
 
-func newProbed(t *testing.T) (*probed, Endpoint) {
+func newProbed(t *testing.T) (*probed, endpoint.Endpoint) {
 	p := &probed{arrived: make(chan struct{}), release: make(chan struct{})}
 	p.failing.Store(true)
 	t.Cleanup(p.unblock)
@@ -201,7 +202,7 @@ func TestProbationSurvivesConfigurationChange(t *testing.T) {
 	var goodHits atomic.Int64
 	good := counted(t, &goodHits, ok)
 	bad, badEp := newProbed(t)
-	bal := New(staticSource(t, map[string][]Endpoint{svc: {good, badEp}}), WithLogger(quietLogger), withClock(clock.read))
+	bal := New(staticSource(t, map[string][]endpoint.Endpoint{svc: {good, badEp}}), WithLogger(quietLogger), withClock(clock.read))
 	t.Cleanup(bal.Close)
 	h1 := &http.Transport{}
 	t.Cleanup(h1.CloseIdleConnections)
@@ -258,7 +259,7 @@ func TestAccrualPerConfiguration(t *testing.T) {
 	var goodHits atomic.Int64
 	good := counted(t, &goodHits, ok)
 	bad, badEp := newProbed(t)
-	bal := New(staticSource(t, map[string][]Endpoint{svc: {good, badEp}}), WithLogger(quietLogger), withClock(clock.read))
+	bal := New(staticSource(t, map[string][]endpoint.Endpoint{svc: {good, badEp}}), WithLogger(quietLogger), withClock(clock.read))
 	t.Cleanup(bal.Close)
 	h1 := &http.Transport{}
 	t.Cleanup(h1.CloseIdleConnections)
@@ -287,7 +288,7 @@ func TestEqualConfigurationsShareState(t *testing.T) {
 	var goodHits atomic.Int64
 	good := counted(t, &goodHits, ok)
 	bad, badEp := newProbed(t)
-	bal := New(staticSource(t, map[string][]Endpoint{svc: {good, badEp}}), WithLogger(quietLogger), withClock(clock.read))
+	bal := New(staticSource(t, map[string][]endpoint.Endpoint{svc: {good, badEp}}), WithLogger(quietLogger), withClock(clock.read))
 	t.Cleanup(bal.Close)
 	h1 := &http.Transport{}
 	t.Cleanup(h1.CloseIdleConnections)
@@ -335,7 +336,7 @@ func TestNaNAccrualIsDefault(t *testing.T) {
 // about the backend it is about to choose.
 func TestReadyWithConfiguration(t *testing.T) {
 	bad, badEp := newProbed(t)
-	bal := New(staticSource(t, map[string][]Endpoint{svc: {badEp}}), WithLogger(quietLogger))
+	bal := New(staticSource(t, map[string][]endpoint.Endpoint{svc: {badEp}}), WithLogger(quietLogger))
 	t.Cleanup(bal.Close)
 	h1 := &http.Transport{}
 	t.Cleanup(h1.CloseIdleConnections)

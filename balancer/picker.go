@@ -4,21 +4,22 @@ import (
 	"math/rand/v2"
 	"sort"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 )
 
-// endpoint is one endpoint in a snapshot: its description, what a request
+// member is one endpoint in a snapshot: its description, what a request
 // needs from it, and its load, shared with the snapshots before and after
 // for as long as the endpoint stays.
-type endpoint struct {
-	Endpoint
+type member struct {
+	endpoint.Endpoint
 	addr   string
 	labels *classify.Labels
 	load   *load
 	g      *group // the configuration's balancing it is in, nil outside a Balancer
 }
 
-func (e *endpoint) group() *group { return e.g }
+func (e *member) group() *group { return e.g }
 
 // snapshot is everything a pick reads about one authority's endpoints. It
 // is immutable once published.
@@ -28,7 +29,7 @@ type snapshot struct {
 	wait   chan struct{}
 	err    error // no set: the source cannot resolve the authority
 	exists bool
-	eps    []*endpoint
+	eps    []*member
 	cum    []uint64 // cum[i]: the weights of eps[:i+1]
 	// health says whether picks check the endpoints' health (failure
 	// accrual or load penalties are on); group is the configuration's
@@ -39,7 +40,7 @@ type snapshot struct {
 
 // newSnapshot builds the snapshot of u, keeping the loads of the endpoints
 // of prev that stay.
-func newSnapshot(u Update, prev *snapshot, defaultRTT float64, now int64) *snapshot {
+func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int64) *snapshot {
 	s := &snapshot{err: u.Err, health: prev.health, group: prev.group}
 	if u.Set == nil {
 		return s
@@ -51,7 +52,7 @@ func newSnapshot(u Update, prev *snapshot, defaultRTT float64, now int64) *snaps
 	}
 	var total uint64
 	for _, e := range u.Set.Endpoints {
-		ep := &endpoint{Endpoint: e, addr: e.Addr.String(), g: prev.group}
+		ep := &member{Endpoint: e, addr: e.Addr.String(), g: prev.group}
 		if ep.load = old[ep.addr]; ep.load == nil {
 			ep.load = newLoad(defaultRTT, now)
 		}
@@ -73,7 +74,7 @@ func (s *snapshot) fork(g *group, defaultRTT float64, now int64) *snapshot {
 		ns.wait = make(chan struct{})
 	}
 	if len(s.eps) > 0 {
-		ns.eps = make([]*endpoint, len(s.eps))
+		ns.eps = make([]*member, len(s.eps))
 		for i, e := range s.eps {
 			ep := *e
 			ep.load, ep.g = newLoad(defaultRTT, now), g
@@ -91,7 +92,7 @@ const clearlyLower = 0.75
 
 // pick draws two different endpoints at random by weight and returns the
 // first unless the second's cost is clearly lower (power of two choices).
-func (s *snapshot) pick(now int64, decay float64) *endpoint {
+func (s *snapshot) pick(now int64, decay float64) *member {
 	e, _ := s.choose(now, decay)
 	return e
 }
@@ -103,7 +104,7 @@ const draws = 4
 // choose is pick among the endpoints in rotation: nil when none is. An
 // endpoint on probation that a draw meets is chosen at once for its probe
 // (probe true).
-func (s *snapshot) choose(now int64, decay float64) (e *endpoint, probe bool) {
+func (s *snapshot) choose(now int64, decay float64) (e *member, probe bool) {
 	switch len(s.eps) {
 	case 0:
 		return nil, false
@@ -167,7 +168,7 @@ func (s *snapshot) choose(now int64, decay float64) (e *endpoint, probe bool) {
 
 // available reports whether e may be picked at now, claiming its probe when
 // it is on probation.
-func (s *snapshot) available(e *endpoint, now int64) (ok, probe bool) {
+func (s *snapshot) available(e *member, now int64) (ok, probe bool) {
 	if !s.health {
 		return true, false
 	}

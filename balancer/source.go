@@ -6,24 +6,10 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/mailbox"
-	"github.com/inmesh/inmesh/profiles"
 )
-
-// Endpoint describes one endpoint of an authority: address, weight, metric
-// labels, identity and protocol hints.
-type Endpoint = profiles.Endpoint
-
-// EndpointSet is the state of an authority's endpoints.
-type EndpointSet = profiles.EndpointSet
-
-// Update is one state of an endpoints watch: a set, or an error saying why
-// there is none.
-type Update = profiles.EndpointsUpdate
-
-// DefaultWeight is the weight of an endpoint that sets none.
-const DefaultWeight = 10000
 
 // Source streams the endpoint sets of authorities (host:port).
 //
@@ -34,12 +20,13 @@ const DefaultWeight = 10000
 // last state stays in force. The watch ends when ctx is done or stop is
 // called; stop waits until update has returned for the last time and is
 // safe to call more than once. WatchEndpoints returns an error (such as
-// [profiles.ErrTooManyWatches]) when it cannot watch; stop is then nil.
+// the source's bound on watched authorities) when it cannot watch; stop is
+// then nil.
 //
 // destination.Client is a Source. Implementations are safe for concurrent
 // use.
 type Source interface {
-	WatchEndpoints(ctx context.Context, authority string, update func(Update)) (stop func(), err error)
+	WatchEndpoints(ctx context.Context, authority string, update func(endpoint.Update)) (stop func(), err error)
 }
 
 // StaticSource is a [Source] of endpoint sets given by hand: each Set
@@ -48,8 +35,8 @@ type Source interface {
 // value is empty and ready; it is safe for concurrent use.
 type StaticSource struct {
 	mu       sync.Mutex
-	sets     map[string]*EndpointSet
-	watchers map[string]map[*mailbox.Mailbox[Update]]struct{}
+	sets     map[string]*endpoint.Set
+	watchers map[string]map[*mailbox.Mailbox[endpoint.Update]]struct{}
 }
 
 var _ Source = (*StaticSource)(nil)
@@ -57,7 +44,7 @@ var _ Source = (*StaticSource)(nil)
 // NewStaticSource returns a source serving the endpoints of m (authority
 // host:port to its endpoints; m is copied). It fails as [StaticSource.Set]
 // does.
-func NewStaticSource(m map[string][]Endpoint) (*StaticSource, error) {
+func NewStaticSource(m map[string][]endpoint.Endpoint) (*StaticSource, error) {
 	s := &StaticSource{}
 	for a, eps := range m {
 		if err := s.Set(a, eps); err != nil {
@@ -69,23 +56,24 @@ func NewStaticSource(m map[string][]Endpoint) (*StaticSource, error) {
 
 // Set makes eps the endpoints of authority (an empty list: the service
 // exists with no endpoints, requests fail fast). A zero weight becomes
-// [DefaultWeight]. It fails on an authority that is not host:port, or an
-// endpoint without an address and port; the last good set stays.
-func (s *StaticSource) Set(authority string, eps []Endpoint) error {
+// [endpoint.DefaultWeight]. It fails on an authority that is not
+// host:port, or an endpoint without an address and port; the last good set
+// stays.
+func (s *StaticSource) Set(authority string, eps []endpoint.Endpoint) error {
 	a, err := authpkg.Normalize(authority)
 	if err != nil {
 		return fmt.Errorf("balancer: static endpoints: authority: %w", err)
 	}
-	set := &EndpointSet{Exists: true, Endpoints: slices.Clone(eps)}
+	set := &endpoint.Set{Exists: true, Endpoints: slices.Clone(eps)}
 	for i := range set.Endpoints {
 		if ap := set.Endpoints[i].Addr; !ap.IsValid() || ap.Port() == 0 {
 			return fmt.Errorf("balancer: static endpoints: %s: endpoint %d: Addr %q is not an address and port", a, i, ap)
 		}
 		if set.Endpoints[i].Weight == 0 {
-			set.Endpoints[i].Weight = DefaultWeight
+			set.Endpoints[i].Weight = endpoint.DefaultWeight
 		}
 	}
-	slices.SortFunc(set.Endpoints, func(x, y Endpoint) int { return x.Addr.Compare(y.Addr) })
+	slices.SortFunc(set.Endpoints, func(x, y endpoint.Endpoint) int { return x.Addr.Compare(y.Addr) })
 	s.publish(a, set)
 	return nil
 }
@@ -97,7 +85,7 @@ func (s *StaticSource) Delete(authority string) {
 	}
 }
 
-func (s *StaticSource) publish(a string, set *EndpointSet) {
+func (s *StaticSource) publish(a string, set *endpoint.Set) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
@@ -113,21 +101,21 @@ func (s *StaticSource) publish(a string, set *EndpointSet) {
 
 func (s *StaticSource) initLocked() {
 	if s.sets == nil {
-		s.sets = make(map[string]*EndpointSet)
-		s.watchers = make(map[string]map[*mailbox.Mailbox[Update]]struct{})
+		s.sets = make(map[string]*endpoint.Set)
+		s.watchers = make(map[string]map[*mailbox.Mailbox[endpoint.Update]]struct{})
 	}
 }
 
-func (s *StaticSource) updateLocked(a string) Update {
+func (s *StaticSource) updateLocked(a string) endpoint.Update {
 	if set := s.sets[a]; set != nil {
-		return Update{Set: set}
+		return endpoint.Update{Set: set}
 	}
-	return Update{Set: &EndpointSet{Exists: false}}
+	return endpoint.Update{Set: &endpoint.Set{Exists: false}}
 }
 
 // WatchEndpoints implements [Source]. A watcher gets the current state
 // first.
-func (s *StaticSource) WatchEndpoints(ctx context.Context, authority string, update func(Update)) (func(), error) {
+func (s *StaticSource) WatchEndpoints(ctx context.Context, authority string, update func(endpoint.Update)) (func(), error) {
 	a, err := authpkg.Normalize(authority)
 	if err != nil {
 		return nil, fmt.Errorf("balancer: static endpoints: %w", err)
@@ -135,7 +123,7 @@ func (s *StaticSource) WatchEndpoints(ctx context.Context, authority string, upd
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	var m *mailbox.Mailbox[Update]
+	var m *mailbox.Mailbox[endpoint.Update]
 	m = mailbox.Start(context.Background(), ctx, nil, update, func() {
 		s.mu.Lock()
 		delete(s.watchers[a], m)
@@ -145,7 +133,7 @@ func (s *StaticSource) WatchEndpoints(ctx context.Context, authority string, upd
 		s.mu.Unlock()
 	})
 	if s.watchers[a] == nil {
-		s.watchers[a] = make(map[*mailbox.Mailbox[Update]]struct{})
+		s.watchers[a] = make(map[*mailbox.Mailbox[endpoint.Update]]struct{})
 	}
 	s.watchers[a][m] = struct{}{}
 	m.Offer(s.updateLocked(a))

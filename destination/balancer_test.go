@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/testutil"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/stretchr/testify/assert"
@@ -18,14 +19,14 @@ import (
 // The Client is the balancer's source of endpoints.
 var _ balancer.Source = (*Client)(nil)
 
-func backend(t *testing.T, name string) (*httptest.Server, Endpoint) {
+func backend(t *testing.T, name string) (*httptest.Server, endpoint.Endpoint) {
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Config = origproto.NewServer(origproto.NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, name+" "+r.Proto+" "+r.Host)
 	})))
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return srv, Endpoint{Addr: netip.MustParseAddrPort(strings.TrimPrefix(srv.URL, "http://")), Weight: DefaultWeight}
+	return srv, endpoint.Endpoint{Addr: netip.MustParseAddrPort(strings.TrimPrefix(srv.URL, "http://")), Weight: endpoint.DefaultWeight}
 }
 
 // balancedClient returns a balancer over c and an HTTP client through it.
@@ -51,7 +52,7 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 func TestClientFeedsBalancer(t *testing.T) {
 	_, a := backend(t, "a")
 	store := NewStore()
-	store.PutEndpoints(books+":7000", []Endpoint{a})
+	store.PutEndpoints(books+":7000", []endpoint.Endpoint{a})
 	store.PutEndpoints("empty.ns.svc.cluster.local:80", nil)
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr), balancer.WithFallback(false))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/internal/ratelog"
@@ -31,13 +32,6 @@ var ErrClosed = errors.New("destination: client closed")
 // errTooManyWatches wraps profiles.ErrTooManyWatches for both kinds.
 var errTooManyWatches = profiles.ErrTooManyWatches
 
-// EndpointSet is the state of an authority's endpoints (an alias, so that
-// the Client is a source of endpoints for package balancer).
-type EndpointSet = profiles.EndpointSet
-
-// EndpointsUpdate is one state of an endpoints watch.
-type EndpointsUpdate = profiles.EndpointsUpdate
-
 // Client watches endpoints and service profiles through the Destination API.
 // It is a [profiles.Source]. A Client is safe for concurrent use; Close
 // releases it.
@@ -53,7 +47,7 @@ type Client struct {
 	close  sync.Once
 
 	profiles  *watches[*pb.DestinationProfile, profiles.Update]
-	endpoints *watches[*pb.Update, EndpointsUpdate]
+	endpoints *watches[*pb.Update, endpoint.Update]
 	policies  *watches[*outboundpb.OutboundPolicy, policy.Update]
 	policyAPI outboundpb.OutboundPoliciesClient
 }
@@ -79,19 +73,19 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		},
 		m: make(map[string]*watch[*pb.DestinationProfile, profiles.Update]),
 	}
-	c.endpoints = &watches[*pb.Update, EndpointsUpdate]{
-		kind: &kind[*pb.Update, EndpointsUpdate]{
+	c.endpoints = &watches[*pb.Update, endpoint.Update]{
+		kind: &kind[*pb.Update, endpoint.Update]{
 			name: "Get",
 			open: func(ctx context.Context, authority string) (recvStream[*pb.Update], error) {
 				return c.api.Get(ctx, c.request(authority), waitForReady)
 			},
 			session:  c.endpointSession,
-			rejected: func(err error) EndpointsUpdate { return EndpointsUpdate{Err: err} },
+			rejected: func(err error) endpoint.Update { return endpoint.Update{Err: err} },
 			// Linkerd's controller stays silent for a service that exists
 			// with no endpoints (it never sends no_endpoints{exists: true}).
-			silent: func() EndpointsUpdate { return EndpointsUpdate{Set: &EndpointSet{Exists: true}} },
+			silent: func() endpoint.Update { return endpoint.Update{Set: &endpoint.Set{Exists: true}} },
 		},
-		m: make(map[string]*watch[*pb.Update, EndpointsUpdate]),
+		m: make(map[string]*watch[*pb.Update, endpoint.Update]),
 	}
 	c.initPolicies(cc)
 	return c
@@ -167,7 +161,7 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 // controller: an update with Exists true and no endpoints is delivered (a
 // balancer then fails requests at once with 503), and the stream's first
 // later message applies as usual.
-func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(EndpointsUpdate)) (func(), error) {
+func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(endpoint.Update)) (func(), error) {
 	if !c.inScope(authority) {
 		return outOfScope(c, ctx, noService, update), nil
 	}
@@ -211,10 +205,10 @@ func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (
 // endpointSession applies the updates of one Get stream. The set starts
 // empty for each stream, so its first message replaces whatever an earlier
 // stream left.
-func (c *Client) endpointSession(authority string) func(*pb.Update) (EndpointsUpdate, bool) {
-	set := make(map[netip.AddrPort]Endpoint)
+func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Update, bool) {
+	set := make(map[netip.AddrPort]endpoint.Endpoint)
 	exists := true
-	return func(m *pb.Update) (EndpointsUpdate, bool) {
+	return func(m *pb.Update) (endpoint.Update, bool) {
 		switch u := m.GetUpdate().(type) {
 		case *pb.Update_Add:
 			exists = true
@@ -237,13 +231,13 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (EndpointsUp
 			clear(set)
 			exists = u.NoEndpoints.GetExists()
 		default:
-			return EndpointsUpdate{}, false
+			return endpoint.Update{}, false
 		}
-		eps := make([]Endpoint, 0, len(set))
+		eps := make([]endpoint.Endpoint, 0, len(set))
 		for _, e := range set {
 			eps = append(eps, e)
 		}
-		slices.SortFunc(eps, func(a, b Endpoint) int { return a.Addr.Compare(b.Addr) })
-		return EndpointsUpdate{Set: &EndpointSet{Exists: exists, Endpoints: eps}}, true
+		slices.SortFunc(eps, func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) })
+		return endpoint.Update{Set: &endpoint.Set{Exists: exists, Endpoints: eps}}, true
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
@@ -25,11 +26,11 @@ var fastBackoff = backoff.Policy{Min: 20 * time.Millisecond, Max: 200 * time.Mil
 
 const books = "books.default.svc.cluster.local"
 
-func ep(addr string, h2 bool) Endpoint {
-	return Endpoint{Addr: netip.MustParseAddrPort(addr), Weight: DefaultWeight, H2: h2}
+func ep(addr string, h2 bool) endpoint.Endpoint {
+	return endpoint.Endpoint{Addr: netip.MustParseAddrPort(addr), Weight: endpoint.DefaultWeight, H2: h2}
 }
 
-func addrs(u EndpointsUpdate) []string {
+func addrs(u endpoint.Update) []string {
 	if u.Set == nil {
 		return nil
 	}
@@ -67,31 +68,31 @@ func TestProfileUpdatesArriveInOrder(t *testing.T) {
 func TestEndpointUpdatesArriveInOrder(t *testing.T) {
 	store := NewStore()
 	authority := books + ":7000"
-	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", true)})
+	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.1:7000", true)})
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
-	rec := newRecorder[EndpointsUpdate]()
+	rec := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(context.Background(), authority, rec.update)
 	require.NoError(t, err)
 	defer stop()
 
-	first := rec.waitFor(t, "first set", func(u EndpointsUpdate) bool { return u.Set != nil })
+	first := rec.waitFor(t, "first set", func(u endpoint.Update) bool { return u.Set != nil })
 	assert.Equal(t, []string{"10.0.0.1:7000"}, addrs(first))
 	assert.True(t, first.Set.Exists)
 	assert.True(t, first.Set.Endpoints[0].H2)
 
-	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", true), ep("10.0.0.2:7000", false)})
-	rec.waitFor(t, "two", func(u EndpointsUpdate) bool { return len(addrs(u)) == 2 })
-	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.2:7000", false)})
-	rec.waitFor(t, "only .2", func(u EndpointsUpdate) bool {
+	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.1:7000", true), ep("10.0.0.2:7000", false)})
+	rec.waitFor(t, "two", func(u endpoint.Update) bool { return len(addrs(u)) == 2 })
+	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.2:7000", false)})
+	rec.waitFor(t, "only .2", func(u endpoint.Update) bool {
 		a := addrs(u)
 		return len(a) == 1 && a[0] == "10.0.0.2:7000"
 	})
 	store.PutEndpoints(authority, nil)
-	rec.waitFor(t, "exists, empty", func(u EndpointsUpdate) bool { return u.Set != nil && u.Set.Exists && len(u.Set.Endpoints) == 0 })
+	rec.waitFor(t, "exists, empty", func(u endpoint.Update) bool { return u.Set != nil && u.Set.Exists && len(u.Set.Endpoints) == 0 })
 	store.DeleteEndpoints(authority)
-	rec.waitFor(t, "does not exist", func(u EndpointsUpdate) bool { return u.Set != nil && !u.Set.Exists })
+	rec.waitFor(t, "does not exist", func(u endpoint.Update) bool { return u.Set != nil && !u.Set.Exists })
 }
 
 func TestStreamsAreShared(t *testing.T) {
@@ -161,7 +162,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	store := NewStore()
 	store.PutServiceProfile(serviceProfile(books, "before"))
 	authority := books + ":7000"
-	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.1:7000", false)})
+	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.1:7000", false)})
 	held := holdListener(t)
 	cp := serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, held.addr())
@@ -170,20 +171,20 @@ func TestControlPlaneRestart(t *testing.T) {
 	stopP, err := c.Watch(context.Background(), authority, prof.update)
 	require.NoError(t, err)
 	defer stopP()
-	eps := newRecorder[EndpointsUpdate]()
+	eps := newRecorder[endpoint.Update]()
 	stopE, err := c.WatchEndpoints(context.Background(), authority, eps.update)
 	require.NoError(t, err)
 	defer stopE()
 	prof.waitFor(t, "before", hasRoute("before"))
-	eps.waitFor(t, "first endpoints", func(u EndpointsUpdate) bool { return len(addrs(u)) == 1 })
+	eps.waitFor(t, "first endpoints", func(u endpoint.Update) bool { return len(addrs(u)) == 1 })
 
 	cp.stop()
 	store.PutServiceProfile(serviceProfile(books, "after"))
-	store.PutEndpoints(authority, []Endpoint{ep("10.0.0.9:7000", false)})
+	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.9:7000", false)})
 	serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
 
 	prof.waitFor(t, "after", hasRoute("after"))
-	eps.waitFor(t, "new endpoints", func(u EndpointsUpdate) bool {
+	eps.waitFor(t, "new endpoints", func(u endpoint.Update) bool {
 		a := addrs(u)
 		return len(a) == 1 && a[0] == "10.0.0.9:7000"
 	})
@@ -226,15 +227,15 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 			}
 			cp := serve(t, s)
 			c := newTestClient(t, cp.addr)
-			rec := newRecorder[EndpointsUpdate]()
+			rec := newRecorder[endpoint.Update]()
 			stop, err := c.WatchEndpoints(context.Background(), "svc.ns.svc.cluster.local:80", rec.update)
 			require.NoError(t, err)
 			defer stop()
-			rec.waitFor(t, "two endpoints", func(u EndpointsUpdate) bool { return len(addrs(u)) == 2 })
+			rec.waitFor(t, "two endpoints", func(u endpoint.Update) bool { return len(addrs(u)) == 2 })
 			s.waitCalls(t, 2)
 			assert.Len(t, rec.all(), 1, "stale set kept until the first message")
 			close(release)
-			rec.waitFor(t, "replaced set", func(EndpointsUpdate) bool { return len(rec.all()) >= 2 })
+			rec.waitFor(t, "replaced set", func(endpoint.Update) bool { return len(rec.all()) >= 2 })
 			u := rec.all()[1]
 			assert.Equal(t, tc.want, addrs(u))
 			assert.Equal(t, tc.exists, u.Set.Exists)
@@ -339,11 +340,11 @@ func TestStatusCodes(t *testing.T) {
 			assert.ErrorIs(t, u.Err, ErrRejected)
 			assert.Equal(t, code, status.Code(u.Err))
 
-			erec := newRecorder[EndpointsUpdate]()
+			erec := newRecorder[endpoint.Update]()
 			stopE, err := c.WatchEndpoints(context.Background(), books+":7000", erec.update)
 			require.NoError(t, err)
 			defer stopE()
-			eu := erec.waitFor(t, "rejected", func(EndpointsUpdate) bool { return true })
+			eu := erec.waitFor(t, "rejected", func(endpoint.Update) bool { return true })
 			assert.ErrorIs(t, eu.Err, ErrRejected)
 
 			// Several times the longest delay: no further call.

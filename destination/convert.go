@@ -8,17 +8,12 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
-
-// Endpoint is one endpoint of a destination, as the Get stream describes it.
-type Endpoint = profiles.Endpoint
-
-// DefaultWeight is the weight of an endpoint that sets none.
-const DefaultWeight = manifest.DefaultWeight
 
 // Bounds of an endpoint's metric labels (its set's labels and its own,
 // merged), which become dst_* labels on every request series: an endpoints
@@ -202,7 +197,7 @@ func ProfileFromProto(m *pb.DestinationProfile) (*profiles.Profile, error) {
 		p.RetryBudget = budget
 	}
 	for _, d := range m.GetDstOverrides() {
-		p.DstOverrides = append(p.DstOverrides, profiles.WeightedDst{Authority: d.GetAuthority(), Weight: d.GetWeight()})
+		p.DstOverrides = append(p.DstOverrides, endpoint.WeightedDst{Authority: d.GetAuthority(), Weight: d.GetWeight()})
 	}
 	if e := m.GetEndpoint(); e != nil {
 		ep, err := EndpointFromProto(e, nil, "endpoint")
@@ -354,7 +349,7 @@ func AddrFromProto(m *pb.TcpAddress) (netip.AddrPort, error) {
 }
 
 // EndpointToProto encodes an endpoint.
-func EndpointToProto(e Endpoint) *pb.WeightedAddr {
+func EndpointToProto(e endpoint.Endpoint) *pb.WeightedAddr {
 	w := &pb.WeightedAddr{
 		Addr:         AddrToProto(e.Addr),
 		Weight:       e.Weight,
@@ -389,26 +384,29 @@ func EndpointToProto(e Endpoint) *pb.WeightedAddr {
 	return w
 }
 
-// EndpointFromProto decodes an endpoint; setLabels are the labels of the
-// set it came in, under its own. A zero weight becomes [DefaultWeight].
-func EndpointFromProto(w *pb.WeightedAddr, setLabels map[string]string, path string) (Endpoint, error) {
+// EndpointFromProto decodes an endpoint of the Get stream or a policy's
+// forward backend; setLabels are the labels of the set it came in, under
+// its own. A zero weight becomes [endpoint.DefaultWeight]; labels beyond
+// the bounds ([MaxEndpointLabels], [MaxLabelKeyLen], [MaxLabelValueLen])
+// are an error naming path.metric_labels.
+func EndpointFromProto(w *pb.WeightedAddr, setLabels map[string]string, path string) (endpoint.Endpoint, error) {
 	addr, err := AddrFromProto(w.GetAddr())
 	if err != nil {
-		return Endpoint{}, errAt(path+".addr", "%v", err)
+		return endpoint.Endpoint{}, errAt(path+".addr", "%v", err)
 	}
-	e := Endpoint{Addr: addr, Weight: w.GetWeight()}
+	e := endpoint.Endpoint{Addr: addr, Weight: w.GetWeight()}
 	if e.Weight == 0 {
-		e.Weight = DefaultWeight
+		e.Weight = endpoint.DefaultWeight
 	}
 	if n := len(setLabels) + len(w.GetMetricLabels()); n > 0 {
 		if n > 2*MaxEndpointLabels {
-			return Endpoint{}, errAt(path+".metric_labels", "%d labels, more than %d", n, MaxEndpointLabels)
+			return endpoint.Endpoint{}, errAt(path+".metric_labels", "%d labels, more than %d", n, MaxEndpointLabels)
 		}
 		e.Labels = make(map[string]string, n)
 		maps.Copy(e.Labels, setLabels)
 		maps.Copy(e.Labels, w.GetMetricLabels())
 		if err := checkLabels(e.Labels); err != nil {
-			return Endpoint{}, errAt(path+".metric_labels", "%v", err)
+			return endpoint.Endpoint{}, errAt(path+".metric_labels", "%v", err)
 		}
 	}
 	if id := w.GetTlsIdentity(); id != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
@@ -162,7 +163,7 @@ func path0() *pb.RequestMatch {
 }
 
 func TestEndpointRoundTrip(t *testing.T) {
-	e := Endpoint{
+	e := endpoint.Endpoint{
 		Addr: netip.MustParseAddrPort("10.0.0.7:4143"), Weight: 2500,
 		Labels:   map[string]string{"pod": "books-0", "zone": "a"},
 		Identity: "books.default.serviceaccount.identity.linkerd.cluster.local", ServerName: "books.default",
@@ -173,11 +174,11 @@ func TestEndpointRoundTrip(t *testing.T) {
 	assert.Equal(t, e, back)
 
 	// Set labels sit under the endpoint's own; zero weight means the default.
-	w := EndpointToProto(Endpoint{Addr: e.Addr, Labels: map[string]string{"zone": "b"}})
+	w := EndpointToProto(endpoint.Endpoint{Addr: e.Addr, Labels: map[string]string{"zone": "b"}})
 	back, err = EndpointFromProto(w, map[string]string{"zone": "a", "ns": "default"}, "addr")
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"zone": "b", "ns": "default"}, back.Labels)
-	assert.Equal(t, uint32(DefaultWeight), back.Weight)
+	assert.Equal(t, uint32(endpoint.DefaultWeight), back.Weight)
 
 	uri := &pb.WeightedAddr{Addr: AddrToProto(e.Addr), TlsIdentity: &pb.TlsIdentity{
 		Strategy: &pb.TlsIdentity_UriLikeIdentity_{UriLikeIdentity: &pb.TlsIdentity_UriLikeIdentity{Uri: "spiffe://td/ns/default/sa/books"}},
@@ -206,12 +207,12 @@ func TestParseEndpoints(t *testing.T) {
 	require.Len(t, sets, 2)
 	eps := sets["books.default.svc.cluster.local:7000"]
 	require.Len(t, eps, 2)
-	assert.Equal(t, Endpoint{
+	assert.Equal(t, endpoint.Endpoint{
 		Addr: netip.MustParseAddrPort("127.0.0.1:4143"), Weight: 10000, H2: true, OpaqueTransportPort: 4143,
 		Identity: "books.default.serviceaccount.identity.linkerd.cluster.local",
 		Labels:   map[string]string{"pod": "books-0", "replica": "1"},
 	}, eps[0])
-	assert.Equal(t, uint32(DefaultWeight), eps[1].Weight)
+	assert.Equal(t, uint32(endpoint.DefaultWeight), eps[1].Weight)
 	empty, ok := sets["empty.default.svc.cluster.local:80"]
 	assert.True(t, ok, "authority normalised")
 	assert.Empty(t, empty)
@@ -264,8 +265,8 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 func BenchmarkApplyAdd1000(b *testing.B) {
 	add := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
 	for i := range 1000 {
-		add.Addrs = append(add.Addrs, EndpointToProto(Endpoint{
-			Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 8080), Weight: DefaultWeight,
+		add.Addrs = append(add.Addrs, EndpointToProto(endpoint.Endpoint{
+			Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 8080), Weight: endpoint.DefaultWeight,
 			Labels: map[string]string{"pod": fmt.Sprintf("books-%d", i)}, H2: true,
 			Identity: "books.default.serviceaccount.identity.linkerd.cluster.local",
 		}))

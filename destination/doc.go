@@ -19,7 +19,14 @@
 // elsewhere at once. [WatchFiles] feeds a Store from files and keeps the
 // last good state against every bad file.
 //
-// The wire types are in package [destinationpb]; they use Linkerd's proto
-// names, so the Client works against a Linkerd control plane and a Linkerd
-// proxy works against the Server.
+// The package is the one place where wire messages become models and back:
+// [ProfileFromProto] and [ProfileToProto] for the profiles model,
+// [PolicyFromProto] and [PolicyToProto] for the policy model (the
+// OutboundPolicies API, [Client.WatchPolicy]), and [EndpointFromProto] and
+// [EndpointToProto] for the endpoints of both, each decoding error naming
+// the field at fault. The models themselves import no protobuf.
+//
+// The wire types are in package [destinationpb] and its siblings; they use
+// Linkerd's proto names, so the Client works against a Linkerd control
+// plane and a Linkerd proxy works against the Server.
 package destination

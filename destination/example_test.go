@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/grpc"
@@ -16,7 +17,7 @@ import (
 // A client watching the embedded control plane over loopback.
 func ExampleClient_WatchEndpoints() {
 	store := destination.NewStore()
-	store.PutEndpoints("books.default.svc.cluster.local:7000", []destination.Endpoint{
+	store.PutEndpoints("books.default.svc.cluster.local:7000", []endpoint.Endpoint{
 		{Addr: netip.MustParseAddrPort("127.0.0.1:4143"), H2: true},
 	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -37,9 +38,9 @@ func ExampleClient_WatchEndpoints() {
 	}
 	defer client.Close()
 
-	got := make(chan destination.EndpointsUpdate, 1)
+	got := make(chan endpoint.Update, 1)
 	stop, err := client.WatchEndpoints(context.Background(), "books.default.svc.cluster.local:7000",
-		func(u destination.EndpointsUpdate) { got <- u })
+		func(u endpoint.Update) { got <- u })
 	if err != nil {
 		fmt.Println(err)
 		return

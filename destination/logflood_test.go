@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
@@ -52,12 +53,12 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)
 	defer stop()
-	eps := newRecorder[EndpointsUpdate]()
+	eps := newRecorder[endpoint.Update]()
 	stopE, err := c.WatchEndpoints(context.Background(), books+":7000", eps.update)
 	require.NoError(t, err)
 	defer stopE()
 	prof.waitFor(t, "the good profile", hasRoute("good"))
-	eps.waitFor(t, "the good endpoint", func(u EndpointsUpdate) bool { return len(addrs(u)) == 1 })
+	eps.waitFor(t, "the good endpoint", func(u endpoint.Update) bool { return len(addrs(u)) == 1 })
 	t.Logf("%d rejected updates: %d log lines, %d bytes", 2*n, logs.count(""), logs.bytes())
 	assert.LessOrEqual(t, logs.count("WARN"), 4, "one line per kind per interval")
 }

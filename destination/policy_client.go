@@ -88,19 +88,6 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 	}
 }
 
-// PolicyFromProto converts an OutboundPolicy and checks that it compiles:
-// the error names the field at fault.
-func PolicyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
-	p, err := policy.FromProto(m)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := policy.Compile(p, policy.Options{}); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
 func (c *Client) trafficSpec(key string) *outboundpb.TrafficSpec {
 	workload := c.cfg.workload
 	if workload == "" {

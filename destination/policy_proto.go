@@ -14,7 +14,7 @@ import (
 )
 
 // PolicyToProto encodes an outbound policy for the wire, the inverse of
-// [policy.FromProto] for HTTP and gRPC policies (opaque and TLS policies
+// [PolicyFromProto] for HTTP and gRPC policies (opaque and TLS policies
 // are sent without routes; filters a protocol does not carry are left
 // out, as [policy.Compile] rejects them). Forward backends are encoded with
 // [EndpointToProto].

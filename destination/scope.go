@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
@@ -90,6 +91,6 @@ func outOfScope[U any](c *Client, ctx context.Context, u U, update func(U)) func
 // The updates a watch outside the search path gets.
 var (
 	noProfile = profiles.Update{}
-	noService = EndpointsUpdate{Set: &profiles.EndpointSet{Exists: false}}
+	noService = endpoint.Update{Set: &endpoint.Set{Exists: false}}
 	noPolicy  = policy.Update{}
 )

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
@@ -15,8 +16,8 @@ import (
 // stream: whatever Hosts an application sends cannot fill the watch bound.
 func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
 	store := NewStore()
-	store.PutEndpoints(books+":7000", []Endpoint{ep("10.0.0.1:7000", true)})
-	store.PutEndpoints("10.1.2.3:80", []Endpoint{ep("10.1.2.3:80", false)})
+	store.PutEndpoints(books+":7000", []endpoint.Endpoint{ep("10.0.0.1:7000", true)})
+	store.PutEndpoints("10.1.2.3:80", []endpoint.Endpoint{ep("10.1.2.3:80", false)})
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr, WithMaxWatches(1),
 		WithSearchNetworks(netip.MustParsePrefix("10.1.0.0/16")))
@@ -31,11 +32,11 @@ func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
 		assert.Nil(t, got.Profile, a)
 		assert.NoError(t, got.Err, a)
 
-		eps := newRecorder[EndpointsUpdate]()
+		eps := newRecorder[endpoint.Update]()
 		stop, err = c.WatchEndpoints(ctx, a, eps.update)
 		require.NoError(t, err, a)
 		defer stop()
-		set := eps.waitFor(t, a+": no such service", func(u EndpointsUpdate) bool { return u.Set != nil })
+		set := eps.waitFor(t, a+": no such service", func(u endpoint.Update) bool { return u.Set != nil })
 		assert.False(t, set.Set.Exists, a)
 
 		pol := newRecorder[policy.Update]()
@@ -49,13 +50,13 @@ func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
 
 	// A cluster name (with a trailing dot too, any case) and an address in
 	// a search network are looked up.
-	eps := newRecorder[EndpointsUpdate]()
+	eps := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(ctx, "Books.Default.svc.cluster.local.:7000", eps.update)
 	require.NoError(t, err)
 	defer stop()
 	assert.Equal(t, 1, c.Stats().EndpointWatches)
 
-	ip := newRecorder[EndpointsUpdate]()
+	ip := newRecorder[endpoint.Update]()
 	stopIP, err := c.WatchEndpoints(ctx, "10.1.2.3:80", ip.update)
 	assert.ErrorIs(t, err, profiles.ErrTooManyWatches, "an in-network address takes room under the bound")
 	if err == nil {
@@ -65,24 +66,24 @@ func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
 
 func TestSearchSuffixes(t *testing.T) {
 	store := NewStore()
-	store.PutEndpoints("web.corp:80", []Endpoint{ep("10.0.0.9:80", false)})
+	store.PutEndpoints("web.corp:80", []endpoint.Endpoint{ep("10.0.0.9:80", false)})
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 
 	c := newTestClient(t, cp.addr, WithSearchSuffixes("Corp."))
-	rec := newRecorder[EndpointsUpdate]()
+	rec := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(context.Background(), "web.corp:80", rec.update)
 	require.NoError(t, err)
 	defer stop()
-	got := rec.waitFor(t, "web.corp's endpoints", func(u EndpointsUpdate) bool { return u.Set != nil })
+	got := rec.waitFor(t, "web.corp's endpoints", func(u endpoint.Update) bool { return u.Set != nil })
 	assert.True(t, got.Set.Exists)
 	assert.Equal(t, []string{"10.0.0.9:80"}, addrs(got))
 
-	_, err = c.WatchEndpoints(context.Background(), books+":7000", func(EndpointsUpdate) {})
+	_, err = c.WatchEndpoints(context.Background(), books+":7000", func(endpoint.Update) {})
 	require.NoError(t, err)
 	assert.Equal(t, 1, c.Stats().EndpointWatches, "the default suffix was replaced")
 
 	all := newTestClient(t, cp.addr, WithSearchSuffixes("."))
-	stop, err = all.WatchEndpoints(context.Background(), "anything.at.all:80", func(EndpointsUpdate) {})
+	stop, err = all.WatchEndpoints(context.Background(), "anything.at.all:80", func(endpoint.Update) {})
 	require.NoError(t, err)
 	defer stop()
 	assert.Equal(t, 1, all.Stats().EndpointWatches, `"." looks up every name`)

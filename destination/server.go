@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
@@ -217,7 +218,7 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 // endpointDiff returns the updates that take a stream from sent to eps, and
 // updates sent. announce forces a message even when nothing changed (the
 // first message of a stream, or a change of existence).
-func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []Endpoint, setLabels map[string]string, exists, announce bool) []*pb.Update {
+func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpoint, setLabels map[string]string, exists, announce bool) []*pb.Update {
 	if len(eps) == 0 {
 		if len(sent) == 0 && !announce {
 			return nil

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
@@ -96,7 +97,7 @@ func TestServerGetProfile(t *testing.T) {
 	t.Run("profile serves every port of its name; change is pushed", func(t *testing.T) {
 		sp := serviceProfile(books, "r1")
 		sp.OpaquePorts = []uint32{3306}
-		sp.DstOverrides = []profiles.WeightedDst{{Authority: "books-v2.default.svc.cluster.local", Weight: 10000}}
+		sp.DstOverrides = []endpoint.WeightedDst{{Authority: "books-v2.default.svc.cluster.local", Weight: 10000}}
 		store.PutServiceProfile(sp)
 		st, err := api.GetProfile(ctx, &pb.GetDestination{Path: "Books.Default.svc.cluster.local.:7000"})
 		require.NoError(t, err)
@@ -134,7 +135,7 @@ func TestServerGet(t *testing.T) {
 	noEndpoints := func(exists bool) *pb.Update {
 		return &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: exists}}}
 	}
-	add := func(eps ...Endpoint) *pb.Update {
+	add := func(eps ...endpoint.Endpoint) *pb.Update {
 		var ws []*pb.WeightedAddr
 		for _, e := range eps {
 			ws = append(ws, EndpointToProto(e))
@@ -144,7 +145,7 @@ func TestServerGet(t *testing.T) {
 		labels := map[string]string{"namespace": "ns", "service": "web"}
 		return &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: ws, MetricLabels: labels}}}
 	}
-	remove := func(eps ...Endpoint) *pb.Update {
+	remove := func(eps ...endpoint.Endpoint) *pb.Update {
 		var as []*pb.TcpAddress
 		for _, e := range eps {
 			as = append(as, AddrToProto(e.Addr))
@@ -165,25 +166,25 @@ func TestServerGet(t *testing.T) {
 	a, b := ep("10.0.0.1:80", true), ep("10.0.0.2:80", false)
 	store.PutEndpoints("web.ns.svc.cluster.local:80", nil)
 	expect(t, st, noEndpoints(true))
-	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{a, b})
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []endpoint.Endpoint{a, b})
 	expect(t, st, add(a, b))
-	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{b})
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []endpoint.Endpoint{b})
 	expect(t, st, remove(a))
 	b2 := b
 	b2.Labels = map[string]string{"pod": "web-1"}
-	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{b2})
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []endpoint.Endpoint{b2})
 	expect(t, st, add(b2))
 	store.DeleteEndpoints("web.ns.svc.cluster.local:80")
 	expect(t, st, noEndpoints(false))
 
 	// A new subscription starts with the whole state.
-	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{a, b})
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []endpoint.Endpoint{a, b})
 	st2, err := api.Get(ctx, &pb.GetDestination{Path: "web.ns.svc.cluster.local:80"})
 	require.NoError(t, err)
 	expect(t, st2, add(a, b))
 	// An unrelated change sends nothing: the next message is the real one.
-	store.PutEndpoints("other.ns.svc.cluster.local:80", []Endpoint{a})
-	store.PutEndpoints("web.ns.svc.cluster.local:80", []Endpoint{a})
+	store.PutEndpoints("other.ns.svc.cluster.local:80", []endpoint.Endpoint{a})
+	store.PutEndpoints("web.ns.svc.cluster.local:80", []endpoint.Endpoint{a})
 	expect(t, st2, remove(b))
 }
 
@@ -218,8 +219,8 @@ func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
 	sp := serviceProfile(books, "r1")
 	sp.OpaquePorts = []uint32{80}
 	store.PutServiceProfile(sp)
-	store.PutEndpoints(books+":80", []Endpoint{ep("10.0.0.1:8080", false)})
-	store.PutEndpoints("[fd00::1]:80", []Endpoint{ep("10.0.0.2:8080", false)})
+	store.PutEndpoints(books+":80", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
+	store.PutEndpoints("[fd00::1]:80", []endpoint.Endpoint{ep("10.0.0.2:8080", false)})
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
@@ -248,7 +249,7 @@ func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
 // for them forever), refuses new ones, and lets GracefulStop return.
 func TestServerShutdownEndsStreams(t *testing.T) {
 	store := NewStore()
-	store.PutEndpoints(books+":7000", []Endpoint{ep("10.0.0.1:8080", false)})
+	store.PutEndpoints(books+":7000", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
 	srv := NewServer(store, WithLogger(quietLogger))
 	cp := serve(t, srv)
 	api := rawClient(t, cp.addr)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,11 +53,11 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 	logs := &lineCounter{}
 	c := newTestClient(t, cp.addr, WithFirstMessageTimeout(deadline), WithLogger(logs.logger()))
 
-	rec := newRecorder[EndpointsUpdate]()
+	rec := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(context.Background(), books+":7000", rec.update)
 	require.NoError(t, err)
 	defer stop()
-	u := rec.waitFor(t, "exists with no endpoints", func(EndpointsUpdate) bool { return true })
+	u := rec.waitFor(t, "exists with no endpoints", func(endpoint.Update) bool { return true })
 	require.NoError(t, u.Err)
 	require.NotNil(t, u.Set)
 	assert.True(t, u.Set.Exists)
@@ -83,7 +84,7 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 
 	// The first message later applies as usual.
 	close(sendAdd)
-	rec.waitFor(t, "the endpoint", func(u EndpointsUpdate) bool { return len(addrs(u)) == 1 })
+	rec.waitFor(t, "the endpoint", func(u endpoint.Update) bool { return len(addrs(u)) == 1 })
 	// The balancer has a subscription of its own, served in its own order.
 	require.Eventually(t, func() bool {
 		status, body, _ := fetch(t, hc, "http://"+books+":7000/")

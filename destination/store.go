@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
@@ -19,7 +20,7 @@ import (
 type Store struct {
 	mu        sync.Mutex
 	profiles  map[string]*profiles.ServiceProfile // by name, lower case
-	endpoints map[string][]Endpoint               // by authority host:port, lower case
+	endpoints map[string][]endpoint.Endpoint      // by authority host:port, lower case
 	changed   chan struct{}                       // closed and replaced on every change
 	manifests *manifest.Resources                 // Services and routes of the OutboundPolicies API
 }
@@ -35,7 +36,7 @@ func (s *Store) initLocked() {
 		s.profiles = make(map[string]*profiles.ServiceProfile)
 	}
 	if s.endpoints == nil {
-		s.endpoints = make(map[string][]Endpoint)
+		s.endpoints = make(map[string][]endpoint.Endpoint)
 	}
 }
 
@@ -78,8 +79,8 @@ func (s *Store) DeleteServiceProfile(name string) {
 
 // SetEndpoints replaces every endpoint set. An authority present with no
 // endpoints exists but is empty; an authority absent does not exist.
-func (s *Store) SetEndpoints(sets map[string][]Endpoint) {
-	m := make(map[string][]Endpoint, len(sets))
+func (s *Store) SetEndpoints(sets map[string][]endpoint.Endpoint) {
+	m := make(map[string][]endpoint.Endpoint, len(sets))
 	for a, eps := range sets {
 		m[strings.ToLower(a)] = sortedEndpoints(eps)
 	}
@@ -91,7 +92,7 @@ func (s *Store) SetEndpoints(sets map[string][]Endpoint) {
 }
 
 // PutEndpoints sets the endpoints of authority (host:port).
-func (s *Store) PutEndpoints(authority string, eps []Endpoint) {
+func (s *Store) PutEndpoints(authority string, eps []endpoint.Endpoint) {
 	eps = sortedEndpoints(eps)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -175,7 +176,7 @@ func (s *Store) profile(host string, port uint32) (*profiles.Profile, *profiles.
 
 // endpointSet returns the endpoints of authority, whether it exists, and a
 // channel closed on the next change.
-func (s *Store) endpointSet(authority string) ([]Endpoint, bool, <-chan struct{}) {
+func (s *Store) endpointSet(authority string) ([]endpoint.Endpoint, bool, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
@@ -183,16 +184,18 @@ func (s *Store) endpointSet(authority string) ([]Endpoint, bool, <-chan struct{}
 	return eps, ok, s.changed
 }
 
-func sortedEndpoints(eps []Endpoint) []Endpoint {
+func sortedEndpoints(eps []endpoint.Endpoint) []endpoint.Endpoint {
 	eps = slices.Clone(eps)
 	for i := range eps {
 		if eps[i].Weight == 0 {
-			eps[i].Weight = DefaultWeight
+			eps[i].Weight = endpoint.DefaultWeight
 		}
 	}
-	slices.SortFunc(eps, func(a, b Endpoint) int { return a.Addr.Compare(b.Addr) })
-	return slices.CompactFunc(eps, func(a, b Endpoint) bool { return a.Addr == b.Addr })
+	slices.SortFunc(eps, func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) })
+	return slices.CompactFunc(eps, func(a, b endpoint.Endpoint) bool { return a.Addr == b.Addr })
 }
 
 // ParseEndpoints reads an endpoints file; see [manifest.ParseEndpoints].
-func ParseEndpoints(data []byte) (map[string][]Endpoint, error) { return manifest.ParseEndpoints(data) }
+func ParseEndpoints(data []byte) (map[string][]endpoint.Endpoint, error) {
+	return manifest.ParseEndpoints(data)
+}

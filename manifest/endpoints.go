@@ -5,14 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/yamltree"
-	"github.com/inmesh/inmesh/profiles"
 )
-
-// DefaultWeight is the weight of an endpoint that sets none, the
-// Destination API's default.
-const DefaultWeight = 10000
 
 // The bounds of an endpoint's metric labels: in an endpoints file or a Get
 // stream, an endpoint beyond them is an error naming the field.
@@ -62,8 +58,8 @@ func CheckLabels(labels map[string]string) error {
 // labels, keys of at most [MaxLabelKeyLen] bytes and values of at most
 // [MaxLabelValueLen]. Errors name the field, as in
 // "[0].endpoints[1].addr: ...".
-func ParseEndpoints(data []byte) (map[string][]profiles.Endpoint, error) {
-	out := make(map[string][]profiles.Endpoint)
+func ParseEndpoints(data []byte) (map[string][]endpoint.Endpoint, error) {
+	out := make(map[string][]endpoint.Endpoint)
 	if yamltree.Blank(data) {
 		return nil, errEmptyEndpoints
 	}
@@ -97,7 +93,7 @@ func ParseEndpoints(data []byte) (map[string][]profiles.Endpoint, error) {
 		if _, dup := out[authority]; dup {
 			return nil, an.Errorf("%s is listed twice", authority)
 		}
-		var eps []profiles.Endpoint
+		var eps []endpoint.Endpoint
 		if en, ok := obj["endpoints"]; ok && en.Value != nil {
 			items, err := en.List()
 			if err != nil {
@@ -119,12 +115,12 @@ func ParseEndpoints(data []byte) (map[string][]profiles.Endpoint, error) {
 // errEmptyEndpoints is why an empty endpoints file is refused.
 var errEmptyEndpoints = errors.New("the endpoints file is empty (truncated, or still being written?); write [] for a state with no authorities")
 
-func parseEndpoint(n yamltree.Node) (profiles.Endpoint, error) {
+func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
 	obj, err := n.Object("addr", "weight", "h2", "opaqueTransportPort", "identity", "authorityOverride", "labels")
 	if err != nil {
-		return profiles.Endpoint{}, err
+		return endpoint.Endpoint{}, err
 	}
-	e := profiles.Endpoint{Weight: DefaultWeight}
+	e := endpoint.Endpoint{Weight: endpoint.DefaultWeight}
 	an, ok := obj["addr"]
 	if !ok {
 		return e, yamltree.Node{Path: n.Child("addr")}.Errorf("required")

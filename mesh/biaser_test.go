@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
@@ -55,7 +56,7 @@ spec:
 	store := destination.NewStore()
 	store.SetManifests(res)
 	const books = "books.default.svc.cluster.local:7000"
-	store.PutEndpoints(books, []destination.Endpoint{
+	store.PutEndpoints(books, []endpoint.Endpoint{
 		{Addr: netip.MustParseAddrPort(strings.TrimPrefix(limited.URL, "http://"))},
 		{Addr: netip.MustParseAddrPort(strings.TrimPrefix(ok.URL, "http://"))},
 	})

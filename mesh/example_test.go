@@ -8,6 +8,7 @@ import (
 	"net/netip"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -36,7 +37,7 @@ func Example() {
 	defer srv.Close()
 
 	const books = "books.shop.svc.cluster.local:7000"
-	endpoints, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+	endpoints, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
 		books: {{Addr: netip.MustParseAddrPort(lis.Addr().String()), H2: true}},
 	})
 	if err != nil {

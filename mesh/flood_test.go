@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -142,7 +143,7 @@ spec:
 	require.NoError(t, err)
 	cp.store.SetServiceProfiles(sps)
 	app := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	cp.store.PutEndpoints(late, []destination.Endpoint{{Addr: netip.MustParseAddrPort(strings.TrimPrefix(app.URL, "http://"))}})
+	cp.store.PutEndpoints(late, []endpoint.Endpoint{{Addr: netip.MustParseAddrPort(strings.TrimPrefix(app.URL, "http://"))}})
 
 	// The flood's loopback literals are inside the search path, so every
 	// Host is looked up and the watch bound is what holds.
@@ -204,8 +205,8 @@ spec:
 		return (<-routes).Labels["route"] == "GET /late"
 	}, testutil.Timeout, 10*time.Millisecond)
 	// ...and its endpoints.
-	got := make(chan *destination.EndpointSet, 1)
-	stop, err := dst.WatchEndpoints(context.Background(), late, func(u destination.EndpointsUpdate) {
+	got := make(chan *endpoint.Set, 1)
+	stop, err := dst.WatchEndpoints(context.Background(), late, func(u endpoint.Update) {
 		if u.Set != nil {
 			select {
 			case got <- u.Set:
@@ -247,7 +248,7 @@ spec:
 	cp.store.SetServiceProfiles(sps)
 	app := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	appAddr := strings.TrimPrefix(app.URL, "http://")
-	cp.store.PutEndpoints(late, []destination.Endpoint{{Addr: netip.MustParseAddrPort(appAddr), Labels: map[string]string{"pod": "late-0"}}})
+	cp.store.PutEndpoints(late, []endpoint.Endpoint{{Addr: netip.MustParseAddrPort(appAddr), Labels: map[string]string{"pod": "late-0"}}})
 
 	// The flood's loopback literals are inside the search path, so every
 	// Host is looked up and the watch bound is what holds.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/testutil"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/profiles"
@@ -130,8 +131,8 @@ func grpcMesh(t *testing.T, app *grpcApp, raw http.Handler) (*grpc.ClientConn, f
 	t.Cleanup(server.Close)
 	inbound := serveH2C(t, server)
 
-	peer := []balancer.Endpoint{{Addr: netip.MustParseAddrPort(inbound), H2: true}}
-	eps, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{grpcSvc: peer, grpcSlow: peer, grpcEmpty: nil})
+	peer := []endpoint.Endpoint{{Addr: netip.MustParseAddrPort(inbound), H2: true}}
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{grpcSvc: peer, grpcSlow: peer, grpcEmpty: nil})
 	require.NoError(t, err)
 	sps, err := profiles.ParseServiceProfiles([]byte(`
 apiVersion: linkerd.io/v1alpha2
@@ -246,7 +247,7 @@ func TestHTTP2ServerResetReachesClient(t *testing.T) {
 		w.(http.Flusher).Flush()
 		panic(http.ErrAbortHandler)
 	})
-	eps, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{grpcSvc: {{Addr: netip.MustParseAddrPort(meshInbound(t, raw)), H2: true}}})
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{grpcSvc: {{Addr: netip.MustParseAddrPort(meshInbound(t, raw)), H2: true}}})
 	require.NoError(t, err)
 	client := NewClient(WithEndpoints(eps), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
 	defer client.Close()
@@ -342,7 +343,7 @@ func TestGRPCFromNetHTTPClient(t *testing.T) {
 	gs := grpc.NewServer()
 	testgrpc.RegisterTestServiceServer(gs, app)
 	defer gs.Stop()
-	eps, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
 		grpcSvc: {{Addr: netip.MustParseAddrPort(meshInbound(t, gs)), H2: true}},
 	})
 	require.NoError(t, err)

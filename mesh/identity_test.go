@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -84,7 +85,7 @@ func TestMeshedMTLS(t *testing.T) {
 	addr := netip.MustParseAddrPort(lis.Addr().String())
 
 	const books, wrong = "books.default.svc.cluster.local:7000", "wrong.default.svc.cluster.local:7000"
-	eps, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
 		books: {{Addr: addr, H2: true, Identity: booksID}},
 		wrong: {{Addr: addr, H2: true, Identity: reviewsID}},
 	})

@@ -301,7 +301,7 @@ func NewClient(opts ...ClientOption) *Client {
 	ropts := append(c.routerOptions(), router.WithPolicies(c.policies), router.WithDiscoveryWait(c.discoveryWait))
 	if c.endpoints != nil {
 		opts := []balancer.Option{
-			balancer.WithLogger(c.logger), balancer.WithProfiles(c.source), balancer.WithMaxAuthorities(c.maxAuthorities),
+			balancer.WithLogger(c.logger), balancer.WithSplits(profiles.Splits(c.source)), balancer.WithMaxAuthorities(c.maxAuthorities),
 			balancer.WithIdleTimeout(c.idleTimeout),
 		}
 		if c.mp != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	origproto "github.com/inmesh/inmesh/orig-proto"
@@ -87,7 +88,7 @@ spec:
 	}
 	peer.Start()
 	defer peer.Close()
-	store.PutEndpoints(books, []destination.Endpoint{{
+	store.PutEndpoints(books, []endpoint.Endpoint{{
 		Addr: netip.MustParseAddrPort(strings.TrimPrefix(peer.URL, "http://")), H2: true,
 		Labels: map[string]string{"pod": "books-0"},
 	}})
@@ -169,7 +170,7 @@ func TestClientWithStaticEndpoints(t *testing.T) {
 	app := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "app "+r.Host)
 	}))
-	src, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+	src, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
 		books: {{Addr: netip.MustParseAddrPort(strings.TrimPrefix(app.URL, "http://"))}},
 	})
 	require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -96,7 +97,7 @@ func TestRenewalUnderLoad(t *testing.T) {
 	go srv.Serve(server.Listener(lis))
 	defer srv.Close()
 	const books = "books.default.svc.cluster.local:7000"
-	eps, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
 		books: {{Addr: netip.MustParseAddrPort(lis.Addr().String()), H2: true, Identity: booksID}},
 	})
 	require.NoError(t, err)

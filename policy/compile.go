@@ -185,7 +185,7 @@ func CompileHTTP(parent Metadata, p HTTPProtocol, opts Options, field string) (*
 	if len(p.Routes) > opts.MaxRoutes {
 		return nil, fmt.Errorf("%s.routes: %d routes is more than the limit of %d", field, len(p.Routes), opts.MaxRoutes)
 	}
-	if err := checkFailureAccrual(p.FailureAccrual, field+".failureAccrual"); err != nil {
+	if err := CheckFailureAccrual(p.FailureAccrual, field+".failureAccrual"); err != nil {
 		return nil, err
 	}
 	t := &RouteTable{failureAccrual: p.FailureAccrual, routes: make([]compiledRoute, len(p.Routes))}
@@ -232,7 +232,7 @@ func CompileGRPC(parent Metadata, p GRPCProtocol, opts Options, field string) (*
 	if len(p.Routes) > opts.MaxRoutes {
 		return nil, fmt.Errorf("%s.routes: %d routes is more than the limit of %d", field, len(p.Routes), opts.MaxRoutes)
 	}
-	if err := checkFailureAccrual(p.FailureAccrual, field+".failureAccrual"); err != nil {
+	if err := CheckFailureAccrual(p.FailureAccrual, field+".failureAccrual"); err != nil {
 		return nil, err
 	}
 	t := &RouteTable{grpc: true, failureAccrual: p.FailureAccrual, routes: make([]compiledRoute, len(p.Routes))}
@@ -589,7 +589,11 @@ const (
 
 var errOneAccrualKind = errors.New("exactly one of consecutive and unified must be set")
 
-func checkFailureAccrual(fa *FailureAccrual, path string) error {
+// CheckFailureAccrual checks a failure accrual as [Compile] does: exactly
+// one kind, a valid backoff, a success-rate threshold in [0, 1] over a
+// window of at least 10ms and a request floor that lets it trip. A nil one
+// is valid. path prefixes the field names in errors.
+func CheckFailureAccrual(fa *FailureAccrual, path string) error {
 	if fa == nil {
 		return nil
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
-	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -17,7 +17,7 @@ func TestCompileErrorsNameTheField(t *testing.T) {
 	one := func(rule HTTPRule) *Policy {
 		return &Policy{Protocol: ProtocolHTTP1, HTTP1: HTTPProtocol{Routes: []HTTPRoute{{Rules: []HTTPRule{{}, rule}}}}}
 	}
-	fwd := &profiles.Endpoint{}
+	fwd := &endpoint.Endpoint{}
 	tests := []struct {
 		name string
 		p    *Policy

@@ -6,11 +6,13 @@
 // modifiers, redirects, failure injectors), a backend [Distribution],
 // [Timeouts], a counted [Retry] policy and the l5d-* header switch.
 //
-// [FromProto] converts the wire form (package
-// github.com/inmesh/inmesh/destination/outboundpb) into the model, with
-// errors that name the field at fault. [Compile] turns a Policy into an
-// immutable [Table] whose Select picks the route of a request by best match,
-// exactly as Linkerd's proxy does, not first match:
+// The model is plain data: the package imports no protobuf and no control
+// plane (destination.PolicyFromProto decodes the wire form of Linkerd's
+// OutboundPolicies API into it; a forward backend's address is an
+// endpoint.Endpoint of package github.com/inmesh/inmesh/balancer/endpoint).
+// [Compile] turns a Policy into an immutable [Table] whose Select picks the
+// route of a request by best match, exactly as Linkerd's proxy does, not
+// first match:
 //
 //   - a route with host matches applies only to the hosts it names, and beats
 //     every route without host matches; an exact host beats a suffix

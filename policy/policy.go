@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
-	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"google.golang.org/grpc/codes"
 )
 
@@ -430,7 +430,7 @@ type Backend struct {
 	// labels.
 	Meta     Metadata
 	Balancer *Balancer
-	Forward  *profiles.Endpoint
+	Forward  *endpoint.Endpoint
 	Queue    Queue
 }
 

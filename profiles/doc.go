@@ -11,4 +11,10 @@
 // plane or inmesh's embedded one), a [StaticSource], or the files a
 // manifest.ProfileSource watches. The ServiceProfile YAML of Linkerd's CRD
 // (apiVersion linkerd.io/v1alpha2) is read by [ParseServiceProfiles].
+//
+// The model is plain data: the package imports no protobuf, no control
+// plane and no balancer (destination.ProfileFromProto decodes the wire
+// form). A traffic split's targets and a profile's endpoint are the types
+// of package github.com/inmesh/inmesh/balancer/endpoint, and [Splits]
+// offers a Source's dst overrides to balancer.WithSplits.
 package profiles

@@ -1,8 +1,9 @@
 package profiles
 
 import (
-	"net/netip"
 	"time"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
 )
 
 // Profile is the service profile of one destination authority. A Profile
@@ -18,12 +19,12 @@ type Profile struct {
 	// means retries are disabled.
 	RetryBudget *RetryBudget
 	// DstOverrides split traffic across other authorities by weight.
-	DstOverrides []WeightedDst
+	DstOverrides []endpoint.WeightedDst
 	// OpaqueProtocol says that traffic to this port is opaque TCP.
 	OpaqueProtocol bool
 	// Endpoint is set when the authority names one known endpoint rather
 	// than a service.
-	Endpoint *Endpoint
+	Endpoint *endpoint.Endpoint
 }
 
 // Route is one route of a profile.
@@ -61,44 +62,9 @@ func DefaultRetryBudget() RetryBudget {
 	return RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second}
 }
 
-// WeightedDst is one target of a traffic split.
-type WeightedDst struct {
-	// Authority is the host:port to send the share to.
-	Authority string
-	// Weight is relative to the other targets; 10000 is 100%.
-	Weight uint32
-}
-
 // ResponseClass marks the responses matching Condition as failures or
 // successes.
 type ResponseClass struct {
 	Condition ResponseMatch
 	IsFailure bool
-}
-
-// Endpoint describes one network endpoint of a destination.
-type Endpoint struct {
-	// Addr is the endpoint's IP address and port.
-	Addr netip.AddrPort
-	// Weight is the endpoint's relative share of traffic; 10000 is the
-	// default.
-	Weight uint32
-	// Labels are metric labels of the endpoint (exported with a dst_
-	// prefix). They include the labels of the set the endpoint came in.
-	Labels map[string]string
-	// Identity is the endpoint's expected TLS identity, empty when unknown.
-	Identity string
-	// ServerName is the TLS server name to send, when it differs from
-	// Identity.
-	ServerName string
-	// H2 is the protocol hint that the endpoint is a mesh peer accepting
-	// HTTP/2, so that HTTP/1 requests may be upgraded (orig-proto).
-	H2 bool
-	// Opaque is the protocol hint that the endpoint's traffic is opaque.
-	Opaque bool
-	// OpaqueTransportPort, when not zero, is the peer's inbound port for
-	// the opaque transport.
-	OpaqueTransportPort uint32
-	// AuthorityOverride, when set, replaces the request's authority.
-	AuthorityOverride string
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/recache"
@@ -34,7 +35,7 @@ type ServiceProfile struct {
 	RetryBudget RetryBudget
 	// DstOverrides are spec.dstOverrides; an authority without a port gets
 	// the port of the request.
-	DstOverrides []WeightedDst
+	DstOverrides []endpoint.WeightedDst
 	// OpaquePorts are spec.opaquePorts, sorted.
 	OpaquePorts []uint32
 }
@@ -490,12 +491,12 @@ func parseRetryBudget(n yamltree.Node) (RetryBudget, error) {
 	return b, nil
 }
 
-func parseWeightedDst(n yamltree.Node) (WeightedDst, error) {
+func parseWeightedDst(n yamltree.Node) (endpoint.WeightedDst, error) {
 	obj, err := n.Object("authority", "weight")
 	if err != nil {
-		return WeightedDst{}, err
+		return endpoint.WeightedDst{}, err
 	}
-	var d WeightedDst
+	var d endpoint.WeightedDst
 	an, ok := obj["authority"]
 	if !ok {
 		return d, yamltree.Node{Path: n.Child("authority")}.Errorf("required")

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -106,7 +107,7 @@ func TestProfileFor(t *testing.T) {
 	assert.Equal(t, MatchAll{Method("GET"), PathRegex("/x")}, p.Routes[0].Condition, "fields of one condition combine with all")
 	assert.Equal(t, 250*time.Millisecond, p.Routes[0].Timeout)
 	assert.True(t, p.Routes[0].Retryable)
-	assert.Equal(t, []WeightedDst{
+	assert.Equal(t, []endpoint.WeightedDst{
 		{Authority: "web-v2.ns.svc.cluster.local:8080", Weight: 2500},
 		{Authority: "web-v3.ns.svc.cluster.local:9000", Weight: 7500},
 	}, p.DstOverrides)

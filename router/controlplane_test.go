@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
@@ -55,7 +56,7 @@ func TestEmbeddedControlPlane(t *testing.T) {
 	require.NoError(t, err)
 	store := destination.NewStore()
 	store.SetManifests(res)
-	store.SetEndpoints(map[string][]destination.Endpoint{
+	store.SetEndpoints(map[string][]endpoint.Endpoint{
 		booksAuthority: {{Addr: netip.MustParseAddrPort(up.Listener.Addr().String())}},
 	})
 	dst := serveStore(t, store)
@@ -89,7 +90,7 @@ func TestEmbeddedControlPlane(t *testing.T) {
 // its three consecutive failures and receives nothing more.
 func TestEmbeddedControlPlaneFailureAccrual(t *testing.T) {
 	var bad atomic.Int64
-	var eps []destination.Endpoint
+	var eps []endpoint.Endpoint
 	for i := range 3 {
 		srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if i == 2 {
@@ -97,7 +98,7 @@ func TestEmbeddedControlPlaneFailureAccrual(t *testing.T) {
 				w.WriteHeader(http.StatusInternalServerError)
 			}
 		}))
-		eps = append(eps, destination.Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String())})
+		eps = append(eps, endpoint.Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String())})
 	}
 	res, err := manifest.Parse([]byte(`
 apiVersion: v1
@@ -116,7 +117,7 @@ spec:
 	require.NoError(t, err)
 	store := destination.NewStore()
 	store.SetManifests(res)
-	store.SetEndpoints(map[string][]destination.Endpoint{booksAuthority: eps})
+	store.SetEndpoints(map[string][]endpoint.Endpoint{booksAuthority: eps})
 	dst := serveStore(t, store)
 	bal := balancer.New(dst)
 	t.Cleanup(bal.Close)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
@@ -27,7 +28,7 @@ type healthFixture struct {
 	m      *testutil.Metrics
 }
 
-func newHealthFixture(t *testing.T, p *policy.Policy, eps map[string][]balancer.Endpoint) *healthFixture {
+func newHealthFixture(t *testing.T, p *policy.Policy, eps map[string][]endpoint.Endpoint) *healthFixture {
 	t.Helper()
 	src, err := balancer.NewStaticSource(eps)
 	require.NoError(t, err)
@@ -55,13 +56,13 @@ func (f *healthFixture) get(t *testing.T) (*http.Response, string) {
 
 // endpoint is a loopback server counting its requests, answering status
 // with its name.
-func endpoint(t *testing.T, name string, status *atomic.Int64, n *atomic.Int64) balancer.Endpoint {
+func countingEndpoint(t *testing.T, name string, status *atomic.Int64, n *atomic.Int64) endpoint.Endpoint {
 	srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		n.Add(1)
 		w.WriteHeader(int(status.Load()))
 		_, _ = io.WriteString(w, name)
 	}))
-	return balancer.Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: balancer.DefaultWeight}
+	return endpoint.Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: endpoint.DefaultWeight}
 }
 
 func balancerBackend(name, auth string) policy.RouteBackend {
@@ -84,11 +85,11 @@ func TestPolicyFailureAccrual(t *testing.T) {
 	ok.Store(200)
 	bad.Store(500)
 	var nGood, nBad atomic.Int64
-	eps := []balancer.Endpoint{endpoint(t, "a", &ok, &nGood), endpoint(t, "b", &ok, &nGood), endpoint(t, "bad", &bad, &nBad)}
+	eps := []endpoint.Endpoint{countingEndpoint(t, "a", &ok, &nGood), countingEndpoint(t, "b", &ok, &nGood), countingEndpoint(t, "bad", &bad, &nBad)}
 	p := httpPolicy(policy.HTTPRule{Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable,
 		Backends: []policy.RouteBackend{balancerBackend("web", "web.ns.svc.cluster.local:80")}}})
 	p.HTTP1.FailureAccrual = consecutive(3, time.Hour)
-	f := newHealthFixture(t, p, map[string][]balancer.Endpoint{"web.ns.svc.cluster.local:80": eps})
+	f := newHealthFixture(t, p, map[string][]endpoint.Endpoint{"web.ns.svc.cluster.local:80": eps})
 
 	for nBad.Load() < 3 {
 		f.get(t)
@@ -113,9 +114,9 @@ func TestFirstAvailableFallsThrough(t *testing.T) {
 	fail.Store(500)
 	ok.Store(200)
 	var nA, nB atomic.Int64
-	eps := map[string][]balancer.Endpoint{
-		"a.ns.svc.cluster.local:80": {endpoint(t, "a", &fail, &nA)},
-		"b.ns.svc.cluster.local:80": {endpoint(t, "b", &ok, &nB)},
+	eps := map[string][]endpoint.Endpoint{
+		"a.ns.svc.cluster.local:80": {countingEndpoint(t, "a", &fail, &nA)},
+		"b.ns.svc.cluster.local:80": {countingEndpoint(t, "b", &ok, &nB)},
 	}
 	a, b := balancerBackend("a", "a.ns.svc.cluster.local:80"), balancerBackend("b", "b.ns.svc.cluster.local:80")
 	a.Backend.Queue = policy.Queue{Capacity: 10, FailFastTimeout: 100 * time.Millisecond}
@@ -173,14 +174,14 @@ func TestPolicyLoadPenalty(t *testing.T) {
 	}))
 	var ok atomic.Int64
 	ok.Store(200)
-	eps := []balancer.Endpoint{
-		{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: balancer.DefaultWeight},
-		endpoint(t, "ok", &ok, &nOK),
+	eps := []endpoint.Endpoint{
+		{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: endpoint.DefaultWeight},
+		countingEndpoint(t, "ok", &ok, &nOK),
 	}
 	b := balancerBackend("web", "web.ns.svc.cluster.local:80")
 	b.Backend.Balancer.Penalty = &policy.LoadPenalty{Penalty: 5 * time.Second, MaxRetryAfter: time.Minute}
 	f := newHealthFixture(t, httpPolicy(policy.HTTPRule{Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable,
-		Backends: []policy.RouteBackend{b}}}), map[string][]balancer.Endpoint{"web.ns.svc.cluster.local:80": eps})
+		Backends: []policy.RouteBackend{b}}}), map[string][]endpoint.Endpoint{"web.ns.svc.cluster.local:80": eps})
 	for n429.Load() == 0 {
 		f.get(t)
 	}

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/policy"
-	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -75,7 +75,7 @@ func (u *upstream) backend(name string) policy.RouteBackend {
 	ap := netip.MustParseAddrPort(u.srv.Listener.Addr().String())
 	return policy.RouteBackend{Backend: policy.Backend{
 		Meta:    policy.Metadata{Kind: "Service", Namespace: "ns", Name: name, Port: ap.Port()},
-		Forward: &profiles.Endpoint{Addr: ap},
+		Forward: &endpoint.Endpoint{Addr: ap},
 	}, Weight: 1}
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
@@ -213,9 +214,9 @@ var parsedProfiles sync.Map // tag -> *profiles.ServiceProfile
 // putEndpoints publishes addrs as the endpoints of authority, mesh peers
 // (h2) when h2 is true, each with weight.
 func (cp *controlPlane) putEndpoints(authority string, addrs []string, h2 bool, weight uint32) {
-	eps := make([]destination.Endpoint, len(addrs))
+	eps := make([]endpoint.Endpoint, len(addrs))
 	for i, a := range addrs {
-		eps[i] = destination.Endpoint{Addr: netip.MustParseAddrPort(a), H2: h2, Weight: weight,
+		eps[i] = endpoint.Endpoint{Addr: netip.MustParseAddrPort(a), H2: h2, Weight: weight,
 			Labels: map[string]string{"pod": fmt.Sprintf("books-%d", i)}}
 	}
 	cp.store.PutEndpoints(authority, eps)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/stretchr/testify/assert"
@@ -239,7 +240,7 @@ func TestGRPCInteropIntoMeshServer(t *testing.T) {
 	defer server.Close()
 	inbound := serveH2C(t, server)
 
-	src, err := balancer.NewStaticSource(map[string][]balancer.Endpoint{
+	src, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
 		interopService: {{Addr: netip.MustParseAddrPort(inbound), H2: true}},
 	})
 	require.NoError(t, err)

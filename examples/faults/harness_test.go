@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/examples/internal/booksapp"
 	"github.com/stretchr/testify/require"
@@ -253,7 +254,7 @@ func waitEndpoint(t *testing.T, dstAddr, authority, addr string) {
 	defer dc.Close()
 	found := make(chan struct{})
 	var once sync.Once
-	stop, err := dc.WatchEndpoints(context.Background(), authority, func(u destination.EndpointsUpdate) {
+	stop, err := dc.WatchEndpoints(context.Background(), authority, func(u endpoint.Update) {
 		if u.Set == nil {
 			return
 		}

@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/examples/internal/booksapp"
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
@@ -141,8 +142,8 @@ func run(o options, out io.Writer) error {
 	peer.Start()
 	defer peer.Close()
 	peerAddr := netip.MustParseAddrPort(strings.TrimPrefix(peer.URL, "http://"))
-	store.PutEndpoints(authority, []destination.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
-	store.PutEndpoints(authors, []destination.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
+	store.PutEndpoints(authority, []endpoint.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
+	store.PutEndpoints(authors, []endpoint.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
 	fmt.Fprintf(out, "control plane on %s, books peer on %s\n", lis.Addr(), peer.Listener.Addr())
 
 	// The client peer.

@@ -1,4 +1,4 @@
-package policy
+package destination
 
 import (
 	"math"
@@ -13,6 +13,7 @@ import (
 	"github.com/inmesh/inmesh/destination/opaqueroutepb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/destination/tlsroutepb"
+	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -32,7 +33,7 @@ func marshal(t *testing.T, m proto.Message) []byte {
 
 // A oneof variant set to its zero value is still sent, and so tells "prefix
 // empty" from "no path kind" and "empty distribution" from "no distribution".
-func TestWireOneofZeroValuesAreSent(t *testing.T) {
+func TestPolicyWireOneofZeroValuesAreSent(t *testing.T) {
 	assert.Equal(t, []byte{0x12, 0x00}, marshal(t, &httproutepb.PathMatch{Kind: &httproutepb.PathMatch_Prefix{}}))
 	assert.Equal(t, []byte{0x0a, 0x00}, marshal(t, &httproutepb.HostMatch{Match: &httproutepb.HostMatch_Exact{}}))
 	assert.Empty(t, marshal(t, &httproutepb.PathMatch{}))
@@ -44,7 +45,7 @@ func TestWireOneofZeroValuesAreSent(t *testing.T) {
 	require.NoError(t, proto.Unmarshal([]byte{0x0a, 0x00}, &back))
 	d, err := httpDistributionFromProto(&back, "backends")
 	require.NoError(t, err)
-	assert.Equal(t, DistributionEmpty, d.Kind)
+	assert.Equal(t, policy.DistributionEmpty, d.Kind)
 	_, err = httpDistributionFromProto(&outboundpb.HttpRoute_Distribution{}, "backends")
 	assert.EqualError(t, err, "backends.kind: missing distribution kind")
 
@@ -57,7 +58,7 @@ func TestWireOneofZeroValuesAreSent(t *testing.T) {
 
 // GET is the zero value of the method enum: it is sent because it is in a
 // oneof, and decodes to GET, not to "any method".
-func TestWireMethodGETIsTheZeroEnum(t *testing.T) {
+func TestPolicyWireMethodGETIsTheZeroEnum(t *testing.T) {
 	get := &pb.HttpMethod{Type: &pb.HttpMethod_Registered_{Registered: pb.HttpMethod_GET}}
 	b := marshal(t, &httproutepb.HttpRouteMatch{Method: get})
 	assert.Equal(t, []byte{0x22, 0x02, 0x08, 0x00}, b)
@@ -76,7 +77,7 @@ func TestWireMethodGETIsTheZeroEnum(t *testing.T) {
 
 // The gRPC retry conditions are numbered by status code, and field 4 keeps
 // Linkerd's spelling.
-func TestWireGRPCRetryConditions(t *testing.T) {
+func TestPolicyWireGRPCRetryConditions(t *testing.T) {
 	c := &outboundpb.GrpcRoute_Retry_Conditions{Cancelled: true, DeadineExceeded: true, ResourceExhausted: true, Internal: true, Unavailable: true}
 	assert.Equal(t, []byte{0x08, 0x01, 0x20, 0x01, 0x40, 0x01, 0x68, 0x01, 0x70, 0x01}, marshal(t, c))
 	fd := c.ProtoReflect().Descriptor().Fields().ByNumber(4)
@@ -94,7 +95,7 @@ func TestWireGRPCRetryConditions(t *testing.T) {
 	assert.False(t, rule.Retry.RetryableCode(codes.Unavailable))
 }
 
-func TestWireDurations(t *testing.T) {
+func TestPolicyWireDurations(t *testing.T) {
 	to := &httproutepb.Timeouts{Response: durationpb.New(1500 * time.Millisecond), Idle: durationpb.New(time.Minute)}
 	var want []byte
 	want = protowire.AppendTag(want, 1, protowire.BytesType)
@@ -105,7 +106,7 @@ func TestWireDurations(t *testing.T) {
 
 	got, err := timeoutsFromProto(to, "timeouts")
 	require.NoError(t, err)
-	assert.Equal(t, Timeouts{Response: 1500 * time.Millisecond, Idle: time.Minute}, got)
+	assert.Equal(t, policy.Timeouts{Response: 1500 * time.Millisecond, Idle: time.Minute}, got)
 
 	_, err = timeoutsFromProto(&httproutepb.Timeouts{Request: &durationpb.Duration{Seconds: -1}}, "rules[0].timeouts")
 	assert.EqualError(t, err, "rules[0].timeouts.request: negative duration -1s")
@@ -113,12 +114,12 @@ func TestWireDurations(t *testing.T) {
 	assert.ErrorContains(t, err, "t.idle: ")
 }
 
-func TestWireRatioAndFailureInjector(t *testing.T) {
+func TestPolicyWireRatioAndFailureInjector(t *testing.T) {
 	fi := &httproutepb.HttpFailureInjector{Status: 503, Message: "x", Ratio: &httproutepb.Ratio{Numerator: 1, Denominator: 10}}
 	assert.Equal(t, []byte{0x08, 0xf7, 0x03, 0x12, 0x01, 'x', 0x1a, 0x04, 0x08, 0x01, 0x10, 0x0a}, marshal(t, fi))
 	fs, err := httpFiltersFromProto([]*outboundpb.HttpRoute_Filter{{Kind: &outboundpb.HttpRoute_Filter_FailureInjector{FailureInjector: fi}}}, "filters")
 	require.NoError(t, err)
-	assert.Equal(t, &FailureInjector{Status: 503, Message: "x", Ratio: Ratio{1, 10}}, fs[0].FailureInjector)
+	assert.Equal(t, &policy.FailureInjector{Status: 503, Message: "x", Ratio: policy.Ratio{Numerator: 1, Denominator: 10}}, fs[0].FailureInjector)
 	assert.InDelta(t, 0.1, fs[0].FailureInjector.Ratio.Probability(), 1e-12)
 
 	// No ratio: every request.
@@ -135,7 +136,7 @@ func TestWireRatioAndFailureInjector(t *testing.T) {
 	assert.Equal(t, []byte{0x08, 0x0e, 0x12, 0x01, 'm', 0x1a, 0x04, 0x08, 0x01, 0x10, 0x02}, marshal(t, g))
 }
 
-func TestWireFloatsAndDoubles(t *testing.T) {
+func TestPolicyWireFloatsAndDoubles(t *testing.T) {
 	b := marshal(t, &outboundpb.ExponentialBackoff{JitterRatio: 0.5})
 	assert.Equal(t, protowire.AppendFixed32([]byte{0x1d}, math.Float32bits(0.5)), b)
 	b = marshal(t, &outboundpb.FailureAccrual_Unified{SuccessRateThreshold: 0.8})
@@ -146,7 +147,7 @@ func TestWireFloatsAndDoubles(t *testing.T) {
 // kind, repeatedness and oneof. A change to the .proto files that breaks
 // compatibility with Linkerd fails here. Each field is
 // "number name kind [rep] [oneof=name]".
-func TestWireTable(t *testing.T) {
+func TestPolicyWireTable(t *testing.T) {
 	const (
 		o = "io.linkerd.proxy.outbound."
 		h = "io.linkerd.proxy.http_route."

@@ -1,22 +1,41 @@
-package policy
+package destination
 
 import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/grpcroutepb"
 	"github.com/inmesh/inmesh/destination/httproutepb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
-	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
+
+// newReq is a request with headers given as name, value pairs; a Host
+// pair sets the request's host.
+func newReq(method, target string, hdrs ...string) *http.Request {
+	r := httptest.NewRequest(method, target, nil)
+	for i := 0; i+1 < len(hdrs); i += 2 {
+		if http.CanonicalHeaderKey(hdrs[i]) == "Host" {
+			r.Host = hdrs[i+1]
+			continue
+		}
+		r.Header.Add(hdrs[i], hdrs[i+1])
+	}
+	return r
+}
 
 func resource(kind, name string) *pb.Metadata {
 	return &pb.Metadata{Kind: &pb.Metadata_Resource{Resource: &pb.Resource{Group: "core", Kind: kind, Name: name, Namespace: "ns", Port: 8080}}}
@@ -120,66 +139,66 @@ func wireHTTPPolicy() *outboundpb.OutboundPolicy {
 	}
 }
 
-func TestFromProtoHTTP(t *testing.T) {
+func TestPolicyFromProtoHTTP(t *testing.T) {
 	// Through the wire, as a client receives it.
 	b, err := proto.Marshal(wireHTTPPolicy())
 	require.NoError(t, err)
 	var m outboundpb.OutboundPolicy
 	require.NoError(t, proto.Unmarshal(b, &m))
-	p, err := FromProto(&m)
+	p, err := policyFromProto(&m)
 	require.NoError(t, err)
 
-	assert.Equal(t, Metadata{Group: "core", Kind: "Service", Name: "books", Namespace: "ns", Port: 8080}, p.Parent)
-	assert.Equal(t, ProtocolDetect, p.Protocol)
+	assert.Equal(t, policy.Metadata{Group: "core", Kind: "Service", Name: "books", Namespace: "ns", Port: 8080}, p.Parent)
+	assert.Equal(t, policy.ProtocolDetect, p.Protocol)
 	assert.Equal(t, 10*time.Second, p.DetectTimeout)
 	require.Len(t, p.HTTP1.Routes, 1)
 	require.Len(t, p.HTTP2.Routes, 1)
-	assert.Equal(t, &FailureAccrual{Consecutive: &ConsecutiveFailures{MaxFailures: 7, Backoff: backoff.Policy{Min: time.Second, Max: time.Minute, Jitter: 0.5}}, MinReadyEndpoints: 1}, p.HTTP1.FailureAccrual)
+	assert.Equal(t, &policy.FailureAccrual{Consecutive: &policy.ConsecutiveFailures{MaxFailures: 7, Backoff: backoff.Policy{Min: time.Second, Max: time.Minute, Jitter: 0.5}}, MinReadyEndpoints: 1}, p.HTTP1.FailureAccrual)
 	assert.Nil(t, p.HTTP2.FailureAccrual)
 
 	r := p.HTTP1.Routes[0]
-	assert.Equal(t, Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Name: "books-route", Namespace: "ns"}, r.Meta)
-	assert.Equal(t, []HostMatch{{Suffix: true, ReverseLabels: []string{"local", "cluster"}}}, r.Hosts)
+	assert.Equal(t, policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Name: "books-route", Namespace: "ns"}, r.Meta)
+	assert.Equal(t, []policy.HostMatch{{Suffix: true, ReverseLabels: []string{"local", "cluster"}}}, r.Hosts)
 	require.Len(t, r.Rules, 2)
 	rule := r.Rules[0]
-	assert.Equal(t, []HTTPRouteMatch{{
-		Path:        &PathMatch{Kind: PathPrefix, Value: "/api"},
-		Headers:     []HeaderMatch{{Name: "x-env", Value: "prod"}},
-		QueryParams: []QueryParamMatch{{Name: "v", Value: "[0-9]+", Regex: true}},
+	assert.Equal(t, []policy.HTTPRouteMatch{{
+		Path:        &policy.PathMatch{Kind: policy.PathPrefix, Value: "/api"},
+		Headers:     []policy.HeaderMatch{{Name: "x-env", Value: "prod"}},
+		QueryParams: []policy.QueryParamMatch{{Name: "v", Value: "[0-9]+", Regex: true}},
 		Method:      "GET",
 	}}, rule.Matches)
-	assert.Equal(t, []Filter{
-		{RequestHeaders: &HeaderModifier{Add: []Header{{"x-a", "1"}}, Set: []Header{{"x-b", "2"}}, Remove: []string{"x-c"}}},
-		{ResponseHeaders: &HeaderModifier{Set: []Header{{"x-r", "3"}}}},
+	assert.Equal(t, []policy.Filter{
+		{RequestHeaders: &policy.HeaderModifier{Add: []policy.Header{{Name: "x-a", Value: "1"}}, Set: []policy.Header{{Name: "x-b", Value: "2"}}, Remove: []string{"x-c"}}},
+		{ResponseHeaders: &policy.HeaderModifier{Set: []policy.Header{{Name: "x-r", Value: "3"}}}},
 	}, rule.Filters)
-	assert.Equal(t, DistributionRandomAvailable, rule.Backends.Kind)
+	assert.Equal(t, policy.DistributionRandomAvailable, rule.Backends.Kind)
 	require.Len(t, rule.Backends.Backends, 2)
 	bal := rule.Backends.Backends[0]
 	assert.Equal(t, uint32(90), bal.Weight)
-	assert.Equal(t, &Balancer{Authority: "books.ns.svc.cluster.local:8080", DefaultRTT: 30 * time.Millisecond, Decay: 10 * time.Second}, bal.Backend.Balancer)
-	assert.Equal(t, Queue{Capacity: 100, FailFastTimeout: 3 * time.Second}, bal.Backend.Queue)
+	assert.Equal(t, &policy.Balancer{Authority: "books.ns.svc.cluster.local:8080", DefaultRTT: 30 * time.Millisecond, Decay: 10 * time.Second}, bal.Backend.Balancer)
+	assert.Equal(t, policy.Queue{Capacity: 100, FailFastTimeout: 3 * time.Second}, bal.Backend.Queue)
 	fwd := rule.Backends.Backends[1]
 	assert.Equal(t, uint32(10), fwd.Weight)
-	assert.Equal(t, &profiles.Endpoint{
+	assert.Equal(t, &endpoint.Endpoint{
 		Addr: netip.MustParseAddrPort("127.0.0.1:9000"), Weight: 5,
 		Identity: "books.ns.serviceaccount.identity.linkerd.cluster.local", H2: true,
 	}, fwd.Backend.Forward)
-	assert.Equal(t, []Filter{{FailureInjector: &FailureInjector{Status: 503, Message: "canary down", Ratio: Ratio{1, 4}}}}, fwd.Filters)
-	assert.Equal(t, Timeouts{Request: 10 * time.Second, Response: 5 * time.Second}, rule.Timeouts)
-	assert.Equal(t, &Retry{
+	assert.Equal(t, []policy.Filter{{FailureInjector: &policy.FailureInjector{Status: 503, Message: "canary down", Ratio: policy.Ratio{Numerator: 1, Denominator: 4}}}}, fwd.Filters)
+	assert.Equal(t, policy.Timeouts{Request: 10 * time.Second, Response: 5 * time.Second}, rule.Timeouts)
+	assert.Equal(t, &policy.Retry{
 		MaxRetries: 3, MaxRequestBytes: 1024, Timeout: time.Second,
-		StatusRanges: []StatusRange{{502, 504}},
+		StatusRanges: []policy.StatusRange{{Start: 502, End: 504}},
 		Backoff:      &backoff.Policy{Min: 25 * time.Millisecond, Max: 250 * time.Millisecond, Jitter: 1},
 	}, rule.Retry)
 	assert.True(t, rule.AllowL5dRequestHeaders)
 
 	rd := r.Rules[1]
-	assert.Equal(t, Distribution{}, rd.Backends)
-	assert.Equal(t, &Redirect{Scheme: "https", Host: "new.example.com", Path: &PathModifier{Full: "/new"}}, rd.Filters[0].Redirect)
+	assert.Equal(t, policy.Distribution{}, rd.Backends)
+	assert.Equal(t, &policy.Redirect{Scheme: "https", Host: "new.example.com", Path: &policy.PathModifier{Full: "/new"}}, rd.Filters[0].Redirect)
 	assert.Equal(t, 301, rd.Filters[0].Redirect.StatusCode())
 
 	// It compiles, and routes.
-	table, err := Compile(p, Options{})
+	table, err := policy.Compile(p, policy.Options{})
 	require.NoError(t, err)
 	got, match := table.Select(newReq("GET", "http://books.ns.svc.cluster.local:8080/api/x?v=2", "x-env", "prod"))
 	require.NotNil(t, got, "%v", match)
@@ -195,7 +214,7 @@ func TestFromProtoHTTP(t *testing.T) {
 	assert.Nil(t, got, "the route's hosts do not match")
 }
 
-func TestFromProtoGRPC(t *testing.T) {
+func TestPolicyFromProtoGRPC(t *testing.T) {
 	m := &outboundpb.OutboundPolicy{
 		Metadata: &pb.Metadata{Kind: &pb.Metadata_Default{Default: "egress"}},
 		Protocol: &outboundpb.ProxyProtocol{Kind: &outboundpb.ProxyProtocol_Grpc_{Grpc: &outboundpb.ProxyProtocol_Grpc{
@@ -223,32 +242,32 @@ func TestFromProtoGRPC(t *testing.T) {
 			}}},
 		}}},
 	}
-	p, err := FromProto(m)
+	p, err := policyFromProto(m)
 	require.NoError(t, err)
-	assert.Equal(t, DefaultMetadata("egress"), p.Parent)
+	assert.Equal(t, policy.DefaultMetadata("egress"), p.Parent)
 	assert.True(t, p.Parent.IsDefault())
-	assert.Equal(t, ProtocolGRPC, p.Protocol)
+	assert.Equal(t, policy.ProtocolGRPC, p.Protocol)
 	rule := p.GRPC.Routes[0].Rules[0]
-	assert.Equal(t, []GRPCRouteMatch{{Service: "pkg.S", Headers: []HeaderMatch{{Name: "x", Value: "a.*", Regex: true}}}}, rule.Matches)
-	assert.Equal(t, &GRPCFailureInjector{Code: codes.Unavailable, Message: "nope"}, rule.Filters[0].GRPCFailureInjector)
+	assert.Equal(t, []policy.GRPCRouteMatch{{Service: "pkg.S", Headers: []policy.HeaderMatch{{Name: "x", Value: "a.*", Regex: true}}}}, rule.Matches)
+	assert.Equal(t, &policy.GRPCFailureInjector{Code: codes.Unavailable, Message: "nope"}, rule.Filters[0].GRPCFailureInjector)
 	assert.Equal(t, []codes.Code{codes.Canceled, codes.Unavailable}, rule.Retry.GRPCCodes)
 	assert.Equal(t, 2*time.Second, rule.Timeouts.Request, "the legacy requestTimeout fills in the request timeout")
-	assert.Equal(t, &Balancer{Authority: "s:80", DefaultRTT: 30 * time.Millisecond, Decay: 10 * time.Second,
-		Penalty: &LoadPenalty{Penalty: time.Second, MaxRetryAfter: 300 * time.Second, PenaltyDecay: 10 * time.Second}}, rule.Backends.Backends[0].Backend.Balancer)
-	assert.Equal(t, &UnifiedAccrual{SuccessRateThreshold: 0.8, Window: 10 * time.Second, MinRequests: 5, MaxConsecutiveFailures: 7,
+	assert.Equal(t, &policy.Balancer{Authority: "s:80", DefaultRTT: 30 * time.Millisecond, Decay: 10 * time.Second,
+		Penalty: &policy.LoadPenalty{Penalty: time.Second, MaxRetryAfter: 300 * time.Second, PenaltyDecay: 10 * time.Second}}, rule.Backends.Backends[0].Backend.Balancer)
+	assert.Equal(t, &policy.UnifiedAccrual{SuccessRateThreshold: 0.8, Window: 10 * time.Second, MinRequests: 5, MaxConsecutiveFailures: 7,
 		Backoff: backoff.Policy{Min: 25 * time.Millisecond, Max: 250 * time.Millisecond, Jitter: 1}}, p.GRPC.FailureAccrual.Unified)
 
-	table, err := Compile(p, Options{})
+	table, err := policy.Compile(p, policy.Options{})
 	require.NoError(t, err)
 	got, _ := table.Select(newReq("POST", "/pkg.S/Get", "x", "abc"))
 	require.NotNil(t, got)
 	assert.True(t, got.GRPC)
-	assert.Equal(t, DefaultMetadata("grpc"), got.Meta)
+	assert.Equal(t, policy.DefaultMetadata("grpc"), got.Meta)
 	got, _ = table.Select(newReq("POST", "/pkg.S/Get", "x", "b"))
 	assert.Nil(t, got)
 }
 
-func TestFromProtoErrorsNameTheField(t *testing.T) {
+func TestPolicyFromProtoErrorsNameTheField(t *testing.T) {
 	tests := []struct {
 		name   string
 		modify func(*outboundpb.OutboundPolicy)
@@ -296,7 +315,18 @@ func TestFromProtoErrorsNameTheField(t *testing.T) {
 		}, "protocol.detect.http1.routes[0].rules[0].backends.random_available.backends[0].backend.backend.balancer.load: missing balancer load"},
 		{"forward without IP", func(m *outboundpb.OutboundPolicy) {
 			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Backends.GetRandomAvailable().Backends[1].Backend.Backend.GetForward().Addr = nil
-		}, "protocol.detect.http1.routes[0].rules[0].backends.random_available.backends[1].backend.backend.forward.addr.ip: no IP address"},
+		}, "protocol.detect.http1.routes[0].rules[0].backends.random_available.backends[1].backend.backend.forward.addr: no IP address"},
+		{"forward beyond the label bounds", func(m *outboundpb.OutboundPolicy) {
+			fwd := m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Backends.GetRandomAvailable().Backends[1].Backend.Backend.GetForward()
+			fwd.MetricLabels = map[string]string{}
+			for i := range MaxEndpointLabels + 1 {
+				fwd.MetricLabels[fmt.Sprintf("l%d", i)] = "v"
+			}
+		}, "protocol.detect.http1.routes[0].rules[0].backends.random_available.backends[1].backend.backend.forward.metric_labels: 33 labels, more than 32"},
+		{"forward label value too long", func(m *outboundpb.OutboundPolicy) {
+			fwd := m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Backends.GetRandomAvailable().Backends[1].Backend.Backend.GetForward()
+			fwd.MetricLabels = map[string]string{"pod": strings.Repeat("x", MaxLabelValueLen+1)}
+		}, "backends[1].backend.backend.forward.metric_labels: label pod: value is 254 bytes, more than 253"},
 		{"bad ratio on a backend filter", func(m *outboundpb.OutboundPolicy) {
 			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Backends.GetRandomAvailable().Backends[1].Backend.Filters[0].GetFailureInjector().Ratio.Denominator = 0
 		}, "protocol.detect.http1.routes[0].rules[0].backends.random_available.backends[1].backend.filters[0].failure_injector.ratio.denominator: must be positive"},
@@ -310,11 +340,11 @@ func TestFromProtoErrorsNameTheField(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			m := wireHTTPPolicy()
 			tt.modify(m)
-			_, err := FromProto(m)
+			_, err := policyFromProto(m)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
-	_, err := FromProto(nil)
+	_, err := policyFromProto(nil)
 	assert.EqualError(t, err, "policy: null")
 }

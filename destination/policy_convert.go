@@ -1,43 +1,42 @@
-package policy
+package destination
 
 import (
-	"encoding/binary"
 	"fmt"
-	"maps"
 	"math"
-	"net/netip"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/httproutepb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
-	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/policy"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// fieldError is a conversion error at a field path of a message.
-type fieldError struct {
-	path string
-	msg  string
+// PolicyFromProto converts an OutboundPolicy from its wire form into the
+// policy model and checks that it compiles. What Linkerd's proxy refuses is
+// an error naming the field, by its proto name where the wire form is at
+// fault, such as "protocol.http1.routes[0].rules[2].backends: missing
+// distribution kind" (missing metadata, oneofs with no variant set,
+// invalid durations, numbers out of range, an endpoint beyond the label
+// bounds), and by the model's name where [policy.Compile] refuses it
+// (regexes, header names, ratios). Opaque routes are kept (their first
+// rule's backends; opaque filters are not); TLS routes are not converted:
+// only the protocol is kept.
+func PolicyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
+	p, err := policyFromProto(m)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := policy.Compile(p, policy.Options{}); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
-func (e *fieldError) Error() string { return e.path + ": " + e.msg }
-
-func errAt(path, format string, args ...any) error {
-	return &fieldError{path: path, msg: fmt.Sprintf(format, args...)}
-}
-
-// FromProto converts an OutboundPolicy from its wire form. What Linkerd's
-// proxy refuses is an error naming the field by its proto name, such as
-// "protocol.http1.routes[0].rules[2].backends: missing distribution kind":
-// missing metadata, oneofs with no variant set, invalid durations,
-// numbers out of range. Semantic checks (regexes, header names, ratios)
-// are [Compile]'s. Opaque routes are kept (their first rule's backends;
-// opaque filters are not); TLS routes are not converted: only the
-// protocol is kept.
-func FromProto(m *outboundpb.OutboundPolicy) (*Policy, error) {
+// policyFromProto is [PolicyFromProto] without the compile check.
+func policyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
 	if m == nil {
 		return nil, errAt("policy", "null")
 	}
@@ -48,14 +47,14 @@ func FromProto(m *outboundpb.OutboundPolicy) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Policy{Parent: parent}
+	p := &policy.Policy{Parent: parent}
 	if m.GetProtocol() == nil {
 		return nil, errAt("protocol", "required")
 	}
 	switch k := m.GetProtocol().GetKind().(type) {
 	case *outboundpb.ProxyProtocol_Detect_:
 		d := k.Detect
-		p.Protocol = ProtocolDetect
+		p.Protocol = policy.ProtocolDetect
 		if d.GetTimeout() == nil {
 			return nil, errAt("protocol.detect.timeout", "required")
 		}
@@ -81,62 +80,62 @@ func FromProto(m *outboundpb.OutboundPolicy) (*Policy, error) {
 			return nil, err
 		}
 	case *outboundpb.ProxyProtocol_Http1_:
-		p.Protocol = ProtocolHTTP1
+		p.Protocol = policy.ProtocolHTTP1
 		if p.HTTP1, err = httpProtocolFromProto(k.Http1.GetRoutes(), k.Http1.GetFailureAccrual(), "protocol.http1"); err != nil {
 			return nil, err
 		}
 	case *outboundpb.ProxyProtocol_Http2_:
-		p.Protocol = ProtocolHTTP2
+		p.Protocol = policy.ProtocolHTTP2
 		if p.HTTP2, err = httpProtocolFromProto(k.Http2.GetRoutes(), k.Http2.GetFailureAccrual(), "protocol.http2"); err != nil {
 			return nil, err
 		}
 	case *outboundpb.ProxyProtocol_Grpc_:
-		p.Protocol = ProtocolGRPC
+		p.Protocol = policy.ProtocolGRPC
 		if p.GRPC, err = grpcProtocolFromProto(k.Grpc, "protocol.grpc"); err != nil {
 			return nil, err
 		}
 	case *outboundpb.ProxyProtocol_Opaque_:
-		p.Protocol = ProtocolOpaque
+		p.Protocol = policy.ProtocolOpaque
 		if p.Opaque, err = opaqueProtocolFromProto(k.Opaque, "protocol.opaque"); err != nil {
 			return nil, err
 		}
 	case *outboundpb.ProxyProtocol_Tls_:
-		p.Protocol = ProtocolTLS
+		p.Protocol = policy.ProtocolTLS
 	default:
 		return nil, errAt("protocol.kind", "no protocol set")
 	}
 	return p, nil
 }
 
-func metadataFromProto(m *pb.Metadata, path string) (Metadata, error) {
+func metadataFromProto(m *pb.Metadata, path string) (policy.Metadata, error) {
 	switch k := m.GetKind().(type) {
 	case *pb.Metadata_Default:
-		return DefaultMetadata(k.Default), nil
+		return policy.DefaultMetadata(k.Default), nil
 	case *pb.Metadata_Resource:
 		r := k.Resource
 		for _, f := range []struct{ name, v string }{{"group", r.GetGroup()}, {"kind", r.GetKind()}, {"name", r.GetName()}, {"namespace", r.GetNamespace()}} {
 			if f.v == "" {
-				return Metadata{}, errAt(path+".resource."+f.name, "must not be empty")
+				return policy.Metadata{}, errAt(path+".resource."+f.name, "must not be empty")
 			}
 		}
-		md := Metadata{Group: r.GetGroup(), Kind: r.GetKind(), Name: r.GetName(), Namespace: r.GetNamespace(), Section: r.GetSection()}
+		md := policy.Metadata{Group: r.GetGroup(), Kind: r.GetKind(), Name: r.GetName(), Namespace: r.GetNamespace(), Section: r.GetSection()}
 		if port := r.GetPort(); port <= math.MaxUint16 {
 			md.Port = uint16(port) // as Linkerd: a port out of range is no port
 		}
 		return md, nil
 	}
-	return Metadata{}, errAt(path+".kind", "no metadata set")
+	return policy.Metadata{}, errAt(path+".kind", "no metadata set")
 }
 
-func httpProtocolFromProto(routes []*outboundpb.HttpRoute, fa *outboundpb.FailureAccrual, path string) (HTTPProtocol, error) {
-	var p HTTPProtocol
+func httpProtocolFromProto(routes []*outboundpb.HttpRoute, fa *outboundpb.FailureAccrual, path string) (policy.HTTPProtocol, error) {
+	var p policy.HTTPProtocol
 	var err error
 	if fa != nil {
 		if p.FailureAccrual, err = failureAccrualFromProto(fa, path+".failure_accrual"); err != nil {
 			return p, err
 		}
 	}
-	p.Routes = make([]HTTPRoute, len(routes))
+	p.Routes = make([]policy.HTTPRoute, len(routes))
 	for i, r := range routes {
 		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
 		if r.GetMetadata() == nil {
@@ -149,7 +148,7 @@ func httpProtocolFromProto(routes []*outboundpb.HttpRoute, fa *outboundpb.Failur
 		if out.Hosts, err = hostsFromProto(r.GetHosts(), rpath+".hosts"); err != nil {
 			return p, err
 		}
-		out.Rules = make([]HTTPRule, len(r.GetRules()))
+		out.Rules = make([]policy.HTTPRule, len(r.GetRules()))
 		for j, rule := range r.GetRules() {
 			if out.Rules[j], err = httpRuleFromProto(rule, fmt.Sprintf("%s.rules[%d]", rpath, j)); err != nil {
 				return p, err
@@ -159,17 +158,17 @@ func httpProtocolFromProto(routes []*outboundpb.HttpRoute, fa *outboundpb.Failur
 	return p, nil
 }
 
-func hostsFromProto(hs []*httproutepb.HostMatch, path string) ([]HostMatch, error) {
+func hostsFromProto(hs []*httproutepb.HostMatch, path string) ([]policy.HostMatch, error) {
 	if len(hs) == 0 {
 		return nil, nil
 	}
-	out := make([]HostMatch, len(hs))
+	out := make([]policy.HostMatch, len(hs))
 	for i, h := range hs {
 		switch m := h.GetMatch().(type) {
 		case *httproutepb.HostMatch_Exact:
-			out[i] = HostMatch{Exact: m.Exact}
+			out[i] = policy.HostMatch{Exact: m.Exact}
 		case *httproutepb.HostMatch_Suffix_:
-			out[i] = HostMatch{Suffix: true, ReverseLabels: append([]string(nil), m.Suffix.GetReverseLabels()...)}
+			out[i] = policy.HostMatch{Suffix: true, ReverseLabels: append([]string(nil), m.Suffix.GetReverseLabels()...)}
 		default:
 			return nil, errAt(fmt.Sprintf("%s[%d].match", path, i), "no host match set")
 		}
@@ -177,11 +176,11 @@ func hostsFromProto(hs []*httproutepb.HostMatch, path string) ([]HostMatch, erro
 	return out, nil
 }
 
-func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (HTTPRule, error) {
-	var out HTTPRule
+func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (policy.HTTPRule, error) {
+	var out policy.HTTPRule
 	var err error
 	if len(r.GetMatches()) > 0 {
-		out.Matches = make([]HTTPRouteMatch, len(r.GetMatches()))
+		out.Matches = make([]policy.HTTPRouteMatch, len(r.GetMatches()))
 	}
 	for i, m := range r.GetMatches() {
 		if out.Matches[i], err = httpMatchFromProto(m, fmt.Sprintf("%s.matches[%d]", path, i)); err != nil {
@@ -223,7 +222,7 @@ func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (HTTPRule, err
 			if s.GetStart() > math.MaxUint16 || s.GetEnd() > math.MaxUint16 {
 				return out, errAt(fmt.Sprintf("%s.conditions.status_ranges[%d]", rpath, i), "%d-%d is out of range", s.GetStart(), s.GetEnd())
 			}
-			retry.StatusRanges = append(retry.StatusRanges, StatusRange{Start: uint16(s.GetStart()), End: uint16(s.GetEnd())})
+			retry.StatusRanges = append(retry.StatusRanges, policy.StatusRange{Start: uint16(s.GetStart()), End: uint16(s.GetEnd())})
 		}
 		out.Retry = retry
 	}
@@ -231,16 +230,16 @@ func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (HTTPRule, err
 	return out, nil
 }
 
-func httpMatchFromProto(m *httproutepb.HttpRouteMatch, path string) (HTTPRouteMatch, error) {
-	var out HTTPRouteMatch
+func httpMatchFromProto(m *httproutepb.HttpRouteMatch, path string) (policy.HTTPRouteMatch, error) {
+	var out policy.HTTPRouteMatch
 	if pm := m.GetPath(); pm != nil {
 		switch k := pm.GetKind().(type) {
 		case *httproutepb.PathMatch_Exact:
-			out.Path = &PathMatch{Kind: PathExact, Value: k.Exact}
+			out.Path = &policy.PathMatch{Kind: policy.PathExact, Value: k.Exact}
 		case *httproutepb.PathMatch_Prefix:
-			out.Path = &PathMatch{Kind: PathPrefix, Value: k.Prefix}
+			out.Path = &policy.PathMatch{Kind: policy.PathPrefix, Value: k.Prefix}
 		case *httproutepb.PathMatch_Regex:
-			out.Path = &PathMatch{Kind: PathRegex, Value: k.Regex}
+			out.Path = &policy.PathMatch{Kind: policy.PathRegex, Value: k.Regex}
 		default:
 			return out, errAt(path+".path.kind", "no path match set")
 		}
@@ -250,7 +249,7 @@ func httpMatchFromProto(m *httproutepb.HttpRouteMatch, path string) (HTTPRouteMa
 		return out, err
 	}
 	for i, q := range m.GetQueryParams() {
-		qm := QueryParamMatch{Name: q.GetName()}
+		qm := policy.QueryParamMatch{Name: q.GetName()}
 		switch v := q.GetValue().(type) {
 		case *httproutepb.QueryParamMatch_Exact:
 			qm.Value = v.Exact
@@ -262,17 +261,17 @@ func httpMatchFromProto(m *httproutepb.HttpRouteMatch, path string) (HTTPRouteMa
 		out.QueryParams = append(out.QueryParams, qm)
 	}
 	if m.GetMethod() != nil {
-		if out.Method, err = methodFromProto(m.GetMethod(), path+".method"); err != nil {
+		if out.Method, err = routeMethodFromProto(m.GetMethod(), path+".method"); err != nil {
 			return out, err
 		}
 	}
 	return out, nil
 }
 
-func headerMatchesFromProto(hs []*httproutepb.HeaderMatch, path string) ([]HeaderMatch, error) {
-	var out []HeaderMatch
+func headerMatchesFromProto(hs []*httproutepb.HeaderMatch, path string) ([]policy.HeaderMatch, error) {
+	var out []policy.HeaderMatch
 	for i, h := range hs {
-		hm := HeaderMatch{Name: h.GetName()}
+		hm := policy.HeaderMatch{Name: h.GetName()}
 		switch v := h.GetValue().(type) {
 		case *httproutepb.HeaderMatch_Exact:
 			hm.Value = string(v.Exact)
@@ -286,9 +285,11 @@ func headerMatchesFromProto(hs []*httproutepb.HeaderMatch, path string) ([]Heade
 	return out, nil
 }
 
-// methodFromProto decodes a method: GET is the enum's zero value, told apart
+// routeMethodFromProto decodes a route match's method as [MethodFromProto]
+// does, naming the oneof variant at fault in errors (path.registered,
+// path.unregistered, path.type). GET is the enum's zero value, told apart
 // from "unset" only by the oneof.
-func methodFromProto(m *pb.HttpMethod, path string) (string, error) {
+func routeMethodFromProto(m *pb.HttpMethod, path string) (string, error) {
 	switch v := m.GetType().(type) {
 	case *pb.HttpMethod_Registered_:
 		name, ok := pb.HttpMethod_Registered_name[int32(v.Registered)]
@@ -305,11 +306,11 @@ func methodFromProto(m *pb.HttpMethod, path string) (string, error) {
 	return "", errAt(path+".type", "no method set")
 }
 
-func httpFiltersFromProto(fs []*outboundpb.HttpRoute_Filter, path string) ([]Filter, error) {
-	var out []Filter
+func httpFiltersFromProto(fs []*outboundpb.HttpRoute_Filter, path string) ([]policy.Filter, error) {
+	var out []policy.Filter
 	for i, f := range fs {
 		fpath := fmt.Sprintf("%s[%d]", path, i)
-		var filter Filter
+		var filter policy.Filter
 		switch k := f.GetKind().(type) {
 		case *outboundpb.HttpRoute_Filter_FailureInjector:
 			fi := k.FailureInjector
@@ -320,7 +321,7 @@ func httpFiltersFromProto(fs []*outboundpb.HttpRoute_Filter, path string) ([]Fil
 			if err != nil {
 				return nil, err
 			}
-			filter.FailureInjector = &FailureInjector{Status: int(fi.GetStatus()), Message: fi.GetMessage(), Ratio: ratio}
+			filter.FailureInjector = &policy.FailureInjector{Status: int(fi.GetStatus()), Message: fi.GetMessage(), Ratio: ratio}
 		case *outboundpb.HttpRoute_Filter_RequestHeaderModifier:
 			filter.RequestHeaders = modifierFromProto(k.RequestHeaderModifier.GetAdd(), k.RequestHeaderModifier.GetSet(), k.RequestHeaderModifier.GetRemove())
 		case *outboundpb.HttpRoute_Filter_ResponseHeaderModifier:
@@ -339,13 +340,13 @@ func httpFiltersFromProto(fs []*outboundpb.HttpRoute_Filter, path string) ([]Fil
 	return out, nil
 }
 
-func modifierFromProto(add, set *pb.Headers, remove []string) *HeaderModifier {
-	m := &HeaderModifier{}
+func modifierFromProto(add, set *pb.Headers, remove []string) *policy.HeaderModifier {
+	m := &policy.HeaderModifier{}
 	for _, h := range add.GetHeaders() {
-		m.Add = append(m.Add, Header{Name: h.GetName(), Value: string(h.GetValue())})
+		m.Add = append(m.Add, policy.Header{Name: h.GetName(), Value: string(h.GetValue())})
 	}
 	for _, h := range set.GetHeaders() {
-		m.Set = append(m.Set, Header{Name: h.GetName(), Value: string(h.GetValue())})
+		m.Set = append(m.Set, policy.Header{Name: h.GetName(), Value: string(h.GetValue())})
 	}
 	if len(remove) > 0 {
 		m.Remove = append([]string(nil), remove...)
@@ -353,8 +354,8 @@ func modifierFromProto(add, set *pb.Headers, remove []string) *HeaderModifier {
 	return m
 }
 
-func redirectFromProto(r *httproutepb.RequestRedirect, path string) (*Redirect, error) {
-	out := &Redirect{Host: r.GetHost()}
+func redirectFromProto(r *httproutepb.RequestRedirect, path string) (*policy.Redirect, error) {
+	out := &policy.Redirect{Host: r.GetHost()}
 	if s := r.GetScheme(); s != nil {
 		switch v := s.GetType().(type) {
 		case *pb.Scheme_Registered_:
@@ -383,30 +384,30 @@ func redirectFromProto(r *httproutepb.RequestRedirect, path string) (*Redirect, 
 	if pm := r.GetPath(); pm != nil {
 		switch v := pm.GetReplace().(type) {
 		case *httproutepb.PathModifier_Full:
-			out.Path = &PathModifier{Full: v.Full}
+			out.Path = &policy.PathModifier{Full: v.Full}
 		case *httproutepb.PathModifier_Prefix:
-			out.Path = &PathModifier{Full: v.Prefix, Prefix: true}
+			out.Path = &policy.PathModifier{Full: v.Prefix, Prefix: true}
 		}
 		// As Linkerd's proxy, a path modifier with nothing set keeps the path.
 	}
 	return out, nil
 }
 
-func ratioFromProto(r *httproutepb.Ratio, path string) (Ratio, error) {
+func ratioFromProto(r *httproutepb.Ratio, path string) (policy.Ratio, error) {
 	if r == nil {
-		return Ratio{}, nil // every request
+		return policy.Ratio{}, nil // every request
 	}
 	if r.GetDenominator() == 0 {
-		return Ratio{}, errAt(path+".denominator", "must be positive")
+		return policy.Ratio{}, errAt(path+".denominator", "must be positive")
 	}
 	if r.GetNumerator() > r.GetDenominator() {
-		return Ratio{}, errAt(path, "%d/%d is more than 1", r.GetNumerator(), r.GetDenominator())
+		return policy.Ratio{}, errAt(path, "%d/%d is more than 1", r.GetNumerator(), r.GetDenominator())
 	}
-	return Ratio{Numerator: r.GetNumerator(), Denominator: r.GetDenominator()}, nil
+	return policy.Ratio{Numerator: r.GetNumerator(), Denominator: r.GetDenominator()}, nil
 }
 
-func timeoutsFromProto(t *httproutepb.Timeouts, path string) (Timeouts, error) {
-	var out Timeouts
+func timeoutsFromProto(t *httproutepb.Timeouts, path string) (policy.Timeouts, error) {
+	var out policy.Timeouts
 	var err error
 	for _, f := range []struct {
 		name string
@@ -423,8 +424,8 @@ func timeoutsFromProto(t *httproutepb.Timeouts, path string) (Timeouts, error) {
 	return out, nil
 }
 
-func retryFromProto(maxRetries, maxBytes uint32, timeout *durationpb.Duration, b *outboundpb.ExponentialBackoff, path string) (*Retry, error) {
-	r := &Retry{MaxRetries: maxRetries, MaxRequestBytes: maxBytes}
+func retryFromProto(maxRetries, maxBytes uint32, timeout *durationpb.Duration, b *outboundpb.ExponentialBackoff, path string) (*policy.Retry, error) {
+	r := &policy.Retry{MaxRetries: maxRetries, MaxRequestBytes: maxBytes}
 	var err error
 	if timeout != nil {
 		if r.Timeout, err = durationFromProto(timeout, path+".timeout"); err != nil {
@@ -466,8 +467,8 @@ func backoffFromProto(b *outboundpb.ExponentialBackoff, path string) (backoff.Po
 	return p, nil
 }
 
-func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (OpaqueProtocol, error) {
-	var out OpaqueProtocol
+func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (policy.OpaqueProtocol, error) {
+	var out policy.OpaqueProtocol
 	for i, r := range o.GetRoutes() {
 		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
 		if r.GetMetadata() == nil {
@@ -477,13 +478,13 @@ func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (O
 		if err != nil {
 			return out, err
 		}
-		route := OpaqueRoute{Meta: meta}
+		route := policy.OpaqueRoute{Meta: meta}
 		if rules := r.GetRules(); len(rules) > 0 {
 			dpath := rpath + ".rules[0].backends"
 			switch k := rules[0].GetBackends().GetKind().(type) {
 			case *outboundpb.OpaqueRoute_Distribution_Empty_:
 			case *outboundpb.OpaqueRoute_Distribution_FirstAvailable_:
-				route.Backends.Kind = DistributionFirstAvailable
+				route.Backends.Kind = policy.DistributionFirstAvailable
 				for j, rb := range k.FirstAvailable.GetBackends() {
 					b, err := routeBackendFromProto(rb.GetBackend(), fmt.Sprintf("%s.first_available.backends[%d]", dpath, j))
 					if err != nil {
@@ -492,7 +493,7 @@ func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (O
 					route.Backends.Backends = append(route.Backends.Backends, b)
 				}
 			case *outboundpb.OpaqueRoute_Distribution_RandomAvailable_:
-				route.Backends.Kind = DistributionRandomAvailable
+				route.Backends.Kind = policy.DistributionRandomAvailable
 				for j, wb := range k.RandomAvailable.GetBackends() {
 					b, err := routeBackendFromProto(wb.GetBackend().GetBackend(), fmt.Sprintf("%s.random_available.backends[%d].backend", dpath, j))
 					if err != nil {
@@ -510,12 +511,12 @@ func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (O
 	return out, nil
 }
 
-func httpDistributionFromProto(d *outboundpb.HttpRoute_Distribution, path string) (Distribution, error) {
+func httpDistributionFromProto(d *outboundpb.HttpRoute_Distribution, path string) (policy.Distribution, error) {
 	switch k := d.GetKind().(type) {
 	case *outboundpb.HttpRoute_Distribution_Empty_:
-		return Distribution{}, nil
+		return policy.Distribution{}, nil
 	case *outboundpb.HttpRoute_Distribution_FirstAvailable_:
-		out := Distribution{Kind: DistributionFirstAvailable}
+		out := policy.Distribution{Kind: policy.DistributionFirstAvailable}
 		for i, rb := range k.FirstAvailable.GetBackends() {
 			bpath := fmt.Sprintf("%s.first_available.backends[%d]", path, i)
 			b, err := routeBackendFromProto(rb.GetBackend(), bpath)
@@ -532,7 +533,7 @@ func httpDistributionFromProto(d *outboundpb.HttpRoute_Distribution, path string
 		}
 		return out, nil
 	case *outboundpb.HttpRoute_Distribution_RandomAvailable_:
-		out := Distribution{Kind: DistributionRandomAvailable}
+		out := policy.Distribution{Kind: policy.DistributionRandomAvailable}
 		for i, wb := range k.RandomAvailable.GetBackends() {
 			bpath := fmt.Sprintf("%s.random_available.backends[%d]", path, i)
 			if wb.GetBackend() == nil {
@@ -553,19 +554,19 @@ func httpDistributionFromProto(d *outboundpb.HttpRoute_Distribution, path string
 		}
 		return out, nil
 	}
-	return Distribution{}, errAt(path+".kind", "missing distribution kind")
+	return policy.Distribution{}, errAt(path+".kind", "missing distribution kind")
 }
 
-func routeBackendFromProto(b *outboundpb.Backend, path string) (RouteBackend, error) {
+func routeBackendFromProto(b *outboundpb.Backend, path string) (policy.RouteBackend, error) {
 	if b == nil {
-		return RouteBackend{}, errAt(path+".backend", "required")
+		return policy.RouteBackend{}, errAt(path+".backend", "required")
 	}
 	bb, err := backendFromProto(b, path+".backend")
-	return RouteBackend{Backend: bb}, err
+	return policy.RouteBackend{Backend: bb}, err
 }
 
-func backendFromProto(b *outboundpb.Backend, path string) (Backend, error) {
-	var out Backend
+func backendFromProto(b *outboundpb.Backend, path string) (policy.Backend, error) {
+	var out policy.Backend
 	var err error
 	if b.GetMetadata() == nil {
 		return out, errAt(path+".metadata", "required")
@@ -580,7 +581,7 @@ func backendFromProto(b *outboundpb.Backend, path string) (Backend, error) {
 		if !ok {
 			return out, errAt(path+".balancer.discovery", "missing endpoint discovery")
 		}
-		out.Balancer = &Balancer{Authority: dst.Dst.GetPath()}
+		out.Balancer = &policy.Balancer{Authority: dst.Dst.GetPath()}
 		switch load := bl.GetLoad().(type) {
 		case *outboundpb.Backend_BalanceP2C_PeakEwma_:
 			lpath := path + ".balancer.peak_ewma"
@@ -594,7 +595,7 @@ func backendFromProto(b *outboundpb.Backend, path string) (Backend, error) {
 			// As Linkerd's proxy, absent fields take the documented defaults.
 			lpath := path + ".balancer.penalty_peak_ewma"
 			pe := load.PenaltyPeakEwma
-			pen := &LoadPenalty{}
+			pen := &policy.LoadPenalty{}
 			for _, f := range []struct {
 				name string
 				d    *durationpb.Duration
@@ -619,7 +620,7 @@ func backendFromProto(b *outboundpb.Backend, path string) (Backend, error) {
 			return out, errAt(path+".balancer.load", "missing balancer load")
 		}
 	case *outboundpb.Backend_Forward:
-		ep, err := endpointFromProto(k.Forward, path+".forward")
+		ep, err := EndpointFromProto(k.Forward, nil, path+".forward")
 		if err != nil {
 			return out, err
 		}
@@ -638,65 +639,15 @@ func backendFromProto(b *outboundpb.Backend, path string) (Backend, error) {
 	return out, nil
 }
 
-// endpointFromProto decodes a forward address: its IP address, port,
-// weight, labels, identity, HTTP/2 hint and authority override.
-func endpointFromProto(w *pb.WeightedAddr, path string) (profiles.Endpoint, error) {
-	var e profiles.Endpoint
-	a := w.GetAddr()
-	if a.GetPort() > math.MaxUint16 {
-		return e, errAt(path+".addr.port", "%d is out of range", a.GetPort())
-	}
-	var ip netip.Addr
-	switch v := a.GetIp().GetIp().(type) {
-	case *pb.IPAddress_Ipv4:
-		var b [4]byte
-		binary.BigEndian.PutUint32(b[:], v.Ipv4)
-		ip = netip.AddrFrom4(b)
-	case *pb.IPAddress_Ipv6:
-		var b [16]byte
-		binary.BigEndian.PutUint64(b[:8], v.Ipv6.GetFirst())
-		binary.BigEndian.PutUint64(b[8:], v.Ipv6.GetLast())
-		ip = netip.AddrFrom16(b)
-	default:
-		return e, errAt(path+".addr.ip", "no IP address")
-	}
-	e.Addr = netip.AddrPortFrom(ip, uint16(a.GetPort()))
-	e.Weight = w.GetWeight()
-	if e.Weight == 0 {
-		e.Weight = 10000
-	}
-	if len(w.GetMetricLabels()) > 0 {
-		e.Labels = maps.Clone(w.GetMetricLabels())
-	}
-	if id := w.GetTlsIdentity(); id != nil {
-		switch s := id.GetStrategy().(type) {
-		case *pb.TlsIdentity_DnsLikeIdentity_:
-			e.Identity = s.DnsLikeIdentity.GetName()
-		case *pb.TlsIdentity_UriLikeIdentity_:
-			e.Identity = s.UriLikeIdentity.GetUri()
-		}
-		e.ServerName = id.GetServerName().GetName()
-	}
-	switch w.GetProtocolHint().GetProtocol().(type) {
-	case *pb.ProtocolHint_H2_:
-		e.H2 = true
-	case *pb.ProtocolHint_Opaque_:
-		e.Opaque = true
-	}
-	e.OpaqueTransportPort = w.GetProtocolHint().GetOpaqueTransport().GetInboundPort()
-	e.AuthorityOverride = w.GetAuthorityOverride().GetAuthorityOverride()
-	return e, nil
-}
-
-func grpcProtocolFromProto(g *outboundpb.ProxyProtocol_Grpc, path string) (GRPCProtocol, error) {
-	var p GRPCProtocol
+func grpcProtocolFromProto(g *outboundpb.ProxyProtocol_Grpc, path string) (policy.GRPCProtocol, error) {
+	var p policy.GRPCProtocol
 	var err error
 	if fa := g.GetFailureAccrual(); fa != nil {
 		if p.FailureAccrual, err = failureAccrualFromProto(fa, path+".failure_accrual"); err != nil {
 			return p, err
 		}
 	}
-	p.Routes = make([]GRPCRoute, len(g.GetRoutes()))
+	p.Routes = make([]policy.GRPCRoute, len(g.GetRoutes()))
 	for i, r := range g.GetRoutes() {
 		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
 		if r.GetMetadata() == nil {
@@ -709,7 +660,7 @@ func grpcProtocolFromProto(g *outboundpb.ProxyProtocol_Grpc, path string) (GRPCP
 		if out.Hosts, err = hostsFromProto(r.GetHosts(), rpath+".hosts"); err != nil {
 			return p, err
 		}
-		out.Rules = make([]GRPCRule, len(r.GetRules()))
+		out.Rules = make([]policy.GRPCRule, len(r.GetRules()))
 		for j, rule := range r.GetRules() {
 			if out.Rules[j], err = grpcRuleFromProto(rule, fmt.Sprintf("%s.rules[%d]", rpath, j)); err != nil {
 				return p, err
@@ -719,15 +670,15 @@ func grpcProtocolFromProto(g *outboundpb.ProxyProtocol_Grpc, path string) (GRPCP
 	return p, nil
 }
 
-func grpcRuleFromProto(r *outboundpb.GrpcRoute_Rule, path string) (GRPCRule, error) {
-	var out GRPCRule
+func grpcRuleFromProto(r *outboundpb.GrpcRoute_Rule, path string) (policy.GRPCRule, error) {
+	var out policy.GRPCRule
 	var err error
 	for i, m := range r.GetMatches() {
 		mpath := fmt.Sprintf("%s.matches[%d]", path, i)
 		if m.GetRpc() == nil {
 			return out, errAt(mpath+".rpc", "required")
 		}
-		gm := GRPCRouteMatch{Service: m.GetRpc().GetService(), Method: m.GetRpc().GetMethod()}
+		gm := policy.GRPCRouteMatch{Service: m.GetRpc().GetService(), Method: m.GetRpc().GetMethod()}
 		if gm.Headers, err = headerMatchesFromProto(m.GetHeaders(), mpath+".headers"); err != nil {
 			return out, err
 		}
@@ -779,8 +730,8 @@ func grpcRuleFromProto(r *outboundpb.GrpcRoute_Rule, path string) (GRPCRule, err
 	return out, nil
 }
 
-func grpcFiltersFromProto(fs []*outboundpb.GrpcRoute_Filter, path string) ([]Filter, error) {
-	var out []Filter
+func grpcFiltersFromProto(fs []*outboundpb.GrpcRoute_Filter, path string) ([]policy.Filter, error) {
+	var out []policy.Filter
 	for i, f := range fs {
 		fpath := fmt.Sprintf("%s[%d]", path, i)
 		switch k := f.GetKind().(type) {
@@ -793,10 +744,10 @@ func grpcFiltersFromProto(fs []*outboundpb.GrpcRoute_Filter, path string) ([]Fil
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, Filter{GRPCFailureInjector: &GRPCFailureInjector{Code: codes.Code(fi.GetCode()), Message: fi.GetMessage(), Ratio: ratio}})
+			out = append(out, policy.Filter{GRPCFailureInjector: &policy.GRPCFailureInjector{Code: codes.Code(fi.GetCode()), Message: fi.GetMessage(), Ratio: ratio}})
 		case *outboundpb.GrpcRoute_Filter_RequestHeaderModifier:
 			m := k.RequestHeaderModifier
-			out = append(out, Filter{RequestHeaders: modifierFromProto(m.GetAdd(), m.GetSet(), m.GetRemove())})
+			out = append(out, policy.Filter{RequestHeaders: modifierFromProto(m.GetAdd(), m.GetSet(), m.GetRemove())})
 		default:
 			return nil, errAt(fpath+".kind", "no filter set")
 		}
@@ -804,12 +755,12 @@ func grpcFiltersFromProto(fs []*outboundpb.GrpcRoute_Filter, path string) ([]Fil
 	return out, nil
 }
 
-func grpcDistributionFromProto(d *outboundpb.GrpcRoute_Distribution, path string) (Distribution, error) {
+func grpcDistributionFromProto(d *outboundpb.GrpcRoute_Distribution, path string) (policy.Distribution, error) {
 	switch k := d.GetKind().(type) {
 	case *outboundpb.GrpcRoute_Distribution_Empty_:
-		return Distribution{}, nil
+		return policy.Distribution{}, nil
 	case *outboundpb.GrpcRoute_Distribution_FirstAvailable_:
-		out := Distribution{Kind: DistributionFirstAvailable}
+		out := policy.Distribution{Kind: policy.DistributionFirstAvailable}
 		for i, rb := range k.FirstAvailable.GetBackends() {
 			bpath := fmt.Sprintf("%s.first_available.backends[%d]", path, i)
 			b, err := routeBackendFromProto(rb.GetBackend(), bpath)
@@ -826,7 +777,7 @@ func grpcDistributionFromProto(d *outboundpb.GrpcRoute_Distribution, path string
 		}
 		return out, nil
 	case *outboundpb.GrpcRoute_Distribution_RandomAvailable_:
-		out := Distribution{Kind: DistributionRandomAvailable}
+		out := policy.Distribution{Kind: policy.DistributionRandomAvailable}
 		for i, wb := range k.RandomAvailable.GetBackends() {
 			bpath := fmt.Sprintf("%s.random_available.backends[%d]", path, i)
 			if wb.GetBackend() == nil {
@@ -847,11 +798,11 @@ func grpcDistributionFromProto(d *outboundpb.GrpcRoute_Distribution, path string
 		}
 		return out, nil
 	}
-	return Distribution{}, errAt(path+".kind", "missing distribution kind")
+	return policy.Distribution{}, errAt(path+".kind", "missing distribution kind")
 }
 
-func failureAccrualFromProto(fa *outboundpb.FailureAccrual, path string) (*FailureAccrual, error) {
-	out := &FailureAccrual{MinReadyEndpoints: fa.GetEjection().GetMinReadyEndpoints()}
+func failureAccrualFromProto(fa *outboundpb.FailureAccrual, path string) (*policy.FailureAccrual, error) {
+	out := &policy.FailureAccrual{MinReadyEndpoints: fa.GetEjection().GetMinReadyEndpoints()}
 	switch k := fa.GetKind().(type) {
 	case *outboundpb.FailureAccrual_ConsecutiveFailures_:
 		c := k.ConsecutiveFailures
@@ -862,7 +813,7 @@ func failureAccrualFromProto(fa *outboundpb.FailureAccrual, path string) (*Failu
 		if err != nil {
 			return nil, err
 		}
-		out.Consecutive = &ConsecutiveFailures{MaxFailures: c.GetMaxFailures(), Backoff: b}
+		out.Consecutive = &policy.ConsecutiveFailures{MaxFailures: c.GetMaxFailures(), Backoff: b}
 	case *outboundpb.FailureAccrual_Unified_:
 		u := k.Unified
 		upath := path + ".unified"
@@ -873,7 +824,7 @@ func failureAccrualFromProto(fa *outboundpb.FailureAccrual, path string) (*Failu
 		if err != nil {
 			return nil, err
 		}
-		ua := &UnifiedAccrual{
+		ua := &policy.UnifiedAccrual{
 			SuccessRateThreshold: u.GetSuccessRateThreshold(), Window: 10 * time.Second,
 			MinRequests: u.GetMinRequests(), MaxConsecutiveFailures: u.GetMaxConsecutiveFailures(), Backoff: b,
 		}
@@ -886,7 +837,7 @@ func failureAccrualFromProto(fa *outboundpb.FailureAccrual, path string) (*Failu
 	default:
 		return nil, errAt(path+".kind", "no failure accrual set")
 	}
-	if err := checkFailureAccrual(out, path); err != nil {
+	if err := policy.CheckFailureAccrual(out, path); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -897,14 +848,4 @@ func requiredDuration(d *durationpb.Duration, path string) (time.Duration, error
 		return 0, errAt(path, "required")
 	}
 	return durationFromProto(d, path)
-}
-
-func durationFromProto(d *durationpb.Duration, path string) (time.Duration, error) {
-	if err := d.CheckValid(); err != nil {
-		return 0, errAt(path, "%v", err)
-	}
-	if d.AsDuration() < 0 {
-		return 0, errAt(path, "negative duration %v", d.AsDuration())
-	}
-	return d.AsDuration(), nil
 }
