@@ -28,7 +28,7 @@ const (
 	DefaultMaxAuthorities = registry.DefaultMaxEntries
 	// DefaultIdleTimeout is how long a Balancer keeps an authority no
 	// request used before it releases it and stops its watches.
-	DefaultIdleTimeout = time.Minute
+	DefaultIdleTimeout = registry.DefaultIdle
 )
 
 // Option configures a [Balancer]. A nil Option changes nothing.

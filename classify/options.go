@@ -3,6 +3,7 @@ package classify
 import (
 	"time"
 
+	"github.com/inmesh/inmesh/internal/registry"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -25,11 +26,11 @@ type config struct {
 
 // DefaultMaxAuthorities bounds the distinct authority label values; past
 // it, requests are labelled authority="other".
-const DefaultMaxAuthorities = 1000
+const DefaultMaxAuthorities = registry.DefaultMaxEntries
 
 // DefaultIdleTimeout is how long the metric targets of an authority no
 // request used are kept.
-const DefaultIdleTimeout = 5 * time.Minute
+const DefaultIdleTimeout = registry.DefaultIdle
 
 func newConfig(opts []Option) config {
 	c := config{maxAuthorities: DefaultMaxAuthorities, idleTimeout: DefaultIdleTimeout}

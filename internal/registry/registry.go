@@ -71,9 +71,14 @@ const (
 	// control plane (measured by examples/faults TestWatchTableFits), so
 	// that 2,000 keep a full table within about 170 MiB and 85 MiB; at
 	// 10,000 it was about a gigabyte on each side.
-	DefaultMaxEntries  = 2000
-	DefaultPort        = "80"
-	DefaultIdleTimeout = 0 // no idle release
+	DefaultMaxEntries = 2000
+	// DefaultIdle is the library's one default for how long a stack keeps
+	// an authority no request used (the router's watches, the balancer's
+	// endpoints and split, classify's metric targets): then it is released
+	// and its watches stop, freeing the control-plane client's cap. A
+	// Registry itself releases nothing unless [WithIdleTimeout] says so.
+	DefaultIdle = time.Minute
+	DefaultPort = "80"
 )
 
 // maxAliases bounds the raw keys cached per entry; other spellings of the

@@ -19,7 +19,7 @@ const DefaultMaxAuthorities = registry.DefaultMaxEntries
 
 // DefaultIdleTimeout is how long a [Router] keeps an authority no request
 // used: then its watch stops, freeing the control-plane client's cap.
-const DefaultIdleTimeout = time.Minute
+const DefaultIdleTimeout = registry.DefaultIdle
 
 // MaxRetryBodyBytes is the largest request body buffered for retries
 // (64 KiB, as in Linkerd); a larger body is sent once.
