@@ -191,3 +191,46 @@ func TestPolicyLoadPenalty(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), n429.Load(), "the endpoint that asked to be left alone")
 }
+
+// TestRandomAvailableFollowsAvailability holds the cases of
+// linkerd2-proxy's linkerd/distribute/src/service.rs tests
+// random_available_follows_weight and random_available_follows_availability:
+// a random-available distribution picks by weight among the backends that
+// may take a request, so a heavy backend whose endpoints are all out of
+// rotation is passed over for a light one that is ready.
+func TestRandomAvailableFollowsAvailability(t *testing.T) {
+	var fail, ok atomic.Int64
+	fail.Store(500)
+	ok.Store(200)
+	var nMulder, nScully, nSkinner atomic.Int64
+	auth := func(n string) string { return n + ".ns.svc.cluster.local:80" }
+	eps := map[string][]endpoint.Endpoint{
+		auth("mulder"):  {countingEndpoint(t, "mulder", &ok, &nMulder)},
+		auth("scully"):  {countingEndpoint(t, "scully", &fail, &nScully)},
+		auth("skinner"): {countingEndpoint(t, "skinner", &ok, &nSkinner)},
+	}
+	mulder, scully, skinner := balancerBackend("mulder", auth("mulder")), balancerBackend("scully", auth("scully")), balancerBackend("skinner", auth("skinner"))
+	mulder.Weight, scully.Weight, skinner.Weight = 1, 99998, 1
+	p := httpPolicy(policy.HTTPRule{Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable,
+		Backends: []policy.RouteBackend{mulder, scully, skinner}}})
+	p.HTTP1.FailureAccrual = consecutive(1, time.Hour)
+	f := newHealthFixture(t, p, eps)
+
+	// random_available_follows_weight: the heavy backend takes the
+	// request while it is ready; its failure trips its only endpoint.
+	resp, body := f.get(t)
+	assert.Equal(t, 500, resp.StatusCode)
+	assert.Equal(t, "scully", body)
+
+	// random_available_follows_availability: with scully out of
+	// rotation, mulder and skinner share every request by their weights.
+	for range 100 {
+		resp, body := f.get(t)
+		assert.Equal(t, 200, resp.StatusCode)
+		assert.Contains(t, []string{"mulder", "skinner"}, body)
+	}
+	assert.Equal(t, int64(1), nScully.Load(), "the backend out of rotation got requests")
+	assert.Equal(t, int64(100), nMulder.Load()+nSkinner.Load())
+	assert.Positive(t, nMulder.Load())
+	assert.Positive(t, nSkinner.Load())
+}

@@ -376,10 +376,29 @@ func (x *policyExchange) pick() int {
 		}
 		return 0
 	}
-	n := uint64(x.random() * float64(x.rt.total))
+	// Random-available: at random by weight among the backends that may
+	// take the request, as linkerd2-proxy's distribute picks (a balancer
+	// backend with no endpoint in rotation is passed over while another is
+	// ready); when none is ready, among them all, so that the pick queues
+	// and fails fast as its balancer says.
+	bal := x.r.cfg.balancer
+	var ready uint64
+	if bal != nil {
+		for i, b := range d.Backends {
+			if b.Weight > 0 && x.available(bal, i) {
+				ready += uint64(b.Weight)
+			}
+		}
+	}
+	onlyReady := ready > 0 && ready < x.rt.total
+	total := x.rt.total
+	if onlyReady {
+		total = ready
+	}
+	n := uint64(x.random() * float64(total))
 	last := -1
 	for i, b := range d.Backends {
-		if b.Weight == 0 {
+		if b.Weight == 0 || onlyReady && !x.available(bal, i) {
 			continue
 		}
 		if n < uint64(b.Weight) {
@@ -389,6 +408,13 @@ func (x *policyExchange) pick() int {
 		last = i
 	}
 	return last // only reached through rounding: the last weighted backend
+}
+
+// available reports whether backend i of the route may take a request: it
+// is not a balancer, or its balancer has an endpoint in rotation.
+func (x *policyExchange) available(bal *balancer.Balancer, i int) bool {
+	b := &x.rt.route.Backends.Backends[i]
+	return b.Backend.Balancer == nil || bal.ReadyWith(b.Backend.Balancer.Authority, x.rt.balancing[i])
 }
 
 // errPrefixRedirect fails a redirect that replaces a path prefix when the
