@@ -189,13 +189,15 @@ func (i *Issuer) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrNotAuthenticated):
 		i.refused.WarnErr("token:"+id, "identity: refused a token", err, "identity", id)
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		// Linkerd's controller answers every unauthenticated token so.
+		return nil, status.Error(codes.FailedPrecondition, "authentication token could not be authenticated")
 	case err != nil:
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	if proven != id {
 		i.refused.WarnErr("other:"+id, "identity: a token for another identity", errors.New("the token proves "+proven), "requested", id)
-		return nil, status.Error(codes.FailedPrecondition, "requested identity did not match provided token")
+		return nil, status.Error(codes.FailedPrecondition,
+			fmt.Sprintf("requested identity did not match provided token: requested=%s; found=%s", id, proven))
 	}
 	leaf, notAfter, err := i.issue(csr)
 	if err != nil {
@@ -239,7 +241,10 @@ func (i *Issuer) issue(csr *x509.CertificateRequest) ([]byte, time.Time, error) 
 	if _, ok := csr.PublicKey.(*ecdsa.PublicKey); !ok {
 		return nil, time.Time{}, errors.New("CSR must contain an ECDSA public key")
 	}
-	now := i.now()
+	// A certificate holds whole seconds: valid_until is its NotAfter, as
+	// Linkerd's controller reads it back from the certificate it issued,
+	// and a proxy times its renewal by it.
+	now := i.now().Truncate(time.Second)
 	notAfter := now.Add(i.lifetime + i.skew)
 	if notAfter.After(i.expiry) {
 		notAfter = i.expiry

@@ -117,11 +117,11 @@ func TestCertifyRefusals(t *testing.T) {
 			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}, URIs: []*url.URL{{Scheme: "spiffe", Host: "td", Path: "/books"}}}, nil)},
 			codes.FailedPrecondition, "cannot validate URIs"},
 		{"malformed token", &identitypb.CertifyRequest{Identity: books, Token: []byte("malformed"), CertificateSigningRequest: good}, codes.InvalidArgument, ""},
-		{"unknown token", &identitypb.CertifyRequest{Identity: books, Token: []byte("who?"), CertificateSigningRequest: good}, codes.FailedPrecondition, ""},
+		{"unknown token", &identitypb.CertifyRequest{Identity: books, Token: []byte("who?"), CertificateSigningRequest: good}, codes.FailedPrecondition, "authentication token could not be authenticated"},
 		{"review fails", &identitypb.CertifyRequest{Identity: books, Token: []byte(badTokErr), CertificateSigningRequest: good}, codes.Internal, ""},
 		{"token of another identity", &identitypb.CertifyRequest{Identity: authors, Token: []byte(booksTok),
 			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{authors}}, nil)},
-			codes.FailedPrecondition, "requested identity did not match provided token"},
+			codes.FailedPrecondition, "requested identity did not match provided token: requested=" + authors + "; found=" + books},
 		{"rsa key", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
 			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, rsaKey)},
 			codes.Internal, "CSR must contain an ECDSA public key"},
@@ -144,8 +144,11 @@ func TestCertifyRefusals(t *testing.T) {
 // (linkerd2 pkg/tls/ca.go).
 func TestCertifyIssues(t *testing.T) {
 	issuer, anchors, iss := newTestIssuer(t, WithIssuanceLifetime(time.Minute), WithClockSkew(5*time.Second))
+	// A clock with a fraction of a second: the certificate and
+	// valid_until both hold whole seconds (linkerd2 pkg/identity/service.go
+	// sends the issued certificate's NotAfter).
 	now := time.Now().Truncate(time.Second).UTC()
-	issuer.now = func() time.Time { return now }
+	issuer.now = func() time.Time { return now.Add(638346700 * time.Nanosecond) }
 	for serial := int64(1); serial <= 2; serial++ {
 		resp, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{
 			Identity: books, Token: []byte(booksTok),
