@@ -175,14 +175,14 @@ func (a *authority) each(f func(*group)) {
 
 // update makes u the answer of every group of a; it returns the default
 // group's snapshots before and after.
-func (a *authority) update(u endpoint.Update, defaultRTT float64, now int64) (prev, next *snapshot) {
+func (a *authority) update(u endpoint.Update, defaultRTT float64, now int64, meshTLS bool) (prev, next *snapshot) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	prev = a.def.state.Load()
-	next = newSnapshot(u, prev, defaultRTT, now)
+	next = newSnapshot(u, prev, defaultRTT, now, meshTLS)
 	a.def.publish(next)
 	for _, g := range a.groups {
-		g.publish(newSnapshot(u, g.state.Load(), defaultRTT, now))
+		g.publish(newSnapshot(u, g.state.Load(), defaultRTT, now, meshTLS))
 	}
 	return prev, next
 }
@@ -291,7 +291,7 @@ func (b *Balancer) endpoints(a *authority, g *group) *snapshot {
 
 func (b *Balancer) watchEndpoints(a *authority) {
 	if b.ctx.Err() != nil {
-		a.update(endpoint.Update{Err: ErrClosed}, b.rtt, b.cfg.now())
+		a.update(endpoint.Update{Err: ErrClosed}, b.rtt, b.cfg.now(), b.cfg.meshTLS)
 		return
 	}
 	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u endpoint.Update) {
@@ -301,12 +301,12 @@ func (b *Balancer) watchEndpoints(a *authority) {
 		if u.Err != nil {
 			b.log.Info("endpoints unavailable", "endpoints unavailable", "authority", a.name, "error", u.Err)
 		}
-		prev, next := a.update(u, b.rtt, b.cfg.now())
+		prev, next := a.update(u, b.rtt, b.cfg.now(), b.cfg.meshTLS)
 		b.metrics.update(a, prev, next)
 	})
 	if err != nil {
 		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
-		a.update(endpoint.Update{Err: err}, b.rtt, b.cfg.now())
+		a.update(endpoint.Update{Err: err}, b.rtt, b.cfg.now(), b.cfg.meshTLS)
 		return
 	}
 	a.keep(stop)
@@ -667,7 +667,7 @@ func (t *table) init(cfg config, def *groupConf) {
 	t.closed = newAuthority("", def)
 	t.closed.watching.Store(true)
 	t.closed.splitOn.Store(true)
-	t.closed.update(endpoint.Update{Err: ErrClosed}, 0, 0)
+	t.closed.update(endpoint.Update{Err: ErrClosed}, 0, 0, false)
 	t.reg = registry.New(func(name string) *authority { return newAuthority(name, def) }, func(e *registry.Entry[authority]) (func(), error) {
 		a := e.Load()
 		t.live.Store(a, struct{}{})

@@ -53,6 +53,7 @@ type config struct {
 	failfast       time.Duration
 	penaltyEWMA    *PenaltyPeakEWMA
 	meter          metric.MeterProvider
+	meshTLS        bool
 	// now is the clock of the load estimates: a monotonic reading in
 	// nanoseconds. Tests replace it.
 	now func() int64
@@ -243,6 +244,11 @@ func WithPenaltyPeakEWMA(p *PenaltyPeakEWMA) Option {
 		c.penaltyEWMA = &q
 	})
 }
+
+// WithMeshTLS says whether the stack has an identity of its own, so that
+// an endpoint with an identity is reached over mTLS: it decides the tls
+// metric labels of the requests (default false: tls="disabled").
+func WithMeshTLS(on bool) Option { return optionFunc(func(c *config) { c.meshTLS = on }) }
 
 // WithMeterProvider sets where the outbound_http_balancer_* families go
 // (default: the global provider).

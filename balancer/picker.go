@@ -40,7 +40,7 @@ type snapshot struct {
 
 // newSnapshot builds the snapshot of u, keeping the loads of the endpoints
 // of prev that stay.
-func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int64) *snapshot {
+func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int64, meshTLS bool) *snapshot {
 	s := &snapshot{err: u.Err, health: prev.health, group: prev.group}
 	if u.Set == nil {
 		return s
@@ -56,14 +56,34 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 		if ep.load = old[ep.addr]; ep.load == nil {
 			ep.load = newLoad(defaultRTT, now)
 		}
-		if len(e.Labels) > 0 {
-			ep.labels = classify.NewLabels("dst_", e.Labels)
-		}
+		ep.labels = endpointLabels(e, meshTLS)
 		total += uint64(max(e.Weight, 1))
 		s.eps = append(s.eps, ep)
 		s.cum = append(s.cum, total)
 	}
 	return s
+}
+
+// endpointLabels are the metric labels of the requests to e: its own as
+// dst_*, and Linkerd's tls labels: tls="true" with server_id when the
+// endpoint is reached over mTLS (it has an identity and the stack one of
+// its own), tls="no_identity" with no_tls_reason="not_provided_by_service_discovery"
+// when discovery gave it none, tls="disabled" when the stack has no
+// identity.
+func endpointLabels(e endpoint.Endpoint, meshTLS bool) *classify.Labels {
+	m := make(map[string]string, len(e.Labels)+2)
+	for k, v := range e.Labels {
+		m["dst_"+k] = v
+	}
+	switch {
+	case !meshTLS:
+		m["tls"] = "disabled"
+	case e.Identity != "":
+		m["tls"], m["server_id"] = "true", e.Identity
+	default:
+		m["tls"], m["no_tls_reason"] = "no_identity", "not_provided_by_service_discovery"
+	}
+	return classify.NewLabels("", m)
 }
 
 // fork returns the snapshot of the same answer for g: the same endpoints,

@@ -124,3 +124,59 @@ func boolText(b bool) string {
 	}
 	return "false"
 }
+
+// TestTLSMetricLabels: the request and response series carry Linkerd's
+// tls labels (linkerd/app/core/src/transport/labels.rs): outbound
+// tls="true" with the server's server_id over mTLS, inbound tls="true"
+// with the client's client_id, and no_tls_reason="no_tls_from_remote" for
+// a plaintext client of a stack with an identity; a stack without an
+// identity says tls="disabled".
+func TestTLSMetricLabels(t *testing.T) {
+	p := newPKI(t)
+	m := testutil.NewMetrics(t)
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet))
+	defer server.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := origproto.NewServer(server)
+	srv.ErrorLog = quietLog
+	go srv.Serve(server.Listener(lis))
+	defer srv.Close()
+	addr := netip.MustParseAddrPort(lis.Addr().String())
+
+	const books, plain = "books.default.svc.cluster.local:7000", "plain.default.svc.cluster.local:7000"
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
+		books: {{Addr: addr, H2: true, Identity: booksID}},
+		plain: {{Addr: addr, H2: true}},
+	})
+	require.NoError(t, err)
+	get := func(c *Client, authority string) {
+		t.Helper()
+		resp, err := (&http.Client{Transport: c, Timeout: testutil.Timeout}).Get("http://" + authority + "/")
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	meshed := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(m.Provider),
+		WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
+	defer meshed.Close()
+	get(meshed, books)
+	get(meshed, plain)
+	unmeshed := NewClient(WithEndpoints(eps), WithMeterProvider(m.Provider), WithLogger(quiet))
+	defer unmeshed.Close()
+	get(unmeshed, books)
+
+	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+books+`"`, `tls="true"`, `server_id="`+booksID+`"`))
+	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+plain+`"`, `tls="no_identity"`,
+		`no_tls_reason="not_provided_by_service_discovery"`))
+	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+books+`"`, `tls="disabled"`))
+	assert.Equal(t, "1", m.Value(t, "response_total", `direction="inbound"`, `tls="true"`, `client_id="`+webID+`"`))
+	// The plain endpoint was reached in plaintext by the meshed client,
+	// and the unmeshed client is plaintext too.
+	for _, a := range []string{books, plain} {
+		assert.Equal(t, "1", m.Value(t, "response_total", `direction="inbound"`, `authority="`+a+`"`, `tls="no_identity"`,
+			`no_tls_reason="no_tls_from_remote"`), a)
+	}
+}

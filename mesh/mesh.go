@@ -19,6 +19,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
@@ -302,7 +304,7 @@ func NewClient(opts ...ClientOption) *Client {
 	if c.endpoints != nil {
 		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithSplits(profiles.Splits(c.source)), balancer.WithMaxAuthorities(c.maxAuthorities),
-			balancer.WithIdleTimeout(c.idleTimeout),
+			balancer.WithIdleTimeout(c.idleTimeout), balancer.WithMeshTLS(c.identity != nil),
 		}
 		if c.mp != nil {
 			opts = append(opts, balancer.WithMeterProvider(c.mp))
@@ -366,9 +368,42 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
-	s.Handler = origproto.NewHandler(s.router.Handler(classify.NewHandler(app, c.classifyOptions()...)), hopts...)
+	s.Handler = origproto.NewHandler(s.router.Handler(withTLSLabels(classify.NewHandler(app, c.classifyOptions()...), c.identity != nil)), hopts...)
 	return s
 }
+
+// withTLSLabels gives the inbound metrics of next Linkerd's tls labels:
+// tls="true" with the client's verified client_id (empty when it showed
+// no certificate) for meshed TLS, tls="no_identity" with
+// no_tls_reason="no_tls_from_remote" for a plaintext client of a stack
+// with an identity, tls="disabled" without one. A label set is made once
+// per client identity, up to maxTLSLabelSets; past that, per request.
+func withTLSLabels(next http.Handler, meshTLS bool) http.Handler {
+	plain := classify.NewLabels("", map[string]string{"tls": "disabled"})
+	if meshTLS {
+		plain = classify.NewLabels("", map[string]string{"tls": "no_identity", "no_tls_reason": "no_tls_from_remote"})
+	}
+	var sets sync.Map // client id -> *classify.Labels
+	var n atomic.Int32
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		l := plain
+		if peer, _ := identity.PeerFromContext(r.Context()); peer.TLS {
+			if v, ok := sets.Load(peer.ID); ok {
+				l = v.(*classify.Labels)
+			} else {
+				l = classify.NewLabels("", map[string]string{"tls": "true", "client_id": peer.ID})
+				if n.Add(1) <= maxTLSLabelSets {
+					sets.Store(peer.ID, l)
+				}
+			}
+		}
+		next.ServeHTTP(w, r.WithContext(classify.WithLabels(r.Context(), l)))
+	})
+}
+
+// maxTLSLabelSets bounds the label sets withTLSLabels keeps: one per
+// verified client identity, which only the trust anchors' issuers make.
+const maxTLSLabelSets = 1024
 
 // Router returns the router of the stack, which routes inbound requests by
 // the ServiceProfiles of the local authorities.
