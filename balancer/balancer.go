@@ -112,6 +112,9 @@ type authority struct {
 	recent   atomic.Pointer[[]confRef] // the configurations seen last, newest first
 	metrics  atomic.Pointer[authMetrics]
 
+	// endpointsRetry and splitRetry remember a failed watch of each kind.
+	endpointsRetry, splitRetry retry
+
 	mu       sync.Mutex
 	stops    []func()
 	released bool
@@ -283,11 +286,37 @@ func (a *authority) addGroupLocked(conf *groupConf, defaultRTT float64, now int6
 // the requests for this authority, which wait for the first answer
 // anyway.
 func (b *Balancer) endpoints(a *authority, g *group) *snapshot {
-	if !a.watching.Load() && a.watching.CompareAndSwap(false, true) {
+	if !a.watching.Load() && a.watching.CompareAndSwap(false, true) || a.endpointsRetry.due(b.cfg.now) {
 		b.watchEndpoints(a)
 	}
 	return g.state.Load()
 }
+
+// retry remembers a watch that failed (a control-plane client at its
+// bound, say) for a backoff delay, after which one request tries it
+// again; until then requests keep the answer the failure left, and the
+// source is not asked again by each of them. The delays are the
+// registry's ([registry.DefaultRetry]), growing while the failures go on.
+type retry struct {
+	at       atomic.Int64 // the clock reading after which to try; 0: no failure
+	failures atomic.Int32
+}
+
+// due claims the next attempt of a failed watch once its delay has
+// passed. Without a failure it costs one atomic load.
+func (r *retry) due(now func() int64) bool {
+	at := r.at.Load()
+	return at != 0 && now() >= at && r.at.CompareAndSwap(at, 0)
+}
+
+// failed records a failed attempt.
+func (r *retry) failed(now int64) {
+	d := registry.DefaultRetry.Delay(int(r.failures.Add(1) - 1))
+	r.at.Store(max(now+int64(d), 1))
+}
+
+// succeeded forgets the failures.
+func (r *retry) succeeded() { r.failures.Store(0) }
 
 func (b *Balancer) watchEndpoints(a *authority) {
 	if b.ctx.Err() != nil {
@@ -305,26 +334,33 @@ func (b *Balancer) watchEndpoints(a *authority) {
 		b.metrics.update(a, prev, next)
 	})
 	if err != nil {
-		b.log.Warn("watch endpoints", "cannot watch endpoints", "authority", a.name, "error", err)
+		b.log.WarnErr("watch endpoints", "cannot watch endpoints", err, "authority", a.name)
 		a.update(endpoint.Update{Err: err}, b.rtt, b.cfg.now(), b.cfg.meshTLS)
+		a.endpointsRetry.failed(b.cfg.now())
 		return
 	}
+	a.endpointsRetry.succeeded()
 	a.keep(stop)
 }
 
 // watchSplit watches the traffic split of a request's authority, on first
-// use.
+// use, and again after a failed watch's retry delay.
 func (b *Balancer) watchSplit(a *authority) {
-	if b.cfg.splits == nil || a.splitOn.Load() || !a.splitOn.CompareAndSwap(false, true) {
+	if b.cfg.splits == nil {
+		return
+	}
+	if (a.splitOn.Load() || !a.splitOn.CompareAndSwap(false, true)) && !a.splitRetry.due(b.cfg.now) {
 		return
 	}
 	stop, err := b.cfg.splits.WatchSplit(b.ctx, a.name, func(dsts []endpoint.WeightedDst) {
 		a.split.Store(NewSplit(dsts))
 	})
 	if err != nil {
-		b.log.Warn("watch split", "cannot watch the traffic split", "authority", a.name, "error", err)
+		b.log.WarnErr("watch split", "cannot watch the traffic split", err, "authority", a.name)
+		a.splitRetry.failed(b.cfg.now())
 		return
 	}
+	a.splitRetry.succeeded()
 	a.keep(stop)
 }
 
