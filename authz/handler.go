@@ -1,0 +1,349 @@
+package authz
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/proxyerr"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/policy"
+)
+
+// defaultMaxPorts bounds the ports a Handler keeps a policy for: the
+// ports of the server's own listeners, never chosen by clients.
+const defaultMaxPorts = 1024
+
+// Handler enforces the inbound policy of each port on every request
+// before passing it to the next handler. It is safe for concurrent use;
+// [Handler.Close] stops its watches.
+type Handler struct {
+	next   http.Handler
+	cfg    config
+	def    *Policy
+	in     *instruments
+	log    *ratelog.Logger
+	ports  atomic.Pointer[map[uint16]*port]
+	mu     sync.Mutex // serializes adding ports and Close
+	closed bool
+}
+
+var _ http.Handler = (*Handler)(nil)
+
+// port is the state of one port: its current policy and its requests in
+// flight.
+type port struct {
+	h        *Handler
+	num      uint16
+	cur      atomic.Pointer[active]
+	inflight atomic.Int64
+	stop     func()
+}
+
+// active is a policy in force on a port, with its series.
+type active struct {
+	pol    *Policy
+	series *seriesCache
+}
+
+// New returns a Handler enforcing the policies of opts before next. It
+// fails only when the default Server does not compile.
+func New(next http.Handler, opts ...Option) (*Handler, error) {
+	cfg := config{now: time.Now, maxPorts: defaultMaxPorts}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	if cfg.def == nil {
+		cfg.def, _ = DefaultServer(AllUnauthenticated, DefaultOptions{})
+	}
+	def, err := Compile(cfg.def)
+	if err != nil {
+		return nil, fmt.Errorf("authz: default server: %w", err)
+	}
+	h := &Handler{
+		next: next, cfg: cfg, def: def,
+		in:  newInstruments(metrics.Meter(cfg.mp, "github.com/inmesh/inmesh/authz")),
+		log: ratelog.New(cfg.logger, 0),
+	}
+	h.ports.Store(&map[uint16]*port{})
+	return h, nil
+}
+
+// Close stops the Handler's watches; requests after it keep the last
+// policies.
+func (h *Handler) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
+	h.closed = true
+	for _, p := range *h.ports.Load() {
+		if p.stop != nil {
+			p.stop()
+		}
+	}
+}
+
+// Policy returns the policy in force on port.
+func (h *Handler) Policy(portNum uint16) *Policy {
+	return h.port(portNum).cur.Load().pol
+}
+
+func (h *Handler) port(num uint16) *port {
+	if p := (*h.ports.Load())[num]; p != nil {
+		return p
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := *h.ports.Load()
+	if p := old[num]; p != nil {
+		return p
+	}
+	p := &port{h: h, num: num}
+	p.cur.Store(&active{pol: h.def, series: newSeriesCache(h.in, h.def)})
+	if len(old) >= h.cfg.maxPorts || h.closed {
+		return p // served with the default, not remembered
+	}
+	m := make(map[uint16]*port, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[num] = p
+	h.ports.Store(&m)
+	if h.cfg.source != nil {
+		p.stop = h.cfg.source.Watch(num, p.update)
+	}
+	return p
+}
+
+// update compiles s and puts it in force; a Server that does not compile
+// is logged and the last good policy stays.
+func (p *port) update(s *Server) {
+	pol, err := Compile(s)
+	if err != nil {
+		p.h.log.WarnErr("update", "inbound policy refused; the last good one stays", err, "port", p.num)
+		return
+	}
+	p.cur.Store(&active{pol: pol, series: newSeriesCache(p.h.in, pol)})
+}
+
+// The causes that l5d-proxy-error gives, as Linkerd's proxy words them.
+const (
+	causeUnauthorized = "unauthorized request on route"
+	causeNoRoute      = "no route found for request"
+)
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	target := localAddr(r)
+	p := h.port(target.Port())
+	a := p.cur.Load()
+	pol := a.pol
+	client, _ := netip.ParseAddrPort(r.RemoteAddr)
+	ip := client.Addr().Unmap()
+	peer, hasPeer := identity.PeerFromContext(r.Context())
+	key := seriesKey{target: target, tls: tlsOf(peer, hasPeer, ip)}
+	if key.tls == tlsTrue {
+		key.clientID = peer.ID
+	}
+	meshed := peer.TLS && peer.ID != ""
+
+	var route *policy.Route
+	var match policy.Match
+	if pol.table != nil {
+		route, match = pol.table.Select(r)
+	}
+	if route == nil {
+		key.fam = famNotFound
+		a.series.add(key)
+		h.refuse(w, r, meshed, client, target, http.StatusNotFound, causeNoRoute)
+		return
+	}
+	cr := &pol.routes[route.RouteIndex]
+	key.route = route.RouteIndex
+	ai := cr.authorize(ip, peer)
+	if ai < 0 {
+		key.fam = famDeny
+		a.series.add(key)
+		h.log.Info("deny "+cr.meta.Name, "Request denied", "server", pol.server.Meta.Name, "route", cr.meta.Name,
+			"client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)
+		h.refuse(w, r, meshed, client, target, http.StatusForbidden, causeUnauthorized)
+		return
+	}
+	key.fam, key.authz = famAllow, ai
+	a.series.add(key)
+	if cr.authzs[ai].audit {
+		h.log.Info("audit "+cr.meta.Name, "Request allowed", "server", pol.server.Meta.Name, "route", cr.meta.Name,
+			"authz", cr.authzs[ai].meta.Name, "client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)
+	}
+
+	cloned := false
+	for i := range route.Filters {
+		f := &route.Filters[i]
+		switch {
+		case f.RequestHeaders != nil:
+			if !cloned {
+				r = r.Clone(r.Context())
+				cloned = true
+			}
+			f.RequestHeaders.Apply(r.Header)
+		case f.Redirect != nil:
+			loc, err := redirectLocation(r, f.Redirect, match)
+			if err != nil {
+				h.refuse(w, r, meshed, client, target, http.StatusInternalServerError, err.Error())
+				return
+			}
+			w.Header().Set("Location", loc)
+			w.Header().Set("Content-Length", "0")
+			w.WriteHeader(f.Redirect.StatusCode())
+			return
+		case f.FailureInjector != nil:
+			fi := f.FailureInjector
+			if prob := fi.Ratio.Probability(); prob >= 1 || rand.Float64() < prob {
+				h.refuse(w, r, meshed, client, target, fi.Status, fi.Message)
+				return
+			}
+		}
+	}
+
+	if pol.limiter != nil {
+		if scope, rps := pol.limiter.check(h.cfg.now(), peer.ID); scope != limitNone {
+			key.fam, key.scope = famRateLimit, scope
+			a.series.add(key)
+			h.refuse(w, r, meshed, client, target, http.StatusTooManyRequests, limitCause(scope, rps))
+			return
+		}
+	}
+	if max := int64(pol.server.MaxConcurrentRequests); max > 0 {
+		if p.inflight.Add(1) > max {
+			p.inflight.Add(-1)
+			key.fam = famConcurrency
+			a.series.add(key)
+			h.refuse(w, r, meshed, client, target, http.StatusServiceUnavailable,
+				"concurrency limit exceeded: "+strconv.FormatInt(max, 10)+" requests")
+			return
+		}
+		defer p.inflight.Add(-1)
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+func limitCause(s limitScope, rps uint32) string {
+	n := strconv.FormatUint(uint64(rps), 10)
+	switch s {
+	case limitTotal:
+		return "total rate limit exceeded: " + n + "rps"
+	case limitOverride:
+		return "override rate limit exceeded: " + n + "rps"
+	}
+	return "per-identity rate limit exceeded: " + n + "rps"
+}
+
+func tlsOf(peer identity.Peer, hasPeer bool, ip netip.Addr) tlsState {
+	switch {
+	case peer.TLS:
+		return tlsTrue
+	case !hasPeer:
+		return tlsDisabled
+	case ip.IsLoopback():
+		return tlsLoopback
+	}
+	return tlsNoIdentity
+}
+
+// localAddr is the address the request's connection was accepted on.
+func localAddr(r *http.Request) netip.AddrPort {
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+// refuse answers r as the mesh: an empty response with code, as a gRPC
+// status to gRPC requests; the reason in l5d-proxy-error (and
+// grpc-message) only to meshed clients, as Linkerd's proxy.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, meshed bool, client, target netip.AddrPort, code int, cause string) {
+	msg := ""
+	if meshed {
+		msg = "client " + client.String() + ": server: " + target.String() + ": " + cause
+	}
+	resp := proxyerr.Response(r, code, msg)
+	hdr := w.Header()
+	for k, v := range resp.Header {
+		if !meshed && (k == proxyerr.Header || k == "Grpc-Message") {
+			continue
+		}
+		if k == "Content-Type" && resp.StatusCode == code {
+			continue // an HTTP answer is empty: no content type
+		}
+		hdr[k] = v
+	}
+	hdr["Content-Length"] = []string{"0"}
+	w.WriteHeader(resp.StatusCode)
+}
+
+// redirectLocation is the Location of a redirect of r by rd (the Gateway
+// API's HTTPRequestRedirectFilter, as the router answers it): scheme,
+// host, port and path replaced where rd sets them; a port that is the
+// scheme's well-known one left out.
+func redirectLocation(r *http.Request, rd *policy.Redirect, m policy.Match) (string, error) {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	orig := scheme
+	if rd.Scheme != "" {
+		scheme = strings.ToLower(rd.Scheme)
+	}
+	host, portStr, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		host, portStr = r.Host, ""
+	}
+	if rd.Host != "" {
+		host = rd.Host
+	}
+	switch {
+	case rd.Port != 0:
+		portStr = strconv.Itoa(int(rd.Port))
+	case scheme != orig:
+		portStr = ""
+	}
+	if (scheme == "http" && portStr == "80") || (scheme == "https" && portStr == "443") {
+		portStr = ""
+	}
+	if portStr != "" {
+		host = net.JoinHostPort(host, portStr)
+	}
+	path, query := r.URL.Path, r.URL.RawQuery
+	if rd.Path != nil {
+		if !rd.Path.Prefix {
+			path, query, _ = strings.Cut(rd.Path.Full, "?")
+		} else {
+			if m.Path != policy.PathPrefix || m.PathLen > len(path) {
+				return "", fmt.Errorf("a redirect may only replace the path prefix when a path prefix matched")
+			}
+			rest := path[m.PathLen:]
+			if rest != "" && !strings.HasPrefix(rest, "/") {
+				rest = "/" + rest
+			}
+			if path = strings.TrimSuffix(rd.Path.Full, "/") + rest; path == "" {
+				path = "/"
+			}
+		}
+	}
+	u := url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: query}
+	return u.String(), nil
+}
