@@ -300,9 +300,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, meshed bool, cl
 // host, port and path replaced where rd sets them; a port that is the
 // scheme's well-known one left out.
 func redirectLocation(r *http.Request, rd *policy.Redirect, m policy.Match) (string, error) {
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
+	// Mesh TLS is the mesh's transport, not the application's scheme.
+	scheme := r.URL.Scheme
+	if scheme == "" {
+		scheme = "http"
 	}
 	orig := scheme
 	if rd.Scheme != "" {

@@ -36,10 +36,6 @@ var quiet = slog.New(slog.DiscardHandler)
 // localhost authorization does not admit it.
 var remoteIP = netip.MustParseAddr("127.0.0.2")
 
-func remoteNet() []authz.Network {
-	return []authz.Network{{Net: netip.PrefixFrom(remoteIP, 32)}}
-}
-
 type pki struct {
 	anchors *x509.CertPool
 	issuer  *controlplane.Issuer
@@ -118,7 +114,7 @@ func (e *env) client(t *testing.T, mode testutil.Mode, ip netip.Addr, id string)
 	tr := testutil.NewTransport(t, mode)
 	tr.DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: ip.AsSlice()}}).DialContext
 	if id == "" {
-		return &http.Client{Transport: tr}, e.plain
+		return &http.Client{Transport: tr, CheckRedirect: noRedirects}, e.plain
 	}
 	var cfg *tls.Config
 	if id == "-" {
@@ -130,8 +126,10 @@ func (e *env) client(t *testing.T, mode testutil.Mode, ip netip.Addr, id string)
 	}
 	tr = &http.Transport{TLSClientConfig: cfg, DialContext: tr.DialContext}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr}, e.tls
+	return &http.Client{Transport: tr, CheckRedirect: noRedirects}, e.tls
 }
+
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 type result struct {
 	status int
