@@ -78,12 +78,16 @@ func Compile(s *Server) (*Policy, error) {
 	localhost.localhost = true
 	p := &Policy{server: s}
 	if s.Protocol != ProtocolOpaque && s.Protocol != ProtocolTLS {
-		if len(s.Routes) > policy.MaxRoutes {
-			return nil, fmt.Errorf("routes: %d routes is more than the limit of %d", len(s.Routes), policy.MaxRoutes)
+		routes := s.Routes
+		if len(routes) == 0 {
+			routes = DefaultRoutes(nil, nil)
 		}
-		proto := policy.HTTPProtocol{Routes: make([]policy.HTTPRoute, len(s.Routes))}
-		p.routes = make([]compiledRoute, len(s.Routes))
-		for i, r := range s.Routes {
+		if len(routes) > policy.MaxRoutes {
+			return nil, fmt.Errorf("routes: %d routes is more than the limit of %d", len(routes), policy.MaxRoutes)
+		}
+		proto := policy.HTTPProtocol{Routes: make([]policy.HTTPRoute, len(routes))}
+		p.routes = make([]compiledRoute, len(routes))
+		for i, r := range routes {
 			path := fmt.Sprintf("routes[%d]", i)
 			routeAuthzs, err := compileAuthzs(r.Authorizations, path+".authorizations")
 			if err != nil {

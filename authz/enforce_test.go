@@ -312,3 +312,39 @@ type nopWriter struct {
 func (w *nopWriter) Header() http.Header         { return w.h }
 func (w *nopWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (w *nopWriter) WriteHeader(c int)           { w.code = c }
+
+// A path is authorized as the application reads it: dot-segments and
+// encoded '/' or '.' are refused with 400, so that "/admin/../api" is not
+// admitted by the admin route and then served as /api.
+func TestAmbiguousPaths(t *testing.T) {
+	e := newEnv(t, authz.WithDefault(booksServer()))
+	admin, base := e.client(t, testutil.H1, remoteIP, adminID)
+	require.Equal(t, 200, do(t, admin, "GET", base+"/admin/x").status)
+	for _, p := range []string{"/admin/../api", "/admin/./x", "/admin/%2e%2e/api", "/admin%2Fx", "/admin/.."} {
+		req, err := http.NewRequest("GET", base+"/", nil)
+		require.NoError(t, err)
+		req.URL.Opaque = p // sent as written
+		resp, err := admin.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 400, resp.StatusCode, p)
+		assert.Empty(t, resp.Header.Get("X-App"), p)
+	}
+	assert.Equal(t, 200, do(t, admin, "GET", base+"/admin/.hidden/x..y").status, "dots inside a segment are fine")
+}
+
+// A Server without routes has one match-all "default" route
+// (linkerd2-proxy linkerd/proxy/server-policy/src/lib.rs mk_routes); an
+// opaque Server has no HTTP routes at all: 404.
+func TestServerWithoutRoutes(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	src := &chanSource{}
+	e := newEnv(t, authz.WithSource(src), authz.WithMeterProvider(m.Provider),
+		authz.WithDefault(&authz.Server{Meta: srvMeta, Authorizations: []authz.Authz{{Meta: apMeta,
+			Networks: []authz.Network{{Net: netip.MustParsePrefix("0.0.0.0/0")}}}}}))
+	c, base := e.client(t, testutil.H1, remoteIP, "")
+	assert.Equal(t, 200, do(t, c, "GET", base+"/any/path").status)
+	assert.Equal(t, "1", m.Value(t, "inbound_http_authz_allow_total", `route_kind="default"`, `route_name="default"`, `route_group=""`, `authz_name="web-ap"`))
+	src.send(t, uint16(mustPort(t, base)), &authz.Server{Meta: srvMeta, Protocol: authz.ProtocolOpaque})
+	assert.Equal(t, 404, do(t, c, "GET", base+"/any/path").status)
+}

@@ -144,7 +144,41 @@ func (p *port) update(s *Server) {
 const (
 	causeUnauthorized = "unauthorized request on route"
 	causeNoRoute      = "no route found for request"
+	// inmesh's own, for a path the application could read otherwise than
+	// the routes matched it.
+	causeAmbiguousPath = "request path has dot-segments or an encoded '/' or '.'"
 )
+
+// ambiguousPath reports whether a request path could be authorized as one
+// path and served as another: a dot-segment ("/public/../orders"), in the
+// decoded path (so "%2e%2e" too), or an encoded "/" or "." in the raw one.
+// Such requests are refused with 400 rather than normalized (beyond
+// Linkerd, which matches the raw path).
+func ambiguousPath(path, raw string) bool {
+	for i := 0; i < len(path); {
+		j := strings.IndexByte(path[i:], '/')
+		end := len(path)
+		if j >= 0 {
+			end = i + j
+		}
+		if seg := path[i:end]; seg == "." || seg == ".." {
+			return true
+		}
+		if j < 0 {
+			break
+		}
+		i = end + 1
+	}
+	for i := 0; i+2 < len(raw); i++ {
+		if raw[i] == '%' && raw[i+1] == '2' {
+			switch raw[i+2] {
+			case 'e', 'E', 'f', 'F':
+				return true
+			}
+		}
+	}
+	return false
+}
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	target := localAddr(r)
@@ -160,6 +194,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	meshed := peer.TLS && peer.ID != ""
 
+	if r.URL != nil && ambiguousPath(r.URL.Path, r.URL.RawPath) {
+		h.refuse(w, r, meshed, client, target, http.StatusBadRequest, causeAmbiguousPath)
+		return
+	}
 	var route *policy.Route
 	var match policy.Match
 	if pol.table != nil {

@@ -61,7 +61,9 @@ type Server struct {
 	Authorizations []Authz
 	// Routes of the port, chosen by best match (host, then path, method,
 	// headers, query parameters, then the earlier route). A request no
-	// route matches is answered 404. A Server without routes has none.
+	// route matches is answered 404. No routes means one route, "default",
+	// matching every request, as Linkerd's proxy reads a Server sent
+	// without routes.
 	Routes []Route
 	// RateLimit limits the requests of the port; nil means none. Like
 	// Linkerd's, a gRPC Server takes no rate limit.
