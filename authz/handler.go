@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -238,10 +237,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			f.RequestHeaders.Apply(r.Header)
 		case f.Redirect != nil:
-			loc, err := redirectLocation(r, f.Redirect, match)
+			loc, same, err := f.Redirect.Location(r, match)
 			if err != nil {
 				h.refuse(w, r, meshed, client, target, http.StatusInternalServerError, err.Error())
 				return
+			}
+			if same {
+				continue // a redirect to the URL asked for does nothing
 			}
 			w.Header().Set("Location", loc)
 			w.Header().Set("Content-Length", "0")
@@ -331,58 +333,4 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, meshed bool, cl
 	}
 	hdr["Content-Length"] = []string{"0"}
 	w.WriteHeader(resp.StatusCode)
-}
-
-// redirectLocation is the Location of a redirect of r by rd (the Gateway
-// API's HTTPRequestRedirectFilter, as the router answers it): scheme,
-// host, port and path replaced where rd sets them; a port that is the
-// scheme's well-known one left out.
-func redirectLocation(r *http.Request, rd *policy.Redirect, m policy.Match) (string, error) {
-	// Mesh TLS is the mesh's transport, not the application's scheme.
-	scheme := r.URL.Scheme
-	if scheme == "" {
-		scheme = "http"
-	}
-	orig := scheme
-	if rd.Scheme != "" {
-		scheme = strings.ToLower(rd.Scheme)
-	}
-	host, portStr, err := net.SplitHostPort(r.Host)
-	if err != nil {
-		host, portStr = r.Host, ""
-	}
-	if rd.Host != "" {
-		host = rd.Host
-	}
-	switch {
-	case rd.Port != 0:
-		portStr = strconv.Itoa(int(rd.Port))
-	case scheme != orig:
-		portStr = ""
-	}
-	if (scheme == "http" && portStr == "80") || (scheme == "https" && portStr == "443") {
-		portStr = ""
-	}
-	if portStr != "" {
-		host = net.JoinHostPort(host, portStr)
-	}
-	path, query := r.URL.Path, r.URL.RawQuery
-	if rd.Path != nil {
-		if !rd.Path.Prefix {
-			path, query, _ = strings.Cut(rd.Path.Full, "?")
-		} else {
-			if m.Path != policy.PathPrefix || m.PathLen > len(path) {
-				return "", fmt.Errorf("a redirect may only replace the path prefix when a path prefix matched")
-			}
-			rest := path[m.PathLen:]
-			if rest != "" && !strings.HasPrefix(rest, "/") {
-				rest = "/" + rest
-			}
-			if path = strings.TrimSuffix(rd.Path.Full, "/") + rest; path == "" {
-				path = "/"
-			}
-		}
-	}
-	u := url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: query}
-	return u.String(), nil
 }
