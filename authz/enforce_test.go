@@ -348,3 +348,22 @@ func TestServerWithoutRoutes(t *testing.T) {
 	src.send(t, uint16(mustPort(t, base)), &authz.Server{Meta: srvMeta, Protocol: authz.ProtocolOpaque})
 	assert.Equal(t, 404, do(t, c, "GET", base+"/any/path").status)
 }
+
+// Without the identity layer in front (no peer in the context) the tls
+// label says "disabled"; a meshed client's client_id is its verified
+// identity.
+func TestTLSLabels(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	h, err := authz.New(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}),
+		authz.WithMeterProvider(m.Provider), authz.WithLogger(quiet))
+	require.NoError(t, err)
+	defer h.Close()
+	base := testutil.NewServer(t, h).URL
+	c := &http.Client{Transport: testutil.NewTransport(t, testutil.H1)}
+	resp, err := c.Get(base + "/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "1", m.Value(t, "inbound_http_authz_allow_total", `tls="disabled"`, `srv_kind="default"`,
+		`srv_name="all-unauthenticated"`, `authz_name="all-unauthenticated"`, `route_name="default"`))
+	assert.NotContains(t, m.Scrape(t), "client_id")
+}

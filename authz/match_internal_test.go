@@ -2,6 +2,7 @@ package authz
 
 import (
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -207,4 +208,46 @@ type policyMatch = policy.HTTPRouteMatch
 
 func regexMatch(re string) policy.HTTPRouteMatch {
 	return policy.HTTPRouteMatch{Path: &policy.PathMatch{Kind: policy.PathRegex, Value: re}}
+}
+
+func TestMaxConcurrentRequestsFrom(t *testing.T) {
+	for _, tc := range []struct {
+		v       *string
+		want    int
+		wantErr bool
+	}{
+		{nil, 0, false},
+		{ptr("100"), 100, false},
+		{ptr(" 7 "), 7, false},
+		{ptr("0"), 0, true},
+		{ptr("-3"), 0, true},
+		{ptr("many"), 0, true},
+	} {
+		ann := map[string]string{}
+		if tc.v != nil {
+			ann[AnnotationMaxConcurrentRequests] = *tc.v
+		}
+		n, err := MaxConcurrentRequestsFrom(ann)
+		if tc.wantErr {
+			assert.ErrorContains(t, err, `annotations["inmesh.io/max-concurrent-requests"]`)
+			continue
+		}
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, n)
+	}
+}
+
+func ptr(s string) *string { return &s }
+
+// The identity buckets are bounded: past the bound they start again, so a
+// stream of distinct identities cannot grow the map without end.
+func TestIdentityBucketsBounded(t *testing.T) {
+	l, err := newLimiter(&RateLimit{Identity: 1})
+	require.NoError(t, err)
+	now := time.Unix(1000, 0)
+	for i := range maxLimitedIdentities + 10 {
+		s, _ := l.check(now, "id-"+strconv.Itoa(i))
+		require.Equal(t, limitNone, s)
+	}
+	assert.LessOrEqual(t, len(l.byID), maxLimitedIdentities)
 }
