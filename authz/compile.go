@@ -77,39 +77,20 @@ func Compile(s *Server) (*Policy, error) {
 	localhost, _ := compileAuthz(&LocalhostAuthz, "localhost")
 	localhost.localhost = true
 	p := &Policy{server: s}
-	if s.Protocol != ProtocolOpaque && s.Protocol != ProtocolTLS {
-		routes := s.Routes
-		if len(routes) == 0 {
-			routes = DefaultRoutes(nil, nil)
+	switch {
+	case s.Protocol == ProtocolGRPC:
+		if len(s.Routes) > 0 {
+			return nil, fmt.Errorf("routes: a grpc Server takes gRPC routes (grpcRoutes)")
 		}
-		if len(routes) > policy.MaxRoutes {
-			return nil, fmt.Errorf("routes: %d routes is more than the limit of %d", len(routes), policy.MaxRoutes)
+		if err := p.compileGRPC(s, serverAuthzs, localhost); err != nil {
+			return nil, err
 		}
-		proto := policy.HTTPProtocol{Routes: make([]policy.HTTPRoute, len(routes))}
-		p.routes = make([]compiledRoute, len(routes))
-		for i, r := range routes {
-			path := fmt.Sprintf("routes[%d]", i)
-			routeAuthzs, err := compileAuthzs(r.Authorizations, path+".authorizations")
-			if err != nil {
-				return nil, err
-			}
-			all := make([]compiledAuthz, 0, len(routeAuthzs)+len(serverAuthzs)+1)
-			all = append(append(append(all, routeAuthzs...), serverAuthzs...), localhost)
-			p.routes[i] = compiledRoute{meta: r.Meta, authzs: all}
-			pr := policy.HTTPRoute{Meta: r.Meta.policyMeta(), Hosts: r.Hosts, Rules: make([]policy.HTTPRule, len(r.Rules))}
-			for j, rule := range r.Rules {
-				for k, f := range rule.Filters {
-					if f.ResponseHeaders != nil || f.GRPCFailureInjector != nil {
-						return nil, fmt.Errorf("%s.rules[%d].filters[%d]: only request header modifiers, redirects and failure injectors apply to inbound routes", path, j, k)
-					}
-				}
-				pr.Rules[j] = policy.HTTPRule{Matches: rule.Matches, Filters: rule.Filters}
-			}
-			proto.Routes[i] = pr
+	case s.Protocol != ProtocolOpaque && s.Protocol != ProtocolTLS:
+		if len(s.GRPCRoutes) > 0 {
+			return nil, fmt.Errorf("grpcRoutes: only a grpc Server takes gRPC routes")
 		}
-		if p.table, err = policy.CompileHTTP(s.Meta.policyMeta(), proto, policy.Options{}, "routes"); err != nil {
-			// The route list's own paths read "routes.routes[i]...".
-			return nil, errors.New(strings.TrimPrefix(err.Error(), "routes."))
+		if err := p.compileHTTP(s, serverAuthzs, localhost); err != nil {
+			return nil, err
 		}
 	}
 	if rl := s.RateLimit; rl != nil {
@@ -121,6 +102,82 @@ func Compile(s *Server) (*Policy, error) {
 		}
 	}
 	return p, nil
+}
+
+func (p *Policy) compileHTTP(s *Server, serverAuthzs []compiledAuthz, localhost compiledAuthz) error {
+	routes := s.Routes
+	if len(routes) == 0 {
+		routes = DefaultRoutes(nil, nil)
+	}
+	if len(routes) > policy.MaxRoutes {
+		return fmt.Errorf("routes: %d routes is more than the limit of %d", len(routes), policy.MaxRoutes)
+	}
+	proto := policy.HTTPProtocol{Routes: make([]policy.HTTPRoute, len(routes))}
+	p.routes = make([]compiledRoute, len(routes))
+	for i, r := range routes {
+		path := fmt.Sprintf("routes[%d]", i)
+		var err error
+		if p.routes[i], err = compileRoute(r.Meta, r.Authorizations, path, serverAuthzs, localhost); err != nil {
+			return err
+		}
+		pr := policy.HTTPRoute{Meta: r.Meta.policyMeta(), Hosts: r.Hosts, Rules: make([]policy.HTTPRule, len(r.Rules))}
+		for j, rule := range r.Rules {
+			for k, f := range rule.Filters {
+				if f.ResponseHeaders != nil || f.GRPCFailureInjector != nil {
+					return fmt.Errorf("%s.rules[%d].filters[%d]: only request header modifiers, redirects and failure injectors apply to inbound HTTP routes", path, j, k)
+				}
+			}
+			pr.Rules[j] = policy.HTTPRule{Matches: rule.Matches, Filters: rule.Filters}
+		}
+		proto.Routes[i] = pr
+	}
+	var err error
+	if p.table, err = policy.CompileHTTP(s.Meta.policyMeta(), proto, policy.Options{}, "routes"); err != nil {
+		// The route list's own paths read "routes.routes[i]...".
+		return errors.New(strings.TrimPrefix(err.Error(), "routes."))
+	}
+	return nil
+}
+
+func (p *Policy) compileGRPC(s *Server, serverAuthzs []compiledAuthz, localhost compiledAuthz) error {
+	routes := s.GRPCRoutes
+	if len(routes) == 0 {
+		routes = []GRPCRoute{{Meta: DefaultMeta("default"), Rules: []GRPCRule{{}}}}
+	}
+	if len(routes) > policy.MaxRoutes {
+		return fmt.Errorf("grpcRoutes: %d routes is more than the limit of %d", len(routes), policy.MaxRoutes)
+	}
+	proto := policy.GRPCProtocol{Routes: make([]policy.GRPCRoute, len(routes))}
+	p.routes = make([]compiledRoute, len(routes))
+	for i, r := range routes {
+		path := fmt.Sprintf("grpcRoutes[%d]", i)
+		var err error
+		if p.routes[i], err = compileRoute(r.Meta, r.Authorizations, path, serverAuthzs, localhost); err != nil {
+			return err
+		}
+		pr := policy.GRPCRoute{Meta: r.Meta.policyMeta(), Hosts: r.Hosts, Rules: make([]policy.GRPCRule, len(r.Rules))}
+		for j, rule := range r.Rules {
+			pr.Rules[j] = policy.GRPCRule{Matches: rule.Matches, Filters: rule.Filters}
+		}
+		proto.Routes[i] = pr
+	}
+	var err error
+	if p.table, err = policy.CompileGRPC(s.Meta.policyMeta(), proto, policy.Options{}, "grpcRoutes"); err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "grpcRoutes."))
+	}
+	return nil
+}
+
+// compileRoute is a route's authorizations: its own, then the Server's,
+// then localhost.
+func compileRoute(meta Meta, authzs []Authz, path string, serverAuthzs []compiledAuthz, localhost compiledAuthz) (compiledRoute, error) {
+	routeAuthzs, err := compileAuthzs(authzs, path+".authorizations")
+	if err != nil {
+		return compiledRoute{}, err
+	}
+	all := make([]compiledAuthz, 0, len(routeAuthzs)+len(serverAuthzs)+1)
+	all = append(append(append(all, routeAuthzs...), serverAuthzs...), localhost)
+	return compiledRoute{meta: meta, authzs: all}, nil
 }
 
 func compileAuthzs(as []Authz, path string) ([]compiledAuthz, error) {

@@ -367,3 +367,36 @@ func TestTLSLabels(t *testing.T) {
 		`srv_name="all-unauthenticated"`, `authz_name="all-unauthenticated"`, `route_name="default"`))
 	assert.NotContains(t, m.Scrape(t), "client_id")
 }
+
+// A gRPC Server's routes match rpcs by service and method; authorizations
+// and gRPC failure injection apply per call, and a call no route matches
+// is NOT_FOUND.
+func TestGRPCRoutes(t *testing.T) {
+	srv := &authz.Server{Meta: srvMeta, Protocol: authz.ProtocolGRPC, GRPCRoutes: []authz.GRPCRoute{{
+		Meta: authz.Meta{Group: "gateway.networking.k8s.io", Kind: "GRPCRoute", Name: "books-grpc"},
+		Rules: []authz.GRPCRule{
+			{Matches: []policy.GRPCRouteMatch{{Service: "books.Books", Method: "Get"}}},
+			{Matches: []policy.GRPCRouteMatch{{Service: "books.Books", Method: "Fail"}},
+				Filters: []policy.Filter{{GRPCFailureInjector: &policy.GRPCFailureInjector{Code: 14, Message: "injected"}}}},
+		},
+		Authorizations: []authz.Authz{{Meta: apMeta, Networks: []authz.Network{{Net: netip.PrefixFrom(remoteIP, 32)}}}},
+	}}}
+	e := newEnv(t, authz.WithDefault(srv))
+	c, base := e.client(t, testutil.H2C, remoteIP, "")
+	r := do(t, c, "POST", base+"/books.Books/Get", "Content-Type", "application/grpc")
+	assert.Equal(t, "reached", r.hdr.Get("X-App"))
+	r = do(t, c, "POST", base+"/books.Books/Fail", "Content-Type", "application/grpc")
+	assert.Equal(t, "14", r.hdr.Get("Grpc-Status"))
+	assert.Equal(t, "injected", r.hdr.Get("Grpc-Message"))
+	r = do(t, c, "POST", base+"/books.Books/List", "Content-Type", "application/grpc")
+	assert.Equal(t, "5", r.hdr.Get("Grpc-Status"))
+	other, obase := e.client(t, testutil.H2C, netip.MustParseAddr("127.0.0.3"), "")
+	r = do(t, other, "POST", obase+"/books.Books/Get", "Content-Type", "application/grpc")
+	assert.Equal(t, "7", r.hdr.Get("Grpc-Status"))
+	assert.Empty(t, r.hdr.Get("X-App"))
+
+	_, err := authz.Compile(&authz.Server{Protocol: authz.ProtocolGRPC, Routes: authz.DefaultRoutes(nil, nil)})
+	assert.ErrorContains(t, err, "routes: a grpc Server takes gRPC routes")
+	_, err = authz.Compile(&authz.Server{GRPCRoutes: []authz.GRPCRoute{{}}})
+	assert.ErrorContains(t, err, "grpcRoutes: only a grpc Server takes gRPC routes")
+}

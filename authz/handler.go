@@ -249,6 +249,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Length", "0")
 			w.WriteHeader(f.Redirect.StatusCode())
 			return
+		case f.GRPCFailureInjector != nil:
+			fi := f.GRPCFailureInjector
+			if prob := fi.Ratio.Probability(); prob >= 1 || rand.Float64() < prob {
+				hdr := w.Header()
+				hdr["Content-Type"] = []string{"application/grpc"}
+				hdr["Grpc-Status"] = []string{strconv.Itoa(int(fi.Code))}
+				if fi.Message != "" {
+					hdr["Grpc-Message"] = []string{fi.Message}
+				}
+				hdr["Content-Length"] = []string{"0"}
+				w.WriteHeader(http.StatusOK)
+				return
+			}
 		case f.FailureInjector != nil:
 			fi := f.FailureInjector
 			if prob := fi.Ratio.Probability(); prob >= 1 || rand.Float64() < prob {

@@ -65,6 +65,10 @@ type Server struct {
 	// matching every request, as Linkerd's proxy reads a Server sent
 	// without routes.
 	Routes []Route
+	// GRPCRoutes are the routes of a gRPC Server (and only of one), chosen
+	// by best match as Routes are. None means one route, "default",
+	// matching every request.
+	GRPCRoutes []GRPCRoute
 	// RateLimit limits the requests of the port; nil means none. Like
 	// Linkerd's, a gRPC Server takes no rate limit.
 	RateLimit *RateLimit
@@ -96,6 +100,29 @@ type Rule struct {
 	Matches []policy.HTTPRouteMatch
 	// Filters apply in order to the authorized requests of the rule:
 	// request header modifiers, redirects and failure injectors.
+	Filters []policy.Filter
+}
+
+// GRPCRoute is one inbound gRPC route of a gRPC Server.
+type GRPCRoute struct {
+	// Meta names the route (route_* labels).
+	Meta Meta
+	// Hosts restrict the route to requests for these hosts; empty means
+	// any host.
+	Hosts []policy.HostMatch
+	// Rules of the route; a route with no rules matches nothing.
+	Rules []GRPCRule
+	// Authorizations admit clients to this route, in addition to the
+	// Server's.
+	Authorizations []Authz
+}
+
+// GRPCRule is one rule of an inbound gRPC route.
+type GRPCRule struct {
+	// Matches select the calls of the rule; none means every request.
+	Matches []policy.GRPCRouteMatch
+	// Filters apply in order to the authorized calls of the rule: request
+	// header modifiers and gRPC failure injectors.
 	Filters []policy.Filter
 }
 
