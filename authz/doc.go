@@ -5,7 +5,9 @@
 // that validates it ([Compile]); and a [Handler] that enforces the current
 // policy of each port on every request.
 //
-// A request is authorized on its own, never by its connection: the best
+// A request is authorized on its own, never by its connection: a path with
+// a dot-segment or an encoded '/' or '.' is refused (400, beyond Linkerd,
+// so that a path is authorized as the application reads it); the best
 // route is chosen (none: 404), then the route's authorizations, the
 // Server's and the pod's own loopback are tried in that order, any one
 // admitting it (none: 403); then the route's filters apply; then the rate

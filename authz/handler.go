@@ -24,8 +24,14 @@ import (
 const defaultMaxPorts = 1024
 
 // Handler enforces the inbound policy of each port on every request
-// before passing it to the next handler. It is safe for concurrent use;
-// [Handler.Close] stops its watches.
+// before passing it to the next handler. The port is the one the request's
+// connection was accepted on (http.LocalAddrContextKey; 0 when unknown),
+// the client's address is r.RemoteAddr, and its mesh TLS and verified
+// identity are what the identity layer in front put in the context
+// ([identity.PeerFromContext]; none means plaintext, labelled
+// tls="disabled"). A port's policy is the default ([WithDefault]) until its
+// [Source] delivers a Server: a request never waits for one. It is safe for
+// concurrent use; [Handler.Close] stops its watches.
 type Handler struct {
 	next   http.Handler
 	cfg    config
@@ -96,7 +102,8 @@ func (h *Handler) Close() {
 	}
 }
 
-// Policy returns the policy in force on port.
+// Policy returns the policy in force on port, starting its watch if the
+// port has not been seen yet.
 func (h *Handler) Policy(portNum uint16) *Policy {
 	return h.port(portNum).cur.Load().pol
 }
@@ -179,6 +186,13 @@ func ambiguousPath(path, raw string) bool {
 	return false
 }
 
+// ServeHTTP authorizes r under its port's current policy: an ambiguous
+// path is 400; no route 404 (gRPC NOT_FOUND); no authorization of the
+// route, of the Server or of localhost admitting the client 403
+// (PERMISSION_DENIED); then the route's filters; then the rate limits 429
+// (RESOURCE_EXHAUSTED) and the in-flight limit 503 (UNAVAILABLE); then the
+// next handler. Allowing allocates nothing, header modifiers aside (they
+// edit a copy of r).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	target := localAddr(r)
 	p := h.port(target.Port())
