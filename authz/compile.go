@@ -17,10 +17,10 @@ const (
 	MaxIdentities     = 1024
 )
 
-// LocalhostAuthz is the authorization every compiled Server carries after
+// localhostAuthz is the authorization every compiled Server carries after
 // its own, at Server and at route level: the pod's own loopback addresses,
 // unauthenticated, named Default("localhost") as Linkerd's proxy adds it.
-var LocalhostAuthz = Authz{
+var localhostAuthz = Authz{
 	Meta: DefaultMeta("localhost"),
 	Networks: []Network{
 		{Net: netip.MustParsePrefix("127.0.0.1/32")},
@@ -74,7 +74,7 @@ func Compile(s *Server) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	localhost, _ := compileAuthz(&LocalhostAuthz, "localhost")
+	localhost, _ := compileAuthz(&localhostAuthz, "localhost")
 	localhost.localhost = true
 	p := &Policy{server: s}
 	switch {
