@@ -400,3 +400,15 @@ func TestGRPCRoutes(t *testing.T) {
 	_, err = authz.Compile(&authz.Server{GRPCRoutes: []authz.GRPCRoute{{}}})
 	assert.ErrorContains(t, err, "grpcRoutes: only a grpc Server takes gRPC routes")
 }
+
+// A StaticSource's Server applies to its port from the first request;
+// other ports keep the default.
+func TestStaticSource(t *testing.T) {
+	src := authz.StaticSource{}
+	e := newEnv(t, authz.WithSource(src), authz.WithDefault(mustDefault(t, authz.Deny, authz.DefaultOptions{})))
+	c, base := e.client(t, testutil.H1, remoteIP, "")
+	src[uint16(mustPort(t, base))] = mustDefault(t, authz.AllUnauthenticated, authz.DefaultOptions{})
+	assert.Equal(t, 200, do(t, c, "GET", base+"/").status)
+	tc, tbase := e.client(t, testutil.H1, remoteIP, webID)
+	assert.Equal(t, 403, do(t, tc, "GET", tbase+"/").status, "the TLS port keeps the default")
+}
