@@ -1,0 +1,363 @@
+package authz
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/proxyerr"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/policy"
+)
+
+// defaultMaxPorts bounds the ports a Handler keeps a policy for: the
+// ports of the server's own listeners, never chosen by clients.
+const defaultMaxPorts = 1024
+
+// Handler enforces the inbound policy of each port on every request
+// before passing it to the next handler. The port is the one the request's
+// connection was accepted on (http.LocalAddrContextKey; 0 when unknown),
+// the client's address is r.RemoteAddr, and its mesh TLS and verified
+// identity are what the identity layer in front put in the context
+// ([identity.PeerFromContext]; none means plaintext, labelled
+// tls="disabled"). A port's policy is the default ([WithDefault]) until its
+// [Source] delivers a Server: a request never waits for one. It is safe for
+// concurrent use; [Handler.Close] stops its watches.
+type Handler struct {
+	next   http.Handler
+	cfg    config
+	def    *Policy
+	in     *instruments
+	log    *ratelog.Logger
+	ports  atomic.Pointer[map[uint16]*port]
+	mu     sync.Mutex // serializes adding ports and Close
+	closed bool
+}
+
+var _ http.Handler = (*Handler)(nil)
+
+// port is the state of one port: its current policy and its requests in
+// flight.
+type port struct {
+	h        *Handler
+	num      uint16
+	cur      atomic.Pointer[active]
+	inflight atomic.Int64
+	stop     func()
+}
+
+// active is a policy in force on a port, with its series.
+type active struct {
+	pol    *Policy
+	series *seriesCache
+}
+
+// New returns a Handler enforcing the policies of opts before next. It
+// fails only when the default Server does not compile.
+func New(next http.Handler, opts ...Option) (*Handler, error) {
+	cfg := config{now: time.Now, maxPorts: defaultMaxPorts}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	if cfg.def == nil {
+		cfg.def, _ = DefaultServer(AllUnauthenticated, DefaultOptions{})
+	}
+	def, err := Compile(cfg.def)
+	if err != nil {
+		return nil, fmt.Errorf("authz: default server: %w", err)
+	}
+	h := &Handler{
+		next: next, cfg: cfg, def: def,
+		in:  newInstruments(metrics.Meter(cfg.mp, "github.com/inmesh/inmesh/authz")),
+		log: ratelog.New(cfg.logger, 0),
+	}
+	h.ports.Store(&map[uint16]*port{})
+	return h, nil
+}
+
+// Close stops the Handler's watches; requests after it keep the last
+// policies.
+func (h *Handler) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
+	h.closed = true
+	for _, p := range *h.ports.Load() {
+		if p.stop != nil {
+			p.stop()
+		}
+	}
+}
+
+// Policy returns the policy in force on port, starting its watch if the
+// port has not been seen yet.
+func (h *Handler) Policy(portNum uint16) *Policy {
+	return h.port(portNum).cur.Load().pol
+}
+
+func (h *Handler) port(num uint16) *port {
+	if p := (*h.ports.Load())[num]; p != nil {
+		return p
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := *h.ports.Load()
+	if p := old[num]; p != nil {
+		return p
+	}
+	p := &port{h: h, num: num}
+	p.cur.Store(&active{pol: h.def, series: newSeriesCache(h.in, h.def)})
+	if len(old) >= h.cfg.maxPorts || h.closed {
+		return p // served with the default, not remembered
+	}
+	m := make(map[uint16]*port, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[num] = p
+	h.ports.Store(&m)
+	if h.cfg.source != nil {
+		p.stop = h.cfg.source.Watch(num, p.update)
+	}
+	return p
+}
+
+// update compiles s and puts it in force; a Server that does not compile
+// is logged and the last good policy stays.
+func (p *port) update(s *Server) {
+	pol, err := Compile(s)
+	if err != nil {
+		p.h.log.WarnErr("update", "inbound policy refused; the last good one stays", err, "port", p.num)
+		return
+	}
+	p.cur.Store(&active{pol: pol, series: newSeriesCache(p.h.in, pol)})
+}
+
+// The causes that l5d-proxy-error gives, as Linkerd's proxy words them.
+const (
+	causeUnauthorized = "unauthorized request on route"
+	causeNoRoute      = "no route found for request"
+	// inmesh's own, for a path the application could read otherwise than
+	// the routes matched it.
+	causeAmbiguousPath = "request path has dot-segments or an encoded '/' or '.'"
+)
+
+// ambiguousPath reports whether a request path could be authorized as one
+// path and served as another: a dot-segment ("/public/../orders"), in the
+// decoded path (so "%2e%2e" too), or an encoded "/" or "." in the raw one.
+// Such requests are refused with 400 rather than normalized (beyond
+// Linkerd, which matches the raw path).
+func ambiguousPath(path, raw string) bool {
+	for i := 0; i < len(path); {
+		j := strings.IndexByte(path[i:], '/')
+		end := len(path)
+		if j >= 0 {
+			end = i + j
+		}
+		if seg := path[i:end]; seg == "." || seg == ".." {
+			return true
+		}
+		if j < 0 {
+			break
+		}
+		i = end + 1
+	}
+	for i := 0; i+2 < len(raw); i++ {
+		if raw[i] == '%' && raw[i+1] == '2' {
+			switch raw[i+2] {
+			case 'e', 'E', 'f', 'F':
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ServeHTTP authorizes r under its port's current policy: an ambiguous
+// path is 400; no route 404 (gRPC NOT_FOUND); no authorization of the
+// route, of the Server or of localhost admitting the client 403
+// (PERMISSION_DENIED); then the route's filters; then the rate limits 429
+// (RESOURCE_EXHAUSTED) and the in-flight limit 503 (UNAVAILABLE); then the
+// next handler. Allowing allocates nothing, header modifiers aside (they
+// edit a copy of r).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	target := localAddr(r)
+	p := h.port(target.Port())
+	a := p.cur.Load()
+	pol := a.pol
+	client, _ := netip.ParseAddrPort(r.RemoteAddr)
+	ip := client.Addr().Unmap()
+	peer, hasPeer := identity.PeerFromContext(r.Context())
+	key := seriesKey{target: target, tls: tlsOf(peer, hasPeer, ip)}
+	if key.tls == tlsTrue {
+		key.clientID = peer.ID
+	}
+	meshed := peer.TLS && peer.ID != ""
+
+	if r.URL != nil && ambiguousPath(r.URL.Path, r.URL.RawPath) {
+		h.refuse(w, r, meshed, client, target, http.StatusBadRequest, causeAmbiguousPath)
+		return
+	}
+	var route *policy.Route
+	var match policy.Match
+	if pol.table != nil {
+		route, match = pol.table.Select(r)
+	}
+	if route == nil {
+		key.fam = famNotFound
+		a.series.add(key)
+		h.refuse(w, r, meshed, client, target, http.StatusNotFound, causeNoRoute)
+		return
+	}
+	cr := &pol.routes[route.RouteIndex]
+	key.route = route.RouteIndex
+	ai := cr.authorize(ip, peer)
+	if ai < 0 {
+		key.fam = famDeny
+		a.series.add(key)
+		h.log.Info("deny "+cr.meta.Name, "Request denied", "server", pol.server.Meta.Name, "route", cr.meta.Name,
+			"client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)
+		h.refuse(w, r, meshed, client, target, http.StatusForbidden, causeUnauthorized)
+		return
+	}
+	key.fam, key.authz = famAllow, ai
+	a.series.add(key)
+	if cr.authzs[ai].audit {
+		h.log.Info("audit "+cr.meta.Name, "Request allowed", "server", pol.server.Meta.Name, "route", cr.meta.Name,
+			"authz", cr.authzs[ai].meta.Name, "client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)
+	}
+
+	cloned := false
+	for i := range route.Filters {
+		f := &route.Filters[i]
+		switch {
+		case f.RequestHeaders != nil:
+			if !cloned {
+				r = r.Clone(r.Context())
+				cloned = true
+			}
+			f.RequestHeaders.Apply(r.Header)
+		case f.Redirect != nil:
+			loc, same, err := f.Redirect.Location(r, match)
+			if err != nil {
+				h.refuse(w, r, meshed, client, target, http.StatusInternalServerError, err.Error())
+				return
+			}
+			if same {
+				continue // a redirect to the URL asked for does nothing
+			}
+			w.Header().Set("Location", loc)
+			w.Header().Set("Content-Length", "0")
+			w.WriteHeader(f.Redirect.StatusCode())
+			return
+		case f.GRPCFailureInjector != nil:
+			fi := f.GRPCFailureInjector
+			if prob := fi.Ratio.Probability(); prob >= 1 || rand.Float64() < prob {
+				hdr := w.Header()
+				hdr["Content-Type"] = []string{"application/grpc"}
+				hdr["Grpc-Status"] = []string{strconv.Itoa(int(fi.Code))}
+				if fi.Message != "" {
+					hdr["Grpc-Message"] = []string{fi.Message}
+				}
+				hdr["Content-Length"] = []string{"0"}
+				w.WriteHeader(http.StatusOK)
+				return
+			}
+		case f.FailureInjector != nil:
+			fi := f.FailureInjector
+			if prob := fi.Ratio.Probability(); prob >= 1 || rand.Float64() < prob {
+				h.refuse(w, r, meshed, client, target, fi.Status, fi.Message)
+				return
+			}
+		}
+	}
+
+	if pol.limiter != nil {
+		if scope, rps := pol.limiter.check(h.cfg.now(), peer.ID); scope != limitNone {
+			key.fam, key.scope = famRateLimit, scope
+			a.series.add(key)
+			h.refuse(w, r, meshed, client, target, http.StatusTooManyRequests, limitCause(scope, rps))
+			return
+		}
+	}
+	if max := int64(pol.server.MaxConcurrentRequests); max > 0 {
+		if p.inflight.Add(1) > max {
+			p.inflight.Add(-1)
+			key.fam = famConcurrency
+			a.series.add(key)
+			h.refuse(w, r, meshed, client, target, http.StatusServiceUnavailable,
+				"concurrency limit exceeded: "+strconv.FormatInt(max, 10)+" requests")
+			return
+		}
+		defer p.inflight.Add(-1)
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+func limitCause(s limitScope, rps uint32) string {
+	n := strconv.FormatUint(uint64(rps), 10)
+	switch s {
+	case limitTotal:
+		return "total rate limit exceeded: " + n + "rps"
+	case limitOverride:
+		return "override rate limit exceeded: " + n + "rps"
+	}
+	return "per-identity rate limit exceeded: " + n + "rps"
+}
+
+func tlsOf(peer identity.Peer, hasPeer bool, ip netip.Addr) tlsState {
+	switch {
+	case peer.TLS:
+		return tlsTrue
+	case !hasPeer:
+		return tlsDisabled
+	case ip.IsLoopback():
+		return tlsLoopback
+	}
+	return tlsNoIdentity
+}
+
+// localAddr is the address the request's connection was accepted on.
+func localAddr(r *http.Request) netip.AddrPort {
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+// refuse answers r as the mesh: an empty response with code, as a gRPC
+// status to gRPC requests; the reason in l5d-proxy-error (and
+// grpc-message) only to meshed clients, as Linkerd's proxy.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, meshed bool, client, target netip.AddrPort, code int, cause string) {
+	msg := ""
+	if meshed {
+		msg = "client " + client.String() + ": server: " + target.String() + ": " + cause
+	}
+	resp := proxyerr.Response(r, code, msg)
+	hdr := w.Header()
+	for k, v := range resp.Header {
+		if !meshed && (k == proxyerr.Header || k == "Grpc-Message") {
+			continue
+		}
+		if k == "Content-Type" && resp.StatusCode == code {
+			continue // an HTTP answer is empty: no content type
+		}
+		hdr[k] = v
+	}
+	hdr["Content-Length"] = []string{"0"}
+	w.WriteHeader(resp.StatusCode)
+}

@@ -1,0 +1,153 @@
+package authz
+
+import (
+	"net/netip"
+	"strconv"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/inmesh/inmesh/internal/metrics"
+)
+
+// The metric families, as Linkerd's proxy names them, and inmesh's own
+// concurrency family.
+const (
+	MetricAllow            = "inbound_http_authz_allow_total"
+	MetricDeny             = "inbound_http_authz_deny_total"
+	MetricRouteNotFound    = "inbound_http_route_not_found_total"
+	MetricLocalRateLimit   = "inbound_http_local_ratelimit_total"
+	MetricConcurrencyLimit = "inbound_http_concurrency_limit_total"
+)
+
+type family uint8
+
+const (
+	famAllow family = iota
+	famDeny
+	famNotFound
+	famRateLimit
+	famConcurrency
+	numFamilies
+)
+
+type instruments struct {
+	sums [numFamilies]*metrics.Sum
+}
+
+func newInstruments(meter metric.Meter) *instruments {
+	in := &instruments{}
+	in.sums[famAllow] = metrics.NewSum(meter, MetricAllow, "The total number of inbound HTTP requests that were authorized")
+	in.sums[famDeny] = metrics.NewSum(meter, MetricDeny, "The total number of inbound HTTP requests that could not be authorized")
+	in.sums[famNotFound] = metrics.NewSum(meter, MetricRouteNotFound, "The total number of inbound HTTP requests that could not be associated with a route")
+	in.sums[famRateLimit] = metrics.NewSum(meter, MetricLocalRateLimit, "The total number of inbound HTTP requests that were rate-limited")
+	in.sums[famConcurrency] = metrics.NewSum(meter, MetricConcurrencyLimit, "The total number of inbound HTTP requests refused because the Server's requests in flight were at its limit (inmesh's own)")
+	return in
+}
+
+// tlsState is the client's TLS as the tls label says it.
+type tlsState uint8
+
+const (
+	tlsDisabled   tlsState = iota // no identity layer in front of the handler
+	tlsTrue                       // mesh TLS terminated here
+	tlsNoIdentity                 // plaintext from a remote client
+	tlsLoopback                   // plaintext over loopback
+)
+
+// seriesKey identifies one series; its strings come from verified
+// identities only.
+type seriesKey struct {
+	fam      family
+	target   netip.AddrPort
+	route    int
+	authz    int
+	scope    limitScope
+	tls      tlsState
+	clientID string
+}
+
+// maxCachedSeries bounds the series a policy remembers the labels of; past
+// it the labels are built per request (the Sum still bounds the series).
+const maxCachedSeries = 4096
+
+// seriesCache maps the series of one port's policy to their counters.
+type seriesCache struct {
+	in  *instruments
+	pol *Policy
+
+	mu sync.RWMutex
+	m  map[seriesKey]*metrics.Series
+}
+
+func newSeriesCache(in *instruments, pol *Policy) *seriesCache {
+	return &seriesCache{in: in, pol: pol, m: make(map[seriesKey]*metrics.Series)}
+}
+
+func (c *seriesCache) add(k seriesKey) {
+	c.mu.RLock()
+	s := c.m[k]
+	c.mu.RUnlock()
+	if s == nil {
+		s = c.in.sums[k.fam].Series(attribute.NewSet(c.labels(k)...))
+		c.mu.Lock()
+		if len(c.m) < maxCachedSeries {
+			c.m[k] = s
+		}
+		c.mu.Unlock()
+	}
+	s.Add()
+}
+
+func (c *seriesCache) labels(k seriesKey) []attribute.KeyValue {
+	port := strconv.Itoa(int(k.target.Port()))
+	srv := c.pol.server.Meta
+	kv := []attribute.KeyValue{
+		attribute.String("target_addr", k.target.String()),
+		attribute.String("target_ip", k.target.Addr().String()),
+		attribute.String("target_port", port),
+		attribute.String("srv_group", srv.Group),
+		attribute.String("srv_kind", srv.Kind),
+		attribute.String("srv_name", srv.Name),
+		attribute.String("srv_port", port),
+	}
+	if k.fam == famAllow || k.fam == famDeny {
+		r := c.pol.routes[k.route].meta
+		kv = append(kv,
+			attribute.String("route_group", r.Group),
+			attribute.String("route_kind", r.Kind),
+			attribute.String("route_name", r.Name))
+	}
+	if k.fam == famAllow {
+		a := c.pol.routes[k.route].authzs[k.authz].meta
+		kv = append(kv,
+			attribute.String("authz_group", a.Group),
+			attribute.String("authz_kind", a.Kind),
+			attribute.String("authz_name", a.Name))
+	}
+	if k.fam == famRateLimit {
+		if m := c.pol.limiter.meta; m != (Meta{}) {
+			kv = append(kv,
+				attribute.String("ratelimit_group", m.Group),
+				attribute.String("ratelimit_kind", m.Kind),
+				attribute.String("ratelimit_name", m.Name))
+		}
+		scope := "identity"
+		if k.scope == limitTotal {
+			scope = "total"
+		}
+		kv = append(kv, attribute.String("ratelimit_scope", scope))
+	}
+	switch k.tls {
+	case tlsTrue:
+		kv = append(kv, attribute.String("tls", "true"), attribute.String("client_id", k.clientID))
+	case tlsNoIdentity:
+		kv = append(kv, attribute.String("tls", "no_identity"), attribute.String("no_tls_reason", "no_tls_from_remote"))
+	case tlsLoopback:
+		kv = append(kv, attribute.String("tls", "no_identity"), attribute.String("no_tls_reason", "loopback"))
+	default:
+		kv = append(kv, attribute.String("tls", "disabled"))
+	}
+	return kv
+}
