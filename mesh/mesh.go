@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
@@ -97,6 +98,7 @@ type config struct {
 	conns          transport.Limits // see transport.go
 	identity       *identity.Local
 	discoveryWait  time.Duration
+	inbound        []authz.Option
 }
 
 // WithDiscoveryWait lets an outbound request wait up to d for its
@@ -341,6 +343,7 @@ type Server struct {
 	http.Handler
 	router   *router.Router
 	identity *identity.Local
+	authz    *authz.Handler
 }
 
 // Listener returns ln as the server must be served on it, with
@@ -368,8 +371,31 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
-	s.Handler = origproto.NewHandler(s.router.Handler(withTLSLabels(classify.NewHandler(app, c.classifyOptions()...), c.identity != nil)), hopts...)
+	var next http.Handler = s.router.Handler(withTLSLabels(classify.NewHandler(app, c.classifyOptions()...), c.identity != nil))
+	if c.inbound != nil {
+		// Authorization comes before routing, metrics and the app: a
+		// request it refuses is counted in the inbound_http_authz_*
+		// families only, as in Linkerd's proxy.
+		opts := append([]authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger)}, c.inbound...)
+		h, err := authz.New(next, opts...)
+		if err != nil {
+			panic("mesh: NewServer: WithInboundPolicy: " + err.Error())
+		}
+		s.authz, next = h, h
+	}
+	s.Handler = origproto.NewHandler(next, hopts...)
 	return s
+}
+
+// WithInboundPolicy makes the server enforce inbound policy (package
+// authz) before the application sees a request: who may call which
+// route, rate limits and a limit of requests in flight, per port, from
+// the Servers that opts' authz.WithSource delivers, each port under
+// authz.WithDefault's Server (default: all-unauthenticated) until then.
+// The stack's meter provider and logger apply unless opts set others.
+// NewServer panics when the default Server does not compile.
+func WithInboundPolicy(opts ...authz.Option) ServerOption {
+	return serverOption(func(c *config) { c.inbound = append(c.inbound, opts...) })
 }
 
 // withTLSLabels gives the inbound metrics of next Linkerd's tls labels:
@@ -410,4 +436,9 @@ const maxTLSLabelSets = 1024
 func (s *Server) Router() *router.Router { return s.router }
 
 // Close stops the watches.
-func (s *Server) Close() { s.router.Close() }
+func (s *Server) Close() {
+	s.router.Close()
+	if s.authz != nil {
+		s.authz.Close()
+	}
+}
