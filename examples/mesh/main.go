@@ -125,15 +125,39 @@ func run(o options, out io.Writer) error {
 	defer dst.Close()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log)}
 
+	// The identity plane: each peer gets its certificate over Linkerd's
+	// Identity API from the embedded issuer, and the peers talk mTLS.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ids, err := startIdentities(ctx)
+	if err != nil {
+		return err
+	}
+	defer ids.stop()
+	booksLocal, err := ids.certify(ctx, booksID, "books-token")
+	if err != nil {
+		return err
+	}
+	webLocal, err := ids.certify(ctx, webID, "web-token")
+	if err != nil {
+		return err
+	}
+
 	// The server peer: the books app behind the inbound stack, on one port
-	// for HTTP/1 and h2c.
-	inbound := mesh.NewServer(booksapp.Handler(500*time.Millisecond), mesh.ServerOptions(opts...)...)
+	// for HTTP/1, h2c and meshed mTLS. It notes the client identities the
+	// app is told of.
+	var seen sync.Map
+	app := booksapp.Handler(500 * time.Millisecond)
+	inbound := mesh.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("L5d-Client-Id"), true)
+		app.ServeHTTP(w, r)
+	}), append(mesh.ServerOptions(opts...), mesh.WithIdentity(booksLocal))...)
 	defer inbound.Close()
 	var peerConns atomic.Int32
 	peer := httptest.NewUnstartedServer(nil)
 	peer.Config = origproto.NewServer(inbound)
 	peer.Config.ErrorLog = proxylog.New(log, "inbound").ErrorLog()
-	peer.Listener = origproto.GuardListener(peer.Listener)
+	peer.Listener = inbound.Listener(peer.Listener)
 	peer.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			peerConns.Add(1)
@@ -142,12 +166,13 @@ func run(o options, out io.Writer) error {
 	peer.Start()
 	defer peer.Close()
 	peerAddr := netip.MustParseAddrPort(strings.TrimPrefix(peer.URL, "http://"))
-	store.PutEndpoints(authority, []endpoint.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
-	store.PutEndpoints(authors, []endpoint.Endpoint{{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}}})
-	fmt.Fprintf(out, "control plane on %s, books peer on %s\n", lis.Addr(), peer.Listener.Addr())
+	booksEndpoint := endpoint.Endpoint{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}, Identity: booksID}
+	store.PutEndpoints(authority, []endpoint.Endpoint{booksEndpoint})
+	store.PutEndpoints(authors, []endpoint.Endpoint{booksEndpoint})
+	fmt.Fprintf(out, "control plane on %s, identity on %s, books peer on %s\n", lis.Addr(), ids.addr, peer.Listener.Addr())
 
 	// The client peer.
-	client := mesh.NewClient(mesh.ClientOptions(opts...)...)
+	client := mesh.NewClient(append(mesh.ClientOptions(opts...), mesh.WithIdentity(webLocal))...)
 	defer client.Close()
 	hc := &http.Client{Transport: client, Timeout: 10 * time.Second}
 	if err := waitForRoutes(hc, client.Router()); err != nil {
@@ -156,7 +181,9 @@ func run(o options, out io.Writer) error {
 
 	fmt.Fprintf(out, "load: %d clients for %v\n", o.workers, o.duration)
 	sent := load(hc, o, out)
-	fmt.Fprintf(out, "\r%d requests sent; %d connection(s) between the peers\n\n", sent, peerConns.Load())
+	fmt.Fprintf(out, "\r%d requests sent; %d connection(s) between the peers\n", sent, peerConns.Load())
+	fmt.Fprintf(out, "mTLS: the client %s reached the server %s; the app saw l5d-client-id %s\n\n",
+		webLocal.Name(), booksLocal.Name(), seenIDs(&seen))
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
@@ -183,6 +210,21 @@ func run(o options, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// seenIDs lists the client identities the app was told of.
+func seenIDs(seen *sync.Map) string {
+	var ids []string
+	seen.Range(func(k, _ any) bool {
+		id := k.(string)
+		if id == "" {
+			id = "(none)"
+		}
+		ids = append(ids, id)
+		return true
+	})
+	sort.Strings(ids)
+	return strings.Join(ids, ", ")
 }
 
 // waitForRoutes sends requests until the router routes books by its

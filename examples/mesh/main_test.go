@@ -19,6 +19,10 @@ func TestDemoPrintsRouteTable(t *testing.T) {
 	text := out.String()
 	t.Log(text)
 	assert.Contains(t, text, "1 connection(s) between the peers")
+	// The peers talk mTLS with identities from the embedded issuer, and
+	// the app sees the client's on every request.
+	assert.Contains(t, text, "the app saw l5d-client-id web.default.serviceaccount.identity.linkerd.cluster.local\n",
+		"every request carried the client's identity")
 	for _, route := range []string{"GET /books ", "GET /books/{id}", "POST /books", "GET /flaky", "GET /slow"} {
 		assert.Contains(t, text, route)
 	}
