@@ -47,7 +47,7 @@ func (r *Resources) Pod(namespace, name string) *Pod {
 // or an error when no Pod manifest names the pod:
 //
 //   - The Server is the first, by creationTimestamp (those without one
-//     after those with one) then name, of the Servers of the pod's
+//     before those with one, as Linkerd's index compares them) then name, of the Servers of the pod's
 //     namespace whose podSelector matches the pod's labels and whose port
 //     is the port or the name of a TCP container port that is it. Its meta
 //     is {policy.linkerd.io, server, name}.
@@ -101,7 +101,20 @@ func (r *Resources) InboundServer(namespace, pod string, port uint16, opts Inbou
 
 // serverFor returns the Server that claims the pod's port, or nil.
 func (r *Resources) serverFor(p *Pod, port uint16) *Server {
-	servers := byAge(r.Servers, func(s *Server) *Object { return &s.Object })
+	servers := slices.Clone(r.Servers)
+	// As Linkerd's index compares them (an absent timestamp before any).
+	slices.SortStableFunc(servers, func(a, b *Server) int {
+		if a.Created.IsZero() != b.Created.IsZero() {
+			if a.Created.IsZero() {
+				return -1
+			}
+			return 1
+		}
+		if c := a.Created.Compare(b.Created); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 	for _, s := range servers {
 		if s.Namespace != p.Namespace || s.PodSelector == nil || !s.PodSelector.Matches(p.Labels) {
 			continue

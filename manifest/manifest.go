@@ -5,7 +5,11 @@
 // Linkerd's policy.linkerd.io/v1beta3 copies) whose parentRefs name a
 // Service, and ServiceProfiles, side by side in any file, as users keep a
 // service's resources. [Resources.Policy] turns them into the outbound policy of one
-// Service port, as Linkerd's policy controller does. [ParseEndpoints]
+// Service port, as Linkerd's policy controller does. Pods, Servers,
+// AuthorizationPolicies, MeshTLSAuthentications, NetworkAuthentications,
+// HTTPLocalRateLimitPolicies and the HTTPRoutes whose parentRefs name a
+// Server make the inbound policy of a pod port, [Resources.InboundServer]
+// (a [github.com/inmesh/inmesh/authz.Server]). [ParseEndpoints]
 // reads the endpoints file of the embedded Destination API.
 // [ProfileSource] watches a directory of ServiceProfile files and streams
 // their profiles to a router that has no control plane.
