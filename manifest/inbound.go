@@ -40,7 +40,9 @@ type ContainerPort struct {
 }
 
 // HTTPProbe is an httpGet probe: its path ("/" when absent, the query
-// kept) and its port, a number or a container port name.
+// kept) and its port. A port name is resolved, as Linkerd's controller
+// does, through the TCP ports of the probe's own container (the first of
+// that name, any case); Port is zero when none has it.
 type HTTPProbe struct {
 	Path     string
 	Port     uint16
@@ -341,6 +343,7 @@ func (p *Pod) parseContainer(n yamltree.Node) error {
 	if err != nil {
 		return err
 	}
+	first := len(p.Ports)
 	if pn, ok := obj["ports"]; ok && pn.Value != nil {
 		items, err := pn.List()
 		if err != nil {
@@ -401,6 +404,14 @@ func (p *Pod) parseContainer(n yamltree.Node) error {
 		}
 		if probe.Port, probe.PortName, err = portOrName(hn, ho); err != nil {
 			return err
+		}
+		if probe.PortName != "" {
+			for _, cp := range p.Ports[first:] {
+				if cp.Protocol == "TCP" && strings.EqualFold(cp.Name, probe.PortName) {
+					probe.Port = cp.Port
+					break
+				}
+			}
 		}
 		p.Probes = append(p.Probes, probe)
 	}

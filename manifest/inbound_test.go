@@ -641,3 +641,43 @@ func TestInboundParseErrors(t *testing.T) {
 		assert.ErrorContains(t, err, "inbound.yaml: document 2 (Server ns-0/s): spec.proxyProtocol: \"h3\" is not")
 	})
 }
+
+// TestInboundProbePaths ports the probe rules of
+// policy-controller/k8s/index/src/inbound/workload.rs (pod_http_probes): a
+// named probe port resolves through its own container's ports, the paths
+// lose their queries and are sorted without duplicates.
+func TestInboundProbePaths(t *testing.T) {
+	r := mustParse(t, `
+apiVersion: v1
+kind: Pod
+metadata: {name: pod-0, namespace: ns-0}
+spec:
+  containers:
+  - name: a
+    ports: [{name: web, containerPort: 8080}]
+    livenessProbe: {httpGet: {path: "/z?x=1", port: web}}
+    readinessProbe: {httpGet: {path: /a, port: 8080}}
+    startupProbe: {httpGet: {port: 8080}}
+  - name: b
+    livenessProbe: {httpGet: {path: /other, port: web}}
+  initContainers:
+  - name: i
+    ports: [{name: web, containerPort: 9090}]
+    startupProbe: {httpGet: {path: /a, port: web}}
+`)
+	paths := func(port uint16) []string {
+		s := inbound(t, r, port, InboundOptions{ProbeNetworks: authz.AllNetworks})
+		var out []string
+		for _, rt := range s.Routes {
+			if rt.Meta.Name == "probe" {
+				for _, m := range rt.Rules[0].Matches {
+					out = append(out, m.Path.Value)
+				}
+			}
+		}
+		return out
+	}
+	assert.Equal(t, []string{"/", "/a", "/z"}, paths(8080))
+	assert.Equal(t, []string{"/a"}, paths(9090))
+	assert.Nil(t, paths(8081))
+}

@@ -163,15 +163,22 @@ func (r *Resources) defaultServer(p *Pod, port uint16, opts *InboundOptions) (*a
 	return s, nil
 }
 
-// probePaths returns the paths of the pod's httpGet probes of port.
+// probePaths returns the paths of the pod's httpGet probes of port, their
+// queries dropped, in order and without duplicates as Linkerd's controller
+// keeps them.
 func probePaths(p *Pod, port uint16) []string {
 	var out []string
 	for _, pr := range p.Probes {
-		if pr.Port == port || pr.PortName != "" && slices.Contains(p.PortsNamed(pr.PortName), port) {
-			out = append(out, pr.Path)
+		if pr.Port == port {
+			path, _, _ := strings.Cut(pr.Path, "?")
+			if path == "" {
+				path = "/"
+			}
+			out = append(out, path)
 		}
 	}
-	return out
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func (r *Resources) namedServer(p *Pod, srv *Server, port uint16, opts *InboundOptions) (*authz.Server, error) {
