@@ -681,3 +681,51 @@ spec:
 	assert.Equal(t, []string{"/a"}, paths(9090))
 	assert.Nil(t, paths(8081))
 }
+
+const grpcRouteFoo = `
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: grpc-foo, namespace: ns-0}
+spec:
+  parentRefs: [{group: policy.linkerd.io, kind: Server, name: srv-5432}]
+  rules:
+  - matches: [{method: {service: helloworld.Greeter, method: SayHello}}]
+`
+
+// TestInboundGRPCRoutes ports the gRPC route rules of
+// policy-controller/k8s/index/src/inbound/index.rs (grpc_routes, the
+// default gRPC route) and policy-controller/k8s/status/src/index.rs
+// (parent_has_conflicting_routes: a Server's HTTPRoutes conflict with its
+// GRPCRoutes).
+func TestInboundGRPCRoutes(t *testing.T) {
+	grpcServer := `
+apiVersion: policy.linkerd.io/v1beta3
+kind: Server
+metadata: {name: srv-5432, namespace: ns-0}
+spec: {podSelector: {}, port: 5432, proxyProtocol: gRPC}
+`
+	routeAuthz := authorizationPolicy("authz-grpc", `{group: gateway.networking.k8s.io, kind: GRPCRoute, name: grpc-foo}`, `[{kind: ServiceAccount, name: web}]`)
+
+	t.Run("grpc server with a route", func(t *testing.T) {
+		r := mustParse(t, pod0, grpcServer, grpcRouteFoo, routeAuthz)
+		s := inbound(t, r, 5432, InboundOptions{})
+		require.Len(t, s.GRPCRoutes, 1)
+		g := s.GRPCRoutes[0]
+		assert.Equal(t, authz.Meta{Group: "gateway.networking.k8s.io", Kind: "GRPCRoute", Name: "grpc-foo"}, g.Meta)
+		assert.Equal(t, []policy.GRPCRouteMatch{{Service: "helloworld.Greeter", Method: "SayHello"}}, g.Rules[0].Matches)
+		require.Len(t, g.Authorizations, 1)
+		assert.Equal(t, "authz-grpc", g.Authorizations[0].Meta.Name)
+		assert.Empty(t, s.Routes)
+	})
+	t.Run("grpc server without routes", func(t *testing.T) {
+		r := mustParse(t, pod0, grpcServer)
+		s := inbound(t, r, 5432, InboundOptions{})
+		assert.Empty(t, s.GRPCRoutes)
+	})
+	t.Run("http routes conflict with grpc routes", func(t *testing.T) {
+		r := mustParse(t, pod0, server("srv-5432", "5432", ""), grpcRouteFoo, httpRoute("route-foo", "policy.linkerd.io", "srv-5432"))
+		s := inbound(t, r, 5432, InboundOptions{})
+		assert.Equal(t, []authz.Route{defaultRoute}, s.Routes)
+		assert.Empty(t, s.GRPCRoutes)
+	})
+}

@@ -62,9 +62,11 @@ func (r *Resources) Pod(namespace, name string) *Pod {
 //     written by any controller, a route counts as accepted when its
 //     Server exists, as Linkerd's status controller would accept it; a
 //     route with a Server parent in another namespace, or with a port or
-//     sectionName, is ignored. Without routes, the Server gets the
-//     "default" route and, with probe paths and networks, "probe". A gRPC
-//     Server gets the default gRPC route.
+//     sectionName, is ignored; so are the HTTPRoutes of a Server that has
+//     a GRPCRoute (Linkerd marks them Conflicted). Without routes, the
+//     Server gets the "default" route and, with probe paths and networks,
+//     "probe". A gRPC Server gets its GRPCRoutes (gateway.networking.k8s.io)
+//     the same way, else the default gRPC route, and never a probe route.
 //   - Its rate limit is the oldest HTTPLocalRateLimitPolicy targeting it;
 //     gRPC, opaque and TLS Servers get none.
 //   - inmesh.io/max-concurrent-requests on the Server, else on the pod,
@@ -216,9 +218,12 @@ func (r *Resources) namedServer(p *Pod, srv *Server, port uint16, opts *InboundO
 	out.Authorizations = append(out.Authorizations, mode.Authorizations...)
 
 	switch srv.Protocol {
-	case authz.ProtocolGRPC, authz.ProtocolOpaque, authz.ProtocolTLS:
-		// A gRPC Server takes its default gRPC route; opaque and TLS
-		// Servers carry no HTTP.
+	case authz.ProtocolGRPC:
+		// Its GRPCRoutes, else the default gRPC route; no rate limit.
+		out.GRPCRoutes = r.inboundGRPCRoutes(srv, opts)
+		return out, nil
+	case authz.ProtocolOpaque, authz.ProtocolTLS:
+		// No HTTP, so no routes and no rate limit.
 		return out, nil
 	}
 	out.Routes = r.inboundRoutes(srv, opts)
@@ -306,6 +311,13 @@ func meshTLSOf(m *MeshTLSAuthentication, opts *InboundOptions) *authz.MeshTLS {
 // inboundRoutes returns the accepted HTTPRoutes of srv, in the order
 // Linkerd's controller sends them: oldest first, then by name and group.
 func (r *Resources) inboundRoutes(srv *Server, opts *InboundOptions) []authz.Route {
+	for _, g := range r.GRPCRoutes {
+		if serverParent(g.ParentRefs, srv) {
+			// Linkerd's status controller marks the HTTPRoutes of a
+			// Server that has a GRPCRoute Conflicted, so none is accepted.
+			return nil
+		}
+	}
 	var attachedRoutes []*HTTPRoute
 	for _, h := range r.HTTPRoutes {
 		if serverParent(h.ParentRefs, srv) {
@@ -334,14 +346,52 @@ func (r *Resources) inboundRoutes(srv *Server, opts *InboundOptions) []authz.Rou
 			}
 			route.Rules = append(route.Rules, ar)
 		}
-		for _, ap := range r.AuthorizationPolicies {
-			t := ap.TargetRef
-			if ap.Namespace == h.Namespace && t.is(h.Group, "HTTPRoute") && strings.EqualFold(t.Name, h.Name) {
-				if a, ok := r.policyAuthz(ap, opts); ok {
-					route.Authorizations = append(route.Authorizations, a)
-				}
+		route.Authorizations = r.routeAuthzs(&h.Object, opts)
+		out = append(out, route)
+	}
+	return out
+}
+
+// routeAuthzs returns the authorizations of the AuthorizationPolicies that
+// target a route (group, kind and name compared in any case).
+func (r *Resources) routeAuthzs(route *Object, opts *InboundOptions) []authz.Authz {
+	var out []authz.Authz
+	for _, ap := range r.AuthorizationPolicies {
+		t := ap.TargetRef
+		if ap.Namespace == route.Namespace && t.is(route.Group, route.Kind) && strings.EqualFold(t.Name, route.Name) {
+			if a, ok := r.policyAuthz(ap, opts); ok {
+				out = append(out, a)
 			}
 		}
+	}
+	return out
+}
+
+// inboundGRPCRoutes returns the GRPCRoutes of a gRPC Server, ordered as
+// its HTTPRoutes are; none means the default gRPC route.
+func (r *Resources) inboundGRPCRoutes(srv *Server, opts *InboundOptions) []authz.GRPCRoute {
+	var attachedRoutes []*GRPCRoute
+	for _, g := range r.GRPCRoutes {
+		if serverParent(g.ParentRefs, srv) {
+			attachedRoutes = append(attachedRoutes, g)
+		}
+	}
+	slices.SortStableFunc(attachedRoutes, func(a, b *GRPCRoute) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Group, b.Group)
+	})
+	var out []authz.GRPCRoute
+	for _, g := range byAge(attachedRoutes, func(g *GRPCRoute) *Object { return &g.Object }) {
+		route := authz.GRPCRoute{
+			Meta:  authz.Meta{Group: g.Group, Kind: "GRPCRoute", Name: g.Name},
+			Hosts: hostMatches(g.Hostnames),
+		}
+		for _, rule := range g.Rules {
+			route.Rules = append(route.Rules, authz.GRPCRule{Matches: rule.Matches, Filters: rule.Filters})
+		}
+		route.Authorizations = r.routeAuthzs(&g.Object, opts)
 		out = append(out, route)
 	}
 	return out
