@@ -441,6 +441,14 @@ metadata: {name: route-foo, namespace: ns-0}
 spec:
   parentRefs: [{group: policy.linkerd.io, kind: Server, name: srv-5432, port: 5432}]
 `}, InboundOptions{}, []authz.Meta{authz.DefaultMeta("default")}},
+		{"server parent in another namespace: route ignored", "inbound/routes.rs ParentRef",
+			[]string{server("srv-5432", "5432", ""), `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: route-foo, namespace: ns-1}
+spec:
+  parentRefs: [{group: policy.linkerd.io, kind: Server, name: srv-5432, namespace: ns-0}]
+`}, InboundOptions{}, []authz.Meta{authz.DefaultMeta("default")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := mustParse(t, append(append([]string{pod0}, tc.docs...), routeAuthz)...)

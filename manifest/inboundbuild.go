@@ -312,7 +312,7 @@ func meshTLSOf(m *MeshTLSAuthentication, opts *InboundOptions) *authz.MeshTLS {
 // Linkerd's controller sends them: oldest first, then by name and group.
 func (r *Resources) inboundRoutes(srv *Server, opts *InboundOptions) []authz.Route {
 	for _, g := range r.GRPCRoutes {
-		if serverParent(g.ParentRefs, srv) {
+		if serverParent(g.ParentRefs, g.Namespace, srv) {
 			// Linkerd's status controller marks the HTTPRoutes of a
 			// Server that has a GRPCRoute Conflicted, so none is accepted.
 			return nil
@@ -320,7 +320,7 @@ func (r *Resources) inboundRoutes(srv *Server, opts *InboundOptions) []authz.Rou
 	}
 	var attachedRoutes []*HTTPRoute
 	for _, h := range r.HTTPRoutes {
-		if serverParent(h.ParentRefs, srv) {
+		if serverParent(h.ParentRefs, h.Namespace, srv) {
 			attachedRoutes = append(attachedRoutes, h)
 		}
 	}
@@ -372,7 +372,7 @@ func (r *Resources) routeAuthzs(route *Object, opts *InboundOptions) []authz.Aut
 func (r *Resources) inboundGRPCRoutes(srv *Server, opts *InboundOptions) []authz.GRPCRoute {
 	var attachedRoutes []*GRPCRoute
 	for _, g := range r.GRPCRoutes {
-		if serverParent(g.ParentRefs, srv) {
+		if serverParent(g.ParentRefs, g.Namespace, srv) {
 			attachedRoutes = append(attachedRoutes, g)
 		}
 	}
@@ -397,20 +397,20 @@ func (r *Resources) inboundGRPCRoutes(srv *Server, opts *InboundOptions) []authz
 	return out
 }
 
-// serverParent reports whether parents attach a route to srv: a Server
-// parent (policy.linkerd.io) named srv in the route's namespace. A Server
-// parent in another namespace, or with a port or sectionName, makes the
-// route invalid.
-func serverParent(parents []ParentRef, srv *Server) bool {
+// serverParent reports whether the parents of a route in namespace attach
+// it to srv: a Server parent (policy.linkerd.io) named srv, both in the
+// route's namespace. A Server parent in another namespace, or with a port
+// or sectionName, makes the route invalid.
+func serverParent(parents []ParentRef, namespace string, srv *Server) bool {
 	found := false
 	for _, p := range parents {
 		if p.Kind != "Server" || p.Group != linkerdPolicyGroup {
 			continue
 		}
-		if p.Namespace != srv.Namespace || p.Port != 0 || p.SectionName != "" {
+		if p.Namespace != namespace || p.Port != 0 || p.SectionName != "" {
 			return false
 		}
-		if p.Name == srv.Name {
+		if p.Name == srv.Name && namespace == srv.Namespace {
 			found = true
 		}
 	}
