@@ -198,7 +198,7 @@ func (r *Resources) namedServer(p *Pod, srv *Server, port uint16, opts *InboundO
 		}
 	}
 	serverRef := func(t Ref) bool {
-		return t.is(linkerdPolicyGroup, "Server") && t.Namespace == srv.Namespace && t.Name == srv.Name
+		return t.is(linkerdPolicyGroup, "Server") && t.Namespace == srv.Namespace && strings.EqualFold(t.Name, srv.Name)
 	}
 	for _, ap := range r.AuthorizationPolicies {
 		if ap.Namespace != srv.Namespace {
@@ -423,7 +423,7 @@ func serverParent(parents []ParentRef, namespace string, srv *Server) bool {
 func (r *Resources) rateLimit(srv *Server, opts *InboundOptions) *authz.RateLimit {
 	var targeting []*HTTPLocalRateLimitPolicy
 	for _, l := range r.HTTPLocalRateLimitPolicies {
-		if l.Namespace == srv.Namespace && l.TargetRef.Name == srv.Name {
+		if l.Namespace == srv.Namespace && strings.EqualFold(l.TargetRef.Name, srv.Name) {
 			targeting = append(targeting, l)
 		}
 	}
