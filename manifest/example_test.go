@@ -63,3 +63,51 @@ spec:
 	// /books/1 -> no route
 	// document 1 (Service default/books): spec.ports[0].port: 70000 is not a port (1-65535)
 }
+
+// A Pod, a Server selecting its port by name and an AuthorizationPolicy
+// requiring a ServiceAccount become the inbound policy of the pod's port;
+// a port no Server selects gets the default policy.
+func ExampleResources_InboundServer() {
+	res, err := manifest.Parse([]byte(`
+apiVersion: v1
+kind: Pod
+metadata: {name: books-0, namespace: shop, labels: {app: books}}
+spec:
+  containers:
+  - name: books
+    ports: [{name: http, containerPort: 7000}]
+---
+apiVersion: policy.linkerd.io/v1beta3
+kind: Server
+metadata: {name: books-http, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: books}}
+  port: http
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: books-from-web, namespace: shop}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  requiredAuthenticationRefs: [{kind: ServiceAccount, name: web}]
+`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv, err := res.InboundServer("shop", "books-0", 7000, manifest.InboundOptions{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(srv.Meta.Kind, srv.Meta.Name, srv.Routes[0].Meta.Name)
+	for _, a := range srv.Authorizations {
+		fmt.Println(a.Meta.Name, a.Authentication.MeshTLS.Identities)
+	}
+	other, _ := res.InboundServer("shop", "books-0", 9090, manifest.InboundOptions{})
+	fmt.Println(other.Meta.Kind, other.Meta.Name)
+	// Output:
+	// server books-http default
+	// books-from-web [web.shop.serviceaccount.identity.linkerd.cluster.local]
+	// default all-unauthenticated
+}

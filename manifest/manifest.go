@@ -5,7 +5,11 @@
 // Linkerd's policy.linkerd.io/v1beta3 copies) whose parentRefs name a
 // Service, and ServiceProfiles, side by side in any file, as users keep a
 // service's resources. [Resources.Policy] turns them into the outbound policy of one
-// Service port, as Linkerd's policy controller does. [ParseEndpoints]
+// Service port, as Linkerd's policy controller does. Pods, Servers,
+// AuthorizationPolicies, MeshTLSAuthentications, NetworkAuthentications,
+// HTTPLocalRateLimitPolicies and the HTTPRoutes whose parentRefs name a
+// Server make the inbound policy of a pod port, [Resources.InboundServer]
+// (a [github.com/inmesh/inmesh/authz.Server]). [ParseEndpoints]
 // reads the endpoints file of the embedded Destination API.
 // [ProfileSource] watches a directory of ServiceProfile files and streams
 // their profiles to a router that has no control plane.
@@ -37,6 +41,14 @@ type Resources struct {
 	// beside the Services and routes, as users keep a service's resources.
 	ServiceProfiles []*profiles.ServiceProfile
 
+	// The inbound kinds, which [Resources.InboundServer] reads.
+	Pods                       []*Pod
+	Servers                    []*Server
+	AuthorizationPolicies      []*AuthorizationPolicy
+	MeshTLSAuthentications     []*MeshTLSAuthentication
+	NetworkAuthentications     []*NetworkAuthentication
+	HTTPLocalRateLimitPolicies []*HTTPLocalRateLimitPolicy
+
 	profileObjects []*Object // for the duplicate check across files
 }
 
@@ -46,6 +58,8 @@ type Object struct {
 	Group, Kind     string
 	Namespace, Name string
 	Annotations     map[string]string
+	// Labels are metadata.labels, which Server podSelectors match.
+	Labels map[string]string
 	// Created is metadata.creationTimestamp (zero when absent): among
 	// routes whose matches tie, the oldest wins, as in Linkerd and the
 	// Gateway API.
@@ -92,6 +106,7 @@ func Load(paths ...string) (*Resources, error) {
 		out.HTTPRoutes = append(out.HTTPRoutes, r.HTTPRoutes...)
 		out.GRPCRoutes = append(out.GRPCRoutes, r.GRPCRoutes...)
 		out.ServiceProfiles = append(out.ServiceProfiles, r.ServiceProfiles...)
+		out.appendInbound(r)
 		out.profileObjects = append(out.profileObjects, r.profileObjects...)
 	}
 	out.sort()
@@ -109,6 +124,7 @@ func (r *Resources) objects() []*Object {
 	for _, g := range r.GRPCRoutes {
 		out = append(out, &g.Object)
 	}
+	out = append(out, r.inboundObjects()...)
 	return append(out, r.profileObjects...)
 }
 
@@ -117,6 +133,7 @@ func (r *Resources) sort() {
 	slices.SortStableFunc(r.HTTPRoutes, func(a, b *HTTPRoute) int { return strings.Compare(a.key(), b.key()) })
 	slices.SortStableFunc(r.GRPCRoutes, func(a, b *GRPCRoute) int { return strings.Compare(a.key(), b.key()) })
 	slices.SortStableFunc(r.ServiceProfiles, func(a, b *profiles.ServiceProfile) int { return strings.Compare(a.Name, b.Name) })
+	r.sortInbound()
 }
 
 // Parse reads a YAML stream of Service, HTTPRoute and GRPCRoute documents.
@@ -223,8 +240,14 @@ func parseDocument(doc []byte, out *Resources) (*Object, error) {
 		out.profileObjects = append(out.profileObjects, obj)
 		return obj, nil
 	default:
-		return obj, top["kind"].Errorf("%s %s is not read here (known: v1 Service; HTTPRoute and GRPCRoute of %s or %s; %s ServiceProfile)",
-			apiVersion, kind, gatewayV1, linkerdV1beta3, serviceProfileV1alpha2)
+		known, err := parseInbound(apiVersion, kind, obj, spec, out)
+		if err != nil {
+			return obj, err
+		}
+		if !known {
+			return obj, top["kind"].Errorf("%s %s is not read here (known: v1 Service and Pod; HTTPRoute and GRPCRoute of %s or %s; %s ServiceProfile; %s)",
+				apiVersion, kind, gatewayV1, linkerdV1beta3, serviceProfileV1alpha2, inboundKinds)
+		}
 	}
 	if err := checkAnnotations(obj.Annotations); err != nil {
 		return obj, err
@@ -265,6 +288,11 @@ func (o *Object) parseMetadata(root yamltree.Node, top map[string]yamltree.Node)
 			return cn.Errorf("%q is not an RFC 3339 time (such as 2024-01-02T15:04:05Z)", v)
 		}
 	}
+	if ln, ok := md["labels"]; ok && ln.Value != nil {
+		if o.Labels, err = stringMap(ln); err != nil {
+			return err
+		}
+	}
 	if an, ok := md["annotations"]; ok && an.Value != nil {
 		m, ok := an.Value.(map[string]any)
 		if !ok {
@@ -280,6 +308,23 @@ func (o *Object) parseMetadata(root yamltree.Node, top map[string]yamltree.Node)
 		}
 	}
 	return nil
+}
+
+// stringMap reads an object of strings (numbers are kept as text).
+func stringMap(n yamltree.Node) (map[string]string, error) {
+	m, ok := n.Value.(map[string]any)
+	if !ok {
+		return nil, n.Errorf("must be an object of strings")
+	}
+	out := make(map[string]string, len(m))
+	for _, k := range yamltree.SortedKeys(m) {
+		v, err := yamltree.Node{Path: n.Child(k), Value: m[k]}.Scalar()
+		if err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 func requiredString(parent yamltree.Node, obj map[string]yamltree.Node, field string) (string, error) {

@@ -263,7 +263,7 @@ func TestParseErrorsNameDocumentAndField(t *testing.T) {
 	for _, tc := range []struct {
 		name, doc, want string
 	}{
-		{"unknown kind", "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n", "document 1 (Pod default/x): kind: v1 Pod is not read here"},
+		{"unknown kind", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "document 1 (ConfigMap default/x): kind: v1 ConfigMap is not read here"},
 		{"no metadata", "apiVersion: v1\nkind: Service\n", "document 1: metadata: required"},
 		{"bad name", "apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\n", "metadata.name: \"Bad_Name\" is not a DNS name"},
 		{"duplicate key", "apiVersion: v1\nkind: Service\nkind: Service\nmetadata: {name: a}\n", "document 1: kind: duplicate key \"kind\""},

@@ -52,6 +52,8 @@ type ParentRef struct {
 	Group, Kind, Namespace, Name string
 	// Port is the Service port; zero means every port.
 	Port uint16
+	// SectionName is the parent's sectionName, "" when absent.
+	SectionName string
 }
 
 // IsService reports whether the parent is a Service.
@@ -137,6 +139,9 @@ func parseParentRef(n yamltree.Node, ns string) (ParentRef, error) {
 		if p.Port, err = port(pn); err != nil {
 			return p, err
 		}
+	}
+	if p.SectionName, err = optionalString(obj, "sectionName"); err != nil {
+		return p, err
 	}
 	return p, nil
 }

@@ -47,6 +47,12 @@ func opaquePort(a map[string]string, port uint16) (bool, error) {
 	if !ok {
 		return slices.Contains(DefaultOpaquePorts, port), nil
 	}
+	return portsContain(AnnotationOpaquePorts, v, port)
+}
+
+// portsContain reports whether port is in v, the list of ports and port
+// ranges of the annotation key ("3306,5000-5010").
+func portsContain(key, v string, port uint16) (bool, error) {
 	found := false
 	for item := range strings.SplitSeq(v, ",") {
 		item = strings.TrimSpace(item)
@@ -61,7 +67,7 @@ func opaquePort(a map[string]string, port uint16) (bool, error) {
 			h, err2 = strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
 		}
 		if err1 != nil || err2 != nil || l == 0 || h < l {
-			return false, annotationErr(AnnotationOpaquePorts, "%q is not a port or a range of ports (such as 3306 or 5000-5010)", item)
+			return false, annotationErr(key, "%q is not a port or a range of ports (such as 3306 or 5000-5010)", item)
 		}
 		if uint64(port) >= l && uint64(port) <= h {
 			found = true
