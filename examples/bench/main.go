@@ -52,6 +52,7 @@ type scenario struct {
 var scenarios = []scenario{
 	{"stack_inprocess", stackInProcess},
 	{"stack_loopback", stackLoopback},
+	{"mtls_loopback", mtlsLoopback},
 	{"sidecar_hop", sidecarHop},
 	{"upgrade_64", upgrade64},
 	{"upgrade_serial", upgradeSerial},
