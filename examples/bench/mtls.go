@@ -65,7 +65,9 @@ func mtlsLoopback(o options) (*result, error) {
 	defer client.Close()
 	n := o.scale(2000, 500)
 	run := func(authority string) func() (figures, error) {
-		return func() (figures, error) { return serial(client, func() *http.Request { return get("http://"+authority+"/", "") }, n) }
+		return func() (figures, error) {
+			return serial(client, func() *http.Request { return get("http://"+authority+"/", "") }, n)
+		}
 	}
 	for _, a := range []string{plainName, tlsName} {
 		if err := do(client, get("http://"+a+"/", "")); err != nil {
@@ -94,7 +96,7 @@ func mtlsLoopback(o options) (*result, error) {
 	r := &result{
 		ratio:     rs.ratio("", atMost(1.10), func(f []figures) float64 { return f[mtls].P50 / f[plain].P50 }),
 		Candidate: rs.median(mtls), Baseline: rs.median(plain),
-		Others:    map[string]figures{"handshakes": {RPS: perSecond}},
+		Others: map[string]figures{"handshakes": {RPS: perSecond}},
 	}
 	r.Note = fmt.Sprintf("ratio = p50 over meshed mTLS / p50 in plaintext, both on reused connections; %.0f full handshakes/s (others.handshakes.rps)", perSecond)
 	return r, nil
