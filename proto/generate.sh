@@ -2,8 +2,9 @@
 # Regenerates the protobuf and gRPC packages from the .proto files in this
 # folder: destination/destinationpb (Destination API), outboundpb,
 # httproutepb, grpcroutepb, opaqueroutepb and tlsroutepb (OutboundPolicies
-# API) under destination/, and proxyapi/identitypb (Identity API). Each Go
-# package holds one or more proto packages, as their go_package options say.
+# API) under destination/, proxyapi/identitypb (Identity API) and
+# proxyapi/inboundpb (InboundServerPolicies API). Each Go package holds one
+# or more proto packages, as their go_package options say.
 #   proto/generate.sh          write the generated code
 #   proto/generate.sh --check  fail when any committed package is stale
 # Needs protoc (Debian: protobuf-compiler); the Go plugins are pinned below and
