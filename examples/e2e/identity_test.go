@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,7 +63,9 @@ func TestMeshedProxiesWithEmbeddedIssuer(t *testing.T) {
 	}
 	endpoints := filepath.Join(dir, "endpoints.yaml")
 	require.NoError(t, os.WriteFile(endpoints, []byte("[]\n"), 0o644))
+	var appRequests atomic.Int32
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		appRequests.Add(1)
 		fmt.Fprintf(w, "%s client=%s", r.Proto, r.Header.Get("L5d-Client-Id"))
 	}))
 	defer app.Close()
@@ -75,8 +78,13 @@ func TestMeshedProxiesWithEmbeddedIssuer(t *testing.T) {
 	anchors := filepath.Join(idDir, "ca.crt")
 
 	_, _, bIn, bMetrics := startMeshedProxy(t, bin, dstAddr, appAddr, idAddr, anchors, booksID, tokenFile("books-token"))
+	// impostor.default is served by the books proxy but advertised with
+	// another identity: its certificate cannot prove it.
+	const impostorSvc, reviewsID = "impostor.default.svc.cluster.local:7000", "reviews.default.serviceaccount.identity.linkerd.cluster.local"
 	require.NoError(t, os.WriteFile(endpoints, []byte(fmt.Sprintf(
-		"- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n    identity: %s\n", books, bIn, booksID)), 0o644))
+		"- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n    identity: %s\n"+
+			"- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n    identity: %s\n",
+		books, bIn, booksID, impostorSvc, bIn, reviewsID)), 0o644))
 	dst.waitLog(t, loadedEndpointsRe)
 	_, aOut, _, aMetrics := startMeshedProxy(t, bin, dstAddr, appAddr, idAddr, anchors, webID, tokenFile("web-token"))
 	for _, addr := range []string{aMetrics, bMetrics} {
@@ -93,10 +101,25 @@ func TestMeshedProxiesWithEmbeddedIssuer(t *testing.T) {
 	assert.Equal(t, 200, resp.StatusCode, "%s", body)
 	assert.Equal(t, "HTTP/1.1 client="+webID, string(body), "the app sees the calling proxy's identity")
 
+	// An endpoint whose advertised identity its certificate does not
+	// prove: 502 with l5d-proxy-error naming the identity check, and
+	// nothing in plaintext instead.
+	before := appRequests.Load()
+	req, err = http.NewRequest("GET", "http://"+aOut+"/books/1", nil)
+	require.NoError(t, err)
+	req.Host = impostorSvc
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", body)
+	assert.Contains(t, resp.Header.Get("L5d-Proxy-Error"), reviewsID, "the error names the identity expected")
+	assert.Equal(t, before, appRequests.Load(), "nothing reached the app")
+
 	// A token for another service account: refused, and the proxy stays
 	// not ready.
 	impostor, _, _, iMetrics := startMeshedProxy(t, bin, dstAddr, appAddr, idAddr, anchors,
-		"reviews.default.serviceaccount.identity.linkerd.cluster.local", tokenFile("web-token"))
+		reviewsID, tokenFile("web-token"))
 	impostor.waitLog(t, regexp.MustCompile(`(certification failed)`))
 	assert.Equal(t, http.StatusServiceUnavailable, ready(iMetrics))
 }
