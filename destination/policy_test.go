@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"bytes"
@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/manifest"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/inmesh/inmesh/destination/outboundpb"
-	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -60,11 +63,11 @@ func resources(t *testing.T, docs ...string) *manifest.Resources {
 
 // servePolicies serves the embedded control plane (Destination and
 // OutboundPolicies on one gRPC server) on h.
-func servePolicies(t *testing.T, h *heldListener, store *Store) *controlPlane {
+func servePolicies(t *testing.T, h *heldListener, store *controlplane.Store) *controlPlane {
 	t.Helper()
 	lis := h.generation()
 	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
-	NewServer(store, WithLogger(quietLogger)).Register(cp.srv)
+	controlplane.NewServer(store, controlplane.WithLogger(quietLogger)).Register(cp.srv)
 	go func() {
 		defer close(cp.done)
 		_ = cp.srv.Serve(lis)
@@ -88,7 +91,7 @@ func routeNamedP(name string) func(policy.Update) bool {
 }
 
 func TestPolicyDefaultRouteThenRouteOnStoreChange(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr)
@@ -163,7 +166,7 @@ spec:
 	require.NotNil(t, r.Policy("default", "greeter", 9000).GRPC.FailureAccrual)
 	for _, want := range []*policy.Policy{r.Policy("default", "authors", 7001), r.Policy("default", "greeter", 9000), flaky} {
 		require.NotNil(t, want)
-		got, err := PolicyFromProto(PolicyToProto(want))
+		got, err := destination.PolicyFromProto(destination.PolicyToProto(want))
 		require.NoError(t, err)
 		assert.Empty(t, cmp.Diff(want, got))
 	}
@@ -175,7 +178,7 @@ spec:
 // grpc/src/workload.rs, k8s/index/src/outbound/index.rs
 // resource_routes_or_default), with its codes and messages.
 func TestPolicyTargetsAsLinkerd(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	cp := servePolicies(t, holdListener(t), store)
 	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -209,7 +212,7 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 		{"a JSON workload without a pod", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, `Invalid workload: {"ns":"default"}`},
 		{"the old workload form", &outboundpb.TrafficSpec{SourceWorkload: "default:web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
 		{"an external workload", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default","external_workload":"vm-1"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
-		{"addr targets are not served", &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Addr{Addr: AddrToProto(netipAddrPort("10.0.0.1:80"))}}, "", codes.InvalidArgument, ""},
+		{"addr targets are not served", &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Addr{Addr: destination.AddrToProto(netipAddrPort("10.0.0.1:80"))}}, "", codes.InvalidArgument, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := api.Get(ctx, tc.spec)
@@ -231,7 +234,7 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 	// once, and the Service's own once its manifest is loaded.
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
-	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: "books.default.svc.cluster.local:7000"}, rec.update)
+	stop, err := c.WatchPolicy(context.Background(), destination.TrafficSpec{Authority: "books.default.svc.cluster.local:7000"}, rec.update)
 	require.NoError(t, err)
 	defer stop()
 	rec.waitFor(t, "the books default policy", routeNamedP("http"))
@@ -247,7 +250,7 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 // Service; the detect protocol's opaque fallback carries the same route;
 // the deprecated requestTimeout mirrors timeouts.request.
 func TestPolicyMessagesAsLinkerd(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML, `
 apiVersion: v1
 kind: Service
@@ -290,13 +293,13 @@ spec: {ports: [{port: 3306}]}
 }
 
 func TestPolicyReconnectKeepsLastGood(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	h := holdListener(t)
 	cp := servePolicies(t, h, store)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
-	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: authorsAuthority}, rec.update)
+	stop, err := c.WatchPolicy(context.Background(), destination.TrafficSpec{Authority: authorsAuthority}, rec.update)
 	require.NoError(t, err)
 	defer stop()
 	rec.waitFor(t, "the default route", routeNamedP("http"))
@@ -354,8 +357,8 @@ func (s *syncBuffer) String() string {
 }
 
 func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
-	good := PolicyToProto(resources(t, authorsServiceYAML).Policy("default", "authors", 7001))
-	bad := PolicyToProto(resources(t, authorsServiceYAML, authorsRouteYAML).Policy("default", "authors", 7001))
+	good := destination.PolicyToProto(resources(t, authorsServiceYAML).Policy("default", "authors", 7001))
+	bad := destination.PolicyToProto(resources(t, authorsServiceYAML, authorsRouteYAML).Policy("default", "authors", 7001))
 	bad.GetProtocol().GetDetect().GetHttp1().GetRoutes()[0].GetRules()[0].GetBackends().Kind = nil
 	srv := &scriptedPolicies{send: []*outboundpb.OutboundPolicy{good, bad}}
 
@@ -368,10 +371,10 @@ func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
 	defer func() { g.Stop(); <-done }()
 
 	logs := &syncBuffer{}
-	workload := PolicyWorkload("default", "web-0")
-	c := newTestClient(t, lis.Addr().String(), WithLogger(slog.New(slog.NewTextHandler(logs, nil))), WithWorkload(workload))
+	workload := destination.PolicyWorkload("default", "web-0")
+	c := newTestClient(t, lis.Addr().String(), destination.WithLogger(slog.New(slog.NewTextHandler(logs, nil))), destination.WithWorkload(workload))
 	rec := newRecorder[policy.Update]()
-	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: authorsAuthority}, rec.update)
+	stop, err := c.WatchPolicy(context.Background(), destination.TrafficSpec{Authority: authorsAuthority}, rec.update)
 	require.NoError(t, err)
 	defer stop()
 	rec.waitFor(t, "the good policy", routeNamedP("http"))
@@ -388,22 +391,22 @@ func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
 }
 
 func TestPolicyWatchBoundAndIdleRelease(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	cp := servePolicies(t, holdListener(t), store)
-	c := newTestClient(t, cp.addr, WithMaxWatches(2), WithIdleTimeout(0))
+	c := newTestClient(t, cp.addr, destination.WithMaxWatches(2), destination.WithIdleTimeout(0))
 	ctx := context.Background()
 
-	stop1, err := c.WatchPolicy(ctx, TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
+	stop1, err := c.WatchPolicy(ctx, destination.TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
 	require.NoError(t, err)
-	stop1b, err := c.WatchPolicy(ctx, TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
+	stop1b, err := c.WatchPolicy(ctx, destination.TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
 	require.NoError(t, err, "a second watcher of one target shares its stream")
-	stop2, err := c.WatchPolicy(ctx, TrafficSpec{Addr: netipAddrPort("10.0.0.1:80")}, func(policy.Update) {})
+	stop2, err := c.WatchPolicy(ctx, destination.TrafficSpec{Addr: netipAddrPort("10.0.0.1:80")}, func(policy.Update) {})
 	require.NoError(t, err)
 	assert.Equal(t, 2, c.Stats().PolicyWatches)
 	_, err = c.Policies().Watch(ctx, "other.default.svc.cluster.local:80", func(policy.Update) {})
 	require.ErrorIs(t, err, policy.ErrTooManyWatches)
-	_, err = c.WatchPolicy(ctx, TrafficSpec{}, func(policy.Update) {})
+	_, err = c.WatchPolicy(ctx, destination.TrafficSpec{}, func(policy.Update) {})
 	require.Error(t, err, "a TrafficSpec with no target")
 
 	stop1()
@@ -432,11 +435,11 @@ func TestWatchManifestFiles(t *testing.T) {
 	dir := t.TempDir()
 	path := dir + "/authors.yaml"
 	writeFile(t, path, authorsServiceYAML)
-	store := NewStore()
+	store := controlplane.NewStore()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	logs := &syncBuffer{}
-	require.NoError(t, WatchManifestFiles(ctx, store, dir, 10*time.Millisecond, WithLogger(slog.New(slog.NewTextHandler(logs, nil)))))
+	require.NoError(t, controlplane.WatchManifestFiles(ctx, store, dir, 10*time.Millisecond, controlplane.WithLogger(slog.New(slog.NewTextHandler(logs, nil)))))
 	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
@@ -452,21 +455,21 @@ func TestWatchManifestFiles(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return bytes.Contains([]byte(logs.String()), []byte("authors.yaml: document 2 (HTTPRoute default/authors-get): spec.hostnames[0]"))
 	}, defaultTestTimeout, 10*time.Millisecond, "the log names file, document and field: %s", logs.String())
-	p, _ := store.outboundPolicy(authorsAuthority)
-	assert.Equal(t, "authors-get", p.HTTP1.Routes[0].Meta.Name, "the last good manifests stay served")
+	all := rec.all()
+	assert.Equal(t, "authors-get", firstHTTPRoute(all[len(all)-1]).Meta.Name, "the last good manifests stay served")
 
-	require.Error(t, WatchManifestFiles(ctx, NewStore(), dir+"/missing", 0, WithLogger(quietLogger)))
+	require.Error(t, controlplane.WatchManifestFiles(ctx, controlplane.NewStore(), dir+"/missing", 0, controlplane.WithLogger(quietLogger)))
 }
 
 func netipAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
 func TestPolicyStreamsEndOnShutdown(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	h := holdListener(t)
 	lis := h.generation()
 	g := grpc.NewServer()
-	dst := NewServer(store, WithLogger(quietLogger))
+	dst := controlplane.NewServer(store, controlplane.WithLogger(quietLogger))
 	dst.Register(g)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(lis) }()
@@ -487,7 +490,7 @@ func TestPolicyStreamsEndOnShutdown(t *testing.T) {
 }
 
 func TestPolicyGRPCRouteThroughTheServer(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, `
 apiVersion: v1
 kind: Service

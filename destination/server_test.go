@@ -1,10 +1,13 @@
-package destination
+package destination_test
 
 import (
 	"context"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
@@ -53,8 +56,8 @@ func recvTimeout[M any](t *testing.T, recv func() (M, error)) (M, error) {
 }
 
 func TestServerGetProfile(t *testing.T) {
-	store := NewStore()
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -127,8 +130,8 @@ func TestServerGetProfile(t *testing.T) {
 }
 
 func TestServerGet(t *testing.T) {
-	store := NewStore()
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -138,7 +141,7 @@ func TestServerGet(t *testing.T) {
 	add := func(eps ...endpoint.Endpoint) *pb.Update {
 		var ws []*pb.WeightedAddr
 		for _, e := range eps {
-			ws = append(ws, EndpointToProto(e))
+			ws = append(ws, destination.EndpointToProto(e))
 		}
 		// The set-level labels Linkerd's destination controller sends
 		// (controller/api/destination/watcher/port_publisher.go).
@@ -148,7 +151,7 @@ func TestServerGet(t *testing.T) {
 	remove := func(eps ...endpoint.Endpoint) *pb.Update {
 		var as []*pb.TcpAddress
 		for _, e := range eps {
-			as = append(as, AddrToProto(e.Addr))
+			as = append(as, destination.AddrToProto(e.Addr))
 		}
 		return &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{Addrs: as}}}
 	}
@@ -190,8 +193,8 @@ func TestServerGet(t *testing.T) {
 
 func TestStoreUpdateReachesStream(t *testing.T) {
 	// Many streams, one change: every stream gets it without polling.
-	store := NewStore()
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -207,7 +210,7 @@ func TestStoreUpdateReachesStream(t *testing.T) {
 	for _, st := range streams {
 		m, err := recvTimeout(t, st.Recv)
 		require.NoError(t, err)
-		want := ProfileToProto(serviceProfile(books, "pushed").ProfileFor(7000))
+		want := destination.ProfileToProto(serviceProfile(books, "pushed").ProfileFor(7000))
 		assert.True(t, proto.Equal(want.GetRoutes()[0], m.GetRoutes()[0]))
 	}
 }
@@ -215,13 +218,13 @@ func TestStoreUpdateReachesStream(t *testing.T) {
 // As Linkerd's controller: an authority without a port means port 80, on
 // GetProfile and Get.
 func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	sp := serviceProfile(books, "r1")
 	sp.OpaquePorts = []uint32{80}
 	store.PutServiceProfile(sp)
 	store.PutEndpoints(books+":80", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
 	store.PutEndpoints("[fd00::1]:80", []endpoint.Endpoint{ep("10.0.0.2:8080", false)})
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
@@ -239,7 +242,7 @@ func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
 		u, err := recvTimeout(t, eps.Recv)
 		require.NoError(t, err)
 		require.Len(t, u.GetAdd().GetAddrs(), 1, path)
-		addr, err := AddrFromProto(u.GetAdd().GetAddrs()[0].GetAddr())
+		addr, err := destination.AddrFromProto(u.GetAdd().GetAddrs()[0].GetAddr())
 		require.NoError(t, err)
 		assert.Equal(t, want, addr.String(), path)
 	}
@@ -248,9 +251,9 @@ func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
 // Shutdown ends every open stream at once (GracefulStop alone would wait
 // for them forever), refuses new ones, and lets GracefulStop return.
 func TestServerShutdownEndsStreams(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
-	srv := NewServer(store, WithLogger(quietLogger))
+	srv := controlplane.NewServer(store, controlplane.WithLogger(quietLogger))
 	cp := serve(t, srv)
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
@@ -293,11 +296,11 @@ func TestServerShutdownEndsStreams(t *testing.T) {
 // replacement, which here serves a changed state, over the same connection
 // target.
 func TestClientFollowsShutdownToReplacement(t *testing.T) {
-	oldStore, newStore := NewStore(), NewStore()
+	oldStore, newStore := controlplane.NewStore(), controlplane.NewStore()
 	oldStore.PutServiceProfile(serviceProfile(books, "old"))
 	newStore.PutServiceProfile(serviceProfile(books, "new"))
-	oldSrv := NewServer(oldStore, WithLogger(quietLogger))
-	newSrv := NewServer(newStore, WithLogger(quietLogger))
+	oldSrv := controlplane.NewServer(oldStore, controlplane.WithLogger(quietLogger))
+	newSrv := controlplane.NewServer(newStore, controlplane.WithLogger(quietLogger))
 
 	// One gRPC server, two Destination services behind a switch: the
 	// client's connection and its target stay the same, as when a
@@ -323,7 +326,7 @@ func TestClientFollowsShutdownToReplacement(t *testing.T) {
 // switchable forwards each call to the current Destination service.
 type switchable struct {
 	pb.UnimplementedDestinationServer
-	cur atomic.Pointer[Server]
+	cur atomic.Pointer[controlplane.Server]
 }
 
 func (s *switchable) GetProfile(req *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
