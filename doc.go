@@ -3,9 +3,14 @@
 //
 // The work is done by the sub-packages, each usable alone:
 //
-//   - [github.com/inmesh/inmesh/destination]: a client for Linkerd's
-//     Destination API (endpoints and service profiles) and an embedded
-//     Destination server fed from ServiceProfile YAML and static endpoints.
+//   - [github.com/inmesh/inmesh/destination]: clients of Linkerd's
+//     Destination API (endpoints and service profiles) and OutboundPolicies
+//     API, and the conversions between their wire messages and the models.
+//
+//   - [github.com/inmesh/inmesh/controlplane]: the embedded control plane:
+//     the Destination and OutboundPolicies server, fed from ServiceProfile
+//     YAML, static endpoints and Gateway API manifests, and the Identity
+//     issuer.
 //
 //   - [github.com/inmesh/inmesh/profiles]: the service-profile model and its
 //     compiler to a route table.

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
@@ -28,7 +30,7 @@ var _ Source = (*destination.Client)(nil)
 func TestRoutesToEndpoints(t *testing.T) {
 	a, b := backend(t, "a"), backend(t, "b")
 	a.H2 = true // a is a mesh peer: upgraded
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{a, b})
 	_, client := newClient(t, controlPlane(t, store))
 	seen := map[string]int{}
@@ -77,13 +79,13 @@ func TestFallsBackForUnknownService(t *testing.T) {
 	direct := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("direct " + r.Host))
 	}))
-	_, client := newClient(t, controlPlane(t, destination.NewStore()))
+	_, client := newClient(t, controlPlane(t, controlplane.NewStore()))
 	status, body, _ := fetch(t, client, direct.URL) // 127.0.0.1:port: exists=false
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "direct "+strings.TrimPrefix(direct.URL, "http://"), body)
 
 	// Without fallback the same request fails.
-	_, strict := newClient(t, controlPlane(t, destination.NewStore()), WithFallback(false))
+	_, strict := newClient(t, controlPlane(t, controlplane.NewStore()), WithFallback(false))
 	status, _, h := fetch(t, strict, direct.URL)
 	assert.Equal(t, 503, status)
 	assert.Contains(t, h.Get("l5d-proxy-error"), "unknown service")
@@ -164,7 +166,7 @@ func TestHostAndAuthorityOverride(t *testing.T) {
 // Linkerd's profile_dst_overrides cases: traffic moves between backends as
 // the profile's overrides change.
 func TestTrafficSplit(t *testing.T) {
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints("books-v1.default.svc.cluster.local:7000", []endpoint.Endpoint{backend(t, "1")})
 	store.PutEndpoints("books-v2.default.svc.cluster.local:7000", []endpoint.Endpoint{backend(t, "2")})
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{backend(t, "o")})

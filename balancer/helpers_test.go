@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
@@ -98,9 +100,9 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 
 // controlPlane serves store's Destination API on loopback and returns a
 // client of it.
-func controlPlane(t *testing.T, store *destination.Store, opts ...destination.Option) *destination.Client {
+func controlPlane(t *testing.T, store *controlplane.Store, opts ...destination.Option) *destination.Client {
 	t.Helper()
-	return grpcClient(t, destination.NewServer(store, destination.WithLogger(quietLogger)), opts...)
+	return grpcClient(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)), opts...)
 }
 
 // grpcClient serves svc on loopback and returns a client of it.

@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"io"
@@ -7,6 +7,9 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -17,7 +20,7 @@ import (
 )
 
 // The Client is the balancer's source of endpoints.
-var _ balancer.Source = (*Client)(nil)
+var _ balancer.Source = (*destination.Client)(nil)
 
 func backend(t *testing.T, name string) (*httptest.Server, endpoint.Endpoint) {
 	srv := httptest.NewUnstartedServer(nil)
@@ -30,7 +33,7 @@ func backend(t *testing.T, name string) (*httptest.Server, endpoint.Endpoint) {
 }
 
 // balancedClient returns a balancer over c and an HTTP client through it.
-func balancedClient(t *testing.T, c *Client, opts ...balancer.Option) (*balancer.Balancer, *http.Client) {
+func balancedClient(t *testing.T, c *destination.Client, opts ...balancer.Option) (*balancer.Balancer, *http.Client) {
 	b := balancer.New(c, append([]balancer.Option{balancer.WithLogger(quietLogger)}, opts...)...)
 	t.Cleanup(b.Close)
 	h1 := &http.Transport{}
@@ -51,10 +54,10 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 // at once), and a service that does not exist.
 func TestClientFeedsBalancer(t *testing.T) {
 	_, a := backend(t, "a")
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{a})
 	store.PutEndpoints("empty.ns.svc.cluster.local:80", nil)
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr), balancer.WithFallback(false))
 	status, body, _ := fetch(t, client, "http://"+books+":7000/")
 	assert.Equal(t, 200, status)

@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -42,9 +45,9 @@ func addrs(u endpoint.Update) []string {
 }
 
 func TestProfileUpdatesArriveInOrder(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.PutServiceProfile(serviceProfile(books, "v1"))
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
 	rec := newRecorder[profiles.Update]()
@@ -66,10 +69,10 @@ func TestProfileUpdatesArriveInOrder(t *testing.T) {
 }
 
 func TestEndpointUpdatesArriveInOrder(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	authority := books + ":7000"
 	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.1:7000", true)})
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
 	rec := newRecorder[endpoint.Update]()
@@ -98,13 +101,13 @@ func TestEndpointUpdatesArriveInOrder(t *testing.T) {
 func TestStreamsAreShared(t *testing.T) {
 	s := newScripted()
 	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-		if err := st.Send(ProfileToProto(serviceProfile(books, "shared").ProfileFor(7000))); err != nil {
+		if err := st.Send(destination.ProfileToProto(serviceProfile(books, "shared").ProfileFor(7000))); err != nil {
 			return err
 		}
 		return block(st.Context())
 	}
 	cp := serve(t, s)
-	c := newTestClient(t, cp.addr, WithIdleTimeout(0))
+	c := newTestClient(t, cp.addr, destination.WithIdleTimeout(0))
 
 	var stops []func()
 	var recs []*recorder[profiles.Update]
@@ -142,7 +145,7 @@ func TestContextTokenAndScheme(t *testing.T) {
 		return block(st.Context())
 	}
 	cp := serve(t, s)
-	c := newTestClient(t, cp.addr, WithContextToken(`{"ns":"default"}`), WithScheme("k8s"))
+	c := newTestClient(t, cp.addr, destination.WithContextToken(`{"ns":"default"}`), destination.WithScheme("k8s"))
 	stop, err := c.Watch(context.Background(), books+":7000", func(profiles.Update) {})
 	require.NoError(t, err)
 	defer stop()
@@ -159,12 +162,12 @@ func TestContextTokenAndScheme(t *testing.T) {
 // Linkerd's outbound_reconnects_if_controller_stream_ends, with a change
 // made while the control plane was down.
 func TestControlPlaneRestart(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.PutServiceProfile(serviceProfile(books, "before"))
 	authority := books + ":7000"
 	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.1:7000", false)})
 	held := holdListener(t)
-	cp := serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
+	cp := serveHeld(t, held, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	c := newTestClient(t, held.addr())
 
 	prof := newRecorder[profiles.Update]()
@@ -181,7 +184,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	cp.stop()
 	store.PutServiceProfile(serviceProfile(books, "after"))
 	store.PutEndpoints(authority, []endpoint.Endpoint{ep("10.0.0.9:7000", false)})
-	serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
+	serveHeld(t, held, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 
 	prof.waitFor(t, "after", hasRoute("after"))
 	eps.waitFor(t, "new endpoints", func(u endpoint.Update) bool {
@@ -207,7 +210,7 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 		{"no_endpoints dne", &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: false}}}, []string{}, false},
 		{"add none", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{}}}, []string{}, true},
 		{"remove none", &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{}}}, []string{}, true},
-		{"add other", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{EndpointToProto(ep("10.0.0.3:80", false))}}}}, []string{"10.0.0.3:80"}, true},
+		{"add other", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{destination.EndpointToProto(ep("10.0.0.3:80", false))}}}}, []string{"10.0.0.3:80"}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -216,7 +219,7 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 			s.get = func(call int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
 				if call == 1 {
 					return st.Send(&pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{
-						EndpointToProto(ep("10.0.0.1:80", false)), EndpointToProto(ep("10.0.0.2:80", false)),
+						destination.EndpointToProto(ep("10.0.0.1:80", false)), destination.EndpointToProto(ep("10.0.0.2:80", false)),
 					}}}}) // and the stream ends
 				}
 				<-release // the reconnected stream is silent for a while
@@ -264,7 +267,7 @@ func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
 		}
 		return nd.DialContext(ctx, network, a)
 	}
-	c := newTestClient(t, held.addr(), WithBackoff(policy), WithDialFunc(countingDial))
+	c := newTestClient(t, held.addr(), destination.WithBackoff(policy), destination.WithDialFunc(countingDial))
 	rec := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
 	require.NoError(t, err)
@@ -284,9 +287,9 @@ func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
 		assert.GreaterOrEqual(t, at[i].Sub(at[i-1]), 100*time.Millisecond, "dial %d came too soon", i)
 	}
 
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.PutServiceProfile(serviceProfile(books, "reached"))
-	serveHeld(t, held, NewServer(store, WithLogger(quietLogger)))
+	serveHeld(t, held, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	rec.waitFor(t, "profile after the control plane came up", hasRoute("reached"))
 }
 
@@ -299,14 +302,14 @@ func TestStatusCodes(t *testing.T) {
 				if call <= 3 {
 					return status.Error(code, "not now")
 				}
-				if err := st.Send(ProfileToProto(serviceProfile(books, "ok").ProfileFor(7000))); err != nil {
+				if err := st.Send(destination.ProfileToProto(serviceProfile(books, "ok").ProfileFor(7000))); err != nil {
 					return err
 				}
 				return block(st.Context())
 			}
 			cp := serve(t, s)
 			policy := backoff.Policy{Min: 30 * time.Millisecond, Max: 100 * time.Millisecond}
-			c := newTestClient(t, cp.addr, WithBackoff(policy))
+			c := newTestClient(t, cp.addr, destination.WithBackoff(policy))
 			rec := newRecorder[profiles.Update]()
 			stop, err := c.Watch(context.Background(), books+":7000", rec.update)
 			require.NoError(t, err)
@@ -337,7 +340,7 @@ func TestStatusCodes(t *testing.T) {
 			u := rec.waitFor(t, "no profile", func(profiles.Update) bool { return true })
 			assert.Nil(t, u.Profile)
 			assert.ErrorIs(t, u.Err, profiles.ErrNoProfile)
-			assert.ErrorIs(t, u.Err, ErrRejected)
+			assert.ErrorIs(t, u.Err, destination.ErrRejected)
 			assert.Equal(t, code, status.Code(u.Err))
 
 			erec := newRecorder[endpoint.Update]()
@@ -345,7 +348,7 @@ func TestStatusCodes(t *testing.T) {
 			require.NoError(t, err)
 			defer stopE()
 			eu := erec.waitFor(t, "rejected", func(endpoint.Update) bool { return true })
-			assert.ErrorIs(t, eu.Err, ErrRejected)
+			assert.ErrorIs(t, eu.Err, destination.ErrRejected)
 
 			// Several times the longest delay: no further call.
 			time.Sleep(defaultTestShortTimeout)
@@ -363,13 +366,13 @@ func TestFirstMessageDeadline(t *testing.T) {
 			close(cancelled)
 			return nil
 		}
-		if err := st.Send(ProfileToProto(serviceProfile(books, "second").ProfileFor(7000))); err != nil {
+		if err := st.Send(destination.ProfileToProto(serviceProfile(books, "second").ProfileFor(7000))); err != nil {
 			return err
 		}
 		return block(st.Context())
 	}
 	cp := serve(t, s)
-	c := newTestClient(t, cp.addr, WithFirstMessageTimeout(200*time.Millisecond))
+	c := newTestClient(t, cp.addr, destination.WithFirstMessageTimeout(200*time.Millisecond))
 	rec := newRecorder[profiles.Update]()
 	start := time.Now()
 	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
@@ -386,9 +389,9 @@ func TestFirstMessageDeadline(t *testing.T) {
 }
 
 func TestWatchCap(t *testing.T) {
-	store := NewStore()
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
-	c := newTestClient(t, cp.addr, WithMaxWatches(1000), WithIdleTimeout(0))
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
+	c := newTestClient(t, cp.addr, destination.WithMaxWatches(1000), destination.WithIdleTimeout(0))
 
 	runtime.GC()
 	baseGoroutines := runtime.NumGoroutine()
@@ -441,9 +444,9 @@ func TestWatchCap(t *testing.T) {
 // gives way to a new watch instead of refusing it; streams with watchers
 // are never taken.
 func TestWatchCapTakesIdleStreams(t *testing.T) {
-	store := NewStore()
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
-	c := newTestClient(t, cp.addr, WithMaxWatches(2), WithIdleTimeout(time.Hour))
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
+	c := newTestClient(t, cp.addr, destination.WithMaxWatches(2), destination.WithIdleTimeout(time.Hour))
 	ctx := context.Background()
 
 	held, err := c.Watch(ctx, "held.ns.svc.cluster.local:80", func(profiles.Update) {})
@@ -465,21 +468,21 @@ func TestWatchCapTakesIdleStreams(t *testing.T) {
 }
 
 func TestClosedClient(t *testing.T) {
-	store := NewStore()
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 	_, err := c.Watch(context.Background(), books+":80", func(profiles.Update) {})
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 	require.NoError(t, c.Close())
 	_, err = c.Watch(context.Background(), books+":80", func(profiles.Update) {})
-	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, err, destination.ErrClosed)
 }
 
 func TestWatchEndsWithContext(t *testing.T) {
-	store := NewStore()
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
-	c := newTestClient(t, cp.addr, WithIdleTimeout(0))
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
+	c := newTestClient(t, cp.addr, destination.WithIdleTimeout(0))
 	ctx, cancel := context.WithCancel(context.Background())
 	rec := newRecorder[profiles.Update]()
 	_, err := c.Watch(ctx, books+":80", rec.update)
@@ -518,16 +521,16 @@ func TestBadProfileKeepsLastGood(t *testing.T) {
 			t.Fatal("stream not open")
 		}
 	}
-	send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000)))
+	send(destination.ProfileToProto(serviceProfile(books, "good").ProfileFor(7000)))
 	rec.waitFor(t, "good", hasRoute("good"))
 	send(&pb.DestinationProfile{Routes: []*pb.Route{{MetricsLabels: map[string]string{"route": "no condition"}}}})
-	send(ProfileToProto(serviceProfile(books, "good2").ProfileFor(7000)))
+	send(destination.ProfileToProto(serviceProfile(books, "good2").ProfileFor(7000)))
 	rec.waitFor(t, "good2", hasRoute("good2"))
 	assert.Len(t, rec.all(), 2, "the bad profile was never delivered")
 	assert.Len(t, s.callTimes(), 1, "a bad message does not break the stream")
 }
 
 func TestDialRefusesAnInvalidBackoff(t *testing.T) {
-	_, err := Dial("127.0.0.1:1", WithBackoff(backoff.Policy{Min: 0, Max: time.Second}))
+	_, err := destination.Dial("127.0.0.1:1", destination.WithBackoff(backoff.Policy{Min: 0, Max: time.Second}))
 	assert.ErrorContains(t, err, "WithBackoff: backoff: min 0s must be positive")
 }

@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -76,10 +79,10 @@ func TestServiceProfileToProto(t *testing.T) {
 	sps, err := profiles.ParseServiceProfiles([]byte(fullProfile))
 	require.NoError(t, err)
 	require.Len(t, sps, 1)
-	got := ProfileToProto(sps[0].ProfileFor(7000))
+	got := destination.ProfileToProto(sps[0].ProfileFor(7000))
 
 	method := func(m string) *pb.RequestMatch {
-		return &pb.RequestMatch{Match: &pb.RequestMatch_Method{Method: MethodToProto(m)}}
+		return &pb.RequestMatch{Match: &pb.RequestMatch_Method{Method: destination.MethodToProto(m)}}
 	}
 	path := func(re string) *pb.RequestMatch {
 		return &pb.RequestMatch{Match: &pb.RequestMatch_Path{Path: &pb.PathMatch{Regex: re}}}
@@ -127,11 +130,11 @@ func TestServiceProfileToProto(t *testing.T) {
 		},
 	}
 	assert.Empty(t, cmp.Diff(want, got, protocmp.Transform()))
-	assert.True(t, ProfileToProto(sps[0].ProfileFor(5432)).GetOpaqueProtocol())
-	assert.True(t, ProfileToProto(sps[0].ProfileFor(3306)).GetOpaqueProtocol())
+	assert.True(t, destination.ProfileToProto(sps[0].ProfileFor(5432)).GetOpaqueProtocol())
+	assert.True(t, destination.ProfileToProto(sps[0].ProfileFor(3306)).GetOpaqueProtocol())
 
 	// And back: the client sees what the YAML said.
-	back, err := ProfileFromProto(got)
+	back, err := destination.ProfileFromProto(got)
 	require.NoError(t, err)
 	assert.Equal(t, sps[0].ProfileFor(7000), back)
 }
@@ -152,7 +155,7 @@ func TestProfileFromProtoErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ProfileFromProto(tt.m)
+			_, err := destination.ProfileFromProto(tt.m)
 			assert.ErrorContains(t, err, tt.want)
 		})
 	}
@@ -169,113 +172,40 @@ func TestEndpointRoundTrip(t *testing.T) {
 		Identity: "books.default.serviceaccount.identity.linkerd.cluster.local", ServerName: "books.default",
 		H2: true, OpaqueTransportPort: 4143, AuthorityOverride: "books.default.svc.cluster.local:7000",
 	}
-	back, err := EndpointFromProto(EndpointToProto(e), nil, "addr")
+	back, err := destination.EndpointFromProto(destination.EndpointToProto(e), nil, "addr")
 	require.NoError(t, err)
 	assert.Equal(t, e, back)
 
 	// Set labels sit under the endpoint's own; zero weight means the default.
-	w := EndpointToProto(endpoint.Endpoint{Addr: e.Addr, Labels: map[string]string{"zone": "b"}})
-	back, err = EndpointFromProto(w, map[string]string{"zone": "a", "ns": "default"}, "addr")
+	w := destination.EndpointToProto(endpoint.Endpoint{Addr: e.Addr, Labels: map[string]string{"zone": "b"}})
+	back, err = destination.EndpointFromProto(w, map[string]string{"zone": "a", "ns": "default"}, "addr")
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"zone": "b", "ns": "default"}, back.Labels)
 	assert.Equal(t, uint32(endpoint.DefaultWeight), back.Weight)
 
-	uri := &pb.WeightedAddr{Addr: AddrToProto(e.Addr), TlsIdentity: &pb.TlsIdentity{
+	uri := &pb.WeightedAddr{Addr: destination.AddrToProto(e.Addr), TlsIdentity: &pb.TlsIdentity{
 		Strategy: &pb.TlsIdentity_UriLikeIdentity_{UriLikeIdentity: &pb.TlsIdentity_UriLikeIdentity{Uri: "spiffe://td/ns/default/sa/books"}},
 	}, ProtocolHint: &pb.ProtocolHint{Protocol: &pb.ProtocolHint_Opaque_{Opaque: &pb.ProtocolHint_Opaque{}}}}
-	back, err = EndpointFromProto(uri, nil, "addr")
+	back, err = destination.EndpointFromProto(uri, nil, "addr")
 	require.NoError(t, err)
 	assert.Equal(t, "spiffe://td/ns/default/sa/books", back.Identity)
 	assert.True(t, back.Opaque)
 }
 
-func TestParseEndpoints(t *testing.T) {
-	sets, err := ParseEndpoints([]byte(`
-- authority: books.default.svc.cluster.local:7000
-  endpoints:
-  - addr: 127.0.0.1:4143
-    weight: 10000
-    h2: true
-    opaqueTransportPort: 4143
-    identity: books.default.serviceaccount.identity.linkerd.cluster.local
-    labels: {pod: books-0, replica: 1}
-  - addr: "[::1]:4144"
-- authority: Empty.Default.svc.cluster.local.:80
-  endpoints: []
-`))
-	require.NoError(t, err)
-	require.Len(t, sets, 2)
-	eps := sets["books.default.svc.cluster.local:7000"]
-	require.Len(t, eps, 2)
-	assert.Equal(t, endpoint.Endpoint{
-		Addr: netip.MustParseAddrPort("127.0.0.1:4143"), Weight: 10000, H2: true, OpaqueTransportPort: 4143,
-		Identity: "books.default.serviceaccount.identity.linkerd.cluster.local",
-		Labels:   map[string]string{"pod": "books-0", "replica": "1"},
-	}, eps[0])
-	assert.Equal(t, uint32(endpoint.DefaultWeight), eps[1].Weight)
-	empty, ok := sets["empty.default.svc.cluster.local:80"]
-	assert.True(t, ok, "authority normalised")
-	assert.Empty(t, empty)
-
-	bad := []struct{ yaml, want string }{
-		{"- authority: a:80\n  endpoints:\n  - addr: nope\n", `[0].endpoints[0].addr: "nope" is not an ip:port address`},
-		{"- authority: a\n", `[0].authority: "a" is not host:port`},
-		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    wieght: 1\n", "[0].endpoints[0].wieght: unknown field"},
-		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    h2: yes please\n", "[0].endpoints[0].h2: must be true or false"},
-		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    weight: -1\n", "[0].endpoints[0].weight: -1 is not a whole number"},
-		{"- authority: a:80\n- authority: A:80\n", `[1].authority: a:80 is listed twice`},
-		{"authority: a:80\n", "must be a list"},
-		{"- [unclosed\n", "bad YAML"},
-	}
-	for _, b := range bad {
-		_, err := ParseEndpoints([]byte(b.yaml))
-		assert.ErrorContains(t, err, b.want, b.yaml)
-	}
-}
-
-func TestStoreLoadKeepsLastGood(t *testing.T) {
-	dir := t.TempDir()
-	good := dir + "/books.yaml"
-	writeFile(t, good, fullProfile)
-	store := NewStore()
-	require.NoError(t, store.LoadServiceProfiles(good))
-	p, _, _ := store.profile("books.default.svc.cluster.local", 7000)
-	require.Len(t, p.Routes, 3)
-
-	broken := dir + "/broken.yaml"
-	writeFile(t, broken, "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: web.ns.svc.cluster.local}\nspec: {}\n---\n"+
-		"apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: x.ns.svc.cluster.local}\nspec:\n  routes:\n  - name: r\n    condition: {pathRegex: /x}\n    timeout: 3x\n")
-	err := store.LoadServiceProfiles(good, broken)
-	assert.EqualError(t, err, broken+`: document 2 (ServiceProfile x.ns.svc.cluster.local): spec.routes[0].timeout: "3x" is not a duration (like 300ms or 10s)`)
-	p, _, _ = store.profile("books.default.svc.cluster.local", 7000)
-	assert.Len(t, p.Routes, 3, "the last good profiles stay served")
-
-	epFile := dir + "/endpoints.yaml"
-	writeFile(t, epFile, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n")
-	require.NoError(t, store.LoadEndpoints(epFile))
-	writeFile(t, epFile, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1\n")
-	assert.ErrorContains(t, store.LoadEndpoints(epFile), epFile+": [0].endpoints[0].addr")
-	eps, exists, _ := store.endpointSet("books.default.svc.cluster.local:7000")
-	assert.True(t, exists)
-	assert.Len(t, eps, 1)
-}
-
-// BenchmarkApplyAdd1000 measures the client applying one add of 1,000
-// endpoints: conversion, the set update and the sorted snapshot.
 func BenchmarkApplyAdd1000(b *testing.B) {
 	add := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
 	for i := range 1000 {
-		add.Addrs = append(add.Addrs, EndpointToProto(endpoint.Endpoint{
+		add.Addrs = append(add.Addrs, destination.EndpointToProto(endpoint.Endpoint{
 			Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 8080), Weight: endpoint.DefaultWeight,
 			Labels: map[string]string{"pod": fmt.Sprintf("books-%d", i)}, H2: true,
 			Identity: "books.default.serviceaccount.identity.linkerd.cluster.local",
 		}))
 	}
 	msg := &pb.Update{Update: &pb.Update_Add{Add: add}}
-	c := NewClient(nil, WithLogger(quietLogger))
+	c := destination.NewClient(nil, destination.WithLogger(quietLogger))
 	b.ReportAllocs()
 	for b.Loop() {
-		apply := c.endpointSession("books.default.svc.cluster.local:8080")
+		apply := destination.EndpointSession(c, "books.default.svc.cluster.local:8080")
 		if u, ok := apply(msg); !ok || len(u.Set.Endpoints) != 1000 {
 			b.Fatal("not applied")
 		}
@@ -295,10 +225,10 @@ func BenchmarkProfileFromProto50Routes(b *testing.B) {
 			Retryable: i%2 == 0, Timeout: time.Second,
 		})
 	}
-	m := ProfileToProto(sp.ProfileFor(80))
+	m := destination.ProfileToProto(sp.ProfileFor(80))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := ProfileFromProto(m); err != nil {
+		if _, err := destination.ProfileFromProto(m); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -307,14 +237,14 @@ func BenchmarkProfileFromProto50Routes(b *testing.B) {
 // BenchmarkStoreUpdateToClient measures a Store change travelling to a
 // watching client over a real gRPC connection on loopback.
 func BenchmarkStoreUpdateToClient(b *testing.B) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	srv := grpc.NewServer()
-	NewServer(store, WithLogger(quietLogger)).Register(srv)
+	controlplane.NewServer(store, controlplane.WithLogger(quietLogger)).Register(srv)
 	go srv.Serve(lis)
 	defer srv.Stop()
-	c, err := Dial(lis.Addr().String(), WithLogger(quietLogger))
+	c, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quietLogger))
 	require.NoError(b, err)
 	defer c.Close()
 	got := make(chan string, 16)

@@ -1,9 +1,9 @@
-// Package destination speaks Linkerd's Destination API
-// (io.linkerd.proxy.destination.Destination): a [Client] that watches the
-// endpoints (Get) and service profiles (GetProfile) of authorities over one
-// gRPC connection, and a [Server] that serves them from a [Store] of
-// ServiceProfile YAML and static endpoints, so that a mesh runs with no
-// Kubernetes at all.
+// Package destination holds the clients of Linkerd's control-plane APIs: a
+// [Client] of the Destination API (io.linkerd.proxy.destination.Destination)
+// that watches the endpoints (Get) and service profiles (GetProfile) of
+// authorities over one gRPC connection, and, through [Client.Policies], of
+// the OutboundPolicies API. The embedded servers of these APIs are in
+// package [github.com/inmesh/inmesh/controlplane].
 //
 // The Client is a [profiles.Source] and, through WatchEndpoints, a source
 // of endpoints for package [github.com/inmesh/inmesh/balancer]. It keeps one stream per watched
@@ -14,12 +14,8 @@
 // keeps a silent Get stream open as "exists, no endpoints yet", which is what
 // Linkerd's controller means by it.
 //
-// The Server follows the contract of Linkerd's controller, and
-// [Server.Shutdown] ends all of its streams so that clients re-subscribe
-// elsewhere at once. [WatchFiles] feeds a Store from files and keeps the
-// last good state against every bad file.
-//
-// The package is the one place where wire messages become models and back:
+// The package is the one place where wire messages become models and back,
+// for the clients here and the servers of the control plane alike:
 // [ProfileFromProto] and [ProfileToProto] for the profiles model,
 // [PolicyFromProto] and [PolicyToProto] for the policy model (the
 // OutboundPolicies API, [Client.WatchPolicy]), and [EndpointFromProto] and
@@ -28,5 +24,5 @@
 //
 // The wire types are in package [destinationpb] and its siblings; they use
 // Linkerd's proto names, so the Client works against a Linkerd control
-// plane and a Linkerd proxy works against the Server.
+// plane and a Linkerd proxy works against the embedded control plane.
 package destination

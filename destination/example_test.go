@@ -9,6 +9,7 @@ import (
 	"net/netip"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/profiles"
 	"google.golang.org/grpc"
@@ -16,7 +17,7 @@ import (
 
 // A client watching the embedded control plane over loopback.
 func ExampleClient_WatchEndpoints() {
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints("books.default.svc.cluster.local:7000", []endpoint.Endpoint{
 		{Addr: netip.MustParseAddrPort("127.0.0.1:4143"), H2: true},
 	})
@@ -26,7 +27,7 @@ func ExampleClient_WatchEndpoints() {
 		return
 	}
 	srv := grpc.NewServer()
-	destination.NewServer(store).Register(srv)
+	controlplane.NewServer(store).Register(srv)
 	go srv.Serve(lis)
 	defer srv.Stop()
 

@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/destination"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
@@ -165,10 +167,10 @@ func (cp *controlPlane) stop() {
 	<-cp.done
 }
 
-func newTestClient(t *testing.T, addr string, opts ...Option) *Client {
+func newTestClient(t *testing.T, addr string, opts ...destination.Option) *destination.Client {
 	t.Helper()
-	opts = append([]Option{WithLogger(quietLogger), WithBackoff(fastBackoff)}, opts...)
-	c, err := Dial(addr, opts...)
+	opts = append([]destination.Option{destination.WithLogger(quietLogger), destination.WithBackoff(fastBackoff)}, opts...)
+	c, err := destination.Dial(addr, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c

@@ -1,10 +1,12 @@
-package destination
+package destination_test
 
 import (
 	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
@@ -28,7 +30,7 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 				return err
 			}
 		}
-		if err := st.Send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
+		if err := st.Send(destination.ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
 			return err
 		}
 		return block(st.Context())
@@ -40,7 +42,7 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 				return err
 			}
 		}
-		good := &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{EndpointToProto(ep("10.0.0.1:80", false))}}}}
+		good := &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{destination.EndpointToProto(ep("10.0.0.1:80", false))}}}}
 		if err := st.Send(good); err != nil {
 			return err
 		}
@@ -48,7 +50,7 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 	}
 	cp := serve(t, s)
 	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, WithLogger(logs.logger()))
+	c := newTestClient(t, cp.addr, destination.WithLogger(logs.logger()))
 	prof := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)
@@ -70,7 +72,7 @@ func TestEveryDistinctRejectedProfileIsLogged(t *testing.T) {
 	const n = 17
 	s := newScripted()
 	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-		good := ProfileToProto(serviceProfile(books, "r").ProfileFor(7000)).Routes[0]
+		good := destination.ProfileToProto(serviceProfile(books, "r").ProfileFor(7000)).Routes[0]
 		for i := range n {
 			// i good routes, then one without a condition: a different
 			// field at fault each time.
@@ -83,14 +85,14 @@ func TestEveryDistinctRejectedProfileIsLogged(t *testing.T) {
 				return err
 			}
 		}
-		if err := st.Send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
+		if err := st.Send(destination.ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
 			return err
 		}
 		return block(st.Context())
 	}
 	cp := serve(t, s)
 	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, WithLogger(logs.logger()), WithLogInterval(time.Hour))
+	c := newTestClient(t, cp.addr, destination.WithLogger(logs.logger()), destination.WithLogInterval(time.Hour))
 	prof := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)
@@ -109,14 +111,14 @@ func TestStreamEndAfterUpdatesIsNotAnError(t *testing.T) {
 		if n > 1 { // calls count from 1
 			return block(st.Context())
 		}
-		if err := st.Send(ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
+		if err := st.Send(destination.ProfileToProto(serviceProfile(books, "good").ProfileFor(7000))); err != nil {
 			return err
 		}
 		return status.Error(codes.Unavailable, "the control plane is restarting")
 	}
 	cp := serve(t, s)
 	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, WithLogger(logs.logger()))
+	c := newTestClient(t, cp.addr, destination.WithLogger(logs.logger()))
 	prof := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)
@@ -131,7 +133,7 @@ func TestStreamEndAfterUpdatesIsNotAnError(t *testing.T) {
 
 // The target of a policy watch is logged under its own name, once.
 func TestTargetAttr(t *testing.T) {
-	assert.Equal(t, "authority=books.default.svc.cluster.local:7000", targetAttr("authority=books.default.svc.cluster.local:7000").String())
-	assert.Equal(t, "addr=10.0.0.1:80", targetAttr("addr=10.0.0.1:80").String())
-	assert.Equal(t, "authority=books.default.svc.cluster.local:7000", targetAttr("books.default.svc.cluster.local:7000").String())
+	assert.Equal(t, "authority=books.default.svc.cluster.local:7000", destination.TargetAttr("authority=books.default.svc.cluster.local:7000").String())
+	assert.Equal(t, "addr=10.0.0.1:80", destination.TargetAttr("addr=10.0.0.1:80").String())
+	assert.Equal(t, "authority=books.default.svc.cluster.local:7000", destination.TargetAttr("books.default.svc.cluster.local:7000").String())
 }

@@ -107,10 +107,9 @@ func WithFirstMessageTimeout(d time.Duration) Option {
 	})
 }
 
-// WithLogger sets the logger (default slog.Default()): of a [Client], for
+// WithLogger sets the logger of a [Client] (default slog.Default()), for
 // stream failures and rejected updates, each kind of line at most once per
-// [WithLogInterval]; of a [Server] and [WatchFiles], for rejected files and
-// shutdown.
+// [WithLogInterval].
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) {
 		if l != nil {

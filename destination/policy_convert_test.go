@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -145,7 +147,7 @@ func TestPolicyFromProtoHTTP(t *testing.T) {
 	require.NoError(t, err)
 	var m outboundpb.OutboundPolicy
 	require.NoError(t, proto.Unmarshal(b, &m))
-	p, err := policyFromProto(&m)
+	p, err := destination.DecodePolicy(&m)
 	require.NoError(t, err)
 
 	assert.Equal(t, policy.Metadata{Group: "core", Kind: "Service", Name: "books", Namespace: "ns", Port: 8080}, p.Parent)
@@ -242,7 +244,7 @@ func TestPolicyFromProtoGRPC(t *testing.T) {
 			}}},
 		}}},
 	}
-	p, err := policyFromProto(m)
+	p, err := destination.DecodePolicy(m)
 	require.NoError(t, err)
 	assert.Equal(t, policy.DefaultMetadata("egress"), p.Parent)
 	assert.True(t, p.Parent.IsDefault())
@@ -319,13 +321,13 @@ func TestPolicyFromProtoErrorsNameTheField(t *testing.T) {
 		{"forward beyond the label bounds", func(m *outboundpb.OutboundPolicy) {
 			fwd := m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Backends.GetRandomAvailable().Backends[1].Backend.Backend.GetForward()
 			fwd.MetricLabels = map[string]string{}
-			for i := range MaxEndpointLabels + 1 {
+			for i := range destination.MaxEndpointLabels + 1 {
 				fwd.MetricLabels[fmt.Sprintf("l%d", i)] = "v"
 			}
 		}, "protocol.detect.http1.routes[0].rules[0].backends.random_available.backends[1].backend.backend.forward.metric_labels: 33 labels, more than 32"},
 		{"forward label value too long", func(m *outboundpb.OutboundPolicy) {
 			fwd := m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Backends.GetRandomAvailable().Backends[1].Backend.Backend.GetForward()
-			fwd.MetricLabels = map[string]string{"pod": strings.Repeat("x", MaxLabelValueLen+1)}
+			fwd.MetricLabels = map[string]string{"pod": strings.Repeat("x", destination.MaxLabelValueLen+1)}
 		}, "backends[1].backend.backend.forward.metric_labels: label pod: value is 254 bytes, more than 253"},
 		{"bad ratio on a backend filter", func(m *outboundpb.OutboundPolicy) {
 			m.Protocol.GetDetect().Http1.Routes[0].Rules[0].Backends.GetRandomAvailable().Backends[1].Backend.Filters[0].GetFailureInjector().Ratio.Denominator = 0
@@ -340,11 +342,11 @@ func TestPolicyFromProtoErrorsNameTheField(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			m := wireHTTPPolicy()
 			tt.modify(m)
-			_, err := policyFromProto(m)
+			_, err := destination.DecodePolicy(m)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
-	_, err := policyFromProto(nil)
+	_, err := destination.DecodePolicy(nil)
 	assert.EqualError(t, err, "policy: null")
 }

@@ -1,9 +1,8 @@
-package destination
+package destination_test
 
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -11,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/manifest"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/inmesh/inmesh/destination/outboundpb"
-	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -60,11 +62,11 @@ func resources(t *testing.T, docs ...string) *manifest.Resources {
 
 // servePolicies serves the embedded control plane (Destination and
 // OutboundPolicies on one gRPC server) on h.
-func servePolicies(t *testing.T, h *heldListener, store *Store) *controlPlane {
+func servePolicies(t *testing.T, h *heldListener, store *controlplane.Store) *controlPlane {
 	t.Helper()
 	lis := h.generation()
 	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
-	NewServer(store, WithLogger(quietLogger)).Register(cp.srv)
+	controlplane.NewServer(store, controlplane.WithLogger(quietLogger)).Register(cp.srv)
 	go func() {
 		defer close(cp.done)
 		_ = cp.srv.Serve(lis)
@@ -88,7 +90,7 @@ func routeNamedP(name string) func(policy.Update) bool {
 }
 
 func TestPolicyDefaultRouteThenRouteOnStoreChange(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr)
@@ -163,75 +165,21 @@ spec:
 	require.NotNil(t, r.Policy("default", "greeter", 9000).GRPC.FailureAccrual)
 	for _, want := range []*policy.Policy{r.Policy("default", "authors", 7001), r.Policy("default", "greeter", 9000), flaky} {
 		require.NotNil(t, want)
-		got, err := PolicyFromProto(PolicyToProto(want))
+		got, err := destination.PolicyFromProto(destination.PolicyToProto(want))
 		require.NoError(t, err)
 		assert.Empty(t, cmp.Diff(want, got))
 	}
 }
 
-// TestPolicyTargetsAsLinkerd: the embedded control plane answers
-// OutboundPolicies requests as Linkerd's policy controller does
-// (policy-controller/grpc/src/outbound.rs lookup and lookup_authority,
-// grpc/src/workload.rs, k8s/index/src/outbound/index.rs
-// resource_routes_or_default), with its codes and messages.
-func TestPolicyTargetsAsLinkerd(t *testing.T) {
-	store := NewStore()
+// A watch of a Service without a manifest gets the default policy at once,
+// and the Service's own once its manifest is loaded.
+func TestPolicyDefaultThenServiceManifest(t *testing.T) {
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	cp := servePolicies(t, holdListener(t), store)
-	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer cc.Close()
-	api := outboundpb.NewOutboundPoliciesClient(cc)
-	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-	defer cancel()
-
-	const pod = `{"ns":"default","pod":"web-0"}`
-	auth := func(a string) *outboundpb.TrafficSpec {
-		return &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Authority{Authority: a}}
-	}
-	for _, tc := range []struct {
-		name       string
-		spec       *outboundpb.TrafficSpec
-		wantParent string // name:port of the parent, when served
-		wantCode   codes.Code
-		wantMsg    string
-	}{
-		{"the shorter form names the Service", auth("authors.default.svc:7001"), "authors:7001", codes.OK, ""},
-		{"a port-less authority means port 80", auth("authors.default.svc.cluster.local"), "authors:80", codes.OK, ""},
-		{"a port the Service does not declare gets the default policy", auth("authors.default.svc.cluster.local:7002"), "authors:7002", codes.OK, ""},
-		{"a Service without a manifest gets the default policy", auth("books.default.svc.cluster.local:7000"), "books:7000", codes.OK, ""},
-		{"a name outside the cluster", auth("example.com:80"), "", codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local"},
-		{"no host", auth(":80"), "", codes.InvalidArgument, "authority must have a host"},
-		{"no target", &outboundpb.TrafficSpec{SourceWorkload: pod}, "", codes.InvalidArgument, "target is required"},
-		{"no source workload", &outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, "Invalid workload: "},
-		{"a workload without a pod", &outboundpb.TrafficSpec{SourceWorkload: "default:", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, "Invalid workload: default:"},
-		{"a workload without a namespace", &outboundpb.TrafficSpec{SourceWorkload: "web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, "Invalid workload: web-0"},
-		{"a JSON workload without a pod", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, `Invalid workload: {"ns":"default"}`},
-		{"the old workload form", &outboundpb.TrafficSpec{SourceWorkload: "default:web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
-		{"an external workload", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default","external_workload":"vm-1"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
-		{"addr targets are not served", &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Addr{Addr: AddrToProto(netipAddrPort("10.0.0.1:80"))}}, "", codes.InvalidArgument, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := api.Get(ctx, tc.spec)
-			require.Equal(t, tc.wantCode, status.Code(err), "%v", err)
-			if tc.wantCode != codes.OK {
-				if tc.wantMsg != "" {
-					assert.Equal(t, tc.wantMsg, status.Convert(err).Message())
-				}
-				return
-			}
-			r := got.GetMetadata().GetResource()
-			assert.Equal(t, tc.wantParent, fmt.Sprintf("%s:%d", r.GetName(), r.GetPort()))
-			routes := got.GetProtocol().GetDetect().GetHttp1().GetRoutes()
-			require.NotEmpty(t, routes)
-		})
-	}
-
-	// A watch of a Service without a manifest gets the default policy at
-	// once, and the Service's own once its manifest is loaded.
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
-	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: "books.default.svc.cluster.local:7000"}, rec.update)
+	stop, err := c.WatchPolicy(context.Background(), destination.TrafficSpec{Authority: "books.default.svc.cluster.local:7000"}, rec.update)
 	require.NoError(t, err)
 	defer stop()
 	rec.waitFor(t, "the books default policy", routeNamedP("http"))
@@ -240,63 +188,14 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 	assert.Equal(t, "books", u.Policy.Parent.Name)
 }
 
-// TestPolicyMessagesAsLinkerd: the OutboundPolicy messages carry what
-// Linkerd's controller sends (policy-controller/grpc/src/outbound.rs
-// to_proto and default_outbound_opaq_route, grpc/src/outbound/http.rs):
-// an opaque port's policy is opaque with the default route "opaq" to the
-// Service; the detect protocol's opaque fallback carries the same route;
-// the deprecated requestTimeout mirrors timeouts.request.
-func TestPolicyMessagesAsLinkerd(t *testing.T) {
-	store := NewStore()
-	store.SetManifests(resources(t, authorsServiceYAML, `
-apiVersion: v1
-kind: Service
-metadata: {name: mysql}
-spec: {ports: [{port: 3306}]}
-`))
-	cp := servePolicies(t, holdListener(t), store)
-	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer cc.Close()
-	api := outboundpb.NewOutboundPoliciesClient(cc)
-	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-	defer cancel()
-	get := func(a string) *outboundpb.OutboundPolicy {
-		got, err := api.Get(ctx, &outboundpb.TrafficSpec{SourceWorkload: "default:web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: a}})
-		require.NoError(t, err)
-		return got
-	}
-	checkOpaq := func(what string, routes []*outboundpb.OpaqueRoute, authority string) {
-		require.Len(t, routes, 1, what)
-		assert.Equal(t, "opaq", routes[0].GetMetadata().GetDefault(), what)
-		require.Len(t, routes[0].GetRules(), 1, what)
-		bs := routes[0].GetRules()[0].GetBackends().GetFirstAvailable().GetBackends()
-		require.Len(t, bs, 1, what)
-		assert.Equal(t, authority, bs[0].GetBackend().GetBalancer().GetDiscovery().GetDst().GetPath(), what)
-	}
-
-	opaque := get("mysql.default.svc.cluster.local:3306")
-	require.NotNil(t, opaque.GetProtocol().GetOpaque(), "3306 is one of Linkerd's default opaque ports: %v", opaque.GetProtocol())
-	checkOpaq("opaque", opaque.GetProtocol().GetOpaque().GetRoutes(), "mysql.default.svc.cluster.local:3306")
-
-	detect := get(authorsAuthority)
-	require.NotNil(t, detect.GetProtocol().GetDetect())
-	checkOpaq("detect", detect.GetProtocol().GetDetect().GetOpaque().GetRoutes(), authorsAuthority)
-
-	rule := detect.GetProtocol().GetDetect().GetHttp1().GetRoutes()[0].GetRules()[0]
-	require.NotNil(t, rule.GetTimeouts().GetRequest())
-	//lint:ignore SA1019 the deprecated field is what this checks
-	assert.Equal(t, rule.GetTimeouts().GetRequest().AsDuration(), rule.GetRequestTimeout().AsDuration())
-}
-
 func TestPolicyReconnectKeepsLastGood(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	h := holdListener(t)
 	cp := servePolicies(t, h, store)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
-	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: authorsAuthority}, rec.update)
+	stop, err := c.WatchPolicy(context.Background(), destination.TrafficSpec{Authority: authorsAuthority}, rec.update)
 	require.NoError(t, err)
 	defer stop()
 	rec.waitFor(t, "the default route", routeNamedP("http"))
@@ -354,8 +253,8 @@ func (s *syncBuffer) String() string {
 }
 
 func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
-	good := PolicyToProto(resources(t, authorsServiceYAML).Policy("default", "authors", 7001))
-	bad := PolicyToProto(resources(t, authorsServiceYAML, authorsRouteYAML).Policy("default", "authors", 7001))
+	good := destination.PolicyToProto(resources(t, authorsServiceYAML).Policy("default", "authors", 7001))
+	bad := destination.PolicyToProto(resources(t, authorsServiceYAML, authorsRouteYAML).Policy("default", "authors", 7001))
 	bad.GetProtocol().GetDetect().GetHttp1().GetRoutes()[0].GetRules()[0].GetBackends().Kind = nil
 	srv := &scriptedPolicies{send: []*outboundpb.OutboundPolicy{good, bad}}
 
@@ -368,10 +267,10 @@ func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
 	defer func() { g.Stop(); <-done }()
 
 	logs := &syncBuffer{}
-	workload := PolicyWorkload("default", "web-0")
-	c := newTestClient(t, lis.Addr().String(), WithLogger(slog.New(slog.NewTextHandler(logs, nil))), WithWorkload(workload))
+	workload := destination.PolicyWorkload("default", "web-0")
+	c := newTestClient(t, lis.Addr().String(), destination.WithLogger(slog.New(slog.NewTextHandler(logs, nil))), destination.WithWorkload(workload))
 	rec := newRecorder[policy.Update]()
-	stop, err := c.WatchPolicy(context.Background(), TrafficSpec{Authority: authorsAuthority}, rec.update)
+	stop, err := c.WatchPolicy(context.Background(), destination.TrafficSpec{Authority: authorsAuthority}, rec.update)
 	require.NoError(t, err)
 	defer stop()
 	rec.waitFor(t, "the good policy", routeNamedP("http"))
@@ -388,22 +287,22 @@ func TestPolicyBadUpdateKeepsLastGoodAndNamesTheField(t *testing.T) {
 }
 
 func TestPolicyWatchBoundAndIdleRelease(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	cp := servePolicies(t, holdListener(t), store)
-	c := newTestClient(t, cp.addr, WithMaxWatches(2), WithIdleTimeout(0))
+	c := newTestClient(t, cp.addr, destination.WithMaxWatches(2), destination.WithIdleTimeout(0))
 	ctx := context.Background()
 
-	stop1, err := c.WatchPolicy(ctx, TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
+	stop1, err := c.WatchPolicy(ctx, destination.TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
 	require.NoError(t, err)
-	stop1b, err := c.WatchPolicy(ctx, TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
+	stop1b, err := c.WatchPolicy(ctx, destination.TrafficSpec{Authority: authorsAuthority}, func(policy.Update) {})
 	require.NoError(t, err, "a second watcher of one target shares its stream")
-	stop2, err := c.WatchPolicy(ctx, TrafficSpec{Addr: netipAddrPort("10.0.0.1:80")}, func(policy.Update) {})
+	stop2, err := c.WatchPolicy(ctx, destination.TrafficSpec{Addr: netipAddrPort("10.0.0.1:80")}, func(policy.Update) {})
 	require.NoError(t, err)
 	assert.Equal(t, 2, c.Stats().PolicyWatches)
 	_, err = c.Policies().Watch(ctx, "other.default.svc.cluster.local:80", func(policy.Update) {})
 	require.ErrorIs(t, err, policy.ErrTooManyWatches)
-	_, err = c.WatchPolicy(ctx, TrafficSpec{}, func(policy.Update) {})
+	_, err = c.WatchPolicy(ctx, destination.TrafficSpec{}, func(policy.Update) {})
 	require.Error(t, err, "a TrafficSpec with no target")
 
 	stop1()
@@ -432,11 +331,11 @@ func TestWatchManifestFiles(t *testing.T) {
 	dir := t.TempDir()
 	path := dir + "/authors.yaml"
 	writeFile(t, path, authorsServiceYAML)
-	store := NewStore()
+	store := controlplane.NewStore()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	logs := &syncBuffer{}
-	require.NoError(t, WatchManifestFiles(ctx, store, dir, 10*time.Millisecond, WithLogger(slog.New(slog.NewTextHandler(logs, nil)))))
+	require.NoError(t, controlplane.WatchManifestFiles(ctx, store, dir, 10*time.Millisecond, controlplane.WithLogger(slog.New(slog.NewTextHandler(logs, nil)))))
 	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()
@@ -452,21 +351,21 @@ func TestWatchManifestFiles(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return bytes.Contains([]byte(logs.String()), []byte("authors.yaml: document 2 (HTTPRoute default/authors-get): spec.hostnames[0]"))
 	}, defaultTestTimeout, 10*time.Millisecond, "the log names file, document and field: %s", logs.String())
-	p, _ := store.outboundPolicy(authorsAuthority)
-	assert.Equal(t, "authors-get", p.HTTP1.Routes[0].Meta.Name, "the last good manifests stay served")
+	all := rec.all()
+	assert.Equal(t, "authors-get", firstHTTPRoute(all[len(all)-1]).Meta.Name, "the last good manifests stay served")
 
-	require.Error(t, WatchManifestFiles(ctx, NewStore(), dir+"/missing", 0, WithLogger(quietLogger)))
+	require.Error(t, controlplane.WatchManifestFiles(ctx, controlplane.NewStore(), dir+"/missing", 0, controlplane.WithLogger(quietLogger)))
 }
 
 func netipAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
 func TestPolicyStreamsEndOnShutdown(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
 	h := holdListener(t)
 	lis := h.generation()
 	g := grpc.NewServer()
-	dst := NewServer(store, WithLogger(quietLogger))
+	dst := controlplane.NewServer(store, controlplane.WithLogger(quietLogger))
 	dst.Register(g)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(lis) }()
@@ -487,7 +386,7 @@ func TestPolicyStreamsEndOnShutdown(t *testing.T) {
 }
 
 func TestPolicyGRPCRouteThroughTheServer(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(resources(t, `
 apiVersion: v1
 kind: Service

@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"math"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/destination"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/grpcroutepb"
@@ -43,10 +45,10 @@ func TestPolicyWireOneofZeroValuesAreSent(t *testing.T) {
 	// Decoded: the empty distribution converts, the unset one is refused.
 	var back outboundpb.HttpRoute_Distribution
 	require.NoError(t, proto.Unmarshal([]byte{0x0a, 0x00}, &back))
-	d, err := httpDistributionFromProto(&back, "backends")
+	d, err := destination.DecodeHTTPDistribution(&back, "backends")
 	require.NoError(t, err)
 	assert.Equal(t, policy.DistributionEmpty, d.Kind)
-	_, err = httpDistributionFromProto(&outboundpb.HttpRoute_Distribution{}, "backends")
+	_, err = destination.DecodeHTTPDistribution(&outboundpb.HttpRoute_Distribution{}, "backends")
 	assert.EqualError(t, err, "backends.kind: missing distribution kind")
 
 	// The backend kind oneof: forward is field 2, balancer field 3.
@@ -64,14 +66,14 @@ func TestPolicyWireMethodGETIsTheZeroEnum(t *testing.T) {
 	assert.Equal(t, []byte{0x22, 0x02, 0x08, 0x00}, b)
 	var back httproutepb.HttpRouteMatch
 	require.NoError(t, proto.Unmarshal(b, &back))
-	m, err := httpMatchFromProto(&back, "m")
+	m, err := destination.DecodeHTTPMatch(&back, "m")
 	require.NoError(t, err)
 	assert.Equal(t, "GET", m.Method)
 
-	m, err = httpMatchFromProto(&httproutepb.HttpRouteMatch{}, "m")
+	m, err = destination.DecodeHTTPMatch(&httproutepb.HttpRouteMatch{}, "m")
 	require.NoError(t, err)
 	assert.Empty(t, m.Method, "no method field: any method")
-	_, err = httpMatchFromProto(&httproutepb.HttpRouteMatch{Method: &pb.HttpMethod{}}, "matches[0]")
+	_, err = destination.DecodeHTTPMatch(&httproutepb.HttpRouteMatch{Method: &pb.HttpMethod{}}, "matches[0]")
 	assert.EqualError(t, err, "matches[0].method.type: no method set")
 }
 
@@ -85,7 +87,7 @@ func TestPolicyWireGRPCRetryConditions(t *testing.T) {
 
 	var back outboundpb.GrpcRoute_Retry_Conditions
 	require.NoError(t, proto.Unmarshal([]byte{0x20, 0x01}, &back))
-	rule, err := grpcRuleFromProto(&outboundpb.GrpcRoute_Rule{
+	rule, err := destination.DecodeGRPCRule(&outboundpb.GrpcRoute_Rule{
 		Backends: &outboundpb.GrpcRoute_Distribution{Kind: &outboundpb.GrpcRoute_Distribution_Empty_{Empty: &outboundpb.GrpcRoute_Distribution_Empty{}}},
 		Retry:    &outboundpb.GrpcRoute_Retry{Conditions: &back},
 	}, "r")
@@ -104,32 +106,32 @@ func TestPolicyWireDurations(t *testing.T) {
 	want = protowire.AppendBytes(want, []byte{0x08, 60})
 	assert.Equal(t, want, marshal(t, to))
 
-	got, err := timeoutsFromProto(to, "timeouts")
+	got, err := destination.DecodeTimeouts(to, "timeouts")
 	require.NoError(t, err)
 	assert.Equal(t, policy.Timeouts{Response: 1500 * time.Millisecond, Idle: time.Minute}, got)
 
-	_, err = timeoutsFromProto(&httproutepb.Timeouts{Request: &durationpb.Duration{Seconds: -1}}, "rules[0].timeouts")
+	_, err = destination.DecodeTimeouts(&httproutepb.Timeouts{Request: &durationpb.Duration{Seconds: -1}}, "rules[0].timeouts")
 	assert.EqualError(t, err, "rules[0].timeouts.request: negative duration -1s")
-	_, err = timeoutsFromProto(&httproutepb.Timeouts{Idle: &durationpb.Duration{Seconds: 1, Nanos: -1}}, "t")
+	_, err = destination.DecodeTimeouts(&httproutepb.Timeouts{Idle: &durationpb.Duration{Seconds: 1, Nanos: -1}}, "t")
 	assert.ErrorContains(t, err, "t.idle: ")
 }
 
 func TestPolicyWireRatioAndFailureInjector(t *testing.T) {
 	fi := &httproutepb.HttpFailureInjector{Status: 503, Message: "x", Ratio: &httproutepb.Ratio{Numerator: 1, Denominator: 10}}
 	assert.Equal(t, []byte{0x08, 0xf7, 0x03, 0x12, 0x01, 'x', 0x1a, 0x04, 0x08, 0x01, 0x10, 0x0a}, marshal(t, fi))
-	fs, err := httpFiltersFromProto([]*outboundpb.HttpRoute_Filter{{Kind: &outboundpb.HttpRoute_Filter_FailureInjector{FailureInjector: fi}}}, "filters")
+	fs, err := destination.DecodeHTTPFilters([]*outboundpb.HttpRoute_Filter{{Kind: &outboundpb.HttpRoute_Filter_FailureInjector{FailureInjector: fi}}}, "filters")
 	require.NoError(t, err)
 	assert.Equal(t, &policy.FailureInjector{Status: 503, Message: "x", Ratio: policy.Ratio{Numerator: 1, Denominator: 10}}, fs[0].FailureInjector)
 	assert.InDelta(t, 0.1, fs[0].FailureInjector.Ratio.Probability(), 1e-12)
 
 	// No ratio: every request.
-	fs, err = httpFiltersFromProto([]*outboundpb.HttpRoute_Filter{{Kind: &outboundpb.HttpRoute_Filter_FailureInjector{FailureInjector: &httproutepb.HttpFailureInjector{Status: 500}}}}, "filters")
+	fs, err = destination.DecodeHTTPFilters([]*outboundpb.HttpRoute_Filter{{Kind: &outboundpb.HttpRoute_Filter_FailureInjector{FailureInjector: &httproutepb.HttpFailureInjector{Status: 500}}}}, "filters")
 	require.NoError(t, err)
 	assert.Equal(t, 1.0, fs[0].FailureInjector.Ratio.Probability())
 
-	_, err = ratioFromProto(&httproutepb.Ratio{Numerator: 1}, "filters[0].failure_injector.ratio")
+	_, err = destination.DecodeRatio(&httproutepb.Ratio{Numerator: 1}, "filters[0].failure_injector.ratio")
 	assert.EqualError(t, err, "filters[0].failure_injector.ratio.denominator: must be positive")
-	_, err = ratioFromProto(&httproutepb.Ratio{Numerator: 3, Denominator: 2}, "r")
+	_, err = destination.DecodeRatio(&httproutepb.Ratio{Numerator: 3, Denominator: 2}, "r")
 	assert.EqualError(t, err, "r: 3/2 is more than 1")
 
 	g := &grpcroutepb.GrpcFailureInjector{Code: 14, Message: "m", Ratio: &httproutepb.Ratio{Numerator: 1, Denominator: 2}}

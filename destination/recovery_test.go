@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"context"
@@ -7,6 +7,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/profiles"
@@ -26,12 +29,12 @@ func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
 	}
 	t.Parallel()
 	policy := backoff.Policy{Min: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(books, "before")})
 	held := holdListener(t)
 	up := func() *grpc.Server {
 		srv := grpc.NewServer()
-		NewServer(store, WithLogger(quietLogger)).Register(srv)
+		controlplane.NewServer(store, controlplane.WithLogger(quietLogger)).Register(srv)
 		lis := held.generation()
 		go srv.Serve(lis)
 		return srv
@@ -45,7 +48,7 @@ func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
 		var d net.Dialer
 		return d.DialContext(ctx, network, addr)
 	}
-	c := newTestClient(t, held.addr(), WithBackoff(policy), WithDialFunc(refuse))
+	c := newTestClient(t, held.addr(), destination.WithBackoff(policy), destination.WithDialFunc(refuse))
 	prof := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)

@@ -1,9 +1,12 @@
-package destination
+package destination_test
 
 import (
 	"context"
 	"net/netip"
 	"testing"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/policy"
@@ -15,12 +18,12 @@ import (
 // Authorities outside the search path are answered at once, without a
 // stream: whatever Hosts an application sends cannot fill the watch bound.
 func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{ep("10.0.0.1:7000", true)})
 	store.PutEndpoints("10.1.2.3:80", []endpoint.Endpoint{ep("10.1.2.3:80", false)})
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
-	c := newTestClient(t, cp.addr, WithMaxWatches(1),
-		WithSearchNetworks(netip.MustParsePrefix("10.1.0.0/16")))
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
+	c := newTestClient(t, cp.addr, destination.WithMaxWatches(1),
+		destination.WithSearchNetworks(netip.MustParsePrefix("10.1.0.0/16")))
 	ctx := context.Background()
 
 	for _, a := range []string{"example.com:80", "books.default.svc.cluster.local.evil.com:80", "192.168.1.1:80", "[2001:db8::1]:80"} {
@@ -40,13 +43,13 @@ func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
 		assert.False(t, set.Set.Exists, a)
 
 		pol := newRecorder[policy.Update]()
-		stop, err = c.WatchPolicy(ctx, TrafficSpec{Authority: a}, pol.update)
+		stop, err = c.WatchPolicy(ctx, destination.TrafficSpec{Authority: a}, pol.update)
 		require.NoError(t, err, a)
 		defer stop()
 		pu := pol.waitFor(t, a+": no policy", func(policy.Update) bool { return true })
 		assert.Nil(t, pu.Policy, a)
 	}
-	assert.Equal(t, Stats{}, c.Stats(), "no stream opened, no room taken")
+	assert.Equal(t, destination.Stats{}, c.Stats(), "no stream opened, no room taken")
 
 	// A cluster name (with a trailing dot too, any case) and an address in
 	// a search network are looked up.
@@ -65,11 +68,11 @@ func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
 }
 
 func TestSearchSuffixes(t *testing.T) {
-	store := NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints("web.corp:80", []endpoint.Endpoint{ep("10.0.0.9:80", false)})
-	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 
-	c := newTestClient(t, cp.addr, WithSearchSuffixes("Corp."))
+	c := newTestClient(t, cp.addr, destination.WithSearchSuffixes("Corp."))
 	rec := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(context.Background(), "web.corp:80", rec.update)
 	require.NoError(t, err)
@@ -82,7 +85,7 @@ func TestSearchSuffixes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, c.Stats().EndpointWatches, "the default suffix was replaced")
 
-	all := newTestClient(t, cp.addr, WithSearchSuffixes("."))
+	all := newTestClient(t, cp.addr, destination.WithSearchSuffixes("."))
 	stop, err = all.WatchEndpoints(context.Background(), "anything.at.all:80", func(endpoint.Update) {})
 	require.NoError(t, err)
 	defer stop()

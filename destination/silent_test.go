@@ -1,4 +1,4 @@
-package destination
+package destination_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -37,21 +39,21 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 		case <-st.Context().Done():
 			return nil
 		}
-		add := &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{EndpointToProto(backendEp)}}}}
+		add := &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{destination.EndpointToProto(backendEp)}}}}
 		if err := st.Send(add); err != nil {
 			return err
 		}
 		return block(st.Context())
 	}
 	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-		if err := st.Send(ProfileToProto(serviceProfile(books).ProfileFor(7000))); err != nil {
+		if err := st.Send(destination.ProfileToProto(serviceProfile(books).ProfileFor(7000))); err != nil {
 			return err
 		}
 		return block(st.Context())
 	}
 	cp := serve(t, s)
 	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, WithFirstMessageTimeout(deadline), WithLogger(logs.logger()))
+	c := newTestClient(t, cp.addr, destination.WithFirstMessageTimeout(deadline), destination.WithLogger(logs.logger()))
 
 	rec := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(context.Background(), books+":7000", rec.update)

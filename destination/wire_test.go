@@ -1,10 +1,12 @@
-package destination
+package destination_test
 
 import (
 	"encoding/binary"
 	"math"
 	"net/netip"
 	"testing"
+
+	"github.com/inmesh/inmesh/destination"
 
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/stretchr/testify/assert"
@@ -14,23 +16,23 @@ import (
 )
 
 func TestWireIPv4IsBigEndianValueInFixed32(t *testing.T) {
-	m := AddrToProto(netip.MustParseAddrPort("10.1.2.3:8080"))
+	m := destination.AddrToProto(netip.MustParseAddrPort("10.1.2.3:8080"))
 	assert.Equal(t, uint32(0x0a010203), m.GetIp().GetIpv4())
 	b, err := proto.Marshal(m.GetIp())
 	require.NoError(t, err)
 	// Field 1, wire type 5 (fixed32), then the value little-endian.
 	assert.Equal(t, []byte{0x0d, 0x03, 0x02, 0x01, 0x0a}, b)
 
-	back, err := AddrFromProto(m)
+	back, err := destination.AddrFromProto(m)
 	require.NoError(t, err)
 	assert.Equal(t, "10.1.2.3:8080", back.String())
 
-	mapped := AddrToProto(netip.MustParseAddrPort("[::ffff:10.1.2.3]:80"))
+	mapped := destination.AddrToProto(netip.MustParseAddrPort("[::ffff:10.1.2.3]:80"))
 	assert.Equal(t, uint32(0x0a010203), mapped.GetIp().GetIpv4(), "IPv4-mapped goes as IPv4")
 }
 
 func TestWireIPv6Halves(t *testing.T) {
-	m := AddrToProto(netip.MustParseAddrPort("[2001:db8:1:2:3:4:5:6]:443"))
+	m := destination.AddrToProto(netip.MustParseAddrPort("[2001:db8:1:2:3:4:5:6]:443"))
 	assert.Equal(t, uint64(0x20010db800010002), m.GetIp().GetIpv6().GetFirst())
 	assert.Equal(t, uint64(0x0003000400050006), m.GetIp().GetIpv6().GetLast())
 	b, err := proto.Marshal(m.GetIp().GetIpv6())
@@ -40,28 +42,28 @@ func TestWireIPv6Halves(t *testing.T) {
 	want = append(want, 0x11)
 	want = binary.LittleEndian.AppendUint64(want, 0x0003000400050006)
 	assert.Equal(t, want, b)
-	back, err := AddrFromProto(m)
+	back, err := destination.AddrFromProto(m)
 	require.NoError(t, err)
 	assert.Equal(t, "[2001:db8:1:2:3:4:5:6]:443", back.String())
 
-	_, err = AddrFromProto(&pb.TcpAddress{Ip: m.GetIp(), Port: 70000})
+	_, err = destination.AddrFromProto(&pb.TcpAddress{Ip: m.GetIp(), Port: 70000})
 	assert.ErrorContains(t, err, "port 70000 is out of range")
-	_, err = AddrFromProto(&pb.TcpAddress{Port: 80})
+	_, err = destination.AddrFromProto(&pb.TcpAddress{Port: 80})
 	assert.ErrorContains(t, err, "no IP address")
 }
 
 func TestWireMethodGETSurvivesRoundTrip(t *testing.T) {
-	b, err := proto.Marshal(MethodToProto("GET"))
+	b, err := proto.Marshal(destination.MethodToProto("GET"))
 	require.NoError(t, err)
 	assert.Equal(t, []byte{0x08, 0x00}, b, "GET is sent although it is the zero value")
 	var back pb.HttpMethod
 	require.NoError(t, proto.Unmarshal(b, &back))
-	got, err := MethodFromProto(&back, "method")
+	got, err := destination.MethodFromProto(&back, "method")
 	require.NoError(t, err)
 	assert.Equal(t, "GET", got)
 
 	var unset pb.HttpMethod
-	_, err = MethodFromProto(&unset, "routes[0].condition.method")
+	_, err = destination.MethodFromProto(&unset, "routes[0].condition.method")
 	assert.EqualError(t, err, "routes[0].condition.method: no method set")
 }
 
@@ -74,7 +76,7 @@ func TestWireMethods(t *testing.T) {
 		"patch":   {0x12, 0x05, 'p', 'a', 't', 'c', 'h'}, // methods are case-sensitive
 		"CONNECT": {0x08, 0x06},
 	} {
-		b, err := proto.Marshal(MethodToProto(name))
+		b, err := proto.Marshal(destination.MethodToProto(name))
 		require.NoError(t, err)
 		assert.Equal(t, want, b, name)
 	}

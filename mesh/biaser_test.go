@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -53,7 +55,7 @@ spec:
   ports: [{port: 7000}]
 `))
 	require.NoError(t, err)
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(res)
 	const books = "books.default.svc.cluster.local:7000"
 	store.PutEndpoints(books, []endpoint.Endpoint{
@@ -63,7 +65,7 @@ spec:
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer()
-	destination.NewServer(store, destination.WithLogger(quiet)).Register(g)
+	controlplane.NewServer(store, controlplane.WithLogger(quiet)).Register(g)
 	go g.Serve(lis)
 	defer g.Stop()
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet))

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
@@ -34,14 +36,14 @@ var floodHosts = map[bool]int{false: 100000, true: 3000}[raceEnabled]
 // controlPlane is a real Destination server on a loopback gRPC listener,
 // counting the GetProfile and Get streams it serves.
 type controlPlane struct {
-	store              *destination.Store
+	store              *controlplane.Store
 	addr               string
 	profiles, gets     atomic.Int64
 	openProfileStreams atomic.Int64
 }
 
 func startControlPlane(t *testing.T) *controlPlane {
-	cp := &controlPlane{store: destination.NewStore()}
+	cp := &controlPlane{store: controlplane.NewStore()}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -55,7 +57,7 @@ func startControlPlane(t *testing.T) *controlPlane {
 		}
 		return h(srv, ss)
 	}))
-	destination.NewServer(cp.store, destination.WithLogger(quiet)).Register(g)
+	controlplane.NewServer(cp.store, controlplane.WithLogger(quiet)).Register(g)
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
 	cp.addr = lis.Addr().String()

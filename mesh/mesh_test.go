@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
@@ -51,7 +53,7 @@ func TestWholeMesh(t *testing.T) {
 	})
 
 	// The peer: the inbound stack behind the one-port server.
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	sps, err := profiles.ParseServiceProfiles([]byte(`
 apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
@@ -69,7 +71,7 @@ spec:
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer()
-	destination.NewServer(store, destination.WithLogger(quiet)).Register(g)
+	controlplane.NewServer(store, controlplane.WithLogger(quiet)).Register(g)
 	go g.Serve(lis)
 	defer g.Stop()
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet))

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
@@ -54,7 +56,7 @@ func TestEmbeddedControlPlane(t *testing.T) {
 	}))
 	res, err := manifest.Parse([]byte(booksYAML))
 	require.NoError(t, err)
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(res)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{
 		booksAuthority: {{Addr: netip.MustParseAddrPort(up.Listener.Addr().String())}},
@@ -115,7 +117,7 @@ spec:
   ports: [{port: 7000}]
 `))
 	require.NoError(t, err)
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.SetManifests(res)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{booksAuthority: eps})
 	dst := serveStore(t, store)
@@ -145,12 +147,12 @@ spec:
 
 // serveStore serves store as the embedded control plane on loopback and
 // returns a client of it.
-func serveStore(t *testing.T, store *destination.Store) *destination.Client {
+func serveStore(t *testing.T, store *controlplane.Store) *destination.Client {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer()
-	destination.NewServer(store).Register(g)
+	controlplane.NewServer(store).Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
 	dst, err := destination.Dial(lis.Addr().String())

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
@@ -171,7 +173,7 @@ func waitRoutes(r *router.Router, authority string, send func()) error {
 // controlPlane is inmesh's embedded Destination server on loopback and a
 // client of it.
 type controlPlane struct {
-	store *destination.Store
+	store *controlplane.Store
 	grpc  *grpc.Server
 	dst   *destination.Client
 }
@@ -181,8 +183,8 @@ func newControlPlane(opts ...destination.Option) (*controlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp := &controlPlane{store: destination.NewStore(), grpc: grpc.NewServer()}
-	destination.NewServer(cp.store, destination.WithLogger(quiet)).Register(cp.grpc)
+	cp := &controlPlane{store: controlplane.NewStore(), grpc: grpc.NewServer()}
+	controlplane.NewServer(cp.store, controlplane.WithLogger(quiet)).Register(cp.grpc)
 	go cp.grpc.Serve(lis)
 	opts = append([]destination.Option{destination.WithLogger(quiet), destination.WithBackoff(backoff.Policy{Min: 50 * time.Millisecond, Max: 50 * time.Millisecond})}, opts...)
 	cp.dst, err = destination.Dial(lis.Addr().String(), opts...)

@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/controlplane"
-	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/identity"
 	"google.golang.org/grpc"
 	xcredentials "google.golang.org/grpc/experimental/credentials"
@@ -72,12 +71,12 @@ func main() {
 }
 
 func run(ctx context.Context, listen, profilesDir, endpoints, policies string, interval time.Duration, log *slog.Logger) error {
-	store := destination.NewStore()
-	if err := destination.WatchFiles(ctx, store, profilesDir, endpoints, interval, destination.WithLogger(log)); err != nil {
+	store := controlplane.NewStore()
+	if err := controlplane.WatchFiles(ctx, store, profilesDir, endpoints, interval, controlplane.WithLogger(log)); err != nil {
 		return err
 	}
 	if policies != "" {
-		if err := destination.WatchManifestFiles(ctx, store, policies, interval, destination.WithLogger(log)); err != nil {
+		if err := controlplane.WatchManifestFiles(ctx, store, policies, interval, controlplane.WithLogger(log)); err != nil {
 			return err
 		}
 	}
@@ -86,7 +85,7 @@ func run(ctx context.Context, listen, profilesDir, endpoints, policies string, i
 		return err
 	}
 	srv := grpc.NewServer()
-	dst := destination.NewServer(store, destination.WithLogger(log))
+	dst := controlplane.NewServer(store, controlplane.WithLogger(log))
 	dst.Register(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -106,7 +105,7 @@ const shutdownTimeout = 4 * time.Second
 // shutdown ends every Destination and OutboundPolicies stream first, so that proxies re-subscribe
 // at once (to this process's replacement), then stops the gRPC server:
 // gracefully within the bound, at once past it.
-func shutdown(srv *grpc.Server, dst *destination.Server, log *slog.Logger) {
+func shutdown(srv *grpc.Server, dst *controlplane.Server, log *slog.Logger) {
 	log.Info("shutting down: ending every stream")
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()

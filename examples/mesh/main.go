@@ -36,6 +36,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
+
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
@@ -107,7 +109,7 @@ func run(o options, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("authors.yaml: %w", err)
 	}
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.SetServiceProfiles(sps)
 	store.SetManifests(manifests)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -115,7 +117,7 @@ func run(o options, out io.Writer) error {
 		return err
 	}
 	grpcSrv := grpc.NewServer()
-	destination.NewServer(store, destination.WithLogger(log)).Register(grpcSrv)
+	controlplane.NewServer(store, controlplane.WithLogger(log)).Register(grpcSrv)
 	go grpcSrv.Serve(lis)
 	defer grpcSrv.Stop()
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithBackoff(policy), destination.WithLogger(log))

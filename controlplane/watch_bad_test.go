@@ -1,4 +1,4 @@
-package destination
+package controlplane
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/manifest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -55,9 +58,9 @@ func TestWatchFilesKeepsLastGoodEndpoints(t *testing.T) {
 		{"truncated in a value", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.", []string{"[0].endpoints[0].addr", "is not an ip:port"}},
 		{"truncated in a flow mapping", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - {addr: 127.0.0.1:4143, lab", []string{"bad YAML"}},
 		{"duplicate key", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    addr: 127.0.0.1:4145\n", []string{"[0].endpoints[0].addr", `duplicate key \"addr\"`}},
-		{"too many labels", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {" + manyLabels(MaxEndpointLabels+1) + "}\n", []string{"[0].endpoints[0].labels", "33 labels, more than 32"}},
-		{"label value too long", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {pod: " + strings.Repeat("x", MaxLabelValueLen+1) + "}\n", []string{"[0].endpoints[0].labels", "label pod: value is 254 bytes"}},
-		{"label key too long", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {" + strings.Repeat("k", MaxLabelKeyLen+1) + ": v}\n", []string{"[0].endpoints[0].labels", "bytes, more than 63"}},
+		{"too many labels", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {" + manyLabels(destination.MaxEndpointLabels+1) + "}\n", []string{"[0].endpoints[0].labels", "33 labels, more than 32"}},
+		{"label value too long", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {pod: " + strings.Repeat("x", destination.MaxLabelValueLen+1) + "}\n", []string{"[0].endpoints[0].labels", "label pod: value is 254 bytes"}},
+		{"label key too long", "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    labels: {" + strings.Repeat("k", destination.MaxLabelKeyLen+1) + ": v}\n", []string{"[0].endpoints[0].labels", "bytes, more than 63"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,10 +101,10 @@ func TestWatchFilesKeepsLastGoodEndpoints(t *testing.T) {
 // An explicit empty list is a valid state with no authorities, unlike an
 // empty file; a first load of an empty file fails.
 func TestEndpointsFileExplicitEmptyList(t *testing.T) {
-	got, err := ParseEndpoints([]byte("[]\n"))
+	got, err := manifest.ParseEndpoints([]byte("[]\n"))
 	require.NoError(t, err)
 	assert.Empty(t, got)
-	_, err = ParseEndpoints(nil)
+	_, err = manifest.ParseEndpoints(nil)
 	assert.ErrorContains(t, err, "write [] for a state with no authorities")
 
 	eps := filepath.Join(t.TempDir(), "endpoints.yaml")

@@ -1,10 +1,13 @@
-package destination
+package controlplane
 
 import (
 	"context"
-	"sync/atomic"
+	"net"
+	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
@@ -21,6 +24,50 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 )
+
+const booksSvc = "books.default.svc.cluster.local"
+
+func ep(addr string, h2 bool) endpoint.Endpoint {
+	return endpoint.Endpoint{Addr: netip.MustParseAddrPort(addr), Weight: endpoint.DefaultWeight, H2: h2}
+}
+
+func routeNamed(name string) profiles.Route {
+	return profiles.Route{Condition: profiles.PathRegex("/" + name), Labels: map[string]string{"route": name}}
+}
+
+func serviceProfile(name string, routes ...string) *profiles.ServiceProfile {
+	sp := &profiles.ServiceProfile{Name: name, Namespace: "default", RetryBudget: profiles.DefaultRetryBudget()}
+	for _, r := range routes {
+		sp.Routes = append(sp.Routes, routeNamed(r))
+	}
+	return sp
+}
+
+// grpcServer is a Server registered on a gRPC server on a loopback port
+// the kernel picked.
+type grpcServer struct {
+	addr string
+	srv  *grpc.Server
+	done chan struct{}
+}
+
+// serve serves s until the test ends.
+func serve(t *testing.T, s *Server) *grpcServer {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := &grpcServer{addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
+	s.Register(g.srv)
+	go func() {
+		defer close(g.done)
+		_ = g.srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		g.srv.Stop()
+		<-g.done
+	})
+	return g
+}
 
 // rawClient talks to a server with the generated client alone, to check
 // the exact messages on the wire.
@@ -95,7 +142,7 @@ func TestServerGetProfile(t *testing.T) {
 		})
 	}
 	t.Run("profile serves every port of its name; change is pushed", func(t *testing.T) {
-		sp := serviceProfile(books, "r1")
+		sp := serviceProfile(booksSvc, "r1")
 		sp.OpaquePorts = []uint32{3306}
 		sp.DstOverrides = []endpoint.WeightedDst{{Authority: "books-v2.default.svc.cluster.local", Weight: 10000}}
 		store.PutServiceProfile(sp)
@@ -107,19 +154,19 @@ func TestServerGetProfile(t *testing.T) {
 		assert.Equal(t, "books-v2.default.svc.cluster.local:7000", m.GetDstOverrides()[0].GetAuthority(), "port of the request appended")
 		assert.False(t, m.GetOpaqueProtocol())
 
-		st3306, err := api.GetProfile(ctx, &pb.GetDestination{Path: books + ":3306"})
+		st3306, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":3306"})
 		require.NoError(t, err)
 		m, err = recvTimeout(t, st3306.Recv)
 		require.NoError(t, err)
 		assert.True(t, m.GetOpaqueProtocol())
 
-		store.PutServiceProfile(serviceProfile(books, "r1", "r2"))
+		store.PutServiceProfile(serviceProfile(booksSvc, "r1", "r2"))
 		m, err = recvTimeout(t, st.Recv)
 		require.NoError(t, err)
 		assert.Len(t, m.GetRoutes(), 2)
-		assert.Empty(t, cmp.Diff(&pb.Resource{Group: "linkerd.io", Kind: "ServiceProfile", Name: books, Namespace: "default"},
+		assert.Empty(t, cmp.Diff(&pb.Resource{Group: "linkerd.io", Kind: "ServiceProfile", Name: booksSvc, Namespace: "default"},
 			m.GetProfileRef().GetResource(), protocmp.Transform()), "profile_ref names the ServiceProfile")
-		store.DeleteServiceProfile(books)
+		store.DeleteServiceProfile(booksSvc)
 		m, err = recvTimeout(t, st.Recv)
 		require.NoError(t, err)
 		assert.Empty(t, m.GetRoutes(), "back to the default profile")
@@ -138,7 +185,7 @@ func TestServerGet(t *testing.T) {
 	add := func(eps ...endpoint.Endpoint) *pb.Update {
 		var ws []*pb.WeightedAddr
 		for _, e := range eps {
-			ws = append(ws, EndpointToProto(e))
+			ws = append(ws, destination.EndpointToProto(e))
 		}
 		// The set-level labels Linkerd's destination controller sends
 		// (controller/api/destination/watcher/port_publisher.go).
@@ -148,7 +195,7 @@ func TestServerGet(t *testing.T) {
 	remove := func(eps ...endpoint.Endpoint) *pb.Update {
 		var as []*pb.TcpAddress
 		for _, e := range eps {
-			as = append(as, AddrToProto(e.Addr))
+			as = append(as, destination.AddrToProto(e.Addr))
 		}
 		return &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{Addrs: as}}}
 	}
@@ -197,17 +244,17 @@ func TestStoreUpdateReachesStream(t *testing.T) {
 	defer cancel()
 	var streams []grpc.ServerStreamingClient[pb.DestinationProfile]
 	for range 50 {
-		st, err := api.GetProfile(ctx, &pb.GetDestination{Path: books + ":7000"})
+		st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000"})
 		require.NoError(t, err)
 		_, err = recvTimeout(t, st.Recv)
 		require.NoError(t, err)
 		streams = append(streams, st)
 	}
-	store.PutServiceProfile(serviceProfile(books, "pushed"))
+	store.PutServiceProfile(serviceProfile(booksSvc, "pushed"))
 	for _, st := range streams {
 		m, err := recvTimeout(t, st.Recv)
 		require.NoError(t, err)
-		want := ProfileToProto(serviceProfile(books, "pushed").ProfileFor(7000))
+		want := destination.ProfileToProto(serviceProfile(booksSvc, "pushed").ProfileFor(7000))
 		assert.True(t, proto.Equal(want.GetRoutes()[0], m.GetRoutes()[0]))
 	}
 }
@@ -216,30 +263,30 @@ func TestStoreUpdateReachesStream(t *testing.T) {
 // GetProfile and Get.
 func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
 	store := NewStore()
-	sp := serviceProfile(books, "r1")
+	sp := serviceProfile(booksSvc, "r1")
 	sp.OpaquePorts = []uint32{80}
 	store.PutServiceProfile(sp)
-	store.PutEndpoints(books+":80", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
+	store.PutEndpoints(booksSvc+":80", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
 	store.PutEndpoints("[fd00::1]:80", []endpoint.Endpoint{ep("10.0.0.2:8080", false)})
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 
-	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: books})
+	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc})
 	require.NoError(t, err)
 	m, err := recvTimeout(t, st.Recv)
 	require.NoError(t, err)
 	assert.Len(t, m.GetRoutes(), 1)
 	assert.True(t, m.GetOpaqueProtocol(), "the profile for port 80")
 
-	for path, want := range map[string]string{books: "10.0.0.1:8080", "[fd00::1]": "10.0.0.2:8080"} {
+	for path, want := range map[string]string{booksSvc: "10.0.0.1:8080", "[fd00::1]": "10.0.0.2:8080"} {
 		eps, err := api.Get(ctx, &pb.GetDestination{Path: path})
 		require.NoError(t, err)
 		u, err := recvTimeout(t, eps.Recv)
 		require.NoError(t, err)
 		require.Len(t, u.GetAdd().GetAddrs(), 1, path)
-		addr, err := AddrFromProto(u.GetAdd().GetAddrs()[0].GetAddr())
+		addr, err := destination.AddrFromProto(u.GetAdd().GetAddrs()[0].GetAddr())
 		require.NoError(t, err)
 		assert.Equal(t, want, addr.String(), path)
 	}
@@ -249,18 +296,18 @@ func TestServerAuthorityWithoutPortIsPort80(t *testing.T) {
 // for them forever), refuses new ones, and lets GracefulStop return.
 func TestServerShutdownEndsStreams(t *testing.T) {
 	store := NewStore()
-	store.PutEndpoints(books+":7000", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
+	store.PutEndpoints(booksSvc+":7000", []endpoint.Endpoint{ep("10.0.0.1:8080", false)})
 	srv := NewServer(store, WithLogger(quietLogger))
 	cp := serve(t, srv)
 	api := rawClient(t, cp.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 
-	prof, err := api.GetProfile(ctx, &pb.GetDestination{Path: books + ":7000"})
+	prof, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000"})
 	require.NoError(t, err)
 	_, err = recvTimeout(t, prof.Recv)
 	require.NoError(t, err)
-	eps, err := api.Get(ctx, &pb.GetDestination{Path: books + ":7000"})
+	eps, err := api.Get(ctx, &pb.GetDestination{Path: booksSvc + ":7000"})
 	require.NoError(t, err)
 	_, err = recvTimeout(t, eps.Recv)
 	require.NoError(t, err)
@@ -271,7 +318,7 @@ func TestServerShutdownEndsStreams(t *testing.T) {
 	_, err = recvTimeout(t, eps.Recv)
 	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 
-	late, err := api.Get(ctx, &pb.GetDestination{Path: books + ":7000"})
+	late, err := api.Get(ctx, &pb.GetDestination{Path: booksSvc + ":7000"})
 	require.NoError(t, err)
 	_, err = recvTimeout(t, late.Recv)
 	assert.Equal(t, codes.Unavailable, status.Code(err), "a new stream is refused: %v", err)
@@ -287,49 +334,4 @@ func TestServerShutdownEndsStreams(t *testing.T) {
 		t.Fatal("GracefulStop did not return after Shutdown")
 	}
 	require.NoError(t, srv.Shutdown(ctx), "a second Shutdown is fine")
-}
-
-// A client watching a Server that shuts down re-subscribes at once to the
-// replacement, which here serves a changed state, over the same connection
-// target.
-func TestClientFollowsShutdownToReplacement(t *testing.T) {
-	oldStore, newStore := NewStore(), NewStore()
-	oldStore.PutServiceProfile(serviceProfile(books, "old"))
-	newStore.PutServiceProfile(serviceProfile(books, "new"))
-	oldSrv := NewServer(oldStore, WithLogger(quietLogger))
-	newSrv := NewServer(newStore, WithLogger(quietLogger))
-
-	// One gRPC server, two Destination services behind a switch: the
-	// client's connection and its target stay the same, as when a
-	// replacement process takes over the port.
-	sw := &switchable{}
-	sw.cur.Store(oldSrv)
-	cp := serve(t, sw)
-	c := newTestClient(t, cp.addr)
-	rec := newRecorder[profiles.Update]()
-	stop, err := c.Watch(context.Background(), books+":7000", rec.update)
-	require.NoError(t, err)
-	defer stop()
-	rec.waitFor(t, "the old profile", hasRoute("old"))
-
-	sw.cur.Store(newSrv)
-	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-	defer cancel()
-	require.NoError(t, oldSrv.Shutdown(ctx))
-	rec.waitFor(t, "the new profile", hasRoute("new"))
-	require.NoError(t, newSrv.Shutdown(ctx))
-}
-
-// switchable forwards each call to the current Destination service.
-type switchable struct {
-	pb.UnimplementedDestinationServer
-	cur atomic.Pointer[Server]
-}
-
-func (s *switchable) GetProfile(req *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-	return s.cur.Load().GetProfile(req, st)
-}
-
-func (s *switchable) Get(req *pb.GetDestination, st grpc.ServerStreamingServer[pb.Update]) error {
-	return s.cur.Load().Get(req, st)
 }

@@ -1,4 +1,4 @@
-package destination
+package controlplane
 
 import (
 	"fmt"
@@ -140,7 +140,7 @@ func (s *Store) ProfileNameProblems() []error {
 	return errs
 }
 
-// LoadEndpoints reads an endpoints file (see [ParseEndpoints]) and, when it
+// LoadEndpoints reads an endpoints file (see [manifest.ParseEndpoints]) and, when it
 // is good, replaces the store's endpoint sets with its. On error the store is
 // unchanged; a file that changed while it was read is an error wrapping
 // filestamp's ErrChanged, to be read again later.
@@ -149,7 +149,7 @@ func (s *Store) LoadEndpoints(path string) error {
 	if err != nil {
 		return err
 	}
-	sets, err := ParseEndpoints(data)
+	sets, err := manifest.ParseEndpoints(data)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
@@ -193,9 +193,4 @@ func sortedEndpoints(eps []endpoint.Endpoint) []endpoint.Endpoint {
 	}
 	slices.SortFunc(eps, func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) })
 	return slices.CompactFunc(eps, func(a, b endpoint.Endpoint) bool { return a.Addr == b.Addr })
-}
-
-// ParseEndpoints reads an endpoints file; see [manifest.ParseEndpoints].
-func ParseEndpoints(data []byte) (map[string][]endpoint.Endpoint, error) {
-	return manifest.ParseEndpoints(data)
 }

@@ -1,4 +1,4 @@
-package destination
+package controlplane
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/destination"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
@@ -47,7 +48,7 @@ var _ pb.DestinationServer = (*Server)(nil)
 
 // errShuttingDown ends the streams of a Server that is shutting down; the
 // client reconnects, to this control plane's replacement.
-var errShuttingDown = status.Error(codes.Unavailable, "destination: server shutting down")
+var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shutting down")
 
 // NewServer returns a Server for store. Of the package's options it uses
 // [WithLogger].
@@ -122,7 +123,7 @@ func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingS
 	var last *pb.DestinationProfile
 	for {
 		p, sp, changed := s.store.profile(host, port)
-		msg := ProfileToProto(p)
+		msg := destination.ProfileToProto(p)
 		msg.ParentRef, msg.ProfileRef = profileRefs(host, port, sp)
 		if last == nil || !proto.Equal(msg, last) {
 			if err := stream.Send(msg); err != nil {
@@ -234,13 +235,13 @@ func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpo
 	}
 	for addr := range sent {
 		if !current[addr] {
-			removed = append(removed, AddrToProto(addr))
+			removed = append(removed, destination.AddrToProto(addr))
 			delete(sent, addr)
 		}
 	}
 	var added []*pb.WeightedAddr
 	for _, e := range eps {
-		w := EndpointToProto(e)
+		w := destination.EndpointToProto(e)
 		if prev, ok := sent[e.Addr]; !ok || !proto.Equal(prev, w) {
 			added = append(added, w)
 			sent[e.Addr] = w

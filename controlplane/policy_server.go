@@ -1,4 +1,4 @@
-package destination
+package controlplane
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 
+	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
@@ -131,7 +132,7 @@ func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*ou
 	if p == nil {
 		return nil, status.Error(codes.NotFound, "unknown target")
 	}
-	return PolicyToProto(p), nil
+	return destination.PolicyToProto(p), nil
 }
 
 // Watch streams the policy of the target: the current one at once, then
@@ -152,7 +153,7 @@ func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStr
 		if p == nil {
 			return status.Error(codes.NotFound, "unknown target")
 		}
-		msg := PolicyToProto(p)
+		msg := destination.PolicyToProto(p)
 		if last == nil || !proto.Equal(msg, last) {
 			if err := stream.Send(msg); err != nil {
 				return err

@@ -1,0 +1,55 @@
+package controlplane
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Option configures a [Server] ([NewServer]) and the file watchers that
+// feed its [Store] ([WatchFiles], [WatchManifestFiles]). Options given nil
+// or out-of-range values change nothing. The [Issuer] has its own
+// [IssuerOption]s, and package destination's client its own options, so
+// that an option passed to a constructor that does not take it fails to
+// compile.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	logger      *slog.Logger
+	logInterval time.Duration
+}
+
+func newConfig(opts []Option) config {
+	c := config{logger: slog.Default()}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	return c
+}
+
+// WithLogger sets the logger (default slog.Default()) of a [Server] and of
+// [WatchFiles] and [WatchManifestFiles], which log rejected and reloaded
+// files.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	})
+}
+
+// WithLogInterval sets how often the file watchers write each kind of line
+// at most, with the number of lines suppressed meanwhile attached to the
+// next (default 10s). d <= 0 changes nothing.
+func WithLogInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.logInterval = d
+		}
+	})
+}

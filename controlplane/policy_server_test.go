@@ -1,0 +1,151 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/destination/outboundpb"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+const authorsAuthority = "authors.default.svc.cluster.local:7001"
+
+const authorsServiceYAML = `
+apiVersion: v1
+kind: Service
+metadata:
+  name: authors
+  namespace: default
+  annotations: {retry.linkerd.io/http: 5xx, timeout.linkerd.io/request: 2s}
+spec:
+  ports: [{port: 7001}]
+`
+
+func resources(t *testing.T, docs ...string) *manifest.Resources {
+	t.Helper()
+	var all string
+	for _, d := range docs {
+		all += "---\n" + d
+	}
+	r, err := manifest.Parse([]byte(all))
+	require.NoError(t, err)
+	return r
+}
+
+// TestPolicyTargetsAsLinkerd: the embedded control plane answers
+// OutboundPolicies requests as Linkerd's policy controller does
+// (policy-controller/grpc/src/outbound.rs lookup and lookup_authority,
+// grpc/src/workload.rs, k8s/index/src/outbound/index.rs
+// resource_routes_or_default), with its codes and messages.
+func TestPolicyTargetsAsLinkerd(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	api := outboundpb.NewOutboundPoliciesClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+
+	const pod = `{"ns":"default","pod":"web-0"}`
+	auth := func(a string) *outboundpb.TrafficSpec {
+		return &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Authority{Authority: a}}
+	}
+	for _, tc := range []struct {
+		name       string
+		spec       *outboundpb.TrafficSpec
+		wantParent string // name:port of the parent, when served
+		wantCode   codes.Code
+		wantMsg    string
+	}{
+		{"the shorter form names the Service", auth("authors.default.svc:7001"), "authors:7001", codes.OK, ""},
+		{"a port-less authority means port 80", auth("authors.default.svc.cluster.local"), "authors:80", codes.OK, ""},
+		{"a port the Service does not declare gets the default policy", auth("authors.default.svc.cluster.local:7002"), "authors:7002", codes.OK, ""},
+		{"a Service without a manifest gets the default policy", auth("books.default.svc.cluster.local:7000"), "books:7000", codes.OK, ""},
+		{"a name outside the cluster", auth("example.com:80"), "", codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local"},
+		{"no host", auth(":80"), "", codes.InvalidArgument, "authority must have a host"},
+		{"no target", &outboundpb.TrafficSpec{SourceWorkload: pod}, "", codes.InvalidArgument, "target is required"},
+		{"no source workload", &outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, "Invalid workload: "},
+		{"a workload without a pod", &outboundpb.TrafficSpec{SourceWorkload: "default:", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, "Invalid workload: default:"},
+		{"a workload without a namespace", &outboundpb.TrafficSpec{SourceWorkload: "web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, "Invalid workload: web-0"},
+		{"a JSON workload without a pod", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, `Invalid workload: {"ns":"default"}`},
+		{"the old workload form", &outboundpb.TrafficSpec{SourceWorkload: "default:web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
+		{"an external workload", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default","external_workload":"vm-1"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
+		{"addr targets are not served", &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Addr{Addr: destination.AddrToProto(netip.MustParseAddrPort("10.0.0.1:80"))}}, "", codes.InvalidArgument, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := api.Get(ctx, tc.spec)
+			require.Equal(t, tc.wantCode, status.Code(err), "%v", err)
+			if tc.wantCode != codes.OK {
+				if tc.wantMsg != "" {
+					assert.Equal(t, tc.wantMsg, status.Convert(err).Message())
+				}
+				return
+			}
+			r := got.GetMetadata().GetResource()
+			assert.Equal(t, tc.wantParent, fmt.Sprintf("%s:%d", r.GetName(), r.GetPort()))
+			routes := got.GetProtocol().GetDetect().GetHttp1().GetRoutes()
+			require.NotEmpty(t, routes)
+		})
+	}
+
+}
+
+// TestPolicyMessagesAsLinkerd: the OutboundPolicy messages carry what
+// Linkerd's controller sends (policy-controller/grpc/src/outbound.rs
+// to_proto and default_outbound_opaq_route, grpc/src/outbound/http.rs):
+// an opaque port's policy is opaque with the default route "opaq" to the
+// Service; the detect protocol's opaque fallback carries the same route;
+// the deprecated requestTimeout mirrors timeouts.request.
+func TestPolicyMessagesAsLinkerd(t *testing.T) {
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML, `
+apiVersion: v1
+kind: Service
+metadata: {name: mysql}
+spec: {ports: [{port: 3306}]}
+`))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	api := outboundpb.NewOutboundPoliciesClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	get := func(a string) *outboundpb.OutboundPolicy {
+		got, err := api.Get(ctx, &outboundpb.TrafficSpec{SourceWorkload: "default:web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: a}})
+		require.NoError(t, err)
+		return got
+	}
+	checkOpaq := func(what string, routes []*outboundpb.OpaqueRoute, authority string) {
+		require.Len(t, routes, 1, what)
+		assert.Equal(t, "opaq", routes[0].GetMetadata().GetDefault(), what)
+		require.Len(t, routes[0].GetRules(), 1, what)
+		bs := routes[0].GetRules()[0].GetBackends().GetFirstAvailable().GetBackends()
+		require.Len(t, bs, 1, what)
+		assert.Equal(t, authority, bs[0].GetBackend().GetBalancer().GetDiscovery().GetDst().GetPath(), what)
+	}
+
+	opaque := get("mysql.default.svc.cluster.local:3306")
+	require.NotNil(t, opaque.GetProtocol().GetOpaque(), "3306 is one of Linkerd's default opaque ports: %v", opaque.GetProtocol())
+	checkOpaq("opaque", opaque.GetProtocol().GetOpaque().GetRoutes(), "mysql.default.svc.cluster.local:3306")
+
+	detect := get(authorsAuthority)
+	require.NotNil(t, detect.GetProtocol().GetDetect())
+	checkOpaq("detect", detect.GetProtocol().GetDetect().GetOpaque().GetRoutes(), authorsAuthority)
+
+	rule := detect.GetProtocol().GetDetect().GetHttp1().GetRoutes()[0].GetRules()[0]
+	require.NotNil(t, rule.GetTimeouts().GetRequest())
+	//lint:ignore SA1019 the deprecated field is what this checks
+	assert.Equal(t, rule.GetTimeouts().GetRequest().AsDuration(), rule.GetRequestTimeout().AsDuration())
+}
