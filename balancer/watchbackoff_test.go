@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/internal/testutil"
@@ -37,7 +38,7 @@ func (h *warnCounter) WithGroup(string) slog.Handler      { return h }
 // the new stream's first message).
 func TestFailedEndpointWatchBacksOff(t *testing.T) {
 	const held = "held.default.svc.cluster.local:80"
-	store := destination.NewStore()
+	store := controlplane.NewStore()
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{backend(t, "a")})
 	dst := controlPlane(t, store, destination.WithMaxWatches(1), destination.WithIdleTimeout(0))
 	stopHeld, err := dst.WatchEndpoints(t.Context(), held, func(endpoint.Update) {})
