@@ -191,24 +191,7 @@ func httpFiltersToProto(fs []policy.Filter) []*outboundpb.HttpRoute_Filter {
 			k = &outboundpb.HttpRoute_Filter{Kind: &outboundpb.HttpRoute_Filter_ResponseHeaderModifier{ResponseHeaderModifier: &httproutepb.ResponseHeaderModifier{
 				Add: headersToProto(f.ResponseHeaders.Add), Set: headersToProto(f.ResponseHeaders.Set), Remove: f.ResponseHeaders.Remove}}}
 		case f.Redirect != nil:
-			rd := &httproutepb.RequestRedirect{Host: f.Redirect.Host, Port: uint32(f.Redirect.Port), Status: uint32(f.Redirect.Status)}
-			switch f.Redirect.Scheme {
-			case "":
-			case "http":
-				rd.Scheme = &pb.Scheme{Type: &pb.Scheme_Registered_{Registered: pb.Scheme_HTTP}}
-			case "https":
-				rd.Scheme = &pb.Scheme{Type: &pb.Scheme_Registered_{Registered: pb.Scheme_HTTPS}}
-			default:
-				rd.Scheme = &pb.Scheme{Type: &pb.Scheme_Unregistered{Unregistered: f.Redirect.Scheme}}
-			}
-			if pm := f.Redirect.Path; pm != nil {
-				if pm.Prefix {
-					rd.Path = &httproutepb.PathModifier{Replace: &httproutepb.PathModifier_Prefix{Prefix: pm.Full}}
-				} else {
-					rd.Path = &httproutepb.PathModifier{Replace: &httproutepb.PathModifier_Full{Full: pm.Full}}
-				}
-			}
-			k = &outboundpb.HttpRoute_Filter{Kind: &outboundpb.HttpRoute_Filter_Redirect{Redirect: rd}}
+			k = &outboundpb.HttpRoute_Filter{Kind: &outboundpb.HttpRoute_Filter_Redirect{Redirect: redirectToProto(f.Redirect)}}
 		case f.FailureInjector != nil:
 			k = &outboundpb.HttpRoute_Filter{Kind: &outboundpb.HttpRoute_Filter_FailureInjector{FailureInjector: &httproutepb.HttpFailureInjector{
 				Status: uint32(f.FailureInjector.Status), Message: f.FailureInjector.Message, Ratio: ratioToProto(f.FailureInjector.Ratio)}}}
@@ -218,6 +201,28 @@ func httpFiltersToProto(fs []policy.Filter) []*outboundpb.HttpRoute_Filter {
 		out = append(out, k)
 	}
 	return out
+}
+
+// redirectToProto encodes a redirect filter.
+func redirectToProto(r *policy.Redirect) *httproutepb.RequestRedirect {
+	rd := &httproutepb.RequestRedirect{Host: r.Host, Port: uint32(r.Port), Status: uint32(r.Status)}
+	switch r.Scheme {
+	case "":
+	case "http":
+		rd.Scheme = &pb.Scheme{Type: &pb.Scheme_Registered_{Registered: pb.Scheme_HTTP}}
+	case "https":
+		rd.Scheme = &pb.Scheme{Type: &pb.Scheme_Registered_{Registered: pb.Scheme_HTTPS}}
+	default:
+		rd.Scheme = &pb.Scheme{Type: &pb.Scheme_Unregistered{Unregistered: r.Scheme}}
+	}
+	if pm := r.Path; pm != nil {
+		if pm.Prefix {
+			rd.Path = &httproutepb.PathModifier{Replace: &httproutepb.PathModifier_Prefix{Prefix: pm.Full}}
+		} else {
+			rd.Path = &httproutepb.PathModifier{Replace: &httproutepb.PathModifier_Full{Full: pm.Full}}
+		}
+	}
+	return rd
 }
 
 func grpcFiltersToProto(fs []policy.Filter) []*outboundpb.GrpcRoute_Filter {

@@ -1,0 +1,133 @@
+package destination_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/inmesh/inmesh/authz"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+)
+
+const inboundYAML = `
+apiVersion: v1
+kind: Pod
+metadata: {name: books-0, namespace: shop, labels: {app: books}}
+spec:
+  containers:
+  - name: books
+    ports: [{name: http, containerPort: 7000}]
+---
+apiVersion: policy.linkerd.io/v1beta3
+kind: Server
+metadata: {name: books-http, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: books}}
+  port: http
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: web-and-shop, namespace: shop}
+spec:
+  identities: ["web.shop.serviceaccount.identity.linkerd.cluster.local", "*.shop.serviceaccount.identity.linkerd.cluster.local"]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: NetworkAuthentication
+metadata: {name: pods, namespace: shop}
+spec:
+  networks: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}, {cidr: "fd00::/8"}]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: books-from-web, namespace: shop}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  requiredAuthenticationRefs:
+  - {group: policy.linkerd.io, kind: MeshTLSAuthentication, name: web-and-shop}
+  - {group: policy.linkerd.io, kind: NetworkAuthentication, name: pods}
+---
+apiVersion: policy.linkerd.io/v1beta3
+kind: HTTPRoute
+metadata: {name: orders, namespace: shop}
+spec:
+  parentRefs: [{group: policy.linkerd.io, kind: Server, name: books-http}]
+  rules:
+  - matches: [{path: {type: Exact, value: /orders}, method: POST}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {add: [{name: x-from, value: mesh}]}
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: HTTPLocalRateLimitPolicy
+metadata: {name: books, namespace: shop}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  total: {requestsPerSecond: 100}
+  identity: {requestsPerSecond: 20}
+  overrides:
+  - requestsPerSecond: 50
+    clientRefs: [{kind: ServiceAccount, name: web}]
+`
+
+// TestInboundServerWireRoundTrip: the inbound policy a pod port gets from
+// its manifests survives the InboundServerPolicies wire form both ways,
+// and its encoding carries what Linkerd's controller sends: the Server's
+// meta in its labels map, each authorization's metadata and labels, the
+// detect protocol's 10 s timeout, routes and rate limit.
+func TestInboundServerWireRoundTrip(t *testing.T) {
+	res, err := manifest.Parse([]byte(inboundYAML))
+	require.NoError(t, err)
+	for _, port := range []uint16{7000, 9090} {
+		srv, err := res.InboundServer("shop", "books-0", port, manifest.InboundOptions{
+			ProbeNetworks: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}})
+		require.NoError(t, err)
+		msg := destination.ServerToProto(srv)
+		b, err := proto.Marshal(msg)
+		require.NoError(t, err)
+		var back inboundpb.Server
+		require.NoError(t, proto.Unmarshal(b, &back))
+		got, err := destination.ServerFromProto(&back)
+		require.NoError(t, err)
+		assert.Empty(t, cmp.Diff(srv, got, cmpopts.EquateEmpty(), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
+			cmpopts.IgnoreUnexported(policy.HeaderMatch{})), "port %d", port)
+		_, err = authz.Compile(got)
+		require.NoError(t, err)
+	}
+
+	srv, err := res.InboundServer("shop", "books-0", 7000, manifest.InboundOptions{})
+	require.NoError(t, err)
+	msg := destination.ServerToProto(srv)
+	assert.Equal(t, map[string]string{"group": "policy.linkerd.io", "kind": "server", "name": "books-http"}, msg.GetLabels())
+	d := msg.GetProtocol().GetDetect()
+	require.NotNil(t, d)
+	assert.Equal(t, destination.InboundDetectTimeout, d.GetTimeout().AsDuration())
+	assert.Equal(t, uint32(100), d.GetHttpLocalRateLimit().GetTotal().GetRequestsPerSecond())
+	require.Len(t, d.GetHttpRoutes(), 1)
+	require.Len(t, msg.GetAuthorizations(), 1)
+	a := msg.GetAuthorizations()[0]
+	assert.Equal(t, "authorizationpolicy", a.GetMetadata().GetResource().GetKind())
+	assert.Equal(t, "authorizationpolicy", a.GetLabels()["kind"])
+	ids := a.GetAuthentication().GetMeshTLS().GetIdentities()
+	require.NotNil(t, ids)
+	assert.Len(t, ids.GetIdentities(), 1)
+	assert.Equal(t, []string{"shop", "serviceaccount", "identity", "linkerd", "cluster", "local"}, ids.GetSuffixes()[0].GetParts())
+}
+
+// TestInboundServerFromProtoErrorsNameTheField: a malformed Server is an
+// error naming the field.
+func TestInboundServerFromProtoErrorsNameTheField(t *testing.T) {
+	_, err := destination.ServerFromProto(&inboundpb.Server{})
+	assert.ErrorContains(t, err, "protocol.kind: no protocol set")
+	_, err = destination.ServerFromProto(&inboundpb.Server{
+		Protocol:       &inboundpb.ProxyProtocol{Kind: &inboundpb.ProxyProtocol_Opaque_{Opaque: &inboundpb.ProxyProtocol_Opaque{}}},
+		Authorizations: []*inboundpb.Authz{{}},
+	})
+	assert.ErrorContains(t, err, "authorizations[0].authentication.permit: no permit set")
+}
