@@ -110,16 +110,31 @@ func target(spec *outboundpb.TrafficSpec) (string, error) {
 // validWorkload reports whether s is a source workload Linkerd's controller
 // accepts.
 func validWorkload(s string) bool {
+	_, _, ok := parseWorkload(s)
+	return ok
+}
+
+// parseWorkload splits a workload string as Linkerd's controller reads it
+// (policy-controller/grpc/src/workload.rs): "ns:pod", or JSON naming ns
+// and a pod or an external_workload; name is the pod or the external
+// workload.
+func parseWorkload(s string) (ns, name string, ok bool) {
 	if strings.HasPrefix(s, "{") {
 		var w struct {
 			NS       *string `json:"ns"`
 			Pod      *string `json:"pod"`
 			External *string `json:"external_workload"`
 		}
-		return json.Unmarshal([]byte(s), &w) == nil && w.NS != nil && (w.Pod != nil) != (w.External != nil)
+		if json.Unmarshal([]byte(s), &w) != nil || w.NS == nil || (w.Pod != nil) == (w.External != nil) {
+			return "", "", false
+		}
+		if w.Pod != nil {
+			return *w.NS, *w.Pod, true
+		}
+		return *w.NS, *w.External, true
 	}
-	ns, pod, ok := strings.Cut(s, ":")
-	return ok && ns != "" && pod != ""
+	ns, name, ok = strings.Cut(s, ":")
+	return ns, name, ok && ns != "" && name != ""
 }
 
 // Get returns the current policy of the target.

@@ -9,6 +9,7 @@ import (
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -148,4 +149,43 @@ spec: {ports: [{port: 3306}]}
 	require.NotNil(t, rule.GetTimeouts().GetRequest())
 	//lint:ignore SA1019 the deprecated field is what this checks
 	assert.Equal(t, rule.GetTimeouts().GetRequest().AsDuration(), rule.GetRequestTimeout().AsDuration())
+}
+
+// TestInboundPortAsLinkerd: GetPort answers as Linkerd's controller does
+// for a bad workload (InvalidArgument "Invalid workload: X", both workload
+// forms accepted) and a pod it does not know (NotFound), and serves the
+// default Server for a port no Server selects.
+func TestInboundPortAsLinkerd(t *testing.T) {
+	store := NewStore()
+	r, err := manifest.Parse([]byte("apiVersion: v1\nkind: Pod\nmetadata: {name: web-0, namespace: default}\nspec: {containers: [{name: web}]}\n"))
+	require.NoError(t, err)
+	store.SetManifests(r)
+	gs := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cc, err := grpc.NewClient(gs.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	api := inboundpb.NewInboundServerPoliciesClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	for _, tc := range []struct {
+		workload string
+		port     uint32
+		code     codes.Code
+		msg      string
+	}{
+		{"default:web-0", 8080, codes.OK, ""},
+		{`{"ns":"default","pod":"web-0"}`, 8080, codes.OK, ""},
+		{"web-0", 8080, codes.InvalidArgument, "Invalid workload: web-0"},
+		{"default:web-0", 0, codes.InvalidArgument, "port outside valid range"},
+		{"default:gone-0", 8080, codes.NotFound, ""},
+	} {
+		got, err := api.GetPort(ctx, &inboundpb.PortSpec{Workload: tc.workload, Port: tc.port})
+		require.Equal(t, tc.code, status.Code(err), "%s %d: %v", tc.workload, tc.port, err)
+		if tc.msg != "" {
+			assert.Equal(t, tc.msg, status.Convert(err).Message())
+		}
+		if tc.code == codes.OK {
+			assert.Equal(t, map[string]string{"group": "", "kind": "default", "name": "all-unauthenticated"}, got.GetLabels())
+		}
+	}
 }

@@ -16,6 +16,7 @@ import (
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -62,6 +63,7 @@ func NewServer(store *Store, opts ...Option) *Server {
 func (s *Server) Register(r grpc.ServiceRegistrar) {
 	pb.RegisterDestinationServer(r, s)
 	outboundpb.RegisterOutboundPoliciesServer(r, &policyServer{s: s})
+	inboundpb.RegisterInboundServerPoliciesServer(r, &inboundServer{s: s})
 }
 
 // Shutdown ends every open stream with Unavailable and refuses new ones

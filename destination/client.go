@@ -16,6 +16,7 @@ import (
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -50,6 +51,7 @@ type Client struct {
 	endpoints *watches[*pb.Update, endpoint.Update]
 	policies  *watches[*outboundpb.OutboundPolicy, policy.Update]
 	policyAPI outboundpb.OutboundPoliciesClient
+	inbound   *watches[*inboundpb.Server, InboundUpdate]
 }
 
 var _ profiles.Source = (*Client)(nil)
@@ -88,6 +90,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		m: make(map[string]*watch[*pb.Update, endpoint.Update]),
 	}
 	c.initPolicies(cc)
+	c.initInbound(cc)
 	return c
 }
 
@@ -170,9 +173,9 @@ func (c *Client) WatchEndpoints(ctx context.Context, authority string, update fu
 
 // Stats describes the client's watches.
 type Stats struct {
-	// ProfileWatches, EndpointWatches and PolicyWatches are the targets
-	// watched now.
-	ProfileWatches, EndpointWatches, PolicyWatches int
+	// ProfileWatches, EndpointWatches, PolicyWatches and InboundWatches
+	// are the targets watched now.
+	ProfileWatches, EndpointWatches, PolicyWatches, InboundWatches int
 	// RejectedWatches counts watches refused because the bound was reached.
 	RejectedWatches uint64
 }
@@ -183,7 +186,8 @@ func (c *Client) Stats() Stats {
 		ProfileWatches:  c.profiles.len(),
 		EndpointWatches: c.endpoints.len(),
 		PolicyWatches:   c.policies.len(),
-		RejectedWatches: c.profiles.rejected.Load() + c.endpoints.rejected.Load() + c.policies.rejected.Load(),
+		InboundWatches:  c.inbound.len(),
+		RejectedWatches: c.profiles.rejected.Load() + c.endpoints.rejected.Load() + c.policies.rejected.Load() + c.inbound.rejected.Load(),
 	}
 }
 

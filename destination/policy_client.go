@@ -89,11 +89,7 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 }
 
 func (c *Client) trafficSpec(key string) *outboundpb.TrafficSpec {
-	workload := c.cfg.workload
-	if workload == "" {
-		workload = defaultWorkload()
-	}
-	spec := &outboundpb.TrafficSpec{SourceWorkload: workload}
+	spec := &outboundpb.TrafficSpec{SourceWorkload: c.workload()}
 	if a, ok := strings.CutPrefix(key, "authority="); ok {
 		spec.Target = &outboundpb.TrafficSpec_Authority{Authority: a}
 	} else if a, ok := strings.CutPrefix(key, "addr="); ok {

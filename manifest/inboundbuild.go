@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -41,6 +42,9 @@ func (r *Resources) Pod(namespace, name string) *Pod {
 	}
 	return nil
 }
+
+// ErrUnknownPod is what InboundServer wraps for a pod no manifest names.
+var ErrUnknownPod = errors.New("unknown pod")
 
 // InboundServer returns the inbound policy of a pod's port as Linkerd's
 // policy controller builds it (policy-controller/k8s/index/src/inbound),
@@ -93,7 +97,7 @@ func (r *Resources) InboundServer(namespace, pod string, port uint16, opts Inbou
 	}
 	p := r.Pod(namespace, pod)
 	if p == nil {
-		return nil, fmt.Errorf("inbound server %s/%s:%d: unknown pod", namespace, pod, port)
+		return nil, fmt.Errorf("inbound server %s/%s:%d: %w", namespace, pod, port, ErrUnknownPod)
 	}
 	if srv := r.serverFor(p, port); srv != nil {
 		return r.namedServer(p, srv, port, &opts)

@@ -2,17 +2,21 @@ package mesh
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/manifest"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
@@ -108,4 +112,106 @@ func TestInboundPolicy(t *testing.T) {
 	assert.Equal(t, "1", m.Value(t, "inbound_http_route_not_found_total", srvLabels...))
 	assert.NotEmpty(t, m.Value(t, "inbound_http_local_ratelimit_total", append(srvLabels, `ratelimit_scope="total"`, `ratelimit_name="books"`)...))
 	assert.NotEmpty(t, m.Value(t, "inbound_http_authz_allow_total", append(srvLabels, `authz_name="web-orders"`, `client_id="`+webID+`"`)...))
+}
+
+// TestInboundPolicyFromTheControlPlane: the inbound policy of a pod's port
+// comes from the embedded control plane's InboundServerPolicies API, built
+// from the manifests Linkerd users write (Pod, Server,
+// AuthorizationPolicy, MeshTLSAuthentication); an edit of them is enforced
+// without a restart, and a bad manifest keeps the last good policy.
+func TestInboundPolicyFromTheControlPlane(t *testing.T) {
+	p := newPKI(t)
+	cp := startControlPlane(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := netip.MustParseAddrPort(lis.Addr().String()).Port()
+	manifests := func(allowed string) string {
+		return fmt.Sprintf(`
+apiVersion: v1
+kind: Pod
+metadata: {name: books-0, namespace: default, labels: {app: books}}
+spec:
+  containers: [{name: books, ports: [{name: http, containerPort: %d}]}]
+---
+apiVersion: policy.linkerd.io/v1beta3
+kind: Server
+metadata: {name: books-http, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: books}}
+  port: http
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: callers, namespace: default}
+spec:
+  identities: [%q]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: books-callers, namespace: default}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  requiredAuthenticationRefs: [{group: policy.linkerd.io, kind: MeshTLSAuthentication, name: callers}]
+`, port, allowed)
+	}
+	load := func(doc string) error {
+		r, err := manifest.Parse([]byte(doc))
+		if err != nil {
+			return err
+		}
+		cp.store.SetManifests(r)
+		return nil
+	}
+	require.NoError(t, load(manifests(webID)))
+
+	dst, err := destination.Dial(cp.addr, destination.WithLogger(quiet), destination.WithWorkload("default:books-0"))
+	require.NoError(t, err)
+	defer dst.Close()
+	m := testutil.NewMetrics(t)
+	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }),
+		WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet),
+		WithInboundPolicy(authz.WithSource(dst.InboundPolicies())))
+	defer srv.Close()
+	hs := origproto.NewServer(srv)
+	hs.ErrorLog = quietLog
+	go hs.Serve(srv.Listener(lis))
+	defer hs.Close()
+
+	const books = "books.default.svc.cluster.local:7000"
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
+		books: {{Addr: netip.MustParseAddrPort(lis.Addr().String()), H2: true, Identity: booksID}},
+	})
+	require.NoError(t, err)
+	from2 := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext
+	client := func(id string) *http.Client {
+		c := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, id)), WithLogger(quiet), WithDialContext(from2),
+			WithBalancerOptions(balancer.WithFallback(false)))
+		t.Cleanup(c.Close)
+		return &http.Client{Transport: c, Timeout: testutil.Timeout}
+	}
+	web, reviews := client(webID), client(reviewsID)
+	status := func(c *http.Client) int {
+		resp, err := c.Get("http://" + books + "/")
+		if err != nil {
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Eventually(t, func() bool { return status(web) == 200 && status(reviews) == 403 }, testutil.Timeout, 20*time.Millisecond,
+		"the Server's authorization admits web only")
+	assert.NotEmpty(t, m.Value(t, "inbound_http_authz_allow_total", `srv_name="books-http"`, `authz_name="books-callers"`))
+
+	// The edit: reviews instead of web, enforced with the watch's next
+	// message, no restart (the time it took is logged, not asserted).
+	edited := time.Now()
+	require.NoError(t, load(manifests(reviewsID)))
+	require.Eventually(t, func() bool { return status(reviews) == 200 && status(web) == 403 }, testutil.Timeout, 20*time.Millisecond)
+	t.Logf("the edit was enforced after %v", time.Since(edited))
+
+	// A bad manifest is refused; the last good policy stays.
+	require.Error(t, load("apiVersion: policy.linkerd.io/v1beta3\nkind: Server\nmetadata: {name: x}\nspec: {port: http, nope: 1}\n"))
+	assert.Equal(t, 200, status(reviews))
+	assert.Equal(t, 403, status(web))
 }

@@ -1,0 +1,88 @@
+package destination
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/inmesh/inmesh/authz"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
+	"google.golang.org/grpc"
+)
+
+// InboundUpdate is one state of an inbound policy watch: the port's
+// Server, or an error saying why there is none (the control plane
+// rejected the workload or the port).
+type InboundUpdate struct {
+	Server *authz.Server
+	Err    error
+}
+
+func (c *Client) initInbound(cc grpc.ClientConnInterface) {
+	api := inboundpb.NewInboundServerPoliciesClient(cc)
+	rl := ratelog.New(c.cfg.logger, 10*time.Second)
+	c.inbound = &watches[*inboundpb.Server, InboundUpdate]{
+		kind: &kind[*inboundpb.Server, InboundUpdate]{
+			name: "InboundServerPolicies.WatchPort",
+			open: func(ctx context.Context, key string) (recvStream[*inboundpb.Server], error) {
+				port, _ := strconv.ParseUint(key, 10, 16)
+				return api.WatchPort(ctx, &inboundpb.PortSpec{Workload: c.workload(), Port: uint32(port)}, waitForReady)
+			},
+			session: func(key string) func(*inboundpb.Server) (InboundUpdate, bool) {
+				return func(m *inboundpb.Server) (InboundUpdate, bool) {
+					s, err := ServerFromProto(m)
+					if err == nil {
+						_, err = authz.Compile(s)
+					}
+					if err != nil {
+						rl.WarnErr("inbound "+key, "rejected an inbound policy; keeping the last one", err, "port", key)
+						return InboundUpdate{}, false
+					}
+					return InboundUpdate{Server: s}, true
+				}
+			},
+			rejected: func(err error) InboundUpdate { return InboundUpdate{Err: err} },
+		},
+		m: make(map[string]*watch[*inboundpb.Server, InboundUpdate]),
+	}
+}
+
+// workload is the source workload sent with policy watches: the one
+// [WithWorkload] set, or the default.
+func (c *Client) workload() string {
+	if c.cfg.workload != "" {
+		return c.cfg.workload
+	}
+	return defaultWorkload()
+}
+
+// WatchInboundPort streams the inbound policy of a port of this client's
+// workload ([WithWorkload]) from the InboundServerPolicies API, with the
+// semantics of the other watches: one stream per port however many watch
+// it, re-established with backoff, the last good Server in force
+// meanwhile; a Server that fails to convert or compile is logged
+// (rate-limited) and skipped; a rejected watch ends with an Err.
+func (c *Client) WatchInboundPort(ctx context.Context, port uint16, update func(InboundUpdate)) (func(), error) {
+	return c.inbound.subscribe(c, ctx, strconv.Itoa(int(port)), update)
+}
+
+// InboundPolicies returns the client as an [authz.Source] of the Servers
+// of this workload's ports, for mesh.WithInboundPolicy. A port whose
+// watch cannot start keeps the handler's default Server.
+func (c *Client) InboundPolicies() authz.Source { return inboundSource{c} }
+
+type inboundSource struct{ c *Client }
+
+func (s inboundSource) Watch(port uint16, update func(*authz.Server)) func() {
+	stop, err := s.c.WatchInboundPort(s.c.ctx, port, func(u InboundUpdate) {
+		if u.Server != nil {
+			update(u.Server)
+		}
+	})
+	if err != nil {
+		s.c.log.WarnErr("inbound "+strconv.Itoa(int(port)), "cannot watch the inbound policy; keeping the default", err, "port", port)
+		return func() {}
+	}
+	return stop
+}
