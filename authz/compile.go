@@ -309,8 +309,12 @@ func (a *compiledAuthz) admits(ip netip.Addr, peer identity.Peer) bool {
 
 // authorize returns the index in r.authzs of the first authorization that
 // admits the client, or -1.
-func (r *compiledRoute) authorize(ip netip.Addr, peer identity.Peer) int {
-	for i := range r.authzs {
+func (r *compiledRoute) authorize(ip netip.Addr, peer identity.Peer, noLocalhost bool) int {
+	n := len(r.authzs)
+	if noLocalhost && n > 0 && r.authzs[n-1].localhost {
+		n-- // the localhost authorization is always the last
+	}
+	for i := range r.authzs[:n] {
 		if r.authzs[i].admits(ip, peer) {
 			return i
 		}

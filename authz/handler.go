@@ -194,7 +194,10 @@ func ambiguousPath(path, raw string) bool {
 // next handler. Allowing allocates nothing, header modifiers aside (they
 // edit a copy of r).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	target := localAddr(r)
+	target := h.cfg.target
+	if !target.IsValid() {
+		target = localAddr(r)
+	}
 	p := h.port(target.Port())
 	a := p.cur.Load()
 	pol := a.pol
@@ -224,7 +227,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	cr := &pol.routes[route.RouteIndex]
 	key.route = route.RouteIndex
-	ai := cr.authorize(ip, peer)
+	ai := cr.authorize(ip, peer, h.cfg.noLocalhost)
 	if ai < 0 {
 		key.fam = famDeny
 		a.series.add(key)

@@ -2,6 +2,7 @@ package authz
 
 import (
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -21,6 +22,9 @@ type config struct {
 	logger   *slog.Logger
 	now      func() time.Time
 	maxPorts int
+	target   netip.AddrPort
+	// noLocalhost drops the localhost authorization.
+	noLocalhost bool
 }
 
 // WithSource sets where the Servers of the ports come from; nil (the
@@ -42,6 +46,29 @@ func WithDefault(s *Server) Option {
 			c.def = s
 		}
 	})
+}
+
+// WithTarget makes every request one to target, the application's
+// address, as a sidecar in front of one application port sees it: its
+// port picks the policy and target is what the target_* labels say.
+// Without it (or with an invalid one), a request's own local address
+// does.
+func WithTarget(target netip.AddrPort) Option {
+	return optionFunc(func(c *config) {
+		if target.IsValid() {
+			c.target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
+		}
+	})
+}
+
+// WithoutLocalhost drops the authorization every Server otherwise ends
+// with, which admits any request from the loopback addresses: Linkerd's
+// proxy adds it because in a pod only the pod's own processes share its
+// loopback, but a process that shares its machine with callers it must
+// not trust (several services on one host, as in inmesh's examples) must
+// not admit them for where they connect from.
+func WithoutLocalhost() Option {
+	return optionFunc(func(c *config) { c.noLocalhost = true })
 }
 
 // WithMeterProvider sets the meter provider of the metrics; nil (the

@@ -60,6 +60,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/destination"
@@ -74,6 +75,8 @@ import (
 
 type flags struct {
 	destination, policyAddr, outbound, inbound, app, metrics string
+	workload                                                 string
+	trustLocalhost                                           bool
 	contextToken, scheme                                     string
 	idleTimeout, discoveryWait                               time.Duration
 	maxAuthorities, maxWatches                               int
@@ -86,7 +89,11 @@ type flags struct {
 func main() {
 	var f flags
 	flag.StringVar(&f.destination, "destination", "127.0.0.1:8086", "Destination API address (and OutboundPolicies, unless -policy)")
-	flag.StringVar(&f.policyAddr, "policy", "", "OutboundPolicies API address, when not the -destination one (Linkerd's policy controller)")
+	flag.StringVar(&f.policyAddr, "policy", "", "OutboundPolicies and InboundServerPolicies API address, when not the -destination one (Linkerd's policy controller)")
+	flag.StringVar(&f.workload, "workload", os.Getenv(destination.PolicyWorkloadEnv),
+		"this proxy's workload, NS:POD or Linkerd's JSON (default $"+destination.PolicyWorkloadEnv+"): enforces the inbound policy of the -app port")
+	flag.BoolVar(&f.trustLocalhost, "trust-localhost", true,
+		"with -workload, admit every request from the loopback, as Linkerd's proxy does in a pod (false when callers share the machine)")
 	flag.StringVar(&f.outbound, "outbound", "127.0.0.1:4140", "outbound listener (the application's requests)")
 	flag.StringVar(&f.inbound, "inbound", "127.0.0.1:4143", "inbound listener (requests from peers)")
 	flag.StringVar(&f.app, "app", "127.0.0.1:8080", "the application's address (HTTP/1, and h2c for requests that arrive as HTTP/2)")
@@ -154,7 +161,7 @@ func run(f flags, log *slog.Logger) error {
 
 	dstOpts := []destination.Option{destination.WithBackoff(policy), destination.WithLogger(log),
 		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme),
-		destination.WithWorkload(os.Getenv(destination.PolicyWorkloadEnv)), destination.WithMaxWatches(f.maxWatches),
+		destination.WithWorkload(f.workload), destination.WithMaxWatches(f.maxWatches),
 		destination.WithSearchNetworks(f.networks...)}
 	if f.suffixes != nil {
 		dstOpts = append(dstOpts, destination.WithSearchSuffixes(f.suffixes...))
@@ -172,13 +179,27 @@ func run(f flags, log *slog.Logger) error {
 	clientOpts := append(mesh.ClientOptions(opts...),
 		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)), mesh.WithDiscoveryWait(f.discoveryWait))
 	serverOpts := append(mesh.ServerOptions(opts...), mesh.WithLocalAuthorities(f.local...))
+	pol := dst
 	if f.policyAddr != "" {
-		pol, err := destination.Dial(f.policyAddr, dstOpts...)
+		pol, err = destination.Dial(f.policyAddr, dstOpts...)
 		if err != nil {
 			return fmt.Errorf("-policy: %w", err)
 		}
 		defer pol.Close()
 		clientOpts = append(clientOpts, mesh.WithPolicies(pol.Policies()))
+	}
+	if f.workload != "" {
+		// The inbound policy of the application's port, as a proxy in
+		// the pod enforces it.
+		appAddr, err := netip.ParseAddrPort(f.app)
+		if err != nil {
+			return fmt.Errorf("-workload needs -app as an IP address and port: %w", err)
+		}
+		aopts := []authz.Option{authz.WithSource(pol.InboundPolicies()), authz.WithTarget(appAddr)}
+		if !f.trustLocalhost {
+			aopts = append(aopts, authz.WithoutLocalhost())
+		}
+		serverOpts = append(serverOpts, mesh.WithInboundPolicy(aopts...))
 	}
 
 	client := mesh.NewClient(clientOpts...)

@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// inboundManifests are the inbound policy of the books pod's port, as a
+// Linkerd user writes it: a Server for the port with an HTTPRoute for GET
+// /books only, an AuthorizationPolicy admitting clients from a network,
+// and a rate limit.
+func inboundManifests(appPort uint16, network string) string {
+	return fmt.Sprintf(`
+apiVersion: v1
+kind: Pod
+metadata: {name: books-0, namespace: default, labels: {app: books}}
+spec:
+  containers: [{name: books, ports: [{name: http, containerPort: %d}]}]
+---
+apiVersion: policy.linkerd.io/v1beta3
+kind: Server
+metadata: {name: books-http, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: books}}
+  port: http
+---
+apiVersion: policy.linkerd.io/v1beta3
+kind: HTTPRoute
+metadata: {name: books-list, namespace: default}
+spec:
+  parentRefs: [{group: policy.linkerd.io, kind: Server, name: books-http}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /books}, method: GET}]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: NetworkAuthentication
+metadata: {name: callers, namespace: default}
+spec:
+  networks: [%s]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: books-callers, namespace: default}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  requiredAuthenticationRefs: [{group: policy.linkerd.io, kind: NetworkAuthentication, name: callers}]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: HTTPLocalRateLimitPolicy
+metadata: {name: books, namespace: default}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  total: {requestsPerSecond: 20}
+`, appPort, network)
+}
+
+// TestInboundPolicyThroughTheProxies: the embedded control plane serves
+// the books pod's inbound policy from the manifests in -policies; the
+// books proxy (-workload default:books-0, callers sharing its machine, so
+// no localhost authorization) enforces it per request: 404 off the route,
+// 200 on it, 429 past the rate limit; a network authorization that
+// excludes loopback answers 403 once the edit is loaded, without a
+// restart; refused requests never reach the app, and each is counted in
+// Linkerd's families.
+func TestInboundPolicyThroughTheProxies(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	policies := filepath.Join(dir, "policies")
+	require.NoError(t, os.Mkdir(policies, 0o755))
+	var reached atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		fmt.Fprint(w, r.URL.Path)
+	}))
+	defer app.Close()
+	appAddr := strings.TrimPrefix(app.URL, "http://")
+	appPort := netip.MustParseAddrPort(appAddr).Port()
+	policyFile := filepath.Join(policies, "books.yaml")
+	require.NoError(t, os.WriteFile(policyFile, []byte(inboundManifests(appPort, "{cidr: 0.0.0.0/0}")), 0o644))
+	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte("[]\n"), 0o644))
+
+	dst := start(t, filepath.Join(bin, "destination"), nil, "-listen", "127.0.0.1:0",
+		"-endpoints", endpoints, "-policies", policies, "-interval", "100ms")
+	dstAddr := dst.waitLog(t, dstAddrRe)
+	b := start(t, filepath.Join(bin, "proxy"), []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"},
+		"-destination", dstAddr, "-outbound", "127.0.0.1:0", "-inbound", "127.0.0.1:0", "-app", appAddr, "-metrics", "127.0.0.1:0",
+		"-workload", "default:books-0", "-trust-localhost=false")
+	_, bIn, bMetrics := b.waitLog(t, listenRe("outbound")), b.waitLog(t, listenRe("inbound")), b.waitLog(t, listenRe("metrics"))
+	require.NoError(t, os.WriteFile(endpoints, []byte(fmt.Sprintf("- authority: %s\n  endpoints:\n  - addr: %s\n    h2: true\n", books, bIn)), 0o644))
+	dst.waitLog(t, loadedEndpointsRe)
+	_, aOut, _, _ := startProxy(t, bin, dstAddr, appAddr)
+	get := func(path string) int {
+		status, _, _ := curl(t, "-H", "Host: "+books, "http://"+aOut+path)
+		return status
+	}
+
+	require.Eventually(t, func() bool { return get("/books/1") == 200 }, timeout, 100*time.Millisecond, "the route admits")
+	before := reached.Load()
+	assert.Equal(t, 404, get("/authors/1"), "no route of the Server")
+	assert.Equal(t, before, reached.Load(), "refused requests never reach the app")
+
+	// total: 20 a second, burst 20: of 60 requests in a row, some are
+	// limited (curl makes them slow enough that tokens come back).
+	limited := 0
+	for range 60 {
+		if get("/books/1") == 429 {
+			limited++
+		}
+	}
+	assert.Positive(t, limited, "the rate limit")
+
+	// The edit: the network authorization now excludes loopback.
+	require.NoError(t, os.WriteFile(policyFile, []byte(inboundManifests(appPort, "{cidr: 0.0.0.0/0, except: [127.0.0.0/8]}")), 0o644))
+	require.Eventually(t, func() bool { return get("/books/1") == 403 }, timeout, 100*time.Millisecond, "loopback denied")
+
+	text := scrape(t, bMetrics)
+	srv := []string{`srv_group="policy.linkerd.io"`, `srv_kind="server"`, `srv_name="books-http"`, `srv_port="` + fmt.Sprint(appPort) + `"`}
+	_, ok := metric(text, "inbound_http_route_not_found_total", srv...)
+	assert.True(t, ok, "route not found counted")
+	_, ok = metric(text, "inbound_http_authz_allow_total", append(srv, `route_name="books-list"`, `authz_kind="authorizationpolicy"`, `authz_name="books-callers"`)...)
+	assert.True(t, ok, "allowed counted")
+	_, ok = metric(text, "inbound_http_authz_deny_total", append(srv, `route_name="books-list"`)...)
+	assert.True(t, ok, "denied counted")
+	_, ok = metric(text, "inbound_http_local_ratelimit_total", append(srv, `ratelimit_scope="total"`, `ratelimit_name="books"`)...)
+	assert.True(t, ok, "limited counted")
+}
