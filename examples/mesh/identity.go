@@ -17,8 +17,9 @@ import (
 
 // The peers' identities, as Linkerd names service accounts' workloads.
 var (
-	booksID = controlplane.ServiceAccountIdentity("books", "default", "linkerd", "cluster.local")
-	webID   = controlplane.ServiceAccountIdentity("web", "default", "linkerd", "cluster.local")
+	booksID   = controlplane.ServiceAccountIdentity("books", "default", "linkerd", "cluster.local")
+	webID     = controlplane.ServiceAccountIdentity("web", "default", "linkerd", "cluster.local")
+	reviewsID = controlplane.ServiceAccountIdentity("reviews", "default", "linkerd", "cluster.local")
 )
 
 // identities is the demo's identity plane: trust anchors and an issuer
@@ -46,7 +47,7 @@ func startIdentities(ctx context.Context) (*identities, error) {
 	// The token of each service account proves its identity (the embedded
 	// stand-in for Kubernetes' TokenReview).
 	issuer, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key,
-		controlplane.StaticTokens{"books-token": booksID, "web-token": webID})
+		controlplane.StaticTokens{"books-token": booksID, "web-token": webID, "reviews-token": reviewsID})
 	if err != nil {
 		return nil, err
 	}

@@ -171,6 +171,12 @@ func run(o options, out io.Writer) error {
 	booksEndpoint := endpoint.Endpoint{Addr: peerAddr, H2: true, Labels: map[string]string{"pod": "books-0"}, Identity: booksID}
 	store.PutEndpoints(authority, []endpoint.Endpoint{booksEndpoint})
 	store.PutEndpoints(authors, []endpoint.Endpoint{booksEndpoint})
+	adminAddr, stopAdmin, err := startAdmin(booksLocal, provider, log)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
+	store.PutEndpoints(adminAuthority, []endpoint.Endpoint{{Addr: adminAddr, H2: true, Identity: booksID}})
 	fmt.Fprintf(out, "control plane on %s, identity on %s, books peer on %s\n", lis.Addr(), ids.addr, peer.Listener.Addr())
 
 	// The client peer.
@@ -194,6 +200,17 @@ func run(o options, out io.Writer) error {
 	printRoutes(out, rm, o.duration)
 	fmt.Fprintln(out)
 	printPolicyRoutes(out, rm, o.duration)
+	fmt.Fprintln(out)
+
+	// The admin port's inbound policy: web is allowed (then limited past
+	// its rate), a client with another identity is denied.
+	reviewsLocal, err := ids.certify(ctx, reviewsID, "reviews-token")
+	if err != nil {
+		return err
+	}
+	reviews := mesh.NewClient(append(mesh.ClientOptions(opts...), mesh.WithIdentity(reviewsLocal))...)
+	defer reviews.Close()
+	printAdmin(out, tryAdmin(hc, 20), tryAdmin(&http.Client{Transport: reviews, Timeout: 10 * time.Second}, 3))
 
 	if o.serve {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

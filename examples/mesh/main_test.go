@@ -27,6 +27,10 @@ func TestDemoPrintsRouteTable(t *testing.T) {
 		assert.Contains(t, text, route)
 	}
 	assert.Contains(t, text, "authors (HTTPRoutes)")
+	// The admin port's inbound policy: web allowed then limited, reviews
+	// denied.
+	assert.Regexp(t, `web: +[1-9][0-9]* allowed, [1-9][0-9]* limited \(429\)`, text)
+	assert.Contains(t, text, "reviews: 3 denied (403)")
 	for _, route := range []string{"authors-get", "authors-flaky"} {
 		assert.Contains(t, text, route)
 	}
