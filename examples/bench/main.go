@@ -53,6 +53,7 @@ var scenarios = []scenario{
 	{"stack_inprocess", stackInProcess},
 	{"stack_loopback", stackLoopback},
 	{"mtls_loopback", mtlsLoopback},
+	{"inbound_policy", inboundPolicy},
 	{"sidecar_hop", sidecarHop},
 	{"upgrade_64", upgrade64},
 	{"upgrade_serial", upgradeSerial},
