@@ -201,6 +201,10 @@ spec:
 	}
 	require.Eventually(t, func() bool { return status(web) == 200 && status(reviews) == 403 }, testutil.Timeout, 20*time.Millisecond,
 		"the Server's authorization admits web only")
+	// The condition may have held across the policy's arrival (web
+	// admitted by the default policy, reviews denied by the Server's): one
+	// more request is surely admitted by the Server's authorization.
+	require.Equal(t, 200, status(web))
 	assert.NotEmpty(t, m.Value(t, "inbound_http_authz_allow_total", `srv_name="books-http"`, `authz_name="books-callers"`))
 
 	// The edit: reviews instead of web, enforced with the watch's next

@@ -91,47 +91,60 @@ func TestFilters(t *testing.T) {
 	})
 }
 
-func TestDistributions(t *testing.T) {
-	t.Run("weights", func(t *testing.T) {
-		// Over real connections: a random-available distribution honours
-		// the weights within 5% over 10,000 requests.
-		weights := []uint32{70, 20, 10}
-		var ups []*upstream
-		var bs []policy.RouteBackend
-		for i, w := range weights {
-			u := newUpstream(t, nil)
-			b := u.backend(string(rune('a' + i)))
-			b.Weight = w
-			ups, bs = append(ups, u), append(bs, b)
-		}
-		f := newFixture(t, testutil.H2C, httpPolicy(policy.HTTPRule{
-			Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: bs}}))
-		const n, workers = 10000, 8
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range n / workers {
-					resp, err := f.client.Get("http://svc.test/")
-					if !assert.NoError(t, err) {
-						return
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
+// testWeights checks over real connections that a random-available
+// distribution honours weights within 5% over 10,000 requests, and gives a
+// weight-0 backend none.
+func testWeights(t *testing.T, weights []uint32) {
+	var ups []*upstream
+	var bs []policy.RouteBackend
+	for i, w := range weights {
+		u := newUpstream(t, nil)
+		b := u.backend(string(rune('a' + i)))
+		b.Weight = w
+		ups, bs = append(ups, u), append(bs, b)
+	}
+	f := newFixture(t, testutil.H2C, httpPolicy(policy.HTTPRule{
+		Backends: policy.Distribution{Kind: policy.DistributionRandomAvailable, Backends: bs}}))
+	const n, workers = 10000, 8
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n / workers {
+				resp, err := f.client.Get("http://svc.test/")
+				if !assert.NoError(t, err) {
+					return
 				}
-			}()
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	var counts []int64
+	for _, u := range ups {
+		counts = append(counts, u.n.Load())
+	}
+	for i, w := range weights {
+		want := float64(w) / 100
+		if w == 0 {
+			assert.Zero(t, counts[i], "a weight-0 backend: %v", counts)
+			continue
 		}
-		wg.Wait()
-		var counts []int64
-		for _, u := range ups {
-			counts = append(counts, u.n.Load())
-		}
-		for i, w := range weights {
-			want := float64(w) / 100
-			assert.InDelta(t, want, float64(counts[i])/n, 0.05*want+0.005, "backend %d: %v", i, counts)
-		}
-	})
+		assert.InDelta(t, want, float64(counts[i])/n, 0.05*want+0.005, "backend %d: %v", i, counts)
+	}
+}
+
+func TestDistributions(t *testing.T) {
+	for name, weights := range map[string][]uint32{
+		"weights": {70, 20, 10},
+		// The Gateway API conformance test httproute-weight.go: 70, 30
+		// and 0, the last getting nothing.
+		"httproute-weight": {70, 30, 0},
+	} {
+		t.Run(name, func(t *testing.T) { testWeights(t, weights) })
+	}
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
 		a := newUpstream(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "a") })
 		b := newUpstream(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "b") })
