@@ -36,6 +36,19 @@ func portSpec(spec *inboundpb.PortSpec) (ns, pod string, port uint16, err error)
 	return ns, pod, uint16(spec.GetPort()), nil
 }
 
+// SetInboundOptions sets the cluster's settings the InboundServerPolicies
+// API computes Servers with (Linkerd's controller flags: the default
+// inbound policy, the cluster and probe networks, the trust domain and
+// control-plane namespace of identities); every open stream gets the
+// Servers they make.
+func (s *Store) SetInboundOptions(o manifest.InboundOptions) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	s.inbound = o
+	s.notifyLocked()
+}
+
 // inboundPolicy returns the Server of a pod port, and a channel closed on
 // the next change.
 func (s *Store) inboundPolicy(ns, pod string, port uint16) (*authz.Server, <-chan struct{}, error) {
@@ -46,7 +59,7 @@ func (s *Store) inboundPolicy(ns, pod string, port uint16) (*authz.Server, <-cha
 	if r == nil {
 		r = &manifest.Resources{}
 	}
-	srv, err := r.InboundServer(ns, pod, port, manifest.InboundOptions{})
+	srv, err := r.InboundServer(ns, pod, port, s.inbound)
 	return srv, s.changed, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/manifest"
@@ -188,4 +189,12 @@ func TestInboundPortAsLinkerd(t *testing.T) {
 			assert.Equal(t, map[string]string{"group": "", "kind": "default", "name": "all-unauthenticated"}, got.GetLabels())
 		}
 	}
+
+	// The cluster's default policy (the controller's --default-policy):
+	// deny, an empty authorization list.
+	store.SetInboundOptions(manifest.InboundOptions{DefaultMode: authz.Deny})
+	got, err := api.GetPort(ctx, &inboundpb.PortSpec{Workload: "default:web-0", Port: 8080})
+	require.NoError(t, err)
+	assert.Equal(t, "deny", got.GetLabels()["name"])
+	assert.Empty(t, got.GetAuthorizations())
 }

@@ -219,3 +219,61 @@ spec:
 	assert.Equal(t, 200, status(reviews))
 	assert.Equal(t, 403, status(web))
 }
+
+// TestInboundRateLimitOverride: a rate limit's override raises one named
+// client identity's limit above the per-identity one, over real mTLS
+// connections: in a burst of 30, web (overridden to 20 a second) gets
+// about 20 through, reviews (5 a second per identity) about 5.
+func TestInboundRateLimitOverride(t *testing.T) {
+	p := newPKI(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := netip.MustParseAddrPort(lis.Addr().String()).Port()
+	server := &authz.Server{
+		Meta: authz.Meta{Group: "policy.linkerd.io", Kind: "server", Name: "books-http"},
+		Authorizations: []authz.Authz{{Meta: authz.Meta{Group: "policy.linkerd.io", Kind: "authorizationpolicy", Name: "all"},
+			Networks: []authz.Network{{Net: netip.MustParsePrefix("0.0.0.0/0")}}}},
+		RateLimit: &authz.RateLimit{Meta: authz.Meta{Group: "policy.linkerd.io", Kind: "HTTPLocalRateLimitPolicy", Name: "books"},
+			Identity: 5, Overrides: []authz.Override{{RPS: 20, Identities: []string{webID}}}},
+	}
+	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }),
+		WithIdentity(p.certify(t, booksID)), WithLogger(quiet),
+		WithInboundPolicy(authz.WithSource(authz.StaticSource{port: server}), authz.WithoutLocalhost()))
+	defer srv.Close()
+	hs := origproto.NewServer(srv)
+	hs.ErrorLog = quietLog
+	go hs.Serve(srv.Listener(lis))
+	defer hs.Close()
+	const books = "books.default.svc.cluster.local:7000"
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
+		books: {{Addr: netip.MustParseAddrPort(lis.Addr().String()), H2: true, Identity: booksID}},
+	})
+	require.NoError(t, err)
+	burst := func(id string) (passed int) {
+		c := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, id)), WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
+		defer c.Close()
+		hc := &http.Client{Transport: c, Timeout: testutil.Timeout}
+		for range 30 {
+			resp, err := hc.Get("http://" + books + "/")
+			require.NoError(t, err)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				passed++
+			} else {
+				require.Equal(t, 429, resp.StatusCode)
+			}
+		}
+		return passed
+	}
+	web := burst(webID)
+	start := time.Now()
+	reviews := burst(reviewsID)
+	elapsed := time.Since(start)
+	// Each bucket starts full (burst = rate) and refills while its burst
+	// runs: at least the rate gets through, and for reviews at most its 5
+	// plus what 5 a second refills meanwhile.
+	assert.GreaterOrEqual(t, web, 20, "the overridden identity")
+	assert.GreaterOrEqual(t, reviews, 5)
+	assert.LessOrEqual(t, reviews, 5+int(5*elapsed.Seconds())+1, "reviews held to 5 a second (burst took %v)", elapsed)
+}

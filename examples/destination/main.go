@@ -27,14 +27,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/manifest"
 	"google.golang.org/grpc"
 	xcredentials "google.golang.org/grpc/experimental/credentials"
 )
@@ -43,7 +47,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8086", "address to serve the Destination API on")
 	profilesDir := flag.String("profiles", "", "directory of ServiceProfile YAML files")
 	endpoints := flag.String("endpoints", "", "endpoints YAML file")
-	policies := flag.String("policies", "", "directory of Service, HTTPRoute and GRPCRoute YAML files (OutboundPolicies API)")
+	policies := flag.String("policies", "", "directory of the policy YAML files: Service, HTTPRoute and GRPCRoute (OutboundPolicies API); Pod, Server, AuthorizationPolicy, MeshTLSAuthentication, NetworkAuthentication, HTTPLocalRateLimitPolicy (InboundServerPolicies API)")
 	interval := flag.Duration("interval", 500*time.Millisecond, "how often to check the files for changes")
 	var id identityFlags
 	flag.StringVar(&id.dir, "identity-dir", "", "directory of the trust anchors and issuer (ca.crt, issuer.crt, issuer.key; made when empty): serve the Identity API")
@@ -52,7 +56,15 @@ func main() {
 	flag.StringVar(&id.listen, "identity-listen", "127.0.0.1:8083", "address to serve the Identity API on (TLS)")
 	flag.StringVar(&id.trustDomain, "trust-domain", "cluster.local", "identity trust domain")
 	flag.StringVar(&id.namespace, "identity-namespace", "linkerd", "the control plane's namespace, in identity names")
+	var inbound manifest.InboundOptions
+	flag.Func("default-inbound-policy", "policy of pod ports no Server selects: all-unauthenticated (default), all-authenticated, cluster-unauthenticated, cluster-authenticated, deny or audit",
+		func(v string) (err error) { inbound.DefaultMode, err = authz.ParseMode(v); return err })
+	flag.Func("cluster-networks", "comma-separated CIDRs of the cluster-* policies (default Linkerd's: 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16)",
+		func(v string) (err error) { inbound.ClusterNetworks, err = parsePrefixes(v); return err })
+	flag.Func("probe-networks", "comma-separated CIDRs the probe route of default policies admits (default none: no probe route)",
+		func(v string) (err error) { inbound.ProbeNetworks, err = parsePrefixes(v); return err })
 	flag.Parse()
+	inbound.TrustDomain, inbound.ControlNamespace = id.trustDomain, id.namespace
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -64,14 +76,28 @@ func main() {
 		}
 		defer idSrv.Stop()
 	}
-	if err := run(ctx, *listen, *profilesDir, *endpoints, *policies, *interval, log); err != nil {
+	if err := run(ctx, *listen, *profilesDir, *endpoints, *policies, inbound, *interval, log); err != nil {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, listen, profilesDir, endpoints, policies string, interval time.Duration, log *slog.Logger) error {
+// parsePrefixes reads a comma-separated list of CIDRs.
+func parsePrefixes(v string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(v, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, listen, profilesDir, endpoints, policies string, inbound manifest.InboundOptions, interval time.Duration, log *slog.Logger) error {
 	store := controlplane.NewStore()
+	store.SetInboundOptions(inbound)
 	if err := controlplane.WatchFiles(ctx, store, profilesDir, endpoints, interval, controlplane.WithLogger(log)); err != nil {
 		return err
 	}
@@ -89,7 +115,7 @@ func run(ctx context.Context, listen, profilesDir, endpoints, policies string, i
 	dst.Register(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	log.Info("serving the Destination API", "addr", lis.Addr().String(), "also", "OutboundPolicies")
+	log.Info("serving the Destination API", "addr", lis.Addr().String(), "also", "OutboundPolicies, InboundServerPolicies")
 	select {
 	case err := <-served:
 		return err
