@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/inmesh/inmesh/authz"
+	"github.com/inmesh/inmesh/identity"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -51,4 +52,30 @@ func TestWithoutLocalhostAndWithTarget(t *testing.T) {
 			assert.Equal(t, tc.want, get(h))
 		})
 	}
+}
+
+// TestExplain: Explain says which Server, route and authorization decide a
+// request, without serving it.
+func TestExplain(t *testing.T) {
+	srv := &authz.Server{
+		Meta: authz.Meta{Group: "policy.linkerd.io", Kind: "server", Name: "books-http"},
+		Authorizations: []authz.Authz{{Meta: authz.Meta{Group: "policy.linkerd.io", Kind: "authorizationpolicy", Name: "pods"},
+			Networks: []authz.Network{{Net: netip.MustParsePrefix("10.0.0.0/8")}}}},
+		RateLimit: &authz.RateLimit{Total: 20},
+	}
+	h, err := authz.New(http.NotFoundHandler(), authz.WithSource(authz.StaticSource{7000: srv}), authz.WithoutLocalhost())
+	require.NoError(t, err)
+	defer h.Close()
+	req := httptest.NewRequest("GET", "http://books/", nil)
+	e := h.Explain(7000, req, netip.MustParseAddr("10.1.2.3"), identity.Peer{})
+	assert.Equal(t, "allow", e.Decision)
+	assert.Equal(t, "books-http", e.Server.Name)
+	require.NotNil(t, e.Route)
+	assert.Equal(t, "default", e.Route.Name)
+	require.NotNil(t, e.Authorization)
+	assert.Equal(t, "pods", e.Authorization.Name)
+	assert.Equal(t, uint32(20), e.RateLimit.Total)
+	e = h.Explain(7000, req, netip.MustParseAddr("192.168.1.1"), identity.Peer{})
+	assert.Equal(t, "deny", e.Decision)
+	assert.Nil(t, e.Authorization)
 }

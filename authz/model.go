@@ -11,7 +11,9 @@ import (
 // Configuration that no resource backs (the defaults) has group "" and kind
 // "default", see [DefaultMeta].
 type Meta struct {
-	Group, Kind, Name string
+	Group string `json:"group"`
+	Kind  string `json:"kind"`
+	Name  string `json:"name"`
 }
 
 // DefaultMeta returns the metadata of configuration no resource backs.
@@ -182,19 +184,19 @@ type MeshTLS struct {
 // zero rate is no limit. Each limiter allows bursts as large as its rate.
 type RateLimit struct {
 	// Meta names the limit (ratelimit_* labels).
-	Meta Meta
+	Meta Meta `json:"meta"`
 	// Total limits all the requests of the port.
-	Total uint32
+	Total uint32 `json:"total,omitempty"`
 	// Identity limits the requests of each client identity; the clients
 	// without an identity share one limit.
-	Identity uint32
+	Identity uint32 `json:"identity,omitempty"`
 	// Overrides replace Identity for the identities they list; the
 	// identities of one override share its limit.
-	Overrides []Override
+	Overrides []Override `json:"overrides,omitempty"`
 }
 
 // Override is a rate limit shared by the identities it lists.
 type Override struct {
-	RPS        uint32
-	Identities []string
+	RPS        uint32   `json:"rps"`
+	Identities []string `json:"identities"`
 }

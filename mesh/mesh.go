@@ -431,6 +431,10 @@ func withTLSLabels(next http.Handler, meshTLS bool) http.Handler {
 // verified client identity, which only the trust anchors' issuers make.
 const maxTLSLabelSets = 1024
 
+// InboundPolicy returns the handler enforcing [WithInboundPolicy], for
+// introspection (authz.Handler.Explain); nil without it.
+func (s *Server) InboundPolicy() *authz.Handler { return s.authz }
+
 // Router returns the router of the stack, which routes inbound requests by
 // the ServiceProfiles of the local authorities.
 func (s *Server) Router() *router.Router { return s.router }

@@ -132,11 +132,29 @@ func TestInboundPolicyThroughTheProxies(t *testing.T) {
 	}
 	assert.Positive(t, limited, "the rate limit")
 
+	// /routes explains an inbound request: the Server, the route and the
+	// authorization that decide it, or its denial.
+	explain := func(query string) string {
+		resp, err := http.Get("http://" + bMetrics + "/routes?direction=inbound&" + query)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode, "%s", b)
+		return string(b)
+	}
+	text := explain("method=GET&path=/books/1&client=10.1.2.3")
+	assert.Contains(t, text, `"name": "books-http"`)
+	assert.Contains(t, text, `"name": "books-list"`)
+	assert.Contains(t, text, `"name": "books-callers"`)
+	assert.Contains(t, text, `"decision": "allow"`)
+	assert.Contains(t, explain("method=POST&path=/books/1"), `"decision": "no route"`)
+
 	// The edit: the network authorization now excludes loopback.
 	require.NoError(t, os.WriteFile(policyFile, []byte(inboundManifests(appPort, "{cidr: 0.0.0.0/0, except: [127.0.0.0/8]}")), 0o644))
 	require.Eventually(t, func() bool { return get("/books/1") == 403 }, timeout, 100*time.Millisecond, "loopback denied")
+	assert.Contains(t, explain("method=GET&path=/books/1&client=127.0.0.1"), `"decision": "deny"`)
 
-	text := scrape(t, bMetrics)
+	text = scrape(t, bMetrics)
 	srv := []string{`srv_group="policy.linkerd.io"`, `srv_kind="server"`, `srv_name="books-http"`, `srv_port="` + fmt.Sprint(appPort) + `"`}
 	_, ok := metric(text, "inbound_http_route_not_found_total", srv...)
 	assert.True(t, ok, "route not found counted")

@@ -18,7 +18,9 @@
 // /endpoints?authority=host:port the balancer's state of each endpoint as
 // JSON; /routes?authority=host:port&method=GET&path=/x the JSON explanation
 // of how such a request is routed (model, route, match, timeouts, retry and
-// budget); /ready answers 200.
+// budget), and with direction=inbound&client=IP&client_id=ID how the
+// inbound policy of -app would treat it (Server, route, authorization or
+// denial, limits); /ready answers 200.
 //
 // The control-plane backoff comes from INMESH_CONTROL_EXP_BACKOFF_MIN, _MAX
 // and _JITTER, or the fixed INMESH_CONTROL_BACKOFF_DELAY; a bad value stops
@@ -221,7 +223,14 @@ func run(f flags, log *slog.Logger) error {
 	admin.Handle("/metrics", metrics.Handler)
 	// /routes explains the routing of a request through the outbound
 	// stack's router (ServiceProfiles and outbound policies).
-	admin.Handle("/routes", client.Router().ExplainHandler())
+	outboundRoutes := client.Router().ExplainHandler()
+	admin.Handle("/routes", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("direction") == "inbound" {
+			explainInbound(w, r, inboundStack, f.app)
+			return
+		}
+		outboundRoutes.ServeHTTP(w, r)
+	}))
 	if b := client.Balancer(); b != nil {
 		admin.Handle("/endpoints", b.EndpointsHandler()) // ?authority=host:port: each endpoint's state as JSON
 	}
