@@ -7,7 +7,9 @@ import (
 
 	"github.com/inmesh/inmesh/authz"
 	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	"github.com/inmesh/inmesh/destination/grpcroutepb"
 	"github.com/inmesh/inmesh/destination/httproutepb"
+	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -22,7 +24,7 @@ const InboundDetectTimeout = 10 * time.Second
 // the Server's meta in its labels map (group, kind, name), each
 // authorization with its metadata and the same values in its deprecated
 // labels, the routes (HTTP, or gRPC for a gRPC Server) and the rate limit
-// of HTTP protocols. gRPC routes and opaque filters are not sent yet.
+// of HTTP protocols.
 func ServerToProto(s *authz.Server) *inboundpb.Server {
 	out := &inboundpb.Server{
 		Protocol:       &inboundpb.ProxyProtocol{},
@@ -40,7 +42,7 @@ func ServerToProto(s *authz.Server) *inboundpb.Server {
 	case authz.ProtocolHTTP2:
 		out.Protocol.Kind = &inboundpb.ProxyProtocol_Http2_{Http2: &inboundpb.ProxyProtocol_Http2{Routes: routes, LocalRateLimit: limit}}
 	case authz.ProtocolGRPC:
-		out.Protocol.Kind = &inboundpb.ProxyProtocol_Grpc_{Grpc: &inboundpb.ProxyProtocol_Grpc{}}
+		out.Protocol.Kind = &inboundpb.ProxyProtocol_Grpc_{Grpc: &inboundpb.ProxyProtocol_Grpc{Routes: inboundGRPCRoutesToProto(s.GRPCRoutes)}}
 	case authz.ProtocolOpaque:
 		out.Protocol.Kind = &inboundpb.ProxyProtocol_Opaque_{Opaque: &inboundpb.ProxyProtocol_Opaque{}}
 	case authz.ProtocolTLS:
@@ -169,6 +171,13 @@ func ServerFromProto(m *inboundpb.Server) (*authz.Server, error) {
 		s.Protocol, routes, limit = authz.ProtocolHTTP2, k.Http2.GetRoutes(), k.Http2.GetLocalRateLimit()
 	case *inboundpb.ProxyProtocol_Grpc_:
 		s.Protocol = authz.ProtocolGRPC
+		for i, r := range k.Grpc.GetRoutes() {
+			route, err := inboundGRPCRouteFromProto(r, fmt.Sprintf("protocol.grpc.routes[%d]", i))
+			if err != nil {
+				return nil, err
+			}
+			s.GRPCRoutes = append(s.GRPCRoutes, route)
+		}
 	case *inboundpb.ProxyProtocol_Opaque_:
 		s.Protocol = authz.ProtocolOpaque
 	case *inboundpb.ProxyProtocol_Tls_:
@@ -321,6 +330,72 @@ func inboundRouteFromProto(r *inboundpb.HttpRoute, path string) (authz.Route, er
 			}
 		}
 		out.Rules = append(out.Rules, ar)
+	}
+	return out, nil
+}
+
+func inboundGRPCRoutesToProto(rs []authz.GRPCRoute) []*inboundpb.GrpcRoute {
+	var out []*inboundpb.GrpcRoute
+	for _, r := range rs {
+		pr := &inboundpb.GrpcRoute{Metadata: inboundMetaToProto(r.Meta), Hosts: hostsToProto(r.Hosts), Authorizations: authzsToProto(r.Authorizations)}
+		for _, rule := range r.Rules {
+			prule := &inboundpb.GrpcRoute_Rule{}
+			for _, m := range rule.Matches {
+				prule.Matches = append(prule.Matches, &grpcroutepb.GrpcRouteMatch{
+					Rpc: &grpcroutepb.GrpcRpcMatch{Service: m.Service, Method: m.Method}, Headers: headerMatchesToProto(m.Headers)})
+			}
+			// The filters of an inbound gRPC rule are those of an outbound
+			// one: encode them so, and carry each over.
+			for _, f := range grpcFiltersToProto(rule.Filters) {
+				switch k := f.GetKind().(type) {
+				case *outboundpb.GrpcRoute_Filter_RequestHeaderModifier:
+					prule.Filters = append(prule.Filters, &inboundpb.GrpcRoute_Filter{Kind: &inboundpb.GrpcRoute_Filter_RequestHeaderModifier{RequestHeaderModifier: k.RequestHeaderModifier}})
+				case *outboundpb.GrpcRoute_Filter_FailureInjector:
+					prule.Filters = append(prule.Filters, &inboundpb.GrpcRoute_Filter{Kind: &inboundpb.GrpcRoute_Filter_FailureInjector{FailureInjector: k.FailureInjector}})
+				}
+			}
+			pr.Rules = append(pr.Rules, prule)
+		}
+		out = append(out, pr)
+	}
+	return out
+}
+
+func inboundGRPCRouteFromProto(r *inboundpb.GrpcRoute, path string) (authz.GRPCRoute, error) {
+	out := authz.GRPCRoute{Meta: inboundMetaFromProto(r.GetMetadata())}
+	var err error
+	if out.Hosts, err = hostsFromProto(r.GetHosts(), path+".hosts"); err != nil {
+		return out, err
+	}
+	if out.Authorizations, err = authzsFromProto(r.GetAuthorizations(), path+".authorizations"); err != nil {
+		return out, err
+	}
+	for i, rule := range r.GetRules() {
+		rpath := fmt.Sprintf("%s.rules[%d]", path, i)
+		var gr authz.GRPCRule
+		for j, m := range rule.GetMatches() {
+			mpath := fmt.Sprintf("%s.matches[%d]", rpath, j)
+			gm := policy.GRPCRouteMatch{Service: m.GetRpc().GetService(), Method: m.GetRpc().GetMethod()}
+			if gm.Headers, err = headerMatchesFromProto(m.GetHeaders(), mpath+".headers"); err != nil {
+				return out, err
+			}
+			gr.Matches = append(gr.Matches, gm)
+		}
+		var fs []*outboundpb.GrpcRoute_Filter
+		for _, f := range rule.GetFilters() {
+			switch k := f.GetKind().(type) {
+			case *inboundpb.GrpcRoute_Filter_RequestHeaderModifier:
+				fs = append(fs, &outboundpb.GrpcRoute_Filter{Kind: &outboundpb.GrpcRoute_Filter_RequestHeaderModifier{RequestHeaderModifier: k.RequestHeaderModifier}})
+			case *inboundpb.GrpcRoute_Filter_FailureInjector:
+				fs = append(fs, &outboundpb.GrpcRoute_Filter{Kind: &outboundpb.GrpcRoute_Filter_FailureInjector{FailureInjector: k.FailureInjector}})
+			default:
+				fs = append(fs, &outboundpb.GrpcRoute_Filter{})
+			}
+		}
+		if gr.Filters, err = grpcFiltersFromProto(fs, rpath+".filters"); err != nil {
+			return out, err
+		}
+		out.Rules = append(out.Rules, gr)
 	}
 	return out, nil
 }

@@ -131,3 +131,40 @@ func TestInboundServerFromProtoErrorsNameTheField(t *testing.T) {
 	})
 	assert.ErrorContains(t, err, "authorizations[0].authentication.permit: no permit set")
 }
+
+// TestInboundGRPCServerWireRoundTrip: a gRPC Server's routes (service and
+// method matches, header matches, header modifiers and failure injection,
+// route-level authorizations) survive the wire both ways.
+func TestInboundGRPCServerWireRoundTrip(t *testing.T) {
+	srv := &authz.Server{
+		Meta:     authz.Meta{Group: "policy.linkerd.io", Kind: "server", Name: "books-grpc"},
+		Protocol: authz.ProtocolGRPC,
+		Authorizations: []authz.Authz{{Meta: authz.DefaultMeta("all-unauthenticated"),
+			Networks: []authz.Network{{Net: netip.MustParsePrefix("0.0.0.0/0")}}}},
+		GRPCRoutes: []authz.GRPCRoute{{
+			Meta: authz.Meta{Group: "gateway.networking.k8s.io", Kind: "GRPCRoute", Name: "books"},
+			Rules: []authz.GRPCRule{{
+				Matches: []policy.GRPCRouteMatch{{Service: "books.Books", Method: "Get",
+					Headers: []policy.HeaderMatch{{Name: "x-tenant", Value: "a"}}}},
+				Filters: []policy.Filter{
+					{RequestHeaders: &policy.HeaderModifier{Set: []policy.Header{{Name: "x-from", Value: "mesh"}}}},
+					{GRPCFailureInjector: &policy.GRPCFailureInjector{Code: 14, Message: "injected", Ratio: policy.Ratio{Numerator: 1, Denominator: 2}}},
+				},
+			}},
+			Authorizations: []authz.Authz{{Meta: authz.Meta{Group: "policy.linkerd.io", Kind: "authorizationpolicy", Name: "web"},
+				Networks:       []authz.Network{{Net: netip.MustParsePrefix("10.0.0.0/8"), Except: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}},
+				Authentication: authz.Authentication{MeshTLS: &authz.MeshTLS{Suffixes: [][]string{{"default", "serviceaccount"}}}}}},
+		}},
+	}
+	b, err := proto.Marshal(destination.ServerToProto(srv))
+	require.NoError(t, err)
+	var back inboundpb.Server
+	require.NoError(t, proto.Unmarshal(b, &back))
+	require.Len(t, back.GetProtocol().GetGrpc().GetRoutes(), 1)
+	got, err := destination.ServerFromProto(&back)
+	require.NoError(t, err)
+	assert.Empty(t, cmp.Diff(srv, got, cmpopts.EquateEmpty(), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
+		cmpopts.IgnoreUnexported(policy.HeaderMatch{})))
+	_, err = authz.Compile(got)
+	require.NoError(t, err)
+}
