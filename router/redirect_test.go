@@ -46,7 +46,7 @@ func TestRedirectLocation(t *testing.T) {
 		{"redirect.rs", "replace_path_prefix_default_match", nil, policy.Redirect{Path: pfx("/qux")}, "http://example.com/foo/bar", "http://example.com/qux/foo/bar", nil},
 		{"redirect.rs", "replace_path_prefix_root_match", prefix("/"), policy.Redirect{Path: pfx("/qux")}, "http://example.com/foo/bar", "http://example.com/qux/foo/bar", nil},
 		{"redirect.rs", "replace_path_prefix_trailing_slash", prefix("/foo/"), policy.Redirect{Path: pfx("/qux")}, "http://example.com/foo/bar", "http://example.com/qux/bar", nil},
-		{"redirect.rs", "replace_path_prefix_exact_match", exact("/foo/bar"), policy.Redirect{Path: pfx("/qux")}, "http://example.com/foo/bar", "", errPrefixRedirect},
+		{"redirect.rs", "replace_path_prefix_exact_match", exact("/foo/bar"), policy.Redirect{Path: pfx("/qux")}, "http://example.com/foo/bar", "", policy.ErrPrefixRedirect},
 		{"redirect.rs", "scheme", nil, policy.Redirect{Scheme: "https"}, "http://example.com/foo?a=b&c", "https://example.com/foo?a=b&c", nil},
 
 		{"httproute-redirect-port-and-scheme", "listener 80, scheme nil, port nil", nil, policy.Redirect{Host: "example.org"}, "http://gw/scheme-nil-and-port-nil", "http://example.org/scheme-nil-and-port-nil", nil},
@@ -76,7 +76,7 @@ func TestRedirectLocation(t *testing.T) {
 			req := httptest.NewRequest(http.MethodGet, tt.url, nil)
 			_, m := rt.Select(req)
 			require.GreaterOrEqual(t, m.Route, 0, "the request must match")
-			loc, same, err := redirectURL(req, &tt.redirect, m)
+			loc, same, err := tt.redirect.Location(req, m)
 			if tt.wantErr != nil {
 				assert.ErrorIs(t, err, tt.wantErr)
 				return

@@ -303,7 +303,7 @@ func (x *policyExchange) filter(req *http.Request, fs []policy.Filter, respMods 
 		case f.ResponseHeaders != nil:
 			*respMods = append(*respMods, f.ResponseHeaders)
 		case f.Redirect != nil:
-			loc, same, err := redirectURL(req, f.Redirect, x.match)
+			loc, same, err := f.Redirect.Location(req, x.match)
 			switch {
 			case err != nil:
 				closeReqBody(req)
@@ -379,25 +379,32 @@ func (x *policyExchange) pick() int {
 	// take the request, as linkerd2-proxy's distribute picks (a balancer
 	// backend with no endpoint in rotation is passed over while another is
 	// ready); when none is ready, among them all, so that the pick queues
-	// and fails fast as its balancer says.
-	bal := x.r.cfg.balancer
-	var ready uint64
-	if bal != nil {
+	// and fails fast as its balancer says. Readiness is read once per
+	// backend (the first 64 of a route; past them, no backend is passed
+	// over), so that both passes agree.
+	total := x.rt.total
+	var down uint64 // bit i: backend i has no endpoint in rotation
+	if bal := x.r.cfg.balancer; bal != nil && len(d.Backends) <= 64 {
+		var ready uint64
 		for i, b := range d.Backends {
-			if b.Weight > 0 && x.available(bal, i) {
+			switch {
+			case b.Weight == 0:
+			case x.available(bal, i):
 				ready += uint64(b.Weight)
+			default:
+				down |= 1 << i
 			}
 		}
-	}
-	onlyReady := ready > 0 && ready < x.rt.total
-	total := x.rt.total
-	if onlyReady {
-		total = ready
+		if ready > 0 {
+			total = ready
+		} else {
+			down = 0
+		}
 	}
 	n := uint64(x.random() * float64(total))
 	last := -1
 	for i, b := range d.Backends {
-		if b.Weight == 0 || onlyReady && !x.available(bal, i) {
+		if b.Weight == 0 || i < 64 && down&(1<<i) != 0 {
 			continue
 		}
 		if n < uint64(b.Weight) {
@@ -414,16 +421,6 @@ func (x *policyExchange) pick() int {
 func (x *policyExchange) available(bal *balancer.Balancer, i int) bool {
 	b := &x.rt.route.Backends.Backends[i]
 	return b.Backend.Balancer == nil || bal.ReadyWith(b.Backend.Balancer.Authority, x.rt.balancing[i])
-}
-
-// errPrefixRedirect fails a redirect that replaces a path prefix when the
-// request matched no path prefix.
-var errPrefixRedirect = policy.ErrPrefixRedirect
-
-// redirectURL is [policy.Redirect.Location], shared with the inbound
-// handler.
-func redirectURL(req *http.Request, rd *policy.Redirect, m policy.Match) (loc string, same bool, err error) {
-	return rd.Location(req, m)
 }
 
 // Retryable implements exchange.Retry.
