@@ -1,0 +1,28 @@
+// Package meshgrpc brings grpc-go clients and servers into the mesh through
+// grpc-go's own extension points.
+//
+// A client joins with
+//
+//	conn, err := grpc.NewClient("inmesh:///books.default.svc.cluster.local:7000",
+//		meshgrpc.DialOptions(dst, meshgrpc.WithIdentity(local))...)
+//
+// where dst is a [destination.Client]: the resolver (scheme "inmesh") follows
+// the authority's endpoints from the Destination API, the balancer picks an
+// endpoint by power of two choices over peak-EWMA load with failure accrual
+// (the logic of package balancer), the interceptors apply the authority's
+// GRPCRoute policy (deadline, counted retries on gRPC codes, failure
+// injection, Linkerd's outbound_grpc_route_* metrics), and the transport
+// credentials speak mTLS to every endpoint that has an identity.
+//
+// A server joins with
+//
+//	srv := grpc.NewServer(meshgrpc.ServerOptions(meshgrpc.WithIdentity(local))...)
+//
+// which records Linkerd's inbound metrics, terminates mTLS, puts the caller's
+// verified identity in the context (identity.PeerFromContext, as in the HTTP
+// stack) and, with [WithInboundPolicy], enforces the port's authorizations
+// and rate limits.
+//
+// The package is built from the others of the module and holds no second copy
+// of their rules.
+package meshgrpc

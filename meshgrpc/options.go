@@ -1,0 +1,60 @@
+package meshgrpc
+
+import (
+	"log/slog"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/inmesh/inmesh/authz"
+	"github.com/inmesh/inmesh/identity"
+)
+
+// An Option configures [DialOptions] or [ServerOptions]; each option applies
+// to both, and an option that means nothing to one side is ignored there.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	identity *identity.Local
+	mp       metric.MeterProvider
+	logger   *slog.Logger
+	inbound  []authz.Option
+}
+
+func newConfig(opts []Option) *config {
+	c := &config{}
+	for _, o := range opts {
+		o.apply(c)
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	return c
+}
+
+// WithIdentity sets the local identity: a client presents its certificate
+// and verifies each endpoint's identity from discovery; a server terminates
+// mTLS with it. Without it, connections are plaintext.
+func WithIdentity(local *identity.Local) Option {
+	return optionFunc(func(c *config) { c.identity = local })
+}
+
+// WithMeterProvider sets where the metrics go (default: the global provider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.mp = mp })
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithInboundPolicy makes a server enforce an inbound policy: the options
+// of package authz, such as authz.WithSource (where the port's Server comes
+// from) and authz.WithTarget (the port). A client ignores it.
+func WithInboundPolicy(opts ...authz.Option) Option {
+	return optionFunc(func(c *config) { c.inbound = append(c.inbound, opts...) })
+}
