@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/proxyerr"
@@ -237,7 +238,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key.fam, key.authz = famAllow, ai
-	a.series.add(key)
+	allowed := a.series.add(key)
 	if cr.authzs[ai].audit {
 		h.log.Info("audit "+cr.meta.Name, "Request allowed", "server", pol.server.Meta.Name, "route", cr.meta.Name,
 			"authz", cr.authzs[ai].meta.Name, "client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)
@@ -306,6 +307,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer p.inflight.Add(-1)
+	}
+	if h.cfg.metricLabels {
+		r = r.WithContext(classify.WithLabels(r.Context(), allowed.labels))
 	}
 	h.next.ServeHTTP(w, r)
 }

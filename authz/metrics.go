@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/metrics"
 )
 
@@ -78,26 +79,40 @@ type seriesCache struct {
 	pol *Policy
 
 	mu sync.RWMutex
-	m  map[seriesKey]*metrics.Series
+	m  map[seriesKey]*seriesEntry
+}
+
+// seriesEntry is one series' counter and, for an allowed request, the
+// labels the inbound request and response metrics of the handlers after
+// the Handler carry (see [WithMetricLabels]).
+type seriesEntry struct {
+	series *metrics.Series
+	labels *classify.Labels
 }
 
 func newSeriesCache(in *instruments, pol *Policy) *seriesCache {
-	return &seriesCache{in: in, pol: pol, m: make(map[seriesKey]*metrics.Series)}
+	return &seriesCache{in: in, pol: pol, m: make(map[seriesKey]*seriesEntry)}
 }
 
-func (c *seriesCache) add(k seriesKey) {
+// add counts one request in k's series and returns its entry.
+func (c *seriesCache) add(k seriesKey) *seriesEntry {
 	c.mu.RLock()
-	s := c.m[k]
+	e := c.m[k]
 	c.mu.RUnlock()
-	if s == nil {
-		s = c.in.sums[k.fam].Series(attribute.NewSet(c.labels(k)...))
+	if e == nil {
+		kv := c.labels(k)
+		e = &seriesEntry{series: c.in.sums[k.fam].Series(attribute.NewSet(kv...))}
+		if k.fam == famAllow {
+			e.labels = classify.LabelsOf(kv...)
+		}
 		c.mu.Lock()
 		if len(c.m) < maxCachedSeries {
-			c.m[k] = s
+			c.m[k] = e
 		}
 		c.mu.Unlock()
 	}
-	s.Add()
+	e.series.Add()
+	return e
 }
 
 func (c *seriesCache) labels(k seriesKey) []attribute.KeyValue {

@@ -25,6 +25,8 @@ type config struct {
 	target   netip.AddrPort
 	// noLocalhost drops the localhost authorization.
 	noLocalhost bool
+	// metricLabels passes an allowed request's labels on (WithMetricLabels).
+	metricLabels bool
 }
 
 // WithSource sets where the Servers of the ports come from; nil (the
@@ -69,6 +71,17 @@ func WithTarget(target netip.AddrPort) Option {
 // not admit them for where they connect from.
 func WithoutLocalhost() Option {
 	return optionFunc(func(c *config) { c.noLocalhost = true })
+}
+
+// WithMetricLabels makes the Handler pass an allowed request on with its
+// target, srv_*, route_*, authz_* and tls labels in the context
+// (classify.WithLabels), so that the inbound request_total, response_total
+// and response_latency_ms a classify.Handler after it records carry them, as
+// Linkerd's proxy labels them and `linkerd viz stat-inbound` groups them.
+// The labels replace any the context had. It costs the allowed request a
+// new context and request (two allocations).
+func WithMetricLabels() Option {
+	return optionFunc(func(c *config) { c.metricLabels = true })
 }
 
 // WithMeterProvider sets the meter provider of the metrics; nil (the

@@ -61,6 +61,16 @@ func NewLabels(prefix string, m map[string]string) *Labels {
 	return l
 }
 
+// LabelsOf returns the labels kvs, as [NewLabels] would make them from their
+// keys and string values.
+func LabelsOf(kvs ...attribute.KeyValue) *Labels {
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		m[string(kv.Key)] = kv.Value.Emit()
+	}
+	return NewLabels("", m)
+}
+
 type labelsKey struct{}
 
 // WithLabels returns a context whose requests are recorded with l's labels

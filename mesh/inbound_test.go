@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,6 +113,19 @@ func TestInboundPolicy(t *testing.T) {
 	assert.Equal(t, "1", m.Value(t, "inbound_http_route_not_found_total", srvLabels...))
 	assert.NotEmpty(t, m.Value(t, "inbound_http_local_ratelimit_total", append(srvLabels, `ratelimit_scope="total"`, `ratelimit_name="books"`)...))
 	assert.NotEmpty(t, m.Value(t, "inbound_http_authz_allow_total", append(srvLabels, `authz_name="web-orders"`, `client_id="`+webID+`"`)...))
+
+	// The inbound request and response metrics carry the target, srv_*,
+	// route_*, authz_* and tls labels of the allowed requests (the labels
+	// `linkerd viz stat-inbound` groups by); refused requests are not in
+	// them, as in Linkerd's proxy.
+	allowed := append(srvLabels, `direction="inbound"`, `target_port="`+strconv.Itoa(int(port))+`"`,
+		`srv_port="`+strconv.Itoa(int(port))+`"`, `route_kind="HTTPRoute"`, `route_name="orders"`,
+		`authz_kind="authorizationpolicy"`, `authz_name="web-orders"`, `tls="true"`, `client_id="`+webID+`"`)
+	assert.Equal(t, strconv.Itoa(passed+1), m.Value(t, "request_total", allowed...))
+	assert.Equal(t, strconv.Itoa(passed+1), m.Value(t, "response_total", append(allowed, `status_code="200"`, `classification="success"`)...))
+	for _, code := range []string{"403", "404", "429"} {
+		assert.Empty(t, m.Lines(t, "response_total", `direction="inbound"`, `status_code="`+code+`"`), "refused requests are not in response_total")
+	}
 }
 
 // TestInboundPolicyFromTheControlPlane: the inbound policy of a pod's port

@@ -371,12 +371,18 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
-	var next http.Handler = s.router.Handler(withTLSLabels(classify.NewHandler(app, c.classifyOptions()...), c.identity != nil))
+	var next http.Handler = classify.NewHandler(app, c.classifyOptions()...)
+	if c.inbound == nil {
+		next = withTLSLabels(next, c.identity != nil)
+	}
+	next = s.router.Handler(next)
 	if c.inbound != nil {
 		// Authorization comes before routing, metrics and the app: a
 		// request it refuses is counted in the inbound_http_authz_*
-		// families only, as in Linkerd's proxy.
-		opts := append([]authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger)}, c.inbound...)
+		// families only, as in Linkerd's proxy. An allowed one carries
+		// its target, srv_*, route_*, authz_* and tls labels into the
+		// inbound request and response metrics.
+		opts := append([]authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger), authz.WithMetricLabels()}, c.inbound...)
 		h, err := authz.New(next, opts...)
 		if err != nil {
 			panic("mesh: NewServer: WithInboundPolicy: " + err.Error())
