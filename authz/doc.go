@@ -17,6 +17,12 @@
 // inbound_http_authz_deny_total, inbound_http_route_not_found_total,
 // inbound_http_local_ratelimit_total) with Linkerd's label values.
 //
+// Linkerd's proxy authorizes only opaque, TLS and other non-HTTP traffic
+// per connection (inbound_tcp_authz_* families); HTTP it authorizes per
+// request, as here. The Handler serves HTTP only, so a port whose Server
+// says opaque or TLS has no HTTP routes, and its requests get 404, as
+// Linkerd's proxy answers HTTP on a port whose policy has no HTTP routes.
+//
 // The package knows no protobuf and no control plane: a [Source] delivers
 // Servers, however they were obtained.
 package authz
