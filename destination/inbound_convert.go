@@ -3,6 +3,7 @@ package destination
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/inmesh/inmesh/authz"
@@ -24,12 +25,17 @@ const InboundDetectTimeout = 10 * time.Second
 // the Server's meta in its labels map (group, kind, name), each
 // authorization with its metadata and the same values in its deprecated
 // labels, the routes (HTTP, or gRPC for a gRPC Server) and the rate limit
-// of HTTP protocols.
+// of HTTP protocols. inmesh's own limit of requests in flight travels as
+// one more label, authz.AnnotationMaxConcurrentRequests, which Linkerd's
+// proxy ignores.
 func ServerToProto(s *authz.Server) *inboundpb.Server {
 	out := &inboundpb.Server{
 		Protocol:       &inboundpb.ProxyProtocol{},
 		Authorizations: authzsToProto(s.Authorizations),
 		Labels:         map[string]string{"group": s.Meta.Group, "kind": s.Meta.Kind, "name": s.Meta.Name},
+	}
+	if s.MaxConcurrentRequests > 0 {
+		out.Labels[authz.AnnotationMaxConcurrentRequests] = strconv.Itoa(s.MaxConcurrentRequests)
 	}
 	routes := inboundRoutesToProto(s.Routes)
 	limit := rateLimitToProto(s.RateLimit)
@@ -157,6 +163,9 @@ func ServerFromProto(m *inboundpb.Server) (*authz.Server, error) {
 	}
 	s := &authz.Server{Meta: authz.Meta{Group: m.GetLabels()["group"], Kind: m.GetLabels()["kind"], Name: m.GetLabels()["name"]}}
 	var err error
+	if s.MaxConcurrentRequests, err = authz.MaxConcurrentRequestsFrom(m.GetLabels()); err != nil {
+		return nil, errAt("labels", "%v", err)
+	}
 	if s.Authorizations, err = authzsFromProto(m.GetAuthorizations(), "authorizations"); err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ spec:
 ---
 apiVersion: policy.linkerd.io/v1beta3
 kind: Server
-metadata: {name: books-http, namespace: shop}
+metadata: {name: books-http, namespace: shop, annotations: {inmesh.io/max-concurrent-requests: "64"}}
 spec:
   podSelector: {matchLabels: {app: books}}
   port: http
@@ -104,7 +104,9 @@ func TestInboundServerWireRoundTrip(t *testing.T) {
 	srv, err := res.InboundServer("shop", "books-0", 7000, manifest.InboundOptions{})
 	require.NoError(t, err)
 	msg := destination.ServerToProto(srv)
-	assert.Equal(t, map[string]string{"group": "policy.linkerd.io", "kind": "server", "name": "books-http"}, msg.GetLabels())
+	require.Equal(t, 64, srv.MaxConcurrentRequests)
+	assert.Equal(t, map[string]string{"group": "policy.linkerd.io", "kind": "server", "name": "books-http",
+		authz.AnnotationMaxConcurrentRequests: "64"}, msg.GetLabels(), "inmesh's limit of requests in flight as one more label")
 	d := msg.GetProtocol().GetDetect()
 	require.NotNil(t, d)
 	assert.Equal(t, destination.InboundDetectTimeout, d.GetTimeout().AsDuration())
@@ -130,6 +132,11 @@ func TestInboundServerFromProtoErrorsNameTheField(t *testing.T) {
 		Authorizations: []*inboundpb.Authz{{}},
 	})
 	assert.ErrorContains(t, err, "authorizations[0].authentication.permit: no permit set")
+	_, err = destination.ServerFromProto(&inboundpb.Server{
+		Protocol: &inboundpb.ProxyProtocol{Kind: &inboundpb.ProxyProtocol_Opaque_{Opaque: &inboundpb.ProxyProtocol_Opaque{}}},
+		Labels:   map[string]string{authz.AnnotationMaxConcurrentRequests: "many"},
+	})
+	assert.ErrorContains(t, err, `labels: annotations["inmesh.io/max-concurrent-requests"]: "many" is not a positive integer`)
 }
 
 // TestInboundGRPCServerWireRoundTrip: a gRPC Server's routes (service and

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,11 @@ import (
 // Linkerd user writes it: a Server for the port with an HTTPRoute for GET
 // /books only, an AuthorizationPolicy admitting clients from a network,
 // and a rate limit.
-func inboundManifests(appPort uint16, network string) string {
+func inboundManifests(appPort uint16, network string, serverAnnotations ...string) string {
+	annotations := "{}"
+	if len(serverAnnotations) > 0 {
+		annotations = "{" + strings.Join(serverAnnotations, ", ") + "}"
+	}
 	return fmt.Sprintf(`
 apiVersion: v1
 kind: Pod
@@ -31,7 +36,7 @@ spec:
 ---
 apiVersion: policy.linkerd.io/v1beta3
 kind: Server
-metadata: {name: books-http, namespace: default}
+metadata: {name: books-http, namespace: default, annotations: %s}
 spec:
   podSelector: {matchLabels: {app: books}}
   port: http
@@ -63,7 +68,7 @@ metadata: {name: books, namespace: default}
 spec:
   targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
   total: {requestsPerSecond: 20}
-`, appPort, network)
+`, appPort, annotations, network)
 }
 
 // TestInboundPolicyThroughTheProxies: the embedded control plane serves
@@ -72,16 +77,23 @@ spec:
 // no localhost authorization) enforces it per request: 404 off the route,
 // 200 on it, 429 past the rate limit; a network authorization that
 // excludes loopback answers 403 once the edit is loaded, without a
-// restart; refused requests never reach the app, and each is counted in
-// Linkerd's families.
+// restart; a bad manifest keeps that policy; a limit of one request in
+// flight answers a second 503 at once; refused requests never reach the
+// app, and each is counted in Linkerd's families, the allowed ones in the
+// inbound response_total with the Server, route and authorization.
 func TestInboundPolicyThroughTheProxies(t *testing.T) {
 	bin := build(t)
 	dir := t.TempDir()
 	policies := filepath.Join(dir, "policies")
 	require.NoError(t, os.Mkdir(policies, 0o755))
 	var reached atomic.Int32
+	slowIn, release := make(chan struct{}, 1), make(chan struct{})
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
+		if r.URL.Path == "/books/slow" {
+			slowIn <- struct{}{}
+			<-release
+		}
 		fmt.Fprint(w, r.URL.Path)
 	}))
 	defer app.Close()
@@ -154,6 +166,39 @@ func TestInboundPolicyThroughTheProxies(t *testing.T) {
 	require.Eventually(t, func() bool { return get("/books/1") == 403 }, timeout, 100*time.Millisecond, "loopback denied")
 	assert.Contains(t, explain("method=GET&path=/books/1&client=127.0.0.1"), `"decision": "deny"`)
 
+	// A bad manifest is refused, naming it, and the last good policy
+	// stays in force.
+	require.NoError(t, os.WriteFile(policyFile, []byte(inboundManifests(appPort, "{cidr: not-a-network}")), 0o644))
+	dst.waitLog(t, regexp.MustCompile(`rejected a control-plane file.*books\.yaml`))
+	assert.Equal(t, 403, get("/books/1"), "the last good policy stays")
+
+	// inmesh's own limit of requests in flight, from the Server's
+	// annotation: with one request held in the app, the next is refused
+	// at once.
+	require.NoError(t, os.WriteFile(policyFile, []byte(inboundManifests(appPort, "{cidr: 0.0.0.0/0}",
+		`inmesh.io/max-concurrent-requests: "1"`)), 0o644))
+	require.Eventually(t, func() bool { return get("/books/1") == 200 }, timeout, 100*time.Millisecond, "loopback allowed again")
+	held := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+aOut+"/books/slow", nil)
+		req.Host = books
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			held <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	<-slowIn
+	// (The proxies here have no identities: a plaintext peer gets the
+	// bare status, without l5d-proxy-error, as from Linkerd's proxy.)
+	status, _, _ := curl(t, "-H", "Host: "+books, "http://"+aOut+"/books/1")
+	assert.Equal(t, 503, status, "past the limit of requests in flight")
+	close(release)
+	assert.Equal(t, 200, <-held, "the held request completes")
+
 	text = scrape(t, bMetrics)
 	srv := []string{`srv_group="policy.linkerd.io"`, `srv_kind="server"`, `srv_name="books-http"`, `srv_port="` + fmt.Sprint(appPort) + `"`}
 	_, ok := metric(text, "inbound_http_route_not_found_total", srv...)
@@ -164,4 +209,10 @@ func TestInboundPolicyThroughTheProxies(t *testing.T) {
 	assert.True(t, ok, "denied counted")
 	_, ok = metric(text, "inbound_http_local_ratelimit_total", append(srv, `ratelimit_scope="total"`, `ratelimit_name="books"`)...)
 	assert.True(t, ok, "limited counted")
+	v, ok := metric(text, "inbound_http_concurrency_limit_total", srv...)
+	assert.True(t, ok, "the in-flight refusal counted")
+	assert.Equal(t, 1.0, v)
+	_, ok = metric(text, "response_total", append(srv, `direction="inbound"`, `route_name="books-list"`,
+		`authz_name="books-callers"`, `status_code="200"`, `classification="success"`)...)
+	assert.True(t, ok, "allowed requests in response_total with their Server, route and authorization")
 }
