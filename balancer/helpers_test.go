@@ -14,9 +14,9 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/testutil"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"

@@ -13,9 +13,9 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/profiles"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"

@@ -7,9 +7,9 @@ import (
 	"strings"
 
 	"github.com/inmesh/inmesh/destination"
-	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"

@@ -8,9 +8,9 @@ import (
 
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/destination"
-	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/proxyapi/inboundpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"

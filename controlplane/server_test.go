@@ -10,8 +10,8 @@ import (
 	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"

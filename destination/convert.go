@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 

@@ -2,7 +2,7 @@ package destination
 
 import (
 	"github.com/inmesh/inmesh/balancer/endpoint"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 )
 
 // The decoders below are unexported; the tests of package destination_test

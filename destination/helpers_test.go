@@ -14,8 +14,8 @@ import (
 
 	"github.com/inmesh/inmesh/destination"
 
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"

@@ -11,9 +11,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"google.golang.org/grpc"
 )
 

@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
-	"github.com/inmesh/inmesh/destination/httproutepb"
-	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/policy"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/httproutepb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )

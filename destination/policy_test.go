@@ -15,8 +15,8 @@ import (
 	"github.com/inmesh/inmesh/manifest"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"

@@ -7,8 +7,8 @@ import (
 
 	"github.com/inmesh/inmesh/controlplane"
 
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
 	"github.com/inmesh/inmesh/profiles"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 )

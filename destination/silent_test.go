@@ -12,7 +12,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"

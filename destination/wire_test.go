@@ -8,7 +8,7 @@ import (
 
 	"github.com/inmesh/inmesh/destination"
 
-	pb "github.com/inmesh/inmesh/destination/destinationpb"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates the protobuf and gRPC packages from the .proto files in this
-# folder: destination/destinationpb (Destination API), outboundpb,
-# httproutepb, grpcroutepb, opaqueroutepb and tlsroutepb (OutboundPolicies
-# API) under destination/, proxyapi/identitypb (Identity API) and
-# proxyapi/inboundpb (InboundServerPolicies API). Each Go package holds one
-# or more proto packages, as their go_package options say.
+# folder, one Go package per Linkerd API under proxyapi/: destinationpb
+# (Destination API), outboundpb, httproutepb, grpcroutepb, opaqueroutepb and
+# tlsroutepb (OutboundPolicies API), identitypb (Identity API) and inboundpb
+# (InboundServerPolicies API). Each Go package holds one or more proto
+# packages, as their go_package options say.
 #   proto/generate.sh          write the generated code
 #   proto/generate.sh --check  fail when any committed package is stale
 # Needs protoc (Debian: protobuf-compiler); the Go plugins are pinned below and

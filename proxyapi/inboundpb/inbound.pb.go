@@ -14,9 +14,9 @@
 package inboundpb
 
 import (
-	destinationpb "github.com/inmesh/inmesh/destination/destinationpb"
-	grpcroutepb "github.com/inmesh/inmesh/destination/grpcroutepb"
-	httproutepb "github.com/inmesh/inmesh/destination/httproutepb"
+	destinationpb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	grpcroutepb "github.com/inmesh/inmesh/proxyapi/grpcroutepb"
+	httproutepb "github.com/inmesh/inmesh/proxyapi/httproutepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"

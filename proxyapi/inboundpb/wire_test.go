@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inmesh/inmesh/destination/outboundpb"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
 	"github.com/inmesh/inmesh/proxyapi/inboundpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"

@@ -288,7 +288,7 @@ const file_net_proto_rawDesc = "" +
 	"\n" +
 	"TcpAddress\x12/\n" +
 	"\x02ip\x18\x01 \x01(\v2\x1f.io.linkerd.proxy.net.IPAddressR\x02ip\x12\x12\n" +
-	"\x04port\x18\x02 \x01(\rR\x04portB4Z2github.com/inmesh/inmesh/destination/destinationpbb\x06proto3"
+	"\x04port\x18\x02 \x01(\rR\x04portB1Z/github.com/inmesh/inmesh/proxyapi/destinationpbb\x06proto3"
 
 var (
 	file_net_proto_rawDescOnce sync.Once

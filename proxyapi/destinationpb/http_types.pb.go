@@ -440,7 +440,7 @@ const file_http_types_proto_rawDesc = "" +
 	"\aheaders\x18\x01 \x03(\v2+.io.linkerd.proxy.http_types.Headers.HeaderR\aheaders\x1a2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05valueB4Z2github.com/inmesh/inmesh/destination/destinationpbb\x06proto3"
+	"\x05value\x18\x02 \x01(\fR\x05valueB1Z/github.com/inmesh/inmesh/proxyapi/destinationpbb\x06proto3"
 
 var (
 	file_http_types_proto_rawDescOnce sync.Once

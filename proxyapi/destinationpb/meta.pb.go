@@ -209,7 +209,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x12\x18\n" +
 	"\asection\x18\x05 \x01(\tR\asection\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04portB4Z2github.com/inmesh/inmesh/destination/destinationpbb\x06proto3"
+	"\x04port\x18\x06 \x01(\rR\x04portB1Z/github.com/inmesh/inmesh/proxyapi/destinationpbb\x06proto3"
 
 var (
 	file_meta_proto_rawDescOnce sync.Once

@@ -12,7 +12,7 @@
 package httproutepb
 
 import (
-	destinationpb "github.com/inmesh/inmesh/destination/destinationpb"
+	destinationpb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -1033,7 +1033,7 @@ const file_http_route_proto_rawDesc = "" +
 	"\bTimeouts\x125\n" +
 	"\bresponse\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bresponse\x123\n" +
 	"\arequest\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\arequest\x12-\n" +
-	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idleB2Z0github.com/inmesh/inmesh/destination/httproutepbb\x06proto3"
+	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idleB/Z-github.com/inmesh/inmesh/proxyapi/httproutepbb\x06proto3"
 
 var (
 	file_http_route_proto_rawDescOnce sync.Once

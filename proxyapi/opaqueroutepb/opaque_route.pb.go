@@ -114,7 +114,7 @@ const file_opaque_route_proto_rawDesc = "" +
 	"\x12opaque_route.proto\x12\x1dio.linkerd.proxy.opaque_route\"#\n" +
 	"\aInvalid\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\"\v\n" +
-	"\tForbiddenB4Z2github.com/inmesh/inmesh/destination/opaqueroutepbb\x06proto3"
+	"\tForbiddenB1Z/github.com/inmesh/inmesh/proxyapi/opaqueroutepbb\x06proto3"
 
 var (
 	file_opaque_route_proto_rawDescOnce sync.Once

@@ -11,7 +11,7 @@
 package grpcroutepb
 
 import (
-	httproutepb "github.com/inmesh/inmesh/destination/httproutepb"
+	httproutepb "github.com/inmesh/inmesh/proxyapi/httproutepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -209,7 +209,7 @@ const file_grpc_route_proto_rawDesc = "" +
 	"\x13GrpcFailureInjector\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x128\n" +
-	"\x05ratio\x18\x03 \x01(\v2\".io.linkerd.proxy.http_route.RatioR\x05ratioB2Z0github.com/inmesh/inmesh/destination/grpcroutepbb\x06proto3"
+	"\x05ratio\x18\x03 \x01(\v2\".io.linkerd.proxy.http_route.RatioR\x05ratioB/Z-github.com/inmesh/inmesh/proxyapi/grpcroutepbb\x06proto3"
 
 var (
 	file_grpc_route_proto_rawDescOnce sync.Once

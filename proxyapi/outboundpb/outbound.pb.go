@@ -13,11 +13,11 @@
 package outboundpb
 
 import (
-	destinationpb "github.com/inmesh/inmesh/destination/destinationpb"
-	grpcroutepb "github.com/inmesh/inmesh/destination/grpcroutepb"
-	httproutepb "github.com/inmesh/inmesh/destination/httproutepb"
-	opaqueroutepb "github.com/inmesh/inmesh/destination/opaqueroutepb"
-	tlsroutepb "github.com/inmesh/inmesh/destination/tlsroutepb"
+	destinationpb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	grpcroutepb "github.com/inmesh/inmesh/proxyapi/grpcroutepb"
+	httproutepb "github.com/inmesh/inmesh/proxyapi/httproutepb"
+	opaqueroutepb "github.com/inmesh/inmesh/proxyapi/opaqueroutepb"
+	tlsroutepb "github.com/inmesh/inmesh/proxyapi/tlsroutepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -4267,7 +4267,7 @@ const file_outbound_proto_rawDesc = "" +
 	"\x18respect_retry_after_hint\x18\x04 \x01(\bR\x15respectRetryAfterHint2\xce\x01\n" +
 	"\x10OutboundPolicies\x12Z\n" +
 	"\x03Get\x12&.io.linkerd.proxy.outbound.TrafficSpec\x1a).io.linkerd.proxy.outbound.OutboundPolicy\"\x00\x12^\n" +
-	"\x05Watch\x12&.io.linkerd.proxy.outbound.TrafficSpec\x1a).io.linkerd.proxy.outbound.OutboundPolicy\"\x000\x01B1Z/github.com/inmesh/inmesh/destination/outboundpbb\x06proto3"
+	"\x05Watch\x12&.io.linkerd.proxy.outbound.TrafficSpec\x1a).io.linkerd.proxy.outbound.OutboundPolicy\"\x000\x01B.Z,github.com/inmesh/inmesh/proxyapi/outboundpbb\x06proto3"
 
 var (
 	file_outbound_proto_rawDescOnce sync.Once

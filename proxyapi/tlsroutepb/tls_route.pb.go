@@ -163,7 +163,7 @@ const file_tls_route_proto_rawDesc = "" +
 	"\x06suffix\x18\x02 \x01(\v2+.io.linkerd.proxy.tls_route.SniMatch.SuffixH\x00R\x06suffix\x1a/\n" +
 	"\x06Suffix\x12%\n" +
 	"\x0ereverse_labels\x18\x01 \x03(\tR\rreverseLabelsB\a\n" +
-	"\x05matchB1Z/github.com/inmesh/inmesh/destination/tlsroutepbb\x06proto3"
+	"\x05matchB.Z,github.com/inmesh/inmesh/proxyapi/tlsroutepbb\x06proto3"
 
 var (
 	file_tls_route_proto_rawDescOnce sync.Once

@@ -2033,7 +2033,7 @@ const file_destination_proto_rawDesc = "" +
 	"\vDestination\x12]\n" +
 	"\x03Get\x12,.io.linkerd.proxy.destination.GetDestination\x1a$.io.linkerd.proxy.destination.Update\"\x000\x01\x12p\n" +
 	"\n" +
-	"GetProfile\x12,.io.linkerd.proxy.destination.GetDestination\x1a0.io.linkerd.proxy.destination.DestinationProfile\"\x000\x01B4Z2github.com/inmesh/inmesh/destination/destinationpbb\x06proto3"
+	"GetProfile\x12,.io.linkerd.proxy.destination.GetDestination\x1a0.io.linkerd.proxy.destination.DestinationProfile\"\x000\x01B1Z/github.com/inmesh/inmesh/proxyapi/destinationpbb\x06proto3"
 
 var (
 	file_destination_proto_rawDescOnce sync.Once
