@@ -467,6 +467,12 @@ func backoffFromProto(b *outboundpb.ExponentialBackoff, path string) (backoff.Po
 	return p, nil
 }
 
+// noOpaqueFilters drops an opaque route backend's filters: the model of an
+// opaque route has none.
+func noOpaqueFilters([]*outboundpb.OpaqueRoute_Filter, string) ([]policy.Filter, error) {
+	return nil, nil
+}
+
 func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (policy.OpaqueProtocol, error) {
 	var out policy.OpaqueProtocol
 	for i, r := range o.GetRoutes() {
@@ -484,26 +490,14 @@ func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (p
 			switch k := rules[0].GetBackends().GetKind().(type) {
 			case *outboundpb.OpaqueRoute_Distribution_Empty_:
 			case *outboundpb.OpaqueRoute_Distribution_FirstAvailable_:
-				route.Backends.Kind = policy.DistributionFirstAvailable
-				for j, rb := range k.FirstAvailable.GetBackends() {
-					b, err := routeBackendFromProto(rb.GetBackend(), fmt.Sprintf("%s.first_available.backends[%d]", dpath, j))
-					if err != nil {
-						return out, err
-					}
-					route.Backends.Backends = append(route.Backends.Backends, b)
-				}
+				route.Backends, err = firstAvailableFromProto(k.FirstAvailable.GetBackends(), noOpaqueFilters, dpath, true)
 			case *outboundpb.OpaqueRoute_Distribution_RandomAvailable_:
-				route.Backends.Kind = policy.DistributionRandomAvailable
-				for j, wb := range k.RandomAvailable.GetBackends() {
-					b, err := routeBackendFromProto(wb.GetBackend().GetBackend(), fmt.Sprintf("%s.random_available.backends[%d].backend", dpath, j))
-					if err != nil {
-						return out, err
-					}
-					b.Weight = wb.GetWeight()
-					route.Backends.Backends = append(route.Backends.Backends, b)
-				}
+				route.Backends, err = randomAvailableFromProto(k.RandomAvailable.GetBackends(), noOpaqueFilters, dpath, true)
 			default:
 				return out, errAt(dpath+".kind", "missing distribution kind")
+			}
+			if err != nil {
+				return out, err
 			}
 		}
 		out.Routes = append(out.Routes, route)
@@ -516,45 +510,76 @@ func httpDistributionFromProto(d *outboundpb.HttpRoute_Distribution, path string
 	case *outboundpb.HttpRoute_Distribution_Empty_:
 		return policy.Distribution{}, nil
 	case *outboundpb.HttpRoute_Distribution_FirstAvailable_:
-		out := policy.Distribution{Kind: policy.DistributionFirstAvailable}
-		for i, rb := range k.FirstAvailable.GetBackends() {
-			bpath := fmt.Sprintf("%s.first_available.backends[%d]", path, i)
-			b, err := routeBackendFromProto(rb.GetBackend(), bpath)
-			if err != nil {
-				return out, err
-			}
-			if b.Filters, err = httpFiltersFromProto(rb.GetFilters(), bpath+".filters"); err != nil {
-				return out, err
-			}
-			out.Backends = append(out.Backends, b)
-		}
-		if len(out.Backends) == 0 {
-			return out, errAt(path+".first_available.backends", "a first_available distribution may not be empty")
-		}
-		return out, nil
+		return firstAvailableFromProto(k.FirstAvailable.GetBackends(), httpFiltersFromProto, path, false)
 	case *outboundpb.HttpRoute_Distribution_RandomAvailable_:
-		out := policy.Distribution{Kind: policy.DistributionRandomAvailable}
-		for i, wb := range k.RandomAvailable.GetBackends() {
-			bpath := fmt.Sprintf("%s.random_available.backends[%d]", path, i)
-			if wb.GetBackend() == nil {
-				return out, errAt(bpath+".backend", "required")
-			}
-			b, err := routeBackendFromProto(wb.GetBackend().GetBackend(), bpath+".backend")
-			if err != nil {
-				return out, err
-			}
-			if b.Filters, err = httpFiltersFromProto(wb.GetBackend().GetFilters(), bpath+".backend.filters"); err != nil {
-				return out, err
-			}
-			b.Weight = wb.GetWeight()
-			out.Backends = append(out.Backends, b)
-		}
-		if len(out.Backends) == 0 {
-			return out, errAt(path+".random_available.backends", "a random_available distribution may not be empty")
-		}
-		return out, nil
+		return randomAvailableFromProto(k.RandomAvailable.GetBackends(), httpFiltersFromProto, path, false)
 	}
 	return policy.Distribution{}, errAt(path+".kind", "missing distribution kind")
+}
+
+// routeBackendProto is a route backend of any route kind's distribution:
+// the backend and the filters of that kind.
+type routeBackendProto[F any] interface {
+	comparable
+	GetBackend() *outboundpb.Backend
+	GetFilters() []F
+}
+
+// weightedBackendProto is a route backend of a random_available
+// distribution, with its weight.
+type weightedBackendProto[RB any] interface {
+	GetBackend() RB
+	GetWeight() uint32
+}
+
+// firstAvailableFromProto decodes the backends of a first_available
+// distribution of any route kind; filters decodes that kind's filters.
+// With mayBeEmpty unset, no backend at all is an error.
+func firstAvailableFromProto[F any, RB routeBackendProto[F]](rbs []RB, filters func([]F, string) ([]policy.Filter, error), path string, mayBeEmpty bool) (policy.Distribution, error) {
+	out := policy.Distribution{Kind: policy.DistributionFirstAvailable}
+	for i, rb := range rbs {
+		b, err := routeBackendWithFilters(rb, filters, fmt.Sprintf("%s.first_available.backends[%d]", path, i))
+		if err != nil {
+			return out, err
+		}
+		out.Backends = append(out.Backends, b)
+	}
+	if len(out.Backends) == 0 && !mayBeEmpty {
+		return out, errAt(path+".first_available.backends", "a first_available distribution may not be empty")
+	}
+	return out, nil
+}
+
+// randomAvailableFromProto decodes the weighted backends of a
+// random_available distribution of any route kind.
+func randomAvailableFromProto[F any, RB routeBackendProto[F], WB weightedBackendProto[RB]](wbs []WB, filters func([]F, string) ([]policy.Filter, error), path string, mayBeEmpty bool) (policy.Distribution, error) {
+	out := policy.Distribution{Kind: policy.DistributionRandomAvailable}
+	for i, wb := range wbs {
+		bpath := fmt.Sprintf("%s.random_available.backends[%d].backend", path, i)
+		var none RB
+		if wb.GetBackend() == none {
+			return out, errAt(bpath, "required")
+		}
+		b, err := routeBackendWithFilters(wb.GetBackend(), filters, bpath)
+		if err != nil {
+			return out, err
+		}
+		b.Weight = wb.GetWeight()
+		out.Backends = append(out.Backends, b)
+	}
+	if len(out.Backends) == 0 && !mayBeEmpty {
+		return out, errAt(path+".random_available.backends", "a random_available distribution may not be empty")
+	}
+	return out, nil
+}
+
+func routeBackendWithFilters[F any, RB routeBackendProto[F]](rb RB, filters func([]F, string) ([]policy.Filter, error), path string) (policy.RouteBackend, error) {
+	b, err := routeBackendFromProto(rb.GetBackend(), path)
+	if err != nil {
+		return b, err
+	}
+	b.Filters, err = filters(rb.GetFilters(), path+".filters")
+	return b, err
 }
 
 func routeBackendFromProto(b *outboundpb.Backend, path string) (policy.RouteBackend, error) {
@@ -760,43 +785,9 @@ func grpcDistributionFromProto(d *outboundpb.GrpcRoute_Distribution, path string
 	case *outboundpb.GrpcRoute_Distribution_Empty_:
 		return policy.Distribution{}, nil
 	case *outboundpb.GrpcRoute_Distribution_FirstAvailable_:
-		out := policy.Distribution{Kind: policy.DistributionFirstAvailable}
-		for i, rb := range k.FirstAvailable.GetBackends() {
-			bpath := fmt.Sprintf("%s.first_available.backends[%d]", path, i)
-			b, err := routeBackendFromProto(rb.GetBackend(), bpath)
-			if err != nil {
-				return out, err
-			}
-			if b.Filters, err = grpcFiltersFromProto(rb.GetFilters(), bpath+".filters"); err != nil {
-				return out, err
-			}
-			out.Backends = append(out.Backends, b)
-		}
-		if len(out.Backends) == 0 {
-			return out, errAt(path+".first_available.backends", "a first_available distribution may not be empty")
-		}
-		return out, nil
+		return firstAvailableFromProto(k.FirstAvailable.GetBackends(), grpcFiltersFromProto, path, false)
 	case *outboundpb.GrpcRoute_Distribution_RandomAvailable_:
-		out := policy.Distribution{Kind: policy.DistributionRandomAvailable}
-		for i, wb := range k.RandomAvailable.GetBackends() {
-			bpath := fmt.Sprintf("%s.random_available.backends[%d]", path, i)
-			if wb.GetBackend() == nil {
-				return out, errAt(bpath+".backend", "required")
-			}
-			b, err := routeBackendFromProto(wb.GetBackend().GetBackend(), bpath+".backend")
-			if err != nil {
-				return out, err
-			}
-			if b.Filters, err = grpcFiltersFromProto(wb.GetBackend().GetFilters(), bpath+".backend.filters"); err != nil {
-				return out, err
-			}
-			b.Weight = wb.GetWeight()
-			out.Backends = append(out.Backends, b)
-		}
-		if len(out.Backends) == 0 {
-			return out, errAt(path+".random_available.backends", "a random_available distribution may not be empty")
-		}
-		return out, nil
+		return randomAvailableFromProto(k.RandomAvailable.GetBackends(), grpcFiltersFromProto, path, false)
 	}
 	return policy.Distribution{}, errAt(path+".kind", "missing distribution kind")
 }
