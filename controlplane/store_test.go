@@ -6,60 +6,11 @@ import (
 	"testing"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-const fullProfile = `
-apiVersion: linkerd.io/v1alpha2
-kind: ServiceProfile
-metadata:
-  name: books.default.svc.cluster.local
-  namespace: default
-spec:
-  routes:
-  - name: GET /books/{id}
-    condition:
-      method: GET
-      pathRegex: /books/\d+
-    responseClasses:
-    - condition:
-        status: {min: 533, max: 533}
-      isFailure: false
-    - condition:
-        all:
-        - status: {min: 500, max: 599}
-        - not:
-            status: {min: 503}
-      isFailure: true
-    - condition:
-        any:
-        - status: {max: 429}
-      isFailure: true
-    isRetryable: true
-    timeout: 300ms
-  - name: everything else
-    condition:
-      all: []
-  - name: POST or PUT
-    condition:
-      any:
-      - method: POST
-      - method: PURGE
-      not:
-        pathRegex: /admin/.*
-  retryBudget:
-    retryRatio: 0.25
-    minRetriesPerSecond: 7
-    ttl: 15s
-  dstOverrides:
-  - authority: books-v1.default.svc.cluster.local:7000
-    weight: 1
-  - authority: books-v2.default.svc.cluster.local
-    weight: 500m
-  opaquePorts: [3306, "5432"]
-`
 
 func TestParseEndpoints(t *testing.T) {
 	sets, err := manifest.ParseEndpoints([]byte(`
@@ -108,7 +59,7 @@ func TestParseEndpoints(t *testing.T) {
 func TestStoreLoadKeepsLastGood(t *testing.T) {
 	dir := t.TempDir()
 	good := dir + "/books.yaml"
-	writeFile(t, good, fullProfile)
+	writeFile(t, good, testutil.FullProfile)
 	store := NewStore()
 	require.NoError(t, store.LoadServiceProfiles(good))
 	p, _, _ := store.profile("books.default.svc.cluster.local", 7000)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
 
 	"github.com/stretchr/testify/assert"
@@ -68,17 +69,17 @@ func TestWatchFilesKeepsLastGoodEndpoints(t *testing.T) {
 			eps := filepath.Join(dir, "endpoints.yaml")
 			w := &stampedWriter{t: t}
 			w.write(eps, goodEndpoints)
-			logs := &lineCounter{}
+			logs := &testutil.LogLines{}
 			store := NewStore()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			require.NoError(t, WatchFiles(ctx, store, "", eps, 5*time.Millisecond, WithLogger(logs.logger())))
+			require.NoError(t, WatchFiles(ctx, store, "", eps, 5*time.Millisecond, WithLogger(logs.Logger())))
 			got, exists, _ := store.endpointSet(authority)
 			require.True(t, exists)
 			require.Len(t, got, 2)
 
 			w.write(eps, tc.content)
-			require.Eventually(t, func() bool { return logs.count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond, "the bad file was never reported")
+			require.Eventually(t, func() bool { return logs.Count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond, "the bad file was never reported")
 			line := logs.String()
 			assert.Contains(t, line, eps, "the warning names the file")
 			for _, want := range tc.wantLog {
@@ -87,7 +88,7 @@ func TestWatchFilesKeepsLastGoodEndpoints(t *testing.T) {
 			got, exists, _ = store.endpointSet(authority)
 			assert.True(t, exists, "the last good state stays")
 			assert.Len(t, got, 2, "the last good state stays")
-			assert.Equal(t, 1, logs.count("WARN"), "reported once, not at every poll")
+			assert.Equal(t, 1, logs.Count("WARN"), "reported once, not at every poll")
 
 			w.write(eps, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4145\n")
 			require.Eventually(t, func() bool {
@@ -121,7 +122,7 @@ func TestWatchFilesKeepsLastGoodProfiles(t *testing.T) {
 	}{
 		{"empty", "", []string{"empty file (no documents)"}},
 		{"whitespace", "\n   \n", []string{"empty file (no documents)"}},
-		{"truncated", fullProfile[:strings.Index(fullProfile, "spec:")], []string{"spec: required"}},
+		{"truncated", testutil.FullProfile[:strings.Index(testutil.FullProfile, "spec:")], []string{"spec: required"}},
 		{"duplicate key", "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec:\n  routes:\n  - name: a\n    condition: {pathRegex: /a}\n    condition: {pathRegex: /b}\n", []string{"spec.routes[0].condition", "duplicate key"}},
 	}
 	for _, tc := range cases {
@@ -129,17 +130,17 @@ func TestWatchFilesKeepsLastGoodProfiles(t *testing.T) {
 			dir := t.TempDir()
 			sp := filepath.Join(dir, "books.yaml")
 			w := &stampedWriter{t: t}
-			w.write(sp, fullProfile)
-			logs := &lineCounter{}
+			w.write(sp, testutil.FullProfile)
+			logs := &testutil.LogLines{}
 			store := NewStore()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			require.NoError(t, WatchFiles(ctx, store, dir, "", 5*time.Millisecond, WithLogger(logs.logger())))
+			require.NoError(t, WatchFiles(ctx, store, dir, "", 5*time.Millisecond, WithLogger(logs.Logger())))
 			p, _, _ := store.profile("books.default.svc.cluster.local", 7000)
 			require.Len(t, p.Routes, 3)
 
 			w.write(sp, tc.content)
-			require.Eventually(t, func() bool { return logs.count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return logs.Count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond)
 			line := logs.String()
 			assert.Contains(t, line, sp)
 			for _, want := range tc.wantLog {
@@ -159,10 +160,10 @@ func TestEveryDistinctMistakeIsLogged(t *testing.T) {
 	eps := filepath.Join(dir, "endpoints.yaml")
 	w := &stampedWriter{t: t}
 	w.write(eps, goodEndpoints)
-	logs := &lineCounter{}
+	logs := &testutil.LogLines{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	require.NoError(t, WatchFiles(ctx, NewStore(), "", eps, 5*time.Millisecond, WithLogger(logs.logger()), WithLogInterval(time.Hour)))
+	require.NoError(t, WatchFiles(ctx, NewStore(), "", eps, 5*time.Millisecond, WithLogger(logs.Logger()), WithLogInterval(time.Hour)))
 	mistakes := []struct{ content, want string }{
 		{"- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.\n", "[0].endpoints[0].addr"},
 		{"- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n    weight: -1\n", "[0].endpoints[0].weight"},
@@ -175,20 +176,20 @@ func TestEveryDistinctMistakeIsLogged(t *testing.T) {
 		require.Eventually(t, func() bool { return strings.Contains(logs.String(), m.want) }, defaultTestTimeout, 5*time.Millisecond,
 			"mistake %d (%s) was never named; log:\n%s", i, m.want, logs.String())
 	}
-	assert.Equal(t, len(mistakes), logs.count("WARN", eps), "one line per mistake")
+	assert.Equal(t, len(mistakes), logs.Count("WARN", eps), "one line per mistake")
 	w.write(eps, mistakes[0].content) // the first mistake again
 	w.write(eps, mistakes[0].content+"\n")
-	assert.Never(t, func() bool { return logs.count("WARN", eps) > len(mistakes)+1 }, 100*time.Millisecond, 5*time.Millisecond)
+	assert.Never(t, func() bool { return logs.Count("WARN", eps) > len(mistakes)+1 }, 100*time.Millisecond, 5*time.Millisecond)
 }
 
 // A ServiceProfile named "stock" loads, and the control plane says it will
 // never apply.
 func TestShortProfileNameIsReported(t *testing.T) {
 	dir := t.TempDir()
-	logs := &lineCounter{}
+	logs := &testutil.LogLines{}
 	writeFile(t, filepath.Join(dir, "stock.yaml"), "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: stock}\nspec:\n  routes: []\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	require.NoError(t, WatchFiles(ctx, NewStore(), dir, "", 5*time.Millisecond, WithLogger(logs.logger())))
-	assert.Equal(t, 1, logs.count("WARN", `metadata.name \"stock\" is not a fully qualified service name (such as stock.default.svc.cluster.local)`), logs.String())
+	require.NoError(t, WatchFiles(ctx, NewStore(), dir, "", 5*time.Millisecond, WithLogger(logs.Logger())))
+	assert.Equal(t, 1, logs.Count("WARN", `metadata.name \"stock\" is not a fully qualified service name (such as stock.default.svc.cluster.local)`), logs.String())
 }

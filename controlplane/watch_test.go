@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -16,7 +17,7 @@ func TestWatchFiles(t *testing.T) {
 	profilesDir := filepath.Join(dir, "profiles")
 	require.NoError(t, os.Mkdir(profilesDir, 0o755))
 	sp := filepath.Join(profilesDir, "books.yaml")
-	writeFile(t, sp, fullProfile)
+	writeFile(t, sp, testutil.FullProfile)
 	eps := filepath.Join(dir, "endpoints.yaml")
 	writeFile(t, eps, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n")
 	ctx, cancel := context.WithCancel(context.Background())

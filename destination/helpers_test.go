@@ -1,13 +1,11 @@
 package destination_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -311,52 +309,4 @@ func block(ctx context.Context) error {
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
-}
-
-// lineCounter collects the lines of a text logger, for tests that bound
-// what an event may log.
-type lineCounter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lineCounter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lineCounter) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-func (l *lineCounter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// count returns the lines containing every one of subs (all lines for
-// none).
-func (l *lineCounter) count(subs ...string) int {
-	n := 0
-lines:
-	for _, line := range strings.Split(l.String(), "\n") {
-		if line == "" {
-			continue
-		}
-		for _, s := range subs {
-			if !strings.Contains(line, s) {
-				continue lines
-			}
-		}
-		n++
-	}
-	return n
-}
-
-func (l *lineCounter) bytes() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Len()
 }

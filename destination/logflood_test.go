@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/profiles"
@@ -49,8 +50,8 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 		return block(st.Context())
 	}
 	cp := serve(t, s)
-	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, destination.WithLogger(logs.logger()))
+	logs := &testutil.LogLines{}
+	c := newTestClient(t, cp.addr, destination.WithLogger(logs.Logger()))
 	prof := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)
@@ -61,8 +62,8 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 	defer stopE()
 	prof.waitFor(t, "the good profile", hasRoute("good"))
 	eps.waitFor(t, "the good endpoint", func(u endpoint.Update) bool { return len(addrs(u)) == 1 })
-	t.Logf("%d rejected updates: %d log lines, %d bytes", 2*n, logs.count(""), logs.bytes())
-	assert.LessOrEqual(t, logs.count("WARN"), 4, "one line per kind per interval")
+	t.Logf("%d rejected updates: %d log lines, %d bytes", 2*n, logs.Count(""), logs.Bytes())
+	assert.LessOrEqual(t, logs.Count("WARN"), 4, "one line per kind per interval")
 }
 
 // A rogue control plane sending distinct bad profiles: each one refused is
@@ -91,15 +92,15 @@ func TestEveryDistinctRejectedProfileIsLogged(t *testing.T) {
 		return block(st.Context())
 	}
 	cp := serve(t, s)
-	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, destination.WithLogger(logs.logger()), destination.WithLogInterval(time.Hour))
+	logs := &testutil.LogLines{}
+	c := newTestClient(t, cp.addr, destination.WithLogger(logs.Logger()), destination.WithLogInterval(time.Hour))
 	prof := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)
 	defer stop()
 	prof.waitFor(t, "the good profile", hasRoute("good"))
 	for i := range n {
-		assert.Equal(t, 1, logs.count("WARN", fmt.Sprintf("routes[%d]", i)), "bad profile %d named once:\n%s", i, logs.String())
+		assert.Equal(t, 1, logs.Count("WARN", fmt.Sprintf("routes[%d]", i)), "bad profile %d named once:\n%s", i, logs.String())
 	}
 }
 
@@ -117,13 +118,13 @@ func TestStreamEndAfterUpdatesIsNotAnError(t *testing.T) {
 		return status.Error(codes.Unavailable, "the control plane is restarting")
 	}
 	cp := serve(t, s)
-	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, destination.WithLogger(logs.logger()))
+	logs := &testutil.LogLines{}
+	c := newTestClient(t, cp.addr, destination.WithLogger(logs.Logger()))
 	prof := newRecorder[profiles.Update]()
 	stop, err := c.Watch(context.Background(), books+":7000", prof.update)
 	require.NoError(t, err)
 	defer stop()
-	require.Eventually(t, func() bool { return logs.count("stream ended after updates") == 1 }, defaultTestTimeout, 5*time.Millisecond, logs.String())
+	require.Eventually(t, func() bool { return logs.Count("stream ended after updates") == 1 }, defaultTestTimeout, 5*time.Millisecond, logs.String())
 	line := logs.String()
 	assert.Contains(t, line, "level=INFO")
 	assert.Contains(t, line, "the control plane is restarting")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -52,8 +53,8 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 		return block(st.Context())
 	}
 	cp := serve(t, s)
-	logs := &lineCounter{}
-	c := newTestClient(t, cp.addr, destination.WithFirstMessageTimeout(deadline), destination.WithLogger(logs.logger()))
+	logs := &testutil.LogLines{}
+	c := newTestClient(t, cp.addr, destination.WithFirstMessageTimeout(deadline), destination.WithLogger(logs.Logger()))
 
 	rec := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(context.Background(), books+":7000", rec.update)
@@ -81,8 +82,8 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 	// short deadline, and on a loaded machine its first message may miss it.
 	assert.Equal(t, int32(1), getCalls.Load(), "one Get stream, never re-established")
 	assert.Len(t, rec.all(), 1, "one update for the silence, not one per deadline")
-	assert.Zero(t, logs.count("level=WARN", "rpc=Get "), "no warning about the Get stream: %s", logs.String())
-	assert.Equal(t, 1, logs.count("level=DEBUG", "rpc=Get ", "silent"), "one debug line for the silence: %s", logs.String())
+	assert.Zero(t, logs.Count("level=WARN", "rpc=Get "), "no warning about the Get stream: %s", logs.String())
+	assert.Equal(t, 1, logs.Count("level=DEBUG", "rpc=Get ", "silent"), "one debug line for the silence: %s", logs.String())
 
 	// The first message later applies as usual.
 	close(sendAdd)
