@@ -6,8 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
+	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/policy"
 )
 
@@ -206,6 +209,30 @@ func TestWrongServerName(t *testing.T) {
 	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 }
 
+// An inmesh HTTP peer reaches the server as Linkerd's proxies do: mTLS
+// without ALPN, HTTP/2 with prior knowledge inside; the handler sees its
+// identity.
+func TestMeshPeer(t *testing.T) {
+	e := newEnv(t)
+	tr := origproto.NewTransport(origproto.WithClientIdentity(e.pki.certify(t, webID)))
+	t.Cleanup(tr.CloseIdleConnections)
+	// An empty SimpleRequest, framed as gRPC frames it: uncompressed,
+	// zero bytes long.
+	req, err := http.NewRequestWithContext(origproto.WithServerIdentity(ctxT(t), booksID), "POST",
+		"http://"+e.addr+"/grpc.testing.TestService/UnaryCall", strings.NewReader("\x00\x00\x00\x00\x00"))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("TE", "trailers")
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "0", resp.Trailer.Get("Grpc-Status"), resp.Trailer.Get("Grpc-Message"))
+	assert.Contains(t, string(body), webID, "the handler saw the peer's identity")
+}
+
 var everywhere = []authz.Network{{Net: netip.MustParsePrefix("0.0.0.0/0")}, {Net: netip.MustParsePrefix("::/0")}}
 
 var (
@@ -383,4 +410,55 @@ func TestMetrics(t *testing.T) {
 		got := e.metrics.Lines(t, fam)
 		assert.ElementsMatch(t, lines, got, fam)
 	}
+}
+
+// The Server's limit of calls in flight holds a streaming call's place
+// until it ends: a call past the limit is UNAVAILABLE, the next one after
+// the stream ended passes.
+func TestConcurrencyLimit(t *testing.T) {
+	srv := &authz.Server{
+		Meta: srvMeta, Protocol: authz.ProtocolGRPC, MaxConcurrentRequests: 1,
+		Authorizations: []authz.Authz{{Meta: authz.DefaultMeta("all-unauthenticated"), Networks: everywhere}},
+	}
+	e := newEnv(t, meshgrpc.WithInboundPolicy(authz.WithDefault(srv)))
+	ctx := ctxT(t)
+	web := e.dial(t, webID)
+	stream, err := web.FullDuplexCall(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&testgrpc.StreamingOutputCallRequest{}))
+	_, err = stream.Recv()
+	require.NoError(t, err)
+
+	_, err = web.EmptyCall(ctx, &testgrpc.Empty{})
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Regexp(t, `: concurrency limit exceeded: 1 requests$`, status.Convert(err).Message())
+
+	require.NoError(t, stream.CloseSend())
+	_, err = stream.Recv()
+	require.Equal(t, io.EOF, err)
+	_, err = web.EmptyCall(ctx, &testgrpc.Empty{})
+	assert.NoError(t, err, "the stream's place was given back when it ended")
+}
+
+// A GRPCRoute's failure injector answers the call with its status and
+// message, to every client, before the application.
+func TestFailureInjector(t *testing.T) {
+	srv := &authz.Server{
+		Meta: srvMeta, Protocol: authz.ProtocolGRPC,
+		Authorizations: []authz.Authz{{Meta: authz.DefaultMeta("all-unauthenticated"), Networks: everywhere}},
+		GRPCRoutes: []authz.GRPCRoute{{Meta: routeMeta, Rules: []authz.GRPCRule{
+			{Matches: []policy.GRPCRouteMatch{{Method: "EmptyCall"}},
+				Filters: []policy.Filter{{GRPCFailureInjector: &policy.GRPCFailureInjector{Code: codes.Unavailable, Message: "injected"}}}},
+			{Matches: []policy.GRPCRouteMatch{{Method: "UnaryCall"}}},
+		}}},
+	}
+	e := newEnv(t, meshgrpc.WithInboundPolicy(authz.WithDefault(srv)))
+	ctx := ctxT(t)
+	plain := e.dial(t, "")
+	_, err := plain.EmptyCall(ctx, &testgrpc.Empty{})
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, "injected", status.Convert(err).Message())
+	_, err = plain.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+	assert.NoError(t, err)
+	assert.Equal(t, "1", e.metrics.Value(t, "request_total"), "the injected failure reached no request metrics")
 }
