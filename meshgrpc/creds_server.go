@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/inmesh/inmesh/identity"
+	origproto "github.com/inmesh/inmesh/orig-proto"
 )
 
 // InboundAuthInfo is what a server's transport credentials
@@ -43,12 +44,12 @@ var errClientOnly = errors.New("meshgrpc: server credentials cannot dial")
 
 // serverCreds serve meshed mTLS and plaintext on one port, as the HTTP
 // stack's listener does (origproto.MeshTLSListener): a connection that
-// opens with a TLS handshake record is a TLS client, whose ClientHello
-// must name the local identity as SNI (another name fails the handshake),
-// whose certificate is asked for and verified against the anchors when it
-// shows one (identity.Local.ServerConfig), and which may show none; any
-// other connection is served as plaintext HTTP/2. What a client may then
-// call is the inbound policy's to decide, per call.
+// opens with a TLS handshake record is a TLS client, terminated with the
+// listener's configuration (origproto.MeshTLSConfig: the ClientHello must
+// name the local identity as SNI, the client's certificate is asked for
+// and verified against the anchors when it shows one, and it may show
+// none); any other connection is served as plaintext HTTP/2. What a
+// client may then call is the inbound policy's to decide, per call.
 //
 // The server offers ALPN "h2" beside what ServerConfig sets: grpc-go
 // clients offer h2 and refuse a server that selects nothing, while
@@ -59,15 +60,8 @@ type serverCreds struct {
 }
 
 func newServerCreds(local *identity.Local) *serverCreds {
-	cfg := local.ServerConfig()
+	cfg := origproto.MeshTLSConfig(local)
 	cfg.NextProtos = []string{"h2"}
-	name := local.Name()
-	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
-		if hello.ServerName != name {
-			return nil, fmt.Errorf("meshgrpc: TLS for %q is not for the local identity", hello.ServerName)
-		}
-		return nil, nil
-	}
 	return &serverCreds{cfg: cfg, info: credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.3"}}
 }
 
