@@ -45,7 +45,9 @@ import (
 //     classification and grpc_status) and response_latency_ms, with
 //     direction="inbound", the authority and the tls labels.
 //
-// A call to a method the server does not register is answered
+// Give these options before the server's own interceptors
+// (grpc.ChainUnaryInterceptor appends), so that the policy runs before
+// them. A call to a method the server does not register is answered
 // UNIMPLEMENTED by grpc-go before any interceptor runs: it is neither
 // authorized nor counted. The policy's watches last as long as its
 // authz.Source (for a destination.Client, until the client is closed).
