@@ -17,7 +17,6 @@ import (
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
-	"github.com/inmesh/inmesh/policy"
 )
 
 // defaultMaxPorts bounds the ports a Handler keeps a policy for: the
@@ -195,58 +194,17 @@ func ambiguousPath(path, raw string) bool {
 // next handler. Allowing allocates nothing, header modifiers aside (they
 // edit a copy of r).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	target := h.cfg.target
-	if !target.IsValid() {
-		target = localAddr(r)
-	}
-	p := h.port(target.Port())
-	a := p.cur.Load()
-	pol := a.pol
-	client, _ := netip.ParseAddrPort(r.RemoteAddr)
-	ip := client.Addr().Unmap()
-	peer, hasPeer := identity.PeerFromContext(r.Context())
-	key := seriesKey{target: target, tls: tlsOf(peer, hasPeer, ip)}
-	if key.tls == tlsTrue {
-		key.clientID = peer.ID
-	}
-	meshed := peer.TLS && peer.ID != ""
-
-	if r.URL != nil && ambiguousPath(r.URL.Path, r.URL.RawPath) {
-		h.refuse(w, r, meshed, client, target, http.StatusBadRequest, causeAmbiguousPath)
+	c := Conn{Local: localAddr(r)}
+	c.Remote, _ = netip.ParseAddrPort(r.RemoteAddr)
+	c.Peer, c.HasPeer = identity.PeerFromContext(r.Context())
+	d := h.Decide(r, c)
+	if d.Status != 0 {
+		h.refuse(w, r, &d)
 		return
 	}
-	var route *policy.Route
-	var match policy.Match
-	if pol.table != nil {
-		route, match = pol.table.Select(r)
-	}
-	if route == nil {
-		key.fam = famNotFound
-		a.series.add(key)
-		h.refuse(w, r, meshed, client, target, http.StatusNotFound, causeNoRoute)
-		return
-	}
-	cr := &pol.routes[route.RouteIndex]
-	key.route = route.RouteIndex
-	ai := cr.authorize(ip, peer, h.cfg.noLocalhost)
-	if ai < 0 {
-		key.fam = famDeny
-		a.series.add(key)
-		h.log.Info("deny "+cr.meta.Name, "Request denied", "server", pol.server.Meta.Name, "route", cr.meta.Name,
-			"client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)
-		h.refuse(w, r, meshed, client, target, http.StatusForbidden, causeUnauthorized)
-		return
-	}
-	key.fam, key.authz = famAllow, ai
-	allowed := a.series.add(key)
-	if cr.authzs[ai].audit {
-		h.log.Info("audit "+cr.meta.Name, "Request allowed", "server", pol.server.Meta.Name, "route", cr.meta.Name,
-			"authz", cr.authzs[ai].meta.Name, "client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)
-	}
-
 	cloned := false
-	for i := range route.Filters {
-		f := &route.Filters[i]
+	for i := range d.Route.Filters {
+		f := &d.Route.Filters[i]
 		switch {
 		case f.RequestHeaders != nil:
 			if !cloned {
@@ -255,9 +213,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			f.RequestHeaders.Apply(r.Header)
 		case f.Redirect != nil:
-			loc, same, err := f.Redirect.Location(r, match)
+			loc, same, err := f.Redirect.Location(r, d.Match)
 			if err != nil {
-				h.refuse(w, r, meshed, client, target, http.StatusInternalServerError, err.Error())
+				d.Refuse(http.StatusInternalServerError, err.Error())
+				h.refuse(w, r, &d)
 				return
 			}
 			if same {
@@ -283,33 +242,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case f.FailureInjector != nil:
 			fi := f.FailureInjector
 			if prob := fi.Ratio.Probability(); prob >= 1 || rand.Float64() < prob {
-				h.refuse(w, r, meshed, client, target, fi.Status, fi.Message)
+				d.Refuse(fi.Status, fi.Message)
+				h.refuse(w, r, &d)
 				return
 			}
 		}
 	}
-
-	if pol.limiter != nil {
-		if scope, rps := pol.limiter.check(h.cfg.now(), peer.ID); scope != limitNone {
-			key.fam, key.scope = famRateLimit, scope
-			a.series.add(key)
-			h.refuse(w, r, meshed, client, target, http.StatusTooManyRequests, limitCause(scope, rps))
-			return
-		}
+	if !h.Admit(&d) {
+		h.refuse(w, r, &d)
+		return
 	}
-	if max := int64(pol.server.MaxConcurrentRequests); max > 0 {
-		if p.inflight.Add(1) > max {
-			p.inflight.Add(-1)
-			key.fam = famConcurrency
-			a.series.add(key)
-			h.refuse(w, r, meshed, client, target, http.StatusServiceUnavailable,
-				"concurrency limit exceeded: "+strconv.FormatInt(max, 10)+" requests")
-			return
-		}
-		defer p.inflight.Add(-1)
-	}
+	defer d.Done()
 	if h.cfg.metricLabels {
-		r = r.WithContext(classify.WithLabels(r.Context(), allowed.labels))
+		r = r.WithContext(classify.WithLabels(r.Context(), d.labels))
 	}
 	h.next.ServeHTTP(w, r)
 }
@@ -346,18 +291,15 @@ func localAddr(r *http.Request) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// refuse answers r as the mesh: an empty response with code, as a gRPC
-// status to gRPC requests; the reason in l5d-proxy-error (and
+// refuse answers r as the mesh: an empty response with d's status, as a
+// gRPC status to gRPC requests; the reason in l5d-proxy-error (and
 // grpc-message) only to meshed clients, as Linkerd's proxy.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, meshed bool, client, target netip.AddrPort, code int, cause string) {
-	msg := ""
-	if meshed {
-		msg = "client " + client.String() + ": server: " + target.String() + ": " + cause
-	}
-	resp := proxyerr.Response(r, code, msg)
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *Decision) {
+	code := d.Status
+	resp := proxyerr.Response(r, code, d.Message())
 	hdr := w.Header()
 	for k, v := range resp.Header {
-		if !meshed && (k == proxyerr.Header || k == "Grpc-Message") {
+		if !d.meshed && (k == proxyerr.Header || k == "Grpc-Message") {
 			continue
 		}
 		if k == "Content-Type" && resp.StatusCode == code {

@@ -127,10 +127,23 @@ func (c *Classifier) EndStatus(tentative Class, grpcRequest bool, value string, 
 	if c == nil {
 		c = &defaultClassifier
 	}
+	code := int64(-1)
 	if ok {
-		if code, err := strconv.ParseInt(strings.TrimSpace(value), 10, 32); err == nil && code >= 0 {
-			return c.grpcClass(int32(code))
+		if n, err := strconv.ParseInt(strings.TrimSpace(value), 10, 32); err == nil && n >= 0 {
+			code = n
 		}
+	}
+	return c.endCode(tentative, grpcRequest, int32(code), code >= 0)
+}
+
+// endCode is [Classifier.EndStatus] for a grpc-status code already parsed
+// (ok false: none).
+func (c *Classifier) endCode(tentative Class, grpcRequest bool, code int32, ok bool) Class {
+	if c == nil {
+		c = &defaultClassifier
+	}
+	if ok {
+		return c.grpcClass(code)
 	}
 	if grpcRequest && c.LegacyGRPC && len(c.Classes) == 0 {
 		return Class{Failure: true, GRPCStatus: 0}

@@ -19,8 +19,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/inmesh/inmesh/authz"
@@ -404,38 +402,15 @@ func WithInboundPolicy(opts ...authz.Option) ServerOption {
 	return serverOption(func(c *config) { c.inbound = append(c.inbound, opts...) })
 }
 
-// withTLSLabels gives the inbound metrics of next Linkerd's tls labels:
-// tls="true" with the client's verified client_id (empty when it showed
-// no certificate) for meshed TLS, tls="no_identity" with
-// no_tls_reason="no_tls_from_remote" for a plaintext client of a stack
-// with an identity, tls="disabled" without one. A label set is made once
-// per client identity, up to maxTLSLabelSets; past that, per request.
+// withTLSLabels gives the inbound metrics of next Linkerd's tls labels
+// (classify.TLSLabels) by the client's verified identity.
 func withTLSLabels(next http.Handler, meshTLS bool) http.Handler {
-	plain := classify.NewLabels("", map[string]string{"tls": "disabled"})
-	if meshTLS {
-		plain = classify.NewLabels("", map[string]string{"tls": "no_identity", "no_tls_reason": "no_tls_from_remote"})
-	}
-	var sets sync.Map // client id -> *classify.Labels
-	var n atomic.Int32
+	labels := classify.NewTLSLabels(meshTLS)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		l := plain
-		if peer, _ := identity.PeerFromContext(r.Context()); peer.TLS {
-			if v, ok := sets.Load(peer.ID); ok {
-				l = v.(*classify.Labels)
-			} else {
-				l = classify.NewLabels("", map[string]string{"tls": "true", "client_id": peer.ID})
-				if n.Add(1) <= maxTLSLabelSets {
-					sets.Store(peer.ID, l)
-				}
-			}
-		}
-		next.ServeHTTP(w, r.WithContext(classify.WithLabels(r.Context(), l)))
+		peer, _ := identity.PeerFromContext(r.Context())
+		next.ServeHTTP(w, r.WithContext(classify.WithLabels(r.Context(), labels.For(peer.TLS, peer.ID))))
 	})
 }
-
-// maxTLSLabelSets bounds the label sets withTLSLabels keeps: one per
-// verified client identity, which only the trust anchors' issuers make.
-const maxTLSLabelSets = 1024
 
 // InboundPolicy returns the handler enforcing [WithInboundPolicy], for
 // introspection (authz.Handler.Explain); nil without it.

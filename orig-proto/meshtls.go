@@ -29,6 +29,15 @@ import (
 // with [NewServer], which gives each request its peer
 // ([identity.PeerFromContext]) and l5d-client-id.
 func MeshTLSListener(ln net.Listener, local *identity.Local) net.Listener {
+	return &meshTLSListener{Listener: ln, cfg: MeshTLSConfig(local)}
+}
+
+// MeshTLSConfig returns the TLS configuration with which
+// [MeshTLSListener] terminates meshed TLS: local's
+// [identity.Local.ServerConfig], refusing a ClientHello whose SNI is not
+// local's identity, as Linkerd's proxy terminates only TLS for its own
+// identity.
+func MeshTLSConfig(local *identity.Local) *tls.Config {
 	cfg := local.ServerConfig()
 	name := local.Name()
 	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
@@ -37,7 +46,7 @@ func MeshTLSListener(ln net.Listener, local *identity.Local) net.Listener {
 		}
 		return nil, nil
 	}
-	return &meshTLSListener{Listener: ln, cfg: cfg}
+	return cfg
 }
 
 type meshTLSListener struct {

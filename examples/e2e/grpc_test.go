@@ -114,7 +114,11 @@ var interopCases = []struct {
 // runInterop runs every interop case on a plain grpc-go client that
 // reaches addr (an outbound listener) with authority as :authority.
 func runInterop(t *testing.T, addr, authority string) {
-	cc := dialVia(t, addr, authority)
+	runInteropOn(t, dialVia(t, addr, authority))
+}
+
+// runInteropOn runs every interop case on cc.
+func runInteropOn(t *testing.T, cc *grpc.ClientConn) {
 	for _, c := range interopCases {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)

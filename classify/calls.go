@@ -1,0 +1,108 @@
+package classify
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inmesh/inmesh/internal/metrics"
+)
+
+// Recorder records the request metrics of exchanges that pass through no
+// http.Handler or RoundTripper, such as the calls a grpc-go server serves:
+// request_total when one starts, response_total and response_latency_ms
+// when it ends, with the labels [NewHandler] gives its requests. It is
+// safe for concurrent use.
+type Recorder struct {
+	rec        *recorder
+	classifier *Classifier
+}
+
+// NewInboundRecorder returns a Recorder of inbound exchanges
+// (direction="inbound"), configured as [NewHandler] is.
+func NewInboundRecorder(opts ...Option) *Recorder {
+	cfg := newConfig(opts)
+	return &Recorder{rec: newRecorder(cfg, "inbound"), classifier: cfg.classifier}
+}
+
+// Exchange is one exchange a [Recorder] counted the request of; its zero
+// value records nothing.
+type Exchange struct {
+	t          *metrics.Target
+	classifier *Classifier
+	start      time.Time
+}
+
+// Start counts the request of an exchange for authority, with the labels
+// ctx carries ([WithLabels]), started now.
+func (r *Recorder) Start(ctx context.Context, authority string) Exchange {
+	t := r.rec.target(authority, labelsFromContext(ctx))
+	t.Request(ctx)
+	return Exchange{t: t, classifier: r.classifier, start: time.Now()}
+}
+
+// EndGRPC counts the response of a gRPC call that ended with status code,
+// sent as gRPC sends every response, with HTTP status 200: classified by
+// the classifier of ctx ([FromContext]), else the Recorder's, as
+// [NewHandler] classifies a gRPC response whose grpc-status came in its
+// trailers.
+func (e Exchange) EndGRPC(ctx context.Context, code int32) {
+	if e.t == nil {
+		return
+	}
+	c := FromContext(ctx)
+	if c == nil {
+		c = e.classifier
+	}
+	class, final := c.Head(true, http.StatusOK, nil)
+	if !final {
+		class = c.endCode(class, true, code, code >= 0)
+	}
+	e.t.Response(ctx, response(http.StatusOK, class), e.start)
+}
+
+// TLSLabels are the tls labels of Linkerd's inbound metrics, per client:
+// tls="true" with the client's verified client_id (empty when it showed
+// no certificate) for meshed TLS; tls="no_identity" with
+// no_tls_reason="no_tls_from_remote" for a plaintext client of a server
+// with an identity; tls="disabled" for a server without one. A label set
+// is made once per client identity, up to a bound (past it, per call). It
+// is safe for concurrent use.
+type TLSLabels struct {
+	plain *Labels
+	sets  sync.Map // client id -> *Labels
+	n     atomic.Int32
+}
+
+// maxTLSLabelSets bounds the label sets a TLSLabels keeps: one per
+// verified client identity, which only the trust anchors' issuers make.
+const maxTLSLabelSets = 1024
+
+// NewTLSLabels returns the tls labels of a server that terminates mesh TLS
+// (meshTLS) or not.
+func NewTLSLabels(meshTLS bool) *TLSLabels {
+	t := &TLSLabels{plain: NewLabels("", map[string]string{"tls": "disabled"})}
+	if meshTLS {
+		t.plain = NewLabels("", map[string]string{"tls": "no_identity", "no_tls_reason": "no_tls_from_remote"})
+	}
+	return t
+}
+
+// For returns the labels of a client whose connection is mesh TLS
+// terminated here (tls) with the verified identity id (empty: none), or
+// plaintext.
+func (t *TLSLabels) For(tls bool, id string) *Labels {
+	if !tls {
+		return t.plain
+	}
+	if v, ok := t.sets.Load(id); ok {
+		return v.(*Labels)
+	}
+	l := NewLabels("", map[string]string{"tls": "true", "client_id": id})
+	if t.n.Add(1) <= maxTLSLabelSets {
+		t.sets.Store(id, l)
+	}
+	return l
+}
