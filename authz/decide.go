@@ -103,7 +103,7 @@ func (h *Handler) Decide(r *http.Request, c Conn) Decision {
 	ip := c.Remote.Addr().Unmap()
 	peer := c.Peer
 	d := Decision{a: a, p: p, client: c.Remote, target: target, clientID: peer.ID, meshed: peer.TLS && peer.ID != ""}
-	d.key = seriesKey{target: target, tls: tlsOf(peer, c.HasPeer, ip)}
+	d.key = seriesKey{target: target, tls: tlsOf(peer, c.HasPeer || h.cfg.meshTLS, ip)}
 	if d.key.tls == tlsTrue {
 		d.key.clientID = peer.ID
 	}

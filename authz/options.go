@@ -27,6 +27,8 @@ type config struct {
 	noLocalhost bool
 	// metricLabels passes an allowed request's labels on (WithMetricLabels).
 	metricLabels bool
+	// meshTLS: a request without a peer came in plaintext (WithMeshTLS).
+	meshTLS bool
 }
 
 // WithSource sets where the Servers of the ports come from; nil (the
@@ -71,6 +73,15 @@ func WithTarget(target netip.AddrPort) Option {
 // not admit them for where they connect from.
 func WithoutLocalhost() Option {
 	return optionFunc(func(c *config) { c.noLocalhost = true })
+}
+
+// WithMeshTLS tells the Handler that the server terminates mesh TLS, so
+// that a request without an identity.Peer in its context came in plaintext
+// on a meshed port: tls="no_identity" with no_tls_reason
+// "no_tls_from_remote" (or "loopback"), as Linkerd's proxy labels it, not
+// tls="disabled".
+func WithMeshTLS() Option {
+	return optionFunc(func(c *config) { c.meshTLS = true })
 }
 
 // WithMetricLabels makes the Handler pass an allowed request on with its

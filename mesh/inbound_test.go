@@ -110,6 +110,8 @@ func TestInboundPolicy(t *testing.T) {
 
 	srvLabels := []string{`srv_group="policy.linkerd.io"`, `srv_kind="server"`, `srv_name="books-http"`}
 	assert.Equal(t, "1", m.Value(t, "inbound_http_authz_deny_total", append(srvLabels, `route_name="orders"`, `tls="true"`, `client_id="`+reviewsID+`"`)...))
+	assert.Equal(t, "1", m.Value(t, "inbound_http_authz_deny_total", append(srvLabels, `tls="no_identity"`, `no_tls_reason="loopback"`)...),
+		"a plaintext client of a meshed port, as Linkerd labels it")
 	assert.Equal(t, "1", m.Value(t, "inbound_http_route_not_found_total", srvLabels...))
 	assert.NotEmpty(t, m.Value(t, "inbound_http_local_ratelimit_total", append(srvLabels, `ratelimit_scope="total"`, `ratelimit_name="books"`)...))
 	assert.NotEmpty(t, m.Value(t, "inbound_http_authz_allow_total", append(srvLabels, `authz_name="web-orders"`, `client_id="`+webID+`"`)...))

@@ -380,7 +380,11 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		// families only, as in Linkerd's proxy. An allowed one carries
 		// its target, srv_*, route_*, authz_* and tls labels into the
 		// inbound request and response metrics.
-		opts := append([]authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger), authz.WithMetricLabels()}, c.inbound...)
+		opts := []authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger), authz.WithMetricLabels()}
+		if c.identity != nil {
+			opts = append(opts, authz.WithMeshTLS())
+		}
+		opts = append(opts, c.inbound...)
 		h, err := authz.New(next, opts...)
 		if err != nil {
 			panic("mesh: NewServer: WithInboundPolicy: " + err.Error())
