@@ -1,0 +1,140 @@
+package meshgrpc
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/router"
+)
+
+// ScopeName is the instrumentation scope of the client's metrics; the
+// families and labels are those of the router's outbound_grpc_route_*.
+const ScopeName = "github.com/inmesh/inmesh/meshgrpc"
+
+// DialOptions returns the options that put a grpc-go client in the mesh,
+// for a target inmesh:///host:port:
+//
+//   - the resolver of scheme "inmesh", fed by dst: the endpoints of the
+//     target (and of every backend its outbound policy's gRPC routes
+//     name), with their weights, labels and identities; ResolveNow does
+//     nothing, as every change is pushed;
+//   - the balancer [BalancerName], chosen by a default service config: per
+//     backend authority, power of two choices over peak-EWMA load with
+//     failure accrual (package balancer's [balancer.Pool], the HTTP
+//     balancer's own code) over the ready sub-channels;
+//   - unary and stream interceptors that run the target's GRPCRoute policy
+//     (see [DialOptions] in the package documentation: route selection,
+//     failure injection, request deadline, counted retries, backend
+//     choice, outbound_grpc_route_* metrics);
+//   - transport credentials: mTLS with each endpoint's identity when
+//     [WithIdentity] gives a local identity, plaintext otherwise;
+//   - grpc.WithNoProxy (endpoint addresses are pod addresses, never to be
+//     sent through HTTPS_PROXY) and grpc.WithDisableRetry (the route's
+//     counted retries are the only ones; grpc-go's transparent retries
+//     stay).
+//
+// Options that mean nothing to a client ([WithInboundPolicy]) are ignored.
+func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
+	cfg := newConfig(opts)
+	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, ScopeName), true),
+		states: make(map[string]*channelState)}
+	creds := insecure.NewCredentials()
+	if cfg.identity != nil {
+		creds = newClientCreds(cfg.identity)
+	}
+	return []grpc.DialOption{
+		grpc.WithResolvers(resolverBuilder{m}),
+		grpc.WithDefaultServiceConfig(fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}]}`, BalancerName)),
+		grpc.WithTransportCredentials(creds),
+		grpc.WithChainUnaryInterceptor(m.unary),
+		grpc.WithChainStreamInterceptor(m.stream),
+		grpc.WithNoProxy(),
+		grpc.WithDisableRetry(),
+	}
+}
+
+// mesh is the state shared by the resolver, balancer and interceptors of
+// the channels made with one DialOptions: the compiled policy of each
+// target authority.
+type mesh struct {
+	dst *destination.Client
+	cfg *config
+	fam *metrics.Outbound
+
+	mu     sync.Mutex
+	states map[string]*channelState
+}
+
+// channelState is the routing state of a target: its compiled policy,
+// owned by the resolver that watches it.
+type channelState struct {
+	owner *meshResolver
+	table *policy.Table
+	// backends are the balancer backend authorities of its gRPC routes.
+	backends []string
+	targets  map[*policy.Route]*routeTarget
+	// balancing is the balancer configuration of each backend authority
+	// (nil: the options').
+	balancing map[string]*balancer.BackendConfig
+}
+
+// setPolicy compiles u for authority and makes it the target's state; a
+// policy that does not compile is logged and the last good one stays.
+func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update) *channelState {
+	st := &channelState{owner: owner}
+	if u.Policy != nil {
+		t, err := policy.Compile(u.Policy, policy.Options{})
+		if err != nil {
+			m.cfg.logger.Warn("meshgrpc: rejected outbound policy; keeping the last good one", "authority", authority, "error", err)
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			return m.states[authority]
+		}
+		st.table = t
+		st.targets = make(map[*policy.Route]*routeTarget)
+		if rt := t.For(&http.Request{ProtoMajor: 2}); rt != nil && rt.IsGRPC() {
+			for _, route := range rt.Routes() {
+				st.targets[route] = m.newRouteTarget(route, rt.FailureAccrual())
+				for _, b := range route.Backends.Backends {
+					if b.Backend.Balancer != nil {
+						a := b.Backend.Balancer.Authority
+						st.backends = append(st.backends, a)
+						if st.balancing == nil {
+							st.balancing = make(map[string]*balancer.BackendConfig)
+						}
+						if _, ok := st.balancing[a]; !ok {
+							st.balancing[a] = router.BackendConfig(b.Backend, rt.FailureAccrual())
+						}
+					}
+				}
+			}
+		}
+	}
+	m.mu.Lock()
+	m.states[authority] = st
+	m.mu.Unlock()
+	return st
+}
+
+// forget drops the state of authority when owner still owns it.
+func (m *mesh) forget(authority string, owner *meshResolver) {
+	m.mu.Lock()
+	if st := m.states[authority]; st != nil && st.owner == owner {
+		delete(m.states, authority)
+	}
+	m.mu.Unlock()
+}
+
+func (m *mesh) state(authority string) *channelState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.states[authority]
+}
