@@ -57,7 +57,7 @@ func (a *app) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, s gr
 
 // startApp serves a on 127.0.0.1 (with creds when not nil) until the test
 // ends.
-func startApp(t *testing.T, a *app, creds credentials.TransportCredentials) *app {
+func startApp(t testing.TB, a *app, creds credentials.TransportCredentials) *app {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -75,7 +75,7 @@ func startApp(t *testing.T, a *app, creds credentials.TransportCredentials) *app
 
 // serveStore serves the embedded control plane over store on loopback
 // and returns a Destination client of it.
-func serveStore(t *testing.T, store *controlplane.Store) *destination.Client {
+func serveStore(t testing.TB, store *controlplane.Store) *destination.Client {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -89,7 +89,7 @@ func serveStore(t *testing.T, store *controlplane.Store) *destination.Client {
 	return dst
 }
 
-func manifests(t *testing.T, store *controlplane.Store, yaml string) {
+func manifests(t testing.TB, store *controlplane.Store, yaml string) {
 	t.Helper()
 	res, err := manifest.Parse([]byte(yaml))
 	require.NoError(t, err)
@@ -97,7 +97,7 @@ func manifests(t *testing.T, store *controlplane.Store, yaml string) {
 }
 
 // dial makes a mesh channel to target.
-func dial(t *testing.T, dst *destination.Client, opts ...meshgrpc.Option) testgrpc.TestServiceClient {
+func dial(t testing.TB, dst *destination.Client, opts ...meshgrpc.Option) testgrpc.TestServiceClient {
 	t.Helper()
 	cc, err := grpc.NewClient(booksTarget, meshgrpc.DialOptions(dst, opts...)...)
 	require.NoError(t, err)

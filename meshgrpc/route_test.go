@@ -32,7 +32,7 @@ spec:
 `
 
 // routed waits until the channel routes by the policy.
-func routed(t *testing.T, c testgrpc.TestServiceClient, m *testutil.Metrics) {
+func routed(t testing.TB, c testgrpc.TestServiceClient, m *testutil.Metrics) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		_, _ = c.UnaryCall(callCtx(t), &testgrpc.SimpleRequest{})
