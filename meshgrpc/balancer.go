@@ -287,8 +287,10 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	}
 	k, ok := bp.pool.Pick()
 	if !ok {
-		if bp.pool.Len() == 0 {
-			return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable // connecting
+		if bp.pool.Len() < bp.eps {
+			// Others are connecting: the call waits for the picker that
+			// brings them (or its deadline).
+			return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 		}
 		// Every ready endpoint is out of rotation (failure accrual): fail
 		// fast, as Linkerd's balancer does once its queue gives up.

@@ -55,6 +55,10 @@ type call struct {
 	rt     *routeTarget
 	method string
 	start  time.Time
+	// timeout is the route's; routeDeadline is when it ends the call,
+	// zero when the caller's own deadline comes first.
+	timeout       time.Duration
+	routeDeadline time.Time
 }
 
 // route selects the call's route by the router's best-match rules
@@ -169,23 +173,36 @@ func (c *call) pick() int {
 }
 
 // deadline bounds ctx by the route's request timeout (the whole call,
-// every retry included); timedOut reports whether it, not the caller's
-// own deadline, ended the call.
+// every retry included; a response timeout without one counts the same
+// for a call); the call remembers when the route, not the caller's own
+// deadline, ends it.
 func (c *call) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
-	if t := c.rt.route.Timeouts.Request; t > 0 {
-		return context.WithTimeoutCause(ctx, t, errRouteTimeout)
+	t := c.rt.route.Timeouts.Request
+	if t <= 0 {
+		t = c.rt.route.Timeouts.Response
 	}
-	if t := c.rt.route.Timeouts.Response; t > 0 {
-		return context.WithTimeoutCause(ctx, t, errRouteTimeout)
+	if t <= 0 {
+		return ctx, func() {}
 	}
-	return ctx, func() {}
+	c.timeout = t
+	d := time.Now().Add(t)
+	if pd, ok := ctx.Deadline(); !ok || d.Before(pd) {
+		c.routeDeadline = d
+	}
+	return context.WithDeadline(ctx, d)
 }
 
-var errRouteTimeout = errors.New("meshgrpc: route timeout")
+// timedOut reports whether err is the end the route timeout made: a
+// DEADLINE_EXCEEDED at or past the route's deadline (the server's answer
+// to the grpc-timeout may come before the client's own timer fires).
+func (c *call) timedOut(err error) bool {
+	return err != nil && !c.routeDeadline.IsZero() && status.Code(err) == codes.DeadlineExceeded &&
+		!time.Now().Before(c.routeDeadline)
+}
 
 // status is the series labels of a call's end.
 func (c *call) status(ctx context.Context, err error) metrics.Status {
-	if err != nil && errors.Is(context.Cause(ctx), errRouteTimeout) {
+	if c.timedOut(err) {
 		return metrics.Status{GRPC: -1, Error: "REQUEST_TIMEOUT"}
 	}
 	if err != nil && status.Code(err) == codes.Canceled && ctx.Err() != nil {
@@ -261,13 +278,9 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 
 // timeoutErr is err with the route timeout's message when the route
 // timeout ended the call.
-func (c *call) timeoutErr(ctx context.Context, err error) error {
-	if err != nil && errors.Is(context.Cause(ctx), errRouteTimeout) && status.Code(err) == codes.DeadlineExceeded {
-		d := c.rt.route.Timeouts.Request
-		if d <= 0 {
-			d = c.rt.route.Timeouts.Response
-		}
-		return status.Error(codes.DeadlineExceeded, "request timed out after "+d.String())
+func (c *call) timeoutErr(_ context.Context, err error) error {
+	if c.timedOut(err) {
+		return status.Error(codes.DeadlineExceeded, "request timed out after "+c.timeout.String())
 	}
 	return err
 }
