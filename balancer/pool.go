@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/classify"
 )
 
 // Pool is the balancing core of one endpoint set without a transport and
@@ -36,7 +37,7 @@ type Pool struct {
 
 // NewPool returns a Pool balancing by the options of a [Balancer]
 // ([WithPeakEWMA], [WithErrorPenalty], [WithFailureAccrual],
-// [WithPenaltyPeakEWMA]; the others mean nothing to it) and by c, a
+// [WithPenaltyPeakEWMA], [WithMeshTLS]; the others mean nothing to it) and by c, a
 // policy backend's configuration, over them (nil: the options alone). It
 // starts with no endpoint.
 func NewPool(c *BackendConfig, opts ...Option) *Pool {
@@ -73,7 +74,8 @@ func (p *Pool) Update(eps []endpoint.Endpoint) {
 			l = newLoad(p.rtt, now)
 			p.loads[e.Addr] = l
 		}
-		s.eps = append(s.eps, &member{Endpoint: e, addr: e.Addr.String(), load: l, g: p.g})
+		s.eps = append(s.eps, &member{Endpoint: e, addr: e.Addr.String(), load: l, g: p.g,
+			labels: endpointLabels(e, p.cfg.meshTLS)})
 		total += uint64(max(e.Weight, 1))
 		s.cum = append(s.cum, total)
 	}
@@ -125,6 +127,12 @@ func (p *Pool) Pick() (_ Pick, ok bool) {
 // Endpoint returns the picked endpoint; it is shared and must not be
 // changed.
 func (k Pick) Endpoint() *endpoint.Endpoint { return &k.m.Endpoint }
+
+// Labels returns the metric labels of requests to the picked endpoint, as
+// the [Balancer] puts them in a request's context for classify: its own
+// as dst_*, and the tls labels ([WithMeshTLS] says whether the transport
+// speaks mTLS to endpoints with an identity).
+func (k Pick) Labels() *classify.Labels { return k.m.labels }
 
 // Result is how a request ended, for [Pick.Done].
 type Result struct {

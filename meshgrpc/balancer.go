@@ -14,6 +14,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/classify"
 )
 
 // BalancerName is the name meshgrpc's balancer is registered under in
@@ -209,6 +210,9 @@ func (b *meshBalancer) update() {
 		pools[name] = pickPool{p.pool, p.eps}
 	}
 	pk := &picker{target: b.target, pools: pools, scs: scs}
+	if b.mesh != nil {
+		pk.calls = b.mesh.calls
+	}
 	switch {
 	case len(scs) > 0:
 		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.Ready, Picker: pk})
@@ -260,6 +264,7 @@ type picker struct {
 	target string
 	pools  map[string]pickPool
 	scs    map[subKey]grpcbalancer.SubConn
+	calls  *classify.Calls // nil: not recorded
 }
 
 // pickPool is a backend's pool as a picker sees it.
@@ -303,11 +308,23 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 	}
 	ctx := info.Ctx
+	var record func(context.Context, int32, bool, error)
+	if p.calls != nil {
+		record = p.calls.StartGRPC(ctx, backend, k.Labels())
+	}
 	return grpcbalancer.PickResult{SubConn: sc, Done: func(d grpcbalancer.DoneInfo) {
-		r := balancer.Result{GRPCStatus: int(status.Code(d.Err))}
+		code := status.Code(d.Err)
+		r := balancer.Result{GRPCStatus: int(code)}
 		if d.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			r.Canceled = true
 		}
 		k.Done(r)
+		if record != nil {
+			err := d.Err
+			if code == codes.DeadlineExceeded {
+				err = context.DeadlineExceeded
+			}
+			record(ctx, int32(code), d.Err == nil || d.BytesReceived, err)
+		}
 	}}, nil
 }

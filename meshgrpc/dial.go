@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
@@ -30,6 +31,10 @@ const ScopeName = "github.com/inmesh/inmesh/meshgrpc"
 //     backend authority, power of two choices over peak-EWMA load with
 //     failure accrual (package balancer's [balancer.Pool], the HTTP
 //     balancer's own code) over the ready sub-channels;
+//   - per attempt, the legacy request_total, response_total (with
+//     classification) and response_latency_ms series of package classify,
+//     labelled with the backend authority and the endpoint's dst_* and tls
+//     labels;
 //   - unary and stream interceptors that run the target's GRPCRoute policy
 //     (see [DialOptions] in the package documentation: route selection,
 //     failure injection, request deadline, counted retries, backend
@@ -45,7 +50,9 @@ const ScopeName = "github.com/inmesh/inmesh/meshgrpc"
 func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 	cfg := newConfig(opts)
 	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, ScopeName), true),
+		calls:  classify.NewCalls(classify.WithMeterProvider(cfg.mp)),
 		states: make(map[string]*channelState)}
+	cfg.balancer = append([]balancer.Option{balancer.WithMeshTLS(cfg.identity != nil)}, cfg.balancer...)
 	creds := insecure.NewCredentials()
 	if cfg.identity != nil {
 		creds = newClientCreds(cfg.identity)
@@ -68,6 +75,8 @@ type mesh struct {
 	dst *destination.Client
 	cfg *config
 	fam *metrics.Outbound
+	// calls records the legacy response_* families of each attempt.
+	calls *classify.Calls
 
 	mu     sync.Mutex
 	states map[string]*channelState

@@ -93,6 +93,10 @@ func TestCountedRetries(t *testing.T) {
 	assert.Equal(t, "2", m.Value(t, "outbound_grpc_route_backend_response_statuses_total", append(backend, `grpc_status="UNAVAILABLE"`)...))
 	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_backend_response_statuses_total", append(backend, `grpc_status="OK"`)...))
 	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_duration_seconds_count", route...))
+	// The legacy families see each attempt, labelled by the endpoint.
+	legacy := []string{`direction="outbound"`, `authority="` + books + `"`, `tls="disabled"`}
+	assert.Equal(t, "2", m.Value(t, "response_total", append(legacy, `grpc_status="14"`, `classification="failure"`)...))
+	assert.Equal(t, "1", m.Value(t, "response_total", append(legacy, `grpc_status="0"`, `classification="success"`)...))
 
 	// Past the limit, the last failure is the call's.
 	a.calls.Store(-10)
