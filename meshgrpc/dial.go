@@ -51,7 +51,9 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 	cfg := newConfig(opts)
 	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, ScopeName), true),
 		calls:  classify.NewCalls(classify.WithMeterProvider(cfg.mp)),
-		states: make(map[string]*channelState)}
+		states: make(map[string]*channelState), profiles: make(map[string]*profileState)}
+	meter := metrics.Meter(cfg.mp, ScopeName)
+	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
 	cfg.balancer = append([]balancer.Option{balancer.WithMeshTLS(cfg.identity != nil)}, cfg.balancer...)
 	creds := insecure.NewCredentials()
 	if cfg.identity != nil {
@@ -78,8 +80,13 @@ type mesh struct {
 	// calls records the legacy response_* families of each attempt.
 	calls *classify.Calls
 
-	mu     sync.Mutex
-	states map[string]*channelState
+	// routeFam and actualFam are the route_* and route_actual_* families
+	// of ServiceProfile routes.
+	routeFam, actualFam *metrics.Family
+
+	mu       sync.Mutex
+	states   map[string]*channelState
+	profiles map[string]*profileState
 }
 
 // channelState is the routing state of a target: its compiled policy,
@@ -138,6 +145,9 @@ func (m *mesh) forget(authority string, owner *meshResolver) {
 	m.mu.Lock()
 	if st := m.states[authority]; st != nil && st.owner == owner {
 		delete(m.states, authority)
+	}
+	if ps := m.profiles[authority]; ps != nil && ps.owner == owner {
+		delete(m.profiles, authority)
 	}
 	m.mu.Unlock()
 }

@@ -241,6 +241,9 @@ func (c *call) allow(ctx context.Context, n int) bool {
 // codes is retried while the count allows (counted retries, as Linkerd's
 // GRPCRoute retry.linkerd.io/grpc and retry.linkerd.io/limit).
 func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if ps := m.profile(targetAuthority(cc.Target())); ps.applies() {
+		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
+	}
 	rt, err := m.route(ctx, cc, method)
 	if err != nil || rt == nil {
 		if err != nil {

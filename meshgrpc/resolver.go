@@ -13,6 +13,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
 )
 
 // Scheme is the resolver scheme of mesh targets: inmesh:///host:port.
@@ -53,6 +54,14 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	r.mu.Lock()
 	r.wantLocked([]string{authority})
 	r.mu.Unlock()
+	pstop, err := b.m.dst.Watch(ctx, authority, func(u profiles.Update) { b.m.setProfile(authority, r, u) })
+	if err != nil {
+		b.m.cfg.logger.Warn("meshgrpc: cannot watch the service profile", "authority", authority, "error", err)
+	} else {
+		r.mu.Lock()
+		r.profileStop = pstop
+		r.mu.Unlock()
+	}
 	stop, err := b.m.dst.WatchPolicy(ctx, destinationSpec(authority), r.policy)
 	if err != nil {
 		b.m.cfg.logger.Warn("meshgrpc: cannot watch the outbound policy; the target's endpoints take every call", "authority", authority, "error", err)
@@ -74,9 +83,11 @@ type meshResolver struct {
 	mu         sync.Mutex
 	closed     bool
 	policyStop func()
-	backends   []string                    // the backend authorities, the target's first
-	sets       map[string]*endpoint.Update // the last update of each backend's watch
-	stops      map[string]func()
+	// profileStop ends the ServiceProfile watch.
+	profileStop func()
+	backends    []string                    // the backend authorities, the target's first
+	sets        map[string]*endpoint.Update // the last update of each backend's watch
+	stops       map[string]func()
 }
 
 // ResolveNow is a hint grpc-go gives after every failed connection; the
@@ -87,7 +98,7 @@ func (r *meshResolver) ResolveNow(resolver.ResolveNowOptions) {}
 func (r *meshResolver) Close() {
 	r.mu.Lock()
 	r.closed = true
-	stops := []func(){r.policyStop}
+	stops := []func(){r.policyStop, r.profileStop}
 	for _, s := range r.stops {
 		stops = append(stops, s)
 	}
