@@ -41,7 +41,8 @@ func certified(t *testing.T, d *controlplane.IdentityDir, name string) *identity
 // mTLS to an endpoint whose identity discovery gives: the server proves
 // that identity and sees the client's; an endpoint advertised with
 // another identity than its certificate's fails UNAVAILABLE naming the
-// identity, and gets no call.
+// identity, and gets no call; one without an identity is reached in
+// plaintext.
 func TestMTLS(t *testing.T) {
 	d, _, err := controlplane.LoadIdentityDir(t.TempDir())
 	require.NoError(t, err)
@@ -84,4 +85,13 @@ func TestMTLS(t *testing.T) {
 	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "impostor.default")
 	assert.Zero(t, b.calls.Load())
+
+	// An endpoint without an identity is reached in plaintext.
+	plain := startApp(t, &app{}, nil)
+	store3 := controlplane.NewStore()
+	store3.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: plain.addr}}})
+	c3 := dial(t, serveStore(t, store3), meshgrpc.WithIdentity(client))
+	_, err = c3.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), plain.calls.Load())
 }

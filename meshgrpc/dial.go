@@ -16,43 +16,58 @@ import (
 	"github.com/inmesh/inmesh/router"
 )
 
-// ScopeName is the instrumentation scope of the client's metrics; the
-// families and labels are those of the router's outbound_grpc_route_*.
-const ScopeName = "github.com/inmesh/inmesh/meshgrpc"
+// clientScope is the instrumentation scope of the client's metrics; the
+// families and labels are those of the router (outbound_grpc_route_*,
+// route_*) and of package classify (response_total).
+const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 
 // DialOptions returns the options that put a grpc-go client in the mesh,
 // for a target inmesh:///host:port:
 //
-//   - the resolver of scheme "inmesh", fed by dst: the endpoints of the
-//     target (and of every backend its outbound policy's gRPC routes
-//     name), with their weights, labels and identities; ResolveNow does
-//     nothing, as every change is pushed;
-//   - the balancer [BalancerName], chosen by a default service config: per
-//     backend authority, power of two choices over peak-EWMA load with
-//     failure accrual (package balancer's [balancer.Pool], the HTTP
-//     balancer's own code) over the ready sub-channels;
+//   - the resolver of scheme [Scheme], fed by dst: the endpoints of the
+//     target and of every backend authority its outbound policy's gRPC
+//     routes name, with their weights, labels and identities, pushed as
+//     they change (ResolveNow does nothing: no re-resolution storm when
+//     connections fail); an empty set is pushed too, a failed watch
+//     reported as a resolver error;
+//   - the balancer [BalancerName], chosen by a default service config:
+//     per backend authority one [balancer.Pool] (power of two choices over
+//     peak-EWMA load with failure accrual and probation, the HTTP
+//     balancer's own code) over the READY sub-channels; an empty set fails
+//     calls that do not wait for ready at once with UNAVAILABLE, while
+//     wait-for-ready calls wait until their deadline;
 //   - per attempt, the legacy request_total, response_total (with
 //     classification) and response_latency_ms series of package classify,
 //     labelled with the backend authority and the endpoint's dst_* and tls
 //     labels;
-//   - unary and stream interceptors that run the target's GRPCRoute policy
-//     (see [DialOptions] in the package documentation: route selection,
-//     failure injection, request deadline, counted retries, backend
-//     choice, outbound_grpc_route_* metrics);
+//   - unary and stream interceptors that route each call: a ServiceProfile
+//     with routes first (unary calls: the route's timeout, budgeted
+//     retries, route_* series), else the outbound policy's GRPCRoutes
+//     (best match by the policy package, on /pkg.Service/Method and the
+//     outgoing metadata): the rule's filters (header modifiers on the
+//     metadata; the failure injector's code and message), the backend by
+//     the distribution (put in the call's context for the balancer), the
+//     request timeout over the whole call, counted retries on the rule's
+//     gRPC codes (a stream only before its first response message, its
+//     sent messages replayed), and the outbound_grpc_route_* series of
+//     the router's metric code, grpc_status on each;
 //   - transport credentials: mTLS with each endpoint's identity when
-//     [WithIdentity] gives a local identity, plaintext otherwise;
+//     [WithIdentity] gives a local identity, plaintext to an endpoint
+//     without one;
 //   - grpc.WithNoProxy (endpoint addresses are pod addresses, never to be
 //     sent through HTTPS_PROXY) and grpc.WithDisableRetry (the route's
-//     counted retries are the only ones; grpc-go's transparent retries
+//     retries are the only configured ones; grpc-go's transparent retries
 //     stay).
 //
 // Options that mean nothing to a client ([WithInboundPolicy]) are ignored.
+// A channel that goes idle closes its resolver, which ends its watches;
+// the next call starts them again.
 func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 	cfg := newConfig(opts)
-	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, ScopeName), true),
+	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, clientScope), true),
 		calls:  classify.NewCalls(classify.WithMeterProvider(cfg.mp)),
 		states: make(map[string]*channelState), profiles: make(map[string]*profileState)}
-	meter := metrics.Meter(cfg.mp, ScopeName)
+	meter := metrics.Meter(cfg.mp, clientScope)
 	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
 	cfg.balancer = append([]balancer.Option{balancer.WithMeshTLS(cfg.identity != nil)}, cfg.balancer...)
 	creds := insecure.NewCredentials()
