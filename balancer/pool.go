@@ -176,20 +176,14 @@ func (k Pick) Done(r Result) {
 		return
 	}
 	l.observe(float64(now-k.start), now, p.decay)
-	var o outcome
-	o.failure = r.HTTPStatus >= 500 || r.GRPCStatus >= 0 && grpcFailure(r.GRPCStatus)
-	o.exhausted = r.HTTPStatus == 429 || r.GRPCStatus == grpcResourceExhausted
+	o := outcome{failure: r.HTTPStatus >= 500, exhausted: r.HTTPStatus == 429}
+	if r.GRPCStatus >= 0 {
+		o.grpc(r.GRPCStatus, nil) // the classification of the HTTP balancer's gRPC responses
+	}
 	if r.RetryAfter > 0 {
 		o.retryIn = min(int64(r.RetryAfter), math.MaxInt64)
 	}
-	if c := p.conf; c.penalty != nil {
-		if o.exhausted {
-			l.penalize(float64(c.penalty.Penalty), c.penDecay, now)
-		}
-		if o.retryIn > 0 {
-			l.avoidFor(min(o.retryIn, int64(c.penalty.MaxRetryAfter)), now)
-		}
-	}
+	p.conf.penalize(l, o, now)
 	p.record(k, o, now)
 }
 
