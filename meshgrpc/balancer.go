@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	grpcbalancer "google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
@@ -132,11 +133,18 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 			conf = st.balancing
 		}
 	}
-	for name, p := range b.pools {
-		if _, ok := count[name]; !ok && name != b.target {
+	// A backend that answered with no endpoints is known, and empty.
+	if a, _ := s.ResolverState.Attributes.Value(answeredKey{}).(string); a != "" {
+		for name := range strings.SplitSeq(a, "\n") {
+			if _, ok := count[name]; !ok {
+				count[name] = 0
+			}
+		}
+	}
+	for name := range b.pools {
+		if _, ok := count[name]; !ok {
 			delete(b.pools, name)
 		}
-		_ = p
 	}
 	for name := range count {
 		c := conf[name]
@@ -150,9 +158,6 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 		b.pools[name].eps = count[name]
 	}
 	for name, p := range b.pools {
-		if _, ok := count[name]; !ok {
-			p.eps = 0
-		}
 		p.pool.Retain(func(a netip.AddrPort) bool { return seen[subKey{name, a}] })
 	}
 	b.update()
@@ -287,7 +292,12 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		backend = b
 	}
 	bp, ok := p.pools[backend]
-	if !ok || bp.eps == 0 {
+	if !ok {
+		// The backend's endpoints are not known yet (a policy just named
+		// it): the call waits for the picker that brings them.
+		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
+	}
+	if bp.eps == 0 {
 		return grpcbalancer.PickResult{}, fmt.Errorf("meshgrpc: %s has no endpoints", backend)
 	}
 	k, ok := bp.pool.Pick()

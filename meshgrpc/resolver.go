@@ -25,6 +25,9 @@ const Scheme = "inmesh"
 type (
 	backendKey  struct{}
 	endpointKey struct{}
+	// answeredKey: the backends whose endpoints are known (a set, maybe
+	// empty), one per line, in the resolver state's attributes.
+	answeredKey struct{}
 )
 
 // epAttr is an endpoint in attributes: compared by its address, weight
@@ -193,11 +196,13 @@ func (r *meshResolver) push() {
 	var eps []resolver.Endpoint
 	var addrs []resolver.Address
 	var errs []error
+	var answered []string
 	for _, b := range r.backends {
 		u := r.sets[b]
 		if u == nil {
 			continue
 		}
+		answered = append(answered, b)
 		if u.Set == nil {
 			if u.Err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", b, u.Err))
@@ -219,7 +224,8 @@ func (r *meshResolver) push() {
 		return
 	}
 	st := resolver.State{Addresses: addrs, Endpoints: eps,
-		Attributes: attributes.New(backendKey{}, r.authority).WithValue(meshKey{}, r.m)}
+		Attributes: attributes.New(backendKey{}, r.authority).WithValue(meshKey{}, r.m).
+			WithValue(answeredKey{}, strings.Join(answered, "\n"))}
 	// An empty set is a state too: the balancer fails calls that do not
 	// wait for ready at once. grpc-go's answer (ErrBadResolverState when a
 	// balancer refuses it) asks for a re-resolution, which a watch needs
