@@ -69,6 +69,7 @@ type subKey struct {
 type subConn struct {
 	sc      grpcbalancer.SubConn
 	ep      endpoint.Endpoint
+	addr    resolver.Address
 	state   connectivity.State
 	lastErr error
 }
@@ -106,10 +107,16 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 		seen[k] = true
 		count[backend]++
 		if sub := b.subs[k]; sub != nil {
-			sub.ep = *e
-			continue
+			if sub.addr.Attributes.Equal(ep.Addresses[0].Attributes) {
+				sub.ep = *e // a new weight or labels: the same connection
+				continue
+			}
+			// A new identity: never reuse a connection verified for the
+			// old one.
+			sub.sc.Shutdown()
+			delete(b.subs, k)
 		}
-		sub := &subConn{ep: *e, state: connectivity.Idle}
+		sub := &subConn{ep: *e, addr: ep.Addresses[0], state: connectivity.Idle}
 		sc, err := b.cc.NewSubConn([]resolver.Address{ep.Addresses[0]}, grpcbalancer.NewSubConnOptions{
 			StateListener: func(st grpcbalancer.SubConnState) { b.subState(k, sub, st) },
 		})
