@@ -95,3 +95,26 @@ func TestMTLS(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), plain.calls.Load())
 }
+
+// When discovery changes an endpoint's identity, the connection verified
+// for the old one is not reused: calls fail once the server cannot prove
+// the new identity.
+func TestIdentityChange(t *testing.T) {
+	d, _, err := controlplane.LoadIdentityDir(t.TempDir())
+	require.NoError(t, err)
+	server := certified(t, d, booksID)
+	client := certified(t, d, webID)
+	a := startApp(t, &app{}, xcredentials.NewTLSWithALPNDisabled(server.ServerConfig()))
+	store := controlplane.NewStore()
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr, Identity: booksID}}})
+	c := dial(t, serveStore(t, store), meshgrpc.WithIdentity(client))
+	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err)
+
+	store.PutEndpoints(books, []endpoint.Endpoint{{Addr: a.addr, Identity: "impostor.default.serviceaccount.identity.linkerd.cluster.local"}})
+	require.Eventually(t, func() bool {
+		_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		return status.Code(err) == codes.Unavailable
+	}, testutil.Timeout, 10*time.Millisecond)
+	assert.Contains(t, status.Convert(err).Message(), "impostor.default")
+}
