@@ -2,6 +2,8 @@ package meshgrpc_test
 
 import (
 	"context"
+	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
 )
@@ -116,4 +119,34 @@ func TestEmptyEndpointSet(t *testing.T) {
 	defer cancel()
 	_, err = c.EmptyCall(wctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+}
+
+// A target the Destination client cannot watch (past its bound on
+// watched authorities) is a resolver error: calls fail at once with
+// UNAVAILABLE saying why, and the channel does not spin re-resolving.
+func TestWatchRefused(t *testing.T) {
+	a := startApp(t, &app{}, nil)
+	store := controlplane.NewStore()
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	controlplane.NewServer(store).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	dst, err := destination.Dial(lis.Addr().String(), destination.WithMaxWatches(1))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+
+	c := dial(t, dst)
+	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err)
+
+	cc, err := grpc.NewClient("inmesh:///authors.default.svc.cluster.local:7000",
+		meshgrpc.DialOptions(dst, meshgrpc.WithLogger(slog.New(slog.DiscardHandler)))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	_, err = testgrpc.NewTestServiceClient(cc).EmptyCall(callCtx(t), &testgrpc.Empty{})
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "authors.default.svc.cluster.local:7000")
 }

@@ -73,6 +73,7 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 		r.policyStop = stop
 		r.mu.Unlock()
 	}
+	r.push() // a watch refused at once is a resolver error now
 	return r, nil
 }
 
