@@ -261,14 +261,28 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			bt.Request(ctx)
 		}
 		start := time.Now()
+		tryTimedOut := false
 		if err == nil {
-			err = invoker(actx, method, req, reply, cc, opts...)
+			// The retry's timeout bounds each attempt but the last; an
+			// attempt that runs out is retried whatever its code.
+			if r := rt.route.Retry; r != nil && r.Timeout > 0 && retries < r.Limit() {
+				tctx, tcancel := context.WithTimeoutCause(actx, r.Timeout, errTryTimeout)
+				err = invoker(tctx, method, req, reply, cc, opts...)
+				tryTimedOut = err != nil && ctx.Err() == nil && errors.Is(context.Cause(tctx), errTryTimeout)
+				tcancel()
+			} else {
+				err = invoker(actx, method, req, reply, cc, opts...)
+			}
 		}
 		err = c.timeoutErr(ctx, err)
 		if bt != nil {
-			bt.Done(ctx, c.status(ctx, err), start)
+			st := c.status(ctx, err)
+			if tryTimedOut {
+				st = metrics.Status{GRPC: -1, Error: "RESPONSE_HEADERS_TIMEOUT"}
+			}
+			bt.Done(ctx, st, start)
 		}
-		if c.retryable(err) && ctx.Err() == nil {
+		if (tryTimedOut || c.retryable(err)) && ctx.Err() == nil {
 			if c.allow(ctx, retries) {
 				retries++
 				continue
@@ -450,3 +464,6 @@ func (s *retryStream) RecvMsg(msg any) error {
 		return err
 	}
 }
+
+// errTryTimeout is the cause of an attempt the retry's timeout ended.
+var errTryTimeout = errors.New("meshgrpc: retry timeout")

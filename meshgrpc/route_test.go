@@ -234,3 +234,35 @@ spec:
 	assert.Equal(t, int64(n), a.calls.Load()+b.calls.Load())
 	assert.Zero(t, probe.calls.Load(), "the split route's calls never reach the parent's endpoints")
 }
+
+// The retry's timeout (retry.linkerd.io/timeout) ends an attempt that
+// does not answer in time and retries it, whatever the retry codes.
+func TestRetryTimeout(t *testing.T) {
+	a := startApp(t, &app{handle: func(ctx context.Context, n int64) error {
+		if n == 1 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}}, nil)
+	c, m := policyChannel(t, `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata:
+  name: try
+  namespace: default
+  annotations: {retry.linkerd.io/grpc: unavailable, retry.linkerd.io/limit: "1", retry.linkerd.io/timeout: 100ms}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: books, port: 7000}]
+`, map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), a.calls.Load())
+	route := []string{`route_name="try"`}
+	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_backend_response_statuses_total", append(route, `error="RESPONSE_HEADERS_TIMEOUT"`)...))
+	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_retry_successes_total", route...))
+}
