@@ -212,3 +212,19 @@ func (b *Balancer) findGroup(a *authority, c *BackendConfig) *group {
 	defer a.mu.Unlock()
 	return a.groups[k]
 }
+
+// penalize applies the load penalties of c (none: nothing) for outcome o
+// of a request to the endpoint of l: a 429 or RESOURCE_EXHAUSTED adds the
+// penalty, a Retry-After or pushback keeps the endpoint out of picks.
+func (c *groupConf) penalize(l *load, o outcome, now int64) {
+	p := c.penalty
+	if p == nil {
+		return
+	}
+	if o.exhausted {
+		l.penalize(float64(p.Penalty), c.penDecay, now)
+	}
+	if o.retryIn > 0 {
+		l.avoidFor(min(o.retryIn, int64(p.MaxRetryAfter)), now)
+	}
+}

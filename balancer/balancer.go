@@ -574,15 +574,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	now := b.cfg.now()
 	l.observe(float64(now-start), now, b.decay)
 	o, final := headOutcome(resp, time.Now())
-	if c := b.conf(e.group()); c.penalty != nil {
-		p := c.penalty
-		if o.exhausted {
-			l.penalize(float64(p.Penalty), c.penDecay, now)
-		}
-		if o.retryIn > 0 {
-			l.avoidFor(min(o.retryIn, int64(p.MaxRetryAfter)), now)
-		}
-	}
+	b.conf(e.group()).penalize(l, o, now)
 	if final {
 		b.record(e, o, probe, now)
 	}

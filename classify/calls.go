@@ -11,10 +11,11 @@ import (
 )
 
 // Recorder records the request metrics of exchanges that pass through no
-// http.Handler or RoundTripper, such as the calls a grpc-go server serves:
-// request_total when one starts, response_total and response_latency_ms
-// when it ends, with the labels [NewHandler] gives its requests. It is
-// safe for concurrent use.
+// http.Handler or RoundTripper, such as the calls grpc-go makes and
+// serves: request_total when one starts, response_total (with its
+// classification) and response_latency_ms when it ends, with the labels
+// [NewHandler] (inbound) or [NewTransport] (outbound) gives its requests.
+// It is safe for concurrent use.
 type Recorder struct {
 	rec        *recorder
 	classifier *Classifier
@@ -27,6 +28,13 @@ func NewInboundRecorder(opts ...Option) *Recorder {
 	return &Recorder{rec: newRecorder(cfg, "inbound"), classifier: cfg.classifier}
 }
 
+// NewOutboundRecorder returns a Recorder of outbound exchanges
+// (direction="outbound"), configured as [NewTransport] is.
+func NewOutboundRecorder(opts ...Option) *Recorder {
+	cfg := newConfig(opts)
+	return &Recorder{rec: newRecorder(cfg, "outbound"), classifier: cfg.classifier}
+}
+
 // Exchange is one exchange a [Recorder] counted the request of; its zero
 // value records nothing.
 type Exchange struct {
@@ -35,10 +43,13 @@ type Exchange struct {
 	start      time.Time
 }
 
-// Start counts the request of an exchange for authority, with the labels
-// ctx carries ([WithLabels]), started now.
-func (r *Recorder) Start(ctx context.Context, authority string) Exchange {
-	t := r.rec.target(authority, labelsFromContext(ctx))
+// Start counts the request of an exchange for authority, started now, with
+// the labels l, or the labels ctx carries ([WithLabels]) when l is nil.
+func (r *Recorder) Start(ctx context.Context, authority string, l *Labels) Exchange {
+	if l == nil {
+		l = labelsFromContext(ctx)
+	}
+	t := r.rec.target(authority, l)
 	t.Request(ctx)
 	return Exchange{t: t, classifier: r.classifier, start: time.Now()}
 }
@@ -61,6 +72,16 @@ func (e Exchange) EndGRPC(ctx context.Context, code int32) {
 		class = c.endCode(class, true, code, code >= 0)
 	}
 	e.t.Response(ctx, response(http.StatusOK, class), e.start)
+}
+
+// EndError counts an exchange that failed without an answer: err's class
+// (a timeout, a reset, unclassified), as a [Transport] classifies a failed
+// round trip.
+func (e Exchange) EndError(ctx context.Context, err error) {
+	if e.t == nil {
+		return
+	}
+	e.t.Response(ctx, response(0, ErrorClass(ctx, err)), e.start)
 }
 
 // TLSLabels are the tls labels of Linkerd's inbound metrics, per client:

@@ -66,7 +66,7 @@ func NewLabels(prefix string, m map[string]string) *Labels {
 func LabelsOf(kvs ...attribute.KeyValue) *Labels {
 	m := make(map[string]string, len(kvs))
 	for _, kv := range kvs {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.AsString()
 	}
 	return NewLabels("", m)
 }

@@ -62,7 +62,7 @@ type serverCreds struct {
 func newServerCreds(local *identity.Local) *serverCreds {
 	cfg := origproto.MeshTLSConfig(local)
 	cfg.NextProtos = []string{"h2"}
-	return &serverCreds{cfg: cfg, info: credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.3"}}
+	return &serverCreds{cfg: cfg, info: credentials.ProtocolInfo{SecurityProtocol: "tls"}}
 }
 
 var _ credentials.TransportCredentials = (*serverCreds)(nil)

@@ -6,6 +6,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/inmesh/inmesh/authz"
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/identity"
 )
 
@@ -22,6 +23,7 @@ type config struct {
 	mp       metric.MeterProvider
 	logger   *slog.Logger
 	inbound  []authz.Option
+	balancer []balancer.Option
 }
 
 func newConfig(opts []Option) *config {
@@ -57,4 +59,13 @@ func WithLogger(l *slog.Logger) Option {
 // from) and authz.WithTarget (the port). A client ignores it.
 func WithInboundPolicy(opts ...authz.Option) Option {
 	return optionFunc(func(c *config) { c.inbound = append(c.inbound, opts...) })
+}
+
+// WithBalancerOptions sets the client's balancing defaults with the
+// options of package balancer that apply to one endpoint set
+// (balancer.WithPeakEWMA, WithErrorPenalty, WithFailureAccrual,
+// WithPenaltyPeakEWMA); a policy backend's failure accrual and load
+// penalties override them. A server ignores it.
+func WithBalancerOptions(opts ...balancer.Option) Option {
+	return optionFunc(func(c *config) { c.balancer = append(c.balancer, opts...) })
 }

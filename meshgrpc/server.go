@@ -99,8 +99,8 @@ type conn struct {
 
 type connKey struct{}
 
-// call is the state of one call, from TagRPC to End.
-type call struct {
+// serverCall is the state of one served call, from TagRPC to End.
+type serverCall struct {
 	ex classify.Exchange
 }
 
@@ -131,7 +131,7 @@ func (s *server) HandleConn(context.Context, stats.ConnStats) {}
 
 // TagRPC gives the call its state.
 func (s *server) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	return context.WithValue(ctx, callKey{}, &call{})
+	return context.WithValue(ctx, callKey{}, &serverCall{})
 }
 
 // HandleRPC counts the response of a call the interceptors let through,
@@ -141,7 +141,7 @@ func (s *server) HandleRPC(ctx context.Context, st stats.RPCStats) {
 	if !ok {
 		return
 	}
-	if c, _ := ctx.Value(callKey{}).(*call); c != nil {
+	if c, _ := ctx.Value(callKey{}).(*serverCall); c != nil {
 		c.ex.EndGRPC(ctx, int32(status.Code(end.Error)))
 	}
 }
@@ -206,8 +206,8 @@ func (s *server) admit(ctx context.Context, method string) (context.Context, aut
 		// as the HTTP stack's do.
 		ctx = classify.WithLabels(ctx, d.Labels())
 	}
-	if c, _ := ctx.Value(callKey{}).(*call); c != nil {
-		c.ex = s.rec.Start(ctx, authority)
+	if c, _ := ctx.Value(callKey{}).(*serverCall); c != nil {
+		c.ex = s.rec.Start(ctx, authority, nil)
 	}
 	return ctx, d, nil
 }

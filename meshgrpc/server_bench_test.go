@@ -15,10 +15,10 @@ import (
 	"github.com/inmesh/inmesh/meshgrpc"
 )
 
-// benchUnary measures a plaintext unary call to a server with opts.
-func benchUnary(b *testing.B, opts ...grpc.ServerOption) {
+// benchServerUnary measures a plaintext unary call to a server with opts.
+func benchServerUnary(b *testing.B, opts ...grpc.ServerOption) {
 	srv := grpc.NewServer(opts...)
-	testgrpc.RegisterTestServiceServer(srv, app{})
+	testgrpc.RegisterTestServiceServer(srv, peerApp{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	go srv.Serve(ln)
@@ -39,11 +39,11 @@ func benchUnary(b *testing.B, opts ...grpc.ServerOption) {
 // The cost of the mesh on a unary call, client and server in one process:
 // a bare grpc.Server, with ServerOptions' metrics, and with an inbound
 // policy too.
-func BenchmarkUnary(b *testing.B) {
+func BenchmarkServerUnary(b *testing.B) {
 	mp := meshgrpc.WithMeterProvider(noop.NewMeterProvider())
-	b.Run("bare", func(b *testing.B) { benchUnary(b) })
-	b.Run("meshgrpc", func(b *testing.B) { benchUnary(b, meshgrpc.ServerOptions(mp)...) })
+	b.Run("bare", func(b *testing.B) { benchServerUnary(b) })
+	b.Run("meshgrpc", func(b *testing.B) { benchServerUnary(b, meshgrpc.ServerOptions(mp)...) })
 	b.Run("meshgrpc+policy", func(b *testing.B) {
-		benchUnary(b, meshgrpc.ServerOptions(mp, meshgrpc.WithLogger(quiet), meshgrpc.WithInboundPolicy(authz.WithDefault(booksGRPC())))...)
+		benchServerUnary(b, meshgrpc.ServerOptions(mp, meshgrpc.WithLogger(quiet), meshgrpc.WithInboundPolicy(authz.WithDefault(booksGRPC())))...)
 	})
 }

@@ -33,7 +33,7 @@ func ExampleServerOptions() {
 		meshgrpc.WithLogger(quiet),
 		meshgrpc.WithInboundPolicy(authz.WithDefault(onlyMeshed), authz.WithoutLocalhost()),
 	)...)
-	testgrpc.RegisterTestServiceServer(srv, app{})
+	testgrpc.RegisterTestServiceServer(srv, peerApp{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)

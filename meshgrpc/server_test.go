@@ -67,18 +67,18 @@ func (p *pki) certify(t *testing.T, name string) *identity.Local {
 	return l
 }
 
-// app is a TestService that tells its caller who it saw: UnaryCall
+// peerApp is a TestService that tells its caller who it saw: UnaryCall
 // answers with the identity identity.PeerFromContext found (Username) and
 // whether there was one (OauthScope), and the x-added metadata it got.
-type app struct {
+type peerApp struct {
 	testgrpc.UnimplementedTestServiceServer
 }
 
-func (app) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+func (peerApp) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
 	return &testgrpc.Empty{}, nil
 }
 
-func (app) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+func (peerApp) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	if s := req.GetResponseStatus(); s != nil {
 		return nil, status.Error(codes.Code(s.Code), s.Message)
 	}
@@ -88,7 +88,7 @@ func (app) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrp
 	return &testgrpc.SimpleResponse{Username: p.ID, OauthScope: strconv.FormatBool(ok)}, nil
 }
 
-func (app) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallServer) error {
+func (peerApp) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallServer) error {
 	for {
 		req, err := stream.Recv()
 		if err == io.EOF {
@@ -103,7 +103,7 @@ func (app) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallServer) erro
 	}
 }
 
-func (app) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, stream testgrpc.TestService_StreamingOutputCallServer) error {
+func (peerApp) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, stream testgrpc.TestService_StreamingOutputCallServer) error {
 	for range req.GetResponseParameters() {
 		if err := stream.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
 			return err
@@ -133,7 +133,7 @@ func newEnv(t *testing.T, opts ...meshgrpc.Option) *env {
 	opts = append([]meshgrpc.Option{meshgrpc.WithIdentity(local), meshgrpc.WithMeterProvider(e.metrics.Provider),
 		meshgrpc.WithLogger(quiet)}, opts...)
 	srv := grpc.NewServer(meshgrpc.ServerOptions(opts...)...)
-	testgrpc.RegisterTestServiceServer(srv, app{})
+	testgrpc.RegisterTestServiceServer(srv, peerApp{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	done := make(chan struct{})
@@ -444,7 +444,7 @@ func TestConcurrencyLimit(t *testing.T) {
 
 // A GRPCRoute's failure injector answers the call with its status and
 // message, to every client, before the application.
-func TestFailureInjector(t *testing.T) {
+func TestServerFailureInjector(t *testing.T) {
 	srv := &authz.Server{
 		Meta: srvMeta, Protocol: authz.ProtocolGRPC,
 		Authorizations: []authz.Authz{{Meta: authz.DefaultMeta("all-unauthenticated"), Networks: everywhere}},

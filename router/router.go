@@ -299,3 +299,22 @@ func backendConfig(b policy.Backend, fa *balancer.FailureAccrual) *balancer.Back
 	}
 	return bc
 }
+
+// BackendConfig returns the balancer configuration of backend b of a
+// route under the failure accrual fa of its protocol (nil when neither
+// says anything or b is not a balancer backend): what the router gives
+// the balancer for b, for other transports that balance policy backends.
+func BackendConfig(b policy.Backend, fa *policy.FailureAccrual) *balancer.BackendConfig {
+	return backendConfig(b, balancerAccrual(fa))
+}
+
+// RouteLabels returns the parent and route label groups of route's
+// outbound_*_route_* series, and BackendLabels the backend group of a
+// backend: the labels the router records, for other transports that
+// record the same families.
+func RouteLabels(route *policy.Route) []attribute.KeyValue {
+	return append(metaLabels("parent", route.Parent, true), metaLabels("route", route.Meta, false)...)
+}
+
+// BackendLabels: see [RouteLabels].
+func BackendLabels(m policy.Metadata) []attribute.KeyValue { return metaLabels("backend", m, true) }

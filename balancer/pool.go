@@ -1,0 +1,194 @@
+package balancer
+
+import (
+	"math"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/classify"
+)
+
+// Pool is the balancing core of one endpoint set without a transport and
+// without discovery: the caller says which endpoints may take requests
+// ([Pool.Update]), asks for one per request ([Pool.Pick]) and reports how
+// the request ended ([Pick.Done]). It is the [Balancer]'s own logic, the
+// same code: power of two choices by weight over peak-EWMA load, failure
+// accrual with probation and its ejection floor, load penalties. A
+// transport that dials by itself (grpc-go's sub-channels, say) balances
+// with it.
+//
+// An endpoint's load and failure-accrual state are kept by address across
+// updates, also while it is left out of an update (its connection is down,
+// say), until [Pool.Retain] drops it. A Pool is safe for concurrent use;
+// Pick never blocks on Update.
+type Pool struct {
+	cfg      config
+	decay    float64
+	rtt      float64
+	penalty  float64 // the RTT sample of a request that failed without an answer
+	conf     *groupConf
+	g        *group
+	mu       sync.Mutex
+	loads    map[netip.AddrPort]*load
+	readyLen int
+}
+
+// NewPool returns a Pool balancing by the options of a [Balancer]
+// ([WithPeakEWMA], [WithErrorPenalty], [WithFailureAccrual],
+// [WithPenaltyPeakEWMA], [WithMeshTLS]; the others mean nothing to it) and by c, a
+// policy backend's configuration, over them (nil: the options alone). It
+// starts with no endpoint.
+func NewPool(c *BackendConfig, opts ...Option) *Pool {
+	cfg := newConfig(opts)
+	b := &Balancer{cfg: cfg, decay: float64(cfg.decay)}
+	b.penDecay = b.decay
+	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
+		b.penDecay = float64(p.PenaltyDecay)
+	}
+	b.def = newGroupConf(b.defaultKey())
+	conf := b.def
+	if c != nil {
+		conf = newGroupConf(b.keyOf(c))
+	}
+	p := &Pool{cfg: cfg, decay: b.decay, rtt: float64(cfg.defaultRTT), penalty: float64(cfg.penalty),
+		conf: conf, loads: make(map[netip.AddrPort]*load)}
+	p.g = &group{conf: conf}
+	p.g.publish(&snapshot{exists: true, health: conf.health(), group: p.g})
+	return p
+}
+
+// Update makes eps the endpoints picks choose among (their weights
+// honoured; a zero weight counts as 1), keeping the state of each address
+// seen before.
+func (p *Pool) Update(eps []endpoint.Endpoint) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.cfg.now()
+	s := &snapshot{exists: true, health: p.conf.health(), group: p.g}
+	var total uint64
+	for _, e := range eps {
+		l := p.loads[e.Addr]
+		if l == nil {
+			l = newLoad(p.rtt, now)
+			p.loads[e.Addr] = l
+		}
+		s.eps = append(s.eps, &member{Endpoint: e, addr: e.Addr.String(), load: l, g: p.g,
+			labels: endpointLabels(e, p.cfg.meshTLS)})
+		total += uint64(max(e.Weight, 1))
+		s.cum = append(s.cum, total)
+	}
+	p.readyLen = len(s.eps)
+	p.g.publish(s)
+}
+
+// Retain drops the state of every address keep rejects: an endpoint that
+// comes back later starts afresh.
+func (p *Pool) Retain(keep func(netip.AddrPort) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for a := range p.loads {
+		if !keep(a) {
+			delete(p.loads, a)
+		}
+	}
+}
+
+// Len returns how many endpoints the last Update gave.
+func (p *Pool) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.readyLen
+}
+
+// Pick is one request's endpoint, from [Pool.Pick]. Its Done must be
+// called exactly once.
+type Pick struct {
+	m     *member
+	p     *Pool
+	probe bool
+	start int64
+}
+
+// Pick chooses the endpoint of a request and counts the request in its
+// load until Done; ok is false when no endpoint may take it (none given,
+// or every one tripped, on probation with its probe out, or avoided).
+func (p *Pool) Pick() (_ Pick, ok bool) {
+	now := p.cfg.now()
+	m, probe := p.g.state.Load().choose(now, p.decay)
+	if m == nil {
+		return Pick{}, false
+	}
+	m.load.pending.Add(1)
+	return Pick{m: m, p: p, probe: probe, start: now}, true
+}
+
+// Endpoint returns the picked endpoint; it is shared and must not be
+// changed.
+func (k Pick) Endpoint() *endpoint.Endpoint { return &k.m.Endpoint }
+
+// Labels returns the metric labels of requests to the picked endpoint, as
+// the [Balancer] puts them in a request's context for classify: its own
+// as dst_*, and the tls labels ([WithMeshTLS] says whether the transport
+// speaks mTLS to endpoints with an identity).
+func (k Pick) Labels() *classify.Labels { return k.m.labels }
+
+// Result is how a request ended, for [Pick.Done].
+type Result struct {
+	// GRPCStatus is the gRPC status code of the response, -1 for none.
+	GRPCStatus int
+	// HTTPStatus is the HTTP status of the response, 0 for none.
+	HTTPStatus int
+	// Unanswered: the request failed without a response from the
+	// endpoint (a connection error); it counts as a failure and as a
+	// penalty sample in the load.
+	Unanswered bool
+	// Canceled: the caller gave the request up; it says nothing about the
+	// endpoint (a probe is given back).
+	Canceled bool
+	// RetryAfter is the endpoint's Retry-After or grpc-retry-pushback-ms,
+	// 0 for none.
+	RetryAfter time.Duration
+}
+
+// Done ends the request: its time is a sample of the endpoint's load, and
+// its result goes to failure accrual as the [Balancer] counts failures
+// (5xx; gRPC DATA_LOSS, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED,
+// UNAVAILABLE; no answer at all) and load penalties (429,
+// RESOURCE_EXHAUSTED).
+func (k Pick) Done(r Result) {
+	if k.m == nil {
+		return
+	}
+	p, l := k.p, k.m.load
+	l.pending.Add(-1)
+	now := p.cfg.now()
+	if r.Canceled {
+		if k.probe {
+			l.release()
+		}
+		return
+	}
+	if r.Unanswered {
+		l.observe(p.penalty, now, p.decay)
+		p.record(k, outcome{failure: true}, now)
+		return
+	}
+	l.observe(float64(now-k.start), now, p.decay)
+	o := outcome{failure: r.HTTPStatus >= 500, exhausted: r.HTTPStatus == 429}
+	if r.GRPCStatus >= 0 {
+		o.grpc(r.GRPCStatus, nil) // the classification of the HTTP balancer's gRPC responses
+	}
+	if r.RetryAfter > 0 {
+		o.retryIn = min(int64(r.RetryAfter), math.MaxInt64)
+	}
+	p.conf.penalize(l, o, now)
+	p.record(k, o, now)
+}
+
+func (p *Pool) record(k Pick, o outcome, now int64) {
+	if k.m.load.record(o, k.probe, now, p.conf.acc, k.m.group()) {
+		p.g.notify()
+	}
+}

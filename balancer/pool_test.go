@@ -1,0 +1,59 @@
+package balancer_test
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+)
+
+// A Pool shares the Balancer's rules: weights decide the share between
+// endpoints of equal load, and an endpoint failing in a row is tripped and
+// gets nothing for its penalty.
+func TestPoolWeightsAndAccrual(t *testing.T) {
+	a := netip.MustParseAddrPort("127.0.0.1:1")
+	b := netip.MustParseAddrPort("127.0.0.1:2")
+	p := balancer.NewPool(nil, balancer.WithFailureAccrual(&balancer.FailureAccrual{
+		ConsecutiveFailures: &balancer.ConsecutiveFailures{MaxFailures: 3, Backoff: balancer.Backoff{MinBackoff: time.Hour}}}))
+	_, ok := p.Pick()
+	require.False(t, ok, "a pool without endpoints picks none")
+	p.Update([]endpoint.Endpoint{{Addr: a, Weight: 3}, {Addr: b, Weight: 1}})
+	n := map[netip.AddrPort]int{}
+	const total = 10000
+	for range total {
+		k, ok := p.Pick()
+		require.True(t, ok)
+		n[k.Endpoint().Addr]++
+		k.Done(balancer.Result{GRPCStatus: 0})
+	}
+	require.InDelta(t, 0.75, float64(n[a])/total, 0.05)
+
+	for range 3 {
+		for {
+			k, _ := p.Pick()
+			if k.Endpoint().Addr == b {
+				k.Done(balancer.Result{GRPCStatus: 14})
+				break
+			}
+			k.Done(balancer.Result{GRPCStatus: 0})
+		}
+	}
+	for range 1000 {
+		k, ok := p.Pick()
+		require.True(t, ok)
+		require.Equal(t, a, k.Endpoint().Addr, "the tripped endpoint was picked")
+		k.Done(balancer.Result{GRPCStatus: 0})
+	}
+	// The state is kept while an endpoint is left out of an update.
+	p.Update([]endpoint.Endpoint{{Addr: a}})
+	p.Update([]endpoint.Endpoint{{Addr: a}, {Addr: b}})
+	for range 100 {
+		k, _ := p.Pick()
+		require.Equal(t, a, k.Endpoint().Addr)
+		k.Done(balancer.Result{GRPCStatus: 0})
+	}
+}

@@ -1,0 +1,351 @@
+package meshgrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	grpcbalancer "google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/classify"
+)
+
+// BalancerName is the name meshgrpc's balancer is registered under in
+// grpc-go's registry; [DialOptions] chooses it with a default service
+// config.
+const BalancerName = "inmesh_p2c"
+
+func init() { grpcbalancer.Register(balancerBuilder{}) }
+
+// meshKey is the key of the channel's *mesh in the resolver state's
+// attributes: the balancer is registered globally and finds its channel's
+// configuration there.
+type meshKey struct{}
+
+type balancerBuilder struct{}
+
+func (balancerBuilder) Name() string { return BalancerName }
+
+func (balancerBuilder) Build(cc grpcbalancer.ClientConn, _ grpcbalancer.BuildOptions) grpcbalancer.Balancer {
+	return &meshBalancer{cc: cc, subs: make(map[subKey]*subConn), pools: make(map[string]*backendPool)}
+}
+
+// meshBalancer balances a channel's calls. The design: each backend
+// authority (the target, and each backend its GRPCRoutes name) is one
+// [balancer.Pool] of its own, with its own loads and failure accrual, as
+// a Linkerd proxy builds one balancer per backend; each endpoint of a
+// backend is one sub-channel (an address that two backends share gets one
+// per backend, so that their states stay apart). The route interceptor
+// puts the call's backend in the call's context; the picker reads it
+// (PickInfo.Ctx) and picks in that backend's pool among its READY
+// sub-channels; a call without one goes to the target's own endpoints.
+//
+// All methods but the picker's run on grpc-go's serializer.
+type meshBalancer struct {
+	cc     grpcbalancer.ClientConn
+	subs   map[subKey]*subConn
+	pools  map[string]*backendPool
+	target string
+	mesh   *mesh
+	// resolved: the resolver gave a state; rerr its last error.
+	resolved bool
+	rerr     error
+	closed   bool
+}
+
+type subKey struct {
+	backend string
+	addr    netip.AddrPort
+}
+
+type subConn struct {
+	sc      grpcbalancer.SubConn
+	ep      endpoint.Endpoint
+	addr    resolver.Address
+	state   connectivity.State
+	lastErr error
+}
+
+// backendPool is the pool of one backend and the configuration it was
+// made with.
+type backendPool struct {
+	pool *balancer.Pool
+	conf *balancer.BackendConfig
+	// eps is the number of endpoints the backend has, ready or not.
+	eps int
+}
+
+func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) error {
+	if b.closed {
+		return nil
+	}
+	b.resolved, b.rerr = true, nil
+	b.target = backendOf(s.ResolverState.Attributes)
+	if m, ok := s.ResolverState.Attributes.Value(meshKey{}).(*mesh); ok {
+		b.mesh = m
+	}
+	seen := make(map[subKey]bool)
+	count := make(map[string]int)
+	for _, ep := range s.ResolverState.Endpoints {
+		if len(ep.Addresses) == 0 {
+			continue
+		}
+		e := endpointOf(ep.Attributes)
+		backend := backendOf(ep.Attributes)
+		if e == nil {
+			continue
+		}
+		k := subKey{backend, e.Addr}
+		seen[k] = true
+		count[backend]++
+		if sub := b.subs[k]; sub != nil {
+			if sub.addr.Attributes.Equal(ep.Addresses[0].Attributes) {
+				sub.ep = *e // a new weight or labels: the same connection
+				continue
+			}
+			// A new identity: never reuse a connection verified for the
+			// old one.
+			sub.sc.Shutdown()
+			delete(b.subs, k)
+		}
+		sub := &subConn{ep: *e, addr: ep.Addresses[0], state: connectivity.Idle}
+		// One address per sub-channel, which is what the future of the
+		// deprecated NewSubConn allows.
+		//lint:ignore SA1019 grpc-go offers a balancer no other way to make a sub-channel.
+		sc, err := b.cc.NewSubConn([]resolver.Address{ep.Addresses[0]}, grpcbalancer.NewSubConnOptions{
+			StateListener: func(st grpcbalancer.SubConnState) { b.subState(k, sub, st) },
+		})
+		if err != nil {
+			continue
+		}
+		sub.sc = sc
+		b.subs[k] = sub
+		sc.Connect()
+	}
+	for k, sub := range b.subs {
+		if !seen[k] {
+			sub.sc.Shutdown()
+			delete(b.subs, k)
+		}
+	}
+	// The pools: one per backend named, its configuration the policy's.
+	var conf map[string]*balancer.BackendConfig
+	if b.mesh != nil {
+		if st := b.mesh.state(b.target); st != nil {
+			conf = st.balancing
+		}
+	}
+	// A backend that answered with no endpoints is known, and empty.
+	if a, _ := s.ResolverState.Attributes.Value(answeredKey{}).(string); a != "" {
+		for name := range strings.SplitSeq(a, "\n") {
+			if _, ok := count[name]; !ok {
+				count[name] = 0
+			}
+		}
+	}
+	for name := range b.pools {
+		if _, ok := count[name]; !ok {
+			delete(b.pools, name)
+		}
+	}
+	for name := range count {
+		c := conf[name]
+		if p := b.pools[name]; p == nil || p.conf != c {
+			var opts []balancer.Option
+			if b.mesh != nil {
+				opts = b.mesh.cfg.balancer
+			}
+			b.pools[name] = &backendPool{pool: balancer.NewPool(c, opts...), conf: c}
+		}
+		b.pools[name].eps = count[name]
+	}
+	for name, p := range b.pools {
+		p.pool.Retain(func(a netip.AddrPort) bool { return seen[subKey{name, a}] })
+	}
+	b.update()
+	return nil
+}
+
+func (b *meshBalancer) ResolverError(err error) {
+	if b.closed {
+		return
+	}
+	b.rerr = err
+	if !b.resolved || len(b.subs) == 0 {
+		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure,
+			Picker: errPicker{fmt.Errorf("meshgrpc: resolving %s: %w", b.target, err)}})
+	}
+}
+
+func (b *meshBalancer) subState(k subKey, sub *subConn, st grpcbalancer.SubConnState) {
+	if b.closed || b.subs[k] != sub {
+		return
+	}
+	sub.state = st.ConnectivityState
+	if st.ConnectionError != nil {
+		sub.lastErr = st.ConnectionError
+	}
+	if sub.state == connectivity.Idle {
+		sub.sc.Connect()
+	}
+	b.update()
+}
+
+// update gives each pool its READY endpoints and publishes the picker and
+// the channel's state: READY when a sub-channel is; TRANSIENT_FAILURE
+// when there is none (an empty endpoint set: calls that do not wait for
+// ready fail at once) or all failed; CONNECTING otherwise.
+func (b *meshBalancer) update() {
+	ready := make(map[string][]endpoint.Endpoint)
+	scs := make(map[subKey]grpcbalancer.SubConn)
+	var connecting bool
+	var lastErr error
+	for k, sub := range b.subs {
+		switch sub.state {
+		case connectivity.Ready:
+			ready[k.backend] = append(ready[k.backend], sub.ep)
+			scs[k] = sub.sc
+		case connectivity.Connecting, connectivity.Idle:
+			connecting = true
+		case connectivity.TransientFailure:
+			lastErr = sub.lastErr
+		}
+	}
+	pools := make(map[string]pickPool, len(b.pools))
+	for name, p := range b.pools {
+		p.pool.Update(ready[name])
+		pools[name] = pickPool{p.pool, p.eps}
+	}
+	pk := &picker{target: b.target, pools: pools, scs: scs}
+	if b.mesh != nil {
+		pk.calls = b.mesh.calls
+	}
+	switch {
+	case len(scs) > 0:
+		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.Ready, Picker: pk})
+	case len(b.subs) == 0:
+		err := fmt.Errorf("meshgrpc: %s has no endpoints", b.target)
+		if b.rerr != nil {
+			err = fmt.Errorf("meshgrpc: resolving %s: %w", b.target, b.rerr)
+		}
+		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{err}})
+	case connecting:
+		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.Connecting,
+			Picker: errPicker{grpcbalancer.ErrNoSubConnAvailable}})
+	default:
+		if lastErr == nil {
+			lastErr = errors.New("no endpoint reachable")
+		}
+		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure,
+			Picker: errPicker{fmt.Errorf("meshgrpc: %s: %w", b.target, lastErr)}})
+	}
+}
+
+func (b *meshBalancer) UpdateSubConnState(grpcbalancer.SubConn, grpcbalancer.SubConnState) {}
+
+func (b *meshBalancer) ExitIdle() {
+	for _, sub := range b.subs {
+		if sub.state == connectivity.Idle {
+			sub.sc.Connect()
+		}
+	}
+}
+
+func (b *meshBalancer) Close() {
+	b.closed = true
+	for k, sub := range b.subs {
+		sub.sc.Shutdown()
+		delete(b.subs, k)
+	}
+}
+
+type errPicker struct{ err error }
+
+func (p errPicker) Pick(grpcbalancer.PickInfo) (grpcbalancer.PickResult, error) {
+	return grpcbalancer.PickResult{}, p.err
+}
+
+// picker is an immutable view of the balancer: the pools (whose own
+// state moves under it, safely) and the READY sub-channels.
+type picker struct {
+	target string
+	pools  map[string]pickPool
+	scs    map[subKey]grpcbalancer.SubConn
+	calls  *classify.Recorder // nil: not recorded
+}
+
+// pickPool is a backend's pool as a picker sees it.
+type pickPool struct {
+	pool *balancer.Pool
+	eps  int // the backend's endpoints, ready or not
+}
+
+// backendCtxKey is the key of the call's backend authority in its
+// context, set by the route interceptor.
+type backendCtxKey struct{}
+
+func withBackend(ctx context.Context, authority string) context.Context {
+	return context.WithValue(ctx, backendCtxKey{}, authority)
+}
+
+func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, error) {
+	backend := p.target
+	if b, ok := info.Ctx.Value(backendCtxKey{}).(string); ok && b != "" {
+		backend = b
+	}
+	bp, ok := p.pools[backend]
+	if !ok {
+		// The backend's endpoints are not known yet (a policy just named
+		// it): the call waits for the picker that brings them.
+		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
+	}
+	if bp.eps == 0 {
+		return grpcbalancer.PickResult{}, fmt.Errorf("meshgrpc: %s has no endpoints", backend)
+	}
+	k, ok := bp.pool.Pick()
+	if !ok {
+		if bp.pool.Len() < bp.eps {
+			// Others are connecting: the call waits for the picker that
+			// brings them (or its deadline).
+			return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
+		}
+		// Every ready endpoint is out of rotation (failure accrual): fail
+		// fast, as Linkerd's balancer does once its queue gives up.
+		return grpcbalancer.PickResult{}, status.Errorf(codes.Unavailable,
+			"meshgrpc: every endpoint of %s is out of rotation (failure accrual)", backend)
+	}
+	sc := p.scs[subKey{backend, k.Endpoint().Addr}]
+	if sc == nil { // a newer picker is on its way
+		k.Done(balancer.Result{Canceled: true})
+		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
+	}
+	ctx := info.Ctx
+	var ex classify.Exchange // the zero Exchange records nothing
+	if p.calls != nil {
+		ex = p.calls.Start(ctx, backend, k.Labels())
+	}
+	return grpcbalancer.PickResult{SubConn: sc, Done: func(d grpcbalancer.DoneInfo) {
+		code := status.Code(d.Err)
+		r := balancer.Result{GRPCStatus: int(code)}
+		if d.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			r.Canceled = true
+		}
+		k.Done(r)
+		switch {
+		case d.Err == nil || d.BytesReceived:
+			ex.EndGRPC(ctx, int32(code))
+		case code == codes.DeadlineExceeded:
+			ex.EndError(ctx, context.DeadlineExceeded)
+		default:
+			ex.EndError(ctx, d.Err)
+		}
+	}}, nil
+}

@@ -1,0 +1,115 @@
+package meshgrpc_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	xcredentials "google.golang.org/grpc/experimental/credentials"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
+)
+
+// certified returns a local identity certified by a new issuer of dir's
+// anchors.
+func certified(t *testing.T, d *controlplane.IdentityDir, name string) *identity.Local {
+	t.Helper()
+	issuer, err := controlplane.NewIssuer(d.Anchors, d.Chain, d.Key, controlplane.StaticTokens{})
+	require.NoError(t, err)
+	l, err := identity.NewLocal(name, d.Anchors)
+	require.NoError(t, err)
+	require.NoError(t, issuer.CertifyLocal(l))
+	return l
+}
+
+// mTLS to an endpoint whose identity discovery gives: the server proves
+// that identity and sees the client's; an endpoint advertised with
+// another identity than its certificate's fails UNAVAILABLE naming the
+// identity, and gets no call; one without an identity is reached in
+// plaintext.
+func TestMTLS(t *testing.T) {
+	d, _, err := controlplane.LoadIdentityDir(t.TempDir())
+	require.NoError(t, err)
+	server := certified(t, d, booksID)
+	client := certified(t, d, webID)
+
+	var clientID string
+	seen := make(chan string, 1)
+	a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
+		p, _ := peer.FromContext(ctx)
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+			select {
+			case seen <- identity.PeerIdentity(ti.State.PeerCertificates[0]):
+			default:
+			}
+		}
+		return nil
+	}}, xcredentials.NewTLSWithALPNDisabled(server.ServerConfig()))
+
+	store := controlplane.NewStore()
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr, Identity: booksID}}})
+	c := dial(t, serveStore(t, store), meshgrpc.WithIdentity(client))
+	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err)
+	select {
+	case clientID = <-seen:
+	case <-time.After(testutil.Timeout):
+		t.Fatal("no call seen")
+	}
+	assert.Equal(t, webID, clientID, "the server verified the client's certificate")
+
+	// The same server advertised as someone else.
+	b := startApp(t, &app{}, xcredentials.NewTLSWithALPNDisabled(server.ServerConfig()))
+	store2 := controlplane.NewStore()
+	store2.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: b.addr, Identity: "impostor.default.serviceaccount.identity.linkerd.cluster.local"}}})
+	c2 := dial(t, serveStore(t, store2), meshgrpc.WithIdentity(client))
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	_, err = c2.EmptyCall(ctx, &testgrpc.Empty{})
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "impostor.default")
+	assert.Zero(t, b.calls.Load())
+
+	// An endpoint without an identity is reached in plaintext.
+	plain := startApp(t, &app{}, nil)
+	store3 := controlplane.NewStore()
+	store3.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: plain.addr}}})
+	c3 := dial(t, serveStore(t, store3), meshgrpc.WithIdentity(client))
+	_, err = c3.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), plain.calls.Load())
+}
+
+// When discovery changes an endpoint's identity, the connection verified
+// for the old one is not reused: calls fail once the server cannot prove
+// the new identity.
+func TestIdentityChange(t *testing.T) {
+	d, _, err := controlplane.LoadIdentityDir(t.TempDir())
+	require.NoError(t, err)
+	server := certified(t, d, booksID)
+	client := certified(t, d, webID)
+	a := startApp(t, &app{}, xcredentials.NewTLSWithALPNDisabled(server.ServerConfig()))
+	store := controlplane.NewStore()
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr, Identity: booksID}}})
+	c := dial(t, serveStore(t, store), meshgrpc.WithIdentity(client))
+	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err)
+
+	store.PutEndpoints(books, []endpoint.Endpoint{{Addr: a.addr, Identity: "impostor.default.serviceaccount.identity.linkerd.cluster.local"}})
+	require.Eventually(t, func() bool {
+		_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		return status.Code(err) == codes.Unavailable
+	}, testutil.Timeout, 10*time.Millisecond)
+	assert.Contains(t, status.Convert(err).Message(), "impostor.default")
+}

@@ -1,0 +1,174 @@
+package meshgrpc
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/router"
+)
+
+// clientScope is the instrumentation scope of the client's metrics; the
+// families and labels are those of the router (outbound_grpc_route_*,
+// route_*) and of package classify (response_total).
+const clientScope = "github.com/inmesh/inmesh/meshgrpc"
+
+// DialOptions returns the options that put a grpc-go client in the mesh,
+// for a target inmesh:///host:port:
+//
+//   - the resolver of scheme [Scheme], fed by dst: the endpoints of the
+//     target and of every backend authority its outbound policy's gRPC
+//     routes name, with their weights, labels and identities, pushed as
+//     they change (ResolveNow does nothing: no re-resolution storm when
+//     connections fail); an empty set is pushed too, a failed watch
+//     reported as a resolver error;
+//   - the balancer [BalancerName], chosen by a default service config:
+//     per backend authority one [balancer.Pool] (power of two choices over
+//     peak-EWMA load with failure accrual and probation, the HTTP
+//     balancer's own code) over the READY sub-channels; an empty set fails
+//     calls that do not wait for ready at once with UNAVAILABLE, while
+//     wait-for-ready calls wait until their deadline;
+//   - per attempt, the legacy request_total, response_total (with
+//     classification) and response_latency_ms series of package classify,
+//     labelled with the backend authority and the endpoint's dst_* and tls
+//     labels;
+//   - unary and stream interceptors that route each call: a ServiceProfile
+//     with routes first (unary calls: the route's timeout, budgeted
+//     retries, route_* series), else the outbound policy's GRPCRoutes
+//     (best match by the policy package, on /pkg.Service/Method and the
+//     outgoing metadata): the rule's filters (header modifiers on the
+//     metadata; the failure injector's code and message), the backend by
+//     the distribution (put in the call's context for the balancer), the
+//     request timeout over the whole call, counted retries on the rule's
+//     gRPC codes (a stream only before its first response message, its
+//     sent messages replayed), and the outbound_grpc_route_* series of
+//     the router's metric code, grpc_status on each;
+//   - transport credentials: mTLS with each endpoint's identity when
+//     [WithIdentity] gives a local identity, plaintext to an endpoint
+//     without one;
+//   - grpc.WithNoProxy (endpoint addresses are pod addresses, never to be
+//     sent through HTTPS_PROXY) and grpc.WithDisableRetry (the route's
+//     retries are the only configured ones; grpc-go's transparent retries
+//     stay).
+//
+// Options that mean nothing to a client ([WithInboundPolicy]) are ignored.
+// A channel that goes idle closes its resolver, which ends its watches;
+// the next call starts them again.
+func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
+	cfg := newConfig(opts)
+	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, clientScope), true),
+		calls:  classify.NewOutboundRecorder(classify.WithMeterProvider(cfg.mp)),
+		states: make(map[string]*channelState), profiles: make(map[string]*profileState)}
+	meter := metrics.Meter(cfg.mp, clientScope)
+	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
+	cfg.balancer = append([]balancer.Option{balancer.WithMeshTLS(cfg.identity != nil)}, cfg.balancer...)
+	creds := insecure.NewCredentials()
+	if cfg.identity != nil {
+		creds = newClientCreds(cfg.identity)
+	}
+	return []grpc.DialOption{
+		grpc.WithResolvers(resolverBuilder{m}),
+		grpc.WithDefaultServiceConfig(fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}]}`, BalancerName)),
+		grpc.WithTransportCredentials(creds),
+		grpc.WithChainUnaryInterceptor(m.unary),
+		grpc.WithChainStreamInterceptor(m.stream),
+		grpc.WithNoProxy(),
+		grpc.WithDisableRetry(),
+	}
+}
+
+// mesh is the state shared by the resolver, balancer and interceptors of
+// the channels made with one DialOptions: the compiled policy of each
+// target authority.
+type mesh struct {
+	dst *destination.Client
+	cfg *config
+	fam *metrics.Outbound
+	// calls records the legacy response_* families of each attempt.
+	calls *classify.Recorder
+
+	// routeFam and actualFam are the route_* and route_actual_* families
+	// of ServiceProfile routes.
+	routeFam, actualFam *metrics.Family
+
+	mu       sync.Mutex
+	states   map[string]*channelState
+	profiles map[string]*profileState
+}
+
+// channelState is the routing state of a target: its compiled policy,
+// owned by the resolver that watches it.
+type channelState struct {
+	owner *meshResolver
+	table *policy.Table
+	// backends are the balancer backend authorities of its gRPC routes.
+	backends []string
+	targets  map[*policy.Route]*routeTarget
+	// balancing is the balancer configuration of each backend authority
+	// (nil: the options').
+	balancing map[string]*balancer.BackendConfig
+}
+
+// setPolicy compiles u for authority and makes it the target's state; a
+// policy that does not compile is logged and the last good one stays.
+func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update) *channelState {
+	st := &channelState{owner: owner}
+	if u.Policy != nil {
+		t, err := policy.Compile(u.Policy, policy.Options{})
+		if err != nil {
+			m.cfg.logger.Warn("meshgrpc: rejected outbound policy; keeping the last good one", "authority", authority, "error", err)
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			return m.states[authority]
+		}
+		st.table = t
+		st.targets = make(map[*policy.Route]*routeTarget)
+		if rt := t.For(&http.Request{ProtoMajor: 2}); rt != nil && rt.IsGRPC() {
+			for _, route := range rt.Routes() {
+				st.targets[route] = m.newRouteTarget(route, rt.FailureAccrual())
+				for _, b := range route.Backends.Backends {
+					if b.Backend.Balancer != nil {
+						a := b.Backend.Balancer.Authority
+						st.backends = append(st.backends, a)
+						if st.balancing == nil {
+							st.balancing = make(map[string]*balancer.BackendConfig)
+						}
+						if _, ok := st.balancing[a]; !ok {
+							st.balancing[a] = router.BackendConfig(b.Backend, rt.FailureAccrual())
+						}
+					}
+				}
+			}
+		}
+	}
+	m.mu.Lock()
+	m.states[authority] = st
+	m.mu.Unlock()
+	return st
+}
+
+// forget drops the state of authority when owner still owns it.
+func (m *mesh) forget(authority string, owner *meshResolver) {
+	m.mu.Lock()
+	if st := m.states[authority]; st != nil && st.owner == owner {
+		delete(m.states, authority)
+	}
+	if ps := m.profiles[authority]; ps != nil && ps.owner == owner {
+		delete(m.profiles, authority)
+	}
+	m.mu.Unlock()
+}
+
+func (m *mesh) state(authority string) *channelState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.states[authority]
+}

@@ -1,0 +1,469 @@
+package meshgrpc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/router"
+)
+
+// routeTarget is what the calls of one GRPCRoute rule need beside the
+// rule: its series (the router's metric code, labels as the router sets
+// them) and one per backend.
+type routeTarget struct {
+	route     *policy.Route
+	metrics   *metrics.RouteTarget
+	backends  []*metrics.BackendTarget
+	noBackend *metrics.BackendTarget
+	total     uint64
+}
+
+func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *routeTarget {
+	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(m.fam, "", router.RouteLabels(route)...)}
+	for _, b := range route.Backends.Backends {
+		rt.backends = append(rt.backends, rt.metrics.NewBackendTarget(router.BackendLabels(b.Backend.Meta)...))
+		rt.total += uint64(b.Weight)
+	}
+	rt.noBackend = rt.metrics.NewBackendTarget(router.BackendLabels(policy.Metadata{})...)
+	return rt
+}
+
+// targetAuthority is the host:port of a channel target inmesh:///host:port.
+func targetAuthority(target string) string {
+	if u, err := url.Parse(target); err == nil && u.Scheme == Scheme {
+		return strings.TrimPrefix(u.Path, "/")
+	}
+	return target
+}
+
+// call is one logical call on a policy route.
+type call struct {
+	m      *mesh
+	rt     *routeTarget
+	method string
+	start  time.Time
+	// timeout is the route's; routeDeadline is when it ends the call,
+	// zero when the caller's own deadline comes first.
+	timeout       time.Duration
+	routeDeadline time.Time
+}
+
+// route selects the call's route by the router's best-match rules
+// (policy.Table.Select, over the call as the HTTP/2 request it is: POST
+// to /pkg.Service/Method with the outgoing metadata as headers); nil
+// without a policy with gRPC routes.
+func (m *mesh) route(ctx context.Context, cc *grpc.ClientConn, method string) (*routeTarget, error) {
+	st := m.state(targetAuthority(cc.Target()))
+	if st == nil || st.table == nil {
+		return nil, nil
+	}
+	authority := targetAuthority(cc.Target())
+	req := &http.Request{Method: http.MethodPost, ProtoMajor: 2, Host: authority,
+		URL: &url.URL{Path: method}, Header: http.Header{"Content-Type": {"application/grpc"}}}
+	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+		for k, vs := range md {
+			req.Header[http.CanonicalHeaderKey(k)] = vs
+		}
+	}
+	rt := st.table.For(req)
+	if rt == nil || !rt.IsGRPC() {
+		return nil, nil
+	}
+	route, _ := rt.Select(req)
+	if route == nil {
+		return nil, status.Error(codes.NotFound, "no route found for request")
+	}
+	return st.targets[route], nil
+}
+
+// prepare applies the route's filters and picks its backend for one
+// attempt: the context to send it with, the backend's series, or the
+// status a filter or the distribution answers with.
+func (c *call) prepare(ctx context.Context) (context.Context, *metrics.BackendTarget, error) {
+	route := c.rt.route
+	ctx, err := filters(ctx, route.Filters)
+	if err != nil {
+		return ctx, nil, err
+	}
+	i := c.pick()
+	if i < 0 {
+		msg := "no backends for this route"
+		if len(route.Backends.Backends) > 0 {
+			msg = "every backend of this route has weight 0"
+		}
+		return ctx, c.rt.noBackend, status.Error(codes.Internal, msg)
+	}
+	rb := &route.Backends.Backends[i]
+	if ctx, err = filters(ctx, rb.Filters); err != nil {
+		return ctx, c.rt.backends[i], err
+	}
+	switch b := rb.Backend; {
+	case b.Balancer != nil:
+		ctx = withBackend(ctx, b.Balancer.Authority)
+	default:
+		return ctx, c.rt.backends[i], status.Error(codes.Unavailable, "backend has no destination the client can balance")
+	}
+	return ctx, c.rt.backends[i], nil
+}
+
+// filters applies gRPC filters: request header modifiers edit the
+// outgoing metadata; a failure injector that fires fails the call with
+// its code and message.
+func filters(ctx context.Context, fs []policy.Filter) (context.Context, error) {
+	for _, f := range fs {
+		switch {
+		case f.GRPCFailureInjector != nil:
+			fi := f.GRPCFailureInjector
+			if p := fi.Ratio.Probability(); p >= 1 || rand.Float64() < p {
+				return ctx, status.Error(fi.Code, fi.Message)
+			}
+		case f.RequestHeaders != nil:
+			md, _ := metadata.FromOutgoingContext(ctx)
+			h := http.Header{}
+			for k, vs := range md {
+				h[http.CanonicalHeaderKey(k)] = vs
+			}
+			f.RequestHeaders.Apply(h)
+			out := metadata.MD{}
+			for k, vs := range h {
+				out[strings.ToLower(k)] = vs
+			}
+			ctx = metadata.NewOutgoingContext(ctx, out)
+		}
+	}
+	return ctx, nil
+}
+
+// pick chooses the backend of an attempt: the first of a first-available
+// distribution, one at random by weight of a random-available one, -1
+// when there is none.
+func (c *call) pick() int {
+	d := &c.rt.route.Backends
+	switch d.Kind {
+	case policy.DistributionFirstAvailable:
+		if len(d.Backends) > 0 {
+			return 0
+		}
+	case policy.DistributionRandomAvailable:
+		if c.rt.total == 0 {
+			return -1
+		}
+		n := rand.Uint64N(c.rt.total)
+		for i, b := range d.Backends {
+			if n < uint64(b.Weight) {
+				return i
+			}
+			n -= uint64(b.Weight)
+		}
+	}
+	return -1
+}
+
+// deadline bounds ctx by the route's request timeout (the whole call,
+// every retry included; a response timeout without one counts the same
+// for a call); the call remembers when the route, not the caller's own
+// deadline, ends it.
+func (c *call) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	t := c.rt.route.Timeouts.Request
+	if t <= 0 {
+		t = c.rt.route.Timeouts.Response
+	}
+	if t <= 0 {
+		return ctx, func() {}
+	}
+	c.timeout = t
+	d := time.Now().Add(t)
+	if pd, ok := ctx.Deadline(); !ok || d.Before(pd) {
+		c.routeDeadline = d
+	}
+	return context.WithDeadline(ctx, d)
+}
+
+// timedOut reports whether err is the end the route timeout made: a
+// DEADLINE_EXCEEDED at or past the route's deadline (the server's answer
+// to the grpc-timeout may come before the client's own timer fires).
+func (c *call) timedOut(err error) bool {
+	return err != nil && !c.routeDeadline.IsZero() && status.Code(err) == codes.DeadlineExceeded &&
+		!time.Now().Before(c.routeDeadline)
+}
+
+// status is the series labels of a call's end.
+func (c *call) status(ctx context.Context, err error) metrics.Status {
+	if c.timedOut(err) {
+		return metrics.Status{GRPC: -1, Error: "REQUEST_TIMEOUT"}
+	}
+	if err != nil && status.Code(err) == codes.Canceled && ctx.Err() != nil {
+		return metrics.Status{GRPC: -1, Error: "CANCEL"}
+	}
+	return metrics.Status{GRPC: int32(status.Code(err))}
+}
+
+// retryable reports whether the route retries a call that ended with err.
+func (c *call) retryable(err error) bool {
+	r := c.rt.route.Retry
+	return r != nil && err != nil && r.RetryableCode(status.Code(err))
+}
+
+// allow says whether retry number n (0: the first) may go, counting it,
+// and waits the retry backoff.
+func (c *call) allow(ctx context.Context, n int) bool {
+	r := c.rt.route.Retry
+	if n >= r.Limit() {
+		c.rt.metrics.LimitExceeded(ctx)
+		return false
+	}
+	c.rt.metrics.Retry(ctx)
+	t := time.NewTimer(r.BackoffPolicy().Delay(n))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// unary runs a unary call by its route: the deadline, then attempts:
+// filters, backend, the call; a failure with one of the route's retry
+// codes is retried while the count allows (counted retries, as Linkerd's
+// GRPCRoute retry.linkerd.io/grpc and retry.linkerd.io/limit).
+func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if ps := m.profile(targetAuthority(cc.Target())); ps.applies() {
+		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
+	}
+	rt, err := m.route(ctx, cc, method)
+	if err != nil || rt == nil {
+		if err != nil {
+			return err
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c := &call{m: m, rt: rt, method: method, start: time.Now()}
+	ctx, cancel := c.deadline(ctx)
+	defer cancel()
+	var retries int
+	for {
+		actx, bt, err := c.prepare(ctx)
+		if bt != nil {
+			bt.Request(ctx)
+		}
+		start := time.Now()
+		tryTimedOut := false
+		if err == nil {
+			// The retry's timeout bounds each attempt but the last; an
+			// attempt that runs out is retried whatever its code.
+			if r := rt.route.Retry; r != nil && r.Timeout > 0 && retries < r.Limit() {
+				tctx, tcancel := context.WithTimeoutCause(actx, r.Timeout, errTryTimeout)
+				err = invoker(tctx, method, req, reply, cc, opts...)
+				tryTimedOut = err != nil && ctx.Err() == nil && errors.Is(context.Cause(tctx), errTryTimeout)
+				tcancel()
+			} else {
+				err = invoker(actx, method, req, reply, cc, opts...)
+			}
+		}
+		err = c.timeoutErr(ctx, err)
+		if bt != nil {
+			st := c.status(ctx, err)
+			if tryTimedOut {
+				st = metrics.Status{GRPC: -1, Error: "RESPONSE_HEADERS_TIMEOUT"}
+			}
+			bt.Done(ctx, st, start)
+		}
+		if (tryTimedOut || c.retryable(err)) && ctx.Err() == nil {
+			if c.allow(ctx, retries) {
+				retries++
+				continue
+			}
+		}
+		c.done(ctx, err, retries)
+		return err
+	}
+}
+
+// timeoutErr is err with the route timeout's message when the route
+// timeout ended the call.
+func (c *call) timeoutErr(_ context.Context, err error) error {
+	if c.timedOut(err) {
+		return status.Error(codes.DeadlineExceeded, "request timed out after "+c.timeout.String())
+	}
+	return err
+}
+
+func (c *call) done(ctx context.Context, err error, retries int) {
+	st := c.status(ctx, err)
+	c.rt.metrics.Done(ctx, st, c.start)
+	if retries > 0 && st.Error == "" && !c.retryable(err) {
+		c.rt.metrics.RetrySuccess(ctx)
+	}
+}
+
+// stream runs a streaming call by its route: the deadline, filters,
+// backend and metrics as unary calls; a retry happens only before the
+// first response message (the messages sent so far are replayed to the
+// new attempt) and only while the count allows.
+func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	rt, err := m.route(ctx, cc, method)
+	if err != nil || rt == nil {
+		if err != nil {
+			return nil, err
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	c := &call{m: m, rt: rt, method: method, start: time.Now()}
+	ctx, cancel := c.deadline(ctx)
+	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts}
+	if err := s.attempt(); err != nil {
+		for s.retryOnErr(err) {
+			if err = s.attempt(); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			s.finish(err)
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// retryStream is a client stream that may start again on another attempt
+// until its first response message.
+type retryStream struct {
+	c        *call
+	ctx      context.Context
+	cancel   context.CancelFunc
+	desc     *grpc.StreamDesc
+	cc       *grpc.ClientConn
+	streamer grpc.Streamer
+	opts     []grpc.CallOption
+
+	cur       grpc.ClientStream
+	bt        *metrics.BackendTarget
+	btStart   time.Time
+	sent      []any
+	closeSent bool
+	received  bool
+	retries   int
+	ended     bool
+}
+
+func (s *retryStream) attempt() error {
+	actx, bt, err := s.c.prepare(s.ctx)
+	s.bt, s.btStart = bt, time.Now()
+	if bt != nil {
+		bt.Request(s.ctx)
+	}
+	if err != nil {
+		return s.attemptDone(err)
+	}
+	cs, err := s.streamer(actx, s.desc, s.cc, s.c.method, s.opts...)
+	if err != nil {
+		return s.attemptDone(err)
+	}
+	for _, msg := range s.sent {
+		if err := cs.SendMsg(msg); err != nil {
+			break // the error comes with RecvMsg
+		}
+	}
+	if s.closeSent {
+		cs.CloseSend()
+	}
+	s.cur = cs
+	return nil
+}
+
+func (s *retryStream) attemptDone(err error) error {
+	err = s.c.timeoutErr(s.ctx, err)
+	if s.bt != nil {
+		s.bt.Done(s.ctx, s.c.status(s.ctx, err), s.btStart)
+		s.bt = nil
+	}
+	return err
+}
+
+// retryOnErr reports whether the stream starts again after err.
+func (s *retryStream) retryOnErr(err error) bool {
+	if s.received || !s.c.retryable(err) || s.ctx.Err() != nil {
+		return false
+	}
+	if !s.c.allow(s.ctx, s.retries) {
+		return false
+	}
+	s.retries++
+	return true
+}
+
+func (s *retryStream) finish(err error) {
+	if s.ended {
+		return
+	}
+	s.ended = true
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if s.bt != nil {
+		s.attemptDone(err)
+	}
+	s.c.done(s.ctx, s.c.timeoutErr(s.ctx, err), s.retries)
+	s.cancel()
+}
+
+func (s *retryStream) Header() (metadata.MD, error) { return s.cur.Header() }
+func (s *retryStream) Trailer() metadata.MD         { return s.cur.Trailer() }
+func (s *retryStream) Context() context.Context     { return s.cur.Context() }
+
+func (s *retryStream) CloseSend() error {
+	s.closeSent = true
+	return s.cur.CloseSend()
+}
+
+func (s *retryStream) SendMsg(msg any) error {
+	if !s.received && s.c.rt.route.Retry != nil {
+		s.sent = append(s.sent, msg)
+	}
+	return s.cur.SendMsg(msg)
+}
+
+func (s *retryStream) RecvMsg(msg any) error {
+	for {
+		err := s.cur.RecvMsg(msg)
+		if err == nil {
+			if !s.received {
+				s.received, s.sent = true, nil
+			}
+			if !s.desc.ServerStreams {
+				s.finish(nil)
+			}
+			return nil
+		}
+		if !errors.Is(err, io.EOF) {
+			err = s.c.timeoutErr(s.ctx, err)
+			if s.retryOnErr(err) {
+				s.attemptDone(err)
+				if aerr := s.attempt(); aerr == nil {
+					continue
+				} else {
+					err = aerr
+				}
+			}
+		}
+		s.finish(err)
+		return err
+	}
+}
+
+// errTryTimeout is the cause of an attempt the retry's timeout ended.
+var errTryTimeout = errors.New("meshgrpc: retry timeout")

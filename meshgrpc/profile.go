@@ -1,0 +1,143 @@
+package meshgrpc
+
+import (
+	"context"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/profiles"
+)
+
+// profileState is a target's compiled ServiceProfile: its route table
+// (package profiles' matching: routes in order, first match), its retry
+// budget, and the route_* series of each route, labelled as the router
+// labels them (direction, dst, rt_<label>).
+type profileState struct {
+	owner   *meshResolver
+	table   *profiles.Table
+	budget  *profiles.Budget
+	targets map[*profiles.CompiledRoute]*profTarget
+	def     *profTarget
+}
+
+type profTarget struct{ route, actual *metrics.Target }
+
+// applies reports whether the profile routes calls: as Linkerd's proxy, a
+// profile wins over the outbound policy only when it has routes.
+func (ps *profileState) applies() bool { return ps != nil && len(ps.table.Routes()) > 0 }
+
+// setProfile compiles a profile update of authority; a profile that does
+// not compile is logged and the last good one stays.
+func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Update) {
+	t, err := profiles.Compile(u.Profile, profiles.Options{})
+	if err != nil {
+		m.cfg.logger.Warn("meshgrpc: rejected service profile; keeping the last good one", "authority", authority, "error", err)
+		return
+	}
+	ps := &profileState{owner: owner, table: t, targets: make(map[*profiles.CompiledRoute]*profTarget)}
+	if b := t.RetryBudget(); b != nil {
+		ps.budget = profiles.NewBudget(*b)
+	}
+	dst := attribute.String("dst", authority)
+	mk := func(labels map[string]string) *profTarget {
+		kvs := []attribute.KeyValue{attribute.String("direction", "outbound"), dst}
+		for _, k := range slices.Sorted(maps.Keys(labels)) {
+			kvs = append(kvs, attribute.String("rt_"+k, labels[k]))
+		}
+		return &profTarget{route: metrics.NewTarget(m.routeFam, kvs...), actual: metrics.NewTarget(m.actualFam, kvs...)}
+	}
+	for _, cr := range t.Routes() {
+		ps.targets[cr] = mk(cr.Labels)
+	}
+	ps.def = mk(nil)
+	m.mu.Lock()
+	m.profiles[authority] = ps
+	m.mu.Unlock()
+}
+
+func (m *mesh) profile(authority string) *profileState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.profiles[authority]
+}
+
+// profileRoute returns the route of a call under ps, the route that
+// matches the call as the HTTP/2 request it is (POST /pkg.Service/Method),
+// or the default route.
+func profileRoute(ctx context.Context, ps *profileState, method string) (*profiles.CompiledRoute, *profTarget) {
+	req := &http.Request{Method: http.MethodPost, ProtoMajor: 2, URL: &url.URL{Path: method}, Header: http.Header{}}
+	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+		for k, vs := range md {
+			req.Header[http.CanonicalHeaderKey(k)] = vs
+		}
+	}
+	cr := ps.table.Select(req)
+	if t := ps.targets[cr]; t != nil {
+		return cr, t
+	}
+	return cr, ps.def
+}
+
+// profileResponse is the route_* labels of a call's end.
+func profileResponse(cr *profiles.CompiledRoute, err error, timedOut bool) (metrics.Response, bool) {
+	if timedOut {
+		return metrics.Response{Failure: true, GRPC: -1, Err: "timeout"}, true
+	}
+	code := int32(status.Code(err))
+	c := cr.ResponseClassifier().EndStatus(classify.Class{GRPCStatus: -1}, true, strconv.Itoa(int(code)), true)
+	return metrics.Response{Status: http.StatusOK, Failure: c.Failure, GRPC: c.GRPCStatus}, c.Failure
+}
+
+// unaryProfile runs a unary call by a ServiceProfile route: its timeout
+// bounds every attempt; a failure (the route's response classes, else
+// the default gRPC rules) of a retryable route is retried while the
+// profile's retry budget allows; route_* records the call,
+// route_actual_* each attempt.
+func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	cr, tg := profileRoute(ctx, ps, method)
+	start := time.Now()
+	var deadline time.Time
+	if cr.Timeout > 0 {
+		deadline = start.Add(cr.Timeout)
+		if pd, ok := ctx.Deadline(); ok && pd.Before(deadline) {
+			deadline = time.Time{}
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cr.Timeout)
+		defer cancel()
+	}
+	timedOut := func(err error) bool {
+		return err != nil && !deadline.IsZero() && status.Code(err) == codes.DeadlineExceeded && !time.Now().Before(deadline)
+	}
+	tg.route.Request(ctx)
+	if cr.Retryable && ps.budget != nil {
+		ps.budget.Deposit()
+	}
+	for {
+		astart := time.Now()
+		tg.actual.Request(ctx)
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		resp, failed := profileResponse(cr, err, timedOut(err))
+		tg.actual.Response(ctx, resp, astart)
+		if failed && cr.Retryable && ps.budget != nil && ctx.Err() == nil && ps.budget.Withdraw() {
+			continue
+		}
+		if timedOut(err) {
+			err = status.Error(codes.DeadlineExceeded, "request timed out after "+cr.Timeout.String())
+		}
+		tg.route.Response(ctx, resp, start)
+		return err
+	}
+}

@@ -1,0 +1,73 @@
+package meshgrpc_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
+	"github.com/inmesh/inmesh/profiles"
+)
+
+// A ServiceProfile with a gRPC route (/pkg.Service/Method) routes the
+// calls as the HTTP stack does: the route's failures are retried under the
+// profile's budget, route_* counts the call, route_actual_* each attempt.
+func TestServiceProfileRoute(t *testing.T) {
+	a := startApp(t, &app{handle: func(_ context.Context, n int64) error {
+		if n%2 == 1 {
+			return status.Error(codes.Unavailable, "every other call")
+		}
+		return nil
+	}}, nil)
+	sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  retryBudget: {retryRatio: 1, minRetriesPerSecond: 100, ttl: 10s}
+  routes:
+  - name: EmptyCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
+    isRetryable: true
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetServiceProfiles(sps)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	m := testutil.NewMetrics(t)
+	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	route := []string{`direction="outbound"`, `dst="` + books + `"`, `rt_route="EmptyCall"`}
+	value := func(name string, labels ...string) int {
+		v := m.Value(t, name, append(route, labels...)...)
+		if v == "" {
+			return 0
+		}
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		return n
+	}
+	require.Eventually(t, func() bool {
+		_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		return err == nil && value("route_response_total", `classification="success"`) > 0
+	}, testutil.Timeout, 10*time.Millisecond)
+
+	okBefore := value("route_response_total", `classification="success"`)
+	failedBefore := value("route_actual_response_total", `classification="failure"`, `grpc_status="14"`)
+	for range 4 {
+		_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		require.NoError(t, err, "the route's failure was retried")
+	}
+	assert.Equal(t, okBefore+4, value("route_response_total", `classification="success"`))
+	assert.Equal(t, failedBefore+4, value("route_actual_response_total", `classification="failure"`, `grpc_status="14"`))
+	assert.Zero(t, value("route_response_total", `classification="failure"`))
+}

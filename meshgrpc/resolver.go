@@ -1,0 +1,247 @@
+package meshgrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc/attributes"
+	"google.golang.org/grpc/resolver"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
+)
+
+// Scheme is the resolver scheme of mesh targets: inmesh:///host:port.
+const Scheme = "inmesh"
+
+// backendKey is the key, in an address's attributes and its endpoint's,
+// of the backend authority the endpoint was discovered for; weightKey that
+// of its weight, labelsKey of its endpoint.Endpoint (for the balancer).
+type (
+	backendKey  struct{}
+	endpointKey struct{}
+	// answeredKey: the backends whose endpoints are known (a set, maybe
+	// empty), one per line, in the resolver state's attributes.
+	answeredKey struct{}
+)
+
+// epAttr is an endpoint in attributes: compared by its address, weight
+// and identity, so that an unchanged endpoint keeps its sub-channel.
+type epAttr struct{ e *endpoint.Endpoint }
+
+func (a epAttr) Equal(o any) bool {
+	b, ok := o.(epAttr)
+	return ok && a.e.Addr == b.e.Addr && a.e.Weight == b.e.Weight && a.e.Identity == b.e.Identity
+}
+
+// resolverBuilder builds the resolver of a channel: it follows the
+// target's outbound policy and the endpoints of every backend authority
+// the policy's gRPC routes name (the target itself without a policy).
+type resolverBuilder struct{ m *mesh }
+
+func (b resolverBuilder) Scheme() string { return Scheme }
+
+func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
+	authority := strings.TrimPrefix(t.Endpoint(), "/")
+	if authority == "" || !strings.Contains(authority, ":") {
+		return nil, fmt.Errorf("meshgrpc: target %q: want %s:///host:port", t.URL.String(), Scheme)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &meshResolver{m: b.m, cc: cc, authority: authority, ctx: ctx, cancel: cancel,
+		sets: make(map[string]*endpoint.Update), stops: make(map[string]func())}
+	r.mu.Lock()
+	r.wantLocked([]string{authority})
+	r.mu.Unlock()
+	pstop, err := b.m.dst.Watch(ctx, authority, func(u profiles.Update) { b.m.setProfile(authority, r, u) })
+	if err != nil {
+		b.m.cfg.logger.Warn("meshgrpc: cannot watch the service profile", "authority", authority, "error", err)
+	} else {
+		r.mu.Lock()
+		r.profileStop = pstop
+		r.mu.Unlock()
+	}
+	stop, err := b.m.dst.WatchPolicy(ctx, destinationSpec(authority), r.policy)
+	if err != nil {
+		b.m.cfg.logger.Warn("meshgrpc: cannot watch the outbound policy; the target's endpoints take every call", "authority", authority, "error", err)
+	} else {
+		r.mu.Lock()
+		r.policyStop = stop
+		r.mu.Unlock()
+	}
+	r.push() // a watch refused at once is a resolver error now
+	return r, nil
+}
+
+type meshResolver struct {
+	m         *mesh
+	cc        resolver.ClientConn
+	authority string
+	ctx       context.Context
+	cancel    context.CancelFunc
+
+	mu         sync.Mutex
+	closed     bool
+	policyStop func()
+	// profileStop ends the ServiceProfile watch.
+	profileStop func()
+	backends    []string                    // the backend authorities, the target's first
+	sets        map[string]*endpoint.Update // the last update of each backend's watch
+	stops       map[string]func()
+}
+
+// ResolveNow is a hint grpc-go gives after every failed connection; the
+// watches push every change already, so it does nothing (no storm of
+// lookups when endpoints churn).
+func (r *meshResolver) ResolveNow(resolver.ResolveNowOptions) {}
+
+func (r *meshResolver) Close() {
+	r.mu.Lock()
+	r.closed = true
+	stops := []func(){r.policyStop, r.profileStop}
+	for _, s := range r.stops {
+		stops = append(stops, s)
+	}
+	r.stops = nil
+	r.mu.Unlock()
+	r.cancel()
+	for _, s := range stops {
+		if s != nil {
+			s()
+		}
+	}
+	r.m.forget(r.authority, r)
+}
+
+// policy takes a policy update: its compiled routes go to the
+// interceptors, its backend authorities are watched.
+func (r *meshResolver) policy(u policy.Update) {
+	st := r.m.setPolicy(r.authority, r, u)
+	want := []string{r.authority}
+	if st != nil {
+		for _, a := range st.backends {
+			if !slices.Contains(want, a) {
+				want = append(want, a)
+			}
+		}
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	stops := r.wantLocked(want)
+	r.mu.Unlock()
+	for _, s := range stops {
+		s()
+	}
+	r.push()
+}
+
+// wantLocked starts the endpoint watches of the authorities in want that
+// have none and returns the stops of those no longer wanted.
+func (r *meshResolver) wantLocked(want []string) (stops []func()) {
+	r.backends = want
+	for a, s := range r.stops {
+		if !slices.Contains(want, a) {
+			stops = append(stops, s)
+			delete(r.stops, a)
+			delete(r.sets, a)
+		}
+	}
+	for _, a := range want {
+		if _, ok := r.stops[a]; ok {
+			continue
+		}
+		stop, err := r.m.dst.WatchEndpoints(r.ctx, a, func(u endpoint.Update) { r.endpoints(a, u) })
+		if err != nil {
+			r.sets[a] = &endpoint.Update{Err: err}
+			r.stops[a] = func() {}
+			continue
+		}
+		r.stops[a] = stop
+	}
+	return stops
+}
+
+func (r *meshResolver) endpoints(a string, u endpoint.Update) {
+	r.mu.Lock()
+	if r.closed || r.stops[a] == nil && !slices.Contains(r.backends, a) {
+		r.mu.Unlock()
+		return
+	}
+	r.sets[a] = &u
+	r.mu.Unlock()
+	r.push()
+}
+
+// push gives grpc-go the addresses of every backend that answered: one
+// per endpoint and backend, carrying the endpoint's identity (for the
+// credentials), its backend and the endpoint (for the balancer). Nothing
+// is pushed before the target's first answer: calls wait meanwhile. A
+// watch that failed with no set is reported as a resolver error.
+func (r *meshResolver) push() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	first := r.sets[r.authority]
+	if first == nil {
+		return
+	}
+	var eps []resolver.Endpoint
+	var addrs []resolver.Address
+	var errs []error
+	var answered []string
+	for _, b := range r.backends {
+		u := r.sets[b]
+		if u == nil {
+			continue
+		}
+		answered = append(answered, b)
+		if u.Set == nil {
+			if u.Err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", b, u.Err))
+			}
+			continue
+		}
+		for i := range u.Set.Endpoints {
+			e := &u.Set.Endpoints[i]
+			ba := attributes.New(backendKey{}, b).WithValue(endpointKey{}, epAttr{e})
+			addr := resolver.Address{Addr: e.Addr.String()}
+			addr = withEndpointIdentity(addr, e.Identity)
+			addr.Attributes = addr.Attributes.WithValue(backendKey{}, b) // one sub-channel per backend
+			addrs = append(addrs, addr)
+			eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{addr}, Attributes: ba})
+		}
+	}
+	if len(addrs) == 0 && len(errs) > 0 {
+		r.cc.ReportError(errors.Join(errs...))
+		return
+	}
+	st := resolver.State{Addresses: addrs, Endpoints: eps,
+		Attributes: attributes.New(backendKey{}, r.authority).WithValue(meshKey{}, r.m).
+			WithValue(answeredKey{}, strings.Join(answered, "\n"))}
+	// An empty set is a state too: the balancer fails calls that do not
+	// wait for ready at once. grpc-go's answer (ErrBadResolverState when a
+	// balancer refuses it) asks for a re-resolution, which a watch needs
+	// not: the next change comes by itself.
+	_ = r.cc.UpdateState(st)
+}
+
+// backendOf returns the backend authority of addresses' attributes.
+func backendOf(a *attributes.Attributes) string {
+	s, _ := a.Value(backendKey{}).(string)
+	return s
+}
+
+// endpointOf returns the endpoint in attributes, nil without one.
+func endpointOf(a *attributes.Attributes) *endpoint.Endpoint {
+	e, _ := a.Value(endpointKey{}).(epAttr)
+	return e.e
+}
