@@ -62,6 +62,8 @@ var scenarios = []scenario{
 	{"retry_budget", retryBudget},
 	{"endpoints_1000", endpoints1000},
 	{"host_flood", hostFlood},
+	{"grpc_unary", grpcUnary},
+	{"grpc_stream", grpcStream},
 }
 
 func main() {
