@@ -412,6 +412,30 @@ func TestCertifierMetrics(t *testing.T) {
 	<-done
 }
 
+// A failed renewal while the certificate is still valid is tried again
+// after the minimum refresh interval, not on the schedule of a success
+// (70% of the time left, here an hour away): an Identity service that is
+// back (here a token fixed) renews the certificate long before it expires.
+func TestRunRetriesAFailedRenewalAfterTheMinimum(t *testing.T) {
+	m := newMesh(t)
+	l := m.certified(t, books, booksTok)
+	first := l.Certificate().Leaf.SerialNumber.String()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	token := m.tokenFile(t, "not-a-token")
+	c := identity.NewCertifier(l, m.dial(t, l), token, identity.WithLogger(quiet), identity.WithMeterProvider(mp),
+		identity.WithRefreshBounds(10*time.Millisecond, time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool { return counted(t, reader, "error") >= 1 }, timeout, 5*time.Millisecond)
+	require.NoError(t, os.WriteFile(token, []byte(booksTok), 0o600))
+	require.Eventually(t, func() bool { return l.Certificate().Leaf.SerialNumber.String() != first }, timeout, 5*time.Millisecond,
+		"the failed renewal was not tried again")
+}
+
 // counted returns control_identity_cert_refreshes_total{result}.
 func counted(t *testing.T, reader *sdkmetric.ManualReader, result string) int64 {
 	var rm metricdata.ResourceMetrics
