@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/netip"
 	"runtime"
 	"testing"
@@ -81,25 +80,6 @@ func serveInbound(t *testing.T, s *inmesh.Server) string {
 	require.NoError(t, err)
 	srv := origproto.NewServer(s)
 	go srv.Serve(s.Listener(lis))
-	t.Cleanup(func() { srv.Close() })
-	return lis.Addr().String()
-}
-
-// serveOutbound serves a reverse proxy over c, as examples/proxy's
-// outbound listener does, and returns its address.
-func serveOutbound(t *testing.T, c *inmesh.Client) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := origproto.NewServer(&httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
-			pr.Out.Host = pr.In.Host
-		},
-		Transport: c,
-		ErrorLog:  slog.NewLogLogger(slog.DiscardHandler, slog.LevelError),
-	})
-	go srv.Serve(origproto.GuardListener(lis))
 	t.Cleanup(func() { srv.Close() })
 	return lis.Addr().String()
 }
