@@ -436,6 +436,48 @@ func TestRunRetriesAFailedRenewalAfterTheMinimum(t *testing.T) {
 		"the failed renewal was not tried again")
 }
 
+// A proxy whose certificate expired (a control plane away for longer
+// than its lifetime) renews it as soon as the Identity service answers:
+// it presents no client certificate rather than the expired one, which
+// the service's TLS would refuse.
+func TestCertifyAfterExpiry(t *testing.T) {
+	root, err := controlplane.NewRootCA("root.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	iss, err := root.NewIntermediate("identity.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	tokens := controlplane.StaticTokens{booksTok: books}
+	// Leaves of one second (whole seconds: at most two) from the service;
+	// its own certificate from a long-lived issuer of the same CA.
+	short, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens,
+		controlplane.WithIssuanceLifetime(time.Second), controlplane.WithClockSkew(0), controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	long, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens, controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	svc, err := identity.NewLocal(svcName, anchors)
+	require.NoError(t, err)
+	require.NoError(t, long.CertifyLocal(svc))
+	srv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(svc.ServerConfig())))
+	short.Register(srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	m := &mesh{anchors: anchors, addr: lis.Addr().String()}
+	l, err := identity.NewLocal(books, anchors)
+	require.NoError(t, err)
+	c := identity.NewCertifier(l, m.dial(t, l), m.tokenFile(t, booksTok), identity.WithLogger(quiet))
+	require.NoError(t, c.Certify(context.Background()))
+	first := l.Certificate().Leaf.SerialNumber.String()
+	require.Eventually(t, func() bool { return time.Now().After(l.Expiry()) }, timeout, 10*time.Millisecond)
+	// A new connection, as after the control plane's restart.
+	c = identity.NewCertifier(l, m.dial(t, l), m.tokenFile(t, booksTok), identity.WithLogger(quiet))
+	require.NoError(t, c.Certify(context.Background()), "renewing an expired certificate")
+	assert.NotEqual(t, first, l.Certificate().Leaf.SerialNumber.String())
+}
+
 // counted returns control_identity_cert_refreshes_total{result}.
 func counted(t *testing.T, reader *sdkmetric.ManualReader, result string) int64 {
 	var rm metricdata.ResourceMetrics
