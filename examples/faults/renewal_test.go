@@ -145,7 +145,8 @@ func serialOf(l *identity.Local) string {
 // fails and no new mTLS handshake fails while the current certificates are
 // valid, and once the control plane is back, renewal succeeds: both hold
 // certificates with new serials. With INMESH_FULL=1, five renewals in a
-// row each meet a restart.
+// row each meet a restart. Last, the control plane stays away until the
+// certificates have expired: once it is back, they are renewed.
 func TestControlPlaneRestartDuringRenewal(t *testing.T) {
 	const life = 12 * time.Second
 	p := newPKI(t)
@@ -272,6 +273,20 @@ func TestControlPlaneRestartDuringRenewal(t *testing.T) {
 	assert.Positive(t, served.Load())
 	assert.Positive(t, handshakes.Load())
 	assert.Zero(t, failures.Load(), "failures while the certificates were valid, e.g. %v", samples)
+
+	// Away for longer than the lifetime: once the control plane is back,
+	// the expired certificates are renewed and handshakes succeed again.
+	oldBooks, oldWeb := serialOf(books), serialOf(web)
+	svc.stop()
+	require.Eventually(t, func() bool { return time.Now().After(books.Expiry()) && time.Now().After(web.Expiry()) },
+		2*life, 50*time.Millisecond, "the certificates never expired")
+	svc.start(t)
+	require.Eventually(t, func() bool {
+		return serialOf(books) != oldBooks && serialOf(web) != oldWeb
+	}, timeout, 20*time.Millisecond, "no renewal after the certificates expired")
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, web.ClientConfig(booksID))
+	require.NoError(t, err, "a handshake after the renewal")
+	c.Close()
 }
 
 // countingHandler counts the records logged (a Certifier logs only its
