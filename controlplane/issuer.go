@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -102,9 +101,6 @@ type Issuer struct {
 	log      *slog.Logger
 	refused  *ratelog.Logger // refusals a caller can repeat at will
 	now      func() time.Time
-
-	mu     sync.Mutex
-	serial int64
 }
 
 // NewIssuer returns an Issuer signing with the CA certificate issuer (DER
@@ -237,6 +233,9 @@ func checkCSR(csr *x509.CertificateRequest, id string) error {
 // issue signs the leaf of csr: valid from now less the skew allowance to
 // now plus the lifetime and the allowance, never past the issuer chain's
 // own expiry.
+// serialLimit bounds the issued serials: 128 random bits.
+var serialLimit = new(big.Int).Lsh(big.NewInt(1), 128)
+
 func (i *Issuer) issue(csr *x509.CertificateRequest) ([]byte, time.Time, error) {
 	if _, ok := csr.PublicKey.(*ecdsa.PublicKey); !ok {
 		return nil, time.Time{}, errors.New("CSR must contain an ECDSA public key")
@@ -249,10 +248,14 @@ func (i *Issuer) issue(csr *x509.CertificateRequest) ([]byte, time.Time, error) 
 	if notAfter.After(i.expiry) {
 		notAfter = i.expiry
 	}
-	i.mu.Lock()
-	i.serial++
-	serial := big.NewInt(i.serial)
-	i.mu.Unlock()
+	// A random 128-bit serial, as the CAs of pki.go: a CA's serials must
+	// be unique (RFC 5280, 4.1.2.2), and a counter kept in memory starts
+	// over when the control plane restarts.
+	serial, err := rand.Int(rand.Reader, serialLimit)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("a serial number: %w", err)
+	}
+	serial.Add(serial, big.NewInt(1))
 	tmpl := &x509.Certificate{
 		SerialNumber:       serial,
 		Subject:            csr.Subject,

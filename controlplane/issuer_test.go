@@ -139,8 +139,8 @@ func TestCertifyRefusals(t *testing.T) {
 
 // An issued leaf: the CSR's subject and one DNS SAN, ECDSA with SHA-256,
 // server and client use, valid from the clock skew before now to the
-// lifetime and the skew after, a serial counting from 1, and the issuer
-// as the one intermediate, as Linkerd's controller issues it
+// lifetime and the skew after, a positive serial of its own, and the
+// issuer as the one intermediate, as Linkerd's controller issues it
 // (linkerd2 pkg/tls/ca.go).
 func TestCertifyIssues(t *testing.T) {
 	issuer, anchors, iss := newTestIssuer(t, WithIssuanceLifetime(time.Minute), WithClockSkew(5*time.Second))
@@ -149,7 +149,8 @@ func TestCertifyIssues(t *testing.T) {
 	// sends the issued certificate's NotAfter).
 	now := time.Now().Truncate(time.Second).UTC()
 	issuer.now = func() time.Time { return now.Add(638346700 * time.Nanosecond) }
-	for serial := int64(1); serial <= 2; serial++ {
+	var serials []string
+	for range 2 {
 		resp, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{
 			Identity: books, Token: []byte(booksTok),
 			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{Subject: pkix.Name{CommonName: books}, DNSNames: []string{books}}, nil),
@@ -164,13 +165,43 @@ func TestCertifyIssues(t *testing.T) {
 		assert.Equal(t, now.Add(-5*time.Second), leaf.NotBefore)
 		assert.Equal(t, now.Add(65*time.Second), leaf.NotAfter)
 		assert.Equal(t, now.Add(65*time.Second), resp.ValidUntil.AsTime())
-		assert.Equal(t, serial, leaf.SerialNumber.Int64())
+		assert.Positive(t, leaf.SerialNumber.Sign())
+		assert.NotContains(t, serials, leaf.SerialNumber.String(), "a serial issued before")
+		serials = append(serials, leaf.SerialNumber.String())
 		require.Equal(t, [][]byte{iss.DER}, resp.IntermediateCertificates)
 		inter := x509.NewCertPool()
 		inter.AddCert(iss.Cert)
 		_, err = leaf.Verify(x509.VerifyOptions{Roots: anchors, Intermediates: inter, CurrentTime: now,
 			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 		assert.NoError(t, err)
+	}
+}
+
+// An issuer started anew over the same CA (a restarted control plane)
+// never issues a serial the one before it issued: a CA's serials are
+// unique (RFC 5280, 4.1.2.2), so that a renewed certificate is told from
+// the one it replaces.
+func TestCertifySerialsUniqueAcrossRestarts(t *testing.T) {
+	first, anchors, iss := newTestIssuer(t)
+	seen := map[string]bool{}
+	for n := range 3 {
+		issuer := first
+		if n > 0 {
+			var err error
+			issuer, err = NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens{}, WithIssuerLogger(quiet))
+			require.NoError(t, err)
+		}
+		for range 3 {
+			resp, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{
+				Identity: books, Token: []byte(booksTok), CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil),
+			})
+			require.NoError(t, err)
+			leaf, err := x509.ParseCertificate(resp.LeafCertificate)
+			require.NoError(t, err)
+			serial := leaf.SerialNumber.String()
+			assert.False(t, seen[serial], "issuer %d issued serial %s again", n, serial)
+			seen[serial] = true
+		}
 	}
 }
 

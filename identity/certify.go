@@ -147,11 +147,16 @@ func (c *Certifier) observe() func() {
 func (c *Certifier) Run(ctx context.Context) error {
 	defer c.observe()()
 	for {
-		if err := c.Certify(ctx); err != nil && ctx.Err() == nil {
-			c.log.Warn("identity: certification failed; the current certificate stays in use",
-				"identity", c.local.Name(), "expires", c.local.Expiry(), "error", err)
+		wait := c.min // after a failure, whatever the certificate's life left
+		if err := c.Certify(ctx); err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("identity: certification failed; the current certificate stays in use",
+					"identity", c.local.Name(), "expires", c.local.Expiry(), "error", err)
+			}
+		} else {
+			wait = RefreshIn(c.local.now(), c.local.Expiry(), c.min, c.max)
 		}
-		if err := backoff.Wait(ctx, RefreshIn(c.local.now(), c.local.Expiry(), c.min, c.max)); err != nil {
+		if err := backoff.Wait(ctx, wait); err != nil {
 			return err
 		}
 	}

@@ -412,6 +412,72 @@ func TestCertifierMetrics(t *testing.T) {
 	<-done
 }
 
+// A failed renewal while the certificate is still valid is tried again
+// after the minimum refresh interval, not on the schedule of a success
+// (70% of the time left, here an hour away): an Identity service that is
+// back (here a token fixed) renews the certificate long before it expires.
+func TestRunRetriesAFailedRenewalAfterTheMinimum(t *testing.T) {
+	m := newMesh(t)
+	l := m.certified(t, books, booksTok)
+	first := l.Certificate().Leaf.SerialNumber.String()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	token := m.tokenFile(t, "not-a-token")
+	c := identity.NewCertifier(l, m.dial(t, l), token, identity.WithLogger(quiet), identity.WithMeterProvider(mp),
+		identity.WithRefreshBounds(10*time.Millisecond, time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool { return counted(t, reader, "error") >= 1 }, timeout, 5*time.Millisecond)
+	require.NoError(t, os.WriteFile(token, []byte(booksTok), 0o600))
+	require.Eventually(t, func() bool { return l.Certificate().Leaf.SerialNumber.String() != first }, timeout, 5*time.Millisecond,
+		"the failed renewal was not tried again")
+}
+
+// A proxy whose certificate expired (a control plane away for longer
+// than its lifetime) renews it as soon as the Identity service answers:
+// it presents no client certificate rather than the expired one, which
+// the service's TLS would refuse.
+func TestCertifyAfterExpiry(t *testing.T) {
+	root, err := controlplane.NewRootCA("root.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	iss, err := root.NewIntermediate("identity.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	tokens := controlplane.StaticTokens{booksTok: books}
+	// Leaves of one second (whole seconds: at most two) from the service;
+	// its own certificate from a long-lived issuer of the same CA.
+	short, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens,
+		controlplane.WithIssuanceLifetime(time.Second), controlplane.WithClockSkew(0), controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	long, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens, controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	svc, err := identity.NewLocal(svcName, anchors)
+	require.NoError(t, err)
+	require.NoError(t, long.CertifyLocal(svc))
+	srv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(svc.ServerConfig())))
+	short.Register(srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	m := &mesh{anchors: anchors, addr: lis.Addr().String()}
+	l, err := identity.NewLocal(books, anchors)
+	require.NoError(t, err)
+	c := identity.NewCertifier(l, m.dial(t, l), m.tokenFile(t, booksTok), identity.WithLogger(quiet))
+	require.NoError(t, c.Certify(context.Background()))
+	first := l.Certificate().Leaf.SerialNumber.String()
+	require.Eventually(t, func() bool { return time.Now().After(l.Expiry()) }, timeout, 10*time.Millisecond)
+	// A new connection, as after the control plane's restart.
+	c = identity.NewCertifier(l, m.dial(t, l), m.tokenFile(t, booksTok), identity.WithLogger(quiet))
+	require.NoError(t, c.Certify(context.Background()), "renewing an expired certificate")
+	assert.NotEqual(t, first, l.Certificate().Leaf.SerialNumber.String())
+}
+
 // counted returns control_identity_cert_refreshes_total{result}.
 func counted(t *testing.T, reader *sdkmetric.ManualReader, result string) int64 {
 	var rm metricdata.ResourceMetrics

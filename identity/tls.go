@@ -16,8 +16,9 @@ var ErrNoPeerCertificate = errors.New("identity: the peer presented no certifica
 // server whose identity is server: SNI is server, the handshake succeeds
 // only when the server's chain leads to the anchors and its leaf carries
 // server as a DNS SAN, and the local certificate is presented when the
-// server asks for one (none before the first is installed). TLS 1.3 only,
-// no ALPN, no session resumption: what Linkerd's proxy sends and accepts.
+// server asks for one (none before the first is installed, nor once it
+// has expired). TLS 1.3 only, no ALPN, no session resumption: what
+// Linkerd's proxy sends and accepts.
 // Each handshake takes the certificate current at that moment.
 func (l *Local) ClientConfig(server string) *tls.Config {
 	return &tls.Config{
@@ -52,9 +53,13 @@ func (l *Local) serverCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 	return nil, ErrNotReady
 }
 
+// clientCertificate presents the current certificate while it is valid:
+// an expired one would only make the server refuse the handshake, the
+// Identity service's among them, and so keep an identity whose
+// certificate expired from ever being renewed.
 func (l *Local) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-	if c := l.Certificate(); c != nil {
-		return c, nil
+	if c := l.cert.Load(); c != nil && !l.now().After(c.notAfter) {
+		return c.tls, nil
 	}
 	return &tls.Certificate{}, nil // no certificate to send
 }

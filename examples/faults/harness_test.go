@@ -1,7 +1,12 @@
 // Package faults runs the examples as separate processes on loopback (a
 // control plane, two proxies, the books application) and puts them under
 // faults and load: control-plane restarts and flapping, h2load at both
-// listeners, rapid stream resets, a flood of distinct Hosts.
+// listeners, rapid stream resets, a flood of distinct Hosts, gRPC streams
+// opened and cancelled by the thousand. Some run the library's stacks in
+// the test process instead (inproc_test.go), where its own goroutines and
+// heap are measured: a TLS handshake flood at a meshed port, a flood of
+// requests an inbound policy refuses, the control plane restarted while
+// certificates are due for renewal.
 //
 // By default each test runs a short version (a few seconds each);
 // INMESH_FULL=1 runs the full sizes (see run-full.sh).

@@ -71,6 +71,7 @@ import (
 	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -150,6 +151,9 @@ func run(f flags, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// go_goroutines and the Go runtime's other families beside Linkerd's:
+	// what a leak of connections or streams shows in first.
+	metrics.Registry.MustRegister(collectors.NewGoCollector())
 	provider := metrics.Provider
 	defer provider.Shutdown(context.Background())
 	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
