@@ -1,14 +1,16 @@
 // Command grpc runs a grpc-go client and server in the mesh, in one process
 // on loopback: an embedded control plane (Destination, OutboundPolicies,
 // InboundServerPolicies and the Identity issuer) serving the interop
-// Service and GRPCRoutes shipped beside this file, two instances of
-// grpc-go's interop TestService behind meshgrpc.ServerOptions over mTLS,
-// and a client channel made with meshgrpc.DialOptions sending them unary
-// calls (some failing once with UNAVAILABLE, retried by the route), slow
-// calls the route's 200ms timeout ends, and bidirectional streams. It then
-// prints the gRPC routes' table as `linkerd viz stat-outbound` does, and
-// what each server saw of its callers, checks that the mesh behaved as the
-// routes say, and exits non-zero naming what did not.
+// Service, GRPCRoutes and inbound policy shipped beside this file; two
+// instances of grpc-go's interop TestService behind meshgrpc.ServerOptions
+// (mTLS with certificates from the issuer, and the policy that admits only
+// the client's identity, from the InboundServerPolicies API); and a client
+// channel made with meshgrpc.DialOptions sending them unary calls (some
+// failing once with UNAVAILABLE, retried by the route), slow calls the
+// route's 200ms timeout ends, and bidirectional streams. It then prints the
+// gRPC routes' table as `linkerd viz stat-outbound` does, and what each
+// server saw of its callers, checks that the mesh behaved as the routes
+// say, and exits non-zero naming what did not.
 //
 //	go run ./examples/grpc              # 300 unary calls
 //	go run ./examples/grpc -calls 2000 -quiet
@@ -23,12 +25,14 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
@@ -38,6 +42,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -91,18 +96,10 @@ func run(o options, out io.Writer) (err error) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 
-	// The control plane: the Service and GRPCRoutes of interop.yaml on the
-	// Destination, OutboundPolicies and InboundServerPolicies APIs.
-	manifests := interopManifests
-	if o.manifests != nil {
-		manifests = o.manifests
-	}
-	resources, err := manifest.Parse(manifests)
-	if err != nil {
-		return fmt.Errorf("interop.yaml: %w", err)
-	}
+	// The control plane: the Service, GRPCRoutes and inbound policy of
+	// interop.yaml (and the instances' Pods) on the Destination,
+	// OutboundPolicies and InboundServerPolicies APIs.
 	store := controlplane.NewStore()
-	store.SetManifests(resources)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -139,24 +136,48 @@ func run(o options, out io.Writer) (err error) {
 		return err
 	}
 
-	// Two instances of the interop service, meshed, as the Service's
-	// endpoints with their identity.
+	// Two instances of the interop service, meshed: each terminates mTLS
+	// with its identity and enforces the inbound policy of its Pod's port
+	// from the InboundServerPolicies API.
 	f := &flaky{failed: make(map[string]bool)}
 	var instances []*instance
 	var eps []endpoint.Endpoint
+	manifests := interopManifests
+	if o.manifests != nil {
+		manifests = o.manifests
+	}
+	manifests = append(append([]byte(nil), manifests...), '\n')
 	for i := range 2 {
 		name := "interop-" + strconv.Itoa(i)
-		s, stop, err := startInstance(name, f, meshgrpc.WithIdentity(serverLocal), meshgrpc.WithLogger(log))
+		policies, err := destination.Dial(lis.Addr().String(), destination.WithLogger(log), destination.WithWorkload("default:"+name))
+		if err != nil {
+			return err
+		}
+		defer policies.Close()
+		s, stop, err := startInstance(name, f, meshgrpc.WithIdentity(serverLocal), meshgrpc.WithLogger(log),
+			meshgrpc.WithInboundPolicy(authz.WithSource(policies.InboundPolicies()), authz.WithoutLocalhost()))
 		if err != nil {
 			return err
 		}
 		defer stop()
 		instances = append(instances, s)
 		eps = append(eps, endpoint.Endpoint{Addr: s.addr, Identity: serverID, Labels: map[string]string{"pod": name}})
+		manifests = fmt.Appendf(manifests, podManifest, name, s.addr.Port())
 	}
+	resources, err := manifest.Parse(manifests)
+	if err != nil {
+		return fmt.Errorf("interop.yaml: %w", err)
+	}
+	store.SetManifests(resources)
 	store.PutEndpoints(authority, eps)
 	fmt.Fprintf(info, "control plane on %s, identity on %s, interop instances on %s and %s\n",
 		lis.Addr(), ids.addr, instances[0].addr, instances[1].addr)
+	for _, s := range instances {
+		if err := refusesPlaintext(s.addr); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(info, "inbound policy in force: a plaintext call to either instance is refused PERMISSION_DENIED\n")
 
 	// The client.
 	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(log))
@@ -259,9 +280,48 @@ func run(o options, out io.Writer) (err error) {
 		fmt.Fprintln(out, "\nFAILED:", err)
 		return err
 	}
-	fmt.Fprintf(out, "\nOK: every unary call succeeded (%d retried once), every slow call ended DEADLINE_EXCEEDED by the route's timeout, every stream echoed its messages, all over mTLS\n",
+	fmt.Fprintf(out, "\nOK: every unary call succeeded (%d retried once), every slow call ended DEADLINE_EXCEEDED by the route's timeout, every stream echoed its messages, all over mTLS, and the servers refused plaintext\n",
 		(o.calls+flakyEvery-1)/flakyEvery)
 	return nil
+}
+
+// podManifest is the Pod of an instance (name, port), which the Server of
+// interop.yaml selects.
+const podManifest = `---
+apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default, labels: {app: interop}}
+spec:
+  containers:
+  - name: interop
+    ports: [{name: grpc, containerPort: %d}]
+`
+
+// refusesPlaintext calls addr in plaintext (StreamingInputCall, which the
+// instances do not count) until the inbound policy refuses it.
+func refusesPlaintext(addr netip.AddrPort) error {
+	cc, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	c := testgrpc.NewTestServiceClient(cc)
+	deadline := time.Now().Add(20 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s, err := c.StreamingInputCall(ctx)
+		if err == nil {
+			_, err = s.CloseAndRecv()
+		}
+		cancel()
+		if status.Code(err) == codes.PermissionDenied {
+			return nil
+		}
+		last = err
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("%s: the inbound policy of interop.yaml never refused a plaintext call (last: %v)", addr, last)
 }
 
 // stream sends streamMsgs messages on a bidirectional stream and checks

@@ -34,7 +34,7 @@ func rows(text string) map[string][][]string {
 // calls: the unary route retries the calls that failed UNAVAILABLE and
 // they all succeed, the slow route's timeout ends every call, the stream
 // route carries the streams; and each server saw only the client's
-// identity, over mTLS.
+// identity, over mTLS, while refusing plaintext by the inbound policy.
 func TestExampleTable(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, run(options{calls: 100}, &out))
@@ -63,6 +63,7 @@ func TestExampleTable(t *testing.T) {
 	for _, inst := range []string{"interop-0 ", "interop-1 "} {
 		assert.Regexp(t, inst+`\s+127\.0\.0\.1:\d+\s+[1-9]\d*\s+\d+\s+web\.default\.serviceaccount\.identity\.linkerd\.cluster\.local ×\d+\n`, text)
 	}
+	assert.Contains(t, text, "inbound policy in force: a plaintext call to either instance is refused PERMISSION_DENIED")
 	assert.Contains(t, text, "OK: every unary call succeeded (20 retried once)")
 }
 
