@@ -124,11 +124,12 @@ func (s *instance) view() (callers []string, calls, failed int) {
 	return callers, calls, s.failed
 }
 
-// onlyCaller reports whether every call came from id.
+// onlyCaller reports whether every call came from id (the balancer may
+// have sent none).
 func (s *instance) onlyCaller(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.callers) == 1 && s.callers[id] > 0
+	return len(s.callers) == 0 || len(s.callers) == 1 && s.callers[id] > 0
 }
 
 // startInstance serves a new instance named name on 127.0.0.1 with opts
