@@ -281,7 +281,7 @@ type Client struct {
 	router   *router.Router
 	balancer *balancer.Balancer
 	h1       *transport.Recycling
-	h2       *http.Transport
+	h2       *transport.H2Pool
 	peers    *origproto.Transport
 }
 
