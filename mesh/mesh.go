@@ -281,7 +281,7 @@ type Client struct {
 	router   *router.Router
 	balancer *balancer.Balancer
 	h1       *transport.Recycling
-	h2       *transport.H2Pool
+	h2       *http.Transport
 	peers    *origproto.Transport
 }
 

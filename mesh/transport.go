@@ -47,13 +47,12 @@ func WithMaxIdleConns(total, perHost int) ClientOption {
 }
 
 // transports returns the HTTP/1 and HTTP/2 transports at the bottom of the
-// outbound stack, with the configured bounds (the HTTP/2 one is
-// origproto.Transport's default: one connection per peer, a second one
-// while 8 requests wait on the first). The
+// outbound stack, with the configured bounds (the HTTP/2 one is what
+// origproto.NewH2Transport returns, with the same idle timeout). The
 // HTTP/1 one, which also carries the requests that fall back to their own
 // address, is recycled every transport.DefaultMaxHosts distinct hosts, so
 // that a flood of Hosts leaves no per-host state behind in net/http.
-func (c config) transports() (h1 *transport.Recycling, h2 *transport.H2Pool) {
+func (c config) transports() (h1 *transport.Recycling, h2 *http.Transport) {
 	h1 = transport.NewRecycling(func() *http.Transport {
 		t := transport.HTTP1(c.conns)
 		if c.dial != nil {
@@ -61,11 +60,9 @@ func (c config) transports() (h1 *transport.Recycling, h2 *transport.H2Pool) {
 		}
 		return t
 	}, 0)
-	h2 = transport.NewH2Pool(c.conns)
+	h2 = transport.H2(c.conns)
 	if c.dial != nil {
-		for _, t := range h2.Transports() {
-			t.DialContext = c.dial
-		}
+		h2.DialContext = c.dial
 	}
 	return h1, h2
 }

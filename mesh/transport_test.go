@@ -112,7 +112,7 @@ func TestClientCapsIdleConnections(t *testing.T) {
 func TestClientTransportDefaults(t *testing.T) {
 	client := NewClient(WithLogger(quiet), WithIdleConnTimeout(0), WithMaxIdleConns(-1, 0))
 	defer client.Close()
-	for _, tr := range append([]*http.Transport{client.h1.Transport()}, client.h2.Transports()...) {
+	for _, tr := range []*http.Transport{client.h1.Transport(), client.h2} {
 		assert.Equal(t, DefaultIdleConnTimeout, tr.IdleConnTimeout)
 		assert.Equal(t, DefaultMaxIdleConns, tr.MaxIdleConns)
 		assert.Equal(t, DefaultMaxIdleConnsPerHost, tr.MaxIdleConnsPerHost)

@@ -38,7 +38,8 @@ func TestHTTP2OnlyRequestsStayHTTP2(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := NewTransport(WithHint(func(*http.Request) bool { return tc.peer }))
-			defer tr.CloseIdleConnections()
+			defer tr.h1.(*http.Transport).CloseIdleConnections()
+			defer tr.h2.(*http.Transport).CloseIdleConnections()
 			req, err := http.NewRequest(http.MethodPost, server.URL+"/pkg.Svc/Method", strings.NewReader("x"))
 			require.NoError(t, err)
 			if tc.protoMajor == 2 {

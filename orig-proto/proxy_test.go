@@ -430,7 +430,7 @@ func TestOutboundToBareH2Server(t *testing.T) {
 	assert.Equal(t, 200, resp.StatusCode)
 	assert.Equal(t, "HTTP/1.1", resp.Proto)
 	assert.Empty(t, resp.Header.Get(Header))
-	tr.CloseIdleConnections()
+	tr.h2.(*http.Transport).CloseIdleConnections()
 }
 
 // Linkerd's modern inbound_http1: a bare h2 client posing as a peer.

@@ -58,11 +58,7 @@ func WithHTTP1(rt http.RoundTripper) Option {
 
 // WithH2 sets the transport of upgraded requests and of those that must
 // stay HTTP/2 ([HTTP2Only]); it must speak HTTP/2 without TLS (prior
-// knowledge). The default keeps one connection per peer, as
-// [NewH2Transport] does, and opens a second one to a peer only while 8
-// requests already wait for their response on the first (one
-// connection's read and write loops serialize its streams; with 64
-// concurrent requests, two connections carry about 12% more).
+// knowledge). The default is [NewH2Transport].
 func WithH2(rt http.RoundTripper) Option {
 	return optionFunc(func(t *Transport) {
 		if rt != nil {
@@ -98,7 +94,7 @@ func NewTransport(opts ...Option) *Transport {
 		t.h1 = transport.HTTP1(transport.Limits{})
 	}
 	if t.h2 == nil {
-		t.h2 = transport.NewH2Pool(transport.Limits{})
+		t.h2 = NewH2Transport()
 	}
 	return t
 }

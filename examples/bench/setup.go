@@ -149,13 +149,11 @@ func serveMeshed(h http.Handler) *server {
 	return serve(origproto.NewServer(h), origproto.GuardListener)
 }
 
-// upgraded is the upgrade transport on its own, with its default HTTP/2
-// transport: every request goes to the peer as HTTP/2 with
-// l5d-orig-proto, over one h2c connection, or two while 8 requests wait
-// on the first.
+// upgraded is the upgrade transport on its own: every request goes to the
+// peer as HTTP/2 with l5d-orig-proto, over one h2c connection.
 func upgraded() (http.RoundTripper, func()) {
-	t := origproto.NewTransport(origproto.WithHint(func(*http.Request) bool { return true }))
-	return t, t.CloseIdleConnections
+	h2 := origproto.NewH2Transport()
+	return origproto.NewTransport(origproto.WithH2(h2), origproto.WithHint(func(*http.Request) bool { return true })), h2.CloseIdleConnections
 }
 
 // waitRoutes sends requests through send until router has the routes of
