@@ -371,7 +371,8 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
-	var next http.Handler = s.router.Handler(withTLSLabels(classify.NewHandler(app, c.classifyOptions()...), c.identity != nil))
+	plain := plaintextLabels(c.identity != nil)
+	var next http.Handler = s.router.Handler(withTLSLabels(classify.NewHandler(app, append(c.classifyOptions(), classify.WithDefaultLabels(plain))...), plain))
 	if c.inbound != nil {
 		// Authorization comes before routing, metrics and the app: a
 		// request it refuses is counted in the inbound_http_authz_*
@@ -398,22 +399,36 @@ func WithInboundPolicy(opts ...authz.Option) ServerOption {
 	return serverOption(func(c *config) { c.inbound = append(c.inbound, opts...) })
 }
 
+// plaintextLabels are Linkerd's tls labels of a plaintext client:
+// tls="no_identity" with no_tls_reason="no_tls_from_remote" for a stack
+// with an identity, tls="disabled" without one.
+func plaintextLabels(meshTLS bool) *classify.Labels {
+	if meshTLS {
+		return classify.NewLabels("", map[string]string{"tls": "no_identity", "no_tls_reason": "no_tls_from_remote"})
+	}
+	return classify.NewLabels("", map[string]string{"tls": "disabled"})
+}
+
 // withTLSLabels gives the inbound metrics of next Linkerd's tls labels:
 // tls="true" with the client's verified client_id (empty when it showed
-// no certificate) for meshed TLS, tls="no_identity" with
-// no_tls_reason="no_tls_from_remote" for a plaintext client of a stack
-// with an identity, tls="disabled" without one. A label set is made once
-// per client identity, up to maxTLSLabelSets; past that, per request.
-func withTLSLabels(next http.Handler, meshTLS bool) http.Handler {
-	plain := classify.NewLabels("", map[string]string{"tls": "disabled"})
-	if meshTLS {
-		plain = classify.NewLabels("", map[string]string{"tls": "no_identity", "no_tls_reason": "no_tls_from_remote"})
-	}
+// no certificate) for meshed TLS, plain for a plaintext client. next's
+// metrics take plain as their default labels (classify.WithDefaultLabels),
+// so that a plaintext request passes with no context or request copy of
+// its own unless its context already carries other labels. A label set is
+// made once per client identity, up to maxTLSLabelSets; past that, per
+// request.
+func withTLSLabels(next http.Handler, plain *classify.Labels) http.Handler {
 	var sets sync.Map // client id -> *classify.Labels
 	var n atomic.Int32
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l := plain
-		if peer, _ := identity.PeerFromContext(r.Context()); peer.TLS {
+		peer, _ := identity.PeerFromContext(r.Context())
+		if !peer.TLS {
+			if classify.LabelsFromContext(r.Context()) == nil {
+				next.ServeHTTP(w, r)
+				return
+			}
+		} else {
 			if v, ok := sets.Load(peer.ID); ok {
 				l = v.(*classify.Labels)
 			} else {
