@@ -79,6 +79,9 @@ func WithLabels(ctx context.Context, l *Labels) context.Context {
 	return context.WithValue(ctx, labelsKey{}, l)
 }
 
+// LabelsFromContext returns the labels of ctx ([WithLabels]), or nil.
+func LabelsFromContext(ctx context.Context) *Labels { return labelsFromContext(ctx) }
+
 func labelsFromContext(ctx context.Context) *Labels {
 	l, _ := ctx.Value(labelsKey{}).(*Labels)
 	return l

@@ -14,7 +14,7 @@ func NewMiddleware(opts ...Option) func(http.Handler) http.Handler {
 	cfg := newConfig(opts)
 	rec := newRecorder(cfg, "inbound")
 	return func(next http.Handler) http.Handler {
-		return &handler{next: next, rec: rec, classifier: cfg.classifier}
+		return &handler{next: next, rec: rec, classifier: cfg.classifier, labels: cfg.labels}
 	}
 }
 
@@ -27,12 +27,17 @@ type handler struct {
 	next       http.Handler
 	rec        *recorder
 	classifier *Classifier
+	labels     *Labels
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx := r.Context()
-	t := h.rec.target(r.Host, labelsFromContext(ctx))
+	l := labelsFromContext(ctx)
+	if l == nil {
+		l = h.labels
+	}
+	t := h.rec.target(r.Host, l)
 	t.Request(ctx)
 	ww, st := rw.Wrap(w)
 	completed := false

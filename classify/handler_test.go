@@ -175,6 +175,20 @@ func TestLabelsFromContext(t *testing.T) {
 	assert.Equal(t, "1", m.Value(t, "request_total", `dst_namespace="default"`, `dst_pod="books-0"`))
 }
 
+// A handler's default labels apply to requests whose context carries
+// none; labels in the context take their place.
+func TestDefaultLabels(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	h := NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
+		WithMeterProvider(m.Provider), WithDefaultLabels(NewLabels("", map[string]string{"tls": "disabled"})))
+	r := httptest.NewRequest("GET", "http://books:7000/", nil)
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	h.ServeHTTP(httptest.NewRecorder(), r.WithContext(WithLabels(r.Context(), NewLabels("", map[string]string{"tls": "true"}))))
+	assert.Equal(t, "1", m.Value(t, "request_total", `tls="disabled"`))
+	assert.Equal(t, "1", m.Value(t, "request_total", `tls="true"`))
+	assert.Len(t, m.Lines(t, "request_total"), 2)
+}
+
 func TestHandlerAllocations(t *testing.T) {
 	h := NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) }))
 	w := httptest.NewRecorder()

@@ -22,6 +22,7 @@ type config struct {
 	classifier     *Classifier
 	maxAuthorities int
 	idleTimeout    time.Duration
+	labels         *Labels
 }
 
 // DefaultMaxAuthorities bounds the distinct authority label values; past
@@ -60,6 +61,15 @@ func WithClassifier(cl *Classifier) Option {
 			c.classifier = cl
 		}
 	})
+}
+
+// WithDefaultLabels sets the extra labels of requests whose context
+// carries none ([WithLabels]); nil (the default) means none. A handler
+// whose requests mostly share one label set (an inbound stack's
+// plaintext clients) gives it here, so that those requests need no
+// context of their own.
+func WithDefaultLabels(l *Labels) Option {
+	return optionFunc(func(c *config) { c.labels = l })
 }
 
 // WithMaxAuthorities bounds the distinct values of the authority label

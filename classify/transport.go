@@ -19,6 +19,7 @@ type Transport struct {
 	base       http.RoundTripper
 	rec        *recorder
 	classifier *Classifier
+	labels     *Labels
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -29,7 +30,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 		base = http.DefaultTransport
 	}
 	cfg := newConfig(opts)
-	return &Transport{base: base, rec: newRecorder(cfg, "outbound"), classifier: cfg.classifier}
+	return &Transport{base: base, rec: newRecorder(cfg, "outbound"), classifier: cfg.classifier, labels: cfg.labels}
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -40,7 +41,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if authority == "" && req.URL != nil {
 		authority = req.URL.Host
 	}
-	tg := t.rec.target(authority, labelsFromContext(ctx))
+	l := labelsFromContext(ctx)
+	if l == nil {
+		l = t.labels
+	}
+	tg := t.rec.target(authority, l)
 	tg.Request(ctx)
 	c := FromContext(ctx)
 	if c == nil {

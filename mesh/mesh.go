@@ -369,9 +369,13 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
-	var next http.Handler = classify.NewHandler(app, c.classifyOptions()...)
+	var next http.Handler
 	if c.inbound == nil {
-		next = withTLSLabels(next, c.identity != nil)
+		tls := classify.NewTLSLabels(c.identity != nil)
+		next = withTLSLabels(classify.NewHandler(app, append(c.classifyOptions(), classify.WithDefaultLabels(tls.For(false, "")))...), tls)
+	} else {
+		// The policy gives each allowed request its labels, tls included.
+		next = classify.NewHandler(app, c.classifyOptions()...)
 	}
 	next = s.router.Handler(next)
 	if c.inbound != nil {
@@ -407,11 +411,17 @@ func WithInboundPolicy(opts ...authz.Option) ServerOption {
 }
 
 // withTLSLabels gives the inbound metrics of next Linkerd's tls labels
-// (classify.TLSLabels) by the client's verified identity.
-func withTLSLabels(next http.Handler, meshTLS bool) http.Handler {
-	labels := classify.NewTLSLabels(meshTLS)
+// (classify.TLSLabels) by the client's verified identity. next's metrics
+// take the plaintext labels as their default (classify.WithDefaultLabels),
+// so that a plaintext request passes with no context or request copy of
+// its own unless its context already carries other labels.
+func withTLSLabels(next http.Handler, labels *classify.TLSLabels) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, _ := identity.PeerFromContext(r.Context())
+		if !peer.TLS && classify.LabelsFromContext(r.Context()) == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
 		next.ServeHTTP(w, r.WithContext(classify.WithLabels(r.Context(), labels.For(peer.TLS, peer.ID))))
 	})
 }

@@ -146,10 +146,10 @@ func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 	if !ok {
 		return nil, proto{}, errInvalidValue
 	}
-	down := new(http.Request)
-	*down = *r
-	u := *r.URL
-	down.URL = &u
+	// The request and its URL in one allocation.
+	d := &downgraded{req: *r, url: *r.URL}
+	down, u := &d.req, &d.url
+	down.URL = u
 	down.Header = make(http.Header, len(r.Header))
 	for k, v := range r.Header {
 		down.Header[k] = v
@@ -173,6 +173,12 @@ func downgrade(r *http.Request, values []string) (*http.Request, proto, error) {
 		return nil, proto{}, fmt.Errorf("invalid request target or authority: %q", down.RequestURI)
 	}
 	return down, p, nil
+}
+
+// downgraded holds a downgraded request and its URL.
+type downgraded struct {
+	req http.Request
+	url url.URL
 }
 
 // plainOriginForm reports whether t is an origin-form target of only
