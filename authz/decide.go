@@ -57,6 +57,7 @@ type Decision struct {
 	meshed         bool
 	held           bool
 	labels         *classify.Labels
+	next           http.Handler // WithLabelledNext's handler for labels
 }
 
 // Labels are the allowed request's target, srv_*, route_*, authz_* and tls
@@ -133,7 +134,8 @@ func (h *Handler) Decide(r *http.Request, c Conn) Decision {
 		return d
 	}
 	d.key.fam, d.key.authz = famAllow, ai
-	d.labels = a.series.add(d.key).labels
+	e := a.series.add(d.key)
+	d.labels, d.next = e.labels, e.next
 	if cr.authzs[ai].audit {
 		h.log.Info("audit "+cr.meta.Name, "Request allowed", "server", pol.server.Meta.Name, "route", cr.meta.Name,
 			"authz", cr.authzs[ai].meta.Name, "client.ip", ip.String(), "client.tls", peer.TLS, "client.id", peer.ID)

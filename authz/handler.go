@@ -119,7 +119,7 @@ func (h *Handler) port(num uint16) *port {
 		return p
 	}
 	p := &port{h: h, num: num}
-	p.cur.Store(&active{pol: h.def, series: newSeriesCache(h.in, h.def)})
+	p.cur.Store(&active{pol: h.def, series: newSeriesCache(h.in, h.def, h.cfg.nextFor)})
 	if len(old) >= h.cfg.maxPorts || h.closed {
 		return p // served with the default, not remembered
 	}
@@ -143,7 +143,7 @@ func (p *port) update(s *Server) {
 		p.h.log.WarnErr("update", "inbound policy refused; the last good one stays", err, "port", p.num)
 		return
 	}
-	p.cur.Store(&active{pol: pol, series: newSeriesCache(p.h.in, pol)})
+	p.cur.Store(&active{pol: pol, series: newSeriesCache(p.h.in, pol, p.h.cfg.nextFor)})
 }
 
 // The causes that l5d-proxy-error gives, as Linkerd's proxy words them.
@@ -253,7 +253,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer d.Done()
-	if h.cfg.metricLabels {
+	switch {
+	case d.next != nil:
+		d.next.ServeHTTP(w, r)
+		return
+	case h.cfg.nextFor != nil:
+		// A series past those the policy keeps.
+		h.cfg.nextFor(d.labels).ServeHTTP(w, r)
+		return
+	case h.cfg.metricLabels:
 		r = r.WithContext(classify.WithLabels(r.Context(), d.labels))
 	}
 	h.next.ServeHTTP(w, r)

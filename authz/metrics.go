@@ -1,6 +1,7 @@
 package authz
 
 import (
+	"net/http"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -75,8 +76,9 @@ const maxCachedSeries = 4096
 
 // seriesCache maps the series of one port's policy to their counters.
 type seriesCache struct {
-	in  *instruments
-	pol *Policy
+	in      *instruments
+	pol     *Policy
+	nextFor func(*classify.Labels) http.Handler
 
 	mu sync.RWMutex
 	m  map[seriesKey]*seriesEntry
@@ -88,10 +90,11 @@ type seriesCache struct {
 type seriesEntry struct {
 	series *metrics.Series
 	labels *classify.Labels
+	next   http.Handler // the handler of an allowed request (WithLabelledNext)
 }
 
-func newSeriesCache(in *instruments, pol *Policy) *seriesCache {
-	return &seriesCache{in: in, pol: pol, m: make(map[seriesKey]*seriesEntry)}
+func newSeriesCache(in *instruments, pol *Policy, nextFor func(*classify.Labels) http.Handler) *seriesCache {
+	return &seriesCache{in: in, pol: pol, nextFor: nextFor, m: make(map[seriesKey]*seriesEntry)}
 }
 
 // add counts one request in k's series and returns its entry.
@@ -104,6 +107,9 @@ func (c *seriesCache) add(k seriesKey) *seriesEntry {
 		e = &seriesEntry{series: c.in.sums[k.fam].Series(attribute.NewSet(kv...))}
 		if k.fam == famAllow {
 			e.labels = classify.LabelsOf(kv...)
+			if c.nextFor != nil {
+				e.next = c.nextFor(e.labels)
+			}
 		}
 		c.mu.Lock()
 		if len(c.m) < maxCachedSeries {

@@ -1,7 +1,9 @@
 package authz
 
 import (
+	"github.com/inmesh/inmesh/classify"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"time"
 
@@ -29,6 +31,9 @@ type config struct {
 	metricLabels bool
 	// meshTLS: a request without a peer came in plaintext (WithMeshTLS).
 	meshTLS bool
+	// nextFor makes the next handler of an allowed request's labels
+	// (WithLabelledNext).
+	nextFor func(*classify.Labels) http.Handler
 }
 
 // WithSource sets where the Servers of the ports come from; nil (the
@@ -93,6 +98,18 @@ func WithMeshTLS() Option {
 // new context and request (two allocations).
 func WithMetricLabels() Option {
 	return optionFunc(func(c *config) { c.metricLabels = true })
+}
+
+// WithLabelledNext is [WithMetricLabels] without the new context: an
+// allowed request goes to nextFor(labels) in place of the Handler's next,
+// a handler made once per series of the policy (such as one of
+// classify.HandlerWithLabels in front of the same application), so that
+// its target, srv_*, route_*, authz_* and tls labels reach the inbound
+// request and response metrics without an allocation. Past the series the
+// Handler keeps (4096 per port's policy), a request gets its handler made
+// anew.
+func WithLabelledNext(nextFor func(*classify.Labels) http.Handler) Option {
+	return optionFunc(func(c *config) { c.nextFor = nextFor })
 }
 
 // WithMeterProvider sets the meter provider of the metrics; nil (the

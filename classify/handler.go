@@ -23,6 +23,23 @@ func NewHandler(next http.Handler, opts ...Option) http.Handler {
 	return NewMiddleware(opts...)(next)
 }
 
+// HandlerWithLabels returns a handler that records into the same metrics
+// as h, a handler made by [NewHandler] or [NewMiddleware], and serves the
+// same next handler, but labels the requests whose context carries no
+// labels with l (as [WithDefaultLabels] would). It lets a layer in front
+// choose a request's labels by choosing its handler, which costs the
+// request no new context. It returns nil when h was not made by this
+// package.
+func HandlerWithLabels(h http.Handler, l *Labels) http.Handler {
+	hh, ok := h.(*handler)
+	if !ok {
+		return nil
+	}
+	c := *hh
+	c.labels = l
+	return &c
+}
+
 type handler struct {
 	next       http.Handler
 	rec        *recorder

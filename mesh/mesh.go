@@ -369,13 +369,14 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
-	var next http.Handler
+	var next, classified http.Handler
 	if c.inbound == nil {
 		tls := classify.NewTLSLabels(c.identity != nil)
 		next = withTLSLabels(classify.NewHandler(app, append(c.classifyOptions(), classify.WithDefaultLabels(tls.For(false, "")))...), tls)
 	} else {
 		// The policy gives each allowed request its labels, tls included.
-		next = classify.NewHandler(app, c.classifyOptions()...)
+		classified = classify.NewHandler(app, c.classifyOptions()...)
+		next = classified
 	}
 	next = s.router.Handler(next)
 	if c.inbound != nil {
@@ -384,7 +385,13 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		// families only, as in Linkerd's proxy. An allowed one carries
 		// its target, srv_*, route_*, authz_* and tls labels into the
 		// inbound request and response metrics.
-		opts := []authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger), authz.WithMetricLabels()}
+		// Each series of allowed requests has its own handler in front of
+		// the same router, metrics and app, labelled with the series'
+		// labels: they cost a request no new context.
+		labelled := func(l *classify.Labels) http.Handler {
+			return s.router.Handler(classify.HandlerWithLabels(classified, l))
+		}
+		opts := []authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger), authz.WithLabelledNext(labelled)}
 		if c.identity != nil {
 			opts = append(opts, authz.WithMeshTLS())
 		}

@@ -98,7 +98,10 @@ func inboundPolicy(o options) (*result, error) {
 		ratio:     rs.ratio("", atMost(1.05), func(f []figures) float64 { return f[pol].P50 / f[none].P50 }),
 		Candidate: rs.median(pol), Baseline: rs.median(none),
 		Extra: []ratio{rs.ratio("allocations added per request", atMost(0), func(f []figures) float64 {
-			return math.Round(f[pol].Allocs - f[none].Allocs)
+			if v := math.Round(f[pol].Allocs - f[none].Allocs); v != 0 {
+				return v
+			}
+			return 0 // not -0
 		})},
 	}
 	r.Note = "ratio = p50 through the inbound stack under a Server of 10 authorizations, a route with a route-level authorization and a rate limit / the same stack without a policy, plaintext HTTP/1 clients on loopback"
