@@ -12,6 +12,7 @@ import (
 	"github.com/inmesh/inmesh/identity"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 )
 
 // identityFlags are the proxy's identity settings; LINKERD2_PROXY_IDENTITY_*
@@ -72,7 +73,17 @@ func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider
 	if err != nil {
 		return nil, nil, fmt.Errorf("-identity-name: %w", err)
 	}
-	conn, err := grpc.NewClient("passthrough:///"+f.addr, grpc.WithTransportCredentials(local.TransportCredentials(f.serverName)))
+	// grpc-go's reconnect backoff reaches 120 s by default: after a long
+	// outage of the identity service the proxy would wait that long to
+	// renew. Cap it at the minimum refresh interval, how often the
+	// Certifier retries a failed renewal.
+	reconnect := grpcbackoff.DefaultConfig
+	reconnect.MaxDelay = identity.DefaultMinRefresh
+	if minRefresh > 0 {
+		reconnect.MaxDelay = max(minRefresh, reconnect.BaseDelay)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+f.addr, grpc.WithTransportCredentials(local.TransportCredentials(f.serverName)),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnect, MinConnectTimeout: 20 * time.Second}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("-identity-addr: %w", err)
 	}
