@@ -292,8 +292,33 @@ type pickPool struct {
 // context, set by the route interceptor.
 type backendCtxKey struct{}
 
-func withBackend(ctx context.Context, authority string) context.Context {
-	return context.WithValue(ctx, backendCtxKey{}, authority)
+// withBackend puts the call's backend authority in ctx for the picker of
+// the channel of target. A call to the target itself (the common case: a
+// route whose backend is the service) needs no value, as the picker picks
+// among the target's endpoints without one, unless ctx carries another
+// backend from elsewhere.
+func withBackend(ctx context.Context, target, authority string) context.Context {
+	if authority == target {
+		if b, ok := ctx.Value(backendCtxKey{}).(string); !ok || b == "" || b == target {
+			return ctx
+		}
+	}
+	return &backendCtx{Context: ctx, backend: authority}
+}
+
+// backendCtx is a context carrying a call's backend authority: one
+// allocation, where context.WithValue would make two (the context and the
+// boxed string).
+type backendCtx struct {
+	context.Context
+	backend string
+}
+
+func (c *backendCtx) Value(key any) any {
+	if _, ok := key.(backendCtxKey); ok {
+		return c.backend
+	}
+	return c.Context.Value(key)
 }
 
 func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, error) {

@@ -99,9 +99,19 @@ type conn struct {
 
 type connKey struct{}
 
-// serverCall is the state of one served call, from TagRPC to End.
+// serverCall is the state of one served call, from TagRPC to End. It is
+// the call's context too (one allocation where context.WithValue and the
+// state would make two): its Value answers callKey with itself.
 type serverCall struct {
+	context.Context
 	ex classify.Exchange
+}
+
+func (c *serverCall) Value(key any) any {
+	if _, ok := key.(callKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
 }
 
 type callKey struct{}
@@ -131,7 +141,7 @@ func (s *server) HandleConn(context.Context, stats.ConnStats) {}
 
 // TagRPC gives the call its state.
 func (s *server) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	return context.WithValue(ctx, callKey{}, &serverCall{})
+	return &serverCall{Context: ctx}
 }
 
 // HandleRPC counts the response of a call the interceptors let through,
@@ -181,10 +191,16 @@ func (s *ctxStream) Context() context.Context { return s.ctx }
 // passes, counts its request. The caller must call Done on the decision
 // once the call has ended.
 func (s *server) admit(ctx context.Context, method string) (context.Context, authz.Decision, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	authority := first(md, ":authority")
 	var d authz.Decision
-	if s.policy != nil {
+	var authority string
+	if s.policy == nil {
+		// Only the authority: reading the whole metadata would copy it.
+		if v := metadata.ValueFromIncomingContext(ctx, ":authority"); len(v) > 0 {
+			authority = v[0]
+		}
+	} else {
+		md, _ := metadata.FromIncomingContext(ctx)
+		authority = first(md, ":authority")
 		c, _ := ctx.Value(connKey{}).(*conn)
 		if c == nil {
 			c = s.connOf(ctx)
