@@ -273,7 +273,8 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			if r := rt.route.Retry; r != nil && r.Timeout > 0 && retries < r.Limit() {
 				tctx, tcancel := context.WithTimeoutCause(actx, r.Timeout, errTryTimeout)
 				err = invoker(tctx, method, req, reply, cc, opts...)
-				tryTimedOut = err != nil && ctx.Err() == nil && errors.Is(context.Cause(tctx), errTryTimeout)
+				tryTimedOut = err != nil && ctx.Err() == nil &&
+					(errors.Is(context.Cause(tctx), errTryTimeout) || serverTimedOut(ctx, tctx, err))
 				tcancel()
 			} else {
 				err = invoker(actx, method, req, reply, cc, opts...)
@@ -296,6 +297,20 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		c.done(ctx, err, retries)
 		return err
 	}
+}
+
+// serverTimedOut reports whether err is the server's answer to the
+// grpc-timeout of an attempt bounded by tctx, its own deadline (not
+// ctx's): DEADLINE_EXCEEDED at or past that deadline. The server's timer
+// may fire before the client's own (grpc-timeout is rounded up, and the
+// server starts it later, so never before the client's deadline).
+func serverTimedOut(ctx, tctx context.Context, err error) bool {
+	td, ok := tctx.Deadline()
+	if !ok || status.Code(err) != codes.DeadlineExceeded || time.Now().Before(td) {
+		return false
+	}
+	d, ok := ctx.Deadline()
+	return !ok || td.Before(d)
 }
 
 // timeoutErr is err with the route timeout's message when the route
