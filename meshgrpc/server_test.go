@@ -408,10 +408,13 @@ func TestMetrics(t *testing.T) {
 			`response_latency_ms_count{` + meshed + `,status_code="200",tls="true"} 3`,
 		},
 	}
-	for fam, lines := range want {
-		got := e.metrics.Lines(t, fam)
-		assert.ElementsMatch(t, lines, got, fam)
-	}
+	// The server counts a response when the call ends, which may be
+	// after the client has it.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for fam, lines := range want {
+			assert.ElementsMatch(c, lines, e.metrics.Lines(t, fam), fam)
+		}
+	}, testutil.Timeout, 10*time.Millisecond)
 }
 
 // The Server's limit of calls in flight holds a streaming call's place
