@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 
 	grpcbalancer "google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
@@ -292,8 +293,33 @@ type pickPool struct {
 // context, set by the route interceptor.
 type backendCtxKey struct{}
 
-func withBackend(ctx context.Context, authority string) context.Context {
-	return context.WithValue(ctx, backendCtxKey{}, authority)
+// withBackend puts the call's backend authority in ctx for the picker of
+// the channel of target. A call to the target itself (the common case: a
+// route whose backend is the service) needs no value, as the picker picks
+// among the target's endpoints without one, unless ctx carries another
+// backend from elsewhere.
+func withBackend(ctx context.Context, target, authority string) context.Context {
+	if authority == target {
+		if b, ok := ctx.Value(backendCtxKey{}).(string); !ok || b == "" || b == target {
+			return ctx
+		}
+	}
+	return &backendCtx{Context: ctx, backend: authority}
+}
+
+// backendCtx is a context carrying a call's backend authority: one
+// allocation, where context.WithValue would make two (the context and the
+// boxed string).
+type backendCtx struct {
+	context.Context
+	backend string
+}
+
+func (c *backendCtx) Value(key any) any {
+	if _, ok := key.(backendCtxKey); ok {
+		return c.backend
+	}
+	return c.Context.Value(key)
 }
 
 func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, error) {
@@ -327,25 +353,52 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		k.Done(balancer.Result{Canceled: true})
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 	}
-	ctx := info.Ctx
-	var ex classify.Exchange // the zero Exchange records nothing
+	d := pickDones.Get().(*pickDone)
+	d.k, d.ctx = k, info.Ctx
 	if p.calls != nil {
-		ex = p.calls.Start(ctx, backend, k.Labels())
+		d.ex = p.calls.Start(info.Ctx, backend, k.Labels())
 	}
-	return grpcbalancer.PickResult{SubConn: sc, Done: func(d grpcbalancer.DoneInfo) {
-		code := status.Code(d.Err)
-		r := balancer.Result{GRPCStatus: int(code)}
-		if d.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			r.Canceled = true
-		}
-		k.Done(r)
-		switch {
-		case d.Err == nil || d.BytesReceived:
-			ex.EndGRPC(ctx, int32(code))
-		case code == codes.DeadlineExceeded:
-			ex.EndError(ctx, context.DeadlineExceeded)
-		default:
-			ex.EndError(ctx, d.Err)
-		}
-	}}, nil
+	return grpcbalancer.PickResult{SubConn: sc, Done: d.fn}, nil
+}
+
+// pickDone is what a pick's Done needs: pooled, with its Done bound once,
+// so that a pick makes no closure. grpc-go calls a pick's Done once.
+type pickDone struct {
+	k   balancer.Pick
+	ex  classify.Exchange // the zero Exchange records nothing
+	ctx context.Context
+	fn  func(grpcbalancer.DoneInfo)
+}
+
+var pickDones sync.Pool
+
+func init() {
+	pickDones.New = func() any {
+		d := &pickDone{}
+		d.fn = d.done
+		return d
+	}
+}
+
+func (d *pickDone) done(info grpcbalancer.DoneInfo) {
+	k, ex, ctx := d.k, d.ex, d.ctx
+	*d = pickDone{fn: d.fn}
+	pickDones.Put(d)
+	if ctx == nil {
+		return
+	}
+	code := status.Code(info.Err)
+	r := balancer.Result{GRPCStatus: int(code)}
+	if info.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		r.Canceled = true
+	}
+	k.Done(r)
+	switch {
+	case info.Err == nil || info.BytesReceived:
+		ex.EndGRPC(ctx, int32(code))
+	case code == codes.DeadlineExceeded:
+		ex.EndError(ctx, context.DeadlineExceeded)
+	default:
+		ex.EndError(ctx, info.Err)
+	}
 }

@@ -109,6 +109,9 @@ type mesh struct {
 type channelState struct {
 	owner *meshResolver
 	table *policy.Table
+	// grpc is the table's gRPC routes, nil when it has none (calls then
+	// go to the target as they are).
+	grpc *policy.RouteTable
 	// backends are the balancer backend authorities of its gRPC routes.
 	backends []string
 	targets  map[*policy.Route]*routeTarget
@@ -132,6 +135,7 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 		st.table = t
 		st.targets = make(map[*policy.Route]*routeTarget)
 		if rt := t.For(&http.Request{ProtoMajor: 2}); rt != nil && rt.IsGRPC() {
+			st.grpc = rt
 			for _, route := range rt.Routes() {
 				st.targets[route] = m.newRouteTarget(route, rt.FailureAccrual())
 				for _, b := range route.Backends.Backends {
@@ -165,6 +169,14 @@ func (m *mesh) forget(authority string, owner *meshResolver) {
 		delete(m.profiles, authority)
 	}
 	m.mu.Unlock()
+}
+
+// lookup returns the routing state and the ServiceProfile of authority
+// under one lock.
+func (m *mesh) lookup(authority string) (*channelState, *profileState) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.states[authority], m.profiles[authority]
 }
 
 func (m *mesh) state(authority string) *channelState {

@@ -43,6 +43,12 @@ func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *ro
 
 // targetAuthority is the host:port of a channel target inmesh:///host:port.
 func targetAuthority(target string) string {
+	// The common spelling, read without parsing (which allocates on
+	// every call): nothing to unescape, no query or fragment.
+	const prefix = Scheme + ":///"
+	if rest, ok := strings.CutPrefix(target, prefix); ok && !strings.ContainsAny(rest, "%?#") {
+		return rest
+	}
 	if u, err := url.Parse(target); err == nil && u.Scheme == Scheme {
 		return strings.TrimPrefix(u.Path, "/")
 	}
@@ -54,6 +60,8 @@ type call struct {
 	m      *mesh
 	rt     *routeTarget
 	method string
+	// target is the authority of the call's channel.
+	target string
 	start  time.Time
 	// timeout is the route's; routeDeadline is when it ends the call,
 	// zero when the caller's own deadline comes first.
@@ -65,24 +73,19 @@ type call struct {
 // (policy.Table.Select, over the call as the HTTP/2 request it is: POST
 // to /pkg.Service/Method with the outgoing metadata as headers); nil
 // without a policy with gRPC routes.
-func (m *mesh) route(ctx context.Context, cc *grpc.ClientConn, method string) (*routeTarget, error) {
-	st := m.state(targetAuthority(cc.Target()))
-	if st == nil || st.table == nil {
+func (m *mesh) route(ctx context.Context, st *channelState, authority, method string) (*routeTarget, error) {
+	if st == nil || st.grpc == nil {
 		return nil, nil
 	}
-	authority := targetAuthority(cc.Target())
-	req := &http.Request{Method: http.MethodPost, ProtoMajor: 2, Host: authority,
-		URL: &url.URL{Path: method}, Header: http.Header{"Content-Type": {"application/grpc"}}}
+	v := getRequest(method, authority, nil)
+	v.r.Header["Content-Type"] = grpcContentType
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		for k, vs := range md {
-			req.Header[http.CanonicalHeaderKey(k)] = vs
+			v.r.Header[http.CanonicalHeaderKey(k)] = vs
 		}
 	}
-	rt := st.table.For(req)
-	if rt == nil || !rt.IsGRPC() {
-		return nil, nil
-	}
-	route, _ := rt.Select(req)
+	route, _ := st.grpc.Select(&v.r)
+	putRequest(v)
 	if route == nil {
 		return nil, status.Error(codes.NotFound, "no route found for request")
 	}
@@ -112,7 +115,7 @@ func (c *call) prepare(ctx context.Context) (context.Context, *metrics.BackendTa
 	}
 	switch b := rb.Backend; {
 	case b.Balancer != nil:
-		ctx = withBackend(ctx, b.Balancer.Authority)
+		ctx = withBackend(ctx, c.target, b.Balancer.Authority)
 	default:
 		return ctx, c.rt.backends[i], status.Error(codes.Unavailable, "backend has no destination the client can balance")
 	}
@@ -241,17 +244,19 @@ func (c *call) allow(ctx context.Context, n int) bool {
 // codes is retried while the count allows (counted retries, as Linkerd's
 // GRPCRoute retry.linkerd.io/grpc and retry.linkerd.io/limit).
 func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if ps := m.profile(targetAuthority(cc.Target())); ps.applies() {
+	authority := targetAuthority(cc.Target())
+	st, ps := m.lookup(authority)
+	if ps.applies() {
 		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
 	}
-	rt, err := m.route(ctx, cc, method)
+	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {
 		if err != nil {
 			return err
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	c := &call{m: m, rt: rt, method: method, start: time.Now()}
+	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx)
 	defer cancel()
 	var retries int
@@ -268,7 +273,8 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			if r := rt.route.Retry; r != nil && r.Timeout > 0 && retries < r.Limit() {
 				tctx, tcancel := context.WithTimeoutCause(actx, r.Timeout, errTryTimeout)
 				err = invoker(tctx, method, req, reply, cc, opts...)
-				tryTimedOut = err != nil && ctx.Err() == nil && errors.Is(context.Cause(tctx), errTryTimeout)
+				tryTimedOut = err != nil && ctx.Err() == nil &&
+					(errors.Is(context.Cause(tctx), errTryTimeout) || serverTimedOut(ctx, tctx, err))
 				tcancel()
 			} else {
 				err = invoker(actx, method, req, reply, cc, opts...)
@@ -293,6 +299,20 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 	}
 }
 
+// serverTimedOut reports whether err is the server's answer to the
+// grpc-timeout of an attempt bounded by tctx, its own deadline (not
+// ctx's): DEADLINE_EXCEEDED at or past that deadline. The server's timer
+// may fire before the client's own (grpc-timeout is rounded up, and the
+// server starts it later, so never before the client's deadline).
+func serverTimedOut(ctx, tctx context.Context, err error) bool {
+	td, ok := tctx.Deadline()
+	if !ok || status.Code(err) != codes.DeadlineExceeded || time.Now().Before(td) {
+		return false
+	}
+	d, ok := ctx.Deadline()
+	return !ok || td.Before(d)
+}
+
 // timeoutErr is err with the route timeout's message when the route
 // timeout ended the call.
 func (c *call) timeoutErr(_ context.Context, err error) error {
@@ -315,14 +335,16 @@ func (c *call) done(ctx context.Context, err error, retries int) {
 // first response message (the messages sent so far are replayed to the
 // new attempt) and only while the count allows.
 func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	rt, err := m.route(ctx, cc, method)
+	authority := targetAuthority(cc.Target())
+	st, _ := m.lookup(authority)
+	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {
 		if err != nil {
 			return nil, err
 		}
 		return streamer(ctx, desc, cc, method, opts...)
 	}
-	c := &call{m: m, rt: rt, method: method, start: time.Now()}
+	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx)
 	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts}
 	if err := s.attempt(); err != nil {
@@ -464,6 +486,10 @@ func (s *retryStream) RecvMsg(msg any) error {
 		return err
 	}
 }
+
+// grpcContentType is the content-type header of every call, as the
+// policy reads it; shared, never changed.
+var grpcContentType = []string{"application/grpc"}
 
 // errTryTimeout is the cause of an attempt the retry's timeout ended.
 var errTryTimeout = errors.New("meshgrpc: retry timeout")

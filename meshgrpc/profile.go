@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"time"
@@ -77,13 +76,14 @@ func (m *mesh) profile(authority string) *profileState {
 // matches the call as the HTTP/2 request it is (POST /pkg.Service/Method),
 // or the default route.
 func profileRoute(ctx context.Context, ps *profileState, method string) (*profiles.CompiledRoute, *profTarget) {
-	req := &http.Request{Method: http.MethodPost, ProtoMajor: 2, URL: &url.URL{Path: method}, Header: http.Header{}}
+	v := getRequest(method, "", nil)
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		for k, vs := range md {
-			req.Header[http.CanonicalHeaderKey(k)] = vs
+			v.r.Header[http.CanonicalHeaderKey(k)] = vs
 		}
 	}
-	cr := ps.table.Select(req)
+	cr := ps.table.Select(&v.r)
+	putRequest(v)
 	if t := ps.targets[cr]; t != nil {
 		return cr, t
 	}

@@ -30,9 +30,12 @@ import (
 //     and plaintext on one port, as the HTTP stack's listener does: a
 //     client that opens with TLS must name the local identity as SNI, and
 //     its certificate is verified when it shows one ([InboundAuthInfo]);
-//   - a stats handler that puts a meshed client's verified identity in
-//     the context of its calls, where identity.PeerFromContext finds it as
-//     in the HTTP stack (a plaintext client has none);
+//   - with [WithIdentity] or [WithInboundPolicy], a stats handler that
+//     puts a meshed client's verified identity in the context of its
+//     calls, where identity.PeerFromContext finds it as in the HTTP stack
+//     (a plaintext client has none), and reads each connection's
+//     addresses for the policy once; without either, no stats handler
+//     (grpc-go then makes no per-call stats events);
 //   - unary and stream interceptors that, with [WithInboundPolicy],
 //     enforce the port's policy on every call exactly as authz.Handler
 //     enforces it on HTTP requests (the call's method is the request path,
@@ -43,7 +46,9 @@ import (
 //     the inbound_http_authz_* families; then count the calls let through
 //     in Linkerd's inbound request_total, response_total (with
 //     classification and grpc_status) and response_latency_ms, with
-//     direction="inbound", the authority and the tls labels.
+//     direction="inbound", the authority and the tls labels (the
+//     response when the call ends, or without the stats handler when its
+//     handler returns, with the status the handler returned).
 //
 // Give these options before the server's own interceptors
 // (grpc.ChainUnaryInterceptor appends), so that the policy runs before
@@ -59,7 +64,10 @@ func ServerOptions(opts ...Option) []grpc.ServerOption {
 	if s.meshTLS {
 		out = append(out, grpc.Creds(s.creds))
 	}
-	return append(out, grpc.StatsHandler(s), grpc.ChainUnaryInterceptor(s.unary), grpc.ChainStreamInterceptor(s.stream))
+	if s.stats {
+		out = append(out, grpc.StatsHandler(s))
+	}
+	return append(out, grpc.ChainUnaryInterceptor(s.unary), grpc.ChainStreamInterceptor(s.stream))
 }
 
 // server is the mesh side of one grpc-go server: its stats handler and
@@ -70,6 +78,14 @@ type server struct {
 	policy  *authz.Handler // nil without an inbound policy
 	rec     *classify.Recorder
 	tls     *classify.TLSLabels
+	// stats: the server's stats handler is installed, as the identity
+	// and the policy need (what they read of a connection, once per
+	// connection); it counts each call's response at its end. Without
+	// it (neither configured: every client is plaintext, the connection
+	// tells nothing) the interceptors count the response when the
+	// handler returns, and grpc-go makes none of the per-call stats
+	// events, which cost some twenty allocations per call.
+	stats bool
 }
 
 func newServer(c *config) *server {
@@ -81,6 +97,7 @@ func newServer(c *config) *server {
 	if s.meshTLS {
 		s.creds = newServerCreds(c.identity)
 	}
+	s.stats = s.meshTLS || c.inbound != nil
 	if c.inbound != nil {
 		opts := append([]authz.Option{authz.WithMeterProvider(c.mp), authz.WithLogger(c.logger)}, c.inbound...)
 		h, err := authz.New(nil, opts...)
@@ -99,9 +116,19 @@ type conn struct {
 
 type connKey struct{}
 
-// serverCall is the state of one served call, from TagRPC to End.
+// serverCall is the state of one served call, from TagRPC to End. It is
+// the call's context too (one allocation where context.WithValue and the
+// state would make two): its Value answers callKey with itself.
 type serverCall struct {
+	context.Context
 	ex classify.Exchange
+}
+
+func (c *serverCall) Value(key any) any {
+	if _, ok := key.(callKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
 }
 
 type callKey struct{}
@@ -131,7 +158,7 @@ func (s *server) HandleConn(context.Context, stats.ConnStats) {}
 
 // TagRPC gives the call its state.
 func (s *server) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	return context.WithValue(ctx, callKey{}, &serverCall{})
+	return &serverCall{Context: ctx}
 }
 
 // HandleRPC counts the response of a call the interceptors let through,
@@ -147,17 +174,19 @@ func (s *server) HandleRPC(ctx context.Context, st stats.RPCStats) {
 }
 
 func (s *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	ctx, d, err := s.admit(ctx, info.FullMethod)
+	ctx, d, ex, err := s.admit(ctx, info.FullMethod)
 	if err != nil {
 		return nil, err
 	}
 	defer d.Done()
-	return handler(ctx, req)
+	resp, err := handler(ctx, req)
+	ex.EndGRPC(ctx, int32(status.Code(err)))
+	return resp, err
 }
 
 func (s *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	orig := ss.Context()
-	ctx, d, err := s.admit(orig, info.FullMethod)
+	ctx, d, ex, err := s.admit(orig, info.FullMethod)
 	if err != nil {
 		return err
 	}
@@ -165,7 +194,9 @@ func (s *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 	if ctx != orig {
 		ss = &ctxStream{ServerStream: ss, ctx: ctx}
 	}
-	return handler(srv, ss)
+	err = handler(srv, ss)
+	ex.EndGRPC(ctx, int32(status.Code(err)))
+	return err
 }
 
 // ctxStream is a stream whose context carries metadata a route's filter
@@ -179,12 +210,20 @@ func (s *ctxStream) Context() context.Context { return s.ctx }
 
 // admit enforces the port's policy on the call to method and, when it
 // passes, counts its request. The caller must call Done on the decision
-// once the call has ended.
-func (s *server) admit(ctx context.Context, method string) (context.Context, authz.Decision, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	authority := first(md, ":authority")
+// once the call has ended, and count the response on the exchange (the
+// zero Exchange, which records nothing, when the stats handler counts
+// it).
+func (s *server) admit(ctx context.Context, method string) (context.Context, authz.Decision, classify.Exchange, error) {
 	var d authz.Decision
-	if s.policy != nil {
+	var authority string
+	if s.policy == nil {
+		// Only the authority: reading the whole metadata would copy it.
+		if v := metadata.ValueFromIncomingContext(ctx, ":authority"); len(v) > 0 {
+			authority = v[0]
+		}
+	} else {
+		md, _ := metadata.FromIncomingContext(ctx)
+		authority = first(md, ":authority")
 		c, _ := ctx.Value(connKey{}).(*conn)
 		if c == nil {
 			c = s.connOf(ctx)
@@ -197,19 +236,24 @@ func (s *server) admit(ctx context.Context, method string) (context.Context, aut
 		}
 		putRequest(v)
 		if err != nil {
-			return ctx, d, err
+			return ctx, d, classify.Exchange{}, err
 		}
 		if d.Status != 0 || !s.policy.Admit(&d) {
-			return ctx, d, status.Error(codes.Code(proxyerr.GRPCCode(d.Status)), d.Message())
+			return ctx, d, classify.Exchange{}, status.Error(codes.Code(proxyerr.GRPCCode(d.Status)), d.Message())
 		}
 		// The call's metrics carry its Server, route and authorization,
 		// as the HTTP stack's do.
 		ctx = classify.WithLabels(ctx, d.Labels())
 	}
+	if !s.stats {
+		// Neither identity nor policy: the connection's tls labels are
+		// the plaintext ones.
+		return ctx, d, s.rec.Start(ctx, authority, s.tls.For(false, "")), nil
+	}
 	if c, _ := ctx.Value(callKey{}).(*serverCall); c != nil {
 		c.ex = s.rec.Start(ctx, authority, nil)
 	}
-	return ctx, d, nil
+	return ctx, d, classify.Exchange{}, nil
 }
 
 // filter applies the filters of the route d selected to the call: request

@@ -408,10 +408,13 @@ func TestMetrics(t *testing.T) {
 			`response_latency_ms_count{` + meshed + `,status_code="200",tls="true"} 3`,
 		},
 	}
-	for fam, lines := range want {
-		got := e.metrics.Lines(t, fam)
-		assert.ElementsMatch(t, lines, got, fam)
-	}
+	// The server counts a response when the call ends, which may be
+	// after the client has it.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for fam, lines := range want {
+			assert.ElementsMatch(c, lines, e.metrics.Lines(t, fam), fam)
+		}
+	}, testutil.Timeout, 10*time.Millisecond)
 }
 
 // The Server's limit of calls in flight holds a streaming call's place
@@ -463,4 +466,53 @@ func TestServerFailureInjector(t *testing.T) {
 	_, err = plain.UnaryCall(ctx, &testgrpc.SimpleRequest{})
 	assert.NoError(t, err)
 	assert.Equal(t, "1", e.metrics.Value(t, "request_total"), "the injected failure reached no request metrics")
+}
+
+// A server with metrics alone (no identity, no policy) counts its calls
+// as one with either does: requests, responses by grpc_status, latency,
+// with the plaintext tls labels, for unary and streaming calls.
+func TestMetricsWithoutIdentity(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	srv := grpc.NewServer(meshgrpc.ServerOptions(meshgrpc.WithMeterProvider(m.Provider), meshgrpc.WithLogger(quiet))...)
+	testgrpc.RegisterTestServiceServer(srv, peerApp{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	c := testgrpc.NewTestServiceClient(cc)
+	ctx := ctxT(t)
+
+	_, err = c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+	require.NoError(t, err)
+	_, err = c.UnaryCall(ctx, &testgrpc.SimpleRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.Unavailable)}})
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	out, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{
+		ResponseParameters: []*testgrpc.ResponseParameters{{}, {}}})
+	require.NoError(t, err)
+	for range 2 {
+		_, err = out.Recv()
+		require.NoError(t, err)
+	}
+	_, err = out.Recv()
+	require.Equal(t, io.EOF, err)
+
+	a := `authority="` + ln.Addr().String() + `",`
+	want := map[string][]string{
+		"request_total": {`request_total{` + a + `direction="inbound",tls="disabled"} 3`},
+		"response_total": {
+			`response_total{` + a + `classification="failure",direction="inbound",error="",grpc_status="14",status_code="200",tls="disabled"} 1`,
+			`response_total{` + a + `classification="success",direction="inbound",error="",grpc_status="0",status_code="200",tls="disabled"} 2`,
+		},
+		"response_latency_ms_count": {`response_latency_ms_count{` + a + `direction="inbound",status_code="200",tls="disabled"} 3`},
+	}
+	// The server may count a response after the client has it.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for fam, lines := range want {
+			assert.ElementsMatch(c, lines, m.Lines(t, fam), fam)
+		}
+	}, testutil.Timeout, 10*time.Millisecond)
 }
