@@ -66,12 +66,6 @@ func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Upda
 	m.mu.Unlock()
 }
 
-func (m *mesh) profile(authority string) *profileState {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.profiles[authority]
-}
-
 // profileRoute returns the route of a call under ps, the route that
 // matches the call as the HTTP/2 request it is (POST /pkg.Service/Method),
 // or the default route.
