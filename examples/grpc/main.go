@@ -116,22 +116,13 @@ func run(o options, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	defer ids.stop()
-	ctx, cancel := context.WithCancel(context.Background())
-	var renewals []func()
-	defer func() {
-		cancel()
-		for _, wait := range renewals {
-			wait()
-		}
-	}()
-	serverLocal, wait, err := ids.certify(ctx, serverID, "interop-token")
-	renewals = append(renewals, wait)
+	defer ids.Stop()
+	ctx := context.Background()
+	serverLocal, err := ids.Certify(ctx, serverID, "interop-token")
 	if err != nil {
 		return err
 	}
-	clientLocal, wait, err := ids.certify(ctx, clientID, "web-token")
-	renewals = append(renewals, wait)
+	clientLocal, err := ids.Certify(ctx, clientID, "web-token")
 	if err != nil {
 		return err
 	}
@@ -171,7 +162,7 @@ func run(o options, out io.Writer) (err error) {
 	store.SetManifests(resources)
 	store.PutEndpoints(authority, eps)
 	fmt.Fprintf(info, "control plane on %s, identity on %s, interop instances on %s and %s\n",
-		lis.Addr(), ids.addr, instances[0].addr, instances[1].addr)
+		lis.Addr(), ids.Addr(), instances[0].addr, instances[1].addr)
 	for _, s := range instances {
 		if err := refusesPlaintext(s.addr); err != nil {
 			return err

@@ -131,16 +131,16 @@ func run(o options, out io.Writer) error {
 	// Identity API from the embedded issuer, and the peers talk mTLS.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ids, err := startIdentities(ctx)
+	ids, err := startIdentities()
 	if err != nil {
 		return err
 	}
-	defer ids.stop()
-	booksLocal, err := ids.certify(ctx, booksID, "books-token")
+	defer ids.Stop()
+	booksLocal, err := ids.Certify(ctx, booksID, "books-token")
 	if err != nil {
 		return err
 	}
-	webLocal, err := ids.certify(ctx, webID, "web-token")
+	webLocal, err := ids.Certify(ctx, webID, "web-token")
 	if err != nil {
 		return err
 	}
@@ -177,7 +177,7 @@ func run(o options, out io.Writer) error {
 	}
 	defer stopAdmin()
 	store.PutEndpoints(adminAuthority, []endpoint.Endpoint{{Addr: adminAddr, H2: true, Identity: booksID}})
-	fmt.Fprintf(out, "control plane on %s, identity on %s, books peer on %s\n", lis.Addr(), ids.addr, peer.Listener.Addr())
+	fmt.Fprintf(out, "control plane on %s, identity on %s, books peer on %s\n", lis.Addr(), ids.Addr(), peer.Listener.Addr())
 
 	// The client peer.
 	client := mesh.NewClient(append(mesh.ClientOptions(opts...), mesh.WithIdentity(webLocal))...)
@@ -204,7 +204,7 @@ func run(o options, out io.Writer) error {
 
 	// The admin port's inbound policy: web is allowed (then limited past
 	// its rate), a client with another identity is denied.
-	reviewsLocal, err := ids.certify(ctx, reviewsID, "reviews-token")
+	reviewsLocal, err := ids.Certify(ctx, reviewsID, "reviews-token")
 	if err != nil {
 		return err
 	}
