@@ -293,7 +293,7 @@ func hostFlood(o options) (*result, error) {
 	watches := cp.watches()
 	growth := float64(after-before) / (1 << 20)
 	r := &result{
-		ratio:     ratio{Ratio: growth, Goal: atMost(50), Spread: spread{growth, growth}},
+		ratio:     ratio{Ratio: growth, Goal: atMost(30), Spread: spread{growth, growth}},
 		Unit:      "MiB",
 		Candidate: &figures{MiB: growth, Requests: float64(sent), RPS: float64(sent) / el.Seconds()},
 		Baseline:  &figures{MiB: float64(before) / (1 << 20)},
