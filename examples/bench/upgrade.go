@@ -8,16 +8,28 @@ import (
 // peerSet is three ways of sending HTTP/1 requests to a peer: an HTTP/1
 // pool, inmesh's upgrade (HTTP/2 with l5d-orig-proto over one h2c
 // connection, downgraded by the peer) and Go's own h2c client. Each has
-// its own peer, so that each counts its own connections.
+// its own peer, so that each counts its own connections. A fourth peer
+// answers Go's h2c with one response header (Content-Type): net/http's
+// HTTP/2 server writes a response whose header map is not empty in two
+// steps (the handler waits until HEADERS is written, and the connection
+// is flushed in between), which the upgraded hop always pays for
+// l5d-orig-proto and any real application pays for its own headers.
 type peerSet struct {
-	h1, up, h2c    http.RoundTripper
-	h1S, upS, h2cS *server
-	close          func()
+	h1, up, h2c            http.RoundTripper
+	h1S, upS, h2cS, h2cHdr *server
+	close                  func()
 }
+
+// okTyped is ok with a Content-Type of its own.
+var okTyped = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	w.Header()["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	w.Write([]byte("ok"))
+})
 
 func newPeerSet() *peerSet {
 	p := &peerSet{
 		h1S: serveMeshed(downgrade(ok)), upS: serveMeshed(downgrade(ok)), h2cS: serveMeshed(downgrade(ok)),
+		h2cHdr: serveMeshed(downgrade(okTyped)),
 	}
 	h1, h2c := h1Transport(), h2cTransport()
 	up, closeUp := upgraded()
@@ -29,11 +41,13 @@ func newPeerSet() *peerSet {
 		p.h1S.Close()
 		p.upS.Close()
 		p.h2cS.Close()
+		p.h2cHdr.Close()
 	}
 	// One request first, so that the HTTP/2 clients open their one
 	// connection before 64 goroutines arrive at once.
 	_ = do(p.up, get(p.upS.URL+"/", ""))
 	_ = do(p.h2c, get(p.h2cS.URL+"/", ""))
+	_ = do(p.h2c, get(p.h2cHdr.URL+"/", ""))
 	return p
 }
 
@@ -41,7 +55,8 @@ func (p *peerSet) variants(m func(rt http.RoundTripper, url string) (figures, er
 	mk := func(name string, rt http.RoundTripper, s *server) variant {
 		return variant{name, withConns(s, func() (figures, error) { return m(rt, s.URL+"/books/1") })}
 	}
-	return []variant{mk("http1", p.h1, p.h1S), mk("upgraded", p.up, p.upS), mk("go_h2c", p.h2c, p.h2cS)}
+	return []variant{mk("http1", p.h1, p.h1S), mk("upgraded", p.up, p.upS), mk("go_h2c", p.h2c, p.h2cS),
+		mk("go_h2c_header", p.h2c, p.h2cHdr)}
 }
 
 // upgrade64: 64 clients over one upgraded h2 connection against an
@@ -56,14 +71,15 @@ func upgrade64(o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	const h1, up, h2c = 0, 1, 2
+	const h1, up, h2c, h2cHdr = 0, 1, 2, 3
 	r := &result{
 		ratio:     rs.ratio("", atLeast(0.8), func(f []figures) float64 { return f[up].RPS / f[h1].RPS }),
 		Candidate: rs.median(up), Baseline: rs.median(h1),
-		Others: map[string]figures{"go_h2c": *rs.median(h2c)},
+		Others: map[string]figures{"go_h2c": *rs.median(h2c), "go_h2c_header": *rs.median(h2cHdr)},
 		Extra: []ratio{
 			rs.ratio("go_h2c / http1", noGoal, func(f []figures) float64 { return f[h2c].RPS / f[h1].RPS }),
 			rs.ratio("upgraded / go_h2c", atLeast(1), func(f []figures) float64 { return f[up].RPS / f[h2c].RPS }),
+			rs.ratio("upgraded / go_h2c_header", noGoal, func(f []figures) float64 { return f[up].RPS / f[h2cHdr].RPS }),
 		},
 	}
 	r.Note = "ratio = requests/s upgraded / HTTP/1 pool (64 clients)"
@@ -81,13 +97,14 @@ func upgradeSerial(o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	const h1, up, h2c = 0, 1, 2
+	const h1, up, h2c, h2cHdr = 0, 1, 2, 3
 	r := &result{
 		ratio:     rs.ratio("", atMost(1.5), func(f []figures) float64 { return f[up].P50 / f[h1].P50 }),
 		Candidate: rs.median(up), Baseline: rs.median(h1),
-		Others: map[string]figures{"go_h2c": *rs.median(h2c)},
+		Others: map[string]figures{"go_h2c": *rs.median(h2c), "go_h2c_header": *rs.median(h2cHdr)},
 		Extra: []ratio{
 			rs.ratio("go_h2c p50 / http1", noGoal, func(f []figures) float64 { return f[h2c].P50 / f[h1].P50 }),
+			rs.ratio("go_h2c_header p50 / http1", noGoal, func(f []figures) float64 { return f[h2cHdr].P50 / f[h1].P50 }),
 		},
 	}
 	r.Note = "ratio = serial p50 upgraded / HTTP/1"
