@@ -255,11 +255,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer d.Done()
 	switch {
 	case d.next != nil:
+		// WithLabelledNext: the series' own handler (made anew for a
+		// series past those the policy keeps).
 		d.next.ServeHTTP(w, r)
-		return
-	case h.cfg.nextFor != nil:
-		// A series past those the policy keeps.
-		h.cfg.nextFor(d.labels).ServeHTTP(w, r)
 		return
 	case h.cfg.metricLabels:
 		r = r.WithContext(classify.WithLabels(r.Context(), d.labels))

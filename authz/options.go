@@ -105,9 +105,11 @@ func WithMetricLabels() Option {
 // a handler made once per series of the policy (such as one of
 // classify.HandlerWithLabels in front of the same application), so that
 // its target, srv_*, route_*, authz_* and tls labels reach the inbound
-// request and response metrics without an allocation. Past the series the
-// Handler keeps (4096 per port's policy), a request gets its handler made
-// anew.
+// request and response metrics without an allocation. Unlike
+// WithMetricLabels, it leaves the request's context as it is: a handler of
+// classify.HandlerWithLabels lets labels already in the context win. Past
+// the series the Handler keeps (4096 per port's policy), a request gets its
+// handler made anew.
 func WithLabelledNext(nextFor func(*classify.Labels) http.Handler) Option {
 	return optionFunc(func(c *config) { c.nextFor = nextFor })
 }

@@ -52,7 +52,9 @@ import (
 //
 // Give these options before the server's own interceptors
 // (grpc.ChainUnaryInterceptor appends), so that the policy runs before
-// them. A call to a method the server does not register is answered
+// them; an interceptor set with grpc.UnaryInterceptor or
+// grpc.StreamInterceptor always runs before the chained ones, so before
+// the policy, whatever the order. A call to a method the server does not register is answered
 // UNIMPLEMENTED by grpc-go before any interceptor runs: it is neither
 // authorized nor counted. The policy's watches last as long as its
 // authz.Source (for a destination.Client, until the client is closed).
