@@ -25,6 +25,30 @@ func WithProvider(ctx context.Context, p Provider) context.Context {
 	return context.WithValue(ctx, providerKey{}, p)
 }
 
+// ProviderContext is a context in which [FromContext] returns Provider's
+// classifier, as in one [WithProvider] returns, with Context as its parent.
+// It is for a per-request object that is allocated anyway: a field of it
+// set and used by address is that context at no allocation of its own.
+// Set it before first use and leave it unchanged after.
+type ProviderContext struct {
+	context.Context
+	Provider Provider
+}
+
+// Value returns Provider for the key of [WithProvider], and the parent's
+// value for any other key.
+func (c *ProviderContext) Value(key any) any {
+	if key == (providerKey{}) {
+		return c.Provider
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context as context.WithValue's does.
+func (c *ProviderContext) String() string {
+	return fmt.Sprintf("%v.WithValue(classify.providerKey, %v)", c.Context, c.Provider)
+}
+
 // ProviderFromContext returns the Provider of ctx, or nil.
 func ProviderFromContext(ctx context.Context) Provider {
 	p, _ := ctx.Value(providerKey{}).(Provider)

@@ -137,7 +137,8 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 	x := &exchange{p: p, start: start, parent: parent, grpc: classify.IsGRPC(req.Header)}
 	ctx := parent
 	if p.Provider != nil {
-		ctx = classify.WithProvider(ctx, p.Provider)
+		x.pctx = classify.ProviderContext{Context: parent, Provider: p.Provider}
+		ctx = &x.pctx
 	}
 	for i := range p.Timeouts {
 		t := &p.Timeouts[i]
@@ -334,6 +335,9 @@ type exchange struct {
 	// the exchange so that a request costs one allocation less: an
 	// exchange delivers at most one response.
 	resp routeBody
+	// pctx is the context that carries the plan's Provider, part of the
+	// exchange for the same reason.
+	pctx classify.ProviderContext
 }
 
 // cause returns the error an outcome reports: a timeout's cause in place

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/exchange"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/internal/registry"
@@ -117,6 +118,9 @@ type dirTargets struct {
 	actual    *metrics.Target
 	retryable []metric.AddOption
 	noBudget  []metric.AddOption
+	// plan is the outbound exchange plan of the route, built on its first
+	// request (see newPlan).
+	plan atomic.Pointer[exchange.Plan]
 }
 
 func (ts *tableState) targetsOf(r *profiles.CompiledRoute) *routeTargets {

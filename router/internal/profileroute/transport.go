@@ -58,6 +58,24 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	if ts.budget != nil {
 		ts.budget.Deposit()
 	}
+	p := tg.plan.Load()
+	if p == nil {
+		tg.plan.CompareAndSwap(nil, r.newPlan(route, ts, tg)) // a racing first request may have won
+		p = tg.plan.Load()
+	}
+	if p.Provider != route {
+		// Routes without targets of their own share the default ones:
+		// the plan cached there is another route's.
+		p = r.newPlan(route, ts, tg)
+	}
+	return exchange.RoundTrip(base, req, p)
+}
+
+// newPlan builds the exchange plan of route in table state ts, whose
+// outbound targets are tg. Everything in it is fixed for the life of ts (its
+// budget included: ts is built whole before it serves), so it is built on
+// the route's first request and shared by every later one.
+func (r *Router) newPlan(route *profiles.CompiledRoute, ts *tableState, tg *dirTargets) *exchange.Plan {
 	p := &exchange.Plan{
 		Provider:   route,
 		Classifier: route.ResponseClassifier(),
@@ -71,7 +89,7 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	if route.Retryable && ts.budget != nil {
 		p.Retry = &budgetRetry{budget: ts.budget, tg: tg, fam: r.fams.retryable}
 	}
-	return exchange.RoundTrip(base, req, p)
+	return p
 }
 
 // profileRecorder records the route_ (logical request) and route_actual_
