@@ -1,0 +1,86 @@
+package meshgrpc_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/testutil"
+)
+
+// refusing holds a loopback listener that accepts connections and closes
+// them at once: an endpoint no HTTP/2 connection can be made to.
+func refusing(t *testing.T) netip.AddrPort {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { lis.Close(); <-done })
+	return netip.MustParseAddrPort(lis.Addr().String())
+}
+
+const deadBackendRoute = `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: books-v2, namespace: default}
+spec: {ports: [{port: 7000}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: split, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: books-v2, port: 7000}]
+`
+
+// A route's backend whose only endpoint cannot be connected to, while the
+// target's own endpoint is READY: a fail-fast call fails UNAVAILABLE once
+// the endpoint has failed, rather than waiting for its deadline; a
+// wait-for-ready call still waits (here: until its deadline).
+func TestDeadBackendFailsFast(t *testing.T) {
+	a := startApp(t, &app{}, nil)
+	c, _ := policyChannel(t, deadBackendRoute, map[string][]endpoint.Endpoint{
+		books:                                     {{Addr: a.addr}},
+		"books-v2.default.svc.cluster.local:7000": {{Addr: refusing(t)}},
+	})
+	var last error
+	require.Eventually(t, func() bool {
+		// Each attempt's deadline is far longer than a connection
+		// attempt to loopback: a fail-fast call that waits for it
+		// ends DEADLINE_EXCEEDED.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, last = c.EmptyCall(ctx, &testgrpc.Empty{})
+		return status.Code(last) == codes.Unavailable
+	}, testutil.Timeout, 10*time.Millisecond, "a fail-fast call to a backend that cannot be reached did not fail UNAVAILABLE")
+	require.Contains(t, status.Convert(last).Message(), "books-v2")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := c.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	require.False(t, errors.Is(err, context.Canceled))
+}
