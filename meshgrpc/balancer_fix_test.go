@@ -11,11 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
 )
 
 // refusing holds a loopback listener that accepts connections and closes
@@ -63,7 +66,7 @@ spec:
 func TestDeadBackendFailsFast(t *testing.T) {
 	a := startApp(t, &app{}, nil)
 	c, _ := policyChannel(t, deadBackendRoute, map[string][]endpoint.Endpoint{
-		books:                                     {{Addr: a.addr}},
+		books: {{Addr: a.addr}},
 		"books-v2.default.svc.cluster.local:7000": {{Addr: refusing(t)}},
 	})
 	var last error
@@ -83,4 +86,59 @@ func TestDeadBackendFailsFast(t *testing.T) {
 	_, err := c.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
 	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	require.False(t, errors.Is(err, context.Canceled))
+}
+
+// Channels to one target made with the same DialOptions share its
+// routing state: closing the one that compiled it last leaves another
+// routing by the policy (here a failure injector answering INTERNAL
+// without reaching the app), not sending its calls straight to the app.
+func TestSharedOptionsSurviveClose(t *testing.T) {
+	a := startApp(t, &app{}, nil)
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+`
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: nowhere, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: missing, port: 7000}]
+`)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	opts := meshgrpc.DialOptions(serveStore(t, store))
+	injected := func(c testgrpc.TestServiceClient) func() bool {
+		return func() bool {
+			_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+			return status.Code(err) == codes.Internal
+		}
+	}
+	ccA, err := grpc.NewClient(booksTarget, opts...)
+	require.NoError(t, err)
+	defer ccA.Close()
+	cA := testgrpc.NewTestServiceClient(ccA)
+	require.Eventually(t, injected(cA), testutil.Timeout, 10*time.Millisecond, "the first channel routes by the policy")
+
+	// More channels to the same target, each routing, then closed: the
+	// state the first channel routes by must outlive each of them.
+	for range 4 {
+		ccB, err := grpc.NewClient(booksTarget, opts...)
+		require.NoError(t, err)
+		cB := testgrpc.NewTestServiceClient(ccB)
+		// A call the route answers never leaves the channel idle: connect
+		// it, so that its resolver watches and compiles the policy.
+		ccB.Connect()
+		require.Eventually(t, func() bool { return ccB.GetState() == connectivity.Ready },
+			testutil.Timeout, 10*time.Millisecond, "another channel connects")
+		require.Eventually(t, injected(cB), testutil.Timeout, 10*time.Millisecond, "another channel routes by the policy")
+		require.NoError(t, ccB.Close()) // closes its resolver before it returns
+	}
+
+	before := a.calls.Load()
+	for range 5 {
+		_, err = cA.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		require.Equal(t, codes.Internal, status.Code(err), "the first channel after the others closed: %v", err)
+	}
+	require.Equal(t, before, a.calls.Load(), "a call bypassed the route and reached the app")
 }
