@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 
@@ -159,7 +160,10 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 	}
 	for name := range count {
 		c := conf[name]
-		if p := b.pools[name]; p == nil || p.conf != c {
+		// The policy compiles a new configuration on every update: a pool
+		// whose configuration is unchanged in value keeps its loads and
+		// its failure accrual.
+		if p := b.pools[name]; p == nil || !sameConfig(p.conf, c) {
 			var opts []balancer.Option
 			if b.mesh != nil {
 				opts = b.mesh.cfg.balancer
@@ -173,6 +177,11 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 	}
 	b.update()
 	return nil
+}
+
+// sameConfig reports whether a and b configure a pool alike.
+func sameConfig(a, b *balancer.BackendConfig) bool {
+	return a == b || reflect.DeepEqual(a, b)
 }
 
 func (b *meshBalancer) ResolverError(err error) {

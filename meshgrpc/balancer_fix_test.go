@@ -142,3 +142,76 @@ spec:
 	}
 	require.Equal(t, before, a.calls.Load(), "a call bypassed the route and reached the app")
 }
+
+// An endpoint failure accrual took out of rotation stays out when the
+// target's policy changes in a way that leaves its balancing alone (a
+// route for another method is added): the backend's pool keeps its state
+// rather than starting afresh, which sent calls to the failing endpoint
+// again.
+func TestPolicyUpdateKeepsFailureAccrual(t *testing.T) {
+	bad := startApp(t, &app{handle: func(context.Context, int64) error {
+		return status.Error(codes.Unavailable, "down")
+	}}, nil)
+	good := startApp(t, &app{}, nil)
+	store := controlplane.NewStore()
+	const accrual = `
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: books
+  namespace: default
+  annotations:
+    balancer.linkerd.io/failure-accrual: consecutive
+    balancer.linkerd.io/failure-accrual-consecutive-max-failures: "1"
+    balancer.linkerd.io/failure-accrual-consecutive-min-penalty: 1h
+    balancer.linkerd.io/failure-accrual-consecutive-max-penalty: 1h
+spec: {ports: [{port: 7000}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: empty, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: books, port: 7000}]
+`
+	manifests(t, store, accrual)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: bad.addr}, {Addr: good.addr}}})
+	c := dial(t, serveStore(t, store))
+	// The bad endpoint fails once and is out of rotation for an hour:
+	// then every call succeeds.
+	require.Eventually(t, func() bool {
+		for range 20 {
+			if _, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{}); err != nil {
+				return false
+			}
+		}
+		return true
+	}, testutil.Timeout, 10*time.Millisecond, "the failing endpoint never left rotation")
+	before := bad.calls.Load()
+
+	manifests(t, store, accrual+`
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: other, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: UnaryCall}}]
+    backendRefs: [{name: missing, port: 7000}]
+`)
+	// The new route is in force once UnaryCall is answered by the
+	// failure injector (INTERNAL) rather than the app (UNIMPLEMENTED).
+	require.Eventually(t, func() bool {
+		_, err := c.UnaryCall(callCtx(t), &testgrpc.SimpleRequest{})
+		return status.Code(err) == codes.Internal
+	}, testutil.Timeout, 10*time.Millisecond, "the policy update never took effect")
+	for range 20 {
+		_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		require.NoError(t, err, "a call went to the endpoint out of rotation after the policy update")
+	}
+	require.Equal(t, before, bad.calls.Load())
+}
