@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 
@@ -159,7 +160,10 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 	}
 	for name := range count {
 		c := conf[name]
-		if p := b.pools[name]; p == nil || p.conf != c {
+		// The policy compiles a new configuration on every update: a pool
+		// whose configuration is unchanged in value keeps its loads and
+		// its failure accrual.
+		if p := b.pools[name]; p == nil || !sameConfig(p.conf, c) {
 			var opts []balancer.Option
 			if b.mesh != nil {
 				opts = b.mesh.cfg.balancer
@@ -173,6 +177,11 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 	}
 	b.update()
 	return nil
+}
+
+// sameConfig reports whether a and b configure a pool alike.
+func sameConfig(a, b *balancer.BackendConfig) bool {
+	return a == b || reflect.DeepEqual(a, b)
 }
 
 func (b *meshBalancer) ResolverError(err error) {
@@ -207,6 +216,8 @@ func (b *meshBalancer) subState(k subKey, sub *subConn, st grpcbalancer.SubConnS
 func (b *meshBalancer) update() {
 	ready := make(map[string][]endpoint.Endpoint)
 	scs := make(map[subKey]grpcbalancer.SubConn)
+	pending := make(map[string]int)
+	failed := make(map[string]error)
 	var connecting bool
 	var lastErr error
 	for k, sub := range b.subs {
@@ -216,14 +227,18 @@ func (b *meshBalancer) update() {
 			scs[k] = sub.sc
 		case connectivity.Connecting, connectivity.Idle:
 			connecting = true
+			pending[k.backend]++
 		case connectivity.TransientFailure:
 			lastErr = sub.lastErr
+			if sub.lastErr != nil || failed[k.backend] == nil {
+				failed[k.backend] = sub.lastErr
+			}
 		}
 	}
 	pools := make(map[string]pickPool, len(b.pools))
 	for name, p := range b.pools {
 		p.pool.Update(ready[name])
-		pools[name] = pickPool{p.pool, p.eps}
+		pools[name] = pickPool{pool: p.pool, eps: p.eps, connecting: pending[name], lastErr: failed[name]}
 	}
 	pk := &picker{target: b.target, pools: pools, scs: scs}
 	if b.mesh != nil {
@@ -287,6 +302,11 @@ type picker struct {
 type pickPool struct {
 	pool *balancer.Pool
 	eps  int // the backend's endpoints, ready or not
+	// connecting is the number of the backend's sub-channels CONNECTING
+	// or IDLE (about to connect); lastErr the last connection error of
+	// one in TRANSIENT_FAILURE.
+	connecting int
+	lastErr    error
 }
 
 // backendCtxKey is the key of the call's backend authority in its
@@ -338,10 +358,22 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	}
 	k, ok := bp.pool.Pick()
 	if !ok {
-		if bp.pool.Len() < bp.eps {
-			// Others are connecting: the call waits for the picker that
-			// brings them (or its deadline).
+		if bp.connecting > 0 {
+			// Some endpoints are connecting: the call waits for the
+			// picker that brings them (or its deadline).
 			return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
+		}
+		if bp.pool.Len() < bp.eps {
+			// No endpoint ready and none connecting: the others failed to
+			// connect. An error that is not a status fails a fail-fast
+			// call UNAVAILABLE at once, and a wait-for-ready call waits
+			// for the picker that brings a ready one.
+			err := bp.lastErr
+			if err == nil {
+				err = errors.New("no endpoint reachable")
+			}
+			// %v, not %w: a wrapped status would end wait-for-ready calls too.
+			return grpcbalancer.PickResult{}, fmt.Errorf("meshgrpc: %s: %v", backend, err)
 		}
 		// Every ready endpoint is out of rotation (failure accrual): fail
 		// fast, as Linkerd's balancer does once its queue gives up.

@@ -66,7 +66,8 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 	cfg := newConfig(opts)
 	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, clientScope), true),
 		calls:  classify.NewOutboundRecorder(classify.WithMeterProvider(cfg.mp)),
-		states: make(map[string]*channelState), profiles: make(map[string]*profileState)}
+		states: make(map[string]*channelState), profiles: make(map[string]*profileState),
+		live: make(map[string]map[*meshResolver]*channelState)}
 	meter := metrics.Meter(cfg.mp, clientScope)
 	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
 	cfg.balancer = append([]balancer.Option{balancer.WithMeshTLS(cfg.identity != nil)}, cfg.balancer...)
@@ -102,6 +103,21 @@ type mesh struct {
 	mu       sync.Mutex
 	states   map[string]*channelState
 	profiles map[string]*profileState
+	// live holds, per target authority, the open resolvers of the
+	// channels to it and the last state each compiled (nil: none yet):
+	// channels made with the same options share the authority's state,
+	// and when one closes another's stays in force.
+	live map[string]map[*meshResolver]*channelState
+}
+
+// register records owner as an open resolver of authority.
+func (m *mesh) register(authority string, owner *meshResolver) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.live[authority] == nil {
+		m.live[authority] = make(map[*meshResolver]*channelState)
+	}
+	m.live[authority][owner] = nil
 }
 
 // channelState is the routing state of a target: its compiled policy,
@@ -155,20 +171,44 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 	}
 	m.mu.Lock()
 	m.states[authority] = st
+	if l := m.live[authority]; l != nil {
+		if _, ok := l[owner]; ok {
+			l[owner] = st
+		}
+	}
 	m.mu.Unlock()
 	return st
 }
 
-// forget drops the state of authority when owner still owns it.
+// forget is owner closing. The state of authority goes with its last open
+// resolver; while others remain, a state owner set gives way to the last
+// one another compiled, and the ServiceProfile (the same watch's answer
+// for every channel to the authority) stays until a remaining resolver's
+// watch replaces it.
 func (m *mesh) forget(authority string, owner *meshResolver) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.live[authority]
+	delete(l, owner)
+	if len(l) == 0 {
+		delete(m.live, authority)
+		if st := m.states[authority]; st != nil && st.owner == owner {
+			delete(m.states, authority)
+		}
+		if ps := m.profiles[authority]; ps != nil && ps.owner == owner {
+			delete(m.profiles, authority)
+		}
+		return
+	}
 	if st := m.states[authority]; st != nil && st.owner == owner {
 		delete(m.states, authority)
+		for _, other := range l {
+			if other != nil {
+				m.states[authority] = other
+				break
+			}
+		}
 	}
-	if ps := m.profiles[authority]; ps != nil && ps.owner == owner {
-		delete(m.profiles, authority)
-	}
-	m.mu.Unlock()
 }
 
 // lookup returns the routing state and the ServiceProfile of authority

@@ -20,8 +20,9 @@ import (
 const Scheme = "inmesh"
 
 // backendKey is the key, in an address's attributes and its endpoint's,
-// of the backend authority the endpoint was discovered for; weightKey that
-// of its weight, labelsKey of its endpoint.Endpoint (for the balancer).
+// of the backend authority the endpoint was discovered for; endpointKey,
+// in an endpoint's attributes, that of its endpoint.Endpoint (an epAttr:
+// weight, labels and identity, for the balancer).
 type (
 	backendKey  struct{}
 	endpointKey struct{}
@@ -54,6 +55,7 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &meshResolver{m: b.m, cc: cc, authority: authority, ctx: ctx, cancel: cancel,
 		sets: make(map[string]*endpoint.Update), stops: make(map[string]func())}
+	b.m.register(authority, r)
 	r.mu.Lock()
 	r.wantLocked([]string{authority})
 	r.mu.Unlock()
