@@ -394,7 +394,8 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 }
 
 // pickDone is what a pick's Done needs: pooled, with its Done bound once,
-// so that a pick makes no closure. grpc-go calls a pick's Done once.
+// so that a pick makes no closure. grpc-go calls a pick's Done once, also
+// for a pick it abandons before any call (an empty DoneInfo).
 type pickDone struct {
 	k   balancer.Pick
 	ex  classify.Exchange // the zero Exchange records nothing
@@ -417,6 +418,16 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 	*d = pickDone{fn: d.fn}
 	pickDones.Put(d)
 	if ctx == nil {
+		return
+	}
+	if info.Err == nil && !info.BytesSent && !info.BytesReceived {
+		// grpc-go found the picked sub-channel no longer ready and picks
+		// again (picker_wrapper): no call was made, so nothing is learned
+		// of the endpoint (a probe is not answered, no latency is taken)
+		// and no response is recorded. The request this pick counted
+		// stays counted: request_total may exceed response_total by such
+		// re-picks.
+		k.Done(balancer.Result{Canceled: true})
 		return
 	}
 	code := status.Code(info.Err)
