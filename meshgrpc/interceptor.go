@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
@@ -333,7 +335,10 @@ func (c *call) done(ctx context.Context, err error, retries int) {
 // stream runs a streaming call by its route: the deadline, filters,
 // backend and metrics as unary calls; a retry happens only before the
 // first response message (the messages sent so far are replayed to the
-// new attempt) and only while the count allows.
+// new attempt) and only while the count allows. The replay buffer is
+// bounded by the retry's body limit (policy.Retry.BodyLimit, 64 KiB by
+// default): once the messages sent pass it, the buffer is dropped and the
+// stream is no longer retried.
 func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	authority := targetAuthority(cc.Target())
 	st, _ := m.lookup(authority)
@@ -362,7 +367,11 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 }
 
 // retryStream is a client stream that may start again on another attempt
-// until its first response message.
+// until its first response message. grpc-go lets one goroutine send while
+// another receives; mu guards what both touch (the current attempt and
+// the replay buffer), and SendMsg and the switch to a new attempt hold it
+// throughout, so a message goes either into the replay or to the new
+// attempt, never to an attempt already replaced.
 type retryStream struct {
 	c        *call
 	ctx      context.Context
@@ -372,14 +381,20 @@ type retryStream struct {
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
 
+	mu        sync.Mutex
 	cur       grpc.ClientStream
-	bt        *metrics.BackendTarget
-	btStart   time.Time
 	sent      []any
+	sentBytes int64
+	// noReplay: the messages sent passed the body limit; no retry.
+	noReplay  bool
 	closeSent bool
 	received  bool
-	retries   int
-	ended     bool
+
+	// Touched by the receiving goroutine only.
+	bt      *metrics.BackendTarget
+	btStart time.Time
+	retries int
+	ended   bool
 }
 
 func (s *retryStream) attempt() error {
@@ -395,6 +410,8 @@ func (s *retryStream) attempt() error {
 	if err != nil {
 		return s.attemptDone(err)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, msg := range s.sent {
 		if err := cs.SendMsg(msg); err != nil {
 			break // the error comes with RecvMsg
@@ -418,7 +435,10 @@ func (s *retryStream) attemptDone(err error) error {
 
 // retryOnErr reports whether the stream starts again after err.
 func (s *retryStream) retryOnErr(err error) bool {
-	if s.received || !s.c.retryable(err) || s.ctx.Err() != nil {
+	s.mu.Lock()
+	replayable := !s.received && !s.noReplay
+	s.mu.Unlock()
+	if !replayable || !s.c.retryable(err) || s.ctx.Err() != nil {
 		return false
 	}
 	if !s.c.allow(s.ctx, s.retries) {
@@ -443,29 +463,61 @@ func (s *retryStream) finish(err error) {
 	s.cancel()
 }
 
-func (s *retryStream) Header() (metadata.MD, error) { return s.cur.Header() }
-func (s *retryStream) Trailer() metadata.MD         { return s.cur.Trailer() }
-func (s *retryStream) Context() context.Context     { return s.cur.Context() }
+func (s *retryStream) current() grpc.ClientStream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+func (s *retryStream) Header() (metadata.MD, error) { return s.current().Header() }
+func (s *retryStream) Trailer() metadata.MD         { return s.current().Trailer() }
+func (s *retryStream) Context() context.Context     { return s.current().Context() }
 
 func (s *retryStream) CloseSend() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closeSent = true
 	return s.cur.CloseSend()
 }
 
 func (s *retryStream) SendMsg(msg any) error {
-	if !s.received && s.c.rt.route.Retry != nil {
-		s.sent = append(s.sent, msg)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := false
+	if r := s.c.rt.route.Retry; r != nil && !s.received && !s.noReplay {
+		s.sentBytes += messageSize(msg)
+		if s.sentBytes > r.BodyLimit() {
+			s.sent, s.noReplay = nil, true
+		} else {
+			s.sent, kept = append(s.sent, msg), true
+		}
 	}
-	return s.cur.SendMsg(msg)
+	err := s.cur.SendMsg(msg)
+	if err != nil && kept {
+		// The attempt failed; the message is kept for the next one,
+		// and the attempt's status comes with RecvMsg.
+		return nil
+	}
+	return err
+}
+
+// messageSize is the encoded size of a protobuf message, 0 for others.
+func messageSize(msg any) int64 {
+	if m, ok := msg.(proto.Message); ok {
+		return int64(proto.Size(m))
+	}
+	return 0
 }
 
 func (s *retryStream) RecvMsg(msg any) error {
 	for {
-		err := s.cur.RecvMsg(msg)
+		err := s.current().RecvMsg(msg)
 		if err == nil {
+			s.mu.Lock()
 			if !s.received {
 				s.received, s.sent = true, nil
 			}
+			s.mu.Unlock()
 			if !s.desc.ServerStreams {
 				s.finish(nil)
 			}
