@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -368,10 +369,11 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 
 // retryStream is a client stream that may start again on another attempt
 // until its first response message. grpc-go lets one goroutine send while
-// another receives; mu guards what both touch (the current attempt and
-// the replay buffer), and SendMsg and the switch to a new attempt hold it
-// throughout, so a message goes either into the replay or to the new
-// attempt, never to an attempt already replaced.
+// another receives. SendMsg, CloseSend and the switch to a new attempt
+// hold mu throughout, so a message goes either into the replay or to the
+// new attempt, never to an attempt already replaced. The receiving path
+// reads the attempt and marks the first response without mu: a SendMsg
+// blocked by flow control must not keep RecvMsg from reading.
 type retryStream struct {
 	c        *call
 	ctx      context.Context
@@ -381,14 +383,15 @@ type retryStream struct {
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
 
+	cur      atomic.Pointer[grpc.ClientStream]
+	received atomic.Bool
+
 	mu        sync.Mutex
-	cur       grpc.ClientStream
 	sent      []any
 	sentBytes int64
 	// noReplay: the messages sent passed the body limit; no retry.
 	noReplay  bool
 	closeSent bool
-	received  bool
 
 	// Touched by the receiving goroutine only.
 	bt      *metrics.BackendTarget
@@ -420,7 +423,7 @@ func (s *retryStream) attempt() error {
 	if s.closeSent {
 		cs.CloseSend()
 	}
-	s.cur = cs
+	s.cur.Store(&cs)
 	return nil
 }
 
@@ -436,9 +439,9 @@ func (s *retryStream) attemptDone(err error) error {
 // retryOnErr reports whether the stream starts again after err.
 func (s *retryStream) retryOnErr(err error) bool {
 	s.mu.Lock()
-	replayable := !s.received && !s.noReplay
+	replayable := !s.noReplay
 	s.mu.Unlock()
-	if !replayable || !s.c.retryable(err) || s.ctx.Err() != nil {
+	if !replayable || s.received.Load() || !s.c.retryable(err) || s.ctx.Err() != nil {
 		return false
 	}
 	if !s.c.allow(s.ctx, s.retries) {
@@ -464,9 +467,7 @@ func (s *retryStream) finish(err error) {
 }
 
 func (s *retryStream) current() grpc.ClientStream {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cur
+	return *s.cur.Load()
 }
 
 func (s *retryStream) Header() (metadata.MD, error) { return s.current().Header() }
@@ -477,14 +478,16 @@ func (s *retryStream) CloseSend() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closeSent = true
-	return s.cur.CloseSend()
+	return s.current().CloseSend()
 }
 
 func (s *retryStream) SendMsg(msg any) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	kept := false
-	if r := s.c.rt.route.Retry; r != nil && !s.received && !s.noReplay {
+	if s.received.Load() {
+		s.sent = nil
+	} else if r := s.c.rt.route.Retry; r != nil && !s.noReplay {
 		s.sentBytes += messageSize(msg)
 		if s.sentBytes > r.BodyLimit() {
 			s.sent, s.noReplay = nil, true
@@ -492,7 +495,7 @@ func (s *retryStream) SendMsg(msg any) error {
 			s.sent, kept = append(s.sent, msg), true
 		}
 	}
-	err := s.cur.SendMsg(msg)
+	err := s.current().SendMsg(msg)
 	if err != nil && kept {
 		// The attempt failed; the message is kept for the next one,
 		// and the attempt's status comes with RecvMsg.
@@ -513,11 +516,7 @@ func (s *retryStream) RecvMsg(msg any) error {
 	for {
 		err := s.current().RecvMsg(msg)
 		if err == nil {
-			s.mu.Lock()
-			if !s.received {
-				s.received, s.sent = true, nil
-			}
-			s.mu.Unlock()
+			s.received.Store(true) // SendMsg drops the replay
 			if !s.desc.ServerStreams {
 				s.finish(nil)
 			}

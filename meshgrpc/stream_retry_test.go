@@ -34,10 +34,11 @@ func (a *streamApp) FullDuplexCall(s grpc.BidiStreamingServer[testgrpc.Streaming
 		return status.Error(codes.Unavailable, "not yet")
 	}
 	for {
-		if _, err := s.Recv(); err != nil {
+		m, err := s.Recv()
+		if err != nil {
 			return nil
 		}
-		if err := s.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
+		if err := s.Send(&testgrpc.StreamingOutputCallResponse{Payload: m.GetPayload()}); err != nil {
 			return err
 		}
 	}
@@ -151,4 +152,38 @@ func TestStreamRetryBodyLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A sender blocked by flow control does not keep the receiver from
+// reading: the server echoes 8 MiB in 128 KiB messages and stops reading
+// while its responses wait, so the call completes only if the client
+// receives while it sends.
+func TestBidiRetrySendDoesNotBlockRecv(t *testing.T) {
+	a := &streamApp{}
+	c, _ := policyChannel(t, retriedStreams, map[string][]endpoint.Endpoint{books: {{Addr: startStreamApp(t, a)}}})
+	s, err := c.FullDuplexCall(callCtx(t))
+	require.NoError(t, err)
+	const n = 64
+	body := make([]byte, 128<<10)
+	sendErr := make(chan error, 1)
+	go func() {
+		for range n {
+			if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: body}}); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+		sendErr <- s.CloseSend()
+	}()
+	var got int
+	for {
+		_, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		got++
+	}
+	require.NoError(t, <-sendErr)
+	assert.Equal(t, n, got)
 }
