@@ -398,6 +398,8 @@ type retryStream struct {
 	btStart time.Time
 	retries int
 	ended   bool
+	// attemptCancel ends the current attempt's context.
+	attemptCancel context.CancelFunc
 }
 
 func (s *retryStream) attempt() error {
@@ -409,12 +411,25 @@ func (s *retryStream) attempt() error {
 	if err != nil {
 		return s.attemptDone(err)
 	}
+	actx, acancel := context.WithCancel(actx)
 	cs, err := s.streamer(actx, s.desc, s.cc, s.c.method, s.opts...)
 	if err != nil {
+		acancel()
 		return s.attemptDone(err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.noReplay {
+		// A send passed the body limit while this attempt started:
+		// the messages to replay are gone.
+		acancel()
+		s.attemptDone(status.Error(codes.Canceled, "retry abandoned: request messages past the body limit"))
+		return errNoReplay
+	}
+	if s.attemptCancel != nil {
+		s.attemptCancel() // the replaced attempt has ended
+	}
+	s.attemptCancel = acancel
 	for _, msg := range s.sent {
 		if err := cs.SendMsg(msg); err != nil {
 			break // the error comes with RecvMsg
@@ -463,6 +478,9 @@ func (s *retryStream) finish(err error) {
 		s.attemptDone(err)
 	}
 	s.c.done(s.ctx, s.c.timeoutErr(s.ctx, err), s.retries)
+	if s.attemptCancel != nil {
+		s.attemptCancel()
+	}
 	s.cancel()
 }
 
@@ -528,7 +546,7 @@ func (s *retryStream) RecvMsg(msg any) error {
 				s.attemptDone(err)
 				if aerr := s.attempt(); aerr == nil {
 					continue
-				} else {
+				} else if aerr != errNoReplay {
 					err = aerr
 				}
 			}
@@ -541,6 +559,9 @@ func (s *retryStream) RecvMsg(msg any) error {
 // grpcContentType is the content-type header of every call, as the
 // policy reads it; shared, never changed.
 var grpcContentType = []string{"application/grpc"}
+
+// errNoReplay: a stream retry found its replay dropped by the body limit.
+var errNoReplay = errors.New("meshgrpc: replay past the body limit")
 
 // errTryTimeout is the cause of an attempt the retry's timeout ended.
 var errTryTimeout = errors.New("meshgrpc: retry timeout")
