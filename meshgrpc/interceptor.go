@@ -8,12 +8,15 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
@@ -333,7 +336,10 @@ func (c *call) done(ctx context.Context, err error, retries int) {
 // stream runs a streaming call by its route: the deadline, filters,
 // backend and metrics as unary calls; a retry happens only before the
 // first response message (the messages sent so far are replayed to the
-// new attempt) and only while the count allows.
+// new attempt) and only while the count allows. The replay buffer is
+// bounded by the retry's body limit (policy.Retry.BodyLimit, 64 KiB by
+// default): once the messages sent pass it, the buffer is dropped and the
+// stream is no longer retried.
 func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	authority := targetAuthority(cc.Target())
 	st, _ := m.lookup(authority)
@@ -362,7 +368,12 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 }
 
 // retryStream is a client stream that may start again on another attempt
-// until its first response message.
+// until its first response message. grpc-go lets one goroutine send while
+// another receives. SendMsg, CloseSend and the switch to a new attempt
+// hold mu throughout, so a message goes either into the replay or to the
+// new attempt, never to an attempt already replaced. The receiving path
+// reads the attempt and marks the first response without mu: a SendMsg
+// blocked by flow control must not keep RecvMsg from reading.
 type retryStream struct {
 	c        *call
 	ctx      context.Context
@@ -372,14 +383,23 @@ type retryStream struct {
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
 
-	cur       grpc.ClientStream
-	bt        *metrics.BackendTarget
-	btStart   time.Time
+	cur      atomic.Pointer[grpc.ClientStream]
+	received atomic.Bool
+
+	mu        sync.Mutex
 	sent      []any
+	sentBytes int64
+	// noReplay: the messages sent passed the body limit; no retry.
+	noReplay  bool
 	closeSent bool
-	received  bool
-	retries   int
-	ended     bool
+
+	// Touched by the receiving goroutine only.
+	bt      *metrics.BackendTarget
+	btStart time.Time
+	retries int
+	ended   bool
+	// attemptCancel ends the current attempt's context.
+	attemptCancel context.CancelFunc
 }
 
 func (s *retryStream) attempt() error {
@@ -391,10 +411,25 @@ func (s *retryStream) attempt() error {
 	if err != nil {
 		return s.attemptDone(err)
 	}
+	actx, acancel := context.WithCancel(actx)
 	cs, err := s.streamer(actx, s.desc, s.cc, s.c.method, s.opts...)
 	if err != nil {
+		acancel()
 		return s.attemptDone(err)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.noReplay {
+		// A send passed the body limit while this attempt started:
+		// the messages to replay are gone.
+		acancel()
+		s.attemptDone(status.Error(codes.Canceled, "retry abandoned: request messages past the body limit"))
+		return errNoReplay
+	}
+	if s.attemptCancel != nil {
+		s.attemptCancel() // the replaced attempt has ended
+	}
+	s.attemptCancel = acancel
 	for _, msg := range s.sent {
 		if err := cs.SendMsg(msg); err != nil {
 			break // the error comes with RecvMsg
@@ -403,7 +438,7 @@ func (s *retryStream) attempt() error {
 	if s.closeSent {
 		cs.CloseSend()
 	}
-	s.cur = cs
+	s.cur.Store(&cs)
 	return nil
 }
 
@@ -418,7 +453,10 @@ func (s *retryStream) attemptDone(err error) error {
 
 // retryOnErr reports whether the stream starts again after err.
 func (s *retryStream) retryOnErr(err error) bool {
-	if s.received || !s.c.retryable(err) || s.ctx.Err() != nil {
+	s.mu.Lock()
+	replayable := !s.noReplay
+	s.mu.Unlock()
+	if !replayable || s.received.Load() || !s.c.retryable(err) || s.ctx.Err() != nil {
 		return false
 	}
 	if !s.c.allow(s.ctx, s.retries) {
@@ -440,32 +478,63 @@ func (s *retryStream) finish(err error) {
 		s.attemptDone(err)
 	}
 	s.c.done(s.ctx, s.c.timeoutErr(s.ctx, err), s.retries)
+	if s.attemptCancel != nil {
+		s.attemptCancel()
+	}
 	s.cancel()
 }
 
-func (s *retryStream) Header() (metadata.MD, error) { return s.cur.Header() }
-func (s *retryStream) Trailer() metadata.MD         { return s.cur.Trailer() }
-func (s *retryStream) Context() context.Context     { return s.cur.Context() }
+func (s *retryStream) current() grpc.ClientStream {
+	return *s.cur.Load()
+}
+
+func (s *retryStream) Header() (metadata.MD, error) { return s.current().Header() }
+func (s *retryStream) Trailer() metadata.MD         { return s.current().Trailer() }
+func (s *retryStream) Context() context.Context     { return s.current().Context() }
 
 func (s *retryStream) CloseSend() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closeSent = true
-	return s.cur.CloseSend()
+	return s.current().CloseSend()
 }
 
 func (s *retryStream) SendMsg(msg any) error {
-	if !s.received && s.c.rt.route.Retry != nil {
-		s.sent = append(s.sent, msg)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := false
+	if s.received.Load() {
+		s.sent = nil
+	} else if r := s.c.rt.route.Retry; r != nil && !s.noReplay {
+		s.sentBytes += messageSize(msg)
+		if s.sentBytes > r.BodyLimit() {
+			s.sent, s.noReplay = nil, true
+		} else {
+			s.sent, kept = append(s.sent, msg), true
+		}
 	}
-	return s.cur.SendMsg(msg)
+	err := s.current().SendMsg(msg)
+	if err != nil && kept {
+		// The attempt failed; the message is kept for the next one,
+		// and the attempt's status comes with RecvMsg.
+		return nil
+	}
+	return err
+}
+
+// messageSize is the encoded size of a protobuf message, 0 for others.
+func messageSize(msg any) int64 {
+	if m, ok := msg.(proto.Message); ok {
+		return int64(proto.Size(m))
+	}
+	return 0
 }
 
 func (s *retryStream) RecvMsg(msg any) error {
 	for {
-		err := s.cur.RecvMsg(msg)
+		err := s.current().RecvMsg(msg)
 		if err == nil {
-			if !s.received {
-				s.received, s.sent = true, nil
-			}
+			s.received.Store(true) // SendMsg drops the replay
 			if !s.desc.ServerStreams {
 				s.finish(nil)
 			}
@@ -477,7 +546,7 @@ func (s *retryStream) RecvMsg(msg any) error {
 				s.attemptDone(err)
 				if aerr := s.attempt(); aerr == nil {
 					continue
-				} else {
+				} else if aerr != errNoReplay {
 					err = aerr
 				}
 			}
@@ -490,6 +559,9 @@ func (s *retryStream) RecvMsg(msg any) error {
 // grpcContentType is the content-type header of every call, as the
 // policy reads it; shared, never changed.
 var grpcContentType = []string{"application/grpc"}
+
+// errNoReplay: a stream retry found its replay dropped by the body limit.
+var errNoReplay = errors.New("meshgrpc: replay past the body limit")
 
 // errTryTimeout is the cause of an attempt the retry's timeout ended.
 var errTryTimeout = errors.New("meshgrpc: retry timeout")
