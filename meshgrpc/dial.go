@@ -49,7 +49,9 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     the distribution (put in the call's context for the balancer), the
 //     request timeout over the whole call, counted retries on the rule's
 //     gRPC codes (a stream only before its first response message, its
-//     sent messages replayed), and the outbound_grpc_route_* series of
+//     sent messages replayed while they fit the retry's body limit,
+//     MaxRequestBytes, 64 KiB by default; past it the stream is not
+//     retried), and the outbound_grpc_route_* series of
 //     the router's metric code, grpc_status on each;
 //   - transport credentials: mTLS with each endpoint's identity when
 //     [WithIdentity] gives a local identity, plaintext to an endpoint
