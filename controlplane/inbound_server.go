@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // inboundServer serves InboundServerPolicies from a Store: the Server of a
@@ -94,25 +93,11 @@ func (s *inboundServer) WatchPort(spec *inboundpb.PortSpec, stream grpc.ServerSt
 		return err
 	}
 	defer s.s.streams.Done()
-	var last *inboundpb.Server
-	for {
+	return watch(s.s, stream, func() (*inboundpb.Server, <-chan struct{}, error) {
 		srv, changed, err := s.s.store.inboundPolicy(ns, pod, port)
 		if err != nil {
-			return inboundError(err)
+			return nil, nil, inboundError(err)
 		}
-		msg := destination.ServerToProto(srv)
-		if last == nil || !proto.Equal(msg, last) {
-			if err := stream.Send(msg); err != nil {
-				return err
-			}
-			last = msg
-		}
-		select {
-		case <-changed:
-		case <-s.s.shutdown:
-			return errShuttingDown
-		case <-stream.Context().Done():
-			return nil
-		}
-	}
+		return destination.ServerToProto(srv), changed, nil
+	})
 }

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // SetManifests replaces the Services and routes that the OutboundPolicies
@@ -162,25 +161,11 @@ func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStr
 		return err
 	}
 	defer s.s.streams.Done()
-	var last *outboundpb.OutboundPolicy
-	for {
+	return watch(s.s, stream, func() (*outboundpb.OutboundPolicy, <-chan struct{}, error) {
 		p, changed := s.s.store.outboundPolicy(authority)
 		if p == nil {
-			return status.Error(codes.NotFound, "unknown target")
+			return nil, nil, status.Error(codes.NotFound, "unknown target")
 		}
-		msg := destination.PolicyToProto(p)
-		if last == nil || !proto.Equal(msg, last) {
-			if err := stream.Send(msg); err != nil {
-				return err
-			}
-			last = msg
-		}
-		select {
-		case <-changed:
-		case <-s.s.shutdown:
-			return errShuttingDown
-		case <-stream.Context().Done():
-			return nil
-		}
-	}
+		return destination.PolicyToProto(p), changed, nil
+	})
 }

@@ -122,11 +122,28 @@ func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingS
 		return err
 	}
 	defer s.streams.Done()
-	var last *pb.DestinationProfile
-	for {
+	return watch(s, stream, func() (*pb.DestinationProfile, <-chan struct{}, error) {
 		p, sp, changed := s.store.profile(host, port)
 		msg := destination.ProfileToProto(p)
 		msg.ParentRef, msg.ProfileRef = profileRefs(host, port, sp)
+		return msg, changed, nil
+	})
+}
+
+// watch serves one watch stream of the store: it sends the message current
+// returns whenever it differs from the last one sent, then waits for the
+// store's change signal, the server's shutdown or the stream's end. An
+// error from current ends the stream with it.
+func watch[T any, M interface {
+	*T
+	proto.Message
+}](s *Server, stream grpc.ServerStreamingServer[T], current func() (M, <-chan struct{}, error)) error {
+	var last M
+	for {
+		msg, changed, err := current()
+		if err != nil {
+			return err
+		}
 		if last == nil || !proto.Equal(msg, last) {
 			if err := stream.Send(msg); err != nil {
 				return err
