@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"errors"
@@ -13,9 +14,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -84,6 +88,20 @@ func WithIssuerLogger(l *slog.Logger) IssuerOption {
 	})
 }
 
+// WithIssuerMeterProvider sets where the Issuer's metrics go (default: the
+// global provider): issuer_cert_ttl_seconds, the seconds left until the
+// issuer's certificate chain expires (negative once it has), as Linkerd's
+// identity controller reports it, and identity_issuer_invalid_total, the
+// Certify requests refused because the issuer's chain did not verify at
+// the time of the request (expired, not yet valid, or no longer leading
+// to the trust anchors).
+func WithIssuerMeterProvider(mp metric.MeterProvider) IssuerOption {
+	return issuerOptionFunc(func(i *Issuer) { i.mp = mp })
+}
+
+// ScopeName is the instrumentation scope of the control plane's metrics.
+const ScopeName = "github.com/inmesh/inmesh/controlplane"
+
 // Issuer serves the Identity API's Certify: it signs a workload's
 // certificate signing request with the issuer's key once the token proves
 // the identity asked for, with the rules and gRPC codes of Linkerd's
@@ -94,7 +112,11 @@ type Issuer struct {
 	crt      *x509.Certificate
 	key      crypto.Signer
 	chain    [][]byte // the issuer's certificate, then any beyond it
+	anchors  *x509.CertPool
+	inter    *x509.CertPool // chain[1:]
 	expiry   time.Time
+	mp       metric.MeterProvider
+	invalid  metric.Int64Counter // identity_issuer_invalid_total
 	tokens   TokenValidator
 	lifetime time.Duration
 	skew     time.Duration
@@ -134,8 +156,8 @@ func NewIssuer(anchors *x509.CertPool, chain [][]byte, key crypto.Signer, tokens
 	if pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(crt.PublicKey) {
 		return nil, errors.New("controlplane: the issuer key does not match its certificate")
 	}
-	i := &Issuer{crt: crt, key: key, chain: chain, tokens: tokens, lifetime: DefaultIssuanceLifetime,
-		skew: DefaultClockSkew, log: slog.Default(), now: time.Now}
+	i := &Issuer{crt: crt, key: key, chain: chain, anchors: anchors, inter: pool, tokens: tokens,
+		lifetime: DefaultIssuanceLifetime, skew: DefaultClockSkew, log: slog.Default(), now: time.Now}
 	i.expiry = crt.NotAfter
 	for _, c := range crts[1:] {
 		if c.NotAfter.Before(i.expiry) {
@@ -148,7 +170,27 @@ func NewIssuer(anchors *x509.CertPool, chain [][]byte, key crypto.Signer, tokens
 		}
 	}
 	i.refused = ratelog.New(i.log, 0)
+	i.instruments()
 	return i, nil
+}
+
+// instruments creates the Issuer's metrics; errors go to otel.Handle and
+// leave the instrument a no-op.
+func (i *Issuer) instruments() {
+	meter := metrics.Meter(i.mp, ScopeName)
+	var err error
+	if i.invalid, err = meter.Int64Counter("identity_issuer_invalid_total",
+		metric.WithDescription("Certify requests refused because the issuer's certificate chain does not verify now.")); err != nil {
+		otel.Handle(err)
+	}
+	if _, err = meter.Float64ObservableGauge("issuer_cert_ttl_seconds",
+		metric.WithDescription("The remaining seconds until the issuer certificate expires"),
+		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+			o.Observe(float64(i.expiry.Sub(i.now()).Truncate(time.Second)) / float64(time.Second))
+			return nil
+		})); err != nil {
+		otel.Handle(err)
+	}
 }
 
 // Register adds the Identity service to s.
@@ -156,7 +198,11 @@ func (i *Issuer) Register(s grpc.ServiceRegistrar) { identitypb.RegisterIdentity
 
 // Certify implements the Identity service, checking in Linkerd's order:
 // a missing identity, token or request, or a request that does not parse,
-// is InvalidArgument; a request whose names break the rules (exactly one
+// is InvalidArgument, and so is one whose signature does not verify with
+// the key it carries (RFC 2986, 3: the requester must hold that key); an
+// issuer whose own chain does not verify now (expired) refuses every
+// request with Unknown, as Linkerd's controller answers it, logs it at
+// error level and counts it; a request whose names break the rules (exactly one
 // DNS SAN, equal to the identity; a common name empty or equal; no other
 // SAN kinds) is FailedPrecondition; an unreadable token InvalidArgument,
 // an unauthenticated one FailedPrecondition, one for another identity
@@ -174,6 +220,20 @@ func (i *Issuer) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*
 	csr, err := x509.ParseCertificateRequest(der)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := csr.CheckSignature(); err != nil {
+		i.refused.WarnErr("signature:"+id, "identity: refused a signing request whose signature does not verify", err, "identity", id)
+		return nil, status.Error(codes.InvalidArgument, "CSR signature does not verify with its public key: "+err.Error())
+	}
+	if err := i.ensureStillValid(); err != nil {
+		i.refused.Error("issuer", "identity: the issuer's certificate does not verify; no certificate is issued until it is replaced",
+			"error", err, "identity", id, "issuer_not_after", i.crt.NotAfter)
+		if i.invalid != nil {
+			i.invalid.Add(ctx, 1)
+		}
+		// Linkerd's controller returns the verification error as it is,
+		// which gRPC answers as Unknown.
+		return nil, status.Error(codes.Unknown, err.Error())
 	}
 	if err := checkCSR(csr, id); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
@@ -204,6 +264,21 @@ func (i *Issuer) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*
 		IntermediateCertificates: i.chain,
 		ValidUntil:               timestamppb.New(notAfter),
 	}, nil
+}
+
+// ensureStillValid verifies the issuer's chain to the anchors at the
+// time of the request, as Linkerd's controller does before each
+// certificate (linkerd2 pkg/identity/service.go ensureIssuerStillValid),
+// with its message for an expiry.
+func (i *Issuer) ensureStillValid() error {
+	now := i.now()
+	_, err := i.crt.Verify(x509.VerifyOptions{Roots: i.anchors, Intermediates: i.inter, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	var invalid x509.CertificateInvalidError
+	if errors.As(err, &invalid) && invalid.Reason == x509.Expired {
+		return fmt.Errorf("%w - Current Time : %s - Invalid before %s - Invalid After %s", err, now, i.crt.NotBefore, i.crt.NotAfter)
+	}
+	return err
 }
 
 // checkCSR applies the naming rules of Linkerd's identity controller
@@ -237,8 +312,14 @@ func checkCSR(csr *x509.CertificateRequest, id string) error {
 var serialLimit = new(big.Int).Lsh(big.NewInt(1), 128)
 
 func (i *Issuer) issue(csr *x509.CertificateRequest) ([]byte, time.Time, error) {
-	if _, ok := csr.PublicKey.(*ecdsa.PublicKey); !ok {
+	// Linkerd's controller signs any ECDSA key; its proxies only ever
+	// send P-256 (linkerd2-proxy's meshtls), so no other curve is signed.
+	pub, ok := csr.PublicKey.(*ecdsa.PublicKey)
+	if !ok {
 		return nil, time.Time{}, errors.New("CSR must contain an ECDSA public key")
+	}
+	if pub.Curve != elliptic.P256() {
+		return nil, time.Time{}, fmt.Errorf("CSR must contain an ECDSA P-256 public key, not %s", pub.Curve.Params().Name)
 	}
 	// A certificate holds whole seconds: valid_until is its NotAfter, as
 	// Linkerd's controller reads it back from the certificate it issued,

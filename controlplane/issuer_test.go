@@ -1,8 +1,10 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
 	"github.com/stretchr/testify/assert"
@@ -85,6 +88,10 @@ func TestCertifyRefusals(t *testing.T) {
 	good := csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil)
 	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	require.NoError(t, err)
+	p384, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	require.NoError(t, err)
+	_, edKey, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
 	for _, tc := range []struct {
 		name string
 		req  *identitypb.CertifyRequest
@@ -95,6 +102,11 @@ func TestCertifyRefusals(t *testing.T) {
 		{"no token", &identitypb.CertifyRequest{Identity: books, CertificateSigningRequest: good}, codes.InvalidArgument, "missing token"},
 		{"no csr", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok)}, codes.InvalidArgument, "missing certificate signing request"},
 		{"csr not der", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok), CertificateSigningRequest: []byte("-----BEGIN")}, codes.InvalidArgument, ""},
+		// service_test.go TestInvalidRequestArguments: a request of "fake-data".
+		{"fake data", &identitypb.CertifyRequest{Identity: "fake-data", Token: []byte("fake-data"), CertificateSigningRequest: []byte("fake-data")}, codes.InvalidArgument, ""},
+		{"signature of another key", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: swapKey(t, csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil))},
+			codes.InvalidArgument, "CSR signature does not verify with its public key: x509: ECDSA verification failure"},
 		{"two dns names", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
 			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books, authors}}, nil)},
 			codes.FailedPrecondition, "CSR must have exactly one DNSName"},
@@ -124,6 +136,14 @@ func TestCertifyRefusals(t *testing.T) {
 			codes.FailedPrecondition, "requested identity did not match provided token: requested=" + authors + "; found=" + books},
 		{"rsa key", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
 			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, rsaKey)},
+			codes.Internal, "CSR must contain an ECDSA public key"},
+		// Beyond Linkerd's controller, which signs any ECDSA key: its
+		// proxies send P-256 only (linkerd2-proxy linkerd/meshtls).
+		{"p-384 key", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, p384)},
+			codes.Internal, "CSR must contain an ECDSA P-256 public key, not P-384"},
+		{"ed25519 key", &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+			CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, edKey)},
 			codes.Internal, "CSR must contain an ECDSA public key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -265,4 +285,72 @@ func TestRefusedTokensAreLoggedOnce(t *testing.T) {
 		require.Error(t, err)
 	}
 	assert.Equal(t, 1, strings.Count(logs.String(), "refused a token"), logs.String())
+}
+
+// swapKey returns csr (ECDSA P-256) with another key's public key in place
+// of its own and its signature unchanged: a request whose signature does
+// not prove that the requester holds the key to be certified.
+func swapKey(t *testing.T, csr []byte) []byte {
+	t.Helper()
+	parsed, err := x509.ParseCertificateRequest(csr)
+	require.NoError(t, err)
+	other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	spki, err := x509.MarshalPKIXPublicKey(&other.PublicKey)
+	require.NoError(t, err)
+	require.Len(t, spki, len(parsed.RawSubjectPublicKeyInfo))
+	swapped := bytes.Replace(csr, parsed.RawSubjectPublicKeyInfo, spki, 1)
+	again, err := x509.ParseCertificateRequest(swapped)
+	require.NoError(t, err, "the swapped request still parses")
+	require.True(t, other.PublicKey.Equal(again.PublicKey))
+	return swapped
+}
+
+// A signing request for books that carries another party's public key
+// under books' own signature, sent with books' valid token, gets no
+// certificate: the signature must verify with the key in the request
+// (RFC 2986, 3), or anyone holding a token could bind its identity to a
+// key it does not hold.
+func TestCertifyRefusesACSRWhoseSignatureDoesNotVerify(t *testing.T) {
+	var logs testutil.LogLines
+	issuer, _, _ := newTestIssuer(t, WithIssuerLogger(logs.Logger()))
+	resp, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{
+		Identity: books, Token: []byte(booksTok),
+		CertificateSigningRequest: swapKey(t, csrFor(t, &x509.CertificateRequest{Subject: pkix.Name{CommonName: books}, DNSNames: []string{books}}, nil)),
+	})
+	assert.Empty(t, resp.GetLeafCertificate(), "a certificate binding books to a key books' requester does not hold")
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	assert.Equal(t, 1, logs.Count("level=WARN", "signature does not verify", "identity="+books), logs.String())
+}
+
+// An issuer whose own certificate has expired refuses to sign, as
+// Linkerd's controller does before each certificate (linkerd2
+// pkg/identity/service.go ensureIssuerStillValid: the verification error
+// returned as it is, which gRPC answers Unknown, with the times of the
+// issuer's certificate); it says so at error level, once per interval
+// however many proxies ask, counts each refusal, and reports the issuer's
+// time left (issuer_cert_ttl_seconds, negative now).
+func TestCertifyRefusesWhileTheIssuerIsExpired(t *testing.T) {
+	var logs testutil.LogLines
+	mt := testutil.NewMetrics(t)
+	issuer, _, iss := newTestIssuer(t, WithIssuerLogger(logs.Logger()), WithIssuerMeterProvider(mt.Provider))
+	req := &identitypb.CertifyRequest{Identity: books, Token: []byte(booksTok),
+		CertificateSigningRequest: csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil)}
+	_, err := issuer.Certify(context.Background(), req)
+	require.NoError(t, err, "valid before its expiry")
+	assert.Empty(t, mt.Value(t, "identity_issuer_invalid_total"), "nothing refused yet")
+
+	after := iss.Cert.NotAfter.Add(time.Minute)
+	issuer.now = func() time.Time { return after }
+	for range 3 {
+		resp, err := issuer.Certify(context.Background(), req)
+		assert.Empty(t, resp.GetLeafCertificate(), "an already expired leaf")
+		st, _ := status.FromError(err)
+		assert.Equal(t, codes.Unknown, st.Code(), "%v", err)
+		assert.Contains(t, st.Message(), "x509: certificate has expired or is not yet valid")
+		assert.Contains(t, st.Message(), " - Invalid After "+iss.Cert.NotAfter.String())
+	}
+	assert.Equal(t, 1, logs.Count("level=ERROR", "issuer's certificate does not verify", "identity="+books), logs.String())
+	assert.Equal(t, "3", mt.Value(t, "identity_issuer_invalid_total"))
+	assert.Equal(t, "-60", mt.Value(t, "issuer_cert_ttl_seconds"))
 }

@@ -119,6 +119,9 @@ type budget struct {
 	n, suppressed int
 }
 
+// Error logs msg at error level unless key was logged within the interval.
+func (l *Logger) Error(key, msg string, args ...any) { l.logAt(slog.LevelError, key, msg, args) }
+
 // Debug logs msg at debug level unless key was logged within the interval.
 func (l *Logger) Debug(key, msg string, args ...any) { l.logAt(slog.LevelDebug, key, msg, args) }
 
