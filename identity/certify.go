@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -60,6 +61,13 @@ func WithLogger(l *slog.Logger) Option {
 	})
 }
 
+// WithAnchorsName names where the trust anchors came from (a file, an
+// environment variable) in the Certifier's messages, such as the one
+// saying that the Identity service's certificate does not chain to them.
+func WithAnchorsName(name string) Option {
+	return optionFunc(func(c *Certifier) { c.anchorsName = name })
+}
+
 // WithMeterProvider sets where the Certifier's metrics go (default: the
 // global provider): control_identity_cert_expiration_timestamp_seconds,
 // control_identity_cert_refresh_timestamp_seconds and
@@ -80,6 +88,8 @@ type Certifier struct {
 	min, max  time.Duration
 	log       *slog.Logger
 	mp        metric.MeterProvider
+	// anchorsName names the trust anchors' source in messages.
+	anchorsName string
 
 	meter       metric.Meter
 	refreshes   metric.Int64Counter
@@ -141,24 +151,62 @@ func (c *Certifier) observe() func() {
 }
 
 // Run certifies the identity, then again each time [RefreshIn] says, until
-// ctx is done; it returns ctx's error. A failed call is logged and tried
-// again after the minimum refresh interval while the current certificate
-// stays in use.
+// ctx is done; it returns ctx's error. A failed call is logged, saying
+// whether a valid certificate stays in use, and tried again after a
+// backoff that starts at 100ms and doubles up to the minimum refresh
+// interval, so that a first certification (or a renewal) that fails
+// because the Identity service is not up yet succeeds as soon as it is.
 func (c *Certifier) Run(ctx context.Context) error {
 	defer c.observe()()
+	retry := backoff.Policy{Min: min2(retryStart, c.min), Max: c.min, Jitter: 0.1}
+	failures := 0
 	for {
-		wait := c.min // after a failure, whatever the certificate's life left
+		var wait time.Duration
 		if err := c.Certify(ctx); err != nil {
+			wait = retry.Delay(failures)
+			failures++
 			if ctx.Err() == nil {
-				c.log.Warn("identity: certification failed; the current certificate stays in use",
-					"identity", c.local.Name(), "expires", c.local.Expiry(), "error", err)
+				c.logFailure(err, wait)
 			}
 		} else {
+			failures = 0
 			wait = RefreshIn(c.local.now(), c.local.Expiry(), c.min, c.max)
 		}
 		if err := backoff.Wait(ctx, wait); err != nil {
 			return err
 		}
+	}
+}
+
+// retryStart is the first wait after a failed certification (Linkerd's
+// control-plane client backoff starts there too).
+const retryStart = 100 * time.Millisecond
+
+// logFailure says what a failed certification leaves in place: no
+// certificate yet, an expired one, or a valid one still in use; and, when
+// the Identity service's certificate does not chain to the trust anchors,
+// which anchors those are.
+func (c *Certifier) logFailure(err error, retryIn time.Duration) {
+	args := []any{"identity", c.local.Name(), "retry_in", retryIn.Round(time.Millisecond), "error", err}
+	// The handshake's error reaches here as the text of a gRPC status
+	// (Unavailable), which wraps nothing.
+	if errors.Is(err, ErrUntrustedCrt) || strings.Contains(err.Error(), ErrUntrustedCrt.Error()) {
+		anchors := c.anchorsName
+		if anchors == "" {
+			anchors = "the trust anchors given to identity.NewLocal"
+		}
+		c.log.Error("identity: the Identity service's certificate does not chain to the trust anchors; are they the mesh's?",
+			append(args, "anchors", anchors)...)
+	}
+	switch exp := c.local.Expiry(); {
+	case exp.IsZero():
+		c.log.Warn("identity: certification failed; no certificate yet, the identity is not ready", args...)
+	case !c.local.now().Before(exp):
+		c.log.Warn("identity: certification failed; the certificate has expired, meshed connections fail until one is issued",
+			append(args, "expired", exp)...)
+	default:
+		c.log.Warn("identity: certification failed; the current certificate stays in use until it expires",
+			append(args, "expires", exp)...)
 	}
 }
 
@@ -226,9 +274,10 @@ func max2(a, b time.Duration) time.Duration {
 // TransportCredentials returns gRPC transport credentials for a control-
 // plane service (Identity, Destination, policy) whose identity is server,
 // built on [Local.ClientConfig]: the service must prove that identity,
-// and the local certificate is presented once there is one. The handshake
+// and the local certificate is presented once there is one and while it
+// is valid: an expired one is not sent, so that it can be renewed. The handshake
 // negotiates no ALPN, since Linkerd's proxies in front of its controllers
 // select none, which grpc-go's default TLS credentials would refuse.
 func (l *Local) TransportCredentials(server string) credentials.TransportCredentials {
-	return xcredentials.NewTLSWithALPNDisabled(l.ClientConfig(server))
+	return xcredentials.NewTLSWithALPNDisabled(l.clientConfig(server, l.controlCertificate))
 }

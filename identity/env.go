@@ -101,6 +101,21 @@ func parseEnvDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// ReadAnchors returns the pool of the PEM certificates in the file path,
+// with an error naming the file when it cannot be read or holds no
+// certificate.
+func ReadAnchors(path string) (*x509.CertPool, error) {
+	bundle, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("identity: trust anchors: %w", err)
+	}
+	pool, err := ParseAnchors(bundle)
+	if err != nil {
+		return nil, fmt.Errorf("%w (trust anchors file %s: PEM CERTIFICATE blocks expected)", err, path)
+	}
+	return pool, nil
+}
+
 // ParseAnchors returns the pool of the PEM certificates in bundle; a
 // bundle with no certificate, or with a block that does not parse, is an
 // error.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -494,4 +495,151 @@ func counted(t *testing.T, reader *sdkmetric.ManualReader, result string) int64 
 		}
 	}
 	return 0
+}
+
+// A first certification that fails (here: the token not yet written)
+// says that there is no certificate yet, not that a current one stays in
+// use, and is tried again from the start of a backoff (100ms, doubling up
+// to the minimum refresh interval), not after the 10 s refresh interval:
+// the identity is ready soon after the token appears.
+func TestRunRetriesAFirstFailureFromTheBackoffStart(t *testing.T) {
+	m := newMesh(t)
+	var logs testutil.LogLines
+	l, err := identity.NewLocal(books, m.anchors)
+	require.NoError(t, err)
+	token := filepath.Join(t.TempDir(), "token")
+	c := identity.NewCertifier(l, m.dial(t, l), token, identity.WithLogger(logs.Logger()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool { return logs.Count("certification failed") >= 1 }, timeout, 5*time.Millisecond)
+	assert.Equal(t, 1, logs.Count("level=WARN", "no certificate yet, the identity is not ready", "identity="+books), logs.String())
+	assert.Zero(t, logs.Count("stays in use"), logs.String())
+	require.NoError(t, os.WriteFile(token, []byte(booksTok), 0o600))
+	start := time.Now()
+	select {
+	case <-l.Ready():
+	case <-time.After(timeout):
+		t.Fatal("never certified")
+	}
+	assert.Less(t, time.Since(start), identity.DefaultMinRefresh/2, "waited for the refresh interval")
+}
+
+// Trust anchors that are not the mesh's (the Identity service's chain
+// does not lead to them) are named in an error line on each failure,
+// with where they came from, beside the gRPC Unavailable the call gets.
+func TestRunNamesTheAnchorsOfAnUntrustedService(t *testing.T) {
+	m := newMesh(t)
+	other, err := controlplane.NewRootCA("another.root", time.Hour)
+	require.NoError(t, err)
+	wrong := x509.NewCertPool()
+	wrong.AddCert(other.Cert)
+	var logs testutil.LogLines
+	l, err := identity.NewLocal(books, wrong)
+	require.NoError(t, err)
+	c := identity.NewCertifier(l, m.dial(t, l), m.tokenFile(t, booksTok), identity.WithLogger(logs.Logger()),
+		identity.WithAnchorsName("/etc/mesh/ca.crt"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool {
+		return logs.Count("level=ERROR", "does not chain to the trust anchors", "anchors=/etc/mesh/ca.crt") >= 1
+	}, timeout, 5*time.Millisecond, logs.String())
+}
+
+// A trust anchors file that holds no certificate is named in the error.
+func TestReadAnchorsNamesTheFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "ca.crt")
+	require.NoError(t, os.WriteFile(p, []byte("not a certificate\n"), 0o600))
+	_, err := identity.ReadAnchors(p)
+	assert.ErrorIs(t, err, identity.ErrNoAnchors)
+	assert.ErrorContains(t, err, p)
+	_, err = identity.ReadAnchors(filepath.Join(t.TempDir(), "missing.crt"))
+	assert.ErrorContains(t, err, "missing.crt")
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.DER}), 0o600))
+	pool, err := identity.ReadAnchors(p)
+	require.NoError(t, err)
+	assert.NotNil(t, pool)
+}
+
+// A workload whose certificate has expired makes and takes no meshed
+// connection, on either side, as with Linkerd's proxy, whose certificate
+// resolver presents the expired certificate to clients and servers alike
+// and whose peers refuse it (linkerd2-proxy linkerd/meshtls/src/creds/
+// store.rs CertResolver). As a server it shows the expired certificate and
+// the client refuses it, naming the expiry; as a client its handshake
+// fails, naming its own expiry, instead of going on without a certificate
+// as an unauthenticated client. Its control-plane connection still
+// presents none, so that it can renew (TestCertifyAfterExpiry).
+func TestExpiredCertificateOnBothSides(t *testing.T) {
+	root, err := controlplane.NewRootCA("root.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	iss, err := root.NewIntermediate("identity.linkerd.cluster.local", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	tokens := controlplane.StaticTokens{booksTok: books, "authors-token": authors}
+	short, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens,
+		controlplane.WithIssuanceLifetime(time.Second), controlplane.WithClockSkew(0), controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	long, err := controlplane.NewIssuer(anchors, [][]byte{iss.DER}, iss.Key, tokens, controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	expired, err := identity.NewLocal(books, anchors)
+	require.NoError(t, err)
+	require.NoError(t, short.CertifyLocal(expired))
+	valid, err := identity.NewLocal(authors, anchors)
+	require.NoError(t, err)
+	require.NoError(t, long.CertifyLocal(valid))
+	require.Eventually(t, func() bool { return time.Now().After(expired.Expiry()) }, timeout, 10*time.Millisecond)
+
+	// serve accepts one connection with cfg and reports what its handshake
+	// saw of the client.
+	serve := func(cfg *tls.Config) (string, <-chan identity.Peer) {
+		lis, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { lis.Close() })
+		peers := make(chan identity.Peer, 1)
+		go func() {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			tc := c.(*tls.Conn)
+			tc.SetDeadline(time.Now().Add(timeout))
+			if tc.Handshake() == nil {
+				cs := tc.ConnectionState()
+				peers <- identity.PeerFromState(&cs)
+				return
+			}
+			close(peers)
+		}()
+		return lis.Addr().String(), peers
+	}
+
+	// The expired side as the server.
+	addr, peers := serve(expired.ServerConfig())
+	_, err = tls.Dial("tcp", addr, valid.ClientConfig(books))
+	var idErr *identity.IdentityError
+	require.ErrorAs(t, err, &idErr)
+	assert.ErrorIs(t, err, identity.ErrExpired)
+	assert.Equal(t, books, idErr.Presented)
+	_, served := <-peers
+	assert.False(t, served)
+
+	// The expired side as the client.
+	addr, peers = serve(valid.ServerConfig())
+	c, err := tls.Dial("tcp", addr, expired.ClientConfig(authors))
+	if err == nil {
+		_, err = c.Write([]byte("x"))
+		c.Close()
+	}
+	assert.ErrorIs(t, err, identity.ErrExpired)
+	assert.ErrorContains(t, err, "the local certificate expired at "+expired.Expiry().UTC().Format(time.RFC3339))
+	p, served := <-peers
+	assert.False(t, served, "served as %+v", p)
 }

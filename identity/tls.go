@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // ErrNoPeerCertificate is the error of a handshake in which the server
@@ -14,19 +15,30 @@ var ErrNoPeerCertificate = errors.New("identity: the peer presented no certifica
 
 // ClientConfig returns the TLS configuration of a connection to the meshed
 // server whose identity is server: SNI is server, the handshake succeeds
-// only when the server's chain leads to the anchors and its leaf carries
-// server as a DNS SAN, and the local certificate is presented when the
-// server asks for one (none before the first is installed, nor once it
-// has expired). TLS 1.3 only, no ALPN, no session resumption: what
-// Linkerd's proxy sends and accepts.
-// Each handshake takes the certificate current at that moment.
+// only when the server's chain leads to the anchors and its leaf, valid
+// now, carries server as a DNS SAN, and the local certificate is presented
+// when the server asks for one (none before the first is installed).
+// TLS 1.3 only, no ALPN, no session resumption: what Linkerd's proxy sends
+// and accepts. Each handshake takes the certificate current at that moment.
+//
+// A local certificate that has expired is presented to no one: the
+// handshake fails with [ErrExpired], naming the expiry, where Linkerd's
+// proxy presents its expired certificate and the server refuses it. Either
+// way a workload whose certificate expired makes no meshed connection, as
+// it accepts none (its server side presents the expired certificate,
+// which clients refuse), rather than going on as a client without an
+// identity.
 func (l *Local) ClientConfig(server string) *tls.Config {
+	return l.clientConfig(server, l.clientCertificate)
+}
+
+func (l *Local) clientConfig(server string, cert func(*tls.CertificateRequestInfo) (*tls.Certificate, error)) *tls.Config {
 	return &tls.Config{
 		MinVersion:             tls.VersionTLS13,
 		ServerName:             server,
 		InsecureSkipVerify:     true, // VerifyConnection checks chain and identity
 		VerifyConnection:       func(cs tls.ConnectionState) error { return l.verifyServer(cs, server) },
-		GetClientCertificate:   l.clientCertificate,
+		GetClientCertificate:   cert,
 		SessionTicketsDisabled: true,
 	}
 }
@@ -53,11 +65,25 @@ func (l *Local) serverCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 	return nil, ErrNotReady
 }
 
-// clientCertificate presents the current certificate while it is valid:
-// an expired one would only make the server refuse the handshake, the
-// Identity service's among them, and so keep an identity whose
-// certificate expired from ever being renewed.
+// clientCertificate presents the current certificate, none before the
+// first; an expired one fails the handshake (see ClientConfig).
 func (l *Local) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	c := l.cert.Load()
+	if c == nil {
+		return &tls.Certificate{}, nil // no certificate to send
+	}
+	if l.now().After(c.notAfter) {
+		return nil, fmt.Errorf("%w: the local certificate expired at %s and has not been renewed",
+			ErrExpired, c.notAfter.UTC().Format(time.RFC3339))
+	}
+	return c.tls, nil
+}
+
+// controlCertificate presents the current certificate while it is valid,
+// and none once it has expired: the connections to the control plane
+// (the Identity service's among them) go on without one, so that an
+// identity whose certificate expired can still be renewed.
+func (l *Local) controlCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 	if c := l.cert.Load(); c != nil && !l.now().After(c.notAfter) {
 		return c.tls, nil
 	}
@@ -71,10 +97,20 @@ func (l *Local) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate
 type IdentityError struct {
 	// Expected is the server identity the client required.
 	Expected string
-	Err      error
+	// Presented is the identity of the certificate the server presented
+	// (its first DNS SAN that is an identity name), verified or not; empty
+	// when the handshake failed before it showed one.
+	Presented string
+	Err       error
 }
 
 func (e *IdentityError) Error() string {
+	if e.Presented != "" {
+		return fmt.Sprintf("identity: cannot verify the server as %s: it presented %s: %v", e.Expected, e.Presented, e.Err)
+	}
+	if errors.Is(e.Err, ErrExpired) {
+		return fmt.Sprintf("identity: no meshed connection to %s: %v", e.Expected, e.Err)
+	}
 	return fmt.Sprintf("identity: cannot verify the server as %s: %v", e.Expected, e.Err)
 }
 
@@ -85,6 +121,14 @@ func (l *Local) verifyServer(cs tls.ConnectionState, server string) error {
 		return &IdentityError{Expected: server, Err: ErrNoPeerCertificate}
 	}
 	leaf := cs.PeerCertificates[0]
+	presented := PeerIdentity(leaf)
+	if presented == "" && len(leaf.DNSNames) > 0 {
+		presented = fmt.Sprintf("%q", leaf.DNSNames)
+	}
+	if now := l.now(); now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
+		return &IdentityError{Expected: server, Presented: presented, Err: fmt.Errorf("%w (valid %s to %s)", ErrExpired,
+			leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))}
+	}
 	pool := x509.NewCertPool()
 	for _, c := range cs.PeerCertificates[1:] {
 		pool.AddCert(c)
@@ -93,10 +137,10 @@ func (l *Local) verifyServer(cs tls.ConnectionState, server string) error {
 		Roots: l.anchors, Intermediates: pool, CurrentTime: l.now(),
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}); err != nil {
-		return &IdentityError{Expected: server, Err: fmt.Errorf("%w: %v", ErrUntrustedCrt, err)}
+		return &IdentityError{Expected: server, Presented: presented, Err: fmt.Errorf("%w: %v", ErrUntrustedCrt, err)}
 	}
 	if err := verifyName(leaf, server); err != nil {
-		return &IdentityError{Expected: server, Err: err}
+		return &IdentityError{Expected: server, Presented: presented, Err: err}
 	}
 	return nil
 }

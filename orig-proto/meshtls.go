@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/ratelog"
 )
 
 // MeshTLSListener returns a listener whose connections serve meshed mTLS
@@ -36,15 +37,26 @@ func MeshTLSListener(ln net.Listener, local *identity.Local) net.Listener {
 // [MeshTLSListener] terminates meshed TLS: local's
 // [identity.Local.ServerConfig], refusing a ClientHello whose SNI is not
 // local's identity, as Linkerd's proxy terminates only TLS for its own
-// identity.
+// identity. The refusal comes after the server has shown its certificate,
+// so that a meshed client can say which identity it expected and which it
+// was shown ([identity.IdentityError]), and it is logged (slog.Default(),
+// at most once per SNI and 10 seconds).
 func MeshTLSConfig(local *identity.Local) *tls.Config {
 	cfg := local.ServerConfig()
 	name := local.Name()
+	refused := ratelog.New(nil, 0)
 	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
-		if hello.ServerName != name {
-			return nil, fmt.Errorf("origproto: TLS for %q is not for the local identity", hello.ServerName)
+		if hello.ServerName == name {
+			return nil, nil
 		}
-		return nil, nil
+		refused.Warn("sni:"+hello.ServerName, "identity: refused a meshed TLS connection for another identity",
+			"requested", hello.ServerName, "local", name, "client", remoteAddr(hello))
+		other := cfg.Clone()
+		other.GetConfigForClient = nil
+		other.VerifyConnection = func(tls.ConnectionState) error {
+			return fmt.Errorf("origproto: TLS for %q is not for the local identity %s", hello.ServerName, name)
+		}
+		return other, nil
 	}
 	return cfg
 }
@@ -198,4 +210,13 @@ func withPeer(r *http.Request) *http.Request {
 		r.Header[ClientIDHeader] = []string{p.ID}
 	}
 	return r
+}
+
+// remoteAddr returns the address of the client of hello, empty when
+// unknown.
+func remoteAddr(hello *tls.ClientHelloInfo) string {
+	if hello.Conn == nil || hello.Conn.RemoteAddr() == nil {
+		return ""
+	}
+	return hello.Conn.RemoteAddr().String()
 }

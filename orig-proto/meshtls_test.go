@@ -193,3 +193,46 @@ var quietLogger = log.New(io.Discard, "", 0)
 func identityRequest(l *identity.Local, token string) *identitypb.CertifyRequest {
 	return &identitypb.CertifyRequest{Identity: l.Name(), Token: []byte(token), CertificateSigningRequest: l.CSR()}
 }
+
+// A meshed client that expects another identity than the server's is told
+// both: the server shows its certificate before it refuses the ClientHello
+// for a name it is not, so the client names the identity it expected and
+// the one it was shown (not "remote error: tls: internal error"), and the
+// server logs the refusal with both names. Not parallel: the refusal goes
+// to slog.Default().
+func TestMeshTLSRefusalNamesBothIdentities(t *testing.T) {
+	var logs testutil.LogLines
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(logs.Logger())
+	server, client, _ := certifiedPair(t)
+	addr := meshTLSServer(t, server)
+
+	c, err := tls.Dial("tcp", addr, client.ClientConfig(authorsID))
+	if err == nil {
+		c.Close()
+	}
+	var idErr *identity.IdentityError
+	require.ErrorAs(t, err, &idErr)
+	assert.Equal(t, authorsID, idErr.Expected)
+	assert.Equal(t, booksID, idErr.Presented)
+	assert.ErrorIs(t, err, identity.ErrWrongName)
+	assert.Contains(t, err.Error(), "cannot verify the server as "+authorsID+": it presented "+booksID)
+	assert.NotContains(t, err.Error(), "internal error")
+	require.Eventually(t, func() bool {
+		return logs.Count("refused a meshed TLS connection for another identity", "requested="+authorsID, "local="+booksID) == 1
+	}, 10*time.Second, 5*time.Millisecond, logs.String())
+
+	// A client that does not verify what it is shown gets no further: the
+	// server refuses the handshake once it has shown its certificate.
+	blind := &tls.Config{ServerName: authorsID, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
+	c, err = tls.Dial("tcp", addr, blind)
+	if err == nil {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err = c.Write([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+		if err == nil {
+			_, err = c.Read(make([]byte, 1))
+		}
+		c.Close()
+	}
+	assert.Error(t, err, "served a client asking for another identity")
+}

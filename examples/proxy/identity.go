@@ -42,10 +42,10 @@ func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider
 		return nil, nil, err
 	}
 	var minRefresh, maxRefresh time.Duration
-	anchorsPEM := []byte(nil)
+	anchorsPEM, anchorsName := []byte(nil), "-identity-trust-anchors "+f.anchorsFile
 	if f.name == "" && fromEnv {
 		f.name, f.tokenFile, f.addr, f.serverName = env.LocalName, env.TokenFile, env.SvcAddr, env.SvcName
-		anchorsPEM = []byte(env.TrustAnchors)
+		anchorsPEM, anchorsName = []byte(env.TrustAnchors), identity.EnvTrustAnchors
 		minRefresh, maxRefresh = env.MinRefresh, env.MaxRefresh
 	}
 	if f.name == "" {
@@ -67,7 +67,7 @@ func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider
 	}
 	anchors, err := identity.ParseAnchors(anchorsPEM)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%s: %w", anchorsName, err)
 	}
 	local, err := identity.NewLocal(f.name, anchors)
 	if err != nil {
@@ -88,7 +88,7 @@ func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider
 		return nil, nil, fmt.Errorf("-identity-addr: %w", err)
 	}
 	c := identity.NewCertifier(local, conn, f.tokenFile, identity.WithLogger(log), identity.WithMeterProvider(mp),
-		identity.WithRefreshBounds(minRefresh, maxRefresh))
+		identity.WithRefreshBounds(minRefresh, maxRefresh), identity.WithAnchorsName(anchorsName))
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
