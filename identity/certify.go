@@ -178,8 +178,12 @@ func (c *Certifier) Run(ctx context.Context) error {
 	}
 }
 
-// retryStart is the first wait after a failed certification (Linkerd's
-// control-plane client backoff starts there too).
+// retryStart is the first wait after a failed certification, where
+// backoff.DefaultPolicy starts. Linkerd's proxy waits its minimum refresh
+// interval (10 s) after a failure without a certificate, and 70% of the
+// time left with one (linkerd2-proxy identity-client certify.rs); inmesh
+// retries sooner so that a process started beside its control plane is
+// ready as soon as the Identity service is.
 const retryStart = 100 * time.Millisecond
 
 // logFailure says what a failed certification leaves in place: no

@@ -14,7 +14,10 @@
 // through its Certify API: the token is read from its file for every
 // request, since projected tokens rotate; renewal comes at 70% of the
 // certificate's life, within a minimum and maximum refresh interval; a
-// failed renewal keeps the current certificate in use until it expires.
+// failed renewal keeps the current certificate in use until it expires,
+// and a failed certification is tried again after a backoff from 100ms up
+// to the minimum refresh interval. A certificate that has expired ends
+// meshed connections both ways (see [Local.ClientConfig]) until renewed.
 //
 // [Local.ClientConfig] and [Local.ServerConfig] build the tls.Configs of
 // both sides of a meshed connection. They pick the current certificate
