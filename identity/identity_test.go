@@ -514,7 +514,7 @@ func TestRunRetriesAFirstFailureFromTheBackoffStart(t *testing.T) {
 	go func() { done <- c.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	require.Eventually(t, func() bool { return logs.Count("certification failed") >= 1 }, timeout, 5*time.Millisecond)
-	assert.Equal(t, 1, logs.Count("level=WARN", "no certificate yet, the identity is not ready", "identity="+books), logs.String())
+	assert.GreaterOrEqual(t, logs.Count("level=WARN", "no certificate yet, the identity is not ready", "identity="+books), 1, logs.String())
 	assert.Zero(t, logs.Count("stays in use"), logs.String())
 	require.NoError(t, os.WriteFile(token, []byte(booksTok), 0o600))
 	start := time.Now()
