@@ -50,8 +50,11 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     request timeout over the whole call, counted retries on the rule's
 //     gRPC codes (a stream only before its first response message, its
 //     sent messages replayed while they fit the retry's body limit,
-//     MaxRequestBytes, 64 KiB by default; past it the stream is not
-//     retried), and the outbound_grpc_route_* series of
+//     MaxRequestBytes, 64 KiB by default, each measured as the call's
+//     codec encodes it, whatever the codec (grpc.ForceCodecV2, a
+//     content-subtype); a message the codec cannot measure counts as
+//     past the limit; past it the stream is not retried), and the
+//     outbound_grpc_route_* series of
 //     the router's metric code, grpc_status on each;
 //   - transport credentials: mTLS with each endpoint's identity when
 //     [WithIdentity] gives a local identity, plaintext to an endpoint
