@@ -251,7 +251,13 @@ func (c *call) allow(ctx context.Context, n int) bool {
 // GRPCRoute retry.linkerd.io/grpc and retry.linkerd.io/limit).
 func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	authority := targetAuthority(cc.Target())
-	st, ps := m.lookup(authority)
+	st, ps, waits := m.lookup(authority)
+	if waits {
+		if err := m.await(ctx, cc, authority); err != nil {
+			return err
+		}
+		st, ps, _ = m.lookup(authority)
+	}
 	if ps.applies() {
 		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
 	}
@@ -346,7 +352,13 @@ func (c *call) done(ctx context.Context, err error, retries int) {
 // is dropped and the stream is no longer retried.
 func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	authority := targetAuthority(cc.Target())
-	st, _ := m.lookup(authority)
+	st, _, waits := m.lookup(authority)
+	if waits {
+		if err := m.await(ctx, cc, authority); err != nil {
+			return nil, err
+		}
+		st, _, _ = m.lookup(authority)
+	}
 	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {
 		if err != nil {
