@@ -7,12 +7,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/meshgrpc"
+	"github.com/inmesh/inmesh/policy"
 )
 
 // adminID is the identity a forging client claims.
@@ -90,4 +93,38 @@ func TestForgedClientID(t *testing.T) {
 		assert.Equal(t, none, unary, "unary")
 		assert.Equal(t, none, stream, "stream")
 	})
+}
+
+// The inbound policy judges a call by the l5d-client-id the handler will
+// get: a route that matches the header admits the client that proved the
+// identity, never one that only claims it.
+func TestForgedClientIDPolicyRoute(t *testing.T) {
+	srv := &authz.Server{
+		Meta: srvMeta, Protocol: authz.ProtocolGRPC,
+		Authorizations: []authz.Authz{{Meta: authz.DefaultMeta("all-unauthenticated"), Networks: everywhere}},
+		GRPCRoutes: []authz.GRPCRoute{{Meta: routeMeta, Rules: []authz.GRPCRule{{Matches: []policy.GRPCRouteMatch{{
+			Service: "grpc.testing.TestService", Method: "UnaryCall",
+			Headers: []policy.HeaderMatch{{Name: "l5d-client-id", Value: webID}},
+		}}}}}},
+	}
+	e := newEnv(t, meshgrpc.WithInboundPolicy(authz.WithDefault(srv), authz.WithoutLocalhost()))
+	for _, tc := range []struct {
+		name, id string
+		claim    bool
+		code     codes.Code
+	}{
+		{"meshed as web", webID, false, codes.OK},
+		{"meshed as web claiming web", webID, true, codes.OK},
+		{"plaintext claiming web", "", true, codes.NotFound},
+		{"meshed as reviews claiming web", reviewsID, true, codes.NotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			if tc.claim {
+				ctx = metadata.AppendToOutgoingContext(ctx, "l5d-client-id", webID)
+			}
+			_, err := e.dial(t, tc.id).UnaryCall(ctx, &testgrpc.SimpleRequest{})
+			assert.Equal(t, tc.code, status.Code(err), "%v", err)
+		})
+	}
 }
