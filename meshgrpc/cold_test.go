@@ -23,6 +23,7 @@ import (
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
 	"github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 )
 
 // coldRoutes time EmptyCall out at 300 ms and retry the failures of
@@ -137,11 +138,21 @@ func TestFirstCallRouted(t *testing.T) {
 	})
 }
 
-// A control plane without the OutboundPolicies API (as Linkerd's
-// destination controller alone) never answers a policy: the first call
-// waits for it no longer than the discovery wait, then goes to the
-// target as it is; once the wait has passed, no later call waits again;
-// a call whose own deadline comes first ends with it.
+// silentPolicies accepts every OutboundPolicies watch and never answers
+// (a control plane that is wedged, or a stand-in that only holds streams).
+type silentPolicies struct {
+	outboundpb.UnimplementedOutboundPoliciesServer
+}
+
+func (silentPolicies) Watch(_ *outboundpb.TrafficSpec, s grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
+	<-s.Context().Done()
+	return nil
+}
+
+// A control plane that never answers the outbound policy: the first call
+// waits for it no longer than the discovery wait, then goes to the target
+// as it is; once the wait has passed, no later call waits again; a call
+// whose own deadline comes first ends with it.
 func TestFirstCallPolicyNeverAnswers(t *testing.T) {
 	const wait = 2 * time.Second
 	a := startApp(t, &app{}, nil)
@@ -151,10 +162,13 @@ func TestFirstCallPolicyNeverAnswers(t *testing.T) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer()
-	destinationpb.RegisterDestinationServer(g, controlplane.NewServer(store)) // no OutboundPolicies
+	destinationpb.RegisterDestinationServer(g, controlplane.NewServer(store))
+	outboundpb.RegisterOutboundPoliciesServer(g, silentPolicies{})
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
-	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet))
+	// The silence means nothing to the destination client within the test.
+	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet),
+		destination.WithFirstMessageTimeout(time.Hour))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = dst.Close() })
 	c := dial(t, dst, meshgrpc.WithDiscoveryWait(wait), meshgrpc.WithLogger(quiet))
