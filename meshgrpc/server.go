@@ -59,9 +59,10 @@ import (
 // (grpc.ChainUnaryInterceptor appends), so that the policy runs before
 // them; an interceptor set with grpc.UnaryInterceptor or
 // grpc.StreamInterceptor always runs before the chained ones, so before
-// the policy, whatever the order. A call to a method the server does not register is answered
-// UNIMPLEMENTED by grpc-go before any interceptor runs: it is neither
-// authorized nor counted. The policy's watches last as long as its
+// the policy, whatever the order, and sees the metadata as the client sent
+// it (l5d-client-id included). A call to a method the server does not
+// register is answered UNIMPLEMENTED by grpc-go before any interceptor
+// runs: it is neither authorized nor counted. The policy's watches last as long as its
 // authz.Source (for a destination.Client, until the client is closed).
 // ServerOptions panics when the default Server of [WithInboundPolicy]
 // (authz.WithDefault) does not compile.
