@@ -22,6 +22,7 @@ import (
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 )
@@ -220,4 +221,34 @@ func TestFirstCallAfterIdleRouted(t *testing.T) {
 			require.True(t, cc.WaitForStateChange(wait, s), "the channel never went idle")
 		}
 	}
+}
+
+// The first call on a new channel follows its target's ServiceProfile
+// too: the profile route's timeout ends it and route_* counts it.
+func TestFirstCallProfileRouted(t *testing.T) {
+	a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}}, nil)
+	sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  routes:
+  - name: EmptyCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
+    timeout: 300ms
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetServiceProfiles(sps)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	m := testutil.NewMetrics(t)
+	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	ctx := callCtx(t)
+	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	assert.NoError(t, ctx.Err(), "the profile route's timeout ended the call, not the caller's deadline")
+	assert.Len(t, m.Lines(t, "route_response_total", `rt_route="EmptyCall"`), 1)
 }
