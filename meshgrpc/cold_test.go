@@ -204,7 +204,7 @@ func TestFirstCallAfterIdleRouted(t *testing.T) {
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
 	m := testutil.NewMetrics(t)
 	opts := append(meshgrpc.DialOptions(serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)),
-		grpc.WithIdleTimeout(100*time.Millisecond))
+		grpc.WithIdleTimeout(500*time.Millisecond)) // longer than discovery takes on a loaded machine
 	cc, err := grpc.NewClient(booksTarget, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cc.Close() })
