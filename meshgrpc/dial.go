@@ -1,12 +1,15 @@
 package meshgrpc
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
@@ -40,8 +43,13 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     classification) and response_latency_ms series of package classify,
 //     labelled with the backend authority and the endpoint's dst_* and tls
 //     labels;
-//   - unary and stream interceptors that route each call: a ServiceProfile
-//     with routes first (unary calls: the route's timeout, budgeted
+//   - unary and stream interceptors that route each call, the first on a
+//     new channel as every later one: a call that comes before the
+//     target's first answers (its outbound policy and ServiceProfile, or
+//     the word that there is none) starts the channel's watches and
+//     waits for them, at most [WithDiscoveryWait] (by default
+//     [DefaultDiscoveryWait]) or until its own deadline; then a
+//     ServiceProfile with routes first (unary calls: the route's timeout, budgeted
 //     retries, route_* series), else the outbound policy's GRPCRoutes
 //     (best match by the policy package, on /pkg.Service/Method and the
 //     outgoing metadata): the rule's filters (header modifiers on the
@@ -50,8 +58,11 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     request timeout over the whole call, counted retries on the rule's
 //     gRPC codes (a stream only before its first response message, its
 //     sent messages replayed while they fit the retry's body limit,
-//     MaxRequestBytes, 64 KiB by default; past it the stream is not
-//     retried), and the outbound_grpc_route_* series of
+//     MaxRequestBytes, 64 KiB by default, each measured as the call's
+//     codec encodes it, whatever the codec (grpc.ForceCodecV2, a
+//     content-subtype); a message the codec cannot measure counts as
+//     past the limit; past it the stream is not retried), and the
+//     outbound_grpc_route_* series of
 //     the router's metric code, grpc_status on each;
 //   - transport credentials: mTLS with each endpoint's identity when
 //     [WithIdentity] gives a local identity, plaintext to an endpoint
@@ -66,7 +77,10 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 // the next call starts them again.
 func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 	cfg := newConfig(opts)
-	m := &mesh{dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, clientScope), true),
+	if cfg.discoveryWait == 0 {
+		cfg.discoveryWait = DefaultDiscoveryWait
+	}
+	m := &mesh{discovery: make(map[string]*discovery), dst: dst, cfg: cfg, fam: metrics.NewOutbound(metrics.Meter(cfg.mp, clientScope), true),
 		calls:  classify.NewOutboundRecorder(classify.WithMeterProvider(cfg.mp)),
 		states: make(map[string]*channelState), profiles: make(map[string]*profileState),
 		live: make(map[string]map[*meshResolver]*channelState)}
@@ -110,7 +124,23 @@ type mesh struct {
 	// channels made with the same options share the authority's state,
 	// and when one closes another's stays in force.
 	live map[string]map[*meshResolver]*channelState
+	// discovery holds, per target authority with an open resolver, the
+	// wait for its first answers.
+	discovery map[string]*discovery
 }
+
+// discovery is the wait for a target's first answers: done is closed once
+// a resolver of the target has its outbound policy and its ServiceProfile
+// answered (or knows that none will come), or the discovery wait has
+// passed since the first of its open resolvers started, or the last of
+// them closed.
+type discovery struct {
+	done  chan struct{}
+	once  sync.Once
+	timer *time.Timer
+}
+
+func (d *discovery) end() { d.once.Do(func() { close(d.done) }) }
 
 // register records owner as an open resolver of authority.
 func (m *mesh) register(authority string, owner *meshResolver) {
@@ -120,6 +150,25 @@ func (m *mesh) register(authority string, owner *meshResolver) {
 		m.live[authority] = make(map[*meshResolver]*channelState)
 	}
 	m.live[authority][owner] = nil
+	if m.discovery[authority] == nil {
+		d := &discovery{done: make(chan struct{})}
+		if m.cfg.discoveryWait > 0 {
+			d.timer = time.AfterFunc(m.cfg.discoveryWait, d.end)
+		} else {
+			d.end()
+		}
+		m.discovery[authority] = d
+	}
+}
+
+// discovered ends the wait for the first answers of authority.
+func (m *mesh) discovered(authority string) {
+	m.mu.Lock()
+	d := m.discovery[authority]
+	m.mu.Unlock()
+	if d != nil {
+		d.end()
+	}
 }
 
 // channelState is the routing state of a target: its compiled policy,
@@ -194,6 +243,14 @@ func (m *mesh) forget(authority string, owner *meshResolver) {
 	delete(l, owner)
 	if len(l) == 0 {
 		delete(m.live, authority)
+		if d := m.discovery[authority]; d != nil {
+			// A call still waiting goes on, to a closed channel.
+			if d.timer != nil {
+				d.timer.Stop()
+			}
+			d.end()
+			delete(m.discovery, authority)
+		}
 		if st := m.states[authority]; st != nil && st.owner == owner {
 			delete(m.states, authority)
 		}
@@ -214,11 +271,52 @@ func (m *mesh) forget(authority string, owner *meshResolver) {
 }
 
 // lookup returns the routing state and the ServiceProfile of authority
-// under one lock.
-func (m *mesh) lookup(authority string) (*channelState, *profileState) {
+// under one lock, and whether its first answers are in: a call that comes
+// before them (waits is true) must wait for them ([mesh.await]).
+func (m *mesh) lookup(authority string) (st *channelState, ps *profileState, waits bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.states[authority], m.profiles[authority]
+	if m.cfg.discoveryWait > 0 {
+		d := m.discovery[authority]
+		waits = d == nil || !closed(d.done)
+	}
+	return m.states[authority], m.profiles[authority], waits
+}
+
+// await waits for the first answers of the target of cc, authority: up to
+// the discovery wait since the channel started its watches, or until ctx
+// ends (its error as a status). A channel that has no resolver yet, or
+// closed it when it went idle, builds it now (grpc-go runs the
+// interceptors before it leaves idleness), which starts the watches.
+func (m *mesh) await(ctx context.Context, cc *grpc.ClientConn, authority string) error {
+	m.mu.Lock()
+	d := m.discovery[authority]
+	m.mu.Unlock()
+	if d == nil {
+		cc.Connect()
+		m.mu.Lock()
+		d = m.discovery[authority]
+		m.mu.Unlock()
+		if d == nil {
+			return nil // not a target of this resolver, or a closed channel
+		}
+	}
+	select {
+	case <-d.done:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func (m *mesh) state(authority string) *channelState {

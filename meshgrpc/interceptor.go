@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -14,9 +15,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
@@ -248,7 +251,13 @@ func (c *call) allow(ctx context.Context, n int) bool {
 // GRPCRoute retry.linkerd.io/grpc and retry.linkerd.io/limit).
 func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	authority := targetAuthority(cc.Target())
-	st, ps := m.lookup(authority)
+	st, ps, waits := m.lookup(authority)
+	if waits {
+		if err := m.await(ctx, cc, authority); err != nil {
+			return err
+		}
+		st, ps, _ = m.lookup(authority)
+	}
 	if ps.applies() {
 		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
 	}
@@ -338,11 +347,18 @@ func (c *call) done(ctx context.Context, err error, retries int) {
 // first response message (the messages sent so far are replayed to the
 // new attempt) and only while the count allows. The replay buffer is
 // bounded by the retry's body limit (policy.Retry.BodyLimit, 64 KiB by
-// default): once the messages sent pass it, the buffer is dropped and the
-// stream is no longer retried.
+// default), each message counted at the size the call's codec encodes it
+// (unknown: past the limit): once the messages sent pass it, the buffer
+// is dropped and the stream is no longer retried.
 func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	authority := targetAuthority(cc.Target())
-	st, _ := m.lookup(authority)
+	st, _, waits := m.lookup(authority)
+	if waits {
+		if err := m.await(ctx, cc, authority); err != nil {
+			return nil, err
+		}
+		st, _, _ = m.lookup(authority)
+	}
 	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {
 		if err != nil {
@@ -353,6 +369,9 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx)
 	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts}
+	if rt.route.Retry != nil {
+		s.sizer = codecOf(opts)
+	}
 	if err := s.attempt(); err != nil {
 		for s.retryOnErr(err) {
 			if err = s.attempt(); err == nil {
@@ -386,8 +405,11 @@ type retryStream struct {
 	cur      atomic.Pointer[grpc.ClientStream]
 	received atomic.Bool
 
-	mu        sync.Mutex
-	sent      []any
+	mu    sync.Mutex
+	sent  []any
+	sizer sizer
+	// sentBytes is the encoded size of the messages sent so far, up to
+	// one past the body limit.
 	sentBytes int64
 	// noReplay: the messages sent passed the body limit; no retry.
 	noReplay  bool
@@ -506,7 +528,11 @@ func (s *retryStream) SendMsg(msg any) error {
 	if s.received.Load() {
 		s.sent = nil
 	} else if r := s.c.rt.route.Retry; r != nil && !s.noReplay {
-		s.sentBytes += messageSize(msg)
+		if n := s.sizer.size(msg); n > r.BodyLimit()-s.sentBytes {
+			s.sentBytes = r.BodyLimit() + 1
+		} else {
+			s.sentBytes += n
+		}
 		if s.sentBytes > r.BodyLimit() {
 			s.sent, s.noReplay = nil, true
 		} else {
@@ -522,12 +548,93 @@ func (s *retryStream) SendMsg(msg any) error {
 	return err
 }
 
-// messageSize is the encoded size of a protobuf message, 0 for others.
-func messageSize(msg any) int64 {
-	if m, ok := msg.(proto.Message); ok {
-		return int64(proto.Size(m))
+// sizer measures a message as the call's codec puts it on the wire.
+type sizer struct {
+	// codec is the call's codec: an encoding.CodecV2, or a codec whose
+	// Marshal returns bytes (encoding.Codec, grpc.Codec); nil when no
+	// codec is registered for the call's content-subtype.
+	codec any
+	// proto: the codec is the one named "proto", which encodes a
+	// protobuf message as protobuf: its size is proto.Size, without
+	// encoding it.
+	proto bool
+}
+
+// sizeUnknown is the size of a message the call's codec cannot measure:
+// past any body limit.
+const sizeUnknown = math.MaxInt64
+
+// codecOf finds the codec a call with opts is encoded with, as grpc-go
+// chooses it (the last codec forced by an option; else the codec
+// registered for the content-subtype, "proto" by default).
+func codecOf(opts []grpc.CallOption) sizer {
+	var codec any
+	subtype := ""
+	for _, o := range opts {
+		switch o := o.(type) {
+		case grpc.ForceCodecV2CallOption:
+			codec = o.CodecV2
+		case grpc.ForceCodecCallOption:
+			codec = o.Codec
+		case grpc.CustomCodecCallOption:
+			codec = o.Codec
+		case grpc.ContentSubtypeCallOption:
+			subtype = strings.ToLower(o.ContentSubtype)
+		}
 	}
-	return 0
+	if codec == nil {
+		if subtype == "" {
+			subtype = protoCodecName
+		}
+		if c := encoding.GetCodec(subtype); c != nil {
+			codec = c
+		} else if c := encoding.GetCodecV2(subtype); c != nil {
+			codec = c
+		}
+	}
+	var name string
+	switch c := codec.(type) {
+	case encoding.CodecV2:
+		name = c.Name()
+	case encoding.Codec:
+		name = c.Name()
+	}
+	return sizer{codec: codec, proto: name == protoCodecName}
+}
+
+// protoCodecName is the name of grpc-go's default codec.
+const protoCodecName = "proto"
+
+// size is the encoded size of msg: proto.Size for a protobuf message
+// under the proto codec, else the length of what the codec encodes,
+// sizeUnknown when it cannot encode it (or the call has no codec), so
+// that a message of unknown size never fits a body limit.
+func (z sizer) size(msg any) int64 {
+	if z.proto {
+		switch m := msg.(type) {
+		case proto.Message:
+			return int64(proto.Size(m))
+		case protoadapt.MessageV1:
+			return int64(proto.Size(protoadapt.MessageV2Of(m)))
+		}
+	}
+	switch c := z.codec.(type) {
+	case encoding.CodecV2:
+		b, err := c.Marshal(msg)
+		if err != nil {
+			return sizeUnknown
+		}
+		n := b.Len()
+		b.Free()
+		return int64(n)
+	case interface{ Marshal(any) ([]byte, error) }:
+		b, err := c.Marshal(msg)
+		if err != nil {
+			return sizeUnknown
+		}
+		return int64(len(b))
+	}
+	return sizeUnknown
 }
 
 func (s *retryStream) RecvMsg(msg any) error {

@@ -2,11 +2,13 @@ package meshgrpc
 
 import (
 	"log/slog"
+	"time"
 
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/identity"
 )
 
@@ -24,6 +26,9 @@ type config struct {
 	logger   *slog.Logger
 	inbound  []authz.Option
 	balancer []balancer.Option
+	// discoveryWait is WithDiscoveryWait's bound: 0 for the default,
+	// negative for no wait.
+	discoveryWait time.Duration
 }
 
 func newConfig(opts []Option) *config {
@@ -68,4 +73,25 @@ func WithInboundPolicy(opts ...authz.Option) Option {
 // penalties override them. A server ignores it.
 func WithBalancerOptions(opts ...balancer.Option) Option {
 	return optionFunc(func(c *config) { c.balancer = append(c.balancer, opts...) })
+}
+
+// DefaultDiscoveryWait is how long, by default, a call on a channel whose
+// target has not answered yet waits for its first answers (see
+// [WithDiscoveryWait]): the destination client's own first-message
+// deadline, past which a silent stream means something.
+const DefaultDiscoveryWait = destination.DefaultFirstMessageTimeout
+
+// WithDiscoveryWait bounds how long a client's call waits for its target's
+// first answers from the control plane, its outbound policy and its
+// ServiceProfile (or the word that there is none), before it takes a
+// route: the first call on a new channel, and the first after an idle
+// channel started its watches again, is then routed (timeout, retries,
+// route series) like every later one. The wait ends for every call of
+// the target at the first answers, or once d has passed since the
+// channel started its watches; calls after that take the routes known,
+// none meaning the target as it is. d == 0 means [DefaultDiscoveryWait];
+// d < 0 never waits (a call that comes before the answers goes to the
+// target as it is). Answers already in cost nothing. A server ignores it.
+func WithDiscoveryWait(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.discoveryWait = d })
 }

@@ -59,9 +59,10 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	r.mu.Lock()
 	r.wantLocked([]string{authority})
 	r.mu.Unlock()
-	pstop, err := b.m.dst.Watch(ctx, authority, func(u profiles.Update) { b.m.setProfile(authority, r, u) })
+	pstop, err := b.m.dst.Watch(ctx, authority, r.profile)
 	if err != nil {
 		b.m.cfg.logger.Warn("meshgrpc: cannot watch the service profile", "authority", authority, "error", err)
+		r.answered(&r.profileAnswered) // none will come
 	} else {
 		r.mu.Lock()
 		r.profileStop = pstop
@@ -70,6 +71,7 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	stop, err := b.m.dst.WatchPolicy(ctx, destinationSpec(authority), r.policy)
 	if err != nil {
 		b.m.cfg.logger.Warn("meshgrpc: cannot watch the outbound policy; the target's endpoints take every call", "authority", authority, "error", err)
+		r.answered(&r.policyAnswered) // none will come
 	} else {
 		r.mu.Lock()
 		r.policyStop = stop
@@ -94,6 +96,29 @@ type meshResolver struct {
 	backends    []string                    // the backend authorities, the target's first
 	sets        map[string]*endpoint.Update // the last update of each backend's watch
 	stops       map[string]func()
+	// policyAnswered and profileAnswered: the target's outbound policy
+	// and ServiceProfile have answered, or their watch failed.
+	policyAnswered, profileAnswered bool
+}
+
+// answered records the first answer of one of the target's watches (flag
+// is policyAnswered or profileAnswered); with both in, the calls that
+// wait for them go on.
+func (r *meshResolver) answered(flag *bool) {
+	r.mu.Lock()
+	first := !*flag
+	*flag = true
+	both := first && r.policyAnswered && r.profileAnswered && !r.closed
+	r.mu.Unlock()
+	if both {
+		r.m.discovered(r.authority)
+	}
+}
+
+// profile takes a ServiceProfile update.
+func (r *meshResolver) profile(u profiles.Update) {
+	r.m.setProfile(r.authority, r, u)
+	r.answered(&r.profileAnswered)
 }
 
 // ResolveNow is a hint grpc-go gives after every failed connection; the
@@ -142,6 +167,9 @@ func (r *meshResolver) policy(u policy.Update) {
 		s()
 	}
 	r.push()
+	// After the push: the balancer has the policy's backends and their
+	// configuration before a waiting call is routed to one.
+	r.answered(&r.policyAnswered)
 }
 
 // wantLocked starts the endpoint watches of the authorities in want that

@@ -36,10 +36,15 @@ import (
 //     (a plaintext client has none), and reads each connection's
 //     addresses for the policy once; without either, no stats handler
 //     (grpc-go then makes no per-call stats events);
-//   - unary and stream interceptors that, with [WithInboundPolicy],
-//     enforce the port's policy on every call exactly as authz.Handler
-//     enforces it on HTTP requests (the call's method is the request path,
-//     POST, its :authority the host, its metadata the headers): no route
+//   - unary and stream interceptors that give every call's handler (and
+//     the policy) l5d-client-id as Linkerd's proxy gives it: every
+//     l5d-client-id the client sent removed, and set to the client's
+//     identity only when it proved one over mesh TLS, so that no client,
+//     plaintext or meshed, can claim an identity in metadata; with
+//     [WithInboundPolicy], they enforce the port's policy on every call
+//     exactly as authz.Handler enforces it on HTTP requests (the call's
+//     method is the request path, POST, its :authority the host, its
+//     metadata the headers): no route
 //     is NOT_FOUND, no authorization PERMISSION_DENIED, a rate limit
 //     RESOURCE_EXHAUSTED, a full in-flight limit UNAVAILABLE, with
 //     Linkerd's message to meshed clients only and the refusal counted in
@@ -54,9 +59,10 @@ import (
 // (grpc.ChainUnaryInterceptor appends), so that the policy runs before
 // them; an interceptor set with grpc.UnaryInterceptor or
 // grpc.StreamInterceptor always runs before the chained ones, so before
-// the policy, whatever the order. A call to a method the server does not register is answered
-// UNIMPLEMENTED by grpc-go before any interceptor runs: it is neither
-// authorized nor counted. The policy's watches last as long as its
+// the policy, whatever the order, and sees the metadata as the client sent
+// it (l5d-client-id included). A call to a method the server does not
+// register is answered UNIMPLEMENTED by grpc-go before any interceptor
+// runs: it is neither authorized nor counted. The policy's watches last as long as its
 // authz.Source (for a destination.Client, until the client is closed).
 // ServerOptions panics when the default Server of [WithInboundPolicy]
 // (authz.WithDefault) does not compile.
@@ -218,17 +224,28 @@ func (s *ctxStream) Context() context.Context { return s.ctx }
 func (s *server) admit(ctx context.Context, method string) (context.Context, authz.Decision, classify.Exchange, error) {
 	var d authz.Decision
 	var authority string
+	var c *conn
+	if s.stats {
+		if c, _ = ctx.Value(connKey{}).(*conn); c == nil {
+			c = s.connOf(ctx)
+		}
+	}
 	if s.policy == nil {
 		// Only the authority: reading the whole metadata would copy it.
 		if v := metadata.ValueFromIncomingContext(ctx, ":authority"); len(v) > 0 {
 			authority = v[0]
 		}
+		if id := c.clientID(); id != "" || metadata.ValueFromIncomingContext(ctx, clientIDKey) != nil {
+			md, _ := metadata.FromIncomingContext(ctx)
+			ctx = withClientID(ctx, md, id)
+		}
 	} else {
 		md, _ := metadata.FromIncomingContext(ctx)
 		authority = first(md, ":authority")
-		c, _ := ctx.Value(connKey{}).(*conn)
-		if c == nil {
-			c = s.connOf(ctx)
+		// The policy sees the identity header as the handler will:
+		// verified or absent.
+		if _, sent := md[clientIDKey]; sent || c.clientID() != "" {
+			ctx = withClientID(ctx, md, c.clientID())
 		}
 		v := getRequest(method, authority, md)
 		d = s.policy.Decide(&v.r, c.authz)
@@ -311,6 +328,37 @@ func (s *server) filter(ctx context.Context, d *authz.Decision, v *request, md m
 		out[strings.ToLower(k)] = vals
 	}
 	return metadata.NewIncomingContext(ctx, out), nil
+}
+
+// clientIDKey is the metadata key in which the server gives the handler
+// its client's verified identity, as the HTTP stack gives it in
+// origproto.ClientIDHeader.
+const clientIDKey = "l5d-client-id"
+
+// clientID is the identity the connection's client proved over mesh TLS,
+// empty for plaintext, TLS without a certificate, or no connection.
+func (c *conn) clientID() string {
+	if c == nil || !c.authz.Peer.TLS {
+		return ""
+	}
+	return c.authz.Peer.ID
+}
+
+// withClientID returns ctx with md, the call's incoming metadata (a copy
+// the caller owns), as its incoming metadata, in which every
+// l5d-client-id the client sent is removed and, for a client that proved
+// an identity id over mesh TLS, l5d-client-id is id alone: as Linkerd's
+// proxy sets the header on every inbound request (replacing what the
+// client sent) or strips it, no client can claim an identity of its own.
+func withClientID(ctx context.Context, md metadata.MD, id string) context.Context {
+	if md == nil {
+		md = metadata.MD{}
+	}
+	delete(md, clientIDKey)
+	if id != "" {
+		md[clientIDKey] = []string{id}
+	}
+	return metadata.NewIncomingContext(ctx, md)
 }
 
 // connOf is the connection of ctx read from its peer, for a call whose

@@ -3,6 +3,7 @@ package meshgrpc_test
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -84,7 +85,7 @@ func (peerApp) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*tes
 	}
 	p, ok := identity.PeerFromContext(ctx)
 	md, _ := metadata.FromIncomingContext(ctx)
-	_ = grpc.SetHeader(ctx, metadata.Pairs("x-added-seen", firstMD(md, "x-added")))
+	_ = grpc.SetHeader(ctx, metadata.Pairs("x-added-seen", firstMD(md, "x-added"), clientIDSeen, fmt.Sprint(md["l5d-client-id"])))
 	return &testgrpc.SimpleResponse{Username: p.ID, OauthScope: strconv.FormatBool(ok)}, nil
 }
 
@@ -104,6 +105,10 @@ func (peerApp) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallServer) 
 }
 
 func (peerApp) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, stream testgrpc.TestService_StreamingOutputCallServer) error {
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	if err := stream.SendHeader(metadata.Pairs(clientIDSeen, fmt.Sprint(md["l5d-client-id"]))); err != nil {
+		return err
+	}
 	for range req.GetResponseParameters() {
 		if err := stream.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
 			return err
@@ -111,6 +116,10 @@ func (peerApp) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, str
 	}
 	return nil
 }
+
+// clientIDSeen is the response header in which peerApp tells the
+// l5d-client-id values its handler got, as fmt prints a slice.
+const clientIDSeen = "x-client-id-seen"
 
 func firstMD(md metadata.MD, k string) string {
 	if v := md[k]; len(v) > 0 {

@@ -2,6 +2,7 @@ package meshgrpc_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -13,9 +14,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
 )
 
 // streamApp fails its first `fail` calls with UNAVAILABLE after reading
@@ -186,4 +192,76 @@ func TestBidiRetrySendDoesNotBlockRecv(t *testing.T) {
 	}
 	require.NoError(t, <-sendErr)
 	assert.Equal(t, n, got)
+}
+
+// rawCodec passes messages as the bytes they are, as gRPC proxies do
+// (named "proto" as the calls they forward); its messages are *[]byte.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	b, ok := v.(*[]byte)
+	if !ok {
+		return nil, fmt.Errorf("rawCodec: %T is not *[]byte", v)
+	}
+	return mem.BufferSlice{mem.SliceBuffer(*b)}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	b, ok := v.(*[]byte)
+	if !ok {
+		return fmt.Errorf("rawCodec: %T is not *[]byte", v)
+	}
+	*b = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// The retry's body limit holds for every codec: a client stream of raw
+// bytes (a codec that is not protobuf's, as a gRPC proxy forwards calls)
+// is measured by what its codec encodes. 32 messages of 1 MiB are far past
+// the 64 KiB limit: the stream is not retried (before, their size counted
+// as 0 and all 32 MiB were kept and replayed); two of 20 KiB fit and are
+// replayed.
+func TestStreamRetryBodyLimitRawCodec(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		messages, len int
+		code          codes.Code
+		calls         int64
+	}{
+		{"32 x 1 MiB is not retried", 32, 1 << 20, codes.Unavailable, 1},
+		{"2 x 20 KiB is retried", 2, 20 << 10, codes.OK, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &streamApp{fail: 1}
+			store := controlplane.NewStore()
+			manifests(t, store, booksService+retriedStreams+probeRoute)
+			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: startStreamApp(t, a)}}})
+			m := testutil.NewMetrics(t)
+			cc, err := grpc.NewClient(booksTarget, meshgrpc.DialOptions(serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))...)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = cc.Close() })
+			routed(t, testgrpc.NewTestServiceClient(cc), m)
+
+			msg, err := proto.Marshal(&testgrpc.StreamingInputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, tc.len)}})
+			require.NoError(t, err)
+			s, err := cc.NewStream(callCtx(t), &grpc.StreamDesc{ClientStreams: true},
+				"/grpc.testing.TestService/StreamingInputCall", grpc.ForceCodecV2(rawCodec{}))
+			require.NoError(t, err)
+			for range tc.messages {
+				require.NoError(t, s.SendMsg(&msg))
+			}
+			require.NoError(t, s.CloseSend())
+			var resp []byte
+			err = s.RecvMsg(&resp)
+			require.Equal(t, tc.code, status.Code(err), "%v", err)
+			assert.Equal(t, tc.calls, a.calls.Load(), "attempts")
+			if tc.code == codes.OK {
+				var got testgrpc.StreamingInputCallResponse
+				require.NoError(t, proto.Unmarshal(resp, &got))
+				assert.Equal(t, int32(tc.messages*tc.len), got.GetAggregatedPayloadSize(), "every message replayed")
+			}
+		})
+	}
 }

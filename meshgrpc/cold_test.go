@@ -1,0 +1,254 @@
+package meshgrpc_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+)
+
+// coldRoutes time EmptyCall out at 300 ms and retry the failures of
+// UnaryCall and StreamingOutputCall with UNAVAILABLE.
+const coldRoutes = `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata:
+  name: slow
+  namespace: default
+  annotations: {timeout.linkerd.io/request: 300ms}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: books, port: 7000}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata:
+  name: retried
+  namespace: default
+  annotations: {retry.linkerd.io/grpc: unavailable, retry.linkerd.io/limit: "2"}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches:
+    - {method: {service: grpc.testing.TestService, method: UnaryCall}}
+    - {method: {service: grpc.testing.TestService, method: StreamingOutputCall}}
+    backendRefs: [{name: books, port: 7000}]
+`
+
+// coldApp blocks EmptyCall until the caller gives up, and fails the first
+// UnaryCall and StreamingOutputCall with UNAVAILABLE.
+type coldApp struct {
+	testgrpc.UnimplementedTestServiceServer
+	unary, stream atomic.Int64
+}
+
+func (a *coldApp) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+func (a *coldApp) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	if a.unary.Add(1) == 1 {
+		return nil, status.Error(codes.Unavailable, "not yet")
+	}
+	return &testgrpc.SimpleResponse{}, nil
+}
+
+func (a *coldApp) StreamingOutputCall(_ *testgrpc.StreamingOutputCallRequest, s grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	if a.stream.Add(1) == 1 {
+		return status.Error(codes.Unavailable, "not yet")
+	}
+	return s.Send(&testgrpc.StreamingOutputCallResponse{})
+}
+
+// coldChannel is a brand-new channel to books on a fresh Destination
+// client of a control plane serving coldRoutes and app: nothing has been
+// discovered before its first call.
+func coldChannel(t *testing.T, a testgrpc.TestServiceServer) (testgrpc.TestServiceClient, *testutil.Metrics) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(g, a)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+coldRoutes)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: netip.MustParseAddrPort(lis.Addr().String())}}})
+	m := testutil.NewMetrics(t)
+	return dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)), m
+}
+
+// The first call on a new channel is routed as every later one: its
+// GRPCRoute's timeout ends it (300 ms, not the caller's 10 s deadline),
+// its retry retries it, and the route's series count it. Before, the
+// interceptors ran before the channel had built its resolver, so the
+// first call found no routes and went to the target as it was.
+func TestFirstCallRouted(t *testing.T) {
+	t.Run("timeout", func(t *testing.T) {
+		c, m := coldChannel(t, &coldApp{})
+		ctx := callCtx(t)
+		start := time.Now()
+		_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+		took := time.Since(start)
+		assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+		assert.NoError(t, ctx.Err(), "the route's timeout ended the call, not the caller's deadline (took %v)", took)
+		assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="slow"`, `error="REQUEST_TIMEOUT"`))
+	})
+	t.Run("unary retry", func(t *testing.T) {
+		a := &coldApp{}
+		c, m := coldChannel(t, a)
+		_, err := c.UnaryCall(callCtx(t), &testgrpc.SimpleRequest{})
+		require.NoError(t, err, "the first failure is retried")
+		assert.Equal(t, int64(2), a.unary.Load())
+		assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_retry_requests_total", `route_name="retried"`))
+		assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="retried"`, `grpc_status="OK"`))
+	})
+	t.Run("stream retry", func(t *testing.T) {
+		a := &coldApp{}
+		c, m := coldChannel(t, a)
+		s, err := c.StreamingOutputCall(callCtx(t), &testgrpc.StreamingOutputCallRequest{})
+		require.NoError(t, err)
+		_, err = s.Recv()
+		require.NoError(t, err, "the first failure is retried")
+		assert.Equal(t, int64(2), a.stream.Load())
+		assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_retry_requests_total", `route_name="retried"`))
+	})
+}
+
+// silentPolicies accepts every OutboundPolicies watch and never answers
+// (a control plane that is wedged, or a stand-in that only holds streams).
+type silentPolicies struct {
+	outboundpb.UnimplementedOutboundPoliciesServer
+}
+
+func (silentPolicies) Watch(_ *outboundpb.TrafficSpec, s grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
+	<-s.Context().Done()
+	return nil
+}
+
+// A control plane that never answers the outbound policy: the first call
+// waits for it no longer than the discovery wait, then goes to the target
+// as it is; once the wait has passed, no later call waits again; a call
+// whose own deadline comes first ends with it.
+func TestFirstCallPolicyNeverAnswers(t *testing.T) {
+	const wait = 2 * time.Second
+	a := startApp(t, &app{}, nil)
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+coldRoutes)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	destinationpb.RegisterDestinationServer(g, controlplane.NewServer(store))
+	outboundpb.RegisterOutboundPoliciesServer(g, silentPolicies{})
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	// The silence means nothing to the destination client within the test.
+	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet),
+		destination.WithFirstMessageTimeout(time.Hour))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	c := dial(t, dst, meshgrpc.WithDiscoveryWait(wait), meshgrpc.WithLogger(quiet))
+
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = c.EmptyCall(short, &testgrpc.Empty{})
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "the caller's deadline ends its wait: %v", err)
+
+	start := time.Now()
+	_, err = c.UnaryCall(callCtx(t), &testgrpc.SimpleRequest{})
+	assert.Equal(t, codes.Unimplemented, status.Code(err), "the target as it is: %v", err)
+	assert.Less(t, time.Since(start), testutil.Timeout, "the wait is bounded")
+
+	start = time.Now()
+	for range 5 {
+		_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		require.NoError(t, err)
+	}
+	assert.Less(t, time.Since(start), wait, "later calls do not wait")
+}
+
+// A channel that went idle closed its resolver and its watches; its next
+// call starts them again and is routed like the first one.
+func TestFirstCallAfterIdleRouted(t *testing.T) {
+	a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}}, nil)
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+coldRoutes)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	m := testutil.NewMetrics(t)
+	opts := append(meshgrpc.DialOptions(serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)),
+		grpc.WithIdleTimeout(500*time.Millisecond)) // longer than discovery takes on a loaded machine
+	cc, err := grpc.NewClient(booksTarget, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	c := testgrpc.NewTestServiceClient(cc)
+	for i := 1; i <= 2; i++ {
+		ctx := callCtx(t)
+		_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+		assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "call %d: %v", i, err)
+		assert.NoError(t, ctx.Err(), "call %d: the route's timeout ended it", i)
+		assert.Equal(t, strconv.Itoa(i), m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="slow"`, `error="REQUEST_TIMEOUT"`))
+		// Idle: the resolver and its watches are gone.
+		wait := callCtx(t)
+		for s := cc.GetState(); s != connectivity.Idle; s = cc.GetState() {
+			require.True(t, cc.WaitForStateChange(wait, s), "the channel never went idle")
+		}
+	}
+}
+
+// The first call on a new channel follows its target's ServiceProfile
+// too: the profile route's timeout ends it and route_* counts it.
+func TestFirstCallProfileRouted(t *testing.T) {
+	a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}}, nil)
+	sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  routes:
+  - name: EmptyCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
+    timeout: 300ms
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetServiceProfiles(sps)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	m := testutil.NewMetrics(t)
+	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	ctx := callCtx(t)
+	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	assert.NoError(t, ctx.Err(), "the profile route's timeout ended the call, not the caller's deadline")
+	assert.Len(t, m.Lines(t, "route_response_total", `rt_route="EmptyCall"`), 1)
+}
