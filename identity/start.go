@@ -12,6 +12,8 @@ import (
 	"github.com/inmesh/inmesh/backoff"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // DefaultServiceName is the identity that Linkerd's identity service
@@ -65,7 +67,8 @@ type Session struct {
 	c     *Certifier
 
 	mu      sync.Mutex
-	lastErr error // the last failed certification before the first success
+	lastErr error         // the last failed certification before the first success
+	failed  chan struct{} // closed, and replaced, at each failure before the first success
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the certification goroutine returns
@@ -82,9 +85,11 @@ type Session struct {
 // A failed certification is logged and tried again with backoff, from
 // 100ms up to the minimum refresh interval, until ctx ends: then Start
 // returns an error that names the identity, the service and the last
-// failure. ctx bounds only that wait, not the renewals. A configuration
-// that cannot work (an invalid name, no or unreadable trust anchors, a
-// missing token file or address) is an error at once, naming the field.
+// failure. A refusal by the service (a token that proves another identity,
+// or none) is such an error at once. ctx bounds only that wait, not the
+// renewals. A configuration that cannot work (an invalid name, no or
+// unreadable trust anchors, no token file or address) is an error at
+// once, naming the field.
 //
 // opts are the [Certifier]'s: [WithLogger], [WithMeterProvider] and
 // [WithRefreshBounds].
@@ -145,7 +150,7 @@ func NewSession(cfg Config, opts ...Option) (*Session, error) {
 		return nil, fmt.Errorf("identity: Config.Addr %q: %w", cfg.Addr, err)
 	}
 	s := &Session{local: local, addr: cfg.Addr, conn: conn, c: NewCertifier(local, conn, cfg.TokenFile, opts...),
-		done: make(chan struct{})}
+		failed: make(chan struct{}), done: make(chan struct{})}
 	var ctx context.Context
 	ctx, s.cancel = context.WithCancel(context.Background())
 	go s.run(ctx)
@@ -199,6 +204,8 @@ func (s *Session) run(ctx context.Context) {
 	err := backoff.Retry(ctx, retry, s.c.Certify, func(err error, delay time.Duration) {
 		s.mu.Lock()
 		s.lastErr = err
+		close(s.failed)
+		s.failed = make(chan struct{})
 		s.mu.Unlock()
 		s.c.log.Warn("identity: certification failed; no certificate yet, trying again",
 			"identity", s.local.Name(), "addr", s.addr, "retry_in", delay.Round(time.Millisecond), "error", err)
@@ -217,36 +224,69 @@ func (s *Session) run(ctx context.Context) {
 // installed ([Local.Ready]).
 func (s *Session) Local() *Local { return s.local }
 
-// Wait returns nil once the identity has its first certificate. When ctx
-// ends first, or the session is closed, it returns an error naming the
-// identity, the Identity service and the last failed certification.
+// Wait returns nil once the identity has its first certificate. It
+// returns an error naming the identity, the Identity service and the last
+// failed certification when ctx ends first, when the session is closed,
+// or as soon as the service refuses the request (InvalidArgument,
+// FailedPrecondition, Unauthenticated, PermissionDenied: a token that
+// proves another identity, or none). The session keeps trying meanwhile,
+// as Linkerd's proxy does, so a later Wait can still succeed: the token
+// or the service's configuration may be fixed.
 func (s *Session) Wait(ctx context.Context) error {
-	select {
-	case <-s.local.Ready():
-		return nil
-	default:
+	for {
+		s.mu.Lock()
+		last, failed := s.lastErr, s.failed
+		s.mu.Unlock()
+		var cause error
+		select {
+		case <-s.local.Ready():
+			return nil
+		default:
+		}
+		if refused(last) {
+			cause = errors.New("the Identity service refused the request")
+		} else {
+			select {
+			case <-s.local.Ready():
+				return nil
+			case <-failed:
+				continue
+			case <-ctx.Done():
+				cause = ctx.Err()
+			case <-s.done:
+				cause = errors.New("the session is closed")
+			}
+		}
+		select {
+		case <-s.local.Ready(): // it came as the wait ended
+			return nil
+		default:
+		}
+		s.mu.Lock()
+		last = s.lastErr
+		s.mu.Unlock()
+		if last == nil {
+			return fmt.Errorf("identity: no certificate for %s from the Identity service at %s: %w", s.local.Name(), s.addr, cause)
+		}
+		return fmt.Errorf("identity: no certificate for %s from the Identity service at %s: %w (last failure: %w)", s.local.Name(), s.addr, cause, last)
 	}
-	var cause error
-	select {
-	case <-s.local.Ready():
-		return nil
-	case <-ctx.Done():
-		cause = ctx.Err()
-	case <-s.done:
-		cause = errors.New("the session is closed")
+}
+
+// refused reports whether err is the Identity service's refusal of a
+// request, which trying again with the same token and name cannot change.
+func refused(err error) bool {
+	if err == nil {
+		return false
 	}
-	select {
-	case <-s.local.Ready(): // it came as the wait ended
-		return nil
-	default:
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
 	}
-	s.mu.Lock()
-	last := s.lastErr
-	s.mu.Unlock()
-	if last == nil {
-		return fmt.Errorf("identity: no certificate for %s from the Identity service at %s: %w", s.local.Name(), s.addr, cause)
+	switch st.Code() {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.Unauthenticated, codes.PermissionDenied:
+		return true
 	}
-	return fmt.Errorf("identity: no certificate for %s from the Identity service at %s: %w (last failure: %w)", s.local.Name(), s.addr, cause, last)
+	return false
 }
 
 // Close stops the renewals and closes the connection to the Identity

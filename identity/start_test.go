@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // config returns the bootstrap configuration of name with token, against
@@ -127,18 +129,32 @@ func TestStartRetriesTheFirstCertificationAtOnce(t *testing.T) {
 	assert.Less(t, took, identity.DefaultMinRefresh/2, "tried again long before the minimum refresh interval")
 }
 
-// When the wait ends before a certificate, Start says for whom, from
-// where and why: the context's end and the last refusal of the Identity
-// service (here a token of another service account).
-func TestStartNamesTheLastFailure(t *testing.T) {
+// A refusal by the Identity service (here a token of another service
+// account) ends Start's wait at once, with the service's answer, rather
+// than at the context's end; a failure that may pass (here a token file
+// not there yet) is tried again until the context ends, and then named.
+func TestStartNamesTheFailure(t *testing.T) {
 	m := newMesh(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	began := time.Now()
 	s, err := identity.Start(ctx, m.config(t, books, "authors-token"), identity.WithLogger(quiet))
 	require.Error(t, err)
 	assert.Nil(t, s)
+	assert.Less(t, time.Since(began), 5*time.Second, "a refusal ends the wait at once")
+	assert.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	for _, want := range []string{books, m.addr, "refused", "requested identity did not match provided token"} {
+		assert.Contains(t, err.Error(), want)
+	}
+
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	cfg := m.config(t, books, booksTok)
+	cfg.TokenFile = filepath.Join(t.TempDir(), "not-yet")
+	_, err = identity.Start(short, cfg, identity.WithLogger(quiet))
+	require.Error(t, err)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	for _, want := range []string{books, m.addr, "FailedPrecondition", "last failure"} {
+	for _, want := range []string{books, m.addr, "last failure", cfg.TokenFile} {
 		assert.Contains(t, err.Error(), want)
 	}
 }
