@@ -211,16 +211,28 @@ func TestWalkthroughRuns(t *testing.T) {
 			for i := range args {
 				args[i] = strings.ReplaceAll(args[i], "127.0.0.1:7000", booksAddr)
 			}
-			var code int
-			require.Eventually(t, func() bool {
-				out, err := exec.Command("curl", args...).Output()
-				code, _ = strconv.Atoi(strings.TrimSpace(string(out)))
-				return err == nil && code == 403
-			}, timeout, 100*time.Millisecond, "%s (last status %d)", line, code)
+			// Until books has its port's policy, the default one (all
+			// unauthenticated) applies.
+			code := 0
+			for deadline := time.Now().Add(timeout); code != 403 && time.Now().Before(deadline); {
+				out, _ := exec.Command("curl", args...).Output()
+				if code, _ = strconv.Atoi(strings.TrimSpace(string(out))); code != 403 {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			assert.Equal(t, 403, code, line)
 			ran++
 		default:
 			t.Fatalf("the walkthrough runs %q, which this test does not know", line)
 		}
 	}
 	assert.Equal(t, 4, ran, "commands: %q", w.commands)
+
+	// With the policy in force (curl refused), web is still admitted: by
+	// its identity, not by where it connects from.
+	cmd := exec.Command(filepath.Join(bin, "walkthrough-web"), "-control", dstAddr, "-identity", idAddr)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Equal(t, "200 OK: books, for web.default.serviceaccount.identity.linkerd.cluster.local\n", string(out))
 }
