@@ -61,10 +61,11 @@ func (e Env) Config() Config {
 // from [Start] or [NewSession] until [Session.Close]. Pass its
 // [Session.Local] to mesh.WithIdentity and meshgrpc.WithIdentity.
 type Session struct {
-	local *Local
-	addr  string
-	conn  *grpc.ClientConn
-	c     *Certifier
+	local   *Local
+	addr    string
+	anchors string // where the trust anchors came from, for the logs
+	conn    *grpc.ClientConn
+	c       *Certifier
 
 	mu      sync.Mutex
 	lastErr error         // the last failed certification before the first success
@@ -149,7 +150,11 @@ func NewSession(cfg Config, opts ...Option) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("identity: Config.Addr %q: %w", cfg.Addr, err)
 	}
-	s := &Session{local: local, addr: cfg.Addr, conn: conn, c: NewCertifier(local, conn, cfg.TokenFile, opts...),
+	anchorsFrom := "Config.TrustAnchors"
+	if cfg.TrustAnchorsFile != "" {
+		anchorsFrom = cfg.TrustAnchorsFile
+	}
+	s := &Session{local: local, addr: cfg.Addr, anchors: anchorsFrom, conn: conn, c: NewCertifier(local, conn, cfg.TokenFile, opts...),
 		failed: make(chan struct{}), done: make(chan struct{})}
 	var ctx context.Context
 	ctx, s.cancel = context.WithCancel(context.Background())
@@ -208,7 +213,7 @@ func (s *Session) run(ctx context.Context) {
 		s.failed = make(chan struct{})
 		s.mu.Unlock()
 		s.c.log.Warn("identity: certification failed; no certificate yet, trying again",
-			"identity", s.local.Name(), "addr", s.addr, "retry_in", delay.Round(time.Millisecond), "error", err)
+			"identity", s.local.Name(), "addr", s.addr, "trust_anchors", s.anchors, "retry_in", delay.Round(time.Millisecond), "error", err)
 	})
 	if err == nil {
 		err = backoff.Wait(ctx, RefreshIn(s.local.now(), s.local.Expiry(), s.c.min, s.c.max))
