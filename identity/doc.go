@@ -28,6 +28,12 @@
 // admits a client without one. Both speak TLS 1.3 only and offer no ALPN,
 // as Linkerd's proxies do between meshed HTTP peers.
 //
+// [Start] is a workload's bootstrap in one call: from a [Config] naming
+// the identity, the trust anchors, the token file and the Identity
+// service, it makes the Local, certifies it and keeps it renewed until
+// [Session.Close]; [Session.Local] goes to mesh.WithIdentity and
+// meshgrpc.WithIdentity.
+//
 // The verified identity of a peer travels in a request's context
 // ([WithPeer], [PeerFromContext]).
 package identity

@@ -48,6 +48,7 @@ type mesh struct {
 	issuer  *controlplane.Issuer
 	addr    string
 	tokens  controlplane.StaticTokens
+	rootPEM []byte // the trust anchor, PEM
 }
 
 func newMesh(t *testing.T, opts ...controlplane.IssuerOption) *mesh {
@@ -60,6 +61,7 @@ func newMesh(t *testing.T, opts ...controlplane.IssuerOption) *mesh {
 		booksTok: books, "authors-token": authors, "svc-token": svcName,
 	}}
 	m.anchors.AddCert(root.Cert)
+	m.rootPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.DER})
 	m.issuer, err = controlplane.NewIssuer(m.anchors, [][]byte{iss.DER}, iss.Key, m.tokens,
 		append([]controlplane.IssuerOption{controlplane.WithIssuerLogger(quiet)}, opts...)...)
 	require.NoError(t, err)

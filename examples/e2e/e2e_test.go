@@ -99,7 +99,13 @@ type proc struct {
 }
 
 func start(t *testing.T, bin string, env []string, args ...string) *proc {
+	return startIn(t, "", bin, env, args...)
+}
+
+// startIn is start with dir as the working directory ("": the test's).
+func startIn(t *testing.T, dir, bin string, env []string, args ...string) *proc {
 	p := &proc{cmd: exec.Command(bin, args...)}
+	p.cmd.Dir = dir
 	p.cmd.Env = append(os.Environ(), env...)
 	r, w := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = w, w

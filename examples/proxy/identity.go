@@ -6,13 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/inmesh/inmesh/identity"
 	"go.opentelemetry.io/otel/metric"
-	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
 )
 
 // identityFlags are the proxy's identity settings; LINKERD2_PROXY_IDENTITY_*
@@ -34,67 +31,43 @@ func (f *identityFlags) register(fs *flag.FlagSet) {
 }
 
 // startIdentity returns the proxy's local identity, certified in the
-// background by the Identity API until ctx is done; nil without an
-// identity name.
+// background by the Identity API (identity.NewSession) until the returned
+// stop; nil without an identity name. The proxy serves before the first
+// certificate, and says it is not ready until then, as Linkerd's proxy.
 func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider, log *slog.Logger) (*identity.Local, func(), error) {
 	env, fromEnv, err := identity.FromEnv()
 	if err != nil {
 		return nil, nil, err
 	}
+	var cfg identity.Config
 	var minRefresh, maxRefresh time.Duration
-	anchorsPEM, anchorsName := []byte(nil), "-identity-trust-anchors "+f.anchorsFile
-	if f.name == "" && fromEnv {
-		f.name, f.tokenFile, f.addr, f.serverName = env.LocalName, env.TokenFile, env.SvcAddr, env.SvcName
-		anchorsPEM, anchorsName = []byte(env.TrustAnchors), identity.EnvTrustAnchors
-		minRefresh, maxRefresh = env.MinRefresh, env.MaxRefresh
-	}
-	if f.name == "" {
-		return nil, func() {}, nil
-	}
-	if anchorsPEM == nil {
+	source, anchorsName := "the -identity-* flags", "-identity-trust-anchors "+f.anchorsFile
+	switch {
+	case f.name != "":
 		if f.anchorsFile == "" {
 			return nil, nil, errors.New("-identity-name needs -identity-trust-anchors")
 		}
-		if anchorsPEM, err = os.ReadFile(f.anchorsFile); err != nil {
-			return nil, nil, fmt.Errorf("-identity-trust-anchors: %w", err)
+		if f.tokenFile == "" {
+			return nil, nil, errors.New("-identity-name needs -identity-token-file")
 		}
+		if f.serverName == "" {
+			f.serverName = "linkerd-identity." + f.namespace + ".serviceaccount.identity." + f.namespace + "." + f.trustDomain
+		}
+		cfg = identity.Config{Name: f.name, TrustAnchorsFile: f.anchorsFile, TokenFile: f.tokenFile,
+			Addr: f.addr, ServerName: f.serverName}
+	case fromEnv:
+		cfg, minRefresh, maxRefresh = env.Config(), env.MinRefresh, env.MaxRefresh
+		source, anchorsName = "the LINKERD2_PROXY_IDENTITY_* variables", identity.EnvTrustAnchors
+	default:
+		return nil, func() {}, nil
 	}
-	if f.tokenFile == "" {
-		return nil, nil, errors.New("-identity-name needs -identity-token-file")
-	}
-	if f.serverName == "" {
-		f.serverName = "linkerd-identity." + f.namespace + ".serviceaccount.identity." + f.namespace + "." + f.trustDomain
-	}
-	anchors, err := identity.ParseAnchors(anchorsPEM)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", anchorsName, err)
-	}
-	local, err := identity.NewLocal(f.name, anchors)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-identity-name: %w", err)
-	}
-	// grpc-go's reconnect backoff reaches 120 s by default: after a long
-	// outage of the identity service the proxy would wait that long to
-	// renew. Cap it at the minimum refresh interval, how often the
-	// Certifier retries a failed renewal.
-	reconnect := grpcbackoff.DefaultConfig
-	reconnect.MaxDelay = identity.DefaultMinRefresh
-	if minRefresh > 0 {
-		reconnect.MaxDelay = max(minRefresh, reconnect.BaseDelay)
-	}
-	conn, err := grpc.NewClient("passthrough:///"+f.addr, grpc.WithTransportCredentials(local.TransportCredentials(f.serverName)),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnect, MinConnectTimeout: 20 * time.Second}))
-	if err != nil {
-		return nil, nil, fmt.Errorf("-identity-addr: %w", err)
-	}
-	c := identity.NewCertifier(local, conn, f.tokenFile, identity.WithLogger(log), identity.WithMeterProvider(mp),
+	s, err := identity.NewSession(cfg, identity.WithLogger(log), identity.WithMeterProvider(mp),
 		identity.WithRefreshBounds(minRefresh, maxRefresh), identity.WithAnchorsName(anchorsName))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s (%s): %w", source, anchorsName, err)
+	}
+	local := s.Local()
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = c.Run(ctx)
-	}()
 	go func() {
 		select {
 		case <-local.Ready():
@@ -104,7 +77,6 @@ func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider
 	}()
 	return local, func() {
 		cancel()
-		<-done
-		conn.Close()
+		s.Close()
 	}, nil
 }

@@ -7,7 +7,7 @@ package identityplane
 import (
 	"context"
 	"crypto/x509"
-	"fmt"
+	"encoding/pem"
 	"log/slog"
 	"net"
 	"os"
@@ -56,16 +56,17 @@ func WithLogger(l *slog.Logger) Option {
 
 // Plane is a running identity plane. Stop it when done.
 type Plane struct {
-	anchors *x509.CertPool
-	addr    string
-	tokens  string // the folder of the token files
-	srv     *grpc.Server
-	served  chan struct{}
+	anchors    *x509.CertPool
+	anchorsPEM []byte
+	addr       string
+	tokens     string // the folder of the token files
+	log        *slog.Logger
+	srv        *grpc.Server
+	served     chan struct{}
 
-	ctx     context.Context // ends at Stop: the renewals' lifetime
-	cancel  context.CancelFunc
-	renewal sync.WaitGroup
-	stop    sync.Once
+	mu       sync.Mutex
+	sessions []*identity.Session // closed at Stop
+	stop     sync.Once
 }
 
 // Start makes the trust anchors and the issuer, and serves the Identity API
@@ -107,10 +108,10 @@ func Start(tokens controlplane.StaticTokens, opts ...Option) (*Plane, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	p := &Plane{anchors: anchors, addr: lis.Addr().String(), tokens: dir,
+	p := &Plane{anchors: anchors, anchorsPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.DER}),
+		addr: lis.Addr().String(), tokens: dir, log: c.log,
 		srv:    grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig()))),
 		served: make(chan struct{})}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
 	issuer.Register(p.srv)
 	go func() { defer close(p.served); _ = p.srv.Serve(lis) }()
 	return p, nil
@@ -123,58 +124,38 @@ func (p *Plane) Addr() string { return p.addr }
 func (p *Plane) Anchors() *x509.CertPool { return p.anchors }
 
 // Certify obtains a certificate for the identity name over the Identity
-// API, with token written to a token file, and keeps it renewed until ctx
-// ends or the plane stops. A refused token, or no certificate within 10
-// seconds, is an error.
+// API, as any workload does with [identity.Start], with token written to
+// a token file, and keeps it renewed until ctx ends or the plane stops. A
+// refused token, or no certificate within 10 seconds, is an error.
 func (p *Plane) Certify(ctx context.Context, name, token string) (*identity.Local, error) {
-	local, err := identity.NewLocal(name, p.anchors)
-	if err != nil {
-		return nil, err
-	}
 	file := filepath.Join(p.tokens, token)
 	if err := os.WriteFile(file, []byte(token), 0o600); err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient("passthrough:///"+p.addr,
-		grpc.WithTransportCredentials(local.TransportCredentials(ServiceName)))
+	first, cancel := context.WithTimeout(ctx, certifyTimeout)
+	defer cancel()
+	s, err := identity.Start(first, identity.Config{Name: name, TrustAnchors: p.anchorsPEM, TokenFile: file,
+		Addr: p.addr, ServerName: ServiceName}, identity.WithLogger(p.log))
 	if err != nil {
 		return nil, err
 	}
-	c := identity.NewCertifier(local, conn, file)
-	first, cancel := context.WithTimeout(ctx, certifyTimeout)
-	err = c.Certify(first)
-	cancel()
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("no certificate for %s from the Identity API on %s: %w", name, p.addr, err)
-	}
-	renew, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(p.ctx, cancel)
-	p.renewal.Add(1)
-	go func() {
-		defer p.renewal.Done()
-		defer stop()
-		defer cancel()
-		defer conn.Close()
-		t := time.NewTimer(identity.RefreshIn(time.Now(), local.Expiry(),
-			identity.DefaultMinRefresh, identity.DefaultMaxRefresh))
-		defer t.Stop()
-		select {
-		case <-renew.Done():
-			return
-		case <-t.C:
-		}
-		_ = c.Run(renew)
-	}()
-	return local, nil
+	context.AfterFunc(ctx, func() { s.Close() })
+	p.mu.Lock()
+	p.sessions = append(p.sessions, s)
+	p.mu.Unlock()
+	return s.Local(), nil
 }
 
 // Stop ends the renewals, stops serving the Identity API and removes the
 // token files.
 func (p *Plane) Stop() {
 	p.stop.Do(func() {
-		p.cancel()
-		p.renewal.Wait()
+		p.mu.Lock()
+		sessions := p.sessions
+		p.mu.Unlock()
+		for _, s := range sessions {
+			s.Close()
+		}
 		p.srv.Stop()
 		<-p.served
 		os.RemoveAll(p.tokens)
