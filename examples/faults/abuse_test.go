@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,13 +73,79 @@ func burstConn(addr string, n int, block []byte) (int, error) {
 	return done, nil
 }
 
+// abuseConn opens an h2c connection to addr, writes what send writes, then
+// a PING, and reads until the PING is answered or the server ends the
+// connection.
+func abuseConn(addr string, send func(fr *http2.Framer) error) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Minute))
+	bw := bufio.NewWriterSize(c, 64<<10)
+	fr := http2.NewFramer(bw, c)
+	_, _ = bw.WriteString(http2.ClientPreface)
+	_ = fr.WriteSettings()
+	_ = send(fr) // the server may end the connection before the end
+	_ = fr.WritePing(false, [8]byte{'a', 'b', 'u', 's', 'e'})
+	_ = bw.Flush()
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return nil // ended by the server
+		}
+		if p, ok := f.(*http2.PingFrame); ok && p.IsAck() {
+			return nil
+		}
+	}
+}
+
+// floods are the HTTP/2 abuse cases besides the bursts and resets: each
+// writes its frames on a fresh connection after the preface.
+func floods(block []byte) map[string]func(fr *http2.Framer) error {
+	return map[string]func(fr *http2.Framer) error{
+		"CONTINUATION flood": func(fr *http2.Framer) error {
+			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndStream: true}); err != nil {
+				return err
+			}
+			for range 10000 {
+				if err := fr.WriteContinuation(1, false, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		"SETTINGS flood": func(fr *http2.Framer) error {
+			for range 10000 {
+				if err := fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535}); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		// A 4000-byte value in the dynamic table, then referred to 2000
+		// times: 6 KiB on the wire, 8 MB decoded.
+		"HPACK bomb": func(fr *http2.Framer) error {
+			var b bytes.Buffer
+			enc := hpack.NewEncoder(&b)
+			_ = enc.WriteField(hpack.HeaderField{Name: "x-bomb", Value: strings.Repeat("a", 4000)})
+			bomb := append(bytes.Clone(block), b.Bytes()...)
+			bomb = append(bomb, bytes.Repeat([]byte{0x80 | 62}, 2000)...)
+			return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: bomb, EndStream: true, EndHeaders: true})
+		},
+	}
+}
+
 // An HTTP/2 client that sends a burst of requests at once at proxy B's
 // downgrade listener makes B open a connection to the application for each
 // request in flight (HTTP/1 carries one at a time); afterwards they wait
 // in B's pool, two goroutines each. Once traffic settles they are closed
 // within the pool's idle timeout (3s, as Linkerd's proxy), and B holds what
-// it held before, as its untouched twin would: before, 64 of them stayed
-// for 90s (B at 148 goroutines against 40).
+// it held before, as its untouched twin would: before, up to 64 of them
+// stayed for 90s (B at 148 goroutines against 22 before the burst). The
+// other abuse cases (streams reset at once, CONTINUATION and SETTINGS
+// floods, an HPACK bomb) run beside the burst and leave nothing either.
 func TestStreamBurstLeavesNoAppPool(t *testing.T) {
 	m := newMesh(t)
 	var buf bytes.Buffer
@@ -103,9 +170,13 @@ func TestStreamBurstLeavesNoAppPool(t *testing.T) {
 			answered.Add(int64(k))
 		}()
 	}
-	// And streams opened and reset at once, as in TestRapidReset.
+	// And streams opened and reset at once, as in TestRapidReset, and the
+	// floods.
 	_, err := resetConn(m.bIn, streams, block)
 	require.NoError(t, err)
+	for name, send := range floods(block) {
+		require.NoError(t, abuseConn(m.bIn, send), name)
+	}
 	wg.Wait()
 	require.Equal(t, int64(conns*streams), answered.Load(), "not every stream of the burst was answered")
 	t.Logf("right after: proxy B %v", usageOf(t, m.b.pid(), m.bMetrics))
