@@ -146,8 +146,8 @@ func (b *Balancer) conf(g *group) *groupConf {
 // Ready reports whether a request for authority (host:port) would find an
 // endpoint in rotation now. It is false only when the balancer knows the
 // authority's endpoints and none may take a request: there are none, the
-// name does not resolve, or every endpoint is tripped, on probation with
-// its probe out, or avoided after a Retry-After. An authority the
+// name does not resolve, or every endpoint is tripped, or on probation
+// with its probe out. An authority the
 // balancer has not seen yet, or whose first answer is still awaited, is
 // ready: a request to it starts its watch. A router's first-available
 // distribution uses it to pass over a backend that would fail fast. The
@@ -213,18 +213,21 @@ func (b *Balancer) findGroup(a *authority, c *BackendConfig) *group {
 	return a.groups[k]
 }
 
-// penalize applies the load penalties of c (none: nothing) for outcome o
-// of a request to the endpoint of l: a 429 or RESOURCE_EXHAUSTED adds the
-// penalty, a Retry-After or pushback keeps the endpoint out of picks.
+// penalize applies the load penalty of c (none: nothing) for outcome o of
+// a request to the endpoint of l, as linkerd2-proxy's load biaser does
+// (linkerd/load-biaser, effective_rtt): a 429 or RESOURCE_EXHAUSTED, or a
+// Retry-After or pushback, sets the endpoint's penalty to the hint capped
+// at MaxRetryAfter but never below Penalty. The hint lengthens the penalty
+// and never shortens it; the endpoint stays in rotation, its load decaying
+// until a pick prefers it again.
 func (c *groupConf) penalize(l *load, o outcome, now int64) {
 	p := c.penalty
-	if p == nil {
+	if p == nil || !o.exhausted && o.retryIn <= 0 {
 		return
 	}
-	if o.exhausted {
-		l.penalize(float64(p.Penalty), c.penDecay, now)
-	}
+	pen := int64(p.Penalty)
 	if o.retryIn > 0 {
-		l.avoidFor(min(o.retryIn, int64(p.MaxRetryAfter)), now)
+		pen = max(pen, min(o.retryIn, int64(p.MaxRetryAfter)))
 	}
+	l.penalize(float64(pen), c.penDecay, now)
 }

@@ -51,9 +51,10 @@
 // authority with a stream in flight is never idle, and its state (loads,
 // health, queue, watches) outlives any idle timeout ([WithIdleTimeout]).
 //
-// With [WithPenaltyPeakEWMA] a 429 or gRPC RESOURCE_EXHAUSTED adds a
-// decaying penalty to the endpoint's load, and a Retry-After (429, 503) or
-// grpc-retry-pushback-ms keeps it out of picks that long, capped.
+// With [WithPenaltyPeakEWMA] a 429 or gRPC RESOURCE_EXHAUSTED sets a
+// decaying penalty on the endpoint's load, raised by a longer Retry-After
+// (429, 503) or grpc-retry-pushback-ms (capped), never shortened by a
+// shorter one, as Linkerd's load biaser does.
 //
 // When no endpoint of an authority is in rotation, requests wait in its
 // queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the

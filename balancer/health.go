@@ -166,7 +166,6 @@ const (
 	stateReady     = "ready"
 	stateTripped   = "tripped"
 	stateProbation = "probation"
-	stateAvoided   = "avoided" // Retry-After or grpc-retry-pushback-ms
 )
 
 // group is the balancing of one authority under one configuration (the
@@ -227,7 +226,6 @@ type health struct {
 	tripped  bool
 	probing  bool  // the probe is out
 	until    int64 // tripped: clock reading its penalty ends
-	avoid    int64 // clock reading a Retry-After ends
 	failures int   // in a row
 	rate     float64
 	requests int
@@ -241,9 +239,6 @@ type health struct {
 // claims the probe of an endpoint on probation (probe true). It is called
 // under l.mu.
 func (h *health) availableLocked(now int64) (ok, probe bool) {
-	if now < h.avoid {
-		return false, false
-	}
 	if !h.tripped {
 		return true, false
 	}
@@ -337,13 +332,6 @@ func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) 
 func (l *load) release() {
 	l.mu.Lock()
 	l.health.probing = false
-	l.mu.Unlock()
-}
-
-// avoidFor keeps the endpoint out of picks for d nanoseconds from now.
-func (l *load) avoidFor(d, now int64) {
-	l.mu.Lock()
-	l.health.avoid = max(l.health.avoid, now+d)
 	l.mu.Unlock()
 }
 

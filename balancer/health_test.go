@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -281,55 +282,121 @@ func TestFailFastAndLoadShed(t *testing.T) {
 	assert.Equal(t, "0", m.Value(t, "outbound_http_balancer_queue_length", labels...))
 }
 
-// Acceptance: an endpoint answering 429 with Retry-After: 2 gets no
-// request for 2 s, then traffic again; a Retry-After past the maximum is
-// capped.
-func TestRetryAfter(t *testing.T) {
+// The load penalty of a response, as linkerd2-proxy's load biaser records
+// it: the cases of the tests in linkerd/load-biaser/src/lib.rs named in
+// each row. The hint of a 429 or 503 sets the penalty when it is longer
+// than the base penalty (5 s), capped at the maximum (300 s); a shorter
+// one counts as the base, so it never bounds the penalty; penalties do
+// not add up; and the penalty decays with the load's time constant.
+func TestRetryAfterPenalty(t *testing.T) {
+	type answer struct {
+		status              int
+		retryAfter, grpcSts string
+	}
+	limited := func(retryAfter string) answer { return answer{status: 429, retryAfter: retryAfter} }
 	for _, tc := range []struct {
-		name, header string
-		// avoided until between before and after
-		before, after time.Duration
+		name    string
+		answers []answer
+		later   time.Duration // clock advance before the load is read
+		want    float64       // penalty in seconds, within 0.1 s
 	}{
-		{"seconds", "2", 1900 * time.Millisecond, 2100 * time.Millisecond},
-		{"capped", "3600", 2900 * time.Millisecond, 3100 * time.Millisecond},
-		{"date", "", 1400 * time.Millisecond, 2600 * time.Millisecond}, // second precision
+		{"test_429_injects_penalty", []answer{limited("")}, 0, 5},
+		{"test_small_retry_after_floored_at_base_penalty", []answer{limited("1")}, 0, 5},
+		{"test_429_with_retry_after_records_hint", []answer{limited("30")}, 0, 30},
+		{"test_429_with_retry_after_capped_at_max", []answer{limited("600")}, 0, 300},
+		{"test_503_with_retry_after_records_hint", []answer{{status: 503, retryAfter: "30"}}, 0, 30},
+		{"test_sequential_failures_maintain_load", []answer{limited(""), limited("")}, 0, 5},
+		{"test_penalty_decays_over_time", []answer{limited("")}, 10 * time.Second, 5 * math.Exp(-1)},
+		{"test_grpc_server_errors_record_effective_rtt (RESOURCE_EXHAUSTED)", []answer{{status: 200, grpcSts: "8"}}, 0, 5},
+		{"test_200_does_not_inject_penalty", []answer{{status: 200}}, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := &fakeClock{}
 			clock.now.Store(1)
-			var ha, hb atomic.Int64
-			var limited atomic.Bool
-			limited.Store(true)
+			var n atomic.Int64
 			a := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				ha.Add(1)
-				if limited.Swap(false) {
-					v := tc.header
-					if v == "" {
-						v = time.Now().Add(2500 * time.Millisecond).UTC().Format(http.TimeFormat)
-					}
-					w.Header().Set("Retry-After", v)
-					w.WriteHeader(http.StatusTooManyRequests)
+				k := int(n.Add(1)) - 1
+				if k >= len(tc.answers) {
+					io.WriteString(w, "a")
 					return
 				}
-				io.WriteString(w, "a")
+				ans := tc.answers[k]
+				if ans.retryAfter != "" {
+					w.Header().Set("Retry-After", ans.retryAfter)
+				}
+				if ans.grpcSts != "" {
+					w.Header().Set("Content-Type", "application/grpc")
+					w.Header().Set("Grpc-Status", ans.grpcSts)
+				}
+				w.WriteHeader(ans.status)
 			}))
-			b := counted(t, &hb, ok)
-			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {a, b}}), withClock(clock.read),
-				WithPenaltyPeakEWMA(&PenaltyPeakEWMA{MaxRetryAfter: 3 * time.Second, PenaltyDecay: 100 * time.Millisecond}))
-			require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return !limited.Load() }, testutil.Timeout, time.Millisecond)
-			assert.Equal(t, "avoided", stateOf(bal, svc, a).State)
-			ha.Store(0)
-			get(t, client, svcURL, 100, 4)
-			assert.Zero(t, ha.Load(), "avoided")
-			clock.now.Add(int64(tc.before))
-			get(t, client, svcURL, 100, 4)
-			assert.Zero(t, ha.Load(), "still avoided just before the end")
-			clock.now.Add(int64(tc.after - tc.before))
-			assert.Equal(t, "ready", stateOf(bal, svc, a).State)
-			get(t, client, svcURL, 200, 4)
-			assert.Greater(t, ha.Load(), int64(20), "traffic again: %d of 200", ha.Load())
+			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {a}}), withClock(clock.read),
+				WithPenaltyPeakEWMA(&PenaltyPeakEWMA{DefaultRTT: time.Millisecond, Decay: 10 * time.Second}))
+			// One endpoint: every request goes to it, penalized or not.
+			for i := range tc.answers {
+				code, _, _ := fetch(t, client, svcURL)
+				require.Equal(t, tc.answers[i].status, code, "answer %d", i)
+			}
+			clock.now.Add(int64(tc.later))
+			st := stateOf(bal, svc, a)
+			assert.Equal(t, "ready", st.State, "a penalty takes nobody out of rotation")
+			assert.InDelta(t, tc.want+0.001*math.Exp(-tc.later.Seconds()/10), st.LoadSeconds, 0.1)
 		})
 	}
+}
+
+// The case against Linkerd's semantics: an endpoint that answers
+// 429 with Retry-After: 2 gets no requests during the hint, nor right after
+// it (the 5 s penalty outlasts a shorter hint), and its share back once the
+// penalty has decayed below its peer's load (a 1 ms peer: ~85 s at a 10 s
+// decay). An endpoint that keeps answering 429 with a Retry-After is still
+// picked when it is the only one: the 429 reaches the caller, not a
+// fail-fast 503.
+func TestRetryAfterShareBack(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var ha, hb atomic.Int64
+	var limited atomic.Bool
+	limited.Store(true)
+	a := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ha.Add(1)
+		if limited.Swap(false) {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		io.WriteString(w, "a")
+	}))
+	// The peer answers in 1 ms of the test's clock.
+	b := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hb.Add(1)
+		clock.now.Add(int64(time.Millisecond))
+		io.WriteString(w, "b")
+	}))
+	_, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {a, b}}), withClock(clock.read),
+		WithPenaltyPeakEWMA(&PenaltyPeakEWMA{}))
+	require.Eventually(t, func() bool { get(t, client, svcURL, 1, 1); return !limited.Load() }, testutil.Timeout, time.Millisecond)
+	at := clock.read()
+	ha.Store(0)
+	get(t, client, svcURL, 100, 4)
+	assert.Zero(t, ha.Load(), "requests to the endpoint inside its Retry-After")
+	clock.now.Store(at + int64(2100*time.Millisecond))
+	get(t, client, svcURL, 100, 4)
+	assert.Zero(t, ha.Load(), "requests to the endpoint right after its Retry-After (its 5 s penalty is still in force)")
+	clock.now.Store(at + int64(100*time.Second))
+	assert.Equal(t, map[int]int{200: 200}, get(t, client, svcURL, 200, 4))
+	assert.Greater(t, ha.Load(), int64(20), "the endpoint's share once its penalty decayed: %d of 200", ha.Load())
+
+	var hc atomic.Int64
+	c := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hc.Add(1)
+		w.Header().Set("Retry-After", "60")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	_, only := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {c}}), withClock(clock.read),
+		WithPenaltyPeakEWMA(&PenaltyPeakEWMA{}))
+	assert.Equal(t, map[int]int{429: 3}, get(t, only, svcURL, 3, 1), "the only endpoint, penalized, still answers")
+	assert.Equal(t, int64(3), hc.Load())
 }
 
 // A 429 without Retry-After raises the endpoint's load: it is avoided by

@@ -13,7 +13,7 @@ type EndpointState struct {
 	Weight uint32 `json:"weight"`
 	// State is "ready", "tripped" (out of rotation until Until),
 	// "probation" (its penalty ended: the next pick probes it, or the
-	// probe is out), or "avoided" (a Retry-After, until Until).
+	// probe is out).
 	State string     `json:"state"`
 	Until *time.Time `json:"until,omitempty"`
 	// Penalty is the current failure-accrual penalty (0 when ready).
@@ -22,7 +22,8 @@ type EndpointState struct {
 	// rate only in unified mode).
 	ConsecutiveFailures int     `json:"consecutive_failures"`
 	SuccessRate         float64 `json:"success_rate,omitempty"`
-	// LoadSeconds is the peak-EWMA RTT estimate plus the load penalty;
+	// LoadSeconds is the peak-EWMA RTT estimate plus the load penalty (a
+	// 429 or a Retry-After's, decaying);
 	// Pending the requests in flight.
 	LoadSeconds float64 `json:"load_seconds"`
 	Pending     int64   `json:"pending"`
@@ -91,8 +92,6 @@ func (b *Balancer) endpointStates(g *group) []EndpointState {
 			st.State, st.Penalty = stateProbation, time.Duration(h.penalty)
 		case h.tripped:
 			st.State, st.Penalty, st.Until = stateTripped, time.Duration(h.penalty), until(h.until)
-		case now < h.avoid:
-			st.State, st.Until = stateAvoided, until(h.avoid)
 		default:
 			st.State = stateReady
 		}

@@ -90,7 +90,7 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	handle(err)
 	m.failfasts, err = meter.Int64Counter("outbound_http_balancer_queue_gate_timeout_total", metric.WithDescription("The number of requests that failed fast after the failfast timeout."))
 	handle(err)
-	endpoints, err := meter.Int64ObservableGauge("outbound_http_balancer_endpoints", metric.WithDescription("The number of endpoints, by state: ready, or pending (tripped or avoided)."))
+	endpoints, err := meter.Int64ObservableGauge("outbound_http_balancer_endpoints", metric.WithDescription("The number of endpoints, by state: ready, or pending (tripped)."))
 	handle(err)
 	p2c, err := meter.Int64ObservableGauge("outbound_http_balancer_p2c_endpoints", metric.WithDescription("The number of endpoints the balancer picks among."))
 	handle(err)

@@ -187,8 +187,8 @@ func WithFailureAccrual(fa *FailureAccrual) Option {
 }
 
 // WithQueue sets the queue of each authority, as an OutboundPolicy's Queue
-// carries it: while none of its endpoints is ready (all tripped or
-// avoided), up to capacity requests (default [DefaultQueueCapacity]) wait
+// carries it: while none of its endpoints is ready (all tripped), up to
+// capacity requests (default [DefaultQueueCapacity]) wait
 // at most failfast (default [DefaultFailfastTimeout]) for one, then fail
 // with 503 and [ErrFailFast]; a request past the capacity fails at once
 // with [ErrLoadShed]. A value <= 0 keeps its default.
@@ -208,11 +208,17 @@ func WithQueue(capacity int, failfast time.Duration) Option {
 
 // PenaltyPeakEWMA is the OutboundPolicy's penalty_peak_ewma load: peak
 // EWMA (DefaultRTT, Decay, as [WithPeakEWMA]) where a 429 or a gRPC
-// RESOURCE_EXHAUSTED adds Penalty (0: [DefaultLoadPenalty]) to the
-// endpoint's load, decaying with time constant PenaltyDecay (0: Decay),
-// and a Retry-After (on 429 and 503, seconds or an HTTP-date) or
-// grpc-retry-pushback-ms keeps the endpoint out of picks that long, at
-// most MaxRetryAfter (0: [DefaultMaxRetryAfter]).
+// RESOURCE_EXHAUSTED sets a penalty of Penalty (0: [DefaultLoadPenalty])
+// on the endpoint's load, decaying with time constant PenaltyDecay (0:
+// Decay). A Retry-After (on 429 and 503, seconds or an HTTP-date) or
+// grpc-retry-pushback-ms raises that penalty to the hint, at most
+// MaxRetryAfter (0: [DefaultMaxRetryAfter]); a hint shorter than Penalty
+// counts as Penalty. As in linkerd2-proxy's load biaser, the hint does not
+// bound the penalty and takes nobody out of rotation: the endpoint gets
+// requests again once its decaying load is below its peers' (a 5 s penalty
+// against a peer answering in a millisecond: about 85 s at a 10 s decay),
+// and when every endpoint is penalized the least penalized one is picked.
+// Penalties do not add up; a larger one in force is kept.
 type PenaltyPeakEWMA struct {
 	DefaultRTT    time.Duration
 	Decay         time.Duration

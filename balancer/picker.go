@@ -216,14 +216,14 @@ func (s *snapshot) find(n uint64) int {
 }
 
 // countAvailable returns how many endpoints of s a pick may choose at now
-// (not tripped, not avoided; one on probation counts once its penalty
+// (not tripped; one on probation counts once its penalty
 // ended and its probe is not out).
 func (s *snapshot) countAvailable(now int64) int {
 	n := 0
 	for _, e := range s.eps {
 		e.load.mu.Lock()
 		h := &e.load.health
-		if now >= h.avoid && (!h.tripped || (!h.probing && now >= h.until)) {
+		if !h.tripped || (!h.probing && now >= h.until) {
 			n++
 		}
 		e.load.mu.Unlock()

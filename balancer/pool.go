@@ -113,7 +113,7 @@ type Pick struct {
 
 // Pick chooses the endpoint of a request and counts the request in its
 // load until Done; ok is false when no endpoint may take it (none given,
-// or every one tripped, on probation with its probe out, or avoided).
+// or every one tripped, or on probation with its probe out).
 func (p *Pool) Pick() (_ Pick, ok bool) {
 	now := p.cfg.now()
 	m, probe := p.g.state.Load().choose(now, p.decay)

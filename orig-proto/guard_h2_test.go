@@ -19,12 +19,11 @@ import (
 )
 
 // h2Server is NewServer on a guarded listener, counting the requests its
-// handler sees and the connections it accepts.
+// handler sees.
 type h2Server struct {
 	addr    string
 	srv     *http.Server
 	reached atomic.Int32
-	conns   atomic.Int32
 }
 
 func newH2Server(t *testing.T, h http.Handler, configure func(*http.Server)) *h2Server {
@@ -39,11 +38,6 @@ func newH2Server(t *testing.T, h http.Handler, configure func(*http.Server)) *h2
 		s.reached.Add(1)
 		h.ServeHTTP(w, r)
 	}))
-	s.srv.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			s.conns.Add(1)
-		}
-	}
 	if configure != nil {
 		configure(s.srv)
 	}
@@ -265,25 +259,59 @@ func TestHTTP2ContinuationsServed(t *testing.T) {
 }
 
 // A downgraded handler that sets Connection: close and returns without
-// writing does not make the server send GOAWAY on the shared connection.
+// writing does not make the server send GOAWAY on the shared connection:
+// two requests are answered on one connection, their responses carry no
+// connection headers, and a PING sent after them is answered with no
+// GOAWAY before it. (Counting the connections the server accepts, as this
+// test once did, fails now and then: net/http's client adds a new h2c
+// connection to its pool only after the first request has it, so a quick
+// second request may dial one more and drop it unused.)
 func TestDowngradeStripsHeadersWithoutWrite(t *testing.T) {
 	s := newH2Server(t, NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 		w.Header().Set("Keep-Alive", "timeout=5")
 	})), nil)
-	h2 := testutil.NewTransport(t, testutil.H2C)
-	for i := range 2 {
-		req, _ := http.NewRequest("GET", "http://"+s.addr+"/", nil)
-		req.Header.Set(Header, "HTTP/1.1")
-		resp, err := h2.RoundTrip(req)
-		require.NoError(t, err, "request %d", i)
-		resp.Body.Close()
-		assert.Equal(t, 200, resp.StatusCode)
-		assert.Empty(t, resp.Header.Values("Connection"))
-		assert.Empty(t, resp.Header.Values("Keep-Alive"))
-		assert.Equal(t, "HTTP/1.1", resp.Header.Get(Header))
+	c := dialH2(t, s.addr)
+	noGoAway := func(f http2.Frame) {
+		if g, ok := f.(*http2.GoAwayFrame); ok {
+			require.Failf(t, "the server sent GOAWAY", "code %v", g.ErrCode)
+		}
 	}
-	assert.Equal(t, int32(1), s.conns.Load(), "the peer connection was closed (GOAWAY)")
+	for i := range 2 {
+		id := uint32(2*i + 1)
+		require.NoError(t, c.fr.WriteHeaders(http2.HeadersFrameParam{
+			StreamID: id, BlockFragment: c.block(append(good("books"), "l5d-orig-proto", "HTTP/1.1")...), EndHeaders: true, EndStream: true,
+		}))
+		for {
+			f, err := c.fr.ReadFrame()
+			require.NoError(t, err, "request %d", i)
+			noGoAway(f)
+			h, ok := f.(*http2.MetaHeadersFrame)
+			if !ok || h.StreamID != id {
+				continue
+			}
+			assert.Equal(t, "200", h.PseudoValue("status"), "request %d", i)
+			var proto []string
+			for _, hf := range h.RegularFields() {
+				assert.NotContains(t, []string{"connection", "keep-alive"}, hf.Name, "request %d", i)
+				if hf.Name == headerLower {
+					proto = append(proto, hf.Value)
+				}
+			}
+			assert.Equal(t, []string{"HTTP/1.1"}, proto, "request %d", i)
+			break
+		}
+	}
+	require.NoError(t, c.fr.WritePing(false, [8]byte{'d', 'o', 'w', 'n'}))
+	for {
+		f, err := c.fr.ReadFrame()
+		require.NoError(t, err, "the connection ended before the PING was answered")
+		noGoAway(f)
+		if p, ok := f.(*http2.PingFrame); ok && p.IsAck() {
+			break
+		}
+	}
+	assert.Equal(t, int32(2), s.reached.Load())
 }
 
 func fmtSscan(s string, v *int) (int, error) { return fmt.Sscan(s, v) }

@@ -1,8 +1,8 @@
 // Package faults runs the examples as separate processes on loopback (a
 // control plane, two proxies, the books application) and puts them under
 // faults and load: control-plane restarts and flapping, h2load at both
-// listeners, rapid stream resets, a flood of distinct Hosts, gRPC streams
-// opened and cancelled by the thousand. Some run the library's stacks in
+// listeners, rapid stream resets and bursts of streams, a flood of distinct
+// Hosts, gRPC streams opened and cancelled by the thousand. Some run the library's stacks in
 // the test process instead (inproc_test.go), where its own goroutines and
 // heap are measured: a TLS handshake flood at a meshed port, a flood of
 // requests an inbound policy refuses, the control plane restarted while

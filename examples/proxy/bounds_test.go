@@ -193,7 +193,7 @@ func TestClientResetsAreNotLogged(t *testing.T) {
 	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
 	outbound := origproto.NewServer(fullDuplex(count(outboundProxy(client, outLog))))
 	outbound.ErrorLog = outLog.ErrorLog()
-	toApp, closeApp := appTransport()
+	toApp, closeApp := appTransport(0)
 	defer closeApp()
 	inboundStack := mesh.NewServer(count(inboundProxy(appURL, toApp, inLog)), mesh.ServerOptions(opts...)...)
 	defer inboundStack.Close()

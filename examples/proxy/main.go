@@ -37,7 +37,8 @@
 //
 // State under hostile traffic is bounded: -max-authorities routed and
 // labelled at once, -max-watches per control-plane API, authorities idle for
-// -idle-timeout released. Only names under -search-suffixes (default
+// -idle-timeout released, connections to -app idle for -app-idle-timeout
+// (3s, as Linkerd's proxy) closed. Only names under -search-suffixes (default
 // svc.cluster.local.) and addresses in -search-networks (default none) are
 // looked up; other Hosts take the default route to their own address
 // without a watch. On the inbound side only -local-authority names are
@@ -81,7 +82,7 @@ type flags struct {
 	workload                                                 string
 	trustLocalhost                                           bool
 	contextToken, scheme                                     string
-	idleTimeout, discoveryWait                               time.Duration
+	idleTimeout, discoveryWait, appIdleTimeout               time.Duration
 	maxAuthorities, maxWatches                               int
 	local                                                    []string
 	suffixes                                                 []string
@@ -105,6 +106,8 @@ func main() {
 	flag.StringVar(&f.scheme, "scheme", "", `GetDestination.scheme to send ("k8s" for 2018 control planes)`)
 	flag.DurationVar(&f.idleTimeout, "idle-timeout", 0,
 		"release an authority no request used for this long: its watches, endpoints and metric targets (0: the library's defaults)")
+	flag.DurationVar(&f.appIdleTimeout, "app-idle-timeout", defaultAppIdleTimeout,
+		"close a connection to -app that no request used for this long (Linkerd's proxy: 3s)")
 	flag.IntVar(&f.maxAuthorities, "max-authorities", 0,
 		"authorities routed, balanced and labelled at once (0: the library's default, 2000)")
 	flag.IntVar(&f.maxWatches, "max-watches", 0,
@@ -215,7 +218,7 @@ func run(f flags, log *slog.Logger) error {
 	outbound.ErrorLog = outLog.ErrorLog()
 	outbound.ConnState = countConns(tcpOpen, "outbound")
 
-	toApp, closeApp := appTransport()
+	toApp, closeApp := appTransport(f.appIdleTimeout)
 	defer closeApp()
 	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), serverOpts...)
 	defer inboundStack.Close()
@@ -327,12 +330,28 @@ func fullDuplex(h http.Handler) http.Handler {
 	})
 }
 
+// defaultAppIdleTimeout is how long an idle connection to the application
+// is kept: Linkerd's proxy closes the idle HTTP/1 connections of its
+// inbound pool after 3s (DEFAULT_INBOUND_HTTP1_CONNECTION_POOL_IDLE_TIMEOUT
+// in linkerd2-proxy's app/src/env.rs). A burst of concurrent requests, an
+// HTTP/2 flood at -inbound among them, opens a connection to the
+// application per request in flight; up to 64 of them then wait in the
+// pool, two goroutines each, and the transport's 90s default would keep
+// them that long.
+const defaultAppIdleTimeout = 3 * time.Second
+
 // appTransport returns the transport of the inbound proxy to the
 // application, and a function that closes its idle connections: HTTP/1
 // requests reach the application over HTTP/1, those that came as HTTP/2
-// (gRPC among them) over HTTP/2 with prior knowledge, as they came.
-func appTransport() (http.RoundTripper, func()) {
-	h1, h2 := transport.HTTP1(transport.Limits{}), transport.H2(transport.Limits{})
+// (gRPC among them) over HTTP/2 with prior knowledge, as they came. An
+// idle connection is closed after idle (defaultAppIdleTimeout when <= 0);
+// at most transport.DefaultMaxIdleConnsPerHost wait in the pool.
+func appTransport(idle time.Duration) (http.RoundTripper, func()) {
+	if idle <= 0 {
+		idle = defaultAppIdleTimeout
+	}
+	l := transport.Limits{IdleConnTimeout: idle}
+	h1, h2 := transport.HTTP1(l), transport.H2(l)
 	return origproto.NewTransport(origproto.WithHTTP1(h1), origproto.WithH2(h2)), func() {
 		h1.CloseIdleConnections()
 		h2.CloseIdleConnections()
