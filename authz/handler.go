@@ -160,7 +160,7 @@ func (h *Handler) Close() {
 		if p.stop != nil {
 			p.stop()
 		}
-		p.release(nil)
+		p.endWait()
 	}
 }
 
@@ -240,6 +240,18 @@ func (p *port) release(a *active) {
 		p.h.log.Info("policy arrived "+strconv.Itoa(int(p.num)), "inbound policy arrived after the wait; in force now",
 			"port", p.num, "server", p.cur.Load().pol.server.Meta.Name)
 	}
+	p.endWaitLocked()
+}
+
+// endWait ends the wait for the first answer, if it is pending, under the
+// policy in force (Close: the default).
+func (p *port) endWait() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.endWaitLocked()
+}
+
+func (p *port) endWaitLocked() {
 	if !p.pending.Load() {
 		return
 	}
