@@ -125,7 +125,8 @@ func main() {
 			return nil
 		})
 	flag.DurationVar(&f.policyWait, "policy-wait", 0,
-		"with -workload, how long a request may wait for the app port's first inbound policy before the default policy decides it (0: the library's default, 5s; negative: never wait)")
+		"with -workload, how long a request may wait for the app port's first inbound policy before the default policy decides it (0: the library's default, "+
+			authz.DefaultPolicyWait.String()+"; negative: never wait)")
 	flag.DurationVar(&f.discoveryWait, "discovery-wait", 0,
 		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route)")
 	f.identity.register(flag.CommandLine)
