@@ -88,7 +88,9 @@ func (d *Decision) Refuse(status int, cause string) {
 }
 
 // Decide authorizes r, which came on c, under its port's current policy,
-// and counts it in the authz metric families: an ambiguous path is 400;
+// and counts it in the authz metric families. While the port's first
+// answer is pending, it waits for it ([WithPolicyWait]); a request whose
+// context ends first is 503. Then an ambiguous path is 400;
 // no route 404; no authorization of the route, of the Server or of
 // localhost admitting the client 403; otherwise Status is 0 and the
 // route's filters are the caller's to apply before [Handler.Admit]. It
@@ -99,10 +101,20 @@ func (h *Handler) Decide(r *http.Request, c Conn) Decision {
 		target = c.Local
 	}
 	p := h.port(target.Port())
+	peer := c.Peer
+	if p.pending.Load() {
+		if p.wait(r.Context()) != nil {
+			d := Decision{client: c.Remote, target: target, meshed: peer.TLS && peer.ID != ""}
+			d.Refuse(http.StatusServiceUnavailable, causePolicyPending)
+			return d
+		}
+	}
 	a := p.cur.Load()
+	if a.fallback != nil {
+		h.in.unavailable.Add(r.Context(), a.fallback)
+	}
 	pol := a.pol
 	ip := c.Remote.Addr().Unmap()
-	peer := c.Peer
 	d := Decision{a: a, p: p, client: c.Remote, target: target, clientID: peer.ID, meshed: peer.TLS && peer.ID != ""}
 	d.key = seriesKey{target: target, tls: tlsOf(peer, c.HasPeer || h.cfg.meshTLS, ip)}
 	if d.key.tls == tlsTrue {

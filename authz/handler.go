@@ -1,6 +1,7 @@
 package authz
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -17,6 +18,8 @@ import (
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // defaultMaxPorts bounds the ports a Handler keeps a policy for: the
@@ -29,9 +32,11 @@ const defaultMaxPorts = 1024
 // the client's address is r.RemoteAddr, and its mesh TLS and verified
 // identity are what the identity layer in front put in the context
 // ([identity.PeerFromContext]; none means plaintext, labelled
-// tls="disabled"). A port's policy is the default ([WithDefault]) until its
-// [Source] delivers a Server: a request never waits for one. It is safe for
-// concurrent use; [Handler.Close] stops its watches.
+// tls="disabled"). A port's policy is its [Source]'s Server; a request to
+// a port whose first answer is pending waits for it, up to a bound
+// ([WithPolicyWait]), and only past the bound, or for a port the Source
+// has no Server for, does the default ([WithDefault]) decide. It is safe
+// for concurrent use; [Handler.Close] stops its watches.
 type Handler struct {
 	next   http.Handler
 	cfg    config
@@ -45,26 +50,37 @@ type Handler struct {
 
 var _ http.Handler = (*Handler)(nil)
 
-// port is the state of one port: its current policy and its requests in
-// flight.
+// port is the state of one port: its current policy, its requests in
+// flight and, until the Source's first answer, what its requests wait on.
 type port struct {
 	h        *Handler
 	num      uint16
 	cur      atomic.Pointer[active]
 	inflight atomic.Int64
 	stop     func()
+
+	// pending is true while requests wait for the first answer; answered
+	// is closed when the wait ends (the first answer, the bound, Close).
+	pending  atomic.Bool
+	answered chan struct{}
+	timer    *time.Timer
+	mu       sync.Mutex // orders the first answer, the bound and Close
+	late     bool       // the bound passed before the first answer
 }
 
-// active is a policy in force on a port, with its series.
+// active is a policy in force on a port, with its series. fallback marks
+// the default put in force because the Source did not answer within the
+// wait: the requests it decides are counted as such.
 type active struct {
-	pol    *Policy
-	series *seriesCache
+	pol      *Policy
+	series   *seriesCache
+	fallback []metric.AddOption
 }
 
 // New returns a Handler enforcing the policies of opts before next. It
 // fails only when the default Server does not compile.
 func New(next http.Handler, opts ...Option) (*Handler, error) {
-	cfg := config{now: time.Now, maxPorts: defaultMaxPorts}
+	cfg := config{now: time.Now, maxPorts: defaultMaxPorts, wait: DefaultPolicyWait}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&cfg)
@@ -83,7 +99,52 @@ func New(next http.Handler, opts ...Option) (*Handler, error) {
 		log: ratelog.New(cfg.logger, 0),
 	}
 	h.ports.Store(&map[uint16]*port{})
+	if cfg.target.IsValid() {
+		h.port(cfg.target.Port())
+	}
+	h.WatchPorts(cfg.ports...)
 	return h, nil
+}
+
+// WatchPorts starts the watches of ports, those the server serves, if
+// they have not started yet, so that their policies are on their way
+// before their first requests ([WithPorts] at construction). With
+// [WithTarget], whose port is watched from the start, it does nothing.
+func (h *Handler) WatchPorts(ports ...uint16) {
+	if h.cfg.target.IsValid() {
+		return
+	}
+	for _, p := range ports {
+		h.port(p)
+	}
+}
+
+// WaitPolicy waits until the policy that decides the requests arriving on
+// local (its port, or the [WithTarget] port) is known: the Source's first
+// answer, or the default once the wait's bound ([WithPolicyWait]) has
+// passed. It returns at once when it is known, and ctx's error when ctx
+// ends first. [Handler.Decide] waits the same way, under the request's
+// context; a server whose requests carry no context of their own (such as
+// grpc-go's) calls it first.
+func (h *Handler) WaitPolicy(ctx context.Context, local netip.AddrPort) error {
+	target := h.cfg.target
+	if !target.IsValid() {
+		target = local
+	}
+	return h.port(target.Port()).wait(ctx)
+}
+
+// wait waits for the port's first answer or the end of the bound.
+func (p *port) wait(ctx context.Context) error {
+	if !p.pending.Load() {
+		return nil
+	}
+	select {
+	case <-p.answered:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Close stops the Handler's watches; requests after it keep the last
@@ -99,6 +160,7 @@ func (h *Handler) Close() {
 		if p.stop != nil {
 			p.stop()
 		}
+		p.endWait()
 	}
 }
 
@@ -130,26 +192,99 @@ func (h *Handler) port(num uint16) *port {
 	m[num] = p
 	h.ports.Store(&m)
 	if h.cfg.source != nil {
+		if h.cfg.wait > 0 {
+			// The port's requests wait for the first answer, up to the
+			// bound from now; the timer exists before the Source may
+			// answer from Watch itself.
+			p.answered = make(chan struct{})
+			p.pending.Store(true)
+			p.timer = time.AfterFunc(h.cfg.wait, p.expire)
+		}
 		p.stop = h.cfg.source.Watch(num, p.update)
 	}
 	return p
 }
 
 // update compiles s and puts it in force; a Server that does not compile
-// is logged and the last good policy stays.
+// is logged and the last good policy stays (while no answer came, the
+// port's requests keep waiting). nil is the Source's answer that it has
+// no Server for the port: the policy in force (the default, unless a
+// Server came before) stays, and waiting requests go on under it.
 func (p *port) update(s *Server) {
+	if s == nil {
+		p.release(nil)
+		return
+	}
 	pol, err := Compile(s)
 	if err != nil {
 		p.h.log.WarnErr("update", "inbound policy refused; the last good one stays", err, "port", p.num)
 		return
 	}
-	p.cur.Store(&active{pol: pol, series: newSeriesCache(p.h.in, pol, p.h.cfg.nextFor)})
+	p.release(&active{pol: pol, series: newSeriesCache(p.h.in, pol, p.h.cfg.nextFor)})
+}
+
+// release puts a in force (unless nil) and ends the wait for the first
+// answer, if it is pending.
+func (p *port) release(a *active) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if a != nil {
+		p.cur.Store(a)
+	} else if cur := p.cur.Load(); cur.fallback != nil {
+		// The Source says it has none: the default is the answer now,
+		// no longer a fallback.
+		p.cur.Store(&active{pol: cur.pol, series: cur.series})
+	}
+	if p.late {
+		p.late = false
+		p.h.log.Info("policy arrived "+strconv.Itoa(int(p.num)), "inbound policy arrived after the wait; in force now",
+			"port", p.num, "server", p.cur.Load().pol.server.Meta.Name)
+	}
+	p.endWaitLocked()
+}
+
+// endWait ends the wait for the first answer, if it is pending, under the
+// policy in force (Close: the default).
+func (p *port) endWait() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.endWaitLocked()
+}
+
+func (p *port) endWaitLocked() {
+	if !p.pending.Load() {
+		return
+	}
+	p.timer.Stop()
+	p.pending.Store(false)
+	close(p.answered)
+}
+
+// expire ends the wait for the first answer once its bound has passed:
+// the default decides, logged and counted, until the Source answers.
+func (p *port) expire() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.pending.Load() {
+		return
+	}
+	cur := p.cur.Load()
+	p.cur.Store(&active{pol: cur.pol, series: cur.series, fallback: metrics.Opts(attribute.Int("target_port", int(p.num)))})
+	p.late = true
+	p.h.log.Warn("policy wait "+strconv.Itoa(int(p.num)),
+		"no inbound policy from the control plane within the wait; the default policy decides until it answers",
+		"port", p.num, "wait", p.h.cfg.wait, "default", cur.pol.server.Meta.Name)
+	p.pending.Store(false)
+	close(p.answered)
 }
 
 // The causes that l5d-proxy-error gives, as Linkerd's proxy words them.
 const (
 	causeUnauthorized = "unauthorized request on route"
 	causeNoRoute      = "no route found for request"
+	// inmesh's own, for a request whose context ended while it waited
+	// for its port's first policy.
+	causePolicyPending = "inbound policy not yet known"
 	// inmesh's own, for a path the application could read otherwise than
 	// the routes matched it.
 	causeAmbiguousPath = "request path has dot-segments or an encoded '/' or '.'"

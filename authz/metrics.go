@@ -21,6 +21,10 @@ const (
 	MetricRouteNotFound    = "inbound_http_route_not_found_total"
 	MetricLocalRateLimit   = "inbound_http_local_ratelimit_total"
 	MetricConcurrencyLimit = "inbound_http_concurrency_limit_total"
+	// MetricPolicyUnavailable counts the requests the default Server
+	// decided because the port's policy had not come from the Source
+	// within the wait ([WithPolicyWait]), by target_port (inmesh's own).
+	MetricPolicyUnavailable = "inbound_http_policy_unavailable_total"
 )
 
 type family uint8
@@ -35,7 +39,8 @@ const (
 )
 
 type instruments struct {
-	sums [numFamilies]*metrics.Sum
+	sums        [numFamilies]*metrics.Sum
+	unavailable *metrics.Counter
 }
 
 func newInstruments(meter metric.Meter) *instruments {
@@ -45,6 +50,7 @@ func newInstruments(meter metric.Meter) *instruments {
 	in.sums[famNotFound] = metrics.NewSum(meter, MetricRouteNotFound, "The total number of inbound HTTP requests that could not be associated with a route")
 	in.sums[famRateLimit] = metrics.NewSum(meter, MetricLocalRateLimit, "The total number of inbound HTTP requests that were rate-limited")
 	in.sums[famConcurrency] = metrics.NewSum(meter, MetricConcurrencyLimit, "The total number of inbound HTTP requests refused because the Server's requests in flight were at its limit (inmesh's own)")
+	in.unavailable = metrics.NewCounter(meter, MetricPolicyUnavailable, "The total number of inbound HTTP requests decided by the default policy because the port's policy had not come from the control plane within the wait (inmesh's own)")
 	return in
 }
 

@@ -25,6 +25,11 @@ type config struct {
 	now      func() time.Time
 	maxPorts int
 	target   netip.AddrPort
+	// wait bounds how long a request waits for its port's first answer
+	// (WithPolicyWait); 0 means not at all.
+	wait time.Duration
+	// ports are watched from New (WithPorts).
+	ports []uint16
 	// noLocalhost drops the localhost authorization.
 	noLocalhost bool
 	// metricLabels passes an allowed request's labels on (WithMetricLabels).
@@ -46,15 +51,49 @@ func WithSource(s Source) Option {
 	})
 }
 
-// WithDefault sets the Server of a port before its Source delivers one;
-// nil (the default) means [DefaultServer] of [AllUnauthenticated], as
-// Linkerd's default.
+// WithDefault sets the Server of a port whose Source has none for it, or
+// has not answered within the wait ([WithPolicyWait]); nil (the default)
+// means [DefaultServer] of [AllUnauthenticated], as Linkerd's default.
 func WithDefault(s *Server) Option {
 	return optionFunc(func(c *config) {
 		if s != nil {
 			c.def = s
 		}
 	})
+}
+
+// DefaultPolicyWait is how long a request to a port waits for the port's
+// first answer from the [Source] unless [WithPolicyWait] says otherwise.
+const DefaultPolicyWait = 5 * time.Second
+
+// WithPolicyWait bounds how long a request to a port whose first answer
+// is pending waits for it: the watch of a port starts when the Handler
+// first learns of the port ([WithPorts], [Handler.WatchPorts], its
+// target's port, or its first request), and until the Source answers, or
+// d has passed since then, the port's requests wait, so that a fresh
+// process never lets through what its policy refuses (fail closed at
+// start). Only past d does the default Server ([WithDefault]) decide,
+// with a line in the log and each request so decided counted in
+// inbound_http_policy_unavailable_total, until the answer arrives.
+// 0 (the default) means [DefaultPolicyWait]; a negative d means no
+// waiting: the default Server decides until the first answer, as
+// Linkerd's proxy does behind Kubernetes' readiness gate. A request whose
+// context ends while it waits is refused with 503 (gRPC UNAVAILABLE).
+func WithPolicyWait(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d != 0 {
+			c.wait = d
+		}
+	})
+}
+
+// WithPorts starts the watches of ports, those the server serves, when
+// the Handler is made, so that their policies are on their way before
+// the first requests arrive ([Handler.WatchPorts] does it later, for
+// ports known once listening). With [WithTarget] only the target's port
+// has a policy, and it is always watched from the start.
+func WithPorts(ports ...uint16) Option {
+	return optionFunc(func(c *config) { c.ports = append(c.ports, ports...) })
 }
 
 // WithTarget makes every request one to target, the application's

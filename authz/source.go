@@ -1,21 +1,23 @@
 package authz
 
 // Source delivers the Servers of ports. Watch calls update with the
-// current Server of port, if it has one, and again on each change, until
-// stop is called; update may be called from Watch itself. Updates of one
-// port must not be delivered concurrently.
+// current Server of port, and again on each change, until stop is called;
+// update may be called from Watch itself. update(nil) says that the source
+// has no Server for the port and will not have one soon (no such port, a
+// watch the control plane refused): the Handler's default applies at once,
+// or the last Server delivered stays. Until the first call, the port's
+// requests wait ([WithPolicyWait]). Updates of one port must not be
+// delivered concurrently.
 type Source interface {
 	Watch(port uint16, update func(*Server)) (stop func())
 }
 
-// StaticSource is a Source of fixed Servers by port; other ports keep the
-// Handler's default.
+// StaticSource is a Source of fixed Servers by port; other ports get the
+// Handler's default at once.
 type StaticSource map[uint16]*Server
 
-// Watch delivers port's Server, if any, at once.
+// Watch delivers port's Server, or nil when it has none, at once.
 func (s StaticSource) Watch(port uint16, update func(*Server)) func() {
-	if srv := s[port]; srv != nil {
-		update(srv)
-	}
+	update(s[port])
 	return func() {}
 }

@@ -69,19 +69,21 @@ func (c *Client) WatchInboundPort(ctx context.Context, port uint16, update func(
 
 // InboundPolicies returns the client as an [authz.Source] of the Servers
 // of this workload's ports, for mesh.WithInboundPolicy. A port whose
-// watch cannot start keeps the handler's default Server.
+// watch cannot start, or that the control plane refuses
+// (INVALID_ARGUMENT, FAILED_PRECONDITION), is answered with no Server
+// (nil): the handler's default applies at once, or the last Server stays,
+// rather than its requests waiting for an answer that will not come.
 func (c *Client) InboundPolicies() authz.Source { return inboundSource{c} }
 
 type inboundSource struct{ c *Client }
 
 func (s inboundSource) Watch(port uint16, update func(*authz.Server)) func() {
 	stop, err := s.c.WatchInboundPort(s.c.ctx, port, func(u InboundUpdate) {
-		if u.Server != nil {
-			update(u.Server)
-		}
+		update(u.Server) // nil with Err: a refused watch
 	})
 	if err != nil {
 		s.c.log.WarnErr("inbound "+strconv.Itoa(int(port)), "cannot watch the inbound policy; keeping the default", err, "port", port)
+		update(nil)
 		return func() {}
 	}
 	return stop

@@ -348,7 +348,16 @@ type Server struct {
 // origproto.NewServer: guarded against ambiguous framing
 // (origproto.GuardListener) and, with [WithIdentity], serving meshed mTLS
 // beside plaintext (origproto.MeshTLSListener).
+//
+// With [WithInboundPolicy], it starts the watch of ln's port, so that the
+// port's policy is on its way before the first request (which waits for
+// it, up to authz.WithPolicyWait's bound).
 func (s *Server) Listener(ln net.Listener) net.Listener {
+	if s.authz != nil {
+		if a, ok := ln.Addr().(*net.TCPAddr); ok {
+			s.authz.WatchPorts(uint16(a.Port))
+		}
+	}
 	if s.identity != nil {
 		ln = origproto.MeshTLSListener(ln, s.identity)
 	}
@@ -409,8 +418,12 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 // WithInboundPolicy makes the server enforce inbound policy (package
 // authz) before the application sees a request: who may call which
 // route, rate limits and a limit of requests in flight, per port, from
-// the Servers that opts' authz.WithSource delivers, each port under
-// authz.WithDefault's Server (default: all-unauthenticated) until then.
+// the Servers that opts' authz.WithSource delivers. A port's watch starts
+// when [Server.Listener] wraps its listener (or at its first request), and
+// a request to a port whose first answer is pending waits for it, up to
+// authz.WithPolicyWait's bound (default authz.DefaultPolicyWait); only
+// past it does authz.WithDefault's Server (default: all-unauthenticated)
+// decide, logged and counted, until the answer arrives.
 // The stack's meter provider and logger apply unless opts set others.
 // NewServer panics when the default Server does not compile.
 func WithInboundPolicy(opts ...authz.Option) ServerOption {

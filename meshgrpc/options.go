@@ -61,7 +61,11 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithInboundPolicy makes a server enforce an inbound policy: the options
 // of package authz, such as authz.WithSource (where the port's Server comes
-// from) and authz.WithTarget (the port). A client ignores it.
+// from) and authz.WithTarget (the port). A port's watch starts with the
+// server's first connection on it (authz.WithPorts starts it with
+// ServerOptions), and a call to a port whose first answer is pending
+// waits for it, up to authz.WithPolicyWait's bound: a fresh server never
+// lets through a call its policy refuses. A client ignores it.
 func WithInboundPolicy(opts ...authz.Option) Option {
 	return optionFunc(func(c *config) { c.inbound = append(c.inbound, opts...) })
 }

@@ -152,6 +152,11 @@ func (s *server) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.C
 		Remote:  addrPort(info.RemoteAddr),
 		HasPeer: s.meshTLS,
 	}}
+	if s.policy != nil {
+		// The port's policy is on its way while the client's first call
+		// is: the call waits for it (authz.WithPolicyWait).
+		s.policy.WatchPorts(c.authz.Local.Port())
+	}
 	if p, ok := peer.FromContext(ctx); ok {
 		if ai, ok := p.AuthInfo.(InboundAuthInfo); ok && ai.Peer.TLS {
 			c.authz.Peer = ai.Peer
@@ -246,6 +251,11 @@ func (s *server) admit(ctx context.Context, method string) (context.Context, aut
 		// verified or absent.
 		if _, sent := md[clientIDKey]; sent || c.clientID() != "" {
 			ctx = withClientID(ctx, md, c.clientID())
+		}
+		// A call to a port whose first policy is pending waits for it
+		// under its own context (Decide would wait under none).
+		if err := s.policy.WaitPolicy(ctx, c.authz.Local); err != nil {
+			return ctx, d, classify.Exchange{}, status.FromContextError(err).Err()
 		}
 		v := getRequest(method, authority, md)
 		d = s.policy.Decide(&v.r, c.authz)

@@ -82,7 +82,7 @@ type flags struct {
 	workload                                                 string
 	trustLocalhost                                           bool
 	contextToken, scheme                                     string
-	idleTimeout, discoveryWait, appIdleTimeout               time.Duration
+	idleTimeout, discoveryWait, appIdleTimeout, policyWait   time.Duration
 	maxAuthorities, maxWatches                               int
 	local                                                    []string
 	suffixes                                                 []string
@@ -127,6 +127,9 @@ func main() {
 			}
 			return nil
 		})
+	flag.DurationVar(&f.policyWait, "policy-wait", 0,
+		"with -workload, how long a request may wait for the app port's first inbound policy before the default policy decides it (0: the library's default, "+
+			authz.DefaultPolicyWait.String()+"; negative: never wait)")
 	flag.DurationVar(&f.discoveryWait, "discovery-wait", 0,
 		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route)")
 	f.identity.register(flag.CommandLine)
@@ -204,7 +207,9 @@ func run(f flags, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("-workload needs -app as an IP address and port: %w", err)
 		}
-		aopts := []authz.Option{authz.WithSource(pol.InboundPolicies()), authz.WithTarget(appAddr)}
+		// The port's watch starts now; requests wait for its first answer
+		// up to -policy-wait.
+		aopts := []authz.Option{authz.WithSource(pol.InboundPolicies()), authz.WithTarget(appAddr), authz.WithPolicyWait(f.policyWait)}
 		if !f.trustLocalhost {
 			aopts = append(aopts, authz.WithoutLocalhost())
 		}
