@@ -22,8 +22,11 @@ import (
 // is read again at the next poll. A file that fails to load (bad YAML, a
 // duplicate key, a bad field, an empty or truncated file) is logged with its
 // file, document and field, and the store keeps serving the last good
-// version. WatchFiles returns the error of the first load, without
-// watching, when it fails.
+// version. A change of state is always logged: a load that follows a
+// rejection, and a rejection that follows a load even when the same
+// mistake was named within the log interval; repeats of one state are
+// limited to one line per interval. WatchFiles returns the error of the
+// first load, without watching, when it fails.
 func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile string, interval time.Duration, opts ...Option) error {
 	cfg := newConfig(opts)
 	if interval <= 0 {
@@ -165,7 +168,11 @@ func (w *fileWatcher) problems(src *source) {
 // again when any changed, until ctx is done, with the semantics of
 // [WatchFiles]: a change is loaded once it settled for one interval; a bad
 // file is logged with its file, document and field, and the store keeps
-// serving the last good version. Of the package's options it uses
+// serving the last good version. Manifests that load but cannot work as
+// written ([manifest.Resources.Problems]: an AuthorizationPolicy requiring
+// an authentication no file defines, a Server whose port is no container
+// port of the Pods it selects) are logged at every load, the first
+// included, each once per interval. Of the package's options it uses
 // [WithLogger] and [WithLogInterval]. The error of the first load is
 // returned, without watching.
 func WatchManifestFiles(ctx context.Context, store *Store, dir string, interval time.Duration, opts ...Option) error {
