@@ -90,8 +90,12 @@ func isNil(v any) bool {
 }
 
 // Close stops every watch and waits for their callbacks to return. It is
-// safe to call more than once.
+// safe to call more than once, and on a nil Balancer (or one not made by
+// [New]), where it does nothing.
 func (b *Balancer) Close() {
+	if b == nil || b.cancel == nil {
+		return
+	}
 	b.cancel()
 	b.metrics.close()
 	b.table.close()

@@ -113,6 +113,8 @@ func TestConstructorsRejectBadInput(t *testing.T) {
 	}
 	assert.PanicsWithValue(t, "balancer: Transport of a Balancer not made by New", func() { (*Balancer)(nil).Transport(nil) })
 	assert.PanicsWithValue(t, "balancer: Transport of a Balancer not made by New", func() { new(Balancer).Transport(nil) })
+	assert.NotPanics(t, func() { (*Balancer)(nil).Close() }, "Close is safe on a nil Balancer")
+	assert.NotPanics(t, func() { new(Balancer).Close() }, "and on one not made by New")
 
 	good := backend(t, "good")
 	src, err := NewStaticSource(map[string][]endpoint.Endpoint{svc: {good}})

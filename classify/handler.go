@@ -2,6 +2,7 @@ package classify
 
 import (
 	"net/http"
+	"reflect"
 	"time"
 
 	"github.com/inmesh/inmesh/internal/metrics"
@@ -9,18 +10,40 @@ import (
 )
 
 // NewMiddleware returns a middleware that classifies every response of the
-// wrapped handler and records the inbound request metrics.
+// wrapped handler and records the inbound request metrics. The middleware
+// panics when it is given a nil handler, as [http.Handle] does: a nil
+// handler could serve no request.
 func NewMiddleware(opts ...Option) func(http.Handler) http.Handler {
 	cfg := newConfig(opts)
 	rec := newRecorder(cfg, "inbound")
 	return func(next http.Handler) http.Handler {
+		if nilHandler(next) {
+			panic("classify: nil handler")
+		}
 		return &handler{next: next, rec: rec, classifier: cfg.classifier, labels: cfg.labels}
 	}
 }
 
-// NewHandler wraps next with [NewMiddleware].
+// NewHandler wraps next with [NewMiddleware]. It panics when next is nil,
+// at once rather than at the first request.
 func NewHandler(next http.Handler, opts ...Option) http.Handler {
+	if nilHandler(next) {
+		panic("classify: NewHandler: nil handler")
+	}
 	return NewMiddleware(opts...)(next)
+}
+
+// nilHandler reports whether h is nil or a nil func or pointer in an
+// interface (http.HandlerFunc(nil), a nil *http.ServeMux).
+func nilHandler(h http.Handler) bool {
+	if h == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(h); v.Kind() {
+	case reflect.Func, reflect.Pointer:
+		return v.IsNil()
+	}
+	return false
 }
 
 // HandlerWithLabels returns a handler that records into the same metrics

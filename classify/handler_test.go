@@ -207,3 +207,19 @@ func TestEqualLabelsShareATarget(t *testing.T) {
 	rec.target("books:7000", NewLabels("dst_", map[string]string{"pod": "books-1"}))
 	assert.Len(t, rec.reg.Get("books:7000").Load().targets, 2)
 }
+
+// A nil handler is refused when the handler is made, with a message that
+// names the mistake, not by a panic at the first request.
+func TestNilHandlerIsRefusedAtConstruction(t *testing.T) {
+	for name, h := range map[string]http.Handler{
+		"nil":                nil,
+		"nil HandlerFunc":    http.HandlerFunc(nil),
+		"nil *http.ServeMux": (*http.ServeMux)(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			assert.PanicsWithValue(t, "classify: NewHandler: nil handler", func() { NewHandler(h) })
+			assert.PanicsWithValue(t, "classify: nil handler", func() { NewMiddleware()(h) })
+		})
+	}
+	assert.NotPanics(t, func() { NewHandler(http.NotFoundHandler()) })
+}

@@ -191,8 +191,9 @@ func (i *Issuer) KeepCertified(ctx context.Context, l *identity.Local) {
 // WatchTokens loads the tokens file at path into tokens, then checks it
 // every interval and loads it again once a change has settled for one
 // interval, until ctx is done. A file that fails to parse is logged (once
-// per distinct error and interval) with its file and field, and the last
-// good tokens stay in force. The error of the first load is returned,
+// per distinct error and interval, and always after a load) with its file
+// and field, and the last good tokens stay in force; every load is logged.
+// The error of the first load is returned,
 // without watching.
 func WatchTokens(ctx context.Context, tokens *Tokens, path string, interval time.Duration, log *slog.Logger) error {
 	if interval <= 0 {
@@ -218,6 +219,7 @@ func WatchTokens(ctx context.Context, tokens *Tokens, path string, interval time
 		settle.Loaded(stamp)
 	}
 	rl := ratelog.New(log, 0)
+	rejected := false
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
@@ -234,8 +236,13 @@ func WatchTokens(ctx context.Context, tokens *Tokens, path string, interval time
 			if err := load(); errors.Is(err, filestamp.ErrChanged) {
 				continue
 			} else if err != nil {
+				if !rejected {
+					rl.Forget("tokens") // a change of state: never suppressed
+				}
+				rejected = true
 				rl.WarnErr("tokens", "rejected the tokens file; the last good tokens stay in force", err)
 			} else {
+				rejected = false
 				log.Info("loaded tokens", "file", path)
 			}
 			settle.Loaded(stamp)

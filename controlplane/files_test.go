@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -90,4 +91,25 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A mistake in the tokens file that follows a load is named even when the
+// same mistake was named within the log interval: the last line tells
+// whether the file in place is in force.
+func TestWatchTokensNamesAMistakeAfterALoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens.yaml")
+	w := &stampedWriter{t: t}
+	const good, bad = "- {token: t1, serviceAccount: books, namespace: default}\n", "- {token: t3}\n"
+	w.write(path, good)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &testutil.LogLines{}
+	require.NoError(t, WatchTokens(ctx, NewTokens("linkerd", "cluster.local"), path, 5*time.Millisecond, logs.Logger()))
+	for i := 1; i <= 2; i++ {
+		w.write(path, bad)
+		require.Eventually(t, func() bool { return logs.Count("rejected the tokens file") == i }, defaultTestTimeout, 5*time.Millisecond,
+			"rejection %d; log:\n%s", i, logs.String())
+		w.write(path, good+"\n")
+		require.Eventually(t, func() bool { return logs.Count("loaded tokens") == i }, defaultTestTimeout, 5*time.Millisecond)
+	}
 }

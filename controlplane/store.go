@@ -195,3 +195,16 @@ func sortedEndpoints(eps []endpoint.Endpoint) []endpoint.Endpoint {
 	slices.SortFunc(eps, func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) })
 	return slices.CompactFunc(eps, func(a, b endpoint.Endpoint) bool { return a.Addr == b.Addr })
 }
+
+// ManifestProblems returns the mistakes of the loaded policy manifests
+// that load but cannot work as written ([manifest.Resources.Problems]),
+// each naming the file, the document and the field.
+func (s *Store) ManifestProblems() []error {
+	s.mu.Lock()
+	r := s.manifests
+	s.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	return r.Problems()
+}

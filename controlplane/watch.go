@@ -22,15 +22,18 @@ import (
 // is read again at the next poll. A file that fails to load (bad YAML, a
 // duplicate key, a bad field, an empty or truncated file) is logged with its
 // file, document and field, and the store keeps serving the last good
-// version. WatchFiles returns the error of the first load, without
-// watching, when it fails.
+// version. A change of state is always logged: a load that follows a
+// rejection, and a rejection that follows a load even when the same
+// mistake was named within the log interval; repeats of one state are
+// limited to one line per interval. WatchFiles returns the error of the
+// first load, without watching, when it fails.
 func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile string, interval time.Duration, opts ...Option) error {
 	cfg := newConfig(opts)
 	if interval <= 0 {
 		interval = time.Second
 	}
-	w := &fileWatcher{store: store, dir: profilesDir, endpoints: endpointsFile,
-		log: ratelog.New(cfg.logger, cfg.logInterval)}
+	w := newFileWatcher(store, cfg)
+	w.dir, w.endpoints = profilesDir, endpointsFile
 	if err := w.load(true); err != nil {
 		return err
 	}
@@ -39,12 +42,24 @@ func WatchFiles(ctx context.Context, store *Store, profilesDir, endpointsFile st
 }
 
 type fileWatcher struct {
-	store                           *Store
-	dir, endpoints                  string
-	manifests                       string
-	log                             *ratelog.Logger
-	profilesSettle, endpointsSettle filestamp.Settle
-	manifestsSettle                 filestamp.Settle
+	store                     *Store
+	dir, endpoints            string
+	manifests                 string
+	log                       *ratelog.Logger
+	profilesSrc, endpointsSrc source
+	manifestsSrc              source
+}
+
+func newFileWatcher(store *Store, cfg config) *fileWatcher {
+	return &fileWatcher{store: store, log: ratelog.New(cfg.logger, cfg.logInterval),
+		profilesSrc: source{what: "profiles"}, endpointsSrc: source{what: "endpoints"}, manifestsSrc: source{what: "manifests"}}
+}
+
+// source is the state of one kind of file a fileWatcher loads.
+type source struct {
+	what     string // "profiles", "endpoints", "manifests": in log keys
+	settle   filestamp.Settle
+	rejected bool // the last read was refused
 }
 
 func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
@@ -55,87 +70,96 @@ func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := w.load(false); err != nil {
-				w.log.WarnErr("rejected file", "rejected a control-plane file; serving the last good version", err)
-			}
+			_ = w.load(false) // every rejection is logged by load
 		}
 	}
 }
 
-// load reads what changed; first loads everything at once.
+// load reads what changed; first loads everything at once and returns the
+// errors instead of logging them.
 func (w *fileWatcher) load(first bool) error {
 	var errs []string
+	keep := func(err error) {
+		if err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
 	if w.dir != "" {
 		paths, stamp, err := filestamp.YAMLFiles(w.dir)
-		switch {
-		case err != nil:
-			errs = append(errs, err.Error())
-		case first || w.profilesSettle.Ready(stamp):
-			err := w.store.LoadServiceProfiles(paths...)
-			switch {
-			case errors.Is(err, filestamp.ErrChanged):
-				// Not recorded: read again at the next poll.
-				w.log.Debug("file changed", "a file changed while it was read", "error", err)
-			case err != nil:
-				w.profilesSettle.Loaded(stamp)
-				errs = append(errs, err.Error())
-			default:
-				w.profilesSettle.Loaded(stamp)
-				if !first {
-					w.log.Info("loaded profiles", "loaded service profiles", "dir", w.dir, "files", len(paths))
-				}
-				for _, err := range w.store.ProfileNameProblems() {
-					w.log.WarnErr("profile name", "a loaded ServiceProfile will never apply", err, "dir", w.dir)
-				}
-			}
-		}
+		keep(w.step(&w.profilesSrc, first, stamp, err, func() error { return w.store.LoadServiceProfiles(paths...) },
+			"loaded service profiles", "dir", w.dir, "files", len(paths)))
 	}
 	if w.endpoints != "" {
 		stamp, err := filestamp.File(w.endpoints)
-		switch {
-		case err != nil:
-			errs = append(errs, err.Error())
-		case first || w.endpointsSettle.Ready(stamp):
-			err := w.store.LoadEndpoints(w.endpoints)
-			switch {
-			case errors.Is(err, filestamp.ErrChanged):
-				w.log.Debug("file changed", "a file changed while it was read", "error", err)
-			case err != nil:
-				w.endpointsSettle.Loaded(stamp)
-				errs = append(errs, err.Error())
-			default:
-				w.endpointsSettle.Loaded(stamp)
-				if !first {
-					w.log.Info("loaded endpoints", "loaded endpoints", "file", w.endpoints)
-				}
-			}
-		}
+		keep(w.step(&w.endpointsSrc, first, stamp, err, func() error { return w.store.LoadEndpoints(w.endpoints) },
+			"loaded endpoints", "file", w.endpoints))
 	}
 	if w.manifests != "" {
 		paths, stamp, err := filestamp.YAMLFiles(w.manifests)
-		switch {
-		case err != nil:
-			errs = append(errs, err.Error())
-		case first || w.manifestsSettle.Ready(stamp):
-			err := w.store.LoadManifests(paths...)
-			switch {
-			case errors.Is(err, filestamp.ErrChanged):
-				w.log.Debug("file changed", "a file changed while it was read", "error", err)
-			case err != nil:
-				w.manifestsSettle.Loaded(stamp)
-				errs = append(errs, err.Error())
-			default:
-				w.manifestsSettle.Loaded(stamp)
-				if !first {
-					w.log.Info("loaded manifests", "loaded policy manifests", "dir", w.manifests, "files", len(paths))
-				}
-			}
-		}
+		keep(w.step(&w.manifestsSrc, first, stamp, err, func() error { return w.store.LoadManifests(paths...) },
+			"loaded policy manifests", "dir", w.manifests, "files", len(paths)))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// step loads one source when its files changed and settled (at once when
+// first) and logs the outcome; it returns the error of a bad file only
+// when first. A change of state, a rejection after a load or a load after
+// a rejection, is always logged: the last line says what is served.
+func (w *fileWatcher) step(src *source, first bool, stamp string, statErr error, load func() error, loadedMsg string, args ...any) error {
+	err := statErr
+	if err == nil {
+		if !first && !src.settle.Ready(stamp) {
+			return nil
+		}
+		err = load()
+		if errors.Is(err, filestamp.ErrChanged) {
+			// Not recorded: read again at the next poll.
+			w.log.Debug("file changed", "a file changed while it was read", "error", err)
+			return nil
+		}
+		src.settle.Loaded(stamp)
+	}
+	rejectKey, loadedKey := "rejected "+src.what, "loaded "+src.what
+	if err != nil {
+		if first {
+			src.rejected = true
+			return err
+		}
+		if !src.rejected {
+			w.log.Forget(rejectKey)
+		}
+		src.rejected = true
+		w.log.WarnErr(rejectKey, "rejected a control-plane file; serving the last good version", err)
+		return nil
+	}
+	if !first {
+		if src.rejected {
+			w.log.Forget(loadedKey)
+		}
+		w.log.Info(loadedKey, loadedMsg, args...)
+	}
+	src.rejected = false
+	w.problems(src)
+	return nil
+}
+
+// problems logs the mistakes of what src just loaded that load but cannot
+// work as written.
+func (w *fileWatcher) problems(src *source) {
+	switch src {
+	case &w.profilesSrc:
+		for _, err := range w.store.ProfileNameProblems() {
+			w.log.WarnErr("profile name", "a loaded ServiceProfile will never apply", err, "dir", w.dir)
+		}
+	case &w.manifestsSrc:
+		for _, err := range w.store.ManifestProblems() {
+			w.log.WarnErr("manifest problem", "a loaded policy manifest cannot work as written", err, "dir", w.manifests)
+		}
+	}
 }
 
 // WatchManifestFiles loads the Service, HTTPRoute and GRPCRoute manifests
@@ -144,7 +168,11 @@ func (w *fileWatcher) load(first bool) error {
 // again when any changed, until ctx is done, with the semantics of
 // [WatchFiles]: a change is loaded once it settled for one interval; a bad
 // file is logged with its file, document and field, and the store keeps
-// serving the last good version. Of the package's options it uses
+// serving the last good version. Manifests that load but cannot work as
+// written ([manifest.Resources.Problems]: an AuthorizationPolicy requiring
+// an authentication no file defines, a Server whose port is no container
+// port of the Pods it selects) are logged at every load, the first
+// included, each once per interval. Of the package's options it uses
 // [WithLogger] and [WithLogInterval]. The error of the first load is
 // returned, without watching.
 func WatchManifestFiles(ctx context.Context, store *Store, dir string, interval time.Duration, opts ...Option) error {
@@ -152,7 +180,8 @@ func WatchManifestFiles(ctx context.Context, store *Store, dir string, interval 
 	if interval <= 0 {
 		interval = time.Second
 	}
-	w := &fileWatcher{store: store, manifests: dir, log: ratelog.New(cfg.logger, cfg.logInterval)}
+	w := newFileWatcher(store, cfg)
+	w.manifests = dir
 	if err := w.load(true); err != nil {
 		return err
 	}

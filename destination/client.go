@@ -103,11 +103,17 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 // rather than failing and backing off on its own while the control plane
 // is down, so that watches resume within the policy's maximum delay of the
 // control plane's return. Dial does not wait for the connection. An
-// invalid backoff policy (see [backoff.Policy.Validate]) is an error.
+// invalid backoff policy (see [backoff.Policy.Validate]) is an error, and
+// so is a workload ([WithWorkload]) that [ParseWorkload] refuses.
 func Dial(target string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
 	if err := cfg.policy.Validate(); err != nil {
 		return nil, fmt.Errorf("destination: WithBackoff: %w", err)
+	}
+	if cfg.workload != "" {
+		if _, _, err := ParseWorkload(cfg.workload); err != nil {
+			return nil, fmt.Errorf("destination: WithWorkload: %w", err)
+		}
 	}
 	dialer := backoff.NewDialer(cfg.dial, cfg.policy)
 	dialOpts := append([]grpc.DialOption{

@@ -149,17 +149,18 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 // WithWorkload names the workload this client asks for: the pod whose
 // ports' Servers the InboundServerPolicies watches return
 // (PortSpec.workload), and the source of every OutboundPolicies watch
-// (TrafficSpec.source_workload). The client sends workload as given,
-// without reading it; Linkerd's policy controller and inmesh's embedded
-// control plane accept either form Linkerd's proxy sends:
+// (TrafficSpec.source_workload). It takes either form Linkerd's proxy
+// sends, which Linkerd's policy controller and inmesh's embedded control
+// plane accept, and sends it as given:
 //
 //   - "NS:POD", such as "default:books-0";
 //   - JSON naming the namespace and a pod or an external workload, such as
 //     {"ns":"default","pod":"books-0"} ([PolicyWorkload] makes it) or
 //     {"ns":"default","external_workload":"vm-0"}.
 //
-// Anything else (no colon, an empty side, other JSON keys) is refused
-// with InvalidArgument, and the watches end. An empty workload means the
+// [Dial] refuses anything else (no colon, an empty side, other JSON keys)
+// with an error that shows the expected form ([ParseWorkload]), rather
+// than watches the control plane would refuse. An empty workload means the
 // default: $LINKERD2_PROXY_POLICY_WORKLOAD (the proxy injector sets it, in
 // the JSON form), else the pod named by the host name in the namespace
 // "default".

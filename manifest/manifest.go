@@ -64,6 +64,20 @@ type Object struct {
 	// routes whose matches tie, the oldest wins, as in Linkerd and the
 	// Gateway API.
 	Created time.Time
+
+	// file and doc say where the object was defined (doc counted from 1;
+	// file empty when it came from [Parse]), for [Resources.Problems].
+	file string
+	doc  int
+}
+
+// where names the object's file, document and kind/name, as errors do.
+func (o *Object) where() string {
+	s := fmt.Sprintf("document %d (%s %s)", o.doc, o.Kind, o.key())
+	if o.file != "" {
+		s = o.file + ": " + s
+	}
+	return s
 }
 
 func (o *Object) key() string {
@@ -96,6 +110,7 @@ func Load(paths ...string) (*Resources, error) {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		for _, o := range r.objects() {
+			o.file = path
 			k := o.Kind + " " + o.key()
 			if prev, dup := seen[k]; dup {
 				return nil, fmt.Errorf("%s: %s is also defined in %s", path, k, prev)
@@ -145,7 +160,7 @@ func Parse(data []byte) (*Resources, error) {
 		if yamltree.Blank(doc) {
 			continue
 		}
-		obj, err := parseDocument(doc, out)
+		obj, err := parseDocument(doc, i+1, out)
 		if err != nil {
 			if obj != nil && obj.Name != "" {
 				return nil, fmt.Errorf("document %d (%s %s): %w", i+1, obj.Kind, obj.key(), err)
@@ -172,6 +187,21 @@ const (
 	serviceProfileV1alpha2 = "linkerd.io/v1alpha2"
 )
 
+// kindVersions are the API versions read of each kind, so that a known
+// kind of another version is named by its apiVersion field.
+var kindVersions = map[string][]string{
+	"Service":                  {"v1"},
+	"Pod":                      {"v1"},
+	"HTTPRoute":                {gatewayV1, linkerdV1beta3},
+	"GRPCRoute":                {gatewayV1, linkerdV1beta3},
+	"ServiceProfile":           {serviceProfileV1alpha2},
+	"Server":                   {linkerdV1beta3, "policy.linkerd.io/v1beta2", "policy.linkerd.io/v1beta1"},
+	"AuthorizationPolicy":      {linkerdV1alpha1},
+	"MeshTLSAuthentication":    {linkerdV1alpha1},
+	"NetworkAuthentication":    {linkerdV1alpha1},
+	"HTTPLocalRateLimitPolicy": {linkerdV1alpha1},
+}
+
 // topFields are the fields a document may have; status (as kubectl get
 // prints it) is ignored.
 var topFields = []string{"apiVersion", "kind", "metadata", "spec", "status"}
@@ -181,7 +211,7 @@ var topFields = []string{"apiVersion", "kind", "metadata", "spec", "status"}
 var metadataFields = []string{"name", "namespace", "annotations", "labels", "uid", "resourceVersion",
 	"generation", "creationTimestamp", "managedFields", "ownerReferences", "finalizers", "generateName"}
 
-func parseDocument(doc []byte, out *Resources) (*Object, error) {
+func parseDocument(doc []byte, index int, out *Resources) (*Object, error) {
 	root, err := yamltree.Decode(doc)
 	if err != nil {
 		return nil, err
@@ -201,7 +231,7 @@ func parseDocument(doc []byte, out *Resources) (*Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	obj := &Object{Kind: kind}
+	obj := &Object{Kind: kind, doc: index}
 	if err := obj.parseMetadata(root, top); err != nil {
 		return obj, err
 	}
@@ -243,6 +273,9 @@ func parseDocument(doc []byte, out *Resources) (*Object, error) {
 		known, err := parseInbound(apiVersion, kind, obj, spec, out)
 		if err != nil {
 			return obj, err
+		}
+		if versions, ok := kindVersions[kind]; !known && ok {
+			return obj, top["apiVersion"].Errorf("%q is not an API version of %s read here (want %s)", apiVersion, kind, strings.Join(versions, " or "))
 		}
 		if !known {
 			return obj, top["kind"].Errorf("%s %s is not read here (known: v1 Service and Pod; HTTPRoute and GRPCRoute of %s or %s; %s ServiceProfile; %s)",

@@ -287,7 +287,9 @@ func TestParseErrorsNameDocumentAndField(t *testing.T) {
 		{"bad weight", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - backendRefs: [{name: b, weight: -1}]\n", "spec.rules[0].backendRefs[0].weight"},
 		{"grpc filter", "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - filters: [{type: RequestRedirect}]\n", "spec.rules[0].filters[0].type: filter \"RequestRedirect\" is not supported (supported: RequestHeaderModifier)"},
 		{"grpc method", "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - matches: [{method: {type: RegularExpression, service: a}}]\n", "spec.rules[0].matches[0].method.type: \"RegularExpression\" is not supported"},
-		{"old version", "apiVersion: gateway.networking.k8s.io/v1alpha1\nkind: HTTPRoute\nmetadata: {name: r}\n", "kind: gateway.networking.k8s.io/v1alpha1 HTTPRoute is not read here"},
+		{"old version", "apiVersion: gateway.networking.k8s.io/v1alpha1\nkind: HTTPRoute\nmetadata: {name: r}\n", `apiVersion: "gateway.networking.k8s.io/v1alpha1" is not an API version of HTTPRoute read here (want gateway.networking.k8s.io/v1 or policy.linkerd.io/v1beta3)`},
+		{"old profile version", "apiVersion: linkerd.io/v1alpha1\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec: {routes: []}\n", `apiVersion: "linkerd.io/v1alpha1" is not an API version of ServiceProfile read here (want linkerd.io/v1alpha2)`},
+		{"unknown kind", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: r}\n", "kind: v1 ConfigMap is not read here"},
 		{"twice", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a}\n", "document 2: Service default/a is also defined in document 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -22,7 +22,8 @@ import (
 // file that changes while it is read is read again at the next poll. A
 // broken file (bad YAML, a duplicate key, a bad field, an empty or
 // truncated file) is reported (Err, and a log line naming the file and the
-// field, rate-limited) and the last good profiles stay in force. A
+// field, rate-limited, and never suppressed after a load) and the last good
+// profiles stay in force; a load that follows a rejection is logged too. A
 // ProfileSource is safe for concurrent use; Close stops it.
 type ProfileSource struct {
 	dir      string
@@ -126,6 +127,7 @@ func (s *ProfileSource) poll() {
 	defer close(s.done)
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
+	rejected := false
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -146,7 +148,14 @@ func (s *ProfileSource) poll() {
 				s.log.Debug("profile file changed", "a profile file changed while it was read", "dir", s.dir, "error", err)
 				continue // read again at the next poll
 			case err != nil:
+				if !rejected {
+					s.log.Forget("profile files rejected") // a change of state: never suppressed
+				}
+				rejected = true
 				s.log.WarnErr("profile files rejected", "profile files rejected; keeping the last good profiles", err, "dir", s.dir)
+			case rejected:
+				rejected = false
+				s.log.Slog().Info("profile files loaded after a rejection", "dir", s.dir, "files", len(paths))
 			}
 			s.settle.Loaded(stamp)
 		}

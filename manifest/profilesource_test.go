@@ -58,10 +58,14 @@ func TestProfileSourceKeepsLastGoodProfile(t *testing.T) {
 			path := filepath.Join(dir, "books.yaml")
 			n := 0
 			write := func(content string) {
+				// A finished copy renamed into place: an in-place write
+				// can show the 5 ms poll an empty file on a loaded machine.
 				n++
-				require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+				tmp := filepath.Join(dir, ".books.yaml.tmp")
+				require.NoError(t, os.WriteFile(tmp, []byte(content), 0o644))
 				at := time.Now().Add(time.Duration(n) * time.Minute)
-				require.NoError(t, os.Chtimes(path, at, at))
+				require.NoError(t, os.Chtimes(tmp, at, at))
+				require.NoError(t, os.Rename(tmp, path))
 			}
 			write(good)
 			logs := &syncBuffer{}
@@ -96,6 +100,10 @@ func TestProfileSourceKeepsLastGoodProfile(t *testing.T) {
 			write(strings.Replace(good, "name: v1", "name: v2", 1))
 			wait("the fix", routeIs("v2"))
 			assert.NoError(t, src.Err())
+			require.Eventually(t, func() bool {
+				lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+				return strings.Contains(lines[len(lines)-1], "profile files loaded after a rejection")
+			}, testutil.Timeout, 5*time.Millisecond, "the last line says the fix is in force: %s", logs.String())
 		})
 	}
 }

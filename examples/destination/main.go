@@ -64,6 +64,10 @@ func main() {
 	flag.Func("probe-networks", "comma-separated CIDRs the probe route of default policies admits (default none: no probe route)",
 		func(v string) (err error) { inbound.ProbeNetworks, err = parsePrefixes(v); return err })
 	flag.Parse()
+	if err := id.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "destination:", err)
+		os.Exit(2)
+	}
 	inbound.TrustDomain, inbound.ControlNamespace = id.trustDomain, id.namespace
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -155,12 +159,21 @@ type identityFlags struct {
 	lifetime                                    time.Duration
 }
 
+// check refuses identity flags that serve nothing: tokens without the
+// issuer's directory would leave the Identity API unserved without a word.
+func (f identityFlags) check() error {
+	switch {
+	case f.tokens != "" && f.dir == "":
+		return fmt.Errorf("-identity-tokens %s needs -identity-dir (the trust anchors and issuer) to serve the Identity API", f.tokens)
+	case f.dir != "" && f.tokens == "":
+		return fmt.Errorf("-identity-dir %s needs -identity-tokens (who may be certified)", f.dir)
+	}
+	return nil
+}
+
 // serveIdentity serves the Identity API on its own TLS listener, with the
 // identity service's own certificate from its issuer, renewed as any.
 func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration, log *slog.Logger) (*grpc.Server, error) {
-	if f.tokens == "" {
-		return nil, fmt.Errorf("-identity-dir needs -identity-tokens")
-	}
 	dir, created, err := controlplane.LoadIdentityDir(f.dir)
 	if err != nil {
 		return nil, err

@@ -189,7 +189,10 @@ func run(o options, out io.Writer) error {
 
 	fmt.Fprintf(out, "load: %d clients for %v\n", o.workers, o.duration)
 	sent := load(hc, o, out)
-	fmt.Fprintf(out, "\r%d requests sent; %d connection(s) between the peers\n", sent, peerConns.Load())
+	if isTerminal(out) {
+		fmt.Fprint(out, "\r") // over the progress line
+	}
+	fmt.Fprintf(out, "%d requests sent; %d connection(s) between the peers\n", sent, peerConns.Load())
 	fmt.Fprintf(out, "mTLS: the client %s reached the server %s; the app saw l5d-client-id %s\n\n",
 		webLocal.Name(), booksLocal.Name(), seenIDs(&seen))
 
@@ -295,16 +298,38 @@ func load(hc *http.Client, o options, out io.Writer) int64 {
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	tick := time.NewTicker(500 * time.Millisecond)
+	// On a terminal one progress line is rewritten in place; elsewhere (a
+	// file, a pipe, a test's buffer) each is a plain line, less often, so
+	// that captured output stays readable line by line.
+	terminal, every := isTerminal(out), time.Second
+	if terminal {
+		every = 500 * time.Millisecond
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
 		case <-done:
 			return sent.Load()
 		case <-tick.C:
-			fmt.Fprintf(out, "\r  %d requests, %s left   ", sent.Load(), remaining(time.Until(stop)))
+			if terminal {
+				fmt.Fprintf(out, "\r  %d requests, %s left   ", sent.Load(), remaining(time.Until(stop)))
+			} else {
+				fmt.Fprintf(out, "  %d requests, %s left\n", sent.Load(), remaining(time.Until(stop)))
+			}
 		}
 	}
+}
+
+// isTerminal reports whether w is a character device such as a terminal,
+// where a progress line can be rewritten with a carriage return.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	info, err := f.Stat()
+	return err == nil && info.Mode()&os.ModeCharDevice != 0
 }
 
 // remaining is the countdown shown while the load runs: whole seconds, never

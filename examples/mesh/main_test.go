@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,9 @@ func TestDemoPrintsRouteTable(t *testing.T) {
 	text := out.String()
 	t.Log(text)
 	assert.Contains(t, text, "1 connection(s) between the peers")
+	// Not a terminal: plain lines, no carriage return to fold them.
+	assert.NotContains(t, text, "\r")
+	assert.Regexp(t, `(?m)^[0-9]+ requests sent; 1 connection\(s\) between the peers$`, text)
 	// The peers talk mTLS with identities from the embedded issuer, and
 	// the app sees the client's on every request.
 	assert.Contains(t, text, "the app saw l5d-client-id web.default.serviceaccount.identity.linkerd.cluster.local\n",
@@ -61,4 +66,18 @@ func TestRemaining(t *testing.T) {
 			t.Errorf("remaining(%v) = %s, want %s", d, got, want)
 		}
 	}
+}
+
+// A pipe or a file is not a terminal; the progress is then plain lines.
+func TestIsTerminal(t *testing.T) {
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	defer w.Close()
+	assert.False(t, isTerminal(w))
+	assert.False(t, isTerminal(&bytes.Buffer{}))
+	f, err := os.Create(filepath.Join(t.TempDir(), "out.txt"))
+	require.NoError(t, err)
+	defer f.Close()
+	assert.False(t, isTerminal(f))
 }

@@ -142,6 +142,11 @@ func main() {
 }
 
 func run(f flags, log *slog.Logger) error {
+	if f.workload != "" {
+		if _, _, err := destination.ParseWorkload(f.workload); err != nil {
+			return fmt.Errorf("-workload (or $%s): %w", destination.PolicyWorkloadEnv, err)
+		}
+	}
 	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ package ratelog
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -153,6 +154,28 @@ func (l *Logger) logAt(level slog.Level, key, msg string, args []any) {
 		args = append(args[:len(args):len(args)], "suppressed", suppressed)
 	}
 	l.log.Log(context.Background(), level, msg, args...)
+}
+
+// Forget drops what l remembers of key and of the reasons logged under it
+// by [Logger.WarnErr], so that the next line for key is written at once.
+// A caller calls it on a change of state (a file rejected, then loaded
+// again): the line that says so is never suppressed, so the last line a
+// reader sees tells the current state. Lines suppressed since key's last
+// line are dropped from the count.
+func (l *Logger) Forget(key string) {
+	if l == nil {
+		return
+	}
+	prefix := key + "\x00"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.keys, key)
+	delete(l.reasons, key)
+	for k := range l.keys {
+		if strings.HasPrefix(k, prefix) {
+			delete(l.keys, k)
+		}
+	}
 }
 
 // forgetLocked drops the keys whose interval has passed, or all of them

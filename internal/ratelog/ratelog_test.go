@@ -86,3 +86,28 @@ func TestWarnErrKeysOnTheReason(t *testing.T) {
 	l.WarnErr("flood", "rejected", fmt.Errorf("mistake %d", 5000))
 	assert.Contains(t, buf.String(), "other_reasons_suppressed=936")
 }
+
+// After Forget, a key and its reasons are written again at once: a change
+// of state is never suppressed.
+func TestForgetWritesTheNextLineAtOnce(t *testing.T) {
+	l, buf, _ := newTest(time.Hour)
+	l.Info("loaded", "loaded endpoints")
+	l.WarnErr("rejected", "rejected a file", fmt.Errorf("endpoints.yaml: [0].addr: bad"))
+	l.Info("loaded", "loaded endpoints")
+	l.WarnErr("rejected", "rejected a file", fmt.Errorf("endpoints.yaml: [0].addr: bad"))
+	require.Equal(t, 2, strings.Count(buf.String(), "\n"), "within the interval, repeats are suppressed")
+
+	l.Forget("loaded")
+	l.Info("loaded", "loaded endpoints")
+	l.Forget("rejected")
+	l.WarnErr("rejected", "rejected a file", fmt.Errorf("endpoints.yaml: [0].addr: bad"))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 4)
+	assert.Contains(t, lines[2], "loaded endpoints")
+	assert.Contains(t, lines[3], "rejected a file")
+	l.WarnErr("rejected", "rejected a file", fmt.Errorf("endpoints.yaml: [0].addr: bad"))
+	assert.Equal(t, 4, strings.Count(buf.String(), "\n"), "the same reason again is suppressed again")
+
+	var nilLogger *Logger
+	nilLogger.Forget("k") // must not panic
+}
