@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,25 @@ type Service struct {
 	Object
 	// Ports are the Service's ports; empty means any port.
 	Ports []ServicePort
+	// ClusterIP is spec.clusterIP, when it is an address: the embedded
+	// Destination API answers a GetProfile of it with the Service's
+	// profile, as Linkerd's controller does. "None" (a headless Service)
+	// and an absent field leave it invalid.
+	ClusterIP netip.Addr
+}
+
+// OpaquePort reports whether traffic to port of the Service is opaque: the
+// port is listed by its config.linkerd.io/opaque-ports annotation or, when
+// it has none, is one of [DefaultOpaquePorts], as Linkerd's destination
+// controller decides it
+// (controller/api/destination/watcher/opaque_ports_watcher.go). A nil
+// Service (one without a manifest) has the default opaque ports.
+func (s *Service) OpaquePort(port uint16) bool {
+	if s == nil {
+		return slices.Contains(DefaultOpaquePorts, port)
+	}
+	opaque, _ := opaquePort(s.Annotations, port)
+	return opaque
 }
 
 // ServicePort is one port of a Service.
@@ -113,6 +133,17 @@ func (s *Service) parseSpec(spec yamltree.Node) error {
 	obj, err := spec.Object(serviceSpecFields...)
 	if err != nil {
 		return err
+	}
+	if cn, ok := obj["clusterIP"]; ok && cn.Value != nil {
+		v, err := cn.Str()
+		if err != nil {
+			return err
+		}
+		if v != "" && v != "None" {
+			if s.ClusterIP, err = netip.ParseAddr(v); err != nil {
+				return cn.Errorf("%q is not an IP address (or None)", v)
+			}
+		}
 	}
 	pn, ok := obj["ports"]
 	if !ok || pn.Value == nil {
