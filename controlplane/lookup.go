@@ -160,9 +160,9 @@ func (s *Store) serviceOfIP(ip netip.Addr) (serviceRef, bool) {
 // (controller/api/destination/endpoint_profile_translator.go): the default
 // retry budget, the endpoint (the address asked, with the labels, identity
 // and protocol hint an endpoint set gives that IP, and its namespace
-// label), and opaque_protocol when the endpoint is opaque; an address no
-// set knows gets an endpoint with the address alone, opaque on one of
-// Linkerd's default opaque ports.
+// label), and opaque_protocol when the endpoint is opaque or, outside the
+// mesh (no identity), its port is one of Linkerd's default opaque ports;
+// an address no set knows gets an endpoint with the address alone.
 func (s *Store) endpointProfile(ip netip.Addr, port uint32) (*profiles.Profile, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -186,14 +186,17 @@ func (s *Store) endpointProfile(ip netip.Addr, port uint32) (*profiles.Profile, 
 	}
 	switch {
 	case !found:
-		e = endpoint.Endpoint{Weight: endpoint.DefaultWeight, Opaque: isDefaultOpaque(port)}
+		e = endpoint.Endpoint{Weight: endpoint.DefaultWeight}
 	case !exact:
 		// Another port's hint says nothing of this one.
 		e.Opaque = e.Identity != "" && isDefaultOpaque(port)
 	}
 	e.Addr = addr
 	budget := profiles.DefaultRetryBudget()
-	p := &profiles.Profile{RetryBudget: &budget, OpaqueProtocol: e.Opaque}
+	// The port's protocol is opaque by the endpoint's hint, or, for a
+	// workload outside the mesh (which gets no hint), by Linkerd's default
+	// opaque ports.
+	p := &profiles.Profile{RetryBudget: &budget, OpaqueProtocol: e.Opaque || e.Identity == "" && isDefaultOpaque(port)}
 	e = wireEndpoint(e)
 	if found && ns != "" {
 		labels := maps.Clone(e.Labels)
