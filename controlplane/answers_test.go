@@ -218,7 +218,7 @@ func TestGetSaysNothingWithoutEndpoints(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	for _, authority := range []string{
-		"empty.default.svc.cluster.local:80",  // a Service without endpoints
+		"empty.default.svc.cluster.local:80",   // a Service without endpoints
 		"books.default.svc.cluster.local:7001", // a port books does not declare
 	} {
 		t.Run(authority, func(t *testing.T) {

@@ -22,9 +22,9 @@ type Store struct {
 	endpoints map[string][]endpoint.Endpoint      // by authority host:port, lower case
 	// endpointServices are the Services the endpoint sets name.
 	endpointServices map[serviceRef]struct{}
-	changed   chan struct{}                       // closed and replaced on every change
-	manifests *manifest.Resources                 // Services and routes of the OutboundPolicies API
-	inbound   manifest.InboundOptions             // the cluster's settings of the InboundServerPolicies API
+	changed          chan struct{}           // closed and replaced on every change
+	manifests        *manifest.Resources     // Services and routes of the OutboundPolicies API
+	inbound          manifest.InboundOptions // the cluster's settings of the InboundServerPolicies API
 }
 
 // NewStore returns an empty Store.
