@@ -23,13 +23,12 @@ import (
 )
 
 // Server is an embedded Destination control plane serving a [Store]. It
-// follows the contract of Linkerd's controller: the first message of every
-// stream is sent at once and describes the whole state (an add with every
-// endpoint, or no_endpoints); an unknown service gets
-// no_endpoints{exists: false} from Get and a default profile (no routes,
-// [profiles.DefaultRetryBudget]) from GetProfile; an authority without a
-// port means port 80; an authority that is not host[:port] gets
-// InvalidArgument. Every later change of the Store is pushed at once.
+// answers as Linkerd's controller does (controller/api/destination): the
+// first message of a stream that has something to say is sent at once and
+// describes the whole state; a Service that does not exist, a name outside
+// the cluster and an IP address get Linkerd's errors (see [Server.Get] and
+// [Server.GetProfile]); an authority without a port means port 80. Every
+// later change of the Store is pushed at once.
 //
 // [Server.Shutdown] ends every open stream, so that clients re-subscribe
 // elsewhere at once: grpc's GracefulStop alone waits for these endless
