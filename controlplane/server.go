@@ -101,7 +101,10 @@ func (s *Server) begin() error {
 // Store.serviceProfile), an unknown Service Unknown `service "name" not
 // found`, a name outside the cluster InvalidArgument; an IP address gets
 // the profile of the Service whose clusterIP it is, or else that of the
-// workload at that address (its endpoint).
+// workload at that address (its endpoint). A pod's DNS name
+// (pod.name.ns.svc.cluster.local) gets its Service's profile: the
+// endpoints file knows no pod hostnames, where Linkerd's controller
+// answers the pod's endpoint.
 func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {
 	host, port, err := hostAndPort(req.GetPath())
 	if err != nil {
