@@ -45,9 +45,9 @@ kind: Service
 metadata:
   name: mysql
   namespace: default
-  annotations: {config.linkerd.io/opaque-ports: "8080,9000-9001"}
+  annotations: {config.linkerd.io/opaque-ports: "8080,9000-9001,admin"}
 spec:
-  ports: [{port: 8080}, {port: 3306}, {port: 9001}]
+  ports: [{port: 8080}, {port: 3306}, {port: 9001}, {name: admin, port: 9100}]
 ---
 apiVersion: v1
 kind: Pod
@@ -297,6 +297,12 @@ func TestGetProfileAnswersAsLinkerd(t *testing.T) {
 			upstream: "controller/api/destination/watcher/opaque_ports_watcher.go (parseServiceOpaquePorts)",
 			path:     "mysql.default.svc.cluster.local:9001",
 			want:     serviceProfile("mysql", 9001, true),
+		},
+		{
+			name:     "the annotation names a port of the Service",
+			upstream: "controller/api/destination/watcher/opaque_ports_watcher.go (parseServiceOpaquePorts, isNamed)",
+			path:     "mysql.default.svc.cluster.local:9100",
+			want:     serviceProfile("mysql", 9100, true),
 		},
 		{
 			name:     "the annotation replaces the default opaque ports",
