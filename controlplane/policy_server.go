@@ -39,15 +39,21 @@ func (s *Store) LoadManifests(paths ...string) error {
 }
 
 // outboundPolicy returns the policy of a target authority, or nil when it
-// names no Service, and a channel closed on the next change. A Service
-// without a manifest, or a port it does not declare, gets the default
-// policy, as from Linkerd's controller.
+// names no Service that exists (see Store.serviceLocked), and a channel
+// closed on the next change. A Service known only from the endpoint sets,
+// or a port it does not declare, gets the default policy, as from
+// Linkerd's controller; one that does not exist has none
+// (policy-controller/grpc/src/outbound.rs answers it NotFound "unknown
+// target").
 func (s *Store) outboundPolicy(authority string) (*policy.Policy, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	ns, name, port, ok := manifest.ParseAuthority(authority)
 	if !ok {
+		return nil, s.changed
+	}
+	if _, exists := s.serviceLocked(serviceRef{ns: ns, name: name}); !exists {
 		return nil, s.changed
 	}
 	r := s.manifests
@@ -61,9 +67,10 @@ func (s *Store) outboundPolicy(authority string) (*policy.Policy, <-chan struct{
 // authorities naming a Service port (name.ns.svc.cluster.local:port, or the
 // shorter name.ns.svc:port and name.ns:port; port 80 when none is given).
 // As Linkerd's policy controller, it serves the default policy for a
-// Service it has no manifest of, or a port the Service does not declare,
-// and sends the Service's policy once a manifest for it is loaded; it
-// answers NotFound for an authority that names no Service, and
+// Service it has no manifest of (one the endpoint sets name), or a port the
+// Service does not declare, and sends the Service's policy once a manifest
+// for it is loaded; it answers NotFound "unknown target" for a Service
+// that does not exist, NotFound for an authority that names no Service, and
 // InvalidArgument for a missing target or source workload (see target).
 // Its streams end with the Destination streams on [Server.Shutdown].
 type policyServer struct {

@@ -51,6 +51,7 @@ func resources(t *testing.T, docs ...string) *manifest.Resources {
 func TestPolicyTargetsAsLinkerd(t *testing.T) {
 	store := NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
+	store.PutEndpoints("books.default.svc.cluster.local:7000", nil)
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -73,7 +74,8 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 		{"the shorter form names the Service", auth("authors.default.svc:7001"), "authors:7001", codes.OK, ""},
 		{"a port-less authority means port 80", auth("authors.default.svc.cluster.local"), "authors:80", codes.OK, ""},
 		{"a port the Service does not declare gets the default policy", auth("authors.default.svc.cluster.local:7002"), "authors:7002", codes.OK, ""},
-		{"a Service without a manifest gets the default policy", auth("books.default.svc.cluster.local:7000"), "books:7000", codes.OK, ""},
+		{"a Service known from the endpoints alone gets the default policy", auth("books.default.svc.cluster.local:7000"), "books:7000", codes.OK, ""},
+		{"a Service that does not exist", auth("nosuch.default.svc.cluster.local:7000"), "", codes.NotFound, "unknown target"},
 		{"a name outside the cluster", auth("example.com:80"), "", codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local"},
 		{"no host", auth(":80"), "", codes.InvalidArgument, "authority must have a host"},
 		{"no target", &outboundpb.TrafficSpec{SourceWorkload: pod}, "", codes.InvalidArgument, "target is required"},

@@ -11,7 +11,6 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
-	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
@@ -24,13 +23,12 @@ import (
 )
 
 // Server is an embedded Destination control plane serving a [Store]. It
-// follows the contract of Linkerd's controller: the first message of every
-// stream is sent at once and describes the whole state (an add with every
-// endpoint, or no_endpoints); an unknown service gets
-// no_endpoints{exists: false} from Get and a default profile (no routes,
-// [profiles.DefaultRetryBudget]) from GetProfile; an authority without a
-// port means port 80; an authority that is not host[:port] gets
-// InvalidArgument. Every later change of the Store is pushed at once.
+// answers as Linkerd's controller does (controller/api/destination): the
+// first message of a stream that has something to say is sent at once and
+// describes the whole state; a Service that does not exist, a name outside
+// the cluster and an IP address get Linkerd's errors (see [Server.Get] and
+// [Server.GetProfile]); an authority without a port means port 80. Every
+// later change of the Store is pushed at once.
 //
 // [Server.Shutdown] ends every open stream, so that clients re-subscribe
 // elsewhere at once: grpc's GracefulStop alone waits for these endless
@@ -97,35 +95,70 @@ func (s *Server) begin() error {
 	return nil
 }
 
-// requestedAuthority parses a GetDestination path as Linkerd's controller
-// does: host:port, or a host alone meaning port 80.
-func requestedAuthority(path string) (host string, port uint32, err error) {
-	host, port, err = authpkg.Split(path)
-	if err == nil {
-		return host, port, nil
+// GetProfile streams the profile of the requested authority, with the
+// answers of Linkerd's controller (controller/api/destination/server.go
+// GetProfile): a Service's name gets its profile (see
+// Store.serviceProfile), an unknown Service Unknown `service "name" not
+// found`, a name outside the cluster InvalidArgument; an IP address gets
+// the profile of the Service whose clusterIP it is, or else that of the
+// workload at that address (its endpoint). A pod's DNS name
+// (pod.name.ns.svc.cluster.local) gets its Service's profile: the
+// endpoints file knows no pod hostnames, where Linkerd's controller
+// answers the pod's endpoint.
+func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	host, port, err := hostAndPort(req.GetPath())
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "invalid authority: %q: %q", req.GetPath(), err.Error())
 	}
-	if !strings.Contains(path, ":") || (strings.HasPrefix(path, "[") && strings.HasSuffix(path, "]")) {
-		if h, p, err2 := authpkg.Split(path + ":80"); err2 == nil {
-			return h, p, nil
+	if ip, err := netip.ParseAddr(host); err == nil {
+		ip = ip.Unmap()
+		if ref, ok := s.store.serviceOfIP(ip); ok {
+			return s.serviceProfileStream(stream, ref, ref.fqdn(), port)
 		}
+		if err := s.begin(); err != nil {
+			return err
+		}
+		defer s.streams.Done()
+		return watch(s, stream, func() (*pb.DestinationProfile, <-chan struct{}, error) {
+			p, changed := s.store.endpointProfile(ip, port)
+			return destination.ProfileToProto(p), changed, nil
+		})
 	}
-	return "", 0, err
+	ref, _, err := clusterService(host)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "invalid service %q: %q", host, err.Error())
+	}
+	return s.serviceProfileStream(stream, ref, host, port)
 }
 
-// GetProfile streams the profile of the requested authority.
-func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-	host, port, err := requestedAuthority(req.GetPath())
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "invalid authority: %v", err)
+// serviceProfileStream serves the profile of a Service port; a Service
+// that does not exist is an error, as the Kubernetes lister's answer is in
+// Linkerd's controller (code Unknown).
+func (s *Server) serviceProfileStream(stream grpc.ServerStreamingServer[pb.DestinationProfile], ref serviceRef, fqn string, port uint32) error {
+	if !s.store.serviceExists(ref) {
+		return status.Errorf(codes.Unknown, "service %q not found", ref.name)
 	}
 	if err := s.begin(); err != nil {
 		return err
 	}
 	defer s.streams.Done()
+	var last *pb.DestinationProfile
 	return watch(s, stream, func() (*pb.DestinationProfile, <-chan struct{}, error) {
-		p, sp, changed := s.store.profile(host, port)
+		p, sp, empty, changed := s.store.serviceProfile(ref, fqn, port)
+		switch {
+		case p == nil && last != nil:
+			// The Service went away: its last profile stays, as a
+			// subscription of Linkerd's controller keeps it.
+			return last, changed, nil
+		case p == nil:
+			p = &profiles.Profile{}
+			empty = true
+		}
 		msg := destination.ProfileToProto(p)
-		msg.ParentRef, msg.ProfileRef = profileRefs(host, port, sp)
+		if !empty {
+			msg.ParentRef, msg.ProfileRef = profileRefs(fqn, port, sp)
+		}
+		last = msg
 		return msg, changed, nil
 	})
 }
@@ -202,11 +235,29 @@ func endpointSetLabels(host string) map[string]string {
 }
 
 // Get streams the endpoints of the requested authority as adds and removes
-// against what the stream already sent.
+// against what the stream already sent, with the answers of Linkerd's
+// controller (controller/api/destination/server.go Get,
+// endpoint_translator.go, watcher/filtered_listener_group.go): an IP
+// address is InvalidArgument "IP queries not supported by Get API", a name
+// outside the cluster InvalidArgument "Invalid authority", a Service that
+// does not exist NotFound "Service name.ns not found". A Service port with
+// no endpoints, or one the Service does not define, gets no message at
+// all until it has some; endpoints that go away are removed, never
+// answered with no_endpoints.
 func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.Update]) error {
-	host, port, err := requestedAuthority(req.GetPath())
+	host, port, err := hostAndPort(req.GetPath())
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "invalid authority: %v", err)
+		return errInvalidAuthority(req.GetPath())
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
+	}
+	ref, _, err := clusterService(host)
+	if err != nil {
+		return errInvalidAuthority(req.GetPath())
+	}
+	if !s.store.serviceExists(ref) {
+		return status.Errorf(codes.NotFound, "Service %s.%s not found", ref.name, ref.ns)
 	}
 	if err := s.begin(); err != nil {
 		return err
@@ -215,16 +266,13 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 	authority := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	setLabels := endpointSetLabels(host)
 	sent := map[netip.AddrPort]*pb.WeightedAddr{}
-	first := true
-	var lastExists bool
 	for {
-		eps, exists, changed := s.store.endpointSet(authority)
-		for _, msg := range endpointDiff(sent, eps, setLabels, exists, first || exists != lastExists) {
+		eps, _, changed := s.store.endpointSet(authority)
+		for _, msg := range endpointDiff(sent, eps, setLabels) {
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
 		}
-		first, lastExists = false, exists
 		select {
 		case <-changed:
 		case <-s.shutdown:
@@ -236,16 +284,9 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 }
 
 // endpointDiff returns the updates that take a stream from sent to eps, and
-// updates sent. announce forces a message even when nothing changed (the
-// first message of a stream, or a change of existence).
-func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpoint, setLabels map[string]string, exists, announce bool) []*pb.Update {
-	if len(eps) == 0 {
-		if len(sent) == 0 && !announce {
-			return nil
-		}
-		clear(sent)
-		return []*pb.Update{{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: exists}}}}
-	}
+// updates sent: the new or changed endpoints as one add, then the gone ones
+// as one remove; nothing when nothing changed.
+func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpoint, setLabels map[string]string) []*pb.Update {
 	var out []*pb.Update
 	current := make(map[netip.AddrPort]bool, len(eps))
 	var removed []*pb.TcpAddress
@@ -260,7 +301,7 @@ func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpo
 	}
 	var added []*pb.WeightedAddr
 	for _, e := range eps {
-		w := destination.EndpointToProto(e)
+		w := destination.EndpointToProto(wireEndpoint(e))
 		if prev, ok := sent[e.Addr]; !ok || !proto.Equal(prev, w) {
 			added = append(added, w)
 			sent[e.Addr] = w

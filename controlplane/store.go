@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -21,9 +20,11 @@ type Store struct {
 	mu        sync.Mutex
 	profiles  map[string]*profiles.ServiceProfile // by name, lower case
 	endpoints map[string][]endpoint.Endpoint      // by authority host:port, lower case
-	changed   chan struct{}                       // closed and replaced on every change
-	manifests *manifest.Resources                 // Services and routes of the OutboundPolicies API
-	inbound   manifest.InboundOptions             // the cluster's settings of the InboundServerPolicies API
+	// endpointServices are the Services the endpoint sets name.
+	endpointServices map[serviceRef]struct{}
+	changed          chan struct{}           // closed and replaced on every change
+	manifests        *manifest.Resources     // Services and routes of the OutboundPolicies API
+	inbound          manifest.InboundOptions // the cluster's settings of the InboundServerPolicies API
 }
 
 // NewStore returns an empty Store.
@@ -78,8 +79,12 @@ func (s *Store) DeleteServiceProfile(name string) {
 	s.notifyLocked()
 }
 
-// SetEndpoints replaces every endpoint set. An authority present with no
-// endpoints exists but is empty; an authority absent does not exist.
+// SetEndpoints replaces every endpoint set. An authority names a Service
+// port (name.ns.svc.cluster.local:port): the Service then exists, and the
+// port is one it defines, even with no endpoints; the Destination API
+// answers Get of a Service that neither a set nor a Service manifest names
+// NotFound, as Linkerd's controller answers a Service that is not in the
+// cluster.
 func (s *Store) SetEndpoints(sets map[string][]endpoint.Endpoint) {
 	m := make(map[string][]endpoint.Endpoint, len(sets))
 	for a, eps := range sets {
@@ -89,6 +94,7 @@ func (s *Store) SetEndpoints(sets map[string][]endpoint.Endpoint) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	s.endpoints = m
+	s.indexServicesLocked()
 	s.notifyLocked()
 }
 
@@ -99,6 +105,7 @@ func (s *Store) PutEndpoints(authority string, eps []endpoint.Endpoint) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	s.endpoints[strings.ToLower(authority)] = eps
+	s.indexServicesLocked()
 	s.notifyLocked()
 }
 
@@ -108,6 +115,7 @@ func (s *Store) DeleteEndpoints(authority string) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	delete(s.endpoints, strings.ToLower(authority))
+	s.indexServicesLocked()
 	s.notifyLocked()
 }
 
@@ -156,23 +164,6 @@ func (s *Store) LoadEndpoints(path string) error {
 	}
 	s.SetEndpoints(sets)
 	return nil
-}
-
-// profile returns the profile served for host:port and a channel closed on
-// the next change.
-func (s *Store) profile(host string, port uint32) (*profiles.Profile, *profiles.ServiceProfile, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.initLocked()
-	if sp := s.profiles[host]; sp != nil {
-		return sp.ProfileFor(port), sp, s.changed
-	}
-	budget := profiles.DefaultRetryBudget()
-	p := &profiles.Profile{RetryBudget: &budget}
-	if _, err := netip.ParseAddr(host); err != nil {
-		p.FullyQualifiedName = host
-	}
-	return p, nil, s.changed
 }
 
 // endpointSet returns the endpoints of authority, whether it exists, and a

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"github.com/inmesh/inmesh/profiles"
 	"net/netip"
 	"os"
 	"testing"
@@ -62,7 +63,7 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 	writeFile(t, good, testutil.FullProfile)
 	store := NewStore()
 	require.NoError(t, store.LoadServiceProfiles(good))
-	p, _, _ := store.profile("books.default.svc.cluster.local", 7000)
+	p := storedProfile(store, "books.default.svc.cluster.local", 7000)
 	require.Len(t, p.Routes, 3)
 
 	broken := dir + "/broken.yaml"
@@ -70,7 +71,7 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 		"apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: x.ns.svc.cluster.local}\nspec:\n  routes:\n  - name: r\n    condition: {pathRegex: /x}\n    timeout: 3x\n")
 	err := store.LoadServiceProfiles(good, broken)
 	assert.EqualError(t, err, broken+`: document 2 (ServiceProfile x.ns.svc.cluster.local): spec.routes[0].timeout: "3x" is not a duration (like 300ms or 10s)`)
-	p, _, _ = store.profile("books.default.svc.cluster.local", 7000)
+	p = storedProfile(store, "books.default.svc.cluster.local", 7000)
 	assert.Len(t, p.Routes, 3, "the last good profiles stay served")
 
 	epFile := dir + "/endpoints.yaml"
@@ -89,4 +90,12 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+}
+
+// storedProfile is the profile the store's ServiceProfile of name gives
+// port.
+func storedProfile(s *Store, name string, port uint32) *profiles.Profile {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.profiles[name].ProfileFor(port)
 }

@@ -142,7 +142,7 @@ func TestWatchFilesKeepsLastGoodProfiles(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			require.NoError(t, WatchFiles(ctx, store, dir, "", 5*time.Millisecond, WithLogger(logs.Logger())))
-			p, _, _ := store.profile("books.default.svc.cluster.local", 7000)
+			p := storedProfile(store, "books.default.svc.cluster.local", 7000)
 			require.Len(t, p.Routes, 3)
 
 			w.write(sp, tc.content)
@@ -152,7 +152,7 @@ func TestWatchFilesKeepsLastGoodProfiles(t *testing.T) {
 			for _, want := range tc.wantLog {
 				assert.Contains(t, line, want)
 			}
-			p, _, _ = store.profile("books.default.svc.cluster.local", 7000)
+			p = storedProfile(store, "books.default.svc.cluster.local", 7000)
 			assert.Len(t, p.Routes, 3, "the last good profiles stay")
 		})
 	}

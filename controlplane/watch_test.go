@@ -24,7 +24,7 @@ func TestWatchFiles(t *testing.T) {
 	defer cancel()
 	store := NewStore()
 	require.NoError(t, WatchFiles(ctx, store, profilesDir, eps, 10*time.Millisecond, WithLogger(quietLogger)))
-	p, _, _ := store.profile("books.default.svc.cluster.local", 7000)
+	p := storedProfile(store, "books.default.svc.cluster.local", 7000)
 	assert.Len(t, p.Routes, 3)
 
 	touch := func(path, content string, n int) {
@@ -44,7 +44,7 @@ func TestWatchFiles(t *testing.T) {
 		e, _, _ := store.endpointSet("books.default.svc.cluster.local:7000")
 		return len(e) == 1 && e[0].Addr.Port() == 4145
 	}, defaultTestTimeout, 5*time.Millisecond, "a good file loads even while another is broken")
-	p, _, _ = store.profile("books.default.svc.cluster.local", 7000)
+	p = storedProfile(store, "books.default.svc.cluster.local", 7000)
 	assert.Len(t, p.Routes, 3, "the broken profile file left the last good profiles")
 
 	assert.Error(t, WatchFiles(ctx, NewStore(), filepath.Join(dir, "missing"), "", 0), "the first load must succeed")

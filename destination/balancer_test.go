@@ -1,6 +1,8 @@
 package destination_test
 
 import (
+	"time"
+
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -51,14 +53,17 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 }
 
 // What the Get stream says reaches requests: endpoints, no endpoints (503
-// at once), and a service that does not exist.
+// once the stream stayed silent past the first-message deadline, as
+// Linkerd's controller says nothing for a Service without endpoints), and
+// a service that does not exist (NotFound).
 func TestClientFeedsBalancer(t *testing.T) {
 	_, a := backend(t, "a")
 	store := controlplane.NewStore()
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{a})
 	store.PutEndpoints("empty.ns.svc.cluster.local:80", nil)
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
-	_, client := balancedClient(t, newTestClient(t, cp.addr), balancer.WithFallback(false))
+	_, client := balancedClient(t, newTestClient(t, cp.addr, destination.WithFirstMessageTimeout(100*time.Millisecond)),
+		balancer.WithFallback(false))
 	status, body, _ := fetch(t, client, "http://"+books+":7000/")
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "a HTTP/1.1 "+books+":7000", body)

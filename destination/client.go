@@ -72,6 +72,9 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 			rejected: func(err error) profiles.Update {
 				return profiles.Update{Err: fmt.Errorf("%w: %w", profiles.ErrNoProfile, err)}
 			},
+			// A Service that does not exist has no profile: the default
+			// route applies, as for a name outside the search path.
+			notFound: func() profiles.Update { return noProfile },
 		},
 		m: make(map[string]*watch[*pb.DestinationProfile, profiles.Update]),
 	}
@@ -86,6 +89,10 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 			// Linkerd's controller stays silent for a service that exists
 			// with no endpoints (it never sends no_endpoints{exists: true}).
 			silent: func() endpoint.Update { return endpoint.Update{Set: &endpoint.Set{Exists: true}} },
+			// Linkerd's controller answers a Service that does not exist
+			// NotFound: no such service, as no_endpoints{exists: false}
+			// says it.
+			notFound: func() endpoint.Update { return noService },
 		},
 		m: make(map[string]*watch[*pb.Update, endpoint.Update]),
 	}

@@ -47,6 +47,7 @@ func addrs(u endpoint.Update) []string {
 func TestProfileUpdatesArriveInOrder(t *testing.T) {
 	store := controlplane.NewStore()
 	store.PutServiceProfile(serviceProfile(books, "v1"))
+	store.PutEndpoints(books+":7000", nil)
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr)
 
@@ -94,8 +95,13 @@ func TestEndpointUpdatesArriveInOrder(t *testing.T) {
 	})
 	store.PutEndpoints(authority, nil)
 	rec.waitFor(t, "exists, empty", func(u endpoint.Update) bool { return u.Set != nil && u.Set.Exists && len(u.Set.Endpoints) == 0 })
-	store.DeleteEndpoints(authority)
-	rec.waitFor(t, "does not exist", func(u endpoint.Update) bool { return u.Set != nil && !u.Set.Exists })
+	// A Service that does not exist: Linkerd's controller answers
+	// NotFound, which the client delivers as no such service.
+	nosuch := newRecorder[endpoint.Update]()
+	stopNo, err := c.WatchEndpoints(context.Background(), "nosuch.ns.svc.cluster.local:80", nosuch.update)
+	require.NoError(t, err)
+	defer stopNo()
+	nosuch.waitFor(t, "does not exist", func(u endpoint.Update) bool { return u.Set != nil && !u.Set.Exists })
 }
 
 func TestStreamsAreShared(t *testing.T) {
@@ -289,6 +295,7 @@ func TestReconnectsAfterBackoffFromEnv(t *testing.T) {
 
 	store := controlplane.NewStore()
 	store.PutServiceProfile(serviceProfile(books, "reached"))
+	store.PutEndpoints(books+":7000", nil)
 	serveHeld(t, held, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	rec.waitFor(t, "profile after the control plane came up", hasRoute("reached"))
 }
@@ -390,6 +397,11 @@ func TestFirstMessageDeadline(t *testing.T) {
 
 func TestWatchCap(t *testing.T) {
 	store := controlplane.NewStore()
+	services := make(map[string][]endpoint.Endpoint, 2000)
+	for i := range 2000 {
+		services[fmt.Sprintf("svc-%d.ns.svc.cluster.local:80", i)] = nil
+	}
+	store.SetEndpoints(services)
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr, destination.WithMaxWatches(1000), destination.WithIdleTimeout(0))
 
@@ -483,6 +495,7 @@ func TestWatchEndsWithContext(t *testing.T) {
 	store := controlplane.NewStore()
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	c := newTestClient(t, cp.addr, destination.WithIdleTimeout(0))
+	store.PutEndpoints(books+":80", nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	rec := newRecorder[profiles.Update]()
 	_, err := c.Watch(ctx, books+":80", rec.update)

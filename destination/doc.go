@@ -9,7 +9,10 @@
 // of endpoints for package [github.com/inmesh/inmesh/balancer]. It keeps one stream per watched
 // authority, shared by every caller; re-subscribes with backoff after any
 // stream end or error, keeping the last state in force meanwhile; treats
-// InvalidArgument and FailedPrecondition as "no profile" and stops; counts
+// InvalidArgument and FailedPrecondition as "no profile" and stops; says
+// at once "no such service, no profile, no policy" for a target the control
+// plane answers does not exist (NotFound, or GetProfile's Unknown "not
+// found"), and keeps asking; counts
 // a GetProfile stream that sends nothing before a deadline as failed; and
 // keeps a silent Get stream open as "exists, no endpoints yet", which is what
 // Linkerd's controller means by it.

@@ -53,12 +53,12 @@ func ExampleClient_WatchEndpoints() {
 	}
 
 	profile := make(chan profiles.Update, 1)
-	stopP, _ := client.Watch(context.Background(), "unknown.default.svc.cluster.local:80",
+	stopP, _ := client.Watch(context.Background(), "books.default.svc.cluster.local:7000",
 		func(u profiles.Update) { profile <- u })
 	defer stopP()
 	p := (<-profile).Profile
 	fmt.Println(p.FullyQualifiedName, "routes:", len(p.Routes), "retry ratio:", p.RetryBudget.RetryRatio)
 	// Output:
 	// 127.0.0.1:4143 h2: true weight: 10000
-	// unknown.default.svc.cluster.local routes: 0 retry ratio: 0.2
+	// books.default.svc.cluster.local routes: 0 retry ratio: 0.2
 }

@@ -83,6 +83,9 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 				}
 			},
 			rejected: func(err error) policy.Update { return policy.Update{Err: err} },
+			// "unknown target": no policy, as for a name outside the
+			// search path; the profile and the defaults apply.
+			notFound: func() policy.Update { return noPolicy },
 		},
 		m: make(map[string]*watch[*outboundpb.OutboundPolicy, policy.Update]),
 	}

@@ -101,10 +101,10 @@ func durationOrNil(d time.Duration) *durationpb.Duration {
 	return durationpb.New(d)
 }
 
+// timeoutsToProto encodes a rule's timeouts. Every rule carries them, an
+// empty message when none is set, as Linkerd's policy controller sends
+// them (policy-controller/grpc/src/outbound/http.rs and grpc.rs).
 func timeoutsToProto(t policy.Timeouts) *httproutepb.Timeouts {
-	if t == (policy.Timeouts{}) {
-		return nil
-	}
 	return &httproutepb.Timeouts{Request: durationOrNil(t.Request), Response: durationOrNil(t.Response), Idle: durationOrNil(t.Idle)}
 }
 

@@ -176,6 +176,7 @@ spec:
 func TestPolicyDefaultThenServiceManifest(t *testing.T) {
 	store := controlplane.NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
+	store.PutEndpoints("books.default.svc.cluster.local:7000", nil)
 	cp := servePolicies(t, holdListener(t), store)
 	c := newTestClient(t, cp.addr)
 	rec := newRecorder[policy.Update]()

@@ -31,6 +31,7 @@ func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
 	policy := backoff.Policy{Min: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
 	store := controlplane.NewStore()
 	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(books, "before")})
+	store.PutEndpoints(books+":7000", nil)
 	held := holdListener(t)
 	up := func() *grpc.Server {
 		srv := grpc.NewServer()

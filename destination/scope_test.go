@@ -69,12 +69,12 @@ func TestSearchPathKeepsOtherNamesOffTheControlPlane(t *testing.T) {
 
 func TestSearchSuffixes(t *testing.T) {
 	store := controlplane.NewStore()
-	store.PutEndpoints("web.corp:80", []endpoint.Endpoint{ep("10.0.0.9:80", false)})
+	store.PutEndpoints("web.corp.svc.cluster.local:80", []endpoint.Endpoint{ep("10.0.0.9:80", false)})
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 
-	c := newTestClient(t, cp.addr, destination.WithSearchSuffixes("Corp."))
+	c := newTestClient(t, cp.addr, destination.WithSearchSuffixes("Corp.svc.cluster.local."))
 	rec := newRecorder[endpoint.Update]()
-	stop, err := c.WatchEndpoints(context.Background(), "web.corp:80", rec.update)
+	stop, err := c.WatchEndpoints(context.Background(), "web.corp.svc.cluster.local:80", rec.update)
 	require.NoError(t, err)
 	defer stop()
 	got := rec.waitFor(t, "web.corp's endpoints", func(u endpoint.Update) bool { return u.Set != nil })

@@ -20,6 +20,8 @@ func TestClientFollowsShutdownToReplacement(t *testing.T) {
 	oldStore, newStore := controlplane.NewStore(), controlplane.NewStore()
 	oldStore.PutServiceProfile(serviceProfile(books, "old"))
 	newStore.PutServiceProfile(serviceProfile(books, "new"))
+	oldStore.PutEndpoints(books+":7000", nil)
+	newStore.PutEndpoints(books+":7000", nil)
 	oldSrv := controlplane.NewServer(oldStore, controlplane.WithLogger(quietLogger))
 	newSrv := controlplane.NewServer(newStore, controlplane.WithLogger(quietLogger))
 

@@ -42,6 +42,33 @@ type kind[M, U any] struct {
 	// first-message deadline stands for; the stream is then kept open.
 	// When nil, such a stream counts as failed and is re-established.
 	silent func() U
+	// notFound, when set, is the update that the control plane's answer
+	// "no such target" stands for (see isNotFound): Linkerd's controllers
+	// answer a Service that does not exist so, where inmesh's embedded
+	// control plane once sent no_endpoints{exists: false} or a default.
+	// It is published once per run of such answers; the watch keeps
+	// asking, with backoff, for the target may appear later.
+	notFound func() U
+}
+
+// isNotFound reports whether err is the control plane's answer that the
+// target does not exist: NotFound (Get: "Service name.ns not found";
+// OutboundPolicies: "unknown target"), or the Unknown "service \"name\"
+// not found" that Linkerd's controller passes on from Kubernetes for
+// GetProfile (controller/api/destination/server.go
+// subscribeToServiceProfile).
+func isNotFound(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.NotFound:
+		return true
+	case codes.Unknown:
+		return strings.HasSuffix(st.Message(), " not found")
+	}
+	return false
 }
 
 // watch is one shared stream for one authority, fanned out to subscribers.
@@ -192,25 +219,36 @@ func (w *watch[M, U]) run(ctx context.Context) {
 	defer w.c.wg.Done()
 	rpc := w.kind.name
 	healthy := true
+	announced := false // the notFound update was published for this run of answers
 	err := backoff.Retry(ctx, w.c.cfg.policy, w.session, func(err error, delay time.Duration) {
 		// NotFound is the control plane's ordinary answer for a target it
 		// does not know (yet): a Service with no policy, a name not loaded;
-		// the watch keeps asking, without alarm.
+		// the watch says so to its subscribers once and keeps asking,
+		// without alarm.
 		progress := errors.Is(err, backoff.ErrResetBackoff)
+		notFound := isNotFound(err)
+		if notFound && !announced && w.kind.notFound != nil {
+			w.publish(w.kind.notFound())
+		}
+		announced = notFound
 		switch {
-		case progress && status.Code(err) != codes.NotFound:
+		case notFound:
+			w.c.log.Debug("not found "+rpc, "the control plane knows no such target; asking again later",
+				"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
+		case progress:
 			// The stream delivered updates, then ended (a control plane
 			// restart, a load balancer's idle cut): an event, not a failure.
 			w.c.log.Info("stream ended "+rpc, "destination stream ended after updates; re-establishing",
 				"rpc", rpc, targetAttr(w.authority), "cause", streamCause(err), "delay", delay)
-		case healthy && status.Code(err) != codes.NotFound:
+		case healthy:
 			w.c.log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
 				"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
 		default:
 			w.c.log.Debug("stream failed again "+rpc, "destination stream failed; re-establishing",
 				"rpc", rpc, targetAttr(w.authority), "error", streamCause(err), "delay", delay)
 		}
-		healthy = errors.Is(err, backoff.ErrResetBackoff)
+		// An answer, even "not found", is a control plane that works.
+		healthy = progress || notFound
 	})
 	if err != nil && ctx.Err() == nil {
 		w.c.log.Info("rejected "+rpc, "destination lookup rejected; not watching",

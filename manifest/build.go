@@ -125,7 +125,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 	}
 	app := strings.ToLower(svc.appProtocol(port))
 	if app == "" {
-		if opaque, _ := opaquePort(svc.Annotations, port); opaque {
+		if opaque, _ := opaquePort(svc.Annotations, svc.Ports, port); opaque {
 			app = "linkerd.io/opaque"
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
@@ -45,10 +46,18 @@ func CheckLabels(labels map[string]string) error {
 //   - addr: 127.0.0.1:4143       # ip:port
 //     weight: 10000              # optional, default 10000
 //     h2: true                   # protocol hint: a mesh peer (orig-proto)
+//     opaque: true               # optional protocol hint: opaque traffic
 //     opaqueTransportPort: 4143  # optional
 //     identity: books.default.serviceaccount.identity.linkerd.cluster.local
 //     authorityOverride: books.default.svc.cluster.local:7000  # optional
 //     labels: {pod: books-0}     # optional metric labels
+//
+// opaque marks an endpoint whose port takes opaque traffic (Linkerd's
+// protocol_hint.opaque, from the pod's config.linkerd.io/opaque-ports); a
+// meshed endpoint (one with an identity) on one of [DefaultOpaquePorts] is
+// opaque unless it says opaque: false, as Linkerd's controller hints it
+// (controller/api/destination/endpoint_translator.go). An opaque endpoint
+// cannot also be h2: the hint is one or the other.
 //
 // An authority with an empty list exists with no endpoints. A state with no
 // authorities at all is written as an explicit empty list, []: an empty file
@@ -116,7 +125,7 @@ func ParseEndpoints(data []byte) (map[string][]endpoint.Endpoint, error) {
 var errEmptyEndpoints = errors.New("the endpoints file is empty (truncated, or still being written?); write [] for a state with no authorities")
 
 func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
-	obj, err := n.Object("addr", "weight", "h2", "opaqueTransportPort", "identity", "authorityOverride", "labels")
+	obj, err := n.Object("addr", "weight", "h2", "opaque", "opaqueTransportPort", "identity", "authorityOverride", "labels")
 	if err != nil {
 		return endpoint.Endpoint{}, err
 	}
@@ -159,6 +168,16 @@ func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
 		if e.AuthorityOverride, err = on.Str(); err != nil {
 			return e, err
 		}
+	}
+	if on, ok := obj["opaque"]; ok {
+		if e.Opaque, err = on.Bool(); err != nil {
+			return e, err
+		}
+		if e.Opaque && e.H2 {
+			return e, on.Errorf("an endpoint is h2 or opaque, not both")
+		}
+	} else {
+		e.Opaque = e.Identity != "" && slices.Contains(DefaultOpaquePorts, e.Addr.Port())
 	}
 	if ln, ok := obj["labels"]; ok && ln.Value != nil {
 		m, ok := ln.Value.(map[string]any)

@@ -462,7 +462,7 @@ func portListed(a map[string]string, key string, port uint16) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	return portsContain(key, v, port)
+	return portsContain(key, v, port, nil)
 }
 
 var serverSpecFields = []string{"podSelector", "port", "proxyProtocol"}

@@ -728,7 +728,9 @@ spec: {podSelector: {}, port: 5432, proxyProtocol: gRPC}
 	t.Run("grpc server without routes", func(t *testing.T) {
 		r := mustParse(t, pod0, grpcServer)
 		s := inbound(t, r, 5432, InboundOptions{})
-		assert.Empty(t, s.GRPCRoutes)
+		// Linkerd's default gRPC route (policy-controller/core/src/inbound.rs).
+		assert.Equal(t, []authz.GRPCRoute{{Meta: authz.DefaultMeta("default"),
+			Rules: []authz.GRPCRule{{Matches: []policy.GRPCRouteMatch{{}}}}}}, s.GRPCRoutes)
 	})
 	t.Run("http routes conflict with grpc routes", func(t *testing.T) {
 		r := mustParse(t, pod0, server("srv-5432", "5432", ""), grpcRouteFoo, httpRoute("route-foo", "policy.linkerd.io", "srv-5432"))

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/inmesh/inmesh/authz"
+	"github.com/inmesh/inmesh/policy"
 )
 
 // InboundOptions are the settings of Linkerd's policy controller that shape
@@ -372,7 +373,10 @@ func (r *Resources) routeAuthzs(route *Object, opts *InboundOptions) []authz.Aut
 }
 
 // inboundGRPCRoutes returns the GRPCRoutes of a gRPC Server, ordered as
-// its HTTPRoutes are; none means the default gRPC route.
+// its HTTPRoutes are; without any, Linkerd's default gRPC route "default",
+// one rule matching every call (policy-controller/core/src/inbound.rs
+// InboundRoute<GrpcRouteMatch>::default, k8s/index/src/inbound/index.rs
+// grpc_routes).
 func (r *Resources) inboundGRPCRoutes(srv *Server, opts *InboundOptions) []authz.GRPCRoute {
 	var attachedRoutes []*GRPCRoute
 	for _, g := range r.GRPCRoutes {
@@ -397,6 +401,10 @@ func (r *Resources) inboundGRPCRoutes(srv *Server, opts *InboundOptions) []authz
 		}
 		route.Authorizations = r.routeAuthzs(&g.Object, opts)
 		out = append(out, route)
+	}
+	if len(out) == 0 {
+		out = []authz.GRPCRoute{{Meta: authz.DefaultMeta("default"),
+			Rules: []authz.GRPCRule{{Matches: []policy.GRPCRouteMatch{{}}}}}}
 	}
 	return out
 }

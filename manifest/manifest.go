@@ -245,6 +245,9 @@ func parseDocument(doc []byte, index int, out *Resources) (*Object, error) {
 		if err := s.parseSpec(spec); err != nil {
 			return obj, err
 		}
+		if err := s.checkOpaquePortNames(); err != nil {
+			return obj, err
+		}
 		out.Services = append(out.Services, s)
 	case kind == "HTTPRoute" && (apiVersion == gatewayV1 || apiVersion == linkerdV1beta3):
 		obj.Group = strings.Split(apiVersion, "/")[0]

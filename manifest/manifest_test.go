@@ -574,6 +574,9 @@ spec:
 		{"the annotation replaces the defaults", "config.linkerd.io/opaque-ports: \"8080\"", "{port: 3306}", 3306, "", policy.ProtocolDetect},
 		{"the annotation names the port", "config.linkerd.io/opaque-ports: \"8080\"", "{port: 8080}", 8080, "", policy.ProtocolOpaque},
 		{"the annotation's range", "config.linkerd.io/opaque-ports: \"25, 8000-8100\"", "{port: 8080}", 8080, "", policy.ProtocolOpaque},
+		// controller/api/destination/watcher/opaque_ports_watcher.go isNamed.
+		{"the annotation names the port by its name", "config.linkerd.io/opaque-ports: \"mysql\"", "{name: mysql, port: 3307}", 3307, "", policy.ProtocolOpaque},
+		{"a name that looks like a range is the port's name", "config.linkerd.io/opaque-ports: \"8080-8090\"", "{name: 8080-8090, port: 9000}, {port: 8085}", 8085, "", policy.ProtocolDetect},
 		{"appProtocol http: HTTP/1 only", "", "{port: 8080, appProtocol: http}", 8080, "", policy.ProtocolHTTP1},
 		{"appProtocol h2c: HTTP/2 only", "", "{port: 8080, appProtocol: kubernetes.io/h2c}", 8080, "", policy.ProtocolHTTP2},
 		{"appProtocol h2c with GRPCRoutes: gRPC", "", "{port: 9000, appProtocol: kubernetes.io/h2c}", 9000, grpcRoute, policy.ProtocolGRPC},
@@ -606,7 +609,7 @@ spec:
 		})
 	}
 	_, err := Parse([]byte(svc(`config.linkerd.io/opaque-ports: "80-x"`, "{port: 80}")))
-	require.ErrorContains(t, err, `metadata.annotations.config.linkerd.io/opaque-ports: "80-x" is not a port or a range of ports`)
+	require.ErrorContains(t, err, `metadata.annotations.config.linkerd.io/opaque-ports: "80-x" is not a port, a range of ports or the name of a port of the Service`)
 }
 
 // TestBackendRefWithoutPort: the Gateway API requires a port on a Service

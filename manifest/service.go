@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,25 @@ type Service struct {
 	Object
 	// Ports are the Service's ports; empty means any port.
 	Ports []ServicePort
+	// ClusterIP is spec.clusterIP, when it is an address: the embedded
+	// Destination API answers a GetProfile of it with the Service's
+	// profile, as Linkerd's controller does. "None" (a headless Service)
+	// and an absent field leave it invalid.
+	ClusterIP netip.Addr
+}
+
+// OpaquePort reports whether traffic to port of the Service is opaque: the
+// port is listed by its config.linkerd.io/opaque-ports annotation or, when
+// it has none, is one of [DefaultOpaquePorts], as Linkerd's destination
+// controller decides it
+// (controller/api/destination/watcher/opaque_ports_watcher.go). A nil
+// Service (one without a manifest) has the default opaque ports.
+func (s *Service) OpaquePort(port uint16) bool {
+	if s == nil {
+		return slices.Contains(DefaultOpaquePorts, port)
+	}
+	opaque, _ := opaquePort(s.Annotations, s.Ports, port)
+	return opaque
 }
 
 // ServicePort is one port of a Service.
@@ -40,24 +60,46 @@ var DefaultOpaquePorts = []uint16{25, 587, 3306, 4444, 5432, 6379, 9300, 11211}
 // in place of [DefaultOpaquePorts].
 const AnnotationOpaquePorts = "config.linkerd.io/opaque-ports"
 
-// opaquePorts returns whether port is opaque by the Service's annotation or
-// the defaults.
-func opaquePort(a map[string]string, port uint16) (bool, error) {
+// opaquePort returns whether port is opaque by the Service's annotation or
+// the defaults. The annotation may name a port of the Service ("mysql"), as
+// in Linkerd (controller/api/destination/watcher/opaque_ports_watcher.go
+// isNamed): names are looked up in ports first, so that a name that looks
+// like a range ("123-456") is the port of that name. With nil ports (a
+// check of the annotation alone) any port name is accepted.
+func opaquePort(a map[string]string, ports []ServicePort, port uint16) (bool, error) {
 	v, ok := a[AnnotationOpaquePorts]
 	if !ok {
 		return slices.Contains(DefaultOpaquePorts, port), nil
 	}
-	return portsContain(AnnotationOpaquePorts, v, port)
+	named := func(name string) (uint16, bool) {
+		if ports == nil {
+			return 0, isDNSLabel(name) && strings.ContainsFunc(name, func(r rune) bool { return r < '0' || r > '9' })
+		}
+		for _, sp := range ports {
+			if sp.Name != "" && sp.Name == name {
+				return sp.Port, true
+			}
+		}
+		return 0, false
+	}
+	return portsContain(AnnotationOpaquePorts, v, port, named)
 }
 
 // portsContain reports whether port is in v, the list of ports and port
-// ranges of the annotation key ("3306,5000-5010").
-func portsContain(key, v string, port uint16) (bool, error) {
+// ranges of the annotation key ("3306,5000-5010"); named, when not nil,
+// resolves a port's name first (a name that names no port matches none).
+func portsContain(key, v string, port uint16, named func(string) (uint16, bool)) (bool, error) {
 	found := false
 	for item := range strings.SplitSeq(v, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
 			continue
+		}
+		if named != nil {
+			if p, ok := named(item); ok {
+				found = found || p != 0 && p == port
+				continue
+			}
 		}
 		lo, hi, isRange := strings.Cut(item, "-")
 		l, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
@@ -74,6 +116,27 @@ func portsContain(key, v string, port uint16) (bool, error) {
 		}
 	}
 	return found, nil
+}
+
+// checkOpaquePortNames refuses an item of the Service's opaque-ports
+// annotation that is neither a port, a range of ports nor the name of one
+// of its ports (Linkerd's controller skips it with a warning; here the
+// file is refused, naming the field).
+func (s *Service) checkOpaquePortNames() error {
+	v, ok := s.Annotations[AnnotationOpaquePorts]
+	if !ok {
+		return nil
+	}
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" || slices.ContainsFunc(s.Ports, func(sp ServicePort) bool { return sp.Name == item }) {
+			continue
+		}
+		if _, err := portsContain(AnnotationOpaquePorts, item, 0, nil); err != nil {
+			return annotationErr(AnnotationOpaquePorts, "%q is not a port, a range of ports or the name of a port of the Service (such as 3306, 5000-5010 or mysql)", item)
+		}
+	}
+	return nil
 }
 
 // appProtocol returns the appProtocol of port, "" when it has none.
@@ -113,6 +176,17 @@ func (s *Service) parseSpec(spec yamltree.Node) error {
 	obj, err := spec.Object(serviceSpecFields...)
 	if err != nil {
 		return err
+	}
+	if cn, ok := obj["clusterIP"]; ok && cn.Value != nil {
+		v, err := cn.Str()
+		if err != nil {
+			return err
+		}
+		if v != "" && v != "None" {
+			if s.ClusterIP, err = netip.ParseAddr(v); err != nil {
+				return cn.Errorf("%q is not an IP address (or None)", v)
+			}
+		}
 	}
 	pn, ok := obj["ports"]
 	if !ok || pn.Value == nil {
@@ -172,7 +246,7 @@ func checkAnnotations(a map[string]string) error {
 	if _, err := loadBiaser(a); err != nil {
 		return err
 	}
-	if _, err := opaquePort(a, 0); err != nil {
+	if _, err := opaquePort(a, nil, 0); err != nil {
 		return err
 	}
 	_, err := failureAccrual(a)

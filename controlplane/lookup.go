@@ -1,0 +1,235 @@
+package controlplane
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/profiles"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// serviceRef names a Service.
+type serviceRef struct{ ns, name string }
+
+func (r serviceRef) fqdn() string { return r.name + "." + r.ns + "." + manifest.ClusterDomain }
+
+// hostAndPort splits a GetDestination path as Linkerd's controller does
+// (controller/api/destination/server.go getHostAndPort): a path without a
+// colon is a host on port 80; otherwise host:port with a port from 1 to
+// 65535. The host is lower-cased, without a trailing dot, and an IPv6
+// address loses its brackets.
+func hostAndPort(path string) (string, uint32, error) {
+	if !strings.Contains(path, ":") {
+		return strings.TrimSuffix(strings.ToLower(path), "."), 80, nil
+	}
+	host, sport, err := net.SplitHostPort(path)
+	if err != nil {
+		return "", 0, fmt.Errorf("invalid destination: %w", err)
+	}
+	port, err := strconv.Atoi(sport)
+	if err != nil {
+		return "", 0, fmt.Errorf("invalid port %s: %w", sport, err)
+	}
+	if port <= 0 || port > 65535 {
+		return "", 0, fmt.Errorf("invalid port %d", port)
+	}
+	return strings.TrimSuffix(strings.ToLower(host), "."), uint32(port), nil
+}
+
+// clusterService reads a host as Linkerd's controller does
+// (controller/api/destination/server.go parseK8sServiceName):
+// name.ns.svc.cluster.local, or instance.name.ns.svc.cluster.local for
+// one pod of a Service (instance is then its hostname). A trailing dot has
+// been removed already (inmesh's clients may send one).
+func clusterService(host string) (svc serviceRef, instance string, err error) {
+	labels := strings.Split(host, ".")
+	suffix := strings.Split(manifest.ClusterDomain, ".")
+	if len(labels) < len(suffix) || strings.Join(labels[len(labels)-len(suffix):], ".") != manifest.ClusterDomain {
+		return serviceRef{}, "", fmt.Errorf("name %s does not match cluster domain %s", host, strings.TrimPrefix(manifest.ClusterDomain, "svc."))
+	}
+	switch len(labels) - len(suffix) {
+	case 2:
+		return serviceRef{ns: labels[1], name: labels[0]}, "", nil
+	case 3:
+		return serviceRef{ns: labels[2], name: labels[1]}, labels[0], nil
+	}
+	return serviceRef{}, "", fmt.Errorf("invalid k8s service %s", host)
+}
+
+// indexServicesLocked records the Services that the endpoint sets name, so
+// that a lookup knows them without scanning every set.
+func (s *Store) indexServicesLocked() {
+	s.endpointServices = make(map[serviceRef]struct{}, len(s.endpoints))
+	for a := range s.endpoints {
+		if ns, name, _, ok := manifest.ParseAuthority(a); ok {
+			s.endpointServices[serviceRef{ns: ns, name: name}] = struct{}{}
+		}
+	}
+}
+
+// serviceLocked returns the manifest of a Service (nil when it has none)
+// and whether the Service exists: a Service manifest names it, or an
+// endpoint set names one of its ports. The caller holds s.mu.
+func (s *Store) serviceLocked(ref serviceRef) (*manifest.Service, bool) {
+	if s.manifests != nil {
+		if svc := s.manifests.Service(ref.ns, ref.name); svc != nil {
+			return svc, true
+		}
+	}
+	_, ok := s.endpointServices[ref]
+	return nil, ok
+}
+
+// serviceExists reports whether the Service exists (see serviceLocked).
+func (s *Store) serviceExists(ref serviceRef) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	_, ok := s.serviceLocked(ref)
+	return ok
+}
+
+// definesPortLocked reports whether a Service that exists defines port:
+// its manifest lists it (a manifest without ports defines every port), or,
+// without a manifest, an endpoint set names that port.
+func (s *Store) definesPortLocked(ref serviceRef, svc *manifest.Service, port uint32) bool {
+	if svc != nil {
+		return port <= 0xffff && svc.HasPort(uint16(port))
+	}
+	_, ok := s.endpoints[ref.fqdn()+":"+strconv.FormatUint(uint64(port), 10)]
+	return ok
+}
+
+// serviceProfile returns the profile of a Service port, as Linkerd's
+// controller serves it (controller/api/destination/server.go
+// subscribeToServiceProfile): nil when the Service no longer exists, an
+// empty profile for a port it does not define, else its ServiceProfile's
+// (or the default one) whose opaque_protocol says whether the Service's
+// config.linkerd.io/opaque-ports annotation, or Linkerd's default opaque
+// ports when it has none, lists the port
+// (controller/api/destination/opaque_ports_adaptor.go); a port the
+// ServiceProfile's own opaquePorts lists is opaque too.
+func (s *Store) serviceProfile(ref serviceRef, fqn string, port uint32) (p *profiles.Profile, sp *profiles.ServiceProfile, empty bool, changed <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	svc, ok := s.serviceLocked(ref)
+	if !ok {
+		return nil, nil, false, s.changed
+	}
+	if !s.definesPortLocked(ref, svc, port) {
+		return &profiles.Profile{}, nil, true, s.changed
+	}
+	if sp = s.profiles[fqn]; sp != nil {
+		p = sp.ProfileFor(port)
+	} else {
+		budget := profiles.DefaultRetryBudget()
+		p = &profiles.Profile{RetryBudget: &budget, FullyQualifiedName: fqn}
+	}
+	if port <= 0xffff && svc.OpaquePort(uint16(port)) {
+		p.OpaqueProtocol = true
+	}
+	return p, sp, false, s.changed
+}
+
+// serviceOfIP returns the Service whose clusterIP is ip.
+func (s *Store) serviceOfIP(ip netip.Addr) (serviceRef, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.manifests == nil {
+		return serviceRef{}, false
+	}
+	for _, svc := range s.manifests.Services {
+		if svc.ClusterIP.IsValid() && svc.ClusterIP == ip {
+			return serviceRef{ns: svc.Namespace, name: svc.Name}, true
+		}
+	}
+	return serviceRef{}, false
+}
+
+// endpointProfile returns the profile of a workload's address, as Linkerd's
+// controller answers a GetProfile of a pod IP
+// (controller/api/destination/endpoint_profile_translator.go): the default
+// retry budget, the endpoint (the address asked, with the labels, identity
+// and protocol hint an endpoint set gives that IP, and its namespace
+// label), and opaque_protocol when the endpoint is opaque or, outside the
+// mesh (no identity), its port is one of Linkerd's default opaque ports;
+// an address no set knows gets an endpoint with the address alone.
+func (s *Store) endpointProfile(ip netip.Addr, port uint32) (*profiles.Profile, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	addr := netip.AddrPortFrom(ip, uint16(port))
+	// The endpoint of the port asked wins over the same pod's other
+	// ports; among equals, the first authority by name.
+	var (
+		e            endpoint.Endpoint
+		ns           string
+		found, exact bool
+	)
+	for _, a := range slices.Sorted(maps.Keys(s.endpoints)) {
+		for _, cand := range s.endpoints[a] {
+			if cand.Addr.Addr() != ip || exact || (found && cand.Addr != addr) {
+				continue
+			}
+			e, found, exact = cand, true, cand.Addr == addr
+			ns, _, _, _ = manifest.ParseAuthority(a)
+		}
+	}
+	switch {
+	case !found:
+		e = endpoint.Endpoint{Weight: endpoint.DefaultWeight}
+	case !exact:
+		// Another port's hint says nothing of this one.
+		e.Opaque = e.Identity != "" && isDefaultOpaque(port)
+	}
+	e.Addr = addr
+	budget := profiles.DefaultRetryBudget()
+	// The port's protocol is opaque by the endpoint's hint, or, for a
+	// workload outside the mesh (which gets no hint), by Linkerd's default
+	// opaque ports.
+	p := &profiles.Profile{RetryBudget: &budget, OpaqueProtocol: e.Opaque || e.Identity == "" && isDefaultOpaque(port)}
+	e = wireEndpoint(e)
+	if found && ns != "" {
+		labels := maps.Clone(e.Labels)
+		if labels == nil {
+			labels = make(map[string]string, 1)
+		}
+		labels["namespace"] = ns
+		e.Labels = labels
+	}
+	p.Endpoint = &e
+	return p, s.changed
+}
+
+func isDefaultOpaque(port uint32) bool {
+	return port <= 0xffff && slices.Contains(manifest.DefaultOpaquePorts, uint16(port))
+}
+
+// wireEndpoint is an endpoint as Linkerd's controller sends it
+// (controller/api/destination/endpoint_translator.go createWeightedAddr):
+// a TLS identity is also the server name to send, and an opaque endpoint
+// is hinted opaque, not h2.
+func wireEndpoint(e endpoint.Endpoint) endpoint.Endpoint {
+	if e.Identity != "" && e.ServerName == "" {
+		e.ServerName = e.Identity
+	}
+	if e.Opaque {
+		e.H2 = false
+	}
+	return e
+}
+
+// The errors of the Destination API, with Linkerd's codes and messages
+// (controller/api/destination/server.go).
+func errInvalidAuthority(path string) error {
+	return status.Errorf(codes.InvalidArgument, "Invalid authority: %s", path)
+}
