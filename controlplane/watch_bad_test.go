@@ -290,8 +290,11 @@ func TestWrongProfileAPIVersionIsNamed(t *testing.T) {
 	w.write(sp, strings.Replace(testutil.FullProfile, "linkerd.io/v1alpha2", "linkerd.io/v1alpha1", 1))
 	require.Eventually(t, func() bool { return logs.Count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond)
 	assert.Equal(t, 1, logs.Count("WARN", sp+": document 1", `apiVersion: \"linkerd.io/v1alpha1\" is not an API version of ServiceProfile read here (want linkerd.io/v1alpha2)`), logs.String())
-	p, _, _ := store.profile("books.default.svc.cluster.local", 7000)
-	assert.Len(t, p.Routes, 3, "the last good profiles stay")
+	store.mu.Lock()
+	got := store.profiles["books.default.svc.cluster.local"]
+	store.mu.Unlock()
+	require.NotNil(t, got, "the last good profile stays")
+	assert.Len(t, got.Routes, 3, "the last good profile stays")
 }
 
 // Policy manifests that load but cannot work as written are named once
