@@ -158,12 +158,14 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 // WatchEndpoints streams the endpoint set of authority (host:port) from Get,
 // with the semantics of [profiles.Source.Watch]; it makes the Client a
 // balancer.Source. After a reconnect the last set stays in force until the
-// new stream's first message replaces it. A stream that stays silent past
-// the first-message deadline (see [WithFirstMessageTimeout]) is kept open and
-// stands for a service that exists with no endpoints yet, as with Linkerd's
-// controller: an update with Exists true and no endpoints is delivered (a
-// balancer then fails requests at once with 503), and the stream's first
-// later message applies as usual.
+// new stream's first message replaces it, however long the new stream stays
+// silent (a wedged control plane that accepts streams and never answers
+// cannot take it away). A first stream of an authority that stays silent
+// past the first-message deadline (see [WithFirstMessageTimeout]) is kept
+// open and stands for a service that exists with no endpoints yet, as with
+// Linkerd's controller: an update with Exists true and no endpoints is
+// delivered (a balancer then fails requests at once with 503), and the
+// stream's first later message applies as usual.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(endpoint.Update)) (func(), error) {
 	if !c.inScope(authority) {
 		return outOfScope(c, ctx, noService, update), nil

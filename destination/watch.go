@@ -224,10 +224,13 @@ func (w *watch[M, U]) run(ctx context.Context) {
 // progress.
 //
 // A stream silent past the first-message deadline is either cut and retried
-// (GetProfile: the controller always answers at once) or kept open with the
-// kind's silent update published (Get: Linkerd's controller says nothing for
-// a service with no endpoints). Either way the silence counts as progress,
-// so a later failure reconnects after the shortest delay.
+// (GetProfile: the controller always answers at once) or kept open (Get:
+// Linkerd's controller says nothing for a service with no endpoints), with
+// the kind's silent update published only when the watch has published
+// nothing yet: a stream that replaces one which delivered keeps what was
+// delivered, so a control plane that accepts streams and never answers
+// cannot take the last good state away. Either way the silence counts as
+// progress, so a later failure reconnects after the shortest delay.
 func (w *watch[M, U]) session(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -254,6 +257,18 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 		timedOut = true
 		if w.kind.silent == nil {
 			cancel()
+			return
+		}
+		w.mu.Lock()
+		known := w.hasLast
+		w.mu.Unlock()
+		if known {
+			// This stream replaces one that delivered: its silence says
+			// nothing new (a wedged or restarting control plane), so what
+			// was delivered stays in force until a message replaces it.
+			w.c.log.Info("silent again "+w.kind.name,
+				"destination stream silent past the first-message deadline; the last state stays in force",
+				"rpc", w.kind.name, targetAttr(w.authority))
 			return
 		}
 		w.c.log.Debug("silent "+w.kind.name,
