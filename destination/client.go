@@ -54,7 +54,10 @@ type Client struct {
 	inbound   *watches[*inboundpb.Server, InboundUpdate]
 }
 
-var _ profiles.Source = (*Client)(nil)
+var (
+	_ profiles.Source = (*Client)(nil)
+	_ profiles.Cache  = (*Client)(nil)
+)
 
 // NewClient returns a Client that makes its calls on cc. The caller keeps
 // ownership of cc and must close it after the Client.
@@ -65,21 +68,22 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
-			open: func(ctx context.Context, authority string) (recvStream[*pb.DestinationProfile], error) {
-				return c.api.GetProfile(ctx, c.request(authority), waitForReady)
+			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
+				return c.api.GetProfile(ctx, c.request(authority), opts...)
 			},
 			session: c.profileSession,
 			rejected: func(err error) profiles.Update {
 				return profiles.Update{Err: fmt.Errorf("%w: %w", profiles.ErrNoProfile, err)}
 			},
+			unanswered: func(err error) profiles.Update { return profiles.Update{Err: err} },
 		},
 		m: make(map[string]*watch[*pb.DestinationProfile, profiles.Update]),
 	}
 	c.endpoints = &watches[*pb.Update, endpoint.Update]{
 		kind: &kind[*pb.Update, endpoint.Update]{
 			name: "Get",
-			open: func(ctx context.Context, authority string) (recvStream[*pb.Update], error) {
-				return c.api.Get(ctx, c.request(authority), waitForReady)
+			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.Update], error) {
+				return c.api.Get(ctx, c.request(authority), opts...)
 			},
 			session:  c.endpointSession,
 			rejected: func(err error) endpoint.Update { return endpoint.Update{Err: err} },
@@ -153,6 +157,17 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 		return outOfScope(c, ctx, noProfile, update), nil
 	}
 	return c.profiles.subscribe(c, ctx, authority, update)
+}
+
+// CachedProfile returns the last profile update of authority, when the
+// client watches it and an answer came: it makes the Client a
+// [profiles.Cache], so that a traffic split (profiles.Splits) starts from
+// the profile the client already has.
+func (c *Client) CachedProfile(authority string) (profiles.Update, bool) {
+	if !c.inScope(authority) {
+		return profiles.Update{}, false
+	}
+	return c.profiles.cached(authority)
 }
 
 // WatchEndpoints streams the endpoint set of authority (host:port) from Get,
