@@ -10,9 +10,13 @@
 // authority, shared by every caller; re-subscribes with backoff after any
 // stream end or error, keeping the last state in force meanwhile; treats
 // InvalidArgument and FailedPrecondition as "no profile" and stops; counts
-// a GetProfile stream that sends nothing before a deadline as failed; and
-// keeps a silent Get stream open as "exists, no endpoints yet", which is what
-// Linkerd's controller means by it.
+// a GetProfile stream that sends nothing before a deadline as failed; keeps
+// a silent Get stream open, as "exists, no endpoints yet" (what Linkerd's
+// controller means by it) for an authority never answered and with the
+// last endpoints in force after a reconnect; and tells the watchers of a
+// profile or policy that no answer can come yet (a control plane without
+// the API, one that refuses the caller or cannot be reached), so that
+// nobody waits for one.
 //
 // The package is the one place where wire messages become models and back,
 // for the clients here and the servers of the control plane alike:
