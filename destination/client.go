@@ -54,7 +54,10 @@ type Client struct {
 	inbound   *watches[*inboundpb.Server, InboundUpdate]
 }
 
-var _ profiles.Source = (*Client)(nil)
+var (
+	_ profiles.Source = (*Client)(nil)
+	_ profiles.Cache  = (*Client)(nil)
+)
 
 // NewClient returns a Client that makes its calls on cc. The caller keeps
 // ownership of cc and must close it after the Client.
@@ -65,8 +68,8 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
-			open: func(ctx context.Context, authority string) (recvStream[*pb.DestinationProfile], error) {
-				return c.api.GetProfile(ctx, c.request(authority), waitForReady)
+			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
+				return c.api.GetProfile(ctx, c.request(authority), opts...)
 			},
 			session: c.profileSession,
 			rejected: func(err error) profiles.Update {
@@ -74,15 +77,16 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 			},
 			// A Service that does not exist has no profile: the default
 			// route applies, as for a name outside the search path.
-			notFound: func() profiles.Update { return noProfile },
+			notFound:   func() profiles.Update { return noProfile },
+			unanswered: func(err error) profiles.Update { return profiles.Update{Err: err} },
 		},
 		m: make(map[string]*watch[*pb.DestinationProfile, profiles.Update]),
 	}
 	c.endpoints = &watches[*pb.Update, endpoint.Update]{
 		kind: &kind[*pb.Update, endpoint.Update]{
 			name: "Get",
-			open: func(ctx context.Context, authority string) (recvStream[*pb.Update], error) {
-				return c.api.Get(ctx, c.request(authority), waitForReady)
+			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.Update], error) {
+				return c.api.Get(ctx, c.request(authority), opts...)
 			},
 			session:  c.endpointSession,
 			rejected: func(err error) endpoint.Update { return endpoint.Update{Err: err} },
@@ -168,15 +172,28 @@ func (c *Client) Watch(ctx context.Context, authority string, update func(profil
 	return c.profiles.subscribe(c, ctx, authority, update)
 }
 
+// CachedProfile returns the last profile update of authority, when the
+// client watches it and an answer came: it makes the Client a
+// [profiles.Cache], so that a traffic split (profiles.Splits) starts from
+// the profile the client already has.
+func (c *Client) CachedProfile(authority string) (profiles.Update, bool) {
+	if !c.inScope(authority) {
+		return profiles.Update{}, false
+	}
+	return c.profiles.cached(authority)
+}
+
 // WatchEndpoints streams the endpoint set of authority (host:port) from Get,
 // with the semantics of [profiles.Source.Watch]; it makes the Client a
 // balancer.Source. After a reconnect the last set stays in force until the
-// new stream's first message replaces it. A stream that stays silent past
-// the first-message deadline (see [WithFirstMessageTimeout]) is kept open and
-// stands for a service that exists with no endpoints yet, as with Linkerd's
-// controller: an update with Exists true and no endpoints is delivered (a
-// balancer then fails requests at once with 503), and the stream's first
-// later message applies as usual.
+// new stream's first message replaces it, however long the new stream stays
+// silent (a wedged control plane that accepts streams and never answers
+// cannot take it away). A first stream of an authority that stays silent
+// past the first-message deadline (see [WithFirstMessageTimeout]) is kept
+// open and stands for a service that exists with no endpoints yet, as with
+// Linkerd's controller: an update with Exists true and no endpoints is
+// delivered (a balancer then fails requests at once with 503), and the
+// stream's first later message applies as usual.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(endpoint.Update)) (func(), error) {
 	if !c.inScope(authority) {
 		return outOfScope(c, ctx, noService, update), nil

@@ -12,10 +12,13 @@
 // InvalidArgument and FailedPrecondition as "no profile" and stops; says
 // at once "no such service, no profile, no policy" for a target the control
 // plane answers does not exist (NotFound, or GetProfile's Unknown "not
-// found"), and keeps asking; counts
-// a GetProfile stream that sends nothing before a deadline as failed; and
-// keeps a silent Get stream open as "exists, no endpoints yet", which is what
-// Linkerd's controller means by it.
+// found"), and keeps asking; counts a GetProfile stream that sends nothing
+// before a deadline as failed; keeps a silent Get stream open, as "exists,
+// no endpoints yet" (what Linkerd's controller means by it) for an
+// authority never answered and with the last endpoints in force after a
+// reconnect; and tells the watchers of a profile or policy that no answer
+// can come yet (a control plane without the API, one that refuses the
+// caller or cannot be reached), so that nobody waits for one.
 //
 // The package is the one place where wire messages become models and back,
 // for the clients here and the servers of the control plane alike:

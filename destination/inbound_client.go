@@ -25,9 +25,9 @@ func (c *Client) initInbound(cc grpc.ClientConnInterface) {
 	c.inbound = &watches[*inboundpb.Server, InboundUpdate]{
 		kind: &kind[*inboundpb.Server, InboundUpdate]{
 			name: "InboundServerPolicies.WatchPort",
-			open: func(ctx context.Context, key string) (recvStream[*inboundpb.Server], error) {
+			open: func(ctx context.Context, key string, opts ...grpc.CallOption) (recvStream[*inboundpb.Server], error) {
 				port, _ := strconv.ParseUint(key, 10, 16)
-				return api.WatchPort(ctx, &inboundpb.PortSpec{Workload: c.workload(), Port: uint32(port)}, waitForReady)
+				return api.WatchPort(ctx, &inboundpb.PortSpec{Workload: c.workload(), Port: uint32(port)}, opts...)
 			},
 			session: func(key string) func(*inboundpb.Server) (InboundUpdate, bool) {
 				return func(m *inboundpb.Server) (InboundUpdate, bool) {

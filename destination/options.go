@@ -96,9 +96,11 @@ func WithIdleTimeout(d time.Duration) Option {
 
 // WithFirstMessageTimeout sets how long a new stream may stay silent before
 // its silence means something (default [DefaultFirstMessageTimeout]): a
-// silent GetProfile stream counts as failed and is re-established; a silent
-// Get stream is kept open and means "exists, no endpoints yet". d <= 0
-// changes nothing.
+// silent GetProfile or OutboundPolicies stream counts as failed and is
+// re-established, the last profile or policy in force meanwhile; a silent
+// Get stream is kept open and, for an authority never answered before,
+// means "exists, no endpoints yet" (after a reconnect the last endpoints
+// stay in force). d <= 0 changes nothing.
 func WithFirstMessageTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d > 0 {

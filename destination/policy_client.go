@@ -69,8 +69,8 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 	c.policies = &watches[*outboundpb.OutboundPolicy, policy.Update]{
 		kind: &kind[*outboundpb.OutboundPolicy, policy.Update]{
 			name: "OutboundPolicies.Watch",
-			open: func(ctx context.Context, key string) (recvStream[*outboundpb.OutboundPolicy], error) {
-				return c.policyAPI.Watch(ctx, c.trafficSpec(key), waitForReady)
+			open: func(ctx context.Context, key string, opts ...grpc.CallOption) (recvStream[*outboundpb.OutboundPolicy], error) {
+				return c.policyAPI.Watch(ctx, c.trafficSpec(key), opts...)
 			},
 			session: func(key string) func(*outboundpb.OutboundPolicy) (policy.Update, bool) {
 				return func(m *outboundpb.OutboundPolicy) (policy.Update, bool) {
@@ -85,7 +85,8 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 			rejected: func(err error) policy.Update { return policy.Update{Err: err} },
 			// "unknown target": no policy, as for a name outside the
 			// search path; the profile and the defaults apply.
-			notFound: func() policy.Update { return noPolicy },
+			notFound:   func() policy.Update { return noPolicy },
+			unanswered: func(err error) policy.Update { return policy.Update{Err: err} },
 		},
 		m: make(map[string]*watch[*outboundpb.OutboundPolicy, policy.Update]),
 	}

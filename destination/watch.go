@@ -31,8 +31,10 @@ type recvStream[M any] interface{ Recv() (M, error) }
 // kind is what differs between the two watched RPCs.
 type kind[M, U any] struct {
 	name string
-	// open starts the call for a target.
-	open func(ctx context.Context, target string) (recvStream[M], error)
+	// open starts the call for a target, with opts (waitForReady, or
+	// none for a call that fails at once when the control plane cannot be
+	// reached).
+	open func(ctx context.Context, target string, opts ...grpc.CallOption) (recvStream[M], error)
 	// session returns a handler for the messages of one stream. It returns
 	// the update to publish and whether there is one.
 	session func(authority string) func(M) (U, bool)
@@ -49,6 +51,14 @@ type kind[M, U any] struct {
 	// It is published once per run of such answers; the watch keeps
 	// asking, with backoff, for the target may appear later.
 	notFound func() U
+	// unanswered, when set, is the update that stands for an answer that
+	// cannot come, published when the watch has published nothing yet: the
+	// control plane does not serve the RPC (Unimplemented, as Linkerd's
+	// destination controller alone answers OutboundPolicies), refuses the
+	// caller, or cannot be reached. Whoever waits for the first answer then
+	// stops waiting; the watch keeps trying and a later answer applies as
+	// usual. When nil, such a watch publishes nothing until an answer.
+	unanswered func(err error) U
 }
 
 // isNotFound reports whether err is the control plane's answer that the
@@ -196,6 +206,18 @@ func (ws *watches[M, U]) evictIdleLocked() bool {
 	return false
 }
 
+// cached returns the last update of authority's watch, if any.
+func (ws *watches[M, U]) cached(authority string) (U, bool) {
+	ws.mu.Lock()
+	w := ws.m[authority]
+	ws.mu.Unlock()
+	if w == nil {
+		var zero U
+		return zero, false
+	}
+	return w.cached()
+}
+
 func (ws *watches[M, U]) len() int {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
@@ -205,10 +227,61 @@ func (ws *watches[M, U]) len() int {
 func (w *watch[M, U]) publish(u U) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.publishLocked(u)
+}
+
+func (w *watch[M, U]) publishLocked(u U) {
 	w.last, w.hasLast = u, true
 	for s := range w.subs {
 		s.Offer(u)
 	}
+}
+
+// answered reports whether the watch has published anything.
+func (w *watch[M, U]) answered() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hasLast
+}
+
+// cached returns the last update of the watch, if any.
+func (w *watch[M, U]) cached() (U, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last, w.hasLast
+}
+
+// noAnswer publishes the kind's unanswered update when err says that no
+// answer can come (see [unanswerable]) and the watch has published
+// nothing yet.
+func (w *watch[M, U]) noAnswer(err error, failFast bool) {
+	if w.kind.unanswered == nil || !unanswerable(err, failFast) {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.hasLast {
+		return
+	}
+	w.c.log.Info("unanswered "+w.kind.name, "no answer can come from the control plane for now; proceeding without one, still watching",
+		"rpc", w.kind.name, targetAttr(w.authority), "error", streamCause(err))
+	w.publishLocked(w.kind.unanswered(err))
+}
+
+// unanswerable reports whether a stream's error before its first message
+// says that no answer will come soon: the control plane does not serve the
+// RPC (Unimplemented) or refuses the caller (PermissionDenied,
+// Unauthenticated), or, for a call that did not wait for the connection
+// (failFast), the control plane cannot be reached (Unavailable: refused,
+// unreachable).
+func unanswerable(err error, failFast bool) bool {
+	switch status.Code(err) {
+	case codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	case codes.Unavailable:
+		return failFast
+	}
+	return false
 }
 
 // run keeps a stream open until ctx ends or the server rejects the lookup.
@@ -262,10 +335,13 @@ func (w *watch[M, U]) run(ctx context.Context) {
 // progress.
 //
 // A stream silent past the first-message deadline is either cut and retried
-// (GetProfile: the controller always answers at once) or kept open with the
-// kind's silent update published (Get: Linkerd's controller says nothing for
-// a service with no endpoints). Either way the silence counts as progress,
-// so a later failure reconnects after the shortest delay.
+// (GetProfile: the controller always answers at once) or kept open (Get:
+// Linkerd's controller says nothing for a service with no endpoints), with
+// the kind's silent update published only when the watch has published
+// nothing yet: a stream that replaces one which delivered keeps what was
+// delivered, so a control plane that accepts streams and never answers
+// cannot take the last good state away. Either way the silence counts as
+// progress, so a later failure reconnects after the shortest delay.
 func (w *watch[M, U]) session(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -278,9 +354,20 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 	)
 	// The stream opens once the connection is up (waitForReady), however
 	// long that takes; the first-message deadline runs from then, so that
-	// an outage is never taken for a silent control plane.
-	stream, err := w.kind.open(ctx, w.authority)
+	// an outage is never taken for a silent control plane. The first stream
+	// of a kind with an unanswered update, though, fails at once when the
+	// control plane cannot be reached, so that nobody waits for an answer
+	// that cannot come.
+	failFast := w.kind.unanswered != nil && !w.answered()
+	var stream recvStream[M]
+	var err error
+	if failFast {
+		stream, err = w.kind.open(ctx, w.authority)
+	} else {
+		stream, err = w.kind.open(ctx, w.authority, waitForReady)
+	}
 	if err != nil {
+		w.noAnswer(err, failFast)
 		return classifyStreamErr(err, false, false)
 	}
 	deadline := time.AfterFunc(w.c.cfg.firstMessageTimeout, func() {
@@ -292,6 +379,18 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 		timedOut = true
 		if w.kind.silent == nil {
 			cancel()
+			return
+		}
+		w.mu.Lock()
+		known := w.hasLast
+		w.mu.Unlock()
+		if known {
+			// This stream replaces one that delivered: its silence says
+			// nothing new (a wedged or restarting control plane), so what
+			// was delivered stays in force until a message replaces it.
+			w.c.log.Info("silent again "+w.kind.name,
+				"destination stream silent past the first-message deadline; the last state stays in force",
+				"rpc", w.kind.name, targetAttr(w.authority))
 			return
 		}
 		w.c.log.Debug("silent "+w.kind.name,
@@ -311,6 +410,9 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 		msg, err := stream.Recv()
 		if err != nil {
 			progressed, silent := state()
+			if !progressed {
+				w.noAnswer(err, failFast)
+			}
 			return classifyStreamErr(err, progressed, silent)
 		}
 		mu.Lock()

@@ -128,3 +128,24 @@ var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A source that never answers costs the bound once per authority: the
+// request that waited it out ends the wait for those after it, which take
+// the default route at once.
+func TestDiscoveryWaitTimedOutOnce(t *testing.T) {
+	const bound = 2 * time.Second
+	src := newGatedSource() // never released
+	hc, _ := discoveryStack(t, src, WithDiscoveryWait(bound))
+	get := func() time.Duration {
+		start := time.Now()
+		resp, err := hc.Get("http://" + discoveryAuthority + "/books")
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 200, resp.StatusCode)
+		return time.Since(start)
+	}
+	assert.GreaterOrEqual(t, get(), bound, "the first request waits the bound")
+	for i := range 3 {
+		assert.Less(t, get(), bound/2, "request %d waited again", i+2)
+	}
+}

@@ -187,8 +187,13 @@ func WithIdleTimeout(d time.Duration) Option {
 // for idleness, is routed, timed out and retried by its route like any
 // other. By default (d <= 0) discovery never blocks: such a request takes
 // the default route at once. A request whose answers have not arrived
-// within d takes the default route; one cancelled meanwhile returns its
-// context's error. Answers already in cost nothing.
+// within d takes the default route, and so do the requests to its
+// authority after it, without a wait, until the answers come: a source
+// that does not answer costs d once per authority. A request cancelled
+// meanwhile returns its context's error. Answers already in cost nothing;
+// a source that says no answer can come (destination.Client: a control
+// plane without the API, or one that cannot be reached) ends the wait at
+// once.
 func WithDiscoveryWait(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.discoveryWait = d })
 }

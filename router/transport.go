@@ -15,6 +15,7 @@ import (
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/router/internal/profileroute"
 	"google.golang.org/grpc/codes"
 )
 
@@ -108,13 +109,18 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // awaitDiscovery waits, at most the configured bound, until the request's
 // authority has its first profile and policy answers; it returns the
-// request's context error when the request ends first.
+// request's context error when the request ends first. A request that
+// waited out the bound ends the wait of the authority for every request
+// after it: a source that does not answer costs the bound once.
 func (r *Router) awaitDiscovery(req *http.Request) error {
 	var prof, pol <-chan struct{}
+	var v profileroute.Resolved
 	if p := r.outProfiles(); p != nil {
-		prof = p.Resolve(req).Discovered()
+		v = p.Resolve(req)
+		prof = v.Discovered()
 	}
-	if ps := r.policyFor(req); ps != nil {
+	ps := r.policyFor(req)
+	if ps != nil {
 		pol = ps.first.Done()
 	}
 	if answered(prof) && answered(pol) {
@@ -129,7 +135,15 @@ func (r *Router) awaitDiscovery(req *http.Request) error {
 		select {
 		case <-ch:
 		case <-timer.C:
-			return nil // the bound: the default route
+			// The bound: the default route, for this request and, until
+			// an answer comes, for those after it without a wait.
+			if prof != nil {
+				v.GiveUp()
+			}
+			if ps != nil {
+				ps.first.Answered()
+			}
+			return nil
 		case <-req.Context().Done():
 			return req.Context().Err()
 		}

@@ -131,7 +131,7 @@ func main() {
 		"with -workload, how long a request may wait for the app port's first inbound policy before the default policy decides it (0: the library's default, "+
 			authz.DefaultPolicyWait.String()+"; negative: never wait)")
 	flag.DurationVar(&f.discoveryWait, "discovery-wait", 0,
-		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route)")
+		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route); an answer that cannot come (a control plane without the API, as Linkerd's destination controller alone for OutboundPolicies, or one that cannot be reached) ends the wait at once")
 	f.identity.register(flag.CommandLine)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -28,6 +28,12 @@ func (r *Router) Resolve(req *http.Request) Resolved {
 // discovery waits on.
 func (v Resolved) Discovered() <-chan struct{} { return v.ts.first.Done() }
 
+// GiveUp ends the wait for the authority's first answer (see Discovered)
+// without one: a request waited out its bound, and those after it take
+// the state in force without waiting. The answer, when it comes, applies
+// as usual.
+func (v Resolved) GiveUp() { v.ts.first.Answered() }
+
 // Table returns the route table in force.
 func (v Resolved) Table() *profiles.Table { return v.ts.table }
 
