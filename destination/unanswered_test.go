@@ -81,6 +81,7 @@ spec:
 func TestOutboundPoliciesUnimplementedAnswersNone(t *testing.T) {
 	store := controlplane.NewStore()
 	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(books, "r")})
+	store.PutEndpoints(books+":7000", nil) // the Service exists
 	held := holdListener(t)
 	srv := grpc.NewServer()
 	pb.RegisterDestinationServer(srv, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
