@@ -632,3 +632,20 @@ spec:
 	assert.Equal(t, &policy.FailureInjector{Status: 500, Message: "missing port for backend Service authors"}, bs[0].Filters[0].FailureInjector)
 	assert.NotNil(t, bs[1].Backend.Balancer)
 }
+
+// LoadFiles reads files held in memory (such as an etcd key's value) with
+// Load's rules, each error naming the file by the name it was given.
+func TestLoadFilesNamesTheKey(t *testing.T) {
+	good := File{Name: "/inmesh/manifests/authors", Data: []byte("apiVersion: v1\nkind: Service\nmetadata: {name: authors}\nspec: {ports: [{port: 7001}]}\n")}
+	r, err := LoadFiles(good)
+	require.NoError(t, err)
+	require.Len(t, r.Services, 1)
+	_, err = LoadFiles(good, File{Name: "/inmesh/manifests/bad", Data: []byte("apiVersion: v1\nkind: Service\nmetadata: {name: Bad}\n")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "/inmesh/manifests/bad: document 1")
+	assert.Contains(t, err.Error(), "metadata.name")
+	_, err = LoadFiles(File{Name: "/inmesh/manifests/empty"})
+	assert.ErrorContains(t, err, "/inmesh/manifests/empty: empty file")
+	_, err = LoadFiles(good, File{Name: "/inmesh/manifests/again", Data: good.Data})
+	assert.ErrorContains(t, err, "/inmesh/manifests/again: Service default/authors is also defined in /inmesh/manifests/authors")
+}
