@@ -70,6 +70,7 @@ type config struct {
 	logger      *slog.Logger
 	logInterval time.Duration
 	retry       backoff.Policy
+	start       time.Duration
 }
 
 // WithLogger sets the logger (default slog.Default()) of rejected keys,
@@ -104,6 +105,17 @@ func WithRetry(p backoff.Policy) Option {
 	}
 }
 
+// WithStartTimeout bounds the first read of the keys by [Watch], which
+// otherwise waits for etcd as long as its context lasts. d <= 0 changes
+// nothing.
+func WithStartTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.start = d
+		}
+	}
+}
+
 // Watch loads the manifests and endpoints under prefix into store, then
 // follows etcd's watch and loads what changed, until ctx is done. It
 // returns the error of the first load (etcd unreachable within ctx, or a bad
@@ -121,7 +133,12 @@ func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client,
 	}
 	w := &watcher{store: store, cli: cli, prefix: cleanPrefix(prefix) + "/",
 		log: ratelog.New(cfg.logger, cfg.logInterval), retry: cfg.retry}
-	bad, err := w.reload(ctx)
+	start, cancel := ctx, context.CancelFunc(func() {})
+	if cfg.start > 0 {
+		start, cancel = context.WithTimeout(ctx, cfg.start)
+	}
+	bad, err := w.reload(start)
+	cancel()
 	if err != nil {
 		return err
 	}
