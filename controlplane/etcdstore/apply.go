@@ -21,9 +21,12 @@ var ErrConflict = errors.New("etcdstore: the keys changed during every attempt; 
 // its read and its transaction.
 const applyAttempts = 5
 
-// Change is what [Apply] writes: manifest files and endpoints files, each
-// named by the path given (its base name becomes the key's name, as in
-// PREFIX/manifests/authors.yaml).
+// Change is what [Apply] writes and [Delete] removes: manifest files,
+// each resource of which has its own key (PREFIX/manifests/KIND/NAMESPACE/NAME,
+// or PREFIX/manifests/ServiceProfile/NAME), as kubectl apply keeps one
+// object per resource, and endpoints files, kept whole under their base
+// name (PREFIX/endpoints/endpoints.yaml). Each file is named by the path
+// given, which errors name.
 type Change struct {
 	Manifests []manifest.File
 	Endpoints []manifest.File
@@ -31,73 +34,105 @@ type Change struct {
 
 // Key is one key under the prefix, as [List] returns it.
 type Key struct {
-	Key         string
-	Kind        string // ManifestsDir or EndpointsDir
+	Key string
+	// Name is the key under the prefix, such as
+	// "manifests/HTTPRoute/default/authors" or "endpoints/endpoints.yaml":
+	// what [Delete] takes.
 	Name        string
 	ModRevision int64
 	Size        int
 }
 
-// Apply validates change together with the keys already under prefix, with
-// the loader that replicas use ([manifest.LoadFiles] and
-// [manifest.ParseEndpoints]), and writes every file of change in one etcd
-// transaction, only if no key under prefix changed since it was read. A bad
-// document is refused with the file, the document and the field named, and
-// then nothing is written. A key given twice (two files of one base name)
-// is an error. It returns the revision written.
-func Apply(ctx context.Context, cli *clientv3.Client, prefix string, change Change) (int64, error) {
-	prefix = cleanPrefix(prefix)
-	puts := make(map[string][]byte)
-	names := make(map[string]string)
-	add := func(dir string, f manifest.File) error {
-		name := filepath.Base(f.Name)
-		if name == "." || name == "/" || name == "" {
-			return fmt.Errorf("%q: no file name", f.Name)
-		}
-		key := prefix + "/" + dir + "/" + name
-		if prev, dup := names[key]; dup {
-			return fmt.Errorf("%s and %s would both be %s", prev, f.Name, key)
-		}
-		names[key] = f.Name
-		puts[key] = f.Data
-		return nil
+// ResourceName returns the name under the prefix of a resource's key.
+func ResourceName(d manifest.Document) string {
+	if d.Namespace == "" {
+		return ManifestsDir + "/" + d.Kind + "/" + d.Name
 	}
+	return ManifestsDir + "/" + d.Kind + "/" + d.Namespace + "/" + d.Name
+}
+
+// split validates change alone (errors name the file, the document and the
+// field) and returns its keys' names under the prefix, their values and
+// the file each comes from.
+func split(change Change) (names []string, values map[string][]byte, from map[string]string, err error) {
+	if _, err := manifest.LoadFiles(change.Manifests...); err != nil {
+		return nil, nil, nil, err
+	}
+	values, from = make(map[string][]byte), make(map[string]string)
 	for _, f := range change.Manifests {
-		if err := add(ManifestsDir, f); err != nil {
-			return 0, err
+		docs, err := manifest.SplitResources(f.Data)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", f.Name, err)
+		}
+		for _, d := range docs {
+			n := ResourceName(d)
+			names = append(names, n)
+			values[n], from[n] = d.Data, f.Name
 		}
 	}
 	for _, f := range change.Endpoints {
-		if err := add(EndpointsDir, f); err != nil {
-			return 0, err
+		if _, err := manifest.ParseEndpoints(f.Data); err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", f.Name, err)
 		}
-	}
-	var ops []clientv3.Op
-	for _, k := range slices.Sorted(maps.Keys(puts)) {
-		ops = append(ops, clientv3.OpPut(k, string(puts[k])))
-	}
-	return write(ctx, cli, prefix, func(w *watcher) error {
-		for k, v := range puts {
-			w.put(k, v)
+		base := filepath.Base(f.Name)
+		if base == "." || base == "/" {
+			return nil, nil, nil, fmt.Errorf("%q: no file name", f.Name)
 		}
-		return nil
-	}, names, ops)
+		n := EndpointsDir + "/" + base
+		if prev, dup := from[n]; dup {
+			return nil, nil, nil, fmt.Errorf("%s and %s would both be %s", prev, f.Name, n)
+		}
+		names = append(names, n)
+		values[n], from[n] = f.Data, f.Name
+	}
+	return names, values, from, nil
 }
 
-// Delete removes the keys of the named files (base names, as [Apply]
-// wrote them) in one transaction, once what is left validates; an unknown
-// name is an error and then nothing is deleted.
-func Delete(ctx context.Context, cli *clientv3.Client, prefix string, manifests, endpoints []string) (int64, error) {
+// Names returns the names under the prefix of the keys that change would
+// write: what [Delete] takes to remove them again.
+func Names(change Change) ([]string, error) {
+	names, _, _, err := split(change)
+	return names, err
+}
+
+// Apply validates change with the loader that replicas use
+// ([manifest.LoadFiles] and [manifest.ParseEndpoints]), alone and then
+// together with the keys already under prefix, and writes it in one etcd
+// transaction, only if no key under prefix changed since it was read. A
+// bad document is refused with the file, the document and the field named,
+// and then nothing is written. A resource applied again replaces its key.
+// It returns the revision written.
+func Apply(ctx context.Context, cli *clientv3.Client, prefix string, change Change) (int64, error) {
+	prefix = cleanPrefix(prefix)
+	names, values, from, err := split(change)
+	if err != nil {
+		return 0, err
+	}
+	keyed := make(map[string]string, len(from))
+	var ops []clientv3.Op
+	for _, n := range names {
+		k := prefix + "/" + n
+		keyed[k] = from[n] + " (" + k + ")"
+		ops = append(ops, clientv3.OpPut(k, string(values[n])))
+	}
+	return write(ctx, cli, prefix, func(w *watcher) error {
+		for _, n := range names {
+			w.put(prefix+"/"+n, values[n])
+		}
+		return nil
+	}, keyed, ops)
+}
+
+// Delete removes the keys of names (under the prefix, as [List] and
+// [Names] give them) in one transaction, once what is left validates; an
+// unknown name is an error and then nothing is deleted.
+func Delete(ctx context.Context, cli *clientv3.Client, prefix string, names []string) (int64, error) {
 	prefix = cleanPrefix(prefix)
 	var keys []string
-	for _, n := range manifests {
-		keys = append(keys, prefix+"/"+ManifestsDir+"/"+filepath.Base(n))
-	}
-	for _, n := range endpoints {
-		keys = append(keys, prefix+"/"+EndpointsDir+"/"+filepath.Base(n))
-	}
 	var ops []clientv3.Op
-	for _, k := range keys {
+	for _, n := range names {
+		k := prefix + "/" + strings.TrimPrefix(n, "/")
+		keys = append(keys, k)
 		ops = append(ops, clientv3.OpDelete(k))
 	}
 	return write(ctx, cli, prefix, func(w *watcher) error {
@@ -188,12 +223,10 @@ func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]Key, erro
 	var out []Key
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
-		kind := w.kind(k)
-		if kind == "" {
+		if w.kind(k) == "" {
 			continue
 		}
-		out = append(out, Key{Key: k, Kind: kind, Name: strings.TrimPrefix(k, prefix+"/"+kind+"/"),
-			ModRevision: kv.ModRevision, Size: len(kv.Value)})
+		out = append(out, Key{Key: k, Name: strings.TrimPrefix(k, prefix+"/"), ModRevision: kv.ModRevision, Size: len(kv.Value)})
 	}
 	return out, nil
 }

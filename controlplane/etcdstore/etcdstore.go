@@ -6,9 +6,13 @@
 //
 // The keys live under one prefix (for example "/inmesh"):
 //
-//	PREFIX/manifests/NAME   the bytes of one manifest YAML file (ServiceProfiles,
+//	PREFIX/manifests/NAME   the bytes of manifest YAML documents, as in a file (ServiceProfiles,
 //	                        Services, HTTPRoutes, GRPCRoutes, Pods, Servers, ...)
 //	PREFIX/endpoints/NAME   the bytes of one endpoints file (manifest.ParseEndpoints)
+//
+// NAME may hold slashes: [Apply] keeps each resource under its own key,
+// PREFIX/manifests/KIND/NAMESPACE/NAME, as kubectl apply keeps one object
+// per resource; a key written by hand may hold a whole file.
 //
 // A key takes the place of a file name: an error names the key, the
 // document and the field, as in "/inmesh/manifests/authors: document 2

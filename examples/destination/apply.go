@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,13 +23,15 @@ const commandTimeout = 30 * time.Second
 // list the manifests and endpoints held in etcd:
 //
 //	destination apply -etcd-endpoints URLS -f DIR_OR_FILE [-f ...] [-endpoints FILE]
-//	destination delete -etcd-endpoints URLS -f NAME [-f ...] [-endpoints NAME]
+//	destination delete -etcd-endpoints URLS [-f DIR_OR_FILE ...] [-endpoints FILE] [NAME ...]
 //	destination get -etcd-endpoints URLS
 //
-// apply validates the files with the control plane's own loader, together
-// with what etcd already holds, and writes them in one transaction; a bad
-// document is refused with its file, document and field, and nothing is
-// written. It returns the process's exit code.
+// apply validates the files with the control plane's own loader, alone and
+// together with what etcd already holds, and writes each resource under
+// its own key in one transaction; a bad document is refused with its file,
+// document and field, and nothing is written. delete removes the resources
+// of files, or the keys that get names. It returns the process's exit
+// code.
 func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -55,11 +56,21 @@ func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 	if len(ef.endpoints) == 0 {
 		return fail(errors.New("-etcd-endpoints is required"))
 	}
-	if name != "get" && len(files)+len(endpoints) == 0 {
+	if name != "get" && len(files)+len(endpoints)+fs.NArg() == 0 {
 		return fail(errors.New("nothing to do: give -f or -endpoints"))
 	}
-	paths, err := expand(files, name == "delete")
+	if name == "apply" && fs.NArg() > 0 {
+		return fail(fmt.Errorf("unexpected arguments %q: give files with -f", fs.Args()))
+	}
+	paths, err := expand(files)
 	if err != nil {
+		return fail(err)
+	}
+	change := etcdstore.Change{}
+	if change.Manifests, err = read(paths); err != nil {
+		return fail(err)
+	}
+	if change.Endpoints, err = read(endpoints); err != nil {
 		return fail(err)
 	}
 	cli, err := ef.client()
@@ -71,28 +82,30 @@ func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 	switch name {
 	case "apply":
-		change := etcdstore.Change{}
-		if change.Manifests, err = read(paths); err != nil {
-			return fail(err)
-		}
-		if change.Endpoints, err = read(endpoints); err != nil {
-			return fail(err)
+		names, err := etcdstore.Names(change)
+		if err != nil {
+			return fail(fmt.Errorf("%w (nothing written)", err))
 		}
 		rev, err := etcdstore.Apply(ctx, cli, ef.prefix, change)
 		if err != nil {
 			return fail(fmt.Errorf("%w (nothing written)", err))
 		}
-		for _, f := range append(change.Manifests, change.Endpoints...) {
-			fmt.Fprintf(stdout, "%s applied\n", f.Name)
+		for _, n := range names {
+			fmt.Fprintf(stdout, "%s applied\n", n)
 		}
 		fmt.Fprintf(stdout, "revision %d\n", rev)
 	case "delete":
-		rev, err := etcdstore.Delete(ctx, cli, ef.prefix, paths, endpoints)
+		names, err := etcdstore.Names(change)
 		if err != nil {
 			return fail(fmt.Errorf("%w (nothing deleted)", err))
 		}
-		for _, p := range append(slices.Clone(paths), endpoints...) {
-			fmt.Fprintf(stdout, "%s deleted\n", filepath.Base(p))
+		names = append(names, fs.Args()...)
+		rev, err := etcdstore.Delete(ctx, cli, ef.prefix, names)
+		if err != nil {
+			return fail(fmt.Errorf("%w (nothing deleted)", err))
+		}
+		for _, n := range names {
+			fmt.Fprintf(stdout, "%s deleted\n", n)
 		}
 		fmt.Fprintf(stdout, "revision %d\n", rev)
 	case "get":
@@ -101,9 +114,9 @@ func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KIND\tNAME\tREVISION\tBYTES")
+		fmt.Fprintln(tw, "NAME\tREVISION\tBYTES")
 		for _, k := range keys {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", k.Kind, k.Name, k.ModRevision, k.Size)
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", k.Name, k.ModRevision, k.Size)
 		}
 		tw.Flush()
 	}
@@ -111,16 +124,11 @@ func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 }
 
 // expand lists the manifest files of the -f arguments: a directory gives
-// its *.yaml and *.yml files, sorted. With names, an argument that is no
-// file is kept as a name (delete takes the names that get lists).
-func expand(args []string, names bool) ([]string, error) {
+// its *.yaml and *.yml files, sorted.
+func expand(args []string) ([]string, error) {
 	var out []string
 	for _, a := range args {
 		info, err := os.Stat(a)
-		if names && errors.Is(err, os.ErrNotExist) {
-			out = append(out, a)
-			continue
-		}
 		if err != nil {
 			return nil, err
 		}

@@ -15,8 +15,11 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -46,11 +49,14 @@ func TestApplyWritesAllOrNothing(t *testing.T) {
 
 	code, out, errOut := command(t, append([]string{"apply", "-f", "policies", "-f", "../mesh/books.yaml", "-endpoints", "endpoints.yaml"}, etcd...)...)
 	require.Equal(t, 0, code, errOut)
-	assert.Contains(t, out, "policies/authors.yaml applied")
-	assert.Contains(t, out, "endpoints.yaml applied")
+	assert.Contains(t, out, "manifests/Service/default/authors applied")
+	assert.Contains(t, out, "manifests/HTTPRoute/default/authors-routes applied")
+	assert.Contains(t, out, "manifests/ServiceProfile/books.default.svc.cluster.local applied")
+	assert.Contains(t, out, "endpoints/endpoints.yaml applied")
 	code, listed, errOut := command(t, append([]string{"get"}, etcd...)...)
 	require.Equal(t, 0, code, errOut)
-	for _, want := range []string{"manifests  authors.yaml", "manifests  books.yaml", "endpoints  endpoints.yaml"} {
+	for _, want := range []string{"manifests/Service/default/authors ", "manifests/HTTPRoute/default/authors-routes ",
+		"manifests/ServiceProfile/books.default.svc.cluster.local ", "endpoints/endpoints.yaml "} {
 		assert.Contains(t, listed, want)
 	}
 
@@ -63,11 +69,11 @@ func TestApplyWritesAllOrNothing(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, bad+": document 2 (HTTPRoute default/r): spec.rules[0].matches[0].path.type")
 	assert.Contains(t, errOut, "nothing written")
-	// A resource already held under another key: refused, naming the key.
+	// A resource defined twice in what is applied: refused, naming both files.
 	dup := writeFile(t, dir, "dup.yml", "apiVersion: v1\nkind: Service\nmetadata: {name: authors}\nspec: {ports: [{port: 7001}]}\n")
-	code, _, errOut = command(t, append([]string{"apply", "-f", dup}, etcd...)...)
+	code, _, errOut = command(t, append([]string{"apply", "-f", dup, "-f", "policies/authors.yaml"}, etcd...)...)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errOut, "Service default/authors is also defined in")
+	assert.Contains(t, errOut, "policies/authors.yaml: Service default/authors is also defined in "+dup)
 	// Bad endpoints: refused with the file and the field.
 	badEps := writeFile(t, dir, "more-endpoints.yaml", "- authority: writers.default.svc.cluster.local:7002\n  endpoints:\n  - addr: 127.0.\n")
 	code, _, errOut = command(t, append([]string{"apply", "-endpoints", badEps}, etcd...)...)
@@ -77,15 +83,40 @@ func TestApplyWritesAllOrNothing(t *testing.T) {
 	require.Equal(t, 0, code)
 	assert.Equal(t, listed, after, "the refused applies wrote nothing")
 
-	// delete: an unknown name deletes nothing; a known one is gone.
-	code, _, errOut = command(t, append([]string{"delete", "-f", "books.yaml", "-f", "nope.yaml"}, etcd...)...)
+	// A resource already held by a key written by hand (a whole file):
+	// refused, naming that key.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint}, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = cli.Put(ctx, "/mesh/manifests/by-hand.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: writers}\nspec: {ports: [{port: 7002}]}\n")
+	require.NoError(t, err)
+	code, _, errOut = command(t, append([]string{"apply", "-f", filepath.Join(dir, "good.yaml")}, etcd...)...)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errOut, "no such key: /mesh/manifests/nope.yaml")
-	code, _, errOut = command(t, append([]string{"delete", "-f", "books.yaml"}, etcd...)...)
+	assert.Contains(t, errOut, "/mesh/manifests/by-hand.yaml: Service default/writers is also defined in "+filepath.Join(dir, "good.yaml"))
+	code, _, errOut = command(t, append(append([]string{"delete"}, etcd...), "manifests/by-hand.yaml")...)
+	require.Equal(t, 0, code, errOut)
+
+	// A resource applied again replaces its key.
+	code, _, errOut = command(t, append([]string{"apply", "-f", "policies"}, etcd...)...)
+	require.Equal(t, 0, code, errOut)
+
+	// delete: an unknown name deletes nothing; a file's resources, or a
+	// name as get lists it, are gone.
+	books := "manifests/ServiceProfile/books.default.svc.cluster.local"
+	code, _, errOut = command(t, append(append([]string{"delete"}, etcd...), books, "manifests/Service/default/nope")...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "no such key: /mesh/manifests/Service/default/nope")
+	code, _, errOut = command(t, append(append([]string{"delete"}, etcd...), books)...)
 	require.Equal(t, 0, code, errOut)
 	_, after, _ = command(t, append([]string{"get"}, etcd...)...)
-	assert.NotContains(t, after, "books.yaml")
-	assert.Contains(t, after, "authors.yaml")
+	assert.NotContains(t, after, books)
+	assert.Contains(t, after, "manifests/Service/default/authors ")
+	code, _, errOut = command(t, append([]string{"delete", "-f", "policies"}, etcd...)...)
+	require.Equal(t, 0, code, errOut)
+	_, after, _ = command(t, append([]string{"get"}, etcd...)...)
+	assert.NotContains(t, after, "manifests/")
 }
 
 // The control plane started with -etcd-endpoints serves what apply wrote,
@@ -116,6 +147,16 @@ func TestServeFromEtcd(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, first.GetAdd().GetAddrs(), 1)
 	assert.Equal(t, "authors-0", first.GetAdd().GetAddrs()[0].GetMetricLabels()["pod"])
+
+	// The HTTPRoute, kept under its own key, is served.
+	pol, err := outboundpb.NewOutboundPoliciesClient(cc).Get(ctx, &outboundpb.TrafficSpec{SourceWorkload: "pod:default:caller",
+		Target: &outboundpb.TrafficSpec_Authority{Authority: "authors.default.svc.cluster.local:7001"}})
+	require.NoError(t, err)
+	var routes []string
+	for _, r := range pol.GetProtocol().GetDetect().GetHttp1().GetRoutes() {
+		routes = append(routes, r.GetMetadata().GetResource().GetName())
+	}
+	assert.Contains(t, routes, "authors-routes")
 
 	eps := writeFile(t, t.TempDir(), "endpoints.yaml", strings.Replace(mustRead(t, "endpoints.yaml"), "pod: authors-0", "pod: authors-1", 1))
 	code, _, errOut = command(t, append([]string{"apply", "-endpoints", eps}, etcd...)...)
