@@ -5,8 +5,6 @@
 package etcdtest
 
 import (
-	"io"
-	"log"
 	"net/url"
 	"testing"
 	"time"
@@ -35,7 +33,6 @@ func Start(t testing.TB) *Member {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = local(), local()
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = local(), local()
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	log.SetOutput(io.Discard) // grpc-go's logger, which embed sets, writes through the standard one
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		t.Fatalf("etcdtest: starting etcd: %v", err)
