@@ -182,3 +182,37 @@ func mustRead(t *testing.T, path string) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// With -etcd-cacert, -etcd-cert and -etcd-key the commands and the control
+// plane reach an etcd that serves TLS and requires client certificates;
+// without the client certificate etcd refuses them.
+func TestEtcdOverTLS(t *testing.T) {
+	m := etcdtest.StartTLS(t)
+	tlsFlags := []string{"-etcd-endpoints", m.Endpoint, "-etcd-cacert", m.CAFile, "-etcd-cert", m.CertFile, "-etcd-key", m.KeyFile}
+	code, _, errOut := command(t, append([]string{"apply", "-f", "policies", "-endpoints", "endpoints.yaml"}, tlsFlags...)...)
+	require.Equal(t, 0, code, errOut)
+	code, listed, errOut := command(t, append([]string{"get"}, tlsFlags...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, listed, "manifests/Service/default/authors ")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := controlplane.NewStore()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ef := etcdFlags{endpoints: []string{m.Endpoint}, prefix: "/inmesh", caFile: m.CAFile, certFile: m.CertFile, keyFile: m.KeyFile}
+	require.NoError(t, watchEtcd(ctx, store, ef, log))
+
+	// No client certificate: refused within the bound.
+	ef.certFile, ef.keyFile = "", ""
+	cli, err := ef.client()
+	require.NoError(t, err)
+	defer cli.Close()
+	short, cancelShort := context.WithTimeout(ctx, 3*time.Second)
+	defer cancelShort()
+	_, err = cli.Get(short, "/inmesh/", clientv3.WithPrefix())
+	assert.Error(t, err)
+	// Half a key pair is a flag error.
+	ef.certFile = m.CertFile
+	_, err = ef.client()
+	assert.ErrorContains(t, err, "-etcd-cert and -etcd-key go together")
+}
