@@ -235,8 +235,10 @@ func TestReplicasServeTheSameAnswers(t *testing.T) {
 	same(t, "OutboundPolicies", oa, ob)
 
 	// An endpoint added in etcd reaches both replicas' streams.
+	changed := time.Now()
 	put(t, admin, etcdstore.EndpointsKey(prefix, "authors"), endpointsYAML("127.0.0.1:4143", "127.0.0.2:4143"))
 	ua, ub = recv(t, "a Get after the change", sa.get.Recv), recv(t, "b Get after the change", sb.get.Recv)
+	t.Logf("an endpoint written to etcd reached both replicas' streams in %v", time.Since(changed))
 	assert.Equal(t, []string{"127.0.0.2"}, addrs(ua))
 	same(t, "Get after the change", ua, ub)
 
