@@ -19,6 +19,7 @@ import (
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
 	"github.com/inmesh/inmesh/internal/testutil"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -97,6 +98,7 @@ type replica struct {
 	logs testutil.LogLines
 	dst  pb.DestinationClient
 	pol  outboundpb.OutboundPoliciesClient
+	in   inboundpb.InboundServerPoliciesClient
 }
 
 func startReplica(t *testing.T, endpoint string) *replica {
@@ -119,7 +121,7 @@ func startReplica(t *testing.T, endpoint string) *replica {
 	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close() })
-	r.dst, r.pol = pb.NewDestinationClient(cc), outboundpb.NewOutboundPoliciesClient(cc)
+	r.dst, r.pol, r.in = pb.NewDestinationClient(cc), outboundpb.NewOutboundPoliciesClient(cc), inboundpb.NewInboundServerPoliciesClient(cc)
 	return r
 }
 
@@ -214,8 +216,8 @@ func pathPrefixes(p *outboundpb.OutboundPolicy) string {
 }
 
 // Two control-plane replicas over one etcd serve identical Destination,
-// profile and OutboundPolicies answers, and a change written to etcd
-// reaches the open streams of both.
+// profile, OutboundPolicies and InboundServerPolicies answers, and a change
+// written to etcd reaches the open streams of both.
 func TestReplicasServeTheSameAnswers(t *testing.T) {
 	m := etcdtest.Start(t)
 	admin := newClient(t, m.Endpoint)
@@ -247,6 +249,30 @@ func TestReplicasServeTheSameAnswers(t *testing.T) {
 	oa, ob = recv(t, "a policy after the change", sa.policy.Recv), recv(t, "b policy after the change", sb.policy.Recv)
 	assert.Contains(t, pathPrefixes(oa), "/writers")
 	same(t, "OutboundPolicies after the change", oa, ob)
+
+	// The InboundServerPolicies answers of a pod port: the same from both,
+	// and a Server written to etcd reaches both.
+	const pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: web-0, namespace: default, labels: {app: web}}\nspec: {containers: [{name: web}]}\n"
+	put(t, admin, etcdstore.ManifestKey(prefix, "web"), pod)
+	const srv = "---\napiVersion: policy.linkerd.io/v1beta3\nkind: Server\nmetadata: {name: web-http, namespace: default}\nspec: {podSelector: {matchLabels: {app: web}}, port: 8080, proxyProtocol: HTTP/1}\n"
+	inbound := func(r *replica) *inboundpb.Server {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		got, err := r.in.GetPort(ctx, &inboundpb.PortSpec{Workload: "default:web-0", Port: 8080})
+		if err != nil {
+			return nil
+		}
+		return got
+	}
+	for _, want := range []string{"all-unauthenticated", "web-http"} {
+		if want == "web-http" {
+			put(t, admin, etcdstore.ManifestKey(prefix, "web"), pod+srv)
+		}
+		for _, r := range []*replica{a, b} {
+			require.Eventually(t, func() bool { return inbound(r).GetLabels()["name"] == want }, timeout, 10*time.Millisecond, want)
+		}
+		same(t, "InboundServerPolicies "+want, inbound(a), inbound(b))
+	}
 
 	// A client new to either replica gets the same state.
 	na, nb := a.open(t), b.open(t)
