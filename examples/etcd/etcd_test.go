@@ -430,3 +430,31 @@ func TestReplicaResumesAfterBrokenConnection(t *testing.T) {
 		})
 	}
 }
+
+// A replica that starts while a key is bad refuses to start, naming the
+// key and the field, as the file watcher does with a bad file; one that
+// cannot reach etcd gives up after WithStartTimeout, saying so; keys
+// outside the folders it reads are ignored.
+func TestWatchFirstLoad(t *testing.T) {
+	m := etcdtest.Start(t)
+	admin := newClient(t, m.Endpoint)
+	put(t, admin, prefix+"/registrations/some/future/kind", "not YAML: [")
+	put(t, admin, etcdstore.ManifestKey(prefix, "authors"), strings.Replace(authorsYAML("/a"), "PathPrefix", "Glob", 1))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, m.Endpoint), prefix)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), prefix+"/manifests/authors: document 2 (HTTPRoute default/authors): spec.rules[0].matches[0].path.type")
+	put(t, admin, etcdstore.ManifestKey(prefix, "authors"), authorsYAML("/a"))
+	require.NoError(t, etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, m.Endpoint), prefix))
+
+	// A port that is held but never answers.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer lis.Close()
+	start := time.Now()
+	err = etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, "http://"+lis.Addr().String()), prefix, etcdstore.WithStartTimeout(time.Second))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "etcd: reading "+prefix+"/")
+	assert.Less(t, time.Since(start), timeout)
+}
