@@ -122,7 +122,8 @@ func WithStartTimeout(d time.Duration) Option {
 
 // Watch loads the manifests and endpoints under prefix into store, then
 // follows etcd's watch and loads what changed, until ctx is done. It
-// returns the error of the first load (etcd unreachable within ctx, or a bad
+// returns the error of the first load (etcd unreachable within ctx or
+// [WithStartTimeout], or a bad
 // key), without watching. After that, a bad key is logged with its key,
 // document and field, and the store keeps serving the last good state; a
 // broken watch is retried with backoff from the last revision seen.
