@@ -123,10 +123,10 @@ func WithStartTimeout(d time.Duration) Option {
 // Watch loads the manifests and endpoints under prefix into store, then
 // follows etcd's watch and loads what changed, until ctx is done. It
 // returns the error of the first load (etcd unreachable within ctx or
-// [WithStartTimeout], or a bad
-// key), without watching. After that, a bad key is logged with its key,
-// document and field, and the store keeps serving the last good state; a
-// broken watch is retried with backoff from the last revision seen.
+// [WithStartTimeout], or a bad key), without watching. After that, a bad
+// key is logged with its key, document and field, and the store keeps
+// serving the last good state; a broken watch is retried with backoff from
+// the last revision seen.
 //
 // The client is the caller's, and stays open: close it after ctx is done.
 func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client, prefix string, opts ...Option) error {
