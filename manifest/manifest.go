@@ -93,13 +93,31 @@ func (o *Object) key() string {
 // is returned. A file that changed while it was read is an error wrapping
 // filestamp's ErrChanged (the same as profiles.ErrFileChanged).
 func Load(paths ...string) (*Resources, error) {
-	out := &Resources{}
-	seen := make(map[string]string)
+	files := make([]File, 0, len(paths))
 	for _, path := range paths {
 		data, err := filestamp.Read(path)
 		if err != nil {
 			return nil, err
 		}
+		files = append(files, File{Name: path, Data: data})
+	}
+	return LoadFiles(files...)
+}
+
+// File is the content of one manifest file and the name its errors give
+// it: a path, or the key of a store that holds files' bytes.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// LoadFiles reads manifest files already in memory, with the rules and
+// errors of [Load], each error naming the file by its Name.
+func LoadFiles(files ...File) (*Resources, error) {
+	out := &Resources{}
+	seen := make(map[string]string)
+	for _, f := range files {
+		path, data := f.Name, f.Data
 		if yamltree.Blank(data) {
 			// As the other loaders: an empty file is more likely a copy
 			// caught half-way than a wish to remove everything.

@@ -637,3 +637,39 @@ spec:
 	assert.Equal(t, &policy.FailureInjector{Status: 500, Message: "missing port for backend Service authors"}, bs[0].Filters[0].FailureInjector)
 	assert.NotNil(t, bs[1].Backend.Balancer)
 }
+
+// LoadFiles reads files held in memory (such as an etcd key's value) with
+// Load's rules, each error naming the file by the name it was given.
+func TestLoadFilesNamesTheKey(t *testing.T) {
+	good := File{Name: "/inmesh/manifests/authors", Data: []byte("apiVersion: v1\nkind: Service\nmetadata: {name: authors}\nspec: {ports: [{port: 7001}]}\n")}
+	r, err := LoadFiles(good)
+	require.NoError(t, err)
+	require.Len(t, r.Services, 1)
+	_, err = LoadFiles(good, File{Name: "/inmesh/manifests/bad", Data: []byte("apiVersion: v1\nkind: Service\nmetadata: {name: Bad}\n")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "/inmesh/manifests/bad: document 1")
+	assert.Contains(t, err.Error(), "metadata.name")
+	_, err = LoadFiles(File{Name: "/inmesh/manifests/empty"})
+	assert.ErrorContains(t, err, "/inmesh/manifests/empty: empty file")
+	_, err = LoadFiles(good, File{Name: "/inmesh/manifests/again", Data: good.Data})
+	assert.ErrorContains(t, err, "/inmesh/manifests/again: Service default/authors is also defined in /inmesh/manifests/authors")
+}
+
+// SplitResources gives each resource of a file alone, named by kind,
+// namespace and name, and refuses a bad file as Parse does.
+func TestSplitResources(t *testing.T) {
+	data := []byte("# comment\napiVersion: v1\nkind: Service\nmetadata: {name: authors}\nspec: {ports: [{port: 7001}]}\n---\n---\n" +
+		"apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: authors.default.svc.cluster.local, namespace: default}\nspec: {routes: []}\n")
+	docs, err := SplitResources(data)
+	require.NoError(t, err)
+	require.Len(t, docs, 2)
+	assert.Equal(t, []string{"Service", "default", "authors"}, []string{docs[0].Kind, docs[0].Namespace, docs[0].Name})
+	assert.Equal(t, []string{"ServiceProfile", "", "authors.default.svc.cluster.local"}, []string{docs[1].Kind, docs[1].Namespace, docs[1].Name})
+	for _, d := range docs {
+		r, err := Parse(d.Data)
+		require.NoError(t, err)
+		assert.Len(t, r.objects(), 1)
+	}
+	_, err = SplitResources([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: Bad}\n"))
+	assert.ErrorContains(t, err, "document 1")
+}

@@ -15,8 +15,26 @@
 //
 //	go run ./examples/destination ... -identity-dir DIR -identity-tokens FILE
 //
-// A bad file is logged with its file, document and field, and the last good
-// version stays served. On SIGTERM or SIGINT it ends every open stream, so
+// With -etcd-endpoints it serves the manifests and endpoints held in etcd
+// under -etcd-prefix instead of files (package
+// github.com/inmesh/inmesh/controlplane/etcdstore says which keys), so that
+// any number of replicas over one etcd cluster serve the same answers;
+// -etcd-cacert, -etcd-cert and -etcd-key give the TLS of etcd's client URLs:
+//
+//	go run ./examples/destination -etcd-endpoints https://10.0.0.1:2379,https://10.0.0.2:2379 -etcd-prefix /inmesh -etcd-cacert ca.crt ...
+//
+// Its subcommands apply, delete and get edit and list what etcd holds, as
+// kubectl does a cluster's: apply validates a file or directory of
+// manifests (and endpoints files) with the loader the control plane uses,
+// together with what etcd holds, and writes them in one transaction, or
+// nothing when a document is bad:
+//
+//	go run ./examples/destination apply -etcd-endpoints URLS -f examples/destination/policies -endpoints examples/destination/endpoints.yaml
+//	go run ./examples/destination get -etcd-endpoints URLS
+//	go run ./examples/destination delete -etcd-endpoints URLS -f authors.yaml
+//
+// A bad file (or key) is logged with its file (or key), document and field,
+// and the last good version stays served. On SIGTERM or SIGINT it ends every open stream, so
 // that proxies re-subscribe at once (to its replacement), and exits within
 // 5s.
 package main
@@ -44,6 +62,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && (os.Args[1] == "apply" || os.Args[1] == "delete" || os.Args[1] == "get") {
+		os.Exit(runCommand(os.Args[1], os.Args[2:], os.Stdout, os.Stderr))
+	}
 	listen := flag.String("listen", "127.0.0.1:8086", "address to serve the Destination API on")
 	profilesDir := flag.String("profiles", "", "directory of ServiceProfile YAML files")
 	endpoints := flag.String("endpoints", "", "endpoints YAML file")
@@ -56,6 +77,13 @@ func main() {
 	flag.StringVar(&id.listen, "identity-listen", "127.0.0.1:8083", "address to serve the Identity API on (TLS)")
 	flag.StringVar(&id.trustDomain, "trust-domain", "cluster.local", "identity trust domain")
 	flag.StringVar(&id.namespace, "identity-namespace", "linkerd", "the control plane's namespace, in identity names")
+	var ef etcdFlags
+	flag.Func("etcd-endpoints", "comma-separated etcd client URLs: serve the manifests and endpoints held in etcd instead of files",
+		func(v string) error { ef.endpoints = splitList(v); return nil })
+	flag.StringVar(&ef.prefix, "etcd-prefix", "/inmesh", "etcd key prefix of the manifests and endpoints")
+	flag.StringVar(&ef.caFile, "etcd-cacert", "", "PEM file of the CAs that sign etcd's server certificates (TLS to etcd)")
+	flag.StringVar(&ef.certFile, "etcd-cert", "", "PEM client certificate for etcd (with -etcd-key)")
+	flag.StringVar(&ef.keyFile, "etcd-key", "", "PEM private key of -etcd-cert")
 	var inbound manifest.InboundOptions
 	flag.Func("default-inbound-policy", "policy of pod ports no Server selects: all-unauthenticated (default), all-authenticated, cluster-unauthenticated, cluster-authenticated, deny or audit",
 		func(v string) (err error) { inbound.DefaultMode, err = authz.ParseMode(v); return err })
@@ -80,7 +108,23 @@ func main() {
 		}
 		defer idSrv.Stop()
 	}
-	if err := run(ctx, *listen, *profilesDir, *endpoints, *policies, inbound, *interval, log); err != nil {
+	store := controlplane.NewStore()
+	store.SetInboundOptions(inbound)
+	var feed func() error
+	if len(ef.endpoints) > 0 {
+		if *profilesDir != "" || *endpoints != "" || *policies != "" {
+			fmt.Fprintln(os.Stderr, "destination: -etcd-endpoints replaces -profiles, -endpoints and -policies")
+			os.Exit(2)
+		}
+		feed = func() error { return watchEtcd(ctx, store, ef, log) }
+	} else {
+		feed = func() error { return watchFiles(ctx, store, *profilesDir, *endpoints, *policies, *interval, log) }
+	}
+	if err := feed(); err != nil {
+		fmt.Fprintln(os.Stderr, "destination:", err)
+		os.Exit(1)
+	}
+	if err := run(ctx, *listen, store, log); err != nil {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}
@@ -99,17 +143,18 @@ func parsePrefixes(v string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func run(ctx context.Context, listen, profilesDir, endpoints, policies string, inbound manifest.InboundOptions, interval time.Duration, log *slog.Logger) error {
-	store := controlplane.NewStore()
-	store.SetInboundOptions(inbound)
+// watchFiles feeds store from the files, as before etcd.
+func watchFiles(ctx context.Context, store *controlplane.Store, profilesDir, endpoints, policies string, interval time.Duration, log *slog.Logger) error {
 	if err := controlplane.WatchFiles(ctx, store, profilesDir, endpoints, interval, controlplane.WithLogger(log)); err != nil {
 		return err
 	}
 	if policies != "" {
-		if err := controlplane.WatchManifestFiles(ctx, store, policies, interval, controlplane.WithLogger(log)); err != nil {
-			return err
-		}
+		return controlplane.WatchManifestFiles(ctx, store, policies, interval, controlplane.WithLogger(log))
 	}
+	return nil
+}
+
+func run(ctx context.Context, listen string, store *controlplane.Store, log *slog.Logger) error {
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err

@@ -1,0 +1,232 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/inmesh/inmesh/manifest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrConflict is returned by [Apply] and [Delete] when the keys kept
+// changing under them for every attempt.
+var ErrConflict = errors.New("etcdstore: the keys changed during every attempt; nothing written")
+
+// applyAttempts bounds the attempts of a write whose keys changed between
+// its read and its transaction.
+const applyAttempts = 5
+
+// Change is what [Apply] writes and [Delete] removes: manifest files,
+// each resource of which has its own key (PREFIX/manifests/KIND/NAMESPACE/NAME,
+// or PREFIX/manifests/ServiceProfile/NAME), as kubectl apply keeps one
+// object per resource, and endpoints files, kept whole under their base
+// name (PREFIX/endpoints/endpoints.yaml). Each file is named by the path
+// given, which errors name.
+type Change struct {
+	Manifests []manifest.File
+	Endpoints []manifest.File
+}
+
+// Key is one key under the prefix, as [List] returns it.
+type Key struct {
+	Key string
+	// Name is the key under the prefix, such as
+	// "manifests/HTTPRoute/default/authors" or "endpoints/endpoints.yaml":
+	// what [Delete] takes.
+	Name        string
+	ModRevision int64
+	Size        int
+}
+
+// ResourceName returns the name under the prefix of a resource's key.
+func ResourceName(d manifest.Document) string {
+	if d.Namespace == "" {
+		return ManifestsDir + "/" + d.Kind + "/" + d.Name
+	}
+	return ManifestsDir + "/" + d.Kind + "/" + d.Namespace + "/" + d.Name
+}
+
+// split validates change alone (errors name the file, the document and the
+// field) and returns its keys' names under the prefix, their values and
+// the file each comes from.
+func split(change Change) (names []string, values map[string][]byte, from map[string]string, err error) {
+	if _, err := manifest.LoadFiles(change.Manifests...); err != nil {
+		return nil, nil, nil, err
+	}
+	values, from = make(map[string][]byte), make(map[string]string)
+	for _, f := range change.Manifests {
+		docs, err := manifest.SplitResources(f.Data)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", f.Name, err)
+		}
+		for _, d := range docs {
+			n := ResourceName(d)
+			names = append(names, n)
+			values[n], from[n] = d.Data, f.Name
+		}
+	}
+	for _, f := range change.Endpoints {
+		if _, err := manifest.ParseEndpoints(f.Data); err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", f.Name, err)
+		}
+		base := filepath.Base(f.Name)
+		if base == "." || base == "/" {
+			return nil, nil, nil, fmt.Errorf("%q: no file name", f.Name)
+		}
+		n := EndpointsDir + "/" + base
+		if prev, dup := from[n]; dup {
+			return nil, nil, nil, fmt.Errorf("%s and %s would both be %s", prev, f.Name, n)
+		}
+		names = append(names, n)
+		values[n], from[n] = f.Data, f.Name
+	}
+	return names, values, from, nil
+}
+
+// Names returns the names under the prefix of the keys that change would
+// write: what [Delete] takes to remove them again.
+func Names(change Change) ([]string, error) {
+	names, _, _, err := split(change)
+	return names, err
+}
+
+// Apply validates change with the loader that replicas use
+// ([manifest.LoadFiles] and [manifest.ParseEndpoints]), alone and then
+// together with the keys already under prefix, and writes it in one etcd
+// transaction, only if no key under prefix changed since it was read. A
+// bad document is refused with the file, the document and the field named,
+// and then nothing is written. A resource applied again replaces its key.
+// It returns the revision written.
+func Apply(ctx context.Context, cli *clientv3.Client, prefix string, change Change) (int64, error) {
+	prefix = cleanPrefix(prefix)
+	names, values, from, err := split(change)
+	if err != nil {
+		return 0, err
+	}
+	keyed := make(map[string]string, len(from))
+	var ops []clientv3.Op
+	for _, n := range names {
+		k := prefix + "/" + n
+		keyed[k] = from[n] + " (" + k + ")"
+		ops = append(ops, clientv3.OpPut(k, string(values[n])))
+	}
+	return write(ctx, cli, prefix, func(w *watcher) error {
+		for _, n := range names {
+			w.put(prefix+"/"+n, values[n])
+		}
+		return nil
+	}, keyed, ops)
+}
+
+// Delete removes the keys of names (under the prefix, as [List] and
+// [Names] give them) in one transaction, once what is left validates; an
+// unknown name is an error and then nothing is deleted.
+func Delete(ctx context.Context, cli *clientv3.Client, prefix string, names []string) (int64, error) {
+	prefix = cleanPrefix(prefix)
+	var keys []string
+	var ops []clientv3.Op
+	for _, n := range names {
+		k := prefix + "/" + strings.TrimPrefix(n, "/")
+		keys = append(keys, k)
+		ops = append(ops, clientv3.OpDelete(k))
+	}
+	return write(ctx, cli, prefix, func(w *watcher) error {
+		var missing []string
+		for _, k := range keys {
+			_, m := w.manifests[k]
+			_, e := w.endpoints[k]
+			if !m && !e {
+				missing = append(missing, k)
+			}
+			w.delete(k)
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("no such key: %s", strings.Join(missing, ", "))
+		}
+		return nil
+	}, nil, ops)
+}
+
+// write reads every key under prefix, applies edit to that state,
+// validates the result (naming a key by names[key] when given), and
+// commits ops if no key under prefix changed since the read, trying again
+// when one did.
+func write(ctx context.Context, cli *clientv3.Client, prefix string, edit func(*watcher) error, names map[string]string, ops []clientv3.Op) (int64, error) {
+	for range applyAttempts {
+		resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix())
+		if err != nil {
+			return 0, fmt.Errorf("etcd: reading %s/: %w", prefix, err)
+		}
+		w := &watcher{prefix: prefix + "/", manifests: make(map[string][]byte), endpoints: make(map[string][]byte)}
+		for _, kv := range resp.Kvs {
+			w.put(string(kv.Key), kv.Value)
+		}
+		if err := edit(w); err != nil {
+			return 0, err
+		}
+		if err := w.validate(names); err != nil {
+			return 0, err
+		}
+		rev := resp.Header.Revision
+		txn, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(prefix+"/").WithPrefix(), "<", rev+1)).
+			Then(ops...).
+			Commit()
+		if err != nil {
+			return 0, fmt.Errorf("etcd: writing under %s/: %w", prefix, err)
+		}
+		if txn.Succeeded {
+			return txn.Header.Revision, nil
+		}
+	}
+	return 0, ErrConflict
+}
+
+// validate loads the state as a replica would, naming each key by
+// names[key] when given (the user's file).
+func (w *watcher) validate(names map[string]string) error {
+	var files []manifest.File
+	for _, k := range slices.Sorted(maps.Keys(w.manifests)) {
+		name := k
+		if n, ok := names[k]; ok {
+			name = n
+		}
+		files = append(files, manifest.File{Name: name, Data: w.manifests[k]})
+	}
+	if _, err := manifest.LoadFiles(files...); err != nil {
+		return err
+	}
+	renamed := make(map[string][]byte, len(w.endpoints))
+	for k, v := range w.endpoints {
+		if n, ok := names[k]; ok {
+			k = n
+		}
+		renamed[k] = v
+	}
+	_, err := (&watcher{endpoints: renamed}).parseEndpoints()
+	return err
+}
+
+// List returns the keys under prefix that replicas read, sorted.
+func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]Key, error) {
+	prefix = cleanPrefix(prefix)
+	resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("etcd: reading %s/: %w", prefix, err)
+	}
+	w := &watcher{prefix: prefix + "/"}
+	var out []Key
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if w.kind(k) == "" {
+			continue
+		}
+		out = append(out, Key{Key: k, Name: strings.TrimPrefix(k, prefix+"/"), ModRevision: kv.ModRevision, Size: len(kv.Value)})
+	}
+	return out, nil
+}

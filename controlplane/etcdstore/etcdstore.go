@@ -1,0 +1,348 @@
+// Package etcdstore feeds a [controlplane.Store] from etcd, so that any
+// number of control-plane replicas over one etcd cluster serve the same
+// answers: the Destination, OutboundPolicies and InboundServerPolicies APIs
+// from the same manifests and endpoints as from files, with the same
+// validation and the same last-good-state rule.
+//
+// The keys live under one prefix (for example "/inmesh"):
+//
+//	PREFIX/manifests/NAME   the bytes of manifest YAML documents, as in a file (ServiceProfiles,
+//	                        Services, HTTPRoutes, GRPCRoutes, Pods, Servers, ...)
+//	PREFIX/endpoints/NAME   the bytes of one endpoints file (manifest.ParseEndpoints)
+//
+// NAME may hold slashes: [Apply] keeps each resource under its own key,
+// PREFIX/manifests/KIND/NAMESPACE/NAME, as kubectl apply keeps one object
+// per resource; a key written by hand may hold a whole file.
+//
+// A key takes the place of a file name: an error names the key, the
+// document and the field, as in "/inmesh/manifests/authors: document 2
+// (HTTPRoute default/authors): spec.rules[0]...". As with a directory of
+// files, the manifests are loaded together: one bad key refuses the whole
+// change, logged with its key, and the store keeps serving the last good
+// state until every key is good again. The endpoints keys are loaded
+// together the same way; an authority given by two keys is an error naming
+// both. Other keys under the prefix are ignored, for the kinds of keys
+// that later versions add.
+//
+// [Watch] reads every key at one revision, then follows etcd's watch from
+// the next revision: a replica whose connection breaks resumes from the last
+// revision it saw, missing and replaying nothing; when that revision was
+// compacted meanwhile it reads every key again at a new revision.
+package etcdstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/manifest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The folders under the prefix.
+const (
+	ManifestsDir = "manifests"
+	EndpointsDir = "endpoints"
+)
+
+// ManifestKey returns the key of the manifest file name under prefix.
+func ManifestKey(prefix, name string) string {
+	return cleanPrefix(prefix) + "/" + ManifestsDir + "/" + name
+}
+
+// EndpointsKey returns the key of the endpoints file name under prefix.
+func EndpointsKey(prefix, name string) string {
+	return cleanPrefix(prefix) + "/" + EndpointsDir + "/" + name
+}
+
+func cleanPrefix(prefix string) string { return strings.TrimRight(prefix, "/") }
+
+// Option configures [Watch].
+type Option func(*config)
+
+type config struct {
+	logger      *slog.Logger
+	logInterval time.Duration
+	retry       backoff.Policy
+	start       time.Duration
+}
+
+// WithLogger sets the logger (default slog.Default()) of rejected keys,
+// reloads and broken watches. Nil changes nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}
+
+// WithLogInterval sets how often each kind of line is written at most, with
+// the number of lines suppressed meanwhile attached to the next (default
+// 10s). d <= 0 changes nothing.
+func WithLogInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.logInterval = d
+		}
+	}
+}
+
+// WithRetry sets the backoff between attempts to watch again after the
+// watch failed (default [backoff.DefaultPolicy]). A policy that does not
+// validate changes nothing.
+func WithRetry(p backoff.Policy) Option {
+	return func(c *config) {
+		if p.Validate() == nil {
+			c.retry = p
+		}
+	}
+}
+
+// WithStartTimeout bounds the first read of the keys by [Watch], which
+// otherwise waits for etcd as long as its context lasts. d <= 0 changes
+// nothing.
+func WithStartTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.start = d
+		}
+	}
+}
+
+// Watch loads the manifests and endpoints under prefix into store, then
+// follows etcd's watch and loads what changed, until ctx is done. It
+// returns the error of the first load (etcd unreachable within ctx or
+// [WithStartTimeout], or a bad key), without watching. After that, a bad
+// key is logged with its key, document and field, and the store keeps
+// serving the last good state; a broken watch is retried with backoff from
+// the last revision seen.
+//
+// The client is the caller's, and stays open: close it after ctx is done.
+func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client, prefix string, opts ...Option) error {
+	cfg := config{logger: slog.Default(), retry: backoff.DefaultPolicy()}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	w := &watcher{store: store, cli: cli, prefix: cleanPrefix(prefix) + "/",
+		log: ratelog.New(cfg.logger, cfg.logInterval), retry: cfg.retry}
+	start, cancel := ctx, context.CancelFunc(func() {})
+	if cfg.start > 0 {
+		start, cancel = context.WithTimeout(ctx, cfg.start)
+	}
+	bad, err := w.reload(start)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if bad != nil {
+		return bad
+	}
+	go w.run(ctx)
+	return nil
+}
+
+type watcher struct {
+	store  *controlplane.Store
+	cli    *clientv3.Client
+	prefix string // ends with "/"
+	log    *ratelog.Logger
+	retry  backoff.Policy
+
+	rev       int64             // the revision the state below is at
+	manifests map[string][]byte // by key
+	endpoints map[string][]byte // by key
+	// What was loaded into the store last (good or not), so that a change
+	// outside the keys read (or a reload that finds the same keys) does not
+	// wake every stream.
+	loadedManifests, loadedEndpoints map[string][]byte
+}
+
+// reload reads every key at the current revision and loads them. It
+// returns the error of a bad key (the state read is kept, to be followed
+// from its revision), or of a read that failed (nothing changed).
+func (w *watcher) reload(ctx context.Context) (bad, err error) {
+	resp, err := w.cli.Get(ctx, w.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("etcd: reading %s: %w", w.prefix, err)
+	}
+	w.manifests, w.endpoints = make(map[string][]byte), make(map[string][]byte)
+	for _, kv := range resp.Kvs {
+		w.put(string(kv.Key), kv.Value)
+	}
+	w.rev = resp.Header.Revision
+	return w.load(), nil
+}
+
+func (w *watcher) put(key string, value []byte) {
+	switch w.kind(key) {
+	case ManifestsDir:
+		w.manifests[key] = value
+	case EndpointsDir:
+		w.endpoints[key] = value
+	}
+}
+
+func (w *watcher) delete(key string) {
+	delete(w.manifests, key)
+	delete(w.endpoints, key)
+}
+
+// kind returns the folder of a key, or "" for a key not read here.
+func (w *watcher) kind(key string) string {
+	rest, ok := strings.CutPrefix(key, w.prefix)
+	if !ok {
+		return ""
+	}
+	dir, name, ok := strings.Cut(rest, "/")
+	if !ok || name == "" {
+		return ""
+	}
+	if dir == ManifestsDir || dir == EndpointsDir {
+		return dir
+	}
+	return ""
+}
+
+// load loads the manifests and endpoints that differ from the last load.
+// Either set is refused whole when any of its keys is bad, the store
+// keeping what it served.
+func (w *watcher) load() error {
+	var errs []error
+	if !maps.EqualFunc(w.manifests, w.loadedManifests, bytes.Equal) {
+		w.loadedManifests = maps.Clone(w.manifests)
+		var files []manifest.File
+		for _, k := range slices.Sorted(maps.Keys(w.manifests)) {
+			files = append(files, manifest.File{Name: k, Data: w.manifests[k]})
+		}
+		r, err := manifest.LoadFiles(files...)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			w.store.SetServiceProfiles(r.ServiceProfiles)
+			w.store.SetManifests(r)
+			for _, err := range w.store.ProfileNameProblems() {
+				w.log.WarnErr("profile name", "a loaded ServiceProfile will never apply", err, "prefix", w.prefix)
+			}
+		}
+	}
+	if !maps.EqualFunc(w.endpoints, w.loadedEndpoints, bytes.Equal) {
+		w.loadedEndpoints = maps.Clone(w.endpoints)
+		sets, err := w.parseEndpoints()
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			w.store.SetEndpoints(sets)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parseEndpoints merges the endpoints keys; an authority given by two keys
+// is an error naming both.
+func (w *watcher) parseEndpoints() (map[string][]endpoint.Endpoint, error) {
+	out := make(map[string][]endpoint.Endpoint)
+	from := make(map[string]string)
+	for _, k := range slices.Sorted(maps.Keys(w.endpoints)) {
+		sets, err := manifest.ParseEndpoints(w.endpoints[k])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", k, err)
+		}
+		for _, a := range slices.Sorted(maps.Keys(sets)) {
+			if prev, dup := from[a]; dup {
+				return nil, fmt.Errorf("%s: authority %s is also given in %s", k, a, prev)
+			}
+			from[a] = k
+			out[a] = sets[a]
+		}
+	}
+	return out, nil
+}
+
+// run follows the watch from w.rev+1 until ctx is done, resuming after
+// every failure from the last revision seen.
+func (w *watcher) run(ctx context.Context) {
+	seq := backoff.NewSequence(w.retry)
+	for ctx.Err() == nil {
+		compacted, progressed, err := w.follow(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if progressed {
+			seq.Reset()
+		}
+		if !compacted {
+			w.log.WarnErr("etcd watch", "etcd: the watch broke; resuming from the last revision seen", err, "prefix", w.prefix, "revision", w.rev+1)
+			if backoff.Wait(ctx, seq.Next()) != nil {
+				return
+			}
+			continue
+		}
+		w.log.Slog().Warn("etcd: the revision to resume from was compacted; reading every key again", "prefix", w.prefix, "revision", w.rev+1)
+		for {
+			bad, err := w.reload(ctx)
+			if err == nil {
+				if bad != nil {
+					w.log.WarnErr("rejected key", "etcd: rejected a control-plane key; serving the last good state", bad, "prefix", w.prefix, "revision", w.rev)
+				}
+				w.log.Slog().Info("etcd: read every key again", "prefix", w.prefix, "revision", w.rev)
+				break
+			}
+			w.log.WarnErr("etcd reload", "etcd: cannot read the keys after a compaction; serving the last good state", err, "prefix", w.prefix)
+			if backoff.Wait(ctx, seq.Next()) != nil {
+				return
+			}
+		}
+	}
+}
+
+// follow watches from w.rev+1 and loads every change until the watch ends.
+// It reports whether the revision was compacted and whether any response
+// arrived.
+func (w *watcher) follow(ctx context.Context) (compacted, progressed bool, err error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	ch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.rev+1), clientv3.WithProgressNotify())
+	for resp := range ch {
+		if resp.CompactRevision != 0 {
+			return true, progressed, nil
+		}
+		if err := resp.Err(); err != nil {
+			return false, progressed, err
+		}
+		progressed = true
+		if resp.IsProgressNotify() {
+			// Every event up to this revision was sent.
+			w.rev = max(w.rev, resp.Header.Revision)
+			continue
+		}
+		for _, ev := range resp.Events {
+			key := string(ev.Kv.Key)
+			switch ev.Type {
+			case clientv3.EventTypePut:
+				w.put(key, ev.Kv.Value)
+			case clientv3.EventTypeDelete:
+				w.delete(key)
+			}
+			w.rev = max(w.rev, ev.Kv.ModRevision)
+		}
+		if err := w.load(); err != nil {
+			w.log.WarnErr("rejected key", "etcd: rejected a control-plane key; serving the last good state", err, "prefix", w.prefix, "revision", w.rev)
+		} else {
+			w.log.Info("loaded", "etcd: loaded the control-plane keys", "prefix", w.prefix, "revision", w.rev)
+		}
+	}
+	return false, progressed, errors.New("etcd: the watch ended")
+}

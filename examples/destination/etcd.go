@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/controlplane/etcdstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// etcdFlags are the flags of the etcd store.
+type etcdFlags struct {
+	endpoints                 []string
+	prefix                    string
+	caFile, certFile, keyFile string
+}
+
+// etcdStartTimeout bounds the first read of the keys at start.
+const etcdStartTimeout = 30 * time.Second
+
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// etcdClient connects to the etcd cluster of the flags.
+func (f etcdFlags) client() (*clientv3.Client, error) {
+	cfg := clientv3.Config{Endpoints: f.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if f.caFile != "" || f.certFile != "" || f.keyFile != "" {
+		tc, err := f.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = tc
+	}
+	return clientv3.New(cfg)
+}
+
+func (f etcdFlags) tlsConfig() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.caFile != "" {
+		pem, err := os.ReadFile(f.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("-etcd-cacert: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-etcd-cacert: %s holds no PEM certificate", f.caFile)
+		}
+	}
+	if (f.certFile == "") != (f.keyFile == "") {
+		return nil, fmt.Errorf("-etcd-cert and -etcd-key go together")
+	}
+	if f.certFile != "" {
+		c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("-etcd-cert, -etcd-key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return tc, nil
+}
+
+// watchEtcd feeds store from etcd until ctx is done.
+func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log *slog.Logger) error {
+	cli, err := f.client()
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		cli.Close()
+	}()
+	if err := etcdstore.Watch(ctx, store, cli, f.prefix, etcdstore.WithLogger(log), etcdstore.WithStartTimeout(etcdStartTimeout)); err != nil {
+		return err
+	}
+	log.Info("serving from etcd", "endpoints", strings.Join(f.endpoints, ","), "prefix", f.prefix)
+	return nil
+}

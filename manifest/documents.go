@@ -1,0 +1,42 @@
+package manifest
+
+import (
+	"fmt"
+
+	"github.com/inmesh/inmesh/internal/yamltree"
+)
+
+// Document is one resource of a manifest file: its kind, namespace ("" for
+// a ServiceProfile, known by its fully qualified name) and name, and the
+// bytes of its YAML document alone.
+type Document struct {
+	Kind, Namespace, Name string
+	Data                  []byte
+}
+
+// SplitResources validates a manifest file as [Parse] does (errors name the
+// document and the field) and returns its resources one document each, in
+// the file's order, for a store that keeps each resource under its own key.
+// Blank documents are skipped.
+func SplitResources(data []byte) ([]Document, error) {
+	if _, err := Parse(data); err != nil {
+		return nil, err
+	}
+	var out []Document
+	for i, doc := range yamltree.SplitDocuments(data) {
+		if yamltree.Blank(doc) {
+			continue
+		}
+		r, err := Parse(doc)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		objs := r.objects()
+		if len(objs) != 1 {
+			continue // a null document
+		}
+		o := objs[0]
+		out = append(out, Document{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, Data: doc})
+	}
+	return out, nil
+}
