@@ -216,6 +216,10 @@ func (i *Issuer) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*
 		return nil, status.Error(codes.InvalidArgument, "missing token")
 	case len(der) == 0:
 		return nil, status.Error(codes.InvalidArgument, "missing certificate signing request")
+	case len(id) > maxIdentityLen:
+		// Before any line names it: an unauthenticated caller's identity
+		// would otherwise be kept as a log key and printed whole.
+		return nil, status.Errorf(codes.InvalidArgument, "identity longer than %d bytes, the longest DNS name", maxIdentityLen)
 	}
 	csr, err := x509.ParseCertificateRequest(der)
 	if err != nil {
@@ -265,6 +269,10 @@ func (i *Issuer) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*
 		ValidUntil:               timestamppb.New(notAfter),
 	}, nil
 }
+
+// maxIdentityLen is the longest identity Certify reads: an identity is a
+// DNS name (the certificate's one DNS SAN), at most 253 bytes.
+const maxIdentityLen = 253
 
 // ensureStillValid verifies the issuer's chain to the anchors at the
 // time of the request, as Linkerd's controller does before each

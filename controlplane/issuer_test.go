@@ -354,3 +354,21 @@ func TestCertifyRefusesWhileTheIssuerIsExpired(t *testing.T) {
 	assert.Equal(t, "3", mt.Value(t, "identity_issuer_invalid_total"))
 	assert.Equal(t, "-60", mt.Value(t, "issuer_cert_ttl_seconds"))
 }
+
+// A caller with no token worth anything cannot make the issuer keep or
+// print an identity of its choosing at any length: an identity longer
+// than a DNS name is refused before a line names it.
+func TestCertifyRefusesAnIdentityLongerThanADNSName(t *testing.T) {
+	var logs syncBuffer
+	issuer, _, _ := newTestIssuer(t, WithIssuerLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	long := strings.Repeat("a", 1<<20) + ".default.serviceaccount.identity.linkerd.cluster.local"
+	for _, csr := range [][]byte{
+		swapKey(t, csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil)),
+		csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil),
+	} {
+		_, err := issuer.Certify(context.Background(), &identitypb.CertifyRequest{Identity: long, Token: []byte("who?"), CertificateSigningRequest: csr})
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+		assert.Less(t, len(status.Convert(err).Message()), 1024)
+	}
+	assert.Less(t, len(logs.String()), 4096, "the log holds the caller's identity")
+}
