@@ -3,6 +3,7 @@ package destination_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
@@ -53,4 +54,29 @@ func TestNotFoundIsNoSuchTarget(t *testing.T) {
 	eps.waitFor(t, "the endpoints once the Service exists", func(u endpoint.Update) bool { return len(addrs(u)) == 1 })
 	prof.waitFor(t, "the default profile once the Service exists", func(u profiles.Update) bool { return u.Profile != nil })
 	pol.waitFor(t, "the default policy once the Service exists", func(u policy.Update) bool { return u.Policy != nil })
+}
+
+// A Service answered "not found" that then comes to exist without
+// endpoints is a Service with no endpoints: the control plane accepts the
+// new stream and stays silent, as Linkerd's controller does, and past the
+// first-message deadline the watch says "exists, no endpoints" (a
+// balancer fails its requests at once) rather than keeping "no such
+// service" (which a balancer with a fallback sends past the mesh).
+func TestNotFoundThenSilentIsExistsWithoutEndpoints(t *testing.T) {
+	store := controlplane.NewStore()
+	cp := servePolicies(t, holdListener(t), store)
+	c := newTestClient(t, cp.addr, destination.WithFirstMessageTimeout(200*time.Millisecond))
+	const authority = "late.default.svc.cluster.local:7000"
+
+	eps := newRecorder[endpoint.Update]()
+	stop, err := c.WatchEndpoints(context.Background(), authority, eps.update)
+	require.NoError(t, err)
+	defer stop()
+	u := eps.waitFor(t, "no such service", func(u endpoint.Update) bool { return u.Set != nil })
+	require.False(t, u.Set.Exists)
+
+	store.PutEndpoints(authority, nil)
+	eps.waitFor(t, "a Service that exists with no endpoints", func(u endpoint.Update) bool {
+		return u.Set != nil && u.Set.Exists && len(u.Set.Endpoints) == 0
+	})
 }

@@ -91,6 +91,10 @@ type watch[M, U any] struct {
 	mu      sync.Mutex
 	last    U
 	hasLast bool
+	// lastNotFound: last is the kind's notFound update, the control
+	// plane's word that the target does not exist, not a state a stream
+	// delivered.
+	lastNotFound bool
 	subs    map[*mailbox.Mailbox[U]]struct{}
 	idleGen uint64 // bumped on every subscribe, so a stale idle timer does nothing
 	evicted bool
@@ -231,7 +235,7 @@ func (w *watch[M, U]) publish(u U) {
 }
 
 func (w *watch[M, U]) publishLocked(u U) {
-	w.last, w.hasLast = u, true
+	w.last, w.hasLast, w.lastNotFound = u, true, false
 	for s := range w.subs {
 		s.Offer(u)
 	}
@@ -301,7 +305,10 @@ func (w *watch[M, U]) run(ctx context.Context) {
 		progress := errors.Is(err, backoff.ErrResetBackoff)
 		notFound := isNotFound(err)
 		if notFound && !announced && w.kind.notFound != nil {
-			w.publish(w.kind.notFound())
+			w.mu.Lock()
+			w.publishLocked(w.kind.notFound())
+			w.lastNotFound = true
+			w.mu.Unlock()
 		}
 		announced = notFound
 		switch {
@@ -382,12 +389,15 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 			return
 		}
 		w.mu.Lock()
-		known := w.hasLast
+		known := w.hasLast && !w.lastNotFound
 		w.mu.Unlock()
 		if known {
 			// This stream replaces one that delivered: its silence says
 			// nothing new (a wedged or restarting control plane), so what
 			// was delivered stays in force until a message replaces it.
+			// After "not found", though, a stream the control plane
+			// accepts says the target exists now: its silence is "no
+			// endpoints yet", as for a new authority.
 			w.c.log.Info("silent again "+w.kind.name,
 				"destination stream silent past the first-message deadline; the last state stays in force",
 				"rpc", w.kind.name, targetAttr(w.authority))
