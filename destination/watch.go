@@ -95,9 +95,9 @@ type watch[M, U any] struct {
 	// plane's word that the target does not exist, not a state a stream
 	// delivered.
 	lastNotFound bool
-	subs    map[*mailbox.Mailbox[U]]struct{}
-	idleGen uint64 // bumped on every subscribe, so a stale idle timer does nothing
-	evicted bool
+	subs         map[*mailbox.Mailbox[U]]struct{}
+	idleGen      uint64 // bumped on every subscribe, so a stale idle timer does nothing
+	evicted      bool
 }
 
 // watches is a bounded set of watches of one kind, keyed by authority.
