@@ -49,8 +49,14 @@ func MeshTLSConfig(local *identity.Local) *tls.Config {
 		if hello.ServerName == name {
 			return nil, nil
 		}
-		refused.Warn("sni:"+hello.ServerName, "identity: refused a meshed TLS connection for another identity",
-			"requested", hello.ServerName, "local", name, "client", remoteAddr(hello))
+		requested := hello.ServerName
+		if len(requested) > maxLoggedName {
+			// The client's to choose, up to 64 KiB: keep and print a
+			// bounded part.
+			requested = requested[:maxLoggedName] + "..."
+		}
+		refused.Warn("sni:"+requested, "identity: refused a meshed TLS connection for another identity",
+			"requested", requested, "local", name, "client", remoteAddr(hello))
 		other := cfg.Clone()
 		other.GetConfigForClient = nil
 		other.VerifyConnection = func(tls.ConnectionState) error {
@@ -211,6 +217,10 @@ func withPeer(r *http.Request) *http.Request {
 	}
 	return r
 }
+
+// maxLoggedName bounds the bytes of a client's requested server name that
+// a refusal keeps and logs: a DNS name is at most 253 bytes.
+const maxLoggedName = 253
 
 // remoteAddr returns the address of the client of hello, empty when
 // unknown.

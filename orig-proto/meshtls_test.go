@@ -236,3 +236,28 @@ func TestMeshTLSRefusalNamesBothIdentities(t *testing.T) {
 	}
 	assert.Error(t, err, "served a client asking for another identity")
 }
+
+// A ClientHello's server name is the client's to choose, up to 64 KiB: the
+// refusal's line (and the key it is rate-limited by) keeps a bounded part
+// of it, so that clients sending distinct long names cannot make the
+// server keep or print megabytes. Not parallel: the refusal goes to
+// slog.Default().
+func TestMeshTLSRefusalBoundsTheRequestedName(t *testing.T) {
+	var logs testutil.LogLines
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(logs.Logger())
+	server, _, _ := certifiedPair(t)
+	addr := meshTLSServer(t, server)
+
+	long := strings.Repeat("a", 60000)
+	c, err := tls.Dial("tcp", addr, &tls.Config{ServerName: long, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+	if err == nil {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	require.Eventually(t, func() bool {
+		return logs.Count("refused a meshed TLS connection for another identity") == 1
+	}, 10*time.Second, 5*time.Millisecond, "no refusal logged")
+	assert.Less(t, len(logs.String()), 2048, "the line holds the whole requested name")
+}
