@@ -185,6 +185,16 @@ func (h *Handler) port(num uint16) *port {
 	if len(old) >= h.cfg.maxPorts || h.closed {
 		return p // served with the default, not remembered
 	}
+	if h.cfg.source != nil && h.cfg.wait > 0 {
+		// The port's requests wait for the first answer, up to the bound
+		// from now. The wait is set before the port is published, so that
+		// no request on another goroutine can find the port without it
+		// (and be decided by the default), and the timer exists before
+		// the Source may answer from Watch itself.
+		p.answered = make(chan struct{})
+		p.pending.Store(true)
+		p.timer = time.AfterFunc(h.cfg.wait, p.expire)
+	}
 	m := make(map[uint16]*port, len(old)+1)
 	for k, v := range old {
 		m[k] = v
@@ -192,14 +202,6 @@ func (h *Handler) port(num uint16) *port {
 	m[num] = p
 	h.ports.Store(&m)
 	if h.cfg.source != nil {
-		if h.cfg.wait > 0 {
-			// The port's requests wait for the first answer, up to the
-			// bound from now; the timer exists before the Source may
-			// answer from Watch itself.
-			p.answered = make(chan struct{})
-			p.pending.Store(true)
-			p.timer = time.AfterFunc(h.cfg.wait, p.expire)
-		}
 		p.stop = h.cfg.source.Watch(num, p.update)
 	}
 	return p
