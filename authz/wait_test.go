@@ -124,6 +124,15 @@ func TestPolicyWait(t *testing.T) {
 		d := h.Decide(httptest.NewRequest("GET", "/", nil), waitConn)
 		assert.Equal(t, http.StatusServiceUnavailable, d.Status)
 		assert.Equal(t, "inbound policy not yet known", d.Cause)
+		// Served: 503 over HTTP, UNAVAILABLE to a gRPC client.
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+		w = httptest.NewRecorder()
+		r := httptest.NewRequest("POST", "/test.Service/Call", nil)
+		r.Header.Set("Content-Type", "application/grpc")
+		h.ServeHTTP(w, r)
+		assert.Equal(t, "14", w.Header().Get("Grpc-Status"), "UNAVAILABLE")
 	})
 	t.Run("Close: a port past the wait without an answer", func(t *testing.T) {
 		src := newHandSource()
