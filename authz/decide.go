@@ -90,7 +90,8 @@ func (d *Decision) Refuse(status int, cause string) {
 // Decide authorizes r, which came on c, under its port's current policy,
 // and counts it in the authz metric families. While the port's first
 // answer is pending, it waits for it ([WithPolicyWait]); a request whose
-// context ends first is 503. Then an ambiguous path is 400;
+// context ends first is 503, as is one to a port the Source never answered
+// for once the Handler is closed ([Handler.Close]). Then an ambiguous path is 400;
 // no route 404; no authorization of the route, of the Server or of
 // localhost admitting the client 403; otherwise Status is 0 and the
 // route's filters are the caller's to apply before [Handler.Admit]. It

@@ -2,6 +2,7 @@ package authz
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -36,7 +37,8 @@ const defaultMaxPorts = 1024
 // a port whose first answer is pending waits for it, up to a bound
 // ([WithPolicyWait]), and only past the bound, or for a port the Source
 // has no Server for, does the default ([WithDefault]) decide. It is safe
-// for concurrent use; [Handler.Close] stops its watches.
+// for concurrent use; [Handler.Close] stops its watches, and fails closed
+// for the ports whose policy it never learned.
 type Handler struct {
 	next   http.Handler
 	cfg    config
@@ -59,14 +61,26 @@ type port struct {
 	inflight atomic.Int64
 	stop     func()
 
-	// pending is true while requests wait for the first answer; answered
-	// is closed when the wait ends (the first answer, the bound, Close).
+	// pending is true while requests go through wait: while they wait
+	// for the first answer, and for good once the port is refused.
+	// answered is closed when the wait ends (the first answer, the
+	// bound, Close). refused is set (before pending) when the Handler
+	// closed before the Source answered for the port: its requests are
+	// refused from then on.
 	pending  atomic.Bool
+	refused  atomic.Bool
 	answered chan struct{}
 	timer    *time.Timer
 	mu       sync.Mutex // orders the first answer, the bound and Close
 	late     bool       // the bound passed before the first answer
+	got      bool       // the Source answered (a Server or none)
 }
+
+// ErrClosed is what [Handler.WaitPolicy] returns for a port whose policy
+// the Source never answered before [Handler.Close]: its requests are
+// refused (503, as those whose context ends while they wait), not decided
+// by the default.
+var ErrClosed = errors.New("authz: handler closed before the port's inbound policy was known")
 
 // active is a policy in force on a port, with its series. fallback marks
 // the default put in force because the Source did not answer within the
@@ -122,8 +136,9 @@ func (h *Handler) WatchPorts(ports ...uint16) {
 // WaitPolicy waits until the policy that decides the requests arriving on
 // local (its port, or the [WithTarget] port) is known: the Source's first
 // answer, or the default once the wait's bound ([WithPolicyWait]) has
-// passed. It returns at once when it is known, and ctx's error when ctx
-// ends first. [Handler.Decide] waits the same way, under the request's
+// passed. It returns at once when it is known, ctx's error when ctx ends
+// first, and [ErrClosed] once the Handler is closed without the Source
+// having answered for the port. [Handler.Decide] waits the same way, under the request's
 // context; a server whose requests carry no context of their own (such as
 // grpc-go's) calls it first.
 func (h *Handler) WaitPolicy(ctx context.Context, local netip.AddrPort) error {
@@ -139,8 +154,14 @@ func (p *port) wait(ctx context.Context) error {
 	if !p.pending.Load() {
 		return nil
 	}
+	if p.refused.Load() {
+		return ErrClosed
+	}
 	select {
 	case <-p.answered:
+		if p.refused.Load() {
+			return ErrClosed
+		}
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -148,7 +169,11 @@ func (p *port) wait(ctx context.Context) error {
 }
 
 // Close stops the Handler's watches; requests after it keep the last
-// policies.
+// policies the Source answered. It fails closed for the others: a port
+// the Source never answered for, including one first seen after Close,
+// refuses its requests (503 "inbound policy not yet known", as a request
+// whose context ends while it waits), those waiting at Close included,
+// rather than letting them through under the default.
 func (h *Handler) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -160,7 +185,7 @@ func (h *Handler) Close() {
 		if p.stop != nil {
 			p.stop()
 		}
-		p.endWait()
+		p.close()
 	}
 }
 
@@ -182,6 +207,12 @@ func (h *Handler) port(num uint16) *port {
 	}
 	p := &port{h: h, num: num}
 	p.cur.Store(&active{pol: h.def, series: newSeriesCache(h.in, h.def, h.cfg.nextFor)})
+	if h.closed && h.cfg.source != nil {
+		// No Source will answer for it: refused, not remembered.
+		p.refused.Store(true)
+		p.pending.Store(true)
+		return p
+	}
 	if len(old) >= h.cfg.maxPorts || h.closed {
 		return p // served with the default, not remembered
 	}
@@ -230,6 +261,10 @@ func (p *port) update(s *Server) {
 func (p *port) release(a *active) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.refused.Load() {
+		return // an answer racing Close: the port stays refused
+	}
+	p.got = true
 	if a != nil {
 		p.cur.Store(a)
 	} else if cur := p.cur.Load(); cur.fallback != nil {
@@ -245,12 +280,21 @@ func (p *port) release(a *active) {
 	p.endWaitLocked()
 }
 
-// endWait ends the wait for the first answer, if it is pending, under the
-// policy in force (Close: the default).
-func (p *port) endWait() {
+// close fails the port closed unless the Source has answered for it:
+// its requests, those waiting included, are refused from now on.
+func (p *port) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.endWaitLocked()
+	if p.got || p.h.cfg.source == nil {
+		return
+	}
+	p.refused.Store(true)
+	if p.pending.Load() {
+		p.timer.Stop()
+		close(p.answered)
+		return
+	}
+	p.pending.Store(true) // its requests go through wait, which refuses
 }
 
 func (p *port) endWaitLocked() {
@@ -267,7 +311,7 @@ func (p *port) endWaitLocked() {
 func (p *port) expire() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.pending.Load() {
+	if !p.pending.Load() || p.refused.Load() {
 		return
 	}
 	cur := p.cur.Load()

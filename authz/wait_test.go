@@ -56,7 +56,8 @@ func decideAsync(ctx context.Context, h *authz.Handler) <-chan authz.Decision {
 }
 
 // TestPolicyWait: a request to a port whose first answer is pending waits
-// for it and is decided by it; an answer of no Server, Close, or the end
+// for it and is decided by it; an answer of no Server, Close (which
+// refuses the ports the Source never answered for), or the end
 // of the request's context end the wait; a negative wait and a
 // StaticSource without the port's Server never wait.
 func TestPolicyWait(t *testing.T) {
@@ -110,7 +111,50 @@ func TestPolicyWait(t *testing.T) {
 		<-src.watched
 		got := decideAsync(context.Background(), h)
 		h.Close()
-		assert.Equal(t, 0, (<-got).Status, "the default, once closed")
+		// Fails closed: the Source never said what the port allows.
+		d := <-got
+		assert.Equal(t, http.StatusServiceUnavailable, d.Status, "pending at Close")
+		assert.Equal(t, "inbound policy not yet known", d.Cause)
+		assert.Equal(t, http.StatusServiceUnavailable, h.Decide(httptest.NewRequest("GET", "/", nil), waitConn).Status, "after Close")
+		assert.ErrorIs(t, h.WaitPolicy(context.Background(), waitConn.Local), authz.ErrClosed)
+	})
+	t.Run("Close: a port first seen after it", func(t *testing.T) {
+		h := newHandler(t, newHandSource())
+		h.Close()
+		d := h.Decide(httptest.NewRequest("GET", "/", nil), waitConn)
+		assert.Equal(t, http.StatusServiceUnavailable, d.Status)
+		assert.Equal(t, "inbound policy not yet known", d.Cause)
+		// Served: 503 over HTTP, UNAVAILABLE to a gRPC client.
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+		w = httptest.NewRecorder()
+		r := httptest.NewRequest("POST", "/test.Service/Call", nil)
+		r.Header.Set("Content-Type", "application/grpc")
+		h.ServeHTTP(w, r)
+		assert.Equal(t, "14", w.Header().Get("Grpc-Status"), "UNAVAILABLE")
+	})
+	t.Run("Close: a port past the wait without an answer", func(t *testing.T) {
+		src := newHandSource()
+		h := newHandler(t, src, authz.WithPorts(8080), authz.WithPolicyWait(time.Nanosecond))
+		<-src.watched
+		require.NoError(t, h.WaitPolicy(context.Background(), waitConn.Local))
+		assert.Equal(t, 0, h.Decide(httptest.NewRequest("GET", "/", nil), waitConn).Status, "the default past the wait")
+		h.Close()
+		assert.Equal(t, http.StatusServiceUnavailable, h.Decide(httptest.NewRequest("GET", "/", nil), waitConn).Status, "refused once closed")
+	})
+	t.Run("Close: answered ports keep their last policy", func(t *testing.T) {
+		src := newHandSource()
+		h := newHandler(t, src, authz.WithPorts(8080, 9090))
+		<-src.watched
+		<-src.watched
+		src.answer(8080, deny)
+		src.answer(9090, nil)
+		h.Close()
+		assert.Equal(t, http.StatusForbidden, h.Decide(httptest.NewRequest("GET", "/", nil), waitConn).Status, "the Server answered")
+		c := waitConn
+		c.Local = netip.MustParseAddrPort("127.0.0.1:9090")
+		assert.Equal(t, 0, h.Decide(httptest.NewRequest("GET", "/", nil), c).Status, "the default the Source answered with")
 	})
 	t.Run("a negative wait", func(t *testing.T) {
 		src := newHandSource()

@@ -454,7 +454,8 @@ func (s *Server) InboundPolicy() *authz.Handler { return s.authz }
 // the ServiceProfiles of the local authorities.
 func (s *Server) Router() *router.Router { return s.router }
 
-// Close stops the watches.
+// Close stops the watches. With [WithInboundPolicy], the ports whose
+// policy never arrived refuse their requests from then on (authz.Handler.Close).
 func (s *Server) Close() {
 	s.router.Close()
 	if s.authz != nil {

@@ -252,3 +252,60 @@ spec:
 	assert.NoError(t, ctx.Err(), "the profile route's timeout ended the call, not the caller's deadline")
 	assert.Len(t, m.Lines(t, "route_response_total", `rt_route="EmptyCall"`), 1)
 }
+
+// silentDestination accepts every Destination stream and never answers.
+type silentDestination struct {
+	destinationpb.UnimplementedDestinationServer
+}
+
+func (silentDestination) Get(_ *destinationpb.GetDestination, s grpc.ServerStreamingServer[destinationpb.Update]) error {
+	<-s.Context().Done()
+	return nil
+}
+
+func (silentDestination) GetProfile(_ *destinationpb.GetDestination, s grpc.ServerStreamingServer[destinationpb.DestinationProfile]) error {
+	<-s.Context().Done()
+	return nil
+}
+
+// A channel to a target that is not inmesh:/// never waits for discovery,
+// even when it shares its options, and its host:port, with an inmesh
+// channel whose first answers are pending (the control plane never
+// answers its outbound policy, the discovery wait is 10s): its first call
+// goes to the target at once.
+func TestFirstCallNonMeshTargetNeverWaits(t *testing.T) {
+	a := startApp(t, &app{}, nil)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	destinationpb.RegisterDestinationServer(g, silentDestination{})
+	outboundpb.RegisterOutboundPoliciesServer(g, silentPolicies{})
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet), destination.WithFirstMessageTimeout(time.Hour),
+		destination.WithSearchNetworks(netip.MustParsePrefix("127.0.0.0/8")))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	opts := meshgrpc.DialOptions(dst, meshgrpc.WithDiscoveryWait(10*time.Second), meshgrpc.WithLogger(quiet))
+
+	// The inmesh channel to the app's address: its wait is pending.
+	mcc, err := grpc.NewClient("inmesh:///"+a.addr.String(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mcc.Close() })
+	pending, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = testgrpc.NewTestServiceClient(mcc).EmptyCall(pending, &testgrpc.Empty{})
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "the inmesh channel waits: %v", err)
+
+	for _, target := range []string{"passthrough:///" + a.addr.String(), a.addr.String()} {
+		// The mesh's interceptors, with grpc-go's own balancing of the
+		// target's addresses.
+		cc, err := grpc.NewClient(target, append(opts[:len(opts):len(opts)], grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"pick_first": {}}]}`))...)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cc.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = testgrpc.NewTestServiceClient(cc).EmptyCall(ctx, &testgrpc.Empty{})
+		cancel()
+		assert.NoError(t, err, "%s: the first call does not wait for the inmesh channel's discovery", target)
+	}
+}

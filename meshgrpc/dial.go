@@ -167,6 +167,9 @@ func (m *mesh) discovered(authority string) {
 	d := m.discovery[authority]
 	m.mu.Unlock()
 	if d != nil {
+		if d.timer != nil {
+			d.timer.Stop() // the answers are in: the bound is moot
+		}
 		d.end()
 	}
 }
@@ -272,11 +275,13 @@ func (m *mesh) forget(authority string, owner *meshResolver) {
 
 // lookup returns the routing state and the ServiceProfile of authority
 // under one lock, and whether its first answers are in: a call that comes
-// before them (waits is true) must wait for them ([mesh.await]).
-func (m *mesh) lookup(authority string) (st *channelState, ps *profileState, waits bool) {
+// before them (waits is true) must wait for them ([mesh.await]). Only a
+// target of the inmesh scheme whose resolver can be built (inmesh) has
+// answers to wait for: a call to any other never waits.
+func (m *mesh) lookup(authority string, inmesh bool) (st *channelState, ps *profileState, waits bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.cfg.discoveryWait > 0 {
+	if inmesh && m.cfg.discoveryWait > 0 {
 		d := m.discovery[authority]
 		waits = d == nil || !closed(d.done)
 	}

@@ -48,18 +48,24 @@ func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *ro
 }
 
 // targetAuthority is the host:port of a channel target inmesh:///host:port.
-func targetAuthority(target string) string {
+func targetAuthority(target string) (authority string, inmesh bool) {
 	// The common spelling, read without parsing (which allocates on
 	// every call): nothing to unescape, no query or fragment.
 	const prefix = Scheme + ":///"
 	if rest, ok := strings.CutPrefix(target, prefix); ok && !strings.ContainsAny(rest, "%?#") {
-		return rest
+		return rest, validAuthority(rest)
 	}
 	if u, err := url.Parse(target); err == nil && u.Scheme == Scheme {
-		return strings.TrimPrefix(u.Path, "/")
+		a := strings.TrimPrefix(u.Path, "/")
+		return a, validAuthority(a)
 	}
-	return target
+	return target, false
 }
+
+// validAuthority reports whether the resolver can be built for authority
+// (host:port): a target it refuses has no resolver, so no answers to wait
+// for.
+func validAuthority(a string) bool { return a != "" && strings.Contains(a, ":") }
 
 // call is one logical call on a policy route.
 type call struct {
@@ -250,13 +256,13 @@ func (c *call) allow(ctx context.Context, n int) bool {
 // codes is retried while the count allows (counted retries, as Linkerd's
 // GRPCRoute retry.linkerd.io/grpc and retry.linkerd.io/limit).
 func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	authority := targetAuthority(cc.Target())
-	st, ps, waits := m.lookup(authority)
+	authority, inmesh := targetAuthority(cc.Target())
+	st, ps, waits := m.lookup(authority, inmesh)
 	if waits {
 		if err := m.await(ctx, cc, authority); err != nil {
 			return err
 		}
-		st, ps, _ = m.lookup(authority)
+		st, ps, _ = m.lookup(authority, inmesh)
 	}
 	if ps.applies() {
 		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
@@ -351,13 +357,13 @@ func (c *call) done(ctx context.Context, err error, retries int) {
 // (unknown: past the limit): once the messages sent pass it, the buffer
 // is dropped and the stream is no longer retried.
 func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	authority := targetAuthority(cc.Target())
-	st, _, waits := m.lookup(authority)
+	authority, inmesh := targetAuthority(cc.Target())
+	st, _, waits := m.lookup(authority, inmesh)
 	if waits {
 		if err := m.await(ctx, cc, authority); err != nil {
 			return nil, err
 		}
-		st, _, _ = m.lookup(authority)
+		st, _, _ = m.lookup(authority, inmesh)
 	}
 	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {

@@ -49,7 +49,7 @@ func (b resolverBuilder) Scheme() string { return Scheme }
 
 func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
 	authority := strings.TrimPrefix(t.Endpoint(), "/")
-	if authority == "" || !strings.Contains(authority, ":") {
+	if !validAuthority(authority) {
 		return nil, fmt.Errorf("meshgrpc: target %q: want %s:///host:port", t.URL.String(), Scheme)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -2,6 +2,7 @@ package meshgrpc
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -255,6 +256,9 @@ func (s *server) admit(ctx context.Context, method string) (context.Context, aut
 		// A call to a port whose first policy is pending waits for it
 		// under its own context (Decide would wait under none).
 		if err := s.policy.WaitPolicy(ctx, c.authz.Local); err != nil {
+			if errors.Is(err, authz.ErrClosed) {
+				return ctx, d, classify.Exchange{}, status.Error(codes.Unavailable, "inbound policy not yet known")
+			}
 			return ctx, d, classify.Exchange{}, status.FromContextError(err).Err()
 		}
 		v := getRequest(method, authority, md)

@@ -128,8 +128,12 @@ func WithStartTimeout(d time.Duration) Option {
 // serving the last good state; a broken watch is retried with backoff from
 // the last revision seen.
 //
-// The client is the caller's, and stays open: close it after ctx is done.
-func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client, prefix string, opts ...Option) error {
+// The watch goes on in a goroutine of its own; wait, once ctx is done,
+// returns when it has returned: nothing is loaded into store after that.
+// The client is the caller's, and stays open: cancel ctx, call wait, then
+// close the client. When Watch fails, there is no goroutine and wait
+// returns at once.
+func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client, prefix string, opts ...Option) (wait func(), err error) {
 	cfg := config{logger: slog.Default(), retry: backoff.DefaultPolicy()}
 	for _, o := range opts {
 		if o != nil {
@@ -145,13 +149,17 @@ func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client,
 	bad, err := w.reload(start)
 	cancel()
 	if err != nil {
-		return err
+		return func() {}, err
 	}
 	if bad != nil {
-		return bad
+		return func() {}, bad
 	}
-	go w.run(ctx)
-	return nil
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.run(ctx)
+	}()
+	return func() { <-done }, nil
 }
 
 type watcher struct {

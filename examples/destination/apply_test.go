@@ -131,7 +131,9 @@ func TestServeFromEtcd(t *testing.T) {
 	defer cancel()
 	store := controlplane.NewStore()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	require.NoError(t, watchEtcd(ctx, store, etcdFlags{endpoints: []string{m.Endpoint}, prefix: "/inmesh"}, log))
+	wait, err := watchEtcd(ctx, store, etcdFlags{endpoints: []string{m.Endpoint}, prefix: "/inmesh"}, log)
+	require.NoError(t, err)
+	defer func() { cancel(); wait() }()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := grpc.NewServer()
@@ -200,7 +202,9 @@ func TestEtcdOverTLS(t *testing.T) {
 	store := controlplane.NewStore()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ef := etcdFlags{endpoints: []string{m.Endpoint}, prefix: "/inmesh", caFile: m.CAFile, certFile: m.CertFile, keyFile: m.KeyFile}
-	require.NoError(t, watchEtcd(ctx, store, ef, log))
+	wait, err := watchEtcd(ctx, store, ef, log)
+	require.NoError(t, err)
+	defer func() { cancel(); wait() }()
 
 	// No client certificate: refused within the bound.
 	ef.certFile, ef.keyFile = "", ""

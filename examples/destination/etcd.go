@@ -74,19 +74,26 @@ func (f etcdFlags) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// watchEtcd feeds store from etcd until ctx is done.
-func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log *slog.Logger) error {
+// watchEtcd feeds store from etcd until ctx is done; wait returns, once
+// ctx is done, when the watch has returned and its client is closed.
+func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log *slog.Logger) (wait func(), err error) {
 	cli, err := f.client()
 	if err != nil {
-		return err
+		return func() {}, err
 	}
+	watched, err := etcdstore.Watch(ctx, store, cli, f.prefix, etcdstore.WithLogger(log), etcdstore.WithStartTimeout(etcdStartTimeout))
+	if err != nil {
+		cli.Close()
+		return func() {}, err
+	}
+	// The client is closed once the watch has returned, never under it.
+	closed := make(chan struct{})
 	go func() {
+		defer close(closed)
 		<-ctx.Done()
+		watched()
 		cli.Close()
 	}()
-	if err := etcdstore.Watch(ctx, store, cli, f.prefix, etcdstore.WithLogger(log), etcdstore.WithStartTimeout(etcdStartTimeout)); err != nil {
-		return err
-	}
 	log.Info("serving from etcd", "endpoints", strings.Join(f.endpoints, ","), "prefix", f.prefix)
-	return nil
+	return func() { <-closed }, nil
 }

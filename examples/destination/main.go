@@ -111,12 +111,16 @@ func main() {
 	store := controlplane.NewStore()
 	store.SetInboundOptions(inbound)
 	var feed func() error
+	wait := func() {}
 	if len(ef.endpoints) > 0 {
 		if *profilesDir != "" || *endpoints != "" || *policies != "" {
 			fmt.Fprintln(os.Stderr, "destination: -etcd-endpoints replaces -profiles, -endpoints and -policies")
 			os.Exit(2)
 		}
-		feed = func() error { return watchEtcd(ctx, store, ef, log) }
+		feed = func() (err error) {
+			wait, err = watchEtcd(ctx, store, ef, log)
+			return err
+		}
 	} else {
 		feed = func() error { return watchFiles(ctx, store, *profilesDir, *endpoints, *policies, *interval, log) }
 	}
@@ -124,7 +128,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}
-	if err := run(ctx, *listen, store, log); err != nil {
+	err := run(ctx, *listen, store, log)
+	stop()
+	wait() // the etcd watch has returned and its client is closed
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}

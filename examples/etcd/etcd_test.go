@@ -99,19 +99,24 @@ type replica struct {
 	dst  pb.DestinationClient
 	pol  outboundpb.OutboundPoliciesClient
 	in   inboundpb.InboundServerPoliciesClient
+	// stop ends the replica's etcd watch and returns once it has
+	// returned.
+	stop func()
 }
 
 func startReplica(t *testing.T, endpoint string) *replica {
 	t.Helper()
 	r := &replica{}
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	cli := newClient(t, endpoint)
 	store := controlplane.NewStore()
 	fast, err := backoff.Fixed(50 * time.Millisecond)
 	require.NoError(t, err)
-	require.NoError(t, etcdstore.Watch(ctx, store, cli, prefix,
-		etcdstore.WithLogger(r.logs.Logger()), etcdstore.WithLogInterval(time.Millisecond), etcdstore.WithRetry(fast)))
+	wait, err := etcdstore.Watch(ctx, store, cli, prefix,
+		etcdstore.WithLogger(r.logs.Logger()), etcdstore.WithLogInterval(time.Millisecond), etcdstore.WithRetry(fast))
+	require.NoError(t, err)
+	r.stop = func() { cancel(); wait() }
+	t.Cleanup(r.stop) // before the client closes (cleanups run last first)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := grpc.NewServer()
@@ -280,6 +285,28 @@ func TestReplicasServeTheSameAnswers(t *testing.T) {
 	same(t, "a fresh policy", recv(t, "a fresh policy", na.policy.Recv), recv(t, "b fresh policy", nb.policy.Recv))
 }
 
+// Once a replica's watch is cancelled and waited for, nothing more is
+// loaded into its store: a change that another replica over the same etcd
+// serves does not reach it, neither a fresh client nor an open stream.
+func TestWatchWaitEndsLoading(t *testing.T) {
+	m := etcdtest.Start(t)
+	admin := newClient(t, m.Endpoint)
+	put(t, admin, etcdstore.ManifestKey(prefix, "authors"), authorsYAML("/authors"))
+	put(t, admin, etcdstore.EndpointsKey(prefix, "authors"), endpointsYAML("127.0.0.1:4143"))
+	stopped, live := startReplica(t, m.Endpoint), startReplica(t, m.Endpoint)
+	ss, sl := stopped.open(t), live.open(t)
+	assert.Equal(t, []string{"127.0.0.1"}, addrs(recv(t, "stopped Get", ss.get.Recv)))
+	assert.Equal(t, []string{"127.0.0.1"}, addrs(recv(t, "live Get", sl.get.Recv)))
+
+	stopped.stop()
+	put(t, admin, etcdstore.EndpointsKey(prefix, "authors"), endpointsYAML("127.0.0.1:4143", "127.0.0.2:4143"))
+	assert.Equal(t, []string{"127.0.0.2"}, addrs(recv(t, "live Get after the change", sl.get.Recv)))
+	fresh := stopped.open(t)
+	assert.Equal(t, []string{"127.0.0.1"}, addrs(recv(t, "stopped fresh Get", fresh.get.Recv)), "the store kept the state before the wait")
+	noMessage(t, "stopped Get after the change", time.Second, ss.get.Recv)
+	assert.Zero(t, stopped.logs.Count("loaded the control-plane keys"), "nothing loaded after the first read:\n%s", stopped.logs.String())
+}
+
 // A bad manifest written to etcd is refused by every replica, logged with
 // its key, document and field, and both keep serving the last good state;
 // once the key is fixed, the change reaches both.
@@ -442,18 +469,21 @@ func TestWatchFirstLoad(t *testing.T) {
 	put(t, admin, etcdstore.ManifestKey(prefix, "authors"), strings.Replace(authorsYAML("/a"), "PathPrefix", "Glob", 1))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	err := etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, m.Endpoint), prefix)
+	wait, err := etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, m.Endpoint), prefix)
 	require.Error(t, err)
+	wait() // no goroutine: returns at once
 	assert.Contains(t, err.Error(), prefix+"/manifests/authors: document 2 (HTTPRoute default/authors): spec.rules[0].matches[0].path.type")
 	put(t, admin, etcdstore.ManifestKey(prefix, "authors"), authorsYAML("/a"))
-	require.NoError(t, etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, m.Endpoint), prefix))
+	wait, err = etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, m.Endpoint), prefix)
+	require.NoError(t, err)
+	defer func() { cancel(); wait() }()
 
 	// A port that is held but never answers.
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer lis.Close()
 	start := time.Now()
-	err = etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, "http://"+lis.Addr().String()), prefix, etcdstore.WithStartTimeout(time.Second))
+	_, err = etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, "http://"+lis.Addr().String()), prefix, etcdstore.WithStartTimeout(time.Second))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "etcd: reading "+prefix+"/")
 	assert.Less(t, time.Since(start), timeout)
