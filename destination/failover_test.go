@@ -12,56 +12,35 @@ import (
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 )
 
-// replica is one control-plane replica: every API of a controlplane.Server
-// on a gRPC server over a port the test holds, which stays held (and
-// refuses gRPC) once the replica is stopped.
-type replica struct {
-	addr string
-	srv  *grpc.Server
-	done chan struct{}
-}
-
-func startReplica(t *testing.T, store *controlplane.Store) *replica {
-	t.Helper()
-	h := holdListener(t)
-	lis := h.generation()
-	r := &replica{addr: h.addr(), srv: grpc.NewServer(), done: make(chan struct{})}
-	controlplane.NewServer(store, controlplane.WithLogger(quietLogger)).Register(r.srv)
-	go func() {
-		defer close(r.done)
-		_ = r.srv.Serve(lis)
-	}()
-	t.Cleanup(r.stop)
-	return r
-}
-
-// stop kills the replica: its streams are cut and no new one is accepted.
-func (r *replica) stop() {
-	r.srv.Stop()
-	<-r.done
-}
-
 // A client given two replicas ("a,b") moves to the second when the first
-// dies while a watch is open and requests flow: the watch keeps its last
-// state (no update without endpoints, no error), a change written after
-// the kill arrives through the live replica, and no request fails.
+// dies while watches are open (Get and OutboundPolicies) and requests
+// flow: each watch keeps its last state (no update without endpoints or
+// policy, no error), changes written after the kill arrive through the
+// live replica, and no request fails.
 func TestClientFailsOverToAnotherReplica(t *testing.T) {
 	_, a := backend(t, "a")
 	_, b := backend(t, "b")
 	store := controlplane.NewStore()
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{a})
-	first, second := startReplica(t, store), startReplica(t, store)
+	store.SetManifests(resources(t, authorsServiceYAML))
+	// Two replicas serving every API of one store.
+	first, second := servePolicies(t, holdListener(t), store), servePolicies(t, holdListener(t), store)
 
 	c := newTestClient(t, first.addr+","+second.addr)
 	rec := newRecorder[endpoint.Update]()
 	stop, err := c.WatchEndpoints(context.Background(), books+":7000", rec.update)
 	require.NoError(t, err)
 	defer stop()
+	policies := newRecorder[policy.Update]()
+	stopPolicy, err := c.Policies().Watch(context.Background(), authorsAuthority, policies.update)
+	require.NoError(t, err)
+	defer stopPolicy()
+	policies.waitFor(t, "the default route", routeNamedP("http"))
 	_, client := balancedClient(t, c, balancer.WithFallback(false))
 
 	// The first request on the fresh client, then traffic all along.
@@ -109,6 +88,8 @@ func TestClientFailsOverToAnotherReplica(t *testing.T) {
 	// A change written after the kill reaches the watch and the requests:
 	// only the second replica can have carried it.
 	store.PutEndpoints(books+":7000", []endpoint.Endpoint{b})
+	store.SetManifests(resources(t, authorsServiceYAML, authorsRouteYAML))
+	policies.waitFor(t, "the HTTPRoute written after the kill", routeNamedP("authors-get"))
 	require.Eventually(t, func() bool {
 		got := rec.all()
 		last := got[len(got)-1]
@@ -123,6 +104,9 @@ func TestClientFailsOverToAnotherReplica(t *testing.T) {
 		if assert.NotNil(t, u.Set, "update %d", i) {
 			assert.Len(t, u.Set.Endpoints, 1, "update %d: the last state was dropped", i)
 		}
+	}
+	for i, u := range policies.all() {
+		assert.NotNil(t, u.Policy, "policy update %d: the last policy was dropped (%v)", i, u.Err)
 	}
 	assert.Zero(t, failed.Load(), "requests failed out of %d", sent.Load())
 	t.Logf("%d requests during the failover, %d failed", sent.Load(), failed.Load())
