@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/cpaddr"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
@@ -106,7 +108,16 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 }
 
 // Dial returns a Client over a new plaintext gRPC connection to target (a
-// host:port, or any gRPC target), which Close closes. Connection attempts go
+// host:port, or any gRPC target), which Close closes.
+//
+// A target that lists several control-plane replicas, comma-separated
+// ("10.0.0.1:8086,10.0.0.2:8086"), reaches the first of them that accepts
+// a connection; when that connection is lost (the replica died) the client
+// moves to the next live one, in the order given, and every watch
+// re-opens its stream there with the last state it delivered still in
+// force (as after any reconnect; see [Client.WatchEndpoints]). A DNS name
+// with several addresses ("dns:///destination.example:8086", or the name
+// alone) fails over the same way through gRPC's DNS resolver. Connection attempts go
 // through a [backoff.Dialer] with the client's backoff policy, so that a
 // control plane that cannot be reached is retried after a delay, never in a
 // tight loop. That one policy governs reconnection: gRPC's own connection
@@ -137,7 +148,16 @@ func Dial(target string, opts ...Option) (*Client, error) {
 			MinConnectTimeout: 20 * time.Second,
 		}),
 	}, cfg.dialOptions...)
-	conn, err := grpc.NewClient(target, dialOpts...)
+	grpcTarget := target
+	if cpaddr.IsList(target) && !strings.Contains(target, "://") {
+		var resolve grpc.DialOption
+		var err error
+		if grpcTarget, resolve, err = cpaddr.Target(target); err != nil {
+			return nil, fmt.Errorf("destination: dial %s: %w", target, err)
+		}
+		dialOpts = append(dialOpts, resolve)
+	}
+	conn, err := grpc.NewClient(grpcTarget, dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("destination: dial %s: %w", target, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/internal/cpaddr"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -39,7 +40,12 @@ type Config struct {
 	// account token); it is read anew for every certification, since
 	// projected tokens rotate.
 	TokenFile string
-	// Addr is the Identity service's address, host:port.
+	// Addr is the Identity service's address, host:port, or the addresses
+	// of several replicas, comma-separated ("10.0.0.1:8080,10.0.0.2:8080"):
+	// certifications go to the first that accepts a connection and, once
+	// its connection is lost, to the next live one in the order given.
+	// (A host name with several addresses is tried address by address on
+	// each connection attempt, as net.Dial does.)
 	Addr string
 	// ServerName is the identity the Identity service must prove (default
 	// [DefaultServiceName]).
@@ -147,7 +153,15 @@ func NewSession(cfg Config, opts ...Option) (*Session, error) {
 		grpc.WithTransportCredentials(local.TransportCredentials(server)),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnect, MinConnectTimeout: 20 * time.Second}),
 	}, cfg.DialOptions...)
-	conn, err := grpc.NewClient("passthrough:///"+cfg.Addr, dial...)
+	target := "passthrough:///" + cfg.Addr
+	if cpaddr.IsList(cfg.Addr) {
+		var resolve grpc.DialOption
+		if target, resolve, err = cpaddr.Target(cfg.Addr); err != nil {
+			return nil, fmt.Errorf("identity: Config.Addr: %w", err)
+		}
+		dial = append(dial, resolve)
+	}
+	conn, err := grpc.NewClient(target, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("identity: Config.Addr %q: %w", cfg.Addr, err)
 	}

@@ -80,6 +80,18 @@ var (
 	}
 )
 
+// buildExamples builds examples/destination and examples/proxy into a
+// directory of the test and returns it.
+func buildExamples(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	for _, name := range []string{"destination", "proxy"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(bin, name), "../"+name).CombinedOutput()
+		require.NoError(t, err, "build %s: %s", name, out)
+	}
+	return bin
+}
+
 // The programs as a user runs them: two examples/destination replicas over
 // one etcd, the manifests and endpoints written by `destination apply`,
 // and two examples/proxy, each on another replica: the first request
@@ -91,11 +103,7 @@ func TestProgramsOverEtcd(t *testing.T) {
 		}
 		t.Skip("curl is not installed")
 	}
-	bin := t.TempDir()
-	for _, name := range []string{"destination", "proxy"} {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(bin, name), "../"+name).CombinedOutput()
-		require.NoError(t, err, "build %s: %s", name, out)
-	}
+	bin := buildExamples(t)
 	m := etcdtest.Start(t)
 	app := httptest.NewServer(booksapp.Handler(5 * time.Second))
 	defer app.Close()

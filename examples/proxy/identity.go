@@ -24,7 +24,7 @@ func (f *identityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "identity-name", "", "the proxy's identity, e.g. books.default.serviceaccount.identity.linkerd.cluster.local (or "+identity.EnvLocalName+"); empty: no mTLS")
 	fs.StringVar(&f.tokenFile, "identity-token-file", "", "file holding the token that proves the identity (or "+identity.EnvTokenFile+")")
 	fs.StringVar(&f.anchorsFile, "identity-trust-anchors", "", "PEM file of the trust anchors (or "+identity.EnvTrustAnchors+" with the PEM itself)")
-	fs.StringVar(&f.addr, "identity-addr", "127.0.0.1:8083", "the Identity API's address (or "+identity.EnvSvcAddr+")")
+	fs.StringVar(&f.addr, "identity-addr", "127.0.0.1:8083", "the Identity API's address, or several replicas comma-separated (or "+identity.EnvSvcAddr+")")
 	fs.StringVar(&f.serverName, "identity-server-name", "", "the Identity service's own identity (or "+identity.EnvSvcName+"; default linkerd-identity.NS.serviceaccount.identity.NS.TRUST-DOMAIN)")
 	fs.StringVar(&f.trustDomain, "trust-domain", "cluster.local", "identity trust domain, for the default -identity-server-name")
 	fs.StringVar(&f.namespace, "identity-namespace", "linkerd", "the control plane's namespace, for the default -identity-server-name")

@@ -22,6 +22,10 @@
 // inbound policy of -app would treat it (Server, route, authorization or
 // denial, limits); /ready answers 200.
 //
+// -destination (and -policy, -identity-addr) may list several control-plane
+// replicas, comma-separated: the proxy uses the first that answers and moves
+// to the next live one when it dies, its watches keeping their last state.
+//
 // The control-plane backoff comes from INMESH_CONTROL_EXP_BACKOFF_MIN, _MAX
 // and _JITTER, or the fixed INMESH_CONTROL_BACKOFF_DELAY; a bad value stops
 // start-up with a message naming the variable. With a real Linkerd control
@@ -92,8 +96,8 @@ type flags struct {
 
 func main() {
 	var f flags
-	flag.StringVar(&f.destination, "destination", "127.0.0.1:8086", "Destination API address (and OutboundPolicies, unless -policy)")
-	flag.StringVar(&f.policyAddr, "policy", "", "OutboundPolicies and InboundServerPolicies API address, when not the -destination one (Linkerd's policy controller)")
+	flag.StringVar(&f.destination, "destination", "127.0.0.1:8086", "Destination API address, or several control-plane replicas comma-separated (host:port,host:port: the first live one is used, the next on its loss); also OutboundPolicies, unless -policy")
+	flag.StringVar(&f.policyAddr, "policy", "", "OutboundPolicies and InboundServerPolicies API address (or comma-separated replicas), when not the -destination one (Linkerd's policy controller)")
 	flag.StringVar(&f.workload, "workload", os.Getenv(destination.PolicyWorkloadEnv),
 		"this proxy's workload, NS:POD or Linkerd's JSON (default $"+destination.PolicyWorkloadEnv+"): enforces the inbound policy of the -app port")
 	flag.BoolVar(&f.trustLocalhost, "trust-localhost", true,

@@ -1,0 +1,104 @@
+package identity_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/identity"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	xcredentials "google.golang.org/grpc/experimental/credentials"
+)
+
+// heldListener keeps its port for the whole test: once its server closes
+// it, a connection is accepted and closed at once (a replica whose process
+// died, on a port nobody else can take).
+type heldListener struct {
+	net.Listener
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func holdPort(t *testing.T) *heldListener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	h := &heldListener{Listener: lis, conns: make(chan net.Conn), closed: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case h.conns <- c:
+			case <-h.closed:
+				c.Close()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		<-done
+	})
+	return h
+}
+
+func (h *heldListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-h.conns:
+		return c, nil
+	case <-h.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (h *heldListener) Close() error {
+	h.once.Do(func() { close(h.closed) })
+	return nil
+}
+
+// A session given two Identity replicas ("a,b") with the same trust root
+// keeps its identity renewed when the replica it uses dies: the next
+// renewal goes to the other one.
+func TestStartFailsOverToAnotherReplica(t *testing.T) {
+	m := newMesh(t)
+	svc := m.certified(t, svcName, "svc-token")
+	replica := func() (string, *grpc.Server) {
+		lis := holdPort(t)
+		srv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(svc.ServerConfig())))
+		m.issuer.Register(srv)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = srv.Serve(lis)
+		}()
+		t.Cleanup(func() {
+			srv.Stop()
+			<-done
+		})
+		return lis.Addr().String(), srv
+	}
+	firstAddr, first := replica()
+	secondAddr, _ := replica()
+
+	cfg := m.config(t, books, booksTok)
+	cfg.Addr = firstAddr + "," + secondAddr
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	s, err := identity.Start(ctx, cfg, identity.WithLogger(quiet), identity.WithRefreshBounds(50*time.Millisecond, 100*time.Millisecond))
+	require.NoError(t, err)
+	defer s.Close()
+	l := s.Local()
+
+	first.Stop()
+	killed := l.Certificate().Leaf.SerialNumber.String()
+	require.Eventually(t, func() bool { return l.Certificate().Leaf.SerialNumber.String() != killed }, timeout, 5*time.Millisecond,
+		"no renewal after the first replica died")
+}
