@@ -1,13 +1,11 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,7 +52,7 @@ func TestWatchTokens(t *testing.T) {
 	tokens := NewTokens("linkerd", "cluster.local")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs syncBuffer
+	var logs testutil.LogLines
 	require.NoError(t, WatchTokens(ctx, tokens, path, 10*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil))))
 	id, err := tokens.Validate(ctx, []byte("t1"))
 	require.NoError(t, err)
@@ -74,23 +72,6 @@ func TestWatchTokens(t *testing.T) {
 	_, err = os.Stat(filepath.Join(t.TempDir(), "none"))
 	require.Error(t, err)
 	assert.Error(t, WatchTokens(ctx, tokens, filepath.Join(t.TempDir(), "none"), time.Second, quiet), "a missing file fails the first load")
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // A mistake in the tokens file that follows a load is named even when the

@@ -277,7 +277,7 @@ func TestTokens(t *testing.T) {
 // A refused token is logged once per reason and interval, however often a
 // caller repeats it.
 func TestRefusedTokensAreLoggedOnce(t *testing.T) {
-	var logs syncBuffer
+	var logs testutil.LogLines
 	issuer, _, _ := newTestIssuer(t, WithIssuerLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	csr := csrFor(t, &x509.CertificateRequest{DNSNames: []string{books}}, nil)
 	for range 100 {
@@ -359,7 +359,7 @@ func TestCertifyRefusesWhileTheIssuerIsExpired(t *testing.T) {
 // print an identity of its choosing at any length: an identity longer
 // than a DNS name is refused before a line names it.
 func TestCertifyRefusesAnIdentityLongerThanADNSName(t *testing.T) {
-	var logs syncBuffer
+	var logs testutil.LogLines
 	issuer, _, _ := newTestIssuer(t, WithIssuerLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	long := strings.Repeat("a", 1<<20) + ".default.serviceaccount.identity.linkerd.cluster.local"
 	for _, csr := range [][]byte{

@@ -7,11 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -85,24 +85,6 @@ func TestStartCertifiesAndRenews(t *testing.T) {
 	assert.NotNil(t, l.Certificate(), "the certificate stays after Close")
 }
 
-// lockedBuffer is a log destination safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // A first certification that fails is logged, naming the identity, and
 // tried again from the backoff's start (100ms), not after the minimum
 // refresh interval (10s): a token that appears a moment after start (a
@@ -112,7 +94,7 @@ func TestStartRetriesTheFirstCertificationAtOnce(t *testing.T) {
 	m := newMesh(t)
 	cfg := m.config(t, books, booksTok)
 	cfg.TokenFile = filepath.Join(t.TempDir(), "token") // not there yet
-	logs := &lockedBuffer{}
+	logs := &testutil.LogLines{}
 	s, err := identity.NewSession(cfg, identity.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	require.NoError(t, err)
 	defer s.Close()

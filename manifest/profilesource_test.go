@@ -1,14 +1,12 @@
 package manifest
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,24 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// syncBuffer collects log output from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // Every bad profile file is reported with its file and field, through the
 // log and Err, and the last good profile stays in force for watchers; a good
@@ -68,7 +48,7 @@ func TestProfileSourceKeepsLastGoodProfile(t *testing.T) {
 				require.NoError(t, os.Rename(tmp, path))
 			}
 			write(good)
-			logs := &syncBuffer{}
+			logs := &testutil.LogLines{}
 			src, err := NewProfileSource(dir, WithPollInterval(5*time.Millisecond), WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 			require.NoError(t, err)
 			defer src.Close()
