@@ -1,4 +1,4 @@
-package balancer_test
+package balancer
 
 import (
 	"net/netip"
@@ -7,18 +7,20 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 )
 
 // A Pool shares the Balancer's rules: weights decide the share between
 // endpoints of equal load, and an endpoint failing in a row is tripped and
-// gets nothing for its penalty.
+// gets nothing for its penalty. The load estimates read a clock that does
+// not move, so that a pause of the test's goroutine (a loaded machine)
+// cannot make one endpoint look slower and take its share.
 func TestPoolWeightsAndAccrual(t *testing.T) {
+	var clock fakeClock
 	a := netip.MustParseAddrPort("127.0.0.1:1")
 	b := netip.MustParseAddrPort("127.0.0.1:2")
-	p := balancer.NewPool(nil, balancer.WithFailureAccrual(&balancer.FailureAccrual{
-		ConsecutiveFailures: &balancer.ConsecutiveFailures{MaxFailures: 3, Backoff: balancer.Backoff{MinBackoff: time.Hour}}}))
+	p := NewPool(nil, withClock(clock.read), WithFailureAccrual(&FailureAccrual{
+		ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3, Backoff: Backoff{MinBackoff: time.Hour}}}))
 	_, ok := p.Pick()
 	require.False(t, ok, "a pool without endpoints picks none")
 	p.Update([]endpoint.Endpoint{{Addr: a, Weight: 3}, {Addr: b, Weight: 1}})
@@ -28,7 +30,7 @@ func TestPoolWeightsAndAccrual(t *testing.T) {
 		k, ok := p.Pick()
 		require.True(t, ok)
 		n[k.Endpoint().Addr]++
-		k.Done(balancer.Result{GRPCStatus: 0})
+		k.Done(Result{GRPCStatus: 0})
 	}
 	require.InDelta(t, 0.75, float64(n[a])/total, 0.05)
 
@@ -36,17 +38,17 @@ func TestPoolWeightsAndAccrual(t *testing.T) {
 		for {
 			k, _ := p.Pick()
 			if k.Endpoint().Addr == b {
-				k.Done(balancer.Result{GRPCStatus: 14})
+				k.Done(Result{GRPCStatus: 14})
 				break
 			}
-			k.Done(balancer.Result{GRPCStatus: 0})
+			k.Done(Result{GRPCStatus: 0})
 		}
 	}
 	for range 1000 {
 		k, ok := p.Pick()
 		require.True(t, ok)
 		require.Equal(t, a, k.Endpoint().Addr, "the tripped endpoint was picked")
-		k.Done(balancer.Result{GRPCStatus: 0})
+		k.Done(Result{GRPCStatus: 0})
 	}
 	// The state is kept while an endpoint is left out of an update.
 	p.Update([]endpoint.Endpoint{{Addr: a}})
@@ -54,6 +56,6 @@ func TestPoolWeightsAndAccrual(t *testing.T) {
 	for range 100 {
 		k, _ := p.Pick()
 		require.Equal(t, a, k.Endpoint().Addr)
-		k.Done(balancer.Result{GRPCStatus: 0})
+		k.Done(Result{GRPCStatus: 0})
 	}
 }
