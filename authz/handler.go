@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/tap"
+
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/metrics"
@@ -433,6 +435,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, &d)
 		return
 	}
+	tap.NoteDecision(r.Context(), "allowed", d.routeName())
 	defer d.Done()
 	switch {
 	case d.next != nil:
@@ -483,6 +486,7 @@ func localAddr(r *http.Request) netip.AddrPort {
 // grpc-message) only to meshed clients, as Linkerd's proxy.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *Decision) {
 	code := d.Status
+	tap.NoteDecision(r.Context(), refusal(code), d.routeName())
 	resp := proxyerr.Response(r, code, d.Message())
 	hdr := w.Header()
 	for k, v := range resp.Header {
@@ -496,4 +500,28 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *Decision) {
 	}
 	hdr["Content-Length"] = []string{"0"}
 	w.WriteHeader(resp.StatusCode)
+}
+
+// refusal names a refused request's decision for tap.
+func refusal(status int) string {
+	switch status {
+	case http.StatusForbidden:
+		return "denied"
+	case http.StatusTooManyRequests:
+		return "rate-limited"
+	case http.StatusServiceUnavailable:
+		return "overloaded"
+	case http.StatusNotFound:
+		return "no-route"
+	case http.StatusBadRequest:
+		return "bad-request"
+	}
+	return "refused"
+}
+
+func (d *Decision) routeName() string {
+	if d.Route == nil {
+		return ""
+	}
+	return d.Route.Meta.Name
 }

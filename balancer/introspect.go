@@ -27,6 +27,10 @@ type EndpointState struct {
 	// Pending the requests in flight.
 	LoadSeconds float64 `json:"load_seconds"`
 	Pending     int64   `json:"pending"`
+	// Identity is the TLS identity the endpoint must present, Zone its
+	// zone label; empty when the source gives none.
+	Identity string `json:"identity,omitempty"`
+	Zone     string `json:"zone,omitempty"`
 }
 
 // Endpoints returns the state of each endpoint of authority (host:port, as
@@ -73,7 +77,7 @@ func (b *Balancer) endpointStates(g *group) []EndpointState {
 	wall := time.Now()
 	out := make([]EndpointState, 0, len(s.eps))
 	for _, e := range s.eps {
-		st := EndpointState{Addr: e.addr, Weight: e.Weight, Pending: e.load.pending.Load()}
+		st := EndpointState{Addr: e.addr, Weight: e.Weight, Pending: e.load.pending.Load(), Identity: e.Identity, Zone: e.Labels["zone"]}
 		l := e.load
 		l.mu.Lock()
 		h := l.health

@@ -21,6 +21,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/inmesh/inmesh/tap"
+
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
@@ -97,7 +99,14 @@ type config struct {
 	identity       *identity.Local
 	discoveryWait  time.Duration
 	inbound        []authz.Option
+	tap            *tap.Hub
 }
+
+// WithTap publishes the stack's requests to hub (package tap): a client's
+// as outbound events, a server's as inbound ones, each with its route,
+// retries and, inbound, the policy's decision and the client's verified
+// identity. While nobody watches the hub, a request pays one atomic load.
+func WithTap(hub *tap.Hub) Option { return optionFunc(func(c *config) { c.tap = hub }) }
 
 // WithDiscoveryWait lets an outbound request wait up to d for its
 // authority's first profile and policy answers before it takes a route
@@ -316,6 +325,9 @@ func NewClient(opts ...ClientOption) *Client {
 	}
 	cl.router = router.New(ropts...)
 	cl.RoundTripper = cl.router.Transport(next)
+	if c.tap != nil {
+		cl.RoundTripper = c.tap.Transport(cl.RoundTripper)
+	}
 	return cl
 }
 
@@ -412,6 +424,9 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		s.authz, next = h, h
 	}
 	s.Handler = origproto.NewHandler(next, hopts...)
+	if c.tap != nil {
+		s.Handler = c.tap.Handler(s.Handler)
+	}
 	return s
 }
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inmesh/inmesh/tap"
+
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
@@ -494,6 +496,7 @@ func (x *policyExchange) AttemptDone(ctx context.Context, o exchange.Outcome, _ 
 func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	st := x.status(o)
 	x.rt.metrics.Done(ctx, st, start)
+	tap.NoteRoute(ctx, x.rt.route.Meta.Name, o.Retries)
 	if o.Retries > 0 && st.Error == "" && !x.retriable(o) {
 		x.rt.metrics.RetrySuccess(ctx)
 	}

@@ -114,6 +114,7 @@ func (rt *routeTargets) get(p *atomic.Pointer[dirTargets], direction string) *di
 }
 
 type dirTargets struct {
+	name      string // the route's name label, for tap
 	route     *metrics.Target
 	actual    *metrics.Target
 	retryable []metric.AddOption
@@ -219,6 +220,7 @@ func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string) 
 			kvs = append(kvs, attribute.String("rt_"+k, labels[k]))
 		}
 		return &dirTargets{
+			name:      labels["route"],
 			route:     metrics.NewTarget(r.fams.route, kvs...),
 			actual:    metrics.NewTarget(r.fams.actual, kvs...),
 			retryable: metrics.Opts(kvs...),

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/inmesh/inmesh/tap"
+
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
 	"github.com/inmesh/inmesh/internal/metrics"
@@ -104,6 +106,7 @@ func (pr *profileRecorder) AttemptDone(ctx context.Context, o exchange.Outcome, 
 
 func (pr *profileRecorder) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	pr.route.Response(ctx, response(o.Status, o.Class), start)
+	tap.NoteRoute(ctx, pr.name, o.Retries)
 }
 
 // budgetRetry retries a retryable route's failed responses, never its

@@ -1,0 +1,283 @@
+package tap_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/authz"
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/mesh"
+	"github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/tap"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const books = "books.shop.svc.cluster.local:7000"
+
+// meshPair starts a mesh server around app on loopback and a mesh client
+// that finds it as books, both publishing to hub.
+func meshPair(t *testing.T, hub *tap.Hub, app http.Handler, serverOpts ...mesh.ServerOption) *http.Client {
+	t.Helper()
+	noMetrics := mesh.WithMeterProvider(noop.NewMeterProvider())
+	server := mesh.NewServer(app, append([]mesh.ServerOption{noMetrics, mesh.WithTap(hub)}, serverOpts...)...)
+	t.Cleanup(server.Close)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := origproto.NewServer(server)
+	go func() { _ = srv.Serve(origproto.GuardListener(server.Listener(lis))) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	endpoints, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
+		books: {{Addr: netip.MustParseAddrPort(lis.Addr().String()), H2: true}},
+	})
+	require.NoError(t, err)
+	client := mesh.NewClient(mesh.WithEndpoints(endpoints), noMetrics, mesh.WithTap(hub))
+	t.Cleanup(client.Close)
+	return &http.Client{Transport: client, Timeout: testutil.Timeout}
+}
+
+func get(t *testing.T, c *http.Client, url string, hdr ...string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+func next(t *testing.T, w *tap.Watcher) tap.Event {
+	t.Helper()
+	select {
+	case e := <-w.Events():
+		return e
+	case <-time.After(testutil.Timeout):
+		t.Fatal("no tap event")
+	}
+	return tap.Event{}
+}
+
+// The very first request of a fresh client and server is tapped on both
+// sides, with what a user asks of tap: method, authority, path, status,
+// latency, direction; bodies never, header values only when allowed.
+func TestTapSeesTheFirstRequestBothWays(t *testing.T) {
+	hub := tap.NewHub(tap.WithHeaders("X-User"))
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/missing" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, "secret body")
+	})
+	c := meshPair(t, hub, app)
+	w, err := hub.Watch(tap.Filter{}, 16)
+	require.NoError(t, err)
+	defer w.Close()
+
+	require.Equal(t, 200, get(t, c, "http://"+books+"/books/1", "X-User", "ana", "Authorization", "Bearer x"))
+	got := map[string]tap.Event{}
+	for range 2 {
+		e := next(t, w)
+		got[e.Direction] = e
+	}
+	for _, dir := range []string{"inbound", "outbound"} {
+		e, ok := got[dir]
+		require.True(t, ok, dir)
+		assert.Equal(t, "GET", e.Method, dir)
+		assert.Equal(t, books, e.Authority, dir)
+		assert.Equal(t, "/books/1", e.Path, dir)
+		assert.Equal(t, 200, e.Status, dir)
+		assert.Equal(t, -1, e.GRPCStatus, dir)
+		assert.Greater(t, e.LatencyMillis, 0.0, dir)
+		assert.Equal(t, map[string]string{"X-User": "ana"}, e.Headers, dir)
+		raw, err := json.Marshal(e)
+		require.NoError(t, err)
+		assert.NotContains(t, string(raw), "secret body")
+		assert.NotContains(t, string(raw), "Bearer")
+	}
+
+	// A filter on status class and path prefix passes only what it names.
+	f, err := hub.Watch(tap.Filter{Status: 4, PathPrefix: "/miss", Direction: "outbound"}, 16)
+	require.NoError(t, err)
+	defer f.Close()
+	require.Equal(t, 200, get(t, c, "http://"+books+"/books/2"))
+	require.Equal(t, 404, get(t, c, "http://"+books+"/missing"))
+	e := next(t, f)
+	assert.Equal(t, "/missing", e.Path)
+	assert.Equal(t, 404, e.Status)
+	assert.Equal(t, "outbound", e.Direction)
+	select {
+	case e := <-f.Events():
+		t.Fatalf("the filter passed %+v", e)
+	default:
+	}
+}
+
+// Linkerd's tap filters (linkerd2 viz/tap/pkg TapByResource's match:
+// authority, path prefix, method), and inmesh's status classes.
+func TestFilterMatch(t *testing.T) {
+	e := &tap.Event{Direction: "outbound", Method: "POST", Authority: "web.default.svc.cluster.local:80", Path: "/api/v1/books", Route: "books-post", Status: 503}
+	for _, tc := range []struct {
+		name string
+		f    tap.Filter
+		want bool
+	}{
+		{"empty filter", tap.Filter{}, true},
+		{"authority, any case", tap.Filter{Authority: "WEB.default.svc.cluster.local:80"}, true},
+		{"other authority", tap.Filter{Authority: "books.default.svc.cluster.local:80"}, false},
+		{"path prefix", tap.Filter{PathPrefix: "/api/"}, true},
+		{"path prefix of another path", tap.Filter{PathPrefix: "/admin"}, false},
+		{"method, any case", tap.Filter{Method: "post"}, true},
+		{"other method", tap.Filter{Method: "GET"}, false},
+		{"route", tap.Filter{Route: "books-post"}, true},
+		{"other route", tap.Filter{Route: "books-get"}, false},
+		{"exact status", tap.Filter{Status: 503}, true},
+		{"other status", tap.Filter{Status: 500}, false},
+		{"status class", tap.Filter{Status: 5}, true},
+		{"other class", tap.Filter{Status: 2}, false},
+		{"direction", tap.Filter{Direction: "inbound"}, false},
+		{"all fields", tap.Filter{Direction: "outbound", Method: "POST", PathPrefix: "/api", Status: 5}, true},
+	} {
+		assert.Equal(t, tc.want, tc.f.Match(e), tc.name)
+	}
+	for _, q := range []string{"status=abc", "status=0", "status=600", "status=42", "direction=sideways"} {
+		_, err := tap.ParseFilter(parseQuery(t, q))
+		assert.Error(t, err, q)
+	}
+	f, err := tap.ParseFilter(parseQuery(t, "authority=a:1&path=/x&method=GET&status=2&route=r&direction=inbound"))
+	require.NoError(t, err)
+	assert.Equal(t, tap.Filter{Authority: "a:1", PathPrefix: "/x", Method: "GET", Status: 2, Route: "r", Direction: "inbound"}, f)
+}
+
+func parseQuery(t *testing.T, q string) map[string][]string {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodGet, "/tap?"+q, nil)
+	return r.URL.Query()
+}
+
+// A viewer that never reads loses events, counted, and no request waits
+// for it: every request completes while its buffer is full.
+func TestStalledViewerNeverSlowsARequest(t *testing.T) {
+	hub := tap.NewHub()
+	c := meshPair(t, hub, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	w, err := hub.Watch(tap.Filter{Direction: "outbound"}, 4)
+	require.NoError(t, err)
+	defer w.Close()
+	const n = 100
+	for range n {
+		require.Equal(t, 200, get(t, c, "http://"+books+"/"))
+	}
+	assert.Equal(t, uint64(n-4), w.Dropped())
+	assert.Equal(t, uint64(n-4), hub.Stats().Dropped)
+	assert.Len(t, w.Events(), 4)
+}
+
+// While nobody watches, tap costs a request nothing but a branch: no
+// allocation beyond the next handler's.
+func TestNoWatcherNoCost(t *testing.T) {
+	hub := tap.NewHub()
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	req := httptest.NewRequest(http.MethodGet, "http://"+books+"/", nil)
+	w := httptest.NewRecorder()
+	bare := testing.AllocsPerRun(100, func() { app.ServeHTTP(w, req) })
+	tapped := hub.Handler(app)
+	assert.Equal(t, bare, testing.AllocsPerRun(100, func() { tapped.ServeHTTP(w, req) }))
+	rt := hub.Transport(roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, nil }))
+	assert.Equal(t, 0.0, testing.AllocsPerRun(100, func() { _, _ = rt.RoundTrip(req) }))
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// The inbound policy's decision and the client's verified identity reach
+// inbound events: a request the policy refuses is tapped as denied.
+func TestTapCarriesThePolicysDecision(t *testing.T) {
+	hub := tap.NewHub()
+	deny, err := authz.DefaultServer(authz.Deny, authz.DefaultOptions{})
+	require.NoError(t, err)
+	c := meshPair(t, hub, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
+		mesh.WithInboundPolicy(authz.WithDefault(deny), authz.WithoutLocalhost(), authz.WithPolicyWait(-1)))
+	w, err := hub.Watch(tap.Filter{Direction: "inbound"}, 16)
+	require.NoError(t, err)
+	defer w.Close()
+	require.Equal(t, http.StatusForbidden, get(t, c, "http://"+books+"/"))
+	e := next(t, w)
+	assert.Equal(t, "denied", e.Decision)
+	assert.Equal(t, http.StatusForbidden, e.Status)
+	assert.Empty(t, e.ClientID, "a plaintext client has no identity")
+}
+
+// The hub's HTTP stream: one JSON object per line to a command line,
+// Server-Sent Events to a browser, 400 for a bad filter.
+func TestStreamOverHTTP(t *testing.T) {
+	hub := tap.NewHub()
+	c := meshPair(t, hub, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	srv := testutil.NewServer(t, hub)
+
+	resp, err := http.Get(srv.URL + "/?status=600")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+
+	for _, tc := range []struct{ accept, contentType, prefix string }{
+		{"", "application/x-ndjson", "{"},
+		{"text/event-stream", "text/event-stream", "data: {"},
+	} {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/?direction=outbound&path=/books", nil)
+		require.NoError(t, err)
+		if tc.accept != "" {
+			req.Header.Set("Accept", tc.accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		assert.Equal(t, tc.contentType, resp.Header.Get("Content-Type"))
+		// The stream is registered once its head arrives.
+		lines := make(chan string, 64)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		require.Equal(t, 200, get(t, c, "http://"+books+"/other"))
+		require.Equal(t, 200, get(t, c, "http://"+books+"/books/7"))
+		var line string
+		for line = range lines {
+			if strings.HasPrefix(line, tc.prefix) {
+				break
+			}
+		}
+		require.True(t, strings.HasPrefix(line, tc.prefix), tc.accept)
+		var e tap.Event
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &e))
+		assert.Equal(t, "/books/7", e.Path, "the filter passed only /books")
+		_ = resp.Body.Close()
+		wg.Wait()
+	}
+	require.Eventually(t, func() bool { return hub.Stats().Watchers == 0 }, testutil.Timeout, 5*time.Millisecond,
+		"a viewer that goes away stops its watcher")
+}

@@ -1,0 +1,154 @@
+package tap
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/inmesh/inmesh/identity"
+)
+
+// Handler wraps an inbound stack: each request it serves while the hub is
+// active becomes an inbound event, published when the handler returns.
+// Mount it outermost, so that the event holds what the layers inside
+// decided (the inbound policy's decision, the route).
+func (h *Hub) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.Active() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		s := &slot{}
+		rw := &recorder{ResponseWriter: w, start: start}
+		next.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), slotKey{}, s)))
+		e := h.event(r, "inbound", start, s)
+		if !rw.wrote {
+			rw.header(http.StatusOK)
+		}
+		e.Status = rw.status
+		e.LatencyMillis = millis(rw.latency)
+		e.GRPCStatus = grpcStatus(w.Header())
+		if p, ok := identity.PeerFromContext(r.Context()); ok {
+			e.ClientID = p.ID
+		}
+		h.Publish(e)
+	})
+}
+
+// Transport wraps an outbound stack: each request it sends while the hub
+// is active becomes an outbound event, published when the response head
+// (or the error) arrives.
+func (h *Hub) Transport(next http.RoundTripper) http.RoundTripper {
+	return roundTripper{h: h, next: next}
+}
+
+type roundTripper struct {
+	h    *Hub
+	next http.RoundTripper
+}
+
+func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !t.h.Active() {
+		return t.next.RoundTrip(req)
+	}
+	start := time.Now()
+	s := &slot{}
+	resp, err := t.next.RoundTrip(req.WithContext(context.WithValue(req.Context(), slotKey{}, s)))
+	e := t.h.event(req, "outbound", start, s)
+	e.LatencyMillis = millis(time.Since(start))
+	if err != nil {
+		e.Error = err.Error()
+	} else {
+		e.Status = resp.StatusCode
+		e.GRPCStatus = grpcStatus(resp.Header)
+	}
+	t.h.Publish(e)
+	return resp, err
+}
+
+func (h *Hub) event(r *http.Request, direction string, start time.Time, s *slot) *Event {
+	authority := r.Host
+	if authority == "" && r.URL != nil {
+		authority = r.URL.Host
+	}
+	e := &Event{
+		Time: start, Direction: direction, Method: r.Method, Authority: authority, Path: r.URL.Path,
+		Route: s.route, Retries: s.retries, Decision: s.decision, GRPCStatus: -1,
+	}
+	for _, name := range h.headers {
+		if v, ok := r.Header[name]; ok && len(v) > 0 {
+			if e.Headers == nil {
+				e.Headers = make(map[string]string, len(h.headers))
+			}
+			e.Headers[name] = v[0]
+		}
+	}
+	return e
+}
+
+func grpcStatus(h http.Header) int {
+	v := h.Get("Grpc-Status")
+	if v == "" {
+		v = h.Get(http.TrailerPrefix + "Grpc-Status")
+	}
+	if v == "" {
+		return -1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// recorder notes the status and the time of a response head. It keeps
+// the writer's optional interfaces reachable: Flush and Hijack directly,
+// the others through Unwrap (http.ResponseController).
+type recorder struct {
+	http.ResponseWriter
+	start   time.Time
+	status  int
+	latency time.Duration
+	wrote   bool
+}
+
+func (r *recorder) header(status int) {
+	if !r.wrote {
+		r.wrote, r.status, r.latency = true, status, time.Since(r.start)
+	}
+}
+
+func (r *recorder) WriteHeader(status int) {
+	if status >= 200 || status == http.StatusSwitchingProtocols {
+		r.header(status)
+	}
+	r.ResponseWriter.WriteHeader(status)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.header(http.StatusOK)
+	return r.ResponseWriter.Write(p)
+}
+
+func (r *recorder) Flush() {
+	r.header(http.StatusOK)
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := r.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("tap: the response writer cannot be hijacked")
+	}
+	r.header(http.StatusSwitchingProtocols)
+	return hj.Hijack()
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
