@@ -8,7 +8,7 @@
 // routes and `linkerd viz stat-outbound` for the HTTPRoutes, and exits.
 //
 //	go run ./examples/mesh                 # a few seconds of load, then the table
-//	go run ./examples/mesh -serve          # keep running, /metrics on -metrics
+//	go run ./examples/mesh -serve          # keep running: /metrics, /dashboard/ and /tap on -metrics
 //
 // The control-plane backoff can be set with INMESH_CONTROL_EXP_BACKOFF_MIN,
 // _MAX and _JITTER, or INMESH_CONTROL_BACKOFF_DELAY.
@@ -35,6 +35,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/inmesh/inmesh/dashboard"
+	"github.com/inmesh/inmesh/tap"
 
 	"github.com/inmesh/inmesh/controlplane"
 
@@ -125,7 +128,10 @@ func run(o options, out io.Writer) error {
 		return err
 	}
 	defer dst.Close()
-	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log)}
+	// Both peers publish their requests to one tap, which the dashboard
+	// of -serve shows.
+	hub := tap.NewHub()
+	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log), mesh.WithTap(hub)}
 
 	// The identity plane: each peer gets its certificate over Linkerd's
 	// Identity API from the embedded issuer, and the peers talk mTLS.
@@ -220,12 +226,17 @@ func run(o options, out io.Writer) error {
 		defer stop()
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler)
+		dash := dashboard.New(hub, dashboard.WithBalancer(client.Balancer()), dashboard.WithIdentity(webLocal),
+			dashboard.WithDestination(dst, lis.Addr().String()), dashboard.WithName("demo: web calling books"))
+		defer dash.Close()
+		mux.Handle("/dashboard/", http.StripPrefix("/dashboard", dash))
+		mux.Handle("/tap", dash)
 		srv := &http.Server{Addr: o.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			<-ctx.Done()
 			srv.Shutdown(context.Background())
 		}()
-		fmt.Fprintf(out, "\nserving /metrics on %s; Ctrl-C to stop\n", o.metricsAddr)
+		fmt.Fprintf(out, "\nserving /metrics, /dashboard/ and /tap on %s; Ctrl-C to stop\n", o.metricsAddr)
 		go load(hc, options{duration: math.MaxInt64, workers: 2}, io.Discard)
 		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
 			return err

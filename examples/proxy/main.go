@@ -20,7 +20,10 @@
 // of how such a request is routed (model, route, match, timeouts, retry and
 // budget), and with direction=inbound&client=IP&client_id=ID how the
 // inbound policy of -app would treat it (Server, route, authorization or
-// denial, limits); /ready answers 200.
+// denial, limits); /ready answers 200. /dashboard/ is a live page of
+// the routes, endpoints, inbound decisions, identity and control plane
+// (package dashboard), and /tap a live stream of the requests, one JSON
+// object per line (package tap); both answer loopback clients only.
 //
 // -destination (and -policy, -identity-addr) may list several control-plane
 // replicas, comma-separated: the proxy uses the first that answers and moves
@@ -66,6 +69,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/inmesh/inmesh/dashboard"
+	"github.com/inmesh/inmesh/tap"
 
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/backoff"
@@ -192,8 +198,11 @@ func run(f flags, log *slog.Logger) error {
 		return err
 	}
 	defer dst.Close()
+	// The tap of both stacks: free until someone opens the dashboard or
+	// /tap on the admin port.
+	hub := tap.NewHub()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
-		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local)}
+		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local), mesh.WithTap(hub)}
 	if f.maxAuthorities > 0 {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
 	}
@@ -255,6 +264,12 @@ func run(f flags, log *slog.Logger) error {
 	if b := client.Balancer(); b != nil {
 		admin.Handle("/endpoints", b.EndpointsHandler()) // ?authority=host:port: each endpoint's state as JSON
 	}
+	// The dashboard and the tap answer loopback clients only.
+	dash := dashboard.New(hub, dashboard.WithBalancer(client.Balancer()), dashboard.WithIdentity(local),
+		dashboard.WithDestination(dst, f.destination), dashboard.WithName("proxy, app "+f.app))
+	defer dash.Close()
+	admin.Handle("/dashboard/", http.StripPrefix("/dashboard", dash))
+	admin.Handle("/tap", dash) // ?authority=&path=&method=&status=&route=&direction=: one JSON event per line
 	admin.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
 		if local != nil && local.Certificate() == nil {
 			http.Error(w, "not ready: no identity certificate yet", http.StatusServiceUnavailable)
