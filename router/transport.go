@@ -166,6 +166,7 @@ func answered(ch <-chan struct{}) bool {
 // runPolicy runs req by the policy route of rt, selected by match.
 func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeTarget, match policy.Match) (*http.Response, error) {
 	route := rt.route
+	tap.NoteRoute(req.Context(), route.Meta.Name)
 	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header), match: match}
 	timeouts := route.Timeouts
 	retry := route.Retry
@@ -496,7 +497,6 @@ func (x *policyExchange) AttemptDone(ctx context.Context, o exchange.Outcome, _ 
 func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	st := x.status(o)
 	x.rt.metrics.Done(ctx, st, start)
-	tap.NoteRoute(ctx, x.rt.route.Meta.Name, o.Retries)
 	if o.Retries > 0 && st.Error == "" && !x.retriable(o) {
 		x.rt.metrics.RetrySuccess(ctx)
 	}

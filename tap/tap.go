@@ -306,15 +306,25 @@ type slotKey struct{}
 // stack skips the context lookup of [NoteRoute] while nobody taps.
 var tapped atomic.Int32
 
-// NoteRoute tells a tapped request's event its route and retries; it is
-// called by the router when the request ends. Without a tap it costs an
-// atomic load.
-func NoteRoute(ctx context.Context, route string, retries int) {
+// NoteRoute tells a tapped request's event the route it took; the router
+// calls it as it selects the route. Without a tap it costs an atomic load.
+func NoteRoute(ctx context.Context, route string) {
 	if tapped.Load() == 0 {
 		return
 	}
 	if s, ok := ctx.Value(slotKey{}).(*slot); ok {
-		s.route, s.retries = route, retries
+		s.route = route
+	}
+}
+
+// NoteRetry counts a retry in a tapped request's event; the exchange
+// calls it as it sends one.
+func NoteRetry(ctx context.Context) {
+	if tapped.Load() == 0 {
+		return
+	}
+	if s, ok := ctx.Value(slotKey{}).(*slot); ok {
+		s.retries++
 	}
 }
 

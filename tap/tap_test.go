@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/mesh"
 	"github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/inmesh/inmesh/tap"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,6 +35,10 @@ const books = "books.shop.svc.cluster.local:7000"
 // meshPair starts a mesh server around app on loopback and a mesh client
 // that finds it as books, both publishing to hub.
 func meshPair(t *testing.T, hub *tap.Hub, app http.Handler, serverOpts ...mesh.ServerOption) *http.Client {
+	return meshPairWith(t, hub, app, nil, serverOpts)
+}
+
+func meshPairWith(t *testing.T, hub *tap.Hub, app http.Handler, clientOpts []mesh.ClientOption, serverOpts []mesh.ServerOption) *http.Client {
 	t.Helper()
 	noMetrics := mesh.WithMeterProvider(noop.NewMeterProvider())
 	server := mesh.NewServer(app, append([]mesh.ServerOption{noMetrics, mesh.WithTap(hub)}, serverOpts...)...)
@@ -46,7 +52,7 @@ func meshPair(t *testing.T, hub *tap.Hub, app http.Handler, serverOpts ...mesh.S
 		books: {{Addr: netip.MustParseAddrPort(lis.Addr().String()), H2: true}},
 	})
 	require.NoError(t, err)
-	client := mesh.NewClient(mesh.WithEndpoints(endpoints), noMetrics, mesh.WithTap(hub))
+	client := mesh.NewClient(append([]mesh.ClientOption{mesh.WithEndpoints(endpoints), noMetrics, mesh.WithTap(hub)}, clientOpts...)...)
 	t.Cleanup(client.Close)
 	return &http.Client{Transport: client, Timeout: testutil.Timeout}
 }
@@ -280,4 +286,29 @@ func TestStreamOverHTTP(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return hub.Stats().Watchers == 0 }, testutil.Timeout, 5*time.Millisecond,
 		"a viewer that goes away stops its watcher")
+}
+
+// A routed and retried request's event names its route and counts its
+// retries, as the router knew them when the response head arrived.
+func TestTapNamesTheRouteAndCountsRetries(t *testing.T) {
+	hub := tap.NewHub()
+	var calls atomic.Int32
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1)%3 != 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	src := profiles.NewStaticSource(map[string]*profiles.Profile{books: {
+		Routes: []profiles.Route{{Condition: profiles.PathRegex("/flaky"), Labels: map[string]string{"route": "GET /flaky"}, Retryable: true}},
+		RetryBudget: &profiles.RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 100, TTL: 10 * time.Second},
+	}})
+	c := meshPairWith(t, hub, app, []mesh.ClientOption{mesh.WithProfiles(src), mesh.WithDiscoveryWait(testutil.Timeout)}, nil)
+	w, err := hub.Watch(tap.Filter{Direction: "outbound"}, 16)
+	require.NoError(t, err)
+	defer w.Close()
+	require.Equal(t, http.StatusOK, get(t, c, "http://"+books+"/flaky"), "the first request, retried twice")
+	e := next(t, w)
+	assert.Equal(t, "GET /flaky", e.Route)
+	assert.Equal(t, http.StatusOK, e.Status)
+	assert.Equal(t, 2, e.Retries, "two 503s retried, then 200")
 }

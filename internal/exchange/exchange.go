@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inmesh/inmesh/tap"
+
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 )
@@ -245,6 +247,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 				allowed := p.Retry.Allow(ctx, attempt)
 				if allowed {
 					x.retries++
+					tap.NoteRetry(parent)
 				}
 				if x.timedOut() {
 					return x.gatewayTimeout(req), nil
@@ -287,6 +290,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			return x.deliver(req, resp, class, final), nil
 		}
 		x.retries++
+		tap.NoteRetry(parent)
 		p.Recorder.AttemptDone(parent, Outcome{Status: resp.StatusCode, Class: class}, start)
 		discard(resp)
 		x.releaseTry()

@@ -57,6 +57,7 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	route := ts.table.Select(req)
 	tg := ts.targetsOf(route).outbound()
 	tg.route.Request(req.Context())
+	tap.NoteRoute(req.Context(), tg.name)
 	if ts.budget != nil {
 		ts.budget.Deposit()
 	}
@@ -106,7 +107,6 @@ func (pr *profileRecorder) AttemptDone(ctx context.Context, o exchange.Outcome, 
 
 func (pr *profileRecorder) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	pr.route.Response(ctx, response(o.Status, o.Class), start)
-	tap.NoteRoute(ctx, pr.name, o.Retries)
 }
 
 // budgetRetry retries a retryable route's failed responses, never its
