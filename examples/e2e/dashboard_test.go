@@ -150,7 +150,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	if shots == "" {
 		shots = t.TempDir()
 	}
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(shots, "dashboard.png"), png, 0o644))
 
@@ -173,7 +173,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		require.Contains(t, r, "/books/tap-")
 		require.Contains(t, r, "200")
 	}
-	png, err = chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	png, err = chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(shots, "tap.png"), png, 0o644))
 }
