@@ -32,7 +32,8 @@ type registrationConfig struct {
 // is the zero value gets the listener's address (which must then be a
 // specific IP, not 0.0.0.0), and every endpoint the h2 hint (a mesh server
 // accepts HTTP/2). [Server.Drain] (or [Server.Close]) deregisters them.
-// A nil conn changes nothing.
+// With [WithIdentity], the first attempt waits for the identity's first
+// certificate. A nil conn changes nothing.
 func WithRegistration(conn grpc.ClientConnInterface, eps []registration.Endpoint, opts ...registration.Option) ServerOption {
 	return serverOption(func(c *config) {
 		if conn == nil {
@@ -71,6 +72,10 @@ func newRegistrations(c config) *registrations {
 		log = slog.Default()
 	} else {
 		cfg.opts = append([]registration.Option{registration.WithLogger(log)}, cfg.opts...)
+	}
+	if c.identity != nil {
+		// The control plane refuses a registrant without its certificate.
+		cfg.opts = append([]registration.Option{registration.WithReady(c.identity.Ready())}, cfg.opts...)
 	}
 	return &registrations{cfg: cfg, log: log}
 }

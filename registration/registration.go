@@ -74,6 +74,18 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	logger *slog.Logger
 	retry  backoff.Policy
+	ready  <-chan struct{}
+}
+
+// WithReady makes the registration wait until ready is closed before its
+// first attempt, such as identity.Local's Ready: a workload's certificate,
+// without which the control plane refuses it. Nil changes nothing.
+func WithReady(ready <-chan struct{}) Option {
+	return optionFunc(func(c *config) {
+		if ready != nil {
+			c.ready = ready
+		}
+	})
 }
 
 // WithLogger sets the logger of refusals and broken streams (default
@@ -184,7 +196,7 @@ func Register(ctx context.Context, conn grpc.ClientConnInterface, eps []Endpoint
 		done:     make(chan struct{}),
 		accepted: make(chan struct{}),
 	}
-	go r.run(ctx)
+	go r.run(ctx, cfg.ready)
 	return r, nil
 }
 
@@ -229,8 +241,15 @@ func (r *Registration) Deregister(ctx context.Context) error {
 }
 
 // run keeps a registration stream open until ctx is done or Deregister.
-func (r *Registration) run(ctx context.Context) {
+func (r *Registration) run(ctx context.Context, ready <-chan struct{}) {
 	defer close(r.done)
+	if ready != nil {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return
+		}
+	}
 	seq := backoff.NewSequence(r.retry)
 	for ctx.Err() == nil {
 		progressed, deregistered, err := r.attempt(ctx)
