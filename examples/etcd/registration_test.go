@@ -162,7 +162,9 @@ func waitReady(t *testing.T, p *proc) {
 // name on its first request. One is killed (SIGKILL): it is gone from both
 // replicas' answers within the registration TTL (5s). The other is stopped
 // (SIGTERM) while the caller sends requests without pause: it deregisters
-// before its listener closes, and the caller sees no failed request.
+// before its listener closes, and the caller sees no failed request. Last,
+// the replica that holds the third's registration is killed, then the
+// third: the other replica drops it when its lease expires, within the TTL.
 func TestRegisteredProxies(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		if os.Getenv("CI") != "" {
@@ -253,4 +255,14 @@ func TestRegisteredProxies(t *testing.T) {
 	for i, size := range sizes {
 		assert.Equal(t, 1, size(), "replica %d after b's exit", i)
 	}
+
+	// The replica that holds c's registration dies, then c: no replica
+	// sees c's stream end, and c's lease expires within the TTL.
+	require.NoError(t, f.replicas[0].cmd.Process.Signal(syscall.SIGKILL))
+	dead := time.Now()
+	require.NoError(t, c.cmd.Process.Signal(syscall.SIGKILL))
+	require.Eventually(t, func() bool { return sizes[1]() == 0 }, timeout, 10*time.Millisecond, "replica 1 drops c when its lease expires")
+	expired := time.Since(dead)
+	t.Logf("c gone from replica 1 %v after its replica died", expired.Round(time.Millisecond))
+	assert.Less(t, expired, 5*time.Second+2*time.Second, "within the registration TTL (5s) and etcd's lease check")
 }
