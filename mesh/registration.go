@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -16,7 +15,7 @@ import (
 // DefaultDrainDelay is how long [Server.Drain] waits, after the control
 // plane confirmed the deregistration, for peers to receive it before the
 // listener may close.
-const DefaultDrainDelay = time.Second
+const DefaultDrainDelay = registration.DefaultDrainDelay
 
 type registrationConfig struct {
 	conn       grpc.ClientConnInterface
@@ -82,20 +81,7 @@ func newRegistrations(c config) *registrations {
 
 // start registers the endpoints at addr.
 func (r *registrations) start(addr net.Addr) {
-	ap := netip.AddrPort{}
-	if a, ok := addr.(*net.TCPAddr); ok {
-		ap = a.AddrPort()
-		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	eps := make([]registration.Endpoint, len(r.cfg.endpoints))
-	for i, e := range r.cfg.endpoints {
-		if !e.Addr.IsValid() {
-			e.Addr = ap
-		}
-		e.H2 = !e.Opaque
-		eps[i] = e
-	}
-	reg, err := registration.Register(context.Background(), r.cfg.conn, eps, r.cfg.opts...)
+	reg, err := registration.Register(context.Background(), r.cfg.conn, registration.AtListener(r.cfg.endpoints, addr), r.cfg.opts...)
 	if err != nil {
 		r.log.Error("mesh: cannot register the server's endpoints", "addr", addr.String(), "err", err)
 		return

@@ -32,8 +32,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -322,4 +324,46 @@ func (r *Registration) attempt(ctx context.Context) (progressed, deregistered bo
 			return progressed, true, nil
 		}
 	}
+}
+
+// DefaultDrainDelay is how long [Registration.Drain] waits, after the
+// control plane confirmed the deregistration, for peers to receive it.
+const DefaultDrainDelay = time.Second
+
+// Drain deregisters (see [Registration.Deregister]), then waits delay for
+// the peers' watches to receive the removal, or until ctx is done: call it
+// before the server's listener closes, so that peers stop sending first.
+func (r *Registration) Drain(ctx context.Context, delay time.Duration) error {
+	if err := r.Deregister(ctx); err != nil {
+		return err
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// AtListener returns eps for a server listening at addr: an endpoint
+// without an address gets addr's (which must then be a specific IP, not
+// 0.0.0.0), and every endpoint not marked Opaque the h2 hint, since a mesh
+// server (mesh.Server, a meshgrpc server) accepts HTTP/2.
+func AtListener(eps []Endpoint, addr net.Addr) []Endpoint {
+	var ap netip.AddrPort
+	if a, ok := addr.(*net.TCPAddr); ok {
+		ap = a.AddrPort()
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	out := make([]Endpoint, len(eps))
+	for i, e := range eps {
+		if !e.Addr.IsValid() {
+			e.Addr = ap
+		}
+		e.H2 = !e.Opaque
+		out[i] = e
+	}
+	return out
 }
