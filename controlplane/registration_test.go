@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/regtest"
@@ -186,4 +188,32 @@ func TestRegistrationInsecure(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, up.GetAdd().GetAddrs(), 1)
 	assert.Nil(t, up.GetAdd().GetAddrs()[0].GetTlsIdentity())
+}
+
+// Over files, registered endpoints are served beside the endpoints file's
+// set of the same authority; an address in both is served as the file
+// gives it; deregistered, the file's set stays.
+func TestRegisteredMergeWithFiles(t *testing.T) {
+	c := regtest.Start(t, regtest.Manifests)
+	c.Store.PutEndpoints("books.default.svc.cluster.local:7000", []endpoint.Endpoint{
+		{Addr: netip.MustParseAddrPort("127.0.0.1:4001"), Labels: map[string]string{"from": "file"}}})
+	get := getStream(t, c, "books.default.svc.cluster.local:7000")
+	up, err := get.Recv()
+	require.NoError(t, err)
+	require.Len(t, up.GetAdd().GetAddrs(), 1)
+
+	st, cancel := register(t, c, c.Certify(t, regtest.BooksID), books("127.0.0.1:4001"), books("127.0.0.1:4002"))
+	_, err = st.Recv()
+	require.NoError(t, err)
+	up, err = get.Recv()
+	require.NoError(t, err)
+	added := up.GetAdd().GetAddrs()
+	require.Len(t, added, 1, "only the new address is added: %v", added)
+	assert.EqualValues(t, 4002, added[0].GetAddr().GetPort())
+	cancel()
+	up, err = get.Recv()
+	require.NoError(t, err)
+	removed := up.GetRemove().GetAddrs()
+	require.Len(t, removed, 1, "the file's address stays")
+	assert.EqualValues(t, 4002, removed[0].GetPort())
 }

@@ -69,6 +69,13 @@ type ControlPlane struct {
 // ends.
 func Start(t testing.TB, manifests string, opts ...controlplane.Option) *ControlPlane {
 	t.Helper()
+	return StartOn(t, "127.0.0.1:0", manifests, opts...)
+}
+
+// StartOn starts a control plane as [Start] does whose plaintext listener
+// is addr.
+func StartOn(t testing.TB, addr, manifests string, opts ...controlplane.Option) *ControlPlane {
+	t.Helper()
 	root, err := controlplane.NewRootCA("root", time.Hour)
 	require.NoError(t, err)
 	iss, err := root.NewIntermediate("issuer", time.Hour)
@@ -87,8 +94,8 @@ func Start(t testing.TB, manifests string, opts ...controlplane.Option) *Control
 	self := c.Certify(t, c.Name)
 	tlsSrv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))
 	plain := grpc.NewServer()
-	c.TLSAddr = serve(t, tlsSrv, c.Server)
-	c.Addr = serve(t, plain, c.Server)
+	c.TLSAddr = serve(t, tlsSrv, c.Server, "127.0.0.1:0")
+	c.Addr = serve(t, plain, c.Server, addr)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -99,8 +106,8 @@ func Start(t testing.TB, manifests string, opts ...controlplane.Option) *Control
 	return c
 }
 
-func serve(t testing.TB, srv *grpc.Server, s *controlplane.Server) string {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+func serve(t testing.TB, srv *grpc.Server, s *controlplane.Server, addr string) string {
+	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
 	s.Register(srv)
 	go func() { _ = srv.Serve(lis) }()
