@@ -36,7 +36,8 @@ const (
 	// registration (one stream).
 	DefaultMaxRegisteredEndpoints = 64
 	// DefaultMaxRegistrationsPerIdentity bounds the registrations (open
-	// streams) of one identity on one replica.
+	// streams) of one identity on one replica (of one IP address for
+	// plaintext callers, with insecure registration).
 	DefaultMaxRegistrationsPerIdentity = 16
 )
 
@@ -203,11 +204,16 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 		return err
 	}
 	defer r.s.streams.Done()
-	if !r.acquire(caller) {
-		return r.refuse(ctx, &refusal{RefusedLimit, status.Errorf(codes.ResourceExhausted,
-			"registration: identity %q already holds %d registrations, the most one replica keeps", caller, r.cfg.maxPerIdentity)})
+	// Plaintext callers (insecure registration) are counted by address.
+	slot := caller
+	if !verified {
+		slot = "plaintext " + peerHost(ctx)
 	}
-	defer r.releaseSlot(caller)
+	if !r.acquire(slot) {
+		return r.refuse(ctx, &refusal{RefusedLimit, status.Errorf(codes.ResourceExhausted,
+			"registration: %s already holds %d registrations, the most one replica keeps", describeSlot(slot, verified), r.cfg.maxPerIdentity)})
+	}
+	defer r.releaseSlot(slot)
 
 	reqs := make(chan *registrationpb.RegisterRequest)
 	recvErr := make(chan error, 1)
@@ -297,6 +303,24 @@ func (r *registrationServer) receive(stream grpc.BidiStreamingServer[registratio
 			return
 		}
 	}
+}
+
+// peerHost returns the IP address of the caller.
+func peerHost(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
+			return ap.Addr().String()
+		}
+		return p.Addr.String()
+	}
+	return ""
+}
+
+func describeSlot(slot string, verified bool) string {
+	if verified {
+		return fmt.Sprintf("identity %q", slot)
+	}
+	return slot
 }
 
 func (r *registrationServer) acquire(id string) bool {
