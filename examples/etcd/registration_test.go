@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,10 +21,13 @@ import (
 
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/registration"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 const (
@@ -265,4 +270,46 @@ func TestRegisteredProxies(t *testing.T) {
 	expired := time.Since(dead)
 	t.Logf("c gone from replica 1 %v after its replica died", expired.Round(time.Millisecond))
 	assert.Less(t, expired, 5*time.Second+2*time.Second, "within the registration TTL (5s) and etcd's lease check")
+}
+
+// examples/destination over files refuses a plaintext registrant; with
+// -insecure-registration it says so loudly at start and accepts one, whose
+// endpoint then reaches the Destination API's answers (held in memory, with
+// no endpoints file).
+func TestInsecureRegistrationFlag(t *testing.T) {
+	bin := buildExamples(t)
+	policies := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(policies, "books.yaml"), []byte(regManifests), 0o644))
+	register := func(addr string) *registration.Registration {
+		conn, err := registration.Dial(addr, nil, "")
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		r, err := registration.Register(context.Background(), conn, []registration.Endpoint{{
+			Authority: regBooks, Addr: netip.MustParseAddrPort("127.0.0.1:4001"), H2: true}},
+			registration.WithLogger(slog.New(slog.DiscardHandler)))
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			_ = r.Deregister(ctx)
+		})
+		return r
+	}
+
+	secure := startProc(t, filepath.Join(bin, "destination"), "-listen", "127.0.0.1:0", "-policies", policies)
+	r := register(secure.waitLog(t, dstAddrRe))
+	require.Eventually(t, func() bool { return status.Code(r.Err()) == codes.PermissionDenied }, timeout, 10*time.Millisecond)
+	assert.Contains(t, r.Err().Error(), "no verified mTLS identity")
+
+	dev := startProc(t, filepath.Join(bin, "destination"), "-listen", "127.0.0.1:0", "-policies", policies, "-insecure-registration")
+	addr := dev.waitLog(t, dstAddrRe)
+	dev.waitLog(t, regexp.MustCompile(`level=WARN msg="controlplane: INSECURE REGISTRATION`))
+	size := watchEndpoints(t, addr)
+	r = register(addr)
+	select {
+	case <-r.Accepted():
+	case <-time.After(timeout):
+		t.Fatalf("not accepted: %v", r.Err())
+	}
+	require.Eventually(t, func() bool { return size() == 1 }, timeout, 10*time.Millisecond)
 }
