@@ -20,6 +20,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	logger      *slog.Logger
 	logInterval time.Duration
+	reg         registrationConfig // registration.go
 }
 
 func newConfig(opts []Option) config {

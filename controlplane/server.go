@@ -16,6 +16,7 @@ import (
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+	"github.com/inmesh/inmesh/proxyapi/registrationpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -38,6 +39,8 @@ type Server struct {
 	store *Store
 	log   *slog.Logger
 
+	reg *registrationServer
+
 	shutdownOnce sync.Once
 	shutdown     chan struct{} // closed by Shutdown
 	streams      sync.WaitGroup
@@ -50,18 +53,27 @@ var _ pb.DestinationServer = (*Server)(nil)
 var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shutting down")
 
 // NewServer returns a Server for store. Of the package's options it uses
-// [WithLogger].
+// [WithLogger], and the registration options ([WithRegistry],
+// [WithInsecureRegistration], [WithRegistrationLimits],
+// [WithMeterProvider]).
 func NewServer(store *Store, opts ...Option) *Server {
 	cfg := newConfig(opts)
-	return &Server{store: store, log: cfg.logger, shutdown: make(chan struct{})}
+	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{})}
+	s.reg = newRegistrationServer(s, cfg)
+	return s
 }
 
-// Register adds the Destination and OutboundPolicies services to r, such
-// as a *grpc.Server.
+// Register adds the Destination, OutboundPolicies, InboundServerPolicies
+// and Registration services to r, such as a *grpc.Server. Registration
+// needs the caller's verified mTLS identity: serve it (also) over TLS
+// that verifies client certificates against the trust anchors, as
+// identity.Local's ServerConfig does; on a plaintext server it accepts
+// only with [WithInsecureRegistration].
 func (s *Server) Register(r grpc.ServiceRegistrar) {
 	pb.RegisterDestinationServer(r, s)
 	outboundpb.RegisterOutboundPoliciesServer(r, &policyServer{s: s})
 	inboundpb.RegisterInboundServerPoliciesServer(r, &inboundServer{s: s})
+	registrationpb.RegisterRegistrationServer(r, s.reg)
 }
 
 // Shutdown ends every open stream with Unavailable and refuses new ones

@@ -19,7 +19,11 @@ import (
 type Store struct {
 	mu        sync.Mutex
 	profiles  map[string]*profiles.ServiceProfile // by name, lower case
-	endpoints map[string][]endpoint.Endpoint      // by authority host:port, lower case
+	endpoints map[string][]endpoint.Endpoint      // served: files' sets merged with registered ones (registered.go)
+	files     map[string][]endpoint.Endpoint      // the endpoint sets given by Set/Put/DeleteEndpoints
+	// registered are the endpoints workloads registered, by registration
+	// and authority (registered.go).
+	registered map[string]map[string][]endpoint.Endpoint
 	// endpointServices are the Services the endpoint sets name.
 	endpointServices map[serviceRef]struct{}
 	changed          chan struct{}           // closed and replaced on every change
@@ -39,6 +43,9 @@ func (s *Store) initLocked() {
 	}
 	if s.endpoints == nil {
 		s.endpoints = make(map[string][]endpoint.Endpoint)
+	}
+	if s.files == nil {
+		s.files = make(map[string][]endpoint.Endpoint)
 	}
 }
 
@@ -93,9 +100,9 @@ func (s *Store) SetEndpoints(sets map[string][]endpoint.Endpoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	s.endpoints = m
-	s.indexServicesLocked()
-	s.notifyLocked()
+	s.files = m
+	s.mergeLocked()
+	s.endpointsChangedLocked()
 }
 
 // PutEndpoints sets the endpoints of authority (host:port).
@@ -104,9 +111,9 @@ func (s *Store) PutEndpoints(authority string, eps []endpoint.Endpoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	s.endpoints[strings.ToLower(authority)] = eps
-	s.indexServicesLocked()
-	s.notifyLocked()
+	s.files[strings.ToLower(authority)] = eps
+	s.mergeLocked()
+	s.endpointsChangedLocked(strings.ToLower(authority))
 }
 
 // DeleteEndpoints makes authority unknown: it no longer exists.
@@ -114,9 +121,9 @@ func (s *Store) DeleteEndpoints(authority string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	delete(s.endpoints, strings.ToLower(authority))
-	s.indexServicesLocked()
-	s.notifyLocked()
+	delete(s.files, strings.ToLower(authority))
+	s.mergeLocked()
+	s.endpointsChangedLocked(strings.ToLower(authority))
 }
 
 // LoadServiceProfiles reads the ServiceProfiles of the YAML files and, when

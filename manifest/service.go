@@ -24,6 +24,10 @@ type Service struct {
 	// profile, as Linkerd's controller does. "None" (a headless Service)
 	// and an absent field leave it invalid.
 	ClusterIP netip.Addr
+	// Selector is spec.selector: the labels of the Pods that back the
+	// Service, whose service accounts may register its endpoints (see
+	// [Resources.RegistrationIdentities]). Nil when absent.
+	Selector map[string]string
 }
 
 // OpaquePort reports whether traffic to port of the Service is opaque: the
@@ -188,6 +192,11 @@ func (s *Service) parseSpec(spec yamltree.Node) error {
 			}
 		}
 	}
+	if sn, ok := obj["selector"]; ok && sn.Value != nil {
+		if s.Selector, err = stringMap(sn); err != nil {
+			return err
+		}
+	}
 	pn, ok := obj["ports"]
 	if !ok || pn.Value == nil {
 		return nil
@@ -247,6 +256,9 @@ func checkAnnotations(a map[string]string) error {
 		return err
 	}
 	if _, err := opaquePort(a, nil, 0); err != nil {
+		return err
+	}
+	if _, err := registrationIdentities(a); err != nil {
 		return err
 	}
 	_, err := failureAccrual(a)

@@ -100,6 +100,8 @@ type config struct {
 	discoveryWait  time.Duration
 	inbound        []authz.Option
 	tap            *tap.Hub
+	reg            *registrationConfig // registration.go
+	drainDelay     *time.Duration
 }
 
 // WithTap publishes the stack's requests to hub (package tap): a client's
@@ -354,12 +356,16 @@ type Server struct {
 	router   *router.Router
 	identity *identity.Local
 	authz    *authz.Handler
+	reg      *registrations // nil without WithRegistration
 }
 
 // Listener returns ln as the server must be served on it, with
 // origproto.NewServer: guarded against ambiguous framing
 // (origproto.GuardListener) and, with [WithIdentity], serving meshed mTLS
 // beside plaintext (origproto.MeshTLSListener).
+//
+// With [WithRegistration], it registers ln's address as the endpoint of
+// the registration's authorities.
 //
 // With [WithInboundPolicy], it starts the watch of ln's port, so that the
 // port's policy is on its way before the first request (which waits for
@@ -369,6 +375,9 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 		if a, ok := ln.Addr().(*net.TCPAddr); ok {
 			s.authz.WatchPorts(uint16(a.Port))
 		}
+	}
+	if s.reg != nil {
+		s.reg.start(ln.Addr())
 	}
 	if s.identity != nil {
 		ln = origproto.MeshTLSListener(ln, s.identity)
@@ -385,6 +394,9 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 func NewServer(app http.Handler, opts ...ServerOption) *Server {
 	c := newServerConfig(opts)
 	s := &Server{router: router.New(append(c.routerOptions(), router.WithLocalAuthorities(c.local...))...), identity: c.identity}
+	if c.reg != nil {
+		s.reg = newRegistrations(c)
+	}
 	var hopts []origproto.HandlerOption
 	if c.trust != nil {
 		hopts = append(hopts, origproto.WithTrust(c.trust))
@@ -469,9 +481,12 @@ func (s *Server) InboundPolicy() *authz.Handler { return s.authz }
 // the ServiceProfiles of the local authorities.
 func (s *Server) Router() *router.Router { return s.router }
 
-// Close stops the watches. With [WithInboundPolicy], the ports whose
+// Close deregisters the server's endpoints ([WithRegistration]) and stops the watches. With [WithInboundPolicy], the ports whose
 // policy never arrived refuse their requests from then on (authz.Handler.Close).
 func (s *Server) Close() {
+	if s.reg != nil {
+		s.reg.deregister(context.Background())
+	}
 	s.router.Close()
 	if s.authz != nil {
 		s.authz.Close()

@@ -2,8 +2,9 @@
 # Regenerates the protobuf and gRPC packages from the .proto files in this
 # folder, one Go package per Linkerd API under proxyapi/: destinationpb
 # (Destination API), outboundpb, httproutepb, grpcroutepb, opaqueroutepb and
-# tlsroutepb (OutboundPolicies API), identitypb (Identity API) and inboundpb
-# (InboundServerPolicies API). Each Go package holds one or more proto
+# tlsroutepb (OutboundPolicies API), identitypb (Identity API), inboundpb
+# (InboundServerPolicies API) and registrationpb (inmesh's own
+# Registration API). Each Go package holds one or more proto
 # packages, as their go_package options say.
 #   proto/generate.sh          write the generated code
 #   proto/generate.sh --check  fail when any committed package is stale

@@ -9,6 +9,9 @@
 //	PREFIX/manifests/NAME   the bytes of manifest YAML documents, as in a file (ServiceProfiles,
 //	                        Services, HTTPRoutes, GRPCRoutes, Pods, Servers, ...)
 //	PREFIX/endpoints/NAME   the bytes of one endpoints file (manifest.ParseEndpoints)
+//	PREFIX/registrations/AUTHORITY/ADDR
+//	                        an endpoint a workload registered ([Registry]), under
+//	                        the lease of its registration
 //
 // NAME may hold slashes: [Apply] keeps each resource under its own key,
 // PREFIX/manifests/KIND/NAMESPACE/NAME, as kubectl apply keeps one object
@@ -21,7 +24,8 @@
 // change, logged with its key, and the store keeps serving the last good
 // state until every key is good again. The endpoints keys are loaded
 // together the same way; an authority given by two keys is an error naming
-// both. Other keys under the prefix are ignored, for the kinds of keys
+// both. Registered endpoints are served beside them; a registration key
+// that does not parse is skipped and logged. Other keys under the prefix are ignored, for the kinds of keys
 // that later versions add.
 //
 // [Watch] reads every key at one revision, then follows etcd's watch from
@@ -172,6 +176,8 @@ type watcher struct {
 	rev       int64             // the revision the state below is at
 	manifests map[string][]byte // by key
 	endpoints map[string][]byte // by key
+	// registrations by key; loadedRegistrations what was last loaded.
+	registrations, loadedRegistrations map[string][]byte
 	// What was loaded into the store last (good or not), so that a change
 	// outside the keys read (or a reload that finds the same keys) does not
 	// wake every stream.
@@ -186,7 +192,7 @@ func (w *watcher) reload(ctx context.Context) (bad, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd: reading %s: %w", w.prefix, err)
 	}
-	w.manifests, w.endpoints = make(map[string][]byte), make(map[string][]byte)
+	w.manifests, w.endpoints, w.registrations = make(map[string][]byte), make(map[string][]byte), make(map[string][]byte)
 	for _, kv := range resp.Kvs {
 		w.put(string(kv.Key), kv.Value)
 	}
@@ -200,12 +206,15 @@ func (w *watcher) put(key string, value []byte) {
 		w.manifests[key] = value
 	case EndpointsDir:
 		w.endpoints[key] = value
+	case RegistrationsDir:
+		w.registrations[key] = value
 	}
 }
 
 func (w *watcher) delete(key string) {
 	delete(w.manifests, key)
 	delete(w.endpoints, key)
+	delete(w.registrations, key)
 }
 
 // kind returns the folder of a key, or "" for a key not read here.
@@ -218,7 +227,7 @@ func (w *watcher) kind(key string) string {
 	if !ok || name == "" {
 		return ""
 	}
-	if dir == ManifestsDir || dir == EndpointsDir {
+	if dir == ManifestsDir || dir == EndpointsDir || dir == RegistrationsDir {
 		return dir
 	}
 	return ""
@@ -255,7 +264,29 @@ func (w *watcher) load() error {
 			w.store.SetEndpoints(sets)
 		}
 	}
+	if !maps.EqualFunc(w.registrations, w.loadedRegistrations, bytes.Equal) {
+		w.loadedRegistrations = maps.Clone(w.registrations)
+		w.store.PutRegistered(registrationsID, w.parseRegistrations())
+	}
 	return errors.Join(errs...)
+}
+
+// registrationsID names, in the Store, every registration etcd holds.
+const registrationsID = "etcd"
+
+// parseRegistrations returns the registered endpoints by authority; a key
+// that does not parse is logged and skipped.
+func (w *watcher) parseRegistrations() map[string][]endpoint.Endpoint {
+	out := make(map[string][]endpoint.Endpoint)
+	for _, k := range slices.Sorted(maps.Keys(w.registrations)) {
+		a, e, err := parseRegistration(strings.TrimPrefix(k, w.prefix+RegistrationsDir+"/"), w.registrations[k])
+		if err != nil {
+			w.log.WarnErr("bad registration", "etcd: skipping a registration key that does not parse", err, "key", k)
+			continue
+		}
+		out[a] = append(out[a], e)
+	}
+	return out
 }
 
 // parseEndpoints merges the endpoints keys; an authority given by two keys

@@ -131,7 +131,7 @@ func TestServeFromEtcd(t *testing.T) {
 	defer cancel()
 	store := controlplane.NewStore()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	wait, err := watchEtcd(ctx, store, etcdFlags{endpoints: []string{m.Endpoint}, prefix: "/inmesh"}, log)
+	_, wait, err := watchEtcd(ctx, store, etcdFlags{endpoints: []string{m.Endpoint}, prefix: "/inmesh"}, log)
 	require.NoError(t, err)
 	defer func() { cancel(); wait() }()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -202,7 +202,7 @@ func TestEtcdOverTLS(t *testing.T) {
 	store := controlplane.NewStore()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ef := etcdFlags{endpoints: []string{m.Endpoint}, prefix: "/inmesh", caFile: m.CAFile, certFile: m.CertFile, keyFile: m.KeyFile}
-	wait, err := watchEtcd(ctx, store, ef, log)
+	_, wait, err := watchEtcd(ctx, store, ef, log)
 	require.NoError(t, err)
 	defer func() { cancel(); wait() }()
 

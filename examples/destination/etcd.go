@@ -74,17 +74,18 @@ func (f etcdFlags) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// watchEtcd feeds store from etcd until ctx is done; wait returns, once
-// ctx is done, when the watch has returned and its client is closed.
-func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log *slog.Logger) (wait func(), err error) {
-	cli, err := f.client()
+// watchEtcd feeds store from etcd until ctx is done, with the client it
+// returns; wait returns, once ctx is done, when the watch has returned and
+// the client is closed.
+func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log *slog.Logger) (cli *clientv3.Client, wait func(), err error) {
+	cli, err = f.client()
 	if err != nil {
-		return func() {}, err
+		return nil, func() {}, err
 	}
 	watched, err := etcdstore.Watch(ctx, store, cli, f.prefix, etcdstore.WithLogger(log), etcdstore.WithStartTimeout(etcdStartTimeout))
 	if err != nil {
 		cli.Close()
-		return func() {}, err
+		return nil, func() {}, err
 	}
 	// The client is closed once the watch has returned, never under it.
 	closed := make(chan struct{})
@@ -95,5 +96,5 @@ func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log 
 		cli.Close()
 	}()
 	log.Info("serving from etcd", "endpoints", strings.Join(f.endpoints, ","), "prefix", f.prefix)
-	return func() { <-closed }, nil
+	return cli, func() { <-closed }, nil
 }

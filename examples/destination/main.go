@@ -33,6 +33,13 @@
 //	go run ./examples/destination get -etcd-endpoints URLS
 //	go run ./examples/destination delete -etcd-endpoints URLS -f authors.yaml
 //
+// Workloads register their own endpoints (package
+// github.com/inmesh/inmesh/registration) over mTLS on -identity-listen,
+// authenticated by their identity; with -etcd-endpoints the registrations
+// are leased keys of etcd (-registration-ttl), served by every replica.
+// -insecure-registration accepts plaintext registrants on -listen too, for
+// development only.
+//
 // A bad file (or key) is logged with its file (or key), document and field,
 // and the last good version stays served. On SIGTERM or SIGINT it ends every open stream, so
 // that proxies re-subscribe at once (to its replacement), and exits within
@@ -55,6 +62,7 @@ import (
 
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/controlplane/etcdstore"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/manifest"
 	"google.golang.org/grpc"
@@ -89,6 +97,8 @@ func main() {
 		func(v string) (err error) { inbound.DefaultMode, err = authz.ParseMode(v); return err })
 	flag.Func("cluster-networks", "comma-separated CIDRs of the cluster-* policies (default Linkerd's: 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16)",
 		func(v string) (err error) { inbound.ClusterNetworks, err = parsePrefixes(v); return err })
+	insecureReg := flag.Bool("insecure-registration", false, "accept registrations from plaintext callers, unchecked (development only; registrations are otherwise authenticated by the workload's mTLS identity on -identity-listen)")
+	regTTL := flag.Duration("registration-ttl", etcdstore.DefaultRegistrationTTL, "with -etcd-endpoints: the lease TTL of a registration, the longest its endpoints outlive a replica that died")
 	flag.Func("probe-networks", "comma-separated CIDRs the probe route of default policies admits (default none: no probe route)",
 		func(v string) (err error) { inbound.ProbeNetworks, err = parsePrefixes(v); return err })
 	flag.Parse()
@@ -100,16 +110,12 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if id.dir != "" {
-		idSrv, err := serveIdentity(ctx, id, *interval, log)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "destination:", err)
-			os.Exit(1)
-		}
-		defer idSrv.Stop()
-	}
 	store := controlplane.NewStore()
 	store.SetInboundOptions(inbound)
+	opts := []controlplane.Option{controlplane.WithLogger(log)}
+	if *insecureReg {
+		opts = append(opts, controlplane.WithInsecureRegistration())
+	}
 	var feed func() error
 	wait := func() {}
 	if len(ef.endpoints) > 0 {
@@ -117,8 +123,14 @@ func main() {
 			fmt.Fprintln(os.Stderr, "destination: -etcd-endpoints replaces -profiles, -endpoints and -policies")
 			os.Exit(2)
 		}
-		feed = func() (err error) {
-			wait, err = watchEtcd(ctx, store, ef, log)
+		feed = func() error {
+			cli, w, err := watchEtcd(ctx, store, ef, log)
+			if err == nil {
+				wait = w
+				// Registrations are leased keys of etcd, which every
+				// replica serves.
+				opts = append(opts, controlplane.WithRegistry(etcdstore.NewRegistry(cli, ef.prefix, *regTTL)))
+			}
 			return err
 		}
 	} else {
@@ -128,7 +140,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}
-	err := run(ctx, *listen, store, log)
+	dst := controlplane.NewServer(store, opts...)
+	if id.dir != "" {
+		idSrv, err := serveIdentity(ctx, id, *interval, dst, log)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "destination:", err)
+			os.Exit(1)
+		}
+		defer idSrv.Stop()
+	}
+	err := run(ctx, *listen, dst, log)
 	stop()
 	wait() // the etcd watch has returned and its client is closed
 	if err != nil {
@@ -161,13 +182,12 @@ func watchFiles(ctx context.Context, store *controlplane.Store, profilesDir, end
 	return nil
 }
 
-func run(ctx context.Context, listen string, store *controlplane.Store, log *slog.Logger) error {
+func run(ctx context.Context, listen string, dst *controlplane.Server, log *slog.Logger) error {
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
 	srv := grpc.NewServer()
-	dst := controlplane.NewServer(store, controlplane.WithLogger(log))
 	dst.Register(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -224,8 +244,11 @@ func (f identityFlags) check() error {
 }
 
 // serveIdentity serves the Identity API on its own TLS listener, with the
-// identity service's own certificate from its issuer, renewed as any.
-func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration, log *slog.Logger) (*grpc.Server, error) {
+// identity service's own certificate from its issuer, renewed as any; the
+// same listener serves dst's APIs, Registration among them, to workloads
+// that show their certificate (mTLS), whose identity authenticates their
+// registrations.
+func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration, dst *controlplane.Server, log *slog.Logger) (*grpc.Server, error) {
 	dir, created, err := controlplane.LoadIdentityDir(f.dir)
 	if err != nil {
 		return nil, err
@@ -257,6 +280,7 @@ func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration,
 	// Linkerd's proxies negotiate no ALPN with the identity service.
 	srv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))
 	issuer.Register(srv)
+	dst.Register(srv)
 	go srv.Serve(lis)
 	log.Info("serving the Identity API", "addr", lis.Addr().String(), "identity", self.Name())
 	return srv, nil

@@ -30,6 +30,15 @@ func (f *identityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.namespace, "identity-namespace", "linkerd", "the control plane's namespace, for the default -identity-server-name")
 }
 
+// resolved returns the flags with the Identity service's default name
+// filled in.
+func (f identityFlags) resolved() identityFlags {
+	if f.serverName == "" {
+		f.serverName = "linkerd-identity." + f.namespace + ".serviceaccount.identity." + f.namespace + "." + f.trustDomain
+	}
+	return f
+}
+
 // startIdentity returns the proxy's local identity, certified in the
 // background by the Identity API (identity.NewSession) until the returned
 // stop; nil without an identity name. The proxy serves before the first
@@ -50,9 +59,7 @@ func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider
 		if f.tokenFile == "" {
 			return nil, nil, errors.New("-identity-name needs -identity-token-file")
 		}
-		if f.serverName == "" {
-			f.serverName = "linkerd-identity." + f.namespace + ".serviceaccount.identity." + f.namespace + "." + f.trustDomain
-		}
+		f = f.resolved()
 		cfg = identity.Config{Name: f.name, TrustAnchorsFile: f.anchorsFile, TokenFile: f.tokenFile,
 			Addr: f.addr, ServerName: f.serverName}
 	case fromEnv:

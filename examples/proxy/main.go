@@ -25,6 +25,13 @@
 // (package dashboard), and /tap a live stream of the requests, one JSON
 // object per line (package tap); both answer loopback clients only.
 //
+// With -register SERVICE:PORT (repeatable), the proxy registers -inbound as
+// an endpoint of that Service port with the control plane (package
+// registration), over mTLS with its identity at -identity-addr (or
+// -registration-addr): peers find it by name with no endpoints file. On
+// SIGTERM it deregisters first, waits a second for peers to see it, then
+// drains and closes.
+//
 // -destination (and -policy, -identity-addr) may list several control-plane
 // replicas, comma-separated: the proxy uses the first that answers and moves
 // to the next live one when it dies, its watches keeping their last state.
@@ -98,6 +105,7 @@ type flags struct {
 	suffixes                                                 []string
 	networks                                                 []netip.Prefix
 	identity                                                 identityFlags
+	registration                                             registerFlags
 }
 
 func main() {
@@ -143,6 +151,7 @@ func main() {
 	flag.DurationVar(&f.discoveryWait, "discovery-wait", 0,
 		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route); an answer that cannot come (a control plane without the API, as Linkerd's destination controller alone for OutboundPolicies, or one that cannot be reached) ends the wait at once")
 	f.identity.register(flag.CommandLine)
+	f.registration.register(flag.CommandLine)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(f, log); err != nil {
@@ -209,6 +218,14 @@ func run(f flags, log *slog.Logger) error {
 	clientOpts := append(mesh.ClientOptions(opts...),
 		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)), mesh.WithDiscoveryWait(f.discoveryWait))
 	serverOpts := append(mesh.ServerOptions(opts...), mesh.WithLocalAuthorities(f.local...))
+	regOpt, regConn, err := f.registration.option(local, f.identity.resolved(), f.destination)
+	if err != nil {
+		return err
+	}
+	if regConn != nil {
+		defer regConn.Close()
+		serverOpts = append(serverOpts, regOpt)
+	}
 	pol := dst
 	if f.policyAddr != "" {
 		pol, err = destination.Dial(f.policyAddr, dstOpts...)
@@ -310,13 +327,24 @@ func run(f flags, log *slog.Logger) error {
 	case err := <-errs:
 		return err
 	}
-	// In-flight requests drain for up to drainTimeout; then every
+	// The registered endpoints go first, so that peers stop sending
+	// before the listener closes (for up to deregisterTimeout); then
+	// in-flight requests drain for up to drainTimeout; then every
 	// connection is closed, and a watchdog bounds the rest of the exit.
-	exitBy := time.AfterFunc(drainTimeout+time.Second, func() {
+	exitBy := time.AfterFunc(deregisterTimeout+drainTimeout+time.Second, func() {
 		log.Error("shutdown took too long; exiting")
 		os.Exit(1)
 	})
 	defer exitBy.Stop()
+	if regConn != nil {
+		dctx, dcancel := context.WithTimeout(context.Background(), deregisterTimeout)
+		if err := inboundStack.Drain(dctx); err != nil {
+			log.Warn("deregistration unconfirmed at its deadline", "err", err)
+		} else {
+			log.Info("deregistered; draining")
+		}
+		dcancel()
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	var drain sync.WaitGroup
@@ -336,8 +364,12 @@ func run(f flags, log *slog.Logger) error {
 }
 
 // drainTimeout bounds how long in-flight requests may finish after SIGTERM;
-// with the watchdog's second the proxy exits within 5s.
-const drainTimeout = 4 * time.Second
+// with the watchdog's second the proxy exits within 5s (7s with -register,
+// whose deregistration and drain delay come first, within deregisterTimeout).
+const (
+	drainTimeout      = 4 * time.Second
+	deregisterTimeout = 2 * time.Second
+)
 
 // fullDuplex serves the HTTP/1 requests of h full duplex, so that a
 // response (a route timeout's 504, a stream) can go out while the request

@@ -1,0 +1,175 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// RegistrationsDir is the folder of registered endpoints under the prefix:
+// PREFIX/registrations/AUTHORITY/ADDR, each key attached to the lease of
+// the registration that wrote it.
+const RegistrationsDir = "registrations"
+
+// DefaultRegistrationTTL is the lease TTL of a registration: the longest a
+// registered endpoint outlives its registration when the replica that
+// held it died too (a replica that sees the stream end removes it at once).
+const DefaultRegistrationTTL = 5 * time.Second
+
+// RegistrationKey returns the key of a registered endpoint.
+func RegistrationKey(prefix, authority string, addr netip.AddrPort) string {
+	return cleanPrefix(prefix) + "/" + RegistrationsDir + "/" + strings.ToLower(authority) + "/" + addr.String()
+}
+
+// registered is the value of a registration key.
+type registered struct {
+	Weight   uint32            `json:"weight,omitempty"`
+	Identity string            `json:"identity,omitempty"`
+	H2       bool              `json:"h2,omitempty"`
+	Opaque   bool              `json:"opaque,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+}
+
+// Registry keeps registrations in etcd (a [controlplane.Registry], for
+// controlplane.WithRegistry): each registration under a lease of its own,
+// kept alive while its stream is open and revoked when it ends, so that
+// every replica's [Watch] serves the endpoints, and they expire within
+// the TTL when the replica that holds the stream dies. It is safe for
+// concurrent use.
+type Registry struct {
+	cli    *clientv3.Client
+	prefix string
+	ttl    time.Duration
+}
+
+var _ controlplane.Registry = (*Registry)(nil)
+
+// NewRegistry returns a Registry writing under prefix; ttl <= 0 means
+// [DefaultRegistrationTTL] (etcd rounds a TTL up to whole seconds, and up
+// to its own minimum).
+func NewRegistry(cli *clientv3.Client, prefix string, ttl time.Duration) *Registry {
+	if ttl <= 0 {
+		ttl = DefaultRegistrationTTL
+	}
+	return &Registry{cli: cli, prefix: cleanPrefix(prefix), ttl: ttl}
+}
+
+// Open grants the registration's lease and keeps it alive until Release.
+func (r *Registry) Open(ctx context.Context) (controlplane.Lease, error) {
+	secs := int64((r.ttl + time.Second - 1) / time.Second)
+	grant, err := r.cli.Grant(ctx, secs)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: granting a lease: %w", err)
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	ch, err := r.cli.KeepAlive(kctx, grant.ID)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("etcd: keeping lease %x alive: %w", grant.ID, err)
+	}
+	l := &lease{r: r, id: grant.ID, cancel: cancel, lost: make(chan struct{}), done: make(chan struct{})}
+	go l.keepAlive(ch)
+	return l, nil
+}
+
+type lease struct {
+	r      *Registry
+	id     clientv3.LeaseID
+	cancel context.CancelFunc
+	lost   chan struct{} // closed when the keep-alive ended before Release
+	done   chan struct{} // closed when keepAlive returned
+
+	mu       sync.Mutex
+	keys     map[string]bool // written by the last Put
+	released bool
+}
+
+// keepAlive drains the keep-alive answers; their end before Release means
+// the lease expired or etcd stayed out of reach.
+func (l *lease) keepAlive(ch <-chan *clientv3.LeaseKeepAliveResponse) {
+	defer close(l.done)
+	for range ch {
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.released {
+		close(l.lost)
+	}
+}
+
+// Put writes the endpoints under the lease and deletes the keys of the
+// last Put that are gone, in one transaction.
+func (l *lease) Put(ctx context.Context, sets map[string][]endpoint.Endpoint) error {
+	keys := make(map[string]bool)
+	var ops []clientv3.Op
+	for a, eps := range sets {
+		for _, e := range eps {
+			v, err := json.Marshal(registered{Weight: e.Weight, Identity: e.Identity, H2: e.H2, Opaque: e.Opaque, Labels: e.Labels})
+			if err != nil {
+				return err
+			}
+			k := RegistrationKey(l.r.prefix, a, e.Addr)
+			keys[k] = true
+			ops = append(ops, clientv3.OpPut(k, string(v), clientv3.WithLease(l.id)))
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range slices.Sorted(maps.Keys(l.keys)) {
+		if !keys[k] {
+			ops = append(ops, clientv3.OpDelete(k))
+		}
+	}
+	if _, err := l.r.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		return fmt.Errorf("etcd: writing the registration: %w", err)
+	}
+	l.keys = keys
+	return nil
+}
+
+// Release stops the keep-alive and, with remove, revokes the lease, which
+// deletes its keys at once; without, they expire with the lease.
+func (l *lease) Release(ctx context.Context, remove bool) error {
+	l.mu.Lock()
+	l.released = true
+	l.mu.Unlock()
+	l.cancel()
+	<-l.done
+	if !remove {
+		return nil
+	}
+	if _, err := l.r.cli.Revoke(ctx, l.id); err != nil {
+		return fmt.Errorf("etcd: revoking lease %x: %w", l.id, err)
+	}
+	return nil
+}
+
+func (l *lease) Lost() <-chan struct{} { return l.lost }
+
+// parseRegistration reads a registration key: its authority, and its
+// endpoint.
+func parseRegistration(rest string, value []byte) (string, endpoint.Endpoint, error) {
+	i := strings.LastIndexByte(rest, '/')
+	if i <= 0 {
+		return "", endpoint.Endpoint{}, fmt.Errorf("want %s/AUTHORITY/ADDR", RegistrationsDir)
+	}
+	addr, err := netip.ParseAddrPort(rest[i+1:])
+	if err != nil {
+		return "", endpoint.Endpoint{}, fmt.Errorf("address: %w", err)
+	}
+	var v registered
+	if err := json.Unmarshal(value, &v); err != nil {
+		return "", endpoint.Endpoint{}, fmt.Errorf("value: %w", err)
+	}
+	return rest[:i], endpoint.Endpoint{Addr: addr, Weight: v.Weight, Identity: v.Identity, H2: v.H2, Opaque: v.Opaque, Labels: v.Labels}, nil
+}

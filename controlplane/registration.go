@@ -1,0 +1,480 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/ratelog"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/proxyapi/registrationpb"
+)
+
+// The bounds of what one registrant can make the control plane hold,
+// unless [WithRegistrationLimits] sets others. An endpoint's labels are
+// bounded as in an endpoints file (manifest.CheckLabels).
+const (
+	// DefaultMaxRegisteredEndpoints bounds the endpoints of one
+	// registration (one stream).
+	DefaultMaxRegisteredEndpoints = 64
+	// DefaultMaxRegistrationsPerIdentity bounds the registrations (open
+	// streams) of one identity on one replica (of one IP address for
+	// plaintext callers, with insecure registration).
+	DefaultMaxRegistrationsPerIdentity = 16
+)
+
+// The reasons of registration_refused_total.
+const (
+	RefusedPlaintext = "plaintext" // a caller without a verified identity
+	RefusedIdentity  = "identity"  // an endpoint with another identity than the caller's
+	RefusedService   = "service"   // a Service (or port) the caller may not serve
+	RefusedInvalid   = "invalid"   // a malformed request or endpoint
+	RefusedLimit     = "limit"     // past a bound of WithRegistrationLimits or of the labels
+)
+
+// Registry keeps the endpoints that workloads register: [Store] itself by
+// default (the replica's memory), or etcd (package etcdstore) so that every
+// replica serves them. Implementations are safe for concurrent use.
+type Registry interface {
+	// Open starts a registration, empty until Put.
+	Open(ctx context.Context) (Lease, error)
+}
+
+// Lease is one registration: its endpoints stay registered until Release,
+// or until the Registry loses it (Lost closed), as an etcd lease that
+// expired.
+type Lease interface {
+	// Put replaces the registration's endpoints, by authority.
+	Put(ctx context.Context, sets map[string][]endpoint.Endpoint) error
+	// Release removes the endpoints at once when remove is true; else
+	// (the replica is shutting down, the workload will register again
+	// elsewhere) it leaves them to expire, when the Registry has a bound
+	// on their life.
+	Release(ctx context.Context, remove bool) error
+	// Lost is closed when the registration ended without Release.
+	Lost() <-chan struct{}
+}
+
+type registrationConfig struct {
+	registry       Registry
+	insecure       bool
+	maxEndpoints   int
+	maxPerIdentity int
+	mp             metric.MeterProvider
+}
+
+// WithRegistry sets where the registration server keeps registered
+// endpoints (default: the Server's [Store], in memory). Nil changes
+// nothing.
+func WithRegistry(r Registry) Option {
+	return optionFunc(func(c *config) {
+		if r != nil {
+			c.reg.registry = r
+		}
+	})
+}
+
+// WithInsecureRegistration lets callers without a verified mTLS identity
+// register, for development: their endpoints carry the identity they claim
+// (none, usually), for any Service of the cluster's name form, unchecked.
+// The Server logs a warning when it is built with it.
+func WithInsecureRegistration() Option {
+	return optionFunc(func(c *config) { c.reg.insecure = true })
+}
+
+// WithRegistrationLimits bounds the endpoints of one registration and the
+// open registrations of one identity (defaults
+// [DefaultMaxRegisteredEndpoints] and
+// [DefaultMaxRegistrationsPerIdentity]); a value <= 0 keeps its default.
+func WithRegistrationLimits(maxEndpoints, maxPerIdentity int) Option {
+	return optionFunc(func(c *config) {
+		if maxEndpoints > 0 {
+			c.reg.maxEndpoints = maxEndpoints
+		}
+		if maxPerIdentity > 0 {
+			c.reg.maxPerIdentity = maxPerIdentity
+		}
+	})
+}
+
+// WithMeterProvider sets the meter provider of the Server's metrics
+// (registration_refused_total); default otel.GetMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.reg.mp = mp })
+}
+
+// registrationServer serves the Registration API of a Server.
+type registrationServer struct {
+	registrationpb.UnimplementedRegistrationServer
+	s        *Server
+	cfg      registrationConfig
+	log      *ratelog.Logger
+	refused  metric.Int64Counter
+	mu       sync.Mutex
+	open     map[string]int // registrations by identity ("" plaintext)
+	refusals map[string]metric.AddOption
+}
+
+func newRegistrationServer(s *Server, cfg config) *registrationServer {
+	rc := cfg.reg
+	if rc.registry == nil {
+		rc.registry = storeRegistry{s.store}
+	}
+	if rc.maxEndpoints <= 0 {
+		rc.maxEndpoints = DefaultMaxRegisteredEndpoints
+	}
+	if rc.maxPerIdentity <= 0 {
+		rc.maxPerIdentity = DefaultMaxRegistrationsPerIdentity
+	}
+	r := &registrationServer{s: s, cfg: rc, log: ratelog.New(cfg.logger, cfg.logInterval), open: make(map[string]int),
+		refusals: make(map[string]metric.AddOption)}
+	var err error
+	if r.refused, err = metrics.Meter(rc.mp, ScopeName).Int64Counter("registration_refused_total",
+		metric.WithDescription("Endpoint registrations refused, by reason: plaintext, identity, service, invalid or limit.")); err != nil {
+		otel.Handle(err)
+	}
+	for _, reason := range []string{RefusedPlaintext, RefusedIdentity, RefusedService, RefusedInvalid, RefusedLimit} {
+		r.refusals[reason] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason)))
+	}
+	if rc.insecure {
+		cfg.logger.Warn("controlplane: INSECURE REGISTRATION: callers without a verified mTLS identity may register endpoints, unchecked; for development only")
+	}
+	return r
+}
+
+// refusal is a refused registration: its gRPC error and metric reason.
+type refusal struct {
+	reason string
+	err    error
+}
+
+func (r *registrationServer) refuse(ctx context.Context, f *refusal) error {
+	if r.refused != nil {
+		r.refused.Add(ctx, 1, r.refusals[f.reason])
+	}
+	r.log.WarnErr("registration refused "+f.reason, "controlplane: refused a registration", f.err, "reason", f.reason)
+	return f.err
+}
+
+// callerOf returns the caller's verified identity: that of a TLS
+// connection whose client certificate verified (credentials.TLSInfo with
+// verified chains, as a server with identity.Local's ServerConfig makes
+// it); "" and false for a plaintext caller or one without a certificate.
+func callerOf(ctx context.Context) (string, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", false
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return "", false
+	}
+	id := identity.PeerFromState(&info.State).ID
+	return id, id != ""
+}
+
+// Register serves one registration stream (see the Registration API in
+// proto/registration.proto).
+func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrationpb.RegisterRequest, registrationpb.RegisterResponse]) error {
+	ctx := stream.Context()
+	caller, verified := callerOf(ctx)
+	if !verified && !r.cfg.insecure {
+		return r.refuse(ctx, &refusal{RefusedPlaintext, status.Error(codes.PermissionDenied,
+			"registration: the caller has no verified mTLS identity; register over mTLS with the workload's identity (a plaintext registrant is accepted only by a control plane started with insecure registration)")})
+	}
+	if err := r.s.begin(); err != nil {
+		return err
+	}
+	defer r.s.streams.Done()
+	// Plaintext callers (insecure registration) are counted by address.
+	slot := caller
+	if !verified {
+		slot = "plaintext " + peerHost(ctx)
+	}
+	if !r.acquire(slot) {
+		return r.refuse(ctx, &refusal{RefusedLimit, status.Errorf(codes.ResourceExhausted,
+			"registration: %s already holds %d registrations, the most one replica keeps", describeSlot(slot, verified), r.cfg.maxPerIdentity)})
+	}
+	defer r.releaseSlot(slot)
+
+	reqs := make(chan *registrationpb.RegisterRequest)
+	recvErr := make(chan error, 1)
+	go r.receive(stream, reqs, recvErr)
+
+	var lease Lease
+	lost := (<-chan struct{})(nil)
+	release := func(remove bool) {
+		if lease != nil {
+			// The stream's context may be gone: the release gets its own.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownReleaseTimeout)
+			defer cancel()
+			if err := lease.Release(rctx, remove); err != nil {
+				r.log.WarnErr("registration release", "controlplane: cannot release a registration; its lease will expire", err, "identity", caller)
+			}
+		}
+	}
+	for {
+		select {
+		case req := <-reqs:
+			switch k := req.GetKind().(type) {
+			case *registrationpb.RegisterRequest_Endpoints:
+				sets, n, f := r.check(caller, verified, k.Endpoints.GetEndpoints())
+				if f != nil {
+					release(true)
+					return r.refuse(ctx, f)
+				}
+				if lease == nil {
+					var err error
+					if lease, err = r.cfg.registry.Open(ctx); err != nil {
+						return status.Errorf(codes.Unavailable, "registration: cannot open a registration: %v", err)
+					}
+					lost = lease.Lost()
+				}
+				if err := lease.Put(ctx, sets); err != nil {
+					release(true)
+					return status.Errorf(codes.Unavailable, "registration: cannot register: %v", err)
+				}
+				if err := stream.Send(&registrationpb.RegisterResponse{Kind: &registrationpb.RegisterResponse_Accepted{
+					Accepted: &registrationpb.Accepted{Endpoints: uint32(n), Identity: caller}}}); err != nil {
+					release(true)
+					return err
+				}
+			case *registrationpb.RegisterRequest_Deregister:
+				release(true)
+				return stream.Send(&registrationpb.RegisterResponse{Kind: &registrationpb.RegisterResponse_Deregistered{
+					Deregistered: &registrationpb.Deregistered{}}})
+			default:
+				release(true)
+				return r.refuse(ctx, &refusal{RefusedInvalid, status.Error(codes.InvalidArgument, "registration: a request with neither endpoints nor deregister")})
+			}
+		case err := <-recvErr:
+			// The workload closed its side, went away or broke: its
+			// endpoints go at once.
+			release(true)
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-lost:
+			return status.Error(codes.Unavailable, "registration: the registration's lease was lost; register again")
+		case <-r.s.shutdown:
+			// The workload registers again with another replica; the
+			// endpoints stay until their lease expires, so that callers
+			// never see them gone meanwhile.
+			release(false)
+			return errShuttingDown
+		}
+	}
+}
+
+// shutdownReleaseTimeout bounds the removal of a registration.
+const shutdownReleaseTimeout = 5 * time.Second
+
+// receive reads the stream's requests until it fails.
+func (r *registrationServer) receive(stream grpc.BidiStreamingServer[registrationpb.RegisterRequest, registrationpb.RegisterResponse], out chan<- *registrationpb.RegisterRequest, errc chan<- error) {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			errc <- err
+			return
+		}
+		select {
+		case out <- req:
+		case <-stream.Context().Done():
+			errc <- stream.Context().Err()
+			return
+		}
+	}
+}
+
+// peerHost returns the IP address of the caller.
+func peerHost(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
+			return ap.Addr().String()
+		}
+		return p.Addr.String()
+	}
+	return ""
+}
+
+func describeSlot(slot string, verified bool) string {
+	if verified {
+		return fmt.Sprintf("identity %q", slot)
+	}
+	return slot
+}
+
+func (r *registrationServer) acquire(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open[id] >= r.cfg.maxPerIdentity {
+		return false
+	}
+	r.open[id]++
+	return true
+}
+
+func (r *registrationServer) releaseSlot(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open[id]--; r.open[id] <= 0 {
+		delete(r.open, id)
+	}
+}
+
+// check validates and authorizes the endpoints of a request and returns
+// them by authority, with their number.
+func (r *registrationServer) check(caller string, verified bool, eps []*registrationpb.Endpoint) (map[string][]endpoint.Endpoint, int, *refusal) {
+	if len(eps) > r.cfg.maxEndpoints {
+		return nil, 0, &refusal{RefusedLimit, status.Errorf(codes.ResourceExhausted,
+			"registration: %d endpoints, more than the %d one registration may hold", len(eps), r.cfg.maxEndpoints)}
+	}
+	sets := make(map[string][]endpoint.Endpoint)
+	allowed := make(map[serviceRef]bool)
+	for i, pe := range eps {
+		e, authority, ref, f := parseRegistered(i, pe)
+		if f != nil {
+			return nil, 0, f
+		}
+		switch {
+		case verified && e.Identity == "":
+			e.Identity = caller
+		case verified && e.Identity != caller:
+			return nil, 0, &refusal{RefusedIdentity, status.Errorf(codes.PermissionDenied,
+				"registration: endpoints[%d] (%s of %s) carries identity %q, but the caller is %q: an endpoint carries only its registrant's identity",
+				i, e.Addr, authority, e.Identity, caller)}
+		}
+		if verified {
+			ok, seen := allowed[ref]
+			if !seen {
+				ok = r.s.store.mayRegister(caller, ref)
+				allowed[ref] = ok
+			}
+			if !ok {
+				return nil, 0, &refusal{RefusedService, status.Errorf(codes.PermissionDenied,
+					"registration: identity %q may not serve Service %s/%s (endpoints[%d], %s): neither a Pod its selector matches runs as that service account nor its %s annotation lists it",
+					caller, ref.ns, ref.name, i, authority, manifest.AnnotationRegistrationIdentities)}
+			}
+			if _, port, _ := hostAndPort(authority); !r.s.store.definesPort(ref, port) {
+				return nil, 0, &refusal{RefusedService, status.Errorf(codes.PermissionDenied,
+					"registration: identity %q may not register port %d of Service %s/%s (endpoints[%d]): the Service does not define it",
+					caller, port, ref.ns, ref.name, i)}
+			}
+		}
+		sets[authority] = append(sets[authority], e)
+	}
+	return sets, len(eps), nil
+}
+
+// parseRegistered reads endpoint i of a request.
+func parseRegistered(i int, pe *registrationpb.Endpoint) (endpoint.Endpoint, string, serviceRef, *refusal) {
+	invalid := func(format string, args ...any) *refusal {
+		return &refusal{RefusedInvalid, status.Errorf(codes.InvalidArgument, "registration: endpoints[%d]: %s", i, fmt.Sprintf(format, args...))}
+	}
+	host, port, err := hostAndPort(pe.GetAuthority())
+	if err != nil || pe.GetAuthority() == "" {
+		return endpoint.Endpoint{}, "", serviceRef{}, invalid("authority %q: want name.ns.svc.cluster.local:port", pe.GetAuthority())
+	}
+	ref, instance, err := clusterService(host)
+	if err != nil || instance != "" {
+		return endpoint.Endpoint{}, "", serviceRef{}, invalid("authority %q: want name.ns.svc.cluster.local:port", pe.GetAuthority())
+	}
+	addr, err := netip.ParseAddrPort(pe.GetAddr())
+	if err != nil || addr.Port() == 0 || addr.Addr().IsUnspecified() || addr.Addr().Zone() != "" {
+		return endpoint.Endpoint{}, "", serviceRef{}, invalid("addr %q: want ip:port of the workload", pe.GetAddr())
+	}
+	if err := manifest.CheckLabels(pe.GetLabels()); err != nil {
+		return endpoint.Endpoint{}, "", serviceRef{}, &refusal{RefusedLimit, status.Errorf(codes.ResourceExhausted, "registration: endpoints[%d].labels: %v", i, err)}
+	}
+	if pe.GetIdentity() != "" && identity.CheckName(pe.GetIdentity()) != nil {
+		return endpoint.Endpoint{}, "", serviceRef{}, invalid("identity %q is not an identity name", pe.GetIdentity())
+	}
+	e := endpoint.Endpoint{
+		Addr:     netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port()),
+		Weight:   pe.GetWeight(),
+		Identity: pe.GetIdentity(),
+		H2:       pe.GetProtocol() == registrationpb.ProtocolHint_PROTOCOL_HINT_H2,
+		Opaque:   pe.GetProtocol() == registrationpb.ProtocolHint_PROTOCOL_HINT_OPAQUE,
+	}
+	if len(pe.GetLabels()) > 0 {
+		e.Labels = make(map[string]string, len(pe.GetLabels()))
+		for k, v := range pe.GetLabels() {
+			e.Labels[k] = v
+		}
+	}
+	return e, host + ":" + strconv.FormatUint(uint64(port), 10), ref, nil
+}
+
+// mayRegister reports whether identity id may register endpoints of the
+// Service ref (manifest.Resources.RegistrationIdentities).
+func (s *Store) mayRegister(id string, ref serviceRef) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.manifests == nil {
+		return false
+	}
+	for _, allowed := range s.manifests.RegistrationIdentities(ref.ns, ref.name, s.inbound) {
+		if allowed == id {
+			return true
+		}
+	}
+	return false
+}
+
+// definesPort reports whether the Service ref's manifest defines port.
+func (s *Store) definesPort(ref serviceRef, port uint32) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.manifests == nil {
+		return false
+	}
+	svc := s.manifests.Service(ref.ns, ref.name)
+	return svc != nil && port <= 0xffff && svc.HasPort(uint16(port))
+}
+
+// storeRegistry is the default Registry: the Store's memory.
+type storeRegistry struct{ store *Store }
+
+var registrationIDs atomic.Uint64
+
+func (r storeRegistry) Open(context.Context) (Lease, error) {
+	return &storeLease{store: r.store, id: "registration/" + strconv.FormatUint(registrationIDs.Add(1), 10)}, nil
+}
+
+type storeLease struct {
+	store *Store
+	id    string
+}
+
+func (l *storeLease) Put(_ context.Context, sets map[string][]endpoint.Endpoint) error {
+	l.store.PutRegistered(l.id, sets)
+	return nil
+}
+
+// Release removes the endpoints either way: a Store's registrations do
+// not outlive its process.
+func (l *storeLease) Release(context.Context, bool) error {
+	l.store.DeleteRegistered(l.id)
+	return nil
+}
+
+func (l *storeLease) Lost() <-chan struct{} { return nil }
