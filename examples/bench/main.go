@@ -64,9 +64,12 @@ var scenarios = []scenario{
 	{"host_flood", hostFlood},
 	{"grpc_unary", grpcUnary},
 	{"grpc_stream", grpcStream},
+	{"fanout", fanout},
+	{"watch_table", watchTable},
 }
 
 func main() {
+	runChild()
 	var o options
 	var only string
 	flag.IntVar(&o.rounds, "rounds", 0, "rounds per scenario (default 9, 3 with -short)")
