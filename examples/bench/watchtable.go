@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -33,6 +34,7 @@ func tableName(i int) string {
 type tableUsage struct {
 	RSSMiB     float64 `json:"rss_mib"`
 	HeapMiB    float64 `json:"heap_mib"`
+	StackMiB   float64 `json:"stack_mib"`
 	Goroutines int     `json:"goroutines"`
 	Watches    int     `json:"watches"`
 	Sent       int     `json:"sent"`
@@ -88,7 +90,22 @@ func watchTable(o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	cpBefore := heap()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	defer stdin.Close()
+	// The control plane's share of this process: its heap and the
+	// stacks of its streams' goroutines.
+	cpMem := func() float64 {
+		for range 4 {
+			heap()
+		}
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return float64(m.HeapAlloc+m.StackInuse) / (1 << 20)
+	}
+	cpBefore := cpMem()
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -106,6 +123,7 @@ func watchTable(o options) (*result, error) {
 	}()
 	var use [3]tableUsage
 	var cpHeap [3]float64
+	var cpG [3]int
 	for i := range use {
 		select {
 		case l, ok := <-lines:
@@ -118,7 +136,16 @@ func watchTable(o options) (*result, error) {
 		case <-time.After(10 * time.Minute):
 			return nil, fmt.Errorf("the client's process: no report of pass %d in 10 minutes", i)
 		}
-		cpHeap[i] = float64(heap()-cpBefore) / (1 << 20)
+		cpHeap[i] = cpMem() - cpBefore
+		cpG[i] = runtime.NumGoroutine()
+		if dir := os.Getenv("INMESH_BENCH_PROFILES"); dir != "" && i == 1 {
+			for _, p := range []string{"heap", "goroutine"} {
+				if f, err := os.Create(filepath.Join(dir, "watch_table_cp."+p)); err == nil {
+					_ = pprof.Lookup(p).WriteTo(f, 1)
+					f.Close()
+				}
+			}
+		}
 	}
 	base, full, again := use[0], use[1], use[2]
 	perName := (full.RSSMiB - base.RSSMiB) * 1024 / float64(n)
@@ -128,17 +155,17 @@ func watchTable(o options) (*result, error) {
 		Candidate: &figures{MiB: full.RSSMiB, Requests: float64(full.Sent + again.Sent)},
 		Baseline:  &figures{MiB: base.RSSMiB},
 		Rounds:    1,
-		Extra: []ratio{{Name: "control-plane heap (MiB)", Ratio: cpHeap[1], Goal: atMost(128), Spread: spread{cpHeap[1], cpHeap[2]}}},
+		Extra: []ratio{{Name: "control-plane heap+stacks (MiB)", Ratio: cpHeap[1], Goal: atMost(128), Spread: spread{cpHeap[1], cpHeap[2]}}},
 	}
 	r.Note = fmt.Sprintf("ratio = the client's RSS in MiB with %d names watched (the default bound; %.1f KiB each over %.1f MiB at start); "+
-		"after %d more names %.1f MiB; %d -> %d goroutines, %d watches; heap %.1f -> %.1f MiB; control plane heap +%.1f MiB, then +%.1f MiB",
-		n, perName, base.RSSMiB, n, again.RSSMiB, base.Goroutines, full.Goroutines, full.Watches, full.HeapMiB, again.HeapMiB, cpHeap[1], cpHeap[2])
+		"after %d more names (%d of %d and %d of %d requests answered) %.1f MiB, %d watches; %d -> %d goroutines (stacks %.1f MiB), %d watches; heap %.1f -> %.1f MiB; control plane heap and stacks +%.1f MiB (%.1f KiB a name), then +%.1f MiB (goroutines %d, %d, %d)",
+		n, perName, base.RSSMiB, n, full.Sent, n, again.Sent, n, again.RSSMiB, again.Watches, base.Goroutines, full.Goroutines, full.StackMiB, full.Watches, full.HeapMiB, again.HeapMiB, cpHeap[1], cpHeap[1]*1024/float64(n), cpHeap[2], cpG[0], cpG[1], cpG[2])
 	return r, nil
 }
 
 // watchTableChild is the client's process of watch_table: it reports its
 // usage, sends a request to each of the first names, reports, to each of
-// as many names again, and reports.
+// as many names again, reports, and waits for its standard input to end.
 func watchTableChild() error {
 	fs := flag.NewFlagSet("watch_table", flag.ContinueOnError)
 	addr := fs.String("addr", "", "control plane")
@@ -160,7 +187,7 @@ func watchTableChild() error {
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		s := dst.Stats()
-		return json.NewEncoder(os.Stdout).Encode(tableUsage{RSSMiB: float64(rss()) / (1 << 20), HeapMiB: float64(m.HeapAlloc) / (1 << 20),
+		return json.NewEncoder(os.Stdout).Encode(tableUsage{RSSMiB: float64(rss()) / (1 << 20), HeapMiB: float64(m.HeapAlloc) / (1 << 20), StackMiB: float64(m.StackInuse) / (1 << 20),
 			Goroutines: runtime.NumGoroutine(), Watches: s.ProfileWatches + s.EndpointWatches + s.PolicyWatches, Sent: sent})
 	}
 	pass := func(from int) int {
@@ -205,5 +232,10 @@ func watchTableChild() error {
 			}
 		}
 	}
-	return report(pass(*names))
+	if err := report(pass(*names)); err != nil {
+		return err
+	}
+	// Kept until the scenario measured the control plane.
+	_, err = io.Copy(io.Discard, os.Stdin)
+	return err
 }
