@@ -155,7 +155,7 @@ func watchTable(o options) (*result, error) {
 		Candidate: &figures{MiB: full.RSSMiB, Requests: float64(full.Sent + again.Sent)},
 		Baseline:  &figures{MiB: base.RSSMiB},
 		Rounds:    1,
-		Extra: []ratio{{Name: "control-plane heap+stacks (MiB)", Ratio: cpHeap[1], Goal: atMost(128), Spread: spread{cpHeap[1], cpHeap[2]}}},
+		Extra:     []ratio{{Name: "control-plane heap+stacks (MiB)", Ratio: cpHeap[1], Goal: atMost(128), Spread: spread{cpHeap[1], cpHeap[2]}}},
 	}
 	r.Note = fmt.Sprintf("ratio = the client's RSS in MiB with %d names watched (the default bound; %.1f KiB each over %.1f MiB at start); "+
 		"after %d more names (%d of %d and %d of %d requests answered) %.1f MiB, %d watches; %d -> %d goroutines (stacks %.1f MiB), %d watches; heap %.1f -> %.1f MiB; control plane heap and stacks +%.1f MiB (%.1f KiB a name), then +%.1f MiB (goroutines %d, %d, %d)",
