@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -144,14 +145,14 @@ func (s *Server) serviceProfileStream(stream grpc.ServerStreamingServer[pb.Desti
 		return err
 	}
 	defer s.streams.Done()
-	var last *pb.DestinationProfile
+	sent := false
 	return watch(s, stream, []watchKey{serviceKey(ref), profileKey(fqn)}, func() (*pb.DestinationProfile, error) {
 		p, sp, empty := s.store.serviceProfile(ref, fqn, port)
 		switch {
-		case p == nil && last != nil:
+		case p == nil && sent:
 			// The Service went away: its last profile stays, as a
 			// subscription of Linkerd's controller keeps it.
-			return last, nil
+			return nil, nil
 		case p == nil:
 			p = &profiles.Profile{}
 			empty = true
@@ -160,38 +161,50 @@ func (s *Server) serviceProfileStream(stream grpc.ServerStreamingServer[pb.Desti
 		if !empty {
 			msg.ParentRef, msg.ProfileRef = profileRefs(fqn, port, sp)
 		}
-		last = msg
+		sent = true
 		return msg, nil
 	})
 }
 
 // watch serves one watch stream of the store: it sends the message current
-// returns whenever it differs from the last one sent, then waits for a
-// change of the resources keys name, the server's shutdown or the stream's
-// end. An error from current ends the stream with it.
+// returns whenever it differs from the last one sent (nil: keep the last
+// one), then waits for a change of the resources keys name, the server's
+// shutdown or the stream's end. An error from current ends the stream with
+// it. What it keeps of the last message is its encoding, a fraction of the
+// decoded message's size: a control plane holds one per open stream.
 func watch[T any, M interface {
 	*T
 	proto.Message
 }](s *Server, stream grpc.ServerStreamingServer[T], keys []watchKey, current func() (M, error)) error {
 	w := s.store.subscribe(keys...)
 	defer s.store.unsubscribe(w)
-	var last M
+	var last []byte
 	for {
 		msg, err := current()
 		if err != nil {
 			return err
 		}
-		if last == nil || !proto.Equal(msg, last) {
-			if err := stream.Send(msg); err != nil {
-				return err
+		if msg != nil {
+			b, err := deterministic.Marshal(msg)
+			if err != nil {
+				return status.Errorf(codes.Internal, "encoding the answer: %v", err)
 			}
-			last = msg
+			if last == nil || !bytes.Equal(b, last) {
+				if err := stream.Send(msg); err != nil {
+					return err
+				}
+				last = b
+			}
 		}
 		if done, err := s.wait(stream.Context(), w); done {
 			return err
 		}
 	}
 }
+
+// deterministic encodes a message the same way every time, so that two
+// encodings are equal when the messages are.
+var deterministic = proto.MarshalOptions{Deterministic: true}
 
 // wait waits for a wake-up of w, the server's shutdown or the end of the
 // stream's ctx; done says the stream is to end, with err (nil when the
