@@ -45,12 +45,12 @@ func (s *Store) SetInboundOptions(o manifest.InboundOptions) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	s.inbound = o
-	s.notifyLocked()
+	s.wakeKindLocked(keyInbound)
 }
 
-// inboundPolicy returns the Server of a pod port, and a channel closed on
-// the next change.
-func (s *Store) inboundPolicy(ns, pod string, port uint16) (*authz.Server, <-chan struct{}, error) {
+// inboundPolicy returns the Server of a pod port. A stream watches it under
+// inboundKey(ns, pod).
+func (s *Store) inboundPolicy(ns, pod string, port uint16) (*authz.Server, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
@@ -59,7 +59,7 @@ func (s *Store) inboundPolicy(ns, pod string, port uint16) (*authz.Server, <-cha
 		r = &manifest.Resources{}
 	}
 	srv, err := r.InboundServer(ns, pod, port, s.inbound)
-	return srv, s.changed, err
+	return srv, err
 }
 
 func inboundError(err error) error {
@@ -75,7 +75,7 @@ func (s *inboundServer) GetPort(_ context.Context, spec *inboundpb.PortSpec) (*i
 	if err != nil {
 		return nil, err
 	}
-	srv, _, err := s.s.store.inboundPolicy(ns, pod, port)
+	srv, err := s.s.store.inboundPolicy(ns, pod, port)
 	if err != nil {
 		return nil, inboundError(err)
 	}
@@ -93,11 +93,11 @@ func (s *inboundServer) WatchPort(spec *inboundpb.PortSpec, stream grpc.ServerSt
 		return err
 	}
 	defer s.s.streams.Done()
-	return watch(s.s, stream, func() (*inboundpb.Server, <-chan struct{}, error) {
-		srv, changed, err := s.s.store.inboundPolicy(ns, pod, port)
+	return watch(s.s, stream, []watchKey{inboundKey(ns, pod)}, func() (*inboundpb.Server, error) {
+		srv, err := s.s.store.inboundPolicy(ns, pod, port)
 		if err != nil {
-			return nil, nil, inboundError(err)
+			return nil, inboundError(err)
 		}
-		return destination.ServerToProto(srv), changed, nil
+		return destination.ServerToProto(srv), nil
 	})
 }

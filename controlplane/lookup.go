@@ -64,17 +64,6 @@ func clusterService(host string) (svc serviceRef, instance string, err error) {
 	return serviceRef{}, "", fmt.Errorf("invalid k8s service %s", host)
 }
 
-// indexServicesLocked records the Services that the endpoint sets name, so
-// that a lookup knows them without scanning every set.
-func (s *Store) indexServicesLocked() {
-	s.endpointServices = make(map[serviceRef]struct{}, len(s.endpoints))
-	for a := range s.endpoints {
-		if ns, name, _, ok := manifest.ParseAuthority(a); ok {
-			s.endpointServices[serviceRef{ns: ns, name: name}] = struct{}{}
-		}
-	}
-}
-
 // serviceLocked returns the manifest of a Service (nil when it has none)
 // and whether the Service exists: a Service manifest names it, or an
 // endpoint set names one of its ports. The caller holds s.mu.
@@ -117,16 +106,18 @@ func (s *Store) definesPortLocked(ref serviceRef, svc *manifest.Service, port ui
 // ports when it has none, lists the port
 // (controller/api/destination/opaque_ports_adaptor.go); a port the
 // ServiceProfile's own opaquePorts lists is opaque too.
-func (s *Store) serviceProfile(ref serviceRef, fqn string, port uint32) (p *profiles.Profile, sp *profiles.ServiceProfile, empty bool, changed <-chan struct{}) {
+//
+// A stream watches it under serviceKey(ref) and profileKey(fqn).
+func (s *Store) serviceProfile(ref serviceRef, fqn string, port uint32) (p *profiles.Profile, sp *profiles.ServiceProfile, empty bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	svc, ok := s.serviceLocked(ref)
 	if !ok {
-		return nil, nil, false, s.changed
+		return nil, nil, false
 	}
 	if !s.definesPortLocked(ref, svc, port) {
-		return &profiles.Profile{}, nil, true, s.changed
+		return &profiles.Profile{}, nil, true
 	}
 	if sp = s.profiles[fqn]; sp != nil {
 		p = sp.ProfileFor(port)
@@ -137,7 +128,7 @@ func (s *Store) serviceProfile(ref serviceRef, fqn string, port uint32) (p *prof
 	if port <= 0xffff && svc.OpaquePort(uint16(port)) {
 		p.OpaqueProtocol = true
 	}
-	return p, sp, false, s.changed
+	return p, sp, false
 }
 
 // serviceOfIP returns the Service whose clusterIP is ip.
@@ -163,7 +154,9 @@ func (s *Store) serviceOfIP(ip netip.Addr) (serviceRef, bool) {
 // label), and opaque_protocol when the endpoint is opaque or, outside the
 // mesh (no identity), its port is one of Linkerd's default opaque ports;
 // an address no set knows gets an endpoint with the address alone.
-func (s *Store) endpointProfile(ip netip.Addr, port uint32) (*profiles.Profile, <-chan struct{}) {
+//
+// A stream watches it under addrKey(ip).
+func (s *Store) endpointProfile(ip netip.Addr, port uint32) *profiles.Profile {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
@@ -207,7 +200,7 @@ func (s *Store) endpointProfile(ip netip.Addr, port uint32) (*profiles.Profile, 
 		e.Labels = labels
 	}
 	p.Endpoint = &e
-	return p, s.changed
+	return p
 }
 
 func isDefaultOpaque(port uint32) bool {

@@ -22,7 +22,7 @@ func (s *Store) SetManifests(r *manifest.Resources) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	s.manifests = r
-	s.notifyLocked()
+	s.manifestsChangedLocked()
 }
 
 // LoadManifests reads Service, HTTPRoute and GRPCRoute manifest files and,
@@ -39,28 +39,28 @@ func (s *Store) LoadManifests(paths ...string) error {
 }
 
 // outboundPolicy returns the policy of a target authority, or nil when it
-// names no Service that exists (see Store.serviceLocked), and a channel
-// closed on the next change. A Service known only from the endpoint sets,
+// names no Service that exists (see Store.serviceLocked). A stream watches
+// it under serviceKey of the Service. A Service known only from the endpoint sets,
 // or a port it does not declare, gets the default policy, as from
 // Linkerd's controller; one that does not exist has none
 // (policy-controller/grpc/src/outbound.rs answers it NotFound "unknown
 // target").
-func (s *Store) outboundPolicy(authority string) (*policy.Policy, <-chan struct{}) {
+func (s *Store) outboundPolicy(authority string) *policy.Policy {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	ns, name, port, ok := manifest.ParseAuthority(authority)
 	if !ok {
-		return nil, s.changed
+		return nil
 	}
 	if _, exists := s.serviceLocked(serviceRef{ns: ns, name: name}); !exists {
-		return nil, s.changed
+		return nil
 	}
 	r := s.manifests
 	if r == nil {
 		r = &manifest.Resources{}
 	}
-	return r.Policy(ns, name, port), s.changed
+	return r.Policy(ns, name, port)
 }
 
 // policyServer serves OutboundPolicies from a Store. Targets are
@@ -149,7 +149,7 @@ func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*ou
 	if err != nil {
 		return nil, err
 	}
-	p, _ := s.s.store.outboundPolicy(authority)
+	p := s.s.store.outboundPolicy(authority)
 	if p == nil {
 		return nil, status.Error(codes.NotFound, "unknown target")
 	}
@@ -168,11 +168,15 @@ func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStr
 		return err
 	}
 	defer s.s.streams.Done()
-	return watch(s.s, stream, func() (*outboundpb.OutboundPolicy, <-chan struct{}, error) {
-		p, changed := s.s.store.outboundPolicy(authority)
+	var keys []watchKey
+	if ns, name, _, ok := manifest.ParseAuthority(authority); ok {
+		keys = append(keys, serviceKey(serviceRef{ns: ns, name: name}))
+	}
+	return watch(s.s, stream, keys, func() (*outboundpb.OutboundPolicy, error) {
+		p := s.s.store.outboundPolicy(authority)
 		if p == nil {
-			return nil, nil, status.Error(codes.NotFound, "unknown target")
+			return nil, status.Error(codes.NotFound, "unknown target")
 		}
-		return destination.PolicyToProto(p), changed, nil
+		return destination.PolicyToProto(p), nil
 	})
 }

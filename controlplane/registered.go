@@ -65,11 +65,6 @@ func changedAuthorities(a, b map[string][]endpoint.Endpoint) []string {
 	return out
 }
 
-func sameEndpoint(a, b endpoint.Endpoint) bool {
-	return a.Addr == b.Addr && a.Weight == b.Weight && a.Identity == b.Identity && a.ServerName == b.ServerName &&
-		a.H2 == b.H2 && a.Opaque == b.Opaque && a.OpaqueTransportPort == b.OpaqueTransportPort &&
-		a.AuthorityOverride == b.AuthorityOverride && maps.Equal(a.Labels, b.Labels)
-}
 
 // mergeLocked recomputes the endpoint sets served: the files' sets, then
 // the registered endpoints of the same authorities, an address given twice
@@ -77,7 +72,6 @@ func sameEndpoint(a, b endpoint.Endpoint) bool {
 func (s *Store) mergeLocked() {
 	if len(s.registered) == 0 {
 		s.endpoints = s.files
-		s.indexServicesLocked()
 		return
 	}
 	m := maps.Clone(s.files)
@@ -94,9 +88,4 @@ func (s *Store) mergeLocked() {
 		m[a] = slices.CompactFunc(eps, func(x, y endpoint.Endpoint) bool { return x.Addr == y.Addr })
 	}
 	s.endpoints = m
-	s.indexServicesLocked()
 }
-
-// endpointsChangedLocked wakes the streams that watch the endpoints of
-// authorities. (Every stream, for now: the Store has one change signal.)
-func (s *Store) endpointsChangedLocked(...string) { s.notifyLocked() }

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
@@ -44,6 +46,8 @@ type Server struct {
 	shutdownOnce sync.Once
 	shutdown     chan struct{} // closed by Shutdown
 	streams      sync.WaitGroup
+	// wakes counts the wake-ups of streams by a change of the store.
+	wakes atomic.Int64
 }
 
 var _ pb.DestinationServer = (*Server)(nil)
@@ -131,9 +135,8 @@ func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingS
 			return err
 		}
 		defer s.streams.Done()
-		return watch(s, stream, func() (*pb.DestinationProfile, <-chan struct{}, error) {
-			p, changed := s.store.endpointProfile(ip, port)
-			return destination.ProfileToProto(p), changed, nil
+		return watch(s, stream, []watchKey{addrKey(ip)}, func() (*pb.DestinationProfile, error) {
+			return destination.ProfileToProto(s.store.endpointProfile(ip, port)), nil
 		})
 	}
 	ref, _, err := clusterService(host)
@@ -154,14 +157,14 @@ func (s *Server) serviceProfileStream(stream grpc.ServerStreamingServer[pb.Desti
 		return err
 	}
 	defer s.streams.Done()
-	var last *pb.DestinationProfile
-	return watch(s, stream, func() (*pb.DestinationProfile, <-chan struct{}, error) {
-		p, sp, empty, changed := s.store.serviceProfile(ref, fqn, port)
+	sent := false
+	return watch(s, stream, []watchKey{serviceKey(ref), profileKey(fqn)}, func() (*pb.DestinationProfile, error) {
+		p, sp, empty := s.store.serviceProfile(ref, fqn, port)
 		switch {
-		case p == nil && last != nil:
+		case p == nil && sent:
 			// The Service went away: its last profile stays, as a
 			// subscription of Linkerd's controller keeps it.
-			return last, changed, nil
+			return nil, nil
 		case p == nil:
 			p = &profiles.Profile{}
 			empty = true
@@ -170,38 +173,63 @@ func (s *Server) serviceProfileStream(stream grpc.ServerStreamingServer[pb.Desti
 		if !empty {
 			msg.ParentRef, msg.ProfileRef = profileRefs(fqn, port, sp)
 		}
-		last = msg
-		return msg, changed, nil
+		sent = true
+		return msg, nil
 	})
 }
 
 // watch serves one watch stream of the store: it sends the message current
-// returns whenever it differs from the last one sent, then waits for the
-// store's change signal, the server's shutdown or the stream's end. An
-// error from current ends the stream with it.
+// returns whenever it differs from the last one sent (nil: keep the last
+// one), then waits for a change of the resources keys name, the server's
+// shutdown or the stream's end. An error from current ends the stream with
+// it. What it keeps of the last message is its encoding, a fraction of the
+// decoded message's size: a control plane holds one per open stream.
 func watch[T any, M interface {
 	*T
 	proto.Message
-}](s *Server, stream grpc.ServerStreamingServer[T], current func() (M, <-chan struct{}, error)) error {
-	var last M
+}](s *Server, stream grpc.ServerStreamingServer[T], keys []watchKey, current func() (M, error)) error {
+	w := s.store.subscribe(keys...)
+	defer s.store.unsubscribe(w)
+	var last []byte
 	for {
-		msg, changed, err := current()
+		msg, err := current()
 		if err != nil {
 			return err
 		}
-		if last == nil || !proto.Equal(msg, last) {
-			if err := stream.Send(msg); err != nil {
-				return err
+		if msg != nil {
+			b, err := deterministic.Marshal(msg)
+			if err != nil {
+				return status.Errorf(codes.Internal, "encoding the answer: %v", err)
 			}
-			last = msg
+			if last == nil || !bytes.Equal(b, last) {
+				if err := stream.Send(msg); err != nil {
+					return err
+				}
+				last = b
+			}
 		}
-		select {
-		case <-changed:
-		case <-s.shutdown:
-			return errShuttingDown
-		case <-stream.Context().Done():
-			return nil
+		if done, err := s.wait(stream.Context(), w); done {
+			return err
 		}
+	}
+}
+
+// deterministic encodes a message the same way every time, so that two
+// encodings are equal when the messages are.
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+// wait waits for a wake-up of w, the server's shutdown or the end of the
+// stream's ctx; done says the stream is to end, with err (nil when the
+// client went away).
+func (s *Server) wait(ctx context.Context, w *waiter) (done bool, err error) {
+	select {
+	case <-w.c:
+		s.wakes.Add(1)
+		return false, nil
+	case <-s.shutdown:
+		return true, errShuttingDown
+	case <-ctx.Done():
+		return true, nil
 	}
 }
 
@@ -278,19 +306,17 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 	authority := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	setLabels := endpointSetLabels(host)
 	sent := map[netip.AddrPort]*pb.WeightedAddr{}
+	w := s.store.subscribe(endpointsKey(authority))
+	defer s.store.unsubscribe(w)
 	for {
-		eps, _, changed := s.store.endpointSet(authority)
+		eps, _ := s.store.endpointSet(authority)
 		for _, msg := range endpointDiff(sent, eps, setLabels) {
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
 		}
-		select {
-		case <-changed:
-		case <-s.shutdown:
-			return errShuttingDown
-		case <-stream.Context().Done():
-			return nil
+		if done, err := s.wait(stream.Context(), w); done {
+			return err
 		}
 	}
 }

@@ -13,9 +13,16 @@ import (
 )
 
 // Store is the state an embedded [Server] serves: ServiceProfiles by service
-// name and endpoint sets by authority. Every change reaches every open
-// stream at once. A Store is safe for concurrent use; its zero value is
-// empty and ready.
+// name and endpoint sets by authority. A change reaches at once the open
+// streams whose answer it may change, and only those: an endpoint change
+// of one authority wakes the streams of that authority (and of its
+// Service when the authority appears or goes away), a ServiceProfile the
+// streams of its name; a reload of every endpoint set or every profile
+// wakes only the streams whose sets or profiles differ. A reload of the
+// policy manifests or the inbound options wakes every OutboundPolicies,
+// InboundServerPolicies and service-profile stream, which send only what
+// changed. A Store is safe for concurrent use; its zero value is empty and
+// ready.
 type Store struct {
 	mu        sync.Mutex
 	profiles  map[string]*profiles.ServiceProfile // by name, lower case
@@ -24,20 +31,21 @@ type Store struct {
 	// registered are the endpoints workloads registered, by registration
 	// and authority (registered.go).
 	registered map[string]map[string][]endpoint.Endpoint
-	// endpointServices are the Services the endpoint sets name.
-	endpointServices map[serviceRef]struct{}
-	changed          chan struct{}           // closed and replaced on every change
-	manifests        *manifest.Resources     // Services and routes of the OutboundPolicies API
-	inbound          manifest.InboundOptions // the cluster's settings of the InboundServerPolicies API
+	// endpointServices counts the authorities of each Service the
+	// endpoint sets name.
+	endpointServices map[serviceRef]int
+	// notified are the endpoint sets as the streams were last told of
+	// them (see endpointsChangedLocked).
+	notified  map[string][]endpoint.Endpoint
+	waiters   map[watchKey]map[*waiter]struct{} // the open streams, by what they watch
+	manifests *manifest.Resources               // Services and routes of the OutboundPolicies API
+	inbound   manifest.InboundOptions           // the cluster's settings of the InboundServerPolicies API
 }
 
 // NewStore returns an empty Store.
 func NewStore() *Store { return &Store{} }
 
 func (s *Store) initLocked() {
-	if s.changed == nil {
-		s.changed = make(chan struct{})
-	}
 	if s.profiles == nil {
 		s.profiles = make(map[string]*profiles.ServiceProfile)
 	}
@@ -49,10 +57,8 @@ func (s *Store) initLocked() {
 	}
 }
 
-func (s *Store) notifyLocked() {
-	close(s.changed)
-	s.changed = make(chan struct{})
-}
+// normalAuthority is the key of an authority in the endpoint sets.
+func normalAuthority(a string) string { return strings.ToLower(a) }
 
 // SetServiceProfiles replaces every ServiceProfile with sps.
 func (s *Store) SetServiceProfiles(sps []*profiles.ServiceProfile) {
@@ -63,8 +69,9 @@ func (s *Store) SetServiceProfiles(sps []*profiles.ServiceProfile) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
+	prev := s.profiles
 	s.profiles = m
-	s.notifyLocked()
+	s.profilesChangedLocked(prev)
 }
 
 // PutServiceProfile adds or replaces the ServiceProfile named sp.Name.
@@ -72,8 +79,9 @@ func (s *Store) PutServiceProfile(sp *profiles.ServiceProfile) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	s.profiles[strings.ToLower(sp.Name)] = sp
-	s.notifyLocked()
+	name := strings.ToLower(sp.Name)
+	s.profiles[name] = sp
+	s.wakeLocked(profileKey(name))
 }
 
 // DeleteServiceProfile removes the ServiceProfile of a service name; its
@@ -82,8 +90,9 @@ func (s *Store) DeleteServiceProfile(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	delete(s.profiles, strings.ToLower(strings.TrimSuffix(name, ".")))
-	s.notifyLocked()
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	delete(s.profiles, name)
+	s.wakeLocked(profileKey(name))
 }
 
 // SetEndpoints replaces every endpoint set. An authority names a Service
@@ -95,14 +104,24 @@ func (s *Store) DeleteServiceProfile(name string) {
 func (s *Store) SetEndpoints(sets map[string][]endpoint.Endpoint) {
 	m := make(map[string][]endpoint.Endpoint, len(sets))
 	for a, eps := range sets {
-		m[strings.ToLower(a)] = sortedEndpoints(eps)
+		m[normalAuthority(a)] = sortedEndpoints(eps)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
+	prev := s.endpoints
 	s.files = m
 	s.mergeLocked()
-	s.endpointsChangedLocked()
+	changed := make([]string, 0, len(s.endpoints))
+	for a := range s.endpoints {
+		changed = append(changed, a)
+	}
+	for a := range prev {
+		if _, ok := s.endpoints[a]; !ok {
+			changed = append(changed, a)
+		}
+	}
+	s.endpointsChangedLocked(changed...)
 }
 
 // PutEndpoints sets the endpoints of authority (host:port).
@@ -111,9 +130,10 @@ func (s *Store) PutEndpoints(authority string, eps []endpoint.Endpoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	s.files[strings.ToLower(authority)] = eps
+	authority = normalAuthority(authority)
+	s.files[authority] = eps
 	s.mergeLocked()
-	s.endpointsChangedLocked(strings.ToLower(authority))
+	s.endpointsChangedLocked(authority)
 }
 
 // DeleteEndpoints makes authority unknown: it no longer exists.
@@ -121,9 +141,10 @@ func (s *Store) DeleteEndpoints(authority string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	delete(s.files, strings.ToLower(authority))
+	authority = normalAuthority(authority)
+	delete(s.files, authority)
 	s.mergeLocked()
-	s.endpointsChangedLocked(strings.ToLower(authority))
+	s.endpointsChangedLocked(authority)
 }
 
 // LoadServiceProfiles reads the ServiceProfiles of the YAML files and, when
@@ -173,14 +194,13 @@ func (s *Store) LoadEndpoints(path string) error {
 	return nil
 }
 
-// endpointSet returns the endpoints of authority, whether it exists, and a
-// channel closed on the next change.
-func (s *Store) endpointSet(authority string) ([]endpoint.Endpoint, bool, <-chan struct{}) {
+// endpointSet returns the endpoints of authority and whether it exists.
+// A stream watches it under endpointsKey(authority).
+func (s *Store) endpointSet(authority string) ([]endpoint.Endpoint, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.initLocked()
 	eps, ok := s.endpoints[authority]
-	return eps, ok, s.changed
+	return eps, ok
 }
 
 func sortedEndpoints(eps []endpoint.Endpoint) []endpoint.Endpoint {

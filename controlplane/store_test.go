@@ -79,7 +79,7 @@ func TestStoreLoadKeepsLastGood(t *testing.T) {
 	require.NoError(t, store.LoadEndpoints(epFile))
 	writeFile(t, epFile, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1\n")
 	assert.ErrorContains(t, store.LoadEndpoints(epFile), epFile+": [0].endpoints[0].addr")
-	eps, exists, _ := store.endpointSet("books.default.svc.cluster.local:7000")
+	eps, exists := store.endpointSet("books.default.svc.cluster.local:7000")
 	assert.True(t, exists)
 	assert.Len(t, eps, 1)
 }

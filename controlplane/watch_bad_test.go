@@ -80,7 +80,7 @@ func TestWatchFilesKeepsLastGoodEndpoints(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			require.NoError(t, WatchFiles(ctx, store, "", eps, 5*time.Millisecond, WithLogger(logs.Logger())))
-			got, exists, _ := store.endpointSet(authority)
+			got, exists := store.endpointSet(authority)
 			require.True(t, exists)
 			require.Len(t, got, 2)
 
@@ -91,14 +91,14 @@ func TestWatchFilesKeepsLastGoodEndpoints(t *testing.T) {
 			for _, want := range tc.wantLog {
 				assert.Contains(t, line, want)
 			}
-			got, exists, _ = store.endpointSet(authority)
+			got, exists = store.endpointSet(authority)
 			assert.True(t, exists, "the last good state stays")
 			assert.Len(t, got, 2, "the last good state stays")
 			assert.Equal(t, 1, logs.Count("WARN"), "reported once, not at every poll")
 
 			w.write(eps, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4145\n")
 			require.Eventually(t, func() bool {
-				got, _, _ := store.endpointSet(authority)
+				got, _ := store.endpointSet(authority)
 				return len(got) == 1 && got[0].Addr.Port() == 4145
 			}, defaultTestTimeout, 5*time.Millisecond, "a good file loads after the bad one")
 		})
@@ -238,7 +238,7 @@ func TestStateChangesAreAlwaysLogged(t *testing.T) {
 	}
 	serves := func(port uint16) func() bool {
 		return func() bool {
-			got, _, _ := store.endpointSet("books.default.svc.cluster.local:7000")
+			got, _ := store.endpointSet("books.default.svc.cluster.local:7000")
 			return len(got) == 1 && got[0].Addr.Port() == port
 		}
 	}

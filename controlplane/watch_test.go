@@ -34,14 +34,14 @@ func TestWatchFiles(t *testing.T) {
 	}
 	touch(eps, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4143\n  - addr: 127.0.0.1:4144\n", 1)
 	require.Eventually(t, func() bool {
-		e, _, _ := store.endpointSet("books.default.svc.cluster.local:7000")
+		e, _ := store.endpointSet("books.default.svc.cluster.local:7000")
 		return len(e) == 2
 	}, defaultTestTimeout, 5*time.Millisecond)
 
 	touch(sp, "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec:\n  routes: [{name: x}]\n", 2)
 	touch(eps, "- authority: books.default.svc.cluster.local:7000\n  endpoints:\n  - addr: 127.0.0.1:4145\n", 3)
 	require.Eventually(t, func() bool {
-		e, _, _ := store.endpointSet("books.default.svc.cluster.local:7000")
+		e, _ := store.endpointSet("books.default.svc.cluster.local:7000")
 		return len(e) == 1 && e[0].Addr.Port() == 4145
 	}, defaultTestTimeout, 5*time.Millisecond, "a good file loads even while another is broken")
 	p = storedProfile(store, "books.default.svc.cluster.local", 7000)

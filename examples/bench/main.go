@@ -65,9 +65,12 @@ var scenarios = []scenario{
 	{"grpc_unary", grpcUnary},
 	{"grpc_stream", grpcStream},
 	{"tap", tapViewer},
+	{"fanout", fanout},
+	{"watch_table", watchTable},
 }
 
 func main() {
+	runChild()
 	var o options
 	var only string
 	flag.IntVar(&o.rounds, "rounds", 0, "rounds per scenario (default 9, 3 with -short)")

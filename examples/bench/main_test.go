@@ -10,6 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// TestMain lets a scenario run this test binary as its child.
+func TestMain(m *testing.M) {
+	runChild()
+	os.Exit(m.Run())
+}
+
 // Every scenario runs to a figure in its smallest form: the bench must not
 // rot while the library changes under it. The figures themselves are not
 // asserted (they are measured, not tested); a scenario that errors, or
