@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,7 @@ type ClusterMember struct {
 
 	client, peer *relay
 	stopOnce     sync.Once
+	stopped      atomic.Bool
 }
 
 // StartCluster starts a cluster of size members (three for the failure
@@ -124,19 +126,21 @@ func (c *Cluster) Endpoints() []string {
 	return out
 }
 
-// Leader returns the index of the member that leads the cluster as far as
-// the live members know, or -1.
+// Leader returns the index of the live member that leads the cluster as
+// far as the first live member knows, or -1 while there is none (during an
+// election).
 func (c *Cluster) Leader() int {
 	for _, m := range c.Members {
-		if m.Etcd == nil {
+		if m.Etcd == nil || m.stopped.Load() {
 			continue
 		}
 		lead := uint64(m.Etcd.Server.Leader())
 		for i, o := range c.Members {
-			if o.Etcd != nil && uint64(o.Etcd.Server.MemberID()) == lead {
+			if o.Etcd != nil && !o.stopped.Load() && uint64(o.Etcd.Server.MemberID()) == lead {
 				return i
 			}
 		}
+		return -1
 	}
 	return -1
 }
@@ -162,6 +166,7 @@ func (c *Cluster) Stop(i int) {
 }
 
 func (m *ClusterMember) stop(hard bool) {
+	m.stopped.Store(true)
 	m.stopOnce.Do(func() {
 		if m.Etcd == nil {
 			return

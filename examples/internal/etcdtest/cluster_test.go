@@ -29,6 +29,7 @@ func TestClusterSurvivesAKilledLeader(t *testing.T) {
 	leader := c.Leader()
 	require.NotEqual(t, -1, leader)
 	c.Kill(leader)
+	assert.NotEqual(t, leader, c.Leader(), "a killed member is never named the leader")
 	require.Eventually(t, func() bool { l := c.Leader(); return l != -1 && l != leader }, 30*time.Second, 10*time.Millisecond, "a new leader")
 	// Writes may fail while the election runs; a user retries.
 	require.Eventually(t, func() bool {
