@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -376,10 +377,12 @@ func run(o options, out io.Writer) error {
 		o.workers, o.duration, cluster.Members[machine1].Name, victim.name, o.duration)
 	time.Sleep(o.duration)
 
-	victim.kill()
+	// A request that ends from now on counts after the losses (its
+	// answer, or its failure at the dead workload).
 	now := time.Now()
 	killedAt.Store(&now)
 	phase.Store(1)
+	victim.kill()
 	replicaA.Kill()
 	cluster.Kill(machine1)
 	time.Sleep(o.duration)
@@ -405,10 +408,14 @@ func run(o options, out io.Writer) error {
 	fmt.Fprintf(out, "\n%s left the answers each caller holds %s after it died (health check every %v; a registration lease's TTL takes its place)\n",
 		victim.name, strings.Join(gone, " and "), o.health)
 	fmt.Fprintf(out, "etcd after the loss: %s leads\n", leadName)
+	errs := map[string]int64{}
 	for _, p := range phases {
 		for e, n := range p.errs {
-			fmt.Fprintf(out, "failure: %d x %s\n", n, e)
+			errs[e] += n
 		}
+	}
+	for _, e := range slices.Sorted(maps.Keys(errs)) {
+		fmt.Fprintf(out, "failure: %d x %s\n", errs[e], e)
 	}
 	return nil
 }
