@@ -364,9 +364,10 @@ func run(o options, out io.Writer) error {
 						return
 					default:
 					}
+					// Counted in the phase it started in.
+					p := phases[phase.Load()]
 					body, err := send(c.client, services[i%len(services)].authority)
-					// Counted in the phase it ended in.
-					phases[phase.Load()].add(body, err)
+					p.add(body, err)
 				}
 			}()
 		}
@@ -377,12 +378,12 @@ func run(o options, out io.Writer) error {
 		o.workers, o.duration, cluster.Members[machine1].Name, victim.name, o.duration)
 	time.Sleep(o.duration)
 
-	// A request that ends from now on counts after the losses (its
-	// answer, or its failure at the dead workload).
+	// The workload first: a request that starts once it is dead counts
+	// after the losses (those in flight at its death, before).
+	victim.kill()
 	now := time.Now()
 	killedAt.Store(&now)
 	phase.Store(1)
-	victim.kill()
 	replicaA.Kill()
 	cluster.Kill(machine1)
 	time.Sleep(o.duration)
@@ -424,8 +425,8 @@ func run(o options, out io.Writer) error {
 // instance's share of its service's answers before and after the losses.
 func printTable(out io.Writer, services []*service, phases []*tally, victim *workload) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\tbefore the losses\tafter the losses")
-	fmt.Fprintf(tw, "requests\t%d\t%d\n", phases[0].requests, phases[1].requests)
+	fmt.Fprintln(tw, "requests started\tbefore the losses\tafter the losses")
+	fmt.Fprintf(tw, "sent\t%d\t%d\n", phases[0].requests, phases[1].requests)
 	fmt.Fprintf(tw, "failed\t%d\t%d\n", phases[0].failures, phases[1].failures)
 	fmt.Fprintf(tw, "  sent to the dead workload\t%d\t%d\n", phases[0].atDead, phases[1].atDead)
 	for _, svc := range services {
