@@ -67,6 +67,7 @@ var scenarios = []scenario{
 	{"tap", tapViewer},
 	{"fanout", fanout},
 	{"watch_table", watchTable},
+	{"failover", failover},
 }
 
 func main() {

@@ -218,6 +218,9 @@ func brief(f *figures) string {
 		return ""
 	}
 	var parts []string
+	if f.Requests > 0 {
+		parts = append(parts, fmt.Sprintf("%.0f requests", f.Requests))
+	}
 	if f.RPS > 0 {
 		parts = append(parts, fmt.Sprintf("%.0f req/s", f.RPS))
 	}

@@ -149,16 +149,9 @@ func namedHTTP(t *testing.T, name string) string {
 	return strings.TrimPrefix(srv.URL, "http://")
 }
 
-func waitReady(t *testing.T, p *proc) {
+func waitProcReady(t *testing.T, p *proc) {
 	t.Helper()
-	metrics := p.waitLog(t, listenRe("metrics"))
-	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + metrics + "/ready")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	}, timeout, 20*time.Millisecond)
+	waitReady(t, p.waitLog(t, listenRe("metrics")))
 }
 
 // Two examples/proxy register themselves as books:7000 through replica 0
@@ -184,7 +177,7 @@ func TestRegisteredProxies(t *testing.T) {
 	a.waitLog(t, listenRe("inbound"))
 	caller := f.proxy(t, regWebID, 1)
 	callerOut := caller.waitLog(t, listenRe("outbound"))
-	waitReady(t, caller)
+	waitProcReady(t, caller)
 	for i, size := range sizes {
 		require.Eventually(t, func() bool { return size() == 1 }, timeout, 10*time.Millisecond, "replica %d serves the registration", i)
 	}

@@ -1,7 +1,9 @@
 // Package etcdtest starts a real etcd member, from etcd's embed package,
 // for the tests of the control plane on etcd: its client URL is a port of
 // 127.0.0.1 that the kernel picked, its data in the test's temporary
-// directory.
+// directory. [StartCluster] and [NewCluster] start a cluster of several
+// members (three for the failure tests, the fleet demo and the bench),
+// one of which [Cluster.Kill] crashes.
 package etcdtest
 
 import (
