@@ -462,6 +462,22 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), false, nil
 	}
 	start := b.cfg.now()
+	tried, exclude := triedFrom(req.Context())
+	if exclude && tried != nil {
+		// A hedge: only an endpoint the request has not tried, in rotation
+		// now; never a queue, never a tried one.
+		if s = s.without(tried); s == nil {
+			closeBody(req)
+			return nil, false, ErrNoOtherEndpoint
+		}
+		e, probe := s.choose(start, b.decay)
+		if e == nil {
+			closeBody(req)
+			return nil, false, ErrNoOtherEndpoint
+		}
+		tried.Add(e.Addr)
+		return t.send(req, host, e, probe, ent)
+	}
 	e, probe := s.choose(start, b.decay)
 	if e == nil {
 		var resp *http.Response
@@ -472,6 +488,9 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 		}
 	}
 	b.metrics.dequeued(a, req.Context(), b.cfg.now()-start)
+	if tried != nil {
+		tried.Add(e.Addr)
+	}
 	return t.send(req, host, e, probe, ent)
 }
 

@@ -227,6 +227,9 @@ func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (policy.HTTPRu
 		out.Retry = retry
 	}
 	out.AllowL5dRequestHeaders = r.GetAllowL5DRequestHeaders()
+	if out.Hedge, err = hedgeFromProto(r.GetHedge(), path+".hedge"); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 
@@ -752,6 +755,9 @@ func grpcRuleFromProto(r *outboundpb.GrpcRoute_Rule, path string) (policy.GRPCRu
 		out.Retry = retry
 	}
 	out.AllowL5dRequestHeaders = r.GetAllowL5DRequestHeaders()
+	if out.Hedge, err = hedgeFromProto(r.GetHedge(), path+".hedge"); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 

@@ -307,6 +307,7 @@ func httpRoutesToProto(routes []policy.HTTPRoute) []*outboundpb.HttpRoute {
 				//lint:ignore SA1019 sent for proxies that read only this field
 				RequestTimeout:         durationOrNil(rule.Timeouts.Request),
 				AllowL5DRequestHeaders: rule.AllowL5dRequestHeaders,
+				Hedge:                  hedgeToProto(rule.Hedge),
 				Backends:               &outboundpb.HttpRoute_Distribution{},
 			}
 			for _, m := range rule.Matches {
@@ -357,6 +358,7 @@ func grpcRoutesToProto(routes []policy.GRPCRoute) []*outboundpb.GrpcRoute {
 				//lint:ignore SA1019 sent for proxies that read only this field
 				RequestTimeout:         durationOrNil(rule.Timeouts.Request),
 				AllowL5DRequestHeaders: rule.AllowL5dRequestHeaders,
+				Hedge:                  hedgeToProto(rule.Hedge),
 				Backends:               &outboundpb.GrpcRoute_Distribution{},
 			}
 			for _, m := range rule.Matches {

@@ -137,6 +137,7 @@ func TestWireTable(t *testing.T) {
 		"io.linkerd.proxy.destination.Route": {
 			"condition": {1, msg, "", false}, "response_classes": {2, msg, "", true}, "metrics_labels": {3, msg, "", false},
 			"is_retryable": {4, b, "", false}, "timeout": {5, msg, "", false},
+			"hedge": {1001, msg, "", false}, // inmesh's, skipped by Linkerd's proxies
 		},
 		"io.linkerd.proxy.destination.RetryBudget": {
 			"retry_ratio": {1, protoreflect.FloatKind, "", false}, "min_retries_per_second": {2, u32, "", false}, "ttl": {3, msg, "", false},

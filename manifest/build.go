@@ -81,6 +81,8 @@ func (r *Resources) Service(namespace, name string) *Service {
 //     annotation replaces the Service's retry policy; one that sets any
 //     timeout annotation replaces its timeouts; a rule's own timeouts field
 //     replaces both annotations' timeouts.
+//   - A route's hedge.inmesh.io annotations (delay, max-extra-load,
+//     idempotent) are the hedging of each of its rules (beyond Linkerd).
 //   - The Service's balancer.linkerd.io/failure-accrual annotations
 //     (consecutive or unified, with their -max-failures, -min-penalty,
 //     -max-penalty, -jitter-ratio and the alpha success-rate ones) are the
@@ -111,6 +113,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 			retry, _ = grpcRetry(g.Annotations)
 		}
 		routeTimeouts, _ := timeouts(g.Annotations)
+		routeHedge, _ := hedgePolicy(g.Annotations)
 		route := policy.GRPCRoute{Meta: routeMeta(&g.Object), Hosts: hostMatches(g.Hostnames)}
 		for _, rule := range g.Rules {
 			route.Rules = append(route.Rules, policy.GRPCRule{
@@ -119,6 +122,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 				Backends: r.distribution(rule.BackendRefs, self, port, true, lb),
 				Timeouts: ruleTimeouts(nil, routeTimeouts, svcTimeouts),
 				Retry:    retry,
+				Hedge:    routeHedge,
 			})
 		}
 		grpcRoutes = append(grpcRoutes, route)
@@ -152,6 +156,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 			retry, _ = httpRetry(h.Annotations)
 		}
 		routeTimeouts, _ := timeouts(h.Annotations)
+		routeHedge, _ := hedgePolicy(h.Annotations)
 		route := policy.HTTPRoute{Meta: routeMeta(&h.Object), Hosts: hostMatches(h.Hostnames)}
 		for _, rule := range h.Rules {
 			route.Rules = append(route.Rules, policy.HTTPRule{
@@ -160,6 +165,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 				Backends: r.distribution(rule.BackendRefs, self, port, false, lb),
 				Timeouts: ruleTimeouts(rule.Timeouts, routeTimeouts, svcTimeouts),
 				Retry:    retry,
+				Hedge:    routeHedge,
 			})
 		}
 		httpRoutes = append(httpRoutes, route)

@@ -261,6 +261,9 @@ func checkAnnotations(a map[string]string) error {
 	if _, err := registrationIdentities(a); err != nil {
 		return err
 	}
+	if _, err := hedgePolicy(a); err != nil {
+		return err
+	}
 	_, err := failureAccrual(a)
 	return err
 }

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"github.com/inmesh/inmesh/hedge"
 	"math"
 	"net/http"
 	"net/textproto"
@@ -165,6 +166,8 @@ type Route struct {
 	// AllowL5dRequestHeaders lets l5d-* request headers override Retry
 	// and Timeouts.
 	AllowL5dRequestHeaders bool
+	// Hedge is the rule's hedging; nil means none.
+	Hedge *hedge.Policy
 }
 
 type compiledRoute struct {
@@ -213,7 +216,7 @@ func CompileHTTP(parent Metadata, p HTTPProtocol, opts Options, field string) (*
 			route := &Route{
 				Parent: parent, Meta: r.Meta, RouteIndex: i, RuleIndex: j,
 				Filters: rule.Filters, Backends: rule.Backends, Timeouts: rule.Timeouts,
-				Retry: rule.Retry, AllowL5dRequestHeaders: rule.AllowL5dRequestHeaders,
+				Retry: rule.Retry, AllowL5dRequestHeaders: rule.AllowL5dRequestHeaders, Hedge: rule.Hedge,
 			}
 			if err := checkRule(route, rpath, opts); err != nil {
 				return nil, err
@@ -262,7 +265,7 @@ func CompileGRPC(parent Metadata, p GRPCProtocol, opts Options, field string) (*
 			route := &Route{
 				GRPC: true, Parent: parent, Meta: r.Meta, RouteIndex: i, RuleIndex: j,
 				Filters: rule.Filters, Backends: rule.Backends, Timeouts: rule.Timeouts,
-				Retry: rule.Retry, AllowL5dRequestHeaders: rule.AllowL5dRequestHeaders,
+				Retry: rule.Retry, AllowL5dRequestHeaders: rule.AllowL5dRequestHeaders, Hedge: rule.Hedge,
 			}
 			if err := checkRule(route, rpath, opts); err != nil {
 				return nil, err
@@ -396,6 +399,11 @@ func checkRule(r *Route, path string, opts Options) error {
 	}{{"request", int64(r.Timeouts.Request)}, {"response", int64(r.Timeouts.Response)}, {"idle", int64(r.Timeouts.Idle)}} {
 		if d.v < 0 {
 			return fmt.Errorf("%s.timeouts.%s: negative duration", path, d.name)
+		}
+	}
+	if h := r.Hedge; h != nil {
+		if err := h.Validate(); err != nil {
+			return fmt.Errorf("%s.hedge.%w", path, err)
 		}
 	}
 	if rt := r.Retry; rt != nil {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"github.com/inmesh/inmesh/hedge"
 	"net/http"
 	"strings"
 	"time"
@@ -171,6 +172,8 @@ type HTTPRule struct {
 	// AllowL5dRequestHeaders lets the l5d-retry-* and l5d-*-timeout request
 	// headers override Retry and Timeouts.
 	AllowL5dRequestHeaders bool
+	// Hedge is the rule's hedging (beyond Linkerd); nil means none.
+	Hedge *hedge.Policy
 }
 
 // HTTPRouteMatch holds when every condition it sets holds.
@@ -253,6 +256,7 @@ type GRPCRule struct {
 	Timeouts               Timeouts
 	Retry                  *Retry
 	AllowL5dRequestHeaders bool
+	Hedge                  *hedge.Policy
 }
 
 // GRPCRouteMatch holds for POST requests to the rpc whose headers all

@@ -9,6 +9,7 @@ import (
 	"github.com/inmesh/inmesh/router/internal/profileroute"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/hedge"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"go.opentelemetry.io/otel/metric"
@@ -57,6 +58,7 @@ type config struct {
 	compile        policy.Options
 	balancer       *balancer.Balancer
 	discoveryWait  time.Duration
+	hedge          *hedge.Policy // hedging of routes that set none
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.

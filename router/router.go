@@ -59,7 +59,8 @@ type Router struct {
 
 	reg *registry.Registry[policyState] // the policy of each authority in use
 
-	httpFam, grpcFam *metrics.Outbound
+	httpFam, grpcFam       *metrics.Outbound
+	httpHedges, grpcHedges *metrics.Hedges
 }
 
 // policyState is a compiled policy with the metric targets and retry
@@ -86,6 +87,8 @@ type routeTarget struct {
 	balancing []*balancer.BackendConfig
 	// total is the sum of the random-available weights.
 	total uint64
+	// hedge hedges the route's requests; nil when it does not hedge.
+	hedge *hedger
 }
 
 // New returns a Router over the sources its options give.
@@ -108,6 +111,8 @@ func New(opts ...Option) *Router {
 	meter := metrics.Meter(cfg.mp, ScopeName)
 	r.httpFam = metrics.NewOutbound(meter, false)
 	r.grpcFam = metrics.NewOutbound(meter, true)
+	r.httpHedges = metrics.NewHedges(meter, false)
+	r.grpcHedges = metrics.NewHedges(meter, true)
 	return r
 }
 
@@ -258,6 +263,7 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 	if r.cfg.budget != nil {
 		rt.budget = profiles.NewBudget(*r.cfg.budget)
 	}
+	rt.hedge = r.hedger(route, rt)
 	return rt
 }
 

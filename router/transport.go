@@ -290,7 +290,12 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	if out.URL.Scheme == "" {
 		out.URL.Scheme = "http"
 	}
-	resp, err := x.base.RoundTrip(out)
+	var err error
+	if h := x.rt.hedge; h != nil && rb.Backend.Balancer != nil {
+		resp, err = h.roundTrip(x.base, out)
+	} else {
+		resp, err = x.base.RoundTrip(out)
+	}
 	if err == nil {
 		if berr := balancer.ResponseError(resp); berr != nil {
 			return nil, &backendError{err: berr, resp: resp}

@@ -68,6 +68,7 @@ var scenarios = []scenario{
 	{"fanout", fanout},
 	{"watch_table", watchTable},
 	{"failover", failover},
+	{"hedge_tail", hedgeTail},
 }
 
 func main() {

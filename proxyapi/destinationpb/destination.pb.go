@@ -13,6 +13,7 @@
 package destinationpb
 
 import (
+	hedgepb "github.com/inmesh/inmesh/proxyapi/hedgepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -834,7 +835,9 @@ type Route struct {
 	MetricsLabels   map[string]string `protobuf:"bytes,3,rep,name=metrics_labels,json=metricsLabels,proto3" json:"metrics_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	IsRetryable     bool              `protobuf:"varint,4,opt,name=is_retryable,json=isRetryable,proto3" json:"is_retryable,omitempty"`
 	// Covers every attempt of a request.
-	Timeout       *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// inmesh's hedging (proto/hedge.proto); Linkerd's proxies skip it.
+	Hedge         *hedgepb.Hedge `protobuf:"bytes,1001,opt,name=hedge,proto3" json:"hedge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -900,6 +903,13 @@ func (x *Route) GetIsRetryable() bool {
 func (x *Route) GetTimeout() *durationpb.Duration {
 	if x != nil {
 		return x.Timeout
+	}
+	return nil
+}
+
+func (x *Route) GetHedge() *hedgepb.Hedge {
+	if x != nil {
+		return x.Hedge
 	}
 	return nil
 }
@@ -1900,7 +1910,7 @@ var File_destination_proto protoreflect.FileDescriptor
 
 const file_destination_proto_rawDesc = "" +
 	"\n" +
-	"\x11destination.proto\x12\x1cio.linkerd.proxy.destination\x1a\x1egoogle/protobuf/duration.proto\x1a\x10http_types.proto\x1a\n" +
+	"\x11destination.proto\x12\x1cio.linkerd.proxy.destination\x1a\x1egoogle/protobuf/duration.proto\x1a\vhedge.proto\x1a\x10http_types.proto\x1a\n" +
 	"meta.proto\x1a\tnet.proto\"a\n" +
 	"\x0eGetDestination\x12\x16\n" +
 	"\x06scheme\x18\x01 \x01(\tR\x06scheme\x12\x12\n" +
@@ -1984,13 +1994,14 @@ const file_destination_proto_rawDesc = "" +
 	"\n" +
 	"parent_ref\x18\a \x01(\v2\x1f.io.linkerd.proxy.meta.MetadataR\tparentRef\x12@\n" +
 	"\vprofile_ref\x18\b \x01(\v2\x1f.io.linkerd.proxy.meta.MetadataR\n" +
-	"profileRef\"\xa2\x03\n" +
+	"profileRef\"\xd8\x03\n" +
 	"\x05Route\x12H\n" +
 	"\tcondition\x18\x01 \x01(\v2*.io.linkerd.proxy.destination.RequestMatchR\tcondition\x12V\n" +
 	"\x10response_classes\x18\x02 \x03(\v2+.io.linkerd.proxy.destination.ResponseClassR\x0fresponseClasses\x12]\n" +
 	"\x0emetrics_labels\x18\x03 \x03(\v26.io.linkerd.proxy.destination.Route.MetricsLabelsEntryR\rmetricsLabels\x12!\n" +
 	"\fis_retryable\x18\x04 \x01(\bR\visRetryable\x123\n" +
-	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a@\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x124\n" +
+	"\x05hedge\x18\xe9\a \x01(\v2\x1d.io.inmesh.ext.hedge.v1.HedgeR\x05hedge\x1a@\n" +
 	"\x12MetricsLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
@@ -2084,7 +2095,8 @@ var file_destination_proto_goTypes = []any{
 	(*TcpAddress)(nil),                    // 32: io.linkerd.proxy.net.TcpAddress
 	(*Metadata)(nil),                      // 33: io.linkerd.proxy.meta.Metadata
 	(*durationpb.Duration)(nil),           // 34: google.protobuf.Duration
-	(*HttpMethod)(nil),                    // 35: io.linkerd.proxy.http_types.HttpMethod
+	(*hedgepb.Hedge)(nil),                 // 35: io.inmesh.ext.hedge.v1.Hedge
+	(*HttpMethod)(nil),                    // 36: io.linkerd.proxy.http_types.HttpMethod
 }
 var file_destination_proto_depIdxs = []int32{
 	3,  // 0: io.linkerd.proxy.destination.Update.add:type_name -> io.linkerd.proxy.destination.WeightedAddrSet
@@ -2119,31 +2131,32 @@ var file_destination_proto_depIdxs = []int32{
 	13, // 29: io.linkerd.proxy.destination.Route.response_classes:type_name -> io.linkerd.proxy.destination.ResponseClass
 	29, // 30: io.linkerd.proxy.destination.Route.metrics_labels:type_name -> io.linkerd.proxy.destination.Route.MetricsLabelsEntry
 	34, // 31: io.linkerd.proxy.destination.Route.timeout:type_name -> google.protobuf.Duration
-	34, // 32: io.linkerd.proxy.destination.RetryBudget.ttl:type_name -> google.protobuf.Duration
-	16, // 33: io.linkerd.proxy.destination.ResponseClass.condition:type_name -> io.linkerd.proxy.destination.ResponseMatch
-	30, // 34: io.linkerd.proxy.destination.RequestMatch.all:type_name -> io.linkerd.proxy.destination.RequestMatch.Seq
-	30, // 35: io.linkerd.proxy.destination.RequestMatch.any:type_name -> io.linkerd.proxy.destination.RequestMatch.Seq
-	14, // 36: io.linkerd.proxy.destination.RequestMatch.not:type_name -> io.linkerd.proxy.destination.RequestMatch
-	15, // 37: io.linkerd.proxy.destination.RequestMatch.path:type_name -> io.linkerd.proxy.destination.PathMatch
-	35, // 38: io.linkerd.proxy.destination.RequestMatch.method:type_name -> io.linkerd.proxy.http_types.HttpMethod
-	31, // 39: io.linkerd.proxy.destination.ResponseMatch.all:type_name -> io.linkerd.proxy.destination.ResponseMatch.Seq
-	31, // 40: io.linkerd.proxy.destination.ResponseMatch.any:type_name -> io.linkerd.proxy.destination.ResponseMatch.Seq
-	16, // 41: io.linkerd.proxy.destination.ResponseMatch.not:type_name -> io.linkerd.proxy.destination.ResponseMatch
-	17, // 42: io.linkerd.proxy.destination.ResponseMatch.status:type_name -> io.linkerd.proxy.destination.HttpStatusRange
-	33, // 43: io.linkerd.proxy.destination.WeightedDst.backend_ref:type_name -> io.linkerd.proxy.meta.Metadata
-	34, // 44: io.linkerd.proxy.destination.Http2ClientParams.KeepAlive.interval:type_name -> google.protobuf.Duration
-	34, // 45: io.linkerd.proxy.destination.Http2ClientParams.KeepAlive.timeout:type_name -> google.protobuf.Duration
-	14, // 46: io.linkerd.proxy.destination.RequestMatch.Seq.matches:type_name -> io.linkerd.proxy.destination.RequestMatch
-	16, // 47: io.linkerd.proxy.destination.ResponseMatch.Seq.matches:type_name -> io.linkerd.proxy.destination.ResponseMatch
-	0,  // 48: io.linkerd.proxy.destination.Destination.Get:input_type -> io.linkerd.proxy.destination.GetDestination
-	0,  // 49: io.linkerd.proxy.destination.Destination.GetProfile:input_type -> io.linkerd.proxy.destination.GetDestination
-	1,  // 50: io.linkerd.proxy.destination.Destination.Get:output_type -> io.linkerd.proxy.destination.Update
-	10, // 51: io.linkerd.proxy.destination.Destination.GetProfile:output_type -> io.linkerd.proxy.destination.DestinationProfile
-	50, // [50:52] is the sub-list for method output_type
-	48, // [48:50] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	35, // 32: io.linkerd.proxy.destination.Route.hedge:type_name -> io.inmesh.ext.hedge.v1.Hedge
+	34, // 33: io.linkerd.proxy.destination.RetryBudget.ttl:type_name -> google.protobuf.Duration
+	16, // 34: io.linkerd.proxy.destination.ResponseClass.condition:type_name -> io.linkerd.proxy.destination.ResponseMatch
+	30, // 35: io.linkerd.proxy.destination.RequestMatch.all:type_name -> io.linkerd.proxy.destination.RequestMatch.Seq
+	30, // 36: io.linkerd.proxy.destination.RequestMatch.any:type_name -> io.linkerd.proxy.destination.RequestMatch.Seq
+	14, // 37: io.linkerd.proxy.destination.RequestMatch.not:type_name -> io.linkerd.proxy.destination.RequestMatch
+	15, // 38: io.linkerd.proxy.destination.RequestMatch.path:type_name -> io.linkerd.proxy.destination.PathMatch
+	36, // 39: io.linkerd.proxy.destination.RequestMatch.method:type_name -> io.linkerd.proxy.http_types.HttpMethod
+	31, // 40: io.linkerd.proxy.destination.ResponseMatch.all:type_name -> io.linkerd.proxy.destination.ResponseMatch.Seq
+	31, // 41: io.linkerd.proxy.destination.ResponseMatch.any:type_name -> io.linkerd.proxy.destination.ResponseMatch.Seq
+	16, // 42: io.linkerd.proxy.destination.ResponseMatch.not:type_name -> io.linkerd.proxy.destination.ResponseMatch
+	17, // 43: io.linkerd.proxy.destination.ResponseMatch.status:type_name -> io.linkerd.proxy.destination.HttpStatusRange
+	33, // 44: io.linkerd.proxy.destination.WeightedDst.backend_ref:type_name -> io.linkerd.proxy.meta.Metadata
+	34, // 45: io.linkerd.proxy.destination.Http2ClientParams.KeepAlive.interval:type_name -> google.protobuf.Duration
+	34, // 46: io.linkerd.proxy.destination.Http2ClientParams.KeepAlive.timeout:type_name -> google.protobuf.Duration
+	14, // 47: io.linkerd.proxy.destination.RequestMatch.Seq.matches:type_name -> io.linkerd.proxy.destination.RequestMatch
+	16, // 48: io.linkerd.proxy.destination.ResponseMatch.Seq.matches:type_name -> io.linkerd.proxy.destination.ResponseMatch
+	0,  // 49: io.linkerd.proxy.destination.Destination.Get:input_type -> io.linkerd.proxy.destination.GetDestination
+	0,  // 50: io.linkerd.proxy.destination.Destination.GetProfile:input_type -> io.linkerd.proxy.destination.GetDestination
+	1,  // 51: io.linkerd.proxy.destination.Destination.Get:output_type -> io.linkerd.proxy.destination.Update
+	10, // 52: io.linkerd.proxy.destination.Destination.GetProfile:output_type -> io.linkerd.proxy.destination.DestinationProfile
+	51, // [51:53] is the sub-list for method output_type
+	49, // [49:51] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_destination_proto_init() }

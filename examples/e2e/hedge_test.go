@@ -1,0 +1,278 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/mesh"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// The hedging scenario of the acceptance: three endpoints; 5% of requests
+// (every 20th, marked by the test) stall 100 ms on the endpoint their first
+// attempt reaches. The stall follows the request, not an endpoint, so
+// that the balancer cannot route around it (PeakEWMA shuns an endpoint
+// that stalled every request it got, which would hide the tail the hedge
+// is for); a hedge reaches a second endpoint and is answered at once.
+const (
+	hedgeStall     = 100 * time.Millisecond
+	hedgeEvery     = 20 // 5% of requests stall
+	hedgeRequests  = 400
+	hedgeShare     = 0.10
+	hedgePlainSvc  = "plain.default.svc.cluster.local:7002"
+	hedgeHedgedSvc = "hedged.default.svc.cluster.local:7003"
+)
+
+// hedgeManifests are two Services over the same endpoints: plain, whose
+// HTTPRoute does not hedge, and hedged, whose HTTPRoute hedges after 10ms
+// with a share of 10% extra load.
+const hedgeManifests = `apiVersion: v1
+kind: Service
+metadata: {name: plain, namespace: default}
+spec:
+  ports: [{name: http, port: 7002}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hedged, namespace: default}
+spec:
+  ports: [{name: http, port: 7003}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: plain-route, namespace: default}
+spec:
+  parentRefs: [{group: core, kind: Service, name: plain, port: 7002}]
+  rules:
+  - backendRefs: [{name: plain, port: 7002}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: hedged-route
+  namespace: default
+  annotations:
+    hedge.inmesh.io/delay: 10ms
+    hedge.inmesh.io/max-extra-load: "10%"
+spec:
+  parentRefs: [{group: core, kind: Service, name: hedged, port: 7003}]
+  rules:
+  - backendRefs: [{name: hedged, port: 7003}]
+`
+
+// hedgeEndpoints are the three endpoint servers: they record which
+// endpoints each request (X-Request-Id) reached and stall the first
+// arrival of a request marked X-Stall.
+type hedgeEndpoints struct {
+	addrs []string
+	mu    sync.Mutex
+	seen  map[string][]int
+	total int
+}
+
+func hedgeStartEndpoints(t *testing.T) *hedgeEndpoints {
+	h := &hedgeEndpoints{seen: make(map[string][]int)}
+	for i := range 3 {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			id := r.Header.Get("X-Request-Id")
+			h.mu.Lock()
+			h.seen[id] = append(h.seen[id], i)
+			h.total++
+			first := len(h.seen[id]) == 1
+			h.mu.Unlock()
+			if first && r.Header.Get("X-Stall") != "" {
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(hedgeStall):
+				}
+			}
+			fmt.Fprintf(w, "endpoint %d", i)
+		}))
+		t.Cleanup(srv.Close)
+		h.addrs = append(h.addrs, strings.TrimPrefix(srv.URL, "http://"))
+	}
+	return h
+}
+
+// stats returns the requests the endpoints served with the given id
+// prefix, and the ids that reached one endpoint twice.
+func (h *hedgeEndpoints) stats(prefix string) (served int, twice []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, eps := range h.seen {
+		if !strings.HasPrefix(id, prefix) {
+			continue
+		}
+		served += len(eps)
+		s := slices.Clone(eps)
+		slices.Sort(s)
+		if len(slices.Compact(s)) != len(eps) {
+			twice = append(twice, id)
+		}
+	}
+	return served, twice
+}
+
+func hedgeEndpointsFile(addrs []string) string {
+	var b strings.Builder
+	for _, auth := range []string{hedgePlainSvc, hedgeHedgedSvc} {
+		fmt.Fprintf(&b, "- authority: %s\n  endpoints:\n", auth)
+		for _, a := range addrs {
+			fmt.Fprintf(&b, "  - addr: %s\n", a)
+		}
+	}
+	return b.String()
+}
+
+// hedgeRun sends hedgeRequests requests one after the other to authority
+// through rt and returns their latencies; every hedgeEvery-th stalls.
+func hedgeRun(t *testing.T, rt http.RoundTripper, url, authority, prefix string) []time.Duration {
+	t.Helper()
+	client := &http.Client{Transport: rt, Timeout: timeout}
+	lat := make([]time.Duration, 0, hedgeRequests)
+	for i := range hedgeRequests {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		require.NoError(t, err)
+		req.Host = authority
+		req.Header.Set("X-Request-Id", fmt.Sprintf("%s-%d", prefix, i))
+		if i%hedgeEvery == hedgeEvery-1 {
+			req.Header.Set("X-Stall", "1")
+		}
+		start := time.Now()
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		lat = append(lat, time.Since(start))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	return lat
+}
+
+func slowest(lat []time.Duration, n int) []time.Duration {
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	slices.Reverse(s)
+	return s[:min(n, len(s))]
+}
+
+func hedgeP99(lat []time.Duration) time.Duration {
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[(len(s)*99+99)/100-1]
+}
+
+// hedgeCheck asserts the acceptance figures of one client: the p99 of the
+// hedged route at most a quarter of the plain one's, the extra load within
+// the share plus 1%, no request twice on one endpoint.
+func hedgeCheck(t *testing.T, h *hedgeEndpoints, plain, hedged []time.Duration, plainID, hedgedID string) {
+	t.Helper()
+	p99Plain, p99Hedged := hedgeP99(plain), hedgeP99(hedged)
+	t.Logf("p99 without hedging %v, with %v (ratio %.2f); slowest hedged: %v", p99Plain, p99Hedged,
+		float64(p99Hedged)/float64(p99Plain), slowest(hedged, 6))
+	assert.GreaterOrEqual(t, p99Plain, hedgeStall, "the stalls make the plain route's p99")
+	assert.LessOrEqual(t, 4*p99Hedged, p99Plain, "hedging cuts the p99 to a quarter or less")
+	served, twice := h.stats(plainID)
+	assert.Equal(t, hedgeRequests, served, "the plain route sends each request once")
+	assert.Empty(t, twice)
+	served, twice = h.stats(hedgedID)
+	extra := float64(served-hedgeRequests) / hedgeRequests
+	t.Logf("extra load %.2f%% (%d hedges)", 100*extra, served-hedgeRequests)
+	assert.Greater(t, served, hedgeRequests, "stalled requests were hedged")
+	assert.LessOrEqual(t, extra, hedgeShare+0.01, "extra load within the share plus 1%%")
+	assert.Empty(t, twice, "no request sent twice to one endpoint")
+}
+
+// Acceptance (1) through examples/proxy: the control plane serves the
+// hedge.inmesh.io annotations of an HTTPRoute, the proxy hedges its
+// route, counts the hedges on outbound_http_route_hedge_* and /routes
+// explains the hedging.
+func TestHedgeThroughProxy(t *testing.T) {
+	needCurl(t)
+	bin := build(t)
+	dir := t.TempDir()
+	policies := filepath.Join(dir, "policies")
+	require.NoError(t, os.Mkdir(policies, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(policies, "hedge.yaml"), []byte(hedgeManifests), 0o644))
+	h := hedgeStartEndpoints(t)
+	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte(hedgeEndpointsFile(h.addrs)), 0o644))
+	dst := start(t, filepath.Join(bin, "destination"), nil, "-listen", "127.0.0.1:0",
+		"-endpoints", endpoints, "-policies", policies, "-interval", "100ms")
+	dstAddr := dst.waitLog(t, dstAddrRe)
+	_, out, _, admin := startProxy(t, bin, dstAddr, h.addrs[0])
+
+	// The route's policy arrives: /routes explains its hedging.
+	require.Eventually(t, func() bool {
+		status, _, body := curl(t, "http://"+admin+"/routes?authority="+hedgeHedgedSvc+"&method=GET&path=/")
+		return status == 200 && strings.Contains(body, `"hedge"`)
+	}, timeout, 50*time.Millisecond, "the hedged route's policy never arrived")
+	require.Eventually(t, func() bool {
+		status, _, body := curl(t, "http://"+admin+"/routes?authority="+hedgePlainSvc+"&method=GET&path=/")
+		return status == 200 && strings.Contains(body, `"route": "plain-route"`)
+	}, timeout, 50*time.Millisecond, "the plain route's policy never arrived")
+
+	rt := http.DefaultTransport
+	plain := hedgeRun(t, rt, "http://"+out+"/", hedgePlainSvc, "proxy-plain")
+	hedged := hedgeRun(t, rt, "http://"+out+"/", hedgeHedgedSvc, "proxy-hedged")
+	hedgeCheck(t, h, plain, hedged, "proxy-plain", "proxy-hedged")
+
+	text := scrape(t, admin)
+	sent, ok := metric(text, "outbound_http_route_hedge_requests_total", `route_name="hedged-route"`)
+	assert.True(t, ok, "outbound_http_route_hedge_requests_total")
+	assert.GreaterOrEqual(t, sent, float64(hedgeRequests/hedgeEvery), "every stalled request was hedged")
+	won, _ := metric(text, "outbound_http_route_hedge_wins_total", `route_name="hedged-route"`)
+	assert.GreaterOrEqual(t, won, float64(hedgeRequests/hedgeEvery), "and the hedge won")
+	_, ok = metric(text, "outbound_http_route_hedge_requests_total", `route_name="plain-route"`)
+	assert.False(t, ok, "the plain route sends no hedge")
+	_, _, body := curl(t, "http://"+admin+"/routes?authority="+hedgeHedgedSvc+"&method=GET&path=/")
+	assert.Contains(t, body, `"policy": "after 10ms, at most 10% extra load, idempotent methods"`)
+}
+
+// Acceptance (1) through mesh.NewClient over the same control plane.
+func TestHedgeThroughMeshClient(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	policies := filepath.Join(dir, "policies")
+	require.NoError(t, os.Mkdir(policies, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(policies, "hedge.yaml"), []byte(hedgeManifests), 0o644))
+	h := hedgeStartEndpoints(t)
+	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte(hedgeEndpointsFile(h.addrs)), 0o644))
+	dst := start(t, filepath.Join(bin, "destination"), nil, "-listen", "127.0.0.1:0",
+		"-endpoints", endpoints, "-policies", policies, "-interval", "100ms")
+	dstAddr := dst.waitLog(t, dstAddrRe)
+
+	dc, err := destination.Dial(dstAddr, destination.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer dc.Close()
+	client := mesh.NewClient(mesh.WithDestination(dc), mesh.WithMeterProvider(noop.NewMeterProvider()),
+		mesh.WithLogger(slog.New(slog.DiscardHandler)), mesh.WithDiscoveryWait(timeout))
+	defer client.Close()
+
+	// The plain route runs first, as through the proxy: the hedged route's
+	// first request still waits for its own route (a fresh authority), but
+	// the connections to the endpoints are open, as they were for the
+	// proxy's hedged run (a first run under -race once measured dials
+	// among the hedged p99).
+	plain := hedgeRun(t, client, "http://"+hedgePlainSvc+"/", hedgePlainSvc, "mesh-plain")
+	hedged := hedgeRun(t, client, "http://"+hedgeHedgedSvc+"/", hedgeHedgedSvc, "mesh-hedged")
+	hedgeCheck(t, h, plain, hedged, "mesh-plain", "mesh-hedged")
+	e := client.Router().Explain(httptest.NewRequest(http.MethodGet, "http://"+hedgeHedgedSvc+"/", nil))
+	require.NotNil(t, e.Hedge)
+	assert.GreaterOrEqual(t, e.Hedge.Won, uint64(hedgeRequests/hedgeEvery))
+}

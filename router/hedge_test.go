@@ -1,0 +1,207 @@
+package router
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/hedge"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// hedgeEndpoints are loopback endpoints that record which request (by its
+// X-Request-Id) reached which of them, and stall the first arrival of a
+// request marked X-Stall until its context ends or stall passes: only a
+// copy sent elsewhere answers it sooner.
+type hedgeEndpoints struct {
+	eps   []endpoint.Endpoint
+	stall time.Duration
+
+	mu        sync.Mutex
+	seen      map[string][]int // request id -> the endpoints it reached, in order
+	cancelled int              // stalled requests whose context ended
+}
+
+func newHedgeEndpoints(t *testing.T, n int, stall time.Duration) *hedgeEndpoints {
+	h := &hedgeEndpoints{stall: stall, seen: make(map[string][]int)}
+	for i := range n {
+		srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			id := r.Header.Get("X-Request-Id")
+			h.mu.Lock()
+			h.seen[id] = append(h.seen[id], i)
+			first := len(h.seen[id]) == 1
+			h.mu.Unlock()
+			if first && r.Header.Get("X-Stall") != "" {
+				select {
+				case <-r.Context().Done():
+					h.mu.Lock()
+					h.cancelled++
+					h.mu.Unlock()
+					return
+				case <-time.After(h.stall):
+				}
+			}
+			fmt.Fprintf(w, "endpoint %d", i)
+		}))
+		h.eps = append(h.eps, endpoint.Endpoint{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: endpoint.DefaultWeight})
+	}
+	return h
+}
+
+func (h *hedgeEndpoints) reached(id string) []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.seen[id]...)
+}
+
+func (h *hedgeEndpoints) cancels() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cancelled
+}
+
+const hedgeBackend = "backend.test:80"
+
+func hedgeFixture(t *testing.T, eps []endpoint.Endpoint, hp *hedge.Policy, opts ...Option) *healthFixture {
+	rule := policy.HTTPRule{Backends: to(balancerBackend("backend", hedgeBackend)), Hedge: hp}
+	src, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{hedgeBackend: eps})
+	require.NoError(t, err)
+	f := &healthFixture{m: testutil.NewMetrics(t)}
+	f.bal = balancer.New(src)
+	t.Cleanup(f.bal.Close)
+	pol := policy.NewStaticSource(map[string]*policy.Policy{authority: httpPolicy(rule)})
+	f.r = New(append([]Option{WithPolicies(pol), WithMeterProvider(f.m.Provider), WithBalancer(f.bal)}, opts...)...)
+	t.Cleanup(f.r.Close)
+	f.client = &http.Client{Transport: f.r.Transport(f.bal.Transport(testutil.NewTransport(t, testutil.H1)))}
+	req, _ := http.NewRequest("GET", "http://svc.test/", nil)
+	require.Eventually(t, func() bool { return f.r.Explain(req).Model == ModelPolicy }, testutil.Timeout, 5*time.Millisecond)
+	return f
+}
+
+// A request that stalls past the route's delay is sent again to another
+// endpoint; the first answer wins and the stalled attempt is cancelled.
+// The cases are the rules of the hedge: idempotent methods or a route
+// marked idempotent, bodies within the replay limit, never to the same
+// endpoint (with one endpoint, no hedge), a percentile only once learnt,
+// and the share of extra load.
+func TestHedgeToAnotherEndpoint(t *testing.T) {
+	fixed := &hedge.Policy{Delay: 20 * time.Millisecond}
+	for _, tc := range []struct {
+		name      string
+		endpoints int
+		policy    *hedge.Policy
+		option    *hedge.Policy // WithHedging
+		method    string
+		body      string
+		hedged    bool
+	}{
+		{name: "GET is hedged", endpoints: 3, policy: fixed, method: "GET", hedged: true},
+		{name: "PUT with a body is hedged", endpoints: 3, policy: fixed, method: "PUT", body: "payload", hedged: true},
+		{name: "DELETE is hedged", endpoints: 2, policy: fixed, method: "DELETE", hedged: true},
+		{name: "POST is not", endpoints: 3, policy: fixed, method: "POST", body: "x"},
+		{name: "POST on an idempotent route is", endpoints: 3, policy: &hedge.Policy{Delay: 20 * time.Millisecond, Idempotent: true},
+			method: "POST", body: "payload", hedged: true},
+		{name: "a body past the replay limit is not", endpoints: 3, policy: fixed, method: "PUT",
+			body: strings.Repeat("x", MaxRetryBodyBytes+1)},
+		{name: "one endpoint: no other to hedge to", endpoints: 1, policy: fixed, method: "GET"},
+		{name: "a percentile not learnt yet hedges nothing", endpoints: 3, policy: &hedge.Policy{Percentile: 95}, method: "GET"},
+		{name: "the router's option for routes without their own", endpoints: 3, option: fixed, method: "GET", hedged: true},
+		{name: "no policy, no hedge", endpoints: 3, method: "GET"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stall := 300 * time.Millisecond
+			if tc.hedged {
+				stall = time.Minute // only a hedge can answer in time
+			}
+			h := newHedgeEndpoints(t, tc.endpoints, stall)
+			f := hedgeFixture(t, h.eps, tc.policy, WithHedging(tc.option))
+			req, err := http.NewRequest(tc.method, "http://svc.test/", strings.NewReader(tc.body))
+			require.NoError(t, err)
+			req.Header.Set("X-Request-Id", "r1")
+			req.Header.Set("X-Stall", "1")
+			resp, err := f.client.Do(req)
+			require.NoError(t, err)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			got := h.reached("r1")
+			sent := f.m.Value(t, "outbound_http_route_hedge_requests_total")
+			won := f.m.Value(t, "outbound_http_route_hedge_wins_total")
+			if !tc.hedged {
+				assert.Len(t, got, 1, "endpoints reached")
+				assert.Contains(t, []string{"", "0"}, sent, "hedges sent")
+				return
+			}
+			require.Len(t, got, 2, "endpoints reached")
+			assert.NotEqual(t, got[0], got[1], "the hedge went to the endpoint already trying")
+			assert.Equal(t, fmt.Sprintf("endpoint %d", got[1]), string(b), "the hedge's answer wins")
+			assert.Equal(t, "1", sent)
+			assert.Equal(t, "1", won)
+			require.Eventually(t, func() bool { return h.cancels() == 1 }, testutil.Timeout, 5*time.Millisecond,
+				"the stalled attempt is cancelled")
+			e := f.r.Explain(req)
+			require.NotNil(t, e.Hedge)
+			assert.Equal(t, uint64(1), e.Hedge.Sent)
+			assert.Equal(t, uint64(1), e.Hedge.Won)
+			assert.Contains(t, e.Hedge.Policy, "after 20ms")
+		})
+	}
+}
+
+// The share of extra load bounds hedges: a route starts with one hedge in
+// hand and earns MaxExtraLoad per request; a stalled request past it is
+// not hedged and counted as an overflow.
+func TestHedgeShareOfExtraLoad(t *testing.T) {
+	h := newHedgeEndpoints(t, 3, 200*time.Millisecond)
+	f := hedgeFixture(t, h.eps, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 0.01})
+	for i := range 3 {
+		req, _ := http.NewRequest("GET", "http://svc.test/", nil)
+		req.Header.Set("X-Request-Id", fmt.Sprint("r", i))
+		req.Header.Set("X-Stall", "1")
+		resp, err := f.client.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	assert.Len(t, h.reached("r0"), 2, "the first is hedged")
+	assert.Len(t, h.reached("r1"), 1, "the second is not: 1% of three requests is no hedge")
+	assert.Len(t, h.reached("r2"), 1)
+	assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_hedge_requests_total"))
+	assert.Equal(t, "2", f.m.Value(t, "outbound_http_route_hedge_overflow_total"))
+}
+
+// A percentile delay is learnt from the route's own latencies: once it has
+// enough samples, requests slower than its p90 are hedged.
+func TestHedgeLearntPercentile(t *testing.T) {
+	h := newHedgeEndpoints(t, 3, time.Minute)
+	f := hedgeFixture(t, h.eps, &hedge.Policy{Percentile: 90, MaxExtraLoad: 1})
+	req, _ := http.NewRequest("GET", "http://svc.test/", nil)
+	for i := range hedge.DefaultMinSamples {
+		resp, err := f.client.Get(fmt.Sprint("http://svc.test/?n=", i))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	e := f.r.Explain(req)
+	require.NotNil(t, e.Hedge)
+	require.NotEmpty(t, e.Hedge.Delay, "learnt after %d samples", hedge.DefaultMinSamples)
+	req.Header.Set("X-Request-Id", "slow")
+	req.Header.Set("X-Stall", "1")
+	resp, err := f.client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	got := h.reached("slow")
+	require.Len(t, got, 2)
+	assert.NotEqual(t, got[0], got[1])
+}
