@@ -165,6 +165,8 @@ type Route struct {
 	// AllowL5dRequestHeaders lets l5d-* request headers override Retry
 	// and Timeouts.
 	AllowL5dRequestHeaders bool
+	// Mirrors copy the rule's requests to other backends; see [Mirror].
+	Mirrors []Mirror
 }
 
 type compiledRoute struct {
@@ -215,6 +217,7 @@ func CompileHTTP(parent Metadata, p HTTPProtocol, opts Options, field string) (*
 				Filters: rule.Filters, Backends: rule.Backends, Timeouts: rule.Timeouts,
 				Retry: rule.Retry, AllowL5dRequestHeaders: rule.AllowL5dRequestHeaders,
 			}
+			route.Mirrors = rule.Mirrors
 			if err := checkRule(route, rpath, opts); err != nil {
 				return nil, err
 			}
@@ -388,6 +391,9 @@ func checkRule(r *Route, path string, opts Options) error {
 		return err
 	}
 	if err := checkDistribution(r.Backends, r.GRPC, path+".backends", opts); err != nil {
+		return err
+	}
+	if err := checkMirrors(r.Mirrors, r.GRPC, path+".mirrors", opts); err != nil {
 		return err
 	}
 	for _, d := range []struct {

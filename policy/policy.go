@@ -171,6 +171,9 @@ type HTTPRule struct {
 	// AllowL5dRequestHeaders lets the l5d-retry-* and l5d-*-timeout request
 	// headers override Retry and Timeouts.
 	AllowL5dRequestHeaders bool
+	// Mirrors copy the rule's requests to other backends (beyond Linkerd:
+	// the Gateway API's RequestMirror filter); see [Mirror].
+	Mirrors []Mirror
 }
 
 // HTTPRouteMatch holds when every condition it sets holds.

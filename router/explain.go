@@ -47,6 +47,8 @@ type Explanation struct {
 	Retry    *RetryInfo    `json:"retry,omitempty"`
 	// Budget is the state of the retry budget that applies, if any.
 	Budget *profiles.BudgetState `json:"budget,omitempty"`
+	// Mirrors are the route's request mirrors, if any.
+	Mirrors *MirrorsInfo `json:"mirrors,omitempty"`
 }
 
 // BackendsInfo is a route's distribution.
@@ -199,6 +201,9 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	if t := ps.targets[route]; t != nil && t.budget != nil {
 		st := t.budget.State()
 		e.Budget = &st
+	}
+	if t := ps.targets[route]; t != nil && t.mirror != nil {
+		e.Mirrors = t.mirror.explain()
 	}
 	return e
 }

@@ -57,6 +57,7 @@ type config struct {
 	compile        policy.Options
 	balancer       *balancer.Balancer
 	discoveryWait  time.Duration
+	mirror         MirrorLimits
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.

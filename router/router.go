@@ -86,6 +86,9 @@ type routeTarget struct {
 	balancing []*balancer.BackendConfig
 	// total is the sum of the random-available weights.
 	total uint64
+	// mirror sends the copies of the route's requests; nil without
+	// mirrors.
+	mirror *mirrorer
 }
 
 // New returns a Router over the sources its options give.
@@ -258,6 +261,7 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 	if r.cfg.budget != nil {
 		rt.budget = profiles.NewBudget(*r.cfg.budget)
 	}
+	rt.mirror = r.mirrorer(route, rt, fa)
 	return rt
 }
 
