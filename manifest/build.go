@@ -160,6 +160,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 				Backends: r.distribution(rule.BackendRefs, self, port, false, lb),
 				Timeouts: ruleTimeouts(rule.Timeouts, routeTimeouts, svcTimeouts),
 				Retry:    retry,
+				Mirrors:  r.mirrors(rule.Mirrors),
 			})
 		}
 		httpRoutes = append(httpRoutes, route)
