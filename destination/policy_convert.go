@@ -227,6 +227,9 @@ func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (policy.HTTPRu
 		out.Retry = retry
 	}
 	out.AllowL5dRequestHeaders = r.GetAllowL5DRequestHeaders()
+	if out.Mirrors, err = mirrorsFromProto(r.GetInmeshRequestMirrors(), path+".inmesh_request_mirrors"); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 

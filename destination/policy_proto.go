@@ -308,6 +308,7 @@ func httpRoutesToProto(routes []policy.HTTPRoute) []*outboundpb.HttpRoute {
 				RequestTimeout:         durationOrNil(rule.Timeouts.Request),
 				AllowL5DRequestHeaders: rule.AllowL5dRequestHeaders,
 				Backends:               &outboundpb.HttpRoute_Distribution{},
+				InmeshRequestMirrors:   mirrorsToProto(rule.Mirrors),
 			}
 			for _, m := range rule.Matches {
 				pr.Matches = append(pr.Matches, httpMatchToProto(m))
