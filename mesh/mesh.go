@@ -97,6 +97,7 @@ type config struct {
 	identity       *identity.Local
 	discoveryWait  time.Duration
 	inbound        []authz.Option
+	mirror         router.MirrorLimits
 }
 
 // WithDiscoveryWait lets an outbound request wait up to d for its
@@ -105,6 +106,13 @@ type config struct {
 // first request to an authority takes the default route at once.
 func WithDiscoveryWait(d time.Duration) ClientOption {
 	return clientOption(func(c *config) { c.discoveryWait = d })
+}
+
+// WithMirrorLimits bounds the request mirrors of the outbound policy
+// routes (copies in flight per route, time per copy, body size; see
+// router.WithMirrorLimits); zero fields keep the defaults.
+func WithMirrorLimits(l router.MirrorLimits) ClientOption {
+	return clientOption(func(c *config) { c.mirror = l })
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -300,7 +308,8 @@ func NewClient(opts ...ClientOption) *Client {
 	}
 	cl.peers = origproto.NewTransport(topts...)
 	var next http.RoundTripper = classify.NewTransport(cl.peers, c.classifyOptions()...)
-	ropts := append(c.routerOptions(), router.WithPolicies(c.policies), router.WithDiscoveryWait(c.discoveryWait))
+	ropts := append(c.routerOptions(), router.WithPolicies(c.policies), router.WithDiscoveryWait(c.discoveryWait),
+		router.WithMirrorLimits(c.mirror))
 	if c.endpoints != nil {
 		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithSplits(profiles.Splits(c.source)), balancer.WithMaxAuthorities(c.maxAuthorities),
