@@ -112,6 +112,14 @@ func (mr *mirrorer) start(x *policyExchange, req *http.Request) *http.Request {
 	if len(fire) == 0 {
 		return req
 	}
+	if mr.inFlight.Load() >= int64(mr.limits.InFlight) {
+		// At the bound (a slow mirror): dropped before anything is
+		// copied, so that a stalled mirror costs the primary the least.
+		for _, t := range fire {
+			t.series.Count(metrics.MirrorDropped)
+		}
+		return req
+	}
 	head := mirrorHead{base: x.base, method: req.Method, url: *req.URL, header: req.Header.Clone(),
 		proto: req.Proto, major: req.ProtoMajor, minor: req.ProtoMinor}
 	if req.Body == nil || req.Body == http.NoBody {
