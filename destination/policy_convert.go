@@ -230,6 +230,9 @@ func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (policy.HTTPRu
 	if out.Hedge, err = hedgeFromProto(r.GetHedge(), path+".hedge"); err != nil {
 		return out, err
 	}
+	if out.Mirrors, err = mirrorsFromProto(r.GetInmeshRequestMirrors(), path+".inmesh_request_mirrors"); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 

@@ -309,6 +309,7 @@ func httpRoutesToProto(routes []policy.HTTPRoute) []*outboundpb.HttpRoute {
 				AllowL5DRequestHeaders: rule.AllowL5dRequestHeaders,
 				Hedge:                  hedgeToProto(rule.Hedge),
 				Backends:               &outboundpb.HttpRoute_Distribution{},
+				InmeshRequestMirrors:   mirrorsToProto(rule.Mirrors),
 			}
 			for _, m := range rule.Matches {
 				pr.Matches = append(pr.Matches, httpMatchToProto(m))

@@ -166,6 +166,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 				Timeouts: ruleTimeouts(rule.Timeouts, routeTimeouts, svcTimeouts),
 				Retry:    retry,
 				Hedge:    routeHedge,
+				Mirrors:  r.mirrors(rule.Mirrors),
 			})
 		}
 		httpRoutes = append(httpRoutes, route)

@@ -27,6 +27,18 @@ type HTTPRouteRule struct {
 	// Timeouts are the rule's timeouts field: request is the request
 	// timeout, backendRequest the response timeout. Nil when absent.
 	Timeouts *policy.Timeouts
+	// Mirrors are the rule's RequestMirror filters, in order.
+	Mirrors []MirrorRef
+}
+
+// MirrorRef is a RequestMirror filter of an HTTPRoute rule: a Service port
+// that gets a copy of a share of the rule's requests.
+type MirrorRef struct {
+	Namespace, Name string
+	Port            uint16
+	// Ratio is the share (percent n is n/100, a fraction as given); the
+	// zero Ratio means every request.
+	Ratio policy.Ratio
 }
 
 // GRPCRoute is a GRPCRoute resource.
@@ -191,7 +203,7 @@ func parseHTTPRule(n yamltree.Node, ns string) (HTTPRouteRule, error) {
 			r.Matches = append(r.Matches, m)
 		}
 	}
-	if r.Filters, err = parseFilters(obj["filters"], false); err != nil {
+	if r.Filters, r.Mirrors, err = parseRuleFilters(obj["filters"], ns); err != nil {
 		return r, err
 	}
 	if r.BackendRefs, err = parseBackendRefs(obj["backendRefs"], ns, false); err != nil {
@@ -351,13 +363,16 @@ func parseValueMatch(n yamltree.Node) (name, value string, regex bool, err error
 
 // parseFilters reads the filters of a rule or a backendRef: the header
 // modifiers and, for HTTP, redirects.
-func parseFilters(n yamltree.Node, grpc bool) ([]policy.Filter, error) {
+// items, when given, are the filters to read instead of n's.
+func parseFilters(n yamltree.Node, grpc bool, items ...yamltree.Node) ([]policy.Filter, error) {
 	if n.Value == nil {
 		return nil, nil
 	}
-	items, err := n.List()
-	if err != nil {
-		return nil, err
+	if items == nil {
+		var err error
+		if items, err = n.List(); err != nil {
+			return nil, err
+		}
 	}
 	var out []policy.Filter
 	for _, item := range items {

@@ -102,6 +102,7 @@ type config struct {
 	tap            *tap.Hub
 	reg            *registrationConfig // registration.go
 	drainDelay     *time.Duration
+	mirror         router.MirrorLimits
 }
 
 // WithTap publishes the stack's requests to hub (package tap): a client's
@@ -116,6 +117,13 @@ func WithTap(hub *tap.Hub) Option { return optionFunc(func(c *config) { c.tap = 
 // first request to an authority takes the default route at once.
 func WithDiscoveryWait(d time.Duration) ClientOption {
 	return clientOption(func(c *config) { c.discoveryWait = d })
+}
+
+// WithMirrorLimits bounds the request mirrors of the outbound policy
+// routes (copies in flight per route, time per copy, body size; see
+// router.WithMirrorLimits); zero fields keep the defaults.
+func WithMirrorLimits(l router.MirrorLimits) ClientOption {
+	return clientOption(func(c *config) { c.mirror = l })
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -311,7 +319,8 @@ func NewClient(opts ...ClientOption) *Client {
 	}
 	cl.peers = origproto.NewTransport(topts...)
 	var next http.RoundTripper = classify.NewTransport(cl.peers, c.classifyOptions()...)
-	ropts := append(c.routerOptions(), router.WithPolicies(c.policies), router.WithDiscoveryWait(c.discoveryWait))
+	ropts := append(c.routerOptions(), router.WithPolicies(c.policies), router.WithDiscoveryWait(c.discoveryWait),
+		router.WithMirrorLimits(c.mirror))
 	if c.endpoints != nil {
 		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithSplits(profiles.Splits(c.source)), balancer.WithMaxAuthorities(c.maxAuthorities),

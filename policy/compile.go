@@ -168,6 +168,8 @@ type Route struct {
 	AllowL5dRequestHeaders bool
 	// Hedge is the rule's hedging; nil means none.
 	Hedge *hedge.Policy
+	// Mirrors copy the rule's requests to other backends; see [Mirror].
+	Mirrors []Mirror
 }
 
 type compiledRoute struct {
@@ -218,6 +220,7 @@ func CompileHTTP(parent Metadata, p HTTPProtocol, opts Options, field string) (*
 				Filters: rule.Filters, Backends: rule.Backends, Timeouts: rule.Timeouts,
 				Retry: rule.Retry, AllowL5dRequestHeaders: rule.AllowL5dRequestHeaders, Hedge: rule.Hedge,
 			}
+			route.Mirrors = rule.Mirrors
 			if err := checkRule(route, rpath, opts); err != nil {
 				return nil, err
 			}
@@ -391,6 +394,9 @@ func checkRule(r *Route, path string, opts Options) error {
 		return err
 	}
 	if err := checkDistribution(r.Backends, r.GRPC, path+".backends", opts); err != nil {
+		return err
+	}
+	if err := checkMirrors(r.Mirrors, r.GRPC, path+".mirrors", opts); err != nil {
 		return err
 	}
 	for _, d := range []struct {

@@ -174,6 +174,9 @@ type HTTPRule struct {
 	AllowL5dRequestHeaders bool
 	// Hedge is the rule's hedging (beyond Linkerd); nil means none.
 	Hedge *hedge.Policy
+	// Mirrors copy the rule's requests to other backends (beyond Linkerd:
+	// the Gateway API's RequestMirror filter); see [Mirror].
+	Mirrors []Mirror
 }
 
 // HTTPRouteMatch holds when every condition it sets holds.

@@ -49,6 +49,8 @@ type Explanation struct {
 	Budget *profiles.BudgetState `json:"budget,omitempty"`
 	// Hedge is the route's hedging, if it hedges.
 	Hedge *HedgeInfo `json:"hedge,omitempty"`
+	// Mirrors are the route's request mirrors, if any.
+	Mirrors *MirrorsInfo `json:"mirrors,omitempty"`
 }
 
 // BackendsInfo is a route's distribution.
@@ -204,6 +206,9 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	}
 	if t := ps.targets[route]; t != nil && t.hedge != nil {
 		e.Hedge = t.hedge.explain()
+	}
+	if t := ps.targets[route]; t != nil && t.mirror != nil {
+		e.Mirrors = t.mirror.explain()
 	}
 	return e
 }

@@ -59,6 +59,7 @@ type config struct {
 	balancer       *balancer.Balancer
 	discoveryWait  time.Duration
 	hedge          *hedge.Policy // hedging of routes that set none
+	mirror         MirrorLimits
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.

@@ -89,6 +89,9 @@ type routeTarget struct {
 	total uint64
 	// hedge hedges the route's requests; nil when it does not hedge.
 	hedge *hedger
+	// mirror sends the copies of the route's requests; nil without
+	// mirrors.
+	mirror *mirrorer
 }
 
 // New returns a Router over the sources its options give.
@@ -264,6 +267,7 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 		rt.budget = profiles.NewBudget(*r.cfg.budget)
 	}
 	rt.hedge = r.hedger(route, rt)
+	rt.mirror = r.mirrorer(route, rt, fa)
 	return rt
 }
 

@@ -241,6 +241,8 @@ type policyExchange struct {
 	// backend is the series of the attempt in flight.
 	backend *metrics.BackendTarget
 	start   time.Time
+	// mirrored is set once the route's mirrors had their copy.
+	mirrored bool
 }
 
 // attempt sends one attempt: the rule's filters, a backend, its filters.
@@ -263,6 +265,12 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 			msg = "every backend of this route has weight 0"
 		}
 		return proxyerr.Response(req, http.StatusInternalServerError, msg), nil
+	}
+	if mr := x.rt.mirror; mr != nil && !x.mirrored {
+		// Once per request, not per retry: the copy is the request as
+		// the rule's filters left it.
+		x.mirrored = true
+		req = mr.start(x, req)
 	}
 	rb := &route.Backends.Backends[i]
 	x.backend = x.rt.backends[i]

@@ -17,6 +17,7 @@ import (
 	grpcroutepb "github.com/inmesh/inmesh/proxyapi/grpcroutepb"
 	hedgepb "github.com/inmesh/inmesh/proxyapi/hedgepb"
 	httproutepb "github.com/inmesh/inmesh/proxyapi/httproutepb"
+	mirrorpb "github.com/inmesh/inmesh/proxyapi/mirrorpb"
 	opaqueroutepb "github.com/inmesh/inmesh/proxyapi/opaqueroutepb"
 	tlsroutepb "github.com/inmesh/inmesh/proxyapi/tlsroutepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -1258,9 +1259,12 @@ type HttpRoute_Rule struct {
 	// Lets l5d-* request headers override retries and timeouts.
 	AllowL5DRequestHeaders bool `protobuf:"varint,7,opt,name=allow_l5d_request_headers,json=allowL5dRequestHeaders,proto3" json:"allow_l5d_request_headers,omitempty"`
 	// inmesh's hedging (proto/hedge.proto); Linkerd's proxies skip it.
-	Hedge         *hedgepb.Hedge `protobuf:"bytes,1001,opt,name=hedge,proto3" json:"hedge,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Hedge *hedgepb.Hedge `protobuf:"bytes,1001,opt,name=hedge,proto3" json:"hedge,omitempty"`
+	// inmesh: the rule's request mirrors (not a Filter case, which a
+	// Linkerd proxy would refuse); proxies that do not know it skip it.
+	InmeshRequestMirrors []*mirrorpb.RequestMirror `protobuf:"bytes,1002,rep,name=inmesh_request_mirrors,json=inmeshRequestMirrors,proto3" json:"inmesh_request_mirrors,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *HttpRoute_Rule) Reset() {
@@ -1346,6 +1350,13 @@ func (x *HttpRoute_Rule) GetAllowL5DRequestHeaders() bool {
 func (x *HttpRoute_Rule) GetHedge() *hedgepb.Hedge {
 	if x != nil {
 		return x.Hedge
+	}
+	return nil
+}
+
+func (x *HttpRoute_Rule) GetInmeshRequestMirrors() []*mirrorpb.RequestMirror {
+	if x != nil {
+		return x.InmeshRequestMirrors
 	}
 	return nil
 }
@@ -4040,7 +4051,7 @@ var File_outbound_proto protoreflect.FileDescriptor
 const file_outbound_proto_rawDesc = "" +
 	"\n" +
 	"\x0eoutbound.proto\x12\x19io.linkerd.proxy.outbound\x1a\x1egoogle/protobuf/duration.proto\x1a\x11destination.proto\x1a\x10grpc_route.proto\x1a\vhedge.proto\x1a\x10http_route.proto\x1a\n" +
-	"meta.proto\x1a\tnet.proto\x1a\x12opaque_route.proto\x1a\x0ftls_route.proto\"\x98\x01\n" +
+	"meta.proto\x1a\fmirror.proto\x1a\tnet.proto\x1a\x12opaque_route.proto\x1a\x0ftls_route.proto\"\x98\x01\n" +
 	"\vTrafficSpec\x12'\n" +
 	"\x0fsource_workload\x18\x01 \x01(\tR\x0esourceWorkload\x126\n" +
 	"\x04addr\x18\x02 \x01(\v2 .io.linkerd.proxy.net.TcpAddressH\x00R\x04addr\x12\x1e\n" +
@@ -4075,11 +4086,11 @@ const file_outbound_proto_rawDesc = "" +
 	"\x0ffailure_accrual\x18\x02 \x01(\v2).io.linkerd.proxy.outbound.FailureAccrualR\x0efailureAccrual\x1aB\n" +
 	"\x03Tls\x12;\n" +
 	"\x06routes\x18\x01 \x03(\v2#.io.linkerd.proxy.outbound.TlsRouteR\x06routesB\x06\n" +
-	"\x04kind\"\xd6\x13\n" +
+	"\x04kind\"\xb1\x14\n" +
 	"\tHttpRoute\x12;\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x1f.io.linkerd.proxy.meta.MetadataR\bmetadata\x12<\n" +
 	"\x05hosts\x18\x02 \x03(\v2&.io.linkerd.proxy.http_route.HostMatchR\x05hosts\x12?\n" +
-	"\x05rules\x18\x03 \x03(\v2).io.linkerd.proxy.outbound.HttpRoute.RuleR\x05rules\x1a\xa0\x04\n" +
+	"\x05rules\x18\x03 \x03(\v2).io.linkerd.proxy.outbound.HttpRoute.RuleR\x05rules\x1a\xfb\x04\n" +
 	"\x04Rule\x12E\n" +
 	"\amatches\x18\x01 \x03(\v2+.io.linkerd.proxy.http_route.HttpRouteMatchR\amatches\x12E\n" +
 	"\afilters\x18\x02 \x03(\v2+.io.linkerd.proxy.outbound.HttpRoute.FilterR\afilters\x12M\n" +
@@ -4088,7 +4099,8 @@ const file_outbound_proto_rawDesc = "" +
 	"\btimeouts\x18\x05 \x01(\v2%.io.linkerd.proxy.http_route.TimeoutsR\btimeouts\x12@\n" +
 	"\x05retry\x18\x06 \x01(\v2*.io.linkerd.proxy.outbound.HttpRoute.RetryR\x05retry\x129\n" +
 	"\x19allow_l5d_request_headers\x18\a \x01(\bR\x16allowL5dRequestHeaders\x124\n" +
-	"\x05hedge\x18\xe9\a \x01(\v2\x1d.io.inmesh.ext.hedge.v1.HedgeR\x05hedge\x1a\x9a\x03\n" +
+	"\x05hedge\x18\xe9\a \x01(\v2\x1d.io.inmesh.ext.hedge.v1.HedgeR\x05hedge\x12Y\n" +
+	"\x16inmesh_request_mirrors\x18\xea\a \x03(\v2\".io.inmesh.mirror.v1.RequestMirrorR\x14inmeshRequestMirrors\x1a\x9a\x03\n" +
 	"\x06Filter\x12]\n" +
 	"\x10failure_injector\x18\x01 \x01(\v20.io.linkerd.proxy.http_route.HttpFailureInjectorH\x00R\x0ffailureInjector\x12l\n" +
 	"\x17request_header_modifier\x18\x02 \x01(\v22.io.linkerd.proxy.http_route.RequestHeaderModifierH\x00R\x15requestHeaderModifier\x12J\n" +
@@ -4375,14 +4387,15 @@ var file_outbound_proto_goTypes = []any{
 	(*httproutepb.HttpRouteMatch)(nil),               // 68: io.linkerd.proxy.http_route.HttpRouteMatch
 	(*httproutepb.Timeouts)(nil),                     // 69: io.linkerd.proxy.http_route.Timeouts
 	(*hedgepb.Hedge)(nil),                            // 70: io.inmesh.ext.hedge.v1.Hedge
-	(*httproutepb.HttpFailureInjector)(nil),          // 71: io.linkerd.proxy.http_route.HttpFailureInjector
-	(*httproutepb.RequestHeaderModifier)(nil),        // 72: io.linkerd.proxy.http_route.RequestHeaderModifier
-	(*httproutepb.RequestRedirect)(nil),              // 73: io.linkerd.proxy.http_route.RequestRedirect
-	(*httproutepb.ResponseHeaderModifier)(nil),       // 74: io.linkerd.proxy.http_route.ResponseHeaderModifier
-	(*grpcroutepb.GrpcRouteMatch)(nil),               // 75: io.linkerd.proxy.grpc_route.GrpcRouteMatch
-	(*grpcroutepb.GrpcFailureInjector)(nil),          // 76: io.linkerd.proxy.grpc_route.GrpcFailureInjector
-	(*opaqueroutepb.Invalid)(nil),                    // 77: io.linkerd.proxy.opaque_route.Invalid
-	(*opaqueroutepb.Forbidden)(nil),                  // 78: io.linkerd.proxy.opaque_route.Forbidden
+	(*mirrorpb.RequestMirror)(nil),                   // 71: io.inmesh.mirror.v1.RequestMirror
+	(*httproutepb.HttpFailureInjector)(nil),          // 72: io.linkerd.proxy.http_route.HttpFailureInjector
+	(*httproutepb.RequestHeaderModifier)(nil),        // 73: io.linkerd.proxy.http_route.RequestHeaderModifier
+	(*httproutepb.RequestRedirect)(nil),              // 74: io.linkerd.proxy.http_route.RequestRedirect
+	(*httproutepb.ResponseHeaderModifier)(nil),       // 75: io.linkerd.proxy.http_route.ResponseHeaderModifier
+	(*grpcroutepb.GrpcRouteMatch)(nil),               // 76: io.linkerd.proxy.grpc_route.GrpcRouteMatch
+	(*grpcroutepb.GrpcFailureInjector)(nil),          // 77: io.linkerd.proxy.grpc_route.GrpcFailureInjector
+	(*opaqueroutepb.Invalid)(nil),                    // 78: io.linkerd.proxy.opaque_route.Invalid
+	(*opaqueroutepb.Forbidden)(nil),                  // 79: io.linkerd.proxy.opaque_route.Forbidden
 }
 var file_outbound_proto_depIdxs = []int32{
 	62,  // 0: io.linkerd.proxy.outbound.TrafficSpec.addr:type_name -> io.linkerd.proxy.net.TcpAddress
@@ -4434,91 +4447,92 @@ var file_outbound_proto_depIdxs = []int32{
 	69,  // 46: io.linkerd.proxy.outbound.HttpRoute.Rule.timeouts:type_name -> io.linkerd.proxy.http_route.Timeouts
 	21,  // 47: io.linkerd.proxy.outbound.HttpRoute.Rule.retry:type_name -> io.linkerd.proxy.outbound.HttpRoute.Retry
 	70,  // 48: io.linkerd.proxy.outbound.HttpRoute.Rule.hedge:type_name -> io.inmesh.ext.hedge.v1.Hedge
-	71,  // 49: io.linkerd.proxy.outbound.HttpRoute.Filter.failure_injector:type_name -> io.linkerd.proxy.http_route.HttpFailureInjector
-	72,  // 50: io.linkerd.proxy.outbound.HttpRoute.Filter.request_header_modifier:type_name -> io.linkerd.proxy.http_route.RequestHeaderModifier
-	73,  // 51: io.linkerd.proxy.outbound.HttpRoute.Filter.redirect:type_name -> io.linkerd.proxy.http_route.RequestRedirect
-	74,  // 52: io.linkerd.proxy.outbound.HttpRoute.Filter.response_header_modifier:type_name -> io.linkerd.proxy.http_route.ResponseHeaderModifier
-	24,  // 53: io.linkerd.proxy.outbound.HttpRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.HttpRoute.Distribution.Empty
-	25,  // 54: io.linkerd.proxy.outbound.HttpRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.HttpRoute.Distribution.FirstAvailable
-	26,  // 55: io.linkerd.proxy.outbound.HttpRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.HttpRoute.Distribution.RandomAvailable
-	27,  // 56: io.linkerd.proxy.outbound.HttpRoute.Retry.conditions:type_name -> io.linkerd.proxy.outbound.HttpRoute.Retry.Conditions
-	67,  // 57: io.linkerd.proxy.outbound.HttpRoute.Retry.timeout:type_name -> google.protobuf.Duration
-	11,  // 58: io.linkerd.proxy.outbound.HttpRoute.Retry.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	7,   // 59: io.linkerd.proxy.outbound.HttpRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
-	19,  // 60: io.linkerd.proxy.outbound.HttpRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.HttpRoute.Filter
-	67,  // 61: io.linkerd.proxy.outbound.HttpRoute.RouteBackend.requestTimeout:type_name -> google.protobuf.Duration
-	22,  // 62: io.linkerd.proxy.outbound.HttpRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.HttpRoute.RouteBackend
-	22,  // 63: io.linkerd.proxy.outbound.HttpRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.HttpRoute.RouteBackend
-	23,  // 64: io.linkerd.proxy.outbound.HttpRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.HttpRoute.WeightedRouteBackend
-	28,  // 65: io.linkerd.proxy.outbound.HttpRoute.Retry.Conditions.status_ranges:type_name -> io.linkerd.proxy.outbound.HttpRoute.Retry.Conditions.StatusRange
-	75,  // 66: io.linkerd.proxy.outbound.GrpcRoute.Rule.matches:type_name -> io.linkerd.proxy.grpc_route.GrpcRouteMatch
-	30,  // 67: io.linkerd.proxy.outbound.GrpcRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Filter
-	31,  // 68: io.linkerd.proxy.outbound.GrpcRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution
-	67,  // 69: io.linkerd.proxy.outbound.GrpcRoute.Rule.requestTimeout:type_name -> google.protobuf.Duration
-	69,  // 70: io.linkerd.proxy.outbound.GrpcRoute.Rule.timeouts:type_name -> io.linkerd.proxy.http_route.Timeouts
-	32,  // 71: io.linkerd.proxy.outbound.GrpcRoute.Rule.retry:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Retry
-	70,  // 72: io.linkerd.proxy.outbound.GrpcRoute.Rule.hedge:type_name -> io.inmesh.ext.hedge.v1.Hedge
-	76,  // 73: io.linkerd.proxy.outbound.GrpcRoute.Filter.failure_injector:type_name -> io.linkerd.proxy.grpc_route.GrpcFailureInjector
-	72,  // 74: io.linkerd.proxy.outbound.GrpcRoute.Filter.request_header_modifier:type_name -> io.linkerd.proxy.http_route.RequestHeaderModifier
-	35,  // 75: io.linkerd.proxy.outbound.GrpcRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.Empty
-	36,  // 76: io.linkerd.proxy.outbound.GrpcRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable
-	37,  // 77: io.linkerd.proxy.outbound.GrpcRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable
-	38,  // 78: io.linkerd.proxy.outbound.GrpcRoute.Retry.conditions:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Retry.Conditions
-	67,  // 79: io.linkerd.proxy.outbound.GrpcRoute.Retry.timeout:type_name -> google.protobuf.Duration
-	11,  // 80: io.linkerd.proxy.outbound.GrpcRoute.Retry.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	7,   // 81: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
-	30,  // 82: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Filter
-	67,  // 83: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.requestTimeout:type_name -> google.protobuf.Duration
-	33,  // 84: io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
-	33,  // 85: io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
-	34,  // 86: io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend
-	41,  // 87: io.linkerd.proxy.outbound.OpaqueRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution
-	40,  // 88: io.linkerd.proxy.outbound.OpaqueRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
-	77,  // 89: io.linkerd.proxy.outbound.OpaqueRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
-	78,  // 90: io.linkerd.proxy.outbound.OpaqueRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
-	44,  // 91: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.Empty
-	45,  // 92: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable
-	46,  // 93: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable
-	7,   // 94: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
-	40,  // 95: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
-	42,  // 96: io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
-	42,  // 97: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
-	43,  // 98: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend
-	49,  // 99: io.linkerd.proxy.outbound.TlsRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution
-	48,  // 100: io.linkerd.proxy.outbound.TlsRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
-	77,  // 101: io.linkerd.proxy.outbound.TlsRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
-	78,  // 102: io.linkerd.proxy.outbound.TlsRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
-	52,  // 103: io.linkerd.proxy.outbound.TlsRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.Empty
-	53,  // 104: io.linkerd.proxy.outbound.TlsRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable
-	54,  // 105: io.linkerd.proxy.outbound.TlsRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable
-	7,   // 106: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
-	48,  // 107: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
-	50,  // 108: io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
-	50,  // 109: io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
-	51,  // 110: io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend
-	57,  // 111: io.linkerd.proxy.outbound.Backend.EndpointDiscovery.dst:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery.DestinationGet
-	55,  // 112: io.linkerd.proxy.outbound.Backend.BalanceP2c.discovery:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery
-	58,  // 113: io.linkerd.proxy.outbound.Backend.BalanceP2c.peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma
-	59,  // 114: io.linkerd.proxy.outbound.Backend.BalanceP2c.penalty_peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma
-	67,  // 115: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.default_rtt:type_name -> google.protobuf.Duration
-	67,  // 116: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.decay:type_name -> google.protobuf.Duration
-	67,  // 117: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.default_rtt:type_name -> google.protobuf.Duration
-	67,  // 118: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.decay:type_name -> google.protobuf.Duration
-	67,  // 119: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty:type_name -> google.protobuf.Duration
-	67,  // 120: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.max_retry_after:type_name -> google.protobuf.Duration
-	67,  // 121: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty_decay:type_name -> google.protobuf.Duration
-	11,  // 122: io.linkerd.proxy.outbound.FailureAccrual.ConsecutiveFailures.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	67,  // 123: io.linkerd.proxy.outbound.FailureAccrual.Unified.decay:type_name -> google.protobuf.Duration
-	11,  // 124: io.linkerd.proxy.outbound.FailureAccrual.Unified.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	0,   // 125: io.linkerd.proxy.outbound.OutboundPolicies.Get:input_type -> io.linkerd.proxy.outbound.TrafficSpec
-	0,   // 126: io.linkerd.proxy.outbound.OutboundPolicies.Watch:input_type -> io.linkerd.proxy.outbound.TrafficSpec
-	1,   // 127: io.linkerd.proxy.outbound.OutboundPolicies.Get:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
-	1,   // 128: io.linkerd.proxy.outbound.OutboundPolicies.Watch:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
-	127, // [127:129] is the sub-list for method output_type
-	125, // [125:127] is the sub-list for method input_type
-	125, // [125:125] is the sub-list for extension type_name
-	125, // [125:125] is the sub-list for extension extendee
-	0,   // [0:125] is the sub-list for field type_name
+	71,  // 49: io.linkerd.proxy.outbound.HttpRoute.Rule.inmesh_request_mirrors:type_name -> io.inmesh.mirror.v1.RequestMirror
+	72,  // 50: io.linkerd.proxy.outbound.HttpRoute.Filter.failure_injector:type_name -> io.linkerd.proxy.http_route.HttpFailureInjector
+	73,  // 51: io.linkerd.proxy.outbound.HttpRoute.Filter.request_header_modifier:type_name -> io.linkerd.proxy.http_route.RequestHeaderModifier
+	74,  // 52: io.linkerd.proxy.outbound.HttpRoute.Filter.redirect:type_name -> io.linkerd.proxy.http_route.RequestRedirect
+	75,  // 53: io.linkerd.proxy.outbound.HttpRoute.Filter.response_header_modifier:type_name -> io.linkerd.proxy.http_route.ResponseHeaderModifier
+	24,  // 54: io.linkerd.proxy.outbound.HttpRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.HttpRoute.Distribution.Empty
+	25,  // 55: io.linkerd.proxy.outbound.HttpRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.HttpRoute.Distribution.FirstAvailable
+	26,  // 56: io.linkerd.proxy.outbound.HttpRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.HttpRoute.Distribution.RandomAvailable
+	27,  // 57: io.linkerd.proxy.outbound.HttpRoute.Retry.conditions:type_name -> io.linkerd.proxy.outbound.HttpRoute.Retry.Conditions
+	67,  // 58: io.linkerd.proxy.outbound.HttpRoute.Retry.timeout:type_name -> google.protobuf.Duration
+	11,  // 59: io.linkerd.proxy.outbound.HttpRoute.Retry.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	7,   // 60: io.linkerd.proxy.outbound.HttpRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
+	19,  // 61: io.linkerd.proxy.outbound.HttpRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.HttpRoute.Filter
+	67,  // 62: io.linkerd.proxy.outbound.HttpRoute.RouteBackend.requestTimeout:type_name -> google.protobuf.Duration
+	22,  // 63: io.linkerd.proxy.outbound.HttpRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.HttpRoute.RouteBackend
+	22,  // 64: io.linkerd.proxy.outbound.HttpRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.HttpRoute.RouteBackend
+	23,  // 65: io.linkerd.proxy.outbound.HttpRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.HttpRoute.WeightedRouteBackend
+	28,  // 66: io.linkerd.proxy.outbound.HttpRoute.Retry.Conditions.status_ranges:type_name -> io.linkerd.proxy.outbound.HttpRoute.Retry.Conditions.StatusRange
+	76,  // 67: io.linkerd.proxy.outbound.GrpcRoute.Rule.matches:type_name -> io.linkerd.proxy.grpc_route.GrpcRouteMatch
+	30,  // 68: io.linkerd.proxy.outbound.GrpcRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Filter
+	31,  // 69: io.linkerd.proxy.outbound.GrpcRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution
+	67,  // 70: io.linkerd.proxy.outbound.GrpcRoute.Rule.requestTimeout:type_name -> google.protobuf.Duration
+	69,  // 71: io.linkerd.proxy.outbound.GrpcRoute.Rule.timeouts:type_name -> io.linkerd.proxy.http_route.Timeouts
+	32,  // 72: io.linkerd.proxy.outbound.GrpcRoute.Rule.retry:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Retry
+	70,  // 73: io.linkerd.proxy.outbound.GrpcRoute.Rule.hedge:type_name -> io.inmesh.ext.hedge.v1.Hedge
+	77,  // 74: io.linkerd.proxy.outbound.GrpcRoute.Filter.failure_injector:type_name -> io.linkerd.proxy.grpc_route.GrpcFailureInjector
+	73,  // 75: io.linkerd.proxy.outbound.GrpcRoute.Filter.request_header_modifier:type_name -> io.linkerd.proxy.http_route.RequestHeaderModifier
+	35,  // 76: io.linkerd.proxy.outbound.GrpcRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.Empty
+	36,  // 77: io.linkerd.proxy.outbound.GrpcRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable
+	37,  // 78: io.linkerd.proxy.outbound.GrpcRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable
+	38,  // 79: io.linkerd.proxy.outbound.GrpcRoute.Retry.conditions:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Retry.Conditions
+	67,  // 80: io.linkerd.proxy.outbound.GrpcRoute.Retry.timeout:type_name -> google.protobuf.Duration
+	11,  // 81: io.linkerd.proxy.outbound.GrpcRoute.Retry.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	7,   // 82: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
+	30,  // 83: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Filter
+	67,  // 84: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.requestTimeout:type_name -> google.protobuf.Duration
+	33,  // 85: io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
+	33,  // 86: io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
+	34,  // 87: io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend
+	41,  // 88: io.linkerd.proxy.outbound.OpaqueRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution
+	40,  // 89: io.linkerd.proxy.outbound.OpaqueRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
+	78,  // 90: io.linkerd.proxy.outbound.OpaqueRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
+	79,  // 91: io.linkerd.proxy.outbound.OpaqueRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
+	44,  // 92: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.Empty
+	45,  // 93: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable
+	46,  // 94: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable
+	7,   // 95: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
+	40,  // 96: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
+	42,  // 97: io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
+	42,  // 98: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
+	43,  // 99: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend
+	49,  // 100: io.linkerd.proxy.outbound.TlsRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution
+	48,  // 101: io.linkerd.proxy.outbound.TlsRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
+	78,  // 102: io.linkerd.proxy.outbound.TlsRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
+	79,  // 103: io.linkerd.proxy.outbound.TlsRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
+	52,  // 104: io.linkerd.proxy.outbound.TlsRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.Empty
+	53,  // 105: io.linkerd.proxy.outbound.TlsRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable
+	54,  // 106: io.linkerd.proxy.outbound.TlsRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable
+	7,   // 107: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
+	48,  // 108: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
+	50,  // 109: io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
+	50,  // 110: io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
+	51,  // 111: io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend
+	57,  // 112: io.linkerd.proxy.outbound.Backend.EndpointDiscovery.dst:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery.DestinationGet
+	55,  // 113: io.linkerd.proxy.outbound.Backend.BalanceP2c.discovery:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery
+	58,  // 114: io.linkerd.proxy.outbound.Backend.BalanceP2c.peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma
+	59,  // 115: io.linkerd.proxy.outbound.Backend.BalanceP2c.penalty_peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma
+	67,  // 116: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.default_rtt:type_name -> google.protobuf.Duration
+	67,  // 117: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.decay:type_name -> google.protobuf.Duration
+	67,  // 118: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.default_rtt:type_name -> google.protobuf.Duration
+	67,  // 119: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.decay:type_name -> google.protobuf.Duration
+	67,  // 120: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty:type_name -> google.protobuf.Duration
+	67,  // 121: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.max_retry_after:type_name -> google.protobuf.Duration
+	67,  // 122: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty_decay:type_name -> google.protobuf.Duration
+	11,  // 123: io.linkerd.proxy.outbound.FailureAccrual.ConsecutiveFailures.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	67,  // 124: io.linkerd.proxy.outbound.FailureAccrual.Unified.decay:type_name -> google.protobuf.Duration
+	11,  // 125: io.linkerd.proxy.outbound.FailureAccrual.Unified.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	0,   // 126: io.linkerd.proxy.outbound.OutboundPolicies.Get:input_type -> io.linkerd.proxy.outbound.TrafficSpec
+	0,   // 127: io.linkerd.proxy.outbound.OutboundPolicies.Watch:input_type -> io.linkerd.proxy.outbound.TrafficSpec
+	1,   // 128: io.linkerd.proxy.outbound.OutboundPolicies.Get:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
+	1,   // 129: io.linkerd.proxy.outbound.OutboundPolicies.Watch:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
+	128, // [128:130] is the sub-list for method output_type
+	126, // [126:128] is the sub-list for method input_type
+	126, // [126:126] is the sub-list for extension type_name
+	126, // [126:126] is the sub-list for extension extendee
+	0,   // [0:126] is the sub-list for field type_name
 }
 
 func init() { file_outbound_proto_init() }
