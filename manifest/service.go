@@ -249,6 +249,9 @@ func checkAnnotations(a map[string]string) error {
 	if _, err := opaquePort(a, nil, 0); err != nil {
 		return err
 	}
+	if _, err := outlierDetection(a); err != nil {
+		return err
+	}
 	_, err := failureAccrual(a)
 	return err
 }

@@ -3,7 +3,8 @@
 # folder, one Go package per Linkerd API under proxyapi/: destinationpb
 # (Destination API), outboundpb, httproutepb, grpcroutepb, opaqueroutepb and
 # tlsroutepb (OutboundPolicies API), identitypb (Identity API) and inboundpb
-# (InboundServerPolicies API). Each Go package holds one or more proto
+# (InboundServerPolicies API), and outlierpb (inmesh's outlier detection,
+# field 1003 of the OutboundPolicies balancer). Each Go package holds one or more proto
 # packages, as their go_package options say.
 #   proto/generate.sh          write the generated code
 #   proto/generate.sh --check  fail when any committed package is stale
