@@ -37,6 +37,10 @@ type BackendConfig struct {
 	// [WithPenaltyPeakEWMA] does (its Penalty, MaxRetryAfter and
 	// PenaltyDecay; zero fields take their defaults).
 	PenaltyPeakEWMA *PenaltyPeakEWMA
+	// OutlierDetection, when not nil, ejects outliers as
+	// [WithOutlierDetection] does (one with neither ejection: none), in
+	// place of the balancer's.
+	OutlierDetection *OutlierDetection
 }
 
 // MaxConfigurations bounds the configurations an authority is balanced
@@ -59,6 +63,7 @@ func WithBackendConfig(ctx context.Context, c *BackendConfig) context.Context {
 type groupConf struct {
 	key      confKey
 	acc      *accrual
+	od       *outlier
 	queueCap int
 	failfast time.Duration
 	penalty  *PenaltyPeakEWMA
@@ -69,6 +74,7 @@ type groupConf struct {
 // the zero penalty are none (resolved ones have positive fields).
 type confKey struct {
 	acc      accrual
+	od       outlier
 	queueCap int
 	failfast time.Duration
 	penalty  PenaltyPeakEWMA
@@ -77,7 +83,7 @@ type confKey struct {
 
 // health reports whether picks under c check the endpoints' health
 // (failure accrual or load penalties are on).
-func (c *groupConf) health() bool { return c.acc != nil || c.penalty != nil }
+func (c *groupConf) health() bool { return c.acc != nil || c.penalty != nil || c.od != nil }
 
 // newGroupConf makes the configuration of key.
 func newGroupConf(k confKey) *groupConf {
@@ -85,6 +91,10 @@ func newGroupConf(k confKey) *groupConf {
 	if k.acc != (accrual{}) {
 		acc := k.acc
 		c.acc = &acc
+	}
+	if k.od != (outlier{}) {
+		od := k.od
+		c.od = &od
 	}
 	if k.penalty != (PenaltyPeakEWMA{}) {
 		p := k.penalty
@@ -99,6 +109,9 @@ func (b *Balancer) defaultKey() confKey {
 	if b.cfg.accrual != nil {
 		k.acc = *b.cfg.accrual
 	}
+	if b.cfg.outlier != nil {
+		k.od = *b.cfg.outlier
+	}
 	if b.cfg.penaltyEWMA != nil {
 		k.penalty = *b.cfg.penaltyEWMA
 		k.penalty.DefaultRTT, k.penalty.Decay = 0, 0
@@ -111,6 +124,9 @@ func (b *Balancer) keyOf(c *BackendConfig) confKey {
 	k := b.def.key
 	if acc, ok := accrualOf(c.FailureAccrual); ok {
 		k.acc = acc
+	}
+	if c.OutlierDetection != nil {
+		k.od, _ = outlierOf(c.OutlierDetection)
 	}
 	if c.QueueCapacity > 0 {
 		k.queueCap = c.QueueCapacity

@@ -462,6 +462,7 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), false, nil
 	}
 	start := b.cfg.now()
+	g.sweepOutliers(start)
 	tried, exclude := triedFrom(req.Context())
 	if exclude && tried != nil {
 		// A hedge: only an endpoint the request has not tried, in rotation
@@ -517,7 +518,9 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 	defer tick.Stop()
 	for {
 		wake := g.wake()
-		if e, probe := g.state.Load().choose(b.cfg.now(), b.decay); e != nil {
+		now := b.cfg.now()
+		g.sweepOutliers(now)
+		if e, probe := g.state.Load().choose(now, b.decay); e != nil {
 			b.metrics.gate(a, req.Context(), true)
 			return e, probe, nil, nil
 		}

@@ -166,6 +166,7 @@ const (
 	stateReady     = "ready"
 	stateTripped   = "tripped"
 	stateProbation = "probation"
+	stateEjected   = "ejected"
 )
 
 // group is the balancing of one authority under one configuration (the
@@ -181,6 +182,11 @@ type group struct {
 	mu    sync.Mutex
 	ready int
 	wch   chan struct{} // closed when an endpoint may be back
+
+	// Outlier detection: the clock reading its interval ends (0: not
+	// started), and the lock of its sweeps.
+	odNext atomic.Int64
+	odMu   sync.Mutex
 }
 
 // publish makes s the group's snapshot; the first answer releases the
@@ -233,12 +239,22 @@ type health struct {
 	trips    int // failed probes since the last restore
 	penalty  float64
 	penDecay float64 // time constant of the load penalty
+
+	// Outlier detection: the outcomes of the current interval, whether
+	// the endpoint is ejected (since odAt) and its ejection count.
+	odSucc, odFail int64
+	odEjected      bool
+	odAt           int64
+	odMult         int
 }
 
 // available reports whether a pick may choose the endpoint at now, and
 // claims the probe of an endpoint on probation (probe true). It is called
 // under l.mu.
 func (h *health) availableLocked(now int64) (ok, probe bool) {
+	if h.odEjected {
+		return false, false
+	}
 	if !h.tripped {
 		return true, false
 	}
@@ -263,6 +279,9 @@ func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h := &l.health
+	if g != nil && g.conf.od != nil {
+		h.countLocked(o.failure)
+	}
 	if acc == nil {
 		h.probing = h.probing && !probe // a probe is given back whatever happens
 		return false

@@ -13,7 +13,8 @@ type EndpointState struct {
 	Weight uint32 `json:"weight"`
 	// State is "ready", "tripped" (out of rotation until Until),
 	// "probation" (its penalty ended: the next pick probes it, or the
-	// probe is out).
+	// probe is out), "ejected" (an outlier, out of rotation until Until
+	// or the first check of outlier detection after it).
 	State string     `json:"state"`
 	Until *time.Time `json:"until,omitempty"`
 	// Penalty is the current failure-accrual penalty (0 when ready).
@@ -31,6 +32,9 @@ type EndpointState struct {
 	// zone label; empty when the source gives none.
 	Identity string `json:"identity,omitempty"`
 	Zone     string `json:"zone,omitempty"`
+	// Ejections is the outlier-detection ejection count that multiplies
+	// the base ejection time (it drops by one each interval in rotation).
+	Ejections int `json:"ejections,omitempty"`
 }
 
 // Endpoints returns the state of each endpoint of authority (host:port, as
@@ -91,7 +95,10 @@ func (b *Balancer) endpointStates(g *group) []EndpointState {
 			w := wall.Add(time.Duration(t - now))
 			return &w
 		}
+		st.Ejections = h.odMult
 		switch {
+		case h.odEjected && g.conf.od != nil:
+			st.State, st.Until = stateEjected, until(g.conf.od.ejectionEnd(h.odAt, h.odMult))
 		case h.tripped && (h.probing || now >= h.until):
 			st.State, st.Penalty = stateProbation, time.Duration(h.penalty)
 		case h.tripped:

@@ -49,6 +49,7 @@ type config struct {
 	splits         SplitSource
 	logger         *slog.Logger
 	accrual        *accrual
+	outlier        *outlier
 	queueCap       int
 	failfast       time.Duration
 	penaltyEWMA    *PenaltyPeakEWMA

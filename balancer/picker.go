@@ -202,7 +202,7 @@ func (s *snapshot) countReady() int {
 	n := 0
 	for _, e := range s.eps {
 		e.load.mu.Lock()
-		if !e.load.health.tripped {
+		if h := &e.load.health; !h.tripped && !h.odEjected {
 			n++
 		}
 		e.load.mu.Unlock()
@@ -223,7 +223,7 @@ func (s *snapshot) countAvailable(now int64) int {
 	for _, e := range s.eps {
 		e.load.mu.Lock()
 		h := &e.load.health
-		if !h.tripped || (!h.probing && now >= h.until) {
+		if !h.odEjected && (!h.tripped || (!h.probing && now >= h.until)) {
 			n++
 		}
 		e.load.mu.Unlock()

@@ -37,7 +37,7 @@ type Pool struct {
 
 // NewPool returns a Pool balancing by the options of a [Balancer]
 // ([WithPeakEWMA], [WithErrorPenalty], [WithFailureAccrual],
-// [WithPenaltyPeakEWMA], [WithMeshTLS]; the others mean nothing to it) and by c, a
+// [WithPenaltyPeakEWMA], [WithOutlierDetection], [WithMeshTLS]; the others mean nothing to it) and by c, a
 // policy backend's configuration, over them (nil: the options alone). It
 // starts with no endpoint.
 func NewPool(c *BackendConfig, opts ...Option) *Pool {
@@ -116,6 +116,7 @@ type Pick struct {
 // or every one tripped, or on probation with its probe out).
 func (p *Pool) Pick() (_ Pick, ok bool) {
 	now := p.cfg.now()
+	p.g.sweepOutliers(now)
 	m, probe := p.g.state.Load().choose(now, p.decay)
 	if m == nil {
 		return Pick{}, false

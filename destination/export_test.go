@@ -14,6 +14,8 @@ var (
 	DecodeRatio            = ratioFromProto
 	DecodeTimeouts         = timeoutsFromProto
 	DecodeHTTPDistribution = httpDistributionFromProto
+	DecodeOutlier          = outlierFromProto
+	OutlierToProto         = outlierToProto
 	DecodeGRPCRule         = grpcRuleFromProto
 	TargetAttr             = targetAttr
 )

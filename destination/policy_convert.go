@@ -650,6 +650,9 @@ func backendFromProto(b *outboundpb.Backend, path string) (policy.Backend, error
 		default:
 			return out, errAt(path+".balancer.load", "missing balancer load")
 		}
+		if out.Balancer.Outlier, err = outlierFromProto(bl.GetOutlierDetection(), path+".balancer.outlier_detection"); err != nil {
+			return out, err
+		}
 	case *outboundpb.Backend_Forward:
 		ep, err := EndpointFromProto(k.Forward, nil, path+".forward")
 		if err != nil {

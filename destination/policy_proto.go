@@ -259,6 +259,7 @@ func backendToProto(b policy.Backend) *outboundpb.Backend {
 			bl.Load = &outboundpb.Backend_BalanceP2C_PeakEwma_{PeakEwma: &outboundpb.Backend_BalanceP2C_PeakEwma{
 				DefaultRtt: durationpb.New(b.Balancer.DefaultRTT), Decay: durationpb.New(b.Balancer.Decay)}}
 		}
+		bl.OutlierDetection = outlierToProto(b.Balancer.Outlier)
 		out.Kind = &outboundpb.Backend_Balancer{Balancer: bl}
 	case b.Forward != nil:
 		out.Kind = &outboundpb.Backend_Forward{Forward: EndpointToProto(*b.Forward)}

@@ -196,7 +196,7 @@ func TestPolicyWireTable(t *testing.T) {
 		o + "Backend":                                     "1 metadata message; 2 forward message oneof=kind; 3 balancer message oneof=kind; 4 queue message",
 		o + "Backend.EndpointDiscovery":                   "1 dst message oneof=kind",
 		o + "Backend.EndpointDiscovery.DestinationGet":    "1 path string",
-		o + "Backend.BalanceP2c":                          "1 discovery message; 2 peak_ewma message oneof=load; 3 penalty_peak_ewma message oneof=load",
+		o + "Backend.BalanceP2c":                          "1 discovery message; 2 peak_ewma message oneof=load; 3 penalty_peak_ewma message oneof=load; 1003 outlier_detection message",
 		o + "Backend.BalanceP2c.PeakEwma":                 "1 default_rtt message; 2 decay message",
 		o + "Backend.BalanceP2c.PenaltyPeakEwma":          "1 default_rtt message; 2 decay message; 3 penalty message; 4 max_retry_after message; 5 penalty_decay message",
 		o + "Queue":                                       "1 capacity uint32; 2 failfast_timeout message",
@@ -252,6 +252,7 @@ func TestPolicyWireTable(t *testing.T) {
 		o + "TlsRoute.snis":                                     "io.linkerd.proxy.tls_route.SniMatch",
 		o + "Backend.forward":                                   "io.linkerd.proxy.destination.WeightedAddr",
 		o + "Backend.balancer":                                  o + "Backend.BalanceP2c",
+		o + "Backend.BalanceP2c.outlier_detection":              "io.inmesh.ext.outlier.v1.OutlierDetection", // inmesh only
 		h + "HttpRouteMatch.method":                             "io.linkerd.proxy.http_types.HttpMethod",
 		h + "RequestHeaderModifier.add":                         "io.linkerd.proxy.http_types.Headers",
 		h + "RequestRedirect.scheme":                            "io.linkerd.proxy.http_types.Scheme",

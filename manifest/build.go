@@ -87,7 +87,10 @@ func (r *Resources) Service(namespace, name string) *Service {
 //     (consecutive or unified, with their -max-failures, -min-penalty,
 //     -max-penalty, -jitter-ratio and the alpha success-rate ones) are the
 //     failure accrual of every protocol of the policy.
-func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
+//   - A backend Service's outlier.inmesh.io annotations (inmesh only) are
+//     the outlier detection of its balancer, wherever it is a backend.
+func (r *Resources) Policy(namespace, name string, port uint16) (p *policy.Policy) {
+	defer func() { r.withOutliers(p) }() // outlier.go
 	svc := r.Service(namespace, name)
 	if svc == nil {
 		// As Linkerd's controller: a Service it does not know yet gets

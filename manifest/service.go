@@ -264,6 +264,9 @@ func checkAnnotations(a map[string]string) error {
 	if _, err := hedgePolicy(a); err != nil {
 		return err
 	}
+	if _, err := outlierDetection(a); err != nil {
+		return err
+	}
 	_, err := failureAccrual(a)
 	return err
 }

@@ -451,6 +451,8 @@ type Balancer struct {
 	DefaultRTT, Decay time.Duration
 	// Penalty, when not nil, selects the 429-aware load estimator.
 	Penalty *LoadPenalty
+	// Outlier, when not nil, ejects outlier endpoints (inmesh only).
+	Outlier *OutlierDetection
 }
 
 // LoadPenalty adds a latency penalty to an endpoint that answers with

@@ -3,8 +3,9 @@
 # folder, one Go package per Linkerd API under proxyapi/: destinationpb
 # (Destination API), outboundpb, httproutepb, grpcroutepb, opaqueroutepb and
 # tlsroutepb (OutboundPolicies API), identitypb (Identity API), inboundpb
-# (InboundServerPolicies API) and registrationpb (inmesh's own
-# Registration API). Each Go package holds one or more proto
+# (InboundServerPolicies API), and inmesh's own registrationpb (Registration
+# API), hedgepb, mirrorpb and outlierpb (fields 1001-1003 that Linkerd's
+# proxies skip). Each Go package holds one or more proto
 # packages, as their go_package options say.
 #   proto/generate.sh          write the generated code
 #   proto/generate.sh --check  fail when any committed package is stale

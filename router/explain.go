@@ -69,6 +69,9 @@ type BackendInfo struct {
 	// FailureAccrual names the breaker of a balancer backend's endpoints
 	// ("consecutive", "unified"), empty for the balancer's own.
 	FailureAccrual string `json:"failureAccrual,omitempty"`
+	// OutlierDetection explains the ejection of a balancer backend's
+	// outlier endpoints (success rate, failure percentage), empty for none.
+	OutlierDetection string `json:"outlierDetection,omitempty"`
 	// With [WithBalancer]: Ready says whether the backend can take a
 	// request now, Endpoints the state of each of its endpoints (ready,
 	// tripped until when, on probation, load and penalty).
@@ -170,6 +173,9 @@ func (r *Router) Explain(req *http.Request) Explanation {
 				if bc.FailureAccrual.Unified != nil {
 					info.FailureAccrual = "unified"
 				}
+			}
+			if bc := rtgt.balancing[i]; bc != nil {
+				info.OutlierDetection = outlierInfo(bc.OutlierDetection)
 			}
 			if bal := r.cfg.balancer; bal != nil {
 				ready := bal.ReadyWith(info.Target, rtgt.balancing[i])

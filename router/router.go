@@ -297,13 +297,18 @@ func balancerAccrual(fa *policy.FailureAccrual) *balancer.FailureAccrual {
 }
 
 // backendConfig is the balancer configuration of a balancer backend: the
-// policy's failure accrual, the backend's queue and load penalties; nil
+// policy's failure accrual, the backend's queue, load penalties and
+// outlier detection; nil
 // when none says anything or the backend is not a balancer.
 func backendConfig(b policy.Backend, fa *balancer.FailureAccrual) *balancer.BackendConfig {
-	if b.Balancer == nil || fa == nil && b.Queue.Capacity == 0 && b.Queue.FailFastTimeout == 0 && b.Balancer.Penalty == nil {
+	if b.Balancer == nil {
 		return nil
 	}
-	bc := &balancer.BackendConfig{FailureAccrual: fa, QueueCapacity: int(b.Queue.Capacity), FailFast: b.Queue.FailFastTimeout}
+	od := balancerOutlier(b.Balancer.Outlier)
+	if fa == nil && b.Queue.Capacity == 0 && b.Queue.FailFastTimeout == 0 && b.Balancer.Penalty == nil && od == nil {
+		return nil
+	}
+	bc := &balancer.BackendConfig{FailureAccrual: fa, QueueCapacity: int(b.Queue.Capacity), FailFast: b.Queue.FailFastTimeout, OutlierDetection: od}
 	if p := b.Balancer.Penalty; p != nil {
 		bc.PenaltyPeakEWMA = &balancer.PenaltyPeakEWMA{Penalty: p.Penalty, MaxRetryAfter: p.MaxRetryAfter, PenaltyDecay: p.PenaltyDecay}
 	}

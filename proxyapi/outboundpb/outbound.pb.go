@@ -19,6 +19,7 @@ import (
 	httproutepb "github.com/inmesh/inmesh/proxyapi/httproutepb"
 	mirrorpb "github.com/inmesh/inmesh/proxyapi/mirrorpb"
 	opaqueroutepb "github.com/inmesh/inmesh/proxyapi/opaqueroutepb"
+	outlierpb "github.com/inmesh/inmesh/proxyapi/outlierpb"
 	tlsroutepb "github.com/inmesh/inmesh/proxyapi/tlsroutepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -3657,9 +3658,12 @@ type Backend_BalanceP2C struct {
 	//
 	//	*Backend_BalanceP2C_PeakEwma_
 	//	*Backend_BalanceP2C_PenaltyPeakEwma_
-	Load          isBackend_BalanceP2C_Load `protobuf_oneof:"load"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Load isBackend_BalanceP2C_Load `protobuf_oneof:"load"`
+	// inmesh only (outlier.proto): outlier detection of the endpoints. A
+	// Linkerd proxy skips the unknown field.
+	OutlierDetection *outlierpb.OutlierDetection `protobuf:"bytes,1003,opt,name=outlier_detection,json=outlierDetection,proto3" json:"outlier_detection,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Backend_BalanceP2C) Reset() {
@@ -3720,6 +3724,13 @@ func (x *Backend_BalanceP2C) GetPenaltyPeakEwma() *Backend_BalanceP2C_PenaltyPea
 		if x, ok := x.Load.(*Backend_BalanceP2C_PenaltyPeakEwma_); ok {
 			return x.PenaltyPeakEwma
 		}
+	}
+	return nil
+}
+
+func (x *Backend_BalanceP2C) GetOutlierDetection() *outlierpb.OutlierDetection {
+	if x != nil {
+		return x.OutlierDetection
 	}
 	return nil
 }
@@ -4051,7 +4062,7 @@ var File_outbound_proto protoreflect.FileDescriptor
 const file_outbound_proto_rawDesc = "" +
 	"\n" +
 	"\x0eoutbound.proto\x12\x19io.linkerd.proxy.outbound\x1a\x1egoogle/protobuf/duration.proto\x1a\x11destination.proto\x1a\x10grpc_route.proto\x1a\vhedge.proto\x1a\x10http_route.proto\x1a\n" +
-	"meta.proto\x1a\fmirror.proto\x1a\tnet.proto\x1a\x12opaque_route.proto\x1a\x0ftls_route.proto\"\x98\x01\n" +
+	"meta.proto\x1a\fmirror.proto\x1a\tnet.proto\x1a\x12opaque_route.proto\x1a\routlier.proto\x1a\x0ftls_route.proto\"\x98\x01\n" +
 	"\vTrafficSpec\x12'\n" +
 	"\x0fsource_workload\x18\x01 \x01(\tR\x0esourceWorkload\x126\n" +
 	"\x04addr\x18\x02 \x01(\v2 .io.linkerd.proxy.net.TcpAddressH\x00R\x04addr\x12\x1e\n" +
@@ -4243,7 +4254,7 @@ const file_outbound_proto_rawDesc = "" +
 	"\afilters\x18\x03 \x03(\v2*.io.linkerd.proxy.outbound.TlsRoute.FilterR\afiltersJ\x04\b\x02\x10\x03\x1az\n" +
 	"\x14WeightedRouteBackend\x12J\n" +
 	"\abackend\x18\x01 \x01(\v20.io.linkerd.proxy.outbound.TlsRoute.RouteBackendR\abackend\x12\x16\n" +
-	"\x06weight\x18\x02 \x01(\rR\x06weightJ\x04\b\x04\x10\x05\"\x99\t\n" +
+	"\x06weight\x18\x02 \x01(\rR\x06weightJ\x04\b\x04\x10\x05\"\xf3\t\n" +
 	"\aBackend\x12;\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x1f.io.linkerd.proxy.meta.MetadataR\bmetadata\x12F\n" +
 	"\aforward\x18\x02 \x01(\v2*.io.linkerd.proxy.destination.WeightedAddrH\x00R\aforward\x12K\n" +
@@ -4253,12 +4264,13 @@ const file_outbound_proto_rawDesc = "" +
 	"\x03dst\x18\x01 \x01(\v2C.io.linkerd.proxy.outbound.Backend.EndpointDiscovery.DestinationGetH\x00R\x03dst\x1a$\n" +
 	"\x0eDestinationGet\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04pathB\x06\n" +
-	"\x04kind\x1a\xde\x05\n" +
+	"\x04kind\x1a\xb8\x06\n" +
 	"\n" +
 	"BalanceP2c\x12R\n" +
 	"\tdiscovery\x18\x01 \x01(\v24.io.linkerd.proxy.outbound.Backend.EndpointDiscoveryR\tdiscovery\x12U\n" +
 	"\tpeak_ewma\x18\x02 \x01(\v26.io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwmaH\x00R\bpeakEwma\x12k\n" +
-	"\x11penalty_peak_ewma\x18\x03 \x01(\v2=.io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwmaH\x00R\x0fpenaltyPeakEwma\x1aw\n" +
+	"\x11penalty_peak_ewma\x18\x03 \x01(\v2=.io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwmaH\x00R\x0fpenaltyPeakEwma\x12X\n" +
+	"\x11outlier_detection\x18\xeb\a \x01(\v2*.io.inmesh.ext.outlier.v1.OutlierDetectionR\x10outlierDetection\x1aw\n" +
 	"\bPeakEwma\x12:\n" +
 	"\vdefault_rtt\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"defaultRtt\x12/\n" +
@@ -4396,6 +4408,7 @@ var file_outbound_proto_goTypes = []any{
 	(*grpcroutepb.GrpcFailureInjector)(nil),          // 77: io.linkerd.proxy.grpc_route.GrpcFailureInjector
 	(*opaqueroutepb.Invalid)(nil),                    // 78: io.linkerd.proxy.opaque_route.Invalid
 	(*opaqueroutepb.Forbidden)(nil),                  // 79: io.linkerd.proxy.opaque_route.Forbidden
+	(*outlierpb.OutlierDetection)(nil),               // 80: io.inmesh.ext.outlier.v1.OutlierDetection
 }
 var file_outbound_proto_depIdxs = []int32{
 	62,  // 0: io.linkerd.proxy.outbound.TrafficSpec.addr:type_name -> io.linkerd.proxy.net.TcpAddress
@@ -4514,25 +4527,26 @@ var file_outbound_proto_depIdxs = []int32{
 	55,  // 113: io.linkerd.proxy.outbound.Backend.BalanceP2c.discovery:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery
 	58,  // 114: io.linkerd.proxy.outbound.Backend.BalanceP2c.peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma
 	59,  // 115: io.linkerd.proxy.outbound.Backend.BalanceP2c.penalty_peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma
-	67,  // 116: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.default_rtt:type_name -> google.protobuf.Duration
-	67,  // 117: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.decay:type_name -> google.protobuf.Duration
-	67,  // 118: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.default_rtt:type_name -> google.protobuf.Duration
-	67,  // 119: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.decay:type_name -> google.protobuf.Duration
-	67,  // 120: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty:type_name -> google.protobuf.Duration
-	67,  // 121: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.max_retry_after:type_name -> google.protobuf.Duration
-	67,  // 122: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty_decay:type_name -> google.protobuf.Duration
-	11,  // 123: io.linkerd.proxy.outbound.FailureAccrual.ConsecutiveFailures.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	67,  // 124: io.linkerd.proxy.outbound.FailureAccrual.Unified.decay:type_name -> google.protobuf.Duration
-	11,  // 125: io.linkerd.proxy.outbound.FailureAccrual.Unified.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	0,   // 126: io.linkerd.proxy.outbound.OutboundPolicies.Get:input_type -> io.linkerd.proxy.outbound.TrafficSpec
-	0,   // 127: io.linkerd.proxy.outbound.OutboundPolicies.Watch:input_type -> io.linkerd.proxy.outbound.TrafficSpec
-	1,   // 128: io.linkerd.proxy.outbound.OutboundPolicies.Get:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
-	1,   // 129: io.linkerd.proxy.outbound.OutboundPolicies.Watch:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
-	128, // [128:130] is the sub-list for method output_type
-	126, // [126:128] is the sub-list for method input_type
-	126, // [126:126] is the sub-list for extension type_name
-	126, // [126:126] is the sub-list for extension extendee
-	0,   // [0:126] is the sub-list for field type_name
+	80,  // 116: io.linkerd.proxy.outbound.Backend.BalanceP2c.outlier_detection:type_name -> io.inmesh.ext.outlier.v1.OutlierDetection
+	67,  // 117: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.default_rtt:type_name -> google.protobuf.Duration
+	67,  // 118: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.decay:type_name -> google.protobuf.Duration
+	67,  // 119: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.default_rtt:type_name -> google.protobuf.Duration
+	67,  // 120: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.decay:type_name -> google.protobuf.Duration
+	67,  // 121: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty:type_name -> google.protobuf.Duration
+	67,  // 122: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.max_retry_after:type_name -> google.protobuf.Duration
+	67,  // 123: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty_decay:type_name -> google.protobuf.Duration
+	11,  // 124: io.linkerd.proxy.outbound.FailureAccrual.ConsecutiveFailures.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	67,  // 125: io.linkerd.proxy.outbound.FailureAccrual.Unified.decay:type_name -> google.protobuf.Duration
+	11,  // 126: io.linkerd.proxy.outbound.FailureAccrual.Unified.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	0,   // 127: io.linkerd.proxy.outbound.OutboundPolicies.Get:input_type -> io.linkerd.proxy.outbound.TrafficSpec
+	0,   // 128: io.linkerd.proxy.outbound.OutboundPolicies.Watch:input_type -> io.linkerd.proxy.outbound.TrafficSpec
+	1,   // 129: io.linkerd.proxy.outbound.OutboundPolicies.Get:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
+	1,   // 130: io.linkerd.proxy.outbound.OutboundPolicies.Watch:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
+	129, // [129:131] is the sub-list for method output_type
+	127, // [127:129] is the sub-list for method input_type
+	127, // [127:127] is the sub-list for extension type_name
+	127, // [127:127] is the sub-list for extension extendee
+	0,   // [0:127] is the sub-list for field type_name
 }
 
 func init() { file_outbound_proto_init() }
