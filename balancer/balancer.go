@@ -472,6 +472,9 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 		}
 	}
 	b.metrics.dequeued(a, req.Context(), b.cfg.now()-start)
+	if e.locality != localityNone {
+		b.metrics.zoned(a, req.Context(), e.locality)
+	}
 	return t.send(req, host, e, probe, ent)
 }
 

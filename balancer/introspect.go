@@ -27,6 +27,10 @@ type EndpointState struct {
 	// Pending the requests in flight.
 	LoadSeconds float64 `json:"load_seconds"`
 	Pending     int64   `json:"pending"`
+	// Zone is the endpoint's zone (its zone label), Locality "local" or
+	// "remote" under zone-aware balancing ([WithLocalZone]).
+	Zone     string `json:"zone,omitempty"`
+	Locality string `json:"locality,omitempty"`
 }
 
 // Endpoints returns the state of each endpoint of authority (host:port, as
@@ -73,7 +77,8 @@ func (b *Balancer) endpointStates(g *group) []EndpointState {
 	wall := time.Now()
 	out := make([]EndpointState, 0, len(s.eps))
 	for _, e := range s.eps {
-		st := EndpointState{Addr: e.addr, Weight: e.Weight, Pending: e.load.pending.Load()}
+		st := EndpointState{Addr: e.addr, Weight: e.Weight, Pending: e.load.pending.Load(),
+			Zone: e.Labels[ZoneLabel], Locality: localityName(e.locality)}
 		l := e.load
 		l.mu.Lock()
 		h := l.health
