@@ -228,4 +228,3 @@ func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
 // destination controller names it in an address's metric labels (and
 // balancer.ZoneLabel reads it).
 const ZoneLabel = "zone"
-
