@@ -68,6 +68,7 @@ type groupConf struct {
 	failfast time.Duration
 	penalty  *PenaltyPeakEWMA
 	penDecay float64
+	zone     zoneConf
 }
 
 // confKey is a configuration as a comparable value: the zero accrual and
@@ -79,6 +80,7 @@ type confKey struct {
 	failfast time.Duration
 	penalty  PenaltyPeakEWMA
 	penDecay float64
+	zone     zoneConf
 }
 
 // health reports whether picks under c check the endpoints' health
@@ -87,7 +89,7 @@ func (c *groupConf) health() bool { return c.acc != nil || c.penalty != nil || c
 
 // newGroupConf makes the configuration of key.
 func newGroupConf(k confKey) *groupConf {
-	c := &groupConf{key: k, queueCap: k.queueCap, failfast: k.failfast, penDecay: k.penDecay}
+	c := &groupConf{key: k, queueCap: k.queueCap, failfast: k.failfast, penDecay: k.penDecay, zone: k.zone}
 	if k.acc != (accrual{}) {
 		acc := k.acc
 		c.acc = &acc
@@ -105,7 +107,7 @@ func newGroupConf(k confKey) *groupConf {
 
 // defaultKey is the configuration of the balancer's options.
 func (b *Balancer) defaultKey() confKey {
-	k := confKey{queueCap: b.cfg.queueCap, failfast: b.cfg.failfast, penDecay: b.penDecay}
+	k := confKey{queueCap: b.cfg.queueCap, failfast: b.cfg.failfast, penDecay: b.penDecay, zone: b.cfg.zone.resolved()}
 	if b.cfg.accrual != nil {
 		k.acc = *b.cfg.accrual
 	}

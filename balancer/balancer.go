@@ -492,6 +492,9 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	if tried != nil {
 		tried.Add(e.Addr)
 	}
+	if e.locality != localityNone {
+		b.metrics.zoned(a, req.Context(), e.locality)
+	}
 	return t.send(req, host, e, probe, ent)
 }
 

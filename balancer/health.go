@@ -179,6 +179,8 @@ type group struct {
 	queued atomic.Int64 // requests in the queue
 	used   atomic.Int64 // clock reading of its last use, to drop the least recently used
 
+	zone zoneState // the spill controller of zone-aware balancing
+
 	mu    sync.Mutex
 	ready int
 	wch   chan struct{} // closed when an endpoint may be back

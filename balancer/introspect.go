@@ -28,10 +28,13 @@ type EndpointState struct {
 	// Pending the requests in flight.
 	LoadSeconds float64 `json:"load_seconds"`
 	Pending     int64   `json:"pending"`
-	// Identity is the TLS identity the endpoint must present, Zone its
-	// zone label; empty when the source gives none.
+	// Identity is the TLS identity the endpoint must present; empty when
+	// the source gives none.
 	Identity string `json:"identity,omitempty"`
+	// Zone is the endpoint's zone (its zone label), Locality "local" or
+	// "remote" under zone-aware balancing ([WithLocalZone]).
 	Zone     string `json:"zone,omitempty"`
+	Locality string `json:"locality,omitempty"`
 	// Ejections is the outlier-detection ejection count that multiplies
 	// the base ejection time (it drops by one each interval in rotation).
 	Ejections int `json:"ejections,omitempty"`
@@ -81,7 +84,8 @@ func (b *Balancer) endpointStates(g *group) []EndpointState {
 	wall := time.Now()
 	out := make([]EndpointState, 0, len(s.eps))
 	for _, e := range s.eps {
-		st := EndpointState{Addr: e.addr, Weight: e.Weight, Pending: e.load.pending.Load(), Identity: e.Identity, Zone: e.Labels["zone"]}
+		st := EndpointState{Addr: e.addr, Weight: e.Weight, Pending: e.load.pending.Load(), Identity: e.Identity,
+			Zone: e.Labels[ZoneLabel], Locality: localityName(e.locality)}
 		l := e.load
 		l.mu.Lock()
 		h := l.health

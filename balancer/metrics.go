@@ -32,6 +32,7 @@ type balMetrics struct {
 	gateOpen  metric.Int64Counter
 	gateShut  metric.Int64Counter
 	failfasts metric.Int64Counter
+	zone      zoneMetrics
 	reg       metric.Registration // the gauges' callback, nil when none
 	unknown   *authLabels         // the labels of every authority that is not a Service's
 }
@@ -48,6 +49,7 @@ func (m *balMetrics) close() {
 type authMetrics struct {
 	*authLabels
 	shut atomic.Bool
+	zone [2]atomic.Pointer[attribute.Set] // the label sets by zone locality, made on first use
 }
 
 // authLabels is one label set with its options, immutable. Every
@@ -90,6 +92,7 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	handle(err)
 	m.failfasts, err = meter.Int64Counter("outbound_http_balancer_queue_gate_timeout_total", metric.WithDescription("The number of requests that failed fast after the failfast timeout."))
 	handle(err)
+	m.zone = newZoneMetrics(meter)
 	endpoints, err := meter.Int64ObservableGauge("outbound_http_balancer_endpoints", metric.WithDescription("The number of endpoints, by state: ready, or pending (tripped)."))
 	handle(err)
 	p2c, err := meter.Int64ObservableGauge("outbound_http_balancer_p2c_endpoints", metric.WithDescription("The number of endpoints the balancer picks among."))
@@ -120,9 +123,10 @@ func newBalMetrics(b *Balancer) *balMetrics {
 			o.ObserveInt64(p2c, int64(len(s.eps)), am.obs())
 			o.ObserveInt64(qlen, queued, am.obs())
 			o.ObserveFloat64(timeout, g.conf.failfast.Seconds(), am.obs())
+			m.zone.observe(o, g, am)
 		})
 		return nil
-	}, endpoints, p2c, qlen, timeout)
+	}, append([]metric.Observable{endpoints, p2c, qlen, timeout}, m.zone.observables()...)...)
 	handle(err)
 	return m
 }

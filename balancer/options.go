@@ -55,6 +55,7 @@ type config struct {
 	penaltyEWMA    *PenaltyPeakEWMA
 	meter          metric.MeterProvider
 	meshTLS        bool
+	zone           zoneConf
 	// now is the clock of the load estimates: a monotonic reading in
 	// nanoseconds. Tests replace it.
 	now func() int64

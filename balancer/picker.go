@@ -17,6 +17,8 @@ type member struct {
 	labels *classify.Labels
 	load   *load
 	g      *group // the configuration's balancing it is in, nil outside a Balancer
+	// locality: in the local zone or not, under zone-aware balancing.
+	locality int8
 }
 
 func (e *member) group() *group { return e.g }
@@ -36,6 +38,7 @@ type snapshot struct {
 	// balancing the snapshot belongs to.
 	health bool
 	group  *group
+	zones  *zoneSplit // zone-aware balancing, nil without
 }
 
 // newSnapshot builds the snapshot of u, keeping the loads of the endpoints
@@ -61,6 +64,7 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 		s.eps = append(s.eps, ep)
 		s.cum = append(s.cum, total)
 	}
+	s.splitZones()
 	return s
 }
 
@@ -101,6 +105,7 @@ func (s *snapshot) fork(g *group, defaultRTT float64, now int64) *snapshot {
 			ns.eps[i] = &ep
 		}
 	}
+	ns.splitZones()
 	return ns
 }
 
@@ -125,6 +130,9 @@ const draws = 4
 // endpoint on probation that a draw meets is chosen at once for its probe
 // (probe true).
 func (s *snapshot) choose(now int64, decay float64) (e *member, probe bool) {
+	if s.zones != nil {
+		return s.zones.choose(now, decay)
+	}
 	switch len(s.eps) {
 	case 0:
 		return nil, false

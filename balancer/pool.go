@@ -79,6 +79,7 @@ func (p *Pool) Update(eps []endpoint.Endpoint) {
 		total += uint64(max(e.Weight, 1))
 		s.cum = append(s.cum, total)
 	}
+	s.splitZones()
 	p.readyLen = len(s.eps)
 	p.g.publish(s)
 }

@@ -51,6 +51,7 @@ func CheckLabels(labels map[string]string) error {
 //     identity: books.default.serviceaccount.identity.linkerd.cluster.local
 //     authorityOverride: books.default.svc.cluster.local:7000  # optional
 //     labels: {pod: books-0}     # optional metric labels
+//     zone: zone-a               # optional: the endpoint's zone
 //
 // opaque marks an endpoint whose port takes opaque traffic (Linkerd's
 // protocol_hint.opaque, from the pod's config.linkerd.io/opaque-ports); a
@@ -58,6 +59,11 @@ func CheckLabels(labels map[string]string) error {
 // opaque unless it says opaque: false, as Linkerd's controller hints it
 // (controller/api/destination/endpoint_translator.go). An opaque endpoint
 // cannot also be h2: the hint is one or the other.
+//
+// zone is the endpoint's zone (its topology.kubernetes.io/zone), which
+// zone-aware balancing reads: it is the endpoint's "zone" label, as
+// Linkerd's destination controller sends a zone, so it is the same as
+// labels: {zone: zone-a}; given both ways, the two must agree.
 //
 // An authority with an empty list exists with no endpoints. A state with no
 // authorities at all is written as an explicit empty list, []: an empty file
@@ -125,7 +131,7 @@ func ParseEndpoints(data []byte) (map[string][]endpoint.Endpoint, error) {
 var errEmptyEndpoints = errors.New("the endpoints file is empty (truncated, or still being written?); write [] for a state with no authorities")
 
 func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
-	obj, err := n.Object("addr", "weight", "h2", "opaque", "opaqueTransportPort", "identity", "authorityOverride", "labels")
+	obj, err := n.Object("addr", "weight", "h2", "opaque", "opaqueTransportPort", "identity", "authorityOverride", "labels", "zone")
 	if err != nil {
 		return endpoint.Endpoint{}, err
 	}
@@ -196,5 +202,29 @@ func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
 			return e, ln.Errorf("%v", err)
 		}
 	}
+	if zn, ok := obj["zone"]; ok {
+		zone, err := zn.Str()
+		if err != nil {
+			return e, err
+		}
+		if zone == "" {
+			return e, zn.Errorf("must not be empty")
+		}
+		if l, ok := e.Labels[ZoneLabel]; ok && l != zone {
+			return e, zn.Errorf("%q differs from labels.%s %q", zone, ZoneLabel, l)
+		}
+		if e.Labels == nil {
+			e.Labels = make(map[string]string, 1)
+		}
+		e.Labels[ZoneLabel] = zone
+		if err := CheckLabels(e.Labels); err != nil {
+			return e, zn.Errorf("%v", err)
+		}
+	}
 	return e, nil
 }
+
+// ZoneLabel is the endpoint label that holds its zone, as Linkerd's
+// destination controller names it in an address's metric labels (and
+// balancer.ZoneLabel reads it).
+const ZoneLabel = "zone"

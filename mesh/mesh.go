@@ -179,6 +179,14 @@ func WithBalancerOptions(opts ...balancer.Option) ClientOption {
 	return clientOption(func(c *config) { c.balancerOpts = append(c.balancerOpts, opts...) })
 }
 
+// WithZone makes the outbound balancer zone-aware, zone being the zone the
+// process runs in (balancer.WithLocalZone): requests stay with the
+// endpoints whose zone label is zone while their load is healthy, and
+// spill to the other zones as it rises. Empty: every endpoint alike.
+func WithZone(zone string) ClientOption {
+	return clientOption(func(c *config) { c.balancerOpts = append(c.balancerOpts, balancer.WithLocalZone(zone)) })
+}
+
 // WithTrust sets which inbound peers are mesh peers (see
 // origproto.WithTrust).
 func WithTrust(f func(*http.Request) bool) ServerOption {

@@ -77,6 +77,10 @@ type BackendInfo struct {
 	// tripped until when, on probation, load and penalty).
 	Ready     *bool                    `json:"ready,omitempty"`
 	Endpoints []balancer.EndpointState `json:"endpoints,omitempty"`
+	// Zone is the backend's zone-aware balancing (the local zone, the
+	// share of requests sent out of it, the requests by locality), when
+	// the balancer is zone-aware (balancer.WithLocalZone).
+	Zone *balancer.ZoneState `json:"zone,omitempty"`
 }
 
 // TimeoutsInfo are the timeouts of a route, as Go durations; empty means
@@ -180,6 +184,7 @@ func (r *Router) Explain(req *http.Request) Explanation {
 			if bal := r.cfg.balancer; bal != nil {
 				ready := bal.ReadyWith(info.Target, rtgt.balancing[i])
 				info.Ready, info.Endpoints = &ready, bal.EndpointsWith(info.Target, rtgt.balancing[i])
+				info.Zone = bal.ZoneWith(info.Target, rtgt.balancing[i])
 			}
 		case b.Backend.Forward != nil:
 			info.Target = b.Backend.Forward.Addr.String()

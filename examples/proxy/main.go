@@ -106,6 +106,7 @@ type flags struct {
 	networks                                                 []netip.Prefix
 	identity                                                 identityFlags
 	registration                                             registerFlags
+	zone                                                     string
 }
 
 func main() {
@@ -150,6 +151,8 @@ func main() {
 			authz.DefaultPolicyWait.String()+"; negative: never wait)")
 	flag.DurationVar(&f.discoveryWait, "discovery-wait", 0,
 		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route); an answer that cannot come (a control plane without the API, as Linkerd's destination controller alone for OutboundPolicies, or one that cannot be reached) ends the wait at once")
+	flag.StringVar(&f.zone, "zone", "",
+		"the zone this proxy runs in (a node's topology.kubernetes.io/zone): requests stay with the endpoints of this zone (their zone label) while its load is healthy and spill to other zones as it rises (empty: every endpoint alike)")
 	f.identity.register(flag.CommandLine)
 	f.registration.register(flag.CommandLine)
 	flag.Parse()
@@ -216,7 +219,7 @@ func run(f flags, log *slog.Logger) error {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
 	}
 	clientOpts := append(mesh.ClientOptions(opts...),
-		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider)), mesh.WithDiscoveryWait(f.discoveryWait))
+		mesh.WithBalancerOptions(balancer.WithMeterProvider(provider), balancer.WithLocalZone(f.zone)), mesh.WithDiscoveryWait(f.discoveryWait))
 	serverOpts := append(mesh.ServerOptions(opts...), mesh.WithLocalAuthorities(f.local...))
 	regOpt, regConn, err := f.registration.option(local, f.identity.resolved(), f.destination)
 	if err != nil {

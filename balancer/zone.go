@@ -1,0 +1,423 @@
+package balancer
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// ZoneLabel is the endpoint label that names an endpoint's zone, as
+// Linkerd's destination controller puts it in the metric labels of an
+// address (and the registration, the endpoints file and the Pods'
+// topology.kubernetes.io/zone set it in inmesh).
+const ZoneLabel = "zone"
+
+// Defaults of zone-aware balancing ([ZoneSpill]).
+const (
+	// DefaultZoneSpillHigh is the local-to-remote load ratio above which
+	// requests start to leave the local zone.
+	DefaultZoneSpillHigh = 2.0
+	// DefaultZoneSpillLow is the ratio below which they come back.
+	DefaultZoneSpillLow = 1.5
+)
+
+// ZoneSpill is the load band of zone-aware balancing, in the manner of
+// HAZL's: High is the ratio of the local zone's load to the other zones'
+// above which the share of requests sent out of the zone grows (0:
+// [DefaultZoneSpillHigh]), Low the ratio below which it shrinks (0:
+// [DefaultZoneSpillLow]); in between it holds. Low is at most High.
+//
+// The load of a zone is the mean, over its endpoints in rotation, of the
+// endpoint's cost as power of two choices weighs it (peak-EWMA RTT plus
+// any load penalty, times its requests in flight plus one); the local
+// zone's is scaled by how many of its endpoints are out of rotation
+// (failure accrual): three endpoints of which one is tripped carry the
+// load of three on two. See [WithLocalZone] for the rule.
+type ZoneSpill struct {
+	High float64
+	Low  float64
+}
+
+// WithLocalZone makes the balancer zone-aware, zone being the zone of the
+// process (empty: not zone-aware, every endpoint alike, as without it).
+// An endpoint is in the local zone when its [ZoneLabel] label is zone.
+//
+// Requests go to the local zone's endpoints (power of two choices among
+// them) while its load is healthy, and a share of them, drawn per
+// request, to the other zones' endpoints (power of two choices among
+// those), as the rule below sets it. Each request compares the zones'
+// loads (recomputed at most once a millisecond): while the local zone's
+// load is above High times the other zones', the share grows by 0.05
+// times the ratio over High (at most 0.25) per request; while it is below
+// Low times theirs, the share shrinks by 0.02 per request; in between it
+// holds (the band is the hysteresis: no flapping between zones of about
+// equal load). A local zone ten times slower than the others therefore
+// sheds all of its traffic within a handful of requests; its estimate
+// decays while it gets none (the peak-EWMA decay), so the share falls in
+// time and the next requests home probe it: still slow, the share goes
+// back up at once; recovered, traffic returns. Estimates of endpoints
+// that get no traffic decay towards zero, so a few requests leave the zone
+// now and then even when it is healthy, to learn the others' latency
+// again (the other zones' estimates forget four times more slowly than
+// the local zone's in this comparison, so that this stays rare). With no
+// local endpoint in rotation every request leaves the zone; with none
+// elsewhere every request stays.
+//
+// When every endpoint is in the local zone, or none is, the balancer
+// balances as without a zone.
+func WithLocalZone(zone string) Option {
+	return optionFunc(func(c *config) { c.zone.local = zone })
+}
+
+// WithZoneSpill sets the load band of zone-aware balancing (default
+// [DefaultZoneSpillHigh], [DefaultZoneSpillLow]); nil, or a value <= 0,
+// keeps its default; a Low above High is High.
+func WithZoneSpill(z *ZoneSpill) Option {
+	return optionFunc(func(c *config) {
+		if z == nil {
+			return
+		}
+		if z.High > 0 {
+			c.zone.high = z.High
+		}
+		if z.Low > 0 {
+			c.zone.low = z.Low
+		}
+	})
+}
+
+// zoneConf is the zone configuration of a group: comparable.
+type zoneConf struct {
+	local     string
+	high, low float64
+}
+
+// resolved is z with its defaults filled in.
+func (z zoneConf) resolved() zoneConf {
+	if z.local == "" {
+		return zoneConf{}
+	}
+	if !(z.high > 0) {
+		z.high = DefaultZoneSpillHigh
+	}
+	if !(z.low > 0) {
+		z.low = DefaultZoneSpillLow
+	}
+	z.low = min(z.low, z.high)
+	return z
+}
+
+// The localities of a member.
+const (
+	localityNone   int8 = iota // no zone-aware balancing
+	localityLocal              // in the local zone
+	localityRemote             // in another zone
+)
+
+func localityName(l int8) string {
+	switch l {
+	case localityLocal:
+		return "local"
+	case localityRemote:
+		return "remote"
+	}
+	return ""
+}
+
+// The per-request steps of the spill share, and how often the zones'
+// loads are recomputed (nanoseconds).
+const (
+	zoneUpStep   = 0.05
+	zoneMaxUp    = 0.25
+	zoneDownStep = 0.02
+	zoneEvery    = int64(1e6)
+	// zoneRemoteDecay: the other zones' estimates forget this many times
+	// more slowly than the local zone's, in the comparison of the zones
+	// (not in the picks): the balancer is quick to try its own zone again
+	// and slow to think the others faster than it last saw them.
+	zoneRemoteDecay = 4
+)
+
+// zoneSplit is a snapshot's endpoints by locality: two snapshots of their
+// own (the same members), each balanced by power of two choices.
+type zoneSplit struct {
+	local, remote *snapshot
+	conf          zoneConf
+	state         *zoneState
+}
+
+// splitZones partitions s's endpoints by zone when its group is
+// zone-aware and both localities have endpoints; it sets each member's
+// locality. It is called before s is published.
+func (s *snapshot) splitZones() {
+	if s.group == nil || s.group.conf.zone.local == "" || len(s.eps) == 0 {
+		return
+	}
+	zc := s.group.conf.zone
+	local := &snapshot{exists: true, health: s.health, group: s.group}
+	remote := &snapshot{exists: true, health: s.health, group: s.group}
+	for _, e := range s.eps {
+		sub := remote
+		e.locality = localityRemote
+		if e.Labels[ZoneLabel] == zc.local {
+			sub, e.locality = local, localityLocal
+		}
+		var total uint64
+		if n := len(sub.cum); n > 0 {
+			total = sub.cum[n-1]
+		}
+		sub.eps = append(sub.eps, e)
+		sub.cum = append(sub.cum, total+uint64(max(e.Weight, 1)))
+	}
+	if len(local.eps) == 0 || len(remote.eps) == 0 {
+		for _, e := range s.eps {
+			e.locality = localityNone
+		}
+		return
+	}
+	s.zones = &zoneSplit{local: local, remote: remote, conf: zc, state: &s.group.zone}
+}
+
+// zoneState is the spill controller of a group, kept across its
+// snapshots.
+type zoneState struct {
+	mu     sync.Mutex
+	share  float64 // the share of requests sent out of the zone
+	ratio  float64 // the local zone's load over the others', at at
+	at     int64
+	shareA atomic.Uint64 // share, as float64 bits, for readers without the lock
+	ratioA atomic.Uint64
+	// picks by locality.
+	local, remote atomic.Uint64
+}
+
+// choose is snapshot.choose for a zone-aware snapshot.
+func (z *zoneSplit) choose(now int64, decay float64) (*member, bool) {
+	f := z.step(now, decay)
+	first, second := z.local, z.remote
+	if f > 0 && rand.Float64() < f {
+		first, second = z.remote, z.local
+	}
+	e, probe := first.choose(now, decay)
+	if e == nil {
+		e, probe = second.choose(now, decay)
+	}
+	if e != nil {
+		if e.locality == localityLocal {
+			z.state.local.Add(1)
+		} else {
+			z.state.remote.Add(1)
+		}
+	}
+	return e, probe
+}
+
+// step moves the spill share by one request's step and returns it.
+func (z *zoneSplit) step(now int64, decay float64) float64 {
+	st := z.state
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.at == 0 || now-st.at >= zoneEvery || now < st.at {
+		st.ratio = z.ratio(now, decay)
+		st.at = now
+		st.ratioA.Store(math.Float64bits(st.ratio))
+	}
+	r := st.ratio
+	switch {
+	case r > z.conf.high:
+		st.share = min(1, st.share+min(zoneMaxUp, zoneUpStep*r/z.conf.high))
+	case r < z.conf.low:
+		st.share = max(0, st.share-zoneDownStep)
+	}
+	st.shareA.Store(math.Float64bits(st.share))
+	return st.share
+}
+
+// ratio is the local zone's load over the other zones' at now: +Inf when
+// no local endpoint is in rotation, 0 when no other is.
+func (z *zoneSplit) ratio(now int64, decay float64) float64 {
+	local, lr := z.local.zoneLoad(now, decay)
+	remote, rr := z.remote.zoneLoad(now, zoneRemoteDecay*decay)
+	switch {
+	case rr == 0:
+		return 0
+	case lr == 0:
+		return math.Inf(1)
+	}
+	local *= float64(len(z.local.eps)) / float64(lr) // the capacity that accrual took out
+	return local / max(remote, 1)
+}
+
+// zoneLoad is the mean cost of s's endpoints in rotation, and how many
+// are.
+func (s *snapshot) zoneLoad(now int64, decay float64) (float64, int) {
+	var sum float64
+	n := 0
+	for _, e := range s.eps {
+		l := e.load
+		l.mu.Lock()
+		out := s.health && l.health.tripped
+		c := l.estimateLocked(now, decay) + l.penaltyLocked(now)
+		l.mu.Unlock()
+		if out {
+			continue
+		}
+		sum += c * float64(l.pending.Load()+1)
+		n++
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return sum / float64(n), n
+}
+
+// ZoneState is what zone-aware balancing knows of one endpoint set, for an
+// admin page or a router's explanation. It marshals to JSON as is.
+type ZoneState struct {
+	// LocalZone is the zone of the process ([WithLocalZone]).
+	LocalZone string `json:"localZone"`
+	// Active says whether the set has endpoints both in the local zone
+	// and elsewhere (else every endpoint is balanced alike).
+	Active bool `json:"active"`
+	// LocalEndpoints and RemoteEndpoints count the set's endpoints.
+	LocalEndpoints  int `json:"localEndpoints"`
+	RemoteEndpoints int `json:"remoteEndpoints"`
+	// Spill is the share of requests sent out of the zone now, LoadRatio
+	// the local zone's load over the others' when last computed.
+	Spill     float64 `json:"spill"`
+	LoadRatio float64 `json:"loadRatio"`
+	// LocalRequests and RemoteRequests count the requests sent to each
+	// locality under this configuration.
+	LocalRequests  uint64 `json:"localRequests"`
+	RemoteRequests uint64 `json:"remoteRequests"`
+}
+
+// zoneStateOf reports g's zone-aware balancing, nil when g is not
+// zone-aware.
+func zoneStateOf(g *group) *ZoneState {
+	if g == nil || g.conf.zone.local == "" {
+		return nil
+	}
+	s := g.state.Load()
+	zs := &ZoneState{LocalZone: g.conf.zone.local}
+	for _, e := range s.eps {
+		if e.Labels[ZoneLabel] == zs.LocalZone {
+			zs.LocalEndpoints++
+		} else {
+			zs.RemoteEndpoints++
+		}
+	}
+	zs.Active = s.zones != nil
+	st := &g.zone
+	zs.Spill = math.Float64frombits(st.shareA.Load())
+	if r := math.Float64frombits(st.ratioA.Load()); !math.IsInf(r, 0) && !math.IsNaN(r) {
+		zs.LoadRatio = r
+	}
+	zs.LocalRequests, zs.RemoteRequests = st.local.Load(), st.remote.Load()
+	return zs
+}
+
+// Zone returns the zone-aware balancing of authority under the
+// configuration of its latest request, nil when the Balancer is not
+// zone-aware ([WithLocalZone]) or has no state for the authority.
+func (b *Balancer) Zone(authority string) *ZoneState {
+	a := b.findAuthority(authority)
+	if a == nil {
+		return nil
+	}
+	return zoneStateOf(a.current())
+}
+
+// ZoneWith is [Balancer.Zone] under the configuration c (nil: the
+// balancer's options); nil as well when no request carried c yet.
+func (b *Balancer) ZoneWith(authority string, c *BackendConfig) *ZoneState {
+	a := b.findAuthority(authority)
+	if a == nil {
+		return nil
+	}
+	g := b.findGroup(a, c)
+	if g == nil {
+		return nil
+	}
+	return zoneStateOf(g)
+}
+
+// Zone returns the Pool's zone-aware balancing, nil when it is not
+// zone-aware ([WithLocalZone]).
+func (p *Pool) Zone() *ZoneState { return zoneStateOf(p.g) }
+
+// zoneMetrics are the families of zone-aware balancing: the requests by
+// the locality of their endpoint (zone_locality "local" or "remote", as
+// Linkerd labels the locality of an address), and the share of requests
+// sent out of the zone now.
+type zoneMetrics struct {
+	requests metric.Int64Counter
+	spill    metric.Float64ObservableGauge
+	local    attribute.KeyValue
+	remote   attribute.KeyValue
+}
+
+func newZoneMetrics(meter metric.Meter) zoneMetrics {
+	z := zoneMetrics{local: attribute.String("zone_locality", "local"), remote: attribute.String("zone_locality", "remote")}
+	var err error
+	z.requests, err = meter.Int64Counter("outbound_http_balancer_zone_requests_total",
+		metric.WithDescription("The total number of requests the balancer sent, by the locality of their endpoint's zone (zone-aware balancing)."))
+	if err != nil {
+		otel.Handle(err)
+	}
+	z.spill, err = meter.Float64ObservableGauge("outbound_http_balancer_zone_spill_ratio",
+		metric.WithDescription("The share of requests zone-aware balancing sends out of the local zone now."))
+	if err != nil {
+		otel.Handle(err)
+	}
+	return z
+}
+
+func (z zoneMetrics) observables() []metric.Observable {
+	if z.spill == nil {
+		return nil
+	}
+	return []metric.Observable{z.spill}
+}
+
+// observe reports the spill share of g, when it is zone-aware.
+func (z zoneMetrics) observe(o metric.Observer, g *group, am *authMetrics) {
+	if z.spill == nil || g.conf.zone.local == "" {
+		return
+	}
+	o.ObserveFloat64(z.spill, math.Float64frombits(g.zone.shareA.Load()), am.obs())
+}
+
+// zoned counts a request sent to an endpoint of locality l.
+func (m *balMetrics) zoned(a *authority, ctx context.Context, l int8) {
+	if m.zone.requests == nil {
+		return
+	}
+	am := m.of(a)
+	kv := m.zone.remote
+	if l == localityLocal {
+		kv = m.zone.local
+	}
+	set := am.zoneSet(kv)
+	m.zone.requests.Add(ctx, 1, metric.WithAttributeSet(set))
+}
+
+// zoneSet is am's label set with kv (a zone_locality), made once.
+func (am *authMetrics) zoneSet(kv attribute.KeyValue) attribute.Set {
+	i := 0
+	if kv.Value.AsString() == "remote" {
+		i = 1
+	}
+	if s := am.zone[i].Load(); s != nil {
+		return *s
+	}
+	s := withAttr(am.set, kv)
+	am.zone[i].Store(&s)
+	return s
+}

@@ -1,0 +1,209 @@
+package balancer
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+)
+
+// zoneSim drives a Pool with simulated time: each request is picked,
+// takes its endpoint's latency on the fake clock, and is done; requests
+// come one after another, gap apart.
+type zoneSim struct {
+	t       *testing.T
+	clock   *fakeClock
+	pool    *Pool
+	latency map[netip.AddrPort]time.Duration
+	zone    map[netip.AddrPort]string
+	gap     time.Duration
+}
+
+// zoneEndpoints are n endpoints in each of the zones, their addresses
+// 10.0.<zone index>.<i>.
+func zoneEndpoints(n int, zones ...string) []endpoint.Endpoint {
+	var eps []endpoint.Endpoint
+	for z, name := range zones {
+		for i := range n {
+			eps = append(eps, endpoint.Endpoint{Addr: netip.MustParseAddrPort(fmt.Sprintf("10.0.%d.%d:80", z, i+1)),
+				Weight: endpoint.DefaultWeight, Labels: map[string]string{ZoneLabel: name}})
+		}
+	}
+	return eps
+}
+
+func newZoneSim(t *testing.T, eps []endpoint.Endpoint, opts ...Option) *zoneSim {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	s := &zoneSim{t: t, clock: clock, latency: map[netip.AddrPort]time.Duration{}, zone: map[netip.AddrPort]string{}, gap: time.Millisecond}
+	s.pool = NewPool(nil, append([]Option{withClock(clock.read), WithPeakEWMA(0, time.Second)}, opts...)...)
+	s.pool.Update(eps)
+	for _, e := range eps {
+		s.latency[e.Addr] = 5 * time.Millisecond
+		s.zone[e.Addr] = e.Labels[ZoneLabel]
+	}
+	return s
+}
+
+// setLatency sets the latency of every endpoint of zone.
+func (s *zoneSim) setLatency(zone string, d time.Duration) {
+	for a, z := range s.zone {
+		if z == zone {
+			s.latency[a] = d
+		}
+	}
+}
+
+// run sends n requests and returns how many went out of zone local and
+// their latencies.
+func (s *zoneSim) run(n int, local string) (out int, lat []time.Duration) {
+	for range n {
+		k, ok := s.pool.Pick()
+		require.True(s.t, ok)
+		a := k.Endpoint().Addr
+		if s.zone[a] != local {
+			out++
+		}
+		d := s.latency[a]
+		s.clock.now.Add(int64(d))
+		k.Done(Result{GRPCStatus: 0})
+		lat = append(lat, d)
+		s.clock.now.Add(int64(s.gap))
+	}
+	return out, lat
+}
+
+func p99(lat []time.Duration) time.Duration {
+	l := slices.Clone(lat)
+	slices.Sort(l)
+	return l[len(l)*99/100]
+}
+
+// The acceptance (3) at the level of the balancing core, in
+// simulated time: two zones of three endpoints; under normal load at most
+// 5% of requests leave the local zone; when the local endpoints slow down
+// tenfold the requests spill and the p99 stays within twice its normal
+// value; when they recover, the traffic comes back.
+func TestZoneSpillAndReturn(t *testing.T) {
+	s := newZoneSim(t, zoneEndpoints(3, "zone-a", "zone-b"), WithLocalZone("zone-a"))
+	out, lat := s.run(5000, "zone-a")
+	require.LessOrEqual(t, float64(out)/5000, 0.05, "share out of the zone under normal load")
+	normal := p99(lat)
+	require.Equal(t, 5*time.Millisecond, normal)
+
+	s.setLatency("zone-a", 50*time.Millisecond)
+	out, _ = s.run(50, "zone-a") // the controller reacts
+	require.Greater(t, out, 25, "the first requests after the slowdown spill")
+	out, lat = s.run(5000, "zone-a")
+	require.GreaterOrEqual(t, float64(out)/5000, 0.95, "share out of the zone while it is slow")
+	require.LessOrEqual(t, p99(lat), 2*normal, "p99 while the local zone is slow")
+	zs := s.pool.Zone()
+	require.NotNil(t, zs)
+	require.True(t, zs.Active)
+	require.Equal(t, 3, zs.LocalEndpoints)
+	require.Greater(t, zs.Spill, 0.5)
+
+	s.setLatency("zone-a", 5*time.Millisecond)
+	s.run(5000, "zone-a") // the local estimates come back down (a 1 s decay)
+	out, _ = s.run(2000, "zone-a")
+	require.LessOrEqual(t, float64(out)/2000, 0.05, "share out of the zone after it recovered")
+}
+
+// Without a local zone, or when every endpoint (or none) is in it, the
+// Pool balances exactly as without zones: no partition, no locality, the
+// same picks given the same random draws.
+func TestZoneNoneIsToday(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		eps  []endpoint.Endpoint
+	}{
+		{"no option", nil, zoneEndpoints(3, "zone-a", "zone-b")},
+		{"empty zone", []Option{WithLocalZone("")}, zoneEndpoints(3, "zone-a", "zone-b")},
+		{"all local", []Option{WithLocalZone("zone-a")}, zoneEndpoints(3, "zone-a")},
+		{"none local", []Option{WithLocalZone("zone-c")}, zoneEndpoints(3, "zone-a", "zone-b")},
+		{"no zone labels", []Option{WithLocalZone("zone-a")}, zoneEndpoints(3, "")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewPool(nil, tc.opts...)
+			p.Update(tc.eps)
+			s := p.g.state.Load()
+			require.Nil(t, s.zones)
+			for _, e := range s.eps {
+				require.Equal(t, localityNone, e.locality)
+			}
+			if zs := p.Zone(); zs != nil {
+				require.False(t, zs.Active)
+			}
+		})
+	}
+}
+
+// The spill share follows the load band: it grows above High, shrinks
+// below Low and holds in between (the hysteresis), whatever the latency
+// scale.
+func TestZoneBand(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		local       time.Duration // remote: 10 ms
+		start, want string        // "zero", "held", "full"
+	}{
+		{"equal: stays home", 10 * time.Millisecond, "zero", "zero"},
+		{"equal: comes home", 10 * time.Millisecond, "full", "zero"},
+		{"tenfold: leaves", 100 * time.Millisecond, "zero", "full"},
+		{"within the band: holds", 17 * time.Millisecond, "held", "held"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.now.Store(1)
+			p := NewPool(nil, withClock(clock.read), WithLocalZone("zone-a"))
+			p.Update(zoneEndpoints(3, "zone-a", "zone-b"))
+			s := p.g.state.Load()
+			for _, e := range s.eps {
+				e.load.rtt = float64(10 * time.Millisecond)
+				if e.locality == localityLocal {
+					e.load.rtt = float64(tc.local)
+				}
+			}
+			start := map[string]float64{"zero": 0, "held": 0.5, "full": 1}[tc.start]
+			p.g.zone.share = start
+			var f float64
+			for range 100 {
+				f = s.zones.step(clock.read(), float64(DefaultDecay))
+			}
+			require.Equal(t, map[string]float64{"zero": 0, "held": 0.5, "full": 1}[tc.want], f)
+		})
+	}
+}
+
+// A local zone whose endpoints are all tripped sends every request out;
+// one with a single tripped endpoint of three weighs its load by the
+// capacity left.
+func TestZoneAccrual(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	p := NewPool(nil, withClock(clock.read), WithLocalZone("zone-a"),
+		WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1, Backoff: Backoff{MinBackoff: time.Hour}}}))
+	p.Update(zoneEndpoints(3, "zone-a", "zone-b"))
+	s := p.g.state.Load()
+	for _, e := range s.eps {
+		e.load.rtt = float64(10 * time.Millisecond)
+	}
+	require.InDelta(t, 1, s.zones.ratio(clock.read(), float64(DefaultDecay)), 0.01)
+	trip := func(e *member) { e.load.record(outcome{failure: true}, false, clock.read(), p.conf.acc, p.g) }
+	trip(s.zones.local.eps[0])
+	require.InDelta(t, 1.5, s.zones.ratio(clock.read(), float64(DefaultDecay)), 0.01, "two endpoints carry the load of three")
+	trip(s.zones.local.eps[1])
+	trip(s.zones.local.eps[2])
+	for range 100 {
+		k, ok := p.Pick()
+		require.True(t, ok)
+		require.Equal(t, "zone-b", k.Endpoint().Labels[ZoneLabel])
+		k.Done(Result{Canceled: true})
+	}
+}

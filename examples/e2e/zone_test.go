@@ -1,0 +1,252 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/mesh"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+const zoneWeb = "web.default.svc.cluster.local:80"
+
+// The stall of every endpoint in normal times, and when its zone is slowed
+// down tenfold. The stall is the test's own (each endpoint sleeps its
+// zone's delay), not the machine's speed.
+const (
+	zoneNormal = 20 * time.Millisecond
+	zoneSlow   = 10 * zoneNormal
+)
+
+// zoneFleet is three endpoints in each of zone-a and zone-b, each answering
+// with its zone's name after its zone's delay.
+type zoneFleet struct {
+	delay map[string]*atomic.Int64
+}
+
+// zoneStart starts the fleet and writes the control plane's files in dir:
+// the endpoints file (each endpoint with its zone) and the web Service
+// (so that the outbound policy, and with it /routes's backend, applies).
+func zoneStart(t *testing.T, dir string) (*zoneFleet, string, string) {
+	f := &zoneFleet{delay: map[string]*atomic.Int64{"zone-a": {}, "zone-b": {}}}
+	var entries []string
+	for _, zone := range []string{"zone-a", "zone-b"} {
+		d := f.delay[zone]
+		d.Store(int64(zoneNormal))
+		for range 3 {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				time.Sleep(time.Duration(d.Load()))
+				io.WriteString(w, zone)
+			}))
+			t.Cleanup(srv.Close)
+			entries = append(entries, fmt.Sprintf("{addr: %s, zone: %s}", strings.TrimPrefix(srv.URL, "http://"), zone))
+		}
+	}
+	profiles, policies := filepath.Join(dir, "profiles"), filepath.Join(dir, "policies")
+	require.NoError(t, os.Mkdir(profiles, 0o755))
+	require.NoError(t, os.Mkdir(policies, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(policies, "web.yaml"), []byte(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  ports: [{port: 80}]
+`), 0o644))
+	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte("- authority: "+zoneWeb+"\n  endpoints: ["+strings.Join(entries, ", ")+"]\n"), 0o644))
+	return f, endpoints, policies
+}
+
+// zoneRun sends n requests one after another and returns how many were
+// answered from outside zone-a and their latencies.
+func zoneRun(t *testing.T, send func() (string, error), n int) (out int, lat []time.Duration) {
+	t.Helper()
+	for range n {
+		start := time.Now()
+		zone, err := send()
+		require.NoError(t, err)
+		lat = append(lat, time.Since(start))
+		if zone != "zone-a" {
+			out++
+		}
+	}
+	return out, lat
+}
+
+func zoneP99(lat []time.Duration) time.Duration {
+	l := slices.Clone(lat)
+	slices.Sort(l)
+	return l[len(l)*99/100]
+}
+
+// zoneUntil sends requests in windows of n until ok says a window is as
+// wanted, at most deadline; it returns the windows it took.
+func zoneUntil(t *testing.T, send func() (string, error), n int, deadline time.Duration, ok func(out int) bool, what string) int {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for i := 1; ; i++ {
+		out, _ := zoneRun(t, send, n)
+		if ok(out) {
+			return i
+		}
+		require.True(t, time.Now().Before(end), "%s: not within %s (last window: %d of %d out of zone-a)", what, deadline, out, n)
+	}
+}
+
+// zoneScenario is the issue's acceptance (3) over send: under normal load
+// at most 5% of requests leave zone-a; when zone-a's endpoints slow down
+// tenfold, the requests spill (after the few that teach the balancer) and
+// the p99 stays within twice its normal value; when they recover, the
+// traffic comes back.
+func zoneScenario(t *testing.T, f *zoneFleet, send func() (string, error), returnWithin time.Duration) {
+	const n = 400
+	zoneRun(t, send, 20) // connections up
+	out, lat := zoneRun(t, send, n)
+	normal := zoneP99(lat)
+	t.Logf("normal load: %d of %d requests left zone-a, p99 %s", out, n, normal)
+	assert.LessOrEqual(t, out, n*5/100, "requests out of the zone under normal load")
+
+	f.delay["zone-a"].Store(int64(zoneSlow))
+	windows := zoneUntil(t, send, 10, 30*time.Second, func(out int) bool { return out == 10 }, "spill")
+	out, lat = zoneRun(t, send, n)
+	slow := zoneP99(lat)
+	t.Logf("zone-a slow: spilled after %d windows of 10; then %d of %d requests left zone-a, p99 %s", windows, out, n, slow)
+	assert.GreaterOrEqual(t, out, n*98/100, "requests out of the slow zone")
+	assert.LessOrEqual(t, slow, 2*normal, "p99 while zone-a is slow, against its normal value")
+
+	f.delay["zone-a"].Store(int64(zoneNormal))
+	start := time.Now()
+	zoneUntil(t, send, 50, returnWithin, func(out int) bool { return out <= 50*5/100 }, "return")
+	t.Logf("zone-a recovered: traffic back within %s", time.Since(start).Round(time.Millisecond))
+}
+
+// Zone-aware balancing through the proxy binary (-zone zone-a), its
+// endpoints and their zones from the embedded control plane's endpoints
+// file: acceptance (3) of the issue, then the zone of each endpoint and
+// the spill on /routes and /metrics.
+func TestZoneSpillThroughProxy(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	f, endpoints, policies := zoneStart(t, dir)
+	dst := start(t, filepath.Join(bin, "destination"), nil, "-listen", "127.0.0.1:0",
+		"-profiles", filepath.Join(dir, "profiles"), "-endpoints", endpoints, "-policies", policies, "-interval", "100ms")
+	dstAddr := dst.waitLog(t, dstAddrRe)
+	app := httptest.NewServer(http.NotFoundHandler()) // the proxy's own application, unused
+	defer app.Close()
+	p := start(t, filepath.Join(bin, "proxy"), []string{"INMESH_CONTROL_BACKOFF_DELAY=100ms"},
+		"-destination", dstAddr, "-outbound", "127.0.0.1:0", "-inbound", "127.0.0.1:0",
+		"-app", strings.TrimPrefix(app.URL, "http://"), "-metrics", "127.0.0.1:0", "-zone", "zone-a")
+	out, metricsAddr := p.waitLog(t, listenRe("outbound")), p.waitLog(t, listenRe("metrics"))
+
+	hc := &http.Client{Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	send := func() (string, error) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+out+"/", nil)
+		req.Host = zoneWeb
+		resp, err := hc.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		}
+		return string(b), err
+	}
+	// The policy is in force once the route series name the Service's
+	// default route.
+	require.Eventually(t, func() bool {
+		_, _ = send()
+		_, ok := metric(scrape(t, metricsAddr), "outbound_http_route_request_statuses_total", `parent_name="web"`)
+		return ok
+	}, timeout, 50*time.Millisecond, "the policy of web never arrived")
+
+	zoneScenario(t, f, send, 90*time.Second)
+
+	text := scrape(t, metricsAddr)
+	web := `parent_name="web"`
+	local, _ := metric(text, "outbound_http_balancer_zone_requests_total", web, `zone_locality="local"`)
+	remote, _ := metric(text, "outbound_http_balancer_zone_requests_total", web, `zone_locality="remote"`)
+	assert.Greater(t, local, 400.0, "requests kept in zone-a")
+	assert.Greater(t, remote, 400.0, "requests sent out of zone-a")
+	_, ok := metric(text, "outbound_http_balancer_zone_spill_ratio", web)
+	assert.True(t, ok, "the spill ratio gauge")
+	_, ok = metric(text, "request_total", `dst_zone="zone-b"`)
+	assert.True(t, ok, "request_total labels requests with their endpoint's zone")
+
+	resp, err := http.Get("http://" + metricsAddr + "/routes?authority=" + zoneWeb + "&path=/")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var routes struct {
+		Backends struct {
+			Backends []struct {
+				Endpoints []balancer.EndpointState `json:"endpoints"`
+				Zone      *balancer.ZoneState      `json:"zone"`
+			} `json:"backends"`
+		} `json:"backends"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&routes))
+	require.Len(t, routes.Backends.Backends, 1)
+	b := routes.Backends.Backends[0]
+	require.NotNil(t, b.Zone, "/routes shows the backend's zone-aware balancing")
+	assert.Equal(t, "zone-a", b.Zone.LocalZone)
+	assert.True(t, b.Zone.Active)
+	assert.Equal(t, []int{3, 3}, []int{b.Zone.LocalEndpoints, b.Zone.RemoteEndpoints})
+	assert.Greater(t, b.Zone.RemoteRequests, uint64(400))
+	localities := map[string]string{}
+	for _, e := range b.Endpoints {
+		localities[e.Zone] += e.Locality[:1]
+	}
+	assert.Equal(t, map[string]string{"zone-a": "lll", "zone-b": "rrr"}, localities, "each endpoint's zone and locality on /routes")
+}
+
+// Zone-aware balancing through mesh.NewClient (mesh.WithZone) against the
+// embedded control plane's program and files: acceptance (3) of the issue
+// again, with a peak-EWMA decay of 3 s, so that the traffic returns sooner.
+func TestZoneSpillThroughMeshClient(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	f, endpoints, policies := zoneStart(t, dir)
+	dst := start(t, filepath.Join(bin, "destination"), nil, "-listen", "127.0.0.1:0",
+		"-profiles", filepath.Join(dir, "profiles"), "-endpoints", endpoints, "-policies", policies, "-interval", "100ms")
+	dc, err := destination.Dial(dst.waitLog(t, dstAddrRe))
+	require.NoError(t, err)
+	defer dc.Close()
+	client := mesh.NewClient(mesh.WithDestination(dc), mesh.WithMeterProvider(noop.NewMeterProvider()), mesh.WithZone("zone-a"),
+		mesh.WithBalancerOptions(balancer.WithPeakEWMA(0, 3*time.Second), balancer.WithFallback(false)))
+	defer client.Close()
+	hc := &http.Client{Transport: client, Timeout: 10 * time.Second}
+	send := func() (string, error) {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+zoneWeb+"/", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		}
+		return string(b), err
+	}
+	zoneScenario(t, f, send, 60*time.Second)
+	zs := client.Balancer().Zone(zoneWeb)
+	require.NotNil(t, zs)
+	assert.Equal(t, "zone-a", zs.LocalZone)
+	assert.Greater(t, zs.RemoteRequests, uint64(400))
+}
