@@ -26,12 +26,15 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/transport"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ClientOption configures [NewClient]; ServerOption configures
@@ -97,6 +100,8 @@ type config struct {
 	identity       *identity.Local
 	discoveryWait  time.Duration
 	inbound        []authz.Option
+	tp             trace.TracerProvider
+	prop           propagation.TextMapPropagator
 }
 
 // WithDiscoveryWait lets an outbound request wait up to d for its
@@ -264,6 +269,7 @@ func (c config) routerOptions() []router.Option {
 	return []router.Option{
 		router.WithProfiles(c.source), router.WithMeterProvider(c.mp), router.WithLogger(c.logger),
 		router.WithMaxAuthorities(c.maxAuthorities), router.WithIdleTimeout(c.idleTimeout),
+		router.WithTracerProvider(c.tp), router.WithPropagator(c.prop),
 	}
 }
 
@@ -411,6 +417,11 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		}
 		s.authz, next = h, h
 	}
+	serverID := ""
+	if c.identity != nil {
+		serverID = c.identity.Name()
+	}
+	next = meshtrace.New(c.tp, c.prop, serverID).Handler(next)
 	s.Handler = origproto.NewHandler(next, hopts...)
 	return s
 }

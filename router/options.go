@@ -12,6 +12,8 @@ import (
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ScopeName is the instrumentation scope of the route metrics.
@@ -57,6 +59,8 @@ type config struct {
 	compile        policy.Options
 	balancer       *balancer.Balancer
 	discoveryWait  time.Duration
+	tp             trace.TracerProvider
+	prop           propagation.TextMapPropagator
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.

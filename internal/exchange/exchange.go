@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 )
 
@@ -218,7 +219,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			areq.Body, areq.GetBody = b, x.nextBody
 		}
 		p.Recorder.Attempt(parent)
-		resp, err := base.RoundTrip(areq)
+		resp, err := meshtrace.RoundTripAttempt(base, areq, attemptKind(attempt), attempt)
 		tryExpired := false
 		if tryTimer != nil {
 			tryExpired = !tryTimer.Stop()
@@ -615,4 +616,12 @@ func closeBody(resp *http.Response) {
 	if resp.Body != nil {
 		resp.Body.Close()
 	}
+}
+
+// attemptKind is the trace kind of attempt n of a logical request.
+func attemptKind(n int) meshtrace.AttemptKind {
+	if n == 0 {
+		return meshtrace.AttemptFirst
+	}
+	return meshtrace.AttemptRetry
 }
