@@ -92,6 +92,7 @@ type flags struct {
 	suffixes                                                 []string
 	networks                                                 []netip.Prefix
 	identity                                                 identityFlags
+	trace                                                    traceFlags
 }
 
 func main() {
@@ -137,6 +138,7 @@ func main() {
 	flag.DurationVar(&f.discoveryWait, "discovery-wait", 0,
 		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route); an answer that cannot come (a control plane without the API, as Linkerd's destination controller alone for OutboundPolicies, or one that cannot be reached) ends the wait at once")
 	f.identity.register(flag.CommandLine)
+	f.trace.register(flag.CommandLine)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(f, log); err != nil {
@@ -174,6 +176,12 @@ func run(f flags, log *slog.Logger) error {
 	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
 		metric.WithDescription("Total count of opened connections."))
 
+	tp, stopTracing, err := startTracing(ctx, f.trace)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+
 	local, stopIdentity, err := startIdentity(ctx, f.identity, provider, log)
 	if err != nil {
 		return err
@@ -193,7 +201,7 @@ func run(f flags, log *slog.Logger) error {
 	}
 	defer dst.Close()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
-		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local)}
+		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local), mesh.WithTracerProvider(tp)}
 	if f.maxAuthorities > 0 {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
 	}
@@ -234,7 +242,8 @@ func run(f flags, log *slog.Logger) error {
 
 	toApp, closeApp := appTransport(f.appIdleTimeout)
 	defer closeApp()
-	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), serverOpts...)
+	// The application's requests carry the inbound span's trace context.
+	inboundStack := mesh.NewServer(inboundProxy(appURL, mesh.TraceTransport(toApp), inLog), serverOpts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ErrorLog = inLog.ErrorLog()

@@ -104,8 +104,10 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Transport returns next with a client span around each request: the
 // logical request, whose attempts (retries, hedges, mirrors) are its
-// children when a route runs them ([RoundTripAttempt]). The span ends with
-// the response body. With a nil t it returns next.
+// children when a route runs them ([RoundTripAttempt]). Its parent is the
+// span of the request's context or, when there is none, the trace context
+// of the request's headers. The span ends with the response body. With a
+// nil t it returns next.
 func (t *Tracer) Transport(next http.RoundTripper) http.RoundTripper {
 	if t == nil {
 		return next
@@ -119,6 +121,15 @@ type clientTransport struct {
 }
 
 func (c *clientTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !trace.SpanContextFromContext(req.Context()).IsValid() {
+		// No span in the context: the trace context the request's headers
+		// carry, if any, is the parent (a proxy forwarding its client's
+		// request).
+		ctx := c.t.prop.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
+		if trace.SpanContextFromContext(ctx).IsValid() {
+			req = req.WithContext(ctx)
+		}
+	}
 	return c.t.roundTrip(c.next, req, "", 0)
 }
 
