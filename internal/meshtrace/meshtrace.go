@@ -364,3 +364,58 @@ func EndpointChosen(ctx context.Context, addr, zone, id string) {
 		s.SetAttributes(AttrServerIdentity.String(id))
 	}
 }
+
+// Start starts a span named name of kind under ctx, and marks the context
+// it returns as traced by t, for the layers below.
+func (t *Tracer) Start(ctx context.Context, name string, kind trace.SpanKind, kv ...attribute.KeyValue) (context.Context, trace.Span) {
+	return t.tracer.Start(t.with(ctx), name, trace.WithSpanKind(kind), trace.WithAttributes(kv...))
+}
+
+// Extract returns ctx with the trace context carrier holds, if any.
+func (t *Tracer) Extract(ctx context.Context, carrier propagation.TextMapCarrier) context.Context {
+	return t.prop.Extract(ctx, carrier)
+}
+
+// FromContext returns the tracer that traces the request of ctx, nil when
+// it is not traced.
+func FromContext(ctx context.Context) *Tracer { return fromContext(ctx) }
+
+// ServerIdentity returns the local identity t names on inbound spans.
+func (t *Tracer) ServerIdentity() string { return t.server }
+
+type attemptKindKey struct{}
+
+// WithAttemptKind returns ctx saying that the attempt sent with it is of
+// kind, for a transport whose attempts are spanned below the caller (a
+// gRPC stats handler); ctx as it is when it is not traced. Hedging and
+// mirroring mark their attempts with it.
+func WithAttemptKind(ctx context.Context, kind AttemptKind) context.Context {
+	if !Enabled(ctx) {
+		return ctx
+	}
+	return context.WithValue(ctx, attemptKindKey{}, kind)
+}
+
+// AttemptKindFrom returns the kind [WithAttemptKind] put in ctx.
+func AttemptKindFrom(ctx context.Context) (AttemptKind, bool) {
+	k, ok := ctx.Value(attemptKindKey{}).(AttemptKind)
+	return k, ok
+}
+
+// GRPCAttrs are the semantic conventions' attributes of a gRPC call of
+// fullMethod (/pkg.Service/Method).
+func GRPCAttrs(fullMethod string) []attribute.KeyValue {
+	svc, method := splitGRPCPath(fullMethod)
+	return []attribute.KeyValue{semconv.RPCSystemNameGRPC, semconv.RPCMethod(svc + "/" + method)}
+}
+
+// GRPCCodeName is the name of gRPC status code c (rpc.response.status_code).
+func GRPCCodeName(c uint32) string { return grpcCodeName(strconv.FormatUint(uint64(c), 10)) }
+
+// PeerAttrs are the network.peer.* attributes of addr (host:port).
+func PeerAttrs(addr string) []attribute.KeyValue {
+	if h, p, ok := splitHostPort(addr); ok {
+		return []attribute.KeyValue{semconv.NetworkPeerAddress(h), semconv.NetworkPeerPort(p)}
+	}
+	return nil
+}
