@@ -18,7 +18,7 @@ import (
 //     the verified client's identities, the ServiceProfile route and, when
 //     the mesh answered itself, its l5d-proxy-error;
 //   - the outbound stack starts a client span per request and, on a route
-//     that times out or retries, a child span per attempt
+//     that retries, a child span per attempt
 //     (inmesh.attempt.kind "first" or "retry", http.request.resend_count),
 //     with the route, backend, endpoint address, zone and identity, the
 //     classification and Linkerd's error label (error.type), and the

@@ -199,15 +199,17 @@ func TestTraceRetriedRequest(t *testing.T) {
 }
 
 // A request whose route times out: the client span says 504, the mesh's
-// l5d-proxy-error and REQUEST_TIMEOUT; its one attempt ended in an error,
-// and the server span under it saw the request.
+// l5d-proxy-error and REQUEST_TIMEOUT, and the server span under it saw
+// the request (a route that never retries sends one attempt, which is the
+// client span itself). With retries, the attempt that timed out is cut
+// off and no retry follows a route timeout.
 func TestTraceTimedOutRequest(t *testing.T) {
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	m := newTraceMesh(t, app, policy.HTTPRule{Timeouts: policy.Timeouts{Request: 200 * time.Millisecond}})
 	status, root := m.get(t, "/slow")
 	require.Equal(t, http.StatusGatewayTimeout, status)
 
-	top := tree(t, m.spans(t, 4), root)
+	top := tree(t, m.spans(t, 3), root)
 	require.Len(t, top.children, 1)
 	client := top.children[0]
 	assert.Equal(t, int64(504), attr(client.span, "http.response.status_code").AsInt64())
@@ -215,7 +217,20 @@ func TestTraceTimedOutRequest(t *testing.T) {
 	assert.Equal(t, "failure", attr(client.span, "inmesh.classification").AsString())
 	assert.Contains(t, attr(client.span, "inmesh.proxy_error").AsString(), "request timed out after 200ms")
 	assert.Equal(t, codes.Error, client.span.Status.Code)
-	require.Len(t, client.children, 1, "one attempt")
+	assert.Equal(t, "zone-a", attr(client.span, "inmesh.zone").AsString(), "the endpoint of its one attempt")
+	require.Len(t, client.children, 1, "the server span")
+	assert.Equal(t, trace.SpanKindServer, client.children[0].span.SpanKind)
+
+	m.exp.Reset()
+	bo := backoff.Policy{Min: time.Millisecond, Max: time.Millisecond}
+	m = newTraceMesh(t, app, policy.HTTPRule{Timeouts: policy.Timeouts{Request: 200 * time.Millisecond},
+		Retry: &policy.Retry{MaxRetries: 1, Backoff: &bo}})
+	status, root = m.get(t, "/slow")
+	require.Equal(t, http.StatusGatewayTimeout, status)
+	top = tree(t, m.spans(t, 4), root)
+	client = top.children[0]
+	assert.Equal(t, "REQUEST_TIMEOUT", attr(client.span, "error.type").AsString())
+	require.Len(t, client.children, 1, "one attempt: a route timeout is not retried")
 	a := client.children[0]
 	assert.Equal(t, "first", attr(a.span, "inmesh.attempt.kind").AsString())
 	assert.Equal(t, codes.Error, a.span.Status.Code, "the attempt was cut off")
@@ -283,9 +298,10 @@ func TestTracePropagation(t *testing.T) {
 				assert.Empty(t, m.exp.GetSpans(), "nothing recorded under an unsampled parent")
 				return
 			}
-			// front's server span, its client span, the attempt, the
-			// last server span: one trace, each the parent of the next.
-			spans := m.spans(t, 4)
+			// front's server span, its client span (the route never
+			// retries: its one attempt), the last server span: one
+			// trace, each the parent of the next.
+			spans := m.spans(t, 3)
 			var srv tracetest.SpanStub
 			for _, s := range spans {
 				assert.Equal(t, traceID, s.SpanContext.TraceID().String())

@@ -8,7 +8,7 @@ import (
 
 // WithTracerProvider traces the requests of [Router.Transport] through
 // tp: a client span per request, a child span per attempt of a route that
-// times out or retries (inmesh.attempt.kind "first", "retry"), the route
+// retries (inmesh.attempt.kind "first", "retry"), the route
 // and backend as attributes, and the trace context written into each
 // attempt's headers (W3C traceparent and baggage, and B3, unless
 // [WithPropagator] says otherwise). Sampling is tp's. Without it (or with

@@ -64,6 +64,7 @@ var scenarios = []scenario{
 	{"host_flood", hostFlood},
 	{"grpc_unary", grpcUnary},
 	{"grpc_stream", grpcStream},
+	{"tracing", tracingLoopback},
 }
 
 func main() {

@@ -219,7 +219,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			areq.Body, areq.GetBody = b, x.nextBody
 		}
 		p.Recorder.Attempt(parent)
-		resp, err := meshtrace.RoundTripAttempt(base, areq, attemptKind(attempt), attempt)
+		resp, err := meshtrace.RoundTripAttempt(base, areq, attemptKind(retryable, attempt), attempt)
 		tryExpired := false
 		if tryTimer != nil {
 			tryExpired = !tryTimer.Stop()
@@ -618,9 +618,14 @@ func closeBody(resp *http.Response) {
 	}
 }
 
-// attemptKind is the trace kind of attempt n of a logical request.
-func attemptKind(n int) meshtrace.AttemptKind {
-	if n == 0 {
+// attemptKind is the trace kind of attempt n of a logical request: none
+// (no span of its own) when the request is never retried, so that its one
+// attempt is its span.
+func attemptKind(retryable bool, n int) meshtrace.AttemptKind {
+	switch {
+	case !retryable:
+		return ""
+	case n == 0:
 		return meshtrace.AttemptFirst
 	}
 	return meshtrace.AttemptRetry

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/inmesh/inmesh/identity"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
@@ -31,7 +32,7 @@ type serverHandler struct {
 
 func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := h.t
-	ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := t.prop.Extract(r.Context(), headerCarrier(r.Header))
 	ctx = t.with(ctx)
 	attrs := requestAttrs(r, true)
 	if t.server != "" {
@@ -125,7 +126,7 @@ func (c *clientTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// No span in the context: the trace context the request's headers
 		// carry, if any, is the parent (a proxy forwarding its client's
 		// request).
-		ctx := c.t.prop.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
+		ctx := c.t.prop.Extract(req.Context(), headerCarrier(req.Header))
 		if trace.SpanContextFromContext(ctx).IsValid() {
 			req = req.WithContext(ctx)
 		}
@@ -168,10 +169,12 @@ func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind Attem
 // under a child span of the request's when the request is traced, whose
 // attribute inmesh.attempt.kind is kind and http.request.resend_count n
 // (the attempt's ordinal, 0 for the first). The router's exchange calls it
-// for each attempt; hedges and mirrors call it with their kinds.
+// for each attempt of a request it may retry (an empty kind: the request's
+// one attempt, which is the request's own span); hedges and mirrors call it
+// with their kinds.
 func RoundTripAttempt(base http.RoundTripper, req *http.Request, kind AttemptKind, n int) (*http.Response, error) {
 	t := fromContext(req.Context())
-	if t == nil {
+	if t == nil || kind == "" {
 		return base.RoundTrip(req)
 	}
 	return t.roundTrip(base, req, kind, n)
@@ -249,7 +252,16 @@ func (t *Tracer) inject(req *http.Request) *http.Request {
 	for _, h := range traceHeaders {
 		delete(out.Header, h)
 	}
-	t.prop.Inject(req.Context(), propagation.HeaderCarrier(out.Header))
+	if !t.defaultProp {
+		t.prop.Inject(req.Context(), headerCarrier(out.Header))
+		return out
+	}
+	if sc := trace.SpanContextFromContext(req.Context()); sc.IsValid() {
+		writeTraceHeaders(out.Header, sc)
+	}
+	if baggage.FromContext(req.Context()).Len() > 0 {
+		propagation.Baggage{}.Inject(req.Context(), headerCarrier(out.Header))
+	}
 	return out
 }
 

@@ -93,6 +93,9 @@ type Tracer struct {
 	prop   propagation.TextMapPropagator
 	// server is the local identity's name, on inbound spans.
 	server string
+	// defaultProp: prop is DefaultPropagator's, whose headers inject
+	// writes itself, with fewer allocations.
+	defaultProp bool
 }
 
 // DefaultPropagator reads and writes B3 (both the multi-header and the
@@ -113,10 +116,11 @@ func New(tp trace.TracerProvider, prop propagation.TextMapPropagator, serverIden
 	case nil, noop.TracerProvider, *noop.TracerProvider:
 		return nil
 	}
+	t := &Tracer{tracer: tp.Tracer(ScopeName), prop: prop, server: serverIdentity}
 	if prop == nil {
-		prop = DefaultPropagator()
+		t.prop, t.defaultProp = DefaultPropagator(), true
 	}
-	return &Tracer{tracer: tp.Tracer(ScopeName), prop: prop, server: serverIdentity}
+	return t
 }
 
 // Propagator returns the tracer's propagator.
