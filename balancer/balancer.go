@@ -15,6 +15,7 @@ import (
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/internal/registry"
@@ -511,10 +512,12 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 	if g.queued.Add(1) > int64(conf.queueCap) {
 		g.queued.Add(-1)
 		b.log.Info("load shed", "queue full, request refused", "authority", name)
+		meshtrace.Event(req.Context(), meshtrace.EventLoadShed)
 		return nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
 	}
 	defer g.queued.Add(-1)
 	b.metrics.gate(a, req.Context(), false)
+	meshtrace.Event(req.Context(), meshtrace.EventQueued)
 	timer := time.NewTimer(conf.failfast)
 	defer timer.Stop()
 	tick := time.NewTicker(queuePoll)
@@ -525,6 +528,7 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 		g.sweepOutliers(now)
 		if e, probe := g.state.Load().choose(now, b.decay); e != nil {
 			b.metrics.gate(a, req.Context(), true)
+			meshtrace.Event(req.Context(), meshtrace.EventDequeued)
 			return e, probe, nil, nil
 		}
 		select {
@@ -532,6 +536,7 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 		case <-tick.C:
 		case <-timer.C:
 			b.metrics.failfast(a, req.Context())
+			meshtrace.Event(req.Context(), meshtrace.EventFailFast)
 			return nil, false, failResponse(req, ErrFailFast, "fail-fast: no endpoint of "+name+" ready within "+conf.failfast.String()), nil
 		case <-req.Context().Done():
 			return nil, false, nil, req.Context().Err()
@@ -571,6 +576,9 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	}
 	if e.labels != nil {
 		ctx = classify.WithLabels(ctx, e.labels)
+	}
+	if meshtrace.Enabled(ctx) {
+		meshtrace.EndpointChosen(ctx, e.addr, e.Labels["zone"], e.Identity)
 	}
 	out := req.WithContext(ctx)
 	u := *req.URL

@@ -28,12 +28,15 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/transport"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/inmesh/inmesh/router"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ClientOption configures [NewClient]; ServerOption configures
@@ -103,6 +106,8 @@ type config struct {
 	reg            *registrationConfig // registration.go
 	drainDelay     *time.Duration
 	mirror         router.MirrorLimits
+	tp             trace.TracerProvider
+	prop           propagation.TextMapPropagator
 }
 
 // WithTap publishes the stack's requests to hub (package tap): a client's
@@ -291,6 +296,7 @@ func (c config) routerOptions() []router.Option {
 	return []router.Option{
 		router.WithProfiles(c.source), router.WithMeterProvider(c.mp), router.WithLogger(c.logger),
 		router.WithMaxAuthorities(c.maxAuthorities), router.WithIdleTimeout(c.idleTimeout),
+		router.WithTracerProvider(c.tp), router.WithPropagator(c.prop),
 	}
 }
 
@@ -452,6 +458,11 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		}
 		s.authz, next = h, h
 	}
+	serverID := ""
+	if c.identity != nil {
+		serverID = c.identity.Name()
+	}
+	next = meshtrace.New(c.tp, c.prop, serverID).Handler(next)
 	s.Handler = origproto.NewHandler(next, hopts...)
 	if c.tap != nil {
 		s.Handler = c.tap.Handler(s.Handler)

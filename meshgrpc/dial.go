@@ -91,7 +91,7 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 	if cfg.identity != nil {
 		creds = newClientCreds(cfg.identity)
 	}
-	return []grpc.DialOption{
+	return append(clientTraceOptions(cfg),
 		grpc.WithResolvers(resolverBuilder{m}),
 		grpc.WithDefaultServiceConfig(fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}]}`, BalancerName)),
 		grpc.WithTransportCredentials(creds),
@@ -99,7 +99,7 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 		grpc.WithChainStreamInterceptor(m.stream),
 		grpc.WithNoProxy(),
 		grpc.WithDisableRetry(),
-	}
+	)
 }
 
 // mesh is the state shared by the resolver, balancer and interceptors of

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/router"
@@ -100,6 +101,9 @@ func (m *mesh) route(ctx context.Context, st *channelState, authority, method st
 	putRequest(v)
 	if route == nil {
 		return nil, status.Error(codes.NotFound, "no route found for request")
+	}
+	if meshtrace.Enabled(ctx) {
+		meshtrace.Route(ctx, route.Meta.Kind, route.Meta.Name)
 	}
 	return st.targets[route], nil
 }

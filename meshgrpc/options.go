@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/balancer"
@@ -29,6 +31,8 @@ type config struct {
 	// discoveryWait is WithDiscoveryWait's bound: 0 for the default,
 	// negative for no wait.
 	discoveryWait time.Duration
+	tp            trace.TracerProvider
+	prop          propagation.TextMapPropagator
 }
 
 func newConfig(opts []Option) *config {

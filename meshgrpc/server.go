@@ -68,7 +68,8 @@ import (
 // ServerOptions panics when the default Server of [WithInboundPolicy]
 // (authz.WithDefault) does not compile.
 func ServerOptions(opts ...Option) []grpc.ServerOption {
-	s := newServer(newConfig(opts))
+	c := newConfig(opts)
+	s := newServer(c)
 	out := make([]grpc.ServerOption, 0, 4)
 	if s.meshTLS {
 		out = append(out, grpc.Creds(s.creds))
@@ -76,6 +77,7 @@ func ServerOptions(opts ...Option) []grpc.ServerOption {
 	if s.stats {
 		out = append(out, grpc.StatsHandler(s))
 	}
+	out = append(out, serverTraceOptions(c)...)
 	return append(out, grpc.ChainUnaryInterceptor(s.unary), grpc.ChainStreamInterceptor(s.stream))
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ScopeName is the instrumentation scope of the route metrics.
@@ -60,6 +62,8 @@ type config struct {
 	discoveryWait  time.Duration
 	hedge          *hedge.Policy // hedging of routes that set none
 	mirror         MirrorLimits
+	tp             trace.TracerProvider
+	prop           propagation.TextMapPropagator
 	// wait sleeps between retries; tests replace it.
 	wait func(ctx context.Context, d time.Duration) bool
 	// rand returns a number in [0, 1); tests replace it.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/policy"
@@ -61,6 +62,8 @@ type Router struct {
 
 	httpFam, grpcFam       *metrics.Outbound
 	httpHedges, grpcHedges *metrics.Hedges
+
+	trace *meshtrace.Tracer // nil: tracing is off
 }
 
 // policyState is a compiled policy with the metric targets and retry
@@ -97,7 +100,7 @@ type routeTarget struct {
 // New returns a Router over the sources its options give.
 func New(opts ...Option) *Router {
 	cfg := newConfig(opts)
-	r := &Router{cfg: cfg}
+	r := &Router{cfg: cfg, trace: meshtrace.New(cfg.tp, cfg.prop, "")}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	var start func(*registry.Entry[policyState]) (func(), error)
 	if cfg.policies != nil {

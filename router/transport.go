@@ -14,6 +14,7 @@ import (
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/policy"
@@ -67,6 +68,9 @@ type LoadShed interface{ LoadShed() bool }
 func (r *Router) Transport(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
+	}
+	if t := r.tracer(); t != nil {
+		return t.Transport(&transport{r: r, base: meshtrace.Outbound(base)})
 	}
 	return &transport{r: r, base: base}
 }
@@ -167,6 +171,9 @@ func answered(ch <-chan struct{}) bool {
 func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeTarget, match policy.Match) (*http.Response, error) {
 	route := rt.route
 	tap.NoteRoute(req.Context(), route.Meta.Name)
+	if meshtrace.Enabled(req.Context()) {
+		meshtrace.Route(req.Context(), route.Meta.Kind, route.Meta.Name)
+	}
 	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header), match: match}
 	timeouts := route.Timeouts
 	retry := route.Retry
@@ -273,6 +280,9 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 		req = mr.start(x, req)
 	}
 	rb := &route.Backends.Backends[i]
+	if meshtrace.Enabled(req.Context()) {
+		meshtrace.SetAttributes(req.Context(), meshtrace.AttrBackend.String(rb.Backend.Meta.Name))
+	}
 	x.backend = x.rt.backends[i]
 	x.backend.Request(req.Context())
 	if req, resp = x.filter(req, rb.Filters, &respMods); resp != nil {
@@ -510,6 +520,9 @@ func (x *policyExchange) AttemptDone(ctx context.Context, o exchange.Outcome, _ 
 func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	st := x.status(o)
 	x.rt.metrics.Done(ctx, st, start)
+	if meshtrace.Enabled(ctx) {
+		meshtrace.Classified(ctx, st.Error == "" && !o.Class.Failure, st.Error, o.Retries)
+	}
 	if o.Retries > 0 && st.Error == "" && !x.retriable(o) {
 		x.rt.metrics.RetrySuccess(ctx)
 	}

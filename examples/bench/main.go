@@ -70,6 +70,7 @@ var scenarios = []scenario{
 	{"failover", failover},
 	{"hedge_tail", hedgeTail},
 	{"mirror", mirrorBench},
+	{"tracing", tracingLoopback},
 }
 
 func main() {

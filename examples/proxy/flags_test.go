@@ -26,3 +26,10 @@ func TestWorkloadFlagIsChecked(t *testing.T) {
 		t.Fatal("the proxy started with -workload books-0")
 	}
 }
+
+// A -trace-sampling outside 0..1 stops the proxy at start, naming the flag.
+func TestTraceSamplingFlagIsChecked(t *testing.T) {
+	_, _, err := startTracing(t.Context(), traceFlags{endpoint: "127.0.0.1:4317", sampling: 2, batch: time.Second})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "-trace-sampling 2: not between 0 and 1")
+}

@@ -107,6 +107,7 @@ type flags struct {
 	identity                                                 identityFlags
 	registration                                             registerFlags
 	zone                                                     string
+	trace                                                    traceFlags
 }
 
 func main() {
@@ -155,6 +156,7 @@ func main() {
 		"the zone this proxy runs in (a node's topology.kubernetes.io/zone): requests stay with the endpoints of this zone (their zone label) while its load is healthy and spill to other zones as it rises (empty: every endpoint alike)")
 	f.identity.register(flag.CommandLine)
 	f.registration.register(flag.CommandLine)
+	f.trace.register(flag.CommandLine)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(f, log); err != nil {
@@ -192,6 +194,12 @@ func run(f flags, log *slog.Logger) error {
 	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
 		metric.WithDescription("Total count of opened connections."))
 
+	tp, stopTracing, err := startTracing(ctx, f.trace)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+
 	local, stopIdentity, err := startIdentity(ctx, f.identity, provider, log)
 	if err != nil {
 		return err
@@ -214,7 +222,7 @@ func run(f flags, log *slog.Logger) error {
 	// /tap on the admin port.
 	hub := tap.NewHub()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
-		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local), mesh.WithTap(hub)}
+		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local), mesh.WithTap(hub), mesh.WithTracerProvider(tp)}
 	if f.maxAuthorities > 0 {
 		opts = append(opts, mesh.WithMaxAuthorities(f.maxAuthorities))
 	}
@@ -263,7 +271,8 @@ func run(f flags, log *slog.Logger) error {
 
 	toApp, closeApp := appTransport(f.appIdleTimeout)
 	defer closeApp()
-	inboundStack := mesh.NewServer(inboundProxy(appURL, toApp, inLog), serverOpts...)
+	// The application's requests carry the inbound span's trace context.
+	inboundStack := mesh.NewServer(inboundProxy(appURL, mesh.TraceTransport(toApp), inLog), serverOpts...)
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ErrorLog = inLog.ErrorLog()

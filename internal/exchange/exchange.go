@@ -17,6 +17,7 @@ import (
 	"github.com/inmesh/inmesh/tap"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 )
 
@@ -220,7 +221,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			areq.Body, areq.GetBody = b, x.nextBody
 		}
 		p.Recorder.Attempt(parent)
-		resp, err := base.RoundTrip(areq)
+		resp, err := meshtrace.RoundTripAttempt(base, areq, attemptKind(retryable, attempt), attempt)
 		tryExpired := false
 		if tryTimer != nil {
 			tryExpired = !tryTimer.Stop()
@@ -619,4 +620,17 @@ func closeBody(resp *http.Response) {
 	if resp.Body != nil {
 		resp.Body.Close()
 	}
+}
+
+// attemptKind is the trace kind of attempt n of a logical request: none
+// (no span of its own) when the request is never retried, so that its one
+// attempt is its span.
+func attemptKind(retryable bool, n int) meshtrace.AttemptKind {
+	switch {
+	case !retryable:
+		return ""
+	case n == 0:
+		return meshtrace.AttemptFirst
+	}
+	return meshtrace.AttemptRetry
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/rw"
 )
@@ -36,6 +37,9 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	d := h.r.localDestFor(h.r.requestKey(req))
 	ts := d.state.Load()
 	route := ts.table.Select(req)
+	if meshtrace.Enabled(req.Context()) {
+		meshtrace.Route(req.Context(), "ServiceProfile", routeName(route))
+	}
 	tg := ts.targetsOf(route).inbound()
 	ctx := req.Context()
 	tg.route.Request(ctx)

@@ -2,6 +2,7 @@ package profileroute
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -55,6 +57,9 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // roundTrip runs req by the profile table state ts.
 func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableState) (*http.Response, error) {
 	route := ts.table.Select(req)
+	if meshtrace.Enabled(req.Context()) {
+		meshtrace.Route(req.Context(), "ServiceProfile", routeName(route))
+	}
 	tg := ts.targetsOf(route).outbound()
 	tg.route.Request(req.Context())
 	tap.NoteRoute(req.Context(), tg.name)
@@ -107,6 +112,22 @@ func (pr *profileRecorder) AttemptDone(ctx context.Context, o exchange.Outcome, 
 
 func (pr *profileRecorder) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	pr.route.Response(ctx, response(o.Status, o.Class), start)
+	if meshtrace.Enabled(ctx) {
+		errLabel := ""
+		if o.Err != nil && errors.Is(o.Err, classify.ErrTimeout) {
+			errLabel = "REQUEST_TIMEOUT"
+		}
+		meshtrace.Classified(ctx, !o.Class.Failure, errLabel, o.Retries)
+	}
+}
+
+// routeName is a profile route's name on spans (its rt_route label):
+// "default" for the default route.
+func routeName(r *profiles.CompiledRoute) string {
+	if r.Index < 0 || r.Labels["route"] == "" {
+		return "default"
+	}
+	return r.Labels["route"]
 }
 
 // budgetRetry retries a retryable route's failed responses, never its

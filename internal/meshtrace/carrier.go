@@ -1,0 +1,87 @@
+package meshtrace
+
+import (
+	"encoding/hex"
+	"net/http"
+	"net/textproto"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// headerCarrier is http.Header as a propagation carrier that finds the
+// propagators' own (lower-case) keys under their canonical names without
+// canonicalizing them on every call, which allocates: a request's trace
+// headers are read and written on every hop.
+type headerCarrier http.Header
+
+// canonical returns the canonical form of a propagator's key.
+func canonical(key string) string {
+	switch key {
+	case "traceparent":
+		return "Traceparent"
+	case "tracestate":
+		return "Tracestate"
+	case "baggage":
+		return "Baggage"
+	case "b3":
+		return "B3"
+	case "x-b3-traceid":
+		return "X-B3-Traceid"
+	case "x-b3-spanid":
+		return "X-B3-Spanid"
+	case "x-b3-sampled":
+		return "X-B3-Sampled"
+	case "x-b3-parentspanid":
+		return "X-B3-Parentspanid"
+	case "x-b3-flags":
+		return "X-B3-Flags"
+	}
+	return textproto.CanonicalMIMEHeaderKey(key)
+}
+
+func (c headerCarrier) Get(key string) string {
+	if v := c[canonical(key)]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (c headerCarrier) Set(key, value string) { c[canonical(key)] = []string{value} }
+
+func (c headerCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// writeTraceHeaders writes sc into h as the default propagator would (W3C
+// traceparent and tracestate, B3's multi-header form), in two allocations:
+// the traceparent string, whose parts are the B3 values, and one array of
+// values.
+func writeTraceHeaders(h http.Header, sc trace.SpanContext) {
+	var buf [55]byte
+	copy(buf[:], "00-")
+	tid, sid := sc.TraceID(), sc.SpanID()
+	hex.Encode(buf[3:35], tid[:])
+	buf[35] = '-'
+	hex.Encode(buf[36:52], sid[:])
+	buf[52] = '-'
+	flags := [1]byte{byte(sc.TraceFlags())}
+	hex.Encode(buf[53:55], flags[:])
+	tp := string(buf[:])
+	sampled := "0"
+	if sc.IsSampled() {
+		sampled = "1"
+	}
+	vals := [4]string{tp, tp[3:35], tp[36:52], sampled}
+	v := vals[:]
+	h["Traceparent"] = v[0:1:1]
+	h["X-B3-Traceid"] = v[1:2:2]
+	h["X-B3-Spanid"] = v[2:3:3]
+	h["X-B3-Sampled"] = v[3:4:4]
+	if ts := sc.TraceState(); ts.Len() > 0 {
+		h["Tracestate"] = []string{ts.String()}
+	}
+}

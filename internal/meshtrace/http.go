@@ -1,0 +1,274 @@
+package meshtrace
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/inmesh/inmesh/identity"
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Handler returns next with a server span around each request: the
+// request's trace context (W3C or B3 headers) is its parent, and the
+// context the layers below see carries it. With a nil t it returns next.
+func (t *Tracer) Handler(next http.Handler) http.Handler {
+	if t == nil {
+		return next
+	}
+	return &serverHandler{t: t, next: next}
+}
+
+type serverHandler struct {
+	t    *Tracer
+	next http.Handler
+}
+
+func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t := h.t
+	ctx := t.prop.Extract(r.Context(), headerCarrier(r.Header))
+	ctx = t.with(ctx)
+	attrs := requestAttrs(r, true)
+	if t.server != "" {
+		attrs = append(attrs, AttrServerIdentity.String(t.server))
+	}
+	if p, ok := identity.PeerFromContext(r.Context()); ok && p.ID != "" {
+		attrs = append(attrs, AttrClientIdentity.String(p.ID))
+	}
+	ctx, s := t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	defer s.End()
+	if !s.IsRecording() {
+		h.next.ServeHTTP(w, r.WithContext(ctx))
+		return
+	}
+	rw := &statusWriter{ResponseWriter: w}
+	h.next.ServeHTTP(rw, r.WithContext(ctx))
+	code := rw.code
+	if code == 0 {
+		code = http.StatusOK
+	}
+	s.SetAttributes(semconv.HTTPResponseStatusCode(code))
+	hdr := w.Header()
+	if msg := hdr.Get(proxyErrorHeader); msg != "" {
+		s.SetAttributes(AttrProxyError.String(msg))
+	}
+	gs := hdr.Get("Grpc-Status")
+	if gs == "" {
+		gs = hdr.Get(http.TrailerPrefix + "Grpc-Status")
+	}
+	if gs != "" {
+		s.SetAttributes(semconv.RPCResponseStatusCode(grpcCodeName(gs)))
+	}
+	statusOf(s, code, true)
+}
+
+// statusWriter records the status a handler answered with. It keeps the
+// optional interfaces a handler below may need: Flush (gRPC's server
+// asserts it), Hijack, and Unwrap for http.ResponseController.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *statusWriter) Flush() {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Transport returns next with a client span around each request: the
+// logical request, whose attempts (retries, hedges, mirrors) are its
+// children when a route runs them ([RoundTripAttempt]). Its parent is the
+// span of the request's context or, when there is none, the trace context
+// of the request's headers. The span ends with the response body. With a
+// nil t it returns next.
+func (t *Tracer) Transport(next http.RoundTripper) http.RoundTripper {
+	if t == nil {
+		return next
+	}
+	return &clientTransport{t: t, next: next}
+}
+
+type clientTransport struct {
+	t    *Tracer
+	next http.RoundTripper
+}
+
+func (c *clientTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !trace.SpanContextFromContext(req.Context()).IsValid() {
+		// No span in the context: the trace context the request's headers
+		// carry, if any, is the parent (a proxy forwarding its client's
+		// request).
+		ctx := c.t.prop.Extract(req.Context(), headerCarrier(req.Header))
+		if trace.SpanContextFromContext(ctx).IsValid() {
+			req = req.WithContext(ctx)
+		}
+	}
+	return c.t.roundTrip(c.next, req, "", 0)
+}
+
+// roundTrip sends req through next under a new client span; kind is the
+// attempt's kind, empty for the logical request, and n its resend count.
+func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind AttemptKind, n int) (*http.Response, error) {
+	ctx := t.with(req.Context())
+	attrs := requestAttrs(req, false)
+	if kind != "" {
+		attrs = append(attrs, AttrAttemptKind.String(string(kind)))
+	}
+	if n > 0 {
+		attrs = append(attrs, semconv.HTTPRequestResendCount(n))
+	}
+	ctx, s := t.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	resp, err := next.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		failed(s, err)
+		s.End()
+		return nil, err
+	}
+	if !s.IsRecording() {
+		s.End()
+		return resp, nil
+	}
+	responseAttrs(s, resp, false)
+	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
+		s.End()
+		return resp, nil
+	}
+	resp.Body = &spanBody{ReadCloser: resp.Body, s: s, resp: resp}
+	return resp, nil
+}
+
+// RoundTripAttempt sends one attempt of a logical request through base:
+// under a child span of the request's when the request is traced, whose
+// attribute inmesh.attempt.kind is kind and http.request.resend_count n
+// (the attempt's ordinal, 0 for the first). The router's exchange calls it
+// for each attempt of a request it may retry (an empty kind: the request's
+// one attempt, which is the request's own span); hedges and mirrors call it
+// with their kinds.
+func RoundTripAttempt(base http.RoundTripper, req *http.Request, kind AttemptKind, n int) (*http.Response, error) {
+	t := fromContext(req.Context())
+	if t == nil || kind == "" {
+		return base.RoundTrip(req)
+	}
+	return t.roundTrip(base, req, kind, n)
+}
+
+// spanBody ends its span when the body ends: at EOF, at an error, or when
+// it is closed.
+type spanBody struct {
+	io.ReadCloser
+	s    trace.Span
+	resp *http.Response
+	once sync.Once
+}
+
+func (b *spanBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.end(err)
+	}
+	return n, err
+}
+
+func (b *spanBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.end(nil)
+	return err
+}
+
+func (b *spanBody) end(err error) {
+	b.once.Do(func() {
+		switch {
+		case err != nil && err != io.EOF:
+			failed(b.s, err)
+		case err == io.EOF:
+			if gs := b.resp.Trailer.Get("Grpc-Status"); gs != "" {
+				b.s.SetAttributes(semconv.RPCResponseStatusCode(grpcCodeName(gs)))
+				if gs != "0" {
+					failedStatus(b.s, "grpc-status "+gs)
+				}
+			}
+		}
+		b.s.End()
+	})
+}
+
+// Outbound returns next as the layer under the balancer: it writes the
+// trace context of each traced request's span into a copy of its headers
+// (W3C and B3), replacing the trace headers it came with, so that the
+// next hop's spans are children of this attempt's.
+func Outbound(next http.RoundTripper) http.RoundTripper { return &outbound{next: next} }
+
+type outbound struct{ next http.RoundTripper }
+
+// traceHeaders are the headers the propagators write, removed from a
+// request before its own are written: a stale single-header b3 would
+// otherwise win over the multi-header form at the next hop.
+var traceHeaders = []string{"Traceparent", "Tracestate", "B3", "X-B3-Traceid", "X-B3-Spanid",
+	"X-B3-Parentspanid", "X-B3-Sampled", "X-B3-Flags"}
+
+func (o *outbound) RoundTrip(req *http.Request) (*http.Response, error) {
+	t := fromContext(req.Context())
+	if t == nil {
+		return o.next.RoundTrip(req)
+	}
+	return o.next.RoundTrip(t.inject(req))
+}
+
+// inject returns a copy of req carrying its context's trace headers.
+func (t *Tracer) inject(req *http.Request) *http.Request {
+	out := req.WithContext(req.Context())
+	out.Header = req.Header.Clone()
+	if out.Header == nil {
+		out.Header = make(http.Header)
+	}
+	for _, h := range traceHeaders {
+		delete(out.Header, h)
+	}
+	if !t.defaultProp {
+		t.prop.Inject(req.Context(), headerCarrier(out.Header))
+		return out
+	}
+	if sc := trace.SpanContextFromContext(req.Context()); sc.IsValid() {
+		writeTraceHeaders(out.Header, sc)
+	}
+	if baggage.FromContext(req.Context()).Len() > 0 {
+		propagation.Baggage{}.Inject(req.Context(), headerCarrier(out.Header))
+	}
+	return out
+}
+
+// Inject writes the trace context of ctx into h when ctx is traced, for
+// transports that build their own headers (gRPC metadata).
+func Inject(ctx context.Context, carrier propagation.TextMapCarrier) {
+	if t := fromContext(ctx); t != nil {
+		t.prop.Inject(ctx, carrier)
+	}
+}

@@ -1,0 +1,114 @@
+package meshgrpc_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
+)
+
+func spanAttr(s tracetest.SpanStub, key attribute.Key) attribute.Value {
+	for _, kv := range s.Attributes {
+		if kv.Key == key {
+			return kv.Value
+		}
+	}
+	return attribute.Value{}
+}
+
+// A retried call, the first of its channel, through a traced client to a
+// traced server: the call's span under the caller's, a child per attempt
+// (grpc-go's stats handler sees each; first, then retry) with the route,
+// and under each attempt the server's span, continued from the attempt's
+// metadata.
+func TestTraceRetriedCall(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+
+	a := &app{handle: func(_ context.Context, n int64) error {
+		if n == 1 {
+			return status.Error(codes.Unavailable, "not yet")
+		}
+		return nil
+	}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer(meshgrpc.ServerOptions(meshgrpc.WithTracerProvider(tp))...)
+	testgrpc.RegisterTestServiceServer(g, a)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+retryRoute)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: netip.MustParseAddrPort(lis.Addr().String())}}})
+	c := dial(t, serveStore(t, store), meshgrpc.WithTracerProvider(tp), meshgrpc.WithDiscoveryWait(testutil.Timeout))
+
+	ctx, root := tp.Tracer("test").Start(callCtx(t), "app")
+	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
+	root.End()
+	require.NoError(t, err)
+	require.Equal(t, int64(2), a.calls.Load())
+
+	traceID := root.SpanContext().TraceID()
+	var spans tracetest.SpanStubs
+	require.Eventually(t, func() bool {
+		spans = spans[:0]
+		for _, s := range exp.GetSpans() {
+			if s.SpanContext.TraceID() == traceID {
+				spans = append(spans, s)
+			}
+		}
+		return len(spans) >= 6
+	}, testutil.Timeout, 5*time.Millisecond)
+	children := func(parent trace.SpanID) (out tracetest.SpanStubs) {
+		for _, s := range spans {
+			if s.Parent.SpanID() == parent {
+				out = append(out, s)
+			}
+		}
+		for i := 1; i < len(out); i++ {
+			for j := i; j > 0 && out[j].StartTime.Before(out[j-1].StartTime); j-- {
+				out[j], out[j-1] = out[j-1], out[j]
+			}
+		}
+		return out
+	}
+	calls := children(root.SpanContext().SpanID())
+	require.Len(t, calls, 1)
+	call := calls[0]
+	assert.Equal(t, trace.SpanKindClient, call.SpanKind)
+	assert.Equal(t, "grpc.testing.TestService/EmptyCall", spanAttr(call, "rpc.method").AsString())
+	assert.Equal(t, "grpc", spanAttr(call, "rpc.system.name").AsString())
+	assert.Equal(t, "empty", spanAttr(call, "inmesh.route").AsString())
+	assert.Equal(t, "OK", spanAttr(call, "rpc.response.status_code").AsString())
+	attempts := children(call.SpanContext.SpanID())
+	require.Len(t, attempts, 2)
+	for i, want := range []struct{ kind, code string }{{"first", "UNAVAILABLE"}, {"retry", "OK"}} {
+		at := attempts[i]
+		assert.Equal(t, want.kind, spanAttr(at, "inmesh.attempt.kind").AsString())
+		assert.Equal(t, want.code, spanAttr(at, "rpc.response.status_code").AsString())
+		assert.Equal(t, "127.0.0.1", spanAttr(at, "network.peer.address").AsString())
+		srv := children(at.SpanContext.SpanID())
+		require.Len(t, srv, 1, "the server span of attempt %d", i)
+		assert.Equal(t, trace.SpanKindServer, srv[0].SpanKind)
+		assert.Equal(t, want.code, spanAttr(srv[0], "rpc.response.status_code").AsString())
+	}
+}
