@@ -65,7 +65,6 @@ func changedAuthorities(a, b map[string][]endpoint.Endpoint) []string {
 	return out
 }
 
-
 // mergeLocked recomputes the endpoint sets served: the files' sets, then
 // the registered endpoints of the same authorities, an address given twice
 // served as the files give it (else as the first registration by id).

@@ -203,4 +203,3 @@ func sumRPS(rs []dashboard.Route) float64 {
 	}
 	return x
 }
-

@@ -134,14 +134,6 @@ func attr(s tracetest.SpanStub, key attribute.Key) attribute.Value {
 	return attribute.Value{}
 }
 
-func events(s tracetest.SpanStub) []string {
-	var out []string
-	for _, e := range s.Events {
-		out = append(out, e.Name)
-	}
-	return out
-}
-
 // A retried request: the client span of the logical request has a child
 // per attempt (first, then retry), each the parent of the server span its
 // request made on the other side; route, backend, endpoint, zone and the
@@ -263,8 +255,7 @@ func TestTracePropagation(t *testing.T) {
 			// The application behind the first inbound stack calls the
 			// next service through the outbound stack, with its request's
 			// context.
-			var m *traceMesh
-			m = newTraceMesh(t, last, policy.HTTPRule{})
+			m := newTraceMesh(t, last, policy.HTTPRule{})
 			front := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://"+traceSvc+"/next", nil)
 				resp, err := m.client.Do(req)

@@ -299,7 +299,7 @@ func TestTapNamesTheRouteAndCountsRetries(t *testing.T) {
 		}
 	})
 	src := profiles.NewStaticSource(map[string]*profiles.Profile{books: {
-		Routes: []profiles.Route{{Condition: profiles.PathRegex("/flaky"), Labels: map[string]string{"route": "GET /flaky"}, Retryable: true}},
+		Routes:      []profiles.Route{{Condition: profiles.PathRegex("/flaky"), Labels: map[string]string{"route": "GET /flaky"}, Retryable: true}},
 		RetryBudget: &profiles.RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 100, TTL: 10 * time.Second},
 	}})
 	c := meshPairWith(t, hub, app, []mesh.ClientOption{mesh.WithProfiles(src), mesh.WithDiscoveryWait(testutil.Timeout)}, nil)

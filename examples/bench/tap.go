@@ -81,7 +81,7 @@ func tapViewer(o options) (*result, error) {
 	r := &result{
 		ratio:     rs.ratio("", atMost(1.05), func(f []figures) float64 { return f[viewer].P50 / f[none].P50 }),
 		Candidate: rs.median(viewer), Baseline: rs.median(none),
-		Others:    map[string]figures{"tap_idle": *rs.median(idle)},
+		Others: map[string]figures{"tap_idle": *rs.median(idle)},
 		Extra: []ratio{
 			rs.ratio("p50 with a tap nobody watches / without a tap", atMost(1.02), func(f []figures) float64 { return f[idle].P50 / f[none].P50 }),
 			rs.ratio("allocations added per request by a tap nobody watches", atMost(0), func(f []figures) float64 {
