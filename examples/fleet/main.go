@@ -12,10 +12,11 @@
 //	go run ./examples/fleet                 # 3 s of traffic, the losses, 3 s more, the table
 //	go run ./examples/fleet -duration 10s
 //
-// Each workload announces itself in one place (announce): for now the
-// endpoints of its service are written to etcd with etcdstore.Apply, and a
-// health check stands for the registration's lease, announcing again
-// without the instances that stopped answering.
+// Each workload registers itself (package registration) through both
+// replicas; its endpoint lives in etcd under a lease kept while its stream
+// lives. The replicas take plaintext registrants here (insecure
+// registration, for one machine); across machines, registration is over
+// mTLS and bound to the manifests (see the README's Self-registration).
 package main
 
 import (
@@ -26,9 +27,9 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -45,8 +46,10 @@ import (
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/mesh"
+	"github.com/inmesh/inmesh/registration"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // prefix is the etcd key prefix of the fleet's control plane.
@@ -69,7 +72,6 @@ type options struct {
 	duration  time.Duration // of the traffic before the losses, and after
 	instances int           // per service
 	workers   int           // per caller
-	health    time.Duration // how often the health check looks
 }
 
 func main() {
@@ -77,7 +79,6 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 3*time.Second, "traffic before the losses, and again after")
 	flag.IntVar(&o.instances, "instances", 3, "instances of each service")
 	flag.IntVar(&o.workers, "workers", 4, "concurrent requests of each of the two callers")
-	flag.DurationVar(&o.health, "health-interval", 250*time.Millisecond, "how often the health check that stands for registration leases looks")
 	flag.Parse()
 	if err := run(o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "fleet:", err)
@@ -93,12 +94,17 @@ type workload struct {
 	srv  *httptest.Server
 	addr string
 	dead atomic.Bool
+	// conn carries the workload's registration: its stream lives as long
+	// as the workload does.
+	conn *grpc.ClientConn
+	reg  *registration.Registration
 }
 
 // kill stops the workload as a crash would: its listener closes and every
 // connection to it is cut.
 func (w *workload) kill() {
 	w.dead.Store(true)
+	w.conn.Close() // its registration stream breaks, as with the process
 	w.srv.Listener.Close()
 	w.srv.CloseClientConnections()
 	w.srv.Close()
@@ -110,65 +116,6 @@ type service struct {
 	authority string
 	instances []*workload
 	mu        sync.Mutex
-	announced []string // the addresses last written
-}
-
-// announce writes the instances of svc that live to etcd as the endpoints
-// of its authority: the one place where workloads announce themselves
-// (self-registration, with its leases, takes its place).
-func announce(ctx context.Context, cli *clientv3.Client, svc *service) error {
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	var live []string
-	yaml := "- authority: " + svc.authority + "\n  endpoints:\n"
-	for _, w := range svc.instances {
-		if w.dead.Load() {
-			continue
-		}
-		live = append(live, w.addr)
-		yaml += "  - addr: " + w.addr + "\n    labels: {pod: " + w.name + "}\n"
-	}
-	if slices.Equal(live, svc.announced) {
-		return nil
-	}
-	if len(live) == 0 {
-		yaml = "- authority: " + svc.authority + "\n  endpoints: []\n"
-	}
-	change := etcdstore.Change{Endpoints: []manifest.File{{Name: svc.name + ".yaml", Data: []byte(yaml)}}}
-	if _, err := etcdstore.Apply(ctx, cli, prefix, change); err != nil {
-		return fmt.Errorf("announcing %s: %w", svc.name, err)
-	}
-	svc.announced = live
-	return nil
-}
-
-// healthCheck stands for the leases of registration until ctx is done:
-// every interval it connects to each instance, marks those that refuse
-// as dead, and announces the services whose instances changed.
-func healthCheck(ctx context.Context, cli *clientv3.Client, services []*service, interval time.Duration, log *slog.Logger) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for _, svc := range services {
-			for _, w := range svc.instances {
-				if c, err := net.DialTimeout("tcp", w.addr, interval); err == nil {
-					c.Close()
-				} else {
-					w.dead.Store(true)
-				}
-			}
-			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if err := announce(actx, cli, svc); err != nil && ctx.Err() == nil {
-				log.Warn("health check", "err", err) // tried again at the next tick
-			}
-			cancel()
-		}
-	}
 }
 
 // tally is what the callers saw in one phase: requests, failures, and
@@ -227,7 +174,26 @@ func run(o options, out io.Writer) error {
 		return err
 	}
 
-	// The workloads, each announcing itself.
+	// Two control-plane replicas: A on machine 1 reads its local etcd
+	// member only, B on machine 2 reads all three.
+	lead := cluster.Leader()
+	if lead < 0 {
+		return errors.New("the etcd cluster has no leader")
+	}
+	machine1 := lead // machine 1 runs the member that leads etcd
+	replicaA, err := cpreplica.Start([]string{cluster.Members[machine1].Endpoint}, prefix, log, cpreplica.WithInsecureRegistration())
+	if err != nil {
+		return err
+	}
+	defer replicaA.Kill()
+	replicaB, err := cpreplica.Start(cluster.Endpoints(), prefix, log, cpreplica.WithInsecureRegistration())
+	if err != nil {
+		return err
+	}
+	defer replicaB.Kill()
+	// The workloads, each registering itself through both replicas (B
+	// first, as a workload on machine 2 would) and kept while its stream
+	// lives; no endpoint is written by hand.
 	services := []*service{
 		{name: "books", authority: "books.default.svc.cluster.local:7000"},
 		{name: "authors", authority: "authors.default.svc.cluster.local:7001"},
@@ -239,38 +205,28 @@ func run(o options, out io.Writer) error {
 			w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { io.WriteString(rw, name) }))
 			w.addr = strings.TrimPrefix(w.srv.URL, "http://")
 			defer w.srv.Close()
+			if w.conn, err = registration.Dial(replicaB.Addr+","+replicaA.Addr, nil, ""); err != nil {
+				return err
+			}
+			defer w.conn.Close()
+			w.reg, err = registration.Register(ctx, w.conn, []registration.Endpoint{{
+				Authority: svc.authority, Addr: netip.MustParseAddrPort(w.addr), Labels: map[string]string{"pod": w.name},
+			}}, registration.WithLogger(log))
+			if err != nil {
+				return err
+			}
 			svc.instances = append(svc.instances, w)
 		}
-		if err := announce(ctx, cli, svc); err != nil {
-			return err
+	}
+	for _, svc := range services {
+		for _, w := range svc.instances {
+			select {
+			case <-w.reg.Accepted():
+			case <-time.After(30 * time.Second):
+				return fmt.Errorf("%s: not registered within 30s: %v", w.name, w.reg.Err())
+			}
 		}
 	}
-	hctx, stopHealth := context.WithCancel(ctx)
-	var healthDone sync.WaitGroup
-	healthDone.Add(1)
-	go func() {
-		defer healthDone.Done()
-		healthCheck(hctx, cli, services, o.health, log)
-	}()
-	defer func() { stopHealth(); healthDone.Wait() }()
-
-	// Two control-plane replicas: A on machine 1 reads its local etcd
-	// member only, B on machine 2 reads all three.
-	lead := cluster.Leader()
-	if lead < 0 {
-		return errors.New("the etcd cluster has no leader")
-	}
-	machine1 := lead // machine 1 runs the member that leads etcd
-	replicaA, err := cpreplica.Start([]string{cluster.Members[machine1].Endpoint}, prefix, log)
-	if err != nil {
-		return err
-	}
-	defer replicaA.Kill()
-	replicaB, err := cpreplica.Start(cluster.Endpoints(), prefix, log)
-	if err != nil {
-		return err
-	}
-	defer replicaB.Kill()
 	fmt.Fprintf(out, "etcd: 3 members (%s leads); control-plane replicas A %s (etcd %s only) and B %s (all members)\n",
 		cluster.Members[machine1].Name, replicaA.Addr, cluster.Members[machine1].Name, replicaB.Addr)
 	for _, svc := range services {
@@ -406,8 +362,8 @@ func run(o options, out io.Writer) error {
 	}
 	fmt.Fprintln(out)
 	printTable(out, services, phases, victim)
-	fmt.Fprintf(out, "\n%s left the answers each caller holds %s after it died (health check every %v; a registration lease's TTL takes its place)\n",
-		victim.name, strings.Join(gone, " and "), o.health)
+	fmt.Fprintf(out, "\n%s left the answers each caller holds %s after it died (its registration stream broke; a lease's TTL, %v, bounds it when its replica dies too)\n",
+		victim.name, strings.Join(gone, " and "), etcdstore.DefaultRegistrationTTL)
 	fmt.Fprintf(out, "etcd after the loss: %s leads\n", leadName)
 	errs := map[string]int64{}
 	for _, p := range phases {

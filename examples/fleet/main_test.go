@@ -19,7 +19,7 @@ import (
 // each caller holds; the others share its traffic.
 func TestFleetDemoPrintsWhatTheCallersSaw(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, run(options{duration: 1500 * time.Millisecond, instances: 3, workers: 2, health: 250 * time.Millisecond}, &out))
+	require.NoError(t, run(options{duration: 1500 * time.Millisecond, instances: 3, workers: 2}, &out))
 	text := out.String()
 	t.Log(text)
 	num := func(s string) int64 {

@@ -37,7 +37,11 @@ type Replica struct {
 // Start starts a replica over the etcd cluster of endpoints (client URLs),
 // reading the keys under prefix. It returns once the keys are loaded and
 // the APIs serve.
-func Start(endpoints []string, prefix string, log *slog.Logger) (*Replica, error) {
+func Start(endpoints []string, prefix string, log *slog.Logger, opts ...Option) (*Replica, error) {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, err
@@ -65,7 +69,12 @@ func Start(endpoints []string, prefix string, log *slog.Logger) (*Replica, error
 	}
 	r.Addr = lis.Addr().String()
 	r.srv = grpc.NewServer()
-	controlplane.NewServer(r.Store, controlplane.WithLogger(log)).Register(r.srv)
+	cpOpts := []controlplane.Option{controlplane.WithLogger(log)}
+	if cfg.registration {
+		cpOpts = append(cpOpts, controlplane.WithRegistry(etcdstore.NewRegistry(cli, prefix, etcdstore.DefaultRegistrationTTL)),
+			controlplane.WithInsecureRegistration())
+	}
+	controlplane.NewServer(r.Store, cpOpts...).Register(r.srv)
 	go r.srv.Serve(lis)
 	return r, nil
 }
@@ -83,3 +92,14 @@ func (r *Replica) Kill() {
 		r.cli.Close()
 	})
 }
+
+// Option configures [Start].
+type Option func(*config)
+
+type config struct{ registration bool }
+
+// WithInsecureRegistration makes the replica serve the Registration API
+// too, with leases in etcd (etcdstore.NewRegistry), to plaintext
+// registrants: the insecure mode of development, for a fleet on one
+// machine.
+func WithInsecureRegistration() Option { return func(c *config) { c.registration = true } }
