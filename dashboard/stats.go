@@ -27,7 +27,7 @@ const (
 type routeKey struct{ direction, authority, route string }
 
 type routeStats struct {
-	requests, failures, retries uint64
+	requests, failures, retries, hedges uint64
 	// seconds holds the requests of each of the last window seconds, at
 	// second%window; stamp is the second each slot holds.
 	seconds [window]uint32
@@ -77,6 +77,7 @@ func (t *table) observe(e *tap.Event) {
 		s.failures++
 	}
 	s.retries += uint64(e.Retries)
+	s.hedges += uint64(e.Hedges)
 	i := sec % window
 	if s.stamp[i] != sec {
 		s.stamp[i], s.seconds[i] = sec, 0
@@ -104,6 +105,7 @@ type Route struct {
 	Requests  uint64 `json:"requests"`
 	Failures  uint64 `json:"failures"`
 	Retries   uint64 `json:"retries"`
+	Hedges    uint64 `json:"hedges"`
 	// SuccessRate is the share of requests that succeeded, over all time.
 	SuccessRate float64 `json:"successRate"`
 	// RPS is the request rate over the last ten seconds.
@@ -128,7 +130,7 @@ func (t *table) snapshot() ([]Route, []Decision) {
 	t.mu.Lock()
 	routes := make([]Route, 0, len(t.routes))
 	for k, s := range t.routes {
-		r := Route{Direction: k.direction, Authority: k.authority, Route: k.route, Requests: s.requests, Failures: s.failures, Retries: s.retries}
+		r := Route{Direction: k.direction, Authority: k.authority, Route: k.route, Requests: s.requests, Failures: s.failures, Retries: s.retries, Hedges: s.hedges}
 		if s.requests > 0 {
 			r.SuccessRate = float64(s.requests-s.failures) / float64(s.requests)
 		}

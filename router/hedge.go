@@ -13,6 +13,7 @@ import (
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/tap"
 )
 
 // WithHedging hedges the requests of every policy route that sets no
@@ -125,6 +126,7 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 		}
 		hreq.Body = b
 	}
+	tap.NoteHedge(req.Context())
 	go send(hreq, true, hcancel)
 
 	var failed *hedgeResult

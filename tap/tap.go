@@ -52,8 +52,10 @@ type Event struct {
 	// the server's (outbound, when the mesh knows it).
 	ClientID string `json:"clientId,omitempty"`
 	ServerID string `json:"serverId,omitempty"`
-	// Retries is the number of retries the mesh made.
+	// Retries is the number of retries the mesh made, Hedges the number
+	// of hedged attempts it sent to another endpoint.
 	Retries int `json:"retries"`
+	Hedges  int `json:"hedges"`
 	// Decision is the inbound policy's answer: allowed, denied,
 	// rate-limited, overloaded, not-found; empty without a policy.
 	Decision string `json:"decision,omitempty"`
@@ -297,6 +299,7 @@ func (h *Hub) Publish(e *Event) {
 type slot struct {
 	route    string
 	retries  int
+	hedges   int
 	decision string
 }
 
@@ -325,6 +328,17 @@ func NoteRetry(ctx context.Context) {
 	}
 	if s, ok := ctx.Value(slotKey{}).(*slot); ok {
 		s.retries++
+	}
+}
+
+// NoteHedge counts a hedged attempt in a tapped request's event; the
+// router calls it as it sends one.
+func NoteHedge(ctx context.Context) {
+	if tapped.Load() == 0 {
+		return
+	}
+	if s, ok := ctx.Value(slotKey{}).(*slot); ok {
+		s.hedges++
 	}
 }
 

@@ -78,7 +78,7 @@ func (h *Hub) event(r *http.Request, direction string, start time.Time, s *slot)
 	}
 	e := &Event{
 		Time: start, Direction: direction, Method: r.Method, Authority: authority, Path: r.URL.Path,
-		Route: s.route, Retries: s.retries, Decision: s.decision, GRPCStatus: -1,
+		Route: s.route, Retries: s.retries, Hedges: s.hedges, Decision: s.decision, GRPCStatus: -1,
 	}
 	for _, name := range h.headers {
 		if v, ok := r.Header[name]; ok && len(v) > 0 {

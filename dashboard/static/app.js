@@ -40,7 +40,7 @@ function render(s) {
     cell(r.direction), cell(r.authority), cell(r.route || "default"),
     cell(pct(r.successRate), r.successRate < 0.99 ? "num bad" : "num ok"),
     cell(r.rps.toFixed(1), "num"), cell(ms(r.p50Millis), "num"), cell(ms(r.p95Millis), "num"),
-    cell(ms(r.p99Millis), "num"), cell(String(r.requests), "num"), cell(String(r.retries), "num"),
+    cell(ms(r.p99Millis), "num"), cell(String(r.requests), "num"), cell(String(r.retries), "num"), cell(String(r.hedges), "num"),
   ]));
   const eps = [];
   for (const a of s.endpoints) {
@@ -104,7 +104,7 @@ function startTap(ev) {
     const tr = document.createElement("tr");
     for (const c of [cell(new Date(e.time).toLocaleTimeString()), cell(e.direction), cell(e.method), cell(e.authority),
       cell(e.path), cell(e.route || ""), cell(e.error ? "error" : String(e.status), e.error || e.status >= 500 ? "bad" : ""),
-      cell(ms(e.latencyMillis), "num"), cell(e.clientId || ""), cell(String(e.retries), "num"), cell(e.decision || "")]) {
+      cell(ms(e.latencyMillis), "num"), cell(e.clientId || ""), cell(String(e.retries), "num"), cell(String(e.hedges), "num"), cell(e.decision || "")]) {
       tr.appendChild(c);
     }
     tbody.prepend(tr);

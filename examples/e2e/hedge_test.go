@@ -241,6 +241,17 @@ func TestHedgeThroughProxy(t *testing.T) {
 	assert.False(t, ok, "the plain route sends no hedge")
 	_, _, body := curl(t, "http://"+admin+"/routes?authority="+hedgeHedgedSvc+"&method=GET&path=/")
 	assert.Contains(t, body, `"policy": "after 10ms, at most 10% extra load, idempotent methods"`)
+
+	// The dashboard counts the same hedges on the route (its tap events
+	// carry each request's hedges).
+	var hedges uint64
+	for _, r := range dashboardState(t, admin).Routes {
+		if r.Direction == "outbound" && r.Route == "hedged-route" {
+			hedges = r.Hedges
+		}
+	}
+	assert.GreaterOrEqual(t, hedges, uint64(hedgeRequests/hedgeEvery), "the dashboard's hedges of the route")
+	assert.LessOrEqual(t, float64(hedges), sent, "no more hedges than the metric's")
 }
 
 // Acceptance (1) through mesh.NewClient over the same control plane.
