@@ -12,6 +12,7 @@ import (
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/hedge"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
@@ -37,17 +38,25 @@ type traceMesh struct {
 }
 
 func newTraceMesh(t *testing.T, app http.Handler, rule policy.HTTPRule, opts ...Option) *traceMesh {
+	return newTraceMeshN(t, 1, app, rule, opts...)
+}
+
+// newTraceMeshN is newTraceMesh with n servers behind the backend.
+func newTraceMeshN(t *testing.T, n int, app http.Handler, rule policy.HTTPRule, opts ...Option) *traceMesh {
 	m := &traceMesh{exp: tracetest.NewInMemoryExporter()}
 	m.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(m.exp))
 	t.Cleanup(func() { _ = m.tp.Shutdown(context.Background()) })
 	opts = append([]Option{WithTracerProvider(m.tp)}, opts...)
-	server := NewServer(app, ServerOptions(opts...)...)
-	t.Cleanup(server.Close)
-	addr := serveH2C(t, server)
+	var set []endpoint.Endpoint
+	for range n {
+		server := NewServer(app, ServerOptions(opts...)...)
+		t.Cleanup(server.Close)
+		addr := serveH2C(t, server)
+		set = append(set, endpoint.Endpoint{Addr: netip.MustParseAddrPort(addr), Labels: map[string]string{"zone": "zone-a"}})
+	}
 
 	const backendSvc = "backend.trace.test:80"
-	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{backendSvc: {{
-		Addr: netip.MustParseAddrPort(addr), Labels: map[string]string{"zone": "zone-a"}}}})
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{backendSvc: set})
 	require.NoError(t, err)
 	rule.Backends = policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{{
 		Backend: policy.Backend{Meta: policy.Metadata{Kind: "Service", Namespace: "ns", Name: "backend", Port: 80},
@@ -332,4 +341,46 @@ func TestNoopTracerAddsNoAllocation(t *testing.T) {
 	// Loopback round trips allocate a little differently from run to run
 	// (connection reads): a whole allocation more is a real one.
 	assert.InDelta(t, without, with, 0.9)
+}
+
+// A hedged request: the client span has the first attempt and the hedge
+// (to the other endpoint) as children, each the parent of the server span
+// it made; the first, stalled, is cancelled once the hedge answers.
+func TestTraceHedgedRequest(t *testing.T) {
+	var n atomic.Int64
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			// The first attempt stalls until the hedge's answer cancels
+			// it (bounded, so that a missing hedge fails the test, not
+			// hangs it).
+			select {
+			case <-r.Context().Done():
+			case <-time.After(testutil.Timeout / 2):
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	// The delay leaves the first attempt ample time to pick its endpoint
+	// (no hedge goes out before it has), even on a loaded machine.
+	m := newTraceMeshN(t, 2, app, policy.HTTPRule{Hedge: &hedge.Policy{Delay: 200 * time.Millisecond, MaxExtraLoad: 1}})
+	status, root := m.get(t, "/books")
+	require.Equal(t, http.StatusOK, status)
+
+	top := tree(t, m.spans(t, 6), root)
+	require.Len(t, top.children, 1)
+	client := top.children[0]
+	assert.Equal(t, int64(200), attr(client.span, "http.response.status_code").AsInt64())
+	require.Len(t, client.children, 2, "the first attempt and the hedge")
+	first, hedged := client.children[0], client.children[1]
+	assert.Equal(t, "first", attr(first.span, "inmesh.attempt.kind").AsString())
+	assert.Equal(t, "hedge", attr(hedged.span, "inmesh.attempt.kind").AsString())
+	assert.Equal(t, int64(1), attr(hedged.span, "http.request.resend_count").AsInt64())
+	assert.Equal(t, int64(200), attr(hedged.span, "http.response.status_code").AsInt64())
+	assert.NotEqual(t, attr(first.span, "inmesh.endpoint").AsString(), attr(hedged.span, "inmesh.endpoint").AsString(),
+		"the hedge went to the other endpoint")
+	for _, a := range []*node{first, hedged} {
+		require.Len(t, a.children, 1, "the server span of the %s attempt", attr(a.span, "inmesh.attempt.kind").AsString())
+		assert.Equal(t, trace.SpanKindServer, a.children[0].span.SpanKind)
+	}
 }

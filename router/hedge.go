@@ -10,6 +10,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/hedge"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
@@ -91,7 +92,13 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 	results := make(chan hedgeResult, 2)
 	start := time.Now()
 	send := func(r *http.Request, isHedge bool, cancel context.CancelFunc) {
-		resp, err := base.RoundTrip(r)
+		// Each attempt has its span when the request is traced: the
+		// first, then the hedge.
+		kind, n := meshtrace.AttemptFirst, 0
+		if isHedge {
+			kind, n = meshtrace.AttemptHedge, 1
+		}
+		resp, err := meshtrace.RoundTripAttempt(base, r, kind, n)
 		results <- hedgeResult{resp: resp, err: err, hedge: isHedge, cancel: cancel, elapsed: time.Since(start)}
 	}
 	pctx, pcancel := context.WithCancel(req.Context())
