@@ -77,6 +77,39 @@ type mirrorTarget struct {
 	m      *policy.Mirror
 	bc     *balancer.BackendConfig
 	series *metrics.MirrorTarget
+	// down backs off a mirror whose copies get no response: until
+	// downUntil (unix nanoseconds) no copy is sent; the backoff doubles
+	// from mirrorBackoffMin to mirrorBackoffMax while copies keep failing
+	// so, and a response ends it.
+	downUntil atomic.Int64
+	backoff   atomic.Int64
+}
+
+// The backoff of a mirror that gives no response (a dead mirror): a
+// refused connection per copy would cost the primary's process a dial for
+// nothing.
+const (
+	mirrorBackoffMin = 100 * time.Millisecond
+	mirrorBackoffMax = 10 * time.Second
+)
+
+// available reports whether a copy may go to t now.
+func (t *mirrorTarget) available(now time.Time) bool { return now.UnixNano() >= t.downUntil.Load() }
+
+// failed backs t off after a copy that got no response.
+func (t *mirrorTarget) failed(now time.Time) {
+	b := time.Duration(t.backoff.Load())
+	b = min(max(2*b, mirrorBackoffMin), mirrorBackoffMax)
+	t.backoff.Store(int64(b))
+	t.downUntil.Store(now.Add(b).UnixNano())
+}
+
+// answered ends t's backoff.
+func (t *mirrorTarget) answered() {
+	if t.backoff.Load() != 0 {
+		t.backoff.Store(0)
+		t.downUntil.Store(0)
+	}
 }
 
 // mirrorer returns the mirrorer of a route, nil when it has no mirrors.
@@ -104,10 +137,22 @@ func (r *Router) mirrorer(route *policy.Route, rt *routeTarget, fa *balancer.Fai
 // waits for a mirror.
 func (mr *mirrorer) start(x *policyExchange, req *http.Request) *http.Request {
 	var fire []*mirrorTarget
+	var now time.Time
 	for i := range mr.targets {
-		if x.fires(mr.targets[i].m.Ratio) {
-			fire = append(fire, &mr.targets[i])
+		t := &mr.targets[i]
+		if !x.fires(t.m.Ratio) {
+			continue
 		}
+		if t.downUntil.Load() != 0 {
+			if now.IsZero() {
+				now = time.Now()
+			}
+			if !t.available(now) {
+				t.series.Count(metrics.MirrorUnavailable)
+				continue
+			}
+		}
+		fire = append(fire, t)
 	}
 	if len(fire) == 0 {
 		return req
@@ -194,8 +239,12 @@ func (mr *mirrorer) run(t *mirrorTarget, head *mirrorHead, body []byte) {
 	resp, err := head.base.RoundTrip(out)
 	if err != nil {
 		t.series.Count(metrics.MirrorFailure)
+		if ctx.Err() == nil {
+			t.failed(time.Now()) // no response, not a timeout: back off
+		}
 		return
 	}
+	t.answered()
 	// The response is discarded; a short one is read to its end so that
 	// its connection is reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, mirrorDrainBytes))
@@ -296,7 +345,8 @@ type MirrorInfo struct {
 func (mr *mirrorer) explain() *MirrorsInfo {
 	info := &MirrorsInfo{InFlight: mr.inFlight.Load(), MaxInFlight: mr.limits.InFlight,
 		MaxBodyBytes: mr.limits.BodyBytes, Timeout: mr.limits.Timeout.String()}
-	for _, t := range mr.targets {
+	for i := range mr.targets {
+		t := &mr.targets[i]
 		info.Mirrors = append(info.Mirrors, MirrorInfo{Name: t.m.Meta.Name, Kind: t.m.Meta.Kind, Target: t.m.Target(), Share: t.m.Ratio.Probability()})
 	}
 	return info

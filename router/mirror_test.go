@@ -255,7 +255,8 @@ func TestMirrorNeverHoldsPrimary(t *testing.T) {
 		// Every primary answered while the slow mirror held all it got.
 		require.Eventually(t, func() bool { return stalled.Load() == limit }, testutil.Timeout, 2*time.Millisecond)
 		require.Eventually(t, func() bool {
-			return f.mirrorCount(t, "slow", "dropped")+f.mirrorCount(t, "dead", "dropped")+f.mirrorCount(t, "dead", "failure") == 2*n-limit
+			return f.mirrorCount(t, "slow", "dropped")+f.mirrorCount(t, "dead", "dropped")+f.mirrorCount(t, "dead", "failure")+
+				f.mirrorCount(t, "dead", "unavailable") == 2*n-limit
 		}, testutil.Timeout, 5*time.Millisecond)
 		assert.GreaterOrEqual(t, f.mirrorCount(t, "dead", "failure"), 1, "the dead mirror's copies fail")
 		assert.Equal(t, limit, int(f.r.Explain(httptest.NewRequest("GET", "http://svc.test/x", nil)).Mirrors.InFlight))
@@ -291,4 +292,37 @@ func TestMirrorTimeout(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode)
 	waitCount(t, slow, 2, "the place of the timed-out copy is free again")
 	assert.Zero(t, f.mirrorCount(t, "slow", "dropped"))
+}
+
+// A dead mirror (connections refused) is backed off: after its first
+// failed copy, copies are not sent until the backoff ends, counted as
+// unavailable, so that each primary request does not pay a refused dial;
+// once the backoff ends a copy is tried again.
+func TestMirrorDeadIsBackedOff(t *testing.T) {
+	deadAddr := netip.MustParseAddrPort(testutil.FreeAddr(t))
+	dead := policy.Mirror{Meta: policy.Metadata{Kind: "Service", Name: "dead"}, Forward: &endpoint.Endpoint{Addr: deadAddr}}
+	primary := newUpstream(t, nil)
+	f := newFixture(t, testutil.H1, httpPolicy(policy.HTTPRule{Backends: to(primary.backend("web")), Mirrors: []policy.Mirror{dead}}))
+	resp, _ := f.do(t, "GET", "http://svc.test/x", "", nil)
+	require.Equal(t, 200, resp.StatusCode)
+	require.Eventually(t, func() bool { return f.mirrorCount(t, "dead", "failure") == 1 }, testutil.Timeout, 2*time.Millisecond)
+	const n = 20
+	sent := time.Now()
+	for range n {
+		resp, _ := f.do(t, "GET", "http://svc.test/x", "", nil)
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	if time.Since(sent) < mirrorBackoffMin {
+		// All within the first backoff: none of them tried the dead mirror.
+		assert.Equal(t, 1, f.mirrorCount(t, "dead", "failure"))
+		assert.Equal(t, n, f.mirrorCount(t, "dead", "unavailable"))
+	} else {
+		assert.Less(t, f.mirrorCount(t, "dead", "failure"), n/2, "most copies backed off")
+	}
+	// After the backoff, a copy is tried again (and fails again).
+	before := f.mirrorCount(t, "dead", "failure")
+	require.Eventually(t, func() bool {
+		resp, _ := f.do(t, "GET", "http://svc.test/x", "", nil)
+		return resp.StatusCode == 200 && f.mirrorCount(t, "dead", "failure") > before
+	}, testutil.Timeout, 20*time.Millisecond, "the mirror is tried again once its backoff ends")
 }

@@ -21,9 +21,13 @@ const (
 	// error, or the request ended before it did), so the copy was not
 	// sent.
 	MirrorBodyIncomplete = "body_incomplete"
+	// MirrorUnavailable: the mirror's last copy could not be sent (no
+	// connection), and its backoff has not ended, so the copy was not
+	// sent.
+	MirrorUnavailable = "unavailable"
 )
 
-var mirrorResults = [...]string{MirrorSuccess, MirrorFailure, MirrorDropped, MirrorBodyTooLarge, MirrorBodyIncomplete}
+var mirrorResults = [...]string{MirrorSuccess, MirrorFailure, MirrorDropped, MirrorBodyTooLarge, MirrorBodyIncomplete, MirrorUnavailable}
 
 // Mirrors is the outbound_http_route_mirror_requests_total family: the
 // copies of requests a route's RequestMirror filters were to send, by
