@@ -99,7 +99,7 @@ func outlierSetup(t *testing.T, bin string) (dstAddr, bad string) {
 	return dst.waitLog(t, dstAddrRe), addrs[0]
 }
 
-// outlierSend sends one GET to authority through rt and says whether it
+// outlierSend sends one GET to authority with hc and says whether it
 // was answered 200.
 func outlierSend(t *testing.T, hc *http.Client, url, authority string) bool {
 	t.Helper()
