@@ -70,6 +70,7 @@ var scenarios = []scenario{
 	{"failover", failover},
 	{"hedge_tail", hedgeTail},
 	{"mirror", mirrorBench},
+	{"outlier", outlierBench},
 	{"tracing", tracingLoopback},
 }
 
