@@ -69,6 +69,7 @@ var scenarios = []scenario{
 	{"watch_table", watchTable},
 	{"failover", failover},
 	{"hedge_tail", hedgeTail},
+	{"zone_spill", zoneSpill},
 	{"mirror", mirrorBench},
 	{"outlier", outlierBench},
 	{"tracing", tracingLoopback},
