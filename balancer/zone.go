@@ -137,11 +137,9 @@ const (
 	zoneMaxUp    = 0.25
 	zoneDownStep = 0.02
 	zoneEvery    = int64(1e6)
-	// zoneRemoteDecay: the other zones' estimates forget this many times
-	// more slowly than the local zone's, in the comparison of the zones
-	// (not in the picks): the balancer is quick to try its own zone again
-	// and slow to think the others faster than it last saw them.
-	zoneRemoteDecay = 4
+	// zoneBaselineSlower: the local zone's baseline follows its estimate
+	// this many times more slowly than the load's decay.
+	zoneBaselineSlower = 10
 )
 
 // zoneSplit is a snapshot's endpoints by locality: two snapshots of their
@@ -187,12 +185,18 @@ func (s *snapshot) splitZones() {
 // zoneState is the spill controller of a group, kept across its
 // snapshots.
 type zoneState struct {
-	mu     sync.Mutex
-	share  float64 // the share of requests sent out of the zone
-	ratio  float64 // the local zone's load over the others', at at
-	at     int64
-	shareA atomic.Uint64 // share, as float64 bits, for readers without the lock
-	ratioA atomic.Uint64
+	mu    sync.Mutex
+	share float64 // the share of requests sent out of the zone
+	ratio float64 // the local zone's load over the others', at at
+	at    int64
+	// baseline is the local zone's usual estimate: its mean estimate
+	// followed slowly (zoneBaselineSlower times the load's decay), so
+	// that a slowdown stands out against it. The other zones' unrefreshed
+	// estimates fade toward it.
+	baseline float64
+	baseAt   int64
+	shareA   atomic.Uint64 // share, as float64 bits, for readers without the lock
+	ratioA   atomic.Uint64
 	// picks by locality.
 	local, remote atomic.Uint64
 }
@@ -224,7 +228,7 @@ func (z *zoneSplit) step(now int64, decay float64) float64 {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.at == 0 || now-st.at >= zoneEvery || now < st.at {
-		st.ratio = z.ratio(now, decay)
+		st.ratio = z.ratio(st, now, decay)
 		st.at = now
 		st.ratioA.Store(math.Float64bits(st.ratio))
 	}
@@ -241,9 +245,22 @@ func (z *zoneSplit) step(now int64, decay float64) float64 {
 
 // ratio is the local zone's load over the other zones' at now: +Inf when
 // no local endpoint is in rotation, 0 when no other is.
-func (z *zoneSplit) ratio(now int64, decay float64) float64 {
-	local, lr := z.local.zoneLoad(now, decay)
-	remote, rr := z.remote.zoneLoad(now, zoneRemoteDecay*decay)
+func (z *zoneSplit) ratio(st *zoneState, now int64, decay float64) float64 {
+	local, lr, localRTT := z.local.zoneLoad(now, decay, -1)
+	if st.baseAt == 0 {
+		st.baseline = localRTT
+	} else if dt := now - st.baseAt; dt > 0 {
+		w := 1 - math.Exp(-float64(dt)/(zoneBaselineSlower*decay))
+		st.baseline += (localRTT - st.baseline) * w
+	}
+	st.baseAt = now
+	// The other zones' estimates fade toward the local zone's usual
+	// estimate, not toward zero (they do fade to zero in the picks): a
+	// zone that gets no requests has no news, so the longer it goes
+	// unasked the more it is taken to be as the local zone usually is.
+	// Faded to zero, an idle remote zone would look ever cheaper and draw
+	// requests away from a healthy local zone under normal load.
+	remote, rr, _ := z.remote.zoneLoad(now, decay, st.baseline)
 	switch {
 	case rr == 0:
 		return 0
@@ -254,27 +271,37 @@ func (z *zoneSplit) ratio(now int64, decay float64) float64 {
 	return local / max(remote, 1)
 }
 
-// zoneLoad is the mean cost of s's endpoints in rotation, and how many
-// are.
-func (s *snapshot) zoneLoad(now int64, decay float64) (float64, int) {
-	var sum float64
+// zoneLoad is the mean cost of s's endpoints in rotation, how many are,
+// and the mean of their estimates. With toward at zero or above, each
+// estimate fades toward it instead of toward zero.
+func (s *snapshot) zoneLoad(now int64, decay, toward float64) (float64, int, float64) {
+	var sum, rtts float64
 	n := 0
 	for _, e := range s.eps {
 		l := e.load
 		l.mu.Lock()
 		out := s.health && l.health.tripped
-		c := l.estimateLocked(now, decay) + l.penaltyLocked(now)
+		est := l.estimateLocked(now, decay)
+		if toward >= 0 {
+			f := 1.0
+			if dt := now - l.stamp; dt > 0 {
+				f = math.Exp(-float64(dt) / decay)
+			}
+			est = l.rtt*f + toward*(1-f)
+		}
+		c := est + l.penaltyLocked(now)
 		l.mu.Unlock()
 		if out {
 			continue
 		}
 		sum += c * float64(l.pending.Load()+1)
+		rtts += est
 		n++
 	}
 	if n == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
-	return sum / float64(n), n
+	return sum / float64(n), n, rtts / float64(n)
 }
 
 // ZoneState is what zone-aware balancing knows of one endpoint set, for an

@@ -194,10 +194,10 @@ func TestZoneAccrual(t *testing.T) {
 	for _, e := range s.eps {
 		e.load.rtt = float64(10 * time.Millisecond)
 	}
-	require.InDelta(t, 1, s.zones.ratio(clock.read(), float64(DefaultDecay)), 0.01)
+	require.InDelta(t, 1, s.zones.ratio(&zoneState{}, clock.read(), float64(DefaultDecay)), 0.01)
 	trip := func(e *member) { e.load.record(outcome{failure: true}, false, clock.read(), p.conf.acc, p.g) }
 	trip(s.zones.local.eps[0])
-	require.InDelta(t, 1.5, s.zones.ratio(clock.read(), float64(DefaultDecay)), 0.01, "two endpoints carry the load of three")
+	require.InDelta(t, 1.5, s.zones.ratio(&zoneState{}, clock.read(), float64(DefaultDecay)), 0.01, "two endpoints carry the load of three")
 	trip(s.zones.local.eps[1])
 	trip(s.zones.local.eps[2])
 	for range 100 {
@@ -206,4 +206,20 @@ func TestZoneAccrual(t *testing.T) {
 		require.Equal(t, "zone-b", k.Endpoint().Labels[ZoneLabel])
 		k.Done(Result{Canceled: true})
 	}
+}
+
+// A remote zone that gets no requests has no news: its estimates do not
+// fade below what the local zone usually costs, so that a long normal
+// load (minutes, in simulated time) keeps its requests in a healthy local
+// zone. (Faded toward zero, idle remote estimates drew requests away from
+// the local zone under normal load once they had faded to half its cost.)
+func TestZoneIdleRemoteDoesNotDrawRequests(t *testing.T) {
+	s := newZoneSim(t, zoneEndpoints(3, "zone-a", "zone-b"), WithLocalZone("zone-a"))
+	s.gap = 50 * time.Millisecond // 2,000 requests: about 110 s, 110 times the decay
+	out, _ := s.run(2000, "zone-a")
+	require.LessOrEqual(t, float64(out)/2000, 0.05, "share out of the zone under a long normal load")
+	// And a slowdown after the long quiet still spills.
+	s.setLatency("zone-a", 50*time.Millisecond)
+	out, _ = s.run(50, "zone-a")
+	require.Greater(t, out, 25, "the first requests after the slowdown spill")
 }
