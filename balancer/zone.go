@@ -61,11 +61,12 @@ type ZoneSpill struct {
 // sheds all of its traffic within a handful of requests; its estimate
 // decays while it gets none (the peak-EWMA decay), so the share falls in
 // time and the next requests home probe it: still slow, the share goes
-// back up at once; recovered, traffic returns. Estimates of endpoints
-// that get no traffic decay towards zero, so a few requests leave the zone
-// now and then even when it is healthy, to learn the others' latency
-// again (the other zones' estimates forget four times more slowly than
-// the local zone's in this comparison, so that this stays rare). With no
+// back up at once; recovered, traffic returns. In this comparison the
+// estimates of other zones' endpoints that get no traffic fade toward the
+// local zone's usual estimate (its mean, followed ten times more slowly
+// than the decay), not toward zero: an idle remote zone is taken to be as
+// the local zone usually is, so a healthy local zone keeps its traffic
+// however long the others go unasked, and a slowdown stands out. With no
 // local endpoint in rotation every request leaves the zone; with none
 // elsewhere every request stays.
 //
