@@ -115,7 +115,6 @@ type service struct {
 	name      string
 	authority string
 	instances []*workload
-	mu        sync.Mutex
 }
 
 // tally is what the callers saw in one phase: requests, failures, and
