@@ -211,9 +211,10 @@ func (s *Store) profilesChangedLocked(prev map[string]*profiles.ServiceProfile) 
 }
 
 // manifestsChangedLocked wakes the streams whose answer the policy
-// manifests may change: every Service's (profiles and outbound policies)
-// and every pod's (inbound policies). Each sends only what changed for
-// it. The caller holds s.mu.
+// manifests may change: every Service's (profiles and outbound policies,
+// and the registrations whose binding to an identity a Pod or an
+// annotation gives) and every pod's (inbound policies). Each sends only
+// what changed for it. The caller holds s.mu.
 func (s *Store) manifestsChangedLocked() {
 	s.wakeKindLocked(keyService)
 	s.wakeKindLocked(keyInbound)

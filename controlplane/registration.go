@@ -221,6 +221,22 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 
 	var lease Lease
 	lost := (<-chan struct{})(nil)
+	// While endpoints are registered, the stream watches the Services they
+	// serve: a manifest change that no longer binds the caller's identity
+	// to one of them (its Pod or annotation gone, the port removed) ends
+	// the registration as a refusal would have refused it.
+	var (
+		accepted []*registrationpb.Endpoint
+		binding  *waiter
+		rebound  <-chan struct{}
+	)
+	unwatch := func() {
+		if binding != nil {
+			r.s.store.unsubscribe(binding)
+			binding, rebound = nil, nil
+		}
+	}
+	defer unwatch()
 	release := func(remove bool) {
 		if lease != nil {
 			// The stream's context may be gone: the release gets its own.
@@ -257,6 +273,15 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 					release(true)
 					return err
 				}
+				if verified {
+					unwatch()
+					accepted = k.Endpoints.GetEndpoints()
+					binding = r.s.store.subscribe(bindingKeys(sets)...)
+					rebound = binding.c
+					// A change between the check and the subscription
+					// is not missed: check once more now.
+					binding.c <- struct{}{}
+				}
 			case *registrationpb.RegisterRequest_Deregister:
 				release(true)
 				return stream.Send(&registrationpb.RegisterResponse{Kind: &registrationpb.RegisterResponse_Deregistered{
@@ -273,6 +298,12 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 				return nil
 			}
 			return err
+		case <-rebound:
+			if _, _, f := r.check(caller, verified, accepted); f != nil {
+				release(true)
+				f.err = status.Errorf(status.Code(f.err), "%s (the manifests changed after the registration was accepted)", status.Convert(f.err).Message())
+				return r.refuse(ctx, f)
+			}
 		case <-lost:
 			return status.Error(codes.Unavailable, "registration: the registration's lease was lost; register again")
 		case <-r.s.shutdown:
@@ -283,6 +314,26 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 			return errShuttingDown
 		}
 	}
+}
+
+// bindingKeys returns the keys of the Services that sets (by authority)
+// serve: a change to the manifests wakes them (manifestsChangedLocked).
+func bindingKeys(sets map[string][]endpoint.Endpoint) []watchKey {
+	keys := make([]watchKey, 0, len(sets))
+	seen := make(map[serviceRef]bool, len(sets))
+	for authority := range sets {
+		host, _, err := hostAndPort(authority)
+		if err != nil {
+			continue
+		}
+		ref, _, err := clusterService(host)
+		if err != nil || seen[ref] {
+			continue
+		}
+		seen[ref] = true
+		keys = append(keys, serviceKey(ref))
+	}
+	return keys
 }
 
 // shutdownReleaseTimeout bounds the removal of a registration.

@@ -22,6 +22,7 @@ import (
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/regtest"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/manifest"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/registrationpb"
 )
@@ -221,4 +222,64 @@ func TestRegisteredMergeWithFiles(t *testing.T) {
 	removed := up.GetRemove().GetAddrs()
 	require.Len(t, removed, 1, "the file's address stays")
 	assert.EqualValues(t, 4002, removed[0].GetPort())
+}
+
+// A registration lasts only as long as the manifests bind the caller to
+// its Service: a change that keeps the binding keeps it; one that removes
+// the binding (the Pod that gave the identity gone) ends the stream as a
+// refusal, counted, and the endpoint leaves the answers at once.
+func TestRegistrationEndsWhenUnbound(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	c := regtest.Start(t, regtest.Manifests, controlplane.WithMeterProvider(m.Provider), controlplane.WithLogger(slog.New(slog.DiscardHandler)))
+	local := c.Certify(t, regtest.BooksID)
+	get := getStream(t, c, "books.default.svc.cluster.local:7000")
+	load := func(docs string) {
+		r, err := manifest.LoadFiles(manifest.File{Name: "manifests.yaml", Data: []byte(docs)})
+		require.NoError(t, err)
+		c.Store.SetManifests(r)
+	}
+
+	st, cancel := register(t, c, local, books("127.0.0.1:4001"))
+	defer cancel()
+	resp, err := st.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, resp.GetAccepted())
+	up, err := get.Recv()
+	require.NoError(t, err)
+	require.Len(t, up.GetAdd().GetAddrs(), 1)
+
+	// Another Service added: the binding stands, the stream still serves.
+	load(regtest.Manifests + `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: authors, namespace: default}
+spec: {ports: [{name: http, port: 7000}]}
+`)
+	require.NoError(t, st.Send(&registrationpb.RegisterRequest{Kind: &registrationpb.RegisterRequest_Endpoints{
+		Endpoints: &registrationpb.Endpoints{Endpoints: []*registrationpb.Endpoint{books("127.0.0.1:4001"), books("127.0.0.1:4002")}}}}))
+	resp, err = st.Recv()
+	require.NoError(t, err, "a change that keeps the binding keeps the registration")
+	require.NotNil(t, resp.GetAccepted())
+	up, err = get.Recv()
+	require.NoError(t, err)
+	require.Len(t, up.GetAdd().GetAddrs(), 1, "the second endpoint added")
+
+	// The books Pod gone: nothing binds the books identity to the Service.
+	before := m.Value(t, "registration_refused_total", `reason="service"`)
+	load(`
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec: {selector: {app: books}, ports: [{name: http, port: 7000}]}
+`)
+	_, err = st.Recv()
+	require.Error(t, err)
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "manifests changed")
+	assert.Contains(t, status.Convert(err).Message(), "default/books")
+	assert.NotEqual(t, before, m.Value(t, "registration_refused_total", `reason="service"`), "counted")
+	up, err = get.Recv()
+	require.NoError(t, err)
+	assert.Len(t, up.GetRemove().GetAddrs(), 2, "both endpoints leave the answers")
 }
