@@ -197,17 +197,23 @@ func Register(ctx context.Context, conn grpc.ClientConnInterface, eps []Endpoint
 		cancel:   cancel,
 		done:     make(chan struct{}),
 		accepted: make(chan struct{}),
+		err:      ErrPending,
 	}
 	go r.run(ctx, cfg.ready)
 	return r, nil
 }
 
+// ErrPending is [Registration.Err] until the control plane first answers:
+// while it cannot be reached, is starting, or has not replied yet.
+var ErrPending = errors.New("registration: not registered yet: no answer from the control plane")
+
 // Accepted is closed once the control plane has accepted the endpoints
 // for the first time.
 func (r *Registration) Accepted() <-chan struct{} { return r.accepted }
 
-// Err returns why the endpoints are not registered now (a refusal, an
-// unreachable control plane), or nil while they are.
+// Err returns why the endpoints are not registered now: [ErrPending]
+// before the control plane's first answer, then the last refusal or
+// broken stream; nil while they are registered.
 func (r *Registration) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -50,6 +50,7 @@ func TestRegisterBeforeTheControlPlane(t *testing.T) {
 	r, err := registration.Register(context.Background(), conn, books("127.0.0.1:4001"), registration.WithLogger(quiet), registration.WithRetry(fast))
 	require.NoError(t, err)
 	assert.Less(t, time.Since(start), time.Second, "Register returned at once")
+	assert.ErrorIs(t, r.Err(), registration.ErrPending, "not registered while no control plane answers")
 
 	regtest.StartOn(t, addr, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet))
 	waitAccepted(t, r)
