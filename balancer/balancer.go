@@ -478,6 +478,9 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 			return nil, false, ErrNoOtherEndpoint
 		}
 		tried.Add(e.Addr)
+		if e.locality != localityNone {
+			b.metrics.zoned(a, req.Context(), e.locality)
+		}
 		return t.send(req, host, e, probe, ent)
 	}
 	e, probe := s.choose(start, b.decay)

@@ -1,10 +1,14 @@
 package balancer
 
 import (
+	"context"
+	"io"
+	"net/http"
 	"net/netip"
 	"testing"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -53,4 +57,26 @@ func TestPickExcluding(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, 1, tr.Len())
 	k.Done(Result{GRPCStatus: -1, HTTPStatus: 200})
+}
+
+// A hedge's pick counts in the zone series as any pick does: the second
+// attempt of a hedged request, sent out of the zone, shows as a request
+// that left it.
+func TestHedgePickCountsItsZone(t *testing.T) {
+	a, b := backend(t, "a"), backend(t, "b")
+	a.Labels = map[string]string{ZoneLabel: "zone-a"}
+	b.Labels = map[string]string{ZoneLabel: "zone-b"}
+	m := testutil.NewMetrics(t)
+	_, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{books + ":80": {a, b}}),
+		WithLocalZone("zone-a"), WithMeterProvider(m.Provider))
+	tried := new(Tried)
+	tried.Add(a.Addr)
+	req, err := http.NewRequestWithContext(WithTried(context.Background(), tried, true), http.MethodGet, "http://"+books+"/", nil)
+	require.NoError(t, err)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), "b ", "the hedge went to the untried endpoint")
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_zone_requests_total", `zone_locality="remote"`))
 }
