@@ -40,7 +40,7 @@ func sumWhere(t *testing.T, r *sdkmetric.ManualReader, name, key, value string) 
 				continue
 			}
 			for _, p := range d.DataPoints {
-				if v, ok := p.Attributes.Value(attribute.Key(key)); key == "" || ok && v.Emit() == value {
+				if v, ok := p.Attributes.Value(attribute.Key(key)); key == "" || ok && v.AsString() == value {
 					sum += p.Value
 				}
 			}
