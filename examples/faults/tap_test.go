@@ -73,7 +73,7 @@ func TestSlowTapViewer(t *testing.T) {
 	hc := &http.Client{Transport: meshClient(t, books, addr, ""), Timeout: 10 * time.Second}
 	tapAddr := serveHTTP(t, hub, func(l net.Listener) net.Listener { return smallSendBuffers{l} })
 
-	n := size(50000, 2000) // requests in each phase
+	n := size(20000, 2000) // requests in each phase
 	var failed atomic.Int64
 	phase := func() []time.Duration {
 		lat := make([]time.Duration, 0, n)
