@@ -6,7 +6,15 @@
 // the test process instead (inproc_test.go), where its own goroutines and
 // heap are measured: a TLS handshake flood at a meshed port, a flood of
 // requests an inbound policy refuses, the control plane restarted while
-// certificates are due for renewal.
+// certificates are due for renewal; a replicated control plane over a
+// three-member etcd cluster losing a replica and its etcd member under
+// load (fleet_test.go); a flood of registrants past the Registration
+// API's limits, and forged registrations (another identity, a Service not
+// bound to the caller, a certificate of another trust root), alone and in
+// a flood (registration_test.go); tap viewers that read nothing
+// (tap_test.go); a dashboard read by many under traffic, and refused to a
+// client not on loopback (dashboard_test.go); hedging and mirroring on a
+// route whose backends fail, reset or are gone (hedgemirror_test.go).
 //
 // By default each test runs a short version (a few seconds each);
 // INMESH_FULL=1 runs the full sizes (see run-full.sh).
