@@ -68,6 +68,7 @@ var scenarios = []scenario{
 	{"tap", tapViewer},
 	{"fanout", fanout},
 	{"watch_table", watchTable},
+	{"registration_churn", registrationChurn},
 	{"failover", failover},
 	{"hedge_tail", hedgeTail},
 	{"zone_spill", zoneSpill},
