@@ -72,17 +72,23 @@ backend app
   server app %[1]s
 `
 
+// haproxyPath is where Debian installs HAProxy, outside a user's PATH.
+var haproxyPath = "/usr/sbin/haproxy"
+
 // haproxyBin returns HAProxy's path, or an error naming the package to
 // install.
 func haproxyBin() (string, error) {
 	if bin, err := exec.LookPath("haproxy"); err == nil {
 		return bin, nil
 	}
-	if _, err := os.Stat("/usr/sbin/haproxy"); err == nil {
-		return "/usr/sbin/haproxy", nil
+	if _, err := os.Stat(haproxyPath); err == nil {
+		return haproxyPath, nil
 	}
-	return "", errors.New("haproxy is not installed (Debian: apt-get install haproxy)")
+	return "", fmt.Errorf("%w (Debian: apt-get install haproxy)", errNoHAProxy)
 }
+
+// errNoHAProxy is the error of haproxyBin when HAProxy is not installed.
+var errNoHAProxy = errors.New("haproxy is not installed")
 
 // startHAProxy runs HAProxy with conf (the part after haproxyGlobal) in
 // dir, on a listener this process opened and hands down as fd 3, so that

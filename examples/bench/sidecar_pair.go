@@ -63,7 +63,7 @@ type haproxyPair struct {
 func startHAProxyPair(app string, server, client *identity.Local, pki *benchPKI) (*haproxyPair, error) {
 	bin, err := haproxyBin()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errNoHAProxy, err)
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "inmesh-bench-haproxy-")
 	if err != nil {
@@ -111,9 +111,6 @@ func startHAProxyPair(app string, server, client *identity.Local, pki *benchPKI)
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-// errNoHAProxy is startHAProxyPair's error when HAProxy is not installed.
-var errNoHAProxy = errors.New("haproxy is not installed")
 
 // stop stops both sidecars and removes their directory.
 func (p *haproxyPair) stop() {

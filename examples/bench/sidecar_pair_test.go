@@ -113,3 +113,16 @@ func TestFixedRateOpenLoop(t *testing.T) {
 	assert.LessOrEqual(t, f.RPS, float64(rate)*n/(n-1))
 	assert.Greater(t, f.P99, f.P50, "the first request waited for the last")
 }
+
+// Without HAProxy, sidecar_pair is skipped with a note saying so, and
+// nothing else runs.
+func TestSidecarPairSkipsWithoutHAProxy(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	prev := haproxyPath
+	haproxyPath = "/nonexistent/haproxy"
+	t.Cleanup(func() { haproxyPath = prev })
+	r, err := sidecarPair(options{rounds: 1, short: true})
+	require.NoError(t, err)
+	assert.Contains(t, r.Skipped, "haproxy is not installed")
+	assert.Nil(t, r.Candidate)
+}
