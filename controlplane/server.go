@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"strconv"
@@ -305,7 +306,7 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 	defer s.streams.Done()
 	authority := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	setLabels := endpointSetLabels(host)
-	sent := map[netip.AddrPort]*pb.WeightedAddr{}
+	sent := map[netip.AddrPort]endpoint.Endpoint{}
 	w := s.store.subscribe(endpointsKey(authority))
 	defer s.store.unsubscribe(w)
 	for {
@@ -323,8 +324,10 @@ func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[p
 
 // endpointDiff returns the updates that take a stream from sent to eps, and
 // updates sent: the new or changed endpoints as one add, then the gone ones
-// as one remove; nothing when nothing changed.
-func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpoint, setLabels map[string]string) []*pb.Update {
+// as one remove; nothing when nothing changed. sent holds the endpoints as
+// they were encoded (wireEndpoint), so that only the new and changed ones
+// are encoded again.
+func endpointDiff(sent map[netip.AddrPort]endpoint.Endpoint, eps []endpoint.Endpoint, setLabels map[string]string) []*pb.Update {
 	var out []*pb.Update
 	current := make(map[netip.AddrPort]bool, len(eps))
 	var removed []*pb.TcpAddress
@@ -339,10 +342,10 @@ func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpo
 	}
 	var added []*pb.WeightedAddr
 	for _, e := range eps {
-		w := destination.EndpointToProto(wireEndpoint(e))
-		if prev, ok := sent[e.Addr]; !ok || !proto.Equal(prev, w) {
-			added = append(added, w)
-			sent[e.Addr] = w
+		we := wireEndpoint(e)
+		if prev, ok := sent[e.Addr]; !ok || !equalEndpoint(prev, we) {
+			added = append(added, destination.EndpointToProto(we))
+			sent[e.Addr] = we
 		}
 	}
 	// Adds go first so that a stream never passes through an empty set
@@ -354,4 +357,12 @@ func endpointDiff(sent map[netip.AddrPort]*pb.WeightedAddr, eps []endpoint.Endpo
 		out = append(out, &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{Addrs: removed}}})
 	}
 	return out
+}
+
+// equalEndpoint reports whether a and b are the same endpoint in every
+// field (a nil and an empty Labels alike).
+func equalEndpoint(a, b endpoint.Endpoint) bool {
+	return a.Addr == b.Addr && a.Weight == b.Weight && a.Identity == b.Identity && a.ServerName == b.ServerName &&
+		a.H2 == b.H2 && a.Opaque == b.Opaque && a.OpaqueTransportPort == b.OpaqueTransportPort &&
+		a.AuthorityOverride == b.AuthorityOverride && maps.Equal(a.Labels, b.Labels)
 }

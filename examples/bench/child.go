@@ -8,14 +8,16 @@ import (
 
 // childEnv names the part a copy of this binary plays when it runs as a
 // child of a scenario (the watchers of fanout, the client of
-// watch_table), so that what the scenario measures of its own process is
-// the side under test alone.
+// watch_table, the workloads and watchers of registration_churn), so
+// that what the scenario measures of its own process is the side under
+// test alone.
 const childEnv = "INMESH_BENCH_CHILD"
 
 // children are the parts a child can play, by name.
 var children = map[string]func() error{
-	"fanout":      fanoutChild,
-	"watch_table": watchTableChild,
+	"fanout":             fanoutChild,
+	"watch_table":        watchTableChild,
+	"registration_churn": churnChild,
 }
 
 // runChild plays the part that childEnv names, if any, and exits.

@@ -9,9 +9,9 @@
 //	go run ./examples/bench -short -only stack_inprocess,upgrade_64
 //
 // Everything runs on 127.0.0.1. sidecar_hop (and the nginx variants of
-// mesh_64) need nginx (Debian's nginx-light) on PATH and are skipped with a
-// note without it. See BENCHMARKS.md at the repository root for what each
-// figure means.
+// mesh_64) need nginx (Debian's nginx-light) on PATH, sidecar_pair needs
+// HAProxy (Debian's haproxy); each is skipped with a note without it. See
+// BENCHMARKS.md at the repository root for what each figure means.
 package main
 
 import (
@@ -55,6 +55,7 @@ var scenarios = []scenario{
 	{"mtls_loopback", mtlsLoopback},
 	{"inbound_policy", inboundPolicy},
 	{"sidecar_hop", sidecarHop},
+	{"sidecar_pair", sidecarPair},
 	{"upgrade_64", upgrade64},
 	{"upgrade_serial", upgradeSerial},
 	{"mesh_64", mesh64},
@@ -67,6 +68,7 @@ var scenarios = []scenario{
 	{"tap", tapViewer},
 	{"fanout", fanout},
 	{"watch_table", watchTable},
+	{"registration_churn", registrationChurn},
 	{"failover", failover},
 	{"hedge_tail", hedgeTail},
 	{"zone_spill", zoneSpill},
@@ -104,8 +106,8 @@ func main() {
 	// under load belongs in the table.
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 
-	// An interrupt stops the nginx processes this run started before
-	// exiting.
+	// An interrupt stops the nginx and HAProxy processes this run
+	// started before exiting.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {

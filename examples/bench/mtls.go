@@ -140,6 +140,7 @@ func mtlsLoopback(o options) (*result, error) {
 
 // benchPKI is an issuer made in memory for the bench's identities.
 type benchPKI struct {
+	root    *x509.Certificate
 	anchors *x509.CertPool
 	issuer  *controlplane.Issuer
 }
@@ -153,7 +154,7 @@ func newBenchPKI(names ...string) (*benchPKI, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &benchPKI{anchors: x509.NewCertPool()}
+	p := &benchPKI{root: root.Cert, anchors: x509.NewCertPool()}
 	p.anchors.AddCert(root.Cert)
 	tokens := controlplane.StaticTokens{}
 	for _, n := range names {

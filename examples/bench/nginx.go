@@ -120,16 +120,19 @@ func startNginx(upstream string) (*nginx, error) {
 	}
 }
 
-// running is every nginx started and not yet stopped, for stopAll.
+// stopper is a process the bench started (nginx, HAProxy).
+type stopper interface{ stop() }
+
+// running is every process started and not yet stopped, for stopAll.
 var running = struct {
 	sync.Mutex
-	m map[*nginx]bool
-}{m: map[*nginx]bool{}}
+	m map[stopper]bool
+}{m: map[stopper]bool{}}
 
-// stopAll stops every nginx still running (on an interrupt).
+// stopAll stops every nginx and HAProxy still running (on an interrupt).
 func stopAll() {
 	running.Lock()
-	ns := make([]*nginx, 0, len(running.m))
+	ns := make([]stopper, 0, len(running.m))
 	for n := range running.m {
 		ns = append(ns, n)
 	}
