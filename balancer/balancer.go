@@ -578,7 +578,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 		ctx = classify.WithLabels(ctx, e.labels)
 	}
 	if meshtrace.Enabled(ctx) {
-		meshtrace.EndpointChosen(ctx, e.addr, e.Labels["zone"], e.Identity)
+		meshtrace.EndpointChosen(ctx, e.trace)
 	}
 	out := req.WithContext(ctx)
 	u := *req.URL

@@ -333,13 +333,19 @@ func TestNoopTracerAddsNoAllocation(t *testing.T) {
 			resp.Body.Close()
 		}
 		get()
-		return testing.AllocsPerRun(200, get)
+		// Loopback round trips sometimes allocate once more (a
+		// connection read that finds its data in two pieces): the
+		// fewest of a few runs is the request's own.
+		fewest := testing.AllocsPerRun(200, get)
+		for range 4 {
+			fewest = min(fewest, testing.AllocsPerRun(200, get))
+		}
+		return fewest
 	}
 	without := measure()
 	with := measure(WithTracerProvider(noop.NewTracerProvider()))
 	t.Logf("allocations per request: %.1f without a provider, %.1f with the no-op one", without, with)
-	// Loopback round trips allocate a little differently from run to run
-	// (connection reads): a whole allocation more is a real one.
+	// A whole allocation more is a real one.
 	assert.InDelta(t, without, with, 0.9)
 }
 
