@@ -464,6 +464,9 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	}
 	start := b.cfg.now()
 	g.sweepOutliers(start)
+	if meshtrace.Enabled(req.Context()) {
+		g.ejectedEvent(req.Context())
+	}
 	tried, exclude := triedFrom(req.Context())
 	if exclude && tried != nil {
 		// A hedge: only an endpoint the request has not tried, in rotation

@@ -61,6 +61,10 @@ const (
 	AttrAttemptKind = attribute.Key("inmesh.attempt.kind")
 	// AttrRetries is the number of retries of a logical request.
 	AttrRetries = attribute.Key("inmesh.retries")
+	// AttrEjected is the number of endpoints outlier detection had
+	// ejected when the balancer picked for a request (on
+	// [EventEndpointSkipped]).
+	AttrEjected = attribute.Key("inmesh.balancer.ejected")
 )
 
 // AttemptKind is why an attempt of a request was sent.
@@ -75,6 +79,9 @@ const (
 )
 
 // Balancer events, on the span of the attempt (or request) they concern.
+// EventEndpointSkipped says that the balancer picked without the endpoints
+// outlier detection had ejected (as of its last sweep); its attribute
+// [AttrEjected] counts them.
 const (
 	EventQueued          = "inmesh.balancer.queued"
 	EventDequeued        = "inmesh.balancer.dequeued"
