@@ -34,12 +34,12 @@ func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := t.with(t.extract(r.Context(), r.Header))
 	attrs := requestAttrs(r, true)
 	if t.server != "" {
-		attrs = append(attrs, AttrServerIdentity.String(t.server))
+		*attrs = append(*attrs, AttrServerIdentity.String(t.server))
 	}
 	if p, ok := identity.PeerFromContext(r.Context()); ok && p.ID != "" {
-		attrs = append(attrs, AttrClientIdentity.String(p.ID))
+		*attrs = append(*attrs, AttrClientIdentity.String(p.ID))
 	}
-	ctx, s := t.tracer.Start(ctx, r.Method, serverKind, trace.WithAttributes(attrs...))
+	ctx, s := t.start(ctx, r.Method, serverKind, attrs)
 	defer s.End()
 	if !s.IsRecording() {
 		h.next.ServeHTTP(w, r.WithContext(ctx))
@@ -107,12 +107,12 @@ func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind Attem
 	ctx := t.with(req.Context())
 	attrs := requestAttrs(req, false)
 	if kind != "" {
-		attrs = append(attrs, AttrAttemptKind.String(string(kind)))
+		*attrs = append(*attrs, AttrAttemptKind.String(string(kind)))
 	}
 	if n > 0 {
-		attrs = append(attrs, semconv.HTTPRequestResendCount(n))
+		*attrs = append(*attrs, semconv.HTTPRequestResendCount(n))
 	}
-	ctx, s := t.tracer.Start(ctx, req.Method, clientKind, trace.WithAttributes(attrs...))
+	ctx, s := t.start(ctx, req.Method, clientKind, attrs)
 	resp, err := next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		failed(s, err)

@@ -251,8 +251,38 @@ func Classified(ctx context.Context, success bool, errLabel string, retries int)
 	s.SetAttributes(kv...)
 }
 
-// requestAttrs are the semantic conventions' attributes of an HTTP request.
-func requestAttrs(req *http.Request, server bool) []attribute.KeyValue {
+// startAttrs holds the attribute slices spans start with. They are
+// borrowed for a Start only: the trace API's start options copy the
+// attributes they are given, so the slice is free again once Start
+// returned.
+var startAttrs = sync.Pool{New: func() any {
+	// Room for every attribute of either kind of span and what its
+	// caller appends (identities, the attempt's kind and ordinal).
+	s := make([]attribute.KeyValue, 0, 16)
+	return &s
+}}
+
+// start starts a span of kind named name under ctx with attrs, and returns
+// attrs' slice to startAttrs.
+func (t *Tracer) start(ctx context.Context, name string, kind trace.SpanStartOption, attrs *[]attribute.KeyValue) (context.Context, trace.Span) {
+	ctx, s := t.tracer.Start(ctx, name, kind, trace.WithAttributes(*attrs...))
+	clear(*attrs)
+	*attrs = (*attrs)[:0]
+	startAttrs.Put(attrs)
+	return ctx, s
+}
+
+// requestAttrs borrows a slice of startAttrs and appends to it the semantic
+// conventions' attributes of an HTTP request.
+func requestAttrs(req *http.Request, server bool) *[]attribute.KeyValue {
+	buf := startAttrs.Get().(*[]attribute.KeyValue)
+	*buf = appendRequestAttrs(*buf, req, server)
+	return buf
+}
+
+// appendRequestAttrs appends the semantic conventions' attributes of an
+// HTTP request to kvs.
+func appendRequestAttrs(kvs []attribute.KeyValue, req *http.Request, server bool) []attribute.KeyValue {
 	host := req.Host
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
@@ -263,10 +293,6 @@ func requestAttrs(req *http.Request, server bool) []attribute.KeyValue {
 	} else if req.TLS != nil {
 		scheme = "https"
 	}
-	// Room for every attribute of either kind of span and what its caller
-	// appends (identities, the attempt's kind and ordinal): the SDK copies
-	// them, and a slice that grows is one more allocation.
-	kvs := make([]attribute.KeyValue, 0, 13)
 	kvs = append(kvs, semconv.HTTPRequestMethodKey.String(req.Method), semconv.URLScheme(scheme),
 		semconv.NetworkProtocolVersion(protoVersion(req)))
 	if h, p, ok := splitHostPort(host); ok {
