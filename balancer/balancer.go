@@ -464,6 +464,9 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	}
 	start := b.cfg.now()
 	g.sweepOutliers(start)
+	if meshtrace.Enabled(req.Context()) {
+		g.ejectedEvent(req.Context())
+	}
 	tried, exclude := triedFrom(req.Context())
 	if exclude && tried != nil {
 		// A hedge: only an endpoint the request has not tried, in rotation
@@ -581,7 +584,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 		ctx = classify.WithLabels(ctx, e.labels)
 	}
 	if meshtrace.Enabled(ctx) {
-		meshtrace.EndpointChosen(ctx, e.addr, e.Labels["zone"], e.Identity)
+		meshtrace.EndpointChosen(ctx, e.trace)
 	}
 	out := req.WithContext(ctx)
 	u := *req.URL

@@ -189,6 +189,9 @@ type group struct {
 	// started), and the lock of its sweeps.
 	odNext atomic.Int64
 	odMu   sync.Mutex
+	// odEjected is how many endpoints the last sweep left ejected, for
+	// the spans of the requests picked meanwhile.
+	odEjected atomic.Int64
 }
 
 // publish makes s the group's snapshot; the first answer releases the

@@ -1,10 +1,13 @@
 package balancer
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/inmesh/inmesh/internal/meshtrace"
 )
 
 // Defaults of outlier detection: gRFC A50's (grpc-go's outlierdetection
@@ -330,9 +333,27 @@ func (g *group) sweepOutliers(now int64) {
 		loads[i] = e.load
 	}
 	back := od.sweep(loads, now)
+	n := 0
+	for _, l := range loads {
+		l.mu.Lock()
+		if l.health.odEjected {
+			n++
+		}
+		l.mu.Unlock()
+	}
+	g.odEjected.Store(int64(n))
 	g.odMu.Unlock()
 	if back {
 		g.notify()
+	}
+}
+
+// ejectedEvent adds the endpoint_skipped event to the span of ctx when
+// outlier detection had endpoints of g ejected at its last sweep: the
+// request's pick was made without them.
+func (g *group) ejectedEvent(ctx context.Context) {
+	if n := g.odEjected.Load(); n > 0 {
+		meshtrace.EventWith(ctx, meshtrace.EventEndpointSkipped, meshtrace.AttrEjected.Int64(n))
 	}
 }
 

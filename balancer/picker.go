@@ -6,6 +6,8 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/meshtrace"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // member is one endpoint in a snapshot: its description, what a request
@@ -15,8 +17,10 @@ type member struct {
 	endpoint.Endpoint
 	addr   string
 	labels *classify.Labels
-	load   *load
-	g      *group // the configuration's balancing it is in, nil outside a Balancer
+	// trace are its span attributes (meshtrace.EndpointAttrs).
+	trace []attribute.KeyValue
+	load  *load
+	g     *group // the configuration's balancing it is in, nil outside a Balancer
 	// locality: in the local zone or not, under zone-aware balancing.
 	locality int8
 }
@@ -60,6 +64,7 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 			ep.load = newLoad(defaultRTT, now)
 		}
 		ep.labels = endpointLabels(e, meshTLS)
+		ep.trace = meshtrace.EndpointAttrs(ep.addr, e.Labels["zone"], e.Identity)
 		total += uint64(max(e.Weight, 1))
 		s.eps = append(s.eps, ep)
 		s.cum = append(s.cum, total)

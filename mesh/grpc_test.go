@@ -171,7 +171,7 @@ var quietLog = log.New(io.Discard, "", 0)
 
 // serveH2C serves h on a held loopback port with origproto.NewServer
 // (HTTP/1 and h2c) and returns its address.
-func serveH2C(t *testing.T, h http.Handler) string {
+func serveH2C(t testing.TB, h http.Handler) string {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := origproto.NewServer(h)

@@ -22,7 +22,8 @@ import (
 //     (inmesh.attempt.kind "first" or "retry", http.request.resend_count),
 //     with the route, backend, endpoint address, zone and identity, the
 //     classification and Linkerd's error label (error.type), and the
-//     balancer's events (queued, dequeued, fail_fast, load_shed); each
+//     balancer's events (queued, dequeued, fail_fast, load_shed, and
+//     endpoint_skipped when outlier detection had endpoints ejected); each
 //     attempt carries its span's context to the next hop in W3C and B3
 //     headers.
 //

@@ -81,6 +81,10 @@ type routeTarget struct {
 	route    *policy.Route
 	metrics  *metrics.RouteTarget
 	backends []*metrics.BackendTarget // by position in route.Backends
+	// trace and backendTrace are the span attributes of the route and of
+	// each backend (by position).
+	trace        []attribute.KeyValue
+	backendTrace [][]attribute.KeyValue
 	// noBackend is the series of a request no backend took.
 	noBackend *metrics.BackendTarget
 	budget    *profiles.Budget // nil: the count alone limits retries
@@ -259,8 +263,10 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 		fam = r.grpcFam
 	}
 	labels := append(metaLabels("parent", route.Parent, true), metaLabels("route", route.Meta, false)...)
-	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(fam, "", labels...)}
+	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(fam, "", labels...),
+		trace: meshtrace.RouteAttrs(route.Meta.Kind, route.Meta.Name)}
 	for _, b := range route.Backends.Backends {
+		rt.backendTrace = append(rt.backendTrace, meshtrace.BackendAttrs(b.Backend.Meta.Name))
 		rt.backends = append(rt.backends, rt.metrics.NewBackendTarget(metaLabels("backend", b.Backend.Meta, true)...))
 		rt.balancing = append(rt.balancing, backendConfig(b.Backend, fa))
 		rt.total += uint64(b.Weight)

@@ -6,7 +6,9 @@ import (
 
 	"github.com/inmesh/inmesh/mesh"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/contrib/propagators/b3"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -36,9 +38,10 @@ func tracedStack(app http.Handler, mp metric.MeterProvider, tp trace.TracerProvi
 
 // tracingLoopback: a round trip on loopback through inmesh's client and
 // server stacks with a recording tracer (every request sampled: a client
-// span, an attempt span and a server span) against the same stacks
-// without one; and the time inmesh adds with that tracer against the time
-// otelhttp's handler and transport add with the same tracer (two spans).
+// span, which stands for the one attempt of a route that never retries,
+// and a server span) against the same stacks without one; and the time
+// inmesh adds with that tracer against the time otelhttp's handler and
+// transport add with the same tracer and propagator (two spans too).
 func tracingLoopback(o options) (*result, error) {
 	n := o.scale(2000, 1000)
 	s, err := newLoopbackSet(n)
@@ -66,31 +69,46 @@ func tracingLoopback(o options) (*result, error) {
 		return nil, err
 	}
 
-	otelSrv := serve(&http.Server{Handler: otelhttp.NewHandler(ok, "inbound", otelhttp.WithMeterProvider(mp), otelhttp.WithTracerProvider(tp))})
-	defer otelSrv.Close()
-	otelBase := h1Transport()
-	defer otelBase.CloseIdleConnections()
-	otelRT := otelhttp.NewTransport(otelBase, otelhttp.WithMeterProvider(mp), otelhttp.WithTracerProvider(tp))
+	// otelhttp without a propagator (the global one, which propagates
+	// nothing unless the program sets one) starts a new trace on the
+	// server side and writes no header; given inmesh's default propagator
+	// (W3C and B3 multi-header out; B3 or W3C in), it does what inmesh's
+	// stacks do on the wire. The goal is measured against the latter; the
+	// former is the figure this scenario reported first.
 	run := func(rt http.RoundTripper, url string) func() (figures, error) {
 		return func() (figures, error) { return serial(rt, func() *http.Request { return get(url, "") }, n) }
 	}
+	otelVariant := func(name string, opts ...otelhttp.Option) (variant, func()) {
+		opts = append(opts, otelhttp.WithMeterProvider(mp), otelhttp.WithTracerProvider(tp))
+		srv := serve(&http.Server{Handler: otelhttp.NewHandler(ok, "inbound", opts...)})
+		base := h1Transport()
+		rt := otelhttp.NewTransport(base, opts...)
+		return variant{name, run(rt, srv.URL+"/books/1")}, func() { base.CloseIdleConnections(); srv.Close() }
+	}
+	otelTraced, closeTraced := otelVariant("otelhttp_traced", otelhttp.WithPropagators(meshPropagator()))
+	defer closeTraced()
+	otelBare, closeBare := otelVariant("otelhttp_traced_unpropagated")
+	defer closeBare()
 	traced := variant{"inmesh_traced", run(st.client, meshURL)}
-	otelTraced := variant{"otelhttp_traced", run(otelRT, otelSrv.URL+"/books/1")}
 
-	rs, err := interleave(o.rounds, s.bare, s.inmesh, traced, s.otel, otelTraced)
+	rs, err := interleave(o.rounds, s.bare, s.inmesh, traced, s.otel, otelTraced, otelBare)
 	if err != nil {
 		return nil, err
 	}
-	const bare, im, imT, oh, ohT = 0, 1, 2, 3, 4
+	const bare, im, imT, oh, ohT, ohU = 0, 1, 2, 3, 4, 5
 	r := &result{
 		ratio:     rs.ratio("", atMost(1.10), func(f []figures) float64 { return f[imT].P50 / f[im].P50 }),
 		Candidate: rs.median(imT), Baseline: rs.median(im),
-		Others: map[string]figures{"bare": *rs.median(bare), "otelhttp": *rs.median(oh), "otelhttp_traced": *rs.median(ohT)},
+		Others: map[string]figures{"bare": *rs.median(bare), "otelhttp": *rs.median(oh), "otelhttp_traced": *rs.median(ohT),
+			"otelhttp_traced_unpropagated": *rs.median(ohU)},
 		Extra: []ratio{
-			rs.ratio("added p50 with the tracer: inmesh / otelhttp", atMost(0.5), func(f []figures) float64 {
+			rs.ratio("added p50 with the tracer: inmesh / otelhttp (same propagator)", atMost(0.5), func(f []figures) float64 {
 				return (f[imT].P50 - f[bare].P50) / (f[ohT].P50 - f[bare].P50)
 			}),
-			rs.ratio("tracing's own p50: inmesh (3 spans) / otelhttp (2 spans)", noGoal, func(f []figures) float64 {
+			rs.ratio("added p50 with the tracer: inmesh / otelhttp propagating nothing (as first measured)", noGoal, func(f []figures) float64 {
+				return (f[imT].P50 - f[bare].P50) / (f[ohU].P50 - f[bare].P50)
+			}),
+			rs.ratio("tracing's own p50: inmesh / otelhttp (2 spans each)", noGoal, func(f []figures) float64 {
 				return (f[imT].P50 - f[im].P50) / (f[ohT].P50 - f[oh].P50)
 			}),
 			rs.ratio("otelhttp traced p50 / untraced", noGoal, func(f []figures) float64 { return f[ohT].P50 / f[oh].P50 }),
@@ -101,4 +119,12 @@ func tracingLoopback(o options) (*result, error) {
 	}
 	r.Note = "ratio = p50 through both inmesh stacks with a recording tracer (100% sampled) / without; candidate traced, baseline untraced"
 	return r, nil
+}
+
+// meshPropagator is the propagator inmesh's stacks use by default
+// (mesh.WithPropagator's default): B3, written multi-header, and W3C trace
+// context and baggage.
+func meshPropagator() propagation.TextMapPropagator {
+	return propagation.NewCompositeTextMapPropagator(b3.New(b3.WithInjectEncoding(b3.B3MultipleHeader)),
+		propagation.TraceContext{}, propagation.Baggage{})
 }

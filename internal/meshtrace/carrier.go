@@ -1,10 +1,12 @@
 package meshtrace
 
 import (
+	"context"
 	"encoding/hex"
 	"net/http"
 	"net/textproto"
 
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -84,4 +86,38 @@ func writeTraceHeaders(h http.Header, sc trace.SpanContext) {
 	if ts := sc.TraceState(); ts.Len() > 0 {
 		h["Tracestate"] = []string{ts.String()}
 	}
+}
+
+// extract returns ctx with the trace context of h, if any. With the
+// default propagator it reads only what is there: nothing when h carries
+// no trace header (the propagators' Extract allocates even then), and W3C
+// alone when h carries a valid traceparent, which wins over B3 anyway.
+// Another propagator reads h as it will.
+func (t *Tracer) extract(ctx context.Context, h http.Header) context.Context {
+	if !t.defaultProp {
+		return t.prop.Extract(ctx, headerCarrier(h))
+	}
+	_, w3c := h["Traceparent"]
+	_, bag := h["Baggage"]
+	if !w3c && !bag && !hasB3(h) {
+		return ctx
+	}
+	if w3c {
+		if c := (propagation.TraceContext{}).Extract(ctx, headerCarrier(h)); c != ctx {
+			if bag {
+				c = propagation.Baggage{}.Extract(c, headerCarrier(h))
+			}
+			return c
+		}
+	}
+	return t.prop.Extract(ctx, headerCarrier(h))
+}
+
+// hasB3 reports whether h carries a B3 trace context, in either form.
+func hasB3(h http.Header) bool {
+	if _, ok := h["B3"]; ok {
+		return true
+	}
+	_, ok := h["X-B3-Traceid"]
+	return ok
 }

@@ -1,14 +1,13 @@
 package meshtrace
 
 import (
-	"bufio"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/rw"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -32,28 +31,31 @@ type serverHandler struct {
 
 func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := h.t
-	ctx := t.prop.Extract(r.Context(), headerCarrier(r.Header))
-	ctx = t.with(ctx)
+	ctx := t.with(t.extract(r.Context(), r.Header))
 	attrs := requestAttrs(r, true)
 	if t.server != "" {
-		attrs = append(attrs, AttrServerIdentity.String(t.server))
+		*attrs = append(*attrs, AttrServerIdentity.String(t.server))
 	}
 	if p, ok := identity.PeerFromContext(r.Context()); ok && p.ID != "" {
-		attrs = append(attrs, AttrClientIdentity.String(p.ID))
+		*attrs = append(*attrs, AttrClientIdentity.String(p.ID))
 	}
-	ctx, s := t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	ctx, s := t.start(ctx, r.Method, serverKind, attrs)
 	defer s.End()
 	if !s.IsRecording() {
 		h.next.ServeHTTP(w, r.WithContext(ctx))
 		return
 	}
-	rw := &statusWriter{ResponseWriter: w}
-	h.next.ServeHTTP(rw, r.WithContext(ctx))
-	code := rw.code
-	if code == 0 {
+	ww, st := rw.Wrap(w)
+	defer st.Release()
+	h.next.ServeHTTP(ww, r.WithContext(ctx))
+	code := st.Status
+	switch {
+	case code == 0 && st.Hijacked:
+		code = http.StatusSwitchingProtocols
+	case code == 0:
 		code = http.StatusOK
 	}
-	s.SetAttributes(semconv.HTTPResponseStatusCode(code))
+	s.SetAttributes(statusAttr(code)...)
 	hdr := w.Header()
 	if msg := hdr.Get(proxyErrorHeader); msg != "" {
 		s.SetAttributes(AttrProxyError.String(msg))
@@ -67,41 +69,6 @@ func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	statusOf(s, code, true)
 }
-
-// statusWriter records the status a handler answered with. It keeps the
-// optional interfaces a handler below may need: Flush (gRPC's server
-// asserts it), Hijack, and Unwrap for http.ResponseController.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-func (w *statusWriter) Flush() {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return http.NewResponseController(w.ResponseWriter).Hijack()
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Transport returns next with a client span around each request: the
 // logical request, whose attempts (retries, hedges, mirrors) are its
@@ -126,8 +93,8 @@ func (c *clientTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// No span in the context: the trace context the request's headers
 		// carry, if any, is the parent (a proxy forwarding its client's
 		// request).
-		ctx := c.t.prop.Extract(req.Context(), headerCarrier(req.Header))
-		if trace.SpanContextFromContext(ctx).IsValid() {
+		ctx := c.t.extract(req.Context(), req.Header)
+		if ctx != req.Context() && trace.SpanContextFromContext(ctx).IsValid() {
 			req = req.WithContext(ctx)
 		}
 	}
@@ -140,12 +107,12 @@ func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind Attem
 	ctx := t.with(req.Context())
 	attrs := requestAttrs(req, false)
 	if kind != "" {
-		attrs = append(attrs, AttrAttemptKind.String(string(kind)))
+		*attrs = append(*attrs, AttrAttemptKind.String(string(kind)))
 	}
 	if n > 0 {
-		attrs = append(attrs, semconv.HTTPRequestResendCount(n))
+		*attrs = append(*attrs, semconv.HTTPRequestResendCount(n))
 	}
-	ctx, s := t.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	ctx, s := t.start(ctx, req.Method, clientKind, attrs)
 	resp, err := next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		failed(s, err)
@@ -245,13 +212,7 @@ func (o *outbound) RoundTrip(req *http.Request) (*http.Response, error) {
 // inject returns a copy of req carrying its context's trace headers.
 func (t *Tracer) inject(req *http.Request) *http.Request {
 	out := req.WithContext(req.Context())
-	out.Header = req.Header.Clone()
-	if out.Header == nil {
-		out.Header = make(http.Header)
-	}
-	for _, h := range traceHeaders {
-		delete(out.Header, h)
-	}
+	out.Header = cloneHeader(req.Header)
 	if !t.defaultProp {
 		t.prop.Inject(req.Context(), headerCarrier(out.Header))
 		return out
@@ -263,6 +224,40 @@ func (t *Tracer) inject(req *http.Request) *http.Request {
 		propagation.Baggage{}.Inject(req.Context(), headerCarrier(out.Header))
 	}
 	return out
+}
+
+// cloneHeader copies h without its trace headers, with room for the ones
+// inject writes (a map that grows is one more allocation). The values
+// share one backing array, as http.Header.Clone's do.
+func cloneHeader(h http.Header) http.Header {
+	nv := 0
+	for _, vv := range h {
+		nv += len(vv)
+	}
+	sv := make([]string, nv)
+	out := make(http.Header, len(h)+len(traceHeaders))
+	for k, vv := range h {
+		if isTraceHeader(k) {
+			continue
+		}
+		if vv == nil {
+			out[k] = nil
+			continue
+		}
+		n := copy(sv, vv)
+		out[k] = sv[:n:n]
+		sv = sv[n:]
+	}
+	return out
+}
+
+func isTraceHeader(k string) bool {
+	for _, h := range traceHeaders {
+		if k == h {
+			return true
+		}
+	}
+	return false
 }
 
 // Inject writes the trace context of ctx into h when ctx is traced, for

@@ -18,6 +18,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"go.opentelemetry.io/contrib/propagators/b3"
 	"go.opentelemetry.io/otel/attribute"
@@ -60,6 +61,10 @@ const (
 	AttrAttemptKind = attribute.Key("inmesh.attempt.kind")
 	// AttrRetries is the number of retries of a logical request.
 	AttrRetries = attribute.Key("inmesh.retries")
+	// AttrEjected is the number of endpoints outlier detection had
+	// ejected when the balancer picked for a request (on
+	// [EventEndpointSkipped]).
+	AttrEjected = attribute.Key("inmesh.balancer.ejected")
 )
 
 // AttemptKind is why an attempt of a request was sent.
@@ -74,6 +79,9 @@ const (
 )
 
 // Balancer events, on the span of the attempt (or request) they concern.
+// EventEndpointSkipped says that the balancer picked without the endpoints
+// outlier detection had ejected (as of its last sweep); its attribute
+// [AttrEjected] counts them.
 const (
 	EventQueued          = "inmesh.balancer.queued"
 	EventDequeued        = "inmesh.balancer.dequeued"
@@ -86,6 +94,13 @@ const (
 // (internal/proxyerr.Header; not imported, so that every layer may import
 // this package).
 const proxyErrorHeader = "L5d-Proxy-Error"
+
+// The span kinds' start options, made once: an option made per span is an
+// allocation.
+var (
+	serverKind = trace.WithSpanKind(trace.SpanKindServer)
+	clientKind = trace.WithSpanKind(trace.SpanKindClient)
+)
 
 // Tracer traces the requests of one stack. A nil *Tracer is off.
 type Tracer struct {
@@ -116,6 +131,7 @@ func New(tp trace.TracerProvider, prop propagation.TextMapPropagator, serverIden
 	case nil, noop.TracerProvider, *noop.TracerProvider:
 		return nil
 	}
+	statusOnce.Do(buildStatusAttrs)
 	t := &Tracer{tracer: tp.Tracer(ScopeName), prop: prop, server: serverIdentity}
 	if prop == nil {
 		t.prop, t.defaultProp = DefaultPropagator(), true
@@ -182,12 +198,32 @@ func EventWith(ctx context.Context, name string, kv attribute.KeyValue) {
 	}
 }
 
-// Route records the route a request took on its span.
+// Route records the route a request took on its span. Callers that
+// serve many requests of one route keep [RouteAttrs] and call
+// [SetAttributes] with them instead.
 func Route(ctx context.Context, kind, name string) {
 	if s := span(ctx); s != nil {
-		s.SetAttributes(AttrRouteKind.String(kind), AttrRoute.String(name))
+		s.SetAttributes(RouteAttrs(kind, name)...)
 	}
 }
+
+// RouteAttrs are the attributes of a route of kind named name, built once
+// with the route and set on each of its requests' spans.
+func RouteAttrs(kind, name string) []attribute.KeyValue {
+	return []attribute.KeyValue{AttrRouteKind.String(kind), AttrRoute.String(name)}
+}
+
+// BackendAttrs are the attributes of a backend named name, built once with
+// the route and set on each span of an attempt that goes to it.
+func BackendAttrs(name string) []attribute.KeyValue {
+	return []attribute.KeyValue{AttrBackend.String(name)}
+}
+
+// The classifications, made once.
+var (
+	classSuccess = []attribute.KeyValue{AttrClassification.String("success")}
+	classFailure = []attribute.KeyValue{AttrClassification.String("failure")}
+)
 
 // Classified records a request's classification and, when the mesh
 // labelled an error (Linkerd's error label: FAIL_FAST, REQUEST_TIMEOUT),
@@ -197,21 +233,56 @@ func Classified(ctx context.Context, success bool, errLabel string, retries int)
 	if s == nil {
 		return
 	}
-	class := "success"
+	class := classSuccess
 	if !success {
-		class = "failure"
+		class = classFailure
 	}
-	s.SetAttributes(AttrClassification.String(class))
+	if retries == 0 && errLabel == "" {
+		s.SetAttributes(class...)
+		return
+	}
+	kv := append(make([]attribute.KeyValue, 0, 3), class[0])
 	if retries > 0 {
-		s.SetAttributes(AttrRetries.Int(retries))
+		kv = append(kv, AttrRetries.Int(retries))
 	}
 	if errLabel != "" {
-		s.SetAttributes(semconv.ErrorTypeKey.String(errLabel))
+		kv = append(kv, semconv.ErrorTypeKey.String(errLabel))
 	}
+	s.SetAttributes(kv...)
 }
 
-// requestAttrs are the semantic conventions' attributes of an HTTP request.
-func requestAttrs(req *http.Request, server bool) []attribute.KeyValue {
+// startAttrs holds the attribute slices spans start with. They are
+// borrowed for a Start only: the trace API's start options copy the
+// attributes they are given, so the slice is free again once Start
+// returned.
+var startAttrs = sync.Pool{New: func() any {
+	// Room for every attribute of either kind of span and what its
+	// caller appends (identities, the attempt's kind and ordinal).
+	s := make([]attribute.KeyValue, 0, 16)
+	return &s
+}}
+
+// start starts a span of kind named name under ctx with attrs, and returns
+// attrs' slice to startAttrs.
+func (t *Tracer) start(ctx context.Context, name string, kind trace.SpanStartOption, attrs *[]attribute.KeyValue) (context.Context, trace.Span) {
+	ctx, s := t.tracer.Start(ctx, name, kind, trace.WithAttributes(*attrs...))
+	clear(*attrs)
+	*attrs = (*attrs)[:0]
+	startAttrs.Put(attrs)
+	return ctx, s
+}
+
+// requestAttrs borrows a slice of startAttrs and appends to it the semantic
+// conventions' attributes of an HTTP request.
+func requestAttrs(req *http.Request, server bool) *[]attribute.KeyValue {
+	buf := startAttrs.Get().(*[]attribute.KeyValue)
+	*buf = appendRequestAttrs(*buf, req, server)
+	return buf
+}
+
+// appendRequestAttrs appends the semantic conventions' attributes of an
+// HTTP request to kvs.
+func appendRequestAttrs(kvs []attribute.KeyValue, req *http.Request, server bool) []attribute.KeyValue {
 	host := req.Host
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
@@ -222,7 +293,6 @@ func requestAttrs(req *http.Request, server bool) []attribute.KeyValue {
 	} else if req.TLS != nil {
 		scheme = "https"
 	}
-	kvs := make([]attribute.KeyValue, 0, 8)
 	kvs = append(kvs, semconv.HTTPRequestMethodKey.String(req.Method), semconv.URLScheme(scheme),
 		semconv.NetworkProtocolVersion(protoVersion(req)))
 	if h, p, ok := splitHostPort(host); ok {
@@ -298,11 +368,35 @@ func splitHostPort(hp string) (string, int, bool) {
 	return "", 0, false
 }
 
+// statusAttrs holds http.response.status_code for each status from 100 to
+// 599, built with the first tracer, so that setting a response's status
+// builds nothing.
+var (
+	statusOnce  sync.Once
+	statusTable []attribute.KeyValue
+)
+
+func buildStatusAttrs() {
+	statusTable = make([]attribute.KeyValue, 500)
+	for i := range statusTable {
+		statusTable[i] = semconv.HTTPResponseStatusCode(100 + i)
+	}
+}
+
+// statusAttr returns http.response.status_code = code as a one-element
+// slice.
+func statusAttr(code int) []attribute.KeyValue {
+	if code >= 100 && code < 600 && statusTable != nil {
+		return statusTable[code-100 : code-99 : code-99]
+	}
+	return []attribute.KeyValue{semconv.HTTPResponseStatusCode(code)}
+}
+
 // responseAttrs sets a response's attributes and the span's status: an
 // error for a 5xx, or for any status the mesh answered itself
 // (l5d-proxy-error) or a gRPC failure in the head.
 func responseAttrs(s trace.Span, resp *http.Response, server bool) {
-	s.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))
+	s.SetAttributes(statusAttr(resp.StatusCode)...)
 	if msg := resp.Header.Get(proxyErrorHeader); msg != "" {
 		// The mesh answered: its error label (set by the router, such as
 		// REQUEST_TIMEOUT) is the error.type, not the status.
@@ -351,28 +445,46 @@ func failed(s trace.Span, err error) {
 }
 
 // EndpointChosen records the endpoint the balancer chose for the request
-// of ctx: its address (network.peer.*), zone and identity.
-func EndpointChosen(ctx context.Context, addr, zone, id string) {
-	s := span(ctx)
-	if s == nil {
-		return
+// of ctx: attrs are its [EndpointAttrs], built once with the endpoint.
+func EndpointChosen(ctx context.Context, attrs []attribute.KeyValue) {
+	if s := span(ctx); s != nil {
+		s.SetAttributes(attrs...)
 	}
-	s.SetAttributes(AttrEndpoint.String(addr))
+}
+
+// EndpointAttrs are the attributes of an endpoint at addr (host:port):
+// inmesh.endpoint, network.peer.*, its zone and identity when it has them.
+func EndpointAttrs(addr, zone, id string) []attribute.KeyValue {
+	kv := make([]attribute.KeyValue, 0, 5)
+	kv = append(kv, AttrEndpoint.String(addr))
 	if h, p, ok := splitHostPort(addr); ok {
-		s.SetAttributes(semconv.NetworkPeerAddress(h), semconv.NetworkPeerPort(p))
+		kv = append(kv, semconv.NetworkPeerAddress(h), semconv.NetworkPeerPort(p))
 	}
 	if zone != "" {
-		s.SetAttributes(AttrZone.String(zone))
+		kv = append(kv, AttrZone.String(zone))
 	}
 	if id != "" {
-		s.SetAttributes(AttrServerIdentity.String(id))
+		kv = append(kv, AttrServerIdentity.String(id))
 	}
+	return kv
 }
 
 // Start starts a span named name of kind under ctx, and marks the context
 // it returns as traced by t, for the layers below.
 func (t *Tracer) Start(ctx context.Context, name string, kind trace.SpanKind, kv ...attribute.KeyValue) (context.Context, trace.Span) {
-	return t.tracer.Start(t.with(ctx), name, trace.WithSpanKind(kind), trace.WithAttributes(kv...))
+	return t.tracer.Start(t.with(ctx), name, kindOption(kind), trace.WithAttributes(kv...))
+}
+
+// kindOption is the start option of kind, made once for the kinds the
+// mesh starts.
+func kindOption(kind trace.SpanKind) trace.SpanStartOption {
+	switch kind {
+	case trace.SpanKindServer:
+		return serverKind
+	case trace.SpanKindClient:
+		return clientKind
+	}
+	return trace.WithSpanKind(kind)
 }
 
 // Extract returns ctx with the trace context carrier holds, if any.

@@ -37,10 +37,10 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	d := h.r.localDestFor(h.r.requestKey(req))
 	ts := d.state.Load()
 	route := ts.table.Select(req)
-	if meshtrace.Enabled(req.Context()) {
-		meshtrace.Route(req.Context(), "ServiceProfile", routeName(route))
-	}
 	tg := ts.targetsOf(route).inbound()
+	if meshtrace.Enabled(req.Context()) {
+		meshtrace.SetAttributes(req.Context(), tg.trace...)
+	}
 	ctx := req.Context()
 	tg.route.Request(ctx)
 	// A request without a body has nothing to read while the response is

@@ -9,6 +9,7 @@ import (
 
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/internal/registry"
@@ -114,7 +115,8 @@ func (rt *routeTargets) get(p *atomic.Pointer[dirTargets], direction string) *di
 }
 
 type dirTargets struct {
-	name      string // the route's name label, for tap
+	name      string               // the route's name label, for tap
+	trace     []attribute.KeyValue // the route's span attributes
 	route     *metrics.Target
 	actual    *metrics.Target
 	retryable []metric.AddOption
@@ -219,8 +221,13 @@ func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string) 
 		for _, k := range slices.Sorted(maps.Keys(labels)) {
 			kvs = append(kvs, attribute.String("rt_"+k, labels[k]))
 		}
+		name := labels["route"]
+		if name == "" {
+			name = "default"
+		}
 		return &dirTargets{
 			name:      labels["route"],
+			trace:     meshtrace.RouteAttrs("ServiceProfile", name),
 			route:     metrics.NewTarget(r.fams.route, kvs...),
 			actual:    metrics.NewTarget(r.fams.actual, kvs...),
 			retryable: metrics.Opts(kvs...),

@@ -57,10 +57,10 @@ func (t *routerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // roundTrip runs req by the profile table state ts.
 func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableState) (*http.Response, error) {
 	route := ts.table.Select(req)
-	if meshtrace.Enabled(req.Context()) {
-		meshtrace.Route(req.Context(), "ServiceProfile", routeName(route))
-	}
 	tg := ts.targetsOf(route).outbound()
+	if meshtrace.Enabled(req.Context()) {
+		meshtrace.SetAttributes(req.Context(), tg.trace...)
+	}
 	tg.route.Request(req.Context())
 	tap.NoteRoute(req.Context(), tg.name)
 	if ts.budget != nil {
@@ -119,15 +119,6 @@ func (pr *profileRecorder) Done(ctx context.Context, o exchange.Outcome, start t
 		}
 		meshtrace.Classified(ctx, !o.Class.Failure, errLabel, o.Retries)
 	}
-}
-
-// routeName is a profile route's name on spans (its rt_route label):
-// "default" for the default route.
-func routeName(r *profiles.CompiledRoute) string {
-	if r.Index < 0 || r.Labels["route"] == "" {
-		return "default"
-	}
-	return r.Labels["route"]
 }
 
 // budgetRetry retries a retryable route's failed responses, never its

@@ -1,0 +1,145 @@
+package meshtrace
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	w3cTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+	w3cSpan  = "00f067aa0ba902b7"
+	b3Trace  = "463ac35c9f6413ad48485a3953bb6124"
+	b3Span   = "a2fb4a1d1a96d312"
+)
+
+// The default propagator's extraction reads only the headers a request
+// carries, and finds what the composite propagator finds: W3C wins over
+// B3, an invalid traceparent leaves B3 to decide, baggage comes with
+// either (the header sets of contrib/propagators/b3's and otel's
+// propagation tests: b3_integration_test.go, trace_context_test.go).
+func TestExtractAsThePropagators(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+		want    string // trace ID, "" for none
+	}{
+		{"none", nil, ""},
+		{"unrelated", map[string]string{"Accept": "*/*"}, ""},
+		{"w3c", map[string]string{"Traceparent": "00-" + w3cTrace + "-" + w3cSpan + "-01"}, w3cTrace},
+		{"w3c with state", map[string]string{"Traceparent": "00-" + w3cTrace + "-" + w3cSpan + "-01", "Tracestate": "a=1,b=2"}, w3cTrace},
+		{"b3 multi", map[string]string{"X-B3-Traceid": b3Trace, "X-B3-Spanid": b3Span, "X-B3-Sampled": "1"}, b3Trace},
+		{"b3 single", map[string]string{"B3": b3Trace + "-" + b3Span + "-1"}, b3Trace},
+		{"both: w3c wins", map[string]string{"Traceparent": "00-" + w3cTrace + "-" + w3cSpan + "-00",
+			"X-B3-Traceid": b3Trace, "X-B3-Spanid": b3Span, "X-B3-Sampled": "1"}, w3cTrace},
+		{"invalid traceparent, b3", map[string]string{"Traceparent": "00-zz-" + w3cSpan + "-01",
+			"X-B3-Traceid": b3Trace, "X-B3-Spanid": b3Span}, b3Trace},
+		{"invalid traceparent alone", map[string]string{"Traceparent": "garbage"}, ""},
+		{"baggage alone", map[string]string{"Baggage": "k=v"}, ""},
+		{"w3c and baggage", map[string]string{"Traceparent": "00-" + w3cTrace + "-" + w3cSpan + "-01", "Baggage": "k=v,l=w"}, w3cTrace},
+		{"b3 sampling only", map[string]string{"X-B3-Sampled": "0"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			for k, v := range tc.headers {
+				h.Set(k, v)
+			}
+			tr := New(sdktrace.NewTracerProvider(), nil, "")
+			got := tr.extract(context.Background(), h)
+			want := DefaultPropagator().Extract(context.Background(), propagation.HeaderCarrier(h))
+			gsc, wsc := trace.SpanContextFromContext(got), trace.SpanContextFromContext(want)
+			assert.Equal(t, wsc, gsc)
+			assert.Equal(t, tc.want != "", gsc.IsValid())
+			if tc.want != "" {
+				assert.Equal(t, tc.want, gsc.TraceID().String())
+			}
+			assert.ElementsMatch(t, baggage.FromContext(want).Members(), baggage.FromContext(got).Members())
+		})
+	}
+}
+
+// With no trace header, extraction returns the context it was given: no
+// context is made for nothing.
+func TestExtractWithoutHeadersAllocatesNothing(t *testing.T) {
+	tr := New(sdktrace.NewTracerProvider(), nil, "")
+	h := http.Header{"Accept": {"*/*"}, "User-Agent": {"x"}}
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(100, func() { _ = tr.extract(ctx, h) })
+	assert.Zero(t, allocs)
+}
+
+// inject replaces the trace headers a request came with (a stale single
+// B3 header among them) and copies the others, leaving the caller's
+// request and header map as they were.
+func TestInjectReplacesTraceHeaders(t *testing.T) {
+	tp := sdktrace.NewTracerProvider()
+	tr := New(tp, nil, "")
+	ctx, s := tp.Tracer("test").Start(tr.with(context.Background()), "x")
+	defer s.End()
+	req := httptest.NewRequest(http.MethodGet, "http://svc/", nil).WithContext(ctx)
+	req.Header = http.Header{"Accept": {"a", "b"}, "B3": {b3Trace + "-" + b3Span}, "Traceparent": {"old"}, "X-Empty": nil}
+	before := req.Header.Clone()
+
+	out := tr.inject(req)
+	assert.Equal(t, before, req.Header, "the caller's headers are untouched")
+	assert.Equal(t, []string{"a", "b"}, out.Header["Accept"])
+	assert.Contains(t, out.Header, "X-Empty")
+	assert.NotContains(t, out.Header, "B3")
+	sc := s.SpanContext()
+	assert.Equal(t, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01", out.Header.Get("Traceparent"))
+	assert.Equal(t, sc.TraceID().String(), out.Header.Get("X-B3-Traceid"))
+	assert.Equal(t, sc.SpanID().String(), out.Header.Get("X-B3-Spanid"))
+	assert.Equal(t, "1", out.Header.Get("X-B3-Sampled"))
+	out.Header["Accept"][0] = "changed"
+	assert.Equal(t, "a", req.Header["Accept"][0], "the copy shares no values with the caller's")
+}
+
+// The server span's writer keeps the optional interfaces of the writer
+// below (io.ReaderFrom among them, which net/http's writer has, so that
+// io.Copy into it can use sendfile), and records the status the handler
+// answered with.
+func TestHandlerKeepsWriterInterfaces(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	var readerFrom, flusher, hijacker bool
+	h := New(tp, nil, "").Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, readerFrom = w.(io.ReaderFrom)
+		_, flusher = w.(http.Flusher)
+		_, hijacker = w.(http.Hijacker)
+		w.WriteHeader(http.StatusTeapot)
+		_, _ = io.Copy(w, strings.NewReader("short and stout"))
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL + "/pot")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "short and stout", string(body))
+	assert.True(t, readerFrom, "io.ReaderFrom")
+	assert.True(t, flusher, "http.Flusher")
+	assert.True(t, hijacker, "http.Hijacker")
+	spans := exp.GetSpans()
+	require.Len(t, spans, 1)
+	var code int64
+	for _, kv := range spans[0].Attributes {
+		if kv.Key == "http.response.status_code" {
+			code = kv.Value.AsInt64()
+		}
+	}
+	assert.Equal(t, int64(http.StatusTeapot), code)
+}
