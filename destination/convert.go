@@ -41,6 +41,7 @@ func ProfileToProto(p *profiles.Profile) *pb.DestinationProfile {
 			Condition:     requestMatchToProto(r.Condition),
 			MetricsLabels: maps.Clone(r.Labels),
 			IsRetryable:   r.Retryable,
+			Hedge:         hedgeToProto(r.Hedge),
 		}
 		if r.Timeout > 0 {
 			pr.Timeout = durationpb.New(r.Timeout)
@@ -169,6 +170,9 @@ func ProfileFromProto(m *pb.DestinationProfile) (*profiles.Profile, error) {
 			if r.Timeout, err = durationFromProto(pr.GetTimeout(), path+".timeout"); err != nil {
 				return nil, err
 			}
+		}
+		if r.Hedge, err = hedgeFromProto(pr.GetHedge(), path+".hedge"); err != nil {
+			return nil, err
 		}
 		for j, pc := range pr.GetResponseClasses() {
 			cpath := fmt.Sprintf("%s.response_classes[%d].condition", path, j)

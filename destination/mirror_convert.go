@@ -7,8 +7,8 @@ import (
 	"github.com/inmesh/inmesh/proxyapi/mirrorpb"
 )
 
-// mirrorsFromProto converts the request mirrors of an HTTP rule (inmesh's
-// field 1002 of HttpRoute.Rule).
+// mirrorsFromProto converts the request mirrors of a rule (inmesh's field
+// 1002 of HttpRoute.Rule and GrpcRoute.Rule).
 func mirrorsFromProto(ms []*mirrorpb.RequestMirror, path string) ([]policy.Mirror, error) {
 	var out []policy.Mirror
 	for i, m := range ms {
@@ -44,7 +44,7 @@ func mirrorsFromProto(ms []*mirrorpb.RequestMirror, path string) ([]policy.Mirro
 	return out, nil
 }
 
-// mirrorsToProto encodes the request mirrors of an HTTP rule.
+// mirrorsToProto encodes the request mirrors of a rule.
 func mirrorsToProto(ms []policy.Mirror) []*mirrorpb.RequestMirror {
 	var out []*mirrorpb.RequestMirror
 	for _, m := range ms {

@@ -764,6 +764,9 @@ func grpcRuleFromProto(r *outboundpb.GrpcRoute_Rule, path string) (policy.GRPCRu
 	if out.Hedge, err = hedgeFromProto(r.GetHedge(), path+".hedge"); err != nil {
 		return out, err
 	}
+	if out.Mirrors, err = mirrorsFromProto(r.GetInmeshRequestMirrors(), path+".inmesh_request_mirrors"); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 

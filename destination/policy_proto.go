@@ -361,6 +361,7 @@ func grpcRoutesToProto(routes []policy.GRPCRoute) []*outboundpb.GrpcRoute {
 				RequestTimeout:         durationOrNil(rule.Timeouts.Request),
 				AllowL5DRequestHeaders: rule.AllowL5dRequestHeaders,
 				Hedge:                  hedgeToProto(rule.Hedge),
+				InmeshRequestMirrors:   mirrorsToProto(rule.Mirrors),
 				Backends:               &outboundpb.GrpcRoute_Distribution{},
 			}
 			for _, m := range rule.Matches {

@@ -126,6 +126,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) (p *policy.Polic
 				Timeouts: ruleTimeouts(nil, routeTimeouts, svcTimeouts),
 				Retry:    retry,
 				Hedge:    routeHedge,
+				Mirrors:  r.mirrors(rule.Mirrors),
 			})
 		}
 		grpcRoutes = append(grpcRoutes, route)

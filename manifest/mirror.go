@@ -5,10 +5,10 @@ import (
 	"github.com/inmesh/inmesh/policy"
 )
 
-// parseRuleFilters reads the filters of an HTTPRoute rule: the
-// RequestMirror filters apart (they become the rule's mirrors), the others
-// as parseFilters does.
-func parseRuleFilters(n yamltree.Node, ns string) ([]policy.Filter, []MirrorRef, error) {
+// parseRuleFilters reads the filters of an HTTPRoute rule, or with grpc of
+// a GRPCRoute rule: the RequestMirror filters apart (they become the
+// rule's mirrors), the others as parseFilters does.
+func parseRuleFilters(n yamltree.Node, ns string, grpc bool) ([]policy.Filter, []MirrorRef, error) {
 	if n.Value == nil {
 		return nil, nil, nil
 	}
@@ -19,7 +19,11 @@ func parseRuleFilters(n yamltree.Node, ns string) ([]policy.Filter, []MirrorRef,
 	var rest []yamltree.Node
 	var mirrors []MirrorRef
 	for _, item := range items {
-		obj, err := item.Object("type", "requestHeaderModifier", "responseHeaderModifier", "requestRedirect", "requestMirror")
+		known := []string{"type", "requestHeaderModifier", "responseHeaderModifier", "requestRedirect", "requestMirror"}
+		if grpc {
+			known = []string{"type", "requestHeaderModifier", "requestMirror"}
+		}
+		obj, err := item.Object(known...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -39,7 +43,7 @@ func parseRuleFilters(n yamltree.Node, ns string) ([]policy.Filter, []MirrorRef,
 	if len(rest) == 0 {
 		return nil, mirrors, nil
 	}
-	filters, err := parseFilters(yamltree.Node{Path: n.Path, Value: n.Value}, false, rest...)
+	filters, err := parseFilters(yamltree.Node{Path: n.Path, Value: n.Value}, grpc, rest...)
 	return filters, mirrors, err
 }
 

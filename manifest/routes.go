@@ -31,7 +31,7 @@ type HTTPRouteRule struct {
 	Mirrors []MirrorRef
 }
 
-// MirrorRef is a RequestMirror filter of an HTTPRoute rule: a Service port
+// MirrorRef is a RequestMirror filter of an HTTPRoute or GRPCRoute rule: a Service port
 // that gets a copy of a share of the rule's requests.
 type MirrorRef struct {
 	Namespace, Name string
@@ -55,6 +55,8 @@ type GRPCRouteRule struct {
 	Filters     []policy.Filter
 	BackendRefs []BackendRef
 	Timeouts    *policy.Timeouts
+	// Mirrors are the rule's RequestMirror filters, in order.
+	Mirrors []MirrorRef
 }
 
 // ParentRef is a parent of a route. Only Service parents (kind Service,
@@ -203,7 +205,7 @@ func parseHTTPRule(n yamltree.Node, ns string) (HTTPRouteRule, error) {
 			r.Matches = append(r.Matches, m)
 		}
 	}
-	if r.Filters, r.Mirrors, err = parseRuleFilters(obj["filters"], ns); err != nil {
+	if r.Filters, r.Mirrors, err = parseRuleFilters(obj["filters"], ns, false); err != nil {
 		return r, err
 	}
 	if r.BackendRefs, err = parseBackendRefs(obj["backendRefs"], ns, false); err != nil {
@@ -655,7 +657,7 @@ func parseGRPCRule(n yamltree.Node, ns string) (GRPCRouteRule, error) {
 			r.Matches = append(r.Matches, m)
 		}
 	}
-	if r.Filters, err = parseFilters(obj["filters"], true); err != nil {
+	if r.Filters, r.Mirrors, err = parseRuleFilters(obj["filters"], ns, true); err != nil {
 		return r, err
 	}
 	if r.BackendRefs, err = parseBackendRefs(obj["backendRefs"], ns, true); err != nil {

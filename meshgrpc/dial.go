@@ -207,7 +207,12 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 		if rt := t.For(&http.Request{ProtoMajor: 2}); rt != nil && rt.IsGRPC() {
 			st.grpc = rt
 			for _, route := range rt.Routes() {
-				st.targets[route] = m.newRouteTarget(route, rt.FailureAccrual())
+				st.targets[route] = m.withMirror(m.newRouteTarget(route, rt.FailureAccrual()), authority)
+				for _, mi := range route.Mirrors {
+					if mi.Authority != "" {
+						st.backends = append(st.backends, mi.Authority) // the balancer follows the mirror's endpoints too
+					}
+				}
 				for _, b := range route.Backends.Backends {
 					if b.Backend.Balancer != nil {
 						a := b.Backend.Balancer.Authority

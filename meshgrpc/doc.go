@@ -11,8 +11,9 @@
 // endpoint by power of two choices over peak-EWMA load with failure accrual
 // (the logic of package balancer), the interceptors apply the authority's
 // GRPCRoute policy (deadline, counted retries on gRPC codes, failure
-// injection, Linkerd's outbound_grpc_route_* metrics), and the transport
-// credentials speak mTLS to every endpoint that has an identity.
+// injection, request mirrors of unary calls, Linkerd's
+// outbound_grpc_route_* metrics), and the transport credentials speak
+// mTLS to every endpoint that has an identity.
 //
 // A server joins with
 //

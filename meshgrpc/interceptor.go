@@ -36,6 +36,9 @@ type routeTarget struct {
 	backends  []*metrics.BackendTarget
 	noBackend *metrics.BackendTarget
 	total     uint64
+	// mirror copies the rule's unary calls (mirror.go); nil without
+	// mirrors.
+	mirror *mirrorer
 }
 
 func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *routeTarget {
@@ -286,6 +289,9 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		actx, bt, err := c.prepare(ctx)
 		if bt != nil {
 			bt.Request(ctx)
+		}
+		if retries == 0 && err == nil && rt.mirror != nil {
+			rt.mirror.start(actx, method, req, cc, invoker, opts) // once per call, never per retry
 		}
 		start := time.Now()
 		tryTimedOut := false

@@ -270,6 +270,7 @@ func CompileGRPC(parent Metadata, p GRPCProtocol, opts Options, field string) (*
 				Filters: rule.Filters, Backends: rule.Backends, Timeouts: rule.Timeouts,
 				Retry: rule.Retry, AllowL5dRequestHeaders: rule.AllowL5dRequestHeaders, Hedge: rule.Hedge,
 			}
+			route.Mirrors = rule.Mirrors
 			if err := checkRule(route, rpath, opts); err != nil {
 				return nil, err
 			}
@@ -396,7 +397,7 @@ func checkRule(r *Route, path string, opts Options) error {
 	if err := checkDistribution(r.Backends, r.GRPC, path+".backends", opts); err != nil {
 		return err
 	}
-	if err := checkMirrors(r.Mirrors, r.GRPC, path+".mirrors", opts); err != nil {
+	if err := checkMirrors(r.Mirrors, path+".mirrors", opts); err != nil {
 		return err
 	}
 	for _, d := range []struct {

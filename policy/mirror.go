@@ -8,7 +8,8 @@ import (
 
 // Mirror sends a copy of a rule's requests to another backend and
 // discards its response: the Gateway API's RequestMirror filter of
-// HTTPRoute, with the percent and fraction of newer versions. Linkerd's
+// HTTPRoute and GRPCRoute, with the percent and fraction of newer
+// versions. Linkerd's
 // proxy has no such filter; inmesh carries it beside Linkerd's fields,
 // where a Linkerd proxy does not look.
 //
@@ -18,7 +19,7 @@ import (
 // A mirror never delays or fails the request it copies.
 type Mirror struct {
 	// Meta names the mirror backend; its fields become the backend_*
-	// labels of outbound_http_route_mirror_requests_total.
+	// labels of outbound_{http,grpc}_route_mirror_requests_total.
 	Meta Metadata
 	// Authority is the host:port whose endpoints the Destination API's Get
 	// returns: the mirror is balanced as any backend is. Exactly one of
@@ -42,12 +43,9 @@ func (m *Mirror) Target() string {
 }
 
 // checkMirrors validates the mirrors of a rule.
-func checkMirrors(ms []Mirror, grpc bool, path string, opts Options) error {
+func checkMirrors(ms []Mirror, path string, opts Options) error {
 	if len(ms) == 0 {
 		return nil
-	}
-	if grpc {
-		return fmt.Errorf("%s: not allowed on a gRPC route", path)
 	}
 	if len(ms) > opts.MaxMatches {
 		return fmt.Errorf("%s: %d mirrors is more than the limit of %d", path, len(ms), opts.MaxMatches)

@@ -260,6 +260,9 @@ type GRPCRule struct {
 	Retry                  *Retry
 	AllowL5dRequestHeaders bool
 	Hedge                  *hedge.Policy
+	// Mirrors copy the rule's calls to other backends (the GRPCRoute
+	// RequestMirror filter); see [Mirror].
+	Mirrors []Mirror
 }
 
 // GRPCRouteMatch holds for POST requests to the rpc whose headers all

@@ -103,6 +103,11 @@ func Compile(p *Profile, opts Options) (*Table, error) {
 		if r.Timeout < 0 {
 			return nil, fmt.Errorf("%s.timeout: negative duration %v", path, r.Timeout)
 		}
+		if r.Hedge != nil {
+			if err := r.Hedge.Validate(); err != nil {
+				return nil, fmt.Errorf("%s.hedge.%w", path, err)
+			}
+		}
 		cl := &classify.Classifier{}
 		for j, rc := range r.ResponseClasses {
 			cpath := path.at("responseClasses", j).at("condition", -1)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/hedge"
 )
 
 // Profile is the service profile of one destination authority. A Profile
@@ -42,6 +43,10 @@ type Route struct {
 	// Timeout bounds every request of the route, all attempts included;
 	// zero means none.
 	Timeout time.Duration
+	// Hedge is the route's hedging (beyond Linkerd, from the
+	// ServiceProfile's hedge.inmesh.io annotations); nil means none. Its
+	// hedges are bounded by the profile's retry budget too.
+	Hedge *hedge.Policy
 }
 
 // RetryBudget bounds retries as a share of original requests, in the manner

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/hedge"
 	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/filestamp"
 	"github.com/inmesh/inmesh/internal/recache"
@@ -38,6 +39,10 @@ type ServiceProfile struct {
 	DstOverrides []endpoint.WeightedDst
 	// OpaquePorts are spec.opaquePorts, sorted.
 	OpaquePorts []uint32
+	// Annotations are metadata.annotations; the hedge.inmesh.io ones set
+	// the Hedge of the routes (see [hedge.FromAnnotations] and
+	// [hedge.AnnotationRoutes]).
+	Annotations map[string]string
 }
 
 // ProfileFor returns the profile that a control plane serves for
@@ -158,7 +163,54 @@ func parseServiceProfile(doc []byte) (*ServiceProfile, error) {
 	if err := sp.parseSpec(specNode); err != nil {
 		return nil, err
 	}
+	if err := sp.applyHedging(); err != nil {
+		return nil, err
+	}
 	return sp, nil
+}
+
+// applyHedging sets the Hedge of the routes from the hedge.inmesh.io
+// annotations: every route, or those hedge.inmesh.io/routes names (each
+// must be a route of the profile).
+func (sp *ServiceProfile) applyHedging() error {
+	p, err := hedge.FromAnnotations(sp.Annotations)
+	if err != nil {
+		return err
+	}
+	v, hasRoutes := sp.Annotations[hedge.AnnotationRoutes]
+	if p == nil {
+		if hasRoutes {
+			return hedge.AnnotationError(hedge.AnnotationRoutes, "needs %s", hedge.AnnotationDelay)
+		}
+		return nil
+	}
+	if !hasRoutes {
+		for i := range sp.Routes {
+			sp.Routes[i].Hedge = p
+		}
+		return nil
+	}
+	names, err := hedge.RouteNames(v)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		found := false
+		for i := range sp.Routes {
+			if sp.Routes[i].Labels["route"] == name {
+				sp.Routes[i].Hedge = p
+				found = true
+			}
+		}
+		if !found {
+			known := make([]string, 0, len(sp.Routes))
+			for _, r := range sp.Routes {
+				known = append(known, strconv.Quote(r.Labels["route"]))
+			}
+			return hedge.AnnotationError(hedge.AnnotationRoutes, "%q is not the name of a route of spec.routes (%s)", name, strings.Join(known, ", "))
+		}
+	}
+	return nil
 }
 
 func expectString(obj map[string]yamltree.Node, field, want string) error {
@@ -196,6 +248,20 @@ func (sp *ServiceProfile) parseMetadata(n yamltree.Node) error {
 	if ns, ok := meta["namespace"]; ok {
 		if sp.Namespace, err = ns.Str(); err != nil {
 			return err
+		}
+	}
+	if an, ok := meta["annotations"]; ok && an.Value != nil {
+		m, ok := an.Value.(map[string]any)
+		if !ok {
+			return an.Errorf("must be an object of strings")
+		}
+		sp.Annotations = make(map[string]string, len(m))
+		for _, k := range yamltree.SortedKeys(m) {
+			v, err := yamltree.Node{Path: an.Child(k), Value: m[k]}.Scalar()
+			if err != nil {
+				return err
+			}
+			sp.Annotations[k] = v
 		}
 	}
 	return nil

@@ -243,6 +243,9 @@ func explainProfile(e *Explanation, v profileroute.Resolved, req *http.Request) 
 		st := b.State()
 		e.Budget = &st
 	}
+	if h, ok := v.Hedger(route).(*hedger); ok {
+		e.Hedge = h.explain()
+	}
 	if p := v.Table().Profile(); p != nil && len(p.DstOverrides) > 0 {
 		bi := &BackendsInfo{Distribution: "dst_overrides"}
 		for _, d := range p.DstOverrides {

@@ -14,7 +14,9 @@ import (
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router/internal/profileroute"
 	"github.com/inmesh/inmesh/tap"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // WithHedging hedges the requests of every policy route that sets no
@@ -265,6 +267,21 @@ func (r *Router) hedger(route *policy.Route, rt *routeTarget) *hedger {
 		limit = min(limit, route.Retry.BodyLimit())
 	}
 	return &hedger{state: hedge.NewState(*p), metrics: hedges.Target(rt.metrics), budget: rt.budget, limit: limit}
+}
+
+// profileHedger returns the hedging of a ServiceProfile route hedged by p,
+// with its route_hedge_* series labelled opts, bounded by the profile's
+// retry budget when it has one. Its requests go to the route's authority
+// (the balancer excludes the endpoints a request tried; without a balancer
+// nothing is hedged).
+func (r *Router) profileHedger(p hedge.Policy, opts []metric.AddOption, budget *profiles.Budget) profileroute.Hedger {
+	return &hedger{state: hedge.NewState(p), metrics: r.profHedges.TargetWith(opts), budget: budget, limit: MaxRetryBodyBytes}
+}
+
+// RoundTrip sends req through base, hedged as roundTrip says: the
+// profile router's Hedger.
+func (h *hedger) RoundTrip(base http.RoundTripper, req *http.Request) (*http.Response, error) {
+	return h.roundTrip(base, req)
 }
 
 // HedgeInfo is the hedging of a route, as [Router.Explain] shows it.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/mirror"
 	"github.com/inmesh/inmesh/policy"
 )
 
@@ -77,39 +78,8 @@ type mirrorTarget struct {
 	m      *policy.Mirror
 	bc     *balancer.BackendConfig
 	series *metrics.MirrorTarget
-	// down backs off a mirror whose copies get no response: until
-	// downUntil (unix nanoseconds) no copy is sent; the backoff doubles
-	// from mirrorBackoffMin to mirrorBackoffMax while copies keep failing
-	// so, and a response ends it.
-	downUntil atomic.Int64
-	backoff   atomic.Int64
-}
-
-// The backoff of a mirror that gives no response (a dead mirror): a
-// refused connection per copy would cost the primary's process a dial for
-// nothing.
-const (
-	mirrorBackoffMin = 100 * time.Millisecond
-	mirrorBackoffMax = 10 * time.Second
-)
-
-// available reports whether a copy may go to t now.
-func (t *mirrorTarget) available(now time.Time) bool { return now.UnixNano() >= t.downUntil.Load() }
-
-// failed backs t off after a copy that got no response.
-func (t *mirrorTarget) failed(now time.Time) {
-	b := time.Duration(t.backoff.Load())
-	b = min(max(2*b, mirrorBackoffMin), mirrorBackoffMax)
-	t.backoff.Store(int64(b))
-	t.downUntil.Store(now.Add(b).UnixNano())
-}
-
-// answered ends t's backoff.
-func (t *mirrorTarget) answered() {
-	if t.backoff.Load() != 0 {
-		t.backoff.Store(0)
-		t.downUntil.Store(0)
-	}
+	// down backs off a mirror whose copies get no response.
+	down mirror.Backoff
 }
 
 // mirrorer returns the mirrorer of a route, nil when it has no mirrors.
@@ -117,7 +87,7 @@ func (r *Router) mirrorer(route *policy.Route, rt *routeTarget, fa *balancer.Fai
 	if len(route.Mirrors) == 0 {
 		return nil
 	}
-	fam := metrics.NewMirrors(metrics.Meter(r.cfg.mp, ScopeName))
+	fam := metrics.NewMirrors(metrics.Meter(r.cfg.mp, ScopeName), route.GRPC)
 	mr := &mirrorer{r: r, limits: r.cfg.mirror.withDefaults()}
 	for i := range route.Mirrors {
 		m := &route.Mirrors[i]
@@ -143,11 +113,11 @@ func (mr *mirrorer) start(x *policyExchange, req *http.Request) *http.Request {
 		if !x.fires(t.m.Ratio) {
 			continue
 		}
-		if t.downUntil.Load() != 0 {
+		if t.down.Down() {
 			if now.IsZero() {
 				now = time.Now()
 			}
-			if !t.available(now) {
+			if !t.down.Available(now) {
 				t.series.Count(metrics.MirrorUnavailable)
 				continue
 			}
@@ -166,7 +136,7 @@ func (mr *mirrorer) start(x *policyExchange, req *http.Request) *http.Request {
 		return req
 	}
 	head := mirrorHead{base: x.base, method: req.Method, url: *req.URL, header: req.Header.Clone(),
-		proto: req.Proto, major: req.ProtoMajor, minor: req.ProtoMinor}
+		proto: req.Proto, major: req.ProtoMajor, minor: req.ProtoMinor, grpc: x.grpc}
 	if req.Body == nil || req.Body == http.NoBody {
 		for _, t := range fire {
 			mr.send(t, &head, nil)
@@ -201,6 +171,8 @@ type mirrorHead struct {
 	header       http.Header
 	proto        string
 	major, minor int
+	// grpc: the copy is a gRPC call, whose result is its grpc-status.
+	grpc bool
 }
 
 // send sends one copy on a goroutine of its own, or drops it when the
@@ -240,20 +212,32 @@ func (mr *mirrorer) run(t *mirrorTarget, head *mirrorHead, body []byte) {
 	if err != nil {
 		t.series.Count(metrics.MirrorFailure)
 		if ctx.Err() == nil {
-			t.failed(time.Now()) // no response, not a timeout: back off
+			t.down.Failed(time.Now()) // no response, not a timeout: back off
 		}
 		return
 	}
-	t.answered()
+	t.down.Answered()
 	// The response is discarded; a short one is read to its end so that
-	// its connection is reused.
+	// its connection is reused (and a gRPC call's trailers read).
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, mirrorDrainBytes))
 	resp.Body.Close()
-	if resp.StatusCode >= 500 || balancer.ResponseError(resp) != nil {
+	if resp.StatusCode >= 500 || balancer.ResponseError(resp) != nil || head.grpc && !grpcOK(resp) {
 		t.series.Count(metrics.MirrorFailure)
 		return
 	}
 	t.series.Count(metrics.MirrorSuccess)
+}
+
+// grpcOK reports whether a gRPC answer read to its end carries the status
+// OK: in its headers (trailers-only) or its trailers. An answer whose end
+// was not read (past mirrorDrainBytes) has no trailers yet and counts as
+// OK when its HTTP status is.
+func grpcOK(resp *http.Response) bool {
+	st := resp.Header.Get("Grpc-Status")
+	if st == "" {
+		st = resp.Trailer.Get("Grpc-Status")
+	}
+	return st == "" || st == "0"
 }
 
 // mirrorDrainBytes is how much of a mirror's response is read before it is

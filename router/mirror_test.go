@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/mirror"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
@@ -312,7 +313,7 @@ func TestMirrorDeadIsBackedOff(t *testing.T) {
 		resp, _ := f.do(t, "GET", "http://svc.test/x", "", nil)
 		require.Equal(t, 200, resp.StatusCode)
 	}
-	if time.Since(sent) < mirrorBackoffMin {
+	if time.Since(sent) < mirror.BackoffMin {
 		// All within the first backoff: none of them tried the dead mirror.
 		assert.Equal(t, 1, f.mirrorCount(t, "dead", "failure"))
 		assert.Equal(t, n, f.mirrorCount(t, "dead", "unavailable"))

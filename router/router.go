@@ -62,6 +62,7 @@ type Router struct {
 
 	httpFam, grpcFam       *metrics.Outbound
 	httpHedges, grpcHedges *metrics.Hedges
+	profHedges             *metrics.Hedges // route_hedge_*, of ServiceProfile routes
 
 	trace *meshtrace.Tracer // nil: tracing is off
 }
@@ -116,13 +117,14 @@ func New(opts ...Option) *Router {
 	r.prof = profileroute.NewRouter(cfg.profiles, profileroute.WithMeterProvider(cfg.mp), profileroute.WithLogger(cfg.logger),
 		profileroute.WithMaxAuthorities(cfg.maxAuthorities), profileroute.WithIdleTimeout(cfg.idleTimeout),
 		profileroute.WithDstOverrideHeader(cfg.dstOverride), profileroute.WithCompileOptions(cfg.profileCompile),
-		profileroute.WithLocalAuthorities(cfg.local...))
+		profileroute.WithLocalAuthorities(cfg.local...), profileroute.WithHedging(r.profileHedger))
 	r.outProf = cfg.profiles != nil
 	meter := metrics.Meter(cfg.mp, ScopeName)
 	r.httpFam = metrics.NewOutbound(meter, false)
 	r.grpcFam = metrics.NewOutbound(meter, true)
 	r.httpHedges = metrics.NewHedges(meter, false)
 	r.grpcHedges = metrics.NewHedges(meter, true)
+	r.profHedges = metrics.NewProfileHedges(meter)
 	return r
 }
 

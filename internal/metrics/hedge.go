@@ -21,6 +21,14 @@ func NewHedges(meter metric.Meter, grpc bool) *Hedges {
 	if grpc {
 		p = "outbound_grpc_route_"
 	}
+	return newHedges(meter, p)
+}
+
+// NewProfileHedges creates the route_hedge_ families of ServiceProfile
+// routes, beside route_retryable_total (direction, dst and rt_* labels).
+func NewProfileHedges(meter metric.Meter) *Hedges { return newHedges(meter, "route_") }
+
+func newHedges(meter metric.Meter, p string) *Hedges {
 	counter := func(name, help string) metric.Int64Counter {
 		c, err := meter.Int64Counter(p+name, metric.WithDescription(help))
 		if err != nil {
@@ -44,6 +52,11 @@ type HedgeTarget struct {
 
 // Target returns the hedge series of route target rt.
 func (h *Hedges) Target(rt *RouteTarget) *HedgeTarget { return &HedgeTarget{h: h, opts: rt.opts} }
+
+// TargetWith returns the hedge series with the labels opts (from [Opts]).
+func (h *Hedges) TargetWith(opts []metric.AddOption) *HedgeTarget {
+	return &HedgeTarget{h: h, opts: opts}
+}
 
 // Sent counts a hedge sent, Won one that won, Overflow one not sent.
 func (t *HedgeTarget) Sent(ctx context.Context) { t.h.requests.Add(ctx, 1, t.opts...) }

@@ -7,9 +7,11 @@ import (
 
 // The result label values of outbound_http_route_mirror_requests_total.
 const (
-	// MirrorSuccess: the mirror answered with a status below 500.
+	// MirrorSuccess: the mirror answered with a status below 500 (a
+	// gRPC mirror: with the status OK).
 	MirrorSuccess = "success"
-	// MirrorFailure: the mirror failed (no response, or a 5xx).
+	// MirrorFailure: the mirror failed (no response, a 5xx, or a gRPC
+	// status other than OK).
 	MirrorFailure = "failure"
 	// MirrorDropped: the route's mirrors in flight were at their bound,
 	// so the copy was not sent.
@@ -29,16 +31,22 @@ const (
 
 var mirrorResults = [...]string{MirrorSuccess, MirrorFailure, MirrorDropped, MirrorBodyTooLarge, MirrorBodyIncomplete, MirrorUnavailable}
 
-// Mirrors is the outbound_http_route_mirror_requests_total family: the
-// copies of requests a route's RequestMirror filters were to send, by
-// result. It is safe for concurrent use.
+// Mirrors is the outbound_http_route_mirror_requests_total family (or
+// the outbound_grpc_route_ one): the copies of requests a route's
+// RequestMirror filters were to send, by result. It is safe for
+// concurrent use.
 type Mirrors struct {
 	requests *Sum
 }
 
-// NewMirrors creates the family on meter (one per meter, shared).
-func NewMirrors(meter metric.Meter) *Mirrors {
-	return &Mirrors{requests: NewSum(meter, "outbound_http_route_mirror_requests_total",
+// NewMirrors creates the family of HTTP routes on meter, or with grpc the
+// one of gRPC routes (one per meter and name, shared).
+func NewMirrors(meter metric.Meter, grpc bool) *Mirrors {
+	name := "outbound_http_route_mirror_requests_total"
+	if grpc {
+		name = "outbound_grpc_route_mirror_requests_total"
+	}
+	return &Mirrors{requests: NewSum(meter, name,
 		"Mirrored requests (copies sent to a RequestMirror backend, responses discarded), by result.")}
 }
 

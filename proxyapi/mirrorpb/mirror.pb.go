@@ -1,6 +1,7 @@
 // inmesh's request mirroring (the Gateway API's RequestMirror filter of
-// HTTPRoute), carried over Linkerd's OutboundPolicies API in field 1002 of
-// io.linkerd.proxy.outbound.HttpRoute.Rule. Linkerd's proxies skip the
+// HTTPRoute and GRPCRoute), carried over Linkerd's OutboundPolicies API in
+// field 1002 of io.linkerd.proxy.outbound.HttpRoute.Rule and
+// GrpcRoute.Rule. Linkerd's proxies skip the
 // unknown field, so a route with mirrors still works for them (without the
 // copies); a Linkerd control plane never sends it.
 

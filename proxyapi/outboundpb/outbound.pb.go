@@ -1999,9 +1999,12 @@ type GrpcRoute_Rule struct {
 	Retry                  *GrpcRoute_Retry      `protobuf:"bytes,6,opt,name=retry,proto3" json:"retry,omitempty"`
 	AllowL5DRequestHeaders bool                  `protobuf:"varint,7,opt,name=allow_l5d_request_headers,json=allowL5dRequestHeaders,proto3" json:"allow_l5d_request_headers,omitempty"`
 	// inmesh's hedging (proto/hedge.proto); Linkerd's proxies skip it.
-	Hedge         *hedgepb.Hedge `protobuf:"bytes,1001,opt,name=hedge,proto3" json:"hedge,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Hedge *hedgepb.Hedge `protobuf:"bytes,1001,opt,name=hedge,proto3" json:"hedge,omitempty"`
+	// inmesh: the rule's request mirrors (the GRPCRoute RequestMirror
+	// filter), as in HttpRoute.Rule; proxies that do not know it skip it.
+	InmeshRequestMirrors []*mirrorpb.RequestMirror `protobuf:"bytes,1002,rep,name=inmesh_request_mirrors,json=inmeshRequestMirrors,proto3" json:"inmesh_request_mirrors,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *GrpcRoute_Rule) Reset() {
@@ -2087,6 +2090,13 @@ func (x *GrpcRoute_Rule) GetAllowL5DRequestHeaders() bool {
 func (x *GrpcRoute_Rule) GetHedge() *hedgepb.Hedge {
 	if x != nil {
 		return x.Hedge
+	}
+	return nil
+}
+
+func (x *GrpcRoute_Rule) GetInmeshRequestMirrors() []*mirrorpb.RequestMirror {
+	if x != nil {
+		return x.InmeshRequestMirrors
 	}
 	return nil
 }
@@ -4149,11 +4159,11 @@ const file_outbound_proto_rawDesc = "" +
 	"\x0erequestTimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\x02\x18\x01R\x0erequestTimeout\x1a{\n" +
 	"\x14WeightedRouteBackend\x12K\n" +
 	"\abackend\x18\x01 \x01(\v21.io.linkerd.proxy.outbound.HttpRoute.RouteBackendR\abackend\x12\x16\n" +
-	"\x06weight\x18\x02 \x01(\rR\x06weight\"\xb0\x12\n" +
+	"\x06weight\x18\x02 \x01(\rR\x06weight\"\x8b\x13\n" +
 	"\tGrpcRoute\x12;\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x1f.io.linkerd.proxy.meta.MetadataR\bmetadata\x12<\n" +
 	"\x05hosts\x18\x02 \x03(\v2&.io.linkerd.proxy.http_route.HostMatchR\x05hosts\x12?\n" +
-	"\x05rules\x18\x03 \x03(\v2).io.linkerd.proxy.outbound.GrpcRoute.RuleR\x05rules\x1a\xa0\x04\n" +
+	"\x05rules\x18\x03 \x03(\v2).io.linkerd.proxy.outbound.GrpcRoute.RuleR\x05rules\x1a\xfb\x04\n" +
 	"\x04Rule\x12E\n" +
 	"\amatches\x18\x01 \x03(\v2+.io.linkerd.proxy.grpc_route.GrpcRouteMatchR\amatches\x12E\n" +
 	"\afilters\x18\x02 \x03(\v2+.io.linkerd.proxy.outbound.GrpcRoute.FilterR\afilters\x12M\n" +
@@ -4162,7 +4172,8 @@ const file_outbound_proto_rawDesc = "" +
 	"\btimeouts\x18\x05 \x01(\v2%.io.linkerd.proxy.http_route.TimeoutsR\btimeouts\x12@\n" +
 	"\x05retry\x18\x06 \x01(\v2*.io.linkerd.proxy.outbound.GrpcRoute.RetryR\x05retry\x129\n" +
 	"\x19allow_l5d_request_headers\x18\a \x01(\bR\x16allowL5dRequestHeaders\x124\n" +
-	"\x05hedge\x18\xe9\a \x01(\v2\x1d.io.inmesh.ext.hedge.v1.HedgeR\x05hedge\x1a\xdd\x01\n" +
+	"\x05hedge\x18\xe9\a \x01(\v2\x1d.io.inmesh.ext.hedge.v1.HedgeR\x05hedge\x12Y\n" +
+	"\x16inmesh_request_mirrors\x18\xea\a \x03(\v2\".io.inmesh.mirror.v1.RequestMirrorR\x14inmeshRequestMirrors\x1a\xdd\x01\n" +
 	"\x06Filter\x12]\n" +
 	"\x10failure_injector\x18\x01 \x01(\v20.io.linkerd.proxy.grpc_route.GrpcFailureInjectorH\x00R\x0ffailureInjector\x12l\n" +
 	"\x17request_header_modifier\x18\x02 \x01(\v22.io.linkerd.proxy.http_route.RequestHeaderModifierH\x00R\x15requestHeaderModifierB\x06\n" +
@@ -4485,68 +4496,69 @@ var file_outbound_proto_depIdxs = []int32{
 	69,  // 71: io.linkerd.proxy.outbound.GrpcRoute.Rule.timeouts:type_name -> io.linkerd.proxy.http_route.Timeouts
 	32,  // 72: io.linkerd.proxy.outbound.GrpcRoute.Rule.retry:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Retry
 	70,  // 73: io.linkerd.proxy.outbound.GrpcRoute.Rule.hedge:type_name -> io.inmesh.ext.hedge.v1.Hedge
-	77,  // 74: io.linkerd.proxy.outbound.GrpcRoute.Filter.failure_injector:type_name -> io.linkerd.proxy.grpc_route.GrpcFailureInjector
-	73,  // 75: io.linkerd.proxy.outbound.GrpcRoute.Filter.request_header_modifier:type_name -> io.linkerd.proxy.http_route.RequestHeaderModifier
-	35,  // 76: io.linkerd.proxy.outbound.GrpcRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.Empty
-	36,  // 77: io.linkerd.proxy.outbound.GrpcRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable
-	37,  // 78: io.linkerd.proxy.outbound.GrpcRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable
-	38,  // 79: io.linkerd.proxy.outbound.GrpcRoute.Retry.conditions:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Retry.Conditions
-	67,  // 80: io.linkerd.proxy.outbound.GrpcRoute.Retry.timeout:type_name -> google.protobuf.Duration
-	11,  // 81: io.linkerd.proxy.outbound.GrpcRoute.Retry.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	7,   // 82: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
-	30,  // 83: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Filter
-	67,  // 84: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.requestTimeout:type_name -> google.protobuf.Duration
-	33,  // 85: io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
-	33,  // 86: io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
-	34,  // 87: io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend
-	41,  // 88: io.linkerd.proxy.outbound.OpaqueRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution
-	40,  // 89: io.linkerd.proxy.outbound.OpaqueRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
-	78,  // 90: io.linkerd.proxy.outbound.OpaqueRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
-	79,  // 91: io.linkerd.proxy.outbound.OpaqueRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
-	44,  // 92: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.Empty
-	45,  // 93: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable
-	46,  // 94: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable
-	7,   // 95: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
-	40,  // 96: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
-	42,  // 97: io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
-	42,  // 98: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
-	43,  // 99: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend
-	49,  // 100: io.linkerd.proxy.outbound.TlsRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution
-	48,  // 101: io.linkerd.proxy.outbound.TlsRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
-	78,  // 102: io.linkerd.proxy.outbound.TlsRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
-	79,  // 103: io.linkerd.proxy.outbound.TlsRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
-	52,  // 104: io.linkerd.proxy.outbound.TlsRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.Empty
-	53,  // 105: io.linkerd.proxy.outbound.TlsRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable
-	54,  // 106: io.linkerd.proxy.outbound.TlsRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable
-	7,   // 107: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
-	48,  // 108: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
-	50,  // 109: io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
-	50,  // 110: io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
-	51,  // 111: io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend
-	57,  // 112: io.linkerd.proxy.outbound.Backend.EndpointDiscovery.dst:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery.DestinationGet
-	55,  // 113: io.linkerd.proxy.outbound.Backend.BalanceP2c.discovery:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery
-	58,  // 114: io.linkerd.proxy.outbound.Backend.BalanceP2c.peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma
-	59,  // 115: io.linkerd.proxy.outbound.Backend.BalanceP2c.penalty_peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma
-	80,  // 116: io.linkerd.proxy.outbound.Backend.BalanceP2c.outlier_detection:type_name -> io.inmesh.ext.outlier.v1.OutlierDetection
-	67,  // 117: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.default_rtt:type_name -> google.protobuf.Duration
-	67,  // 118: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.decay:type_name -> google.protobuf.Duration
-	67,  // 119: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.default_rtt:type_name -> google.protobuf.Duration
-	67,  // 120: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.decay:type_name -> google.protobuf.Duration
-	67,  // 121: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty:type_name -> google.protobuf.Duration
-	67,  // 122: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.max_retry_after:type_name -> google.protobuf.Duration
-	67,  // 123: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty_decay:type_name -> google.protobuf.Duration
-	11,  // 124: io.linkerd.proxy.outbound.FailureAccrual.ConsecutiveFailures.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	67,  // 125: io.linkerd.proxy.outbound.FailureAccrual.Unified.decay:type_name -> google.protobuf.Duration
-	11,  // 126: io.linkerd.proxy.outbound.FailureAccrual.Unified.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
-	0,   // 127: io.linkerd.proxy.outbound.OutboundPolicies.Get:input_type -> io.linkerd.proxy.outbound.TrafficSpec
-	0,   // 128: io.linkerd.proxy.outbound.OutboundPolicies.Watch:input_type -> io.linkerd.proxy.outbound.TrafficSpec
-	1,   // 129: io.linkerd.proxy.outbound.OutboundPolicies.Get:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
-	1,   // 130: io.linkerd.proxy.outbound.OutboundPolicies.Watch:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
-	129, // [129:131] is the sub-list for method output_type
-	127, // [127:129] is the sub-list for method input_type
-	127, // [127:127] is the sub-list for extension type_name
-	127, // [127:127] is the sub-list for extension extendee
-	0,   // [0:127] is the sub-list for field type_name
+	71,  // 74: io.linkerd.proxy.outbound.GrpcRoute.Rule.inmesh_request_mirrors:type_name -> io.inmesh.mirror.v1.RequestMirror
+	77,  // 75: io.linkerd.proxy.outbound.GrpcRoute.Filter.failure_injector:type_name -> io.linkerd.proxy.grpc_route.GrpcFailureInjector
+	73,  // 76: io.linkerd.proxy.outbound.GrpcRoute.Filter.request_header_modifier:type_name -> io.linkerd.proxy.http_route.RequestHeaderModifier
+	35,  // 77: io.linkerd.proxy.outbound.GrpcRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.Empty
+	36,  // 78: io.linkerd.proxy.outbound.GrpcRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable
+	37,  // 79: io.linkerd.proxy.outbound.GrpcRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable
+	38,  // 80: io.linkerd.proxy.outbound.GrpcRoute.Retry.conditions:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Retry.Conditions
+	67,  // 81: io.linkerd.proxy.outbound.GrpcRoute.Retry.timeout:type_name -> google.protobuf.Duration
+	11,  // 82: io.linkerd.proxy.outbound.GrpcRoute.Retry.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	7,   // 83: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
+	30,  // 84: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.GrpcRoute.Filter
+	67,  // 85: io.linkerd.proxy.outbound.GrpcRoute.RouteBackend.requestTimeout:type_name -> google.protobuf.Duration
+	33,  // 86: io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
+	33,  // 87: io.linkerd.proxy.outbound.GrpcRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.RouteBackend
+	34,  // 88: io.linkerd.proxy.outbound.GrpcRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.GrpcRoute.WeightedRouteBackend
+	41,  // 89: io.linkerd.proxy.outbound.OpaqueRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution
+	40,  // 90: io.linkerd.proxy.outbound.OpaqueRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
+	78,  // 91: io.linkerd.proxy.outbound.OpaqueRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
+	79,  // 92: io.linkerd.proxy.outbound.OpaqueRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
+	44,  // 93: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.Empty
+	45,  // 94: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable
+	46,  // 95: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable
+	7,   // 96: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
+	40,  // 97: io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.Filter
+	42,  // 98: io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
+	42,  // 99: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.RouteBackend
+	43,  // 100: io.linkerd.proxy.outbound.OpaqueRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.OpaqueRoute.WeightedRouteBackend
+	49,  // 101: io.linkerd.proxy.outbound.TlsRoute.Rule.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution
+	48,  // 102: io.linkerd.proxy.outbound.TlsRoute.Rule.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
+	78,  // 103: io.linkerd.proxy.outbound.TlsRoute.Filter.invalid:type_name -> io.linkerd.proxy.opaque_route.Invalid
+	79,  // 104: io.linkerd.proxy.outbound.TlsRoute.Filter.forbidden:type_name -> io.linkerd.proxy.opaque_route.Forbidden
+	52,  // 105: io.linkerd.proxy.outbound.TlsRoute.Distribution.empty:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.Empty
+	53,  // 106: io.linkerd.proxy.outbound.TlsRoute.Distribution.first_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable
+	54,  // 107: io.linkerd.proxy.outbound.TlsRoute.Distribution.random_available:type_name -> io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable
+	7,   // 108: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.backend:type_name -> io.linkerd.proxy.outbound.Backend
+	48,  // 109: io.linkerd.proxy.outbound.TlsRoute.RouteBackend.filters:type_name -> io.linkerd.proxy.outbound.TlsRoute.Filter
+	50,  // 110: io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend.backend:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
+	50,  // 111: io.linkerd.proxy.outbound.TlsRoute.Distribution.FirstAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.RouteBackend
+	51,  // 112: io.linkerd.proxy.outbound.TlsRoute.Distribution.RandomAvailable.backends:type_name -> io.linkerd.proxy.outbound.TlsRoute.WeightedRouteBackend
+	57,  // 113: io.linkerd.proxy.outbound.Backend.EndpointDiscovery.dst:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery.DestinationGet
+	55,  // 114: io.linkerd.proxy.outbound.Backend.BalanceP2c.discovery:type_name -> io.linkerd.proxy.outbound.Backend.EndpointDiscovery
+	58,  // 115: io.linkerd.proxy.outbound.Backend.BalanceP2c.peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma
+	59,  // 116: io.linkerd.proxy.outbound.Backend.BalanceP2c.penalty_peak_ewma:type_name -> io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma
+	80,  // 117: io.linkerd.proxy.outbound.Backend.BalanceP2c.outlier_detection:type_name -> io.inmesh.ext.outlier.v1.OutlierDetection
+	67,  // 118: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.default_rtt:type_name -> google.protobuf.Duration
+	67,  // 119: io.linkerd.proxy.outbound.Backend.BalanceP2c.PeakEwma.decay:type_name -> google.protobuf.Duration
+	67,  // 120: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.default_rtt:type_name -> google.protobuf.Duration
+	67,  // 121: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.decay:type_name -> google.protobuf.Duration
+	67,  // 122: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty:type_name -> google.protobuf.Duration
+	67,  // 123: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.max_retry_after:type_name -> google.protobuf.Duration
+	67,  // 124: io.linkerd.proxy.outbound.Backend.BalanceP2c.PenaltyPeakEwma.penalty_decay:type_name -> google.protobuf.Duration
+	11,  // 125: io.linkerd.proxy.outbound.FailureAccrual.ConsecutiveFailures.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	67,  // 126: io.linkerd.proxy.outbound.FailureAccrual.Unified.decay:type_name -> google.protobuf.Duration
+	11,  // 127: io.linkerd.proxy.outbound.FailureAccrual.Unified.backoff:type_name -> io.linkerd.proxy.outbound.ExponentialBackoff
+	0,   // 128: io.linkerd.proxy.outbound.OutboundPolicies.Get:input_type -> io.linkerd.proxy.outbound.TrafficSpec
+	0,   // 129: io.linkerd.proxy.outbound.OutboundPolicies.Watch:input_type -> io.linkerd.proxy.outbound.TrafficSpec
+	1,   // 130: io.linkerd.proxy.outbound.OutboundPolicies.Get:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
+	1,   // 131: io.linkerd.proxy.outbound.OutboundPolicies.Watch:output_type -> io.linkerd.proxy.outbound.OutboundPolicy
+	130, // [130:132] is the sub-list for method output_type
+	128, // [128:130] is the sub-list for method input_type
+	128, // [128:128] is the sub-list for extension type_name
+	128, // [128:128] is the sub-list for extension extendee
+	0,   // [0:128] is the sub-list for field type_name
 }
 
 func init() { file_outbound_proto_init() }

@@ -2,8 +2,10 @@ package profileroute
 
 import (
 	"log/slog"
+	"net/http"
 	"time"
 
+	"github.com/inmesh/inmesh/hedge"
 	"github.com/inmesh/inmesh/internal/exchange"
 	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/profiles"
@@ -41,6 +43,7 @@ type routerConfig struct {
 	defaultPort    string
 	idleTimeout    time.Duration
 	local          []string
+	hedging        HedgerFunc
 }
 
 func newRouterConfig(opts []RouterOption) routerConfig {
@@ -117,4 +120,26 @@ func WithIdleTimeout(d time.Duration) RouterOption {
 // the router watch anything. Repeated options add up.
 func WithLocalAuthorities(authorities ...string) RouterOption {
 	return routerOptionFunc(func(c *routerConfig) { c.local = append(c.local, authorities...) })
+}
+
+// Hedger sends a request of a hedged route through base: the router's
+// hedging, which profileroute does not implement itself.
+type Hedger interface {
+	RoundTrip(base http.RoundTripper, req *http.Request) (*http.Response, error)
+}
+
+// HedgerFunc returns the hedger of an outbound profile route hedged by p,
+// whose route_* series have the labels opts and whose hedges the
+// profile's retry budget bounds (nil: no budget).
+type HedgerFunc func(p hedge.Policy, opts []metric.AddOption, budget *profiles.Budget) Hedger
+
+// WithHedging lets the outbound profile routes that carry a hedge
+// (profiles.Route.Hedge) hedge through the hedgers f returns; without it
+// they do not hedge. A nil f changes nothing.
+func WithHedging(f HedgerFunc) RouterOption {
+	return routerOptionFunc(func(c *routerConfig) {
+		if f != nil {
+			c.hedging = f
+		}
+	})
 }

@@ -52,3 +52,13 @@ func (v Resolved) Applies() bool {
 func (v Resolved) RoundTrip(base http.RoundTripper, req *http.Request) (*http.Response, error) {
 	return v.r.roundTrip(base, req, v.ts)
 }
+
+// Hedger returns the outbound hedger of route, a route of v's table; nil
+// when it does not hedge.
+func (v Resolved) Hedger(route *profiles.CompiledRoute) Hedger {
+	t := v.ts.targets[route]
+	if t == nil {
+		return nil
+	}
+	return t.outbound().hedge
+}

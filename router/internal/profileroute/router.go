@@ -124,6 +124,9 @@ type dirTargets struct {
 	// plan is the outbound exchange plan of the route, built on its first
 	// request (see newPlan).
 	plan atomic.Pointer[exchange.Plan]
+	// hedge hedges the attempts of an outbound route that hedges; nil
+	// otherwise.
+	hedge Hedger
 }
 
 func (ts *tableState) targetsOf(r *profiles.CompiledRoute) *routeTargets {
@@ -209,13 +212,24 @@ func (r *Router) build(authority string, t *profiles.Table) *tableState {
 	}
 	dst := attribute.String("dst", authority)
 	for _, cr := range t.Routes() {
-		ts.targets[cr] = r.routeTargets(dst, cr.Labels)
+		ts.targets[cr] = r.routeTargets(dst, cr.Labels, r.hedging(cr, ts))
 	}
-	ts.def = r.routeTargets(dst, nil)
+	ts.def = r.routeTargets(dst, nil, nil)
 	return ts
 }
 
-func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string) *routeTargets {
+// hedging returns what builds the hedger of route cr of ts on its first
+// outbound request (when ts's budget is final: [keepBudget] runs before
+// ts serves); nil when the route does not hedge.
+func (r *Router) hedging(cr *profiles.CompiledRoute, ts *tableState) func([]metric.AddOption) Hedger {
+	if r.cfg.hedging == nil || !cr.Hedge.Enabled() {
+		return nil
+	}
+	p := *cr.Hedge
+	return func(opts []metric.AddOption) Hedger { return r.cfg.hedging(p, opts, ts.budget) }
+}
+
+func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string, hedging func([]metric.AddOption) Hedger) *routeTargets {
 	mk := func(direction string) *dirTargets {
 		kvs := []attribute.KeyValue{attribute.String("direction", direction), dst}
 		for _, k := range slices.Sorted(maps.Keys(labels)) {
@@ -225,7 +239,7 @@ func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string) 
 		if name == "" {
 			name = "default"
 		}
-		return &dirTargets{
+		tg := &dirTargets{
 			name:      labels["route"],
 			trace:     meshtrace.RouteAttrs("ServiceProfile", name),
 			route:     metrics.NewTarget(r.fams.route, kvs...),
@@ -233,6 +247,10 @@ func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string) 
 			retryable: metrics.Opts(kvs...),
 			noBudget:  metrics.Opts(append(kvs[:len(kvs):len(kvs)], attribute.String("skipped", "no_budget"))...),
 		}
+		if hedging != nil && direction == "outbound" {
+			tg.hedge = hedging(tg.retryable)
+		}
+		return tg
 	}
 	return &routeTargets{build: mk}
 }

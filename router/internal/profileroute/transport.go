@@ -76,7 +76,20 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 		// the plan cached there is another route's.
 		p = r.newPlan(route, ts, tg)
 	}
+	if tg.hedge != nil {
+		base = hedged{h: tg.hedge, base: base}
+	}
 	return exchange.RoundTrip(base, req, p)
+}
+
+// hedged sends each attempt of a hedged route through its hedger.
+type hedged struct {
+	h    Hedger
+	base http.RoundTripper
+}
+
+func (t hedged) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.h.RoundTrip(t.base, req)
 }
 
 // newPlan builds the exchange plan of route in table state ts, whose
