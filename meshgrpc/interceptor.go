@@ -36,6 +36,8 @@ type routeTarget struct {
 	backends  []*metrics.BackendTarget
 	noBackend *metrics.BackendTarget
 	total     uint64
+	// hedge hedges the rule's calls; nil when it does not hedge.
+	hedge *hedger
 }
 
 func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *routeTarget {
@@ -45,6 +47,7 @@ func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *ro
 		rt.total += uint64(b.Weight)
 	}
 	rt.noBackend = rt.metrics.NewBackendTarget(router.BackendLabels(policy.Metadata{})...)
+	rt.hedge = m.newHedger(route, rt.metrics)
 	return rt
 }
 
@@ -281,6 +284,9 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx)
 	defer cancel()
+	if rt.hedge != nil {
+		invoker = rt.hedge.invoker(invoker)
+	}
 	var retries int
 	for {
 		actx, bt, err := c.prepare(ctx)
@@ -378,6 +384,9 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx)
+	if rt.hedge != nil {
+		streamer = rt.hedge.streamer(streamer)
+	}
 	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts}
 	if rt.route.Retry != nil {
 		s.sizer = codecOf(opts)
