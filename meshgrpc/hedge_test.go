@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -654,4 +656,56 @@ func TestHedgeTail(t *testing.T) {
 		counter(t, m, "outbound_grpc_route_hedge_wins_total"))
 	t.Logf("p99 ratio hedged/plain: %.2f", float64(pct(hedged, .99))/float64(pct(plain, .99)))
 	assert.LessOrEqual(t, extra, int64(1+n/2), "extra load within the share")
+}
+
+// A hedged call through a traced client: the call's span has a child per
+// attempt, the first (cancelled) and the hedge (marked so, answered), each
+// at its own endpoint.
+func TestTraceHedgedCall(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	sc := newScript()
+	sc.behave = func(ctx context.Context, _ *scriptCall, _ string, attempt int, _ int64) error {
+		if attempt == 0 {
+			return sc.stall(ctx)
+		}
+		return nil
+	}
+	_, eps := startHedgeApps(t, sc, 3)
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+hedgeRoutes)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: eps})
+	c := dial(t, serveStore(t, store), meshgrpc.WithTracerProvider(tp), meshgrpc.WithDiscoveryWait(testutil.Timeout))
+
+	ctx, root := tp.Tracer("test").Start(callAs(callCtx(t), "traced", ""), "app")
+	_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+	root.End()
+	require.NoError(t, err)
+
+	var call tracetest.SpanStub
+	var attempts tracetest.SpanStubs
+	require.Eventually(t, func() bool {
+		attempts = attempts[:0]
+		spans := exp.GetSpans()
+		for _, s := range spans {
+			if s.Parent.SpanID() == root.SpanContext().SpanID() {
+				call = s
+			}
+		}
+		for _, s := range spans {
+			if s.Parent.SpanID() == call.SpanContext.SpanID() && call.SpanContext.IsValid() {
+				attempts = append(attempts, s)
+			}
+		}
+		return len(attempts) == 2
+	}, testutil.Timeout, 5*time.Millisecond)
+	sort.Slice(attempts, func(i, j int) bool { return attempts[i].StartTime.Before(attempts[j].StartTime) })
+	assert.Equal(t, "hedged", spanAttr(call, "inmesh.route").AsString())
+	assert.Equal(t, "OK", spanAttr(call, "rpc.response.status_code").AsString())
+	for i, want := range []struct{ kind, code string }{{"first", "CANCELLED"}, {"hedge", "OK"}} {
+		assert.Equal(t, want.kind, spanAttr(attempts[i], "inmesh.attempt.kind").AsString(), "attempt %d", i)
+		assert.Equal(t, want.code, spanAttr(attempts[i], "rpc.response.status_code").AsString(), "attempt %d", i)
+	}
+	assert.NotEqual(t, spanAttr(attempts[0], "inmesh.endpoint").AsString(), spanAttr(attempts[1], "inmesh.endpoint").AsString())
 }
