@@ -709,3 +709,30 @@ func TestTraceHedgedCall(t *testing.T) {
 	}
 	assert.NotEqual(t, spanAttr(attempts[0], "inmesh.endpoint").AsString(), spanAttr(attempts[1], "inmesh.endpoint").AsString())
 }
+
+// BenchmarkUnaryHedged is BenchmarkUnaryMesh on a route that hedges after
+// 10s (never, here): the cost of a hedged route's bookkeeping per call
+// (the second goroutine, the timer, the tried set).
+func BenchmarkUnaryHedged(b *testing.B) {
+	a := startApp(b, &app{}, nil)
+	store := controlplane.NewStore()
+	manifests(b, store, booksService+probeRoute+`
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata:
+  name: hedged
+  namespace: default
+  annotations: {hedge.inmesh.io/delay: 10s, hedge.inmesh.io/idempotent: "true"}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: books, port: 7000}]
+`)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	m := testutil.NewMetrics(b)
+	c := dial(b, serveStore(b, store), meshgrpc.WithMeterProvider(m.Provider))
+	routed(b, c, m)
+	benchUnary(b, c)
+}
