@@ -289,10 +289,14 @@ type hedgedStream struct {
 	sizer    sizer
 	first    *streamAttempt
 
-	// events has room for every attempt's end of waiting for headers.
+	// events has room for every attempt's end of waiting for headers,
+	// opened for the hedge's opening (never read once committed).
 	events chan streamEvent
-	won    atomic.Pointer[streamAttempt]
-	done   chan struct{} // closed once won is set
+	opened chan hedgeOpened
+	// opening cancels the hedge while it opens; run goroutine only.
+	opening context.CancelFunc
+	won     atomic.Pointer[streamAttempt]
+	done    chan struct{} // closed once won is set
 
 	mu sync.Mutex
 	// attempts are the attempts messages go to: appended by the run
@@ -324,7 +328,7 @@ func (h *hedger) newStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 	delay, canHedge := h.state.Request()
 	s := &hedgedStream{h: h, ctx: ctx, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts,
 		tried: new(balancer.Tried), start: time.Now(), sizer: codecOf(opts),
-		events: make(chan streamEvent, 2), done: make(chan struct{}), buffering: canHedge}
+		events: make(chan streamEvent, 2), opened: make(chan hedgeOpened, 1), done: make(chan struct{}), buffering: canHedge}
 	actx, cancel := context.WithCancel(balancer.WithTried(ctx, s.tried, false))
 	cs, err := streamer(actx, desc, cc, method, opts...)
 	if err != nil {
@@ -345,7 +349,10 @@ func (s *hedgedStream) watch(a *streamAttempt) {
 }
 
 // run decides the attempt the stream commits to, sending the hedge after
-// the delay (or at once when the first attempt fails non-fatally).
+// the delay (or at once when the first attempt fails non-fatally). The
+// hedge opens on a goroutine of its own (its pick may wait for an
+// endpoint still connecting), so that the first attempt's headers commit
+// the stream meanwhile.
 func (s *hedgedStream) run(delay time.Duration, canHedge bool) {
 	var fire <-chan time.Time
 	if canHedge {
@@ -353,7 +360,7 @@ func (s *hedgedStream) run(delay time.Duration, canHedge bool) {
 		defer t.Stop()
 		fire = t.C
 	}
-	pending := 1
+	pending := 1 // attempts that may still answer, the hedge opening included
 	var failed *streamEvent
 	for {
 		select {
@@ -381,58 +388,92 @@ func (s *hedgedStream) run(delay time.Duration, canHedge bool) {
 			if s.hedge() {
 				pending++
 			}
+		case o := <-s.opened:
+			s.opening = nil
+			if !s.join(o) {
+				if pending--; pending == 0 {
+					s.commit(*failed)
+					return
+				}
+			}
 		}
 	}
 }
 
-// hedge sends the hedge, replaying the messages sent so far; false when
-// none may go.
+// hedgeOpened is the end of a hedge's NewStream.
+type hedgeOpened struct {
+	cs     grpc.ClientStream
+	cancel context.CancelFunc
+	err    error
+}
+
+// hedge starts opening the hedge; false when none may go.
 func (s *hedgedStream) hedge() bool {
 	s.mu.Lock()
 	buffering := s.buffering
-	s.buffering = false
 	s.mu.Unlock()
 	if !buffering || !s.h.mayHedge(s.ctx, s.tried) {
-		s.dropBuffer()
+		s.stopBuffering()
 		return false
 	}
 	hctx, cancel := hedgeContext(s.ctx, s.tried)
-	cs, err := s.streamer(hctx, s.desc, s.cc, s.method, s.opts...)
-	if err != nil {
-		cancel()
-		if notSent(err) {
+	s.opening = cancel
+	go s.open(hctx, cancel)
+	return true
+}
+
+// open opens the hedge's stream.
+func (s *hedgedStream) open(ctx context.Context, cancel context.CancelFunc) {
+	cs, err := s.streamer(ctx, s.desc, s.cc, s.method, s.opts...)
+	s.opened <- hedgeOpened{cs: cs, cancel: cancel, err: err}
+}
+
+// join makes the opened hedge an attempt, replaying the messages sent so
+// far (those sent while it opened included); false when it did not open,
+// or a message passed the limit meanwhile (nothing left to replay).
+func (s *hedgedStream) join(o hedgeOpened) bool {
+	if o.err != nil {
+		o.cancel()
+		if notSent(o.err) {
 			s.h.state.Refund()
 		} else {
 			s.h.sent(s.ctx)
 		}
-		s.dropBuffer()
+		s.stopBuffering()
 		return false
 	}
 	s.h.sent(s.ctx)
-	a := &streamAttempt{cs: cs, cancel: cancel, hedge: true}
+	a := &streamAttempt{cs: o.cs, cancel: o.cancel, hedge: true}
 	s.mu.Lock()
+	if !s.buffering {
+		s.mu.Unlock()
+		o.cancel()
+		return false
+	}
 	for _, m := range s.sent {
-		if cs.SendMsg(m) != nil {
+		if o.cs.SendMsg(m) != nil {
 			break // its status comes with its headers' wait
 		}
 	}
 	if s.closeSent {
-		_ = cs.CloseSend()
+		_ = o.cs.CloseSend()
 	}
-	s.sent = nil
+	s.sent, s.buffering = nil, false
 	s.attempts = append(s.attempts, a)
 	s.mu.Unlock()
 	go s.watch(a)
 	return true
 }
 
-func (s *hedgedStream) dropBuffer() {
+// stopBuffering drops the kept messages: no hedge will need them.
+func (s *hedgedStream) stopBuffering() {
 	s.mu.Lock()
-	s.sent = nil
+	s.sent, s.buffering = nil, false
 	s.mu.Unlock()
 }
 
-// commit makes ev's attempt the stream's and cancels the other.
+// commit makes ev's attempt the stream's and cancels the others, and the
+// hedge still opening.
 func (s *hedgedStream) commit(ev streamEvent) {
 	s.won.Store(ev.a)
 	close(s.done)
@@ -440,6 +481,9 @@ func (s *hedgedStream) commit(ev streamEvent) {
 		if a != ev.a {
 			a.cancel()
 		}
+	}
+	if s.opening != nil {
+		s.opening()
 	}
 	if ev.err == nil {
 		s.h.state.Observe(ev.elapsed)
