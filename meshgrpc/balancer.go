@@ -356,7 +356,21 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	if bp.eps == 0 {
 		return grpcbalancer.PickResult{}, fmt.Errorf("meshgrpc: %s has no endpoints", backend)
 	}
-	k, ok := bp.pool.Pick()
+	var k balancer.Pick
+	if tried, exclude := balancer.TriedFromContext(info.Ctx); tried != nil {
+		// An attempt of a hedged call: the pick joins the call's tried
+		// endpoints, and the hedge goes only to one they do not hold.
+		// The hedge waits for an endpoint still connecting (until the
+		// call ends), and is not sent when none is left.
+		if k, ok = bp.pool.PickExcluding(tried, exclude); !ok && exclude {
+			if bp.connecting > 0 {
+				return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
+			}
+			return grpcbalancer.PickResult{}, errNoOtherEndpoint
+		}
+	} else {
+		k, ok = bp.pool.Pick()
+	}
 	if !ok {
 		if bp.connecting > 0 {
 			// Some endpoints are connecting: the call waits for the

@@ -86,6 +86,7 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 		live: make(map[string]map[*meshResolver]*channelState)}
 	meter := metrics.Meter(cfg.mp, clientScope)
 	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
+	m.hedges = metrics.NewHedges(meter, true)
 	cfg.balancer = append([]balancer.Option{balancer.WithMeshTLS(cfg.identity != nil)}, cfg.balancer...)
 	creds := insecure.NewCredentials()
 	if cfg.identity != nil {
@@ -115,6 +116,8 @@ type mesh struct {
 	// routeFam and actualFam are the route_* and route_actual_* families
 	// of ServiceProfile routes.
 	routeFam, actualFam *metrics.Family
+	// hedges is the outbound_grpc_route_hedge_* family set.
+	hedges *metrics.Hedges
 
 	mu       sync.Mutex
 	states   map[string]*channelState

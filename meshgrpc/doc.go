@@ -15,6 +15,14 @@
 // outbound_grpc_route_* metrics), and the transport credentials speak
 // mTLS to every endpoint that has an identity.
 //
+// A GRPCRoute marked idempotent with a hedge delay (the hedge.inmesh.io
+// annotations) hedges its unary calls, and its server-streaming and bidi
+// calls until their response headers: after the delay a second attempt goes
+// to an endpoint the call has not tried, within the route's share of extra
+// load, and gRFC A6's rules decide which attempt is the call's (an answer or
+// a fatal status ends the call; UNAVAILABLE and the route's retry codes do
+// not).
+//
 // A server joins with
 //
 //	srv := grpc.NewServer(meshgrpc.ServerOptions(meshgrpc.WithIdentity(local))...)

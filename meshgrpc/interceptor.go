@@ -39,6 +39,8 @@ type routeTarget struct {
 	// mirror copies the rule's unary calls (mirror.go); nil without
 	// mirrors.
 	mirror *mirrorer
+	// hedge hedges the rule's calls; nil when it does not hedge.
+	hedge *hedger
 }
 
 func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *routeTarget {
@@ -48,6 +50,7 @@ func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *ro
 		rt.total += uint64(b.Weight)
 	}
 	rt.noBackend = rt.metrics.NewBackendTarget(router.BackendLabels(policy.Metadata{})...)
+	rt.hedge = m.newHedger(route, rt.metrics)
 	return rt
 }
 
@@ -284,6 +287,12 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx)
 	defer cancel()
+	// A mirror's copy is sent once, never hedged: it gets the invoker as
+	// it came.
+	plain := invoker
+	if rt.hedge != nil {
+		invoker = rt.hedge.invoker(invoker)
+	}
 	var retries int
 	for {
 		actx, bt, err := c.prepare(ctx)
@@ -291,7 +300,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			bt.Request(ctx)
 		}
 		if retries == 0 && err == nil && rt.mirror != nil {
-			rt.mirror.start(actx, method, req, cc, invoker, opts) // once per call, never per retry
+			rt.mirror.start(actx, method, req, cc, plain, opts) // once per call, never per retry
 		}
 		start := time.Now()
 		tryTimedOut := false
@@ -384,6 +393,9 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx)
+	if rt.hedge != nil {
+		streamer = rt.hedge.streamer(streamer)
+	}
 	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts}
 	if rt.route.Retry != nil {
 		s.sizer = codecOf(opts)
