@@ -73,7 +73,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c := &Client{api: pb.NewDestinationClient(cc), cfg: cfg, log: ratelog.New(cfg.logger, cfg.logInterval)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if !cfg.linkerdStreams {
-		c.mux = &mux{api: watchespb.NewWatchesClient(cc), ctx: c.ctx, timeout: cfg.firstMessageTimeout}
+		c.mux = &mux{api: watchespb.NewWatchesClient(cc), ctx: c.ctx, timeout: cfg.firstMessageTimeout, wg: &c.wg}
 	}
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{

@@ -41,6 +41,7 @@ type mux struct {
 	api     watchespb.WatchesClient
 	ctx     context.Context // the client's
 	timeout time.Duration   // how long the stream's headers may take
+	wg      *sync.WaitGroup // the client's: counts each stream's reader and writer
 	nextID  atomic.Uint64
 
 	mu          sync.Mutex
@@ -53,8 +54,15 @@ type mux struct {
 // muxConn is one Watches stream.
 type muxConn struct {
 	stream watchespb.Watches_WatchClient
+	ctx    context.Context // the stream's
 	cancel context.CancelFunc
-	sendMu sync.Mutex // Send is not safe for concurrent use
+	// out are the requests the writer has yet to send, in order; the
+	// writer alone calls Send, so that a watch's goroutine never runs
+	// gRPC's deep send path (its stack stays small) nor blocks on flow
+	// control.
+	outMu  sync.Mutex
+	out    []*watchespb.WatchRequest
+	outSig chan struct{}
 
 	mu   sync.Mutex
 	subs map[uint64]*muxSub
@@ -154,7 +162,9 @@ func (m *mux) conn(ctx context.Context, wait bool) (*muxConn, error) {
 		case m.cur == nil:
 			m.cur = c
 			m.mu.Unlock()
+			m.wg.Add(2)
 			go m.read(c)
+			go c.write(m.wg)
 			return c, nil
 		default: // a fail-fast open raced another
 			cur := m.cur
@@ -202,13 +212,14 @@ func (m *mux) open(ctx context.Context, wait bool) (*muxConn, error) {
 		cancel()
 		return nil, err
 	}
-	return &muxConn{stream: stream, cancel: cancel, subs: make(map[uint64]*muxSub)}, nil
+	return &muxConn{stream: stream, ctx: sctx, cancel: cancel, outSig: make(chan struct{}, 1), subs: make(map[uint64]*muxSub)}, nil
 }
 
 // read dispatches the answers of c to their subscriptions until c ends;
 // then every subscription of c ends with c's error, and the next
 // subscription opens a new stream.
 func (m *mux) read(c *muxConn) {
+	defer m.wg.Done()
 	for {
 		r, err := c.stream.Recv()
 		if err != nil {
@@ -270,9 +281,7 @@ func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message) (
 	}
 	c.subs[id] = sub
 	c.mu.Unlock()
-	// An error of Send is the stream's end, which the reader reports to
-	// every subscription.
-	_ = c.send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Subscribe{Subscribe: s}})
+	c.send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Subscribe{Subscribe: s}})
 	return sub, nil
 }
 
@@ -286,14 +295,41 @@ func (c *muxConn) unsubscribe(sub *muxSub) {
 	c.mu.Unlock()
 	sub.end(status.Error(codes.Canceled, "destination: watch ended"))
 	if open {
-		_ = c.send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Unsubscribe{Unsubscribe: &watchespb.Unsubscribe{Id: sub.id}}})
+		c.send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Unsubscribe{Unsubscribe: &watchespb.Unsubscribe{Id: sub.id}}})
 	}
 }
 
-func (c *muxConn) send(r *watchespb.WatchRequest) error {
-	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
-	return c.stream.Send(r)
+// send queues r for the writer.
+func (c *muxConn) send(r *watchespb.WatchRequest) {
+	c.outMu.Lock()
+	c.out = append(c.out, r)
+	c.outMu.Unlock()
+	select {
+	case c.outSig <- struct{}{}:
+	default:
+	}
+}
+
+// write sends the queued requests until the stream ends. An error of Send
+// is the stream's end, which the reader reports to every subscription.
+func (c *muxConn) write(wg *sync.WaitGroup) {
+	defer wg.Done()
+	for {
+		select {
+		case <-c.outSig:
+		case <-c.ctx.Done():
+			return
+		}
+		c.outMu.Lock()
+		out := c.out
+		c.out = nil
+		c.outMu.Unlock()
+		for _, r := range out {
+			if c.stream.Send(r) != nil {
+				return
+			}
+		}
+	}
 }
 
 func (s *muxSub) push(r *watchespb.WatchResponse) {
