@@ -60,8 +60,8 @@ var _ pb.DestinationServer = (*Server)(nil)
 var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shutting down")
 
 // NewServer returns a Server for store. Of the package's options it uses
-// [WithLogger], and the registration options ([WithRegistry],
-// [WithInsecureRegistration], [WithRegistrationLimits],
+// [WithLogger], [WithMaxSubscriptions], and the registration options
+// ([WithRegistry], [WithInsecureRegistration], [WithRegistrationLimits],
 // [WithMeterProvider]).
 func NewServer(store *Store, opts ...Option) *Server {
 	cfg := newConfig(opts)
