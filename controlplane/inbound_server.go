@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // inboundServer serves InboundServerPolicies from a Store: the Server of a
@@ -89,15 +90,11 @@ func (s *inboundServer) WatchPort(spec *inboundpb.PortSpec, stream grpc.ServerSt
 	if err != nil {
 		return err
 	}
-	if err := s.s.begin(); err != nil {
-		return err
-	}
-	defer s.s.streams.Done()
-	return watch(s.s, stream, []watchKey{inboundKey(ns, pod)}, func() (*inboundpb.Server, error) {
+	return serveFeed(s.s, stream, feed{keys: []watchKey{inboundKey(ns, pod)}, next: latest(func() (proto.Message, error) {
 		srv, err := s.s.store.inboundPolicy(ns, pod, port)
 		if err != nil {
 			return nil, inboundError(err)
 		}
 		return destination.ServerToProto(srv), nil
-	})
+	})})
 }

@@ -57,12 +57,27 @@ func inboundKey(ns, pod string) watchKey     { return watchKey{keyInbound, ns + 
 type waiter struct {
 	c    chan struct{}
 	keys []watchKey
+	// fire, when set, replaces c: it is called, under the store's lock,
+	// for each change of the keys, and must not block nor take the
+	// store's lock. The Watches service's streams use it to mark one
+	// subscription of many dirty without a goroutine per subscription.
+	fire func()
 }
 
 // subscribe registers a waiter for keys. Register before reading the
 // state the keys name, so that a change in between is never missed.
 func (s *Store) subscribe(keys ...watchKey) *waiter {
-	w := &waiter{c: make(chan struct{}, 1), keys: keys}
+	return s.subscribeWaiter(&waiter{c: make(chan struct{}, 1), keys: keys})
+}
+
+// subscribeFunc registers a waiter for keys that calls fire on each change
+// (see waiter.fire).
+func (s *Store) subscribeFunc(fire func(), keys ...watchKey) *waiter {
+	return s.subscribeWaiter(&waiter{keys: keys, fire: fire})
+}
+
+func (s *Store) subscribeWaiter(w *waiter) *waiter {
+	keys := w.keys
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.waiters == nil {
@@ -95,6 +110,10 @@ func (s *Store) unsubscribe(w *waiter) {
 // wakeLocked wakes the waiters of k. The caller holds s.mu.
 func (s *Store) wakeLocked(k watchKey) {
 	for w := range s.waiters[k] {
+		if w.fire != nil {
+			w.fire()
+			continue
+		}
 		select {
 		case w.c <- struct{}{}:
 		default: // a wake-up is pending already

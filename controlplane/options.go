@@ -21,10 +21,13 @@ type config struct {
 	logger      *slog.Logger
 	logInterval time.Duration
 	reg         registrationConfig // registration.go
+	// maxSubscriptions bounds the subscriptions of a Watches stream
+	// (watches.go).
+	maxSubscriptions int
 }
 
 func newConfig(opts []Option) config {
-	c := config{logger: slog.Default()}
+	c := config{logger: slog.Default(), maxSubscriptions: DefaultMaxSubscriptions}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)

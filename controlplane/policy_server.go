@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // SetManifests replaces the Services and routes that the OutboundPolicies
@@ -160,23 +161,29 @@ func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*ou
 // each change of the Store that changes it. A Service that goes away ends
 // the stream with NotFound.
 func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
-	authority, err := target(spec)
+	f, err := s.s.policyFeed(spec)
 	if err != nil {
 		return err
 	}
-	if err := s.s.begin(); err != nil {
-		return err
+	return serveFeed(s.s, stream, f)
+}
+
+// policyFeed is the answer of an OutboundPolicies.Watch request (see
+// [policyServer.Watch]), or the status that refuses it.
+func (s *Server) policyFeed(spec *outboundpb.TrafficSpec) (feed, error) {
+	authority, err := target(spec)
+	if err != nil {
+		return feed{}, err
 	}
-	defer s.s.streams.Done()
 	var keys []watchKey
 	if ns, name, _, ok := manifest.ParseAuthority(authority); ok {
 		keys = append(keys, serviceKey(serviceRef{ns: ns, name: name}))
 	}
-	return watch(s.s, stream, keys, func() (*outboundpb.OutboundPolicy, error) {
-		p := s.s.store.outboundPolicy(authority)
+	return feed{keys: keys, next: latest(func() (proto.Message, error) {
+		p := s.store.outboundPolicy(authority)
 		if p == nil {
 			return nil, status.Error(codes.NotFound, "unknown target")
 		}
 		return destination.PolicyToProto(p), nil
-	})
+	})}, nil
 }

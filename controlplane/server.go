@@ -20,6 +20,7 @@ import (
 	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/inmesh/inmesh/proxyapi/registrationpb"
+	"github.com/inmesh/inmesh/proxyapi/watchespb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -43,6 +44,8 @@ type Server struct {
 	log   *slog.Logger
 
 	reg *registrationServer
+	// maxSubscriptions bounds the subscriptions of a Watches stream.
+	maxSubscriptions int
 
 	shutdownOnce sync.Once
 	shutdown     chan struct{} // closed by Shutdown
@@ -58,18 +61,21 @@ var _ pb.DestinationServer = (*Server)(nil)
 var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shutting down")
 
 // NewServer returns a Server for store. Of the package's options it uses
-// [WithLogger], and the registration options ([WithRegistry],
-// [WithInsecureRegistration], [WithRegistrationLimits],
+// [WithLogger], [WithMaxSubscriptions], and the registration options
+// ([WithRegistry], [WithInsecureRegistration], [WithRegistrationLimits],
 // [WithMeterProvider]).
 func NewServer(store *Store, opts ...Option) *Server {
 	cfg := newConfig(opts)
-	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{})}
+	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{}), maxSubscriptions: cfg.maxSubscriptions}
 	s.reg = newRegistrationServer(s, cfg)
 	return s
 }
 
-// Register adds the Destination, OutboundPolicies, InboundServerPolicies
-// and Registration services to r, such as a *grpc.Server. Registration
+// Register adds the Destination, OutboundPolicies, InboundServerPolicies,
+// Registration and Watches services to r, such as a *grpc.Server. Watches
+// (proto/watches.proto) carries a client's profile, endpoint and policy
+// watches over one stream, each answered as the Linkerd stream of its kind
+// would be; package destination's client uses it when it is served. Registration
 // needs the caller's verified mTLS identity: serve it (also) over TLS
 // that verifies client certificates against the trust anchors, as
 // identity.Local's ServerConfig does; on a plaintext server it accepts
@@ -79,6 +85,7 @@ func (s *Server) Register(r grpc.ServiceRegistrar) {
 	outboundpb.RegisterOutboundPoliciesServer(r, &policyServer{s: s})
 	inboundpb.RegisterInboundServerPoliciesServer(r, &inboundServer{s: s})
 	registrationpb.RegisterRegistrationServer(r, s.reg)
+	watchespb.RegisterWatchesServer(r, &watchesServer{s: s, max: s.maxSubscriptions})
 }
 
 // Shutdown ends every open stream with Unavailable and refuses new ones
@@ -123,43 +130,45 @@ func (s *Server) begin() error {
 // endpoints file knows no pod hostnames, where Linkerd's controller
 // answers the pod's endpoint.
 func (s *Server) GetProfile(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	f, err := s.profileFeed(req)
+	if err != nil {
+		return err
+	}
+	return serveFeed(s, stream, f)
+}
+
+// profileFeed is the answer of a GetProfile request (see
+// [Server.GetProfile]), or the status that refuses it.
+func (s *Server) profileFeed(req *pb.GetDestination) (feed, error) {
 	host, port, err := hostAndPort(req.GetPath())
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "invalid authority: %q: %q", req.GetPath(), err.Error())
+		return feed{}, status.Errorf(codes.InvalidArgument, "invalid authority: %q: %q", req.GetPath(), err.Error())
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ip = ip.Unmap()
 		if ref, ok := s.store.serviceOfIP(ip); ok {
-			return s.serviceProfileStream(stream, ref, ref.fqdn(), port)
+			return s.serviceProfileFeed(ref, ref.fqdn(), port)
 		}
-		if err := s.begin(); err != nil {
-			return err
-		}
-		defer s.streams.Done()
-		return watch(s, stream, []watchKey{addrKey(ip)}, func() (*pb.DestinationProfile, error) {
+		return feed{keys: []watchKey{addrKey(ip)}, next: latest(func() (proto.Message, error) {
 			return destination.ProfileToProto(s.store.endpointProfile(ip, port)), nil
-		})
+		})}, nil
 	}
 	ref, _, err := clusterService(host)
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "invalid service %q: %q", host, err.Error())
+		return feed{}, status.Errorf(codes.InvalidArgument, "invalid service %q: %q", host, err.Error())
 	}
-	return s.serviceProfileStream(stream, ref, host, port)
+	return s.serviceProfileFeed(ref, host, port)
 }
 
-// serviceProfileStream serves the profile of a Service port; a Service
-// that does not exist is an error, as the Kubernetes lister's answer is in
-// Linkerd's controller (code Unknown).
-func (s *Server) serviceProfileStream(stream grpc.ServerStreamingServer[pb.DestinationProfile], ref serviceRef, fqn string, port uint32) error {
+// serviceProfileFeed is the profile of a Service port; a Service that does
+// not exist is an error, as the Kubernetes lister's answer is in Linkerd's
+// controller (code Unknown).
+func (s *Server) serviceProfileFeed(ref serviceRef, fqn string, port uint32) (feed, error) {
 	if !s.store.serviceExists(ref) {
-		return status.Errorf(codes.Unknown, "service %q not found", ref.name)
+		return feed{}, status.Errorf(codes.Unknown, "service %q not found", ref.name)
 	}
-	if err := s.begin(); err != nil {
-		return err
-	}
-	defer s.streams.Done()
 	sent := false
-	return watch(s, stream, []watchKey{serviceKey(ref), profileKey(fqn)}, func() (*pb.DestinationProfile, error) {
+	return feed{keys: []watchKey{serviceKey(ref), profileKey(fqn)}, next: latest(func() (proto.Message, error) {
 		p, sp, empty := s.store.serviceProfile(ref, fqn, port)
 		switch {
 		case p == nil && sent:
@@ -176,42 +185,70 @@ func (s *Server) serviceProfileStream(stream grpc.ServerStreamingServer[pb.Desti
 		}
 		sent = true
 		return msg, nil
-	})
+	})}, nil
 }
 
-// watch serves one watch stream of the store: it sends the message current
-// returns whenever it differs from the last one sent (nil: keep the last
-// one), then waits for a change of the resources keys name, the server's
-// shutdown or the stream's end. An error from current ends the stream with
-// it. What it keeps of the last message is its encoding, a fraction of the
-// decoded message's size: a control plane holds one per open stream.
-func watch[T any, M interface {
+// feed is the answer of one watch of the store, served by a Linkerd
+// stream or by a subscription of the Watches service: the keys of the
+// resources it is computed from, and next, which returns the messages
+// that take the watcher from what it was sent to the current state (none
+// when nothing changed for it), or the status that ends the watch. One
+// goroutine at a time calls next.
+type feed struct {
+	keys []watchKey
+	next func() ([]proto.Message, error)
+}
+
+// serveFeed serves f on a Linkerd stream: it sends what f has to send,
+// then waits for a change of f's keys, the server's shutdown or the
+// stream's end.
+func serveFeed[T any, M interface {
 	*T
 	proto.Message
-}](s *Server, stream grpc.ServerStreamingServer[T], keys []watchKey, current func() (M, error)) error {
-	w := s.store.subscribe(keys...)
+}](s *Server, stream grpc.ServerStreamingServer[T], f feed) error {
+	if err := s.begin(); err != nil {
+		return err
+	}
+	defer s.streams.Done()
+	w := s.store.subscribe(f.keys...)
 	defer s.store.unsubscribe(w)
-	var last []byte
 	for {
-		msg, err := current()
+		msgs, err := f.next()
 		if err != nil {
 			return err
 		}
-		if msg != nil {
-			b, err := deterministic.Marshal(msg)
-			if err != nil {
-				return status.Errorf(codes.Internal, "encoding the answer: %v", err)
-			}
-			if last == nil || !bytes.Equal(b, last) {
-				if err := stream.Send(msg); err != nil {
-					return err
-				}
-				last = b
+		for _, m := range msgs {
+			if err := stream.Send(m.(M)); err != nil {
+				return err
 			}
 		}
 		if done, err := s.wait(stream.Context(), w); done {
 			return err
 		}
+	}
+}
+
+// latest is the next of a feed that sends the message current returns
+// whenever it differs from the last one sent (nil: keep the last one). An
+// error from current ends the watch with it. What it keeps of the last
+// message is its encoding, a fraction of the decoded message's size: a
+// control plane holds one per open watch.
+func latest(current func() (proto.Message, error)) func() ([]proto.Message, error) {
+	var last []byte
+	return func() ([]proto.Message, error) {
+		msg, err := current()
+		if err != nil || msg == nil {
+			return nil, err
+		}
+		b, err := deterministic.Marshal(msg)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "encoding the answer: %v", err)
+		}
+		if last != nil && bytes.Equal(b, last) {
+			return nil, nil
+		}
+		last = b
+		return []proto.Message{msg}, nil
 	}
 }
 
@@ -286,40 +323,41 @@ func endpointSetLabels(host string) map[string]string {
 // all until it has some; endpoints that go away are removed, never
 // answered with no_endpoints.
 func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.Update]) error {
+	f, err := s.endpointsFeed(req)
+	if err != nil {
+		return err
+	}
+	return serveFeed(s, stream, f)
+}
+
+// endpointsFeed is the answer of a Get request (see [Server.Get]), or the
+// status that refuses it.
+func (s *Server) endpointsFeed(req *pb.GetDestination) (feed, error) {
 	host, port, err := hostAndPort(req.GetPath())
 	if err != nil {
-		return errInvalidAuthority(req.GetPath())
+		return feed{}, errInvalidAuthority(req.GetPath())
 	}
 	if _, err := netip.ParseAddr(host); err == nil {
-		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
+		return feed{}, status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
 	}
 	ref, _, err := clusterService(host)
 	if err != nil {
-		return errInvalidAuthority(req.GetPath())
+		return feed{}, errInvalidAuthority(req.GetPath())
 	}
 	if !s.store.serviceExists(ref) {
-		return status.Errorf(codes.NotFound, "Service %s.%s not found", ref.name, ref.ns)
+		return feed{}, status.Errorf(codes.NotFound, "Service %s.%s not found", ref.name, ref.ns)
 	}
-	if err := s.begin(); err != nil {
-		return err
-	}
-	defer s.streams.Done()
 	authority := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	setLabels := endpointSetLabels(host)
 	sent := map[netip.AddrPort]endpoint.Endpoint{}
-	w := s.store.subscribe(endpointsKey(authority))
-	defer s.store.unsubscribe(w)
-	for {
+	return feed{keys: []watchKey{endpointsKey(authority)}, next: func() ([]proto.Message, error) {
 		eps, _ := s.store.endpointSet(authority)
-		for _, msg := range endpointDiff(sent, eps, setLabels) {
-			if err := stream.Send(msg); err != nil {
-				return err
-			}
+		var msgs []proto.Message
+		for _, m := range endpointDiff(sent, eps, setLabels) {
+			msgs = append(msgs, m)
 		}
-		if done, err := s.wait(stream.Context(), w); done {
-			return err
-		}
-	}
+		return msgs, nil
+	}}, nil
 }
 
 // endpointDiff returns the updates that take a stream from sent to eps, and

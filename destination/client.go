@@ -19,6 +19,7 @@ import (
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+	"github.com/inmesh/inmesh/proxyapi/watchespb"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -54,6 +55,10 @@ type Client struct {
 	policies  *watches[*outboundpb.OutboundPolicy, policy.Update]
 	policyAPI outboundpb.OutboundPoliciesClient
 	inbound   *watches[*inboundpb.Server, InboundUpdate]
+	// mux carries the profile, endpoint and policy watches when the
+	// control plane serves inmesh's Watches service; nil with
+	// WithLinkerdStreams.
+	mux *mux
 }
 
 var (
@@ -67,10 +72,18 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	cfg := newConfig(opts)
 	c := &Client{api: pb.NewDestinationClient(cc), cfg: cfg, log: ratelog.New(cfg.logger, cfg.logInterval)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if !cfg.linkerdStreams {
+		c.mux = &mux{api: watchespb.NewWatchesClient(cc), ctx: c.ctx, timeout: cfg.firstMessageTimeout, wg: &c.wg}
+	}
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
 			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
+				if c.mux != nil {
+					if s, err := subscribeMux[*pb.DestinationProfile](ctx, c.mux, watchespb.Kind_PROFILE, c.request(authority), opts); s != nil || err != nil {
+						return s, err
+					}
+				}
 				return c.api.GetProfile(ctx, c.request(authority), opts...)
 			},
 			session: c.profileSession,
@@ -88,6 +101,11 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		kind: &kind[*pb.Update, endpoint.Update]{
 			name: "Get",
 			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.Update], error) {
+				if c.mux != nil {
+					if s, err := subscribeMux[*pb.Update](ctx, c.mux, watchespb.Kind_ENDPOINTS, c.request(authority), opts); s != nil || err != nil {
+						return s, err
+					}
+				}
 				return c.api.Get(ctx, c.request(authority), opts...)
 			},
 			session:  c.endpointSession,

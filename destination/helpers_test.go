@@ -14,6 +14,7 @@ import (
 
 	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/watchespb"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -52,6 +53,9 @@ func serveHeld(t *testing.T, h *heldListener, svc pb.DestinationServer) *control
 	lis := h.generation()
 	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
 	pb.RegisterDestinationServer(cp.srv, svc)
+	if viaWatches {
+		watchespb.RegisterWatchesServer(cp.srv, watchesBridge{svc: svc})
+	}
 	go func() {
 		defer close(cp.done)
 		_ = cp.srv.Serve(lis)

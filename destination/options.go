@@ -37,6 +37,7 @@ type config struct {
 	dialOptions          []grpc.DialOption
 	suffixes             []string
 	networks             []netip.Prefix
+	linkerdStreams       bool
 }
 
 func newConfig(opts []Option) config {
@@ -168,4 +169,13 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 // "default".
 func WithWorkload(workload string) Option {
 	return optionFunc(func(c *config) { c.workload = workload })
+}
+
+// WithLinkerdStreams makes the client watch each target with Linkerd's
+// per-name streams (Destination.GetProfile, Destination.Get,
+// OutboundPolicies.Watch) even when the control plane serves inmesh's
+// Watches service, which otherwise carries every profile, endpoint and
+// policy watch of the client over one stream (see [Client]).
+func WithLinkerdStreams() Option {
+	return optionFunc(func(c *config) { c.linkerdStreams = true })
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+	"github.com/inmesh/inmesh/proxyapi/watchespb"
 	"google.golang.org/grpc"
 )
 
@@ -70,6 +71,11 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 		kind: &kind[*outboundpb.OutboundPolicy, policy.Update]{
 			name: "OutboundPolicies.Watch",
 			open: func(ctx context.Context, key string, opts ...grpc.CallOption) (recvStream[*outboundpb.OutboundPolicy], error) {
+				if c.mux != nil {
+					if s, err := subscribeMux[*outboundpb.OutboundPolicy](ctx, c.mux, watchespb.Kind_POLICY, c.trafficSpec(key), opts); s != nil || err != nil {
+						return s, err
+					}
+				}
 				return c.policyAPI.Watch(ctx, c.trafficSpec(key), opts...)
 			},
 			session: func(key string) func(*outboundpb.OutboundPolicy) (policy.Update, bool) {

@@ -431,10 +431,30 @@ func (w *watch[M, U]) session(ctx context.Context) error {
 			deadline.Stop()
 		}
 		mu.Unlock()
-		if u, ok := handle(msg); ok {
+		if u, ok := onOwnStack(handle, msg); ok {
 			w.publish(u)
 		}
 	}
+}
+
+// onOwnStack returns handle(msg), run on a goroutine of its own: the
+// conversion of a message (a profile's routes, a policy's compiled rules)
+// needs a deep stack for a moment, and a watch's goroutine, parked
+// between messages for as long as the watch lives, would keep a stack
+// grown to that depth. A process watching thousands of names holds
+// thousands of these goroutines.
+func onOwnStack[M, U any](handle func(M) (U, bool), msg M) (U, bool) {
+	type result struct {
+		u  U
+		ok bool
+	}
+	ch := make(chan result, 1)
+	go func() {
+		u, ok := handle(msg)
+		ch <- result{u, ok}
+	}()
+	r := <-ch
+	return r.u, r.ok
 }
 
 func classifyStreamErr(err error, progressed, silent bool) error {

@@ -4,7 +4,7 @@
 # (Destination API), outboundpb, httproutepb, grpcroutepb, opaqueroutepb and
 # tlsroutepb (OutboundPolicies API), identitypb (Identity API), inboundpb
 # (InboundServerPolicies API), and inmesh's own registrationpb (Registration
-# API), hedgepb, mirrorpb and outlierpb (fields 1001-1003 that Linkerd's
+# API) and watchespb (Watches API: a client's watches over one stream), hedgepb, mirrorpb and outlierpb (fields 1001-1003 that Linkerd's
 # proxies skip). Each Go package holds one or more proto
 # packages, as their go_package options say.
 #   proto/generate.sh          write the generated code

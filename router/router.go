@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer"
@@ -86,8 +87,10 @@ type routeTarget struct {
 	// each backend (by position).
 	trace        []attribute.KeyValue
 	backendTrace [][]attribute.KeyValue
-	// noBackend is the series of a request no backend took.
-	noBackend *metrics.BackendTarget
+	// noBackend is the series of a request no backend took, built on
+	// first use: most routes never need it, and a table of thousands of
+	// names holds a route each.
+	noBackend func() *metrics.BackendTarget
 	budget    *profiles.Budget // nil: the count alone limits retries
 	// balancing is the balancer configuration of each backend (by
 	// position; nil: the balancer's own), from the policy's failure
@@ -273,7 +276,9 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 		rt.balancing = append(rt.balancing, backendConfig(b.Backend, fa))
 		rt.total += uint64(b.Weight)
 	}
-	rt.noBackend = rt.metrics.NewBackendTarget(metaLabels("backend", policy.Metadata{}, true)...)
+	rt.noBackend = sync.OnceValue(func() *metrics.BackendTarget {
+		return rt.metrics.NewBackendTarget(metaLabels("backend", policy.Metadata{}, true)...)
+	})
 	if r.cfg.budget != nil {
 		rt.budget = profiles.NewBudget(*r.cfg.budget)
 	}

@@ -264,7 +264,7 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	}
 	i := x.pick()
 	if i < 0 {
-		x.backend = x.rt.noBackend
+		x.backend = x.rt.noBackend()
 		x.backend.Request(req.Context())
 		closeReqBody(req)
 		msg := "no backends for this route"

@@ -1,0 +1,419 @@
+package destination
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+	"github.com/inmesh/inmesh/proxyapi/watchespb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// muxRetry is how long a client whose control plane answered the Watches
+// service Unimplemented (a Linkerd control plane) opens Linkerd's per-name
+// streams before it asks for Watches again: a replica that serves it may
+// have replaced the one that did not.
+const muxRetry = time.Minute
+
+// errMuxHeaders is why a Watches stream whose headers did not come within
+// the first-message deadline was abandoned.
+var errMuxHeaders = errors.New("destination: no headers on the Watches stream before the first-message deadline")
+
+// mux carries a client's profile, endpoint and policy watches over one
+// stream of inmesh's Watches service (proto/watches.proto) instead of one
+// Linkerd stream each: a watch's session subscribes on it and reads the
+// answers of its subscription as it would read its own stream's, so that
+// every behaviour of the watch loop (first-message deadline, not found,
+// rejected, unanswered, backoff, failover) holds on both paths. The
+// answers are dispatched by one reader goroutine per stream; a
+// subscription costs no goroutine and no gRPC stream of its own. When the
+// control plane answers Unimplemented, watches open Linkerd's streams for
+// [muxRetry].
+type mux struct {
+	api     watchespb.WatchesClient
+	ctx     context.Context // the client's
+	timeout time.Duration   // how long the stream's headers may take
+	wg      *sync.WaitGroup // the client's: counts each stream's reader and writer
+	nextID  atomic.Uint64
+
+	mu          sync.Mutex
+	cur         *muxConn
+	opening     chan struct{} // closed when the open under way ends
+	openingWait bool          // the open under way waits for the connection
+	unsupported time.Time     // until when Watches is not asked for
+}
+
+// muxConn is one Watches stream.
+type muxConn struct {
+	stream watchespb.Watches_WatchClient
+	ctx    context.Context // the stream's
+	cancel context.CancelFunc
+	// out are the requests the writer has yet to send, in order; the
+	// writer alone calls Send, so that a watch's goroutine never runs
+	// gRPC's deep send path (its stack stays small) nor blocks on flow
+	// control.
+	outMu  sync.Mutex
+	out    []*watchespb.WatchRequest
+	outSig chan struct{}
+
+	mu   sync.Mutex
+	subs map[uint64]*muxSub
+	err  error // why the stream ended; set once
+}
+
+// muxSub is one subscription: the answers its watch has not read yet.
+type muxSub struct {
+	id     uint64
+	signal chan struct{} // a signal at most: something was queued or it ended
+
+	mu    sync.Mutex
+	queue []*watchespb.WatchResponse
+	err   error // why it ended
+}
+
+// subscribe opens a subscription of kind with req (a GetDestination or a
+// TrafficSpec) on the Watches stream, opening the stream when there is
+// none: waiting for the connection when wait, failing at once when the
+// control plane cannot be reached otherwise (see [watch.session]). It
+// returns a nil stream and no error when the control plane does not serve
+// Watches: the caller opens its Linkerd stream. The subscription ends with
+// ctx.
+func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.Kind, req proto.Message, opts []grpc.CallOption) (recvStream[M], error) {
+	wait := slices.Contains(opts, grpc.CallOption(waitForReady))
+	for {
+		c, err := m.conn(ctx, wait)
+		if c == nil || err != nil {
+			return nil, err
+		}
+		sub, err := c.subscribe(m.nextID.Add(1), kind, req)
+		if errors.Is(err, errMuxEnded) {
+			continue // the stream ended meanwhile: open the next
+		}
+		if err != nil {
+			return nil, err
+		}
+		context.AfterFunc(ctx, func() { c.unsubscribe(sub) })
+		return &muxRecv[M]{ctx: ctx, sub: sub}, nil
+	}
+}
+
+// errMuxEnded is returned by subscribe on a stream that ended.
+var errMuxEnded = errors.New("destination: Watches stream ended")
+
+// conn returns the open Watches stream, opening it when there is none;
+// nil, nil when Watches is not served.
+func (m *mux) conn(ctx context.Context, wait bool) (*muxConn, error) {
+	for {
+		m.mu.Lock()
+		if time.Now().Before(m.unsupported) {
+			m.mu.Unlock()
+			return nil, nil
+		}
+		if m.cur != nil {
+			c := m.cur
+			m.mu.Unlock()
+			return c, nil
+		}
+		if m.opening != nil && (wait || !m.openingWait) {
+			// One open at a time: the others wait for it, but for a
+			// fail-fast one, which does not wait for an open that
+			// waits for the connection.
+			ch := m.opening
+			m.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}
+		var ch chan struct{}
+		if m.opening == nil {
+			ch = make(chan struct{})
+			m.opening, m.openingWait = ch, wait
+		}
+		m.mu.Unlock()
+
+		c, err := m.open(ctx, wait)
+		m.mu.Lock()
+		if ch != nil {
+			m.opening = nil
+			close(ch)
+		}
+		switch {
+		case status.Code(err) == codes.Unimplemented || errors.Is(err, errMuxHeaders):
+			// Not served, or by a control plane that accepts streams and
+			// does not answer: the Linkerd streams, with their
+			// first-message deadline, take over.
+			m.unsupported = time.Now().Add(muxRetry)
+			m.mu.Unlock()
+			return nil, nil
+		case err != nil:
+			m.mu.Unlock()
+			return nil, err
+		case m.cur == nil:
+			m.cur = c
+			m.mu.Unlock()
+			m.wg.Add(2)
+			go m.read(c)
+			go c.write(m.wg)
+			return c, nil
+		default: // a fail-fast open raced another
+			cur := m.cur
+			m.mu.Unlock()
+			c.cancel()
+			return cur, nil
+		}
+	}
+}
+
+// open starts a Watches stream and waits for its headers, which say
+// whether the control plane serves it. The stream lives with the client;
+// ctx, the first subscriber's, bounds only the wait.
+func (m *mux) open(ctx context.Context, wait bool) (*muxConn, error) {
+	sctx, cancel := context.WithCancel(m.ctx)
+	stop := context.AfterFunc(ctx, cancel)
+	var opts []grpc.CallOption
+	if wait {
+		opts = append(opts, waitForReady)
+	}
+	stream, err := m.api.Watch(sctx, opts...)
+	if err != nil {
+		stop()
+		cancel()
+		return nil, err
+	}
+	headers := time.AfterFunc(m.timeout, cancel)
+	md, err := stream.Header()
+	if err == nil && md == nil {
+		// The stream ended before any headers (Unimplemented comes
+		// so): Recv says how.
+		if _, err = stream.Recv(); err == nil {
+			err = status.Error(codes.Internal, "destination: a Watches answer without headers")
+		}
+	}
+	late := !headers.Stop()
+	if !stop() || late {
+		cancel()
+		if late {
+			return nil, errMuxHeaders
+		}
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &muxConn{stream: stream, ctx: sctx, cancel: cancel, outSig: make(chan struct{}, 1), subs: make(map[uint64]*muxSub)}, nil
+}
+
+// read dispatches the answers of c to their subscriptions until c ends;
+// then every subscription of c ends with c's error, and the next
+// subscription opens a new stream.
+func (m *mux) read(c *muxConn) {
+	defer m.wg.Done()
+	for {
+		r, err := c.stream.Recv()
+		if err != nil {
+			m.mu.Lock()
+			if m.cur == c {
+				m.cur = nil
+			}
+			if status.Code(err) == codes.Unimplemented {
+				m.unsupported = time.Now().Add(muxRetry)
+			}
+			m.mu.Unlock()
+			c.fail(err)
+			return
+		}
+		c.mu.Lock()
+		sub := c.subs[r.GetId()]
+		ended := r.GetEnded()
+		if sub != nil && ended != nil {
+			delete(c.subs, sub.id)
+		}
+		c.mu.Unlock()
+		if sub == nil {
+			continue // unsubscribed meanwhile
+		}
+		if ended != nil {
+			sub.end(status.Error(codes.Code(ended.GetCode()), ended.GetMessage()))
+			continue
+		}
+		sub.push(r)
+	}
+}
+
+// fail ends c and its subscriptions with err.
+func (c *muxConn) fail(err error) {
+	c.cancel()
+	c.mu.Lock()
+	c.err = err
+	subs := c.subs
+	c.subs = nil
+	c.mu.Unlock()
+	for _, sub := range subs {
+		sub.end(err)
+	}
+}
+
+func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message) (*muxSub, error) {
+	s := &watchespb.Subscribe{Id: id, Kind: kind}
+	switch r := req.(type) {
+	case *pb.GetDestination:
+		s.Destination = r
+	case *outboundpb.TrafficSpec:
+		s.TrafficSpec = r
+	}
+	sub := &muxSub{id: id, signal: make(chan struct{}, 1)}
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return nil, errMuxEnded
+	}
+	c.subs[id] = sub
+	c.mu.Unlock()
+	c.send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Subscribe{Subscribe: s}})
+	return sub, nil
+}
+
+// unsubscribe closes sub when its watch no longer reads it.
+func (c *muxConn) unsubscribe(sub *muxSub) {
+	c.mu.Lock()
+	open := c.err == nil && c.subs[sub.id] == sub
+	if open {
+		delete(c.subs, sub.id)
+	}
+	c.mu.Unlock()
+	sub.end(status.Error(codes.Canceled, "destination: watch ended"))
+	if open {
+		c.send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Unsubscribe{Unsubscribe: &watchespb.Unsubscribe{Id: sub.id}}})
+	}
+}
+
+// send queues r for the writer.
+func (c *muxConn) send(r *watchespb.WatchRequest) {
+	c.outMu.Lock()
+	c.out = append(c.out, r)
+	c.outMu.Unlock()
+	select {
+	case c.outSig <- struct{}{}:
+	default:
+	}
+}
+
+// write sends the queued requests until the stream ends. An error of Send
+// is the stream's end, which the reader reports to every subscription.
+func (c *muxConn) write(wg *sync.WaitGroup) {
+	defer wg.Done()
+	for {
+		select {
+		case <-c.outSig:
+		case <-c.ctx.Done():
+			return
+		}
+		c.outMu.Lock()
+		out := c.out
+		c.out = nil
+		c.outMu.Unlock()
+		for _, r := range out {
+			if c.stream.Send(r) != nil {
+				return
+			}
+		}
+	}
+}
+
+func (s *muxSub) push(r *watchespb.WatchResponse) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.queue = append(s.queue, r)
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+// end ends s with err after the answers queued before it; the first end
+// counts.
+func (s *muxSub) end(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *muxSub) wake() {
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the next answer of s, in order, then the error that ended
+// it; or ctx's error.
+func (s *muxSub) next(ctx context.Context) (*watchespb.WatchResponse, error) {
+	for {
+		s.mu.Lock()
+		if len(s.queue) > 0 {
+			r := s.queue[0]
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
+			if len(s.queue) == 0 {
+				s.queue = nil
+			}
+			s.mu.Unlock()
+			return r, nil
+		}
+		err := s.err
+		s.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-s.signal:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// muxRecv is a subscription read as the stream of its kind: a watch's
+// session reads it as it reads a Linkerd stream.
+type muxRecv[M proto.Message] struct {
+	ctx context.Context
+	sub *muxSub
+}
+
+func (r *muxRecv[M]) Recv() (M, error) {
+	for {
+		resp, err := r.sub.next(r.ctx)
+		if err != nil {
+			var zero M
+			return zero, err
+		}
+		var msg proto.Message
+		switch a := resp.GetAnswer().(type) {
+		case *watchespb.WatchResponse_Profile:
+			msg = a.Profile
+		case *watchespb.WatchResponse_Update:
+			msg = a.Update
+		case *watchespb.WatchResponse_Policy:
+			msg = a.Policy
+		}
+		if m, ok := msg.(M); ok {
+			return m, nil
+		}
+		// An answer of another kind, or none: skipped, as a field a
+		// Linkerd stream does not know.
+	}
+}
