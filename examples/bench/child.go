@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
+	"time"
 )
 
 // childEnv names the part a copy of this binary plays when it runs as a
@@ -49,4 +51,69 @@ func childCommand(part string, args ...string) (*exec.Cmd, error) {
 	cmd.Env = append(os.Environ(), childEnv+"="+part)
 	cmd.Stderr = os.Stderr
 	return cmd, nil
+}
+
+// child is a running child part whose standard output is read line by
+// line: the parts report "ready" and their figures one line each.
+type child struct {
+	cmd   *exec.Cmd
+	who   string // the part, as errors name it
+	lines chan string
+	done  chan struct{}
+}
+
+// startChild starts cmd (made by childCommand, its other pipes set) and
+// reads its output; who names it in errors. Stop ends it.
+func startChild(cmd *exec.Cmd, who string) (*child, error) {
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, who: who, lines: make(chan string, 4), done: make(chan struct{})}
+	go func() {
+		defer close(c.lines)
+		s := bufio.NewScanner(stdout)
+		s.Buffer(nil, 1<<20)
+		for s.Scan() {
+			select {
+			case c.lines <- s.Text():
+			case <-c.done:
+				return
+			}
+		}
+	}()
+	return c, nil
+}
+
+// next returns the child's next line, what it stands for naming it in
+// the error when the child ends or says nothing within timeout.
+func (c *child) next(what string, timeout time.Duration) (string, error) {
+	select {
+	case l, ok := <-c.lines:
+		if !ok {
+			return "", fmt.Errorf("%s ended before %s", c.who, what)
+		}
+		return l, nil
+	case <-time.After(timeout):
+		return "", fmt.Errorf("%s: no %s within %v", c.who, what, timeout)
+	}
+}
+
+// ready waits for the child's "ready" line.
+func (c *child) ready(timeout time.Duration) error {
+	l, err := c.next("ready", timeout)
+	if err == nil && l != "ready" {
+		err = fmt.Errorf("%s said %q", c.who, l)
+	}
+	return err
+}
+
+// stop kills the child and waits for it.
+func (c *child) stop() {
+	close(c.done)
+	_ = c.cmd.Process.Kill()
+	_ = c.cmd.Wait()
 }

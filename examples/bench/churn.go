@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -145,45 +144,17 @@ func runChurn(cfg churnConfig) (*churnReport, time.Duration, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	stdout, err := cmd.StdoutPipe()
+	proc, err := startChild(cmd, "the workloads' process")
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := cmd.Start(); err != nil {
+	defer proc.stop()
+	if err := proc.ready(2 * time.Minute); err != nil {
 		return nil, 0, err
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	lines := make(chan string, 2)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		s.Buffer(nil, 1<<20)
-		for s.Scan() {
-			lines <- s.Text()
-		}
-		close(lines)
-	}()
-	next := func(what string, timeout time.Duration) (string, error) {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				return "", fmt.Errorf("the workloads' process ended before %s", what)
-			}
-			return l, nil
-		case <-time.After(timeout):
-			return "", fmt.Errorf("the workloads' process: no %s within %v", what, timeout)
-		}
-	}
-	if l, err := next("ready", 2*time.Minute); err != nil {
-		return nil, 0, err
-	} else if l != "ready" {
-		return nil, 0, fmt.Errorf("the workloads' process said %q", l)
 	}
 	cpu0 := cpuTime()
 	run := time.Duration(cfg.workloads/cfg.rate)*time.Second + cfg.life
-	l, err := next("report", run+3*time.Minute)
+	l, err := proc.next("report", run+3*time.Minute)
 	if err != nil {
 		return nil, 0, err
 	}

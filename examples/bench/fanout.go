@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,41 +83,13 @@ func fanout(o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
+	proc, err := startChild(cmd, "the watchers' process")
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	defer proc.stop()
+	if err := proc.ready(3 * time.Minute); err != nil {
 		return nil, err
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	lines := make(chan string, 2)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		s.Buffer(nil, 1<<20)
-		for s.Scan() {
-			lines <- s.Text()
-		}
-		close(lines)
-	}()
-	next := func(what string, timeout time.Duration) (string, error) {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				return "", fmt.Errorf("the watchers' process ended before %s", what)
-			}
-			return l, nil
-		case <-time.After(timeout):
-			return "", fmt.Errorf("the watchers' process: no %s within %v", what, timeout)
-		}
-	}
-	if l, err := next("ready", 3*time.Minute); err != nil {
-		return nil, err
-	} else if l != "ready" {
-		return nil, fmt.Errorf("the watchers' process said %q", l)
 	}
 
 	runtime.GC()
@@ -136,7 +107,7 @@ func fanout(o options) (*result, error) {
 	// The last changes' receipts, then the report.
 	time.Sleep(time.Second)
 	_ = stdin.Close()
-	l, err := next("report", time.Minute)
+	l, err := proc.next("report", time.Minute)
 	if err != nil {
 		return nil, err
 	}

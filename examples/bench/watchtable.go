@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -86,10 +85,6 @@ func watchTable(o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -106,35 +101,21 @@ func watchTable(o options) (*result, error) {
 		return float64(m.HeapAlloc+m.StackInuse) / (1 << 20)
 	}
 	cpBefore := cpMem()
-	if err := cmd.Start(); err != nil {
+	proc, err := startChild(cmd, "the client's process")
+	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	lines := make(chan string, 3)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			lines <- s.Text()
-		}
-		close(lines)
-	}()
+	defer proc.stop()
 	var use [3]tableUsage
 	var cpHeap [3]float64
 	var cpG [3]int
 	for i := range use {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				return nil, fmt.Errorf("the client's process ended before pass %d", i)
-			}
-			if err := json.Unmarshal([]byte(l), &use[i]); err != nil {
-				return nil, fmt.Errorf("the client's report %q: %w", l, err)
-			}
-		case <-time.After(10 * time.Minute):
-			return nil, fmt.Errorf("the client's process: no report of pass %d in 10 minutes", i)
+		l, err := proc.next(fmt.Sprintf("the report of pass %d", i), 10*time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal([]byte(l), &use[i]); err != nil {
+			return nil, fmt.Errorf("the client's report %q: %w", l, err)
 		}
 		cpHeap[i] = cpMem() - cpBefore
 		cpG[i] = runtime.NumGoroutine()
