@@ -102,7 +102,10 @@ func TestClientFailsOverToAnotherReplica(t *testing.T) {
 	for i, u := range rec.all() {
 		assert.NoError(t, u.Err, "update %d", i)
 		if assert.NotNil(t, u.Set, "update %d", i) {
-			assert.Len(t, u.Set.Endpoints, 1, "update %d: the last state was dropped", i)
+			// The change from a to b may pass through {a, b} (the control
+			// plane sends the add before the remove), never through an
+			// empty set.
+			assert.NotEmpty(t, u.Set.Endpoints, "update %d: the last state was dropped", i)
 		}
 	}
 	for i, u := range policies.all() {
