@@ -2,6 +2,7 @@ package profiles
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"strconv"
 	"sync"
@@ -163,6 +164,31 @@ func (s BudgetState) MarshalJSON() ([]byte, error) {
 		Deposits            int64   `json:"deposits"`
 		Withdrawals         int64   `json:"withdrawals"`
 	}{s.RetryRatio, s.MinRetriesPerSecond, s.TTL.String(), s.Deposits, s.Withdrawals})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, so that a Go client of a
+// route explanation (/routes) can decode it.
+func (s *BudgetState) UnmarshalJSON(b []byte) error {
+	var w struct {
+		RetryRatio          float32 `json:"retryRatio"`
+		MinRetriesPerSecond uint32  `json:"minRetriesPerSecond"`
+		TTL                 string  `json:"ttl"`
+		Deposits            int64   `json:"deposits"`
+		Withdrawals         int64   `json:"withdrawals"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	var ttl time.Duration
+	if w.TTL != "" {
+		var err error
+		if ttl, err = time.ParseDuration(w.TTL); err != nil {
+			return fmt.Errorf("profiles: budget ttl %q: %w", w.TTL, err)
+		}
+	}
+	*s = BudgetState{RetryBudget: RetryBudget{RetryRatio: w.RetryRatio, MinRetriesPerSecond: w.MinRetriesPerSecond, TTL: ttl},
+		Deposits: w.Deposits, Withdrawals: w.Withdrawals}
+	return nil
 }
 
 // State returns the budget's parameters and counts.

@@ -126,3 +126,26 @@ func TestBudgetStateJSON(t *testing.T) {
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"retryRatio":0.2,"minRetriesPerSecond":10,"ttl":"10s","deposits":3,"withdrawals":1}`, string(b))
 }
+
+// A budget's state, as a route explanation writes it, reads back the same:
+// Go clients of /routes decode it.
+func TestBudgetStateJSONRoundTrip(t *testing.T) {
+	in := BudgetState{RetryBudget: RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second}, Deposits: 7, Withdrawals: 2}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"retryRatio":0.2,"minRetriesPerSecond":10,"ttl":"10s","deposits":7,"withdrawals":2}`; string(b) != want {
+		t.Fatalf("marshalled %s, want %s", b, want)
+	}
+	var out BudgetState
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out != in {
+		t.Fatalf("read back %+v, want %+v", out, in)
+	}
+	if err := json.Unmarshal([]byte(`{"ttl":"ten"}`), &out); err == nil {
+		t.Fatal("a malformed ttl was accepted")
+	}
+}
