@@ -480,6 +480,33 @@ func TestWatchCapTakesIdleStreams(t *testing.T) {
 	assert.ErrorIs(t, err, profiles.ErrTooManyWatches, "a stream with a watcher is never taken")
 }
 
+// A watch that gives way to a new one at the bound is freed then, not
+// when its idle timeout would have ended: a churn of new names past the
+// bound must not keep every evicted watch, with its last state, alive for
+// the idle timeout (30 s by default, some 20,000 watches of a proxy's
+// names at the churn of examples/faults TestWatchTableFits).
+func TestEvictedWatchIsFreed(t *testing.T) {
+	store := controlplane.NewStore()
+	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
+	c := newTestClient(t, cp.addr, destination.WithMaxWatches(1), destination.WithIdleTimeout(time.Hour))
+	ctx := context.Background()
+	const old = "old.ns.svc.cluster.local:80"
+	rec := newRecorder[profiles.Update]()
+	stop, err := c.Watch(ctx, old, rec.update)
+	require.NoError(t, err)
+	rec.waitFor(t, "the first answer", func(profiles.Update) bool { return true })
+	freed := destination.ProfileWatchCollected(c, old)
+	require.False(t, freed(), "a watch in use is kept")
+	stop()
+	var fresh func()
+	require.Eventually(t, func() bool {
+		fresh, err = c.Watch(ctx, "new.ns.svc.cluster.local:80", func(profiles.Update) {})
+		return err == nil
+	}, defaultTestTimeout, 10*time.Millisecond, "the idle watch never made room")
+	defer fresh()
+	require.Eventually(t, freed, defaultTestTimeout, 10*time.Millisecond, "the evicted watch is still referenced")
+}
+
 func TestClosedClient(t *testing.T) {
 	store := controlplane.NewStore()
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))

@@ -1,6 +1,9 @@
 package destination
 
 import (
+	"runtime"
+	"weak"
+
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 )
@@ -23,4 +26,17 @@ var (
 // EndpointSession is the decoder of one Get stream of c.
 func EndpointSession(c *Client, authority string) func(*pb.Update) (endpoint.Update, bool) {
 	return c.endpointSession(authority)
+}
+
+// ProfileWatchCollected returns a probe that collects garbage and reports
+// whether the profile watch authority has now (when the probe was made)
+// has been freed.
+func ProfileWatchCollected(c *Client, authority string) func() bool {
+	c.profiles.mu.Lock()
+	ref := weak.Make(c.profiles.m[authority])
+	c.profiles.mu.Unlock()
+	return func() bool {
+		runtime.GC()
+		return ref.Value() == nil
+	}
 }

@@ -97,7 +97,13 @@ type watch[M, U any] struct {
 	lastNotFound bool
 	subs         map[*mailbox.Mailbox[U]]struct{}
 	idleGen      uint64 // bumped on every subscribe, so a stale idle timer does nothing
-	evicted      bool
+	// idleTimer closes the watch after the idle timeout. It is stopped
+	// when the watch is subscribed again or evicted first, so that an
+	// evicted watch is not kept alive by its timer: under a churn of new
+	// names past the bound, every timer would otherwise hold an evicted
+	// watch and its last state for the whole idle timeout.
+	idleTimer *time.Timer
+	evicted   bool
 }
 
 // watches is a bounded set of watches of one kind, keyed by authority.
@@ -139,6 +145,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	delete(ws.idle, w)
 	var s *mailbox.Mailbox[U]
 	w.mu.Lock()
+	w.stopIdleTimerLocked()
 	s = mailbox.Start(c.ctx, ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
 	w.subs[s] = struct{}{}
 	w.idleGen++
@@ -160,21 +167,30 @@ func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *mailbox.Mailbox[U]) {
 	if !idle || w.c.ctx.Err() != nil {
 		return
 	}
+	d := w.c.cfg.idleTimeout
 	ws.mu.Lock()
 	w.mu.Lock()
-	if len(w.subs) == 0 && !w.evicted {
+	if len(w.subs) == 0 && !w.evicted && w.idleGen == gen && d > 0 {
 		if ws.idle == nil {
 			ws.idle = make(map[*watch[M, U]]struct{})
 		}
 		ws.idle[w] = struct{}{}
+		w.stopIdleTimerLocked()
+		w.idleTimer = time.AfterFunc(d, func() { ws.evict(w, gen) })
 	}
 	w.mu.Unlock()
 	ws.mu.Unlock()
-	if d := w.c.cfg.idleTimeout; d > 0 {
-		time.AfterFunc(d, func() { ws.evict(w, gen) })
-		return
+	if d <= 0 {
+		ws.evict(w, gen)
 	}
-	ws.evict(w, gen)
+}
+
+// stopIdleTimerLocked stops w's idle timer, if any. The caller holds w.mu.
+func (w *watch[M, U]) stopIdleTimerLocked() {
+	if w.idleTimer != nil {
+		w.idleTimer.Stop()
+		w.idleTimer = nil
+	}
 }
 
 // evict closes w if nobody subscribed since generation gen.
@@ -184,6 +200,7 @@ func (ws *watches[M, U]) evict(w *watch[M, U], gen uint64) {
 	stale := w.idleGen != gen || len(w.subs) > 0 || w.evicted
 	if !stale {
 		w.evicted = true
+		w.stopIdleTimerLocked()
 		delete(ws.m, w.authority)
 		delete(ws.idle, w)
 	}
@@ -202,6 +219,7 @@ func (ws *watches[M, U]) evictIdleLocked() bool {
 		delete(ws.idle, w)
 		w.mu.Lock()
 		w.evicted = true
+		w.stopIdleTimerLocked()
 		w.mu.Unlock()
 		delete(ws.m, w.authority)
 		w.cancel()

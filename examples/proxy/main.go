@@ -68,6 +68,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/http/pprof"
 	"net/netip"
 	"net/url"
 	"os"
@@ -108,6 +109,7 @@ type flags struct {
 	registration                                             registerFlags
 	zone                                                     string
 	trace                                                    traceFlags
+	pprof                                                    bool
 }
 
 func main() {
@@ -154,6 +156,8 @@ func main() {
 		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route); an answer that cannot come (a control plane without the API, as Linkerd's destination controller alone for OutboundPolicies, or one that cannot be reached) ends the wait at once")
 	flag.StringVar(&f.zone, "zone", "",
 		"the zone this proxy runs in (a node's topology.kubernetes.io/zone): requests stay with the endpoints of this zone (their zone label) while its load is healthy and spill to other zones as it rises (empty: every endpoint alike)")
+	flag.BoolVar(&f.pprof, "pprof", false,
+		"serve Go's profiles (net/http/pprof) at /debug/pprof/ on the metrics listener, to loopback clients only")
 	f.identity.register(flag.CommandLine)
 	f.registration.register(flag.CommandLine)
 	f.trace.register(flag.CommandLine)
@@ -280,6 +284,11 @@ func run(f flags, log *slog.Logger) error {
 
 	admin := http.NewServeMux()
 	admin.Handle("/metrics", metrics.Handler)
+	if f.pprof {
+		admin.Handle("/debug/pprof/", loopbackOnly(http.HandlerFunc(pprof.Index)))
+		admin.Handle("/debug/pprof/profile", loopbackOnly(http.HandlerFunc(pprof.Profile)))
+		admin.Handle("/debug/pprof/trace", loopbackOnly(http.HandlerFunc(pprof.Trace)))
+	}
 	// /routes explains the routing of a request through the outbound
 	// stack's router (ServiceProfiles and outbound policies).
 	outboundRoutes := client.Router().ExplainHandler()
@@ -445,4 +454,16 @@ func countConns(c metric.Int64Counter, direction string) func(net.Conn, http.Con
 			c.Add(context.Background(), 1, opts)
 		}
 	}
+}
+
+// loopbackOnly answers 403 to a client that is not on a loopback address.
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil || !ap.Addr().Unmap().IsLoopback() {
+			http.Error(w, "forbidden: loopback clients only", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
