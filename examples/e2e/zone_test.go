@@ -72,19 +72,21 @@ spec:
 }
 
 // zoneRun sends n requests one after another and returns how many were
-// answered from outside zone-a and their latencies.
-func zoneRun(t *testing.T, send func() (string, error), n int) (out int, lat []time.Duration) {
+// answered from outside zone-a, the latencies of all and of those.
+func zoneRun(t *testing.T, send func() (string, error), n int) (out int, lat, outLat []time.Duration) {
 	t.Helper()
 	for range n {
 		start := time.Now()
 		zone, err := send()
 		require.NoError(t, err)
-		lat = append(lat, time.Since(start))
+		d := time.Since(start)
+		lat = append(lat, d)
 		if zone != "zone-a" {
 			out++
+			outLat = append(outLat, d)
 		}
 	}
-	return out, lat
+	return out, lat, outLat
 }
 
 func zoneP99(lat []time.Duration) time.Duration {
@@ -99,7 +101,7 @@ func zoneUntil(t *testing.T, send func() (string, error), n int, deadline time.D
 	t.Helper()
 	end := time.Now().Add(deadline)
 	for i := 1; ; i++ {
-		out, _ := zoneRun(t, send, n)
+		out, _, _ := zoneRun(t, send, n)
 		if ok(out) {
 			return i
 		}
@@ -115,21 +117,35 @@ func zoneUntil(t *testing.T, send func() (string, error), n int, deadline time.D
 func zoneScenario(t *testing.T, f *zoneFleet, send func() (string, error), returnWithin time.Duration) {
 	const n = 400
 	zoneRun(t, send, 20) // connections up
-	out, lat := zoneRun(t, send, n)
+	out, lat, _ := zoneRun(t, send, n)
 	normal := zoneP99(lat)
 	t.Logf("normal load: %d of %d requests left zone-a, p99 %s", out, n, normal)
 	assert.LessOrEqual(t, out, n*5/100, "requests out of the zone under normal load")
 
 	f.delay["zone-a"].Store(int64(zoneSlow))
 	windows := zoneUntil(t, send, 10, 30*time.Second, func(out int) bool { return out == 10 }, "spill")
-	out, lat = zoneRun(t, send, n)
-	slow := zoneP99(lat)
-	t.Logf("zone-a slow: spilled after %d windows of 10; then %d of %d requests left zone-a, p99 %s", windows, out, n, slow)
+	start := time.Now()
+	out, lat, outLat := zoneRun(t, send, n)
+	took := time.Since(start)
+	slow, spilled := zoneP99(lat), zoneP99(outLat)
+	t.Logf("zone-a slow: spilled after %d windows of 10; then %d of %d requests left zone-a in %s, p99 %s (%s of those that left)",
+		windows, out, n, took.Round(time.Millisecond), slow, spilled)
 	assert.GreaterOrEqual(t, out, n*98/100, "requests out of the slow zone")
-	assert.LessOrEqual(t, slow, 2*normal, "p99 while zone-a is slow, against its normal value")
+	// The slow zone is probed again each time its estimate has decayed (a
+	// 1 s decay), so the requests that stay follow the window's wall time,
+	// not its size: 4 of 400 serial requests (8.5 s) on an idle machine,
+	// and on a doubly loaded one enough of a slower window for the p99 of
+	// all (its 4th-slowest) to be a probe's. What a caller must see is
+	// that the probes are that rare and that everything else keeps its
+	// normal tail.
+	assert.LessOrEqual(t, float64(n-out), 1+took.Seconds(), "requests that probe the slow zone: at most one per second of the window")
+	assert.LessOrEqual(t, spilled, 2*normal, "p99 of the requests that left the slow zone, against the normal p99")
+	if n-out < n/100 {
+		assert.LessOrEqual(t, slow, 2*normal, "p99 of all requests, while fewer than 1 in 100 probe the slow zone")
+	}
 
 	f.delay["zone-a"].Store(int64(zoneNormal))
-	start := time.Now()
+	start = time.Now()
 	zoneUntil(t, send, 50, returnWithin, func(out int) bool { return out <= 50*5/100 }, "return")
 	t.Logf("zone-a recovered: traffic back within %s", time.Since(start).Round(time.Millisecond))
 }
