@@ -14,6 +14,8 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
@@ -21,6 +23,9 @@ import (
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/inmesh/inmesh/proxyapi/registrationpb"
 	"github.com/inmesh/inmesh/proxyapi/watchespb"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -52,6 +57,13 @@ type Server struct {
 	streams      sync.WaitGroup
 	// wakes counts the wake-ups of streams by a change of the store.
 	wakes atomic.Int64
+
+	// What each peer holds (peers.go): Linkerd streams, Watches streams,
+	// and the subscriptions of its Watches streams.
+	peerStreams, peerWatches, peerSubscriptions *peerCounts
+	refused                                     metric.Int64Counter // stream_refused_total
+	refusals                                    map[string]metric.AddOption
+	rlog                                        *ratelog.Logger
 }
 
 var _ pb.DestinationServer = (*Server)(nil)
@@ -61,14 +73,35 @@ var _ pb.DestinationServer = (*Server)(nil)
 var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shutting down")
 
 // NewServer returns a Server for store. Of the package's options it uses
-// [WithLogger], [WithMaxSubscriptions], and the registration options
-// ([WithRegistry], [WithInsecureRegistration], [WithRegistrationLimits],
-// [WithMeterProvider]).
+// [WithLogger], [WithLogInterval], [WithMeterProvider], the bounds
+// ([WithMaxSubscriptions], [WithMaxStreamsPerPeer], [WithWatchesPerPeer])
+// and the registration options ([WithRegistry], [WithInsecureRegistration],
+// [WithRegistrationLimits]).
 func NewServer(store *Store, opts ...Option) *Server {
 	cfg := newConfig(opts)
-	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{}), maxSubscriptions: cfg.maxSubscriptions}
+	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{}), maxSubscriptions: cfg.maxSubscriptions,
+		peerStreams: newPeerCounts(cfg.maxStreamsPerPeer), peerWatches: newPeerCounts(cfg.maxWatchesPerPeer),
+		peerSubscriptions: newPeerCounts(cfg.maxSubscriptionsPerPeer),
+		refusals:          make(map[string]metric.AddOption), rlog: ratelog.New(cfg.logger, cfg.logInterval)}
+	var err error
+	if s.refused, err = metrics.Meter(cfg.reg.mp, ScopeName).Int64Counter("stream_refused_total",
+		metric.WithDescription("Watch streams and Watches subscriptions refused at a bound, by reason: peer_streams, peer_watches, peer_subscriptions or stream_subscriptions.")); err != nil {
+		otel.Handle(err)
+	}
+	for _, reason := range []string{RefusedPeerStreams, RefusedPeerWatches, RefusedPeerSubscriptions, RefusedStreamSubscriptions} {
+		s.refusals[reason] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason)))
+	}
 	s.reg = newRegistrationServer(s, cfg)
 	return s
+}
+
+// refuse counts and logs a refusal at a bound, and returns err.
+func (s *Server) refuse(ctx context.Context, reason string, err error) error {
+	if s.refused != nil {
+		s.refused.Add(ctx, 1, s.refusals[reason])
+	}
+	s.rlog.WarnErr("stream refused "+reason, "controlplane: refused a watch at a bound", err, "reason", reason)
+	return err
 }
 
 // Register adds the Destination, OutboundPolicies, InboundServerPolicies,
@@ -210,6 +243,13 @@ func serveFeed[T any, M interface {
 		return err
 	}
 	defer s.streams.Done()
+	ctx := stream.Context()
+	p := peerOf(ctx)
+	if !s.peerStreams.acquire(p.key) {
+		return s.refuse(ctx, RefusedPeerStreams, status.Errorf(codes.ResourceExhausted,
+			"controlplane: %s has %d streams open, the most one peer may", p, s.peerStreams.max))
+	}
+	defer s.peerStreams.release(p.key, 1)
 	w := s.store.subscribe(f.keys...)
 	defer s.store.unsubscribe(w)
 	for {
@@ -222,7 +262,7 @@ func serveFeed[T any, M interface {
 				return err
 			}
 		}
-		if done, err := s.wait(stream.Context(), w); done {
+		if done, err := s.wait(ctx, w); done {
 			return err
 		}
 	}
