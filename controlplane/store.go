@@ -19,10 +19,10 @@ import (
 // Service when the authority appears or goes away), a ServiceProfile the
 // streams of its name; a reload of every endpoint set or every profile
 // wakes only the streams whose sets or profiles differ. A reload of the
-// policy manifests or the inbound options wakes every OutboundPolicies,
-// InboundServerPolicies and service-profile stream, which send only what
-// changed. A Store is safe for concurrent use; its zero value is empty and
-// ready.
+// policy manifests or the inbound options wakes only the streams whose
+// answer it changes: each watched policy and inbound Server is computed
+// under the old and the new manifests and compared. A Store is safe for
+// concurrent use; its zero value is empty and ready.
 type Store struct {
 	mu        sync.Mutex
 	profiles  map[string]*profiles.ServiceProfile // by name, lower case
