@@ -199,8 +199,15 @@ func (s *Store) endpointsChangedLocked(authorities ...string) {
 		}
 		if has {
 			s.notified[a] = cur
+			if s.versions == nil {
+				s.versions = make(map[string]uint64)
+			}
+			s.setSeq++
+			s.versions[a] = s.setSeq
 		} else {
 			delete(s.notified, a)
+			delete(s.versions, a)
+			delete(s.diffs, a)
 		}
 		s.wakeLocked(endpointsKey(a))
 		s.wakeAddrsLocked(prev, cur)

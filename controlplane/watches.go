@@ -330,7 +330,7 @@ func (m *muxStream) flush(stream watchespb.Watches_WatchServer) error {
 			continue
 		}
 		for _, msg := range msgs {
-			r, err := answer(sub, msg)
+			r, err := answer(sub, msg.Message)
 			if err != nil {
 				return err
 			}
