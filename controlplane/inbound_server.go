@@ -39,18 +39,19 @@ func portSpec(spec *inboundpb.PortSpec) (ns, pod string, port uint16, err error)
 // SetInboundOptions sets the cluster's settings the InboundServerPolicies
 // API computes Servers with (Linkerd's controller flags: the default
 // inbound policy, the cluster and probe networks, the trust domain and
-// control-plane namespace of identities); every open stream gets the
-// Servers they make.
+// control-plane namespace of identities); the open streams whose Server
+// differs get the new one, and only those are woken.
 func (s *Store) SetInboundOptions(o manifest.InboundOptions) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
+	prev := s.inbound
 	s.inbound = o
-	s.wakeKindLocked(keyInbound)
+	s.manifestsChangedLocked(s.manifests, prev)
 }
 
 // inboundPolicy returns the Server of a pod port. A stream watches it under
-// inboundKey(ns, pod).
+// inboundKey(ns, pod, port).
 func (s *Store) inboundPolicy(ns, pod string, port uint16) (*authz.Server, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -90,7 +91,7 @@ func (s *inboundServer) WatchPort(spec *inboundpb.PortSpec, stream grpc.ServerSt
 	if err != nil {
 		return err
 	}
-	return serveFeed(s.s, stream, feed{keys: []watchKey{inboundKey(ns, pod)}, next: latest(func() (proto.Message, error) {
+	return serveFeed(s.s, stream, feed{keys: []watchKey{inboundKey(ns, pod, port)}, next: latest(func() (proto.Message, error) {
 		srv, err := s.s.store.inboundPolicy(ns, pod, port)
 		if err != nil {
 			return nil, inboundError(err)

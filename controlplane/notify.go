@@ -1,9 +1,15 @@
 package controlplane
 
 import (
+	"bytes"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/inmesh/inmesh/destination"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/manifest"
@@ -24,9 +30,9 @@ const (
 	// keyEndpoints names the endpoint set of an authority (host:port,
 	// lower case): the Destination API's Get.
 	keyEndpoints keyKind = iota
-	// keyService names a Service (ns/name): whether it exists and which
-	// ports it defines, from its manifest or the endpoint sets, and its
-	// outbound policy. A reload of the manifests wakes every one.
+	// keyService names a Service (ns/name): whether it exists, which
+	// ports it defines and which are opaque, from its manifest or the
+	// endpoint sets, and the identities that may register its endpoints.
 	keyService
 	// keyProfile names the ServiceProfile of a name (lower case).
 	keyProfile
@@ -34,9 +40,11 @@ const (
 	// (GetProfile of a pod address), computed from the endpoint sets that
 	// hold the address.
 	keyAddr
-	// keyInbound names a pod (ns/pod): its InboundServerPolicies. A
-	// reload of the manifests or of the inbound options wakes every one.
+	// keyInbound names a pod's port (ns/pod:port): its
+	// InboundServerPolicies.
 	keyInbound
+	// keyPolicy names a Service port (ns/name:port): its outbound policy.
+	keyPolicy
 )
 
 // watchKey names one resource that streams watch.
@@ -49,7 +57,20 @@ func endpointsKey(authority string) watchKey { return watchKey{keyEndpoints, aut
 func serviceKey(ref serviceRef) watchKey     { return watchKey{keyService, ref.ns + "/" + ref.name} }
 func profileKey(name string) watchKey        { return watchKey{keyProfile, name} }
 func addrKey(ip netip.Addr) watchKey         { return watchKey{keyAddr, ip.Unmap().String()} }
-func inboundKey(ns, pod string) watchKey     { return watchKey{keyInbound, ns + "/" + pod} }
+func inboundKey(ns, pod string, port uint16) watchKey {
+	return watchKey{keyInbound, ns + "/" + pod + ":" + strconv.FormatUint(uint64(port), 10)}
+}
+func policyKey(ns, name string, port uint16) watchKey {
+	return watchKey{keyPolicy, ns + "/" + name + ":" + strconv.FormatUint(uint64(port), 10)}
+}
+
+// splitKey splits the name of a keyInbound or keyPolicy key.
+func splitKey(k watchKey) (ns, name string, port uint16, ok bool) {
+	ns, rest, ok1 := strings.Cut(k.name, "/")
+	name, sport, ok2 := strings.Cut(rest, ":")
+	p, err := strconv.ParseUint(sport, 10, 16)
+	return ns, name, uint16(p), ok1 && ok2 && err == nil
+}
 
 // waiter is one stream's wake-up: a change of any of its keys leaves a
 // signal in c (one at most: changes that come while the stream is busy
@@ -110,24 +131,36 @@ func (s *Store) unsubscribe(w *waiter) {
 // wakeLocked wakes the waiters of k. The caller holds s.mu.
 func (s *Store) wakeLocked(k watchKey) {
 	for w := range s.waiters[k] {
-		if w.fire != nil {
-			w.fire()
-			continue
-		}
-		select {
-		case w.c <- struct{}{}:
-		default: // a wake-up is pending already
+		w.wake()
+	}
+}
+
+// wakeKeysLocked wakes the waiters of keys, each once however many of its
+// keys are among them. The caller holds s.mu.
+func (s *Store) wakeKeysLocked(keys []watchKey) {
+	if len(keys) == 1 {
+		s.wakeLocked(keys[0])
+		return
+	}
+	woken := make(map[*waiter]bool)
+	for _, k := range keys {
+		for w := range s.waiters[k] {
+			if !woken[w] {
+				woken[w] = true
+				w.wake()
+			}
 		}
 	}
 }
 
-// wakeKindLocked wakes the waiters of every key of kind. The caller holds
-// s.mu.
-func (s *Store) wakeKindLocked(kind keyKind) {
-	for k := range s.waiters {
-		if k.kind == kind {
-			s.wakeLocked(k)
-		}
+func (w *waiter) wake() {
+	if w.fire != nil {
+		w.fire()
+		return
+	}
+	select {
+	case w.c <- struct{}{}:
+	default: // a wake-up is pending already
 	}
 }
 
@@ -166,8 +199,15 @@ func (s *Store) endpointsChangedLocked(authorities ...string) {
 		}
 		if has {
 			s.notified[a] = cur
+			if s.versions == nil {
+				s.versions = make(map[string]uint64)
+			}
+			s.setSeq++
+			s.versions[a] = s.setSeq
 		} else {
 			delete(s.notified, a)
+			delete(s.versions, a)
+			delete(s.diffs, a)
 		}
 		s.wakeLocked(endpointsKey(a))
 		s.wakeAddrsLocked(prev, cur)
@@ -229,12 +269,87 @@ func (s *Store) profilesChangedLocked(prev map[string]*profiles.ServiceProfile) 
 	}
 }
 
-// manifestsChangedLocked wakes the streams whose answer the policy
-// manifests may change: every Service's (profiles and outbound policies,
-// and the registrations whose binding to an identity a Pod or an
-// annotation gives) and every pod's (inbound policies). Each sends only
-// what changed for it. The caller holds s.mu.
-func (s *Store) manifestsChangedLocked() {
-	s.wakeKindLocked(keyService)
-	s.wakeKindLocked(keyInbound)
+// manifestsChangedLocked wakes the streams whose answer differs between
+// the policy manifests and inbound options prev and prevOpts and the
+// store's: for each key a stream watches that the manifests decide, its
+// answer under the old and the new state are compared, and only the keys
+// whose answer changed are woken. A reload that changes one Service thus
+// wakes the streams of what depends on it (its own, and those of the
+// Services whose routes have it as a backend), not every stream. The
+// caller holds s.mu.
+func (s *Store) manifestsChangedLocked(prev *manifest.Resources, prevOpts manifest.InboundOptions) {
+	before, after := orNoResources(prev), orNoResources(s.manifests)
+	var changed []watchKey
+	for k := range s.waiters {
+		var same bool
+		switch k.kind {
+		case keyService:
+			ns, name, _ := strings.Cut(k.name, "/")
+			same = sameServiceAnswer(before, after, prevOpts, s.inbound, ns, name)
+		case keyPolicy:
+			ns, name, port, ok := splitKey(k)
+			same = !ok || bytes.Equal(policyAnswer(before, ns, name, port), policyAnswer(after, ns, name, port))
+		case keyInbound:
+			ns, pod, port, ok := splitKey(k)
+			same = !ok || bytes.Equal(inboundAnswer(before, prevOpts, ns, pod, port), inboundAnswer(after, s.inbound, ns, pod, port))
+		default:
+			continue
+		}
+		if !same {
+			changed = append(changed, k)
+		}
+	}
+	// A stream that watches several changed keys (a policy stream, its
+	// Service and its port) wakes once.
+	s.wakeKeysLocked(changed)
+}
+
+func orNoResources(r *manifest.Resources) *manifest.Resources {
+	if r == nil {
+		return &manifest.Resources{}
+	}
+	return r
+}
+
+// sameServiceAnswer reports whether what the streams of a Service's
+// serviceKey read from the manifests is the same in a and b: its manifest
+// (existence, ports, the annotations that make ports opaque), and the
+// identities that may register its endpoints.
+func sameServiceAnswer(a, b *manifest.Resources, aOpts, bOpts manifest.InboundOptions, ns, name string) bool {
+	sa, sb := a.Service(ns, name), b.Service(ns, name)
+	if (sa == nil) != (sb == nil) {
+		return false
+	}
+	if sa != nil && (!reflect.DeepEqual(sa.Ports, sb.Ports) || !maps.Equal(sa.Annotations, sb.Annotations)) {
+		return false
+	}
+	return slices.Equal(a.RegistrationIdentities(ns, name, aOpts), b.RegistrationIdentities(ns, name, bOpts))
+}
+
+// policyAnswer is the encoding of the outbound policy of a Service port
+// under r, as a stream would be sent it.
+func policyAnswer(r *manifest.Resources, ns, name string, port uint16) []byte {
+	p := r.Policy(ns, name, port)
+	if p == nil {
+		return nil
+	}
+	b, err := deterministic.Marshal(destination.PolicyToProto(p))
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// inboundAnswer is the encoding of the Server of a pod's port under r and
+// opts, or of the error that refuses it.
+func inboundAnswer(r *manifest.Resources, opts manifest.InboundOptions, ns, pod string, port uint16) []byte {
+	srv, err := r.InboundServer(ns, pod, port, opts)
+	if err != nil {
+		return []byte("error: " + inboundError(err).Error())
+	}
+	b, err := deterministic.Marshal(destination.ServerToProto(srv))
+	if err != nil {
+		return nil
+	}
+	return b
 }

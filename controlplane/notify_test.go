@@ -3,14 +3,21 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+	"github.com/inmesh/inmesh/proxyapi/watchespb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // A change to one Service wakes the streams that watch it and no other,
@@ -115,4 +122,201 @@ func waitWatchers(t *testing.T, s *Store, n int) {
 		}
 		return len(got) == n
 	}, defaultTestTimeout, 5*time.Millisecond)
+}
+
+// A reload of the policy manifests (a rewritten file) wakes only the
+// streams whose answer it changes, each kind diffed per key: with 8
+// Services watched by OutboundPolicies.Watch, GetProfile,
+// InboundServerPolicies.WatchPort and a Watches stream's policy and
+// profile subscriptions, an HTTPRoute added to one Service wakes its two
+// policy streams alone, a Server added for one pod its inbound stream
+// alone, a Service's opaque-ports annotation that Service's streams alone,
+// a ServiceProfile changed its profile streams alone, and a rewrite that
+// changes nothing nobody; every woken stream gets its new answer. The file
+// is loaded as etcdstore loads its keys (profiles, then manifests, of one
+// set of documents). Before, a reload woke every policy, profile and
+// inbound stream (40 here).
+func TestManifestReloadWakesOnlyWhatChanged(t *testing.T) {
+	const n = 8
+	service := func(i int, extra string) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: svc-%d, namespace: default%s}\nspec: {selector: {app: svc-%d}, ports: [{port: 80}]}\n", i, extra, i)
+	}
+	pod := func(i int) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Pod\nmetadata: {name: pod-%d, namespace: default, labels: {app: svc-%d}}\nspec: {containers: [{name: app, ports: [{containerPort: 8080}]}]}\n", i, i)
+	}
+	route := "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r3, namespace: default}\n" +
+		"spec:\n  parentRefs: [{group: core, kind: Service, name: svc-3, port: 80}]\n  rules: [{matches: [{path: {type: PathPrefix, value: /three}}]}]\n"
+	server := "apiVersion: policy.linkerd.io/v1beta3\nkind: Server\nmetadata: {name: s2, namespace: default}\n" +
+		"spec: {podSelector: {matchLabels: {app: svc-2}}, port: 8080, proxyProtocol: HTTP/2}\n"
+	profile := func(path string) string {
+		return "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: svc-1.default.svc.cluster.local, namespace: default}\n" +
+			"spec:\n  routes: [{name: r1, condition: {method: GET, pathRegex: '" + path + "'}}]\n"
+	}
+	profilePath := "/one/[^/]*"
+	file := filepath.Join(t.TempDir(), "manifests.yaml")
+	write := func(opaque5 bool, extra ...string) {
+		docs := []string{profile(profilePath)}
+		for i := range n {
+			annotation := ""
+			if i == 5 && opaque5 {
+				annotation = `, annotations: {config.linkerd.io/opaque-ports: "80"}`
+			}
+			docs = append(docs, service(i, annotation), pod(i))
+		}
+		docs = append(docs, extra...)
+		require.NoError(t, os.WriteFile(file, []byte(strings.Join(docs, "---\n")), 0o644))
+	}
+	write(false)
+	store := NewStore()
+	// As etcdstore loads its keys: the profiles, then the manifests, of
+	// one set of documents.
+	load := func() {
+		require.NoError(t, store.LoadServiceProfiles(file))
+		require.NoError(t, store.LoadManifests(file))
+	}
+	load()
+	srv := NewServer(store, WithLogger(quietLogger))
+	cp := serve(t, srv)
+	conn, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	api, policies, inbound := pb.NewDestinationClient(conn), outboundpb.NewOutboundPoliciesClient(conn), inboundpb.NewInboundServerPoliciesClient(conn)
+	authority := func(i int) string { return fmt.Sprintf("svc-%d.default.svc.cluster.local:80", i) }
+	spec := func(i int) *outboundpb.TrafficSpec {
+		return &outboundpb.TrafficSpec{SourceWorkload: "default:client", Target: &outboundpb.TrafficSpec_Authority{Authority: authority(i)}}
+	}
+
+	pols := make([]grpc.ServerStreamingClient[outboundpb.OutboundPolicy], n)
+	profs := make([]grpc.ServerStreamingClient[pb.DestinationProfile], n)
+	ins := make([]grpc.ServerStreamingClient[inboundpb.Server], n)
+	mux, _ := watchesStream(t, cp.addr)
+	for i := range n {
+		pols[i], err = policies.Watch(ctx, spec(i))
+		require.NoError(t, err)
+		_, err = recvTimeout(t, pols[i].Recv)
+		require.NoError(t, err)
+		profs[i], err = api.GetProfile(ctx, &pb.GetDestination{Path: authority(i)})
+		require.NoError(t, err)
+		_, err = recvTimeout(t, profs[i].Recv)
+		require.NoError(t, err)
+		ins[i], err = inbound.WatchPort(ctx, &inboundpb.PortSpec{Workload: fmt.Sprintf("default:pod-%d", i), Port: 8080})
+		require.NoError(t, err)
+		_, err = recvTimeout(t, ins[i].Recv)
+		require.NoError(t, err)
+		require.NoError(t, mux.Send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Subscribe{Subscribe: &watchespb.Subscribe{
+			Id: uint64(100 + i), Kind: watchespb.Kind_POLICY, TrafficSpec: spec(i)}}}))
+		require.NoError(t, mux.Send(subscribeReq(uint64(200+i), watchespb.Kind_PROFILE, authority(i))))
+	}
+	for range 2 * n {
+		r, err := recvTimeout(t, mux.Recv)
+		require.NoError(t, err)
+		require.Nil(t, r.GetEnded(), "%v", r)
+	}
+	waitWatchers(t, store, 5*n) // three Linkerd streams and two subscriptions each
+
+	expectWakes := func(what string, want int64, change func(), recv ...func() error) {
+		t.Helper()
+		before := srv.wakes.Load()
+		change()
+		for _, r := range recv {
+			require.NoError(t, r(), what)
+		}
+		// As in TestChangeWakesOnlyItsWatchers: a stream woken for
+		// nothing is counted after the receipts, or never.
+		deadline := time.Now().Add(200 * time.Millisecond)
+		for time.Now().Before(deadline) && srv.wakes.Load()-before <= want {
+			time.Sleep(5 * time.Millisecond)
+		}
+		assert.Equal(t, want, srv.wakes.Load()-before, "%s: streams woken", what)
+	}
+	reload := func(opaque5 bool, extra ...string) func() {
+		return func() {
+			write(opaque5, extra...)
+			load()
+		}
+	}
+	hasRoute := func(p *outboundpb.OutboundPolicy) error {
+		for _, r := range p.GetProtocol().GetDetect().GetHttp1().GetRoutes() {
+			if r.GetMetadata().GetResource().GetName() == "r3" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no route r3 in %v", p)
+	}
+	muxAnswer := func(id uint64, check func(*watchespb.WatchResponse) error) func() error {
+		return func() error {
+			r, err := recvTimeout(t, mux.Recv)
+			if err != nil {
+				return err
+			}
+			if r.GetId() != id {
+				return fmt.Errorf("answer of %d, want %d: %v", r.GetId(), id, r)
+			}
+			return check(r)
+		}
+	}
+
+	expectWakes("an HTTPRoute added to svc-3", 2, reload(false, route), func() error {
+		p, err := recvTimeout(t, pols[3].Recv)
+		if err != nil {
+			return err
+		}
+		return hasRoute(p)
+	}, muxAnswer(103, func(r *watchespb.WatchResponse) error { return hasRoute(r.GetPolicy()) }))
+
+	expectWakes("a rewrite that changes nothing", 0, reload(false, route))
+
+	profilePath = "/uno/[^/]*"
+	expectWakes("svc-1's ServiceProfile", 2, reload(false, route), func() error {
+		p, err := recvTimeout(t, profs[1].Recv)
+		if err == nil && !strings.Contains(p.String(), `"/uno/[^/]*"`) {
+			err = fmt.Errorf("got %v, want the new route", p)
+		}
+		return err
+	}, muxAnswer(201, func(r *watchespb.WatchResponse) error {
+		if r.GetProfile() == nil {
+			return fmt.Errorf("got %v, want a profile", r)
+		}
+		return nil
+	}))
+
+	expectWakes("a Server for pod-2's port", 1, reload(false, route, server), func() error {
+		s, err := recvTimeout(t, ins[2].Recv)
+		if err == nil && s.GetProtocol().GetHttp2() == nil {
+			err = fmt.Errorf("got %v, want the Server's HTTP/2", s)
+		}
+		return err
+	})
+
+	// The profile and both policy streams of svc-5: the profile turns
+	// opaque, and so does the policy.
+	expectWakes("svc-5's port made opaque", 4, reload(true, route, server), func() error {
+		p, err := recvTimeout(t, profs[5].Recv)
+		if err == nil && !p.GetOpaqueProtocol() {
+			err = fmt.Errorf("got %v, want opaque", p)
+		}
+		return err
+	}, func() error {
+		p, err := recvTimeout(t, pols[5].Recv)
+		if err == nil && p.GetProtocol().GetOpaque() == nil {
+			err = fmt.Errorf("got %v, want opaque", p)
+		}
+		return err
+	}, func() error {
+		// The Watches stream's two answers, in either order.
+		got := map[uint64]bool{}
+		for range 2 {
+			r, err := recvTimeout(t, mux.Recv)
+			if err != nil {
+				return err
+			}
+			got[r.GetId()] = true
+		}
+		if !got[105] || !got[205] {
+			return fmt.Errorf("answers of %v, want 105 and 205", got)
+		}
+		return nil
+	})
 }

@@ -24,10 +24,14 @@ type config struct {
 	// maxSubscriptions bounds the subscriptions of a Watches stream
 	// (watches.go).
 	maxSubscriptions int
+	// The bounds per peer (peers.go).
+	maxStreamsPerPeer, maxWatchesPerPeer, maxSubscriptionsPerPeer int
 }
 
 func newConfig(opts []Option) config {
-	c := config{logger: slog.Default(), maxSubscriptions: DefaultMaxSubscriptions}
+	c := config{logger: slog.Default(), maxSubscriptions: DefaultMaxSubscriptions,
+		maxStreamsPerPeer: DefaultMaxStreamsPerPeer, maxWatchesPerPeer: DefaultMaxWatchesStreamsPerPeer,
+		maxSubscriptionsPerPeer: DefaultMaxSubscriptionsPerPeer}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)

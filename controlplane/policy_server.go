@@ -17,13 +17,15 @@ import (
 )
 
 // SetManifests replaces the Services and routes that the OutboundPolicies
-// API serves; every open stream gets the new policy of its target.
+// API serves; the open streams whose answer differs get the new one, and
+// only those are woken.
 func (s *Store) SetManifests(r *manifest.Resources) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
+	prev := s.manifests
 	s.manifests = r
-	s.manifestsChangedLocked()
+	s.manifestsChangedLocked(prev, s.inbound)
 }
 
 // LoadManifests reads Service, HTTPRoute and GRPCRoute manifest files and,
@@ -176,8 +178,8 @@ func (s *Server) policyFeed(spec *outboundpb.TrafficSpec) (feed, error) {
 		return feed{}, err
 	}
 	var keys []watchKey
-	if ns, name, _, ok := manifest.ParseAuthority(authority); ok {
-		keys = append(keys, serviceKey(serviceRef{ns: ns, name: name}))
+	if ns, name, port, ok := manifest.ParseAuthority(authority); ok {
+		keys = append(keys, serviceKey(serviceRef{ns: ns, name: name}), policyKey(ns, name, port))
 	}
 	return feed{keys: keys, next: latest(func() (proto.Message, error) {
 		p := s.store.outboundPolicy(authority)

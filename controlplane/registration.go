@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/netip"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -116,7 +115,8 @@ func WithRegistrationLimits(maxEndpoints, maxPerIdentity int) Option {
 }
 
 // WithMeterProvider sets the meter provider of the Server's metrics
-// (registration_refused_total); default otel.GetMeterProvider().
+// (registration_refused_total, stream_refused_total); default
+// otel.GetMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) { c.reg.mp = mp })
 }
@@ -128,8 +128,7 @@ type registrationServer struct {
 	cfg      registrationConfig
 	log      *ratelog.Logger
 	refused  metric.Int64Counter
-	mu       sync.Mutex
-	open     map[string]int // registrations by identity ("" plaintext)
+	open     *peerCounts // registrations by peer
 	refusals map[string]metric.AddOption
 }
 
@@ -144,7 +143,7 @@ func newRegistrationServer(s *Server, cfg config) *registrationServer {
 	if rc.maxPerIdentity <= 0 {
 		rc.maxPerIdentity = DefaultMaxRegistrationsPerIdentity
 	}
-	r := &registrationServer{s: s, cfg: rc, log: ratelog.New(cfg.logger, cfg.logInterval), open: make(map[string]int),
+	r := &registrationServer{s: s, cfg: rc, log: ratelog.New(cfg.logger, cfg.logInterval), open: newPeerCounts(rc.maxPerIdentity),
 		refusals: make(map[string]metric.AddOption)}
 	var err error
 	if r.refused, err = metrics.Meter(rc.mp, ScopeName).Int64Counter("registration_refused_total",
@@ -205,15 +204,12 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 	}
 	defer r.s.streams.Done()
 	// Plaintext callers (insecure registration) are counted by address.
-	slot := caller
-	if !verified {
-		slot = "plaintext " + peerHost(ctx)
-	}
-	if !r.acquire(slot) {
+	p := peerOf(ctx)
+	if !r.open.acquire(p.key) {
 		return r.refuse(ctx, &refusal{RefusedLimit, status.Errorf(codes.ResourceExhausted,
-			"registration: %s already holds %d registrations, the most one replica keeps", describeSlot(slot, verified), r.cfg.maxPerIdentity)})
+			"registration: %s already holds %d registrations, the most one replica keeps", p, r.cfg.maxPerIdentity)})
 	}
-	defer r.releaseSlot(slot)
+	defer r.open.release(p.key, 1)
 
 	reqs := make(chan *registrationpb.RegisterRequest)
 	recvErr := make(chan error, 1)
@@ -365,31 +361,6 @@ func peerHost(ctx context.Context) string {
 		return p.Addr.String()
 	}
 	return ""
-}
-
-func describeSlot(slot string, verified bool) string {
-	if verified {
-		return fmt.Sprintf("identity %q", slot)
-	}
-	return slot
-}
-
-func (r *registrationServer) acquire(id string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.open[id] >= r.cfg.maxPerIdentity {
-		return false
-	}
-	r.open[id]++
-	return true
-}
-
-func (r *registrationServer) releaseSlot(id string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.open[id]--; r.open[id] <= 0 {
-		delete(r.open, id)
-	}
 }
 
 // check validates and authorizes the endpoints of a request and returns

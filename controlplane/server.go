@@ -14,6 +14,8 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
@@ -21,6 +23,9 @@ import (
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/inmesh/inmesh/proxyapi/registrationpb"
 	"github.com/inmesh/inmesh/proxyapi/watchespb"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -52,6 +57,13 @@ type Server struct {
 	streams      sync.WaitGroup
 	// wakes counts the wake-ups of streams by a change of the store.
 	wakes atomic.Int64
+
+	// What each peer holds (peers.go): Linkerd streams, Watches streams,
+	// and the subscriptions of its Watches streams.
+	peerStreams, peerWatches, peerSubscriptions *peerCounts
+	refused                                     metric.Int64Counter // stream_refused_total
+	refusals                                    map[string]metric.AddOption
+	rlog                                        *ratelog.Logger
 }
 
 var _ pb.DestinationServer = (*Server)(nil)
@@ -61,14 +73,35 @@ var _ pb.DestinationServer = (*Server)(nil)
 var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shutting down")
 
 // NewServer returns a Server for store. Of the package's options it uses
-// [WithLogger], [WithMaxSubscriptions], and the registration options
-// ([WithRegistry], [WithInsecureRegistration], [WithRegistrationLimits],
-// [WithMeterProvider]).
+// [WithLogger], [WithLogInterval], [WithMeterProvider], the bounds
+// ([WithMaxSubscriptions], [WithMaxStreamsPerPeer], [WithWatchesPerPeer])
+// and the registration options ([WithRegistry], [WithInsecureRegistration],
+// [WithRegistrationLimits]).
 func NewServer(store *Store, opts ...Option) *Server {
 	cfg := newConfig(opts)
-	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{}), maxSubscriptions: cfg.maxSubscriptions}
+	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{}), maxSubscriptions: cfg.maxSubscriptions,
+		peerStreams: newPeerCounts(cfg.maxStreamsPerPeer), peerWatches: newPeerCounts(cfg.maxWatchesPerPeer),
+		peerSubscriptions: newPeerCounts(cfg.maxSubscriptionsPerPeer),
+		refusals:          make(map[string]metric.AddOption), rlog: ratelog.New(cfg.logger, cfg.logInterval)}
+	var err error
+	if s.refused, err = metrics.Meter(cfg.reg.mp, ScopeName).Int64Counter("stream_refused_total",
+		metric.WithDescription("Watch streams and Watches subscriptions refused at a bound, by reason: peer_streams, peer_watches, peer_subscriptions or stream_subscriptions.")); err != nil {
+		otel.Handle(err)
+	}
+	for _, reason := range []string{RefusedPeerStreams, RefusedPeerWatches, RefusedPeerSubscriptions, RefusedStreamSubscriptions} {
+		s.refusals[reason] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason)))
+	}
 	s.reg = newRegistrationServer(s, cfg)
 	return s
+}
+
+// refuse counts and logs a refusal at a bound, and returns err.
+func (s *Server) refuse(ctx context.Context, reason string, err error) error {
+	if s.refused != nil {
+		s.refused.Add(ctx, 1, s.refusals[reason])
+	}
+	s.rlog.WarnErr("stream refused "+reason, "controlplane: refused a watch at a bound", err, "reason", reason)
+	return err
 }
 
 // Register adds the Destination, OutboundPolicies, InboundServerPolicies,
@@ -196,7 +229,68 @@ func (s *Server) serviceProfileFeed(ref serviceRef, fqn string, port uint32) (fe
 // goroutine at a time calls next.
 type feed struct {
 	keys []watchKey
-	next func() ([]proto.Message, error)
+	next func() ([]message, error)
+}
+
+// unshared is f with each message encoded by the stream that sends it.
+func (f feed) unshared() feed {
+	next := f.next
+	f.next = func() ([]message, error) {
+		msgs, err := next()
+		out := make([]message, len(msgs))
+		for i, m := range msgs {
+			out[i] = message{Message: m.Message}
+		}
+		return out, err
+	}
+	return f
+}
+
+// message is an answer of a feed. enc, when set, is the encoding that
+// every stream sending this very message shares: the updates of an
+// endpoint set's change go to every stream of its authority, encoded
+// once (see [sharedEncoding]).
+type message struct {
+	proto.Message
+	enc *sharedEncoding
+}
+
+// sharedEncoding is the gRPC encoding of one message, made by the first
+// stream that sends it and sent as is by the others.
+type sharedEncoding struct {
+	once sync.Once
+	msg  *grpc.PreparedMsg // nil when encoding failed: each stream encodes
+}
+
+// get returns the encoding of m, made with stream's codec and compressor
+// on the first call; nil when it could not be made.
+func (e *sharedEncoding) get(stream grpc.ServerStream, m proto.Message) *grpc.PreparedMsg {
+	e.once.Do(func() {
+		p := new(grpc.PreparedMsg)
+		if p.Encode(stream, m) == nil {
+			e.msg = p
+		}
+	})
+	return e.msg
+}
+
+// sharesEncoding reports whether a stream may send encodings that other
+// streams made ([sharedEncoding]): it uses the default codec (proto) and
+// compresses neither what it receives nor what it sends, as every stream
+// whose encoding is shared. A stream of another transport than grpc's
+// own HTTP/2 server does not.
+func sharesEncoding(ctx context.Context) bool {
+	st, ok := grpc.ServerTransportStreamFromContext(ctx).(interface {
+		RecvCompress() string
+		SendCompress() string
+		ContentSubtype() string
+	})
+	if !ok {
+		return false
+	}
+	plain := func(c string) bool { return c == "" || c == "identity" }
+	sub := st.ContentSubtype()
+	return plain(st.RecvCompress()) && plain(st.SendCompress()) && (sub == "" || sub == "proto")
 }
 
 // serveFeed serves f on a Linkerd stream: it sends what f has to send,
@@ -210,19 +304,35 @@ func serveFeed[T any, M interface {
 		return err
 	}
 	defer s.streams.Done()
+	ctx := stream.Context()
+	p := peerOf(ctx)
+	if !s.peerStreams.acquire(p.key) {
+		return s.refuse(ctx, RefusedPeerStreams, status.Errorf(codes.ResourceExhausted,
+			"controlplane: %s has %d streams open, the most one peer may", p, s.peerStreams.max))
+	}
+	defer s.peerStreams.release(p.key, 1)
 	w := s.store.subscribe(f.keys...)
 	defer s.store.unsubscribe(w)
+	share := sharesEncoding(ctx)
 	for {
 		msgs, err := f.next()
 		if err != nil {
 			return err
 		}
 		for _, m := range msgs {
-			if err := stream.Send(m.(M)); err != nil {
+			if m.enc != nil && share {
+				if p := m.enc.get(stream, m.Message); p != nil {
+					if err := stream.SendMsg(p); err != nil {
+						return err
+					}
+					continue
+				}
+			}
+			if err := stream.Send(m.Message.(M)); err != nil {
 				return err
 			}
 		}
-		if done, err := s.wait(stream.Context(), w); done {
+		if done, err := s.wait(ctx, w); done {
 			return err
 		}
 	}
@@ -233,9 +343,9 @@ func serveFeed[T any, M interface {
 // error from current ends the watch with it. What it keeps of the last
 // message is its encoding, a fraction of the decoded message's size: a
 // control plane holds one per open watch.
-func latest(current func() (proto.Message, error)) func() ([]proto.Message, error) {
+func latest(current func() (proto.Message, error)) func() ([]message, error) {
 	var last []byte
-	return func() ([]proto.Message, error) {
+	return func() ([]message, error) {
 		msg, err := current()
 		if err != nil || msg == nil {
 			return nil, err
@@ -248,7 +358,7 @@ func latest(current func() (proto.Message, error)) func() ([]proto.Message, erro
 			return nil, nil
 		}
 		last = b
-		return []proto.Message{msg}, nil
+		return []message{{Message: msg}}, nil
 	}
 }
 
@@ -321,11 +431,19 @@ func endpointSetLabels(host string) map[string]string {
 // does not exist NotFound "Service name.ns not found". A Service port with
 // no endpoints, or one the Service does not define, gets no message at
 // all until it has some; endpoints that go away are removed, never
-// answered with no_endpoints.
+// answered with no_endpoints. The streams of one authority share the
+// encoding of each update (a [grpc.PreparedMsg]): a stream interceptor's
+// SendMsg may be given one in place of a *pb.Update.
 func (s *Server) Get(req *pb.GetDestination, stream grpc.ServerStreamingServer[pb.Update]) error {
 	f, err := s.endpointsFeed(req)
 	if err != nil {
 		return err
+	}
+	// A shared encoding goes out through SendMsg, as grpc's own stream
+	// sends a message; a stream of another type, one that wraps grpc's,
+	// may do more in Send: it is sent each message.
+	if _, ok := stream.(*grpc.GenericServerStream[pb.GetDestination, pb.Update]); !ok {
+		f = f.unshared()
 	}
 	return serveFeed(s, stream, f)
 }
@@ -348,44 +466,46 @@ func (s *Server) endpointsFeed(req *pb.GetDestination) (feed, error) {
 		return feed{}, status.Errorf(codes.NotFound, "Service %s.%s not found", ref.name, ref.ns)
 	}
 	authority := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
-	setLabels := endpointSetLabels(host)
-	sent := map[netip.AddrPort]endpoint.Endpoint{}
-	return feed{keys: []watchKey{endpointsKey(authority)}, next: func() ([]proto.Message, error) {
-		eps, _ := s.store.endpointSet(authority)
-		var msgs []proto.Message
-		for _, m := range endpointDiff(sent, eps, setLabels) {
-			msgs = append(msgs, m)
-		}
+	// What the stream was sent: a version of the authority's set (0:
+	// none) and that set.
+	var (
+		sentVersion uint64
+		sent        []endpoint.Endpoint
+	)
+	return feed{keys: []watchKey{endpointsKey(authority)}, next: func() ([]message, error) {
+		var msgs []message
+		msgs, sentVersion, sent = s.store.endpointUpdates(authority, sentVersion, sent)
 		return msgs, nil
 	}}, nil
 }
 
-// endpointDiff returns the updates that take a stream from sent to eps, and
-// updates sent: the new or changed endpoints as one add, then the gone ones
-// as one remove; nothing when nothing changed. sent holds the endpoints as
-// they were encoded (wireEndpoint), so that only the new and changed ones
-// are encoded again.
-func endpointDiff(sent map[netip.AddrPort]endpoint.Endpoint, eps []endpoint.Endpoint, setLabels map[string]string) []*pb.Update {
+// endpointDiff returns the updates that take a stream from the endpoint
+// set prev to cur, both sorted by address without duplicates (as the
+// Store keeps them): the new or changed endpoints as one add, then the
+// gone ones as one remove; nothing when nothing changed. Endpoints are
+// compared as they are encoded (wireEndpoint).
+func endpointDiff(prev, cur []endpoint.Endpoint, setLabels map[string]string) []*pb.Update {
+	var (
+		added   []*pb.WeightedAddr
+		removed []*pb.TcpAddress
+	)
+	for i, j := 0, 0; i < len(prev) || j < len(cur); {
+		switch {
+		case j == len(cur) || i < len(prev) && prev[i].Addr.Compare(cur[j].Addr) < 0:
+			removed = append(removed, destination.AddrToProto(prev[i].Addr))
+			i++
+		case i == len(prev) || cur[j].Addr.Compare(prev[i].Addr) < 0:
+			added = append(added, destination.EndpointToProto(wireEndpoint(cur[j])))
+			j++
+		default:
+			if we := wireEndpoint(cur[j]); !equalEndpoint(wireEndpoint(prev[i]), we) {
+				added = append(added, destination.EndpointToProto(we))
+			}
+			i++
+			j++
+		}
+	}
 	var out []*pb.Update
-	current := make(map[netip.AddrPort]bool, len(eps))
-	var removed []*pb.TcpAddress
-	for _, e := range eps {
-		current[e.Addr] = true
-	}
-	for addr := range sent {
-		if !current[addr] {
-			removed = append(removed, destination.AddrToProto(addr))
-			delete(sent, addr)
-		}
-	}
-	var added []*pb.WeightedAddr
-	for _, e := range eps {
-		we := wireEndpoint(e)
-		if prev, ok := sent[e.Addr]; !ok || !equalEndpoint(prev, we) {
-			added = append(added, destination.EndpointToProto(we))
-			sent[e.Addr] = we
-		}
-	}
 	// Adds go first so that a stream never passes through an empty set
 	// that did not exist.
 	if len(added) > 0 {

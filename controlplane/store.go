@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -19,10 +20,10 @@ import (
 // Service when the authority appears or goes away), a ServiceProfile the
 // streams of its name; a reload of every endpoint set or every profile
 // wakes only the streams whose sets or profiles differ. A reload of the
-// policy manifests or the inbound options wakes every OutboundPolicies,
-// InboundServerPolicies and service-profile stream, which send only what
-// changed. A Store is safe for concurrent use; its zero value is empty and
-// ready.
+// policy manifests or the inbound options wakes only the streams whose
+// answer it changes: each watched policy and inbound Server is computed
+// under the old and the new manifests and compared. A Store is safe for
+// concurrent use; its zero value is empty and ready.
 type Store struct {
 	mu        sync.Mutex
 	profiles  map[string]*profiles.ServiceProfile // by name, lower case
@@ -36,7 +37,14 @@ type Store struct {
 	endpointServices map[serviceRef]int
 	// notified are the endpoint sets as the streams were last told of
 	// them (see endpointsChangedLocked).
-	notified  map[string][]endpoint.Endpoint
+	notified map[string][]endpoint.Endpoint
+	// versions number each notified endpoint set, by authority, from
+	// setSeq (never reused, so that a set deleted and made again never
+	// looks unchanged); diffs are the updates of the last change of
+	// each, shared by its streams (endpointUpdates).
+	versions  map[string]uint64
+	setSeq    uint64
+	diffs     map[string]*setDiff
 	waiters   map[watchKey]map[*waiter]struct{} // the open streams, by what they watch
 	manifests *manifest.Resources               // Services and routes of the OutboundPolicies API
 	inbound   manifest.InboundOptions           // the cluster's settings of the InboundServerPolicies API
@@ -201,6 +209,46 @@ func (s *Store) endpointSet(authority string) ([]endpoint.Endpoint, bool) {
 	defer s.mu.Unlock()
 	eps, ok := s.endpoints[authority]
 	return eps, ok
+}
+
+// setDiff is the change of an endpoint set from one version to another.
+type setDiff struct {
+	from, to uint64
+	msgs     []message
+}
+
+// endpointUpdates returns the updates that take a Get stream from
+// version from of authority's endpoint set, prev, to the current one (see
+// endpointDiff; the set-level labels are those of the authority's name),
+// with the current version and set. Every stream of the
+// authority makes the same change when the set changes: the first
+// computes its updates, and the others share them and their encoding. A
+// stream watches it under endpointsKey(authority).
+func (s *Store) endpointUpdates(authority string, from uint64, prev []endpoint.Endpoint) ([]message, uint64, []endpoint.Endpoint) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, to := s.endpoints[authority], s.versions[authority]
+	if to == from {
+		return nil, from, prev
+	}
+	if d := s.diffs[authority]; d != nil && d.from == from && d.to == to {
+		return d.msgs, to, cur
+	}
+	var setLabels map[string]string
+	if host, _, err := net.SplitHostPort(authority); err == nil {
+		setLabels = endpointSetLabels(host)
+	}
+	var msgs []message
+	for _, u := range endpointDiff(prev, cur, setLabels) {
+		msgs = append(msgs, message{Message: u, enc: &sharedEncoding{}})
+	}
+	if to != 0 {
+		if s.diffs == nil {
+			s.diffs = make(map[string]*setDiff)
+		}
+		s.diffs[authority] = &setDiff{from: from, to: to, msgs: msgs}
+	}
+	return msgs, to, cur
 }
 
 func sortedEndpoints(eps []endpoint.Endpoint) []endpoint.Endpoint {

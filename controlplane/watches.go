@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,10 +17,13 @@ import (
 )
 
 // DefaultMaxSubscriptions is the default bound on the open subscriptions of
-// one stream of the Watches service (see [WithMaxSubscriptions]): room for
-// a client's profile, endpoint and policy watches at package destination's
-// default bound, with some to spare.
-const DefaultMaxSubscriptions = 40000
+// one stream of the Watches service (see [WithMaxSubscriptions]): what one
+// client needs, a profile, an endpoint and a policy subscription for each
+// of the 10,000 targets package destination's client aims to watch at
+// most (its default bound, [destination.DefaultMaxWatches], is lower).
+// What a peer holds over all its streams is bounded too
+// ([WithWatchesPerPeer]).
+const DefaultMaxSubscriptions = 30000
 
 // WithMaxSubscriptions bounds the open subscriptions of one stream of the
 // Watches service (default [DefaultMaxSubscriptions]): past it a
@@ -48,8 +52,9 @@ type watchesServer struct {
 
 // muxStream is the state of one Watches stream.
 type muxStream struct {
-	s   *Server
-	max int
+	s    *Server
+	max  int
+	peer peerID
 
 	mu    sync.Mutex
 	subs  map[uint64]*muxSub
@@ -78,11 +83,18 @@ func (ws *watchesServer) Watch(stream watchespb.Watches_WatchServer) error {
 		return err
 	}
 	defer s.streams.Done()
+	ctx := stream.Context()
+	p := peerOf(ctx)
+	if !s.peerWatches.acquire(p.key) {
+		return s.refuse(ctx, RefusedPeerWatches, status.Errorf(codes.ResourceExhausted,
+			"controlplane: %s has %d Watches streams open, the most one peer may", p, s.peerWatches.max))
+	}
+	defer s.peerWatches.release(p.key, 1)
 	// The headers go at once: they tell the client the service is served.
 	if err := stream.SendHeader(metadata.MD{}); err != nil {
 		return err
 	}
-	m := &muxStream{s: s, max: ws.max, subs: make(map[uint64]*muxSub), wake: make(chan struct{}, 1)}
+	m := &muxStream{s: s, max: ws.max, peer: p, subs: make(map[uint64]*muxSub), wake: make(chan struct{}, 1)}
 	defer m.releaseAll()
 	// The reader ends when the stream does, just after this handler
 	// returns; Shutdown waits for it too.
@@ -92,7 +104,6 @@ func (ws *watchesServer) Watch(stream watchespb.Watches_WatchServer) error {
 		defer s.streams.Done()
 		readErr <- m.read(stream)
 	}()
-	ctx := stream.Context()
 	for {
 		select {
 		case <-m.wake:
@@ -122,7 +133,7 @@ func (m *muxStream) read(stream watchespb.Watches_WatchServer) error {
 		}
 		switch r := req.GetRequest().(type) {
 		case *watchespb.WatchRequest_Subscribe:
-			if err := m.subscribe(r.Subscribe); err != nil {
+			if err := m.subscribe(stream.Context(), r.Subscribe); err != nil {
 				return err
 			}
 		case *watchespb.WatchRequest_Unsubscribe:
@@ -136,7 +147,7 @@ func (m *muxStream) read(stream watchespb.Watches_WatchServer) error {
 // subscribe opens a subscription: an id already open ends the stream; a
 // kind not known, a request the Linkerd stream would refuse or one past
 // the bound ends the subscription at once.
-func (m *muxStream) subscribe(req *watchespb.Subscribe) error {
+func (m *muxStream) subscribe(ctx context.Context, req *watchespb.Subscribe) error {
 	id := req.GetId()
 	switch req.GetKind() {
 	case watchespb.Kind_PROFILE, watchespb.Kind_ENDPOINTS, watchespb.Kind_POLICY:
@@ -152,7 +163,8 @@ func (m *muxStream) subscribe(req *watchespb.Subscribe) error {
 	full := len(m.subs) >= m.max
 	m.mu.Unlock()
 	if full {
-		m.end(id, status.Errorf(codes.ResourceExhausted, "this stream has %d subscriptions open, the most it may", m.max))
+		m.end(id, m.s.refuse(ctx, RefusedStreamSubscriptions, status.Errorf(codes.ResourceExhausted,
+			"this stream has %d subscriptions open, the most it may", m.max)))
 		return nil
 	}
 	var f feed
@@ -173,8 +185,20 @@ func (m *muxStream) subscribe(req *watchespb.Subscribe) error {
 		m.end(id, err)
 		return nil
 	}
+	// Taken last, so that a refused request holds nothing; given back
+	// when the subscription leaves m.subs.
+	if !m.s.peerSubscriptions.acquire(m.peer.key) {
+		m.end(id, m.s.refuse(ctx, RefusedPeerSubscriptions, status.Errorf(codes.ResourceExhausted,
+			"%s has %d subscriptions open over its Watches streams, the most one peer may", m.peer, m.s.peerSubscriptions.max)))
+		return nil
+	}
 	sub := &muxSub{id: id, kind: req.GetKind(), feed: f}
 	m.mu.Lock()
+	if m.subs == nil { // the stream ended meanwhile (releaseAll)
+		m.mu.Unlock()
+		m.s.peerSubscriptions.release(m.peer.key, 1)
+		return nil
+	}
 	m.subs[id] = sub
 	m.mu.Unlock()
 	// Registered before the first answer is computed, so that no change
@@ -247,6 +271,9 @@ func (m *muxStream) release(id uint64) {
 	if w != nil {
 		m.s.store.unsubscribe(w)
 	}
+	if sub != nil {
+		m.s.peerSubscriptions.release(m.peer.key, 1)
+	}
 }
 
 // releaseAll closes every subscription, when the stream ends.
@@ -260,6 +287,7 @@ func (m *muxStream) releaseAll() {
 			m.s.store.unsubscribe(sub.w)
 		}
 	}
+	m.s.peerSubscriptions.release(m.peer.key, len(subs))
 }
 
 // flush sends the answers of the subscriptions refused or ended, then what
@@ -302,7 +330,7 @@ func (m *muxStream) flush(stream watchespb.Watches_WatchServer) error {
 			continue
 		}
 		for _, msg := range msgs {
-			r, err := answer(sub, msg)
+			r, err := answer(sub, msg.Message)
 			if err != nil {
 				return err
 			}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/pprof"
+	"sync"
 	"time"
 )
 
@@ -14,6 +16,14 @@ import (
 // that what the scenario measures of its own process is the side under
 // test alone.
 const childEnv = "INMESH_BENCH_CHILD"
+
+// childProfileEnv names the file a child writes its CPU profile to (the
+// -childcpuprofile flag), when set.
+const childProfileEnv = "INMESH_BENCH_CHILD_CPUPROFILE"
+
+// stopChildProfile ends the child's CPU profile, if one runs; a child
+// calls it before its last report, after which the scenario may kill it.
+var stopChildProfile = func() {}
 
 // children are the parts a child can play, by name.
 var children = map[string]func() error{
@@ -33,7 +43,26 @@ func runChild() {
 		fmt.Fprintf(os.Stderr, "bench: %s: unknown part %q\n", childEnv, part)
 		os.Exit(2)
 	}
-	if err := run(); err != nil {
+	if path := os.Getenv(childProfileEnv); path != "" {
+		f, err := os.Create(path)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench child: -childcpuprofile:", err)
+			os.Exit(2)
+		}
+		var once sync.Once
+		stopChildProfile = func() {
+			once.Do(func() {
+				pprof.StopCPUProfile()
+				_ = f.Close()
+			})
+		}
+	}
+	err := run()
+	stopChildProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench child:", err)
 		os.Exit(1)
 	}

@@ -199,6 +199,7 @@ func fanoutChild() error {
 	}
 	fmt.Println("ready")
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	stopChildProfile()
 	mu.Lock()
 	defer mu.Unlock()
 	rep := fanoutReport{Received: len(delays)}

@@ -86,7 +86,12 @@ func main() {
 	flag.BoolVar(&o.json, "json", false, "print a JSON array instead of the table")
 	flag.StringVar(&only, "only", "", "comma-separated scenario names to run (default all)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	childProfile := flag.String("childcpuprofile", "", "write a CPU profile of the scenarios' child processes (fanout's watchers, ...) to this file, each child overwriting the last")
 	flag.Parse()
+	if *childProfile != "" {
+		// Children inherit the environment (childCommand).
+		_ = os.Setenv(childProfileEnv, *childProfile)
+	}
 	if o.rounds <= 0 {
 		o.rounds = o.scale(9, 3)
 	}
