@@ -32,14 +32,14 @@ type serverHandler struct {
 func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := h.t
 	ctx := t.with(t.extract(r.Context(), r.Header))
-	attrs := requestAttrs(r, true)
+	sb := requestAttrs(r, true)
 	if t.server != "" {
-		*attrs = append(*attrs, AttrServerIdentity.String(t.server))
+		sb.attrs = append(sb.attrs, AttrServerIdentity.String(t.server))
 	}
 	if p, ok := identity.PeerFromContext(r.Context()); ok && p.ID != "" {
-		*attrs = append(*attrs, AttrClientIdentity.String(p.ID))
+		sb.attrs = append(sb.attrs, AttrClientIdentity.String(p.ID))
 	}
-	ctx, s := t.start(ctx, r.Method, serverKind, attrs)
+	ctx, s := t.start(ctx, r.Method, serverKind, sb)
 	defer s.End()
 	if !s.IsRecording() {
 		h.next.ServeHTTP(w, r.WithContext(ctx))
@@ -105,14 +105,14 @@ func (c *clientTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // attempt's kind, empty for the logical request, and n its resend count.
 func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind AttemptKind, n int) (*http.Response, error) {
 	ctx := t.with(req.Context())
-	attrs := requestAttrs(req, false)
+	sb := requestAttrs(req, false)
 	if kind != "" {
-		*attrs = append(*attrs, AttrAttemptKind.String(string(kind)))
+		sb.attrs = append(sb.attrs, AttrAttemptKind.String(string(kind)))
 	}
 	if n > 0 {
-		*attrs = append(*attrs, semconv.HTTPRequestResendCount(n))
+		sb.attrs = append(sb.attrs, semconv.HTTPRequestResendCount(n))
 	}
-	ctx, s := t.start(ctx, req.Method, clientKind, attrs)
+	ctx, s := t.start(ctx, req.Method, clientKind, sb)
 	resp, err := next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		failed(s, err)
