@@ -5,11 +5,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -142,4 +144,49 @@ func TestHandlerKeepsWriterInterfaces(t *testing.T) {
 		}
 	}
 	assert.Equal(t, int64(http.StatusTeapot), code)
+}
+
+// attrSampler samples everything and keeps the attributes each span was
+// started with, as an attribute-based sampler would see them.
+type attrSampler struct{ seen [][]attribute.KeyValue }
+
+func (s *attrSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	s.seen = append(s.seen, append([]attribute.KeyValue(nil), p.Attributes...))
+	return sdktrace.SamplingResult{Decision: sdktrace.RecordAndSample}
+}
+
+func (s *attrSampler) Description() string { return "attrSampler" }
+
+// Spans start with their attributes from a pooled buffer whose options are
+// made once: the sampler sees them at the start, each span has exactly its
+// own (none left from the buffer's last span), and a caller that appends
+// beyond the buffer's room loses none.
+func TestStartAttributes(t *testing.T) {
+	sampler := &attrSampler{}
+	rec := tracetest.NewSpanRecorder()
+	tr := New(sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithSpanProcessor(rec)), nil, "")
+	startWith := func(kv ...attribute.KeyValue) {
+		b := startBufs.Get().(*startBuf)
+		b.attrs = append(b.attrs, kv...)
+		_, s := tr.start(context.Background(), "op", clientKind, b)
+		s.End()
+	}
+	many := make([]attribute.KeyValue, startAttrsCap+4)
+	for i := range many {
+		many[i] = attribute.Int("k"+strconv.Itoa(i), i)
+	}
+	cases := [][]attribute.KeyValue{
+		many[:3], many[:1], nil, many[:startAttrsCap], many, many[:2],
+	}
+	for _, kv := range cases {
+		startWith(kv...)
+	}
+	spans := rec.Ended()
+	require.Len(t, spans, len(cases))
+	require.Len(t, sampler.seen, len(cases))
+	for i, kv := range cases {
+		assert.ElementsMatch(t, kv, spans[i].Attributes(), "span %d", i)
+		assert.ElementsMatch(t, kv, sampler.seen[i], "sampler, span %d", i)
+		assert.Equal(t, trace.SpanKindClient, spans[i].SpanKind())
+	}
 }
