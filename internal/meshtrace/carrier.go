@@ -58,11 +58,14 @@ func (c headerCarrier) Keys() []string {
 	return keys
 }
 
+// traceValues is the number of values writeTraceHeaders writes.
+const traceValues = 4
+
 // writeTraceHeaders writes sc into h as the default propagator would (W3C
-// traceparent and tracestate, B3's multi-header form), in two allocations:
-// the traceparent string, whose parts are the B3 values, and one array of
-// values.
-func writeTraceHeaders(h http.Header, sc trace.SpanContext) {
+// traceparent and tracestate, B3's multi-header form), with vals (at least
+// traceValues long) as the values' backing array: in one allocation, the
+// traceparent string, whose parts are the B3 values.
+func writeTraceHeaders(h http.Header, sc trace.SpanContext, vals []string) {
 	var buf [55]byte
 	copy(buf[:], "00-")
 	tid, sid := sc.TraceID(), sc.SpanID()
@@ -77,8 +80,8 @@ func writeTraceHeaders(h http.Header, sc trace.SpanContext) {
 	if sc.IsSampled() {
 		sampled = "1"
 	}
-	vals := [4]string{tp, tp[3:35], tp[36:52], sampled}
-	v := vals[:]
+	v := vals[:traceValues:traceValues]
+	v[0], v[1], v[2], v[3] = tp, tp[3:35], tp[36:52], sampled
 	h["Traceparent"] = v[0:1:1]
 	h["X-B3-Traceid"] = v[1:2:2]
 	h["X-B3-Spanid"] = v[2:3:3]

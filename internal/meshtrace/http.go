@@ -212,13 +212,20 @@ func (o *outbound) RoundTrip(req *http.Request) (*http.Response, error) {
 // inject returns a copy of req carrying its context's trace headers.
 func (t *Tracer) inject(req *http.Request) *http.Request {
 	out := req.WithContext(req.Context())
-	out.Header = cloneHeader(req.Header)
 	if !t.defaultProp {
+		out.Header, _ = cloneHeader(req.Header, 0)
 		t.prop.Inject(req.Context(), headerCarrier(out.Header))
 		return out
 	}
-	if sc := trace.SpanContextFromContext(req.Context()); sc.IsValid() {
-		writeTraceHeaders(out.Header, sc)
+	sc := trace.SpanContextFromContext(req.Context())
+	spare := 0
+	if sc.IsValid() {
+		spare = traceValues
+	}
+	var vals []string
+	out.Header, vals = cloneHeader(req.Header, spare)
+	if sc.IsValid() {
+		writeTraceHeaders(out.Header, sc, vals)
 	}
 	if baggage.FromContext(req.Context()).Len() > 0 {
 		propagation.Baggage{}.Inject(req.Context(), headerCarrier(out.Header))
@@ -228,13 +235,14 @@ func (t *Tracer) inject(req *http.Request) *http.Request {
 
 // cloneHeader copies h without its trace headers, with room for the ones
 // inject writes (a map that grows is one more allocation). The values
-// share one backing array, as http.Header.Clone's do.
-func cloneHeader(h http.Header) http.Header {
+// share one backing array, as http.Header.Clone's do, with spare more
+// slots at its end, returned for the trace headers' values.
+func cloneHeader(h http.Header, spare int) (http.Header, []string) {
 	nv := 0
 	for _, vv := range h {
 		nv += len(vv)
 	}
-	sv := make([]string, nv)
+	sv := make([]string, nv+spare)
 	out := make(http.Header, len(h)+len(traceHeaders))
 	for k, vv := range h {
 		if isTraceHeader(k) {
@@ -248,7 +256,7 @@ func cloneHeader(h http.Header) http.Header {
 		out[k] = sv[:n:n]
 		sv = sv[n:]
 	}
-	return out
+	return out, sv[len(sv)-spare:]
 }
 
 func isTraceHeader(k string) bool {
