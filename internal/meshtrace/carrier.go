@@ -58,15 +58,11 @@ func (c headerCarrier) Keys() []string {
 	return keys
 }
 
-// traceValues is the number of values writeTraceHeaders writes.
-const traceValues = 4
+// traceparentLen is the length of a version 00 traceparent.
+const traceparentLen = 55
 
-// writeTraceHeaders writes sc into h as the default propagator would (W3C
-// traceparent and tracestate, B3's multi-header form), with vals (at least
-// traceValues long) as the values' backing array: in one allocation, the
-// traceparent string, whose parts are the B3 values.
-func writeTraceHeaders(h http.Header, sc trace.SpanContext, vals []string) {
-	var buf [55]byte
+// encodeTraceparent writes sc as a version 00 traceparent into buf.
+func encodeTraceparent(buf *[traceparentLen]byte, sc trace.SpanContext) {
 	copy(buf[:], "00-")
 	tid, sid := sc.TraceID(), sc.SpanID()
 	hex.Encode(buf[3:35], tid[:])
@@ -75,6 +71,18 @@ func writeTraceHeaders(h http.Header, sc trace.SpanContext, vals []string) {
 	buf[52] = '-'
 	flags := [1]byte{byte(sc.TraceFlags())}
 	hex.Encode(buf[53:55], flags[:])
+}
+
+// traceValues is the number of values writeTraceHeaders writes.
+const traceValues = 4
+
+// writeTraceHeaders writes sc into h as the default propagator would (W3C
+// traceparent and tracestate, B3's multi-header form), with vals (at least
+// traceValues long) as the values' backing array: in one allocation, the
+// traceparent string, whose parts are the B3 values.
+func writeTraceHeaders(h http.Header, sc trace.SpanContext, vals []string) {
+	var buf [traceparentLen]byte
+	encodeTraceparent(&buf, sc)
 	tp := string(buf[:])
 	sampled := "0"
 	if sc.IsSampled() {

@@ -113,7 +113,13 @@ func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind Attem
 		sb.attrs = append(sb.attrs, semconv.HTTPRequestResendCount(n))
 	}
 	ctx, s := t.start(ctx, req.Method, clientKind, sb)
-	resp, err := next.RoundTrip(req.WithContext(ctx))
+	out := req.WithContext(ctx)
+	if kind != "" {
+		// An attempt's span is the last before the wire: its copy
+		// carries the span's trace headers.
+		t.carryHeaders(out)
+	}
+	resp, err := next.RoundTrip(out)
 	if err != nil {
 		failed(s, err)
 		s.End()
@@ -138,10 +144,17 @@ func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind Attem
 // (the attempt's ordinal, 0 for the first). The router's exchange calls it
 // for each attempt of a request it may retry (an empty kind: the request's
 // one attempt, which is the request's own span); hedges and mirrors call it
-// with their kinds.
+// with their kinds. req is the caller's own copy for this attempt (its
+// Header field, not the map, may be replaced): the attempt's trace headers
+// are written into a copy of its header map here, so that [Outbound] need
+// not copy the request again.
 func RoundTripAttempt(base http.RoundTripper, req *http.Request, kind AttemptKind, n int) (*http.Response, error) {
 	t := fromContext(req.Context())
-	if t == nil || kind == "" {
+	if t == nil {
+		return base.RoundTrip(req)
+	}
+	if kind == "" {
+		t.carryHeaders(req)
 		return base.RoundTrip(req)
 	}
 	return t.roundTrip(base, req, kind, n)
@@ -203,7 +216,7 @@ var traceHeaders = []string{"Traceparent", "Tracestate", "B3", "X-B3-Traceid", "
 
 func (o *outbound) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := fromContext(req.Context())
-	if t == nil {
+	if t == nil || t.carries(req) {
 		return o.next.RoundTrip(req)
 	}
 	return o.next.RoundTrip(t.inject(req))
@@ -217,20 +230,56 @@ func (t *Tracer) inject(req *http.Request) *http.Request {
 		t.prop.Inject(req.Context(), headerCarrier(out.Header))
 		return out
 	}
-	sc := trace.SpanContextFromContext(req.Context())
+	out.Header = tracedHeader(req.Context(), req.Header)
+	return out
+}
+
+// carryHeaders replaces the header map of req, which its caller owns, by a
+// copy carrying the trace headers of its context, when the propagator is
+// the default one (whose headers [Tracer.carries] recognizes); another
+// propagator's are written by [Outbound].
+func (t *Tracer) carryHeaders(req *http.Request) {
+	if t.defaultProp {
+		req.Header = tracedHeader(req.Context(), req.Header)
+	}
+}
+
+// tracedHeader returns a copy of h without its trace headers and with
+// those of ctx, as the default propagator writes them.
+func tracedHeader(ctx context.Context, h http.Header) http.Header {
+	sc := trace.SpanContextFromContext(ctx)
 	spare := 0
 	if sc.IsValid() {
 		spare = traceValues
 	}
-	var vals []string
-	out.Header, vals = cloneHeader(req.Header, spare)
+	out, vals := cloneHeader(h, spare)
 	if sc.IsValid() {
-		writeTraceHeaders(out.Header, sc, vals)
+		writeTraceHeaders(out, sc, vals)
 	}
-	if baggage.FromContext(req.Context()).Len() > 0 {
-		propagation.Baggage{}.Inject(req.Context(), headerCarrier(out.Header))
+	if baggage.FromContext(ctx).Len() > 0 {
+		propagation.Baggage{}.Inject(ctx, headerCarrier(out))
 	}
 	return out
+}
+
+// carries reports whether req's headers were written for the span of its
+// context already ([Tracer.carryHeaders]): its traceparent names that
+// span, whose ID no other writer of the request's headers can know.
+func (t *Tracer) carries(req *http.Request) bool {
+	if !t.defaultProp {
+		return false
+	}
+	v := req.Header["Traceparent"]
+	if len(v) != 1 || len(v[0]) != traceparentLen {
+		return false
+	}
+	sc := trace.SpanContextFromContext(req.Context())
+	if !sc.IsValid() {
+		return false
+	}
+	var buf [traceparentLen]byte
+	encodeTraceparent(&buf, sc)
+	return string(buf[:]) == v[0]
 }
 
 // cloneHeader copies h without its trace headers, with room for the ones

@@ -190,3 +190,59 @@ func TestStartAttributes(t *testing.T) {
 		assert.Equal(t, trace.SpanKindClient, spans[i].SpanKind())
 	}
 }
+
+// roundTripFunc is a RoundTripper of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// An attempt's trace headers are written into its own copy where the
+// attempt is sent (RoundTripAttempt), and the outbound layer below then
+// passes that request as it is; a request whose traceparent names another
+// span (a proxy's inbound one, a stale one) is copied and given this
+// span's headers as before, and the caller's headers stay untouched.
+func TestOutboundPassesCarriedHeaders(t *testing.T) {
+	tp := sdktrace.NewTracerProvider()
+	tr := New(tp, nil, "")
+	ctx, s := tp.Tracer("test").Start(tr.with(context.Background()), "x")
+	defer s.End()
+	sc := s.SpanContext()
+	want := "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01"
+
+	var got *http.Request
+	out := Outbound(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		got = r
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	}))
+	orig := http.Header{"Accept": {"a"}, "Traceparent": {"00-" + w3cTrace + "-" + w3cSpan + "-01"}}
+	before := orig.Clone()
+
+	// Another span's traceparent: replaced in a copy.
+	req := httptest.NewRequest(http.MethodGet, "http://svc/", nil).WithContext(ctx)
+	req.Header = orig
+	_, err := out.RoundTrip(req)
+	require.NoError(t, err)
+	assert.NotSame(t, req, got, "a copy")
+	assert.Equal(t, want, got.Header.Get("Traceparent"))
+	assert.Equal(t, sc.SpanID().String(), got.Header.Get("X-B3-Spanid"))
+	assert.Equal(t, before, orig, "the caller's headers are untouched")
+
+	// The one attempt of a route that never retries: written where it is
+	// sent, passed as it is below.
+	_, err = RoundTripAttempt(out, httptest.NewRequest(http.MethodGet, "http://svc/", nil).WithContext(ctx), "", 0)
+	require.NoError(t, err)
+	assert.Equal(t, want, got.Header.Get("Traceparent"))
+	assert.Equal(t, sc.TraceID().String(), got.Header.Get("X-B3-Traceid"))
+	req = got
+	_, err = out.RoundTrip(req)
+	require.NoError(t, err)
+	assert.Same(t, req, got, "headers already carried: no copy")
+
+	// An attempt with its own span: its copy carries that span's headers.
+	_, err = RoundTripAttempt(out, httptest.NewRequest(http.MethodGet, "http://svc/", nil).WithContext(ctx), AttemptRetry, 1)
+	require.NoError(t, err)
+	asc := trace.SpanContextFromContext(got.Context())
+	require.NotEqual(t, sc.SpanID(), asc.SpanID(), "the attempt's own span")
+	assert.Equal(t, asc.SpanID().String(), got.Header.Get("X-B3-Spanid"))
+	assert.Equal(t, "00-"+asc.TraceID().String()+"-"+asc.SpanID().String()+"-01", got.Header.Get("Traceparent"))
+}
