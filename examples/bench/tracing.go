@@ -41,7 +41,10 @@ func tracedStack(app http.Handler, mp metric.MeterProvider, tp trace.TracerProvi
 // span, which stands for the one attempt of a route that never retries,
 // and a server span) against the same stacks without one; and the time
 // inmesh adds with that tracer against the time otelhttp's handler and
-// transport add with the same tracer and propagator (two spans too).
+// transport add with the same tracer and propagator (two spans too); and
+// the SDK's floor: its two spans alone on bare net/http with the same
+// tracer, empty and with the attributes inmesh's spans carry
+// (tracing_floor.go), against what inmesh's tracing adds.
 func tracingLoopback(o options) (*result, error) {
 	n := o.scale(2000, 1000)
 	s, err := newLoopbackSet(n)
@@ -89,18 +92,35 @@ func tracingLoopback(o options) (*result, error) {
 	defer closeTraced()
 	otelBare, closeBare := otelVariant("otelhttp_traced_unpropagated")
 	defer closeBare()
+	// The SDK's floor (tracing_floor.go): its spans alone on bare
+	// net/http, empty, and with the attributes inmesh's spans carry.
+	sdkVariant := func(name string, attrs bool) (variant, func()) {
+		tr := tp.Tracer("bench")
+		h := &sdkSpanHandler{next: ok, tr: tr, calls: newSpanCalls(trace.SpanKindServer, nil)}
+		srv := serve(&http.Server{Handler: h})
+		base := h1Transport()
+		rt := &sdkSpanTransport{base: base, tr: tr, calls: newSpanCalls(trace.SpanKindClient, nil)}
+		if attrs {
+			rt.calls, h.calls = meshSpanAttrs(srv.addr(), "/books/1")
+		}
+		return variant{name, run(rt, srv.URL+"/books/1")}, func() { base.CloseIdleConnections(); srv.Close() }
+	}
+	sdkSpans, closeSpans := sdkVariant("sdk_spans", false)
+	defer closeSpans()
+	sdkAttrs, closeAttrs := sdkVariant("sdk_spans_attrs", true)
+	defer closeAttrs()
 	traced := variant{"inmesh_traced", run(st.client, meshURL)}
 
-	rs, err := interleave(o.rounds, s.bare, s.inmesh, traced, s.otel, otelTraced, otelBare)
+	rs, err := interleave(o.rounds, s.bare, s.inmesh, traced, s.otel, otelTraced, otelBare, sdkSpans, sdkAttrs)
 	if err != nil {
 		return nil, err
 	}
-	const bare, im, imT, oh, ohT, ohU = 0, 1, 2, 3, 4, 5
+	const bare, im, imT, oh, ohT, ohU, sdk, sdkA = 0, 1, 2, 3, 4, 5, 6, 7
 	r := &result{
 		ratio:     rs.ratio("", atMost(1.10), func(f []figures) float64 { return f[imT].P50 / f[im].P50 }),
 		Candidate: rs.median(imT), Baseline: rs.median(im),
 		Others: map[string]figures{"bare": *rs.median(bare), "otelhttp": *rs.median(oh), "otelhttp_traced": *rs.median(ohT),
-			"otelhttp_traced_unpropagated": *rs.median(ohU)},
+			"otelhttp_traced_unpropagated": *rs.median(ohU), "sdk_spans": *rs.median(sdk), "sdk_spans_attrs": *rs.median(sdkA)},
 		Extra: []ratio{
 			rs.ratio("added p50 with the tracer: inmesh / otelhttp (same propagator)", atMost(0.5), func(f []figures) float64 {
 				return (f[imT].P50 - f[bare].P50) / (f[ohT].P50 - f[bare].P50)
@@ -114,6 +134,18 @@ func tracingLoopback(o options) (*result, error) {
 			rs.ratio("otelhttp traced p50 / untraced", noGoal, func(f []figures) float64 { return f[ohT].P50 / f[oh].P50 }),
 			rs.ratio("added allocs of tracing: inmesh / otelhttp", noGoal, func(f []figures) float64 {
 				return (f[imT].Allocs - f[im].Allocs) / (f[ohT].Allocs - f[oh].Allocs)
+			}),
+			rs.ratio("SDK floor: added p50 of the SDK's two spans with inmesh's attributes / added p50 of inmesh's tracing", noGoal, func(f []figures) float64 {
+				return (f[sdkA].P50 - f[bare].P50) / (f[imT].P50 - f[im].P50)
+			}),
+			rs.ratio("SDK floor: added p50 of the SDK's two empty spans / added p50 of inmesh's tracing", noGoal, func(f []figures) float64 {
+				return (f[sdk].P50 - f[bare].P50) / (f[imT].P50 - f[im].P50)
+			}),
+			rs.ratio("SDK floor of the ratio: (untraced p50 + the SDK's spans with inmesh's attributes) / untraced p50", noGoal, func(f []figures) float64 {
+				return (f[im].P50 + f[sdkA].P50 - f[bare].P50) / f[im].P50
+			}),
+			rs.ratio("SDK floor: added allocs of the SDK's two spans with inmesh's attributes / added allocs of inmesh's tracing", noGoal, func(f []figures) float64 {
+				return (f[sdkA].Allocs - f[bare].Allocs) / (f[imT].Allocs - f[im].Allocs)
 			}),
 		},
 	}

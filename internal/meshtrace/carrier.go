@@ -58,12 +58,11 @@ func (c headerCarrier) Keys() []string {
 	return keys
 }
 
-// writeTraceHeaders writes sc into h as the default propagator would (W3C
-// traceparent and tracestate, B3's multi-header form), in two allocations:
-// the traceparent string, whose parts are the B3 values, and one array of
-// values.
-func writeTraceHeaders(h http.Header, sc trace.SpanContext) {
-	var buf [55]byte
+// traceparentLen is the length of a version 00 traceparent.
+const traceparentLen = 55
+
+// encodeTraceparent writes sc as a version 00 traceparent into buf.
+func encodeTraceparent(buf *[traceparentLen]byte, sc trace.SpanContext) {
 	copy(buf[:], "00-")
 	tid, sid := sc.TraceID(), sc.SpanID()
 	hex.Encode(buf[3:35], tid[:])
@@ -72,13 +71,25 @@ func writeTraceHeaders(h http.Header, sc trace.SpanContext) {
 	buf[52] = '-'
 	flags := [1]byte{byte(sc.TraceFlags())}
 	hex.Encode(buf[53:55], flags[:])
+}
+
+// traceValues is the number of values writeTraceHeaders writes.
+const traceValues = 4
+
+// writeTraceHeaders writes sc into h as the default propagator would (W3C
+// traceparent and tracestate, B3's multi-header form), with vals (at least
+// traceValues long) as the values' backing array: in one allocation, the
+// traceparent string, whose parts are the B3 values.
+func writeTraceHeaders(h http.Header, sc trace.SpanContext, vals []string) {
+	var buf [traceparentLen]byte
+	encodeTraceparent(&buf, sc)
 	tp := string(buf[:])
 	sampled := "0"
 	if sc.IsSampled() {
 		sampled = "1"
 	}
-	vals := [4]string{tp, tp[3:35], tp[36:52], sampled}
-	v := vals[:]
+	v := vals[:traceValues:traceValues]
+	v[0], v[1], v[2], v[3] = tp, tp[3:35], tp[36:52], sampled
 	h["Traceparent"] = v[0:1:1]
 	h["X-B3-Traceid"] = v[1:2:2]
 	h["X-B3-Spanid"] = v[2:3:3]

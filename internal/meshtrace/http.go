@@ -32,14 +32,14 @@ type serverHandler struct {
 func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := h.t
 	ctx := t.with(t.extract(r.Context(), r.Header))
-	attrs := requestAttrs(r, true)
+	sb := requestAttrs(r, true)
 	if t.server != "" {
-		*attrs = append(*attrs, AttrServerIdentity.String(t.server))
+		sb.attrs = append(sb.attrs, AttrServerIdentity.String(t.server))
 	}
 	if p, ok := identity.PeerFromContext(r.Context()); ok && p.ID != "" {
-		*attrs = append(*attrs, AttrClientIdentity.String(p.ID))
+		sb.attrs = append(sb.attrs, AttrClientIdentity.String(p.ID))
 	}
-	ctx, s := t.start(ctx, r.Method, serverKind, attrs)
+	ctx, s := t.start(ctx, r.Method, serverKind, sb)
 	defer s.End()
 	if !s.IsRecording() {
 		h.next.ServeHTTP(w, r.WithContext(ctx))
@@ -105,15 +105,21 @@ func (c *clientTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // attempt's kind, empty for the logical request, and n its resend count.
 func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind AttemptKind, n int) (*http.Response, error) {
 	ctx := t.with(req.Context())
-	attrs := requestAttrs(req, false)
+	sb := requestAttrs(req, false)
 	if kind != "" {
-		*attrs = append(*attrs, AttrAttemptKind.String(string(kind)))
+		sb.attrs = append(sb.attrs, AttrAttemptKind.String(string(kind)))
 	}
 	if n > 0 {
-		*attrs = append(*attrs, semconv.HTTPRequestResendCount(n))
+		sb.attrs = append(sb.attrs, semconv.HTTPRequestResendCount(n))
 	}
-	ctx, s := t.start(ctx, req.Method, clientKind, attrs)
-	resp, err := next.RoundTrip(req.WithContext(ctx))
+	ctx, s := t.start(ctx, req.Method, clientKind, sb)
+	out := req.WithContext(ctx)
+	if kind != "" {
+		// An attempt's span is the last before the wire: its copy
+		// carries the span's trace headers.
+		t.carryHeaders(out)
+	}
+	resp, err := next.RoundTrip(out)
 	if err != nil {
 		failed(s, err)
 		s.End()
@@ -138,10 +144,17 @@ func (t *Tracer) roundTrip(next http.RoundTripper, req *http.Request, kind Attem
 // (the attempt's ordinal, 0 for the first). The router's exchange calls it
 // for each attempt of a request it may retry (an empty kind: the request's
 // one attempt, which is the request's own span); hedges and mirrors call it
-// with their kinds.
+// with their kinds. req is the caller's own copy for this attempt (its
+// Header field, not the map, may be replaced): the attempt's trace headers
+// are written into a copy of its header map here, so that [Outbound] need
+// not copy the request again.
 func RoundTripAttempt(base http.RoundTripper, req *http.Request, kind AttemptKind, n int) (*http.Response, error) {
 	t := fromContext(req.Context())
-	if t == nil || kind == "" {
+	if t == nil {
+		return base.RoundTrip(req)
+	}
+	if kind == "" {
+		t.carryHeaders(req)
 		return base.RoundTrip(req)
 	}
 	return t.roundTrip(base, req, kind, n)
@@ -203,7 +216,7 @@ var traceHeaders = []string{"Traceparent", "Tracestate", "B3", "X-B3-Traceid", "
 
 func (o *outbound) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := fromContext(req.Context())
-	if t == nil {
+	if t == nil || t.carries(req) {
 		return o.next.RoundTrip(req)
 	}
 	return o.next.RoundTrip(t.inject(req))
@@ -212,29 +225,73 @@ func (o *outbound) RoundTrip(req *http.Request) (*http.Response, error) {
 // inject returns a copy of req carrying its context's trace headers.
 func (t *Tracer) inject(req *http.Request) *http.Request {
 	out := req.WithContext(req.Context())
-	out.Header = cloneHeader(req.Header)
 	if !t.defaultProp {
+		out.Header, _ = cloneHeader(req.Header, 0)
 		t.prop.Inject(req.Context(), headerCarrier(out.Header))
 		return out
 	}
-	if sc := trace.SpanContextFromContext(req.Context()); sc.IsValid() {
-		writeTraceHeaders(out.Header, sc)
+	out.Header = tracedHeader(req.Context(), req.Header)
+	return out
+}
+
+// carryHeaders replaces the header map of req, which its caller owns, by a
+// copy carrying the trace headers of its context, when the propagator is
+// the default one (whose headers [Tracer.carries] recognizes); another
+// propagator's are written by [Outbound].
+func (t *Tracer) carryHeaders(req *http.Request) {
+	if t.defaultProp {
+		req.Header = tracedHeader(req.Context(), req.Header)
 	}
-	if baggage.FromContext(req.Context()).Len() > 0 {
-		propagation.Baggage{}.Inject(req.Context(), headerCarrier(out.Header))
+}
+
+// tracedHeader returns a copy of h without its trace headers and with
+// those of ctx, as the default propagator writes them.
+func tracedHeader(ctx context.Context, h http.Header) http.Header {
+	sc := trace.SpanContextFromContext(ctx)
+	spare := 0
+	if sc.IsValid() {
+		spare = traceValues
+	}
+	out, vals := cloneHeader(h, spare)
+	if sc.IsValid() {
+		writeTraceHeaders(out, sc, vals)
+	}
+	if baggage.FromContext(ctx).Len() > 0 {
+		propagation.Baggage{}.Inject(ctx, headerCarrier(out))
 	}
 	return out
 }
 
+// carries reports whether req's headers were written for the span of its
+// context already ([Tracer.carryHeaders]): its traceparent names that
+// span, whose ID no other writer of the request's headers can know.
+func (t *Tracer) carries(req *http.Request) bool {
+	if !t.defaultProp {
+		return false
+	}
+	v := req.Header["Traceparent"]
+	if len(v) != 1 || len(v[0]) != traceparentLen {
+		return false
+	}
+	sc := trace.SpanContextFromContext(req.Context())
+	if !sc.IsValid() {
+		return false
+	}
+	var buf [traceparentLen]byte
+	encodeTraceparent(&buf, sc)
+	return string(buf[:]) == v[0]
+}
+
 // cloneHeader copies h without its trace headers, with room for the ones
 // inject writes (a map that grows is one more allocation). The values
-// share one backing array, as http.Header.Clone's do.
-func cloneHeader(h http.Header) http.Header {
+// share one backing array, as http.Header.Clone's do, with spare more
+// slots at its end, returned for the trace headers' values.
+func cloneHeader(h http.Header, spare int) (http.Header, []string) {
 	nv := 0
 	for _, vv := range h {
 		nv += len(vv)
 	}
-	sv := make([]string, nv)
+	sv := make([]string, nv+spare)
 	out := make(http.Header, len(h)+len(traceHeaders))
 	for k, vv := range h {
 		if isTraceHeader(k) {
@@ -248,7 +305,7 @@ func cloneHeader(h http.Header) http.Header {
 		out[k] = sv[:n:n]
 		sv = sv[n:]
 	}
-	return out
+	return out, sv[len(sv)-spare:]
 }
 
 func isTraceHeader(k string) bool {

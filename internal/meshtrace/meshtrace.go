@@ -251,33 +251,63 @@ func Classified(ctx context.Context, success bool, errLabel string, retries int)
 	s.SetAttributes(kv...)
 }
 
-// startAttrs holds the attribute slices spans start with. They are
-// borrowed for a Start only: the trace API's start options copy the
-// attributes they are given, so the slice is free again once Start
+// startAttrsCap is the room of a pooled start buffer: every attribute of
+// either kind of span and what its caller appends (identities, the
+// attempt's kind and ordinal).
+const startAttrsCap = 16
+
+// startBuf holds what a span starts with: its attributes, and the start
+// options that carry them, made once per buffer. The trace API's
+// WithAttributes boxes its slice into an interface (an allocation), and a
+// variadic options list passed through an interface escapes (another): a
+// buffer keeps one WithAttributes option for each length of its attribute
+// array, and the options list a Start is given. It is borrowed for a
+// Start only: the trace API's start options copy the attributes they are
+// given (trace.NewSpanStartConfig), so the buffer is free again once Start
 // returned.
-var startAttrs = sync.Pool{New: func() any {
-	// Room for every attribute of either kind of span and what its
-	// caller appends (identities, the attempt's kind and ordinal).
-	s := make([]attribute.KeyValue, 0, 16)
-	return &s
+type startBuf struct {
+	// attrs is appended to; while it fits, it is base[:len(attrs)].
+	attrs []attribute.KeyValue
+	base  []attribute.KeyValue
+	// withAttrs[n] is trace.WithAttributes(base[:n]...).
+	withAttrs [startAttrsCap + 1]trace.SpanStartOption
+	opts      [2]trace.SpanStartOption
+}
+
+var startBufs = sync.Pool{New: func() any {
+	b := &startBuf{base: make([]attribute.KeyValue, startAttrsCap)}
+	for n := range b.withAttrs {
+		b.withAttrs[n] = trace.WithAttributes(b.base[:n:n]...)
+	}
+	b.attrs = b.base[:0]
+	return b
 }}
 
-// start starts a span of kind named name under ctx with attrs, and returns
-// attrs' slice to startAttrs.
-func (t *Tracer) start(ctx context.Context, name string, kind trace.SpanStartOption, attrs *[]attribute.KeyValue) (context.Context, trace.Span) {
-	ctx, s := t.tracer.Start(ctx, name, kind, trace.WithAttributes(*attrs...))
-	clear(*attrs)
-	*attrs = (*attrs)[:0]
-	startAttrs.Put(attrs)
+// start starts a span of kind named name under ctx with b's attributes,
+// and returns b to startBufs.
+func (t *Tracer) start(ctx context.Context, name string, kind trace.SpanStartOption, b *startBuf) (context.Context, trace.Span) {
+	n := len(b.attrs)
+	b.opts[0] = kind
+	if n <= startAttrsCap && (n == 0 || &b.attrs[0] == &b.base[0]) {
+		b.opts[1] = b.withAttrs[n]
+	} else {
+		// The caller outgrew the buffer: a slice of its own.
+		b.opts[1] = trace.WithAttributes(b.attrs...)
+	}
+	ctx, s := t.tracer.Start(ctx, name, b.opts[:]...)
+	clear(b.base)
+	b.opts = [2]trace.SpanStartOption{}
+	b.attrs = b.base[:0]
+	startBufs.Put(b)
 	return ctx, s
 }
 
-// requestAttrs borrows a slice of startAttrs and appends to it the semantic
-// conventions' attributes of an HTTP request.
-func requestAttrs(req *http.Request, server bool) *[]attribute.KeyValue {
-	buf := startAttrs.Get().(*[]attribute.KeyValue)
-	*buf = appendRequestAttrs(*buf, req, server)
-	return buf
+// requestAttrs borrows a start buffer and appends to its attributes the
+// semantic conventions' attributes of an HTTP request.
+func requestAttrs(req *http.Request, server bool) *startBuf {
+	b := startBufs.Get().(*startBuf)
+	b.attrs = appendRequestAttrs(b.attrs, req, server)
+	return b
 }
 
 // appendRequestAttrs appends the semantic conventions' attributes of an

@@ -5,11 +5,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -142,4 +144,105 @@ func TestHandlerKeepsWriterInterfaces(t *testing.T) {
 		}
 	}
 	assert.Equal(t, int64(http.StatusTeapot), code)
+}
+
+// attrSampler samples everything and keeps the attributes each span was
+// started with, as an attribute-based sampler would see them.
+type attrSampler struct{ seen [][]attribute.KeyValue }
+
+func (s *attrSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	s.seen = append(s.seen, append([]attribute.KeyValue(nil), p.Attributes...))
+	return sdktrace.SamplingResult{Decision: sdktrace.RecordAndSample}
+}
+
+func (s *attrSampler) Description() string { return "attrSampler" }
+
+// Spans start with their attributes from a pooled buffer whose options are
+// made once: the sampler sees them at the start, each span has exactly its
+// own (none left from the buffer's last span), and a caller that appends
+// beyond the buffer's room loses none.
+func TestStartAttributes(t *testing.T) {
+	sampler := &attrSampler{}
+	rec := tracetest.NewSpanRecorder()
+	tr := New(sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithSpanProcessor(rec)), nil, "")
+	startWith := func(kv ...attribute.KeyValue) {
+		b := startBufs.Get().(*startBuf)
+		b.attrs = append(b.attrs, kv...)
+		_, s := tr.start(context.Background(), "op", clientKind, b)
+		s.End()
+	}
+	many := make([]attribute.KeyValue, startAttrsCap+4)
+	for i := range many {
+		many[i] = attribute.Int("k"+strconv.Itoa(i), i)
+	}
+	cases := [][]attribute.KeyValue{
+		many[:3], many[:1], nil, many[:startAttrsCap], many, many[:2],
+	}
+	for _, kv := range cases {
+		startWith(kv...)
+	}
+	spans := rec.Ended()
+	require.Len(t, spans, len(cases))
+	require.Len(t, sampler.seen, len(cases))
+	for i, kv := range cases {
+		assert.ElementsMatch(t, kv, spans[i].Attributes(), "span %d", i)
+		assert.ElementsMatch(t, kv, sampler.seen[i], "sampler, span %d", i)
+		assert.Equal(t, trace.SpanKindClient, spans[i].SpanKind())
+	}
+}
+
+// roundTripFunc is a RoundTripper of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// An attempt's trace headers are written into its own copy where the
+// attempt is sent (RoundTripAttempt), and the outbound layer below then
+// passes that request as it is; a request whose traceparent names another
+// span (a proxy's inbound one, a stale one) is copied and given this
+// span's headers as before, and the caller's headers stay untouched.
+func TestOutboundPassesCarriedHeaders(t *testing.T) {
+	tp := sdktrace.NewTracerProvider()
+	tr := New(tp, nil, "")
+	ctx, s := tp.Tracer("test").Start(tr.with(context.Background()), "x")
+	defer s.End()
+	sc := s.SpanContext()
+	want := "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01"
+
+	var got *http.Request
+	out := Outbound(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		got = r
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	}))
+	orig := http.Header{"Accept": {"a"}, "Traceparent": {"00-" + w3cTrace + "-" + w3cSpan + "-01"}}
+	before := orig.Clone()
+
+	// Another span's traceparent: replaced in a copy.
+	req := httptest.NewRequest(http.MethodGet, "http://svc/", nil).WithContext(ctx)
+	req.Header = orig
+	_, err := out.RoundTrip(req)
+	require.NoError(t, err)
+	assert.NotSame(t, req, got, "a copy")
+	assert.Equal(t, want, got.Header.Get("Traceparent"))
+	assert.Equal(t, sc.SpanID().String(), got.Header.Get("X-B3-Spanid"))
+	assert.Equal(t, before, orig, "the caller's headers are untouched")
+
+	// The one attempt of a route that never retries: written where it is
+	// sent, passed as it is below.
+	_, err = RoundTripAttempt(out, httptest.NewRequest(http.MethodGet, "http://svc/", nil).WithContext(ctx), "", 0)
+	require.NoError(t, err)
+	assert.Equal(t, want, got.Header.Get("Traceparent"))
+	assert.Equal(t, sc.TraceID().String(), got.Header.Get("X-B3-Traceid"))
+	req = got
+	_, err = out.RoundTrip(req)
+	require.NoError(t, err)
+	assert.Same(t, req, got, "headers already carried: no copy")
+
+	// An attempt with its own span: its copy carries that span's headers.
+	_, err = RoundTripAttempt(out, httptest.NewRequest(http.MethodGet, "http://svc/", nil).WithContext(ctx), AttemptRetry, 1)
+	require.NoError(t, err)
+	asc := trace.SpanContextFromContext(got.Context())
+	require.NotEqual(t, sc.SpanID(), asc.SpanID(), "the attempt's own span")
+	assert.Equal(t, asc.SpanID().String(), got.Header.Get("X-B3-Spanid"))
+	assert.Equal(t, "00-"+asc.TraceID().String()+"-"+asc.SpanID().String()+"-01", got.Header.Get("Traceparent"))
 }

@@ -39,6 +39,7 @@ func main() {
 		fmt.Fprintf(&b, "func (w %s) Header() http.Header { return w.s.w.Header() }\n", t)
 		fmt.Fprintf(&b, "func (w %s) Write(p []byte) (int, error) { return w.s.write(p) }\n", t)
 		fmt.Fprintf(&b, "func (w %s) WriteHeader(code int) { w.s.writeHeader(code) }\n", t)
+		fmt.Fprintf(&b, "func (w %s) WriteString(str string) (int, error) { return w.s.writeString(str) }\n", t)
 		fmt.Fprintf(&b, "func (w %s) Unwrap() http.ResponseWriter { return w.s.w }\n", t)
 		for i, f := range ifaces {
 			if m&(1<<i) != 0 {

@@ -1,7 +1,9 @@
 // Package rw observes an http.ResponseWriter: the status code, the bytes
 // written and the header map at the time the head went out, without hiding
 // any optional interface of the writer (Flusher, Hijacker, ReaderFrom,
-// Pusher) and with Unwrap for http.ResponseController. Wrapping allocates
+// Pusher) and with Unwrap for http.ResponseController, and with WriteString,
+// which writes through the writer's own when it has one (net/http's do), so
+// that a handler's io.WriteString copies nothing. Wrapping allocates
 // nothing: states are pooled and each wrapper type is a single pointer.
 package rw
 
@@ -88,6 +90,16 @@ func (s *State) implicitHeader() {
 func (s *State) write(p []byte) (int, error) {
 	s.implicitHeader()
 	n, err := s.w.Write(p)
+	s.Written += int64(n)
+	return n, err
+}
+
+// writeString writes str without a copy into a byte slice when the writer
+// below is an io.StringWriter (net/http's are): a handler's io.WriteString
+// through a wrapper without WriteString allocates that copy.
+func (s *State) writeString(str string) (int, error) {
+	s.implicitHeader()
+	n, err := io.WriteString(s.w, str)
 	s.Written += int64(n)
 	return n, err
 }

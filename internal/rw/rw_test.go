@@ -126,6 +126,44 @@ func TestWrapAllocatesNothing(t *testing.T) {
 	assert.Zero(t, allocs)
 }
 
+// stringSink is a sink that is an io.StringWriter, as net/http's writers
+// are; strings counts the strings it was given whole.
+type stringSink struct {
+	sink
+	strings int
+}
+
+func (s *stringSink) WriteString(str string) (int, error) { s.strings++; return len(str), nil }
+
+// A handler's io.WriteString reaches the writer's own WriteString through
+// the wrapper, with no copy into a byte slice; through a writer without
+// one, it is written as bytes. Either way it counts as a body write.
+func TestWriteString(t *testing.T) {
+	ss := &stringSink{sink: sink{h: http.Header{}}}
+	w, st := Wrap(ss)
+	heads := 0
+	st.OnHead = func(http.Header) { heads++ }
+	n, err := io.WriteString(w, "hello")
+	require.NoError(t, err)
+	assert.Equal(t, 5, n)
+	assert.Equal(t, 1, ss.strings, "the writer's own WriteString")
+	assert.Equal(t, http.StatusOK, st.Status, "a write before WriteHeader means 200")
+	assert.Equal(t, 1, heads)
+	assert.Equal(t, int64(5), st.Written)
+	allocs := testing.AllocsPerRun(1000, func() { _, _ = io.WriteString(w, "hello") })
+	assert.Zero(t, allocs, "no copy of the string")
+	st.Release()
+
+	rec := httptest.NewRecorder()
+	w, st = Wrap(&base{rec})
+	n, err = io.WriteString(w, "abc")
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	assert.Equal(t, "abc", rec.Body.String())
+	assert.Equal(t, int64(3), st.Written)
+	st.Release()
+}
+
 // The generated wrappers are up to date with gen.go.
 func TestGeneratedUpToDate(t *testing.T) {
 	want, err := os.ReadFile("wrap_generated.go")

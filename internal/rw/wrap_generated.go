@@ -64,24 +64,27 @@ func wrap(s *State) http.ResponseWriter {
 
 type rw0 struct{ s *State }
 
-func (w rw0) Header() http.Header         { return w.s.w.Header() }
-func (w rw0) Write(p []byte) (int, error) { return w.s.write(p) }
-func (w rw0) WriteHeader(code int)        { w.s.writeHeader(code) }
-func (w rw0) Unwrap() http.ResponseWriter { return w.s.w }
+func (w rw0) Header() http.Header                 { return w.s.w.Header() }
+func (w rw0) Write(p []byte) (int, error)         { return w.s.write(p) }
+func (w rw0) WriteHeader(code int)                { w.s.writeHeader(code) }
+func (w rw0) WriteString(str string) (int, error) { return w.s.writeString(str) }
+func (w rw0) Unwrap() http.ResponseWriter         { return w.s.w }
 
 type rw1 struct{ s *State }
 
-func (w rw1) Header() http.Header         { return w.s.w.Header() }
-func (w rw1) Write(p []byte) (int, error) { return w.s.write(p) }
-func (w rw1) WriteHeader(code int)        { w.s.writeHeader(code) }
-func (w rw1) Unwrap() http.ResponseWriter { return w.s.w }
-func (w rw1) Flush()                      { w.s.flush() }
+func (w rw1) Header() http.Header                 { return w.s.w.Header() }
+func (w rw1) Write(p []byte) (int, error)         { return w.s.write(p) }
+func (w rw1) WriteHeader(code int)                { w.s.writeHeader(code) }
+func (w rw1) WriteString(str string) (int, error) { return w.s.writeString(str) }
+func (w rw1) Unwrap() http.ResponseWriter         { return w.s.w }
+func (w rw1) Flush()                              { w.s.flush() }
 
 type rw2 struct{ s *State }
 
 func (w rw2) Header() http.Header                          { return w.s.w.Header() }
 func (w rw2) Write(p []byte) (int, error)                  { return w.s.write(p) }
 func (w rw2) WriteHeader(code int)                         { w.s.writeHeader(code) }
+func (w rw2) WriteString(str string) (int, error)          { return w.s.writeString(str) }
 func (w rw2) Unwrap() http.ResponseWriter                  { return w.s.w }
 func (w rw2) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.s.hijack() }
 
@@ -90,6 +93,7 @@ type rw3 struct{ s *State }
 func (w rw3) Header() http.Header                          { return w.s.w.Header() }
 func (w rw3) Write(p []byte) (int, error)                  { return w.s.write(p) }
 func (w rw3) WriteHeader(code int)                         { w.s.writeHeader(code) }
+func (w rw3) WriteString(str string) (int, error)          { return w.s.writeString(str) }
 func (w rw3) Unwrap() http.ResponseWriter                  { return w.s.w }
 func (w rw3) Flush()                                       { w.s.flush() }
 func (w rw3) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.s.hijack() }
@@ -99,6 +103,7 @@ type rw4 struct{ s *State }
 func (w rw4) Header() http.Header                 { return w.s.w.Header() }
 func (w rw4) Write(p []byte) (int, error)         { return w.s.write(p) }
 func (w rw4) WriteHeader(code int)                { w.s.writeHeader(code) }
+func (w rw4) WriteString(str string) (int, error) { return w.s.writeString(str) }
 func (w rw4) Unwrap() http.ResponseWriter         { return w.s.w }
 func (w rw4) ReadFrom(r io.Reader) (int64, error) { return w.s.readFrom(r) }
 
@@ -107,6 +112,7 @@ type rw5 struct{ s *State }
 func (w rw5) Header() http.Header                 { return w.s.w.Header() }
 func (w rw5) Write(p []byte) (int, error)         { return w.s.write(p) }
 func (w rw5) WriteHeader(code int)                { w.s.writeHeader(code) }
+func (w rw5) WriteString(str string) (int, error) { return w.s.writeString(str) }
 func (w rw5) Unwrap() http.ResponseWriter         { return w.s.w }
 func (w rw5) Flush()                              { w.s.flush() }
 func (w rw5) ReadFrom(r io.Reader) (int64, error) { return w.s.readFrom(r) }
@@ -116,6 +122,7 @@ type rw6 struct{ s *State }
 func (w rw6) Header() http.Header                          { return w.s.w.Header() }
 func (w rw6) Write(p []byte) (int, error)                  { return w.s.write(p) }
 func (w rw6) WriteHeader(code int)                         { w.s.writeHeader(code) }
+func (w rw6) WriteString(str string) (int, error)          { return w.s.writeString(str) }
 func (w rw6) Unwrap() http.ResponseWriter                  { return w.s.w }
 func (w rw6) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.s.hijack() }
 func (w rw6) ReadFrom(r io.Reader) (int64, error)          { return w.s.readFrom(r) }
@@ -125,6 +132,7 @@ type rw7 struct{ s *State }
 func (w rw7) Header() http.Header                          { return w.s.w.Header() }
 func (w rw7) Write(p []byte) (int, error)                  { return w.s.write(p) }
 func (w rw7) WriteHeader(code int)                         { w.s.writeHeader(code) }
+func (w rw7) WriteString(str string) (int, error)          { return w.s.writeString(str) }
 func (w rw7) Unwrap() http.ResponseWriter                  { return w.s.w }
 func (w rw7) Flush()                                       { w.s.flush() }
 func (w rw7) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.s.hijack() }
@@ -135,6 +143,7 @@ type rw8 struct{ s *State }
 func (w rw8) Header() http.Header                              { return w.s.w.Header() }
 func (w rw8) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw8) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw8) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw8) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw8) Push(target string, opts *http.PushOptions) error { return w.s.push(target, opts) }
 
@@ -143,6 +152,7 @@ type rw9 struct{ s *State }
 func (w rw9) Header() http.Header                              { return w.s.w.Header() }
 func (w rw9) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw9) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw9) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw9) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw9) Flush()                                           { w.s.flush() }
 func (w rw9) Push(target string, opts *http.PushOptions) error { return w.s.push(target, opts) }
@@ -152,6 +162,7 @@ type rw10 struct{ s *State }
 func (w rw10) Header() http.Header                              { return w.s.w.Header() }
 func (w rw10) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw10) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw10) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw10) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw10) Hijack() (net.Conn, *bufio.ReadWriter, error)     { return w.s.hijack() }
 func (w rw10) Push(target string, opts *http.PushOptions) error { return w.s.push(target, opts) }
@@ -161,6 +172,7 @@ type rw11 struct{ s *State }
 func (w rw11) Header() http.Header                              { return w.s.w.Header() }
 func (w rw11) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw11) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw11) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw11) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw11) Flush()                                           { w.s.flush() }
 func (w rw11) Hijack() (net.Conn, *bufio.ReadWriter, error)     { return w.s.hijack() }
@@ -171,6 +183,7 @@ type rw12 struct{ s *State }
 func (w rw12) Header() http.Header                              { return w.s.w.Header() }
 func (w rw12) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw12) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw12) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw12) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw12) ReadFrom(r io.Reader) (int64, error)              { return w.s.readFrom(r) }
 func (w rw12) Push(target string, opts *http.PushOptions) error { return w.s.push(target, opts) }
@@ -180,6 +193,7 @@ type rw13 struct{ s *State }
 func (w rw13) Header() http.Header                              { return w.s.w.Header() }
 func (w rw13) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw13) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw13) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw13) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw13) Flush()                                           { w.s.flush() }
 func (w rw13) ReadFrom(r io.Reader) (int64, error)              { return w.s.readFrom(r) }
@@ -190,6 +204,7 @@ type rw14 struct{ s *State }
 func (w rw14) Header() http.Header                              { return w.s.w.Header() }
 func (w rw14) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw14) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw14) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw14) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw14) Hijack() (net.Conn, *bufio.ReadWriter, error)     { return w.s.hijack() }
 func (w rw14) ReadFrom(r io.Reader) (int64, error)              { return w.s.readFrom(r) }
@@ -200,6 +215,7 @@ type rw15 struct{ s *State }
 func (w rw15) Header() http.Header                              { return w.s.w.Header() }
 func (w rw15) Write(p []byte) (int, error)                      { return w.s.write(p) }
 func (w rw15) WriteHeader(code int)                             { w.s.writeHeader(code) }
+func (w rw15) WriteString(str string) (int, error)              { return w.s.writeString(str) }
 func (w rw15) Unwrap() http.ResponseWriter                      { return w.s.w }
 func (w rw15) Flush()                                           { w.s.flush() }
 func (w rw15) Hijack() (net.Conn, *bufio.ReadWriter, error)     { return w.s.hijack() }
