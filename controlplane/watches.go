@@ -175,6 +175,12 @@ func (m *muxStream) subscribe(req *watchespb.Subscribe) error {
 	}
 	sub := &muxSub{id: id, kind: req.GetKind(), feed: f}
 	m.mu.Lock()
+	if m.subs == nil {
+		// The stream's handler returned (releaseAll) while this reader,
+		// which ends just after it, was still applying a request.
+		m.mu.Unlock()
+		return nil
+	}
 	m.subs[id] = sub
 	m.mu.Unlock()
 	// Registered before the first answer is computed, so that no change
