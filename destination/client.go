@@ -78,10 +78,10 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
-			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
+			open: func(ctx context.Context, authority string, s sink[*pb.DestinationProfile], opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
 				if c.mux != nil {
-					if s, err := subscribeMux[*pb.DestinationProfile](ctx, c.mux, watchespb.Kind_PROFILE, c.request(authority), opts); s != nil || err != nil {
-						return s, err
+					if ok, err := subscribeMux(ctx, c.mux, watchespb.Kind_PROFILE, c.request(authority), s, opts); ok || err != nil {
+						return nil, err
 					}
 				}
 				return c.api.GetProfile(ctx, c.request(authority), opts...)
@@ -100,10 +100,10 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.endpoints = &watches[*pb.Update, endpoint.Update]{
 		kind: &kind[*pb.Update, endpoint.Update]{
 			name: "Get",
-			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.Update], error) {
+			open: func(ctx context.Context, authority string, s sink[*pb.Update], opts ...grpc.CallOption) (recvStream[*pb.Update], error) {
 				if c.mux != nil {
-					if s, err := subscribeMux[*pb.Update](ctx, c.mux, watchespb.Kind_ENDPOINTS, c.request(authority), opts); s != nil || err != nil {
-						return s, err
+					if ok, err := subscribeMux(ctx, c.mux, watchespb.Kind_ENDPOINTS, c.request(authority), s, opts); ok || err != nil {
+						return nil, err
 					}
 				}
 				return c.api.Get(ctx, c.request(authority), opts...)
@@ -190,6 +190,10 @@ func (c *Client) Close() error {
 	var err error
 	c.close.Do(func() {
 		c.cancel()
+		c.profiles.stopAll()
+		c.endpoints.stopAll()
+		c.policies.stopAll()
+		c.inbound.stopAll()
 		c.wg.Wait()
 		if c.conn != nil {
 			err = c.conn.Close()
