@@ -77,8 +77,11 @@ type muxSub struct {
 	deliver func(*watchespb.WatchResponse)
 	done    func(error)
 
-	mu    sync.Mutex // held while deliver or done runs
-	ended bool
+	// mu is held while deliver or done runs; ended is set before done
+	// runs, so that an end from within done (a session's end stops its
+	// subscription) does nothing.
+	mu    sync.Mutex
+	ended atomic.Bool
 }
 
 // subscribeMux opens a subscription of kind with req (a GetDestination or
@@ -88,7 +91,8 @@ type muxSub struct {
 // answers of kind M go to s's message, on the stream's reader, and the
 // subscription's end to s's end. It returns false and no error when the
 // control plane does not serve Watches: the caller opens its Linkerd
-// stream. The subscription ends with ctx.
+// stream. ctx bounds the wait for the stream; the subscription ends with
+// the stop function it hands s.
 func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.Kind, req proto.Message, s sink[M], opts []grpc.CallOption) (bool, error) {
 	wait := slices.Contains(opts, grpc.CallOption(waitForReady))
 	deliver := func(r *watchespb.WatchResponse) {
@@ -119,7 +123,7 @@ func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.K
 		if err != nil {
 			return false, err
 		}
-		context.AfterFunc(ctx, func() { c.unsubscribe(sub) })
+		s.subscribed(func() { c.unsubscribe(sub) })
 		return true, nil
 	}
 }
@@ -355,17 +359,17 @@ func (c *muxConn) write(wg *sync.WaitGroup) {
 func (s *muxSub) push(r *watchespb.WatchResponse) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
+	if !s.ended.Load() {
 		s.deliver(r)
 	}
 }
 
 // end ends s with err; the first end counts.
 func (s *muxSub) end(err error) {
+	if !s.ended.CompareAndSwap(false, true) {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
-		s.ended = true
-		s.done(err)
-	}
+	s.done(err)
 }

@@ -35,7 +35,8 @@ type kind[M, U any] struct {
 	// none for a call that fails at once when the control plane cannot be
 	// reached). It returns the stream for the caller to read into s, or
 	// a nil stream when the call delivers to s by itself (a subscription
-	// on the Watches stream); the call ends with ctx.
+	// on the Watches stream): such a call hands s the function that ends
+	// it (see [sink]) and needs ctx no longer; a stream ends with ctx.
 	open func(ctx context.Context, target string, s sink[M], opts ...grpc.CallOption) (recvStream[M], error)
 	// session returns a handler for the messages of one stream. It returns
 	// the update to publish and whether there is one.
@@ -89,8 +90,6 @@ type watch[M, U any] struct {
 	c         *Client
 	kind      *kind[M, U]
 	authority string
-	ctx       context.Context // ends with the watch
-	cancel    context.CancelFunc
 
 	// The state across streams, touched by one stream's end at a time
 	// (see [watch.ended]): the backoff's attempt, whether the last
@@ -116,8 +115,12 @@ type watch[M, U any] struct {
 	// watch and its last state for the whole idle timeout.
 	idleTimer *time.Timer
 	evicted   bool
-	// retry opens the next stream after the backoff's delay; stopped
-	// says that the watch ended, so that no stream opens again.
+	// cur is the current stream, which stop ends; retry opens the next
+	// one after the backoff's delay; stopped says that the watch ended,
+	// so that no stream opens again. A watch has no context of its own:
+	// each one would be registered with the client's until it ends, and
+	// a client holds thousands of watches.
+	cur     *session[M, U]
 	retry   *time.Timer
 	stopped bool
 }
@@ -146,9 +149,8 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 			ws.rejected.Add(1)
 			return nil, fmt.Errorf("%w: %d %s watches already", errTooManyWatches, len(ws.m), ws.kind.name)
 		}
-		wctx, cancel := context.WithCancel(c.ctx)
 		w = &watch[M, U]{
-			c: c, kind: ws.kind, authority: authority, ctx: wctx, cancel: cancel,
+			c: c, kind: ws.kind, authority: authority,
 			subs: make(map[*mailbox.Mailbox[U]]struct{}),
 		}
 		ws.m[authority] = w
@@ -338,7 +340,10 @@ func unanswerable(err error, failFast bool) bool {
 }
 
 // sink receives the messages of one stream of a watch, then its end.
+// A call that delivers by itself hands it, first, the function that ends
+// the call (subscribed).
 type sink[M any] interface {
+	subscribed(stop func())
 	message(M)
 	end(error)
 }
@@ -354,13 +359,22 @@ type sink[M any] interface {
 // [watch.ended], on whichever goroutine the event comes: one state
 // machine for both paths.
 func (w *watch[M, U]) attempt() {
-	if w.ctx.Err() != nil {
-		w.ended(w.ctx.Err())
+	s := &session[M, U]{w: w, handle: w.kind.session(w.authority)}
+	// The context of the call, while it opens, and of a Linkerd stream
+	// for its life; a subscription hands s its own stop.
+	ctx, cancel := context.WithCancel(w.c.ctx)
+	s.stop = cancel
+	w.mu.Lock()
+	stopped := w.stopped
+	if !stopped {
+		w.cur = s
+	}
+	w.mu.Unlock()
+	if stopped {
+		cancel()
+		w.ended(ErrClosed)
 		return
 	}
-	s := &session[M, U]{w: w, handle: w.kind.session(w.authority)}
-	var ctx context.Context
-	ctx, s.cancel = context.WithCancel(w.ctx)
 	// The stream opens once the connection is up (waitForReady), however
 	// long that takes; the first-message deadline runs from then, so that
 	// an outage is never taken for a silent control plane. The first stream
@@ -376,14 +390,20 @@ func (w *watch[M, U]) attempt() {
 		stream, err = w.kind.open(ctx, w.authority, s, waitForReady)
 	}
 	if err != nil {
-		s.cancel()
+		cancel()
+		w.mu.Lock()
+		if w.cur == s {
+			w.cur = nil
+		}
+		w.mu.Unlock()
 		w.noAnswer(err, s.failFast)
 		w.ended(classifyStreamErr(err, false, false))
 		return
 	}
 	s.startDeadline()
 	if stream == nil {
-		return // the Watches stream delivers to s
+		cancel() // the Watches stream delivers to s, which ends it
+		return
 	}
 	for {
 		msg, err := stream.Recv()
@@ -406,7 +426,7 @@ func (w *watch[M, U]) attempt() {
 func (w *watch[M, U]) ended(err error) {
 	rpc := w.kind.name
 	if backoff.IsPermanent(err) {
-		if w.ctx.Err() == nil {
+		if !w.isStopped() {
 			w.c.log.Info("rejected "+rpc, "destination lookup rejected; not watching",
 				"rpc", rpc, targetAttr(w.authority), "error", errors.Unwrap(err))
 			w.publish(w.kind.rejected(errors.Unwrap(err)))
@@ -414,7 +434,7 @@ func (w *watch[M, U]) ended(err error) {
 		w.c.wg.Done()
 		return
 	}
-	if w.ctx.Err() != nil {
+	if w.isStopped() {
 		w.c.wg.Done()
 		return
 	}
@@ -464,14 +484,23 @@ func (w *watch[M, U]) ended(err error) {
 	w.retry = time.AfterFunc(delay, w.attempt)
 }
 
+// isStopped reports whether the watch or its client ended.
+func (w *watch[M, U]) isStopped() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopped || w.c.ctx.Err() != nil
+}
+
 // stop ends the watch: its stream ends, or its next attempt is called
 // off. It is safe to call more than once.
 func (w *watch[M, U]) stop() {
-	w.cancel()
 	w.mu.Lock()
-	t := w.retry
-	w.retry, w.stopped = nil, true
+	s, t := w.cur, w.retry
+	w.cur, w.retry, w.stopped = nil, nil, true
 	w.mu.Unlock()
+	if s != nil {
+		s.cancel()
+	}
 	if t != nil && t.Stop() {
 		w.c.wg.Done() // the attempt that would have seen the end
 	}
@@ -491,17 +520,41 @@ func (w *watch[M, U]) stop() {
 // progress, so a later failure reconnects after the shortest delay.
 type session[M, U any] struct {
 	w        *watch[M, U]
-	cancel   context.CancelFunc
 	handle   func(M) (U, bool)
 	failFast bool
 
 	// mu orders the deadline's update before any message's, so that a
 	// first message racing the deadline is never overwritten by it.
-	mu       sync.Mutex
+	mu sync.Mutex
+	// stop ends the stream: it cancels the call's context, or ends the
+	// subscription on the Watches stream.
+	stop     func()
 	deadline *time.Timer
 	received bool
 	timedOut bool
 	done     bool
+}
+
+// subscribed replaces s's stop with that of its subscription; when s
+// ended meanwhile, the subscription ends at once.
+func (s *session[M, U]) subscribed(stop func()) {
+	s.mu.Lock()
+	done := s.done
+	if !done {
+		s.stop = stop
+	}
+	s.mu.Unlock()
+	if done {
+		stop()
+	}
+}
+
+// cancel ends the stream.
+func (s *session[M, U]) cancel() {
+	s.mu.Lock()
+	stop := s.stop
+	s.mu.Unlock()
+	stop()
 }
 
 // startDeadline starts the first-message deadline, unless a message or
@@ -524,7 +577,7 @@ func (s *session[M, U]) silent() {
 	}
 	s.timedOut = true
 	if w.kind.silent == nil {
-		s.cancel()
+		go s.stop() // not under s.mu, which the stream's end takes
 		return
 	}
 	w.mu.Lock()
@@ -574,12 +627,19 @@ func (s *session[M, U]) end(err error) {
 	}
 	progressed := s.received || (s.timedOut && s.w.kind.silent != nil)
 	silent := s.timedOut && s.w.kind.silent == nil
+	stop := s.stop
 	s.mu.Unlock()
-	s.cancel()
-	if !progressed {
-		s.w.noAnswer(err, s.failFast)
+	stop()
+	w := s.w
+	w.mu.Lock()
+	if w.cur == s {
+		w.cur = nil
 	}
-	s.w.ended(classifyStreamErr(err, progressed, silent))
+	w.mu.Unlock()
+	if !progressed {
+		w.noAnswer(err, s.failFast)
+	}
+	w.ended(classifyStreamErr(err, progressed, silent))
 }
 
 // onOwnStack runs fn(msg) on a goroutine of its own: the conversion of a
