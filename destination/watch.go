@@ -165,7 +165,9 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	var s *mailbox.Mailbox[U]
 	w.mu.Lock()
 	w.stopIdleTimerLocked()
-	s = mailbox.Start(c.ctx, ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
+	// The mailbox ends with ctx, with Stop, or when the client closes
+	// (stopAll), not by a hook on the client's context.
+	s = mailbox.Start(context.Background(), ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
 	w.subs[s] = struct{}{}
 	w.idleGen++
 	if w.hasLast {
@@ -259,8 +261,8 @@ func (ws *watches[M, U]) cached(authority string) (U, bool) {
 	return w.cached()
 }
 
-// stopAll stops every watch, when the client closes: a watch waiting to
-// open its next stream sees no context end.
+// stopAll stops every watch and ends its subscribers' mailboxes, when
+// the client closes.
 func (ws *watches[M, U]) stopAll() {
 	ws.mu.Lock()
 	all := make([]*watch[M, U], 0, len(ws.m))
@@ -268,8 +270,17 @@ func (ws *watches[M, U]) stopAll() {
 		all = append(all, w)
 	}
 	ws.mu.Unlock()
+	var subs []*mailbox.Mailbox[U]
 	for _, w := range all {
 		w.stop()
+		w.mu.Lock()
+		for s := range w.subs {
+			subs = append(subs, s)
+		}
+		w.mu.Unlock()
+	}
+	for _, s := range subs {
+		s.Stop()
 	}
 }
 
@@ -609,6 +620,7 @@ func (s *session[M, U]) message(msg M) {
 		s.received = true
 		if s.deadline != nil {
 			s.deadline.Stop()
+			s.deadline = nil // not kept for the stream's life
 		}
 	}
 	s.mu.Unlock()
