@@ -78,10 +78,10 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
-			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
+			open: func(ctx context.Context, authority string, s sink[*pb.DestinationProfile], opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
 				if c.mux != nil {
-					if s, err := subscribeMux[*pb.DestinationProfile](ctx, c.mux, watchespb.Kind_PROFILE, c.request(authority), opts); s != nil || err != nil {
-						return s, err
+					if ok, err := subscribeMux(ctx, c.mux, watchespb.Kind_PROFILE, c.request(authority), s, opts); ok || err != nil {
+						return nil, err
 					}
 				}
 				return c.api.GetProfile(ctx, c.request(authority), opts...)
@@ -100,10 +100,10 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	c.endpoints = &watches[*pb.Update, endpoint.Update]{
 		kind: &kind[*pb.Update, endpoint.Update]{
 			name: "Get",
-			open: func(ctx context.Context, authority string, opts ...grpc.CallOption) (recvStream[*pb.Update], error) {
+			open: func(ctx context.Context, authority string, s sink[*pb.Update], opts ...grpc.CallOption) (recvStream[*pb.Update], error) {
 				if c.mux != nil {
-					if s, err := subscribeMux[*pb.Update](ctx, c.mux, watchespb.Kind_ENDPOINTS, c.request(authority), opts); s != nil || err != nil {
-						return s, err
+					if ok, err := subscribeMux(ctx, c.mux, watchespb.Kind_ENDPOINTS, c.request(authority), s, opts); ok || err != nil {
+						return nil, err
 					}
 				}
 				return c.api.Get(ctx, c.request(authority), opts...)
@@ -190,6 +190,10 @@ func (c *Client) Close() error {
 	var err error
 	c.close.Do(func() {
 		c.cancel()
+		c.profiles.stopAll()
+		c.endpoints.stopAll()
+		c.policies.stopAll()
+		c.inbound.stopAll()
 		c.wg.Wait()
 		if c.conn != nil {
 			err = c.conn.Close()
@@ -276,40 +280,57 @@ func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (
 
 // endpointSession applies the updates of one Get stream. The set starts
 // empty for each stream, so its first message replaces whatever an earlier
-// stream left.
+// stream left. The session's state is the set it published last (sorted
+// by address, never changed in place): a watch holds that set anyway, and
+// a map beside it would cost about a kilobyte for one endpoint.
 func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Update, bool) {
-	set := make(map[netip.AddrPort]endpoint.Endpoint)
+	var eps []endpoint.Endpoint
 	exists := true
+	byAddr := func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) }
 	return func(m *pb.Update) (endpoint.Update, bool) {
 		switch u := m.GetUpdate().(type) {
 		case *pb.Update_Add:
 			exists = true
 			labels := u.Add.GetMetricLabels()
+			next := slices.Clip(eps)
 			for i, a := range u.Add.GetAddrs() {
 				e, err := EndpointFromProto(a, labels, fmt.Sprintf("add.addrs[%d]", i))
 				if err != nil {
 					c.log.WarnErr("bad endpoint:"+authority, "skipped a bad endpoint", err, "authority", authority)
 					continue
 				}
-				set[e.Addr] = e
+				next = append(next, e)
+			}
+			if len(next) == len(eps) {
+				break // nothing to add
+			}
+			// The latest of an address wins: after a stable sort it is
+			// the last of its run.
+			slices.SortStableFunc(next, byAddr)
+			eps = make([]endpoint.Endpoint, 0, len(next))
+			for i, e := range next {
+				if i+1 < len(next) && next[i+1].Addr == e.Addr {
+					continue
+				}
+				eps = append(eps, e)
 			}
 		case *pb.Update_Remove:
+			gone := make(map[netip.AddrPort]bool, len(u.Remove.GetAddrs()))
 			for _, a := range u.Remove.GetAddrs() {
 				if addr, err := AddrFromProto(a); err == nil {
-					delete(set, addr)
+					gone[addr] = true
 				}
 			}
+			eps = slices.Clip(slices.DeleteFunc(slices.Clone(eps), func(e endpoint.Endpoint) bool { return gone[e.Addr] }))
 		case *pb.Update_NoEndpoints:
-			clear(set)
+			eps = nil
 			exists = u.NoEndpoints.GetExists()
 		default:
 			return endpoint.Update{}, false
 		}
-		eps := make([]endpoint.Endpoint, 0, len(set))
-		for _, e := range set {
-			eps = append(eps, e)
+		if eps == nil {
+			eps = []endpoint.Endpoint{}
 		}
-		slices.SortFunc(eps, func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) })
 		return endpoint.Update{Set: &endpoint.Set{Exists: exists, Endpoints: eps}}, true
 	}
 }

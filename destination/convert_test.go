@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,5 +219,53 @@ func BenchmarkStoreUpdateToClient(b *testing.B) {
 				break
 			}
 		}
+	}
+}
+
+// One Get stream's updates applied in turn, as Linkerd's controller sends
+// them: the set after each, sorted by address. An address added again
+// takes its latest weight; a remove of an address not in the set, or an
+// add with nothing valid in it, keeps the set; no_endpoints empties it.
+func TestEndpointSessionApplies(t *testing.T) {
+	ep := func(last byte, weight uint32) *pb.WeightedAddr {
+		return destination.EndpointToProto(endpoint.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, last}), 80), Weight: weight})
+	}
+	add := func(eps ...*pb.WeightedAddr) *pb.Update {
+		return &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: eps}}}
+	}
+	remove := func(lasts ...byte) *pb.Update {
+		r := &pb.AddrSet{}
+		for _, l := range lasts {
+			r.Addrs = append(r.Addrs, destination.AddrToProto(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, l}), 80)))
+		}
+		return &pb.Update{Update: &pb.Update_Remove{Remove: r}}
+	}
+	bad := &pb.WeightedAddr{}
+	c := destination.NewClient(nil, destination.WithLogger(quietLogger))
+	apply := destination.EndpointSession(c, "books.default.svc.cluster.local:80")
+	for _, step := range []struct {
+		msg    *pb.Update
+		exists bool
+		want   string // address:weight, in order
+	}{
+		{add(ep(3, 1), ep(1, 1)), true, "10.0.0.1:80:1 10.0.0.3:80:1"},
+		{add(ep(2, 1), ep(3, 5)), true, "10.0.0.1:80:1 10.0.0.2:80:1 10.0.0.3:80:5"},
+		{add(ep(4, 1), ep(4, 7)), true, "10.0.0.1:80:1 10.0.0.2:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
+		{remove(2, 9), true, "10.0.0.1:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
+		{add(bad), true, "10.0.0.1:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
+		{remove(1, 3, 4), true, ""},
+		{add(ep(5, 1)), true, "10.0.0.5:80:1"},
+		{&pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: false}}}, false, ""},
+		{add(ep(6, 2)), true, "10.0.0.6:80:2"},
+	} {
+		u, ok := apply(step.msg)
+		require.True(t, ok)
+		var got []string
+		for _, e := range u.Set.Endpoints {
+			got = append(got, fmt.Sprintf("%s:%d", e.Addr, e.Weight))
+		}
+		assert.Equal(t, step.want, strings.Join(got, " "), "after %v", step.msg)
+		assert.Equal(t, step.exists, u.Set.Exists)
+		assert.NotNil(t, u.Set.Endpoints, "an empty set is empty, not nil")
 	}
 }

@@ -25,7 +25,7 @@ func (c *Client) initInbound(cc grpc.ClientConnInterface) {
 	c.inbound = &watches[*inboundpb.Server, InboundUpdate]{
 		kind: &kind[*inboundpb.Server, InboundUpdate]{
 			name: "InboundServerPolicies.WatchPort",
-			open: func(ctx context.Context, key string, opts ...grpc.CallOption) (recvStream[*inboundpb.Server], error) {
+			open: func(ctx context.Context, key string, _ sink[*inboundpb.Server], opts ...grpc.CallOption) (recvStream[*inboundpb.Server], error) {
 				port, _ := strconv.ParseUint(key, 10, 16)
 				return api.WatchPort(ctx, &inboundpb.PortSpec{Workload: c.workload(), Port: uint32(port)}, opts...)
 			},

@@ -29,12 +29,13 @@ var errMuxHeaders = errors.New("destination: no headers on the Watches stream be
 
 // mux carries a client's profile, endpoint and policy watches over one
 // stream of inmesh's Watches service (proto/watches.proto) instead of one
-// Linkerd stream each: a watch's session subscribes on it and reads the
-// answers of its subscription as it would read its own stream's, so that
-// every behaviour of the watch loop (first-message deadline, not found,
+// Linkerd stream each: a watch's session subscribes on it and receives the
+// answers of its subscription as it would its own stream's messages, so
+// that every behaviour of a watch (first-message deadline, not found,
 // rejected, unanswered, backoff, failover) holds on both paths. The
-// answers are dispatched by one reader goroutine per stream; a
-// subscription costs no goroutine and no gRPC stream of its own. When the
+// answers are dispatched by one reader goroutine per stream, which also
+// converts them (the subscriptions' sessions run on it); a subscription
+// costs no goroutine and no gRPC stream of its own. When the
 // control plane answers Unimplemented, watches open Linkerd's streams for
 // [muxRetry].
 type mux struct {
@@ -69,39 +70,61 @@ type muxConn struct {
 	err  error // why the stream ended; set once
 }
 
-// muxSub is one subscription: the answers its watch has not read yet.
+// muxSub is one subscription: it hands its answers, then its end, to its
+// watch's session, one at a time.
 type muxSub struct {
-	id     uint64
-	signal chan struct{} // a signal at most: something was queued or it ended
+	id      uint64
+	deliver func(*watchespb.WatchResponse)
+	done    func(error)
 
+	// mu is held while deliver or done runs; ended is set before done
+	// runs, so that an end from within done (a session's end stops its
+	// subscription) does nothing.
 	mu    sync.Mutex
-	queue []*watchespb.WatchResponse
-	err   error // why it ended
+	ended atomic.Bool
 }
 
-// subscribe opens a subscription of kind with req (a GetDestination or a
-// TrafficSpec) on the Watches stream, opening the stream when there is
+// subscribeMux opens a subscription of kind with req (a GetDestination or
+// a TrafficSpec) on the Watches stream, opening the stream when there is
 // none: waiting for the connection when wait, failing at once when the
-// control plane cannot be reached otherwise (see [watch.session]). It
-// returns a nil stream and no error when the control plane does not serve
-// Watches: the caller opens its Linkerd stream. The subscription ends with
-// ctx.
-func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.Kind, req proto.Message, opts []grpc.CallOption) (recvStream[M], error) {
+// control plane cannot be reached otherwise (see [watch.attempt]). The
+// answers of kind M go to s's message, on the stream's reader, and the
+// subscription's end to s's end. It returns false and no error when the
+// control plane does not serve Watches: the caller opens its Linkerd
+// stream. ctx bounds the wait for the stream; the subscription ends with
+// the stop function it hands s.
+func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.Kind, req proto.Message, s sink[M], opts []grpc.CallOption) (bool, error) {
 	wait := slices.Contains(opts, grpc.CallOption(waitForReady))
+	deliver := func(r *watchespb.WatchResponse) {
+		var msg proto.Message
+		switch a := r.GetAnswer().(type) {
+		case *watchespb.WatchResponse_Profile:
+			msg = a.Profile
+		case *watchespb.WatchResponse_Update:
+			msg = a.Update
+		case *watchespb.WatchResponse_Policy:
+			msg = a.Policy
+		}
+		if m, ok := msg.(M); ok {
+			s.message(m)
+		}
+		// An answer of another kind, or none: skipped, as a field a
+		// Linkerd stream does not know.
+	}
 	for {
 		c, err := m.conn(ctx, wait)
 		if c == nil || err != nil {
-			return nil, err
+			return false, err
 		}
-		sub, err := c.subscribe(m.nextID.Add(1), kind, req)
+		sub, err := c.subscribe(m.nextID.Add(1), kind, req, deliver, s.end)
 		if errors.Is(err, errMuxEnded) {
 			continue // the stream ended meanwhile: open the next
 		}
 		if err != nil {
-			return nil, err
+			return false, err
 		}
-		context.AfterFunc(ctx, func() { c.unsubscribe(sub) })
-		return &muxRecv[M]{ctx: ctx, sub: sub}, nil
+		s.subscribed(func() { c.unsubscribe(sub) })
+		return true, nil
 	}
 }
 
@@ -265,7 +288,7 @@ func (c *muxConn) fail(err error) {
 	}
 }
 
-func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message) (*muxSub, error) {
+func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message, deliver func(*watchespb.WatchResponse), done func(error)) (*muxSub, error) {
 	s := &watchespb.Subscribe{Id: id, Kind: kind}
 	switch r := req.(type) {
 	case *pb.GetDestination:
@@ -273,7 +296,7 @@ func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message) (
 	case *outboundpb.TrafficSpec:
 		s.TrafficSpec = r
 	}
-	sub := &muxSub{id: id, signal: make(chan struct{}, 1)}
+	sub := &muxSub{id: id, deliver: deliver, done: done}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -332,88 +355,21 @@ func (c *muxConn) write(wg *sync.WaitGroup) {
 	}
 }
 
+// push hands r to the subscription, unless it ended.
 func (s *muxSub) push(r *watchespb.WatchResponse) {
 	s.mu.Lock()
-	if s.err == nil {
-		s.queue = append(s.queue, r)
+	defer s.mu.Unlock()
+	if !s.ended.Load() {
+		s.deliver(r)
 	}
-	s.mu.Unlock()
-	s.wake()
 }
 
-// end ends s with err after the answers queued before it; the first end
-// counts.
+// end ends s with err; the first end counts.
 func (s *muxSub) end(err error) {
+	if !s.ended.CompareAndSwap(false, true) {
+		return
+	}
 	s.mu.Lock()
-	if s.err == nil {
-		s.err = err
-	}
-	s.mu.Unlock()
-	s.wake()
-}
-
-func (s *muxSub) wake() {
-	select {
-	case s.signal <- struct{}{}:
-	default:
-	}
-}
-
-// next returns the next answer of s, in order, then the error that ended
-// it; or ctx's error.
-func (s *muxSub) next(ctx context.Context) (*watchespb.WatchResponse, error) {
-	for {
-		s.mu.Lock()
-		if len(s.queue) > 0 {
-			r := s.queue[0]
-			s.queue[0] = nil
-			s.queue = s.queue[1:]
-			if len(s.queue) == 0 {
-				s.queue = nil
-			}
-			s.mu.Unlock()
-			return r, nil
-		}
-		err := s.err
-		s.mu.Unlock()
-		if err != nil {
-			return nil, err
-		}
-		select {
-		case <-s.signal:
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-	}
-}
-
-// muxRecv is a subscription read as the stream of its kind: a watch's
-// session reads it as it reads a Linkerd stream.
-type muxRecv[M proto.Message] struct {
-	ctx context.Context
-	sub *muxSub
-}
-
-func (r *muxRecv[M]) Recv() (M, error) {
-	for {
-		resp, err := r.sub.next(r.ctx)
-		if err != nil {
-			var zero M
-			return zero, err
-		}
-		var msg proto.Message
-		switch a := resp.GetAnswer().(type) {
-		case *watchespb.WatchResponse_Profile:
-			msg = a.Profile
-		case *watchespb.WatchResponse_Update:
-			msg = a.Update
-		case *watchespb.WatchResponse_Policy:
-			msg = a.Policy
-		}
-		if m, ok := msg.(M); ok {
-			return m, nil
-		}
-		// An answer of another kind, or none: skipped, as a field a
-		// Linkerd stream does not know.
-	}
+	defer s.mu.Unlock()
+	s.done(err)
 }

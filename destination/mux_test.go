@@ -2,10 +2,13 @@ package destination_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
@@ -153,4 +156,48 @@ func TestWithLinkerdStreams(t *testing.T) {
 func dedup(s []string) []string {
 	slices.Sort(s)
 	return slices.Compact(s)
+}
+
+// A watch whose stream is a subscription on the Watches stream holds no
+// goroutine of its own: the stream's reader delivers its answers, and its
+// mailboxes run only while an update waits. Before, every profile,
+// endpoint and policy watch kept a goroutine parked for its whole life,
+// three per name (about 4 KiB of stack each).
+func TestWatchesHoldNoGoroutinePerWatch(t *testing.T) {
+	const names = 100
+	store := watchStore(t)
+	name := func(i int) string { return fmt.Sprintf("svc-%d.default.svc.cluster.local:80", i) }
+	sets := map[string][]endpoint.Endpoint{books + ":7000": {{Addr: netip.MustParseAddrPort("10.0.0.1:7000"), Weight: endpoint.DefaultWeight}}}
+	for i := range names {
+		sets[name(i)] = []endpoint.Endpoint{{Addr: netip.MustParseAddrPort("10.0.0.1:7000"), Weight: endpoint.DefaultWeight}}
+	}
+	store.SetEndpoints(sets)
+	cp, m := serveRecorded(t, store, true)
+	c := newTestClient(t, cp.addr)
+	watchAll(t, c) // the Watches stream is open
+	before := runtime.NumGoroutine()
+
+	var answered sync.WaitGroup
+	for i := range names {
+		for _, watch := range []func(func()) (func(), error){
+			func(f func()) (func(), error) {
+				return c.Watch(context.Background(), name(i), func(profiles.Update) { f() })
+			},
+			func(f func()) (func(), error) {
+				return c.WatchEndpoints(context.Background(), name(i), func(endpoint.Update) { f() })
+			},
+			func(f func()) (func(), error) {
+				return c.Policies().Watch(context.Background(), name(i), func(policy.Update) { f() })
+			},
+		} {
+			answered.Add(1)
+			stop, err := watch(sync.OnceFunc(answered.Done))
+			require.NoError(t, err)
+			t.Cleanup(stop)
+		}
+	}
+	answered.Wait()
+	assert.Equal(t, []string{"/inmesh.destination.v1.Watches/Watch"}, dedup(m.calls()))
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() < before+names/4 }, 20*time.Second, 10*time.Millisecond,
+		"goroutines for %d watches over the Watches stream: %d before, %d now", 3*names, before, runtime.NumGoroutine())
 }

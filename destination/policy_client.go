@@ -70,10 +70,10 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 	c.policies = &watches[*outboundpb.OutboundPolicy, policy.Update]{
 		kind: &kind[*outboundpb.OutboundPolicy, policy.Update]{
 			name: "OutboundPolicies.Watch",
-			open: func(ctx context.Context, key string, opts ...grpc.CallOption) (recvStream[*outboundpb.OutboundPolicy], error) {
+			open: func(ctx context.Context, key string, s sink[*outboundpb.OutboundPolicy], opts ...grpc.CallOption) (recvStream[*outboundpb.OutboundPolicy], error) {
 				if c.mux != nil {
-					if s, err := subscribeMux[*outboundpb.OutboundPolicy](ctx, c.mux, watchespb.Kind_POLICY, c.trafficSpec(key), opts); s != nil || err != nil {
-						return s, err
+					if ok, err := subscribeMux(ctx, c.mux, watchespb.Kind_POLICY, c.trafficSpec(key), s, opts); ok || err != nil {
+						return nil, err
 					}
 				}
 				return c.policyAPI.Watch(ctx, c.trafficSpec(key), opts...)

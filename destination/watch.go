@@ -33,8 +33,11 @@ type kind[M, U any] struct {
 	name string
 	// open starts the call for a target, with opts (waitForReady, or
 	// none for a call that fails at once when the control plane cannot be
-	// reached).
-	open func(ctx context.Context, target string, opts ...grpc.CallOption) (recvStream[M], error)
+	// reached). It returns the stream for the caller to read into s, or
+	// a nil stream when the call delivers to s by itself (a subscription
+	// on the Watches stream): such a call hands s the function that ends
+	// it (see [sink]) and needs ctx no longer; a stream ends with ctx.
+	open func(ctx context.Context, target string, s sink[M], opts ...grpc.CallOption) (recvStream[M], error)
 	// session returns a handler for the messages of one stream. It returns
 	// the update to publish and whether there is one.
 	session func(authority string) func(M) (U, bool)
@@ -82,11 +85,19 @@ func isNotFound(err error) bool {
 }
 
 // watch is one shared stream for one authority, fanned out to subscribers.
+// It holds no goroutine of its own: see [watch.attempt].
 type watch[M, U any] struct {
 	c         *Client
 	kind      *kind[M, U]
 	authority string
-	cancel    context.CancelFunc
+
+	// The state across streams, touched by one stream's end at a time
+	// (see [watch.ended]): the backoff's attempt, whether the last
+	// stream failed, and whether the notFound update was published for
+	// the current run of such answers.
+	attempts  int
+	failing   bool
+	announced bool
 
 	mu      sync.Mutex
 	last    U
@@ -104,6 +115,14 @@ type watch[M, U any] struct {
 	// watch and its last state for the whole idle timeout.
 	idleTimer *time.Timer
 	evicted   bool
+	// cur is the current stream, which stop ends; retry opens the next
+	// one after the backoff's delay; stopped says that the watch ended,
+	// so that no stream opens again. A watch has no context of its own:
+	// each one would be registered with the client's until it ends, and
+	// a client holds thousands of watches.
+	cur     *session[M, U]
+	retry   *time.Timer
+	stopped bool
 }
 
 // watches is a bounded set of watches of one kind, keyed by authority.
@@ -130,14 +149,14 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 			ws.rejected.Add(1)
 			return nil, fmt.Errorf("%w: %d %s watches already", errTooManyWatches, len(ws.m), ws.kind.name)
 		}
-		wctx, cancel := context.WithCancel(c.ctx)
 		w = &watch[M, U]{
-			c: c, kind: ws.kind, authority: authority, cancel: cancel,
+			c: c, kind: ws.kind, authority: authority,
 			subs: make(map[*mailbox.Mailbox[U]]struct{}),
 		}
 		ws.m[authority] = w
+		// Counts the watch until it ended (see [watch.ended]).
 		c.wg.Add(1)
-		go w.run(wctx)
+		go w.attempt()
 	}
 
 	// s is added under w.mu, which its exit hook also takes, so even a
@@ -146,7 +165,9 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	var s *mailbox.Mailbox[U]
 	w.mu.Lock()
 	w.stopIdleTimerLocked()
-	s = mailbox.Start(c.ctx, ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
+	// The mailbox ends with ctx, with Stop, or when the client closes
+	// (stopAll), not by a hook on the client's context.
+	s = mailbox.Start(context.Background(), ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
 	w.subs[s] = struct{}{}
 	w.idleGen++
 	if w.hasLast {
@@ -207,7 +228,7 @@ func (ws *watches[M, U]) evict(w *watch[M, U], gen uint64) {
 	w.mu.Unlock()
 	ws.mu.Unlock()
 	if !stale {
-		w.cancel()
+		w.stop()
 	}
 }
 
@@ -222,7 +243,7 @@ func (ws *watches[M, U]) evictIdleLocked() bool {
 		w.stopIdleTimerLocked()
 		w.mu.Unlock()
 		delete(ws.m, w.authority)
-		w.cancel()
+		w.stop()
 		return true
 	}
 	return false
@@ -238,6 +259,29 @@ func (ws *watches[M, U]) cached(authority string) (U, bool) {
 		return zero, false
 	}
 	return w.cached()
+}
+
+// stopAll stops every watch and ends its subscribers' mailboxes, when
+// the client closes.
+func (ws *watches[M, U]) stopAll() {
+	ws.mu.Lock()
+	all := make([]*watch[M, U], 0, len(ws.m))
+	for _, w := range ws.m {
+		all = append(all, w)
+	}
+	ws.mu.Unlock()
+	var subs []*mailbox.Mailbox[U]
+	for _, w := range all {
+		w.stop()
+		w.mu.Lock()
+		for s := range w.subs {
+			subs = append(subs, s)
+		}
+		w.mu.Unlock()
+	}
+	for _, s := range subs {
+		s.Stop()
+	}
 }
 
 func (ws *watches[M, U]) len() int {
@@ -306,58 +350,176 @@ func unanswerable(err error, failFast bool) bool {
 	return false
 }
 
-// run keeps a stream open until ctx ends or the server rejects the lookup.
-// Its lines go through the client's rate limiter, keyed by event and RPC
-// (not by authority): a control plane that flaps under thousands of watches
-// writes a line per interval, not a line per watch.
-func (w *watch[M, U]) run(ctx context.Context) {
-	defer w.c.wg.Done()
-	rpc := w.kind.name
-	healthy := true
-	announced := false // the notFound update was published for this run of answers
-	err := backoff.Retry(ctx, w.c.cfg.policy, w.session, func(err error, delay time.Duration) {
-		// NotFound is the control plane's ordinary answer for a target it
-		// does not know (yet): a Service with no policy, a name not loaded;
-		// the watch says so to its subscribers once and keeps asking,
-		// without alarm.
-		progress := errors.Is(err, backoff.ErrResetBackoff)
-		notFound := isNotFound(err)
-		if notFound && !announced && w.kind.notFound != nil {
-			w.mu.Lock()
-			w.publishLocked(w.kind.notFound())
-			w.lastNotFound = true
-			w.mu.Unlock()
+// sink receives the messages of one stream of a watch, then its end.
+// A call that delivers by itself hands it, first, the function that ends
+// the call (subscribed).
+type sink[M any] interface {
+	subscribed(stop func())
+	message(M)
+	end(error)
+}
+
+// attempt opens a stream for the watch. A stream over Linkerd's API is
+// read by this goroutine for as long as it lasts; a subscription on the
+// Watches stream delivers to its session by itself (the mux's reader
+// dispatches), so the goroutine ends once the subscription is made: a
+// watch whose stream is on the mux holds no goroutine of its own.
+//
+// Every event of a watch (a message, the first-message deadline, a
+// stream's end, the backoff's timer) goes through its [session] and
+// [watch.ended], on whichever goroutine the event comes: one state
+// machine for both paths.
+func (w *watch[M, U]) attempt() {
+	s := &session[M, U]{w: w, handle: w.kind.session(w.authority)}
+	// The context of the call, while it opens, and of a Linkerd stream
+	// for its life; a subscription hands s its own stop.
+	ctx, cancel := context.WithCancel(w.c.ctx)
+	s.stop = cancel
+	w.mu.Lock()
+	stopped := w.stopped
+	if !stopped {
+		w.cur = s
+	}
+	w.mu.Unlock()
+	if stopped {
+		cancel()
+		w.ended(ErrClosed)
+		return
+	}
+	// The stream opens once the connection is up (waitForReady), however
+	// long that takes; the first-message deadline runs from then, so that
+	// an outage is never taken for a silent control plane. The first stream
+	// of a kind with an unanswered update, though, fails at once when the
+	// control plane cannot be reached, so that nobody waits for an answer
+	// that cannot come.
+	s.failFast = w.kind.unanswered != nil && !w.answered()
+	var stream recvStream[M]
+	var err error
+	if s.failFast {
+		stream, err = w.kind.open(ctx, w.authority, s)
+	} else {
+		stream, err = w.kind.open(ctx, w.authority, s, waitForReady)
+	}
+	if err != nil {
+		cancel()
+		w.mu.Lock()
+		if w.cur == s {
+			w.cur = nil
 		}
-		announced = notFound
-		switch {
-		case notFound:
-			w.c.log.Debug("not found "+rpc, "the control plane knows no such target; asking again later",
-				"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
-		case progress:
-			// The stream delivered updates, then ended (a control plane
-			// restart, a load balancer's idle cut): an event, not a failure.
-			w.c.log.Info("stream ended "+rpc, "destination stream ended after updates; re-establishing",
-				"rpc", rpc, targetAttr(w.authority), "cause", streamCause(err), "delay", delay)
-		case healthy:
-			w.c.log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
-				"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
-		default:
-			w.c.log.Debug("stream failed again "+rpc, "destination stream failed; re-establishing",
-				"rpc", rpc, targetAttr(w.authority), "error", streamCause(err), "delay", delay)
+		w.mu.Unlock()
+		w.noAnswer(err, s.failFast)
+		w.ended(classifyStreamErr(err, false, false))
+		return
+	}
+	s.startDeadline()
+	if stream == nil {
+		cancel() // the Watches stream delivers to s, which ends it
+		return
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			s.end(err)
+			return
 		}
-		// An answer, even "not found", is a control plane that works.
-		healthy = progress || notFound
-	})
-	if err != nil && ctx.Err() == nil {
-		w.c.log.Info("rejected "+rpc, "destination lookup rejected; not watching",
-			"rpc", rpc, targetAttr(w.authority), "error", err)
-		w.publish(w.kind.rejected(err))
+		onOwnStack(s.message, msg)
 	}
 }
 
-// session runs one stream: it returns an error that says whether to retry
-// (always, unless the server rejected the lookup) and whether the stream made
-// progress.
+// ended is called with the classified error of each stream's end (see
+// [classifyStreamErr]): it either re-opens a stream after the backoff's
+// next delay or, when the watch was stopped or the server rejected the
+// lookup, ends the watch. Its lines go through the client's rate limiter,
+// keyed by event and RPC (not by authority): a control plane that flaps
+// under thousands of watches writes a line per interval, not a line per
+// watch. The ends of a watch's streams come one at a time: the next
+// stream opens after this returns.
+func (w *watch[M, U]) ended(err error) {
+	rpc := w.kind.name
+	if backoff.IsPermanent(err) {
+		if !w.isStopped() {
+			w.c.log.Info("rejected "+rpc, "destination lookup rejected; not watching",
+				"rpc", rpc, targetAttr(w.authority), "error", errors.Unwrap(err))
+			w.publish(w.kind.rejected(errors.Unwrap(err)))
+		}
+		w.c.wg.Done()
+		return
+	}
+	if w.isStopped() {
+		w.c.wg.Done()
+		return
+	}
+	// NotFound is the control plane's ordinary answer for a target it
+	// does not know (yet): a Service with no policy, a name not loaded;
+	// the watch says so to its subscribers once and keeps asking,
+	// without alarm.
+	progress := errors.Is(err, backoff.ErrResetBackoff)
+	if progress {
+		w.attempts = 0
+	}
+	delay := w.c.cfg.policy.Delay(w.attempts)
+	w.attempts++
+	notFound := isNotFound(err)
+	if notFound && !w.announced && w.kind.notFound != nil {
+		w.mu.Lock()
+		w.publishLocked(w.kind.notFound())
+		w.lastNotFound = true
+		w.mu.Unlock()
+	}
+	w.announced = notFound
+	switch {
+	case notFound:
+		w.c.log.Debug("not found "+rpc, "the control plane knows no such target; asking again later",
+			"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
+	case progress:
+		// The stream delivered updates, then ended (a control plane
+		// restart, a load balancer's idle cut): an event, not a failure.
+		w.c.log.Info("stream ended "+rpc, "destination stream ended after updates; re-establishing",
+			"rpc", rpc, targetAttr(w.authority), "cause", streamCause(err), "delay", delay)
+	case !w.failing:
+		w.c.log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
+			"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
+	default:
+		w.c.log.Debug("stream failed again "+rpc, "destination stream failed; re-establishing",
+			"rpc", rpc, targetAttr(w.authority), "error", streamCause(err), "delay", delay)
+	}
+	// An answer, even "not found", is a control plane that works.
+	w.failing = !progress && !notFound
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		w.c.wg.Done()
+		return
+	}
+	w.retry = time.AfterFunc(delay, w.attempt)
+}
+
+// isStopped reports whether the watch or its client ended.
+func (w *watch[M, U]) isStopped() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopped || w.c.ctx.Err() != nil
+}
+
+// stop ends the watch: its stream ends, or its next attempt is called
+// off. It is safe to call more than once.
+func (w *watch[M, U]) stop() {
+	w.mu.Lock()
+	s, t := w.cur, w.retry
+	w.cur, w.retry, w.stopped = nil, nil, true
+	w.mu.Unlock()
+	if s != nil {
+		s.cancel()
+	}
+	if t != nil && t.Stop() {
+		w.c.wg.Done() // the attempt that would have seen the end
+	}
+}
+
+// session is one stream of a watch, fed by the stream's reader (a
+// goroutine of its own for a Linkerd stream, the mux's reader for a
+// subscription on the Watches stream) and by its first-message deadline.
 //
 // A stream silent past the first-message deadline is either cut and retried
 // (GetProfile: the controller always answers at once) or kept open (Get:
@@ -367,112 +529,144 @@ func (w *watch[M, U]) run(ctx context.Context) {
 // delivered, so a control plane that accepts streams and never answers
 // cannot take the last good state away. Either way the silence counts as
 // progress, so a later failure reconnects after the shortest delay.
-func (w *watch[M, U]) session(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+type session[M, U any] struct {
+	w        *watch[M, U]
+	handle   func(M) (U, bool)
+	failFast bool
+
 	// mu orders the deadline's update before any message's, so that a
 	// first message racing the deadline is never overwritten by it.
-	var (
-		mu       sync.Mutex
-		received bool
-		timedOut bool
-	)
-	// The stream opens once the connection is up (waitForReady), however
-	// long that takes; the first-message deadline runs from then, so that
-	// an outage is never taken for a silent control plane. The first stream
-	// of a kind with an unanswered update, though, fails at once when the
-	// control plane cannot be reached, so that nobody waits for an answer
-	// that cannot come.
-	failFast := w.kind.unanswered != nil && !w.answered()
-	var stream recvStream[M]
-	var err error
-	if failFast {
-		stream, err = w.kind.open(ctx, w.authority)
-	} else {
-		stream, err = w.kind.open(ctx, w.authority, waitForReady)
-	}
-	if err != nil {
-		w.noAnswer(err, failFast)
-		return classifyStreamErr(err, false, false)
-	}
-	deadline := time.AfterFunc(w.c.cfg.firstMessageTimeout, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if received {
-			return
-		}
-		timedOut = true
-		if w.kind.silent == nil {
-			cancel()
-			return
-		}
-		w.mu.Lock()
-		known := w.hasLast && !w.lastNotFound
-		w.mu.Unlock()
-		if known {
-			// This stream replaces one that delivered: its silence says
-			// nothing new (a wedged or restarting control plane), so what
-			// was delivered stays in force until a message replaces it.
-			// After "not found", though, a stream the control plane
-			// accepts says the target exists now: its silence is "no
-			// endpoints yet", as for a new authority.
-			w.c.log.Info("silent again "+w.kind.name,
-				"destination stream silent past the first-message deadline; the last state stays in force",
-				"rpc", w.kind.name, targetAttr(w.authority))
-			return
-		}
-		w.c.log.Debug("silent "+w.kind.name,
-			"destination stream silent past the first-message deadline; no endpoints yet",
-			"rpc", w.kind.name, targetAttr(w.authority))
-		w.publish(w.kind.silent())
-	})
-	defer deadline.Stop()
-	state := func() (progressed, silent bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		return received || (timedOut && w.kind.silent != nil), timedOut && w.kind.silent == nil
-	}
+	mu sync.Mutex
+	// stop ends the stream: it cancels the call's context, or ends the
+	// subscription on the Watches stream.
+	stop     func()
+	deadline *time.Timer
+	received bool
+	timedOut bool
+	done     bool
+}
 
-	handle := w.kind.session(w.authority)
-	for {
-		msg, err := stream.Recv()
-		if err != nil {
-			progressed, silent := state()
-			if !progressed {
-				w.noAnswer(err, failFast)
-			}
-			return classifyStreamErr(err, progressed, silent)
-		}
-		mu.Lock()
-		if !received {
-			received = true
-			deadline.Stop()
-		}
-		mu.Unlock()
-		if u, ok := onOwnStack(handle, msg); ok {
-			w.publish(u)
-		}
+// subscribed replaces s's stop with that of its subscription; when s
+// ended meanwhile, the subscription ends at once.
+func (s *session[M, U]) subscribed(stop func()) {
+	s.mu.Lock()
+	done := s.done
+	if !done {
+		s.stop = stop
+	}
+	s.mu.Unlock()
+	if done {
+		stop()
 	}
 }
 
-// onOwnStack returns handle(msg), run on a goroutine of its own: the
-// conversion of a message (a profile's routes, a policy's compiled rules)
-// needs a deep stack for a moment, and a watch's goroutine, parked
-// between messages for as long as the watch lives, would keep a stack
-// grown to that depth. A process watching thousands of names holds
-// thousands of these goroutines.
-func onOwnStack[M, U any](handle func(M) (U, bool), msg M) (U, bool) {
-	type result struct {
-		u  U
-		ok bool
+// cancel ends the stream.
+func (s *session[M, U]) cancel() {
+	s.mu.Lock()
+	stop := s.stop
+	s.mu.Unlock()
+	stop()
+}
+
+// startDeadline starts the first-message deadline, unless a message or
+// the end came first.
+func (s *session[M, U]) startDeadline() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.received && !s.done {
+		s.deadline = time.AfterFunc(s.w.c.cfg.firstMessageTimeout, s.silent)
 	}
-	ch := make(chan result, 1)
+}
+
+// silent runs at the first-message deadline.
+func (s *session[M, U]) silent() {
+	w := s.w
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.received || s.done {
+		return
+	}
+	s.timedOut = true
+	if w.kind.silent == nil {
+		go s.stop() // not under s.mu, which the stream's end takes
+		return
+	}
+	w.mu.Lock()
+	known := w.hasLast && !w.lastNotFound
+	w.mu.Unlock()
+	if known {
+		// This stream replaces one that delivered: its silence says
+		// nothing new (a wedged or restarting control plane), so what
+		// was delivered stays in force until a message replaces it.
+		// After "not found", though, a stream the control plane
+		// accepts says the target exists now: its silence is "no
+		// endpoints yet", as for a new authority.
+		w.c.log.Info("silent again "+w.kind.name,
+			"destination stream silent past the first-message deadline; the last state stays in force",
+			"rpc", w.kind.name, targetAttr(w.authority))
+		return
+	}
+	w.c.log.Debug("silent "+w.kind.name,
+		"destination stream silent past the first-message deadline; no endpoints yet",
+		"rpc", w.kind.name, targetAttr(w.authority))
+	w.publish(w.kind.silent())
+}
+
+// message applies one message of the stream. The messages of a session
+// come one at a time, in order.
+func (s *session[M, U]) message(msg M) {
+	s.mu.Lock()
+	if !s.received {
+		s.received = true
+		if s.deadline != nil {
+			s.deadline.Stop()
+			s.deadline = nil // not kept for the stream's life
+		}
+	}
+	s.mu.Unlock()
+	if u, ok := s.handle(msg); ok {
+		s.w.publish(u)
+	}
+}
+
+// end is the stream's end, with the error that ended it; it is called
+// once, after the last message.
+func (s *session[M, U]) end(err error) {
+	s.mu.Lock()
+	s.done = true
+	if s.deadline != nil {
+		s.deadline.Stop()
+	}
+	progressed := s.received || (s.timedOut && s.w.kind.silent != nil)
+	silent := s.timedOut && s.w.kind.silent == nil
+	stop := s.stop
+	s.mu.Unlock()
+	stop()
+	w := s.w
+	w.mu.Lock()
+	if w.cur == s {
+		w.cur = nil
+	}
+	w.mu.Unlock()
+	if !progressed {
+		w.noAnswer(err, s.failFast)
+	}
+	w.ended(classifyStreamErr(err, progressed, silent))
+}
+
+// onOwnStack runs fn(msg) on a goroutine of its own: the conversion of a
+// message (a profile's routes, a policy's compiled rules) needs a deep
+// stack for a moment, and a stream's goroutine, parked between messages
+// for as long as the stream lives, would keep a stack grown to that
+// depth. A process watching thousands of names over Linkerd's streams
+// holds thousands of these goroutines.
+func onOwnStack[M any](fn func(M), msg M) {
+	done := make(chan struct{})
 	go func() {
-		u, ok := handle(msg)
-		ch <- result{u, ok}
+		defer close(done)
+		fn(msg)
 	}()
-	r := <-ch
-	return r.u, r.ok
+	<-done
 }
 
 func classifyStreamErr(err error, progressed, silent bool) error {

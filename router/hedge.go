@@ -266,7 +266,7 @@ func (r *Router) hedger(route *policy.Route, rt *routeTarget) *hedger {
 	if route.Retry != nil {
 		limit = min(limit, route.Retry.BodyLimit())
 	}
-	return &hedger{state: hedge.NewState(*p), metrics: hedges.Target(rt.metrics), budget: rt.budget, limit: limit}
+	return &hedger{state: hedge.NewState(*p), metrics: hedges.Target(rt.metrics().route), budget: rt.budget, limit: limit}
 }
 
 // profileHedger returns the hedging of a ServiceProfile route hedged by p,

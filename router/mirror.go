@@ -95,7 +95,7 @@ func (r *Router) mirrorer(route *policy.Route, rt *routeTarget, fa *balancer.Fai
 		if m.Authority != "" {
 			bc = backendConfig(policy.Backend{Balancer: &policy.Balancer{Authority: m.Authority}}, fa)
 		}
-		mr.targets = append(mr.targets, mirrorTarget{m: m, bc: bc, series: fam.Target(rt.metrics, metaLabels("backend", m.Meta, true)...)})
+		mr.targets = append(mr.targets, mirrorTarget{m: m, bc: bc, series: fam.Target(rt.metrics().route, metaLabels("backend", m.Meta, true)...)})
 	}
 	return mr
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
-	"sync"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer"
@@ -80,18 +80,19 @@ type policyState struct {
 
 // routeTarget is what requests of one policy route need beside the route.
 type routeTarget struct {
-	route    *policy.Route
-	metrics  *metrics.RouteTarget
-	backends []*metrics.BackendTarget // by position in route.Backends
+	route *policy.Route
+	// fam is the family of the route's series, and series the series,
+	// built on the route's first request: a table holds a route per
+	// protocol (HTTP/1 and HTTP/2 for one name), of which requests use
+	// one at most, and a proxy holds a table for each of thousands of
+	// names.
+	fam    *metrics.Outbound
+	series atomic.Pointer[routeSeries]
 	// trace and backendTrace are the span attributes of the route and of
 	// each backend (by position).
 	trace        []attribute.KeyValue
 	backendTrace [][]attribute.KeyValue
-	// noBackend is the series of a request no backend took, built on
-	// first use: most routes never need it, and a table of thousands of
-	// names holds a route each.
-	noBackend func() *metrics.BackendTarget
-	budget    *profiles.Budget // nil: the count alone limits retries
+	budget       *profiles.Budget // nil: the count alone limits retries
 	// balancing is the balancer configuration of each backend (by
 	// position; nil: the balancer's own), from the policy's failure
 	// accrual and the backend's queue.
@@ -267,24 +268,50 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 	if route.GRPC {
 		fam = r.grpcFam
 	}
-	labels := append(metaLabels("parent", route.Parent, true), metaLabels("route", route.Meta, false)...)
-	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(fam, "", labels...),
-		trace: meshtrace.RouteAttrs(route.Meta.Kind, route.Meta.Name)}
+	rt := &routeTarget{route: route, fam: fam, trace: meshtrace.RouteAttrs(route.Meta.Kind, route.Meta.Name)}
 	for _, b := range route.Backends.Backends {
 		rt.backendTrace = append(rt.backendTrace, meshtrace.BackendAttrs(b.Backend.Meta.Name))
-		rt.backends = append(rt.backends, rt.metrics.NewBackendTarget(metaLabels("backend", b.Backend.Meta, true)...))
 		rt.balancing = append(rt.balancing, backendConfig(b.Backend, fa))
 		rt.total += uint64(b.Weight)
 	}
-	rt.noBackend = sync.OnceValue(func() *metrics.BackendTarget {
-		return rt.metrics.NewBackendTarget(metaLabels("backend", policy.Metadata{}, true)...)
-	})
 	if r.cfg.budget != nil {
 		rt.budget = profiles.NewBudget(*r.cfg.budget)
 	}
 	rt.hedge = r.hedger(route, rt)
 	rt.mirror = r.mirrorer(route, rt, fa)
 	return rt
+}
+
+// routeSeries are the metric series of a policy route.
+type routeSeries struct {
+	route    *metrics.RouteTarget
+	backends []*metrics.BackendTarget // by position in route.Backends
+	// none is the series of a request no backend took, built on first
+	// use: most routes never need it.
+	none atomic.Pointer[metrics.BackendTarget]
+}
+
+// metrics returns the series of the route, building them on first use.
+func (rt *routeTarget) metrics() *routeSeries {
+	if s := rt.series.Load(); s != nil {
+		return s
+	}
+	s := &routeSeries{route: metrics.NewRouteTarget(rt.fam, "", RouteLabels(rt.route)...)}
+	for _, b := range rt.route.Backends.Backends {
+		s.backends = append(s.backends, s.route.NewBackendTarget(BackendLabels(b.Backend.Meta)...))
+	}
+	rt.series.CompareAndSwap(nil, s) // a racing first request may have won
+	return rt.series.Load()
+}
+
+// noBackend returns the series of a request of the route no backend took.
+func (rt *routeTarget) noBackend() *metrics.BackendTarget {
+	s := rt.metrics()
+	if b := s.none.Load(); b != nil {
+		return b
+	}
+	s.none.CompareAndSwap(nil, s.route.NewBackendTarget(BackendLabels(policy.Metadata{})...))
+	return s.none.Load()
 }
 
 func (r *Router) normalize(key string) (string, error) { return r.reg.Normalize(key) }

@@ -283,7 +283,7 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	if meshtrace.Enabled(req.Context()) {
 		meshtrace.SetAttributes(req.Context(), x.rt.backendTrace[i]...)
 	}
-	x.backend = x.rt.backends[i]
+	x.backend = x.rt.metrics().backends[i]
 	x.backend.Request(req.Context())
 	if req, resp = x.filter(req, rb.Filters, &respMods); resp != nil {
 		return resp, nil
@@ -492,7 +492,7 @@ func (x *policyExchange) retriable(o exchange.Outcome) bool {
 // Allow implements exchange.Retry: the count, then the budget, then the
 // backoff.
 func (x *policyExchange) Allow(ctx context.Context, retries int) bool {
-	m := x.rt.metrics
+	m := x.rt.metrics().route
 	if retries >= x.retry.Limit() {
 		m.LimitExceeded(ctx)
 		return false
@@ -519,12 +519,12 @@ func (x *policyExchange) AttemptDone(ctx context.Context, o exchange.Outcome, _ 
 // Done implements exchange.Recorder.
 func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
 	st := x.status(o)
-	x.rt.metrics.Done(ctx, st, start)
+	x.rt.metrics().route.Done(ctx, st, start)
 	if meshtrace.Enabled(ctx) {
 		meshtrace.Classified(ctx, st.Error == "" && !o.Class.Failure, st.Error, o.Retries)
 	}
 	if o.Retries > 0 && st.Error == "" && !x.retriable(o) {
-		x.rt.metrics.RetrySuccess(ctx)
+		x.rt.metrics().route.RetrySuccess(ctx)
 	}
 }
 

@@ -36,8 +36,15 @@ func Start[T any](parent, ctx context.Context, wg *sync.WaitGroup, deliver func(
 	if wg != nil {
 		wg.Add(1)
 	}
-	m.stopParent = context.AfterFunc(parent, m.end)
-	m.stopCtx = context.AfterFunc(ctx, m.end)
+	// A context that never ends (Done is nil) needs no hook: each costs
+	// an allocation and a place among its context's children, and a
+	// process holds a mailbox per watcher of each of thousands of names.
+	if parent.Done() != nil {
+		m.stopParent = context.AfterFunc(parent, m.end)
+	}
+	if ctx.Done() != nil {
+		m.stopCtx = context.AfterFunc(ctx, m.end)
+	}
 	return m
 }
 
@@ -104,8 +111,12 @@ func (m *Mailbox[T]) end() {
 }
 
 func (m *Mailbox[T]) finish() {
-	m.stopParent()
-	m.stopCtx()
+	if m.stopParent != nil {
+		m.stopParent()
+	}
+	if m.stopCtx != nil {
+		m.stopCtx()
+	}
 	if m.onExit != nil {
 		m.onExit()
 	}
