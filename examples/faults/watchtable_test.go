@@ -89,8 +89,8 @@ func TestWatchTableFits(t *testing.T) {
 		assert.Less(t, h, 1.15*heapFull+4, "the proxy's live heap plateaus")
 	}
 	if proxyFull.goroutines >= 0 && proxyThird.goroutines >= 0 {
-		assert.LessOrEqual(t, proxyAgain.goroutines, proxyFull.goroutines+n/20, "the proxy's goroutines plateau")
-		assert.LessOrEqual(t, proxyThird.goroutines, proxyFull.goroutines+n/20, "the proxy's goroutines plateau")
+		assert.LessOrEqual(t, proxyAgain.goroutines, proxyFull.goroutines+n/10, "the proxy's goroutines plateau (a table holds ~24; the churn's 32 clients leave up to ~160 in flight)")
+		assert.LessOrEqual(t, proxyThird.goroutines, proxyFull.goroutines+n/10, "the proxy's goroutines plateau (a table holds ~24; the churn's 32 clients leave up to ~160 in flight)")
 	}
 	cpTable := cpFull - cpBase
 	assert.Less(t, cpAgain-cpFull, cpTable+16, "the first pass past the bound grows the control plane by at most its garbage")
