@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,40 +25,11 @@ import (
 // grpcHedgeManifests are hedgeManifests for gRPC: the same two Services,
 // each with a GRPCRoute; the hedged one is marked idempotent, which gRPC
 // calls must be to be hedged.
-const grpcHedgeManifests = `apiVersion: v1
-kind: Service
-metadata: {name: plain, namespace: default}
-spec:
-  ports: [{name: grpc, port: 7002}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: hedged, namespace: default}
-spec:
-  ports: [{name: grpc, port: 7003}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {name: plain-route, namespace: default}
-spec:
-  parentRefs: [{group: core, kind: Service, name: plain, port: 7002}]
-  rules:
-  - backendRefs: [{name: plain, port: 7002}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata:
-  name: hedged-route
-  namespace: default
-  annotations:
-    hedge.inmesh.io/delay: 10ms
-    hedge.inmesh.io/max-extra-load: "10%"
-    hedge.inmesh.io/idempotent: "true"
-spec:
-  parentRefs: [{group: core, kind: Service, name: hedged, port: 7003}]
-  rules:
-  - backendRefs: [{name: hedged, port: 7003}]
-`
+var grpcHedgeManifests = strings.NewReplacer(
+	"kind: HTTPRoute", "kind: GRPCRoute",
+	"name: http,", "name: grpc,",
+	`hedge.inmesh.io/max-extra-load: "10%"`, `hedge.inmesh.io/max-extra-load: "10%"`+"\n    hedge.inmesh.io/idempotent: \"true\"",
+).Replace(hedgeManifests)
 
 // grpcHedgeEndpoint is one of three gRPC endpoint servers: as
 // hedgeEndpoints' HTTP servers, it records which endpoints each call
