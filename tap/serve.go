@@ -48,6 +48,14 @@ func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	keepalive := time.NewTicker(15 * time.Second)
 	defer keepalive.Stop()
+	// Events are written as they come but flushed at most every
+	// FlushDelay: a busy stack's events share a write (and the viewer's
+	// read) instead of costing one each, and a viewer sees an event
+	// within FlushDelay of its request.
+	flush := time.NewTimer(FlushDelay)
+	flush.Stop()
+	defer flush.Stop()
+	pending := false
 	enc := json.NewEncoder(w)
 	for {
 		select {
@@ -59,6 +67,13 @@ func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			} else {
 				_, err = w.Write([]byte("\n"))
 			}
+			if err == nil {
+				err = rc.Flush()
+			}
+			pending = false
+		case <-flush.C:
+			err = rc.Flush()
+			pending = false
 		case e := <-watcher.Events():
 			if sse {
 				_, err = w.Write([]byte("data: "))
@@ -69,12 +84,17 @@ func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if err == nil && sse {
 				_, err = w.Write([]byte("\n"))
 			}
-		}
-		if err == nil {
-			err = rc.Flush()
+			if err == nil && !pending {
+				pending = true
+				flush.Reset(FlushDelay)
+			}
 		}
 		if err != nil {
 			return
 		}
 	}
 }
+
+// FlushDelay is the longest an event waits in a stream's buffer before
+// it is sent to the viewer.
+const FlushDelay = 20 * time.Millisecond

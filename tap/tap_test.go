@@ -312,3 +312,23 @@ func TestTapNamesTheRouteAndCountsRetries(t *testing.T) {
 	assert.Equal(t, http.StatusOK, e.Status)
 	assert.Equal(t, 2, e.Retries, "two 503s retried, then 200")
 }
+
+// While a viewer watches, a tapped request costs three allocations: its
+// request copy, the context carrying its slot and one for its recorder,
+// slot and event together.
+func TestWatchedRequestAllocations(t *testing.T) {
+	hub := tap.NewHub()
+	w, err := hub.Watch(tap.Filter{}, 1)
+	require.NoError(t, err)
+	defer w.Close()
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	req := httptest.NewRequest(http.MethodGet, "http://"+books+"/", nil)
+	rec := httptest.NewRecorder()
+	bare := testing.AllocsPerRun(100, func() { app.ServeHTTP(rec, req) })
+	tapped := hub.Handler(app)
+	assert.Equal(t, bare+3, testing.AllocsPerRun(100, func() { tapped.ServeHTTP(rec, req) }))
+	resp := &http.Response{StatusCode: 200, Header: http.Header{}}
+	rt := hub.Transport(roundTripFunc(func(*http.Request) (*http.Response, error) { return resp, nil }))
+	assert.Equal(t, 3.0, testing.AllocsPerRun(100, func() { _, _ = rt.RoundTrip(req) }))
+	assert.Positive(t, w.Dropped(), "the watcher's buffer of one filled: events were published")
+}

@@ -22,11 +22,13 @@ func (h *Hub) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		start := time.Now()
-		s := &slot{}
-		rw := &recorder{ResponseWriter: w, start: start}
-		next.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), slotKey{}, s)))
-		e := h.event(r, "inbound", start, s)
+		// One allocation holds the request's slot, its recorder and its
+		// event.
+		t := &inbound{rec: recorder{ResponseWriter: w, start: time.Now()}}
+		next.ServeHTTP(&t.rec, r.WithContext(context.WithValue(r.Context(), slotKey{}, &t.s)))
+		e := &t.e
+		h.fill(e, r, "inbound", t.rec.start, &t.s)
+		rw := &t.rec
 		if !rw.wrote {
 			rw.header(http.StatusOK)
 		}
@@ -57,9 +59,10 @@ func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.next.RoundTrip(req)
 	}
 	start := time.Now()
-	s := &slot{}
-	resp, err := t.next.RoundTrip(req.WithContext(context.WithValue(req.Context(), slotKey{}, s)))
-	e := t.h.event(req, "outbound", start, s)
+	o := &outbound{}
+	resp, err := t.next.RoundTrip(req.WithContext(context.WithValue(req.Context(), slotKey{}, &o.s)))
+	e := &o.e
+	t.h.fill(e, req, "outbound", start, &o.s)
 	e.LatencyMillis = millis(time.Since(start))
 	if err != nil {
 		e.Error = err.Error()
@@ -71,12 +74,25 @@ func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-func (h *Hub) event(r *http.Request, direction string, start time.Time, s *slot) *Event {
+// inbound and outbound are a tapped request's state in one allocation.
+type inbound struct {
+	rec recorder
+	s   slot
+	e   Event
+}
+
+type outbound struct {
+	s slot
+	e Event
+}
+
+// fill sets e from the request and what the layers inside noted in s.
+func (h *Hub) fill(e *Event, r *http.Request, direction string, start time.Time, s *slot) {
 	authority := r.Host
 	if authority == "" && r.URL != nil {
 		authority = r.URL.Host
 	}
-	e := &Event{
+	*e = Event{
 		Time: start, Direction: direction, Method: r.Method, Authority: authority, Path: r.URL.Path,
 		Route: s.route, Retries: s.retries, Hedges: s.hedges, Decision: s.decision, GRPCStatus: -1,
 	}
@@ -88,7 +104,6 @@ func (h *Hub) event(r *http.Request, direction string, start time.Time, s *slot)
 			e.Headers[name] = v[0]
 		}
 	}
-	return e
 }
 
 func grpcStatus(h http.Header) int {
