@@ -49,7 +49,7 @@ type fanoutReport struct {
 func fanout(o options) (*result, error) {
 	streams, services := o.scale(10000, 1000), o.scale(100, 10)
 	const rate = 100 // changes a second
-	period := time.Duration(o.scale(20, 3)) * time.Second
+	period := time.Duration(o.scale(10, 3)) * time.Second
 
 	store := controlplane.NewStore()
 	stamp := func(i int) []endpoint.Endpoint {

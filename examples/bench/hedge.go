@@ -94,7 +94,7 @@ func hedgeTail(o options) (*result, error) {
 	}
 	size := o.scale(600, 200)
 	var sentHedged, extra atomic.Int64
-	rs, err := interleave(o.rounds,
+	rs, err := interleave(o.roundsAtMost(5),
 		variant{"hedged", func() (figures, error) {
 			before := served.Load()
 			f, err := serial(rt, request(hedgedHost), size)

@@ -44,6 +44,11 @@ func (o options) scale(full, short int) int {
 	return full
 }
 
+// roundsAtMost caps the rounds of a scenario whose rounds are long (they
+// wait on timers: stalls, delays, budgets) and whose per-round figure is
+// steady, so that a full run stays within a few minutes.
+func (o options) roundsAtMost(n int) int { return min(o.rounds, n) }
+
 type scenario struct {
 	name string
 	run  func(options) (*result, error)

@@ -84,7 +84,7 @@ func retryBudget(o options) (*result, error) {
 		}
 		return figures{Requests: float64(len(sent)), NsPerOp: worst}, nil
 	}
-	rs, err := interleave(o.rounds, variant{"budget", measure})
+	rs, err := interleave(o.roundsAtMost(3), variant{"budget", measure})
 	if err != nil {
 		return nil, err
 	}

@@ -222,7 +222,7 @@ func sidecarPair(o options) (*result, error) {
 	defer rt.CloseIdleConnections()
 	hpURL := "http://" + hp.out.addr + "/books/1"
 	n := o.scale(10000, 3000)
-	rate, fixed := o.scale(2000, 1000), o.scale(6000, 1000)
+	rate, fixed := o.scale(2000, 1000), o.scale(3000, 1000)
 	vs := []variant{
 		{"haproxy_64", withConns(app, func() (figures, error) {
 			return parallel(rt, func() *http.Request { return get(hpURL, "") }, n, 64, false)
@@ -237,7 +237,7 @@ func sidecarPair(o options) (*result, error) {
 			return fixedRate(im.client, func() *http.Request { return get(im.url, "") }, rate, fixed)
 		}},
 	}
-	rs, err := interleave(o.rounds, vs...)
+	rs, err := interleave(o.roundsAtMost(7), vs...)
 	if err != nil {
 		return nil, err
 	}

@@ -105,13 +105,13 @@ func zoneSpill(o options) (*result, error) {
 		}
 	}
 
-	size := o.scale(600, 200)
+	size := o.scale(300, 200)
 	if _, _, err := run(20); err != nil { // connections up
 		return nil, err
 	}
 	var rs rounds
 	var outNormal, backIn, returnSecs []float64
-	for range o.rounds {
+	for range o.roundsAtMost(3) {
 		delayA.Store(int64(normal))
 		fn, out, err := run(size)
 		if err != nil {
