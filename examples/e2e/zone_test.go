@@ -124,28 +124,49 @@ func zoneScenario(t *testing.T, f *zoneFleet, send func() (string, error), retur
 
 	f.delay["zone-a"].Store(int64(zoneSlow))
 	windows := zoneUntil(t, send, 10, 30*time.Second, func(out int) bool { return out == 10 }, "spill")
-	start := time.Now()
-	out, lat, outLat := zoneRun(t, send, n)
-	took := time.Since(start)
-	slow, spilled := zoneP99(lat), zoneP99(outLat)
-	t.Logf("zone-a slow: spilled after %d windows of 10; then %d of %d requests left zone-a in %s, p99 %s (%s of those that left)",
-		windows, out, n, took.Round(time.Millisecond), slow, spilled)
-	assert.GreaterOrEqual(t, out, n*98/100, "requests out of the slow zone")
+	t.Logf("zone-a slow: spilled after %d windows of 10", windows)
 	// The slow zone is probed again each time its estimate has decayed (a
 	// 1 s decay), so the requests that stay follow the window's wall time,
 	// not its size: 4 of 400 serial requests (8.5 s) on an idle machine,
 	// and on a doubly loaded one enough of a slower window for the p99 of
 	// all (its 4th-slowest) to be a probe's. What a caller must see is
 	// that the probes are that rare and that everything else keeps its
-	// normal tail.
-	assert.LessOrEqual(t, float64(n-out), 1+took.Seconds(), "requests that probe the slow zone: at most one per second of the window")
-	assert.LessOrEqual(t, spilled, 2*normal, "p99 of the requests that left the slow zone, against the normal p99")
-	if n-out < n/100 {
-		assert.LessOrEqual(t, slow, 2*normal, "p99 of all requests, while fewer than 1 in 100 probe the slow zone")
+	// normal tail. The normal p99 was measured in another window: on a
+	// loaded machine a burst of load between the two can stretch every
+	// tail, so a window that misses is measured again, up to three times.
+	// Without the spill every window has the slow zone's 100 ms in its
+	// tail and all three miss.
+	var problems []string
+	for attempt := 1; attempt <= 3; attempt++ {
+		start := time.Now()
+		out, lat, outLat := zoneRun(t, send, n)
+		took := time.Since(start)
+		slow, spilled := zoneP99(lat), zoneP99(outLat)
+		t.Logf("window %d: %d of %d requests left zone-a in %s, p99 %s (%s of those that left)",
+			attempt, out, n, took.Round(time.Millisecond), slow, spilled)
+		problems = problems[:0]
+		if out < n*98/100 {
+			problems = append(problems, fmt.Sprintf("requests out of the slow zone: %d of %d, want at least 98%%", out, n))
+		}
+		if probes := n - out; float64(probes) > 1+took.Seconds() {
+			problems = append(problems, fmt.Sprintf("requests that probe the slow zone: %d in %s, want at most one per second of the window", probes, took.Round(time.Millisecond)))
+		}
+		if spilled > 2*normal {
+			problems = append(problems, fmt.Sprintf("p99 of the requests that left the slow zone %s, want at most twice the normal p99 %s", spilled, normal))
+		}
+		if n-out < n/100 && slow > 2*normal {
+			problems = append(problems, fmt.Sprintf("p99 of all requests %s while fewer than 1 in 100 probe the slow zone, want at most twice the normal p99 %s", slow, normal))
+		}
+		if len(problems) == 0 {
+			break
+		}
+	}
+	for _, p := range problems {
+		assert.Fail(t, p)
 	}
 
 	f.delay["zone-a"].Store(int64(zoneNormal))
-	start = time.Now()
+	start := time.Now()
 	zoneUntil(t, send, 50, returnWithin, func(out int) bool { return out <= 50*5/100 }, "return")
 	t.Logf("zone-a recovered: traffic back within %s", time.Since(start).Round(time.Millisecond))
 }
