@@ -73,6 +73,10 @@ type Router struct {
 type policyState struct {
 	table   *policy.Table
 	targets map[*policy.Route]*routeTarget
+	// h2 are the targets of HTTP/2 requests when the table shares one
+	// route table between the versions (nil otherwise: targets holds
+	// both): each version keeps its own budgets, hedger and mirrors.
+	h2 map[*policy.Route]*routeTarget
 	// first is closed by the authority's first answer from the policy
 	// source; every state of the authority shares it.
 	first *registry.First
@@ -232,18 +236,33 @@ func (r *Router) build(t *policy.Table) *policyState {
 		tables = append(tables, protoTable{t.For(&http.Request{ProtoMajor: 1}), p.HTTP1.FailureAccrual},
 			protoTable{t.For(&http.Request{ProtoMajor: 2}), p.HTTP2.FailureAccrual})
 	}
-	for _, pt := range tables {
+	if t.SharesHTTPTables() {
+		ps.h2 = make(map[*policy.Route]*routeTarget)
+	}
+	for i, pt := range tables {
 		if pt.rt == nil {
 			continue
 		}
+		targets := ps.targets
+		if i == 1 && ps.h2 != nil {
+			targets = ps.h2
+		}
 		fa := balancerAccrual(pt.fa)
 		for _, route := range pt.rt.Routes() {
-			if ps.targets[route] == nil {
-				ps.targets[route] = r.routeTarget(route, fa)
+			if targets[route] == nil {
+				targets[route] = r.routeTarget(route, fa)
 			}
 		}
 	}
 	return ps
+}
+
+// target returns the target of route, selected for req.
+func (ps *policyState) target(req *http.Request, route *policy.Route) *routeTarget {
+	if ps.h2 != nil && req.ProtoMajor >= 2 {
+		return ps.h2[route]
+	}
+	return ps.targets[route]
 }
 
 func metaLabels(prefix string, m policy.Metadata, withPort bool) []attribute.KeyValue {
