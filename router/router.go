@@ -92,11 +92,10 @@ type routeTarget struct {
 	// names.
 	fam    *metrics.Outbound
 	series atomic.Pointer[routeSeries]
-	// trace and backendTrace are the span attributes of the route and of
-	// each backend (by position).
-	trace        []attribute.KeyValue
-	backendTrace [][]attribute.KeyValue
-	budget       *profiles.Budget // nil: the count alone limits retries
+	// trace are the span attributes of the route and its backends, built
+	// on the first traced request.
+	trace  atomic.Pointer[routeTrace]
+	budget *profiles.Budget // nil: the count alone limits retries
 	// balancing is the balancer configuration of each backend (by
 	// position; nil: the balancer's own), from the policy's failure
 	// accrual and the backend's queue.
@@ -287,9 +286,8 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 	if route.GRPC {
 		fam = r.grpcFam
 	}
-	rt := &routeTarget{route: route, fam: fam, trace: meshtrace.RouteAttrs(route.Meta.Kind, route.Meta.Name)}
+	rt := &routeTarget{route: route, fam: fam}
 	for _, b := range route.Backends.Backends {
-		rt.backendTrace = append(rt.backendTrace, meshtrace.BackendAttrs(b.Backend.Meta.Name))
 		rt.balancing = append(rt.balancing, backendConfig(b.Backend, fa))
 		rt.total += uint64(b.Weight)
 	}
@@ -299,6 +297,26 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 	rt.hedge = r.hedger(route, rt)
 	rt.mirror = r.mirrorer(route, rt, fa)
 	return rt
+}
+
+// routeTrace are the span attributes of a policy route.
+type routeTrace struct {
+	route    []attribute.KeyValue
+	backends [][]attribute.KeyValue // by position in route.Backends
+}
+
+// traced returns the span attributes of the route, building them on
+// first use: most processes trace nothing, or few of their routes.
+func (rt *routeTarget) traced() *routeTrace {
+	if t := rt.trace.Load(); t != nil {
+		return t
+	}
+	t := &routeTrace{route: meshtrace.RouteAttrs(rt.route.Meta.Kind, rt.route.Meta.Name)}
+	for _, b := range rt.route.Backends.Backends {
+		t.backends = append(t.backends, meshtrace.BackendAttrs(b.Backend.Meta.Name))
+	}
+	rt.trace.CompareAndSwap(nil, t)
+	return rt.trace.Load()
 }
 
 // routeSeries are the metric series of a policy route.

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // A policy whose HTTP versions share one route table (destination decodes
@@ -46,5 +48,27 @@ func TestSharedHTTPTableKeepsATargetPerVersion(t *testing.T) {
 			assert.Same(t, r1, t1.route)
 			assert.Same(t, r2, t2.route)
 		})
+	}
+}
+
+// A policy route's span attributes are built on its first traced request,
+// once.
+func TestRouteTraceAttrsBuiltOnFirstUse(t *testing.T) {
+	r := New()
+	defer r.Close()
+	backends := policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{
+		{Backend: policy.Backend{Meta: policy.Metadata{Kind: "Service", Name: "web"}}},
+		{Backend: policy.Backend{Meta: policy.Metadata{Kind: "Service", Name: "web-canary"}}}}}
+	table, err := policy.Compile(&policy.Policy{Protocol: policy.ProtocolHTTP1, HTTP1: policy.HTTPProtocol{Routes: []policy.HTTPRoute{{
+		Meta: policy.Metadata{Kind: "HTTPRoute", Name: "books"}, Rules: []policy.HTTPRule{{Backends: backends}}}}}}, policy.Options{})
+	require.NoError(t, err)
+	ps := r.build(table)
+	require.Len(t, ps.targets, 1)
+	for _, rt := range ps.targets {
+		assert.Nil(t, rt.trace.Load())
+		tr := rt.traced()
+		assert.Equal(t, meshtrace.RouteAttrs("HTTPRoute", "books"), tr.route)
+		assert.Equal(t, [][]attribute.KeyValue{meshtrace.BackendAttrs("web"), meshtrace.BackendAttrs("web-canary")}, tr.backends)
+		assert.Same(t, tr, rt.traced())
 	}
 }
