@@ -584,7 +584,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 		ctx = classify.WithLabels(ctx, e.labels)
 	}
 	if meshtrace.Enabled(ctx) {
-		meshtrace.EndpointChosen(ctx, e.trace)
+		meshtrace.EndpointChosen(ctx, e.traced())
 	}
 	out := req.WithContext(ctx)
 	u := *req.URL

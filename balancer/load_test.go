@@ -13,6 +13,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
@@ -371,4 +372,24 @@ func TestSampleIsTimeToHead(t *testing.T) {
 	require.Equal(t, "ok", body)
 	l := lookup(b, books+":7000").def.state.Load().eps[0].load
 	assert.InDelta(t, 200*ms, l.cost(clock.read(), float64(DefaultDecay)), 1)
+}
+
+// An endpoint's span attributes are built on its first traced request,
+// once, and a fork of the snapshot (another configuration's balancing)
+// keeps those already built.
+func TestEndpointTraceAttrsBuiltOnFirstUse(t *testing.T) {
+	e := endpoint.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Identity: "web.ns.serviceaccount.identity.linkerd.cluster.local",
+		Labels: map[string]string{"zone": "z1"}}
+	s := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: []endpoint.Endpoint{e, ep("10.0.0.2:80")}}}, &snapshot{}, float64(DefaultRTT), 1, false)
+	for _, m := range s.eps {
+		assert.Nil(t, m.trace.Load(), "no attributes before a traced request")
+	}
+	want := meshtrace.EndpointAttrs("10.0.0.1:80", "z1", e.Identity)
+	got := s.eps[0].traced()
+	assert.Equal(t, want, got)
+	assert.Same(t, &got[0], &s.eps[0].traced()[0], "built once")
+	f := s.fork(&group{conf: &groupConf{}}, float64(DefaultRTT), 2)
+	assert.Same(t, &got[0], &f.eps[0].traced()[0])
+	assert.Nil(t, f.eps[1].trace.Load())
+	assert.Equal(t, meshtrace.EndpointAttrs("10.0.0.2:80", "", ""), f.eps[1].traced())
 }

@@ -3,6 +3,7 @@ package balancer
 import (
 	"math/rand/v2"
 	"sort"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
@@ -17,8 +18,9 @@ type member struct {
 	endpoint.Endpoint
 	addr   string
 	labels *classify.Labels
-	// trace are its span attributes (meshtrace.EndpointAttrs).
-	trace []attribute.KeyValue
+	// trace are its span attributes (meshtrace.EndpointAttrs), built on
+	// its first traced request.
+	trace atomic.Pointer[[]attribute.KeyValue]
 	load  *load
 	g     *group // the configuration's balancing it is in, nil outside a Balancer
 	// locality: in the local zone or not, under zone-aware balancing.
@@ -26,6 +28,17 @@ type member struct {
 }
 
 func (e *member) group() *group { return e.g }
+
+// traced returns the span attributes of e, building them on first use:
+// most processes trace nothing, or few of their requests.
+func (e *member) traced() []attribute.KeyValue {
+	if t := e.trace.Load(); t != nil {
+		return *t
+	}
+	t := meshtrace.EndpointAttrs(e.addr, e.Labels["zone"], e.Identity)
+	e.trace.CompareAndSwap(nil, &t)
+	return *e.trace.Load()
+}
 
 // snapshot is everything a pick reads about one authority's endpoints. It
 // is immutable once published.
@@ -64,7 +77,6 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 			ep.load = newLoad(defaultRTT, now)
 		}
 		ep.labels = endpointLabels(e, meshTLS)
-		ep.trace = meshtrace.EndpointAttrs(ep.addr, e.Labels["zone"], e.Identity)
 		total += uint64(max(e.Weight, 1))
 		s.eps = append(s.eps, ep)
 		s.cum = append(s.cum, total)
@@ -105,9 +117,11 @@ func (s *snapshot) fork(g *group, defaultRTT float64, now int64) *snapshot {
 	if len(s.eps) > 0 {
 		ns.eps = make([]*member, len(s.eps))
 		for i, e := range s.eps {
-			ep := *e
-			ep.load, ep.g = newLoad(defaultRTT, now), g
-			ns.eps[i] = &ep
+			ep := &member{Endpoint: e.Endpoint, addr: e.addr, labels: e.labels, load: newLoad(defaultRTT, now), g: g, locality: e.locality}
+			if t := e.trace.Load(); t != nil {
+				ep.trace.Store(t)
+			}
+			ns.eps[i] = ep
 		}
 	}
 	ns.splitZones()

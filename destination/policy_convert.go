@@ -3,6 +3,7 @@ package destination
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
@@ -11,6 +12,7 @@ import (
 	"github.com/inmesh/inmesh/proxyapi/httproutepb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -73,7 +75,12 @@ func policyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
 		if p.HTTP1, err = httpProtocolFromProto(d.GetHttp1().GetRoutes(), d.GetHttp1().GetFailureAccrual(), "protocol.detect.http1"); err != nil {
 			return nil, err
 		}
-		if p.HTTP2, err = httpProtocolFromProto(d.GetHttp2().GetRoutes(), d.GetHttp2().GetFailureAccrual(), "protocol.detect.http2"); err != nil {
+		// A detected protocol usually carries the same routes for both
+		// HTTP versions (Linkerd's default policies do): the policy then
+		// shares one decoded copy, which it only reads.
+		if proto.Equal(d.GetHttp1().GetFailureAccrual(), d.GetHttp2().GetFailureAccrual()) && sameHTTPRoutes(d.GetHttp1().GetRoutes(), d.GetHttp2().GetRoutes()) {
+			p.HTTP2 = p.HTTP1
+		} else if p.HTTP2, err = httpProtocolFromProto(d.GetHttp2().GetRoutes(), d.GetHttp2().GetFailureAccrual(), "protocol.detect.http2"); err != nil {
 			return nil, err
 		}
 		if p.Opaque, err = opaqueProtocolFromProto(d.GetOpaque(), "protocol.detect.opaque"); err != nil {
@@ -125,6 +132,11 @@ func metadataFromProto(m *pb.Metadata, path string) (policy.Metadata, error) {
 		return md, nil
 	}
 	return policy.Metadata{}, errAt(path+".kind", "no metadata set")
+}
+
+// sameHTTPRoutes reports whether a and b are equal lists of routes.
+func sameHTTPRoutes(a, b []*outboundpb.HttpRoute) bool {
+	return slices.EqualFunc(a, b, func(x, y *outboundpb.HttpRoute) bool { return proto.Equal(x, y) })
 }
 
 func httpProtocolFromProto(routes []*outboundpb.HttpRoute, fa *outboundpb.FailureAccrual, path string) (policy.HTTPProtocol, error) {

@@ -216,6 +216,64 @@ func TestPolicyFromProtoHTTP(t *testing.T) {
 	assert.Nil(t, got, "the route's hosts do not match")
 }
 
+// A detected protocol whose HTTP/1 and HTTP/2 routes are equal (Linkerd's
+// default policies) decodes them once and shares the copy; any difference
+// in the routes or the failure accrual decodes each on its own.
+func TestPolicyFromProtoSharesEqualHTTPVersions(t *testing.T) {
+	detect := func(m *outboundpb.OutboundPolicy) *outboundpb.ProxyProtocol_Detect {
+		return m.GetProtocol().GetDetect()
+	}
+	for _, tc := range []struct {
+		name   string
+		edit   func(d *outboundpb.ProxyProtocol_Detect)
+		shared bool
+	}{
+		{"equal routes and accrual", func(d *outboundpb.ProxyProtocol_Detect) {
+			d.Http2.FailureAccrual = proto.Clone(d.Http1.FailureAccrual).(*outboundpb.FailureAccrual)
+			d.Http2.Routes = []*outboundpb.HttpRoute{proto.Clone(d.Http1.Routes[0]).(*outboundpb.HttpRoute)}
+		}, true},
+		{"equal routes, no accrual", func(d *outboundpb.ProxyProtocol_Detect) { d.Http1.FailureAccrual = nil }, true},
+		{"accrual differs", func(*outboundpb.ProxyProtocol_Detect) {}, false},
+		{"a route differs", func(d *outboundpb.ProxyProtocol_Detect) {
+			d.Http1.FailureAccrual = nil
+			r := proto.Clone(d.Http1.Routes[0]).(*outboundpb.HttpRoute)
+			r.Metadata = &pb.Metadata{Kind: &pb.Metadata_Resource{Resource: &pb.Resource{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Name: "books-h2", Namespace: "ns"}}}
+			d.Http2.Routes = []*outboundpb.HttpRoute{r}
+		}, false},
+		{"more routes on HTTP/2", func(d *outboundpb.ProxyProtocol_Detect) {
+			d.Http1.FailureAccrual = nil
+			d.Http2.Routes = append(d.Http2.Routes, d.Http1.Routes[0])
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := wireHTTPPolicy()
+			tc.edit(detect(m))
+			p, err := destination.DecodePolicy(m)
+			require.NoError(t, err)
+			d := detect(m)
+			want2, err := destination.DecodePolicy(&outboundpb.OutboundPolicy{Metadata: m.Metadata, Protocol: &outboundpb.ProxyProtocol{
+				Kind: &outboundpb.ProxyProtocol_Http2_{Http2: d.Http2}}})
+			require.NoError(t, err)
+			assert.Equal(t, want2.HTTP2, p.HTTP2, "HTTP/2 decodes as on its own")
+			require.NotEmpty(t, p.HTTP2.Routes)
+			if tc.shared {
+				assert.Same(t, &p.HTTP1.Routes[0], &p.HTTP2.Routes[0])
+			} else {
+				assert.NotSame(t, &p.HTTP1.Routes[0], &p.HTTP2.Routes[0])
+			}
+			table, err := policy.Compile(p, policy.Options{})
+			require.NoError(t, err)
+			for _, major := range []int{1, 2} {
+				req := newReq("GET", "http://books.ns.svc.cluster.local:8080/old")
+				req.ProtoMajor = major
+				got, _ := table.Select(req)
+				require.NotNil(t, got, "HTTP/%d", major)
+				assert.Equal(t, 1, got.RuleIndex)
+			}
+		})
+	}
+}
+
 func TestPolicyFromProtoGRPC(t *testing.T) {
 	m := &outboundpb.OutboundPolicy{
 		Metadata: &pb.Metadata{Kind: &pb.Metadata_Default{Default: "egress"}},

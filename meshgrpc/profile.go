@@ -55,7 +55,8 @@ func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Upda
 		for _, k := range slices.Sorted(maps.Keys(labels)) {
 			kvs = append(kvs, attribute.String("rt_"+k, labels[k]))
 		}
-		return &profTarget{route: metrics.NewTarget(m.routeFam, kvs...), actual: metrics.NewTarget(m.actualFam, kvs...)}
+		ts := metrics.NewTargets(kvs, m.routeFam, m.actualFam)
+		return &profTarget{route: ts[0], actual: ts[1]}
 	}
 	for _, cr := range t.Routes() {
 		ps.targets[cr] = mk(cr.Labels)

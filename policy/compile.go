@@ -75,7 +75,11 @@ func Compile(p *Policy, opts Options) (*Table, error) {
 			}
 		}
 		if p.Protocol != ProtocolHTTP1 {
-			if t.http2, err = CompileHTTP(p.Parent, p.HTTP2, opts, "http2"); err != nil {
+			if t.http1 != nil && sameHTTP(p.HTTP1, p.HTTP2) {
+				// One decoded copy for both versions (what a decoder
+				// makes of Linkerd's default policies): one table too.
+				t.http2 = t.http1
+			} else if t.http2, err = CompileHTTP(p.Parent, p.HTTP2, opts, "http2"); err != nil {
 				return nil, err
 			}
 		}
@@ -88,6 +92,20 @@ func Compile(p *Policy, opts Options) (*Table, error) {
 		return nil, fmt.Errorf("protocol: unknown protocol %d", p.Protocol)
 	}
 	return t, nil
+}
+
+// sameHTTP reports whether a and b are the same routes (the same slice,
+// not equal ones) with the same failure accrual.
+func sameHTTP(a, b HTTPProtocol) bool {
+	return a.FailureAccrual == b.FailureAccrual && len(a.Routes) == len(b.Routes) &&
+		(len(a.Routes) == 0 || &a.Routes[0] == &b.Routes[0])
+}
+
+// SharesHTTPTables reports whether HTTP/1 and HTTP/2 requests select from
+// one route table, and so get the same [*Route] for the same match: a
+// caller that keeps state per route and version keys it by both.
+func (t *Table) SharesHTTPTables() bool {
+	return t != nil && t.http1 != nil && t.http1 == t.http2
 }
 
 // Policy returns the policy the table was compiled from (nil for the empty

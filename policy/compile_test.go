@@ -2,6 +2,8 @@ package policy
 
 import (
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,4 +137,45 @@ func TestDefaultHTTPRoute(t *testing.T) {
 	assert.Equal(t, time.Second, got.Timeouts.Request)
 	assert.Equal(t, PathPrefix, m.Path)
 	assert.Equal(t, 1, m.PathLen)
+}
+
+// A detected protocol whose HTTP/1 and HTTP/2 hold the same decoded routes
+// (one slice, as destination decodes Linkerd's default policies) compiles
+// one table for both; equal routes in slices of their own, or another
+// failure accrual, still compile a table each.
+func TestCompileSharesTheSameHTTPRoutes(t *testing.T) {
+	routes := []HTTPRoute{{Rules: []HTTPRule{{Matches: []HTTPRouteMatch{{Path: &PathMatch{Kind: PathPrefix, Value: "/a"}}}}}}}
+	fa := &FailureAccrual{Consecutive: &ConsecutiveFailures{MaxFailures: 3}}
+	h1 := &http.Request{ProtoMajor: 1, URL: &url.URL{Path: "/a"}, Header: http.Header{}}
+	h2 := &http.Request{ProtoMajor: 2, URL: &url.URL{Path: "/a"}, Header: http.Header{}}
+	for _, tc := range []struct {
+		name   string
+		p      Policy
+		shared bool
+	}{
+		{"one slice", Policy{HTTP1: HTTPProtocol{Routes: routes}, HTTP2: HTTPProtocol{Routes: routes}}, true},
+		{"one slice, one accrual", Policy{HTTP1: HTTPProtocol{Routes: routes, FailureAccrual: fa}, HTTP2: HTTPProtocol{Routes: routes, FailureAccrual: fa}}, true},
+		{"equal slices", Policy{HTTP1: HTTPProtocol{Routes: routes}, HTTP2: HTTPProtocol{Routes: slices.Clone(routes)}}, false},
+		{"another accrual", Policy{HTTP1: HTTPProtocol{Routes: routes, FailureAccrual: fa}, HTTP2: HTTPProtocol{Routes: routes}}, false},
+		{"a prefix of the slice", Policy{HTTP1: HTTPProtocol{Routes: append(routes[:1:1], routes[0])}, HTTP2: HTTPProtocol{Routes: routes}}, false},
+		{"HTTP/1 only", Policy{Protocol: ProtocolHTTP1, HTTP1: HTTPProtocol{Routes: routes}, HTTP2: HTTPProtocol{Routes: routes}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table, err := Compile(&tc.p, Options{})
+			require.NoError(t, err)
+			assert.Equal(t, tc.shared, table.SharesHTTPTables())
+			r1, _ := table.Select(h1)
+			require.NotNil(t, r1)
+			r2, _ := table.Select(h2)
+			require.NotNil(t, r2)
+			if tc.shared {
+				assert.Same(t, r1, r2)
+			} else if tc.p.Protocol == ProtocolDetect {
+				assert.NotSame(t, r1, r2)
+			}
+			assert.Same(t, tc.p.HTTP1.FailureAccrual, table.For(h1).FailureAccrual())
+		})
+	}
+	var empty *Table
+	assert.False(t, empty.SharesHTTPTables())
 }

@@ -42,14 +42,21 @@ type Budget struct {
 
 	mu  sync.Mutex
 	cur int64 // the current slice, counted from origin
-	// deposits and the withdrawals they paid for, and the withdrawals the
-	// minimum paid for, per slice.
-	deposits, paid, minimum [budgetRing]int64
+	// deposits counts the original requests per slice; w the retries,
+	// from the first one on (most budgets never pay for a retry).
+	deposits [budgetRing]int64
+	w        *withdrawals
 	// live sums: deposits of the last budgetSlots slices, withdrawals of
 	// the last budgetRing slices.
 	depositSum, paidSum, minimumSum int64
 	tokens                          float64 // the spread minimum, up to burst
 	refilled                        time.Time
+}
+
+// withdrawals are the retries a Budget paid for, per slice: by deposits
+// (paid) and by the minimum.
+type withdrawals struct {
+	paid, minimum [budgetRing]int64
 }
 
 // NewBudget returns the running state of b, which must be valid (see
@@ -85,7 +92,10 @@ func (b *Budget) advance(now time.Time) {
 		return
 	}
 	if idx-b.cur >= budgetRing {
-		b.deposits, b.paid, b.minimum = [budgetRing]int64{}, [budgetRing]int64{}, [budgetRing]int64{}
+		b.deposits = [budgetRing]int64{}
+		if b.w != nil {
+			*b.w = withdrawals{}
+		}
 		b.depositSum, b.paidSum, b.minimumSum = 0, 0, 0
 		b.cur = idx
 		return
@@ -95,10 +105,12 @@ func (b *Budget) advance(now time.Time) {
 			b.depositSum -= b.deposits[old%budgetRing]
 			b.deposits[old%budgetRing] = 0
 		}
-		i := k % budgetRing
-		b.paidSum -= b.paid[i]
-		b.minimumSum -= b.minimum[i]
-		b.paid[i], b.minimum[i] = 0, 0
+		if b.w != nil {
+			i := k % budgetRing
+			b.paidSum -= b.w.paid[i]
+			b.minimumSum -= b.w.minimum[i]
+			b.w.paid[i], b.w.minimum[i] = 0, 0
+		}
 	}
 	b.cur = idx
 }
@@ -120,9 +132,12 @@ func (b *Budget) Withdraw() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.advance(now)
+	if b.w == nil {
+		b.w = &withdrawals{}
+	}
 	i := b.cur % budgetRing
 	if b.ratio*float64(b.depositSum)-float64(b.paidSum) >= 1-epsilon {
-		b.paid[i]++
+		b.w.paid[i]++
 		b.paidSum++
 		return true
 	}
@@ -139,7 +154,7 @@ func (b *Budget) Withdraw() bool {
 		return false
 	}
 	b.tokens--
-	b.minimum[i]++
+	b.w.minimum[i]++
 	b.minimumSum++
 	return true
 }

@@ -149,3 +149,33 @@ func TestBudgetStateJSONRoundTrip(t *testing.T) {
 		t.Fatal("a malformed ttl was accepted")
 	}
 }
+
+// A budget that only counts requests (a profile whose routes never retry,
+// the common case, held for each of thousands of names) keeps no
+// withdrawal rings; its first retry makes them, and the window then
+// expires withdrawals as before.
+func TestBudgetMakesWithdrawalsOnFirstRetry(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	b := newBudget(RetryBudget{RetryRatio: 0.5, TTL: 10 * time.Second}, clock.now)
+	for range 4 {
+		b.Deposit()
+		clock.t = clock.t.Add(time.Second)
+	}
+	assert.Nil(t, b.w)
+	assert.Equal(t, BudgetState{RetryBudget: b.params, Deposits: 4}, b.State())
+	assert.True(t, b.Withdraw())
+	assert.True(t, b.Withdraw())
+	assert.False(t, b.Withdraw(), "0.5 per request of 4")
+	require.NotNil(t, b.w)
+	assert.Equal(t, int64(2), b.State().Withdrawals)
+	// A window later, with nothing deposited: all expired.
+	clock.t = clock.t.Add(11 * time.Second)
+	assert.False(t, b.Withdraw())
+	assert.Equal(t, BudgetState{RetryBudget: b.params}, b.State())
+	// Far later (past the ring): a fresh window.
+	clock.t = clock.t.Add(time.Hour)
+	b.Deposit()
+	b.Deposit()
+	assert.True(t, b.Withdraw())
+	assert.False(t, b.Withdraw())
+}

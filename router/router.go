@@ -73,6 +73,10 @@ type Router struct {
 type policyState struct {
 	table   *policy.Table
 	targets map[*policy.Route]*routeTarget
+	// h2 are the targets of HTTP/2 requests when the table shares one
+	// route table between the versions (nil otherwise: targets holds
+	// both): each version keeps its own budgets, hedger and mirrors.
+	h2 map[*policy.Route]*routeTarget
 	// first is closed by the authority's first answer from the policy
 	// source; every state of the authority shares it.
 	first *registry.First
@@ -88,11 +92,10 @@ type routeTarget struct {
 	// names.
 	fam    *metrics.Outbound
 	series atomic.Pointer[routeSeries]
-	// trace and backendTrace are the span attributes of the route and of
-	// each backend (by position).
-	trace        []attribute.KeyValue
-	backendTrace [][]attribute.KeyValue
-	budget       *profiles.Budget // nil: the count alone limits retries
+	// trace are the span attributes of the route and its backends, built
+	// on the first traced request.
+	trace  atomic.Pointer[routeTrace]
+	budget *profiles.Budget // nil: the count alone limits retries
 	// balancing is the balancer configuration of each backend (by
 	// position; nil: the balancer's own), from the policy's failure
 	// accrual and the backend's queue.
@@ -232,18 +235,33 @@ func (r *Router) build(t *policy.Table) *policyState {
 		tables = append(tables, protoTable{t.For(&http.Request{ProtoMajor: 1}), p.HTTP1.FailureAccrual},
 			protoTable{t.For(&http.Request{ProtoMajor: 2}), p.HTTP2.FailureAccrual})
 	}
-	for _, pt := range tables {
+	if t.SharesHTTPTables() {
+		ps.h2 = make(map[*policy.Route]*routeTarget)
+	}
+	for i, pt := range tables {
 		if pt.rt == nil {
 			continue
 		}
+		targets := ps.targets
+		if i == 1 && ps.h2 != nil {
+			targets = ps.h2
+		}
 		fa := balancerAccrual(pt.fa)
 		for _, route := range pt.rt.Routes() {
-			if ps.targets[route] == nil {
-				ps.targets[route] = r.routeTarget(route, fa)
+			if targets[route] == nil {
+				targets[route] = r.routeTarget(route, fa)
 			}
 		}
 	}
 	return ps
+}
+
+// target returns the target of route, selected for req.
+func (ps *policyState) target(req *http.Request, route *policy.Route) *routeTarget {
+	if ps.h2 != nil && req.ProtoMajor >= 2 {
+		return ps.h2[route]
+	}
+	return ps.targets[route]
 }
 
 func metaLabels(prefix string, m policy.Metadata, withPort bool) []attribute.KeyValue {
@@ -268,9 +286,8 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 	if route.GRPC {
 		fam = r.grpcFam
 	}
-	rt := &routeTarget{route: route, fam: fam, trace: meshtrace.RouteAttrs(route.Meta.Kind, route.Meta.Name)}
+	rt := &routeTarget{route: route, fam: fam}
 	for _, b := range route.Backends.Backends {
-		rt.backendTrace = append(rt.backendTrace, meshtrace.BackendAttrs(b.Backend.Meta.Name))
 		rt.balancing = append(rt.balancing, backendConfig(b.Backend, fa))
 		rt.total += uint64(b.Weight)
 	}
@@ -280,6 +297,26 @@ func (r *Router) routeTarget(route *policy.Route, fa *balancer.FailureAccrual) *
 	rt.hedge = r.hedger(route, rt)
 	rt.mirror = r.mirrorer(route, rt, fa)
 	return rt
+}
+
+// routeTrace are the span attributes of a policy route.
+type routeTrace struct {
+	route    []attribute.KeyValue
+	backends [][]attribute.KeyValue // by position in route.Backends
+}
+
+// traced returns the span attributes of the route, building them on
+// first use: most processes trace nothing, or few of their routes.
+func (rt *routeTarget) traced() *routeTrace {
+	if t := rt.trace.Load(); t != nil {
+		return t
+	}
+	t := &routeTrace{route: meshtrace.RouteAttrs(rt.route.Meta.Kind, rt.route.Meta.Name)}
+	for _, b := range rt.route.Backends.Backends {
+		t.backends = append(t.backends, meshtrace.BackendAttrs(b.Backend.Meta.Name))
+	}
+	rt.trace.CompareAndSwap(nil, t)
+	return rt.trace.Load()
 }
 
 // routeSeries are the metric series of a policy route.

@@ -110,7 +110,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeReqBody(req)
 		return proxyerr.Response(req, http.StatusNotFound, "no route found for request"), nil
 	}
-	return r.runPolicy(t.base, req, ps.targets[route], match)
+	return r.runPolicy(t.base, req, ps.target(req, route), match)
 }
 
 // awaitDiscovery waits, at most the configured bound, until the request's
@@ -172,7 +172,7 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 	route := rt.route
 	tap.NoteRoute(req.Context(), route.Meta.Name)
 	if meshtrace.Enabled(req.Context()) {
-		meshtrace.SetAttributes(req.Context(), rt.trace...)
+		meshtrace.SetAttributes(req.Context(), rt.traced().route...)
 	}
 	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header), match: match}
 	timeouts := route.Timeouts
@@ -281,7 +281,7 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	}
 	rb := &route.Backends.Backends[i]
 	if meshtrace.Enabled(req.Context()) {
-		meshtrace.SetAttributes(req.Context(), x.rt.backendTrace[i]...)
+		meshtrace.SetAttributes(req.Context(), x.rt.traced().backends[i]...)
 	}
 	x.backend = x.rt.metrics().backends[i]
 	x.backend.Request(req.Context())

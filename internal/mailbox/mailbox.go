@@ -16,15 +16,15 @@ type Mailbox[T any] struct {
 	deliver func(T)
 	onExit  func()
 	wg      *sync.WaitGroup
-	// stops unregister the context hooks.
-	stopParent, stopCtx func() bool
-	done                chan struct{} // closed once ended and idle
-
 	mu      sync.Mutex
-	pending T
-	fresh   bool // pending has not been delivered yet
-	running bool // a delivery goroutine is on its way
-	ended   bool
+	// unhooks take the mailbox off its contexts' hooks.
+	unhookParent, unhookCtx func()
+	pending                 T
+	fresh                   bool // pending has not been delivered yet
+	running                 bool // a delivery goroutine is on its way
+	ended                   bool
+	finished                bool          // ended and idle: onExit ran
+	done                    chan struct{} // made by a Stop that waits; closed once finished
 }
 
 // Start runs deliver for each value offered, in order, never concurrently,
@@ -32,18 +32,23 @@ type Mailbox[T any] struct {
 // returned for the last time, it calls onExit (if not nil) exactly once. wg,
 // if not nil, counts the mailbox until then.
 func Start[T any](parent, ctx context.Context, wg *sync.WaitGroup, deliver func(T), onExit func()) *Mailbox[T] {
-	m := &Mailbox[T]{deliver: deliver, onExit: onExit, wg: wg, done: make(chan struct{})}
+	m := &Mailbox[T]{deliver: deliver, onExit: onExit, wg: wg}
 	if wg != nil {
 		wg.Add(1)
 	}
-	// A context that never ends (Done is nil) needs no hook: each costs
-	// an allocation and a place among its context's children, and a
-	// process holds a mailbox per watcher of each of thousands of names.
+	// A context that never ends (Done is nil) needs no hook, and the
+	// mailboxes of one context share one (see hook): a process holds a
+	// mailbox per watcher of each of thousands of names, nearly all on a
+	// few contexts.
+	// Under mu: a context already done ends m at once, on another
+	// goroutine, and its finish reads the unhooks.
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if parent.Done() != nil {
-		m.stopParent = context.AfterFunc(parent, m.end)
+		m.unhookParent = hookOn(parent, m)
 	}
 	if ctx.Done() != nil {
-		m.stopCtx = context.AfterFunc(ctx, m.end)
+		m.unhookCtx = hookOn(ctx, m)
 	}
 	return m
 }
@@ -68,7 +73,17 @@ func (m *Mailbox[T]) Offer(v T) {
 // deliver.
 func (m *Mailbox[T]) Stop() {
 	m.end()
-	<-m.done
+	m.mu.Lock()
+	if m.finished {
+		m.mu.Unlock()
+		return
+	}
+	if m.done == nil {
+		m.done = make(chan struct{})
+	}
+	done := m.done
+	m.mu.Unlock()
+	<-done
 }
 
 // run delivers until nothing waits, or the mailbox ended.
@@ -111,17 +126,92 @@ func (m *Mailbox[T]) end() {
 }
 
 func (m *Mailbox[T]) finish() {
-	if m.stopParent != nil {
-		m.stopParent()
+	m.mu.Lock()
+	unhookParent, unhookCtx := m.unhookParent, m.unhookCtx
+	m.mu.Unlock()
+	if unhookParent != nil {
+		unhookParent()
 	}
-	if m.stopCtx != nil {
-		m.stopCtx()
+	if unhookCtx != nil {
+		unhookCtx()
 	}
 	if m.onExit != nil {
 		m.onExit()
 	}
-	close(m.done)
+	m.mu.Lock()
+	m.finished = true
+	done := m.done
+	m.mu.Unlock()
+	if done != nil {
+		close(done)
+	}
 	if m.wg != nil {
 		m.wg.Done()
+	}
+}
+
+// ender is a mailbox of any type, as its contexts' hooks hold it.
+type ender interface{ end() }
+
+// hook ends the mailboxes of the contexts with one Done channel when it
+// closes: one context.AfterFunc (an allocation and a place among the
+// context's children) for all of them, instead of one each.
+type hook struct {
+	stop  func() bool
+	boxes map[ender]struct{}
+}
+
+// hooks are the hooks by Done channel.
+var hooks struct {
+	mu sync.Mutex
+	m  map[<-chan struct{}]*hook
+}
+
+// hookOn ends e when ctx is done, and returns what takes it off again.
+func hookOn(ctx context.Context, e ender) func() {
+	done := ctx.Done()
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	h := hooks.m[done]
+	if h == nil {
+		if hooks.m == nil {
+			hooks.m = make(map[<-chan struct{}]*hook)
+		}
+		h = &hook{boxes: make(map[ender]struct{})}
+		hooks.m[done] = h
+		h.stop = context.AfterFunc(ctx, func() { h.fire(done) })
+	}
+	h.boxes[e] = struct{}{}
+	return func() { h.remove(done, e) }
+}
+
+// fire ends the hook's mailboxes once its context is done.
+func (h *hook) fire(done <-chan struct{}) {
+	hooks.mu.Lock()
+	if hooks.m[done] == h {
+		delete(hooks.m, done)
+	}
+	boxes := h.boxes
+	h.boxes = nil
+	hooks.mu.Unlock()
+	// Each on its own goroutine, as with a hook each: an onExit may wait
+	// for another mailbox of the context.
+	for e := range boxes {
+		go e.end()
+	}
+}
+
+// remove takes e off the hook, and the hook off its context when it
+// was the last.
+func (h *hook) remove(done <-chan struct{}, e ender) {
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	if h.boxes == nil { // fired
+		return
+	}
+	delete(h.boxes, e)
+	if len(h.boxes) == 0 && hooks.m[done] == h {
+		delete(hooks.m, done)
+		h.stop()
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -133,3 +134,64 @@ func TestStopWaitsForDelivery(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, []string{"deliver", "exit"}, events)
 }
+
+// hookCount is the number of contexts with mailboxes hooked on them.
+func hookCount() int {
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	return len(hooks.m)
+}
+
+// The mailboxes of one context share one hook on it: ending the context
+// ends each of them (with its onExit and the WaitGroup), a mailbox
+// stopped before leaves the hook, and the last one to go takes the hook
+// off the context. Parent and ctx hook apart.
+func TestMailboxesShareTheirContextsHook(t *testing.T) {
+	require.Zero(t, hookCount())
+	parent, cancelParent := context.WithCancel(context.Background())
+	defer cancelParent()
+	ctx, cancel := context.WithCancel(context.Background())
+	valued := context.WithValue(ctx, valueKey{}, 1) // ctx's Done: the same hook
+	var wg sync.WaitGroup
+	var exited sync.WaitGroup
+	var boxes []*Mailbox[int]
+	for i := range 100 {
+		exited.Add(1)
+		c := ctx
+		if i%2 == 1 {
+			c = valued
+		}
+		boxes = append(boxes, Start(parent, c, &wg, func(int) {}, exited.Done))
+	}
+	assert.Equal(t, 2, hookCount(), "one hook for parent, one for ctx")
+	for _, m := range boxes[:10] {
+		m.Stop()
+	}
+	hooks.mu.Lock()
+	assert.Len(t, hooks.m[ctx.Done()].boxes, 90)
+	hooks.mu.Unlock()
+	cancel()
+	exited.Wait()
+	wg.Wait()
+	for _, m := range boxes {
+		m.Stop() // ended: it returns at once
+	}
+	require.Zero(t, hookCount(), "the last mailbox of parent took its hook off")
+
+	// A context already done ends the mailbox at once.
+	exited.Add(1)
+	Start(context.Background(), ctx, &wg, func(int) {}, exited.Done)
+	exited.Wait()
+	wg.Wait()
+	require.Zero(t, hookCount())
+}
+
+// An idle mailbox holds no channel until a Stop has to wait.
+func TestStopOfAFinishedMailboxMakesNoChannel(t *testing.T) {
+	m := Start(context.Background(), context.Background(), nil, func(int) {}, nil)
+	m.Stop()
+	assert.Nil(t, m.done)
+	assert.True(t, m.finished)
+}
+
+type valueKey struct{}

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -82,30 +83,64 @@ const maxResponseSeries = 512
 
 var overflow = Response{Status: 0, Failure: true, GRPC: -1, Err: "overflow"}
 
-type responseOpts struct {
-	count  *Series
-	record []metric.RecordOption // latency: base labels and status_code
-}
-
 // Target is a family with fixed base labels. It is safe for concurrent use.
 type Target struct {
 	fam      *Family
-	base     []attribute.KeyValue
+	labels   *labelSets
+	idx      int // the target's place among those of labels
 	requests *Series
+}
+
+// labelSets are the attribute sets of one list of base labels and the
+// series of its targets, built on first use and shared by the targets
+// made together with [NewTargets]: a route's series and its actual
+// attempts' have the same labels, and a proxy holds them for each of
+// thousands of names.
+type labelSets struct {
+	base []attribute.KeyValue
+	set  attribute.Set // base
+	n    int           // targets
 
 	mu   sync.RWMutex
-	resp map[Response]*responseOpts
+	resp map[Response]*responseSets
+}
+
+// responseSets are the sets of one response, and its series in each
+// target's family (made on the target's first such response).
+type responseSets struct {
+	all    attribute.Set         // base, status_code, classification, grpc_status, error
+	record []metric.RecordOption // latency: base and status_code
+	count  []atomic.Pointer[Series]
 }
 
 // NewTarget returns a target of f with the base labels, in order.
 func NewTarget(f *Family, base ...attribute.KeyValue) *Target {
+	return NewTargets(base, f)[0]
+}
+
+// NewTargets returns a target of each of fams with the same base labels,
+// in order. They share their attribute sets and their bound on response
+// label combinations.
+func NewTargets(base []attribute.KeyValue, fams ...*Family) []*Target {
 	// attribute.NewSet sorts the slice it is given in place, and callers
 	// share their label slices between targets: every set is built from a
 	// copy.
 	base = slices.Clip(slices.Clone(base))
-	t := &Target{fam: f, base: base, resp: make(map[Response]*responseOpts)}
-	t.requests = f.requests.Series(attribute.NewSet(slices.Clone(base)...))
-	return t
+	ls := &labelSets{base: base, set: attribute.NewSet(slices.Clone(base)...), n: len(fams)}
+	ts := make([]*Target, len(fams))
+	for i, f := range fams {
+		ts[i] = &Target{fam: f, labels: ls, idx: i, requests: f.requests.Series(ls.set)}
+	}
+	return ts
+}
+
+// AddOptions returns the option set of the target's base labels and
+// then kvs, for counters beside the family.
+func (t *Target) AddOptions(kvs ...attribute.KeyValue) []metric.AddOption {
+	if len(kvs) == 0 {
+		return []metric.AddOption{metric.WithAttributeSet(t.labels.set)}
+	}
+	return Opts(append(slices.Clone(t.labels.base), kvs...)...)
 }
 
 // Request counts one request.
@@ -114,32 +149,40 @@ func (t *Target) Request(context.Context) { t.requests.Add() }
 // Response counts one response and, for a family with latency, records
 // the time since start in milliseconds.
 func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
-	o := t.opts(r)
-	o.count.Add()
+	rs := t.labels.sets(r)
+	c := rs.count[t.idx].Load()
+	if c == nil {
+		// Equal sets give the same series: a race makes it once.
+		c = t.fam.responses.Series(rs.all)
+		rs.count[t.idx].Store(c)
+	}
+	c.Add()
 	if t.fam.latency != nil {
-		t.fam.latency.Record(ctx, float64(time.Since(start))/float64(time.Millisecond), o.record...)
+		t.fam.latency.Record(ctx, float64(time.Since(start))/float64(time.Millisecond), rs.record...)
 	}
 }
 
-func (t *Target) opts(r Response) *responseOpts {
-	t.mu.RLock()
-	o := t.resp[r]
-	t.mu.RUnlock()
-	if o != nil {
-		return o
+// sets returns the sets of r, or of the overflow past maxResponseSeries
+// combinations.
+func (ls *labelSets) sets(r Response) *responseSets {
+	ls.mu.RLock()
+	rs := ls.resp[r]
+	ls.mu.RUnlock()
+	if rs != nil {
+		return rs
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if o = t.resp[r]; o != nil {
-		return o
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if rs = ls.resp[r]; rs != nil {
+		return rs
 	}
-	if len(t.resp) >= maxResponseSeries {
+	if len(ls.resp) >= maxResponseSeries {
 		r = overflow
-		if o = t.resp[r]; o != nil {
-			return o
+		if rs = ls.resp[r]; rs != nil {
+			return rs
 		}
 	}
-	withStatus := append(slices.Clone(t.base), statusAttr(r.Status)...)
+	withStatus := append(slices.Clone(ls.base), statusAttr(r.Status)...)
 	grpc := ""
 	if r.GRPC >= 0 {
 		grpc = strconv.Itoa(int(r.GRPC))
@@ -152,12 +195,16 @@ func (t *Target) opts(r Response) *responseOpts {
 		attribute.String("classification", class),
 		attribute.String("grpc_status", grpc),
 		attribute.String("error", r.Err))
-	o = &responseOpts{
-		count:  t.fam.responses.Series(attribute.NewSet(all...)),
+	rs = &responseSets{
+		all:    attribute.NewSet(all...),
 		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(slices.Clone(withStatus)...))},
+		count:  make([]atomic.Pointer[Series], ls.n),
 	}
-	t.resp[r] = o
-	return o
+	if ls.resp == nil {
+		ls.resp = make(map[Response]*responseSets, 1)
+	}
+	ls.resp[r] = rs
+	return rs
 }
 
 func statusAttr(code int) []attribute.KeyValue {

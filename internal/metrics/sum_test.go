@@ -3,6 +3,8 @@ package metrics
 import (
 	"context"
 	"runtime"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -185,4 +188,57 @@ func TestShutDownProvidersAreReleased(t *testing.T) {
 		return collected.Load() == providers && liveSums() == before
 	}, 30*time.Second, 10*time.Millisecond, "%d of %d providers collected, %d Sums live (%d before)",
 		collected.Load(), providers, liveSums(), before)
+}
+
+// Targets made together (a route's series and its actual attempts') share
+// their attribute sets, and still count apart: each family exports its
+// own points, with the same labels, and a target that saw nothing exports
+// none.
+func TestTargetsMadeTogetherShareSets(t *testing.T) {
+	r := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+	defer mp.Shutdown(context.Background())
+	meter := mp.Meter("test")
+	base := []attribute.KeyValue{attribute.String("direction", "outbound"), attribute.String("dst", "books:7000")}
+	ts := NewTargets(base, NewFamily(meter, "route_", true), NewFamily(meter, "route_actual_", true), NewFamily(meter, "idle_", true))
+	route, actual := ts[0], ts[1]
+	ok, failed := Response{Status: 200, GRPC: -1}, Response{Status: 503, Failure: true, GRPC: -1}
+	route.Request(context.Background())
+	route.Response(context.Background(), failed, time.Now())
+	for range 2 {
+		actual.Request(context.Background())
+	}
+	actual.Response(context.Background(), failed, time.Now())
+	actual.Response(context.Background(), ok, time.Now())
+
+	assert.Same(t, route.labels, actual.labels)
+	rs := route.labels.sets(failed)
+	assert.Same(t, rs, actual.labels.sets(failed), "one response's sets for both")
+	assert.NotSame(t, rs.count[0].Load(), rs.count[1].Load(), "series of their own")
+	assert.Nil(t, route.labels.sets(ok).count[0].Load(), "no series for a response the route did not see")
+	assert.Nil(t, rs.count[2].Load())
+
+	want := func(resp Response, class string) attribute.Distinct {
+		s := attribute.NewSet(append(slices.Clone(base), attribute.String("status_code", strconv.Itoa(resp.Status)),
+			attribute.String("classification", class), attribute.String("grpc_status", ""), attribute.String("error", ""))...)
+		return s.Equivalent()
+	}
+	baseSet := attribute.NewSet(base...)
+	points, _ := collect(t, r, "route_request_total")
+	assert.Equal(t, map[attribute.Distinct]int64{baseSet.Equivalent(): 1}, points)
+	points, _ = collect(t, r, "route_actual_request_total")
+	assert.Equal(t, map[attribute.Distinct]int64{baseSet.Equivalent(): 2}, points)
+	points, _ = collect(t, r, "route_response_total")
+	assert.Equal(t, map[attribute.Distinct]int64{want(failed, "failure"): 1}, points)
+	points, _ = collect(t, r, "route_actual_response_total")
+	assert.Equal(t, map[attribute.Distinct]int64{want(failed, "failure"): 1, want(ok, "success"): 1}, points)
+	points, _ = collect(t, r, "idle_request_total")
+	assert.Empty(t, points)
+	points, _ = collect(t, r, "idle_response_total")
+	assert.Empty(t, points)
+
+	// Options beside the family: the base labels, and more.
+	assert.Equal(t, []metric.AddOption{metric.WithAttributeSet(baseSet)}, route.AddOptions())
+	assert.Equal(t, []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(slices.Clone(base), attribute.String("skipped", "no_budget"))...))},
+		route.AddOptions(attribute.String("skipped", "no_budget")))
 }

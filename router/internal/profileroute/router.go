@@ -120,13 +120,25 @@ type dirTargets struct {
 	route     *metrics.Target
 	actual    *metrics.Target
 	retryable []metric.AddOption
-	noBudget  []metric.AddOption
+	// noBudget is the series of retries refused for want of budget,
+	// built on the first refusal.
+	noBudget atomic.Pointer[[]metric.AddOption]
 	// plan is the outbound exchange plan of the route, built on its first
 	// request (see newPlan).
 	plan atomic.Pointer[exchange.Plan]
 	// hedge hedges the attempts of an outbound route that hedges; nil
 	// otherwise.
 	hedge Hedger
+}
+
+// noBudgetOpts returns the series of a retry refused for want of budget.
+func (tg *dirTargets) noBudgetOpts() []metric.AddOption {
+	if o := tg.noBudget.Load(); o != nil {
+		return *o
+	}
+	o := tg.route.AddOptions(attribute.String("skipped", "no_budget"))
+	tg.noBudget.CompareAndSwap(nil, &o)
+	return *tg.noBudget.Load()
 }
 
 func (ts *tableState) targetsOf(r *profiles.CompiledRoute) *routeTargets {
@@ -201,10 +213,14 @@ func (r *Router) watch(e *registry.Entry[tableState]) (func(), error) {
 	return stop, err
 }
 
+// emptyTable is the table of every authority without a profile (yet): it
+// is immutable, so they share it.
+var emptyTable, _ = profiles.Compile(nil, profiles.Options{})
+
 // build compiles the state of a table for authority (nil: the empty table).
 func (r *Router) build(authority string, t *profiles.Table) *tableState {
 	if t == nil {
-		t, _ = profiles.Compile(nil, profiles.Options{})
+		t = emptyTable
 	}
 	ts := &tableState{table: t, targets: make(map[*profiles.CompiledRoute]*routeTargets, len(t.Routes()))}
 	if b := t.RetryBudget(); b != nil {
@@ -239,13 +255,13 @@ func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string, 
 		if name == "" {
 			name = "default"
 		}
+		ts := metrics.NewTargets(kvs, r.fams.route, r.fams.actual)
 		tg := &dirTargets{
 			name:      labels["route"],
 			trace:     meshtrace.RouteAttrs("ServiceProfile", name),
-			route:     metrics.NewTarget(r.fams.route, kvs...),
-			actual:    metrics.NewTarget(r.fams.actual, kvs...),
-			retryable: metrics.Opts(kvs...),
-			noBudget:  metrics.Opts(append(kvs[:len(kvs):len(kvs)], attribute.String("skipped", "no_budget"))...),
+			route:     ts[0],
+			actual:    ts[1],
+			retryable: ts[0].AddOptions(),
 		}
 		if hedging != nil && direction == "outbound" {
 			tg.hedge = hedging(tg.retryable)

@@ -149,7 +149,7 @@ func (b *budgetRetry) Retryable(resp *http.Response, class classify.Class, _ err
 func (b *budgetRetry) Allow(ctx context.Context, _ int) bool {
 	b.fam.Add(ctx, b.tg.retryable)
 	if !b.budget.Withdraw() {
-		b.fam.Add(ctx, b.tg.noBudget)
+		b.fam.Add(ctx, b.tg.noBudgetOpts())
 		return false
 	}
 	return true
