@@ -44,12 +44,14 @@ type upstream struct {
 func newUpstream(t *testing.T, serve func(n int64, w http.ResponseWriter, r *http.Request)) *upstream {
 	u := &upstream{serve: serve}
 	u.srv = testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := u.n.Add(1)
+		// Counted once its headers and body are recorded: a test that
+		// waits on the count then reads them.
 		b, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
 		u.last = r.Header.Clone()
 		u.body = append(u.body, string(b))
 		u.mu.Unlock()
+		n := u.n.Add(1)
 		if u.serve != nil {
 			u.serve(n, w, r)
 			return
