@@ -4,7 +4,7 @@
 // process, several rounds, and reports the median of the per-round ratios
 // with their spread.
 //
-//	go run ./examples/bench              # the table, about 2-4 minutes on 2 cores
+//	go run ./examples/bench              # the table, about 5 minutes on 2 idle cores
 //	go run ./examples/bench -json        # one JSON object per scenario
 //	go run ./examples/bench -short -only stack_inprocess,upgrade_64
 //
