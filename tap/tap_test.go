@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -331,4 +332,45 @@ func TestWatchedRequestAllocations(t *testing.T) {
 	rt := hub.Transport(roundTripFunc(func(*http.Request) (*http.Response, error) { return resp, nil }))
 	assert.Equal(t, 3.0, testing.AllocsPerRun(100, func() { _, _ = rt.RoundTrip(req) }))
 	assert.Positive(t, w.Dropped(), "the watcher's buffer of one filled: events were published")
+}
+
+// A busy stack's events reach a viewer several to a write: the stream
+// waits tap.FlushDelay after the first event of a quiet spell and sends
+// what queued meanwhile together. Read as raw HTTP/1 chunks (one per
+// write), 200 events published back to back arrive in far fewer than 200;
+// a stream that flushed each event would send 200.
+func TestStreamBatchesEvents(t *testing.T) {
+	hub := tap.NewHub()
+	srv := testutil.NewServer(t, hub)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(testutil.Timeout)))
+	_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: tap\r\n\r\n")
+	require.NoError(t, err)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"chunked"}, resp.TransferEncoding)
+	require.Eventually(t, func() bool { return hub.Stats().Watchers == 1 }, testutil.Timeout, time.Millisecond)
+
+	const n = 200
+	for i := range n {
+		hub.Publish(&tap.Event{Direction: "inbound", Method: "GET", Authority: books, Path: "/" + strconv.Itoa(i), Status: 200})
+	}
+	events, chunks := 0, 0
+	for events < n {
+		line, err := br.ReadString('\n') // the chunk's size
+		require.NoError(t, err)
+		size, err := strconv.ParseInt(strings.TrimSpace(line), 16, 64)
+		require.NoError(t, err)
+		body := make([]byte, size+2) // and its CRLF
+		_, err = io.ReadFull(br, body)
+		require.NoError(t, err)
+		chunks++
+		events += strings.Count(string(body[:size]), "\n")
+	}
+	assert.Equal(t, n, events)
+	assert.LessOrEqual(t, chunks, n/4, "writes for %d events (a response buffer holds about 10)", n)
+	t.Logf("%d events in %d writes", n, chunks)
 }
