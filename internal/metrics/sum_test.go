@@ -42,11 +42,16 @@ func collect(t *testing.T, r *sdkmetric.ManualReader, name string) (map[attribut
 	return nil, metricdata.Sum[int64]{}
 }
 
-func TestFamilyCountsReachTheReader(t *testing.T) {
+// readMeter is a meter of the SDK whose points r collects.
+func readMeter(t *testing.T) (*sdkmetric.ManualReader, metric.Meter) {
 	r := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
-	defer mp.Shutdown(context.Background())
-	meter := mp.Meter("test")
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	return r, mp.Meter("test")
+}
+
+func TestFamilyCountsReachTheReader(t *testing.T) {
+	r, meter := readMeter(t)
 	base := []attribute.KeyValue{attribute.String("direction", "inbound"), attribute.String("authority", "books:7000")}
 	target := NewTarget(NewFamily(meter, "", true), base...)
 
@@ -79,10 +84,7 @@ func TestFamilyCountsReachTheReader(t *testing.T) {
 }
 
 func TestFamiliesOfOneMeterShareSeries(t *testing.T) {
-	r := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
-	defer mp.Shutdown(context.Background())
-	meter := mp.Meter("test")
+	r, meter := readMeter(t)
 	label := attribute.String("direction", "outbound")
 	// Two stacks, or a target rebuilt by a profile update: the same
 	// labels are one series, counted once each time.
@@ -195,10 +197,7 @@ func TestShutDownProvidersAreReleased(t *testing.T) {
 // own points, with the same labels, and a target that saw nothing exports
 // none.
 func TestTargetsMadeTogetherShareSets(t *testing.T) {
-	r := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
-	defer mp.Shutdown(context.Background())
-	meter := mp.Meter("test")
+	r, meter := readMeter(t)
 	base := []attribute.KeyValue{attribute.String("direction", "outbound"), attribute.String("dst", "books:7000")}
 	ts := NewTargets(base, NewFamily(meter, "route_", true), NewFamily(meter, "route_actual_", true), NewFamily(meter, "idle_", true))
 	route, actual := ts[0], ts[1]
