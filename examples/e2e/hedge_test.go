@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +33,7 @@ const (
 	hedgeEvery     = 20 // 5% of requests stall
 	hedgeRequests  = 400
 	hedgeShare     = 0.10
+	hedgeDelay     = 10 * time.Millisecond // the hedged route's delay
 	hedgePlainSvc  = "plain.default.svc.cluster.local:7002"
 	hedgeHedgedSvc = "hedged.default.svc.cluster.local:7003"
 )
@@ -81,10 +83,15 @@ type hedgeEndpoints struct {
 	mu    sync.Mutex
 	seen  map[string][]int
 	total int
+	// late are the stalled requests whose first arrival came a hedge
+	// delay or more after the request was sent (X-Sent): that arrival may
+	// be the hedge, and then the first attempt, arriving second, is
+	// answered at once and wins.
+	late map[string]bool
 }
 
 func hedgeStartEndpoints(t *testing.T) *hedgeEndpoints {
-	h := &hedgeEndpoints{seen: make(map[string][]int)}
+	h := &hedgeEndpoints{seen: make(map[string][]int), late: make(map[string]bool)}
 	for i := range 3 {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			id := r.Header.Get("X-Request-Id")
@@ -92,6 +99,9 @@ func hedgeStartEndpoints(t *testing.T) *hedgeEndpoints {
 			h.seen[id] = append(h.seen[id], i)
 			h.total++
 			first := len(h.seen[id]) == 1
+			if sent, err := strconv.ParseInt(r.Header.Get("X-Sent"), 10, 64); first && err == nil && r.Header.Get("X-Stall") != "" {
+				h.late[id] = time.Since(time.Unix(0, sent)) >= hedgeDelay
+			}
 			h.mu.Unlock()
 			if first && r.Header.Get("X-Stall") != "" {
 				select {
@@ -127,6 +137,20 @@ func (h *hedgeEndpoints) stats(prefix string) (served int, twice []string) {
 	return served, twice
 }
 
+// lateStalls counts the stalled requests with the given id prefix whose
+// first arrival came a hedge delay or more after they were sent.
+func (h *hedgeEndpoints) lateStalls(prefix string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for id, late := range h.late {
+		if late && strings.HasPrefix(id, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
 func hedgeEndpointsFile(addrs []string) string {
 	var b strings.Builder
 	for _, auth := range []string{hedgePlainSvc, hedgeHedgedSvc} {
@@ -153,6 +177,7 @@ func hedgeRun(t *testing.T, rt http.RoundTripper, url, authority, prefix string)
 			req.Header.Set("X-Stall", "1")
 		}
 		start := time.Now()
+		req.Header.Set("X-Sent", strconv.FormatInt(start.UnixNano(), 10))
 		resp, err := client.Do(req)
 		require.NoError(t, err)
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -236,7 +261,7 @@ func TestHedgeThroughProxy(t *testing.T) {
 	assert.True(t, ok, "outbound_http_route_hedge_requests_total")
 	assert.GreaterOrEqual(t, sent, float64(hedgeRequests/hedgeEvery), "every stalled request was hedged")
 	won, _ := metric(text, "outbound_http_route_hedge_wins_total", `route_name="hedged-route"`)
-	assert.GreaterOrEqual(t, won, float64(hedgeRequests/hedgeEvery), "and the hedge won")
+	assert.GreaterOrEqual(t, won, float64(hedgeWinsWanted(t, h, "proxy-hedged")), "and the hedge won")
 	_, ok = metric(text, "outbound_http_route_hedge_requests_total", `route_name="plain-route"`)
 	assert.False(t, ok, "the plain route sends no hedge")
 	_, _, body := curl(t, "http://"+admin+"/routes?authority="+hedgeHedgedSvc+"&method=GET&path=/")
@@ -285,9 +310,19 @@ func TestHedgeThroughMeshClient(t *testing.T) {
 	hedgeCheck(t, h, plain, hedged, "mesh-plain", "mesh-hedged")
 	e := client.Router().Explain(httptest.NewRequest(http.MethodGet, "http://"+hedgeHedgedSvc+"/", nil))
 	require.NotNil(t, e.Hedge)
-	// Every stalled request sends a hedge, and nearly all of them win.
-	// Beside a second copy of the suite one was counted as lost (19 of 20
-	// won, 20 sent, no request slower than 27 ms; the cause is not yet
-	// known). What the caller sees is the p99 that hedgeCheck asserts.
-	assert.GreaterOrEqual(t, e.Hedge.Won, uint64(hedgeRequests/hedgeEvery*9/10))
+	assert.GreaterOrEqual(t, e.Hedge.Won, uint64(hedgeWinsWanted(t, h, "mesh-hedged")), "and the hedge won")
+}
+
+// hedgeWinsWanted is how many hedges must have won: one for each stalled
+// request, but those whose first arrival came a hedge delay or more after
+// they were sent. The endpoints stall a request's first arrival; on a
+// loaded machine the first attempt can reach its endpoint after its own
+// hedge, which then stalls while the first attempt is answered at once
+// and wins (the request is as fast; beside a second copy of the suite 19
+// of 20 hedges won with no request slower than 27 ms). Hedges of requests
+// that were slow without a stall may win too, so this is a floor.
+func hedgeWinsWanted(t *testing.T, h *hedgeEndpoints, prefix string) int {
+	late := h.lateStalls(prefix)
+	t.Logf("%s: %d of %d stalled requests first arrived %s or more after they were sent", prefix, late, hedgeRequests/hedgeEvery, hedgeDelay)
+	return hedgeRequests/hedgeEvery - late
 }
