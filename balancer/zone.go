@@ -34,11 +34,13 @@ const (
 // [DefaultZoneSpillHigh]), Low the ratio below which it shrinks (0:
 // [DefaultZoneSpillLow]); in between it holds. Low is at most High.
 //
-// The load of a zone is the median (the lower one, of an even count),
-// over its endpoints in rotation, of the endpoint's cost as power of two
-// choices weighs it (peak-EWMA RTT plus any load penalty, times its
-// requests in flight plus one): one slow endpoint does not make its zone
-// slow, as power of two choices keeps requests away from it. The local
+// The load of a zone is taken over its endpoints in rotation, of each
+// endpoint's cost as power of two choices weighs it (peak-EWMA RTT plus
+// any load penalty, times its requests in flight plus one): while no
+// request leaves the local zone, the median (the lower one, of an even
+// count), so that one slow endpoint, or one slow answer, does not make
+// its zone slow (power of two choices keeps requests away from it); while
+// some leave, the mean, so that each probe of the local zone counts. The local
 // zone's is scaled by how many of its endpoints are out of rotation
 // (failure accrual): three endpoints of which one is tripped carry the
 // load of three on two. See [WithLocalZone] for the rule.
@@ -251,7 +253,13 @@ func (z *zoneSplit) step(now int64, decay float64) float64 {
 // ratio is the local zone's load over the other zones' at now: +Inf when
 // no local endpoint is in rotation, 0 when no other is.
 func (z *zoneSplit) ratio(st *zoneState, now int64, decay float64) float64 {
-	local, lr, localRTT := z.local.zoneLoad(now, decay, -1, &st.costs)
+	// At home (no share out), a zone's load is the median of its
+	// endpoints' costs, so that leaving a healthy zone takes most of its
+	// endpoints slow, not one slow answer; once requests have left, the
+	// mean, so that each probe's answer counts at once: one slow answer
+	// keeps the requests out, one fast one starts their return.
+	median := st.share == 0
+	local, lr, localRTT := z.local.zoneLoad(now, decay, -1, median, &st.costs)
 	if st.baseAt == 0 {
 		st.baseline = localRTT
 	} else if dt := now - st.baseAt; dt > 0 {
@@ -265,7 +273,7 @@ func (z *zoneSplit) ratio(st *zoneState, now int64, decay float64) float64 {
 	// unasked the more it is taken to be as the local zone usually is.
 	// Faded to zero, an idle remote zone would look ever cheaper and draw
 	// requests away from a healthy local zone under normal load.
-	remote, rr, _ := z.remote.zoneLoad(now, decay, st.baseline, &st.costs)
+	remote, rr, _ := z.remote.zoneLoad(now, decay, st.baseline, median, &st.costs)
 	switch {
 	case rr == 0:
 		return 0
@@ -276,20 +284,20 @@ func (z *zoneSplit) ratio(st *zoneState, now int64, decay float64) float64 {
 	return local / max(remote, 1)
 }
 
-// zoneLoad is the cost of a zone: the lower median of the costs of s's
-// endpoints in rotation; with how many are, and the mean of their
-// estimates. With toward at zero or above, each estimate fades toward it
-// instead of toward zero. costs is scratch space.
+// zoneLoad is the cost of a zone: the mean, or with median the lower
+// median, of the costs of s's endpoints in rotation; with how many are,
+// and the mean of their estimates. With toward at zero or above, each
+// estimate fades toward it instead of toward zero. costs is scratch space.
 //
-// The median, not the mean: a zone is as slow as most of its endpoints,
-// and power of two choices keeps a request away from the worst of them.
-// One slow answer from one endpoint (a pause of the caller's own process
-// looks the same) raises that endpoint's peak estimate several times over;
-// in the mean of three it was enough to send requests out of a healthy
-// zone for seconds. A slowdown of the zone still shows after its second
-// slow answer, since the picks then avoid the first endpoint.
-func (s *snapshot) zoneLoad(now int64, decay, toward float64, costs *[]float64) (float64, int, float64) {
-	var rtts float64
+// The median: a zone is as slow as most of its endpoints, and power of
+// two choices keeps a request away from the worst of them. One slow
+// answer from one endpoint (a pause of the caller's own process looks the
+// same) raises that endpoint's peak estimate several times over; in the
+// mean of three it was enough to send requests out of a healthy zone for
+// seconds. A slowdown of the zone still shows after its second slow
+// answer, since the picks then avoid the first endpoint.
+func (s *snapshot) zoneLoad(now int64, decay, toward float64, median bool, costs *[]float64) (float64, int, float64) {
+	var sum, rtts float64
 	n := 0
 	*costs = (*costs)[:0]
 	for _, e := range s.eps {
@@ -309,12 +317,17 @@ func (s *snapshot) zoneLoad(now int64, decay, toward float64, costs *[]float64) 
 		if out {
 			continue
 		}
-		*costs = append(*costs, c*float64(l.pending.Load()+1))
+		c *= float64(l.pending.Load() + 1)
+		*costs = append(*costs, c)
+		sum += c
 		rtts += est
 		n++
 	}
 	if n == 0 {
 		return 0, 0, 0
+	}
+	if !median {
+		return sum / float64(n), n, rtts / float64(n)
 	}
 	slices.Sort(*costs)
 	return (*costs)[(n-1)/2], n, rtts / float64(n)
