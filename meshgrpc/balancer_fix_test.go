@@ -178,10 +178,21 @@ spec:
     backendRefs: [{name: books, port: 7000}]
 `
 	manifests(t, store, accrual)
-	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: bad.addr}, {Addr: good.addr}}})
+	// The bad endpoint comes first, alone, so that it surely fails once
+	// and leaves rotation for an hour. (Beside the good one from the
+	// start, power of two choices could keep to the good one after a
+	// first call there, until the bad one's unmeasured estimate decayed
+	// below it: the test then checked nothing, or, when the policy update
+	// took long enough, saw that first call on the bad endpoint.)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: bad.addr}}})
 	c := dial(t, serveStore(t, store))
-	// The bad endpoint fails once and is out of rotation for an hour:
-	// then every call succeeds.
+	require.Eventually(t, func() bool {
+		_, _ = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		return bad.calls.Load() > 0
+	}, testutil.Timeout, 10*time.Millisecond, "no call reached the failing endpoint")
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: bad.addr}, {Addr: good.addr}}})
+	// The bad endpoint failed once and is out of rotation for an hour:
+	// every call succeeds.
 	require.Eventually(t, func() bool {
 		for range 20 {
 			if _, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{}); err != nil {
