@@ -13,11 +13,11 @@ import (
 // registrations and departures overlap on the control plane.
 //
 // A Get stream is sent the difference between what it was last sent and
-// the set now: a workload that
-// comes and goes while a stream is still sending an earlier update is
-// never sent to it, by design. So each workload lives 1 s, far longer
-// than a stream lags; with 100 ms, beside a second copy of the suite
-// under the race detector, one watcher of 80 missed one workload.
+// the set now: a workload that comes and goes while a stream is still
+// sending an earlier update is never sent to it, by design. So each
+// workload lives 1 s, far longer than a stream lags; with 100 ms, beside
+// a second copy of the suite under the race detector, one watcher of 80
+// missed one workload.
 func TestRegistrationChurnSeesEverything(t *testing.T) {
 	cfg := churnConfig{workloads: 40, services: 4, watchers: 8, rate: 200, life: time.Second}
 	rep, cpu, err := runChurn(cfg)
