@@ -34,16 +34,15 @@ const (
 // [DefaultZoneSpillHigh]), Low the ratio below which it shrinks (0:
 // [DefaultZoneSpillLow]); in between it holds. Low is at most High.
 //
-// The load of a zone is taken over its endpoints in rotation, of each
-// endpoint's cost as power of two choices weighs it (peak-EWMA RTT plus
-// any load penalty, times its requests in flight plus one): while no
-// request leaves the local zone, the median (the lower one, of an even
-// count), so that one slow endpoint, or one slow answer, does not make
-// its zone slow (power of two choices keeps requests away from it); while
-// some leave, the mean, so that each probe of the local zone counts. The local
-// zone's is scaled by how many of its endpoints are out of rotation
-// (failure accrual): three endpoints of which one is tripped carry the
-// load of three on two. See [WithLocalZone] for the rule.
+// The load of a zone is the lower median of its endpoints' costs as power
+// of two choices weighs them (peak-EWMA RTT plus any load penalty, times
+// its requests in flight plus one), an endpoint out of rotation (failure
+// accrual) counting as infinitely slow: a zone is as slow as most of its
+// endpoints, so one slow endpoint, or one slow answer, neither sends
+// requests out of a healthy local zone nor draws them back into a slow
+// one (power of two choices keeps requests away from that endpoint). The
+// same statistic holds at home and away, so the band alone decides when
+// requests leave and come back. See [WithLocalZone] for the rule.
 type ZoneSpill struct {
 	High float64
 	Low  float64
@@ -63,12 +62,12 @@ type ZoneSpill struct {
 // Low times theirs, the share shrinks by 0.02 per request; in between it
 // holds (the band is the hysteresis: no flapping between zones of about
 // equal load). A local zone ten times slower than the others therefore
-// sheds all of its traffic within a handful of requests; its estimate
-// decays while it gets none (the peak-EWMA decay), so the share falls in
-// time and the next requests home probe it: still slow, the share goes
-// back up at once; recovered, traffic returns. In this comparison the
-// estimates of other zones' endpoints that get no traffic fade toward the
-// local zone's usual estimate (its mean, followed ten times more slowly
+// sheds all of its traffic within a handful of requests; its estimates
+// decay while it gets none (the peak-EWMA decay), so the share falls in
+// time and the next requests home probe it: once most of its endpoints
+// have answered slowly again, the share goes back up; recovered, traffic
+// returns. In this comparison the estimates of other zones' endpoints
+// that get no traffic fade toward the local zone's usual estimate (its median, followed ten times more slowly
 // than the decay), not toward zero: an idle remote zone is taken to be as
 // the local zone usually is, so a healthy local zone keeps its traffic
 // however long the others go unasked, and a slowdown stands out. With no
@@ -195,13 +194,14 @@ type zoneState struct {
 	share float64 // the share of requests sent out of the zone
 	ratio float64 // the local zone's load over the others', at at
 	at    int64
-	// baseline is the local zone's usual estimate: its mean estimate
+	// baseline is the local zone's usual estimate: its median estimate
 	// followed slowly (zoneBaselineSlower times the load's decay), so
 	// that a slowdown stands out against it. The other zones' unrefreshed
 	// estimates fade toward it.
 	baseline float64
 	baseAt   int64
-	costs    []float64     // scratch of ratio
+	costs    []float64 // scratch of ratio
+	rtts     []float64
 	shareA   atomic.Uint64 // share, as float64 bits, for readers without the lock
 	ratioA   atomic.Uint64
 	// picks by locality.
@@ -253,13 +253,7 @@ func (z *zoneSplit) step(now int64, decay float64) float64 {
 // ratio is the local zone's load over the other zones' at now: +Inf when
 // no local endpoint is in rotation, 0 when no other is.
 func (z *zoneSplit) ratio(st *zoneState, now int64, decay float64) float64 {
-	// At home (no share out), a zone's load is the median of its
-	// endpoints' costs, so that leaving a healthy zone takes most of its
-	// endpoints slow, not one slow answer; once requests have left, the
-	// mean, so that each probe's answer counts at once: one slow answer
-	// keeps the requests out, one fast one starts their return.
-	median := st.share == 0
-	local, lr, localRTT := z.local.zoneLoad(now, decay, -1, median, &st.costs)
+	local, lr, localRTT := z.local.zoneLoad(now, decay, -1, &st.costs, &st.rtts)
 	if st.baseAt == 0 {
 		st.baseline = localRTT
 	} else if dt := now - st.baseAt; dt > 0 {
@@ -273,33 +267,35 @@ func (z *zoneSplit) ratio(st *zoneState, now int64, decay float64) float64 {
 	// unasked the more it is taken to be as the local zone usually is.
 	// Faded to zero, an idle remote zone would look ever cheaper and draw
 	// requests away from a healthy local zone under normal load.
-	remote, rr, _ := z.remote.zoneLoad(now, decay, st.baseline, median, &st.costs)
+	remote, rr, _ := z.remote.zoneLoad(now, decay, st.baseline, &st.costs, &st.rtts)
 	switch {
 	case rr == 0:
 		return 0
 	case lr == 0:
 		return math.Inf(1)
 	}
-	local *= float64(len(z.local.eps)) / float64(lr) // the capacity that accrual took out
 	return local / max(remote, 1)
 }
 
-// zoneLoad is the cost of a zone: the mean, or with median the lower
-// median, of the costs of s's endpoints in rotation; with how many are,
-// and the mean of their estimates. With toward at zero or above, each
-// estimate fades toward it instead of toward zero. costs is scratch space.
+// zoneLoad is the cost of a zone: the lower median of the costs of s's
+// endpoints, an endpoint out of rotation (failure accrual) costing +Inf;
+// with how many are in rotation, and the lower median of their estimates.
+// With toward at zero or above, each estimate fades toward it instead of
+// toward zero. costs and rtts are scratch space.
 //
 // The median: a zone is as slow as most of its endpoints, and power of
 // two choices keeps a request away from the worst of them. One slow
 // answer from one endpoint (a pause of the caller's own process looks the
-// same) raises that endpoint's peak estimate several times over; in the
-// mean of three it was enough to send requests out of a healthy zone for
-// seconds. A slowdown of the zone still shows after its second slow
-// answer, since the picks then avoid the first endpoint.
-func (s *snapshot) zoneLoad(now int64, decay, toward float64, median bool, costs *[]float64) (float64, int, float64) {
-	var sum, rtts float64
-	n := 0
-	*costs = (*costs)[:0]
+// same) raises that endpoint's peak estimate several times over, and it
+// holds for about the decay: in the mean of three it was enough to send
+// requests out of a healthy local zone for seconds, or, out of another
+// zone's endpoints, to draw the spilled requests back to a slow local
+// zone. A zone's slowdown shows once most of its endpoints (two of three,
+// three of four) have answered slowly; an endpoint out of rotation counts
+// as slow, so that three endpoints of which one is tripped and one slow
+// are a slow zone.
+func (s *snapshot) zoneLoad(now int64, decay, toward float64, costs, rtts *[]float64) (float64, int, float64) {
+	*costs, *rtts = (*costs)[:0], (*rtts)[:0]
 	for _, e := range s.eps {
 		l := e.load
 		l.mu.Lock()
@@ -315,22 +311,19 @@ func (s *snapshot) zoneLoad(now int64, decay, toward float64, median bool, costs
 		c := est + l.penaltyLocked(now)
 		l.mu.Unlock()
 		if out {
+			*costs = append(*costs, math.Inf(1))
 			continue
 		}
-		c *= float64(l.pending.Load() + 1)
-		*costs = append(*costs, c)
-		sum += c
-		rtts += est
-		n++
+		*costs = append(*costs, c*float64(l.pending.Load()+1))
+		*rtts = append(*rtts, est)
 	}
+	n := len(*rtts)
 	if n == 0 {
 		return 0, 0, 0
 	}
-	if !median {
-		return sum / float64(n), n, rtts / float64(n)
-	}
 	slices.Sort(*costs)
-	return (*costs)[(n-1)/2], n, rtts / float64(n)
+	slices.Sort(*rtts)
+	return (*costs)[(len(*costs)-1)/2], n, (*rtts)[(n-1)/2]
 }
 
 // ZoneState is what zone-aware balancing knows of one endpoint set, for an
