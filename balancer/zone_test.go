@@ -60,21 +60,32 @@ func (s *zoneSim) setLatency(zone string, d time.Duration) {
 	}
 }
 
+// send sends one request and returns the endpoint it reached.
+func (s *zoneSim) send() netip.AddrPort {
+	k, ok := s.pool.Pick()
+	require.True(s.t, ok)
+	a := k.Endpoint().Addr
+	s.clock.now.Add(int64(s.latency[a]))
+	k.Done(Result{GRPCStatus: 0})
+	s.clock.now.Add(int64(s.gap))
+	return a
+}
+
+// sendUntil sends requests one at a time until one reaches a.
+func (s *zoneSim) sendUntil(a netip.AddrPort) {
+	for s.send() != a {
+	}
+}
+
 // run sends n requests and returns how many went out of zone local and
 // their latencies.
 func (s *zoneSim) run(n int, local string) (out int, lat []time.Duration) {
 	for range n {
-		k, ok := s.pool.Pick()
-		require.True(s.t, ok)
-		a := k.Endpoint().Addr
+		a := s.send()
 		if s.zone[a] != local {
 			out++
 		}
-		d := s.latency[a]
-		s.clock.now.Add(int64(d))
-		k.Done(Result{GRPCStatus: 0})
-		lat = append(lat, d)
-		s.clock.now.Add(int64(s.gap))
+		lat = append(lat, s.latency[a])
 	}
 	return out, lat
 }
@@ -282,15 +293,7 @@ func TestZoneOneSlowEndpointStaysHome(t *testing.T) {
 			require.Zero(t, out, "under normal load")
 			slow := netip.MustParseAddrPort("10.0.0.1:80")
 			s.latency[slow] = 100 * time.Millisecond
-			for hit := false; !hit; {
-				k, ok := s.pool.Pick()
-				require.True(t, ok)
-				a := k.Endpoint().Addr
-				hit = a == slow
-				s.clock.now.Add(int64(s.latency[a]))
-				k.Done(Result{})
-				s.clock.now.Add(int64(s.gap))
-			}
+			s.sendUntil(slow)
 			if tc.once {
 				s.latency[slow] = 5 * time.Millisecond
 			}
@@ -358,14 +361,7 @@ func TestZoneSlowRemoteAnswerKeepsSpill(t *testing.T) {
 	require.Equal(t, 1.0, s.pool.Zone().Spill, "spilled")
 	spike := netip.MustParseAddrPort("10.0.1.1:80")
 	s.latency[spike] = time.Second
-	for hit := false; !hit; {
-		k, ok := s.pool.Pick()
-		require.True(t, ok)
-		a := k.Endpoint().Addr
-		hit = a == spike
-		s.clock.now.Add(int64(s.latency[a]))
-		k.Done(Result{})
-	}
+	s.sendUntil(spike)
 	s.latency[spike] = 20 * time.Millisecond
 	out, _ = s.run(250, "zone-a") // 5 s
 	require.Equal(t, 250, out, "requests back in the slow zone after one slow answer elsewhere")
