@@ -485,6 +485,12 @@ func TestWatchCapTakesIdleStreams(t *testing.T) {
 // bound must not keep every evicted watch, with its last state, alive for
 // the idle timeout (30 s by default, some 20,000 watches of a proxy's
 // names at the churn of examples/faults TestWatchTableFits).
+//
+// The test keeps the stopped idle timer, as the runtime may keep a stopped
+// timer in its heap until the timer's deadline: the watch must not be
+// reachable from it. (Beside a second copy of the test suite, a watch
+// evicted here stayed referenced for the 10 s the test waits, while the
+// timer holding it had an hour to run.)
 func TestEvictedWatchIsFreed(t *testing.T) {
 	store := controlplane.NewStore()
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
@@ -498,6 +504,11 @@ func TestEvictedWatchIsFreed(t *testing.T) {
 	freed := destination.ProfileWatchCollected(c, old)
 	require.False(t, freed(), "a watch in use is kept")
 	stop()
+	var idle *time.Timer
+	require.Eventually(t, func() bool {
+		idle = destination.ProfileWatchIdleTimer(c, old)
+		return idle != nil
+	}, defaultTestTimeout, 10*time.Millisecond, "the watch never became idle")
 	var fresh func()
 	require.Eventually(t, func() bool {
 		fresh, err = c.Watch(ctx, "new.ns.svc.cluster.local:80", func(profiles.Update) {})
@@ -505,6 +516,7 @@ func TestEvictedWatchIsFreed(t *testing.T) {
 	}, defaultTestTimeout, 10*time.Millisecond, "the idle watch never made room")
 	defer fresh()
 	require.Eventually(t, freed, defaultTestTimeout, 10*time.Millisecond, "the evicted watch is still referenced")
+	runtime.KeepAlive(idle)
 }
 
 func TestClosedClient(t *testing.T) {

@@ -2,6 +2,7 @@ package destination
 
 import (
 	"runtime"
+	"time"
 	"weak"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -39,4 +40,18 @@ func ProfileWatchCollected(c *Client, authority string) func() bool {
 		runtime.GC()
 		return ref.Value() == nil
 	}
+}
+
+// ProfileWatchIdleTimer returns the idle timer of the profile watch
+// authority, nil while it has none (a subscriber, or not yet idle).
+func ProfileWatchIdleTimer(c *Client, authority string) *time.Timer {
+	c.profiles.mu.Lock()
+	w := c.profiles.m[authority]
+	c.profiles.mu.Unlock()
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.idleTimer
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/internal/mailbox"
@@ -109,10 +110,11 @@ type watch[M, U any] struct {
 	subs         map[*mailbox.Mailbox[U]]struct{}
 	idleGen      uint64 // bumped on every subscribe, so a stale idle timer does nothing
 	// idleTimer closes the watch after the idle timeout. It is stopped
-	// when the watch is subscribed again or evicted first, so that an
-	// evicted watch is not kept alive by its timer: under a churn of new
-	// names past the bound, every timer would otherwise hold an evicted
-	// watch and its last state for the whole idle timeout.
+	// when the watch is subscribed again or evicted first, and it holds
+	// the watch weakly, so that an evicted watch is not kept alive by its
+	// timer: under a churn of new names past the bound, every timer would
+	// otherwise hold an evicted watch and its last state for the whole
+	// idle timeout.
 	idleTimer *time.Timer
 	evicted   bool
 	// cur is the current stream, which stop ends; retry opens the next
@@ -197,7 +199,16 @@ func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *mailbox.Mailbox[U]) {
 		}
 		ws.idle[w] = struct{}{}
 		w.stopIdleTimerLocked()
-		w.idleTimer = time.AfterFunc(d, func() { ws.evict(w, gen) })
+		// The timer holds w weakly: the runtime may keep a stopped timer,
+		// and what it would call, in its timer heap until the timer's
+		// deadline, and a watch evicted first must be freed then, not
+		// an idle timeout later. Until it is evicted, ws holds w.
+		ref := weak.Make(w)
+		w.idleTimer = time.AfterFunc(d, func() {
+			if w := ref.Value(); w != nil {
+				ws.evict(w, gen)
+			}
+		})
 	}
 	w.mu.Unlock()
 	ws.mu.Unlock()
