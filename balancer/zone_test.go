@@ -66,15 +66,20 @@ func (s *zoneSim) send() netip.AddrPort {
 	require.True(s.t, ok)
 	a := k.Endpoint().Addr
 	s.clock.now.Add(int64(s.latency[a]))
-	k.Done(Result{GRPCStatus: 0})
+	k.Done(Result{})
 	s.clock.now.Add(int64(s.gap))
 	return a
 }
 
-// sendUntil sends requests one at a time until one reaches a.
+// sendUntil sends requests one at a time until one reaches a, failing
+// the test when 10,000 do not.
 func (s *zoneSim) sendUntil(a netip.AddrPort) {
-	for s.send() != a {
+	for range 10000 {
+		if s.send() == a {
+			return
+		}
 	}
+	s.t.Fatalf("no request of 10,000 reached %s", a)
 }
 
 // run sends n requests and returns how many went out of zone local and
