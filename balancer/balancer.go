@@ -35,7 +35,9 @@ var ErrClosed = errors.New("balancer: closed")
 // resolve timeout, then gets a 503 with l5d-proxy-error. An authority with
 // no endpoints fails at once the same way. One the source says does not
 // exist, or cannot resolve, goes to its own address (unless
-// [WithFallback](false): 503).
+// [WithFallback](false): 503); one whose watch the source refused (its
+// bound on watched authorities) gets a 503, and the watch is tried again
+// after a delay.
 //
 // It puts the endpoint's h2 hint into the request context for origproto,
 // its labels (as dst_*) for classify, and the endpoint itself for
@@ -340,13 +342,24 @@ func (b *Balancer) watchEndpoints(a *authority) {
 	})
 	if err != nil {
 		b.log.WarnErr("watch endpoints", "cannot watch endpoints", err, "authority", a.name)
-		a.update(endpoint.Update{Err: err}, b.rtt, b.cfg.now(), b.cfg.meshTLS)
+		a.update(endpoint.Update{Err: &watchError{err}}, b.rtt, b.cfg.now(), b.cfg.meshTLS)
 		a.endpointsRetry.failed(b.cfg.now())
 		return
 	}
 	a.endpointsRetry.succeeded()
 	a.keep(stop)
 }
+
+// watchError is a watch the source refused (its bound on watched
+// authorities, a closed client): not the source's answer about the
+// authority, so its requests never fall back to their own address. A
+// Service the balancer could not watch for a moment is still a Service:
+// sending its requests outside the mesh (plaintext, by the resolver's
+// answer) would be a silent bypass.
+type watchError struct{ err error }
+
+func (e *watchError) Error() string { return e.err.Error() }
+func (e *watchError) Unwrap() error { return e.err }
 
 // watchSplit watches the traffic split of a request's authority, on first
 // use, and again after a failed watch's retry delay.
@@ -445,7 +458,8 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	}
 	switch {
 	case s.err != nil:
-		if b.cfg.fallback {
+		var refused *watchError
+		if b.cfg.fallback && !errors.As(s.err, &refused) {
 			resp, err := t.base.RoundTrip(req)
 			return resp, false, err
 		}

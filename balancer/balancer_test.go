@@ -312,6 +312,38 @@ func TestWatchFailuresRateLimited(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(buf.String(), "cannot watch endpoints"), buf.String())
 }
 
+// A watch the source refuses at its bound is not the source's word that
+// the Service does not exist: the request gets a 503 and never goes to its
+// own address (for a Service, outside the mesh, by the machine's
+// resolver), fallback or not. The Balancer still falls back for an
+// authority the source says does not exist.
+func TestRefusedWatchNeverFallsBack(t *testing.T) {
+	var direct atomic.Int64
+	base := roundTrip(func(r *http.Request) (*http.Response, error) {
+		direct.Add(1)
+		return &http.Response{StatusCode: 204, Body: http.NoBody, Request: r}, nil
+	})
+	b := New(fullSource{}, WithLogger(quietLogger))
+	defer b.Close()
+	rt := b.Transport(base)
+	for range 3 {
+		req, _ := http.NewRequest("GET", "http://"+books+":7000/", nil)
+		resp, err := rt.RoundTrip(req)
+		require.NoError(t, err)
+		assert.Equal(t, 503, resp.StatusCode)
+		assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "too many watched authorities")
+	}
+	assert.Zero(t, direct.Load(), "no request left through the base transport")
+
+	nb := New(staticSource(t, nil), WithLogger(quietLogger))
+	defer nb.Close()
+	req, _ := http.NewRequest("GET", "http://"+books+":7000/", nil)
+	resp, err := nb.Transport(base).RoundTrip(req)
+	require.NoError(t, err)
+	assert.Equal(t, 204, resp.StatusCode, "an authority that does not exist falls back")
+	assert.Equal(t, int64(1), direct.Load())
+}
+
 type lockedWriter struct {
 	mu *sync.Mutex
 	w  io.Writer

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/registry"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -17,9 +18,17 @@ import (
 // authority: "name.ns.svc.<zone>:port" is the Service name in ns on port
 // (parent_group "core", parent_kind "Service", the backend the same
 // Service); any other authority gets the fixed values parent_kind
-// "default", parent_name "unknown", empty namespace and port, so the label
-// sets stay bounded by the authorities the Balancer keeps (see
-// [WithMaxAuthorities]).
+// "default", parent_name "unknown", empty namespace and port.
+//
+// Series outlive the authorities that made them (an SDK with cumulative
+// temporality keeps every series it has seen), so the Services labelled
+// are bounded for the life of the Balancer, not by the authorities it
+// keeps at once: the first [WithMaxAuthorities] distinct Services get
+// labels of their own, and any later one is counted under the fixed
+// values above and otel.metric.overflow="true", as the SDK marks what it
+// counts past its own cardinality limit. Without that bound a proxy that sees
+// ever new Service names would keep a label set, and each family's
+// series of it, for every name it ever saw.
 const scope = "github.com/inmesh/inmesh/balancer"
 
 // queueLatencyBuckets are the bounds of queue_latency_seconds.
@@ -35,6 +44,8 @@ type balMetrics struct {
 	zone      zoneMetrics
 	reg       metric.Registration // the gauges' callback, nil when none
 	unknown   *authLabels         // the labels of every authority that is not a Service's
+	services  *registry.Names     // the Services labelled, for the life of the Balancer
+	overflow  *authLabels         // the labels of every Service past services' bound
 }
 
 // close stops the gauges' callback, so that a closed Balancer is no
@@ -83,6 +94,11 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	m.requests = metrics.NewSum(meter, "outbound_http_balancer_queue_requests_total", "The total number of requests through the balancer queue.")
 	kvs, _ := labelsOf("")
 	m.unknown = m.newLabels(kvs)
+	m.services = registry.NewNames(b.cfg.maxAuthorities)
+	// Not the SDK's own overflow set (that attribute alone): an SDK that
+	// has seen that set sends every later new set of the instrument into
+	// it.
+	m.overflow = m.newLabels(append(kvs, attribute.Bool("otel.metric.overflow", true)))
 	m.latency, err = meter.Float64Histogram("outbound_http_balancer_queue_latency_seconds", metric.WithDescription("The time requests wait in the balancer queue."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(queueLatencyBuckets...))
 	handle(err)
@@ -145,7 +161,12 @@ func (m *balMetrics) of(a *authority) *authMetrics {
 	kvs, service := labelsOf(a.name)
 	labels := m.unknown
 	if service {
-		labels = m.newLabels(kvs)
+		labels = m.overflow
+		// The Service is its namespace, name and port, as labelled: two
+		// authorities of one Service share the name.
+		if m.services.Admit(kvs[2].Value.AsString() + "/" + kvs[3].Value.AsString() + ":" + kvs[4].Value.AsString()) {
+			labels = m.newLabels(kvs)
+		}
 	}
 	am := &authMetrics{authLabels: labels}
 	if a.metrics.CompareAndSwap(nil, am) {

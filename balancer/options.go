@@ -99,7 +99,8 @@ func WithResolveTimeout(d time.Duration) Option {
 
 // WithFallback sets whether a request for a service the source says does
 // not exist (or cannot resolve) goes to its own address, unchanged (default
-// true). Without fallback it fails with 503.
+// true). Without fallback it fails with 503. A watch the source refuses
+// (its bound on watched authorities) never falls back: 503.
 func WithFallback(on bool) Option { return optionFunc(func(c *config) { c.fallback = on }) }
 
 // WithPeakEWMA sets the RTT estimate of a new endpoint (default
@@ -132,7 +133,10 @@ func WithErrorPenalty(d time.Duration) Option {
 // WithMaxAuthorities bounds the authorities the Balancer keeps state and
 // watches for (default [DefaultMaxAuthorities]). Past it, the least
 // recently used authority is released (its watches stop) to make room for
-// the new one. n <= 0 changes nothing.
+// the new one. It also bounds, for the life of the Balancer, the distinct
+// Services its metric families label; later ones are counted under the
+// labels of an authority that is not a Service's and
+// otel.metric.overflow="true". n <= 0 changes nothing.
 func WithMaxAuthorities(n int) Option {
 	return optionFunc(func(c *config) {
 		if n > 0 {

@@ -53,7 +53,10 @@ func newRecorder(cfg config, direction string) *recorder {
 	}
 	r.reg = registry.New(r.newState, nil, registry.WithMaxEntries(cfg.maxAuthorities),
 		registry.WithIdleTimeout(cfg.idleTimeout))
-	r.other.Store(&authTargets{authority: otherAuthority})
+	// other always keeps its target without labels: see target.
+	r.other.Store(&authTargets{authority: otherAuthority, targets: map[string]*metrics.Target{
+		"": metrics.NewTarget(r.fam, attribute.String("authority", otherAuthority), r.direction),
+	}})
 	return r
 }
 
@@ -70,7 +73,15 @@ func (r *recorder) target(authority string, l *Labels) *metrics.Target {
 			return r.targetIn(e, st, l)
 		}
 	}
-	return r.targetIn(&r.other, r.other.Load(), l)
+	st := r.other.Load()
+	if l != nil && st.targets[l.key] == nil && len(st.targets) >= maxTargetsPerAuthority {
+		// Past the bound of authorities, their labels are bounded too:
+		// the endpoint labels of names never labelled (dst_service
+		// among them) would otherwise give each name series of its own
+		// under other, kept for the life of the process.
+		l = nil
+	}
+	return r.targetIn(&r.other, st, l)
 }
 
 // targetIn returns the target of l in the snapshot at p, adding it when

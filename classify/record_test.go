@@ -40,6 +40,27 @@ func TestAuthorityLabelsBoundedUnderAFlood(t *testing.T) {
 	}
 }
 
+// Past the bound of authorities, the labels of the requests counted under
+// other are bounded too: a client sending to ever new names, each with its
+// own endpoint labels (dst_service is the name), gets at most the kept
+// label sets of other and other without labels, and every request counted.
+// Before, each name past the bound got series of its own under other.
+func TestOtherLabelsBounded(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	rec := newRecorder(newConfig([]Option{WithMeterProvider(m.Provider), WithMaxAuthorities(2)}), "outbound")
+	const names = 200
+	for i := range names {
+		name := fmt.Sprintf("svc-%d.ns.svc.cluster.local", i)
+		l := NewLabels("dst_", map[string]string{"service": fmt.Sprintf("svc-%d", i), "namespace": "ns"})
+		rec.target(name+":80", l).Request(t.Context())
+	}
+	lines := m.Lines(t, "request_total", `authority="other"`)
+	assert.Len(t, lines, maxTargetsPerAuthority, "the kept label sets of other, its set without labels among them")
+	assert.Len(t, m.Lines(t, "request_total"), len(lines)+2, "two authorities labelled")
+	assert.Equal(t, fmt.Sprint(names-2-(maxTargetsPerAuthority-1)), m.Value(t, "request_total", `authority="other"`, `direction="outbound"}`))
+	assert.Empty(t, m.Lines(t, "request_total", `dst_service="svc-199"`))
+}
+
 func TestAuthorityNormalised(t *testing.T) {
 	m := testutil.NewMetrics(t)
 	h := NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), WithMeterProvider(m.Provider))
