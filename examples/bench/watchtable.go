@@ -24,6 +24,12 @@ import (
 	"google.golang.org/grpc"
 )
 
+// churnTables is how many full tables of new names watch_table sends to
+// after the first: metric series outlive the watches a full table
+// evicts, so memory plateaus only if what they keep is bounded too, and
+// one table's worth of names is too few to show it.
+const churnTables = 5
+
 // tableName is the authority of the i-th Service of watch_table.
 func tableName(i int) string {
 	return fmt.Sprintf("svc-%d.table.svc.cluster.local:80", i)
@@ -44,7 +50,8 @@ type tableUsage struct {
 // watched names at the default bound: one request to each of as many
 // Services as the bound, each of which the client then watches (profile,
 // endpoints, policy) on the embedded control plane in this process; then
-// as many new names again, past the bound, to see the table plateau. The
+// churnTables times as many new names, past the bound, to see memory
+// plateau. The
 // figure is the client's RSS with the table full; the control plane's
 // heap growth is reported beside it.
 func watchTable(o options) (*result, error) {
@@ -60,8 +67,8 @@ func watchTable(o options) (*result, error) {
 	appAddr := netip.MustParseAddrPort(appLis.Addr().String())
 
 	store := controlplane.NewStore()
-	sets := make(map[string][]endpoint.Endpoint, 2*n)
-	for i := range 2 * n {
+	sets := make(map[string][]endpoint.Endpoint, (1+churnTables)*n)
+	for i := range (1 + churnTables) * n {
 		sets[tableName(i)] = []endpoint.Endpoint{{Addr: appAddr}}
 	}
 	store.SetEndpoints(sets)
@@ -140,17 +147,18 @@ func watchTable(o options) (*result, error) {
 	}
 	r.Note = fmt.Sprintf("ratio = the client's RSS in MiB with %d names watched (the default bound; %.1f KiB each over %.1f MiB at start); "+
 		"after %d more names (%d of %d and %d of %d requests answered) %.1f MiB, %d watches; %d -> %d goroutines (stacks %.1f MiB), %d watches; heap %.1f -> %.1f MiB; control plane heap and stacks +%.1f MiB (%.1f KiB a name), then +%.1f MiB (goroutines %d, %d, %d)",
-		n, perName, base.RSSMiB, n, full.Sent, n, again.Sent, n, again.RSSMiB, again.Watches, base.Goroutines, full.Goroutines, full.StackMiB, full.Watches, full.HeapMiB, again.HeapMiB, cpHeap[1], cpHeap[1]*1024/float64(n), cpHeap[2], cpG[0], cpG[1], cpG[2])
+		n, perName, base.RSSMiB, churnTables*n, full.Sent, n, again.Sent, churnTables*n, again.RSSMiB, again.Watches, base.Goroutines, full.Goroutines, full.StackMiB, full.Watches, full.HeapMiB, again.HeapMiB, cpHeap[1], cpHeap[1]*1024/float64(n), cpHeap[2], cpG[0], cpG[1], cpG[2])
 	return r, nil
 }
 
 // watchTableChild is the client's process of watch_table: it reports its
 // usage, sends a request to each of the first names, reports, to each of
-// as many names again, reports, and waits for its standard input to end.
+// churnTables times as many new names, reports, and waits for its
+// standard input to end.
 func watchTableChild() error {
 	fs := flag.NewFlagSet("watch_table", flag.ContinueOnError)
 	addr := fs.String("addr", "", "control plane")
-	names := fs.Int("names", 0, "names in a pass")
+	names := fs.Int("names", 0, "names in a full table")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -171,7 +179,7 @@ func watchTableChild() error {
 		return json.NewEncoder(os.Stdout).Encode(tableUsage{RSSMiB: float64(rss()) / (1 << 20), HeapMiB: float64(m.HeapAlloc) / (1 << 20), StackMiB: float64(m.StackInuse) / (1 << 20),
 			Goroutines: runtime.NumGoroutine(), Watches: s.ProfileWatches + s.EndpointWatches + s.PolicyWatches, Sent: sent})
 	}
-	pass := func(from int) int {
+	pass := func(from, count int) int {
 		var next, sent atomic.Int64
 		var wg sync.WaitGroup
 		deadline := time.Now().Add(5 * time.Minute)
@@ -181,10 +189,10 @@ func watchTableChild() error {
 				defer wg.Done()
 				for {
 					i := int(next.Add(1)) - 1
-					if i >= *names || time.Now().After(deadline) {
+					if i >= count || time.Now().After(deadline) {
 						return
 					}
-					if do(st.client, get("http://"+tableName(from+i)+"/", "")) == nil {
+					if answered(st.client, get("http://"+tableName(from+i)+"/", "")) {
 						sent.Add(1)
 					}
 				}
@@ -196,7 +204,7 @@ func watchTableChild() error {
 	if err := report(0); err != nil {
 		return err
 	}
-	if err := report(pass(0)); err != nil {
+	if err := report(pass(0, *names)); err != nil {
 		return err
 	}
 	if dir := os.Getenv("INMESH_BENCH_PROFILES"); dir != "" {
@@ -213,10 +221,22 @@ func watchTableChild() error {
 			}
 		}
 	}
-	if err := report(pass(*names)); err != nil {
+	if err := report(pass(*names, churnTables**names)); err != nil {
 		return err
 	}
 	// Kept until the scenario measured the control plane.
 	_, err = io.Copy(io.Discard, os.Stdin)
 	return err
+}
+
+// answered sends req and reports whether the app answered it (a 2xx): a
+// 503 from the stack is not an answer.
+func answered(rt http.RoundTripper, req *http.Request) bool {
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return false
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return err == nil && resp.StatusCode/100 == 2
 }
