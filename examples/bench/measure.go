@@ -83,13 +83,19 @@ func inProcess(h http.Handler, req *http.Request, n int) figures {
 
 // do sends one request and drains the response.
 func do(rt http.RoundTripper, req *http.Request) error {
+	_, err := send(rt, req)
+	return err
+}
+
+// send sends req, reads its response to the end and returns its status.
+func send(rt http.RoundTripper, req *http.Request) (int, error) {
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return err
+	return resp.StatusCode, err
 }
 
 // get returns a GET request for url with its Host set to host (the URL's

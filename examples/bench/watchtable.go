@@ -232,11 +232,6 @@ func watchTableChild() error {
 // answered sends req and reports whether the app answered it (a 2xx): a
 // 503 from the stack is not an answer.
 func answered(rt http.RoundTripper, req *http.Request) bool {
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return false
-	}
-	_, err = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return err == nil && resp.StatusCode/100 == 2
+	code, err := send(rt, req)
+	return err == nil && code/100 == 2
 }
