@@ -410,20 +410,21 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
 	}
-	a, ent := b.table.lookup(host)
+	// The request holds its authority until it ends (its response body
+	// included), so that the idle sweep never releases the state it uses:
+	// the loads of the endpoints, their failure accrual, the queue.
+	a, ent := b.table.hold(host)
 	if a == nil {
 		return t.base.RoundTrip(req) // not an authority we can resolve
 	}
 	b.watchSplit(a)
 	if to := a.split.Load().Pick(); to != "" {
-		if o, oe := b.table.lookup(to); o != nil {
-			a, ent = o, oe // traffic split: the request goes to an override's endpoints
+		if o, oe := b.table.hold(to); o != nil {
+			// Traffic split: the request goes to an override's endpoints.
+			ent.Unhold()
+			a, ent = o, oe
 		}
 	}
-	// The request holds its authority until it ends (its response body
-	// included), so that the idle sweep never releases the state it uses:
-	// the loads of the endpoints, their failure accrual, the queue.
-	ent.Hold()
 	resp, held, err := t.roundTrip(req, host, a, ent)
 	if !held {
 		ent.Unhold()
@@ -746,6 +747,9 @@ type table struct {
 	live   sync.Map   // *authority -> struct{}: the entries not released, for the metrics
 	closed *authority // what requests get once the Balancer is closed
 	shut   atomic.Bool
+	// afterLookup, set by tests only, runs in hold between the lookup and
+	// the hold: where another request's lookup may evict the entry.
+	afterLookup func(host string)
 }
 
 func (t *table) init(cfg config, def *groupConf) {
@@ -777,6 +781,25 @@ func (t *table) lookup(host string) (*authority, *registry.Entry[authority]) {
 		}
 	}
 	return nil, nil
+}
+
+// hold looks host up and holds its entry (see [registry.Entry.Hold]). An
+// entry evicted between the lookup and the hold, by a full table's churn
+// of new names, is looked up again (at most twice more): its request would
+// otherwise watch for an authority already released, a watch beyond the
+// table's bound that the source's own bound (the same number) may refuse.
+func (t *table) hold(host string) (*authority, *registry.Entry[authority]) {
+	for i := 0; ; i++ {
+		a, ent := t.lookup(host)
+		if t.afterLookup != nil {
+			t.afterLookup(host)
+		}
+		ent.Hold()
+		if ent == nil || !ent.Released() || i == 2 {
+			return a, ent
+		}
+		ent.Unhold()
+	}
 }
 
 func (t *table) close() {
