@@ -395,7 +395,11 @@ func TestFirstMessageDeadline(t *testing.T) {
 	assert.Len(t, s.callTimes(), 2)
 }
 
+// The client watches at most the bound plus its headroom (1,000 + 62)
+// authorities of a kind at once, refuses the rest, and has room again once
+// they stop.
 func TestWatchCap(t *testing.T) {
+	const accepted = 1000 + 1000/16
 	store := controlplane.NewStore()
 	services := make(map[string][]endpoint.Endpoint, 2000)
 	for i := range 2000 {
@@ -426,18 +430,18 @@ func TestWatchCap(t *testing.T) {
 		}
 		stops = append(stops, stop)
 	}
-	assert.Equal(t, 1000, len(stops))
-	assert.Equal(t, 1000, rejected)
-	// 1,000 streams under -race on a loaded machine: a generous wait.
-	require.Eventually(t, func() bool { return delivered.Load() == 1000 }, 6*defaultTestTimeout, 10*time.Millisecond,
+	assert.Equal(t, accepted, len(stops))
+	assert.Equal(t, 2000-accepted, rejected)
+	// 1,062 streams under -race on a loaded machine: a generous wait.
+	require.Eventually(t, func() bool { return delivered.Load() == accepted }, 6*defaultTestTimeout, 10*time.Millisecond,
 		"every accepted watch gets its default profile")
 	st := c.Stats()
-	assert.Equal(t, 1000, st.ProfileWatches)
-	assert.Equal(t, uint64(1000), st.RejectedWatches)
+	assert.Equal(t, accepted, st.ProfileWatches)
+	assert.Equal(t, uint64(2000-accepted), st.RejectedWatches)
 
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	perWatch := (runtime.NumGoroutine() - baseGoroutines) / 1000
+	perWatch := (runtime.NumGoroutine() - baseGoroutines) / accepted
 	t.Logf("goroutines per watch (client and server in one process): %d; heap in use %d MiB", perWatch, ms.HeapInuse>>20)
 	assert.LessOrEqual(t, perWatch, 8, "goroutines per watch")
 	assert.Less(t, ms.HeapInuse, uint64(512<<20))

@@ -40,6 +40,10 @@ type config struct {
 	linkerdStreams       bool
 }
 
+// watchCap is the number of watches of one kind the client holds at most:
+// the authority bound and its headroom (see [WithMaxWatches]).
+func (c *config) watchCap() int { return c.maxWatches + c.maxWatches/16 }
+
 func newConfig(opts []Option) config {
 	c := config{
 		maxWatches:          DefaultMaxWatches,
@@ -74,8 +78,15 @@ func WithContextToken(token string) Option {
 func WithBackoff(p backoff.Policy) Option { return optionFunc(func(c *config) { c.policy = p }) }
 
 // WithMaxWatches bounds the number of authorities watched at once, for
-// profiles and for endpoints each (default [DefaultMaxWatches]). Past it a
-// watch fails with [profiles.ErrTooManyWatches]. n <= 0 changes nothing.
+// each kind of watch (profiles, endpoints, policies; default
+// [DefaultMaxWatches]): n, the authority bound of the stacks it serves,
+// plus n/16 of headroom. The layers of one stack (the router and the
+// balancer) each keep up to n authorities in tables of their own and
+// replace them at slightly different moments; without the headroom, a
+// churn of new names past a full table found the bound taken by the name
+// one layer was replacing while another still held it. Past n + n/16
+// (an idle watch is dropped first to make room) a watch fails with
+// [profiles.ErrTooManyWatches]. n <= 0 changes nothing.
 func WithMaxWatches(n int) Option {
 	return optionFunc(func(c *config) {
 		if n > 0 {

@@ -147,7 +147,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	}
 	w := ws.m[authority]
 	if w == nil {
-		if len(ws.m) >= c.cfg.maxWatches && !ws.evictIdleLocked() {
+		if len(ws.m) >= c.cfg.watchCap() && !ws.evictIdleLocked() {
 			ws.rejected.Add(1)
 			return nil, fmt.Errorf("%w: %d %s watches already", errTooManyWatches, len(ws.m), ws.kind.name)
 		}

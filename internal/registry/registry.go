@@ -454,6 +454,15 @@ func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
 	r.addAliasLocked(e, raw)
 	r.mu.Unlock()
 
+	// The evicted entries are released before the new one starts: their
+	// stop functions free the watches that its start may need, on a
+	// client whose watch bound is this registry's. Started the other way
+	// round, a full table's next entry found the client's bound taken by
+	// the entry it replaced.
+	for _, old := range released {
+		old.finish()
+	}
+	released = nil
 	if r.start != nil {
 		// A failed start leaves the entry with its first snapshot; the
 		// next attempt waits for the retry delay (see restart).

@@ -101,6 +101,28 @@ func TestEvictsLeastRecentlyUsed(t *testing.T) {
 	assert.Equal(t, 2, c.get(c.starts, "b:80"))
 }
 
+// A full registry releases the entry it evicts before it starts the new
+// one, so that a start which takes a slot of a bound the size of the
+// registry's (a control-plane client's watches) finds the slot free.
+// Started first, the new entry's watch was refused by a client at its
+// bound while the evicted entry still held its own.
+func TestEvictedEntryStopsBeforeTheNewOneStarts(t *testing.T) {
+	var open, most atomic.Int64
+	start := func(*Entry[state]) (func(), error) {
+		n := open.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		return func() { open.Add(-1) }, nil
+	}
+	r := New(newState, start, WithMaxEntries(2))
+	defer r.Close()
+	for i := range 10 {
+		r.Get(fmt.Sprintf("svc-%d", i))
+	}
+	assert.Equal(t, int64(2), most.Load(), "never more started entries than the bound")
+	assert.Equal(t, int64(2), open.Load())
+}
+
 func TestIdleReleaseStopsOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCounter()
