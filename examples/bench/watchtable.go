@@ -43,6 +43,7 @@ type tableUsage struct {
 	Goroutines int     `json:"goroutines"`
 	Watches    int     `json:"watches"`
 	Sent       int     `json:"sent"`
+	Refused    uint64  `json:"refused"` // watches the client's bound refused, so far
 }
 
 // watchTable: the memory of a mesh client (the outbound stack with its
@@ -146,8 +147,8 @@ func watchTable(o options) (*result, error) {
 		Extra:     []ratio{{Name: "control-plane heap+stacks (MiB)", Ratio: cpHeap[1], Goal: atMost(128), Spread: spread{cpHeap[1], cpHeap[2]}}},
 	}
 	r.Note = fmt.Sprintf("ratio = the client's RSS in MiB with %d names watched (the default bound; %.1f KiB each over %.1f MiB at start); "+
-		"after %d more names (%d of %d and %d of %d requests answered) %.1f MiB, %d watches; %d -> %d goroutines (stacks %.1f MiB), %d watches; heap %.1f -> %.1f MiB; control plane heap and stacks +%.1f MiB (%.1f KiB a name), then +%.1f MiB (goroutines %d, %d, %d)",
-		n, perName, base.RSSMiB, churnTables*n, full.Sent, n, again.Sent, churnTables*n, again.RSSMiB, again.Watches, base.Goroutines, full.Goroutines, full.StackMiB, full.Watches, full.HeapMiB, again.HeapMiB, cpHeap[1], cpHeap[1]*1024/float64(n), cpHeap[2], cpG[0], cpG[1], cpG[2])
+		"after %d more names (%d of %d and %d of %d requests answered, %d watches refused) %.1f MiB, %d watches; %d -> %d goroutines (stacks %.1f MiB), %d watches; heap %.1f -> %.1f MiB; control plane heap and stacks +%.1f MiB (%.1f KiB a name), then +%.1f MiB (goroutines %d, %d, %d)",
+		n, perName, base.RSSMiB, churnTables*n, full.Sent, n, again.Sent, churnTables*n, again.Refused, again.RSSMiB, again.Watches, base.Goroutines, full.Goroutines, full.StackMiB, full.Watches, full.HeapMiB, again.HeapMiB, cpHeap[1], cpHeap[1]*1024/float64(n), cpHeap[2], cpG[0], cpG[1], cpG[2])
 	return r, nil
 }
 
@@ -177,7 +178,8 @@ func watchTableChild() error {
 		runtime.ReadMemStats(&m)
 		s := dst.Stats()
 		return json.NewEncoder(os.Stdout).Encode(tableUsage{RSSMiB: float64(rss()) / (1 << 20), HeapMiB: float64(m.HeapAlloc) / (1 << 20), StackMiB: float64(m.StackInuse) / (1 << 20),
-			Goroutines: runtime.NumGoroutine(), Watches: s.ProfileWatches + s.EndpointWatches + s.PolicyWatches, Sent: sent})
+			Goroutines: runtime.NumGoroutine(), Watches: s.ProfileWatches + s.EndpointWatches + s.PolicyWatches, Sent: sent,
+			Refused: s.RejectedWatches})
 	}
 	pass := func(from, count int) int {
 		var next, sent atomic.Int64
