@@ -25,6 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const (
 	books       = "books.default.svc.cluster.local:7000"
 	booksTarget = "inmesh:///" + books
+	authors     = "authors.default.svc.cluster.local:7000"
 )
 
 // app is a real gRPC server on loopback: it counts its calls and answers

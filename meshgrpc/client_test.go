@@ -123,11 +123,14 @@ func TestEmptyEndpointSet(t *testing.T) {
 
 // A target the Destination client cannot watch (past its bound on
 // watched authorities) is a resolver error: calls fail at once with
-// UNAVAILABLE saying why, and the channel does not spin re-resolving.
+// UNAVAILABLE saying why. The channel does not spin re-resolving: it tries
+// the watch again after a growing delay (a second, then more), so that
+// once the bound has room (here, the other channel closed), calls go
+// through. Before, a refusal lasted as long as the channel.
 func TestWatchRefused(t *testing.T) {
 	a := startApp(t, &app{}, nil)
 	store := controlplane.NewStore()
-	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}, authors: {{Addr: a.addr}}})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	g := grpc.NewServer()
@@ -138,15 +141,22 @@ func TestWatchRefused(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = dst.Close() })
 
-	c := dial(t, dst)
-	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	first, err := grpc.NewClient(booksTarget, meshgrpc.DialOptions(dst)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = first.Close() })
+	_, err = testgrpc.NewTestServiceClient(first).EmptyCall(callCtx(t), &testgrpc.Empty{})
 	require.NoError(t, err)
 
-	cc, err := grpc.NewClient("inmesh:///authors.default.svc.cluster.local:7000",
+	cc, err := grpc.NewClient("inmesh:///"+authors,
 		meshgrpc.DialOptions(dst, meshgrpc.WithLogger(slog.New(slog.DiscardHandler)))...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cc.Close() })
-	_, err = testgrpc.NewTestServiceClient(cc).EmptyCall(callCtx(t), &testgrpc.Empty{})
+	second := testgrpc.NewTestServiceClient(cc)
+	_, err = second.EmptyCall(callCtx(t), &testgrpc.Empty{})
 	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	assert.Contains(t, status.Convert(err).Message(), "authors.default.svc.cluster.local:7000")
+	assert.Contains(t, status.Convert(err).Message(), authors)
+
+	require.NoError(t, first.Close()) // its watch idles, and gives way at the bound
+	_, err = second.EmptyCall(callCtx(t), &testgrpc.Empty{}, grpc.WaitForReady(true))
+	require.NoError(t, err, "the refused watch is tried again")
 }

@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/attributes"
 	"google.golang.org/grpc/resolver"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -54,7 +56,8 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &meshResolver{m: b.m, cc: cc, authority: authority, ctx: ctx, cancel: cancel,
-		sets: make(map[string]*endpoint.Update), stops: make(map[string]func())}
+		sets: make(map[string]*endpoint.Update), stops: make(map[string]func()),
+		refused: make(map[string]*time.Timer), failures: make(map[string]int)}
 	b.m.register(authority, r)
 	r.mu.Lock()
 	r.wantLocked([]string{authority})
@@ -96,6 +99,11 @@ type meshResolver struct {
 	backends    []string                    // the backend authorities, the target's first
 	sets        map[string]*endpoint.Update // the last update of each backend's watch
 	stops       map[string]func()
+	// refused holds the retry of each backend whose endpoint watch the
+	// Destination client refused (its bound), and failures how many times
+	// in a row it did: the watch is tried again after a growing delay.
+	refused  map[string]*time.Timer
+	failures map[string]int
 	// policyAnswered and profileAnswered: the target's outbound policy
 	// and ServiceProfile have answered, or their watch failed.
 	policyAnswered, profileAnswered bool
@@ -181,6 +189,8 @@ func (r *meshResolver) wantLocked(want []string) (stops []func()) {
 			stops = append(stops, s)
 			delete(r.stops, a)
 			delete(r.sets, a)
+			delete(r.refused, a)
+			delete(r.failures, a)
 		}
 	}
 	for _, a := range want {
@@ -190,12 +200,37 @@ func (r *meshResolver) wantLocked(want []string) (stops []func()) {
 		stop, err := r.m.dst.WatchEndpoints(r.ctx, a, func(u endpoint.Update) { r.endpoints(a, u) })
 		if err != nil {
 			r.sets[a] = &endpoint.Update{Err: err}
-			r.stops[a] = func() {}
+			n := r.failures[a]
+			r.failures[a] = n + 1
+			t := time.AfterFunc(registry.DefaultRetry.Delay(n), func() { r.retry(a) })
+			r.refused[a] = t
+			r.stops[a] = func() { t.Stop() }
 			continue
 		}
+		delete(r.failures, a)
 		r.stops[a] = stop
 	}
 	return stops
+}
+
+// retry watches a backend whose watch was refused again, if the channel
+// still wants it: a bound that was full a moment ago (another channel's
+// or stack's watches) may have room now. Without it, a refusal lasted as
+// long as the channel.
+func (r *meshResolver) retry(a string) {
+	r.mu.Lock()
+	if r.closed || r.refused[a] == nil {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.refused, a)
+	delete(r.stops, a)
+	stops := r.wantLocked(r.backends)
+	r.mu.Unlock()
+	for _, s := range stops {
+		s()
+	}
+	r.push()
 }
 
 func (r *meshResolver) endpoints(a string, u endpoint.Update) {
