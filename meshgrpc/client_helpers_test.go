@@ -77,7 +77,7 @@ func startApp(t testing.TB, a *app, creds credentials.TransportCredentials) *app
 
 // serveStore serves the embedded control plane over store on loopback
 // and returns a Destination client of it.
-func serveStore(t testing.TB, store *controlplane.Store) *destination.Client {
+func serveStore(t testing.TB, store *controlplane.Store, opts ...destination.Option) *destination.Client {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -85,7 +85,7 @@ func serveStore(t testing.TB, store *controlplane.Store) *destination.Client {
 	controlplane.NewServer(store).Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
-	dst, err := destination.Dial(lis.Addr().String())
+	dst, err := destination.Dial(lis.Addr().String(), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = dst.Close() })
 	return dst

@@ -62,26 +62,60 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	r.mu.Lock()
 	r.wantLocked([]string{authority})
 	r.mu.Unlock()
-	pstop, err := b.m.dst.Watch(ctx, authority, r.profile)
-	if err != nil {
-		b.m.cfg.logger.Warn("meshgrpc: cannot watch the service profile", "authority", authority, "error", err)
-		r.answered(&r.profileAnswered) // none will come
-	} else {
-		r.mu.Lock()
-		r.profileStop = pstop
-		r.mu.Unlock()
-	}
-	stop, err := b.m.dst.WatchPolicy(ctx, destinationSpec(authority), r.policy)
-	if err != nil {
-		b.m.cfg.logger.Warn("meshgrpc: cannot watch the outbound policy; the target's endpoints take every call", "authority", authority, "error", err)
-		r.answered(&r.policyAnswered) // none will come
-	} else {
-		r.mu.Lock()
-		r.policyStop = stop
-		r.mu.Unlock()
-	}
+	r.watchProfile(0)
+	r.watchPolicy(0)
 	r.push() // a watch refused at once is a resolver error now
 	return r, nil
+}
+
+// watchProfile starts the target's ServiceProfile watch. One the
+// Destination client refuses (its bound) is tried again after the n-th
+// delay of the registry's backoff; meanwhile calls do not wait for it.
+func (r *meshResolver) watchProfile(n int) {
+	stop, err := r.m.dst.Watch(r.ctx, r.authority, r.profile)
+	if r.keep(stop, err, &r.profileStop, n, r.watchProfile) {
+		return
+	}
+	if n == 0 {
+		r.m.cfg.logger.Warn("meshgrpc: cannot watch the service profile; trying again", "authority", r.authority, "error", err)
+	}
+	r.answered(&r.profileAnswered) // none will come for now
+}
+
+// watchPolicy starts the target's outbound policy watch, as watchProfile
+// does the profile's.
+func (r *meshResolver) watchPolicy(n int) {
+	stop, err := r.m.dst.WatchPolicy(r.ctx, destinationSpec(r.authority), r.policy)
+	if r.keep(stop, err, &r.policyStop, n, r.watchPolicy) {
+		return
+	}
+	if n == 0 {
+		r.m.cfg.logger.Warn("meshgrpc: cannot watch the outbound policy; the target's endpoints take every call until it can", "authority", r.authority, "error", err)
+	}
+	r.answered(&r.policyAnswered) // none will come for now
+}
+
+// keep records a started watch's stop in *slot, or, for a refused one, a
+// retry of again(n+1) after the n-th delay; it reports whether the watch
+// started (or the resolver closed meanwhile, which stops it).
+func (r *meshResolver) keep(stop func(), err error, slot *func(), n int, again func(int)) bool {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		if stop != nil {
+			stop()
+		}
+		return true
+	}
+	if err != nil {
+		t := time.AfterFunc(registry.DefaultRetry.Delay(n), func() { again(n + 1) })
+		*slot = func() { t.Stop() }
+		r.mu.Unlock()
+		return false
+	}
+	*slot = stop
+	r.mu.Unlock()
+	return true
 }
 
 type meshResolver struct {

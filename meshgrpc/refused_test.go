@@ -1,0 +1,91 @@
+package meshgrpc_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
+)
+
+// authorsSlow is the Service authors with a GRPCRoute that times EmptyCall
+// out at 300 ms.
+const authorsSlow = `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: authors, namespace: default}
+spec: {ports: [{port: 7000}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata:
+  name: slow
+  namespace: default
+  annotations: {timeout.linkerd.io/request: 300ms}
+spec:
+  parentRefs: [{kind: Service, group: core, name: authors, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: authors, port: 7000}]
+`
+
+// A channel whose policy, profile and endpoint watches the Destination
+// client refused (its bound, held by another channel) tries them again:
+// once the bound has room, the channel gets its target's policy, and its
+// calls follow the GRPCRoute (the route's 300 ms timeout ends a call that
+// the app never answers). Before, a channel refused its policy at its
+// first resolution went without routes for its whole life.
+func TestRefusedPolicyWatchIsTriedAgain(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(g, &coldApp{})
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+authorsSlow)
+	app := netip.MustParseAddrPort(lis.Addr().String())
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: app}}, authors: {{Addr: app}}})
+	dst := serveStore(t, store, destination.WithMaxWatches(1))
+
+	first, err := grpc.NewClient(booksTarget, meshgrpc.DialOptions(dst)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = first.Close() })
+	first.Connect()
+	require.Eventually(t, func() bool {
+		s := dst.Stats()
+		return s.ProfileWatches == 1 && s.PolicyWatches == 1 && s.EndpointWatches == 1
+	}, testutil.Timeout, 10*time.Millisecond, "the first channel holds the bound")
+
+	m := testutil.NewMetrics(t)
+	cc, err := grpc.NewClient("inmesh:///"+authors, meshgrpc.DialOptions(dst, meshgrpc.WithMeterProvider(m.Provider))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	cc.Connect()
+	require.Eventually(t, func() bool { return dst.Stats().RejectedWatches >= 3 }, testutil.Timeout, 10*time.Millisecond,
+		"the second channel's profile, policy and endpoint watches are refused")
+
+	require.NoError(t, first.Close()) // its watches idle, and give way at the bound
+	c := testgrpc.NewTestServiceClient(cc)
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := c.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+		return status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil
+	}, 4*testutil.Timeout, 10*time.Millisecond, "the route's timeout ends a call once the policy is watched again")
+	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="slow"`, `error="REQUEST_TIMEOUT"`))
+}
