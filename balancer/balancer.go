@@ -460,7 +460,11 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	switch {
 	case s.err != nil:
 		var refused *watchError
-		if b.cfg.fallback && !errors.As(s.err, &refused) {
+		if errors.As(s.err, &refused) {
+			closeBody(req)
+			return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot watch "+name+": "+s.err.Error()), false, nil
+		}
+		if b.cfg.fallback {
 			resp, err := t.base.RoundTrip(req)
 			return resp, false, err
 		}
@@ -787,7 +791,10 @@ func (t *table) lookup(host string) (*authority, *registry.Entry[authority]) {
 // entry evicted between the lookup and the hold, by a full table's churn
 // of new names, is looked up again (at most twice more): its request would
 // otherwise watch for an authority already released, a watch beyond the
-// table's bound that the source's own bound (the same number) may refuse.
+// table's bound that the source's own bound may refuse. The window is
+// narrowed, not closed: an eviction that checked the hold just before it
+// was taken, and removes the entry just after the check here, still
+// leaves the request a released entry.
 func (t *table) hold(host string) (*authority, *registry.Entry[authority]) {
 	for i := 0; ; i++ {
 		a, ent := t.lookup(host)

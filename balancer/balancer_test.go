@@ -331,17 +331,36 @@ func TestRefusedWatchNeverFallsBack(t *testing.T) {
 		resp, err := rt.RoundTrip(req)
 		require.NoError(t, err)
 		assert.Equal(t, 503, resp.StatusCode)
-		assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "too many watched authorities")
+		assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "cannot watch "+books+":7000: too many watched authorities")
 	}
 	assert.Zero(t, direct.Load(), "no request left through the base transport")
 
-	nb := New(staticSource(t, nil), WithLogger(quietLogger))
-	defer nb.Close()
-	req, _ := http.NewRequest("GET", "http://"+books+":7000/", nil)
-	resp, err := nb.Transport(base).RoundTrip(req)
-	require.NoError(t, err)
-	assert.Equal(t, 204, resp.StatusCode, "an authority that does not exist falls back")
-	assert.Equal(t, int64(1), direct.Load())
+	for _, tc := range []struct {
+		name string
+		src  Source
+	}{
+		{"does not exist", staticSource(t, nil)},
+		{"cannot resolve", errSource{errors.New("InvalidArgument: not a name the control plane serves")}},
+	} {
+		before := direct.Load()
+		nb := New(tc.src, WithLogger(quietLogger))
+		req, _ := http.NewRequest("GET", "http://"+books+":7000/", nil)
+		resp, err := nb.Transport(base).RoundTrip(req)
+		require.NoError(t, err)
+		assert.Equal(t, 204, resp.StatusCode, "the source's answer %q falls back", tc.name)
+		assert.Equal(t, before+1, direct.Load(), tc.name)
+		nb.Close()
+	}
+}
+
+// errSource answers every watch with err, after WatchEndpoints returned,
+// as a control plane that cannot resolve the authority does.
+type errSource struct{ err error }
+
+func (s errSource) WatchEndpoints(_ context.Context, _ string, update func(endpoint.Update)) (func(), error) {
+	done := make(chan struct{})
+	go func() { defer close(done); update(endpoint.Update{Err: s.err}) }()
+	return func() { <-done }, nil
 }
 
 // boundedSource is a Source that watches at most max authorities at once

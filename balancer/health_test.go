@@ -558,7 +558,33 @@ func TestServiceLabelsBoundedForLife(t *testing.T) {
 	for _, n := range []string{"c", "d", "e"} {
 		assert.Empty(t, m.Lines(t, family, `parent_name="`+n+`"`), "a Service past the bound has no series of its own")
 	}
-	assert.Equal(t, "3", m.Value(t, family, `otel_metric_overflow="true"`, `parent_kind="default"`, `parent_name="unknown"`))
-	assert.Len(t, m.Lines(t, family), 3, "two Services and the overflow")
+	assert.Equal(t, "3", m.Value(t, family, `parent_kind="Service"`, `parent_name="other"`, `parent_namespace=""`, `backend_name="other"`))
+	assert.Len(t, m.Lines(t, family), 3, "two Services and other")
 	assert.Empty(t, m.Lines(t, "outbound_http_balancer_p2c_updates_total", `parent_name="e"`))
+}
+
+// The gauges of the authorities that share a label set (Services past the
+// bound, under "other") are their sum, observed once: a gauge keeps only
+// the last value observed for a set, so each authority's own figure would
+// leave one arbitrary authority's.
+func TestSharedLabelGaugesAreSummed(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	one := backend(t, "one")
+	svc := func(n string) string { return n + ".default.svc.cluster.local:7000" }
+	sets := map[string][]endpoint.Endpoint{
+		svc("a"): {one}, svc("b"): {one}, svc("c"): {one},
+		svc("d"): {backend(t, "d1"), backend(t, "d2"), backend(t, "d3")},
+		svc("e"): {one},
+	}
+	_, client := newClient(t, staticSource(t, sets), WithMeterProvider(m.Provider), WithMaxAuthorities(3))
+	// a, b and c are labelled for life; d and e come past the bound and,
+	// with c, are the three authorities the Balancer holds now.
+	for _, n := range []string{"a", "b", "c", "d", "e"} {
+		status, _, _ := fetch(t, client, "http://"+svc(n)+"/")
+		require.Equal(t, 200, status)
+	}
+	other := []string{`parent_name="other"`, `parent_namespace=""`}
+	assert.Equal(t, "4", m.Value(t, "outbound_http_balancer_p2c_endpoints", other...), "d's three endpoints and e's one")
+	assert.Equal(t, "4", m.Value(t, "outbound_http_balancer_endpoints", append(other, `endpoint_state="ready"`)...))
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_p2c_endpoints", `parent_name="c"`))
 }

@@ -24,9 +24,10 @@ import (
 // temporality keeps every series it has seen), so the Services labelled
 // are bounded for the life of the Balancer, not by the authorities it
 // keeps at once: the first [WithMaxAuthorities] distinct Services get
-// labels of their own, and any later one is counted under the fixed
-// values above and otel.metric.overflow="true", as the SDK marks what it
-// counts past its own cardinality limit. Without that bound a proxy that sees
+// labels of their own, and any later one is counted under parent_kind
+// "Service", parent_name "other" and no namespace (see otherLabels); the
+// gauges of the authorities that share a label set are their sum. Without
+// that bound a proxy that sees
 // ever new Service names would keep a label set, and each family's
 // series of it, for every name it ever saw.
 const scope = "github.com/inmesh/inmesh/balancer"
@@ -45,7 +46,7 @@ type balMetrics struct {
 	reg       metric.Registration // the gauges' callback, nil when none
 	unknown   *authLabels         // the labels of every authority that is not a Service's
 	services  *registry.Names     // the Services labelled, for the life of the Balancer
-	overflow  *authLabels         // the labels of every Service past services' bound
+	overflow  *authLabels         // the labels of every Service past services' bound (otherLabels)
 }
 
 // close stops the gauges' callback, so that a closed Balancer is no
@@ -95,10 +96,7 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	kvs, _ := labelsOf("")
 	m.unknown = m.newLabels(kvs)
 	m.services = registry.NewNames(b.cfg.maxAuthorities)
-	// Not the SDK's own overflow set (that attribute alone): an SDK that
-	// has seen that set sends every later new set of the instrument into
-	// it.
-	m.overflow = m.newLabels(append(kvs, attribute.Bool("otel.metric.overflow", true)))
+	m.overflow = m.newLabels(otherLabels())
 	m.latency, err = meter.Float64Histogram("outbound_http_balancer_queue_latency_seconds", metric.WithDescription("The time requests wait in the balancer queue."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(queueLatencyBuckets...))
 	handle(err)
@@ -122,8 +120,24 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	}
 	ready := attribute.String("endpoint_state", "ready")
 	pending := attribute.String("endpoint_state", "pending")
+	// gauges are the figures of one label set.
+	type gauges struct {
+		ready, pending, eps, queued int64
+		timeout                     float64
+	}
+	observe := func(o metric.Observer, set attribute.Set, v gauges) {
+		o.ObserveInt64(endpoints, v.ready, metric.WithAttributeSet(withAttr(set, ready)))
+		o.ObserveInt64(endpoints, v.pending, metric.WithAttributeSet(withAttr(set, pending)))
+		o.ObserveInt64(p2c, v.eps, metric.WithAttributeSet(set))
+		o.ObserveInt64(qlen, v.queued, metric.WithAttributeSet(set))
+		o.ObserveFloat64(timeout, v.timeout, metric.WithAttributeSet(set))
+	}
 	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		now := b.cfg.now()
+		// The authorities that share a label set (the non-Service
+		// ones, the Services past the bound) are summed and observed
+		// once: a gauge keeps only the last value observed for a set.
+		var shared map[*authLabels]*gauges
 		b.table.each(func(a *authority) {
 			g := a.current()
 			s := g.state.Load()
@@ -133,14 +147,30 @@ func newBalMetrics(b *Balancer) *balMetrics {
 			var queued int64
 			a.each(func(g *group) { queued += g.queued.Load() })
 			am := b.metrics.of(a)
-			r := s.countAvailable(now)
-			o.ObserveInt64(endpoints, int64(r), metric.WithAttributeSet(withAttr(am.set, ready)))
-			o.ObserveInt64(endpoints, int64(len(s.eps)-r), metric.WithAttributeSet(withAttr(am.set, pending)))
-			o.ObserveInt64(p2c, int64(len(s.eps)), am.obs())
-			o.ObserveInt64(qlen, queued, am.obs())
-			o.ObserveFloat64(timeout, g.conf.failfast.Seconds(), am.obs())
+			r := int64(s.countAvailable(now))
+			v := gauges{ready: r, pending: int64(len(s.eps)) - r, eps: int64(len(s.eps)), queued: queued, timeout: g.conf.failfast.Seconds()}
+			if am.authLabels == m.unknown || am.authLabels == m.overflow {
+				if shared == nil {
+					shared = make(map[*authLabels]*gauges, 2)
+				}
+				sum := shared[am.authLabels]
+				if sum == nil {
+					sum = &gauges{}
+					shared[am.authLabels] = sum
+				}
+				sum.ready += v.ready
+				sum.pending += v.pending
+				sum.eps += v.eps
+				sum.queued += v.queued
+				sum.timeout = max(sum.timeout, v.timeout)
+				return
+			}
+			observe(o, am.set, v)
 			m.zone.observe(o, g, am)
 		})
+		for l, v := range shared {
+			observe(o, l.set, *v)
+		}
 		return nil
 	}, append([]metric.Observable{endpoints, p2c, qlen, timeout}, m.zone.observables()...)...)
 	handle(err)
@@ -173,6 +203,21 @@ func (m *balMetrics) of(a *authority) *authMetrics {
 		return am
 	}
 	return a.metrics.Load()
+}
+
+// otherLabels are the parent and backend labels of every Service past the
+// bound: parent_kind "Service" and parent_name "other" with no namespace,
+// which no Service has, as the router and classify name what they count
+// past their bounds "other".
+func otherLabels() []attribute.KeyValue {
+	kvs := make([]attribute.KeyValue, 0, 12)
+	for _, prefix := range []string{"parent_", "backend_"} {
+		kvs = append(kvs,
+			attribute.String(prefix+"group", "core"), attribute.String(prefix+"kind", "Service"),
+			attribute.String(prefix+"namespace", ""), attribute.String(prefix+"name", "other"),
+			attribute.String(prefix+"port", ""), attribute.String(prefix+"section_name", ""))
+	}
+	return kvs
 }
 
 // labelsOf returns the parent and backend labels of an authority, and

@@ -134,9 +134,8 @@ func WithErrorPenalty(d time.Duration) Option {
 // watches for (default [DefaultMaxAuthorities]). Past it, the least
 // recently used authority is released (its watches stop) to make room for
 // the new one. It also bounds, for the life of the Balancer, the distinct
-// Services its metric families label; later ones are counted under the
-// labels of an authority that is not a Service's and
-// otel.metric.overflow="true". n <= 0 changes nothing.
+// Services its metric families label; later ones are counted under
+// parent_name "other" (no namespace). n <= 0 changes nothing.
 func WithMaxAuthorities(n int) Option {
 	return optionFunc(func(c *config) {
 		if n > 0 {

@@ -204,7 +204,10 @@ func WithTrustedNetworks(nets ...netip.Prefix) ServerOption {
 }
 
 // WithMaxAuthorities bounds the authorities routed by profile and those
-// the balancer keeps endpoints for, and classify's authority label values.
+// the balancer keeps endpoints for, and, for the life of the stack,
+// classify's authority label values and the balancer's Service labels.
+// Keep the destination client's watch bound (destination.WithMaxWatches)
+// at least as large: a request whose endpoint watch it refuses gets a 503.
 func WithMaxAuthorities(n int) Option { return optionFunc(func(c *config) { c.maxAuthorities = n }) }
 
 // WithIdleTimeout sets how long the stacks keep an authority no request

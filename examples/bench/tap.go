@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"time"
 
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
@@ -53,12 +54,15 @@ func tapViewer(o options) (*result, error) {
 		}
 		defer resp.Body.Close()
 		lines := make(chan int, 1)
+		first := make(chan struct{})
 		go func() {
 			sc := bufio.NewScanner(resp.Body)
 			seen := 0
 			for sc.Scan() {
 				if len(sc.Bytes()) > 0 {
-					seen++
+					if seen++; seen == 1 {
+						close(first)
+					}
 				}
 			}
 			lines <- seen
@@ -66,6 +70,14 @@ func tapViewer(o options) (*result, error) {
 		f, err := run(tappedSrv.URL + "/")()
 		if err != nil {
 			return f, err
+		}
+		// The stream sends what queued within its flush delay in one
+		// write: a short run (a warm-up's) can end before the first one.
+		// The viewer is given until its first line, or a generous
+		// deadline, before the stream is closed.
+		select {
+		case <-first:
+		case <-time.After(10 * time.Second):
 		}
 		cancel()
 		if seen := <-lines; seen == 0 {

@@ -18,19 +18,21 @@ import (
 )
 
 // SeriesPerAuthority is the room the limit leaves for each authority the
-// library labels: both directions, or two response kinds in one.
-const SeriesPerAuthority = 2
+// library labels: the most series one family has for one authority (the
+// balancer's p2c_updates_total, by op: Reset, Add, Remove, DoesNotExist).
+const SeriesPerAuthority = 4
 
 // CardinalityLimit returns the series limit per instrument for a mesh whose
-// router labels up to maxAuthorities authorities (<= 0:
-// router.DefaultMaxAuthorities), plus the fixed "other" value: the
-// route_* families carry one dst per authority, the other families fewer
-// (classify labels at most classify.DefaultMaxAuthorities).
+// layers label up to maxAuthorities authorities (<= 0:
+// router.DefaultMaxAuthorities), plus two fixed values: "other" past the
+// bound, and the balancer's labels of an authority that is not a
+// Service's. The route_* families carry one dst per authority, the other
+// families at most SeriesPerAuthority series an authority.
 func CardinalityLimit(maxAuthorities int) int {
 	if maxAuthorities <= 0 {
 		maxAuthorities = router.DefaultMaxAuthorities
 	}
-	return SeriesPerAuthority * (maxAuthorities + 1)
+	return SeriesPerAuthority * (maxAuthorities + 2)
 }
 
 // Metrics is a MeterProvider, the Prometheus registry its exporter fills
