@@ -102,7 +102,12 @@ func TestRequestMirrorConformance(t *testing.T) {
 					ups[m.name] = up
 					rule.Mirrors = append(rule.Mirrors, mirrorOf(up, m.name, tt.ratio[0], tt.ratio[1]))
 				}
-				f := newFixture(t, mode, httpPolicy(rule))
+				// The cases are about which requests are mirrored: an
+				// in-flight limit no run can reach (100 requests, two
+				// mirrors at most), so that copies lagging on a busy
+				// machine are never dropped. The limit has a test of
+				// its own (TestMirrorNeverHoldsPrimary).
+				f := newFixture(t, mode, httpPolicy(rule), WithMirrorLimits(MirrorLimits{InFlight: 1000}))
 				// 100 draws spread evenly over [0, 1): a share of p
 				// mirrors exactly 100p of them.
 				var draw atomic.Int64
