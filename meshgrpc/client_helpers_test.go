@@ -61,18 +61,25 @@ func (a *app) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, s gr
 // ends.
 func startApp(t testing.TB, a *app, creds credentials.TransportCredentials) *app {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	var opts []grpc.ServerOption
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
+	a.addr = serveTestService(t, a, opts...)
+	return a
+}
+
+// serveTestService serves srv as the TestService on loopback until the
+// test ends and returns its address.
+func serveTestService(t testing.TB, srv testgrpc.TestServiceServer, opts ...grpc.ServerOption) netip.AddrPort {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
 	g := grpc.NewServer(opts...)
-	testgrpc.RegisterTestServiceServer(g, a)
+	testgrpc.RegisterTestServiceServer(g, srv)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
-	a.addr = netip.MustParseAddrPort(lis.Addr().String())
-	return a
+	return netip.MustParseAddrPort(lis.Addr().String())
 }
 
 // serveStore serves the embedded control plane over store on loopback

@@ -89,15 +89,10 @@ func (a *coldApp) StreamingOutputCall(_ *testgrpc.StreamingOutputCallRequest, s 
 // discovered before its first call.
 func coldChannel(t *testing.T, a testgrpc.TestServiceServer) (testgrpc.TestServiceClient, *testutil.Metrics) {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(g, a)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
+	addr := serveTestService(t, a)
 	store := controlplane.NewStore()
 	manifests(t, store, booksService+coldRoutes)
-	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: netip.MustParseAddrPort(lis.Addr().String())}}})
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
 	m := testutil.NewMetrics(t)
 	return dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)), m
 }

@@ -2,8 +2,7 @@ package meshgrpc_test
 
 import (
 	"context"
-	"net"
-	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,27 +20,9 @@ import (
 	"github.com/inmesh/inmesh/meshgrpc"
 )
 
-// authorsSlow is the Service authors with a GRPCRoute that times EmptyCall
-// out at 300 ms.
-const authorsSlow = `
----
-apiVersion: v1
-kind: Service
-metadata: {name: authors, namespace: default}
-spec: {ports: [{port: 7000}]}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata:
-  name: slow
-  namespace: default
-  annotations: {timeout.linkerd.io/request: 300ms}
-spec:
-  parentRefs: [{kind: Service, group: core, name: authors, port: 7000}]
-  rules:
-  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
-    backendRefs: [{name: authors, port: 7000}]
-`
+// authorsManifests are booksService and coldRoutes for authors: among
+// them a GRPCRoute that times EmptyCall out at 300 ms.
+var authorsManifests = strings.ReplaceAll(booksService+coldRoutes, "books", "authors")
 
 // A channel whose policy, profile and endpoint watches the Destination
 // client refused (its bound, held by another channel) tries them again:
@@ -50,15 +31,9 @@ spec:
 // the app never answers). Before, a channel refused its policy at its
 // first resolution went without routes for its whole life.
 func TestRefusedPolicyWatchIsTriedAgain(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(g, &coldApp{})
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
+	app := serveTestService(t, &coldApp{})
 	store := controlplane.NewStore()
-	manifests(t, store, booksService+authorsSlow)
-	app := netip.MustParseAddrPort(lis.Addr().String())
+	manifests(t, store, booksService+"\n---\n"+authorsManifests)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: app}}, authors: {{Addr: app}}})
 	dst := serveStore(t, store, destination.WithMaxWatches(1))
 
