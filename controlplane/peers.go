@@ -16,8 +16,9 @@ const (
 	// DefaultMaxStreamsPerPeer bounds the open Linkerd streams (Get,
 	// GetProfile, OutboundPolicies.Watch, InboundServerPolicies.WatchPort)
 	// of one peer: three kinds for each of 10,000 targets, the watch
-	// bound package destination's client aims at.
-	DefaultMaxStreamsPerPeer = 30000
+	// bound package destination's client aims at, with that client's
+	// headroom: as many as one Watches stream's subscriptions.
+	DefaultMaxStreamsPerPeer = DefaultMaxSubscriptions
 	// DefaultMaxWatchesStreamsPerPeer bounds the open streams of the
 	// Watches service of one peer; a client opens one.
 	DefaultMaxWatchesStreamsPerPeer = 64

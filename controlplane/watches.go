@@ -20,10 +20,11 @@ import (
 // one stream of the Watches service (see [WithMaxSubscriptions]): what one
 // client needs, a profile, an endpoint and a policy subscription for each
 // of the 10,000 targets package destination's client aims to watch at
-// most (its default bound, [destination.DefaultMaxWatches], is lower).
-// What a peer holds over all its streams is bounded too
-// ([WithWatchesPerPeer]).
-const DefaultMaxSubscriptions = 30000
+// most, and the sixteenth of headroom that client keeps above its bound
+// (destination.WithMaxWatches; its default bound,
+// [destination.DefaultMaxWatches], is lower). What a peer holds over all
+// its streams is bounded too ([WithWatchesPerPeer]).
+const DefaultMaxSubscriptions = 3 * (10000 + 10000/16)
 
 // WithMaxSubscriptions bounds the open subscriptions of one stream of the
 // Watches service (default [DefaultMaxSubscriptions]): past it a
