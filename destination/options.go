@@ -84,8 +84,10 @@ func WithBackoff(p backoff.Policy) Option { return optionFunc(func(c *config) { 
 // balancer) each keep up to n authorities in tables of their own and
 // replace them at slightly different moments; without the headroom, a
 // churn of new names past a full table found the bound taken by the name
-// one layer was replacing while another still held it. Past n + n/16
-// (an idle watch is dropped first to make room) a watch fails with
+// one layer was replacing while another still held it. The headroom
+// covers about n/16 new names in flight at once (none below n = 16); a
+// churn with more can still be refused a few watches. Past n + n/16 (an
+// idle watch is dropped first to make room) a watch fails with
 // [profiles.ErrTooManyWatches]. n <= 0 changes nothing.
 func WithMaxWatches(n int) Option {
 	return optionFunc(func(c *config) {

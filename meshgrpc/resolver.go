@@ -57,7 +57,7 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &meshResolver{m: b.m, cc: cc, authority: authority, ctx: ctx, cancel: cancel,
 		sets: make(map[string]*endpoint.Update), stops: make(map[string]func()),
-		refused: make(map[string]*time.Timer), failures: make(map[string]int)}
+		refused: make(map[string]*refusal), failures: make(map[string]int)}
 	b.m.register(authority, r)
 	r.mu.Lock()
 	r.wantLocked([]string{authority})
@@ -73,11 +73,11 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 // delay of the registry's backoff; meanwhile calls do not wait for it.
 func (r *meshResolver) watchProfile(n int) {
 	stop, err := r.m.dst.Watch(r.ctx, r.authority, r.profile)
-	if r.keep(stop, err, &r.profileStop, n, r.watchProfile) {
+	if r.keep(stop, err, errors.Is(err, profiles.ErrTooManyWatches), &r.profileStop, n, r.watchProfile) {
 		return
 	}
 	if n == 0 {
-		r.m.cfg.logger.Warn("meshgrpc: cannot watch the service profile; trying again", "authority", r.authority, "error", err)
+		r.m.cfg.logger.Warn("meshgrpc: cannot watch the service profile", "authority", r.authority, "error", err)
 	}
 	r.answered(&r.profileAnswered) // none will come for now
 }
@@ -86,7 +86,7 @@ func (r *meshResolver) watchProfile(n int) {
 // does the profile's.
 func (r *meshResolver) watchPolicy(n int) {
 	stop, err := r.m.dst.WatchPolicy(r.ctx, destinationSpec(r.authority), r.policy)
-	if r.keep(stop, err, &r.policyStop, n, r.watchPolicy) {
+	if r.keep(stop, err, errors.Is(err, policy.ErrTooManyWatches), &r.policyStop, n, r.watchPolicy) {
 		return
 	}
 	if n == 0 {
@@ -95,10 +95,11 @@ func (r *meshResolver) watchPolicy(n int) {
 	r.answered(&r.policyAnswered) // none will come for now
 }
 
-// keep records a started watch's stop in *slot, or, for a refused one, a
-// retry of again(n+1) after the n-th delay; it reports whether the watch
-// started (or the resolver closed meanwhile, which stops it).
-func (r *meshResolver) keep(stop func(), err error, slot *func(), n int, again func(int)) bool {
+// keep records a started watch's stop in *slot, or, for one refused at
+// the client's bound (bound), a retry of again(n+1) after the n-th delay;
+// it reports whether the watch started (or the resolver closed meanwhile,
+// which stops it). Any other error (a closed client) is not tried again.
+func (r *meshResolver) keep(stop func(), err error, bound bool, slot *func(), n int, again func(int)) bool {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -108,8 +109,10 @@ func (r *meshResolver) keep(stop func(), err error, slot *func(), n int, again f
 		return true
 	}
 	if err != nil {
-		t := time.AfterFunc(registry.DefaultRetry.Delay(n), func() { again(n + 1) })
-		*slot = func() { t.Stop() }
+		if bound {
+			t := time.AfterFunc(registry.DefaultRetry.Delay(n), func() { again(n + 1) })
+			*slot = func() { t.Stop() }
+		}
 		r.mu.Unlock()
 		return false
 	}
@@ -136,7 +139,7 @@ type meshResolver struct {
 	// refused holds the retry of each backend whose endpoint watch the
 	// Destination client refused (its bound), and failures how many times
 	// in a row it did: the watch is tried again after a growing delay.
-	refused  map[string]*time.Timer
+	refused  map[string]*refusal
 	failures map[string]int
 	// policyAnswered and profileAnswered: the target's outbound policy
 	// and ServiceProfile have answered, or their watch failed.
@@ -234,11 +237,16 @@ func (r *meshResolver) wantLocked(want []string) (stops []func()) {
 		stop, err := r.m.dst.WatchEndpoints(r.ctx, a, func(u endpoint.Update) { r.endpoints(a, u) })
 		if err != nil {
 			r.sets[a] = &endpoint.Update{Err: err}
+			if !errors.Is(err, profiles.ErrTooManyWatches) {
+				r.stops[a] = func() {} // a closed client: nothing to try again
+				continue
+			}
 			n := r.failures[a]
 			r.failures[a] = n + 1
-			t := time.AfterFunc(registry.DefaultRetry.Delay(n), func() { r.retry(a) })
-			r.refused[a] = t
-			r.stops[a] = func() { t.Stop() }
+			rf := &refusal{}
+			rf.t = time.AfterFunc(registry.DefaultRetry.Delay(n), func() { r.retry(a, rf) })
+			r.refused[a] = rf
+			r.stops[a] = func() { rf.t.Stop() }
 			continue
 		}
 		delete(r.failures, a)
@@ -247,13 +255,17 @@ func (r *meshResolver) wantLocked(want []string) (stops []func()) {
 	return stops
 }
 
+// refusal is the pending retry of one refused endpoint watch.
+type refusal struct{ t *time.Timer }
+
 // retry watches a backend whose watch was refused again, if the channel
-// still wants it: a bound that was full a moment ago (another channel's
-// or stack's watches) may have room now. Without it, a refusal lasted as
-// long as the channel.
-func (r *meshResolver) retry(a string) {
+// still wants it and rf is still its pending retry (not one that a policy
+// update dropped, the backend wanted again since): a bound that was full a
+// moment ago (another channel's or stack's watches) may have room now.
+// Without it, a refusal lasted as long as the channel.
+func (r *meshResolver) retry(a string, rf *refusal) {
 	r.mu.Lock()
-	if r.closed || r.refused[a] == nil {
+	if r.closed || r.refused[a] != rf {
 		r.mu.Unlock()
 		return
 	}
