@@ -27,9 +27,8 @@ import (
 // labels of their own, and any later one is counted under parent_kind
 // "Service", parent_name "other" and no namespace (see otherLabels); the
 // gauges of the authorities that share a label set are their sum. Without
-// that bound a proxy that sees
-// ever new Service names would keep a label set, and each family's
-// series of it, for every name it ever saw.
+// that bound a proxy that sees ever new Service names would keep a label
+// set, and each family's series of it, for every name it ever saw.
 const scope = "github.com/inmesh/inmesh/balancer"
 
 // queueLatencyBuckets are the bounds of queue_latency_seconds.
@@ -158,11 +157,7 @@ func newBalMetrics(b *Balancer) *balMetrics {
 					sum = &gauges{}
 					shared[am.authLabels] = sum
 				}
-				sum.ready += v.ready
-				sum.pending += v.pending
-				sum.eps += v.eps
-				sum.queued += v.queued
-				sum.timeout = max(sum.timeout, v.timeout)
+				*sum = gauges{sum.ready + v.ready, sum.pending + v.pending, sum.eps + v.eps, sum.queued + v.queued, max(sum.timeout, v.timeout)}
 				return
 			}
 			observe(o, am.set, v)
@@ -190,11 +185,9 @@ func (m *balMetrics) of(a *authority) *authMetrics {
 	}
 	kvs, service := labelsOf(a.name)
 	labels := m.unknown
-	if service {
+	if service != "" {
 		labels = m.overflow
-		// The Service is its namespace, name and port, as labelled: two
-		// authorities of one Service share the name.
-		if m.services.Admit(kvs[2].Value.AsString() + "/" + kvs[3].Value.AsString() + ":" + kvs[4].Value.AsString()) {
+		if m.services.Admit(service) {
 			labels = m.newLabels(kvs)
 		}
 	}
@@ -210,27 +203,24 @@ func (m *balMetrics) of(a *authority) *authMetrics {
 // which no Service has, as the router and classify name what they count
 // past their bounds "other".
 func otherLabels() []attribute.KeyValue {
-	kvs := make([]attribute.KeyValue, 0, 12)
-	for _, prefix := range []string{"parent_", "backend_"} {
-		kvs = append(kvs,
-			attribute.String(prefix+"group", "core"), attribute.String(prefix+"kind", "Service"),
-			attribute.String(prefix+"namespace", ""), attribute.String(prefix+"name", "other"),
-			attribute.String(prefix+"port", ""), attribute.String(prefix+"section_name", ""))
-	}
-	return kvs
+	return serviceLabels("core", "Service", "", "other", "")
 }
 
-// labelsOf returns the parent and backend labels of an authority, and
-// whether they name a Service (else they are the fixed default ones).
-func labelsOf(authority string) ([]attribute.KeyValue, bool) {
-	group, kind, ns, name, port := "", "default", "", "unknown", ""
-	service := false
+// labelsOf returns the parent and backend labels of an authority, and the
+// Service they name as "namespace/name:port" (two authorities of one
+// Service name the same), "" for the fixed default ones.
+func labelsOf(authority string) ([]attribute.KeyValue, string) {
 	if host, p, err := net.SplitHostPort(authority); err == nil {
 		if parts := strings.Split(host, "."); len(parts) >= 3 && parts[2] == "svc" && parts[0] != "" && parts[1] != "" {
-			group, kind, name, ns, port = "core", "Service", parts[0], parts[1], p
-			service = true
+			return serviceLabels("core", "Service", parts[1], parts[0], p), parts[1] + "/" + parts[0] + ":" + p
 		}
 	}
+	return serviceLabels("", "default", "", "unknown", ""), ""
+}
+
+// serviceLabels are the parent and backend labels of one parent, its own
+// backend.
+func serviceLabels(group, kind, ns, name, port string) []attribute.KeyValue {
 	kvs := make([]attribute.KeyValue, 0, 12)
 	for _, prefix := range []string{"parent_", "backend_"} {
 		kvs = append(kvs,
@@ -238,7 +228,7 @@ func labelsOf(authority string) ([]attribute.KeyValue, bool) {
 			attribute.String(prefix+"namespace", ns), attribute.String(prefix+"name", name),
 			attribute.String(prefix+"port", port), attribute.String(prefix+"section_name", ""))
 	}
-	return kvs, service
+	return kvs
 }
 
 // update counts one endpoint update of a: Reset for the first set,

@@ -57,7 +57,7 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &meshResolver{m: b.m, cc: cc, authority: authority, ctx: ctx, cancel: cancel,
 		sets: make(map[string]*endpoint.Update), stops: make(map[string]func()),
-		refused: make(map[string]*refusal), failures: make(map[string]int)}
+		refused: make(map[string]*refusal)}
 	b.m.register(authority, r)
 	r.mu.Lock()
 	r.wantLocked([]string{authority})
@@ -136,11 +136,10 @@ type meshResolver struct {
 	backends    []string                    // the backend authorities, the target's first
 	sets        map[string]*endpoint.Update // the last update of each backend's watch
 	stops       map[string]func()
-	// refused holds the retry of each backend whose endpoint watch the
-	// Destination client refused (its bound), and failures how many times
-	// in a row it did: the watch is tried again after a growing delay.
-	refused  map[string]*refusal
-	failures map[string]int
+	// refused holds the pending retry of each backend whose endpoint
+	// watch the Destination client refused (its bound): the watch is
+	// tried again after a delay that grows with each refusal in a row.
+	refused map[string]*refusal
 	// policyAnswered and profileAnswered: the target's outbound policy
 	// and ServiceProfile have answered, or their watch failed.
 	policyAnswered, profileAnswered bool
@@ -227,7 +226,6 @@ func (r *meshResolver) wantLocked(want []string) (stops []func()) {
 			delete(r.stops, a)
 			delete(r.sets, a)
 			delete(r.refused, a)
-			delete(r.failures, a)
 		}
 	}
 	for _, a := range want {
@@ -241,22 +239,27 @@ func (r *meshResolver) wantLocked(want []string) (stops []func()) {
 				r.stops[a] = func() {} // a closed client: nothing to try again
 				continue
 			}
-			n := r.failures[a]
-			r.failures[a] = n + 1
 			rf := &refusal{}
-			rf.t = time.AfterFunc(registry.DefaultRetry.Delay(n), func() { r.retry(a, rf) })
+			if prev := r.refused[a]; prev != nil {
+				rf.n = prev.n + 1
+			}
+			rf.t = time.AfterFunc(registry.DefaultRetry.Delay(rf.n), func() { r.retry(a, rf) })
 			r.refused[a] = rf
 			r.stops[a] = func() { rf.t.Stop() }
 			continue
 		}
-		delete(r.failures, a)
+		delete(r.refused, a)
 		r.stops[a] = stop
 	}
 	return stops
 }
 
-// refusal is the pending retry of one refused endpoint watch.
-type refusal struct{ t *time.Timer }
+// refusal is the pending retry of one refused endpoint watch, the n-th
+// refusal in a row (from 0).
+type refusal struct {
+	t *time.Timer
+	n int
+}
 
 // retry watches a backend whose watch was refused again, if the channel
 // still wants it and rf is still its pending retry (not one that a policy
@@ -269,8 +272,7 @@ func (r *meshResolver) retry(a string, rf *refusal) {
 		r.mu.Unlock()
 		return
 	}
-	delete(r.refused, a)
-	delete(r.stops, a)
+	delete(r.stops, a) // wantLocked watches a again, and keeps rf's count
 	stops := r.wantLocked(r.backends)
 	r.mu.Unlock()
 	for _, s := range stops {

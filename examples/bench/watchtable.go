@@ -52,9 +52,8 @@ type tableUsage struct {
 // Services as the bound, each of which the client then watches (profile,
 // endpoints, policy) on the embedded control plane in this process; then
 // churnTables times as many new names, past the bound, to see memory
-// plateau. The
-// figure is the client's RSS with the table full; the control plane's
-// heap growth is reported beside it.
+// plateau. The figure is the client's RSS with the table full; the
+// control plane's heap growth is reported beside it.
 func watchTable(o options) (*result, error) {
 	n := o.scale(destination.DefaultMaxWatches, 500)
 	app := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }),
