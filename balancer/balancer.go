@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -22,8 +23,9 @@ import (
 	origproto "github.com/inmesh/inmesh/orig-proto"
 )
 
-// ErrClosed is why a closed [Balancer] cannot resolve an authority it was
-// not watching yet: such requests fall back, or fail with 503.
+// ErrClosed is why a closed [Balancer] sends no request: each gets a 503
+// naming it, never a fallback to its own address, since a closed Balancer
+// no longer knows which authorities are mesh Services.
 var ErrClosed = errors.New("balancer: closed")
 
 // Balancer resolves each request's authority through a [Source] and sends
@@ -327,7 +329,7 @@ func (r *retry) succeeded() { r.failures.Store(0) }
 
 func (b *Balancer) watchEndpoints(a *authority) {
 	if b.ctx.Err() != nil {
-		a.update(endpoint.Update{Err: ErrClosed}, b.rtt, b.cfg.now(), b.cfg.meshTLS)
+		a.update(endpoint.Update{Err: &watchError{ErrClosed}}, b.rtt, b.cfg.now(), b.cfg.meshTLS)
 		return
 	}
 	stop, err := b.src.WatchEndpoints(b.ctx, a.name, func(u endpoint.Update) {
@@ -503,7 +505,7 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 		if e.locality != localityNone {
 			b.metrics.zoned(a, req.Context(), e.locality)
 		}
-		return t.send(req, host, e, probe, ent)
+		return t.sendElsewhereIfRefused(req, host, s, e, probe, ent, tried)
 	}
 	e, probe := s.choose(start, b.decay)
 	if e == nil {
@@ -521,7 +523,68 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	if e.locality != localityNone {
 		b.metrics.zoned(a, req.Context(), e.locality)
 	}
-	return t.send(req, host, e, probe, ent)
+	return t.sendElsewhereIfRefused(req, host, s, e, probe, ent, tried)
+}
+
+// MaxRefusedConnects bounds the endpoints one request is sent to when
+// each refuses its connection: the first and up to two others.
+const MaxRefusedConnects = 3
+
+// sendElsewhereIfRefused sends req to e and, when e refuses the connection
+// (nothing of the request was sent: an endpoint whose process died before
+// the control plane took it out of its answers), to another endpoint of s
+// in rotation, up to [MaxRefusedConnects] in all. A request whose body
+// cannot be sent again (a body without GetBody) is not. tried, when not
+// nil, gets each endpoint too.
+func (t *transport) sendElsewhereIfRefused(req *http.Request, host string, s *snapshot, e *member, probe bool, ent *registry.Entry[authority], tried *Tried) (*http.Response, bool, error) {
+	resp, held, err := t.send(req, host, e, probe, ent)
+	if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || len(s.eps) < 2 {
+		return resp, held, err
+	}
+	refused := &Tried{}
+	for range MaxRefusedConnects - 1 {
+		refused.Add(e.Addr)
+		if req.Context().Err() != nil {
+			return nil, false, err
+		}
+		again, ok := resendable(req)
+		if !ok {
+			return nil, false, err
+		}
+		others := s.without(refused)
+		if others == nil {
+			return nil, false, err
+		}
+		if e, probe = others.choose(t.b.cfg.now(), t.b.decay); e == nil {
+			return nil, false, err
+		}
+		if tried != nil {
+			tried.Add(e.Addr)
+		}
+		if resp, held, err = t.send(again, host, e, probe, ent); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+			return resp, held, err
+		}
+		req = again
+	}
+	return nil, false, err
+}
+
+// resendable returns req with a fresh body to send it again, ok false when
+// its body cannot be had again.
+func resendable(req *http.Request) (_ *http.Request, ok bool) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return req, true
+	}
+	if req.GetBody == nil {
+		return nil, false
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return nil, false
+	}
+	out := *req
+	out.Body = body
+	return &out, true
 }
 
 // queuePoll is how often a queued request looks again for an endpoint
@@ -760,7 +823,7 @@ func (t *table) init(cfg config, def *groupConf) {
 	t.closed = newAuthority("", def)
 	t.closed.watching.Store(true)
 	t.closed.splitOn.Store(true)
-	t.closed.update(endpoint.Update{Err: ErrClosed}, 0, 0, false)
+	t.closed.update(endpoint.Update{Err: &watchError{ErrClosed}}, 0, 0, false)
 	t.reg = registry.New(func(name string) *authority { return newAuthority(name, def) }, func(e *registry.Entry[authority]) (func(), error) {
 		a := e.Load()
 		t.live.Store(a, struct{}{})

@@ -282,6 +282,28 @@ func TestClosed(t *testing.T) {
 	b.Close()
 }
 
+// A closed Balancer no longer knows which authorities are mesh Services,
+// so none of its requests falls back to its own address (plaintext, by
+// the resolver's answer), even with fallback on: not a Service it was
+// balancing, nor one it never saw. Each gets a 503 naming ErrClosed.
+func TestClosedNeverFallsBack(t *testing.T) {
+	var direct atomic.Int64
+	own := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { direct.Add(1) }))
+	watched := strings.TrimPrefix(own.URL, "http://")
+	b, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{watched: {backend(t, "endpoint")}}), WithFallback(true))
+	status, body, _ := fetch(t, client, "http://"+watched+"/")
+	require.Equal(t, 200, status)
+	require.True(t, strings.HasPrefix(body, "endpoint "), body)
+	b.Close()
+	other := strings.TrimPrefix(testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { direct.Add(1) })).URL, "http://")
+	for _, host := range []string{watched, other} {
+		status, _, h := fetch(t, client, "http://"+host+"/")
+		assert.Equal(t, 503, status, host)
+		assert.Contains(t, h.Get("l5d-proxy-error"), ErrClosed.Error(), host)
+	}
+	assert.Zero(t, direct.Load(), "requests sent to their own address after Close")
+}
+
 // fullSource refuses every watch, as a control-plane client at its bound.
 type fullSource struct{}
 
