@@ -412,6 +412,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
 	}
+	if req.Context().Value(forwardKey{}) != nil {
+		return t.base.RoundTrip(req) // WithForward: one endpoint, no lookup
+	}
 	// The request holds its authority until it ends (its response body
 	// included), so that the idle sweep never releases the state it uses:
 	// the loads of the endpoints, their failure accrual, the queue.
@@ -790,10 +793,28 @@ type endpointKey struct{}
 
 // EndpointFromContext returns the endpoint a [Balancer] picked for the
 // request with context ctx (its address, weight, labels, identity and
-// protocol hints), or nil. The endpoint is shared and must not be changed.
+// protocol hints), or the one [WithForward] named, or nil. The endpoint
+// is shared and must not be changed.
 func EndpointFromContext(ctx context.Context) *endpoint.Endpoint {
 	e, _ := ctx.Value(endpointKey{}).(*endpoint.Endpoint)
 	return e
+}
+
+type forwardKey struct{}
+
+// WithForward returns ctx for a request that goes to ep alone, as a
+// policy's forward backend or mirror does: a [Balancer] neither resolves
+// nor balances it (its address is no authority to look up), and it is
+// sent as a Balancer sends to an endpoint it picked: over mTLS with ep's
+// identity when ep has one, never in plaintext, and upgraded to HTTP/2
+// when ep takes it. [EndpointFromContext] returns ep. The request's URL
+// must name ep's address.
+func WithForward(ctx context.Context, ep *endpoint.Endpoint) context.Context {
+	ctx = origproto.WithPeer(ctx, ep.H2)
+	if ep.Identity != "" {
+		ctx = origproto.WithServerIdentity(ctx, ep.Identity)
+	}
+	return context.WithValue(context.WithValue(ctx, endpointKey{}, ep), forwardKey{}, ep)
 }
 
 func closeBody(req *http.Request) {

@@ -194,6 +194,9 @@ func (mr *mirrorer) run(t *mirrorTarget, head *mirrorHead, body []byte) {
 	if t.bc != nil {
 		ctx = balancer.WithBackendConfig(ctx, t.bc)
 	}
+	if t.m.Forward != nil {
+		ctx = balancer.WithForward(ctx, t.m.Forward)
+	}
 	target := t.m.Target()
 	u := head.url
 	u.Host = target

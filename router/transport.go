@@ -292,6 +292,9 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	if bc := x.rt.balancing[i]; bc != nil {
 		ctx = balancer.WithBackendConfig(ctx, bc)
 	}
+	if f := rb.Backend.Forward; f != nil {
+		ctx = balancer.WithForward(ctx, f)
+	}
 	out := req.Clone(ctx)
 	out.Body, out.GetBody = req.Body, req.GetBody
 	u := *req.URL

@@ -1,0 +1,115 @@
+package mesh
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
+	origproto "github.com/inmesh/inmesh/orig-proto"
+	"github.com/inmesh/inmesh/policy"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// meshedServer serves app through a server stack with id on loopback and
+// sends what it saw of each request (mTLS, the client's identity, Host)
+// to seen.
+func meshedServer(t *testing.T, p *pki, id string, seen chan<- string) netip.AddrPort {
+	t.Helper()
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peer, _ := identity.PeerFromContext(r.Context())
+		seen <- "tls=" + boolText(peer.TLS) + " client=" + r.Header.Get("L5d-Client-Id") + " host=" + r.Host
+	})
+	server := NewServer(app, WithIdentity(p.certify(t, id)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+	t.Cleanup(server.Close)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := origproto.NewServer(server)
+	srv.ErrorLog = quietLog
+	go srv.Serve(server.Listener(lis))
+	t.Cleanup(func() { srv.Close() })
+	return netip.MustParseAddrPort(lis.Addr().String())
+}
+
+// A policy's forward backend and forward mirror name one endpoint and its
+// identity (Linkerd's WeightedAddr with its TLS identity): the request and
+// its copy reach it over mTLS with that identity, as a discovered endpoint
+// is reached, never through discovery's fallback to the address in
+// plaintext (the address is no Service the source knows). An endpoint
+// whose certificate does not carry the identity gets nothing.
+func TestForwardBackendKeepsItsIdentity(t *testing.T) {
+	p := newPKI(t)
+	const books = "books.default.svc.cluster.local:7000"
+	backendSeen, mirrorSeen := make(chan string, 16), make(chan string, 16)
+	backendAddr := meshedServer(t, p, booksID, backendSeen)
+	mirrorAddr := meshedServer(t, p, reviewsID, mirrorSeen)
+	for _, tc := range []struct {
+		name               string
+		backendID          string
+		want, wantMirrored string
+	}{
+		{"identities as certified", booksID, "tls=true client=" + webID + " host=" + backendAddr.String(), "tls=true client=" + webID + " host=" + mirrorAddr.String()},
+		{"backend certified as another", reviewsID, "", "tls=true client=" + webID + " host=" + mirrorAddr.String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta := policy.Metadata{Kind: "Service", Namespace: "default", Name: "books-ext", Port: backendAddr.Port()}
+			fwd := policy.RouteBackend{Weight: 1, Backend: policy.Backend{Meta: meta,
+				Forward: &endpoint.Endpoint{Addr: backendAddr, H2: true, Identity: tc.backendID}}}
+			mirror := policy.Mirror{Meta: policy.Metadata{Kind: "Service", Namespace: "default", Name: "shadow"},
+				Forward: &endpoint.Endpoint{Addr: mirrorAddr, H2: true, Identity: reviewsID}}
+			routes := []policy.HTTPRoute{{Meta: policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "default", Name: "fwd"},
+				Rules: []policy.HTTPRule{{Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{fwd}},
+					Mirrors: []policy.Mirror{mirror}}}}}
+			pols := policy.NewStaticSource(map[string]*policy.Policy{books: {
+				Parent:   policy.Metadata{Kind: "Service", Namespace: "default", Name: "books", Port: 7000},
+				Protocol: policy.ProtocolDetect,
+				HTTP1:    policy.HTTPProtocol{Routes: routes}, HTTP2: policy.HTTPProtocol{Routes: routes},
+			}})
+			// Discovery knows books, not the forward addresses, and falls
+			// back for what it does not know.
+			eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{books: {{Addr: backendAddr, H2: true, Identity: booksID}}})
+			require.NoError(t, err)
+			client := NewClient(WithEndpoints(eps), WithPolicies(pols), WithIdentity(p.certify(t, webID)),
+				WithDiscoveryWait(testutil.Timeout), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet),
+				WithBalancerOptions(balancer.WithFallback(true)))
+			defer client.Close()
+			hc := &http.Client{Transport: client, Timeout: testutil.Timeout}
+
+			resp, err := hc.Get("http://" + books + "/")
+			if tc.want == "" {
+				var idErr *identity.IdentityError
+				require.True(t, errors.As(err, &idErr), "%v", err)
+				assert.Equal(t, tc.backendID, idErr.Expected)
+			} else {
+				require.NoError(t, err)
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				assert.Equal(t, tc.want, receive(t, backendSeen))
+			}
+			assert.Equal(t, tc.wantMirrored, receive(t, mirrorSeen), "the mirror's copy")
+			assert.Empty(t, backendSeen, "nothing else reached the backend")
+		})
+	}
+}
+
+// receive returns the next value of ch, failing the test when none comes
+// within testutil.Timeout.
+func receive(t *testing.T, ch <-chan string) string {
+	t.Helper()
+	select {
+	case s := <-ch:
+		return s
+	case <-time.After(testutil.Timeout):
+		t.Fatal("nothing received")
+		return ""
+	}
+}
