@@ -412,7 +412,8 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
 	}
-	if req.Context().Value(forwardKey{}) != nil {
+	mark, _ := req.Context().Value(backendKey{}).(*backendMark)
+	if mark != nil && mark.forward != nil {
 		return t.base.RoundTrip(req) // WithForward: one endpoint, no lookup
 	}
 	// The request holds its authority until it ends (its response body
@@ -422,12 +423,15 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if a == nil {
 		return t.base.RoundTrip(req) // not an authority we can resolve
 	}
-	b.watchSplit(a)
-	if to := a.split.Load().Pick(); to != "" {
-		if o, oe := b.table.hold(to); o != nil {
-			// Traffic split: the request goes to an override's endpoints.
-			ent.Unhold()
-			a, ent = o, oe
+	if mark == nil {
+		b.watchSplit(a)
+		if to := a.split.Load().Pick(); to != "" {
+			if o, oe := b.table.hold(to); o != nil {
+				// Traffic split: the request goes to an override's
+				// endpoints.
+				ent.Unhold()
+				a, ent = o, oe
+			}
 		}
 	}
 	resp, held, err := t.roundTrip(req, host, a, ent)
@@ -800,7 +804,13 @@ func EndpointFromContext(ctx context.Context) *endpoint.Endpoint {
 	return e
 }
 
-type forwardKey struct{}
+// backendKey marks the request of a policy route's backend: concrete, or
+// forward.
+type backendKey struct{}
+
+type backendMark struct{ forward *endpoint.Endpoint }
+
+var concrete = &backendMark{}
 
 // WithForward returns ctx for a request that goes to ep alone, as a
 // policy's forward backend or mirror does: a [Balancer] neither resolves
@@ -814,7 +824,19 @@ func WithForward(ctx context.Context, ep *endpoint.Endpoint) context.Context {
 	if ep.Identity != "" {
 		ctx = origproto.WithServerIdentity(ctx, ep.Identity)
 	}
-	return context.WithValue(context.WithValue(ctx, endpointKey{}, ep), forwardKey{}, ep)
+	return context.WithValue(context.WithValue(ctx, endpointKey{}, ep), backendKey{}, &backendMark{forward: ep})
+}
+
+// WithConcrete returns ctx for a request that a policy route sends to one
+// of its backends (or mirrors to one): a concrete backend, whose endpoints
+// alone a [Balancer] resolves, as Linkerd's proxy does. The backend's own
+// traffic split (a ServiceProfile's dstOverrides) applies to requests
+// that name it, not to those a route sends it, and is not watched for
+// them: a policy's parents and backends are different names, and the
+// destination client's bound on profile watches counts the names the
+// router watches, not those too.
+func WithConcrete(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backendKey{}, concrete)
 }
 
 func closeBody(req *http.Request) {

@@ -196,6 +196,8 @@ func (mr *mirrorer) run(t *mirrorTarget, head *mirrorHead, body []byte) {
 	}
 	if t.m.Forward != nil {
 		ctx = balancer.WithForward(ctx, t.m.Forward)
+	} else {
+		ctx = balancer.WithConcrete(ctx)
 	}
 	target := t.m.Target()
 	u := head.url

@@ -294,6 +294,8 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	}
 	if f := rb.Backend.Forward; f != nil {
 		ctx = balancer.WithForward(ctx, f)
+	} else {
+		ctx = balancer.WithConcrete(ctx)
 	}
 	out := req.Clone(ctx)
 	out.Body, out.GetBody = req.Body, req.GetBody
