@@ -14,10 +14,25 @@ import (
 
 	"github.com/inmesh/inmesh/controlplane/etcdstore"
 	"github.com/inmesh/inmesh/manifest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // commandTimeout bounds apply, delete and get.
 const commandTimeout = 30 * time.Second
+
+// reachTimeout bounds the first answer of etcd, so that a command given
+// endpoints that do not answer says so soon.
+const reachTimeout = 5 * time.Second
+
+// reach checks that etcd answers a read of the prefix within reachTimeout.
+func reach(cli *clientv3.Client, ef etcdFlags) error {
+	ctx, cancel := context.WithTimeout(context.Background(), reachTimeout)
+	defer cancel()
+	if _, err := cli.Get(ctx, ef.prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		return fmt.Errorf("etcd at %s did not answer within %s: %w", strings.Join(ef.endpoints, ","), reachTimeout, err)
+	}
+	return nil
+}
 
 // runCommand runs the apply, delete and get subcommands, which edit and
 // list the manifests and endpoints held in etcd:
@@ -57,7 +72,7 @@ func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 		return fail(errors.New("-etcd-endpoints is required"))
 	}
 	if name != "get" && len(files)+len(endpoints)+fs.NArg() == 0 {
-		return fail(errors.New("nothing to do: give -f or -endpoints"))
+		return fail(errors.New("nothing to do: give -f, -endpoints, or key names as get lists them"))
 	}
 	if name == "apply" && fs.NArg() > 0 {
 		return fail(fmt.Errorf("unexpected arguments %q: give files with -f", fs.Args()))
@@ -78,6 +93,9 @@ func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	defer cli.Close()
+	if err := reach(cli, ef); err != nil {
+		return fail(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	defer cancel()
 	switch name {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
+	"github.com/inmesh/inmesh/internal/testutil"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
@@ -219,4 +220,15 @@ func TestEtcdOverTLS(t *testing.T) {
 	ef.certFile = m.CertFile
 	_, err = ef.client()
 	assert.ErrorContains(t, err, "-etcd-cert and -etcd-key go together")
+}
+
+// Endpoints where no etcd answers: each command says so within its reach
+// timeout, naming the endpoints, instead of waiting out the command's.
+func TestCommandSaysEtcdDoesNotAnswer(t *testing.T) {
+	addr := "http://" + testutil.RefusedAddr(t).String()
+	for _, args := range [][]string{{"get"}, {"apply", "-f", "policies"}} {
+		code, _, errOut := command(t, append([]string{args[0], "-etcd-endpoints", addr}, args[1:]...)...)
+		assert.Equal(t, 1, code, "%v", args)
+		assert.Contains(t, errOut, "etcd at "+addr+" did not answer within 5s", "%v", args)
+	}
 }
