@@ -19,7 +19,10 @@
 // constant, and the estimate decays while the endpoint is idle. A request
 // stays in flight until its response body ends, fails or is closed. A
 // request that fails without a response (connection refused or reset)
-// counts as a penalty RTT (5 s), not as a fast answer. Two endpoints are
+// counts as a penalty RTT (5 s), not as a fast answer. A request whose
+// connection the endpoint refused was not sent, so it goes to another
+// endpoint in rotation, up to [MaxRefusedConnects] in all, when its body
+// can be sent again. Two endpoints are
 // drawn at random by weight; the second wins only when its load is clearly
 // lower (by a quarter), so that endpoints of about equal load share traffic
 // by weight while a real difference in load decides otherwise.

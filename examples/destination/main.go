@@ -73,6 +73,11 @@ func main() {
 	if len(os.Args) > 1 && (os.Args[1] == "apply" || os.Args[1] == "delete" || os.Args[1] == "get") {
 		os.Exit(runCommand(os.Args[1], os.Args[2:], os.Stdout, os.Stderr))
 	}
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags]: serve the control-plane APIs\n"+
+			"       %s apply|delete|get -etcd-endpoints URLS ...: edit and list what etcd holds (-h of each)\nflags:\n", os.Args[0], os.Args[0])
+		flag.PrintDefaults()
+	}
 	listen := flag.String("listen", "127.0.0.1:8086", "address to serve the Destination API on")
 	profilesDir := flag.String("profiles", "", "directory of ServiceProfile YAML files")
 	endpoints := flag.String("endpoints", "", "endpoints YAML file")
