@@ -31,6 +31,14 @@ func meshedServer(t *testing.T, p *pki, id string, seen chan<- string) netip.Add
 	})
 	server := NewServer(app, WithIdentity(p.certify(t, id)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
 	t.Cleanup(server.Close)
+	return serveMeshed(t, server)
+}
+
+// serveMeshed serves server's stack (HTTP/1 and h2c, under its listener's
+// TLS when it has an identity) on a held loopback port until the end of
+// the test.
+func serveMeshed(t *testing.T, server *Server) netip.AddrPort {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := origproto.NewServer(server)

@@ -5,9 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
-	"net"
 	"net/http"
-	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +15,6 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/testutil"
-	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -76,13 +73,7 @@ func TestMeshedMTLS(t *testing.T) {
 	})
 	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
 	defer server.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := origproto.NewServer(server)
-	srv.ErrorLog = quietLog
-	go srv.Serve(server.Listener(lis))
-	defer srv.Close()
-	addr := netip.MustParseAddrPort(lis.Addr().String())
+	addr := serveMeshed(t, server)
 
 	const books, wrong = "books.default.svc.cluster.local:7000", "wrong.default.svc.cluster.local:7000"
 	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
@@ -102,7 +93,7 @@ func TestMeshedMTLS(t *testing.T) {
 	assert.Equal(t, "HTTP/1.1 "+webID+" tls=true", string(body), "upgraded inside mTLS, the client's identity for the app")
 
 	// A plaintext client on the same port, sending a l5d-client-id.
-	req, _ := http.NewRequest("GET", "http://"+lis.Addr().String()+"/", nil)
+	req, _ := http.NewRequest("GET", "http://"+addr.String()+"/", nil)
 	req.Header.Set("L5d-Client-Id", "admin.default.serviceaccount.identity.linkerd.cluster.local")
 	resp, err = testutil.NewTransport(t, testutil.H1).RoundTrip(req)
 	require.NoError(t, err)
@@ -137,13 +128,7 @@ func TestTLSMetricLabels(t *testing.T) {
 	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet))
 	defer server.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := origproto.NewServer(server)
-	srv.ErrorLog = quietLog
-	go srv.Serve(server.Listener(lis))
-	defer srv.Close()
-	addr := netip.MustParseAddrPort(lis.Addr().String())
+	addr := serveMeshed(t, server)
 
 	const books, plain = "books.default.svc.cluster.local:7000", "plain.default.svc.cluster.local:7000"
 	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
