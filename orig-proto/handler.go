@@ -48,7 +48,9 @@ type handler struct {
 // (version, origin-form unless the value says absolute-form, Host from
 // :authority, the header removed), and its response carries the header
 // back. An invalid value is answered 400. From a peer that is not trusted,
-// every l5d-* request header is removed and nothing is downgraded.
+// every l5d-* request header is removed and nothing is downgraded. An
+// HTTP/1 request's ask to upgrade to h2c is removed from every request
+// (see [NewServer]): an application that would answer it never sees it.
 func NewHandler(next http.Handler, opts ...HandlerOption) http.Handler {
 	h := &handler{next: next}
 	h.trusted = h.defaultTrust
@@ -89,6 +91,7 @@ func (h *handler) defaultTrust(r *http.Request) bool {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r = withoutH2CUpgrade(r)
 	values, has := r.Header[Header]
 	if !h.trusted(r) {
 		if has || hasL5d(r.Header) {

@@ -108,6 +108,72 @@ func stripL5d(h http.Header) {
 	}
 }
 
+// withoutH2CUpgrade returns r without a request to upgrade its connection
+// to h2c: the h2c token of Upgrade, HTTP2-Settings, and their names in
+// Connection. An application that answers such a request
+// (golang.org/x/net/http2/h2c) serves the connection's later streams
+// itself, past every check of the stack in front of it. Other upgrades
+// stay. r is copied when changed, with its own header map.
+func withoutH2CUpgrade(r *http.Request) *http.Request {
+	if r.ProtoMajor != 1 {
+		return r
+	}
+	up, hasUp := r.Header["Upgrade"]
+	_, hasSettings := r.Header["Http2-Settings"]
+	if !hasSettings && (!hasUp || !hasToken(up, "h2c")) {
+		return r
+	}
+	r = r.WithContext(r.Context())
+	r.Header = r.Header.Clone()
+	delete(r.Header, "Http2-Settings")
+	drop := []string{"http2-settings"}
+	if kept := withoutToken(up, "h2c"); len(kept) > 0 {
+		r.Header["Upgrade"] = kept
+	} else {
+		delete(r.Header, "Upgrade")
+		drop = append(drop, "upgrade")
+	}
+	if conn := r.Header["Connection"]; conn != nil {
+		kept := conn
+		for _, t := range drop {
+			kept = withoutToken(kept, t)
+		}
+		if len(kept) > 0 {
+			r.Header["Connection"] = kept
+		} else {
+			delete(r.Header, "Connection")
+		}
+	}
+	return r
+}
+
+// hasToken reports whether a comma-separated list header holds token,
+// case-insensitively.
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for _, p := range strings.Split(v, ",") {
+			if strings.EqualFold(textproto.TrimString(p), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// withoutToken returns the tokens of a comma-separated list header other
+// than token, one per value; nil when none is left.
+func withoutToken(values []string, token string) []string {
+	var out []string
+	for _, v := range values {
+		for _, p := range strings.Split(v, ",") {
+			if p = textproto.TrimString(p); p != "" && !strings.EqualFold(p, token) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
 // wantsUpgrade reports whether an HTTP/1 request asks for a protocol
 // upgrade other than h2c, or is a CONNECT: such requests are never sent
 // over HTTP/2.

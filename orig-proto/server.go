@@ -10,8 +10,8 @@ import (
 )
 
 // NewServer returns an http.Server for h that serves HTTP/1.1 and HTTP/2
-// without TLS (prior knowledge; never the h2c Upgrade dance) on one
-// listener, with limits for a proxy facing other proxies: 64 KiB of request
+// without TLS (prior knowledge; never the h2c Upgrade dance, whose ask
+// (Upgrade: h2c, HTTP2-Settings) h never sees) on one listener, with limits for a proxy facing other proxies: 64 KiB of request
 // headers, a 10s deadline for them, idle connections closed after 2
 // minutes, and up to 1000 concurrent streams per HTTP/2 connection. Stop it
 // with Shutdown, which drains requests in flight.
@@ -65,7 +65,7 @@ func NewServer(h http.Handler) *http.Server {
 type serverHandler struct{ next http.Handler }
 
 func (s serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	r = withPeer(r)
+	r = withoutH2CUpgrade(withPeer(r))
 	if r.ProtoMajor == 1 {
 		_ = http.NewResponseController(w).EnableFullDuplex() // ErrNotSupported: nothing to do
 	} else if err := CheckHTTP2Request(r); err != nil {
