@@ -109,7 +109,7 @@ func New(hub *tap.Hub, opts ...Option) *Dashboard {
 	d.mux.HandleFunc("GET /{$}", d.page)
 	d.mux.Handle("GET /static/", http.FileServerFS(static))
 	d.mux.HandleFunc("GET /state.json", d.stateJSON)
-	d.mux.Handle("GET /tap", hub)
+	d.mux.HandleFunc("GET /tap", hub.Stream) // admitted by the dashboard's rule
 	return d
 }
 

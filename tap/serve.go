@@ -3,17 +3,39 @@ package tap
 import (
 	"encoding/json"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 )
 
-// ServeHTTP streams the events that pass the request's filter (see
+// ServeHTTP serves [Hub.Stream] to the clients the access rule admits
+// (loopback clients unless [WithAccess] says otherwise); others get 403.
+func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.allow(r) {
+		http.Error(w, "tap: only loopback clients may watch", http.StatusForbidden)
+		return
+	}
+	h.Stream(w, r)
+}
+
+// allow applies the access rule.
+func (h *Hub) allow(r *http.Request) bool {
+	if h.access != nil {
+		return h.access(r)
+	}
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
+}
+
+// Stream streams the events that pass the request's filter (see
 // [ParseFilter]) until the client goes away: as Server-Sent Events when the
 // client accepts text/event-stream (a browser's EventSource), else as one
 // JSON object per line (application/x-ndjson) for a command line. A bad
 // filter is 400; past the watcher bound, 503. A comment line or an empty
 // event every 15 seconds keeps idle streams open through intermediaries.
-func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// It checks no access: it is for a handler that admitted the client
+// itself, as the dashboard does.
+func (h *Hub) Stream(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		http.Error(w, "tap: GET only", http.StatusMethodNotAllowed)

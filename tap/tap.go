@@ -142,11 +142,17 @@ func WithHeaders(names ...string) Option {
 // [Hub.Watch] fails with [ErrTooManyWatchers].
 func WithMaxWatchers(n int) Option { return func(h *Hub) { h.maxWatchers = n } }
 
+// WithAccess replaces the rule of which clients [Hub.ServeHTTP] serves
+// (default: loopback clients only; events carry paths and headers of the
+// requests, so a remote reader must be admitted on purpose).
+func WithAccess(allow func(*http.Request) bool) Option { return func(h *Hub) { h.access = allow } }
+
 // Hub delivers the events of the stacks it is given to to its watchers.
 // The zero value is not usable; call [NewHub].
 type Hub struct {
 	headers     []string
 	maxWatchers int
+	access      func(*http.Request) bool
 
 	// active counts watchers and observers: while it is zero, requests
 	// build no event.
