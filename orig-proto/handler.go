@@ -3,10 +3,12 @@ package origproto
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/inmesh/inmesh/identity"
@@ -91,9 +93,10 @@ func (h *handler) defaultTrust(r *http.Request) bool {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	r = withoutH2CUpgrade(r)
+	trusted := h.trusted(r)
+	r = guardTrailers(withoutH2CUpgrade(r), trusted)
 	values, has := r.Header[Header]
-	if !h.trusted(r) {
+	if !trusted {
 		if has || hasL5d(r.Header) {
 			r = r.Clone(r.Context())
 			stripL5d(r.Header)
@@ -239,4 +242,48 @@ func hasL5d(h http.Header) bool {
 		}
 	}
 	return false
+}
+
+// guardTrailers returns r with a body that, when it ends, removes from the
+// request's trailers what a client may not send in them: l5d-client-id
+// (an identity is what TLS verified, never a client's word; withPeer
+// removes the header the same way) and, from a peer that is not trusted,
+// every l5d-*. Only a chunked HTTP/1 body or an HTTP/2 one can carry
+// trailers; other requests are returned as they are.
+func guardTrailers(r *http.Request, trusted bool) *http.Request {
+	if r.Body == nil || r.Body == http.NoBody {
+		return r
+	}
+	if r.ProtoMajor == 1 && !slices.Contains(r.TransferEncoding, "chunked") {
+		return r
+	}
+	out := r.WithContext(r.Context())
+	out.Body = &trailerGuard{ReadCloser: r.Body, r: r, out: out, all: !trusted}
+	return out
+}
+
+// trailerGuard is a request body that cleans its request's trailers at
+// its end. The server fills the trailers of the request it made (r): the
+// map a shallow copy (out) shares, which a deep copy (Clone) does not;
+// trailers an HTTP/1 request did not declare come in a map of their own,
+// which out is given.
+type trailerGuard struct {
+	io.ReadCloser
+	r, out *http.Request
+	all    bool
+}
+
+func (g *trailerGuard) Read(p []byte) (int, error) {
+	n, err := g.ReadCloser.Read(p)
+	if err != nil && g.r.Trailer != nil {
+		if g.all {
+			stripL5d(g.r.Trailer)
+		} else {
+			delete(g.r.Trailer, ClientIDHeader)
+		}
+		if g.out.Trailer == nil {
+			g.out.Trailer = g.r.Trailer
+		}
+	}
+	return n, err
 }

@@ -3,9 +3,11 @@ package origproto
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,3 +114,97 @@ func TestServerStripsH2CUpgrade(t *testing.T) {
 		}
 	}
 }
+
+// An identity is what TLS verified, never a client's word: a
+// l5d-client-id that a client sends as a request trailer, on HTTP/1
+// (chunked, declared in Trailer or not) or HTTP/2, never reaches the
+// application, nor, from a client that is not trusted, any other l5d-*
+// trailer. Other trailers arrive.
+func TestClaimedIdentityTrailersRemoved(t *testing.T) {
+	const claimed = "admin.default.serviceaccount.identity.linkerd.cluster.local"
+	serve := func(t *testing.T, trusted bool) (addr string, got chan http.Header) {
+		got = make(chan http.Header, 1)
+		app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			got <- r.Trailer.Clone()
+		})
+		srv := NewServer(NewHandler(app, WithTrust(func(*http.Request) bool { return trusted })))
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		go srv.Serve(GuardListener(lis))
+		t.Cleanup(func() { srv.Close() })
+		return lis.Addr().String(), got
+	}
+	for _, tc := range []struct {
+		name string
+		send func(t *testing.T, addr string)
+	}{
+		{"HTTP/1 declared", func(t *testing.T, addr string) {
+			rawTrailers(t, addr, "Trailer: L5d-Client-Id, L5d-Dst-Override, X-Checksum\r\n")
+		}},
+		{"HTTP/1 undeclared", func(t *testing.T, addr string) { rawTrailers(t, addr, "") }},
+		{"HTTP/2", func(t *testing.T, addr string) {
+			req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/", nil)
+			require.NoError(t, err)
+			req.ContentLength = -1
+			req.Trailer = http.Header{ClientIDHeader: nil, "L5d-Dst-Override": nil, "X-Checksum": nil}
+			req.Body = &trailerSetter{Reader: strings.NewReader("body"), trailer: req.Trailer,
+				set: map[string]string{ClientIDHeader: claimed, "L5d-Dst-Override": "x:1", "X-Checksum": "abc"}}
+			resp, err := testutil.NewTransport(t, testutil.H2C).RoundTrip(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+		}},
+	} {
+		for _, trusted := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/trusted=%v", tc.name, trusted), func(t *testing.T) {
+				addr, got := serve(t, trusted)
+				tc.send(t, addr)
+				tr := <-got
+				assert.Empty(t, tr.Get(ClientIDHeader), "claimed identity")
+				assert.Equal(t, "abc", tr.Get("X-Checksum"), "other trailers arrive")
+				if trusted {
+					assert.Equal(t, "x:1", tr.Get("L5d-Dst-Override"), "a trusted client's other l5d-* trailers arrive")
+				} else {
+					assert.Empty(t, tr.Get("L5d-Dst-Override"), "no l5d-* from a client not trusted")
+				}
+			})
+		}
+	}
+}
+
+// rawTrailers sends a chunked HTTP/1 POST whose trailers claim an
+// identity, with the extra header lines head, and reads its response.
+func rawTrailers(t *testing.T, addr, head string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(testutil.Timeout)))
+	_, err = io.WriteString(conn, "POST / HTTP/1.1\r\nHost: books\r\nTransfer-Encoding: chunked\r\n"+head+"\r\n"+
+		"4\r\nbody\r\n0\r\nL5d-Client-Id: admin.default.serviceaccount.identity.linkerd.cluster.local\r\n"+
+		"L5d-Dst-Override: x:1\r\nX-Checksum: abc\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+}
+
+// trailerSetter is a request body that sets its trailers' values at its
+// end, as net/http's client reads them after the body.
+type trailerSetter struct {
+	*strings.Reader
+	trailer http.Header
+	set     map[string]string
+}
+
+func (s *trailerSetter) Read(p []byte) (int, error) {
+	n, err := s.Reader.Read(p)
+	if err == io.EOF {
+		for k, v := range s.set {
+			s.trailer.Set(k, v)
+		}
+	}
+	return n, err
+}
+
+func (s *trailerSetter) Close() error { return nil }
