@@ -61,6 +61,10 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 	cl := req.ContentLength
 	if req.Body == nil || req.Body == http.NoBody {
 		cl = 0
+	} else if cl == 0 {
+		// A client request's body of unknown length (net/http's
+		// ContentLength 0 with a Body): never sent twice.
+		cl = -1
 	}
 	if !h.state.Eligible(req.Method, cl, h.limit) || req.Header.Get("Upgrade") != "" {
 		return base.RoundTrip(req)

@@ -104,6 +104,7 @@ func TestHedgeToAnotherEndpoint(t *testing.T) {
 		option    *hedge.Policy // WithHedging
 		method    string
 		body      string
+		unknown   bool // the body's length unknown (net/http's ContentLength 0)
 		hedged    bool
 	}{
 		{name: "GET is hedged", endpoints: 3, policy: fixed, method: "GET", hedged: true},
@@ -114,6 +115,7 @@ func TestHedgeToAnotherEndpoint(t *testing.T) {
 			method: "POST", body: "payload", hedged: true},
 		{name: "a body past the replay limit is not", endpoints: 3, policy: fixed, method: "PUT",
 			body: strings.Repeat("x", MaxRetryBodyBytes+1)},
+		{name: "a body of unknown length is not", endpoints: 3, policy: fixed, method: "PUT", body: "payload", unknown: true},
 		{name: "one endpoint: no other to hedge to", endpoints: 1, policy: fixed, method: "GET"},
 		{name: "a percentile not learnt yet hedges nothing", endpoints: 3, policy: &hedge.Policy{Percentile: 95}, method: "GET"},
 		{name: "the router's option for routes without their own", endpoints: 3, option: fixed, method: "GET", hedged: true},
@@ -126,7 +128,11 @@ func TestHedgeToAnotherEndpoint(t *testing.T) {
 			}
 			h := newHedgeEndpoints(t, tc.endpoints, stall)
 			f := hedgeFixture(t, h.eps, tc.policy, WithHedging(tc.option))
-			req, err := http.NewRequest(tc.method, "http://svc.test/", strings.NewReader(tc.body))
+			var body io.Reader = strings.NewReader(tc.body)
+			if tc.unknown {
+				body = struct{ io.Reader }{body} // no Len: NewRequest cannot measure it
+			}
+			req, err := http.NewRequest(tc.method, "http://svc.test/", body)
 			require.NoError(t, err)
 			req.Header.Set("X-Request-Id", "r1")
 			req.Header.Set("X-Stall", "1")
