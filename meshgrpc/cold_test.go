@@ -304,3 +304,22 @@ func TestFirstCallNonMeshTargetNeverWaits(t *testing.T) {
 		assert.NoError(t, err, "%s: the first call does not wait for the inmesh channel's discovery", target)
 	}
 }
+
+// A control plane that cannot be reached never answers the target: past
+// the discovery wait, a fail-fast call on a new channel fails UNAVAILABLE
+// (as the HTTP stack answers 503), not at its own deadline, while a
+// wait-for-ready call waits on until its deadline.
+func TestFirstCallControlPlaneUnreachable(t *testing.T) {
+	dst, err := destination.Dial(testutil.RefusedAddr(t).String(), destination.WithLogger(quiet))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	c := dial(t, dst, meshgrpc.WithLogger(quiet), meshgrpc.WithDiscoveryWait(200*time.Millisecond))
+	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "no answer from the control plane for "+books)
+
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = c.EmptyCall(short, &testgrpc.Empty{}, grpc.WaitForReady(true))
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+}

@@ -99,7 +99,11 @@ const DefaultDiscoveryWait = destination.DefaultFirstMessageTimeout
 // channel started its watches; calls after that take the routes known,
 // none meaning the target as it is. d == 0 means [DefaultDiscoveryWait];
 // d < 0 never waits (a call that comes before the answers goes to the
-// target as it is). Answers already in cost nothing. A server ignores it.
+// target as it is). Answers already in cost nothing. A target whose
+// endpoints have not answered once d has passed ([DefaultDiscoveryWait]
+// when d < 0), its control plane unreachable or silent, fails its
+// fail-fast calls with UNAVAILABLE until they do; wait-for-ready calls
+// wait on. A server ignores it.
 func WithDiscoveryWait(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.discoveryWait = d })
 }

@@ -65,7 +65,29 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	r.watchProfile(0)
 	r.watchPolicy(0)
 	r.push() // a watch refused at once is a resolver error now
+	wait := b.m.cfg.discoveryWait
+	if wait <= 0 {
+		wait = DefaultDiscoveryWait
+	}
+	r.mu.Lock()
+	r.unanswered = time.AfterFunc(wait, func() { r.noAnswer(wait) })
+	r.mu.Unlock()
 	return r, nil
+}
+
+// noAnswer reports a target whose endpoints have not answered within wait
+// (a control plane that cannot be reached or is silent) as a resolver
+// error: grpc-go then fails a fail-fast call with UNAVAILABLE, as the HTTP
+// balancer answers 503 past its resolve timeout, instead of holding it
+// until its deadline; a wait-for-ready call waits on. The first answer
+// clears it.
+func (r *meshResolver) noAnswer(wait time.Duration) {
+	r.mu.Lock()
+	silent := !r.closed && r.sets[r.authority] == nil
+	r.mu.Unlock()
+	if silent {
+		r.cc.ReportError(fmt.Errorf("meshgrpc: no answer from the control plane for %s within %s", r.authority, wait))
+	}
 }
 
 // watchProfile starts the target's ServiceProfile watch. One the
@@ -143,6 +165,8 @@ type meshResolver struct {
 	// policyAnswered and profileAnswered: the target's outbound policy
 	// and ServiceProfile have answered, or their watch failed.
 	policyAnswered, profileAnswered bool
+	// unanswered fires noAnswer once the discovery wait has passed.
+	unanswered *time.Timer
 }
 
 // answered records the first answer of one of the target's watches (flag
@@ -173,6 +197,9 @@ func (r *meshResolver) ResolveNow(resolver.ResolveNowOptions) {}
 func (r *meshResolver) Close() {
 	r.mu.Lock()
 	r.closed = true
+	if r.unanswered != nil {
+		r.unanswered.Stop()
+	}
 	stops := []func(){r.policyStop, r.profileStop}
 	for _, s := range r.stops {
 		stops = append(stops, s)
