@@ -182,6 +182,32 @@ type watcher struct {
 	// outside the keys read (or a reload that finds the same keys) does not
 	// wake every stream.
 	loadedManifests, loadedEndpoints map[string][]byte
+	// Why the manifests and the endpoints last loaded were refused (nil:
+	// they were not): a refusal holds until keys that load replace it.
+	manifestsErr, endpointsErr error
+	// rejected says the last load was refused, so that the next one that
+	// loads is logged however soon it comes (the fix confirmed), and the
+	// next refusal after a good load too.
+	rejected bool
+}
+
+// report logs the outcome of a load at the watcher's revision: a refusal,
+// or the keys loaded. A change between the two is always logged, past the
+// rate limit of either line.
+func (w *watcher) report(err error) {
+	if err != nil {
+		if !w.rejected {
+			w.log.Forget("rejected key")
+		}
+		w.rejected = true
+		w.log.WarnErr("rejected key", "etcd: rejected a control-plane key; serving the last good state", err, "prefix", w.prefix, "revision", w.rev)
+		return
+	}
+	if w.rejected {
+		w.log.Forget("loaded")
+	}
+	w.rejected = false
+	w.log.Info("loaded", "etcd: loaded the control-plane keys", "prefix", w.prefix, "revision", w.rev)
 }
 
 // reload reads every key at the current revision and loads them. It
@@ -237,7 +263,6 @@ func (w *watcher) kind(key string) string {
 // Either set is refused whole when any of its keys is bad, the store
 // keeping what it served.
 func (w *watcher) load() error {
-	var errs []error
 	if !maps.EqualFunc(w.manifests, w.loadedManifests, bytes.Equal) {
 		w.loadedManifests = maps.Clone(w.manifests)
 		var files []manifest.File
@@ -245,9 +270,8 @@ func (w *watcher) load() error {
 			files = append(files, manifest.File{Name: k, Data: w.manifests[k]})
 		}
 		r, err := manifest.LoadFiles(files...)
-		if err != nil {
-			errs = append(errs, err)
-		} else {
+		w.manifestsErr = err
+		if err == nil {
 			w.store.SetServiceProfiles(r.ServiceProfiles)
 			w.store.SetManifests(r)
 			for _, err := range w.store.ProfileNameProblems() {
@@ -258,9 +282,8 @@ func (w *watcher) load() error {
 	if !maps.EqualFunc(w.endpoints, w.loadedEndpoints, bytes.Equal) {
 		w.loadedEndpoints = maps.Clone(w.endpoints)
 		sets, err := w.parseEndpoints()
-		if err != nil {
-			errs = append(errs, err)
-		} else {
+		w.endpointsErr = err
+		if err == nil {
 			w.store.SetEndpoints(sets)
 		}
 	}
@@ -268,7 +291,7 @@ func (w *watcher) load() error {
 		w.loadedRegistrations = maps.Clone(w.registrations)
 		w.store.PutRegistered(registrationsID, w.parseRegistrations())
 	}
-	return errors.Join(errs...)
+	return errors.Join(w.manifestsErr, w.endpointsErr)
 }
 
 // registrationsID names, in the Store, every registration etcd holds.
@@ -333,10 +356,8 @@ func (w *watcher) run(ctx context.Context) {
 		for {
 			bad, err := w.reload(ctx)
 			if err == nil {
-				if bad != nil {
-					w.log.WarnErr("rejected key", "etcd: rejected a control-plane key; serving the last good state", bad, "prefix", w.prefix, "revision", w.rev)
-				}
 				w.log.Slog().Info("etcd: read every key again", "prefix", w.prefix, "revision", w.rev)
+				w.report(bad)
 				break
 			}
 			w.log.WarnErr("etcd reload", "etcd: cannot read the keys after a compaction; serving the last good state", err, "prefix", w.prefix)
@@ -377,11 +398,7 @@ func (w *watcher) follow(ctx context.Context) (compacted, progressed bool, err e
 			}
 			w.rev = max(w.rev, ev.Kv.ModRevision)
 		}
-		if err := w.load(); err != nil {
-			w.log.WarnErr("rejected key", "etcd: rejected a control-plane key; serving the last good state", err, "prefix", w.prefix, "revision", w.rev)
-		} else {
-			w.log.Info("loaded", "etcd: loaded the control-plane keys", "prefix", w.prefix, "revision", w.rev)
-		}
+		w.report(w.load())
 	}
 	return false, progressed, errors.New("etcd: the watch ended")
 }

@@ -6,6 +6,7 @@ package etcd_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -487,4 +488,44 @@ func TestWatchFirstLoad(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "etcd: reading "+prefix+"/")
 	assert.Less(t, time.Since(start), timeout)
+}
+
+// What a replica logs as keys go bad and are fixed, with the default log
+// interval (a line of a kind at most every 10 s): a refusal, then the fix
+// confirmed however soon it comes; a key still refused is never reported
+// as loaded because another key changed; a barrier key (refused, logged
+// after the change before it) orders each step.
+func TestFixConfirmedInTheLog(t *testing.T) {
+	m := etcdtest.Start(t)
+	admin := newClient(t, m.Endpoint)
+	key := etcdstore.ManifestKey(prefix, "authors")
+	eps := etcdstore.EndpointsKey(prefix, "authors")
+	put(t, admin, key, authorsYAML("/authors"))
+	put(t, admin, eps, endpointsYAML("127.0.0.1:4143"))
+	var logs testutil.LogLines
+	ctx, cancel := context.WithCancel(context.Background())
+	wait, err := etcdstore.Watch(ctx, controlplane.NewStore(), newClient(t, m.Endpoint), prefix, etcdstore.WithLogger(logs.Logger()))
+	require.NoError(t, err)
+	t.Cleanup(func() { cancel(); wait() })
+	barriers := 0
+	barrier := func() {
+		t.Helper()
+		barriers++
+		b := etcdstore.EndpointsKey(prefix, fmt.Sprint("barrier-", barriers))
+		put(t, admin, b, "- authority: x.default.svc.cluster.local:1\n  endpoints:\n  - addr: 1.2.\n")
+		require.Eventually(t, func() bool { return logs.Count("rejected a control-plane key", b) > 0 }, timeout, time.Millisecond, "%s", logs.String())
+		_, err := admin.Delete(context.Background(), b)
+		require.NoError(t, err)
+	}
+	loaded := func() int { return logs.Count("loaded the control-plane keys") }
+
+	put(t, admin, key, strings.Replace(authorsYAML("/b"), "PathPrefix", "Glob", 1))
+	require.Eventually(t, func() bool { return logs.Count("rejected a control-plane key", key) == 1 }, timeout, time.Millisecond)
+	// Another key changes while the manifest is still refused.
+	put(t, admin, eps, endpointsYAML("127.0.0.2:4143"))
+	barrier()
+	require.Zero(t, loaded(), "a refused manifest reported as loaded:\n%s", logs.String())
+
+	put(t, admin, key, authorsYAML("/c")) // the fix
+	require.Eventually(t, func() bool { return loaded() >= 1 }, timeout, time.Millisecond, "the fix is confirmed:\n%s", logs.String())
 }
