@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -500,3 +501,14 @@ func (l *storeLease) Release(context.Context, bool) error {
 }
 
 func (l *storeLease) Lost() <-chan struct{} { return nil }
+
+// KeepaliveOptions are the options of a grpc.Server serving the
+// Registration API whose registrations last ttl past a replica's death:
+// after ttl without a frame from a client the server pings it, and closes
+// the connection when no answer comes within ttl. A registrant whose host
+// went away or whose process froze (no FIN, no RST) then loses its
+// registration within about 2×ttl, as it would lose its lease; a live
+// client's gRPC library answers the pings by itself.
+func KeepaliveOptions(ttl time.Duration) []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{Time: ttl, Timeout: ttl})}
+}

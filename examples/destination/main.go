@@ -103,7 +103,7 @@ func main() {
 	flag.Func("cluster-networks", "comma-separated CIDRs of the cluster-* policies (default Linkerd's: 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16)",
 		func(v string) (err error) { inbound.ClusterNetworks, err = parsePrefixes(v); return err })
 	insecureReg := flag.Bool("insecure-registration", false, "accept registrations from plaintext callers, unchecked (development only; registrations are otherwise authenticated by the workload's mTLS identity on -identity-listen)")
-	regTTL := flag.Duration("registration-ttl", etcdstore.DefaultRegistrationTTL, "with -etcd-endpoints: the lease TTL of a registration, the longest its endpoints outlive a replica that died")
+	regTTL := flag.Duration("registration-ttl", etcdstore.DefaultRegistrationTTL, "the lease TTL of a registration with -etcd-endpoints, the longest its endpoints outlive a replica that died; and how long a silent client connection lasts before the server pings it, and then waits for the answer")
 	flag.Func("probe-networks", "comma-separated CIDRs the probe route of default policies admits (default none: no probe route)",
 		func(v string) (err error) { inbound.ProbeNetworks, err = parsePrefixes(v); return err })
 	flag.Parse()
@@ -147,14 +147,14 @@ func main() {
 	}
 	dst := controlplane.NewServer(store, opts...)
 	if id.dir != "" {
-		idSrv, err := serveIdentity(ctx, id, *interval, dst, log)
+		idSrv, err := serveIdentity(ctx, id, *interval, dst, log, controlplane.KeepaliveOptions(*regTTL)...)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "destination:", err)
 			os.Exit(1)
 		}
 		defer idSrv.Stop()
 	}
-	err := run(ctx, *listen, dst, log)
+	err := run(ctx, *listen, dst, log, controlplane.KeepaliveOptions(*regTTL)...)
 	stop()
 	wait() // the etcd watch has returned and its client is closed
 	if err != nil {
@@ -187,12 +187,12 @@ func watchFiles(ctx context.Context, store *controlplane.Store, profilesDir, end
 	return nil
 }
 
-func run(ctx context.Context, listen string, dst *controlplane.Server, log *slog.Logger) error {
+func run(ctx context.Context, listen string, dst *controlplane.Server, log *slog.Logger, srvOpts ...grpc.ServerOption) error {
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(srvOpts...)
 	dst.Register(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -253,7 +253,7 @@ func (f identityFlags) check() error {
 // same listener serves dst's APIs, Registration among them, to workloads
 // that show their certificate (mTLS), whose identity authenticates their
 // registrations.
-func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration, dst *controlplane.Server, log *slog.Logger) (*grpc.Server, error) {
+func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration, dst *controlplane.Server, log *slog.Logger, srvOpts ...grpc.ServerOption) (*grpc.Server, error) {
 	dir, created, err := controlplane.LoadIdentityDir(f.dir)
 	if err != nil {
 		return nil, err
@@ -283,7 +283,7 @@ func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration,
 		return nil, fmt.Errorf("-identity-listen: %w", err)
 	}
 	// Linkerd's proxies negotiate no ALPN with the identity service.
-	srv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))
+	srv := grpc.NewServer(append(srvOpts, grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))...)
 	issuer.Register(srv)
 	dst.Register(srv)
 	go srv.Serve(lis)

@@ -68,7 +68,7 @@ func Start(endpoints []string, prefix string, log *slog.Logger, opts ...Option) 
 		return nil, err
 	}
 	r.Addr = lis.Addr().String()
-	r.srv = grpc.NewServer()
+	r.srv = grpc.NewServer(controlplane.KeepaliveOptions(etcdstore.DefaultRegistrationTTL)...)
 	cpOpts := []controlplane.Option{controlplane.WithLogger(log)}
 	if cfg.registration {
 		cpOpts = append(cpOpts, controlplane.WithRegistry(etcdstore.NewRegistry(cli, prefix, etcdstore.DefaultRegistrationTTL)),
