@@ -507,3 +507,28 @@ func TestUpgradeErrorIsBadGateway(t *testing.T) {
 	assert.Equal(t, 502, resp.StatusCode, body)
 	assert.NotContains(t, resp.Header.Get("Connection"), "h2")
 }
+
+// A request of many small headers fits the peer's HTTP/1 limit (64 KiB of
+// header bytes) but not HTTP/2's count of them (32 bytes more a field):
+// it is not upgraded, goes to the peer as HTTP/1 and arrives whole,
+// instead of failing in the client's own HTTP/2 transport (where a
+// balancer would count it against the endpoint).
+func TestManyHeadersNotUpgraded(t *testing.T) {
+	many, _ := http.NewRequest(http.MethodGet, "http://a/many", nil)
+	var b strings.Builder
+	b.WriteString("GET /many HTTP/1.1\r\nHost: a\r\n")
+	for i := range 3000 {
+		many.Header.Set(fmt.Sprint("X-H", i), "v")
+		fmt.Fprintf(&b, "X-H%d: v\r\n", i)
+	}
+	b.WriteString("\r\n")
+	few, _ := http.NewRequest(http.MethodGet, "http://a/few", nil)
+	few.Header.Set("X-H", "v")
+	assert.False(t, Eligible(many), "3,000 headers")
+	assert.True(t, Eligible(few))
+
+	m := newMesh(t)
+	resp, _ := m.raw(t, b.String())
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "v", m.app.last(t).Header.Get("X-H2999"), "every header arrived")
+}

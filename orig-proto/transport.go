@@ -108,9 +108,31 @@ func NewH2Transport() *http.Transport { return transport.H2(transport.Limits{}) 
 
 // Eligible reports whether r may be upgraded: an HTTP/1.x request that is
 // neither a CONNECT nor a protocol upgrade (other than h2c), nor one that
-// must stay HTTP/2 ([HTTP2Only]).
+// must stay HTTP/2 ([HTTP2Only]), nor one whose header list HTTP/2 would
+// count past a mesh peer's limit ([MaxUpgradedHeaderList]).
 func Eligible(r *http.Request) bool {
-	return r.ProtoMajor == 1 && !wantsUpgrade(r) && !IsGRPC(r)
+	return r.ProtoMajor == 1 && !wantsUpgrade(r) && !IsGRPC(r) && headerListSize(r) <= MaxUpgradedHeaderList
+}
+
+// MaxUpgradedHeaderList is the largest header list, as HTTP/2 counts it
+// (each field's name and value and 32 bytes), of a request that is
+// upgraded: the 64 KiB of headers a peer's [NewServer] takes. HTTP/2's
+// count of many small headers passes it long before their HTTP/1 bytes
+// do; such a request goes to the peer as HTTP/1, which takes it, rather
+// than fail in the client's own HTTP/2 transport, where it would count as
+// the endpoint's failure.
+const MaxUpgradedHeaderList = 64 << 10
+
+// headerListSize is r's header list as HTTP/2 counts it, pseudo-headers
+// and l5d-orig-proto included, with some slack for both.
+func headerListSize(r *http.Request) int {
+	n := 256 + len(r.Host) + len(r.URL.Path) + len(r.URL.RawQuery)
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 32
+		}
+	}
+	return n
 }
 
 // HTTP2Only reports whether r must travel as HTTP/2 on every hop: it
