@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the application under test answers h2c upgrades with x/net's deprecated h2c handler, as applications still do
+
 package mesh
 
 import (
