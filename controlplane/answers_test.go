@@ -38,7 +38,7 @@ kind: Service
 metadata: {name: books, namespace: default}
 spec:
   clusterIP: 10.96.0.10
-  ports: [{port: 7000}, {port: 5432}]
+  ports: [{name: http, port: 7000}, {name: postgres, port: 5432}]
 ---
 apiVersion: v1
 kind: Service
@@ -47,7 +47,7 @@ metadata:
   namespace: default
   annotations: {config.linkerd.io/opaque-ports: "8080,9000-9001,admin"}
 spec:
-  ports: [{port: 8080}, {port: 3306}, {port: 9001}, {name: admin, port: 9100}]
+  ports: [{name: http, port: 8080}, {name: mysql, port: 3306}, {name: extra, port: 9001}, {name: admin, port: 9100}]
 ---
 apiVersion: v1
 kind: Pod

@@ -268,6 +268,13 @@ func TestParseErrorsNameDocumentAndField(t *testing.T) {
 		{"bad name", "apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\n", "metadata.name: \"Bad_Name\" is not a DNS name"},
 		{"duplicate key", "apiVersion: v1\nkind: Service\nkind: Service\nmetadata: {name: a}\n", "document 1: kind: duplicate key \"kind\""},
 		{"bad port", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{port: 70000}]\n", "document 1 (Service default/a): spec.ports[0].port: 70000 is not a port"},
+		// Kubernetes' ValidateService (pkg/apis/core/validation): a port
+		// once for each protocol; names required and distinct past one port.
+		{"duplicate port", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{name: web, port: 80}, {name: admin, port: 80}]\n", "document 1 (Service default/a): spec.ports[1].port: 80/TCP is also ports[0]"},
+		{"duplicate port, explicit protocol", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{name: web, port: 80}, {name: admin, port: 80, protocol: TCP}]\n", "spec.ports[1].port: 80/TCP is also ports[0]"},
+		{"unnamed second port", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{name: x, port: 80}, {port: 81}]\n", "spec.ports[1].name: required when a Service has more than one port"},
+		{"duplicate port name", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{name: x, port: 80}, {name: x, port: 81}]\n", "spec.ports[1].name: \"x\" is also the name of ports[0]"},
+		{"bad protocol", "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports: [{port: 80, protocol: HTTP}]\n", "spec.ports[0].protocol: \"HTTP\" is not TCP, UDP or SCTP"},
 		{"bad retry annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/http: 6xx}}\n", "metadata.annotations.retry.linkerd.io/http: \"6xx\""},
 		{"bad grpc annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {retry.linkerd.io/grpc: aborted}}\n", "metadata.annotations.retry.linkerd.io/grpc: \"aborted\""},
 		{"bad timeout annotation", "apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {timeout.linkerd.io/request: soon}}\n", "metadata.annotations.timeout.linkerd.io/request: \"soon\" is not a duration"},
@@ -576,7 +583,7 @@ spec:
 		{"the annotation's range", "config.linkerd.io/opaque-ports: \"25, 8000-8100\"", "{port: 8080}", 8080, "", policy.ProtocolOpaque},
 		// controller/api/destination/watcher/opaque_ports_watcher.go isNamed.
 		{"the annotation names the port by its name", "config.linkerd.io/opaque-ports: \"mysql\"", "{name: mysql, port: 3307}", 3307, "", policy.ProtocolOpaque},
-		{"a name that looks like a range is the port's name", "config.linkerd.io/opaque-ports: \"8080-8090\"", "{name: 8080-8090, port: 9000}, {port: 8085}", 8085, "", policy.ProtocolDetect},
+		{"a name that looks like a range is the port's name", "config.linkerd.io/opaque-ports: \"8080-8090\"", "{name: 8080-8090, port: 9000}, {name: other, port: 8085}", 8085, "", policy.ProtocolDetect},
 		{"appProtocol http: HTTP/1 only", "", "{port: 8080, appProtocol: http}", 8080, "", policy.ProtocolHTTP1},
 		{"appProtocol h2c: HTTP/2 only", "", "{port: 8080, appProtocol: kubernetes.io/h2c}", 8080, "", policy.ProtocolHTTP2},
 		{"appProtocol h2c with GRPCRoutes: gRPC", "", "{port: 9000, appProtocol: kubernetes.io/h2c}", 9000, grpcRoute, policy.ProtocolGRPC},
@@ -672,4 +679,13 @@ func TestSplitResources(t *testing.T) {
 	}
 	_, err = SplitResources([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: Bad}\n"))
 	assert.ErrorContains(t, err, "document 1")
+}
+
+func TestServicePortOncePerProtocol(t *testing.T) {
+	// Kubernetes lets one port number serve TCP and UDP under two names.
+	r := mustParse(t, "apiVersion: v1\nkind: Service\nmetadata: {name: dns}\nspec:\n  ports: [{name: tcp, port: 53}, {name: udp, port: 53, protocol: UDP}]\n")
+	s := r.Service("default", "dns")
+	require.NotNil(t, s)
+	assert.Len(t, s.Ports, 2)
+	assert.True(t, s.HasPort(53))
 }

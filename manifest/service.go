@@ -205,7 +205,17 @@ func (s *Service) parseSpec(spec yamltree.Node) error {
 	if err != nil {
 		return err
 	}
-	for _, item := range items {
+	// Kubernetes' own Service validation: a port appears once for each
+	// protocol, and when a Service has more than one port each is named,
+	// under a name of its own. A manifest that Kubernetes would refuse is
+	// refused here too, instead of answering for the first of two ports.
+	type portKey struct {
+		port     uint16
+		protocol string
+	}
+	seen := make(map[portKey]int, len(items))
+	names := make(map[string]int, len(items))
+	for i, item := range items {
 		po, err := item.Object(servicePortFields...)
 		if err != nil {
 			return err
@@ -220,6 +230,31 @@ func (s *Service) parseSpec(spec yamltree.Node) error {
 		}
 		if sp.Port, err = port(n); err != nil {
 			return err
+		}
+		protocol, err := optionalString(po, "protocol")
+		if err != nil {
+			return err
+		}
+		switch protocol {
+		case "":
+			protocol = "TCP"
+		case "TCP", "UDP", "SCTP":
+		default:
+			return yamltree.Node{Path: item.Child("protocol")}.Errorf("%q is not TCP, UDP or SCTP", protocol)
+		}
+		key := portKey{sp.Port, protocol}
+		if first, dup := seen[key]; dup {
+			return yamltree.Node{Path: item.Child("port")}.Errorf("%d/%s is also ports[%d]", sp.Port, protocol, first)
+		}
+		seen[key] = i
+		if len(items) > 1 {
+			if sp.Name == "" {
+				return yamltree.Node{Path: item.Child("name")}.Errorf("required when a Service has more than one port")
+			}
+			if first, dup := names[sp.Name]; dup {
+				return yamltree.Node{Path: item.Child("name")}.Errorf("%q is also the name of ports[%d]", sp.Name, first)
+			}
+			names[sp.Name] = i
 		}
 		if sp.AppProtocol, err = optionalString(po, "appProtocol"); err != nil {
 			return err

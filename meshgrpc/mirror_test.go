@@ -79,7 +79,10 @@ func TestUnaryMirror(t *testing.T) {
 		check  func(t *testing.T, m *testutil.Metrics, mirror *app)
 	}{
 		{name: "every call", mirror: "up", check: func(t *testing.T, m *testutil.Metrics, mirror *app) {
-			require.Eventually(t, func() bool { return mirrorCount(t, m, "success") == calls }, testutil.Timeout, 5*time.Millisecond)
+			if !assert.Eventually(t, func() bool { return mirrorCount(t, m, "success") == calls }, testutil.Timeout, 5*time.Millisecond) {
+				t.Fatalf("success %d dropped %d failure %d unavailable %d, mirror saw %d", mirrorCount(t, m, "success"), mirrorCount(t, m, "dropped"),
+					mirrorCount(t, m, "failure"), mirrorCount(t, m, "unavailable"), mirror.calls.Load())
+			}
 			assert.EqualValues(t, calls, mirror.calls.Load(), "the mirror gets every call")
 		}},
 		{name: "half the calls", share: ", percent: 50", mirror: "up", check: func(t *testing.T, m *testutil.Metrics, mirror *app) {

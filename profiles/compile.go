@@ -246,12 +246,12 @@ func (m pathMatcher) match(_, path string) bool {
 var pathMatchers recache.Memo[pathMatcher]
 
 func newPathMatcher(pattern string) (pathMatcher, error) {
-	re, err := recache.CompileWhole(strings.TrimSpace(pattern))
+	re, err := recache.CompileAnchored(pattern)
 	if err != nil {
 		return pathMatcher{}, err
 	}
 	prefix, _ := re.LiteralPrefix()
-	return pathMatcher{re: re, prefix: prefix, fast: fastPath(pattern)}, nil
+	return pathMatcher{re: re, prefix: prefix, fast: fastPath(recache.Anchored(pattern))}, nil
 }
 
 type methodMatcher string

@@ -24,8 +24,16 @@ func TestRequestMatching(t *testing.T) {
 		{"path is anchored at the start", PathRegex("api"), "GET", "/api", false},
 		{"wildcard", PathRegex("/api/.*"), "GET", "/api/v1", true},
 		{"explicit anchors", PathRegex("^/api/.*$"), "GET", "/api/v1", true},
-		{"alternation is grouped", PathRegex("/a|/b"), "GET", "/b", true},
-		{"alternation still anchored", PathRegex("/a|/b"), "GET", "/ab", false},
+		// linkerd2-proxy (linkerd/service-profiles/src/proto.rs,
+		// convert_req_match) anchors without a group: "/a|/b" is
+		// "^/a|/b$", a path that starts with /a or ends with /b.
+		{"alternation: either end", PathRegex("/a|/b"), "GET", "/b", true},
+		{"alternation: anchored at the start only", PathRegex("/a|/b"), "GET", "/ab", true},
+		{"alternation: anchored at the end only", PathRegex("/a|/b"), "GET", "/x/b", true},
+		{"alternation: neither end", PathRegex("/a|/b"), "GET", "/x", false},
+		{"alternation grouped by the user", PathRegex("(/a|/b)"), "GET", "/ab", false},
+		{"leading anchor kept, trailing added", PathRegex("^/api"), "GET", "/api/v1", false},
+		{"trailing anchor kept, leading added", PathRegex("/v1$"), "GET", "/api/v1", false},
 		{"space trimmed", PathRegex("  /x  "), "GET", "/x", true},
 		{"case-insensitive flag", PathRegex("(?i)/API/v1"), "GET", "/api/V1", true},
 		{"literal prefix then class", PathRegex("/api/[0-9]+"), "GET", "/api/", false},

@@ -18,8 +18,10 @@ type MatchNot struct{ Match RequestMatch }
 // PathRegex matches when the regular expression (Go RE2 syntax) matches
 // the whole request path, without the query. As in Linkerd, surrounding
 // space is trimmed and the pattern is anchored with ^ and $ unless it
-// already starts or ends with them: "/api" does not match "/api/v1", write
-// "/api/.*".
+// already starts or ends with them, without a group: "/api" does not
+// match "/api/v1", write "/api/.*"; "/a|/b" is "^/a|/b$", which matches
+// any path that starts with /a or ends with /b, write "(/a|/b)" for
+// either whole path.
 type PathRegex string
 
 // Method matches requests with exactly this method.

@@ -674,7 +674,7 @@ func checkPathRegex(pattern string) error {
 	if len(pattern) > MaxPathRegexLen {
 		return fmt.Errorf("regex of %d bytes is longer than the limit of %d", len(pattern), MaxPathRegexLen)
 	}
-	if _, err := recache.CompileWhole(strings.TrimSpace(pattern)); err != nil {
+	if _, err := recache.CompileAnchored(pattern); err != nil {
 		return fmt.Errorf("bad regex: %v", err)
 	}
 	return nil

@@ -9,6 +9,7 @@ package recache
 
 import (
 	"regexp"
+	"strings"
 	"sync"
 )
 
@@ -70,15 +71,31 @@ var regexps Memo[*regexp.Regexp]
 // the same pattern.
 func Compile(pattern string) (*regexp.Regexp, error) { return regexps.Get(pattern, regexp.Compile) }
 
-// CompileWhole compiles pattern as a match of a whole string,
-// ^(?:pattern)$, kept as [Compile] keeps it. A pattern that is not a
-// regular expression on its own is refused with the error of the pattern
-// as written, which names what the user wrote rather than the anchored
-// form built from it (and refuses patterns such as "a)(b" that parse only
-// inside the group).
-func CompileWhole(pattern string) (*regexp.Regexp, error) {
+// CompileAnchored compiles a ServiceProfile path pattern as Linkerd's
+// proxy does (linkerd2-proxy, linkerd/service-profiles/src/proto.rs,
+// convert_req_match): surrounding space trimmed, then ^ put before it
+// unless it starts with ^ and $ after it unless it ends with $, without a
+// group. An alternation is therefore anchored at its ends only: "/a|/b"
+// is "^/a|/b$", which matches "/ab". The result is kept as [Compile] keeps
+// it. A pattern that is not a regular expression on its own is refused
+// with the error of the pattern as written, which names what the user
+// wrote rather than the anchored form built from it.
+func CompileAnchored(pattern string) (*regexp.Regexp, error) {
+	pattern = strings.TrimSpace(pattern)
 	if _, err := Compile(pattern); err != nil {
 		return nil, err
 	}
-	return Compile("^(?:" + pattern + ")$")
+	return Compile(Anchored(pattern))
+}
+
+// Anchored is the pattern [CompileAnchored] compiles.
+func Anchored(pattern string) string {
+	pattern = strings.TrimSpace(pattern)
+	if !strings.HasPrefix(pattern, "^") {
+		pattern = "^" + pattern
+	}
+	if !strings.HasSuffix(pattern, "$") {
+		pattern += "$"
+	}
+	return pattern
 }
