@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 )
 
@@ -75,21 +76,33 @@ func triedFrom(ctx context.Context) (*Tried, bool) {
 }
 
 // without returns the snapshot of the endpoints of s that t does not
-// hold, sharing their loads; nil when none is left.
+// hold, sharing their loads; nil when none is left. A zone-aware snapshot
+// stays zone-aware while both localities keep an endpoint, so that a
+// hedge or a re-sent request stays in a healthy local zone as a first
+// attempt does.
 func (s *snapshot) without(t *Tried) *snapshot {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	out := s.filtered(t.addrs)
+	if out == nil {
+		return nil
+	}
+	if z := s.zones; z != nil {
+		local, remote := z.local.filtered(t.addrs), z.remote.filtered(t.addrs)
+		if local != nil && remote != nil {
+			out.zones = &zoneSplit{local: local, remote: remote, conf: z.conf, state: z.state}
+		}
+	}
+	return out
+}
+
+// filtered returns the snapshot of the endpoints of s not at one of
+// addrs, sharing their members; nil when none is left.
+func (s *snapshot) filtered(addrs []netip.AddrPort) *snapshot {
 	out := &snapshot{err: s.err, exists: s.exists, health: s.health, group: s.group}
 	var total uint64
 	for _, e := range s.eps {
-		skip := false
-		for _, a := range t.addrs {
-			if a == e.Addr {
-				skip = true
-				break
-			}
-		}
-		if skip {
+		if slices.Contains(addrs, e.Addr) {
 			continue
 		}
 		total += uint64(max(e.Weight, 1))

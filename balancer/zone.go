@@ -292,14 +292,15 @@ func (z *zoneSplit) ratio(st *zoneState, now int64, decay float64) float64 {
 // zone's endpoints, to draw the spilled requests back to a slow local
 // zone. A zone's slowdown shows once most of its endpoints (two of three,
 // three of four) have answered slowly; an endpoint out of rotation counts
-// as slow, so that three endpoints of which one is tripped and one slow
-// are a slow zone.
+// as slow (tripped by failure accrual or ejected by outlier detection),
+// so that three endpoints of which one is tripped and one slow are a slow
+// zone.
 func (s *snapshot) zoneLoad(now int64, decay, toward float64, costs, rtts *[]float64) (float64, int, float64) {
 	*costs, *rtts = (*costs)[:0], (*rtts)[:0]
 	for _, e := range s.eps {
 		l := e.load
 		l.mu.Lock()
-		out := s.health && l.health.tripped
+		out := s.health && (l.health.tripped || l.health.odEjected)
 		est := l.estimateLocked(now, decay)
 		if toward >= 0 {
 			f := 1.0

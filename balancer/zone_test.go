@@ -2,9 +2,12 @@ package balancer
 
 import (
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -370,4 +373,92 @@ func TestZoneSlowRemoteAnswerKeepsSpill(t *testing.T) {
 	s.latency[spike] = 20 * time.Millisecond
 	out, _ = s.run(250, "zone-a") // 5 s
 	require.Equal(t, 250, out, "requests back in the slow zone after one slow answer elsewhere")
+}
+
+// An endpoint ejected by outlier detection is out of rotation as a tripped
+// one is, and counts so in its zone's load: two of three local endpoints
+// ejected and the third ten times slower than the remote ones make a slow
+// zone, and most requests leave it (the balancer's clock is faked; each
+// handler advances it by its latency).
+func TestZoneOutlierEjectedIsOut(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	zoned := func(ep endpoint.Endpoint, zone string) endpoint.Endpoint {
+		ep.Labels = map[string]string{ZoneLabel: zone}
+		return ep
+	}
+	var slow atomic.Int64 // the third local endpoint's latency, 5 ms until the ejection
+	slow.Store(int64(5 * time.Millisecond))
+	serve := func(status int, latency time.Duration) endpoint.Endpoint {
+		return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if latency == 0 {
+				clock.now.Add(slow.Load())
+			} else {
+				clock.now.Add(int64(latency))
+			}
+			w.WriteHeader(status)
+			io.WriteString(w, r.Host)
+		}))
+	}
+	local := []endpoint.Endpoint{
+		zoned(serve(http.StatusInternalServerError, 5*time.Millisecond), "zone-a"),
+		zoned(serve(http.StatusInternalServerError, 5*time.Millisecond), "zone-a"),
+		zoned(serve(http.StatusOK, 0), "zone-a"),
+	}
+	slowLocal := local[2].Addr
+	var remote []endpoint.Endpoint
+	for range 3 {
+		remote = append(remote, zoned(serve(http.StatusOK, 5*time.Millisecond), "zone-b"))
+	}
+	od := &OutlierDetection{Interval: time.Second, BaseEjectionTime: time.Hour, MaxEjectionTime: time.Hour, MaxEjectionPercent: 50,
+		FailurePercentageEjection: &FailurePercentageEjection{Threshold: 50, EnforcementPercentage: 100, MinimumHosts: 3, RequestVolume: 3}}
+	auth := books + ":7000"
+	hits := map[string]int{} // requests by endpoint address
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	rec := roundTrip(func(r *http.Request) (*http.Response, error) {
+		hits[r.URL.Host]++
+		return tr.RoundTrip(r)
+	})
+	b := New(staticSource(t, map[string][]endpoint.Endpoint{auth: append(local, remote...)}), WithLogger(quietLogger),
+		withClock(clock.read), WithLocalZone("zone-a"), WithOutlierDetection(od))
+	t.Cleanup(b.Close)
+	c := &http.Client{Transport: b.Transport(rec)}
+	get := func() {
+		resp, err := c.Get("http://" + auth + "/")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	// The first interval: every local endpoint answers (the zone is
+	// healthy, nothing leaves it), two of them with failures.
+	for range 60 {
+		get()
+	}
+	t.Logf("first interval: %v", hits)
+	clock.now.Add(int64(2 * time.Second)) // the interval ends: the next request sweeps
+	get()
+	for _, e := range local[:2] {
+		st := lookup(b, auth).def.state.Load()
+		for _, m := range st.eps {
+			if m.Addr == e.Addr {
+				m.load.mu.Lock()
+				ejected := m.load.health.odEjected
+				m.load.mu.Unlock()
+				require.True(t, ejected, "failing local endpoint %s ejected", e.Addr)
+			}
+		}
+	}
+	slow.Store(int64(50 * time.Millisecond)) // the local endpoint left is ten times slower than the remote ones
+	clear(hits)
+	for range 200 {
+		get()
+	}
+	out := 0
+	for _, e := range remote {
+		out += hits[e.Addr.String()]
+	}
+	t.Logf("after the ejection: %d of 200 requests to the one slow local endpoint, %d out of zone; zone state %+v",
+		hits[slowLocal.String()], out, *b.Zone(auth))
+	require.Greater(t, out, 100, "with two of three local endpoints ejected and the third 10x slower, most requests leave the zone")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/inmesh/inmesh/hedge"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -210,4 +211,96 @@ func TestHedgeLearntPercentile(t *testing.T) {
 	got := h.reached("slow")
 	require.Len(t, got, 2)
 	assert.NotEqual(t, got[0], got[1])
+}
+
+// A route with a hedge and no retry shares the router's retry budget, so
+// its requests earn budget as a retried route's do: with a retry for
+// every two requests and no minimum, ten plain requests pay for the hedge
+// of the eleventh. A first request alone earns half a retry: its hedge is
+// refused and counted as an overflow.
+func TestHedgeOnlyRouteEarnsRetryBudget(t *testing.T) {
+	budget := &profiles.RetryBudget{RetryRatio: 0.5, MinRetriesPerSecond: 0, TTL: 10 * time.Second}
+	stalled := func(t *testing.T, f *healthFixture, id string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "http://svc.test/", nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Request-Id", id)
+		req.Header.Set("X-Stall", "1")
+		resp, err := f.client.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	t.Run("earned", func(t *testing.T) {
+		h := newHedgeEndpoints(t, 3, 2*time.Second)
+		f := hedgeFixture(t, h.eps, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 1}, WithRetryBudget(budget))
+		for range 10 {
+			resp, err := f.client.Get("http://svc.test/")
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		stalled(t, f, "slow")
+		assert.Len(t, h.reached("slow"), 2, "hedged on the budget ten requests earned")
+	})
+	t.Run("not earned", func(t *testing.T) {
+		h := newHedgeEndpoints(t, 3, 2*time.Second)
+		f := hedgeFixture(t, h.eps, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 1}, WithRetryBudget(budget))
+		stalled(t, f, "slow")
+		assert.Len(t, h.reached("slow"), 1, "no budget, no hedge")
+		assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_hedge_overflow_total"))
+	})
+}
+
+// A zone-aware balancer (three healthy endpoints in the local zone, three
+// in another) behind a hedged route: every first attempt stays in the
+// local zone, and so does every hedge, which has two other healthy local
+// endpoints to go to.
+func TestHedgeStaysInHealthyLocalZone(t *testing.T) {
+	h := newHedgeEndpoints(t, 6, 10*time.Second)
+	for i := range h.eps {
+		zone := "zone-a"
+		if i >= 3 {
+			zone = "zone-b"
+		}
+		h.eps[i].Labels = map[string]string{balancer.ZoneLabel: zone}
+	}
+	rule := policy.HTTPRule{Backends: to(balancerBackend("backend", hedgeBackend)),
+		Hedge: &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 1}}
+	src, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{hedgeBackend: h.eps})
+	require.NoError(t, err)
+	bal := balancer.New(src, balancer.WithLocalZone("zone-a"))
+	t.Cleanup(bal.Close)
+	r := New(WithPolicies(policy.NewStaticSource(map[string]*policy.Policy{authority: httpPolicy(rule)})), WithBalancer(bal))
+	t.Cleanup(r.Close)
+	client := &http.Client{Transport: r.Transport(bal.Transport(testutil.NewTransport(t, testutil.H1)))}
+	probe, _ := http.NewRequest("GET", "http://svc.test/", nil)
+	require.Eventually(t, func() bool { return r.Explain(probe).Model == ModelPolicy }, testutil.Timeout, 5*time.Millisecond)
+
+	const n = 30
+	firstOut, hedgesOut, hedged := 0, 0, 0
+	for i := range n {
+		id := fmt.Sprint("r", i)
+		req, _ := http.NewRequest("GET", "http://svc.test/", nil)
+		req.Header.Set("X-Request-Id", id)
+		req.Header.Set("X-Stall", "1")
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got := h.reached(id)
+		if got[0] >= 3 {
+			firstOut++
+		}
+		if len(got) > 1 {
+			hedged++
+			if got[1] >= 3 {
+				hedgesOut++
+			}
+		}
+	}
+	t.Logf("first attempts out of zone: %d of %d; hedges out of zone: %d of %d; zone state %+v", firstOut, n, hedgesOut, hedged, *bal.Zone(hedgeBackend))
+	require.Equal(t, n, hedged)
+	require.Zero(t, firstOut, "first attempts stay in the healthy local zone")
+	require.Zero(t, hedgesOut, "hedges of a healthy local zone stay in it (two other local endpoints are in rotation)")
 }

@@ -203,9 +203,11 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 		p.MaxRetries = retry.Limit()
 		p.BodyLimit = retry.BodyLimit()
 		p.TryTimeout = retry.Timeout
-		if rt.budget != nil {
-			rt.budget.Deposit()
-		}
+	}
+	if rt.budget != nil && (retry != nil || rt.hedge != nil) {
+		// A request earns budget on a route that spends it: by retries
+		// or by hedges, which the same budget bounds.
+		rt.budget.Deposit()
 	}
 	resp, err := exchange.RoundTrip(attemptFunc(x.attempt), req, p)
 	var be *backendError
