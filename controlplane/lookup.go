@@ -107,8 +107,13 @@ func (s *Store) definesPortLocked(ref serviceRef, svc *manifest.Service, port ui
 // (controller/api/destination/opaque_ports_adaptor.go); a port the
 // ServiceProfile's own opaquePorts lists is opaque too.
 //
+// The ServiceProfile is the one in the client's namespace clientNS (its
+// context token's) when there is one, else the one in the Service's
+// namespace, as Linkerd's controller falls back from the one to the other
+// (controller/api/destination/server.go subscribeToServicesWithContext).
+//
 // A stream watches it under serviceKey(ref) and profileKey(fqn).
-func (s *Store) serviceProfile(ref serviceRef, fqn string, port uint32) (p *profiles.Profile, sp *profiles.ServiceProfile, empty bool) {
+func (s *Store) serviceProfile(ref serviceRef, fqn, clientNS string, port uint32) (p *profiles.Profile, sp *profiles.ServiceProfile, empty bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
@@ -119,7 +124,13 @@ func (s *Store) serviceProfile(ref serviceRef, fqn string, port uint32) (p *prof
 	if !s.definesPortLocked(ref, svc, port) {
 		return &profiles.Profile{}, nil, true
 	}
-	if sp = s.profiles[fqn]; sp != nil {
+	if clientNS != "" {
+		sp = s.profiles[profileID{clientNS, fqn}]
+	}
+	if sp == nil {
+		sp = s.profiles[profileID{ref.ns, fqn}]
+	}
+	if sp != nil {
 		p = sp.ProfileFor(port)
 	} else {
 		budget := profiles.DefaultRetryBudget()

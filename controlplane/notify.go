@@ -256,15 +256,15 @@ func sameEndpoint(a, b endpoint.Endpoint) bool { return reflect.DeepEqual(a, b) 
 
 // profilesChangedLocked wakes the streams of the ServiceProfiles that
 // differ between prev and the store's profiles. The caller holds s.mu.
-func (s *Store) profilesChangedLocked(prev map[string]*profiles.ServiceProfile) {
-	for name, sp := range prev {
-		if k := profileKey(name); s.waiters[k] != nil && !reflect.DeepEqual(sp, s.profiles[name]) {
+func (s *Store) profilesChangedLocked(prev map[profileID]*profiles.ServiceProfile) {
+	for id, sp := range prev {
+		if k := profileKey(id.name); s.waiters[k] != nil && !reflect.DeepEqual(sp, s.profiles[id]) {
 			s.wakeLocked(k)
 		}
 	}
-	for name := range s.profiles {
-		if _, ok := prev[name]; !ok {
-			s.wakeLocked(profileKey(name))
+	for id := range s.profiles {
+		if _, ok := prev[id]; !ok {
+			s.wakeLocked(profileKey(id.name))
 		}
 	}
 }

@@ -28,6 +28,10 @@ import (
 	"github.com/inmesh/inmesh/proxyapi/registrationpb"
 )
 
+// boundHook, when set (by tests), runs after a registration subscribed to
+// its binding and before it checks the binding once more.
+var boundHook atomic.Pointer[func()]
+
 // The bounds of what one registrant can make the control plane hold,
 // unless [WithRegistrationLimits] sets others. An endpoint's labels are
 // bounded as in an endpoints file (manifest.CheckLabels).
@@ -275,9 +279,17 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 					accepted = k.Endpoints.GetEndpoints()
 					binding = r.s.store.subscribe(bindingKeys(sets)...)
 					rebound = binding.c
+					if h := boundHook.Load(); h != nil {
+						(*h)()
+					}
 					// A change between the check and the subscription
-					// is not missed: check once more now.
-					binding.c <- struct{}{}
+					// is not missed: check once more now. A change since
+					// the subscription may have filled the one slot
+					// already, which asks for the same check.
+					select {
+					case binding.c <- struct{}{}:
+					default:
+					}
 				}
 			case *registrationpb.RegisterRequest_Deregister:
 				release(true)

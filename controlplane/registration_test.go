@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -282,4 +283,29 @@ spec: {selector: {app: books}, ports: [{name: http, port: 7000}]}
 	up, err = get.Recv()
 	require.NoError(t, err)
 	assert.Len(t, up.GetRemove().GetAddrs(), 2, "both endpoints leave the answers")
+}
+
+// A change to what binds a registration can come between its subscription
+// to the binding and its own first check: the handler still answers
+// Deregister (and so still notices a workload that goes away), instead of
+// blocking on the notice the change already gave.
+func TestRegistrationChangeWhileBinding(t *testing.T) {
+	c := regtest.Start(t, regtest.Manifests, controlplane.WithLogger(slog.New(slog.DiscardHandler)))
+	local := c.Certify(t, regtest.BooksID)
+	edited, err := manifest.LoadFiles(manifest.File{Name: "manifests.yaml", Data: []byte(strings.Replace(regtest.Manifests,
+		"metadata: {name: books, namespace: default}", "metadata: {name: books, namespace: default, annotations: {note: edited}}", 1))})
+	require.NoError(t, err)
+	require.Contains(t, fmt.Sprint(edited.Service("default", "books").Annotations), "edited", "the edit changes the books Service")
+	restore := controlplane.SetBoundHook(func() { c.Store.SetManifests(edited) })
+	defer restore()
+
+	st, cancel := register(t, c, local, books("127.0.0.1:4001"))
+	defer cancel()
+	resp, err := st.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, resp.GetAccepted())
+	require.NoError(t, st.Send(&registrationpb.RegisterRequest{Kind: &registrationpb.RegisterRequest_Deregister{Deregister: &registrationpb.Deregister{}}}))
+	resp, err = st.Recv()
+	require.NoError(t, err, "Deregister is answered")
+	assert.NotNil(t, resp.GetDeregistered())
 }

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"maps"
 	"net"
@@ -180,7 +181,7 @@ func (s *Server) profileFeed(req *pb.GetDestination) (feed, error) {
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ip = ip.Unmap()
 		if ref, ok := s.store.serviceOfIP(ip); ok {
-			return s.serviceProfileFeed(ref, ref.fqdn(), port)
+			return s.serviceProfileFeed(ref, ref.fqdn(), s.contextNamespace(req.GetContextToken()), port)
 		}
 		return feed{keys: []watchKey{addrKey(ip)}, next: latest(func() (proto.Message, error) {
 			return destination.ProfileToProto(s.store.endpointProfile(ip, port)), nil
@@ -190,19 +191,40 @@ func (s *Server) profileFeed(req *pb.GetDestination) (feed, error) {
 	if err != nil {
 		return feed{}, status.Errorf(codes.InvalidArgument, "invalid service %q: %q", host, err.Error())
 	}
-	return s.serviceProfileFeed(ref, host, port)
+	return s.serviceProfileFeed(ref, host, s.contextNamespace(req.GetContextToken()), port)
+}
+
+// contextNamespace is the namespace a GetDestination's context token
+// names, read as Linkerd's controller reads it
+// (controller/api/destination/server.go parseContextToken): JSON with
+// "ns", or the older form "ns:NAMESPACE"; "" for none or a token that is
+// neither.
+func (s *Server) contextNamespace(token string) string {
+	if token == "" {
+		return ""
+	}
+	var t struct {
+		NS string `json:"ns"`
+	}
+	if err := json.Unmarshal([]byte(token), &t); err == nil {
+		return t.NS
+	}
+	if ns, ok := strings.CutPrefix(token, "ns:"); ok && !strings.Contains(ns, ":") {
+		return ns
+	}
+	return ""
 }
 
 // serviceProfileFeed is the profile of a Service port; a Service that does
 // not exist is an error, as the Kubernetes lister's answer is in Linkerd's
 // controller (code Unknown).
-func (s *Server) serviceProfileFeed(ref serviceRef, fqn string, port uint32) (feed, error) {
+func (s *Server) serviceProfileFeed(ref serviceRef, fqn, clientNS string, port uint32) (feed, error) {
 	if !s.store.serviceExists(ref) {
 		return feed{}, status.Errorf(codes.Unknown, "service %q not found", ref.name)
 	}
 	sent := false
 	return feed{keys: []watchKey{serviceKey(ref), profileKey(fqn)}, next: latest(func() (proto.Message, error) {
-		p, sp, empty := s.store.serviceProfile(ref, fqn, port)
+		p, sp, empty := s.store.serviceProfile(ref, fqn, clientNS, port)
 		switch {
 		case p == nil && sent:
 			// The Service went away: its last profile stays, as a

@@ -340,3 +340,55 @@ func TestServerShutdownEndsStreams(t *testing.T) {
 	}
 	require.NoError(t, srv.Shutdown(ctx), "a second Shutdown is fine")
 }
+
+// A ServiceProfile in a client's namespace serves the clients of that
+// namespace alone, ahead of the one in the Service's namespace, which
+// serves everyone else, as Linkerd's controller answers GetProfile
+// (controller/api/destination/server.go profileID and
+// subscribeToServicesWithContext). The tokens are those of its
+// TestTokenStructure: JSON (with a trailing newline), the older "ns:NS",
+// and a token that is neither.
+func TestProfileByContextNamespace(t *testing.T) {
+	store := NewStore()
+	store.PutEndpoints(booksSvc+":7000", nil)
+	store.PutServiceProfile(serviceProfile(booksSvc, "server-side"))
+	client := serviceProfile(booksSvc, "client-side")
+	client.Namespace = "web"
+	store.PutServiceProfile(client)
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	api := rawClient(t, cp.addr)
+	for _, tc := range []struct{ token, want string }{
+		{`{"ns":"web","nodeName":"node-1"}` + "\n", "client-side"},
+		{"ns:web", "client-side"},
+		{`{"ns":"other"}`, "server-side"},
+		{"ns:other", "server-side"},
+		{"", "server-side"},
+		{"123fa-test", "server-side"},
+		{"ns:web:extra", "server-side"},
+	} {
+		t.Run(tc.token, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000", ContextToken: tc.token})
+			require.NoError(t, err)
+			m, err := recvTimeout(t, st.Recv)
+			require.NoError(t, err)
+			require.NotEmpty(t, m.GetRoutes())
+			assert.Equal(t, tc.want, m.GetRoutes()[0].GetMetricsLabels()["route"])
+		})
+	}
+
+	// The client-side profile removed: its namespace falls back to the
+	// Service's, on the open stream.
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000", ContextToken: "ns:web"})
+	require.NoError(t, err)
+	m, err := recvTimeout(t, st.Recv)
+	require.NoError(t, err)
+	require.Equal(t, "client-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
+	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(booksSvc, "server-side")})
+	m, err = recvTimeout(t, st.Recv)
+	require.NoError(t, err)
+	assert.Equal(t, "server-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
+}

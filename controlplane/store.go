@@ -26,7 +26,7 @@ import (
 // concurrent use; its zero value is empty and ready.
 type Store struct {
 	mu        sync.Mutex
-	profiles  map[string]*profiles.ServiceProfile // by name, lower case
+	profiles  map[profileID]*profiles.ServiceProfile
 	endpoints map[string][]endpoint.Endpoint      // served: files' sets merged with registered ones (registered.go)
 	files     map[string][]endpoint.Endpoint      // the endpoint sets given by Set/Put/DeleteEndpoints
 	// registered are the endpoints workloads registered, by registration
@@ -55,7 +55,7 @@ func NewStore() *Store { return &Store{} }
 
 func (s *Store) initLocked() {
 	if s.profiles == nil {
-		s.profiles = make(map[string]*profiles.ServiceProfile)
+		s.profiles = make(map[profileID]*profiles.ServiceProfile)
 	}
 	if s.endpoints == nil {
 		s.endpoints = make(map[string][]endpoint.Endpoint)
@@ -68,11 +68,32 @@ func (s *Store) initLocked() {
 // normalAuthority is the key of an authority in the endpoint sets.
 func normalAuthority(a string) string { return strings.ToLower(a) }
 
+// profileID is where a ServiceProfile applies, as Linkerd's controller
+// keys profiles (controller/api/destination/server.go profileID): its
+// namespace and the FQDN of its Service. A profile in the Service's own
+// namespace serves every client; one in another namespace serves the
+// clients of that namespace (by their context token) alone, ahead of the
+// Service's own.
+type profileID struct{ ns, name string }
+
+// profileIDOf is the profileID of sp; a profile without a namespace is in
+// the namespace its name gives (name.NAMESPACE.svc...).
+func profileIDOf(sp *profiles.ServiceProfile) profileID {
+	name := strings.ToLower(strings.TrimSuffix(sp.Name, "."))
+	ns := sp.Namespace
+	if ns == "" {
+		if labels := strings.Split(name, "."); len(labels) > 1 {
+			ns = labels[1]
+		}
+	}
+	return profileID{ns, name}
+}
+
 // SetServiceProfiles replaces every ServiceProfile with sps.
 func (s *Store) SetServiceProfiles(sps []*profiles.ServiceProfile) {
-	m := make(map[string]*profiles.ServiceProfile, len(sps))
+	m := make(map[profileID]*profiles.ServiceProfile, len(sps))
 	for _, sp := range sps {
-		m[strings.ToLower(sp.Name)] = sp
+		m[profileIDOf(sp)] = sp
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -82,24 +103,29 @@ func (s *Store) SetServiceProfiles(sps []*profiles.ServiceProfile) {
 	s.profilesChangedLocked(prev)
 }
 
-// PutServiceProfile adds or replaces the ServiceProfile named sp.Name.
+// PutServiceProfile adds or replaces the ServiceProfile named sp.Name in
+// its namespace (sp.Namespace, else the namespace its name gives).
 func (s *Store) PutServiceProfile(sp *profiles.ServiceProfile) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	name := strings.ToLower(sp.Name)
-	s.profiles[name] = sp
-	s.wakeLocked(profileKey(name))
+	id := profileIDOf(sp)
+	s.profiles[id] = sp
+	s.wakeLocked(profileKey(id.name))
 }
 
-// DeleteServiceProfile removes the ServiceProfile of a service name; its
-// authorities get the default profile again.
+// DeleteServiceProfile removes the ServiceProfiles of a service name, in
+// every namespace; its authorities get the default profile again.
 func (s *Store) DeleteServiceProfile(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	name = strings.ToLower(strings.TrimSuffix(name, "."))
-	delete(s.profiles, name)
+	for id := range s.profiles {
+		if id.name == name {
+			delete(s.profiles, id)
+		}
+	}
 	s.wakeLocked(profileKey(name))
 }
 

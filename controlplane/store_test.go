@@ -97,5 +97,5 @@ func writeFile(t *testing.T, path, content string) {
 func storedProfile(s *Store, name string, port uint32) *profiles.Profile {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.profiles[name].ProfileFor(port)
+	return s.profiles[profileIDOf(&profiles.ServiceProfile{Name: name})].ProfileFor(port)
 }

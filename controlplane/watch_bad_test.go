@@ -291,7 +291,7 @@ func TestWrongProfileAPIVersionIsNamed(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("WARN") > 0 }, defaultTestTimeout, 5*time.Millisecond)
 	assert.Equal(t, 1, logs.Count("WARN", sp+": document 1", `apiVersion: \"linkerd.io/v1alpha1\" is not an API version of ServiceProfile read here (want linkerd.io/v1alpha2)`), logs.String())
 	store.mu.Lock()
-	got := store.profiles["books.default.svc.cluster.local"]
+	got := store.profiles[profileID{"default", "books.default.svc.cluster.local"}]
 	store.mu.Unlock()
 	require.NotNil(t, got, "the last good profile stays")
 	assert.Len(t, got.Routes, 3, "the last good profile stays")

@@ -154,15 +154,16 @@ func Delete(ctx context.Context, cli *clientv3.Client, prefix string, names []st
 
 // write reads every key under prefix, applies edit to that state,
 // validates the result (naming a key by names[key] when given), and
-// commits ops if no key under prefix changed since the read, trying again
-// when one did.
+// commits ops if no manifest or endpoints key changed since the read,
+// trying again when one did.
 func write(ctx context.Context, cli *clientv3.Client, prefix string, edit func(*watcher) error, names map[string]string, ops []clientv3.Op) (int64, error) {
 	for range applyAttempts {
 		resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix())
 		if err != nil {
 			return 0, fmt.Errorf("etcd: reading %s/: %w", prefix, err)
 		}
-		w := &watcher{prefix: prefix + "/", manifests: make(map[string][]byte), endpoints: make(map[string][]byte)}
+		w := &watcher{prefix: prefix + "/", manifests: make(map[string][]byte), endpoints: make(map[string][]byte),
+			registrations: make(map[string][]byte)}
 		for _, kv := range resp.Kvs {
 			w.put(string(kv.Key), kv.Value)
 		}
@@ -173,8 +174,12 @@ func write(ctx context.Context, cli *clientv3.Client, prefix string, edit func(*
 			return 0, err
 		}
 		rev := resp.Header.Revision
+		// Only manifests and endpoints are validated together; the
+		// registrations that workloads write and remove all the time
+		// must not make a change conflict.
 		txn, err := cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(prefix+"/").WithPrefix(), "<", rev+1)).
+			If(clientv3.Compare(clientv3.ModRevision(prefix+"/"+ManifestsDir+"/").WithPrefix(), "<", rev+1),
+				clientv3.Compare(clientv3.ModRevision(prefix+"/"+EndpointsDir+"/").WithPrefix(), "<", rev+1)).
 			Then(ops...).
 			Commit()
 		if err != nil {

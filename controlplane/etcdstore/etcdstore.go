@@ -9,7 +9,7 @@
 //	PREFIX/manifests/NAME   the bytes of manifest YAML documents, as in a file (ServiceProfiles,
 //	                        Services, HTTPRoutes, GRPCRoutes, Pods, Servers, ...)
 //	PREFIX/endpoints/NAME   the bytes of one endpoints file (manifest.ParseEndpoints)
-//	PREFIX/registrations/AUTHORITY/ADDR
+//	PREFIX/registrations/AUTHORITY/ADDR/LEASE
 //	                        an endpoint a workload registered ([Registry]), under
 //	                        the lease of its registration
 //

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,8 +18,13 @@ import (
 )
 
 // RegistrationsDir is the folder of registered endpoints under the prefix:
-// PREFIX/registrations/AUTHORITY/ADDR, each key attached to the lease of
-// the registration that wrote it.
+// PREFIX/registrations/AUTHORITY/ADDR/LEASE, each key attached to the
+// lease (in hex) of the registration that wrote it. A registration owns
+// its keys alone: another registration of the same address (a second
+// identity the manifests bind to the Service, or a workload that took
+// over the address of one that died) writes keys of its own, and neither
+// one's end removes the other's. An address registered twice is served
+// as the key first in order gives it, the same on every replica.
 const RegistrationsDir = "registrations"
 
 // DefaultRegistrationTTL is the lease TTL of a registration: the longest a
@@ -26,9 +32,10 @@ const RegistrationsDir = "registrations"
 // held it died too (a replica that sees the stream end removes it at once).
 const DefaultRegistrationTTL = 5 * time.Second
 
-// RegistrationKey returns the key of a registered endpoint.
-func RegistrationKey(prefix, authority string, addr netip.AddrPort) string {
-	return cleanPrefix(prefix) + "/" + RegistrationsDir + "/" + strings.ToLower(authority) + "/" + addr.String()
+// RegistrationKey returns the key of an endpoint registered under lease.
+func RegistrationKey(prefix, authority string, addr netip.AddrPort, lease clientv3.LeaseID) string {
+	return cleanPrefix(prefix) + "/" + RegistrationsDir + "/" + strings.ToLower(authority) + "/" + addr.String() +
+		"/" + strconv.FormatInt(int64(lease), 16)
 }
 
 // registered is the value of a registration key.
@@ -118,7 +125,7 @@ func (l *lease) Put(ctx context.Context, sets map[string][]endpoint.Endpoint) er
 			if err != nil {
 				return err
 			}
-			k := RegistrationKey(l.r.prefix, a, e.Addr)
+			k := RegistrationKey(l.r.prefix, a, e.Addr, l.id)
 			keys[k] = true
 			ops = append(ops, clientv3.OpPut(k, string(v), clientv3.WithLease(l.id)))
 		}
@@ -156,14 +163,23 @@ func (l *lease) Release(ctx context.Context, remove bool) error {
 
 func (l *lease) Lost() <-chan struct{} { return l.lost }
 
-// parseRegistration reads a registration key: its authority, and its
-// endpoint.
+// parseRegistration reads a registration key (AUTHORITY/ADDR/LEASE; a key
+// without the lease, AUTHORITY/ADDR, as a registry before leases named
+// keys wrote it): its authority, and its endpoint.
 func parseRegistration(rest string, value []byte) (string, endpoint.Endpoint, error) {
-	i := strings.LastIndexByte(rest, '/')
-	if i <= 0 {
-		return "", endpoint.Endpoint{}, fmt.Errorf("want %s/AUTHORITY/ADDR", RegistrationsDir)
+	parts := strings.Split(rest, "/")
+	switch {
+	case len(parts) == 3:
+		if _, err := strconv.ParseUint(parts[2], 16, 64); err != nil {
+			return "", endpoint.Endpoint{}, fmt.Errorf("lease %q is not a hex number", parts[2])
+		}
+	case len(parts) != 2:
+		return "", endpoint.Endpoint{}, fmt.Errorf("want %s/AUTHORITY/ADDR/LEASE", RegistrationsDir)
 	}
-	addr, err := netip.ParseAddrPort(rest[i+1:])
+	if parts[0] == "" {
+		return "", endpoint.Endpoint{}, fmt.Errorf("want %s/AUTHORITY/ADDR/LEASE", RegistrationsDir)
+	}
+	addr, err := netip.ParseAddrPort(parts[1])
 	if err != nil {
 		return "", endpoint.Endpoint{}, fmt.Errorf("address: %w", err)
 	}
@@ -171,5 +187,5 @@ func parseRegistration(rest string, value []byte) (string, endpoint.Endpoint, er
 	if err := json.Unmarshal(value, &v); err != nil {
 		return "", endpoint.Endpoint{}, fmt.Errorf("value: %w", err)
 	}
-	return rest[:i], endpoint.Endpoint{Addr: addr, Weight: v.Weight, Identity: v.Identity, H2: v.H2, Opaque: v.Opaque, Labels: v.Labels}, nil
+	return parts[0], endpoint.Endpoint{Addr: addr, Weight: v.Weight, Identity: v.Identity, H2: v.H2, Opaque: v.Opaque, Labels: v.Labels}, nil
 }

@@ -1,0 +1,120 @@
+package etcd_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/controlplane/etcdstore"
+	"github.com/inmesh/inmesh/examples/internal/etcdtest"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/regtest"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/proxyapi/registrationpb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+)
+
+// sharedManifests bind the books Service to two identities: the books
+// service account by its Pod, and web by the registration annotation.
+const sharedManifests = `
+apiVersion: v1
+kind: Service
+metadata:
+  name: books
+  namespace: default
+  annotations: {inmesh.io/registration-identities: "` + regtest.WebID + `"}
+spec: {selector: {app: books}, ports: [{name: http, port: 7000}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: books-0, namespace: default, labels: {app: books}}
+spec: {serviceAccountName: books, containers: [{name: app}]}
+`
+
+type sharedStream = grpc.BidiStreamingClient[registrationpb.RegisterRequest, registrationpb.RegisterResponse]
+
+// registerAs opens a registration as local for addr of books and waits
+// for its acceptance.
+func registerAs(t *testing.T, c *regtest.ControlPlane, local *identity.Local, addr string) sharedStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	st, err := registrationpb.NewRegistrationClient(c.Dial(t, local)).Register(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&registrationpb.RegisterRequest{Kind: &registrationpb.RegisterRequest_Endpoints{
+		Endpoints: &registrationpb.Endpoints{Endpoints: []*registrationpb.Endpoint{{Authority: regBooks, Addr: addr}}}}}))
+	resp, err := st.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, resp.GetAccepted(), "accepted")
+	return st
+}
+
+// etcdControlPlane is a control plane whose registrations live in a real
+// etcd, and its client.
+func etcdControlPlane(t *testing.T, manifests string) (*regtest.ControlPlane, *clientv3.Client) {
+	m := etcdtest.Start(t)
+	cli := newClient(t, m.Endpoint)
+	quiet := slog.New(slog.DiscardHandler)
+	c := regtest.Start(t, manifests, controlplane.WithLogger(quiet), controlplane.WithRegistry(etcdstore.NewRegistry(cli, prefix, 0)))
+	return c, cli
+}
+
+// registrationIdentities returns the identity of each registration key
+// under prefix.
+func registrationIdentities(t *testing.T, cli *clientv3.Client) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	r, err := cli.Get(ctx, prefix+"/"+etcdstore.RegistrationsDir+"/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	ids := map[string]bool{}
+	for _, kv := range r.Kvs {
+		var v struct{ Identity string }
+		require.NoError(t, json.Unmarshal(kv.Value, &v), "%s", kv.Key)
+		ids[v.Identity] = true
+	}
+	return slices.Sorted(maps.Keys(ids))
+}
+
+// Two registrations of one address (two identities the manifests bind to
+// the Service) each own their key in etcd: the second neither overwrites
+// the first's nor takes it onto its lease, and the second's Deregister
+// leaves the first's endpoint registered.
+func TestSharedAddressRegistrations(t *testing.T) {
+	c, cli := etcdControlPlane(t, sharedManifests)
+	books := registerAs(t, c, c.Certify(t, regtest.BooksID), "127.0.0.1:4001")
+	assert.Equal(t, []string{regtest.BooksID}, registrationIdentities(t, cli))
+	web := registerAs(t, c, c.Certify(t, regtest.WebID), "127.0.0.1:4001")
+	assert.Equal(t, []string{regtest.BooksID, regtest.WebID}, registrationIdentities(t, cli), "both registrations are held")
+
+	require.NoError(t, web.Send(&registrationpb.RegisterRequest{Kind: &registrationpb.RegisterRequest_Deregister{Deregister: &registrationpb.Deregister{}}}))
+	resp, err := web.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, resp.GetDeregistered())
+	assert.Equal(t, []string{regtest.BooksID}, registrationIdentities(t, cli), "the books registration outlives web's")
+	require.NoError(t, books.CloseSend())
+}
+
+// apply and delete work while workloads are registered: the registration
+// keys under the prefix are neither validated nor in the way.
+func TestApplyWhileRegistered(t *testing.T) {
+	c, cli := etcdControlPlane(t, regtest.Manifests)
+	registerAs(t, c, c.Certify(t, regtest.BooksID), "127.0.0.1:4001")
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	change := etcdstore.Change{Manifests: []manifest.File{{Name: "books.yaml", Data: []byte(regManifests)}}}
+	_, err := etcdstore.Apply(ctx, cli, prefix, change)
+	require.NoError(t, err, "apply")
+	names, err := etcdstore.Names(change)
+	require.NoError(t, err)
+	require.NotEmpty(t, names)
+	_, err = etcdstore.Delete(ctx, cli, prefix, names)
+	require.NoError(t, err, "delete")
+}
