@@ -27,8 +27,8 @@ import (
 type Store struct {
 	mu        sync.Mutex
 	profiles  map[profileID]*profiles.ServiceProfile
-	endpoints map[string][]endpoint.Endpoint      // served: files' sets merged with registered ones (registered.go)
-	files     map[string][]endpoint.Endpoint      // the endpoint sets given by Set/Put/DeleteEndpoints
+	endpoints map[string][]endpoint.Endpoint // served: files' sets merged with registered ones (registered.go)
+	files     map[string][]endpoint.Endpoint // the endpoint sets given by Set/Put/DeleteEndpoints
 	// registered are the endpoints workloads registered, by registration
 	// and authority (registered.go).
 	registered map[string]map[string][]endpoint.Endpoint
