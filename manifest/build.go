@@ -112,8 +112,8 @@ func (r *Resources) Policy(namespace, name string, port uint16) (p *policy.Polic
 			continue
 		}
 		retry := svcGRPCRetry
-		if hasRetryAnnotation(g.Annotations) {
-			retry, _ = grpcRetry(g.Annotations)
+		if own, _ := grpcRetry(g.Annotations); own != nil {
+			retry = own
 		}
 		routeTimeouts, _ := timeouts(g.Annotations)
 		routeHedge, _ := hedgePolicy(g.Annotations)
@@ -156,8 +156,8 @@ func (r *Resources) Policy(namespace, name string, port uint16) (p *policy.Polic
 			continue
 		}
 		retry := svcHTTPRetry
-		if hasRetryAnnotation(h.Annotations) {
-			retry, _ = httpRetry(h.Annotations)
+		if own, _ := httpRetry(h.Annotations); own != nil {
+			retry = own
 		}
 		routeTimeouts, _ := timeouts(h.Annotations)
 		routeHedge, _ := hedgePolicy(h.Annotations)

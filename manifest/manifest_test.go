@@ -689,3 +689,59 @@ func TestServicePortOncePerProtocol(t *testing.T) {
 	assert.Len(t, s.Ports, 2)
 	assert.True(t, s.HasPort(53))
 }
+
+// Which retry an HTTPRoute's rules get beside a Service annotated
+// retry.linkerd.io/http: 5xx, limit 3, as Linkerd's policy controller
+// decides (policy-controller/k8s/index/src/outbound/index/http.rs
+// parse_http_retry; grpc/src/outbound/http.rs falls back to the Service's
+// retry when the route has none): a limit or a timeout of zero is unset,
+// the gRPC annotation is not an HTTP route's, and a retry of the route's
+// own without a limit makes one retry.
+func TestRouteRetryAnnotationsAsLinkerd(t *testing.T) {
+	svc := `
+apiVersion: v1
+kind: Service
+metadata:
+  name: authors
+  namespace: default
+  annotations: {retry.linkerd.io/http: 5xx, retry.linkerd.io/limit: "3"}
+spec:
+  ports: [{port: 7001}]
+`
+	service := &policy.Retry{MaxRetries: 3, StatusRanges: []policy.StatusRange{{Start: 500, End: 599}}}
+	for _, tc := range []struct {
+		name        string
+		annotations string
+		want        *policy.Retry // MaxRetries, StatusRanges and Timeout compared
+	}{
+		{"none: the Service's", "", service},
+		{"limit 0 alone is unset: the Service's", `retry.linkerd.io/limit: "0"`, service},
+		{"timeout 0 alone is unset: the Service's", `retry.linkerd.io/timeout: 0s`, service},
+		{"the gRPC annotation is not an HTTP route's: the Service's", `retry.linkerd.io/grpc: unavailable`, service},
+		{"conditions with limit 0: one retry", `retry.linkerd.io/http: gateway-error, retry.linkerd.io/limit: "0"`,
+			&policy.Retry{MaxRetries: 1, StatusRanges: []policy.StatusRange{{Start: 502, End: 504}}}},
+		{"a limit alone: the route's, with no conditions", `retry.linkerd.io/limit: "2"`, &policy.Retry{MaxRetries: 2}},
+		{"a timeout alone: the route's, one retry", `retry.linkerd.io/timeout: 50ms`, &policy.Retry{MaxRetries: 1, Timeout: 50 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			route := `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: authors
+  namespace: default
+  annotations: {` + tc.annotations + `}
+spec:
+  parentRefs: [{kind: Service, group: core, name: authors, port: 7001}]
+  rules: [{}]
+`
+			p := mustParse(t, svc, route).Policy("default", "authors", 7001)
+			require.NotNil(t, p)
+			got := p.HTTP1.Routes[0].Rules[0].Retry
+			require.NotNil(t, got)
+			assert.Equal(t, tc.want.MaxRetries, got.MaxRetries)
+			assert.Equal(t, tc.want.StatusRanges, got.StatusRanges)
+			assert.Equal(t, tc.want.Timeout, got.Timeout)
+		})
+	}
+}

@@ -310,35 +310,38 @@ func annotationErr(key, format string, args ...any) error {
 	return fmt.Errorf("metadata.annotations.%s: %s", key, fmt.Sprintf(format, args...))
 }
 
-// retryCommon reads the limit and timeout annotations: nil when no retry
-// annotation is present or the limit is zero.
+// retryCommon reads the limit and timeout annotations as Linkerd's policy
+// controller reads them (policy-controller/k8s/index/src/outbound/index/
+// http.rs parse_http_retry and grpc.rs parse_grpc_retry): a limit or a
+// timeout of zero counts as unset, and nil when neither they nor the
+// protocol's conditions (conditionsKey) are set, so that a route without
+// a retry of its own keeps the Service's. A retry without a limit makes
+// one retry.
 func retryCommon(a map[string]string, conditionsKey string) (*policy.Retry, error) {
 	_, hasCond := a[conditionsKey]
-	limit, hasLimit := a[AnnotationRetryLimit]
-	timeout, hasTimeout := a[AnnotationRetryTimeout]
-	if !hasCond && !hasLimit && !hasTimeout {
-		return nil, nil
-	}
 	b := policy.DefaultRetryBackoff()
 	r := &policy.Retry{MaxRetries: policy.DefaultMaxRetries, MaxRequestBytes: policy.DefaultMaxRequestBytes, Backoff: &b}
-	if hasLimit {
+	set := hasCond
+	if limit, ok := a[AnnotationRetryLimit]; ok {
 		n, err := strconv.ParseUint(strings.TrimSpace(limit), 10, 16)
 		if err != nil {
 			return nil, annotationErr(AnnotationRetryLimit, "%q is not a whole number from 0 to 65535", limit)
 		}
-		// Zero retries is a valid choice; the model's zero means the
-		// default, so a limit of zero keeps no retry policy at all.
-		if n == 0 {
-			return nil, nil
+		if n > 0 {
+			r.MaxRetries, set = uint32(n), true
 		}
-		r.MaxRetries = uint32(n)
 	}
-	if hasTimeout {
+	if timeout, ok := a[AnnotationRetryTimeout]; ok {
 		d, err := parseDuration(timeout)
 		if err != nil {
 			return nil, annotationErr(AnnotationRetryTimeout, "%v", err)
 		}
-		r.Timeout = d
+		if d > 0 {
+			r.Timeout, set = d, true
+		}
+	}
+	if !set {
+		return nil, nil
 	}
 	return r, nil
 }
@@ -428,17 +431,6 @@ func timeouts(a map[string]string) (*policy.Timeouts, error) {
 		return nil, nil
 	}
 	return &t, nil
-}
-
-// hasRetryAnnotation reports whether a sets any retry annotation, so that
-// a route's retry policy (even "no retries") replaces the Service's.
-func hasRetryAnnotation(a map[string]string) bool {
-	for _, k := range []string{AnnotationRetryHTTP, AnnotationRetryGRPC, AnnotationRetryLimit, AnnotationRetryTimeout} {
-		if _, ok := a[k]; ok {
-			return true
-		}
-	}
-	return false
 }
 
 // parseDuration reads a duration as Linkerd's annotations and Gateway API
