@@ -43,7 +43,8 @@ const (
 	// keyInbound names a pod's port (ns/pod:port): its
 	// InboundServerPolicies.
 	keyInbound
-	// keyPolicy names a Service port (ns/name:port): its outbound policy.
+	// keyPolicy names a Service port as clients of a namespace see it
+	// (ns/name:port@source): its outbound policy.
 	keyPolicy
 )
 
@@ -60,8 +61,15 @@ func addrKey(ip netip.Addr) watchKey         { return watchKey{keyAddr, ip.Unmap
 func inboundKey(ns, pod string, port uint16) watchKey {
 	return watchKey{keyInbound, ns + "/" + pod + ":" + strconv.FormatUint(uint64(port), 10)}
 }
-func policyKey(ns, name string, port uint16) watchKey {
-	return watchKey{keyPolicy, ns + "/" + name + ":" + strconv.FormatUint(uint64(port), 10)}
+func policyKey(source, ns, name string, port uint16) watchKey {
+	return watchKey{keyPolicy, ns + "/" + name + ":" + strconv.FormatUint(uint64(port), 10) + "@" + source}
+}
+
+// splitPolicyKey splits the name of a keyPolicy key.
+func splitPolicyKey(k watchKey) (source, ns, name string, port uint16, ok bool) {
+	rest, source, ok1 := strings.Cut(k.name, "@")
+	ns, name, port, ok2 := splitKey(watchKey{k.kind, rest})
+	return source, ns, name, port, ok1 && ok2
 }
 
 // splitKey splits the name of a keyInbound or keyPolicy key.
@@ -287,8 +295,8 @@ func (s *Store) manifestsChangedLocked(prev *manifest.Resources, prevOpts manife
 			ns, name, _ := strings.Cut(k.name, "/")
 			same = sameServiceAnswer(before, after, prevOpts, s.inbound, ns, name)
 		case keyPolicy:
-			ns, name, port, ok := splitKey(k)
-			same = !ok || bytes.Equal(policyAnswer(before, ns, name, port), policyAnswer(after, ns, name, port))
+			source, ns, name, port, ok := splitPolicyKey(k)
+			same = !ok || bytes.Equal(policyAnswer(before, source, ns, name, port), policyAnswer(after, source, ns, name, port))
 		case keyInbound:
 			ns, pod, port, ok := splitKey(k)
 			same = !ok || bytes.Equal(inboundAnswer(before, prevOpts, ns, pod, port), inboundAnswer(after, s.inbound, ns, pod, port))
@@ -328,8 +336,8 @@ func sameServiceAnswer(a, b *manifest.Resources, aOpts, bOpts manifest.InboundOp
 
 // policyAnswer is the encoding of the outbound policy of a Service port
 // under r, as a stream would be sent it.
-func policyAnswer(r *manifest.Resources, ns, name string, port uint16) []byte {
-	p := r.Policy(ns, name, port)
+func policyAnswer(r *manifest.Resources, source, ns, name string, port uint16) []byte {
+	p := r.PolicyFrom(source, ns, name, port)
 	if p == nil {
 		return nil
 	}

@@ -48,7 +48,10 @@ func (s *Store) LoadManifests(paths ...string) error {
 // Linkerd's controller; one that does not exist has none
 // (policy-controller/grpc/src/outbound.rs answers it NotFound "unknown
 // target").
-func (s *Store) outboundPolicy(authority string) *policy.Policy {
+//
+// source is the client's namespace: routes in another namespace than the
+// Service's apply to the clients of theirs alone ([manifest.Resources.PolicyFrom]).
+func (s *Store) outboundPolicy(source, authority string) *policy.Policy {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
@@ -63,7 +66,7 @@ func (s *Store) outboundPolicy(authority string) *policy.Policy {
 	if r == nil {
 		r = &manifest.Resources{}
 	}
-	return r.Policy(ns, name, port)
+	return r.PolicyFrom(source, ns, name, port)
 }
 
 // policyServer serves OutboundPolicies from a Store. Targets are
@@ -152,7 +155,8 @@ func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*ou
 	if err != nil {
 		return nil, err
 	}
-	p := s.s.store.outboundPolicy(authority)
+	source, _, _ := parseWorkload(spec.GetSourceWorkload())
+	p := s.s.store.outboundPolicy(source, authority)
 	if p == nil {
 		return nil, status.Error(codes.NotFound, "unknown target")
 	}
@@ -177,12 +181,13 @@ func (s *Server) policyFeed(spec *outboundpb.TrafficSpec) (feed, error) {
 	if err != nil {
 		return feed{}, err
 	}
+	source, _, _ := parseWorkload(spec.GetSourceWorkload())
 	var keys []watchKey
 	if ns, name, port, ok := manifest.ParseAuthority(authority); ok {
-		keys = append(keys, serviceKey(serviceRef{ns: ns, name: name}), policyKey(ns, name, port))
+		keys = append(keys, serviceKey(serviceRef{ns: ns, name: name}), policyKey(source, ns, name, port))
 	}
 	return feed{keys: keys, next: latest(func() (proto.Message, error) {
-		p := s.store.outboundPolicy(authority)
+		p := s.store.outboundPolicy(source, authority)
 		if p == nil {
 			return nil, status.Error(codes.NotFound, "unknown target")
 		}

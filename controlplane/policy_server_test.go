@@ -200,3 +200,79 @@ func TestInboundPortAsLinkerd(t *testing.T) {
 	assert.Equal(t, "deny", got.GetLabels()["name"])
 	assert.Empty(t, got.GetAuthorizations())
 }
+
+// A route in the Service's namespace (a producer route) applies to every
+// client; a route in another namespace (a consumer route) applies to the
+// clients of its namespace alone, as Linkerd's policy controller builds
+// its watches (policy-controller/k8s/index/src/outbound/index.rs: producer
+// routes in every namespace's watch, consumer routes only in their own).
+// A change to a consumer route reaches the streams of its namespace.
+func TestConsumerRoutesOnlyForTheirNamespace(t *testing.T) {
+	consumer := func(prefix string) string {
+		return `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web-view, namespace: web}
+spec:
+  parentRefs: [{group: core, kind: Service, name: authors, namespace: default, port: 7001}]
+  rules: [{matches: [{path: {type: PathPrefix, value: ` + prefix + `}}]}]
+`
+	}
+	producer := `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: authors-api, namespace: default}
+spec:
+  parentRefs: [{group: core, kind: Service, name: authors, port: 7001}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /api}}]}]
+`
+	store := NewStore()
+	store.SetManifests(resources(t, authorsServiceYAML, producer, consumer("/web")))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	api := outboundpb.NewOutboundPoliciesClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	routes := func(p *outboundpb.OutboundPolicy) []string {
+		var names []string
+		for _, r := range p.GetProtocol().GetDetect().GetHttp1().GetRoutes() {
+			res := r.GetMetadata().GetResource()
+			var prefix string
+			for _, rule := range r.GetRules() {
+				for _, m := range rule.GetMatches() {
+					prefix = m.GetPath().GetPrefix()
+				}
+			}
+			names = append(names, res.GetNamespace()+"/"+res.GetName()+prefix)
+		}
+		return names
+	}
+	spec := func(workload string) *outboundpb.TrafficSpec {
+		return &outboundpb.TrafficSpec{SourceWorkload: workload, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}
+	}
+	for _, tc := range []struct {
+		workload string
+		want     []string
+	}{
+		{`{"ns":"web","pod":"web-0"}`, []string{"default/authors-api/api", "web/web-view/web"}},
+		{"web:web-0", []string{"default/authors-api/api", "web/web-view/web"}},
+		{"shop:shop-0", []string{"default/authors-api/api"}},
+		{"default:authors-0", []string{"default/authors-api/api"}},
+	} {
+		p, err := api.Get(ctx, spec(tc.workload))
+		require.NoError(t, err)
+		assert.ElementsMatch(t, tc.want, routes(p), tc.workload)
+	}
+
+	web, err := api.Watch(ctx, spec("web:web-0"))
+	require.NoError(t, err)
+	p, err := recvTimeout(t, web.Recv)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"default/authors-api/api", "web/web-view/web"}, routes(p))
+	store.SetManifests(resources(t, authorsServiceYAML, producer, consumer("/web2")))
+	p, err = recvTimeout(t, web.Recv)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"default/authors-api/api", "web/web-view/web2"}, routes(p), "the consumer's change reaches its namespace")
+}

@@ -66,7 +66,8 @@ func (r *Resources) Service(namespace, name string) *Service {
 //
 //   - The parent is the Service (group core, kind Service) and port.
 //   - The GRPCRoutes whose parentRefs name the Service (and the port, or no
-//     port) make a gRPC policy; otherwise the HTTPRoutes make a detect
+//     port), in the Service's namespace, make a gRPC policy (see
+//     [Resources.PolicyFrom] for routes in other namespaces); otherwise the HTTPRoutes make a detect
 //     policy with the same routes for HTTP/1 and HTTP/2. Without routes, the
 //     controller's default route "http" sends everything to the Service.
 //   - A rule's backendRefs become a random-available distribution by
@@ -77,8 +78,9 @@ func (r *Resources) Service(namespace, name string) *Service {
 //     the reason in l5d-proxy-error (gRPC: INTERNAL
 //     with the reason in grpc-message).
 //   - Retries and timeouts come from the retry.linkerd.io and
-//     timeout.linkerd.io annotations. A route that sets any retry
-//     annotation replaces the Service's retry policy; one that sets any
+//     timeout.linkerd.io annotations. A route that sets a retry of its
+//     own protocol (its conditions, or a limit or timeout other than
+//     zero) replaces the Service's retry policy; one that sets any
 //     timeout annotation replaces its timeouts; a rule's own timeouts field
 //     replaces both annotations' timeouts.
 //   - A route's hedge.inmesh.io annotations (delay, max-extra-load,
@@ -89,8 +91,19 @@ func (r *Resources) Service(namespace, name string) *Service {
 //     failure accrual of every protocol of the policy.
 //   - A backend Service's outlier.inmesh.io annotations (inmesh only) are
 //     the outlier detection of its balancer, wherever it is a backend.
-func (r *Resources) Policy(namespace, name string, port uint16) (p *policy.Policy) {
+func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
+	return r.PolicyFrom(namespace, namespace, name, port)
+}
+
+// PolicyFrom is [Resources.Policy] as a client in namespace source sees
+// it. As in Linkerd's policy controller
+// (policy-controller/k8s/index/src/outbound/index.rs), the routes in the
+// Service's own namespace (producer routes) apply to every client, and a
+// route in another namespace (a consumer route) only to the clients of its
+// own namespace.
+func (r *Resources) PolicyFrom(source, namespace, name string, port uint16) (p *policy.Policy) {
 	defer func() { r.withOutliers(p) }() // outlier.go
+	sees := func(o *Object) bool { return o.Namespace == namespace || o.Namespace == source }
 	svc := r.Service(namespace, name)
 	if svc == nil {
 		// As Linkerd's controller: a Service it does not know yet gets
@@ -108,7 +121,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) (p *policy.Polic
 
 	var grpcRoutes []policy.GRPCRoute
 	for _, g := range byAge(r.GRPCRoutes, func(g *GRPCRoute) *Object { return &g.Object }) {
-		if !attached(g.ParentRefs, namespace, name, port) {
+		if !attached(g.ParentRefs, namespace, name, port) || !sees(&g.Object) {
 			continue
 		}
 		retry := svcGRPCRetry
@@ -152,7 +165,7 @@ func (r *Resources) Policy(namespace, name string, port uint16) (p *policy.Polic
 
 	var httpRoutes []policy.HTTPRoute
 	for _, h := range byAge(r.HTTPRoutes, func(h *HTTPRoute) *Object { return &h.Object }) {
-		if !attached(h.ParentRefs, namespace, name, port) {
+		if !attached(h.ParentRefs, namespace, name, port) || !sees(&h.Object) {
 			continue
 		}
 		retry := svcHTTPRetry
