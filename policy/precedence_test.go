@@ -7,14 +7,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestUpstreamMatchPrecedence holds the cases of linkerd2-proxy's
-// linkerd/http/route/src/http/match/tests.rs (gateway_api_precedence and
-// gateway_api_precedence_ties_are_equal), which follow the Gateway API's
-// HTTPRoute precedence: the path (longer first, and an exact path above a
-// prefix of the same length), then the method, then the number of header
-// matches, then the number of query parameter matches. Each case puts the
-// higher match second, so that a tie (which goes to the earlier rule)
-// fails it.
+// TestUpstreamMatchPrecedence follows the Gateway API's HTTPRoute
+// precedence (the HTTPRouteRule documentation of the Gateway API spec):
+// the path (longer first, and an exact path above a prefix of the same
+// length), then the method, then the number of header matches, then the
+// number of query parameter matches. The cases are those written for that
+// order on a linkerd2-proxy branch (linkerd/http/route/src/http/match/
+// tests.rs, gateway_api_precedence and
+// gateway_api_precedence_ties_are_equal, branch
+// anthoturc/httproute-precedence). linkerd2-proxy's main line
+// (linkerd/http/route/src/http/match.rs, the Ord of MatchSummary) still
+// ranks the header count, then the query parameters, above the method; a
+// route set that relies on the method outranking headers is decided as
+// the Gateway API says here, which is a deliberate difference. Each case
+// puts the higher match second, so that a tie (which goes to the earlier
+// rule) fails it.
 func TestUpstreamMatchPrecedence(t *testing.T) {
 	hdr := func(kv ...string) []HeaderMatch {
 		var out []HeaderMatch
