@@ -423,6 +423,18 @@ var tokenChars = func() (t [256]bool) {
 	return t
 }()
 
+func isTokenString(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !tokenChars[s[i]] {
+			return false
+		}
+	}
+	return true
+}
+
 func isToken(b []byte) bool {
 	if len(b) == 0 {
 		return false

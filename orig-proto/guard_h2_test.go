@@ -7,6 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,6 +154,8 @@ func TestHTTP2MalformedRequests(t *testing.T) {
 		{"host differs from authority", "", append(good("a"), "host", "b")},
 		{"two content-lengths", "hello", []string{":method", "POST", ":scheme", "http", ":authority", "a", ":path", "/", "content-length", "5", "content-length", "6"}},
 		{"content-length list", "hello", []string{":method", "POST", ":scheme", "http", ":authority", "a", ":path", "/", "content-length", "5, 5"}},
+		{"method with space", "", []string{":method", "G ET", ":scheme", "http", ":authority", "a", ":path", "/"}},
+		{"method with slash", "", []string{":method", "GET/", ":scheme", "http", ":authority", "a", ":path", "/"}},
 	}
 	for _, tc := range cases {
 		status, reset := c.request(tc.body, tc.fields...)
@@ -315,3 +321,57 @@ func TestDowngradeStripsHeadersWithoutWrite(t *testing.T) {
 }
 
 func fmtSscan(s string, v *int) (int, error) { return fmt.Sscan(s, v) }
+
+// An HTTP/2 CONNECT that a peer sends to an inbound proxy in front of an
+// HTTP/1 application is refused by the Transport: written as HTTP/1, the
+// stream's bytes would follow the request unframed, and the application
+// would read them as a request of their own (here one with a made-up
+// l5d-client-id, which no policy saw). An HTTP/1 request after it is
+// served alone.
+func TestHTTP2ConnectNotForwardedAsHTTP1(t *testing.T) {
+	type seen struct{ path, clientID string }
+	var mu sync.Mutex
+	var reqs []seen
+	app := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		reqs = append(reqs, seen{r.Method + " " + r.URL.Path, r.Header.Get("l5d-client-id")})
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	}))
+	app.Config.Protocols = new(http.Protocols) // HTTP/1 and h2c, as an application behind a sidecar
+	app.Config.Protocols.SetHTTP1(true)
+	app.Config.Protocols.SetUnencryptedHTTP2(true)
+	app.Start()
+	t.Cleanup(app.Close)
+	appURL, _ := url.Parse(app.URL)
+	tr := NewTransport()
+	t.Cleanup(tr.CloseIdleConnections)
+	var errs []error
+	s := newH2Server(t, &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(appURL)
+			pr.Out.Host = pr.In.Host
+		},
+		Transport: tr,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+			w.WriteHeader(http.StatusNotImplemented)
+		},
+	}, nil)
+	c := dialH2(t, s.addr)
+	smuggled := "GET /admin HTTP/1.1\r\nHost: " + appURL.Host + "\r\nl5d-client-id: admin.default.serviceaccount.identity.linkerd.cluster.local\r\n\r\n"
+	status, _ := c.request(smuggled, ":method", "CONNECT", ":authority", appURL.Host)
+	assert.Equal(t, http.StatusNotImplemented, status)
+	mu.Lock()
+	require.Len(t, errs, 1)
+	assert.ErrorIs(t, errs[0], ErrConnectOverHTTP2)
+	mu.Unlock()
+	status, reset := c.request("", good(appURL.Host)...)
+	assert.Equal(t, 200, status, "reset %v", reset)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []seen{{"GET /", ""}}, reqs, "the application saw the GET alone (%v)", errs)
+}

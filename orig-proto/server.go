@@ -77,7 +77,8 @@ func (s serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // CheckHTTP2Request returns an error naming what is malformed in an HTTP/2
 // request that net/http's server accepts: an :authority that is not a
-// host with an optional port (userinfo, a path, a query, spaces), a host
+// host with an optional port (userinfo, a path, a query, spaces), a
+// :method that is not a token, a host
 // header that differs from :authority, an absolute :path naming another
 // authority, a :path with a space or control byte, and content-length
 // values that are not one decimal number. Requests of other protocols
@@ -85,6 +86,9 @@ func (s serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func CheckHTTP2Request(r *http.Request) error {
 	if r.ProtoMajor != 2 {
 		return nil
+	}
+	if !isTokenString(r.Method) {
+		return errors.New("malformed :method")
 	}
 	if r.Method != http.MethodConnect || r.Host != "" {
 		if !validAuthority(r.Host) {

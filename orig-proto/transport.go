@@ -2,6 +2,7 @@ package origproto
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -150,8 +151,28 @@ func HTTP2Only(r *http.Request) bool {
 // (application/grpc-web), which runs over HTTP/1 too, is not.
 func IsGRPC(r *http.Request) bool { return proxyerr.IsGRPC(r) }
 
+// ErrConnectOverHTTP2 is the error of an HTTP/2 CONNECT given to
+// [Transport]: net/http's HTTP/2 transport does not tunnel it, and its
+// HTTP/1 transport would write the stream's bytes after the request
+// unframed, where the server reads them as further requests of its own.
+var ErrConnectOverHTTP2 = errors.New("origproto: an HTTP/2 CONNECT is not forwarded")
+
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodConnect {
+		if r.ProtoMajor == 2 {
+			if r.Body != nil {
+				r.Body.Close()
+			}
+			return nil, ErrConnectOverHTTP2
+		}
+		if !r.Close {
+			// After a CONNECT the connection is the tunnel's or the
+			// server's to close: never one to pool for the next request.
+			r = r.Clone(r.Context())
+			r.Close = true
+		}
+	}
 	h1, h2 := t.h1, t.h2
 	if t.tls != nil {
 		if id := ServerIdentityFromContext(r.Context()); id != "" {
