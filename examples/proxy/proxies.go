@@ -4,23 +4,46 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
+
+	"github.com/inmesh/inmesh/internal/authority"
 
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
 )
 
 // outboundProxy forwards the application's requests to their Host through
-// the outbound stack rt; its errors are logged through l's rate limit.
-func outboundProxy(rt http.RoundTripper, l *proxylog.Logger) *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
+// the outbound stack rt; its errors are logged through l's rate limit. A
+// request whose Host names no destination (none, an empty one, a bad
+// port) is the application's mistake: 400, logged at debug level.
+func outboundProxy(rt http.RoundTripper, l *proxylog.Logger) http.Handler {
+	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
 			pr.Out.Host = pr.In.Host
 			forwardTrailers(pr)
+			proxylog.ClientBody(pr)
 		},
 		Transport:    rt,
 		ErrorHandler: l.ErrorHandler,
 		ErrorLog:     l.ErrorLog(),
 	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !routable(r.Host) {
+			l.BadRequest(w, r, "no destination in Host "+strconv.Quote(r.Host))
+			return
+		}
+		rp.ServeHTTP(w, r)
+	})
+}
+
+// routable reports whether host, with its port or without one (80), names
+// a destination.
+func routable(host string) bool {
+	if _, err := authority.Normalize(host); err == nil {
+		return true
+	}
+	_, err := authority.Normalize(host + ":80")
+	return err == nil
 }
 
 // inboundProxy forwards requests from peers to the application at app
@@ -32,6 +55,7 @@ func inboundProxy(app *url.URL, rt http.RoundTripper, l *proxylog.Logger) *httpu
 			pr.SetURL(app)
 			pr.Out.Host = pr.In.Host
 			forwardTrailers(pr)
+			proxylog.ClientBody(pr)
 		},
 		Transport:    rt,
 		ErrorHandler: l.ErrorHandler,

@@ -8,11 +8,14 @@ package proxylog
 import (
 	"context"
 	"errors"
+	"io"
 	"log"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"strings"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/proxyerr"
@@ -33,15 +36,57 @@ func New(log *slog.Logger, name string) *Logger {
 	return &Logger{rl: ratelog.New(log, 0), name: name}
 }
 
+// ClientBody is for an httputil.ReverseProxy's Rewrite: it wraps the
+// outgoing request's body so that [Logger.ErrorHandler] tells a body its
+// client sent malformed (a bad chunk, a body cut short) from a failure of
+// the upstream.
+func ClientBody(pr *httputil.ProxyRequest) {
+	if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
+		pr.Out.Body = &clientBody{ReadCloser: pr.Out.Body}
+	}
+}
+
+// clientBody records the first error of reading a request's body from its
+// client.
+type clientBody struct {
+	io.ReadCloser
+	failed atomic.Bool
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.failed.Store(true)
+	}
+	return n, err
+}
+
+// clientBodyFailed reports whether r's body (wrapped by ClientBody) failed
+// as its client sent it.
+func clientBodyFailed(r *http.Request) bool {
+	b, ok := r.Body.(*clientBody)
+	return ok && b.failed.Load()
+}
+
 // ErrorHandler is an httputil.ReverseProxy ErrorHandler: it answers 502
 // (504 for a timeout; gRPC requests with the matching gRPC status), marked
 // with l5d-proxy-error, and logs one line per kind of error and interval; a
 // request whose client went away is answered the same way and logged at
-// debug level.
+// debug level. A request that is its client's fault is answered 4xx (501
+// for an HTTP/2 CONNECT, which is not forwarded; 400 for a body its client
+// sent malformed, see [ClientBody]) and logged at debug level.
 func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	code := http.StatusBadGateway
 	kind := kindOf(err)
 	switch {
+	case errors.Is(err, origproto.ErrConnectOverHTTP2):
+		l.rl.Debug(l.name+"/connect", "HTTP/2 CONNECT refused", "listener", l.name)
+		proxyerr.Write(w, r, http.StatusNotImplemented, "CONNECT over HTTP/2 is not forwarded")
+		return
+	case clientBodyFailed(r):
+		l.rl.Debug(l.name+"/body", "malformed request body", "listener", l.name, "error", err)
+		proxyerr.Write(w, r, http.StatusBadRequest, "malformed request body")
+		return
 	case r.Context().Err() != nil || errors.Is(err, context.Canceled):
 		l.rl.Debug(l.name+"/cancelled", "request cancelled by its client", "listener", l.name, "error", err)
 	case kind == "timeout":
@@ -57,6 +102,13 @@ func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error)
 	// A gRPC client reads the error as a gRPC status (UNAVAILABLE,
 	// DEADLINE_EXCEEDED), as Linkerd's proxy answers it.
 	proxyerr.Write(w, r, code, msg)
+}
+
+// BadRequest answers a request that is its client's mistake with 400 and
+// reason in l5d-proxy-error, logged at debug level.
+func (l *Logger) BadRequest(w http.ResponseWriter, r *http.Request, reason string) {
+	l.rl.Debug(l.name+"/bad-request", "bad request", "listener", l.name, "reason", reason)
+	proxyerr.Write(w, r, http.StatusBadRequest, reason)
 }
 
 func kindOf(err error) string {
