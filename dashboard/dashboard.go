@@ -16,7 +16,9 @@
 // works offline: the page's script and styles are embedded. Its data is
 // also JSON at state.json, and the tap at tap (see [tap.Hub.ServeHTTP]).
 //
-// Access: the dashboard answers clients on loopback only, unless
+// Access: the dashboard answers clients on loopback only (asking for a
+// loopback Host, "localhost" or a loopback address, which a page of
+// another name that its DNS rebound to 127.0.0.1 does not), unless
 // [WithAllowedIdentities] names the mesh identities (TLS-verified, as
 // identity.PeerFromContext gives them) also admitted, or [WithAccess]
 // decides. Anyone else gets 403.
@@ -34,6 +36,7 @@ import (
 	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/tap"
 )
 
@@ -140,7 +143,7 @@ func (d *Dashboard) allow(r *http.Request) bool {
 		return false
 	}
 	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.Unmap().IsLoopback()
+	return err == nil && ip.Unmap().IsLoopback() && authority.IsLoopbackHost(r.Host)
 }
 
 func (d *Dashboard) page(w http.ResponseWriter, r *http.Request) {

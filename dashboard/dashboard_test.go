@@ -126,23 +126,27 @@ func TestAccess(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		remote string
+		host   string
 		peer   *identity.Peer
 		header string
 		want   int
 	}{
-		{"loopback v4", "127.0.0.1:5000", nil, "", http.StatusOK},
-		{"loopback v6", "[::1]:5000", nil, "", http.StatusOK},
-		{"v4-mapped loopback", "[::ffff:127.0.0.1]:5000", nil, "", http.StatusOK},
-		{"remote", "192.0.2.10:5000", nil, "", http.StatusForbidden},
-		{"remote claiming the identity in a header", "192.0.2.10:5000", nil, ops, http.StatusForbidden},
-		{"remote with another verified identity", "192.0.2.10:5000", &identity.Peer{TLS: true, ID: "web.shop.serviceaccount.identity.linkerd.cluster.local"}, "", http.StatusForbidden},
-		{"remote over TLS without a certificate", "192.0.2.10:5000", &identity.Peer{TLS: true}, "", http.StatusForbidden},
-		{"remote with the allowed verified identity", "192.0.2.10:5000", &identity.Peer{TLS: true, ID: ops}, "", http.StatusOK},
-		{"no address", "", nil, "", http.StatusForbidden},
+		{"loopback v4", "127.0.0.1:5000", "127.0.0.1:4191", nil, "", http.StatusOK},
+		{"loopback v6", "[::1]:5000", "[::1]:4191", nil, "", http.StatusOK},
+		{"v4-mapped loopback", "[::ffff:127.0.0.1]:5000", "localhost:4191", nil, "", http.StatusOK},
+		// A page a browser loaded from another name whose DNS then
+		// pointed at 127.0.0.1 (DNS rebinding) asks for its own name.
+		{"loopback asked for another name", "127.0.0.1:5000", "attacker.example:4191", nil, "", http.StatusForbidden},
+		{"remote", "192.0.2.10:5000", "192.0.2.1:4191", nil, "", http.StatusForbidden},
+		{"remote claiming the identity in a header", "192.0.2.10:5000", "192.0.2.1:4191", nil, ops, http.StatusForbidden},
+		{"remote with another verified identity", "192.0.2.10:5000", "192.0.2.1:4191", &identity.Peer{TLS: true, ID: "web.shop.serviceaccount.identity.linkerd.cluster.local"}, "", http.StatusForbidden},
+		{"remote over TLS without a certificate", "192.0.2.10:5000", "192.0.2.1:4191", &identity.Peer{TLS: true}, "", http.StatusForbidden},
+		{"remote with the allowed verified identity", "192.0.2.10:5000", "dashboard.example:4191", &identity.Peer{TLS: true, ID: ops}, "", http.StatusOK},
+		{"no address", "", "127.0.0.1:4191", nil, "", http.StatusForbidden},
 	} {
 		for _, path := range []string{"/", "/state.json", "/tap?status=oops"} {
 			req := httptest.NewRequest(http.MethodGet, path, nil)
-			req.RemoteAddr = tc.remote
+			req.RemoteAddr, req.Host = tc.remote, tc.host
 			if tc.peer != nil {
 				req = req.WithContext(identity.WithPeer(req.Context(), *tc.peer))
 			}

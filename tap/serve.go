@@ -6,10 +6,13 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/inmesh/inmesh/internal/authority"
 )
 
 // ServeHTTP serves [Hub.Stream] to the clients the access rule admits
-// (loopback clients unless [WithAccess] says otherwise); others get 403.
+// (loopback clients asking for a loopback Host, "localhost" or a loopback
+// address, unless [WithAccess] says otherwise); others get 403.
 func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.allow(r) {
 		http.Error(w, "tap: only loopback clients may watch", http.StatusForbidden)
@@ -24,7 +27,7 @@ func (h *Hub) allow(r *http.Request) bool {
 		return h.access(r)
 	}
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
-	return err == nil && ap.Addr().Unmap().IsLoopback()
+	return err == nil && ap.Addr().Unmap().IsLoopback() && authority.IsLoopbackHost(r.Host)
 }
 
 // Stream streams the events that pass the request's filter (see

@@ -107,7 +107,7 @@ func ParseFilter(q map[string][]string) (Filter, error) {
 	}
 	if s := get("status"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 || (n >= 10 && (n < 100 || n > 599)) || n == 0 {
+		if err != nil || !(n >= 1 && n <= 5 || n >= 100 && n <= 599) {
 			return Filter{}, &filterError{"status", s, "a status (100-599) or a class (1-5)"}
 		}
 		f.Status = n

@@ -166,7 +166,7 @@ func TestFilterMatch(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, tc.f.Match(e), tc.name)
 	}
-	for _, q := range []string{"status=abc", "status=0", "status=600", "status=42", "direction=sideways"} {
+	for _, q := range []string{"status=abc", "status=0", "status=6", "status=9", "status=-1", "status=99", "status=600", "status=42", "direction=sideways"} {
 		_, err := tap.ParseFilter(parseQuery(t, q))
 		assert.Error(t, err, q)
 	}
@@ -346,7 +346,7 @@ func TestStreamBatchesEvents(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close()
 	require.NoError(t, conn.SetDeadline(time.Now().Add(testutil.Timeout)))
-	_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: tap\r\n\r\n")
+	_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
 	require.NoError(t, err)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)

@@ -99,7 +99,7 @@ func TestSlowTapViewer(t *testing.T) {
 	viewer, err := net.DialTimeout("tcp", tapAddr, 5*time.Second)
 	require.NoError(t, err)
 	require.NoError(t, viewer.(*net.TCPConn).SetReadBuffer(4096))
-	_, err = io.WriteString(viewer, "GET /tap HTTP/1.1\r\nHost: tap\r\n\r\n")
+	_, err = io.WriteString(viewer, "GET /tap HTTP/1.1\r\nHost: localhost\r\n\r\n")
 	require.NoError(t, err)
 	stalled, err := hub.Watch(tap.Filter{}, 0)
 	require.NoError(t, err)

@@ -57,3 +57,23 @@ func ValidDNSName(s string) bool {
 	}
 	return true
 }
+
+// IsLoopbackHost reports whether hostport (a Host header, with or without a
+// port) names this machine's loopback: "localhost" or a loopback IP
+// literal. A surface served to loopback clients alone checks it too, so
+// that a page a browser loaded from another name, which that name's DNS
+// then points at 127.0.0.1 (DNS rebinding), is refused.
+func IsLoopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		host = host[1 : len(host)-1]
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}

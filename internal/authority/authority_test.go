@@ -28,3 +28,15 @@ func TestNormalize(t *testing.T) {
 		assert.Error(t, err, "%q", in)
 	}
 }
+
+func TestIsLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "localhost:4191": true, "LOCALHOST.:4191": true,
+		"127.0.0.1": true, "127.0.0.1:4191": true, "127.1.2.3:80": true,
+		"[::1]:4191": true, "[::1]": true, "::1": true, "[::ffff:127.0.0.1]:80": true,
+		"": false, "attacker.example:4191": false, "localhost.attacker.example": false,
+		"192.0.2.7:4191": false, "[::2]:80": false, "0.0.0.0:4191": false,
+	} {
+		assert.Equal(t, want, IsLoopbackHost(host), host)
+	}
+}
