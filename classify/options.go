@@ -23,6 +23,7 @@ type config struct {
 	maxAuthorities int
 	idleTimeout    time.Duration
 	labels         *Labels
+	only           []string
 }
 
 // DefaultMaxAuthorities bounds the distinct authority label values; past
@@ -85,6 +86,17 @@ func WithMaxAuthorities(n int) Option {
 			c.maxAuthorities = n
 		}
 	})
+}
+
+// WithAuthorities labels only these authorities (normalised as the label
+// is, host:port); a request for any other authority is labelled
+// authority="other" and takes none of the bound of [WithMaxAuthorities].
+// It is for a server, whose requests name whatever authority their
+// clients chose: without it, the first authorities clients name take the
+// label values, and a client naming many can leave the server's own
+// authority under other for the life of the handler.
+func WithAuthorities(authorities ...string) Option {
+	return optionFunc(func(c *config) { c.only = append(c.only, authorities...) })
 }
 
 // WithIdleTimeout sets how long the metric targets of an authority no

@@ -19,6 +19,7 @@ type recorder struct {
 	labels    *registry.Names
 	reg       *registry.Registry[authTargets]
 	other     atomic.Pointer[authTargets]
+	only      map[string]struct{} // WithAuthorities, normalised; nil: any
 }
 
 // authTargets is the immutable snapshot of one authority: its label value
@@ -53,6 +54,14 @@ func newRecorder(cfg config, direction string) *recorder {
 	}
 	r.reg = registry.New(r.newState, nil, registry.WithMaxEntries(cfg.maxAuthorities),
 		registry.WithIdleTimeout(cfg.idleTimeout))
+	if len(cfg.only) > 0 {
+		r.only = make(map[string]struct{}, len(cfg.only))
+		for _, a := range cfg.only {
+			if n, err := r.reg.Normalize(a); err == nil {
+				r.only[n] = struct{}{}
+			}
+		}
+	}
 	// other always keeps its target without labels: see target.
 	r.other.Store(&authTargets{authority: otherAuthority, targets: map[string]*metrics.Target{
 		"": metrics.NewTarget(r.fam, attribute.String("authority", otherAuthority), r.direction),
@@ -68,9 +77,11 @@ func (r *recorder) newState(authority string) *authTargets {
 }
 
 func (r *recorder) target(authority string, l *Labels) *metrics.Target {
-	if e := r.reg.Get(authority); e != nil {
-		if st := e.Load(); !st.overflow {
-			return r.targetIn(e, st, l)
+	if r.admits(authority) {
+		if e := r.reg.Get(authority); e != nil {
+			if st := e.Load(); !st.overflow {
+				return r.targetIn(e, st, l)
+			}
 		}
 	}
 	st := r.other.Load()
@@ -82,6 +93,20 @@ func (r *recorder) target(authority string, l *Labels) *metrics.Target {
 		l = nil
 	}
 	return r.targetIn(&r.other, st, l)
+}
+
+// admits reports whether authority may have a label value of its own
+// (WithAuthorities).
+func (r *recorder) admits(authority string) bool {
+	if r.only == nil {
+		return true
+	}
+	if _, ok := r.only[authority]; ok {
+		return true
+	}
+	n, err := r.reg.Normalize(authority)
+	_, ok := r.only[n]
+	return err == nil && ok
 }
 
 // targetIn returns the target of l in the snapshot at p, adding it when

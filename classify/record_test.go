@@ -100,3 +100,27 @@ func TestTransportRecordAllocatesNothing(t *testing.T) {
 	rec.target("", nil)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { rec.target("", nil) }))
 }
+
+// With WithAuthorities, only the named authorities (in any spelling that
+// normalises to one of them) are label values; the Hosts clients choose
+// otherwise are counted under other and take none of the bound, so the
+// server's own authority keeps its series however many Hosts came first.
+func TestOnlyNamedAuthoritiesLabelled(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	const local = "books.default.svc.cluster.local:7000"
+	h := NewHandler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}),
+		WithMeterProvider(m.Provider), WithMaxAuthorities(4), WithAuthorities(local))
+	for i := range 10 {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Host = fmt.Sprintf("junk%d.attacker.example:80", i)
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	for _, host := range []string{local, "Books.Default.svc.cluster.local.:7000"} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Host = host
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	assert.Equal(t, "10", m.Value(t, "request_total", `authority="other"`))
+	assert.Equal(t, "2", m.Value(t, "request_total", `authority="`+local+`"`))
+	assert.Len(t, m.Lines(t, "request_total"), 2, "no other label values: %v", m.Lines(t, "request_total"))
+}

@@ -236,9 +236,14 @@ func WithDialContext(dial func(ctx context.Context, network, addr string) (net.C
 
 // WithLocalAuthorities names the service's own authorities (host:port),
 // the only ones the inbound stack routes by profile (see
-// router.WithLocalAuthorities). Without it every inbound request takes
-// the default route, and no Host a client sends makes the stack watch
-// anything.
+// router.WithLocalAuthorities) and the only values of its metrics'
+// authority label: a request for any other Host is counted under
+// authority="other" (classify.WithAuthorities). Without it every inbound
+// request takes the default route, no Host a client sends makes the stack
+// watch anything, and the authority label is the request's Host, as in
+// Linkerd's proxy, within the bound of WithMaxAuthorities: a server that
+// untrusted clients reach should name its authorities, or a client naming
+// many Hosts takes the label values for the life of the process.
 func WithLocalAuthorities(authorities ...string) ServerOption {
 	return serverOption(func(c *config) { c.local = append(c.local, authorities...) })
 }
@@ -429,12 +434,18 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 	}
 	hopts = append(hopts, origproto.WithTrustedNetworks(c.networks...))
 	var next, classified http.Handler
+	copts := c.classifyOptions()
+	if len(c.local) > 0 {
+		// The Host of a request to a server is its client's choice: only
+		// the server's own authorities are label values.
+		copts = append(copts, classify.WithAuthorities(c.local...))
+	}
 	if c.inbound == nil {
 		tls := classify.NewTLSLabels(c.identity != nil)
-		next = withTLSLabels(classify.NewHandler(app, append(c.classifyOptions(), classify.WithDefaultLabels(tls.For(false, "")))...), tls)
+		next = withTLSLabels(classify.NewHandler(app, append(copts, classify.WithDefaultLabels(tls.For(false, "")))...), tls)
 	} else {
 		// The policy gives each allowed request its labels, tls included.
-		classified = classify.NewHandler(app, c.classifyOptions()...)
+		classified = classify.NewHandler(app, copts...)
 		next = classified
 	}
 	next = s.router.Handler(next)

@@ -56,7 +56,10 @@
 // svc.cluster.local.) and addresses in -search-networks (default none) are
 // looked up; other Hosts take the default route to their own address
 // without a watch. On the inbound side only -local-authority names are
-// routed by profile; any other Host is labelled with a fixed overflow value.
+// routed by profile and, once one is given, labelled in the metrics; any
+// other Host is labelled authority="other" (without the flag, inbound
+// requests are labelled by their Host, as Linkerd's proxy labels them,
+// within -max-authorities).
 package main
 
 import (
@@ -134,7 +137,7 @@ func main() {
 		"authorities routed, balanced and labelled at once (0: the library's default, 2000)")
 	flag.IntVar(&f.maxWatches, "max-watches", 0,
 		"control-plane watches open at once, per API (0: the library's default, 2000)")
-	flag.Func("local-authority", "one of the application's own authorities (host:port), routed by profile on the inbound side; repeatable",
+	flag.Func("local-authority", "one of the application's own authorities (host:port), routed by profile and labelled on the inbound side; repeatable",
 		func(s string) error { f.local = append(f.local, s); return nil })
 	flag.Func("search-suffixes", `comma-separated DNS suffixes looked up on the control plane ("." for every name; default svc.cluster.local.)`,
 		func(s string) error { f.suffixes = append(f.suffixes, strings.Split(s, ",")...); return nil })
