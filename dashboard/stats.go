@@ -3,16 +3,22 @@ package dashboard
 import (
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/tap"
 )
 
 // maxRoutes bounds the route table; requests past it are counted under one
-// "other" row, so that remote clients cannot grow it.
-const maxRoutes = 500
+// "other" row per direction, so that remote clients cannot grow it. A full
+// table makes room for a new row by folding into other the row idle the
+// longest, once it has been idle for rowIdle: a burst of made-up
+// authorities cannot keep a service's own row out for longer.
+const (
+	maxRoutes = 500
+	rowIdle   = 60 // seconds
+)
 
 // maxDecisions bounds the inbound decision table the same way.
 const maxDecisions = 500
@@ -35,6 +41,23 @@ type routeStats struct {
 	lat     [samples]float64
 	n       int // latencies recorded, capped at samples for the ring
 	next    int
+	last    int64 // the second of the last request
+}
+
+const otherAuthority = "other"
+
+// tableAuthority is the authority of an event as the table keys it: host:port
+// in lower case (port 80 when it names none), or other for a Host that is
+// not one, so that a key is at most a DNS name long whatever a client
+// sends.
+func tableAuthority(a string) string {
+	if n, err := authority.Normalize(a); err == nil {
+		return n
+	}
+	if n, err := authority.Normalize(a + ":80"); err == nil {
+		return n
+	}
+	return otherAuthority
 }
 
 type decisionKey struct{ route, client, decision string }
@@ -57,14 +80,17 @@ func failed(e *tap.Event) bool {
 }
 
 func (t *table) observe(e *tap.Event) {
-	k := routeKey{e.Direction, strings.ToLower(e.Authority), e.Route}
+	k := routeKey{e.Direction, tableAuthority(e.Authority), e.Route}
+	if k.authority == otherAuthority {
+		k.route = ""
+	}
 	sec := t.now().Unix()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.routes[k]
 	if s == nil {
-		if len(t.routes) >= maxRoutes {
-			k = routeKey{e.Direction, "other", ""}
+		if k.authority != otherAuthority && len(t.routes) >= maxRoutes && !t.evictIdleLocked(sec) {
+			k = routeKey{e.Direction, otherAuthority, ""}
 			s = t.routes[k]
 		}
 		if s == nil {
@@ -72,6 +98,7 @@ func (t *table) observe(e *tap.Event) {
 			t.routes[k] = s
 		}
 	}
+	s.last = sec
 	s.requests++
 	if failed(e) {
 		s.failures++
@@ -95,6 +122,35 @@ func (t *table) observe(e *tap.Event) {
 		}
 		t.decisions[d]++
 	}
+}
+
+// evictIdleLocked folds the row idle the longest into its direction's
+// other row when it has been idle for rowIdle at sec, and reports whether
+// it did. The caller holds t.mu.
+func (t *table) evictIdleLocked(sec int64) bool {
+	var oldest routeKey
+	var os *routeStats
+	for k, s := range t.routes {
+		if k.authority != otherAuthority && (os == nil || s.last < os.last) {
+			oldest, os = k, s
+		}
+	}
+	if os == nil || sec-os.last < rowIdle {
+		return false
+	}
+	delete(t.routes, oldest)
+	ok := routeKey{oldest.direction, otherAuthority, ""}
+	o := t.routes[ok]
+	if o == nil {
+		o = &routeStats{}
+		t.routes[ok] = o
+	}
+	o.requests += os.requests
+	o.failures += os.failures
+	o.retries += os.retries
+	o.hedges += os.hedges
+	o.last = max(o.last, os.last)
+	return true
 }
 
 // Route is one row of the route table.
@@ -129,6 +185,7 @@ func (t *table) snapshot() ([]Route, []Decision) {
 	sec := t.now().Unix()
 	t.mu.Lock()
 	routes := make([]Route, 0, len(t.routes))
+	lats := make([][]float64, 0, len(t.routes))
 	for k, s := range t.routes {
 		r := Route{Direction: k.direction, Authority: k.authority, Route: k.route, Requests: s.requests, Failures: s.failures, Retries: s.retries, Hedges: s.hedges}
 		if s.requests > 0 {
@@ -141,16 +198,19 @@ func (t *table) snapshot() ([]Route, []Decision) {
 			}
 		}
 		r.RPS = float64(recent) / window
-		lat := slices.Clone(s.lat[:s.n])
-		slices.Sort(lat)
-		r.P50, r.P95, r.P99 = quantile(lat, 0.50), quantile(lat, 0.95), quantile(lat, 0.99)
 		routes = append(routes, r)
+		lats = append(lats, slices.Clone(s.lat[:s.n]))
 	}
 	decisions := make([]Decision, 0, len(t.decisions))
 	for k, n := range t.decisions {
 		decisions = append(decisions, Decision{Route: k.route, Client: k.client, Decision: k.decision, Count: n})
 	}
 	t.mu.Unlock()
+	// The percentiles are computed off the lock, which requests take.
+	for i, lat := range lats {
+		slices.Sort(lat)
+		routes[i].P50, routes[i].P95, routes[i].P99 = quantile(lat, 0.50), quantile(lat, 0.95), quantile(lat, 0.99)
+	}
 	sort.Slice(routes, func(i, j int) bool {
 		a, b := routes[i], routes[j]
 		if a.Direction != b.Direction {
