@@ -225,8 +225,9 @@ func run(f flags, log *slog.Logger) error {
 		return err
 	}
 	defer dst.Close()
-	// The tap of both stacks: free until someone opens the dashboard or
-	// /tap on the admin port.
+	// The tap of both stacks, watched by the dashboard's route table on
+	// the admin port (three allocations a request) and by whoever opens
+	// /tap there.
 	hub := tap.NewHub()
 	opts := []mesh.Option{mesh.WithDestination(dst), mesh.WithMeterProvider(provider), mesh.WithLogger(log),
 		mesh.WithIdleTimeout(f.idleTimeout), mesh.WithIdentity(local), mesh.WithTap(hub), mesh.WithTracerProvider(tp)}
