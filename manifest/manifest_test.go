@@ -745,3 +745,33 @@ spec:
 		})
 	}
 }
+
+// Annotation durations are read as Linkerd's policy controller reads them;
+// the cases are those of its parse_duration tests
+// (policy-controller/k8s/index/src/outbound/index.rs).
+func TestAnnotationDurationsAsLinkerd(t *testing.T) {
+	for s, want := range map[string]time.Duration{
+		"10s": 10 * time.Second, "500ms": 500 * time.Millisecond, "5m": 5 * time.Minute, "2h": 2 * time.Hour,
+		"1d": 24 * time.Hour, "0": 0, "0s": 0, "0ms": 0, " 3s ": 3 * time.Second,
+	} {
+		d, err := parseDuration(s)
+		if assert.NoError(t, err, s) {
+			assert.Equal(t, want, d, s)
+		}
+	}
+	for _, s := range []string{"0.5s", "0.0s", "0.5m", "5", "100", "999999999999999999d", "10x", "", "-5s", "-0.5s", "1m30s"} {
+		_, err := parseDuration(s)
+		assert.Error(t, err, s)
+	}
+	_, err := Parse([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: a, annotations: {timeout.linkerd.io/request: 100}}\n"))
+	assert.ErrorContains(t, err, `metadata.annotations.timeout.linkerd.io/request: "100" has no unit (did you mean 100s or 100ms?)`)
+}
+
+// An HTTPRoute rule's timeouts are Gateway API Durations (GEP-2257).
+func TestRuleTimeoutsAreGatewayDurations(t *testing.T) {
+	for s, ok := range map[string]bool{"10s": true, "1h30m": true, "0s": true, "500ms": true, "1h2m3s4ms": true,
+		"1.5s": false, "1d": false, "0": false, "123456s": false, "1h2m3s4ms5s": false, "-1s": false} {
+		_, err := parseGatewayDuration(s)
+		assert.Equal(t, ok, err == nil, "%s: %v", s, err)
+	}
+}

@@ -236,7 +236,7 @@ func parseRuleTimeouts(n yamltree.Node) (*policy.Timeouts, error) {
 		if err != nil {
 			return nil, err
 		}
-		if *f.dst, err = parseDuration(s); err != nil {
+		if *f.dst, err = parseGatewayDuration(s); err != nil {
 			return nil, fn.Errorf("%v", err)
 		}
 	}

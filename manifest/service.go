@@ -2,7 +2,9 @@ package manifest
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -433,15 +435,63 @@ func timeouts(a map[string]string) (*policy.Timeouts, error) {
 	return &t, nil
 }
 
-// parseDuration reads a duration as Linkerd's annotations and Gateway API
-// write them: a Go duration such as 300ms, 10s or 1m30s, not negative.
+// parseDuration reads a duration of an annotation as Linkerd's policy
+// controller reads it (policy-controller/k8s/index/src/outbound/index.rs
+// parse_duration): a whole number and one unit of ms, s, m, h or d ("0"
+// alone is zero); fractions ("1.5s"), compound values ("1m30s") and
+// negative ones are refused, so that a manifest means the same under
+// Linkerd and here.
 func parseDuration(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(strings.TrimSpace(s))
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a duration (like 300ms or 10s)", s)
-	}
-	if d < 0 {
+	s = strings.TrimSpace(s)
+	if strings.HasPrefix(s, "-") {
 		return 0, fmt.Errorf("%q is negative", s)
 	}
-	return d, nil
+	i := strings.LastIndexFunc(s, func(r rune) bool { return r >= '0' && r <= '9' })
+	if i < 0 {
+		return 0, fmt.Errorf("%q is not a duration (like 300ms, 10s, 5m, 2h or 1d)", s)
+	}
+	magnitude, unit := s[:i+1], s[i+1:]
+	if strings.Contains(magnitude, ".") {
+		return 0, fmt.Errorf("%q is not a whole number of a unit (fractions are not read, as by Linkerd)", s)
+	}
+	n, err := strconv.ParseUint(magnitude, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration (like 300ms, 10s, 5m, 2h or 1d)", s)
+	}
+	var per time.Duration
+	switch unit {
+	case "":
+		if n != 0 {
+			return 0, fmt.Errorf("%q has no unit (did you mean %ds or %dms?)", s, n, n)
+		}
+	case "ms":
+		per = time.Millisecond
+	case "s":
+		per = time.Second
+	case "m":
+		per = time.Minute
+	case "h":
+		per = time.Hour
+	case "d":
+		per = 24 * time.Hour
+	default:
+		return 0, fmt.Errorf("%q has the unit %q (want ms, s, m, h or d)", s, unit)
+	}
+	if per > 0 && n > uint64(math.MaxInt64/int64(per)) {
+		return 0, fmt.Errorf("%q is too long", s)
+	}
+	return time.Duration(n) * per, nil
+}
+
+// gatewayDuration matches a Gateway API Duration (GEP-2257): one to four
+// whole numbers of at most five digits, each with a unit of h, m, s or ms.
+var gatewayDuration = regexp.MustCompile(`^([0-9]{1,5}(h|m|s|ms)){1,4}$`)
+
+// parseGatewayDuration reads a Gateway API Duration, such as an HTTPRoute
+// rule's timeouts (GEP-2257): "10s", "1h30m", "0s".
+func parseGatewayDuration(s string) (time.Duration, error) {
+	if !gatewayDuration.MatchString(s) {
+		return 0, fmt.Errorf("%q is not a Gateway API duration (like 500ms, 10s or 1h30m)", s)
+	}
+	return time.ParseDuration(s)
 }
