@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/inmesh/inmesh/controlplane"
@@ -22,21 +23,10 @@ import (
 )
 
 // sharedManifests bind the books Service to two identities: the books
-// service account by its Pod, and web by the registration annotation.
-const sharedManifests = `
-apiVersion: v1
-kind: Service
-metadata:
-  name: books
-  namespace: default
-  annotations: {inmesh.io/registration-identities: "` + regtest.WebID + `"}
-spec: {selector: {app: books}, ports: [{name: http, port: 7000}]}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: books-0, namespace: default, labels: {app: books}}
-spec: {serviceAccountName: books, containers: [{name: app}]}
-`
+// service account by its Pod (regManifests), and web by the registration
+// annotation.
+var sharedManifests = strings.Replace(regManifests, "metadata: {name: books, namespace: default}",
+	`metadata: {name: books, namespace: default, annotations: {inmesh.io/registration-identities: "`+regtest.WebID+`"}}`, 1)
 
 type sharedStream = grpc.BidiStreamingClient[registrationpb.RegisterRequest, registrationpb.RegisterResponse]
 
