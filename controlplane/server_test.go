@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -390,5 +392,53 @@ func TestProfileByContextNamespace(t *testing.T) {
 	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(booksSvc, "server-side")})
 	m, err = recvTimeout(t, st.Recv)
 	require.NoError(t, err)
+	assert.Equal(t, "server-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
+}
+
+// Two ServiceProfiles of one name, one in the Service's namespace and one
+// in a client's, load from one file as two profiles (as Linkerd keys them,
+// by namespace and name), and each serves its clients.
+func TestProfilesOfTwoNamespacesFromManifests(t *testing.T) {
+	const doc = `apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata:
+  name: books.default.svc.cluster.local
+  namespace: default
+spec:
+  routes:
+  - name: server-side
+    condition: {method: GET, pathRegex: /server-side}
+---
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata:
+  name: books.default.svc.cluster.local
+  namespace: web
+spec:
+  routes:
+  - name: client-side
+    condition: {method: GET, pathRegex: /client-side}
+`
+	path := filepath.Join(t.TempDir(), "profiles.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(doc), 0o600))
+	store := NewStore()
+	store.PutEndpoints(booksSvc+":7000", nil)
+	require.NoError(t, store.LoadServiceProfiles(path), "a client namespace's profile beside the Service's")
+
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	api := rawClient(t, cp.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000", ContextToken: "ns:web"})
+	require.NoError(t, err)
+	m, err := recvTimeout(t, st.Recv)
+	require.NoError(t, err)
+	require.NotEmpty(t, m.GetRoutes())
+	assert.Equal(t, "client-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
+	st, err = api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000"})
+	require.NoError(t, err)
+	m, err = recvTimeout(t, st.Recv)
+	require.NoError(t, err)
+	require.NotEmpty(t, m.GetRoutes())
 	assert.Equal(t, "server-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
 }

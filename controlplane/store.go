@@ -79,14 +79,7 @@ type profileID struct{ ns, name string }
 // profileIDOf is the profileID of sp; a profile without a namespace is in
 // the namespace its name gives (name.NAMESPACE.svc...).
 func profileIDOf(sp *profiles.ServiceProfile) profileID {
-	name := strings.ToLower(strings.TrimSuffix(sp.Name, "."))
-	ns := sp.Namespace
-	if ns == "" {
-		if labels := strings.Split(name, "."); len(labels) > 1 {
-			ns = labels[1]
-		}
-	}
-	return profileID{ns, name}
+	return profileID{sp.EffectiveNamespace(), strings.ToLower(strings.TrimSuffix(sp.Name, "."))}
 }
 
 // SetServiceProfiles replaces every ServiceProfile with sps.

@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"github.com/inmesh/inmesh/profiles"
 
 	"github.com/inmesh/inmesh/internal/yamltree"
 )
@@ -36,7 +37,20 @@ func SplitResources(data []byte) ([]Document, error) {
 			continue // a null document
 		}
 		o := objs[0]
-		out = append(out, Document{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, Data: doc})
+		d := Document{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, Data: doc}
+		if len(r.ServiceProfiles) == 1 && o.Namespace == profileNameNamespace(o.Name) {
+			// A ServiceProfile in its Service's namespace is named by
+			// its fully qualified name alone; one in a client's
+			// namespace carries that namespace.
+			d.Namespace = ""
+		}
+		out = append(out, d)
 	}
 	return out, nil
+}
+
+// profileNameNamespace is the namespace a ServiceProfile's name gives
+// (name.NAMESPACE.svc...).
+func profileNameNamespace(name string) string {
+	return (&profiles.ServiceProfile{Name: name}).EffectiveNamespace()
 }

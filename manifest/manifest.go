@@ -165,7 +165,12 @@ func (r *Resources) sort() {
 	slices.SortStableFunc(r.Services, func(a, b *Service) int { return strings.Compare(a.key(), b.key()) })
 	slices.SortStableFunc(r.HTTPRoutes, func(a, b *HTTPRoute) int { return strings.Compare(a.key(), b.key()) })
 	slices.SortStableFunc(r.GRPCRoutes, func(a, b *GRPCRoute) int { return strings.Compare(a.key(), b.key()) })
-	slices.SortStableFunc(r.ServiceProfiles, func(a, b *profiles.ServiceProfile) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortStableFunc(r.ServiceProfiles, func(a, b *profiles.ServiceProfile) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.EffectiveNamespace(), b.EffectiveNamespace())
+	})
 	r.sortInbound()
 }
 
@@ -282,11 +287,14 @@ func parseDocument(doc []byte, index int, out *Resources) (*Object, error) {
 		}
 		out.GRPCRoutes = append(out.GRPCRoutes, g)
 	case kind == "ServiceProfile" && apiVersion == serviceProfileV1alpha2:
-		obj.Group, obj.Namespace = "linkerd.io", "" // known by its fully qualified name
+		obj.Group, obj.Namespace = "linkerd.io", "" // named by its fully qualified name in errors
 		sp, err := profiles.ParseServiceProfile(doc)
 		if err != nil {
 			return obj, err
 		}
+		// Known by its fully qualified name in its namespace: one in a
+		// client's namespace and one in the Service's are two profiles.
+		obj.Namespace = sp.EffectiveNamespace()
 		out.ServiceProfiles = append(out.ServiceProfiles, sp)
 		out.profileObjects = append(out.profileObjects, obj)
 		return obj, nil

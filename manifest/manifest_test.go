@@ -391,7 +391,7 @@ spec:
 	again := filepath.Join(dir, "again.yaml")
 	require.NoError(t, os.WriteFile(again, []byte("apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: books.default.svc.cluster.local}\nspec: {routes: []}\n"), 0o644))
 	_, err = Load(mixed, again)
-	assert.ErrorContains(t, err, "ServiceProfile books.default.svc.cluster.local is also defined in")
+	assert.ErrorContains(t, err, "ServiceProfile default/books.default.svc.cluster.local is also defined in")
 
 	_, err = Parse([]byte("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: books}\nspec: {}\n"))
 	assert.ErrorContains(t, err, `document 1 (Deployment default/books): kind: apps/v1 Deployment is not read here`)
@@ -672,6 +672,11 @@ func TestSplitResources(t *testing.T) {
 	require.Len(t, docs, 2)
 	assert.Equal(t, []string{"Service", "default", "authors"}, []string{docs[0].Kind, docs[0].Namespace, docs[0].Name})
 	assert.Equal(t, []string{"ServiceProfile", "", "authors.default.svc.cluster.local"}, []string{docs[1].Kind, docs[1].Namespace, docs[1].Name})
+	// A ServiceProfile in a client's namespace carries it.
+	web, err := SplitResources([]byte("apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\nmetadata: {name: authors.default.svc.cluster.local, namespace: web}\nspec: {routes: []}\n"))
+	require.NoError(t, err)
+	require.Len(t, web, 1)
+	assert.Equal(t, "web", web[0].Namespace)
 	for _, d := range docs {
 		r, err := Parse(d.Data)
 		require.NoError(t, err)

@@ -45,6 +45,21 @@ type ServiceProfile struct {
 	Annotations map[string]string
 }
 
+// EffectiveNamespace is the namespace the profile is in, as a control
+// plane keys it: Namespace, or, when that is not set, the namespace its
+// name gives (name.NAMESPACE.svc...). A profile in its Service's
+// namespace serves every client; one in another namespace serves the
+// clients of that namespace.
+func (sp *ServiceProfile) EffectiveNamespace() string {
+	if sp.Namespace != "" {
+		return sp.Namespace
+	}
+	if labels := strings.Split(strings.ToLower(sp.Name), "."); len(labels) > 1 {
+		return labels[1]
+	}
+	return ""
+}
+
 // ProfileFor returns the profile that a control plane serves for
 // Name:port. The result shares the routes of sp and must not be modified.
 func (sp *ServiceProfile) ProfileFor(port uint32) *Profile {

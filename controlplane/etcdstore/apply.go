@@ -23,7 +23,9 @@ const applyAttempts = 5
 
 // Change is what [Apply] writes and [Delete] removes: manifest files,
 // each resource of which has its own key (PREFIX/manifests/KIND/NAMESPACE/NAME,
-// or PREFIX/manifests/ServiceProfile/NAME), as kubectl apply keeps one
+// or PREFIX/manifests/ServiceProfile/NAME for a ServiceProfile in its
+// Service's namespace, PREFIX/manifests/ServiceProfile/NAMESPACE/NAME in a
+// client's), as kubectl apply keeps one
 // object per resource, and endpoints files, kept whole under their base
 // name (PREFIX/endpoints/endpoints.yaml). Each file is named by the path
 // given, which errors name.
