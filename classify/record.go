@@ -2,6 +2,7 @@ package classify
 
 import (
 	"maps"
+	"strings"
 	"sync/atomic"
 
 	"github.com/inmesh/inmesh/internal/metrics"
@@ -19,8 +20,12 @@ type recorder struct {
 	labels    *registry.Names
 	reg       *registry.Registry[authTargets]
 	other     atomic.Pointer[authTargets]
-	only      map[string]struct{} // WithAuthorities, normalised; nil: any
+	only      []hostPort // WithAuthorities, normalised; nil: any
 }
+
+// hostPort is an authority of WithAuthorities: its host in lower case
+// without a trailing dot, and its port.
+type hostPort struct{ host, port string }
 
 // authTargets is the immutable snapshot of one authority: its label value
 // and the targets built for it so far, by Labels.key.
@@ -54,13 +59,14 @@ func newRecorder(cfg config, direction string) *recorder {
 	}
 	r.reg = registry.New(r.newState, nil, registry.WithMaxEntries(cfg.maxAuthorities),
 		registry.WithIdleTimeout(cfg.idleTimeout))
-	if len(cfg.only) > 0 {
-		r.only = make(map[string]struct{}, len(cfg.only))
-		for _, a := range cfg.only {
-			if n, err := r.reg.Normalize(a); err == nil {
-				r.only[n] = struct{}{}
-			}
+	for _, a := range cfg.only {
+		if n, err := r.reg.Normalize(a); err == nil {
+			host, port := splitAuthority(n)
+			r.only = append(r.only, hostPort{host, port})
 		}
+	}
+	if len(cfg.only) > 0 && r.only == nil {
+		r.only = []hostPort{} // none valid: no authority is admitted
 	}
 	// other always keeps its target without labels: see target.
 	r.other.Store(&authTargets{authority: otherAuthority, targets: map[string]*metrics.Target{
@@ -96,17 +102,37 @@ func (r *recorder) target(authority string, l *Labels) *metrics.Target {
 }
 
 // admits reports whether authority may have a label value of its own
-// (WithAuthorities).
+// (WithAuthorities). It allocates nothing: an admitted spelling is in the
+// registry's cache once seen, and any other is compared in place.
 func (r *recorder) admits(authority string) bool {
-	if r.only == nil {
+	if r.only == nil || r.reg.Cached(authority) != nil {
 		return true
 	}
-	if _, ok := r.only[authority]; ok {
-		return true
+	host, port := splitAuthority(authority)
+	if port == "" {
+		port = registry.DefaultPort
 	}
-	n, err := r.reg.Normalize(authority)
-	_, ok := r.only[n]
-	return err == nil && ok
+	host = strings.TrimSuffix(host, ".")
+	for _, o := range r.only {
+		if o.port == port && strings.EqualFold(o.host, host) {
+			return true
+		}
+	}
+	return false
+}
+
+// splitAuthority splits host[:port] (an IPv6 host in brackets) without
+// allocating; port is "" when there is none.
+func splitAuthority(a string) (host, port string) {
+	if i := strings.LastIndexByte(a, ':'); i >= 0 && i > strings.LastIndexByte(a, ']') {
+		host, port = a[:i], a[i+1:]
+	} else {
+		host = a
+	}
+	if len(host) > 1 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1]
+	}
+	return host, port
 }
 
 // targetIn returns the target of l in the snapshot at p, adding it when

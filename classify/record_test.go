@@ -124,3 +124,14 @@ func TestOnlyNamedAuthoritiesLabelled(t *testing.T) {
 	assert.Equal(t, "2", m.Value(t, "request_total", `authority="`+local+`"`))
 	assert.Len(t, m.Lines(t, "request_total"), 2, "no other label values: %v", m.Lines(t, "request_total"))
 }
+
+// Recording under WithAuthorities allocates nothing, for a named
+// authority however it is spelt or for any other Host.
+func TestOnlyAuthoritiesRecordAllocatesNothing(t *testing.T) {
+	rec := newRecorder(newConfig([]Option{WithAuthorities("books.default.svc.cluster.local:7000", "[::1]:7000")}), "inbound")
+	for _, host := range []string{"books.default.svc.cluster.local:7000", "Books.Default.svc.cluster.local.:7000",
+		"10.1.2.3:7000", "books:7000", "books.default.svc.cluster.local", "[::1]:7000", "[::2]:7000", ""} {
+		rec.target(host, nil)
+		assert.Zero(t, testing.AllocsPerRun(1000, func() { rec.target(host, nil) }), host)
+	}
+}
