@@ -69,24 +69,49 @@ type table struct {
 	mu        sync.Mutex
 	routes    map[routeKey]*routeStats
 	decisions map[decisionKey]uint64
+	// keys maps the keys of events, as they come, to the table's keys, so
+	// that an event of a known spelling costs no normalisation; bounded by
+	// maxKeys, and only for spellings no longer than a DNS name.
+	keys map[routeKey]routeKey
+	// scanned is the second of the last search for an idle row: a full
+	// table searches at most once a second.
+	scanned int64
 }
 
+const maxKeys = 2 * maxRoutes
+
 func newTable(now func() time.Time) *table {
-	return &table{now: now, routes: make(map[routeKey]*routeStats), decisions: make(map[decisionKey]uint64)}
+	return &table{now: now, routes: make(map[routeKey]*routeStats), decisions: make(map[decisionKey]uint64),
+		keys: make(map[routeKey]routeKey)}
 }
 
 func failed(e *tap.Event) bool {
 	return e.Error != "" || e.Status >= 500 || e.Status == 0 || e.GRPCStatus > 0
 }
 
-func (t *table) observe(e *tap.Event) {
-	k := routeKey{e.Direction, tableAuthority(e.Authority), e.Route}
+// keyLocked is the table's key of an event's key. The caller holds t.mu.
+func (t *table) keyLocked(raw routeKey) routeKey {
+	if k, ok := t.keys[raw]; ok {
+		return k
+	}
+	k := routeKey{raw.direction, tableAuthority(raw.authority), raw.route}
 	if k.authority == otherAuthority {
 		k.route = ""
 	}
+	if len(raw.authority) <= 260 && len(raw.route) <= 260 {
+		if len(t.keys) >= maxKeys {
+			clear(t.keys)
+		}
+		t.keys[raw] = k
+	}
+	return k
+}
+
+func (t *table) observe(e *tap.Event) {
 	sec := t.now().Unix()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	k := t.keyLocked(routeKey{e.Direction, e.Authority, e.Route})
 	s := t.routes[k]
 	if s == nil {
 		if k.authority != otherAuthority && len(t.routes) >= maxRoutes && !t.evictIdleLocked(sec) {
@@ -126,8 +151,12 @@ func (t *table) observe(e *tap.Event) {
 
 // evictIdleLocked folds the row idle the longest into its direction's
 // other row when it has been idle for rowIdle at sec, and reports whether
-// it did. The caller holds t.mu.
+// it did; it searches at most once a second. The caller holds t.mu.
 func (t *table) evictIdleLocked(sec int64) bool {
+	if t.scanned == sec {
+		return false
+	}
+	t.scanned = sec
 	var oldest routeKey
 	var os *routeStats
 	for k, s := range t.routes {
