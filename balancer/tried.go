@@ -79,7 +79,8 @@ func triedFrom(ctx context.Context) (*Tried, bool) {
 // hold, sharing their loads; nil when none is left. A zone-aware snapshot
 // stays zone-aware while both localities keep an endpoint, so that a
 // hedge or a re-sent request stays in a healthy local zone as a first
-// attempt does.
+// attempt does; its picks follow the zones' spill share without moving it
+// (the endpoints left are not the zone's load).
 func (s *snapshot) without(t *Tried) *snapshot {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -90,7 +91,7 @@ func (s *snapshot) without(t *Tried) *snapshot {
 	if z := s.zones; z != nil {
 		local, remote := z.local.filtered(t.addrs), z.remote.filtered(t.addrs)
 		if local != nil && remote != nil {
-			out.zones = &zoneSplit{local: local, remote: remote, conf: z.conf, state: z.state}
+			out.zones = &zoneSplit{local: local, remote: remote, conf: z.conf, state: z.state, filtered: true}
 		}
 	}
 	return out

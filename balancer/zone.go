@@ -153,6 +153,10 @@ type zoneSplit struct {
 	local, remote *snapshot
 	conf          zoneConf
 	state         *zoneState
+	// filtered says that local and remote are without the endpoints a
+	// request already tried (a hedge, a re-send): its pick follows the
+	// spill share the whole zones set and moves nothing of the state.
+	filtered bool
 }
 
 // splitZones partitions s's endpoints by zone when its group is
@@ -210,7 +214,12 @@ type zoneState struct {
 
 // choose is snapshot.choose for a zone-aware snapshot.
 func (z *zoneSplit) choose(now int64, decay float64) (*member, bool) {
-	f := z.step(now, decay)
+	var f float64
+	if z.filtered {
+		f = math.Float64frombits(z.state.shareA.Load())
+	} else {
+		f = z.step(now, decay)
+	}
 	first, second := z.local, z.remote
 	if f > 0 && rand.Float64() < f {
 		first, second = z.remote, z.local

@@ -462,3 +462,32 @@ func TestZoneOutlierEjectedIsOut(t *testing.T) {
 		hits[slowLocal.String()], out, *b.Zone(auth))
 	require.Greater(t, out, 100, "with two of three local endpoints ejected and the third 10x slower, most requests leave the zone")
 }
+
+// A hedge picks among the endpoints a request has not tried, with the
+// zones' spill share, and moves none of the zones' state: two of three
+// local endpoints ten times slower are a slow zone before the hedge's
+// pick and after it.
+func TestHedgeLeavesZoneStateAlone(t *testing.T) {
+	s := newZoneSim(t, zoneEndpoints(3, "zone-a", "zone-b"), WithLocalZone("zone-a"), WithPeakEWMA(0, DefaultDecay))
+	s.gap = 0
+	s.setLatency("zone-a", 20*time.Millisecond)
+	s.setLatency("zone-b", 20*time.Millisecond)
+	s.run(3000, "zone-a")
+	slow := netip.MustParseAddrPort("10.0.0.2:80")
+	s.latency[slow] = 200 * time.Millisecond
+	s.latency[netip.MustParseAddrPort("10.0.0.3:80")] = 200 * time.Millisecond
+	s.run(200, "zone-a")
+	before := *s.pool.Zone()
+	require.Greater(t, before.LoadRatio, DefaultZoneSpillHigh, "two of three local endpoints slow: a slow zone")
+
+	tried := &Tried{}
+	tried.Add(slow)
+	s.clock.now.Add(zoneEvery) // the hedge's pick computes the ratio
+	k, ok := s.pool.PickExcluding(tried, true)
+	require.True(t, ok)
+	s.clock.now.Add(int64(s.latency[k.Endpoint().Addr]))
+	k.Done(Result{})
+	after := *s.pool.Zone()
+	t.Logf("before the hedge %+v; after %+v", before, after)
+	require.Greater(t, after.LoadRatio, DefaultZoneSpillHigh, "the zone's ratio after one hedge")
+}
