@@ -382,15 +382,10 @@ func TestProfileByContextNamespace(t *testing.T) {
 
 	// The client-side profile removed: its namespace falls back to the
 	// Service's, on the open stream.
-	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-	defer cancel()
-	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000", ContextToken: "ns:web"})
-	require.NoError(t, err)
-	m, err := recvTimeout(t, st.Recv)
-	require.NoError(t, err)
-	require.Equal(t, "client-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
+	st, route := profileRoute(t, api, "ns:web")
+	require.Equal(t, "client-side", route)
 	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(booksSvc, "server-side")})
-	m, err = recvTimeout(t, st.Recv)
+	m, err := recvTimeout(t, st.Recv)
 	require.NoError(t, err)
 	assert.Equal(t, "server-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
 }
@@ -427,18 +422,22 @@ spec:
 
 	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
 	api := rawClient(t, cp.addr)
+	_, route := profileRoute(t, api, "ns:web")
+	assert.Equal(t, "client-side", route)
+	_, route = profileRoute(t, api, "")
+	assert.Equal(t, "server-side", route)
+}
+
+// profileRoute opens GetProfile of books:7000 with token and returns the
+// stream and the route label of its first answer's first route.
+func profileRoute(t *testing.T, api pb.DestinationClient, token string) (grpc.ServerStreamingClient[pb.DestinationProfile], string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-	defer cancel()
-	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000", ContextToken: "ns:web"})
+	t.Cleanup(cancel)
+	st, err := api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000", ContextToken: token})
 	require.NoError(t, err)
 	m, err := recvTimeout(t, st.Recv)
 	require.NoError(t, err)
 	require.NotEmpty(t, m.GetRoutes())
-	assert.Equal(t, "client-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
-	st, err = api.GetProfile(ctx, &pb.GetDestination{Path: booksSvc + ":7000"})
-	require.NoError(t, err)
-	m, err = recvTimeout(t, st.Recv)
-	require.NoError(t, err)
-	require.NotEmpty(t, m.GetRoutes())
-	assert.Equal(t, "server-side", m.GetRoutes()[0].GetMetricsLabels()["route"])
+	return st, m.GetRoutes()[0].GetMetricsLabels()["route"]
 }
