@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/ratelog"
@@ -93,7 +94,10 @@ type meshConn struct {
 	once sync.Once
 	err  error
 	tls  *tls.Conn
-	peer identity.Peer
+	// closer is tls for Close, which the server calls from another
+	// goroutine (Server.Close, Shutdown), maybe while detect runs.
+	closer atomic.Pointer[tls.Conn]
+	peer   identity.Peer
 	// first is the byte read to decide, handed on by the next Read of a
 	// plaintext connection.
 	first    [1]byte
@@ -114,6 +118,7 @@ func (c *meshConn) detect() {
 	}
 	c.hasFirst = false
 	c.tls = tls.Server(&prefixConn{Conn: c.Conn, prefix: c.first[:]}, c.cfg)
+	c.closer.Store(c.tls)
 	if err := c.tls.Handshake(); err != nil {
 		c.err = fmt.Errorf("%w: %v", ErrTLSHandshake, err)
 		return
@@ -151,8 +156,8 @@ func (c *meshConn) Write(b []byte) (int, error) {
 }
 
 func (c *meshConn) Close() error {
-	if c.tls != nil {
-		return c.tls.Close()
+	if t := c.closer.Load(); t != nil {
+		return t.Close()
 	}
 	return c.Conn.Close()
 }
