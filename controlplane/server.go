@@ -181,7 +181,7 @@ func (s *Server) profileFeed(req *pb.GetDestination) (feed, error) {
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ip = ip.Unmap()
 		if ref, ok := s.store.serviceOfIP(ip); ok {
-			return s.serviceProfileFeed(ref, ref.fqdn(), s.contextNamespace(req.GetContextToken()), port)
+			return s.serviceProfileFeed(ref, ref.fqdn(), contextNamespace(req.GetContextToken()), port)
 		}
 		return feed{keys: []watchKey{addrKey(ip)}, next: latest(func() (proto.Message, error) {
 			return destination.ProfileToProto(s.store.endpointProfile(ip, port)), nil
@@ -191,7 +191,7 @@ func (s *Server) profileFeed(req *pb.GetDestination) (feed, error) {
 	if err != nil {
 		return feed{}, status.Errorf(codes.InvalidArgument, "invalid service %q: %q", host, err.Error())
 	}
-	return s.serviceProfileFeed(ref, host, s.contextNamespace(req.GetContextToken()), port)
+	return s.serviceProfileFeed(ref, host, contextNamespace(req.GetContextToken()), port)
 }
 
 // contextNamespace is the namespace a GetDestination's context token
@@ -199,7 +199,7 @@ func (s *Server) profileFeed(req *pb.GetDestination) (feed, error) {
 // (controller/api/destination/server.go parseContextToken): JSON with
 // "ns", or the older form "ns:NAMESPACE"; "" for none or a token that is
 // neither.
-func (s *Server) contextNamespace(token string) string {
+func contextNamespace(token string) string {
 	if token == "" {
 		return ""
 	}

@@ -51,10 +51,7 @@ const otherAuthority = "other"
 // not one, so that a key is at most a DNS name long whatever a client
 // sends.
 func tableAuthority(a string) string {
-	if n, err := authority.Normalize(a); err == nil {
-		return n
-	}
-	if n, err := authority.Normalize(a + ":80"); err == nil {
+	if n, err := authority.NormalizeDefaultPort(a, "80"); err == nil {
 		return n
 	}
 	return otherAuthority

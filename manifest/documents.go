@@ -2,9 +2,9 @@ package manifest
 
 import (
 	"fmt"
-	"github.com/inmesh/inmesh/profiles"
 
 	"github.com/inmesh/inmesh/internal/yamltree"
+	"github.com/inmesh/inmesh/profiles"
 )
 
 // Document is one resource of a manifest file: its kind, namespace ("" for
@@ -38,7 +38,7 @@ func SplitResources(data []byte) ([]Document, error) {
 		}
 		o := objs[0]
 		d := Document{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, Data: doc}
-		if len(r.ServiceProfiles) == 1 && o.Namespace == profileNameNamespace(o.Name) {
+		if len(r.ServiceProfiles) == 1 && o.Namespace == profiles.NamespaceOfName(o.Name) {
 			// A ServiceProfile in its Service's namespace is named by
 			// its fully qualified name alone; one in a client's
 			// namespace carries that namespace.
@@ -47,10 +47,4 @@ func SplitResources(data []byte) ([]Document, error) {
 		out = append(out, d)
 	}
 	return out, nil
-}
-
-// profileNameNamespace is the namespace a ServiceProfile's name gives
-// (name.NAMESPACE.svc...).
-func profileNameNamespace(name string) string {
-	return (&profiles.ServiceProfile{Name: name}).EffectiveNamespace()
 }

@@ -54,7 +54,13 @@ func (sp *ServiceProfile) EffectiveNamespace() string {
 	if sp.Namespace != "" {
 		return sp.Namespace
 	}
-	if labels := strings.Split(strings.ToLower(sp.Name), "."); len(labels) > 1 {
+	return NamespaceOfName(sp.Name)
+}
+
+// NamespaceOfName is the namespace a ServiceProfile's name gives
+// (name.NAMESPACE.svc...), "" for a name of one label.
+func NamespaceOfName(name string) string {
+	if labels := strings.Split(strings.ToLower(name), "."); len(labels) > 1 {
 		return labels[1]
 	}
 	return ""

@@ -6,9 +6,8 @@ import (
 	"net/url"
 	"strconv"
 
-	"github.com/inmesh/inmesh/internal/authority"
-
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
+	"github.com/inmesh/inmesh/internal/authority"
 )
 
 // outboundProxy forwards the application's requests to their Host through
@@ -39,10 +38,7 @@ func outboundProxy(rt http.RoundTripper, l *proxylog.Logger) http.Handler {
 // routable reports whether host, with its port or without one (80), names
 // a destination.
 func routable(host string) bool {
-	if _, err := authority.Normalize(host); err == nil {
-		return true
-	}
-	_, err := authority.Normalize(host + ":80")
+	_, err := authority.NormalizeDefaultPort(host, "80")
 	return err == nil
 }
 

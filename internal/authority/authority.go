@@ -38,6 +38,15 @@ func Normalize(authority string) (string, error) {
 	return net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10)), nil
 }
 
+// NormalizeDefaultPort is [Normalize] for an authority that may leave out
+// its port, which is then port: "books" is "books:80" with port "80".
+func NormalizeDefaultPort(authority, port string) (string, error) {
+	if n, err := Normalize(authority); err == nil {
+		return n, nil
+	}
+	return Normalize(authority + ":" + port)
+}
+
 // ValidDNSName reports whether s is a DNS name of letters, digits, hyphens,
 // underscores and dots (labels of 1 to 63 bytes, 253 bytes at most).
 func ValidDNSName(s string) bool {

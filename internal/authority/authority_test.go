@@ -40,3 +40,16 @@ func TestIsLoopbackHost(t *testing.T) {
 		assert.Equal(t, want, IsLoopbackHost(host), host)
 	}
 }
+
+func TestNormalizeDefaultPort(t *testing.T) {
+	for a, want := range map[string]string{"books": "books:80", "Books.Default.:7000": "books.default:7000", "[::1]": "[::1]:80", "10.0.0.1": "10.0.0.1:80"} {
+		got, err := NormalizeDefaultPort(a, "80")
+		if assert.NoError(t, err, a) {
+			assert.Equal(t, want, got, a)
+		}
+	}
+	for _, a := range []string{"", "a:99999", "[::1", "a b", "a:0"} {
+		_, err := NormalizeDefaultPort(a, "80")
+		assert.Error(t, err, a)
+	}
+}
