@@ -53,7 +53,15 @@ func (e *grpcHedgeEndpoint) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*
 	first := len(e.h.seen[id]) == 1
 	e.h.mu.Unlock()
 	if first && len(md.Get("x-stall")) > 0 {
-		t := time.NewTimer(hedgeStall)
+		// A stalled call of the hedged Service holds its endpoint until
+		// its hedge wins and cancels it (or 2 s pass), so that a hedge
+		// the loaded machine was slow to deliver still arrives and is
+		// counted; the plain Service's stall is hedgeStall.
+		stall := hedgeStall
+		if strings.HasPrefix(id, "grpc-hedged") {
+			stall = 20 * hedgeStall
+		}
+		t := time.NewTimer(stall)
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
