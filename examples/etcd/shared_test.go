@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/controlplane/etcdstore"
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
@@ -107,4 +109,70 @@ func TestApplyWhileRegistered(t *testing.T) {
 	require.NotEmpty(t, names)
 	_, err = etcdstore.Delete(ctx, cli, prefix, names)
 	require.NoError(t, err, "delete")
+}
+
+// interposingKV is the client's KV with a write of the test's placed
+// between a transaction's read and its commit: write runs once, just
+// before the first transaction is built.
+type interposingKV struct {
+	clientv3.KV
+	write func()
+	txns  *int
+}
+
+func (k interposingKV) Txn(ctx context.Context) clientv3.Txn {
+	if *k.txns++; *k.txns == 1 {
+		k.write()
+	}
+	return k.KV.Txn(ctx)
+}
+
+// Apply commits at its first attempt when only a registration changed
+// between its read and its commit, and reads again when a manifest did:
+// its transaction compares the manifests' and endpoints' keys, not the
+// registrations that workloads write all the time.
+func TestApplyConflictsOnlyWithManifests(t *testing.T) {
+	books := netip.MustParseAddrPort("127.0.0.1:4001")
+	for _, tc := range []struct {
+		name  string
+		write func(t *testing.T, cli *clientv3.Client)
+		txns  int
+	}{
+		{"a registration", func(t *testing.T, cli *clientv3.Client) {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			l, err := etcdstore.NewRegistry(cli, prefix, 0).Open(ctx)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = l.Release(context.Background(), true) })
+			require.NoError(t, l.Put(ctx, map[string][]endpoint.Endpoint{regBooks: {{Addr: books}}}))
+		}, 1},
+		{"a manifest", func(t *testing.T, cli *clientv3.Client) {
+			put(t, cli, prefix+"/"+etcdstore.ManifestsDir+"/Service/default/other", "apiVersion: v1\nkind: Service\nmetadata: {name: other, namespace: default}\nspec: {ports: [{port: 80}]}\n")
+		}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := etcdtest.Start(t)
+			cli := newClient(t, m.Endpoint)
+			raw := newClient(t, m.Endpoint)
+			var txns int
+			cli.KV = interposingKV{KV: cli.KV, txns: &txns, write: func() { tc.write(t, raw) }}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			change := etcdstore.Change{Manifests: []manifest.File{{Name: "books.yaml", Data: []byte(regManifests)}}}
+			_, err := etcdstore.Apply(ctx, cli, prefix, change)
+			require.NoError(t, err, "apply")
+			assert.Equal(t, tc.txns, txns, "transactions tried")
+			keys, err := etcdstore.List(ctx, raw, prefix)
+			require.NoError(t, err)
+			names, err := etcdstore.Names(change)
+			require.NoError(t, err)
+			var listed []string
+			for _, k := range keys {
+				listed = append(listed, k.Name)
+			}
+			for _, n := range names {
+				assert.Contains(t, listed, n, "applied")
+			}
+		})
+	}
 }
