@@ -105,25 +105,35 @@ func traceStream(t *meshtrace.Tracer) grpc.StreamClientInterceptor {
 			endSpan(s, err)
 			return nil, err
 		}
-		return &tracedStream{ClientStream: cs, s: s}, nil
+		ts := &tracedStream{ClientStream: cs, s: s, serverStreams: desc.ServerStreams}
+		// A caller may end a stream by cancelling its context alone.
+		ts.stop = context.AfterFunc(ctx, func() { ts.end(status.FromContextError(ctx.Err()).Err()) })
+		return ts, nil
 	}
 }
 
-// tracedStream ends its call's span when the stream ends: RecvMsg's
-// io.EOF or error.
+// tracedStream ends its call's span when the stream ends, in each of the
+// ways grpc-go's ClientStream documents: RecvMsg's io.EOF or error, the
+// one message of a call whose server does not stream (CloseAndRecv), or
+// the cancellation of the call's context.
 type tracedStream struct {
 	grpc.ClientStream
-	s    trace.Span
-	once sync.Once
+	s             trace.Span
+	serverStreams bool
+	stop          func() bool // set before the stream is handed out
+	once          sync.Once
 }
+
+func (ts *tracedStream) end(err error) { ts.once.Do(func() { endSpan(ts.s, err) }) }
 
 func (ts *tracedStream) RecvMsg(m any) error {
 	err := ts.ClientStream.RecvMsg(m)
-	if err != nil {
+	if err != nil || !ts.serverStreams {
 		if err == io.EOF {
 			err = nil
 		}
-		ts.once.Do(func() { endSpan(ts.s, err) })
+		ts.stop()
+		ts.end(err)
 	}
 	return err
 }

@@ -112,3 +112,82 @@ func TestTraceRetriedCall(t *testing.T) {
 		assert.Equal(t, want.code, spanAttr(srv[0], "rpc.response.status_code").AsString())
 	}
 }
+
+// streamingInputApp answers a client-streaming call once its client
+// half-closes.
+type streamingInputApp struct{ app }
+
+func (*streamingInputApp) StreamingInputCall(s grpc.ClientStreamingServer[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse]) error {
+	for {
+		if _, err := s.Recv(); err != nil {
+			return s.SendAndClose(&testgrpc.StreamingInputCallResponse{})
+		}
+	}
+}
+
+// Every client span a traced stream starts ends, however the caller ends
+// the stream in the ways grpc-go's ClientStream documents: by the one
+// message of a call whose server does not stream (CloseAndRecv reads it
+// and reads no further), or by cancelling the call's context.
+func TestTracedStreamSpansEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, s grpc.ClientStreamingClient[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse], cancel func())
+		code string
+	}{
+		{"CloseAndRecv", func(t *testing.T, s grpc.ClientStreamingClient[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse], _ func()) {
+			_, err := s.CloseAndRecv()
+			require.NoError(t, err)
+		}, "OK"},
+		{"cancelled", func(_ *testing.T, _ grpc.ClientStreamingClient[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse], cancel func()) {
+			cancel()
+		}, "CANCELLED"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+			defer tp.Shutdown(context.Background())
+			addr := serveTestService(t, &streamingInputApp{})
+			store := controlplane.NewStore()
+			manifests(t, store, booksService)
+			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
+			c := dial(t, serveStore(t, store), meshgrpc.WithTracerProvider(tp), meshgrpc.WithDiscoveryWait(testutil.Timeout))
+
+			ctx, cancel := context.WithCancel(callCtx(t))
+			defer cancel()
+			s, err := c.StreamingInputCall(ctx)
+			require.NoError(t, err)
+			require.NoError(t, s.Send(&testgrpc.StreamingInputCallRequest{}))
+			tc.end(t, s, cancel)
+
+			open := func() []string {
+				ended := map[trace.SpanID]bool{}
+				for _, sp := range rec.Ended() {
+					ended[sp.SpanContext().SpanID()] = true
+				}
+				var names []string
+				for _, sp := range rec.Started() {
+					if sp.SpanKind() == trace.SpanKindClient && !ended[sp.SpanContext().SpanID()] {
+						names = append(names, sp.Name())
+					}
+				}
+				return names
+			}
+			if !assert.Eventually(t, func() bool { return len(rec.Started()) > 0 && len(open()) == 0 }, testutil.Timeout, time.Millisecond) {
+				t.Fatalf("client spans never ended: %v", open())
+			}
+			var call sdktrace.ReadOnlySpan
+			for _, sp := range rec.Ended() {
+				if sp.SpanKind() == trace.SpanKindClient && sp.Parent().SpanID() == (trace.SpanID{}) {
+					call = sp
+				}
+			}
+			require.NotNil(t, call, "the call's span")
+			for _, kv := range call.Attributes() {
+				if kv.Key == "rpc.response.status_code" {
+					assert.Equal(t, tc.code, kv.Value.AsString())
+				}
+			}
+		})
+	}
+}

@@ -538,11 +538,7 @@ func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start tim
 func (x *policyExchange) status(o exchange.Outcome) metrics.Status {
 	st := metrics.Status{HTTP: o.Status, GRPC: o.Class.GRPCStatus, Error: errorValue(o)}
 	if st.Error != "" {
-		// A response the proxy made for an error carries no upstream
-		// status.
-		if o.Status == http.StatusGatewayTimeout {
-			st.HTTP = 0
-		}
+		// An error carries no upstream gRPC status.
 		st.GRPC = -1
 	}
 	return st

@@ -265,7 +265,7 @@ func TestEndToEnd(t *testing.T) {
 	assert.Equal(t, 504, status)
 	assert.Contains(t, headers, "l5d-proxy-error")
 	text = scrape(t, aMetrics)
-	_, ok = metric(text, "route_response_total", `rt_route="GET /slow"`, `status_code="504"`, `classification="failure"`, `error="timeout"`)
+	_, ok = metric(text, "route_response_total", `rt_route="GET /slow"`, `classification="failure"`, `error="timeout"`)
 	assert.True(t, ok, "timeout recorded")
 	_, ok = metric(text, "request_total", `direction="outbound"`, `dst_pod="books-0"`)
 	assert.True(t, ok, "endpoint labels on request_total")

@@ -474,7 +474,9 @@ func (x *exchange) gatewayTimeout(req *http.Request) *http.Response {
 	cause := context.Cause(x.ctx)
 	x.done()
 	class := classify.ErrorClass(x.ctx, classify.ErrTimeout)
-	x.p.Recorder.Done(x.parent, Outcome{Status: http.StatusGatewayTimeout, Class: class, Err: cause, Retries: x.retries}, x.start)
+	// No response head arrived: the 504 is the proxy's own answer, made
+	// above the route's metrics, which record the error with no status.
+	x.p.Recorder.Done(x.parent, Outcome{Class: class, Err: cause, Retries: x.retries}, x.start)
 	msg := "request timed out"
 	for _, t := range x.timers {
 		if t.t.Cause == cause {

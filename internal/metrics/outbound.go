@@ -73,7 +73,7 @@ func NewOutbound(meter metric.Meter, grpc bool) *Outbound {
 // grpc_status) and error.
 type Status struct {
 	// HTTP is the HTTP status, 0 for none; GRPC the gRPC status, -1 for
-	// none (gRPC families only).
+	// none (gRPC families only; written UNKNOWN, as Linkerd does).
 	HTTP int
 	GRPC int32
 	// Error is one of Linkerd's error values ("" for none).
@@ -110,7 +110,9 @@ func (s *statusSet) get(st Status) *Series {
 	}
 	kvs := s.base[:len(s.base):len(s.base)]
 	if s.grpc {
-		name := ""
+		// Linkerd's proxy writes UNKNOWN for a call that ended without
+		// a status of its own (an error the proxy labels).
+		name := "UNKNOWN"
 		if st.GRPC >= 0 {
 			name = GRPCStatusName(st.GRPC)
 		}
