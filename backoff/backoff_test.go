@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"sync/atomic"
@@ -121,9 +122,12 @@ func TestSequence(t *testing.T) {
 	assert.Equal(t, 10*ms, s.Next())
 }
 
-// flakyDial fails its first failures calls, then returns one end of a pipe.
+// flakyDial fails its first failures calls, then returns one end of a
+// pipe whose other end sends a byte and closes; with silent, it closes
+// without a byte, as a listener that accepts and closes at once.
 type flakyDial struct {
 	failures int
+	silent   bool
 	calls    atomic.Int32
 	at       []time.Time
 }
@@ -135,8 +139,23 @@ func (f *flakyDial) dial(ctx context.Context, network, addr string) (net.Conn, e
 		return nil, errors.New("connection refused")
 	}
 	c1, c2 := net.Pipe()
-	c2.Close()
+	if f.silent {
+		c2.Close()
+	} else {
+		go func() {
+			_, _ = c2.Write([]byte{0})
+			c2.Close()
+		}()
+	}
 	return c1, nil
+}
+
+// readAll reads conn to its end.
+func readAll(t *testing.T, conn net.Conn) {
+	t.Helper()
+	_, err := io.Copy(io.Discard, conn)
+	require.NoError(t, err)
+	conn.Close()
 }
 
 // The 2018 bug: after a failed dial the delay was set on a timer nobody
@@ -156,7 +175,8 @@ func TestDialerFailsTwiceThenSucceeds(t *testing.T) {
 			}
 		}
 		require.NoError(t, err)
-		conn.Close()
+		assert.Equal(t, 3, d.Failures("tcp", "10.0.0.1:80"), "a connection the peer has not spoken on is no success yet")
+		readAll(t, conn)
 		assert.Equal(t, 15*ms, time.Since(start), "waited 5ms then 10ms")
 		assert.Equal(t, int32(3), f.calls.Load())
 		assert.Equal(t, []time.Time{start, start.Add(5 * ms), start.Add(15 * ms)}, f.at)
@@ -175,6 +195,27 @@ func TestDialerNoTightLoop(t *testing.T) {
 		}
 		// Dials at 0, .1, .3, .7, 1.5, then every second: 2.5 ... 9.5.
 		assert.Equal(t, int32(13), f.calls.Load())
+	})
+}
+
+// An address that accepts connections and closes them without a byte (a
+// load balancer without a healthy backend, a server shutting down) is held
+// back as one that refuses them: the same dials in 10 s as
+// TestDialerNoTightLoop, not a dial each time the last one closed.
+func TestDialerAcceptedThenClosedIsAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &flakyDial{silent: true}
+		d := NewDialer(f.dial, Policy{Min: 100 * ms, Max: time.Second})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// The bound ends a tight loop, in which no time passes.
+		for i := 0; ctx.Err() == nil && i < 100; i++ {
+			if conn, err := d.DialContext(ctx, "tcp", "10.0.0.1:80"); err == nil {
+				readAll(t, conn)
+			}
+		}
+		assert.Equal(t, int32(13), f.calls.Load())
+		assert.Equal(t, 13, d.Failures("tcp", "10.0.0.1:80"))
 	})
 }
 

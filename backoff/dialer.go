@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,9 +20,13 @@ const maxTrackedAddrs = 4096
 
 // Dialer wraps a dial function so that, after a dial to an address fails, the
 // next dial to that address first waits out the policy's delay; each further
-// failure lengthens the delay and a success resets it. Dials to other
-// addresses are not held back. The wait is on a timer owned by the dialling
-// goroutine and ends at once when the dial's context is cancelled.
+// failure lengthens the delay and a success resets it. A connection counts
+// as a success only once the peer has sent it a byte: an address that
+// accepts connections and closes them at once (a load balancer without a
+// healthy backend, a server shutting down, a port speaking nothing) is held
+// back like one that refuses them. Dials to other addresses are not held
+// back. The wait is on a timer owned by the dialling goroutine and ends at
+// once when the dial's context is cancelled.
 //
 // A Dialer is safe for concurrent use. Its zero value dials with a plain
 // [net.Dialer] and [DefaultPolicy].
@@ -55,8 +60,29 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 		dial = nd.DialContext
 	}
 	conn, err := dial(ctx, network, addr)
-	d.record(key, err == nil)
-	return conn, err
+	// Until the peer speaks, the connection counts as a failure.
+	d.record(key, false)
+	if err != nil {
+		return nil, err
+	}
+	return &provingConn{Conn: conn, d: d, key: key}, nil
+}
+
+// provingConn resets its address's failures when the peer first sends a
+// byte.
+type provingConn struct {
+	net.Conn
+	d      *Dialer
+	key    string
+	proved atomic.Bool
+}
+
+func (c *provingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.proved.Load() && c.proved.CompareAndSwap(false, true) {
+		c.d.record(c.key, true)
+	}
+	return n, err
 }
 
 // DialGRPC dials a TCP address; it has the shape grpc.WithContextDialer
