@@ -52,10 +52,16 @@ func LoadIdentityDir(dir string) (d *IdentityDir, created bool, err error) {
 	switch len(missing) {
 	case 0:
 	case len(names):
-		if err := generateIdentityDir(dir); err != nil {
+		if created, err = generateIdentityDir(dir); err != nil {
 			return nil, false, err
 		}
-		created = true
+		if !created {
+			// Another process made it at the same moment: its files
+			// follow its trust anchors at once.
+			if err := waitForFiles(dir, names, 10*time.Second); err != nil {
+				return nil, false, err
+			}
+		}
 	default:
 		return nil, false, fmt.Errorf("controlplane: %s lacks %v (keep all three files, or none to have them made)", dir, missing)
 	}
@@ -119,23 +125,34 @@ func parseKey(data []byte) (crypto.Signer, error) {
 
 // generateIdentityDir writes a new trust anchor (ten years) and an issuer
 // under it (one year) to dir.
-func generateIdentityDir(dir string) error {
+// generateIdentityDir makes a trust anchor and an issuer and puts their
+// files in dir, unless another process does so at the same moment: the
+// files are written aside and linked in, the trust anchors first, and only
+// the process whose link of the trust anchors succeeds links the rest, so
+// that replicas started together on one empty directory share one trust
+// root. It reports whether this call made the files.
+func generateIdentityDir(dir string) (bool, error) {
 	root, err := NewRootCA("root.linkerd.cluster.local", 10*365*24*time.Hour)
 	if err != nil {
-		return err
+		return false, err
 	}
 	iss, err := root.NewIntermediate("identity.linkerd.cluster.local", 365*24*time.Hour)
 	if err != nil {
-		return err
+		return false, err
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(iss.Key)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return false, err
 	}
-	for _, f := range []struct {
+	aside, err := os.MkdirTemp(dir, ".new-")
+	if err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(aside)
+	files := []struct {
 		name, typ string
 		der       []byte
 		mode      os.FileMode
@@ -143,12 +160,42 @@ func generateIdentityDir(dir string) error {
 		{TrustAnchorsFile, "CERTIFICATE", root.DER, 0o644},
 		{IssuerCertFile, "CERTIFICATE", iss.DER, 0o644},
 		{IssuerKeyFile, "PRIVATE KEY", keyDER, 0o600},
-	} {
-		if err := os.WriteFile(filepath.Join(dir, f.name), pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), f.mode); err != nil {
-			return err
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(aside, f.name), pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), f.mode); err != nil {
+			return false, err
 		}
 	}
-	return nil
+	for i, f := range files {
+		err := os.Link(filepath.Join(aside, f.name), filepath.Join(dir, f.name))
+		if i == 0 && errors.Is(err, fs.ErrExist) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// waitForFiles waits up to d for every one of names to be in dir.
+func waitForFiles(dir string, names []string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		var missing []string
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
+				missing = append(missing, n)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("controlplane: %s lacks %v: another process began to make them and did not finish", dir, missing)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // IdentityServiceName is the identity of the Identity service itself, as

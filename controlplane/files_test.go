@@ -44,6 +44,50 @@ func TestLoadIdentityDir(t *testing.T) {
 	assert.ErrorContains(t, err, IssuerKeyFile)
 }
 
+// Replicas started at the same moment on one empty identity directory
+// share one trust root: one of them makes it, and the others load it
+// (before, each made its own and some replicas' issuers then chained to
+// no anchor the others' clients trusted).
+func TestIdentityDirMadeOnceByReplicasStartedTogether(t *testing.T) {
+	dir := t.TempDir()
+	const replicas = 8
+	type loaded struct {
+		d       *IdentityDir
+		created bool
+		err     error
+	}
+	start := make(chan struct{})
+	results := make(chan loaded, replicas)
+	for range replicas {
+		go func() {
+			<-start
+			d, created, err := LoadIdentityDir(dir)
+			results <- loaded{d, created, err}
+		}()
+	}
+	close(start)
+	made := 0
+	var anchors []byte
+	for range replicas {
+		r := <-results
+		require.NoError(t, r.err)
+		if r.created {
+			made++
+		}
+		if anchors == nil {
+			anchors = r.d.AnchorsPEM
+		}
+		assert.Equal(t, string(anchors), string(r.d.AnchorsPEM), "one trust root")
+	}
+	assert.Equal(t, 1, made, "made once")
+	onDisk, err := os.ReadFile(filepath.Join(dir, TrustAnchorsFile))
+	require.NoError(t, err)
+	assert.Equal(t, string(anchors), string(onDisk))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 3, "nothing left aside")
+}
+
 // The tokens file is reloaded once a change settles; a bad edit is refused
 // and the last good tokens stay in force.
 func TestWatchTokens(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/cpaddr"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/manifest"
@@ -520,7 +521,18 @@ func (l *storeLease) Lost() <-chan struct{} { return nil }
 // the connection when no answer comes within ttl. A registrant whose host
 // went away or whose process froze (no FIN, no RST) then loses its
 // registration within about 2×ttl, as it would lose its lease; a live
-// client's gRPC library answers the pings by itself.
+// client's gRPC library answers the pings by itself. The server also
+// lets clients ping it as often as every 10 s, the most often gRPC
+// clients ping ([destination.WithKeepalive], identity.Config.Keepalive),
+// so that a client notices a replica that froze as soon; a gRPC server's
+// default would close such a client's connection.
 func KeepaliveOptions(ttl time.Duration) []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{Time: ttl, Timeout: ttl})}
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: ttl, Timeout: ttl}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinClientPing, PermitWithoutStream: true}),
+	}
 }
+
+// MinClientPing is how often [KeepaliveOptions] lets a client ping: the
+// most often gRPC clients ping.
+const MinClientPing = cpaddr.MinPing

@@ -133,7 +133,9 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 // a connection; when that connection is lost (the replica died) the client
 // moves to the next live one, in the order given, and every watch
 // re-opens its stream there with the last state it delivered still in
-// force (as after any reconnect; see [Client.WatchEndpoints]). A DNS name
+// force (as after any reconnect; see [Client.WatchEndpoints]). A replica
+// lost without closing the connection (its host gone, a frozen process)
+// is noticed by the silence of the connection: see [WithKeepalive]. A DNS name
 // with several addresses ("dns:///destination.example:8086", or the name
 // alone) fails over the same way through gRPC's DNS resolver. Connection attempts go
 // through a [backoff.Dialer] with the client's backoff policy, so that a
@@ -165,6 +167,8 @@ func Dial(target string, opts ...Option) (*Client, error) {
 			Backoff:           grpcbackoff.Config{BaseDelay: time.Millisecond, Multiplier: 1, MaxDelay: time.Millisecond},
 			MinConnectTimeout: 20 * time.Second,
 		}),
+		// A replica lost without a reset is noticed by its silence.
+		grpc.WithKeepaliveParams(cfg.keepalive),
 	}, cfg.dialOptions...)
 	grpcTarget := target
 	if cpaddr.IsList(target) && !strings.Contains(target, "://") {

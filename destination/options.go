@@ -1,13 +1,15 @@
 package destination
 
 import (
-	"github.com/inmesh/inmesh/internal/registry"
 	"log/slog"
+	"math"
 	"net/netip"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/internal/registry"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
 
 // Defaults of the [Client].
@@ -15,6 +17,16 @@ const (
 	DefaultMaxWatches          = registry.DefaultMaxEntries
 	DefaultIdleTimeout         = 30 * time.Second
 	DefaultFirstMessageTimeout = 5 * time.Second
+	// DefaultKeepalive is how long a connection to the control plane
+	// may stay silent before the client pings it, and
+	// DefaultKeepaliveTimeout how long it then waits for the answer
+	// before it drops the connection and moves to another replica. Five
+	// minutes is the most often a gRPC-Go server (Linkerd's Destination
+	// and Identity controllers) lets a client ping by default; more often
+	// and it closes the connection. inmesh's control plane
+	// ([controlplane.KeepaliveOptions]) lets clients ping every 10 s.
+	DefaultKeepalive        = 5 * time.Minute
+	DefaultKeepaliveTimeout = 20 * time.Second
 )
 
 // Option configures a [Client]. Options given nil values change nothing.
@@ -38,6 +50,7 @@ type config struct {
 	suffixes             []string
 	networks             []netip.Prefix
 	linkerdStreams       bool
+	keepalive            keepalive.ClientParameters
 }
 
 // watchCap is the number of watches of one kind the client holds at most:
@@ -50,6 +63,7 @@ func newConfig(opts []Option) config {
 		idleTimeout:         DefaultIdleTimeout,
 		firstMessageTimeout: DefaultFirstMessageTimeout,
 		logger:              slog.Default(),
+		keepalive:           keepalive.ClientParameters{Time: DefaultKeepalive, Timeout: DefaultKeepaliveTimeout},
 	}
 	WithSearchSuffixes(DefaultSearchSuffixes()...).apply(&c)
 	for _, o := range opts {
@@ -122,6 +136,32 @@ func WithFirstMessageTimeout(d time.Duration) Option {
 		}
 	})
 }
+
+// WithKeepalive sets how long a connection [Dial] made may stay silent
+// before the client pings the control plane (default [DefaultKeepalive];
+// gRPC raises anything under 10 s to 10 s), and how long it waits for the
+// answer (default [DefaultKeepaliveTimeout]). A replica that went away
+// without closing the connection (its host lost, a partition, a frozen
+// process) is left within about d+timeout, for the next live one; until
+// then what the watches last received stays in force. Ping more often than
+// every five minutes only a control plane that allows it, such as inmesh's
+// ([controlplane.KeepaliveOptions]): a gRPC-Go server with default settings
+// closes the connection of a client that pings more often. d <= 0 turns
+// the pings off; timeout <= 0 keeps the default.
+func WithKeepalive(d, timeout time.Duration) Option {
+	return optionFunc(func(c *config) {
+		c.keepalive.Time = d
+		if d <= 0 {
+			c.keepalive.Time = infinity
+		}
+		if timeout > 0 {
+			c.keepalive.Timeout = timeout
+		}
+	})
+}
+
+// infinity is gRPC's keepalive time that turns the pings off.
+const infinity = time.Duration(math.MaxInt64)
 
 // WithLogger sets the logger of a [Client] (default slog.Default()), for
 // stream failures and rejected updates, each kind of line at most once per

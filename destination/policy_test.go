@@ -65,7 +65,8 @@ func resources(t *testing.T, docs ...string) *manifest.Resources {
 func servePolicies(t *testing.T, h *heldListener, store *controlplane.Store) *controlPlane {
 	t.Helper()
 	lis := h.generation()
-	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
+	// Served as the control-plane program serves it.
+	cp := &controlPlane{t: t, addr: lis.Addr().String(), srv: grpc.NewServer(controlplane.KeepaliveOptions(time.Minute)...), done: make(chan struct{})}
 	controlplane.NewServer(store, controlplane.WithLogger(quietLogger)).Register(cp.srv)
 	go func() {
 		defer close(cp.done)

@@ -214,6 +214,9 @@ func (c *Certifier) logFailure(err error, retryIn time.Duration) {
 	}
 }
 
+// certifyTimeout bounds one Certify call.
+const certifyTimeout = 30 * time.Second
+
 // Certify makes one Certify call and installs the certificate it returns.
 func (c *Certifier) Certify(ctx context.Context) error {
 	err := c.certify(ctx)
@@ -238,6 +241,10 @@ func (c *Certifier) certify(ctx context.Context) error {
 	if token = bytes.TrimSpace(token); len(token) == 0 {
 		return fmt.Errorf("identity: the token file %s is empty", c.tokenFile)
 	}
+	// A call to a replica that went silent fails at its deadline and is
+	// tried again, rather than holding every renewal for ever.
+	ctx, cancel := context.WithTimeout(ctx, certifyTimeout)
+	defer cancel()
 	resp, err := c.client.Certify(ctx, &identitypb.CertifyRequest{
 		Identity: c.local.Name(), Token: token, CertificateSigningRequest: c.local.CSR(),
 	})

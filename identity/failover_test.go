@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	xcredentials "google.golang.org/grpc/experimental/credentials"
@@ -65,40 +67,57 @@ func (h *heldListener) Close() error {
 }
 
 // A session given two Identity replicas ("a,b") with the same trust root
-// keeps its identity renewed when the replica it uses dies: the next
-// renewal goes to the other one.
+// keeps its identity renewed when the replica it uses dies, or goes silent
+// without closing the connection (its host lost, its process frozen; the
+// keepalive ping goes unanswered): the next renewal goes to the other one.
 func TestStartFailsOverToAnotherReplica(t *testing.T) {
-	m := newMesh(t)
-	svc := m.certified(t, svcName, "svc-token")
-	replica := func() (string, *grpc.Server) {
-		lis := holdPort(t)
-		srv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(svc.ServerConfig())))
-		m.issuer.Register(srv)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = srv.Serve(lis)
-		}()
-		t.Cleanup(func() {
-			srv.Stop()
-			<-done
+	for _, tc := range []struct {
+		name  string
+		stall bool
+	}{{"stopped", false}, {"stalled", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMesh(t)
+			svc := m.certified(t, svcName, "svc-token")
+			replica := func() (string, *grpc.Server) {
+				lis := holdPort(t)
+				// Served as the control-plane program serves it.
+				srv := grpc.NewServer(append(controlplane.KeepaliveOptions(time.Minute),
+					grpc.Creds(xcredentials.NewTLSWithALPNDisabled(svc.ServerConfig())))...)
+				m.issuer.Register(srv)
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					_ = srv.Serve(lis)
+				}()
+				t.Cleanup(func() {
+					srv.Stop()
+					<-done
+				})
+				return lis.Addr().String(), srv
+			}
+			firstAddr, first := replica()
+			secondAddr, _ := replica()
+			lose := first.Stop
+			cfg := m.config(t, books, booksTok)
+			if tc.stall {
+				proxy := testutil.StartStallProxy(t, firstAddr)
+				firstAddr, lose = proxy.Addr(), proxy.Stall
+				cfg.Keepalive, cfg.KeepaliveTimeout = controlplane.MinClientPing, time.Second
+			}
+			cfg.Addr = firstAddr + "," + secondAddr
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			s, err := identity.Start(ctx, cfg, identity.WithLogger(quiet), identity.WithRefreshBounds(50*time.Millisecond, 100*time.Millisecond))
+			require.NoError(t, err)
+			defer s.Close()
+			l := s.Local()
+
+			lose()
+			lost := l.Certificate().Leaf.SerialNumber.String()
+			// A stalled replica is left within the keepalive and its
+			// timeout.
+			require.Eventually(t, func() bool { return l.Certificate().Leaf.SerialNumber.String() != lost },
+				controlplane.MinClientPing+timeout, 5*time.Millisecond, "no renewal after the first replica was lost")
 		})
-		return lis.Addr().String(), srv
 	}
-	firstAddr, first := replica()
-	secondAddr, _ := replica()
-
-	cfg := m.config(t, books, booksTok)
-	cfg.Addr = firstAddr + "," + secondAddr
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	s, err := identity.Start(ctx, cfg, identity.WithLogger(quiet), identity.WithRefreshBounds(50*time.Millisecond, 100*time.Millisecond))
-	require.NoError(t, err)
-	defer s.Close()
-	l := s.Local()
-
-	first.Stop()
-	killed := l.Certificate().Leaf.SerialNumber.String()
-	require.Eventually(t, func() bool { return l.Certificate().Leaf.SerialNumber.String() != killed }, timeout, 5*time.Millisecond,
-		"no renewal after the first replica died")
 }

@@ -1,10 +1,12 @@
 package identity
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
@@ -54,7 +57,29 @@ type Config struct {
 	// service (a custom dialer, for instance); its transport credentials
 	// are the identity's own.
 	DialOptions []grpc.DialOption
+	// Keepalive is how long the connection to the Identity service may
+	// stay silent before the session pings it (default
+	// [DefaultKeepalive]; negative: never): a replica lost without closing
+	// the connection (its host gone, a frozen process) is left, for the
+	// next live one in Addr, within Keepalive and KeepaliveTimeout. gRPC
+	// raises anything under 10 s to 10 s.
+	// Ping more often than every five minutes only an Identity service
+	// that allows it, such as inmesh's (controlplane.KeepaliveOptions): a
+	// gRPC-Go server with default settings, as Linkerd's identity
+	// controller, closes the connection of a client that pings more often.
+	Keepalive time.Duration
+	// KeepaliveTimeout is how long the answer to a ping may take before
+	// the connection is dropped (default [DefaultKeepaliveTimeout]).
+	KeepaliveTimeout time.Duration
 }
+
+// DefaultKeepalive is [Config.Keepalive]'s default: the most often a gRPC-Go
+// server lets a client ping by default. DefaultKeepaliveTimeout is how long
+// the answer to a ping may take before the connection is dropped.
+const (
+	DefaultKeepalive        = 5 * time.Minute
+	DefaultKeepaliveTimeout = 20 * time.Second
+)
 
 // Config returns the configuration Linkerd's proxy reads from e; pass
 // [WithRefreshBounds](e.MinRefresh, e.MaxRefresh) to [Start] as well.
@@ -149,9 +174,17 @@ func NewSession(cfg Config, opts ...Option) (*Session, error) {
 	minRefresh, _ := refreshBounds(opts)
 	reconnect := grpcbackoff.DefaultConfig
 	reconnect.MaxDelay = max(minRefresh, reconnect.BaseDelay)
+	ping := cfg.Keepalive
+	switch {
+	case ping == 0:
+		ping = DefaultKeepalive
+	case ping < 0:
+		ping = time.Duration(math.MaxInt64) // gRPC's "never"
+	}
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(local.TransportCredentials(server)),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnect, MinConnectTimeout: 20 * time.Second}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: ping, Timeout: cmp.Or(max(cfg.KeepaliveTimeout, 0), DefaultKeepaliveTimeout)}),
 	}, cfg.DialOptions...)
 	target := "passthrough:///" + cfg.Addr
 	if cpaddr.IsList(cfg.Addr) {

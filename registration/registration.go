@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/backoff"
@@ -137,8 +138,17 @@ func Dial(addr string, local *identity.Local, serverName string) (*grpc.ClientCo
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
+	// A replica lost without closing the connection (its host gone, a
+	// frozen process) is noticed by its silence, and the registration
+	// moves to the next live one; the control plane's KeepaliveOptions
+	// allow pings this often.
+	opts = append(opts, grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: cpaddr.MinPing, Timeout: KeepaliveTimeout}))
 	return grpc.NewClient(target, opts...)
 }
+
+// KeepaliveTimeout is how long a registration's connection waits for the
+// answer to its ping before it moves to another replica.
+const KeepaliveTimeout = 5 * time.Second
 
 // Registration is a workload's registration, kept while it lives. It is
 // safe for concurrent use.

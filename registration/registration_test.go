@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +15,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/cpaddr"
 	"github.com/inmesh/inmesh/internal/regtest"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/registration"
@@ -95,5 +99,61 @@ func TestRegisterInvalid(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 		})
+	}
+}
+
+// A registration whose replica goes silent without closing the connection
+// (its host lost, its process frozen) moves to the next live replica: the
+// connection's ping goes unanswered, and the endpoints are registered
+// again there, before the first replica's lease would have kept them.
+func TestRegistrationLeavesAStalledReplica(t *testing.T) {
+	first := regtest.Start(t, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet))
+	second := regtest.Start(t, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet))
+	proxy := testutil.StartStallProxy(t, first.Addr)
+	conn, err := registration.Dial(proxy.Addr()+","+second.Addr, nil, "")
+	require.NoError(t, err)
+	defer conn.Close()
+	fast, err := backoff.Fixed(50 * time.Millisecond)
+	require.NoError(t, err)
+	r, err := registration.Register(context.Background(), conn, books("127.0.0.1:4001"), registration.WithLogger(quiet), registration.WithRetry(fast))
+	require.NoError(t, err)
+	waitAccepted(t, r)
+	dst := watchBooks(t, second.Addr)
+	require.Eventually(t, func() bool { _, ok := dst(); return ok }, testutil.Timeout, 10*time.Millisecond, "the second replica answers")
+	eps, _ := dst()
+	assert.Empty(t, eps, "registered on the first replica only")
+
+	proxy.Stall()
+	require.Eventually(t, func() bool { eps, _ := dst(); return len(eps) == 1 }, cpaddr.MinPing+registration.KeepaliveTimeout+testutil.Timeout, 10*time.Millisecond,
+		"the registration never reached the second replica")
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	require.NoError(t, r.Deregister(ctx))
+}
+
+// watchBooks watches the books Service's endpoints on the control plane at
+// addr and returns a function that gives the last set, and whether one
+// came.
+func watchBooks(t *testing.T, addr string) func() ([]endpoint.Endpoint, bool) {
+	t.Helper()
+	c, err := destination.Dial(addr, destination.WithLogger(quiet))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	var mu sync.Mutex
+	var last []endpoint.Endpoint
+	var answered bool
+	stop, err := c.WatchEndpoints(context.Background(), "books.default.svc.cluster.local:7000", func(u endpoint.Update) {
+		mu.Lock()
+		defer mu.Unlock()
+		if u.Set != nil {
+			last, answered = u.Set.Endpoints, true
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	return func() ([]endpoint.Endpoint, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return last, answered
 	}
 }

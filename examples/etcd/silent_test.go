@@ -6,13 +6,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/controlplane/etcdstore"
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/registration"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,74 +20,6 @@ import (
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// stallProxy forwards TCP connections to target until stall, after which
-// it forwards nothing and closes nothing: a host that went away without a
-// FIN or an RST, or a frozen process, as the other end sees it.
-type stallProxy struct {
-	lis     net.Listener
-	stalled chan struct{}
-}
-
-func startStallProxy(t *testing.T, target string) *stallProxy {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &stallProxy{lis: lis, stalled: make(chan struct{})}
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	copyUntilStall := func(dst, src net.Conn) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if err != nil {
-				dst.Close()
-				return
-			}
-			select {
-			case <-p.stalled:
-				continue // read and dropped: the peer never answers
-			default:
-			}
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			wg.Add(2)
-			go copyUntilStall(u, c)
-			go copyUntilStall(c, u)
-		}
-	}()
-	return p
-}
 
 // A registrant that goes silent (its host gone, its process frozen: no
 // FIN, no RST) loses its registration within about twice the TTL: the
@@ -107,9 +39,9 @@ func TestSilentRegistrantExpires(t *testing.T) {
 	require.NoError(t, err)
 	go srv.Serve(lis)
 	t.Cleanup(func() { _ = cp.Shutdown(context.Background()); srv.Stop() })
-	p := startStallProxy(t, lis.Addr().String())
+	p := testutil.StartStallProxy(t, lis.Addr().String())
 
-	conn, err := registration.Dial(p.lis.Addr().String(), nil, "")
+	conn, err := registration.Dial(p.Addr(), nil, "")
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -130,7 +62,7 @@ func TestSilentRegistrantExpires(t *testing.T) {
 		return r.Count
 	}
 	require.EqualValues(t, 1, registered())
-	close(p.stalled)
+	p.Stall()
 	require.Eventually(t, func() bool { return registered() == 0 }, 10*ttl+timeout, 50*time.Millisecond,
 		"a silent registrant still registered")
 }

@@ -18,6 +18,7 @@ import (
 type identityFlags struct {
 	name, tokenFile, anchorsFile, addr, serverName string
 	trustDomain, namespace                         string
+	keepalive                                      time.Duration // identity.Config.Keepalive
 }
 
 func (f *identityFlags) register(fs *flag.FlagSet) {
@@ -68,6 +69,7 @@ func startIdentity(ctx context.Context, f identityFlags, mp metric.MeterProvider
 	default:
 		return nil, func() {}, nil
 	}
+	cfg.Keepalive = f.keepalive
 	s, err := identity.NewSession(cfg, identity.WithLogger(log), identity.WithMeterProvider(mp),
 		identity.WithRefreshBounds(minRefresh, maxRefresh), identity.WithAnchorsName(anchorsName))
 	if err != nil {

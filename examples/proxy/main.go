@@ -104,6 +104,7 @@ type flags struct {
 	trustLocalhost                                           bool
 	contextToken, scheme                                     string
 	idleTimeout, discoveryWait, appIdleTimeout, policyWait   time.Duration
+	controlKeepalive                                         time.Duration
 	maxAuthorities, maxWatches                               int
 	local                                                    []string
 	suffixes                                                 []string
@@ -159,6 +160,8 @@ func main() {
 		"how long a request may wait for its authority's first profile and policy before it takes a route (0: never; the first request takes the default route); an answer that cannot come (a control plane without the API, as Linkerd's destination controller alone for OutboundPolicies, or one that cannot be reached) ends the wait at once")
 	flag.StringVar(&f.zone, "zone", "",
 		"the zone this proxy runs in (a node's topology.kubernetes.io/zone): requests stay with the endpoints of this zone (their zone label) while its load is healthy and spill to other zones as it rises (empty: every endpoint alike)")
+	flag.DurationVar(&f.controlKeepalive, "control-keepalive", destination.DefaultKeepalive,
+		"ping a silent connection to the Destination, policy and Identity APIs after this long, so that a replica lost without a reset (its host gone, a frozen process) is left for the next live one (inmesh's control plane allows 10s; a gRPC-Go server such as Linkerd's by default no less than 5m; 0: never)")
 	flag.BoolVar(&f.pprof, "pprof", false,
 		"serve Go's profiles (net/http/pprof) at /debug/pprof/ on the metrics listener, to loopback clients only")
 	f.identity.register(flag.CommandLine)
@@ -207,6 +210,10 @@ func run(f flags, log *slog.Logger) error {
 	}
 	defer stopTracing()
 
+	f.identity.keepalive = f.controlKeepalive
+	if f.controlKeepalive <= 0 {
+		f.identity.keepalive = -1 // never
+	}
 	local, stopIdentity, err := startIdentity(ctx, f.identity, provider, log)
 	if err != nil {
 		return err
@@ -216,7 +223,7 @@ func run(f flags, log *slog.Logger) error {
 	dstOpts := []destination.Option{destination.WithBackoff(policy), destination.WithLogger(log),
 		destination.WithContextToken(f.contextToken), destination.WithScheme(f.scheme),
 		destination.WithWorkload(f.workload), destination.WithMaxWatches(f.maxWatches),
-		destination.WithSearchNetworks(f.networks...)}
+		destination.WithSearchNetworks(f.networks...), destination.WithKeepalive(f.controlKeepalive, 0)}
 	if f.suffixes != nil {
 		dstOpts = append(dstOpts, destination.WithSearchSuffixes(f.suffixes...))
 	}

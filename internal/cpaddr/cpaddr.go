@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/resolver"
@@ -86,3 +87,10 @@ type static struct{}
 
 func (static) ResolveNow(resolver.ResolveNowOptions) {}
 func (static) Close()                                {}
+
+// MinPing is the most often a control-plane client pings its connection
+// (gRPC raises anything shorter to it) and the most often inmesh's control
+// plane lets clients ping: a client pings a silent connection so that it
+// notices a replica lost without a reset (its host gone, a frozen process)
+// and moves to a live one.
+const MinPing = 10 * time.Second

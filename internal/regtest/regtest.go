@@ -92,8 +92,10 @@ func StartOn(t testing.TB, addr, manifests string, opts ...controlplane.Option) 
 	}
 	c.Server = controlplane.NewServer(c.Store, opts...)
 	self := c.Certify(t, c.Name)
-	tlsSrv := grpc.NewServer(grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))
-	plain := grpc.NewServer()
+	// Served as the control-plane program serves them.
+	keep := controlplane.KeepaliveOptions(time.Minute)
+	tlsSrv := grpc.NewServer(append(keep, grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))...)
+	plain := grpc.NewServer(keep...)
 	c.TLSAddr = serve(t, tlsSrv, c.Server, "127.0.0.1:0")
 	c.Addr = serve(t, plain, c.Server, addr)
 	t.Cleanup(func() {
