@@ -184,6 +184,12 @@ func (b *abortBody) Read(p []byte) (int, error) {
 	case <-b.ctx.Done():
 		b.err = context.Cause(b.ctx)
 		return 0, b.err
+	case <-b.quit:
+		// Closed while this read waited: HTTP/2's transport closes a
+		// request body it stops sending (the response ended first) and
+		// then waits for the read under way to return.
+		b.err = errBodyClosed
+		return 0, b.err
 	}
 }
 

@@ -7,10 +7,13 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 func TestReplayBody(t *testing.T) {
@@ -114,6 +117,43 @@ func TestAbortBody(t *testing.T) {
 	src.data <- []byte("late")
 	<-src.closed
 	require.NoError(t, b.Close())
+}
+
+// A read waiting on the source returns when the body is closed: Go's
+// HTTP/2 transport closes a request body it stops sending (the response
+// ended before the body did) and waits for the read under way, and a
+// retry's discard of that response waits for the transport. A read that
+// waited on for the source held the retry back until the route's timeout.
+func TestAbortBodyCloseDuringRead(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	src := &enteringSource{blockingSource: blockingSource{data: make(chan []byte), closed: make(chan struct{})}, entered: make(chan struct{}, 1)}
+	b := newAbortBody(context.Background(), src)
+	done := make(chan error, 1)
+	go func() { _, err := b.Read(make([]byte, 8)); done <- err }()
+	<-src.entered // the reader goroutine is in the source's read
+	require.NoError(t, b.Close())
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, errBodyClosed)
+	case <-time.After(testutil.Timeout):
+		t.Fatal("a read waiting on the source outlived Close")
+	}
+	src.data <- []byte("late") // the source's read returns; the reader closes it
+	<-src.closed
+}
+
+// enteringSource tells when a read begins.
+type enteringSource struct {
+	blockingSource
+	entered chan struct{}
+}
+
+func (s *enteringSource) Read(p []byte) (int, error) {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	return s.blockingSource.Read(p)
 }
 
 func TestAbortBodyCloseBeforeRead(t *testing.T) {
