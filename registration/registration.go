@@ -336,6 +336,10 @@ func (r *Registration) attempt(ctx context.Context) (progressed, deregistered bo
 			r.err = nil
 			r.mu.Unlock()
 			r.acceptedOnce.Do(func() { close(r.accepted) })
+			// Confirms a registration that was pending, refused or
+			// broken before.
+			r.log.Info("accepted", "registration: the control plane accepted the endpoints",
+				"endpoints", len(r.req.GetEndpoints().GetEndpoints()))
 		case *registrationpb.RegisterResponse_Deregistered:
 			return progressed, true, nil
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -51,7 +52,9 @@ func TestRegisterBeforeTheControlPlane(t *testing.T) {
 	fast, err := backoff.Fixed(50 * time.Millisecond)
 	require.NoError(t, err)
 	start := time.Now()
-	r, err := registration.Register(context.Background(), conn, books("127.0.0.1:4001"), registration.WithLogger(quiet), registration.WithRetry(fast))
+	var logs testutil.LogLines
+	r, err := registration.Register(context.Background(), conn, books("127.0.0.1:4001"),
+		registration.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), registration.WithRetry(fast))
 	require.NoError(t, err)
 	assert.Less(t, time.Since(start), time.Second, "Register returned at once")
 	assert.ErrorIs(t, r.Err(), registration.ErrPending, "not registered while no control plane answers")
@@ -59,6 +62,8 @@ func TestRegisterBeforeTheControlPlane(t *testing.T) {
 	regtest.StartOn(t, addr, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet))
 	waitAccepted(t, r)
 	assert.NoError(t, r.Err())
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `accepted the endpoints" endpoints=1`) },
+		testutil.Timeout, 10*time.Millisecond, "the acceptance is confirmed in the log: %s", &logs)
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 	defer cancel()
 	require.NoError(t, r.Deregister(ctx))
