@@ -95,6 +95,15 @@ func LabelsOf(kvs ...attribute.KeyValue) *Labels {
 	return NewLabels("", m)
 }
 
+// KeyValues returns the labels, sorted by key; nil for nil labels. The
+// slice must not be changed.
+func (l *Labels) KeyValues() []attribute.KeyValue {
+	if l == nil {
+		return nil
+	}
+	return l.kvs
+}
+
 type labelsKey struct{}
 
 // WithLabels returns a context whose requests are recorded with l's labels

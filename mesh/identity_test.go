@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,4 +166,80 @@ func TestTLSMetricLabels(t *testing.T) {
 		assert.Equal(t, "1", m.Value(t, "response_total", `direction="inbound"`, `authority="`+a+`"`, `tls="no_identity"`,
 			`no_tls_reason="no_tls_from_remote"`), a)
 	}
+}
+
+// Connections are counted in Linkerd's tcp_* families with the labels
+// `linkerd viz edges` groups by (viz/metrics-api/edges.go: direction,
+// dst_*, server_id, no_tls_reason) and `linkerd viz stat` reads (peer
+// "src" inbound, "dst" outbound), as linkerd/app/core/src/transport/labels.rs
+// writes them: outbound the endpoint's labels and TLS, inbound the
+// client's TLS; open while they are, closed after.
+func TestTCPMetricLabels(t *testing.T) {
+	p := newPKI(t)
+	m := testutil.NewMetrics(t)
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet))
+	defer server.Close()
+	addr := serveMeshed(t, server)
+
+	const books, plain = "books.default.svc.cluster.local:7000", "plain.default.svc.cluster.local:7000"
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
+		books: {{Addr: addr, H2: true, Identity: booksID, Labels: map[string]string{"pod": "books-0", "namespace": "default"}}},
+		plain: {{Addr: addr, H2: true}},
+	})
+	require.NoError(t, err)
+	get := func(c *Client, authority string) {
+		t.Helper()
+		resp, err := (&http.Client{Transport: c, Timeout: testutil.Timeout}).Get("http://" + authority + "/")
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	meshed := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(m.Provider),
+		WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
+	get(meshed, books)
+	get(meshed, books)
+	get(meshed, plain)
+	unmeshed := NewClient(WithEndpoints(eps), WithMeterProvider(m.Provider), WithLogger(quiet))
+	get(unmeshed, books)
+
+	target := `target_addr="` + addr.String() + `"`
+	out := []string{`direction="outbound"`, `peer="dst"`, target}
+	in := []string{`direction="inbound"`, `peer="src"`, target}
+	with := func(base []string, more ...string) []string { return append(append([]string(nil), base...), more...) }
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		open   string
+	}{
+		{"outbound mTLS", with(out, `tls="true"`, `server_id="`+booksID+`"`, `dst_pod="books-0"`, `dst_namespace="default"`), "1"},
+		{"outbound without identity", with(out, `tls="no_identity"`, `no_tls_reason="not_provided_by_service_discovery"`), "1"},
+		{"outbound without mesh TLS", with(out, `tls="disabled"`), "1"},
+		{"inbound mTLS", with(in, `tls="true"`, `client_id="`+webID+`"`), "1"},
+		{"inbound plaintext", with(in, `tls="no_identity"`, `no_tls_reason="no_tls_from_remote"`), "2"},
+	} {
+		assert.Equal(t, tc.open, m.Value(t, "tcp_open_total", tc.labels...), "%s: %v", tc.name, m.Lines(t, "tcp_open_total"))
+		assert.Equal(t, tc.open, m.Value(t, "tcp_open_connections", tc.labels...), tc.name)
+		for _, fam := range []string{"tcp_read_bytes_total", "tcp_write_bytes_total"} {
+			v, err := strconv.Atoi(m.Value(t, fam, tc.labels...))
+			if assert.NoError(t, err, "%s %s", tc.name, fam) {
+				assert.Positive(t, v, "%s %s", tc.name, fam)
+			}
+		}
+	}
+
+	// Closed: the clients' connections, and then the server's ends of them.
+	meshed.Close()
+	unmeshed.Close()
+	require.Eventually(t, func() bool {
+		for _, l := range m.Lines(t, "tcp_open_connections") {
+			if !strings.HasSuffix(l, " 0") {
+				return false
+			}
+		}
+		return true
+	}, testutil.Timeout, 5*time.Millisecond, "connections still open: %v", m.Lines(t, "tcp_open_connections"))
+	assert.Equal(t, "2", m.Value(t, "tcp_close_total", with(in, `tls="no_identity"`, `errno=""`)...))
+	assert.Equal(t, "1", m.Value(t, "tcp_close_total", with(out, `tls="true"`, `errno=""`)...))
 }

@@ -322,6 +322,17 @@ type Client struct {
 	h1       *transport.Recycling
 	h2       *http.Transport
 	peers    *origproto.Transport
+	accepted *connMetrics // the connections of Listener's listeners
+}
+
+// Listener returns ln as a proxy serves its application's outbound
+// requests on it, with origproto.NewServer: guarded against ambiguous
+// framing (origproto.GuardListener), its connections counted in the tcp_*
+// families as Linkerd's proxy counts those of its outbound listener
+// (direction="outbound", peer="src"). The stack's own connections to its
+// peers are counted whether or not it is served.
+func (c *Client) Listener(ln net.Listener) net.Listener {
+	return origproto.GuardListener(c.accepted.countAccepted(ln))
 }
 
 // NewClient returns the outbound stack. Requests are addressed by Host to a
@@ -334,6 +345,11 @@ type Client struct {
 func NewClient(opts ...ClientOption) *Client {
 	c := newClientConfig(opts)
 	cl := &Client{}
+	if c.dial == nil {
+		c.dial = defaultDialer.DialContext
+	}
+	c.dial = newConnMetrics(c.mp, "outbound", "dst").dial(c.dial)
+	cl.accepted = newConnMetrics(c.mp, "outbound", "src")
 	cl.h1, cl.h2 = c.transports()
 	topts := []origproto.Option{origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2), origproto.WithDialContext(c.dial)}
 	if c.identity != nil {
@@ -388,6 +404,8 @@ type Server struct {
 	identity *identity.Local
 	authz    *authz.Handler
 	reg      *registrations // nil without WithRegistration
+	conns    *connMetrics
+	tls      *classify.TLSLabels
 }
 
 // Listener returns ln as the server must be served on it, with
@@ -413,7 +431,7 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 	if s.identity != nil {
 		ln = origproto.MeshTLSListener(ln, s.identity)
 	}
-	return origproto.GuardListener(ln)
+	return origproto.GuardListener(s.conns.listener(ln, s.tls))
 }
 
 // NewServer returns the inbound stack around app. Serve it with
@@ -424,7 +442,8 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 // (which is an http.Handler).
 func NewServer(app http.Handler, opts ...ServerOption) *Server {
 	c := newServerConfig(opts)
-	s := &Server{router: router.New(append(c.routerOptions(), router.WithLocalAuthorities(c.local...))...), identity: c.identity}
+	s := &Server{router: router.New(append(c.routerOptions(), router.WithLocalAuthorities(c.local...))...), identity: c.identity,
+		conns: newConnMetrics(c.mp, "inbound", "src"), tls: classify.NewTLSLabels(c.identity != nil)}
 	if c.reg != nil {
 		s.reg = newRegistrations(c)
 	}

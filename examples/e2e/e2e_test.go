@@ -271,8 +271,17 @@ func TestEndToEnd(t *testing.T) {
 	assert.True(t, ok, "endpoint labels on request_total")
 
 	// One h2 connection between the peers carried everything.
-	opened, _ := metric(scrape(t, bMetrics), "tcp_open_total", `direction="inbound"`)
+	opened, _ := metric(scrape(t, bMetrics), "tcp_open_total", `direction="inbound"`, `peer="src"`)
 	assert.Equal(t, 1.0, opened, "connections from proxy A to proxy B")
+	// As `linkerd viz edges` reads it: proxy A's connection to B, by the
+	// endpoint's labels, still open; and its application's own
+	// connections to A's outbound listener.
+	text = scrape(t, aMetrics)
+	edge, ok := metric(text, "tcp_open_connections", `direction="outbound"`, `peer="dst"`, `dst_pod="books-0"`)
+	assert.True(t, ok, "tcp_open_connections of the edge to B")
+	assert.Equal(t, 1.0, edge)
+	accepted, _ := metric(text, "tcp_open_total", `direction="outbound"`, `peer="src"`, `no_tls_reason="loopback"`)
+	assert.GreaterOrEqual(t, accepted, 1.0, "the application's connections to the outbound listener")
 
 	// The balancer's families and its endpoint states are on the admin
 	// listener: one endpoint, ready.

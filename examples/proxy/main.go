@@ -94,8 +94,6 @@ import (
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 )
 
 type flags struct {
@@ -201,8 +199,6 @@ func run(f flags, log *slog.Logger) error {
 	metrics.Registry.MustRegister(collectors.NewGoCollector())
 	provider := metrics.Provider
 	defer provider.Shutdown(context.Background())
-	tcpOpen, _ := provider.Meter("github.com/inmesh/inmesh/examples/proxy").Int64Counter("tcp_open_total",
-		metric.WithDescription("Total count of opened connections."))
 
 	tp, stopTracing, err := startTracing(ctx, f.trace)
 	if err != nil {
@@ -282,7 +278,6 @@ func run(f flags, log *slog.Logger) error {
 	outLog, inLog := proxylog.New(log, "outbound"), proxylog.New(log, "inbound")
 	outbound := origproto.NewServer(fullDuplex(outboundProxy(client, outLog)))
 	outbound.ErrorLog = outLog.ErrorLog()
-	outbound.ConnState = countConns(tcpOpen, "outbound")
 
 	toApp, closeApp := appTransport(f.appIdleTimeout)
 	defer closeApp()
@@ -291,7 +286,6 @@ func run(f flags, log *slog.Logger) error {
 	defer inboundStack.Close()
 	inbound := origproto.NewServer(fullDuplex(inboundStack))
 	inbound.ErrorLog = inLog.ErrorLog()
-	inbound.ConnState = countConns(tcpOpen, "inbound")
 
 	admin := http.NewServeMux()
 	admin.Handle("/metrics", metrics.Handler)
@@ -339,10 +333,15 @@ func run(f flags, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("-%s: %w", s.name, err)
 		}
-		if s.name == "inbound" {
-			lis = inboundStack.Listener(lis) // guarded; meshed mTLS beside plaintext with an identity
-		} else {
-			lis = origproto.GuardListener(lis) // ambiguous HTTP/1 framing is refused
+		// Each guarded (ambiguous HTTP/1 framing is refused); the
+		// proxy's two listeners count their connections (tcp_*).
+		switch s.name {
+		case "inbound":
+			lis = inboundStack.Listener(lis) // meshed mTLS beside plaintext with an identity
+		case "outbound":
+			lis = client.Listener(lis)
+		default:
+			lis = origproto.GuardListener(lis)
 		}
 		log.Info("listening", "listener", s.name, "addr", lis.Addr().String())
 		wg.Add(1)
@@ -456,16 +455,6 @@ func appTransport(idle time.Duration) (http.RoundTripper, func()) {
 // was read, whose values stay empty; the incoming map is filled in as the
 // body ends.
 func forwardTrailers(pr *httputil.ProxyRequest) { pr.Out.Trailer = pr.In.Trailer }
-
-// countConns counts accepted connections as Linkerd's tcp_open_total.
-func countConns(c metric.Int64Counter, direction string) func(net.Conn, http.ConnState) {
-	opts := metric.WithAttributes(attribute.String("direction", direction), attribute.String("peer", "src"))
-	return func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			c.Add(context.Background(), 1, opts)
-		}
-	}
-}
 
 // loopbackOnly answers 403 to a client that is not on a loopback address.
 func loopbackOnly(h http.Handler) http.Handler {

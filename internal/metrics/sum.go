@@ -29,7 +29,8 @@ import (
 // labelled otel.metric.overflow="true".
 type Sum struct {
 	meter metric.Meter
-	inst  metric.Int64ObservableCounter
+	inst  metric.Int64Observable
+	gauge bool // a gauge: its series go up and down, and 0 is reported
 
 	mu       sync.Mutex
 	bySet    map[attribute.Distinct]*Series
@@ -55,6 +56,9 @@ type Series struct {
 // Add counts one event.
 func (s *Series) Add() { s.n.Add(1) }
 
+// AddN adds n (a gauge's series may go down).
+func (s *Series) AddN(n int64) { s.n.Add(n) }
+
 // sumKey finds the Sum of a name on a meter. A meter that is a pointer
 // (the SDK's) is keyed by its address, so that the map does not keep it,
 // or the MeterProvider behind it, alive: the Sum is then held weakly, and
@@ -66,6 +70,7 @@ type sumKey struct {
 	addr  uintptr
 	typ   reflect.Type
 	name  string
+	gauge bool
 }
 
 // sums maps a sumKey to a *Sum (value meters) or a weak.Pointer[Sum]
@@ -93,16 +98,23 @@ func loadSum(key sumKey) (*Sum, any) {
 // on first use. Errors go to otel.Handle; the Sum then counts without
 // reporting. A Sum lives as long as its meter's provider or its users do,
 // never longer.
-func NewSum(meter metric.Meter, name, help string) *Sum {
+func NewSum(meter metric.Meter, name, help string) *Sum { return newSum(meter, name, help, false) }
+
+// NewGauge returns a gauge named name on meter, kept as a [Sum] is: one
+// atomic integer per series, which goes up and down, reported (at 0 too)
+// once the series exists.
+func NewGauge(meter metric.Meter, name, help string) *Sum { return newSum(meter, name, help, true) }
+
+func newSum(meter metric.Meter, name, help string, gauge bool) *Sum {
 	// A meter of a type that cannot be a map key gets a Sum of its own.
 	var key sumKey
 	shared, weakly := false, false
 	if v := reflect.ValueOf(meter); v.IsValid() {
 		switch {
 		case v.Kind() == reflect.Pointer:
-			key, shared, weakly = sumKey{addr: v.Pointer(), typ: v.Type(), name: name}, true, true
+			key, shared, weakly = sumKey{addr: v.Pointer(), typ: v.Type(), name: name, gauge: gauge}, true, true
 		case v.Type().Comparable():
-			key, shared = sumKey{meter: meter, name: name}, true
+			key, shared = sumKey{meter: meter, name: name, gauge: gauge}, true
 		}
 	}
 	if shared {
@@ -112,8 +124,14 @@ func NewSum(meter metric.Meter, name, help string) *Sum {
 	}
 	// s keeps its meter, so that the address it is keyed by is not
 	// reused while it lives.
-	s := &Sum{meter: meter, bySet: make(map[attribute.Distinct]*Series)}
-	inst, err := meter.Int64ObservableCounter(name, metric.WithDescription(help))
+	s := &Sum{meter: meter, bySet: make(map[attribute.Distinct]*Series), gauge: gauge}
+	var inst metric.Int64Observable
+	var err error
+	if gauge {
+		inst, err = meter.Int64ObservableGauge(name, metric.WithDescription(help))
+	} else {
+		inst, err = meter.Int64ObservableCounter(name, metric.WithDescription(help))
+	}
 	if err != nil {
 		otel.Handle(err)
 		return s
@@ -173,8 +191,8 @@ func (s *Sum) observe(_ context.Context, o metric.Observer) error {
 	s.mu.Unlock()
 	for _, se := range list {
 		// A series exists once something is counted, as with the SDK's
-		// own counters.
-		if n := se.n.Load(); n > 0 {
+		// own counters; a gauge's once it was made.
+		if n := se.n.Load(); n > 0 || s.gauge {
 			o.ObserveInt64(s.inst, n, se.obs...)
 		}
 	}

@@ -1,0 +1,221 @@
+package mesh
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inmesh/inmesh/classify"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/metrics"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// meterScope is the instrumentation scope of the families mesh records
+// itself: those of its connections.
+const meterScope = "github.com/inmesh/inmesh/mesh"
+
+// connMetrics counts a stack's connections in Linkerd's tcp_* families,
+// one label set per direction, peer, TLS state and address: the labels
+// `linkerd viz edges` and the TCP columns of `linkerd viz stat` select.
+type connMetrics struct {
+	tcp  *metrics.TCP
+	base []attribute.KeyValue // direction and peer
+
+	mu    sync.Mutex
+	cache map[connKey]*metrics.Conns // bounded by maxConnSeries
+}
+
+type connKey struct {
+	labels *classify.Labels
+	addr   string
+}
+
+// maxConnSeries bounds the label sets a stack caches for its connections;
+// past it each connection builds its own (the families bound their
+// series as every family does).
+const maxConnSeries = 4096
+
+func newConnMetrics(mp metric.MeterProvider, direction, peer string) *connMetrics {
+	return &connMetrics{tcp: metrics.NewTCP(metrics.Meter(mp, meterScope)),
+		base:  []attribute.KeyValue{attribute.String("direction", direction), attribute.String("peer", peer)},
+		cache: make(map[connKey]*metrics.Conns)}
+}
+
+// conns returns the series of connections with labels l to or from addr.
+func (m *connMetrics) conns(l *classify.Labels, addr string) *metrics.Conns {
+	k := connKey{l, addr}
+	m.mu.Lock()
+	c := m.cache[k]
+	m.mu.Unlock()
+	if c != nil {
+		return c
+	}
+	kvs := append(append(append(make([]attribute.KeyValue, 0, len(m.base)+len(l.KeyValues())+1), m.base...), l.KeyValues()...),
+		attribute.String("target_addr", addr))
+	c = m.tcp.Conns(kvs...)
+	m.mu.Lock()
+	if len(m.cache) < maxConnSeries {
+		m.cache[k] = c
+	}
+	m.mu.Unlock()
+	return c
+}
+
+// dial wraps an outbound dial function: each connection is counted under
+// the labels of the endpoint it was dialled for (the balancer's, in the
+// dial's context) and its address.
+func (m *connMetrics) dial(next func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		s := m.conns(classify.LabelsFromContext(ctx), addr)
+		s.Opened()
+		return &countedConn{Conn: c, s: s}, nil
+	}
+}
+
+// countedConn counts its bytes and its close in its series.
+type countedConn struct {
+	net.Conn
+	s      *metrics.Conns
+	closed atomic.Bool
+}
+
+func (c *countedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.s.Read(n)
+	return n, err
+}
+
+func (c *countedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.s.Wrote(n)
+	return n, err
+}
+
+func (c *countedConn) Close() error {
+	if !c.closed.Swap(true) {
+		c.s.Closed()
+	}
+	return c.Conn.Close()
+}
+
+// listener wraps an inbound listener: each connection is counted under
+// its TLS state (the client's verified identity, known once the meshed
+// TLS is detected on its first read) and the local address it came to.
+func (m *connMetrics) listener(ln net.Listener, tls *classify.TLSLabels) net.Listener {
+	return &countingListener{Listener: ln, m: m, tls: tls}
+}
+
+type countingListener struct {
+	net.Listener
+	m   *connMetrics
+	tls *classify.TLSLabels
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	ic := &inboundConn{countedConn: countedConn{Conn: c}, m: l.m, tls: l.tls}
+	if _, ok := c.(peerConn); !ok {
+		ic.resolve() // plaintext only: its labels are known now
+	}
+	return ic, nil
+}
+
+// peerConn is a connection that knows its client's identity, as
+// origproto's meshed TLS connections do.
+type peerConn interface{ Peer() identity.Peer }
+
+// inboundConn is counted from its first read or write, once its TLS
+// state is known; a connection closed before either is not counted.
+type inboundConn struct {
+	countedConn
+	m    *connMetrics
+	tls  *classify.TLSLabels
+	once sync.Once
+
+	mu                sync.Mutex
+	counted, isClosed bool
+}
+
+// resolve finds the connection's labels and counts it opened, unless it
+// was closed meanwhile; it reads the first bytes of a meshed connection
+// (its TLS handshake).
+func (c *inboundConn) resolve() {
+	c.once.Do(func() {
+		p := c.Peer()
+		c.s = c.m.conns(c.tls.For(p.TLS, p.ID), c.LocalAddr().String())
+		c.mu.Lock()
+		if !c.isClosed {
+			c.counted = true
+			c.s.Opened()
+		}
+		c.mu.Unlock()
+	})
+}
+
+// Peer is the client's identity, as the connection inside knows it.
+func (c *inboundConn) Peer() identity.Peer {
+	if pc, ok := c.Conn.(peerConn); ok {
+		return pc.Peer()
+	}
+	return identity.Peer{}
+}
+
+func (c *inboundConn) Read(b []byte) (int, error) {
+	c.resolve()
+	return c.countedConn.Read(b)
+}
+
+func (c *inboundConn) Write(b []byte) (int, error) {
+	c.resolve()
+	return c.countedConn.Write(b)
+}
+
+func (c *inboundConn) Close() error {
+	c.mu.Lock()
+	if !c.isClosed {
+		c.isClosed = true
+		if c.counted {
+			c.s.Closed()
+		}
+	}
+	c.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// defaultDialer dials the outbound stack's connections when
+// WithDialContext sets none, as Go's default transport does.
+var defaultDialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+
+// loopbackTLS are the tls labels of the connections an outbound listener
+// accepts from its application, as Linkerd's proxy writes them.
+var loopbackTLS = classify.NewLabels("", map[string]string{"tls": "no_identity", "no_tls_reason": "loopback"})
+
+// countAccepted wraps a listener of the application's own connections
+// (those a proxy's outbound stack serves).
+func (m *connMetrics) countAccepted(ln net.Listener) net.Listener { return &acceptedListener{Listener: ln, m: m} }
+
+type acceptedListener struct {
+	net.Listener
+	m *connMetrics
+}
+
+func (l *acceptedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	s := l.m.conns(loopbackTLS, c.LocalAddr().String())
+	s.Opened()
+	return &countedConn{Conn: c, s: s}, nil
+}
