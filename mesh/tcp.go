@@ -203,7 +203,9 @@ var loopbackTLS = classify.NewLabels("", map[string]string{"tls": "no_identity",
 
 // countAccepted wraps a listener of the application's own connections
 // (those a proxy's outbound stack serves).
-func (m *connMetrics) countAccepted(ln net.Listener) net.Listener { return &acceptedListener{Listener: ln, m: m} }
+func (m *connMetrics) countAccepted(ln net.Listener) net.Listener {
+	return &acceptedListener{Listener: ln, m: m}
+}
 
 type acceptedListener struct {
 	net.Listener
