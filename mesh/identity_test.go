@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -242,4 +243,37 @@ func TestTCPMetricLabels(t *testing.T) {
 	}, testutil.Timeout, 5*time.Millisecond, "connections still open: %v", m.Lines(t, "tcp_open_connections"))
 	assert.Equal(t, "2", m.Value(t, "tcp_close_total", with(in, `tls="no_identity"`, `errno=""`)...))
 	assert.Equal(t, "1", m.Value(t, "tcp_close_total", with(out, `tls="true"`, `errno=""`)...))
+}
+
+// A connection closed while its meshed TLS is still being detected (the
+// server shutting down under a client that sent nothing yet) leaves no
+// open connection behind in tcp_open_connections.
+func TestTCPMetricsCloseDuringDetection(t *testing.T) {
+	p := newPKI(t)
+	m := testutil.NewMetrics(t)
+	server := NewServer(http.NotFoundHandler(), WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet))
+	defer server.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ln := server.Listener(lis)
+	defer ln.Close()
+	client, err := net.Dial("tcp", lis.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	conn, err := ln.Accept()
+	require.NoError(t, err)
+	read := make(chan error, 1)
+	go func() { _, err := conn.Read(make([]byte, 1)); read <- err }()
+	require.NoError(t, conn.Close())
+	select {
+	case err := <-read:
+		assert.Error(t, err)
+	case <-time.After(testutil.Timeout):
+		t.Fatal("the read outlived Close")
+	}
+	for _, l := range m.Lines(t, "tcp_open_connections") {
+		assert.True(t, strings.HasSuffix(l, " 0"), "an open connection left behind: %s", l)
+	}
+	opened, closed := m.Lines(t, "tcp_open_total"), m.Lines(t, "tcp_close_total")
+	assert.Equal(t, len(opened), len(closed), "opened %v, closed %v", opened, closed)
 }
