@@ -361,7 +361,8 @@ func run(o options, out io.Writer) error {
 	}
 	fmt.Fprintln(out)
 	printTable(out, services, phases, victim)
-	fmt.Fprintf(out, "\n%s left the answers each caller holds %s after it died (its registration stream broke; a lease's TTL, %v, bounds it when its replica dies too)\n",
+	fmt.Fprintf(out, "\n%s left the answers each caller holds %s after it died (its registration stream broke, but the etcd leader died with it: "+
+		"its lease ran its TTL, %v, from the new leader's election)\n",
 		victim.name, strings.Join(gone, " and "), etcdstore.DefaultRegistrationTTL)
 	fmt.Fprintf(out, "etcd after the loss: %s leads\n", leadName)
 	errs := map[string]int64{}
