@@ -50,22 +50,8 @@ func backend(t *testing.T, name string) endpoint.Endpoint {
 // once: an endpoint that fails every request fast. It is held until the
 // end of the test, so its port is never reused.
 func refusing(t *testing.T) endpoint.Endpoint {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { lis.Close(); <-done })
-	return endpoint.Endpoint{Addr: netip.MustParseAddrPort(lis.Addr().String()), Weight: endpoint.DefaultWeight}
+	addr, _ := testutil.AcceptAndClose(t)
+	return endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight}
 }
 
 func staticSource(t *testing.T, m map[string][]endpoint.Endpoint) *StaticSource {

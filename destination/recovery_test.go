@@ -10,6 +10,7 @@ import (
 
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -79,26 +80,8 @@ func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
 // s hold about 5 connections; a machine slower than this one only makes
 // fewer. Before, the client made about 2,000.
 func TestNoReconnectStormOnAcceptAndClose(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var accepted atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			c.Close()
-		}
-	}()
-	defer func() {
-		lis.Close()
-		<-done
-	}()
-	c, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quietLogger))
+	addr, accepted := testutil.AcceptAndClose(t)
+	c, err := destination.Dial(addr.String(), destination.WithLogger(quietLogger))
 	require.NoError(t, err)
 	defer c.Close()
 	stop, err := c.WatchEndpoints(context.Background(), books+":7000", func(endpoint.Update) {})

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -119,24 +120,34 @@ func boolText(b bool) string {
 	return "false"
 }
 
-// TestTLSMetricLabels: the request and response series carry Linkerd's
-// tls labels (linkerd/app/core/src/transport/labels.rs): outbound
-// tls="true" with the server's server_id over mTLS, inbound tls="true"
-// with the client's client_id, and no_tls_reason="no_tls_from_remote" for
-// a plaintext client of a stack with an identity; a stack without an
-// identity says tls="disabled".
-func TestTLSMetricLabels(t *testing.T) {
-	p := newPKI(t)
-	m := testutil.NewMetrics(t)
-	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
-	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet))
-	defer server.Close()
-	addr := serveMeshed(t, server)
+const (
+	tlsBooks = "books.default.svc.cluster.local:7000"
+	tlsPlain = "plain.default.svc.cluster.local:7000"
+)
 
-	const books, plain = "books.default.svc.cluster.local:7000", "plain.default.svc.cluster.local:7000"
+// tlsTraffic is what sendTLSTraffic leaves: the metrics of both stacks,
+// the server's address and the two clients.
+type tlsTraffic struct {
+	m                *testutil.Metrics
+	addr             netip.AddrPort
+	meshed, unmeshed *Client
+}
+
+// sendTLSTraffic serves the books identity and sends it three requests:
+// through a client with an identity, one to books (an endpoint with the
+// server's identity: mTLS) and one to plain (the same server as an
+// endpoint without one: plaintext); and one to books through a client
+// without an identity.
+func sendTLSTraffic(t *testing.T) *tlsTraffic {
+	p := newPKI(t)
+	tr := &tlsTraffic{m: testutil.NewMetrics(t)}
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(tr.m.Provider), WithLogger(quiet))
+	t.Cleanup(server.Close)
+	tr.addr = serveMeshed(t, server)
 	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
-		books: {{Addr: addr, H2: true, Identity: booksID}},
-		plain: {{Addr: addr, H2: true}},
+		tlsBooks: {{Addr: tr.addr, H2: true, Identity: booksID, Labels: map[string]string{"pod": "books-0", "namespace": "default"}}},
+		tlsPlain: {{Addr: tr.addr, H2: true}},
 	})
 	require.NoError(t, err)
 	get := func(c *Client, authority string) {
@@ -147,23 +158,35 @@ func TestTLSMetricLabels(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, 200, resp.StatusCode)
 	}
-	meshed := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(m.Provider),
+	tr.meshed = NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(tr.m.Provider),
 		WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
-	defer meshed.Close()
-	get(meshed, books)
-	get(meshed, plain)
-	unmeshed := NewClient(WithEndpoints(eps), WithMeterProvider(m.Provider), WithLogger(quiet))
-	defer unmeshed.Close()
-	get(unmeshed, books)
+	get(tr.meshed, tlsBooks)
+	get(tr.meshed, tlsPlain)
+	tr.unmeshed = NewClient(WithEndpoints(eps), WithMeterProvider(tr.m.Provider), WithLogger(quiet))
+	get(tr.unmeshed, tlsBooks)
+	return tr
+}
 
-	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+books+`"`, `tls="true"`, `server_id="`+booksID+`"`))
-	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+plain+`"`, `tls="no_identity"`,
+// TestTLSMetricLabels: the request and response series carry Linkerd's
+// tls labels (linkerd/app/core/src/transport/labels.rs): outbound
+// tls="true" with the server's server_id over mTLS, inbound tls="true"
+// with the client's client_id, and no_tls_reason="no_tls_from_remote" for
+// a plaintext client of a stack with an identity; a stack without an
+// identity says tls="disabled".
+func TestTLSMetricLabels(t *testing.T) {
+	tr := sendTLSTraffic(t)
+	defer tr.meshed.Close()
+	defer tr.unmeshed.Close()
+	m := tr.m
+
+	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+tlsBooks+`"`, `tls="true"`, `server_id="`+booksID+`"`))
+	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+tlsPlain+`"`, `tls="no_identity"`,
 		`no_tls_reason="not_provided_by_service_discovery"`))
-	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+books+`"`, `tls="disabled"`))
+	assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `authority="`+tlsBooks+`"`, `tls="disabled"`))
 	assert.Equal(t, "1", m.Value(t, "response_total", `direction="inbound"`, `tls="true"`, `client_id="`+webID+`"`))
 	// The plain endpoint was reached in plaintext by the meshed client,
 	// and the unmeshed client is plaintext too.
-	for _, a := range []string{books, plain} {
+	for _, a := range []string{tlsBooks, tlsPlain} {
 		assert.Equal(t, "1", m.Value(t, "response_total", `direction="inbound"`, `authority="`+a+`"`, `tls="no_identity"`,
 			`no_tls_reason="no_tls_from_remote"`), a)
 	}
@@ -176,34 +199,8 @@ func TestTLSMetricLabels(t *testing.T) {
 // writes them: outbound the endpoint's labels and TLS, inbound the
 // client's TLS; open while they are, closed after.
 func TestTCPMetricLabels(t *testing.T) {
-	p := newPKI(t)
-	m := testutil.NewMetrics(t)
-	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
-	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet))
-	defer server.Close()
-	addr := serveMeshed(t, server)
-
-	const books, plain = "books.default.svc.cluster.local:7000", "plain.default.svc.cluster.local:7000"
-	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
-		books: {{Addr: addr, H2: true, Identity: booksID, Labels: map[string]string{"pod": "books-0", "namespace": "default"}}},
-		plain: {{Addr: addr, H2: true}},
-	})
-	require.NoError(t, err)
-	get := func(c *Client, authority string) {
-		t.Helper()
-		resp, err := (&http.Client{Transport: c, Timeout: testutil.Timeout}).Get("http://" + authority + "/")
-		require.NoError(t, err)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		require.Equal(t, 200, resp.StatusCode)
-	}
-	meshed := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(m.Provider),
-		WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
-	get(meshed, books)
-	get(meshed, books)
-	get(meshed, plain)
-	unmeshed := NewClient(WithEndpoints(eps), WithMeterProvider(m.Provider), WithLogger(quiet))
-	get(unmeshed, books)
+	tr := sendTLSTraffic(t)
+	m, addr, meshed, unmeshed := tr.m, tr.addr, tr.meshed, tr.unmeshed
 
 	target := `target_addr="` + addr.String() + `"`
 	out := []string{`direction="outbound"`, `peer="dst"`, target}

@@ -3,7 +3,6 @@ package meshgrpc_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -24,22 +23,8 @@ import (
 // refusing holds a loopback listener that accepts connections and closes
 // them at once: an endpoint no HTTP/2 connection can be made to.
 func refusing(t *testing.T) netip.AddrPort {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { lis.Close(); <-done })
-	return netip.MustParseAddrPort(lis.Addr().String())
+	addr, _ := testutil.AcceptAndClose(t)
+	return addr
 }
 
 const deadBackendRoute = `

@@ -2,7 +2,9 @@ package testutil
 
 import (
 	"net"
+	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -85,3 +87,28 @@ func StartStallProxy(t testing.TB, target string) *StallProxy {
 
 // Addr is the proxy's address.
 func (p *StallProxy) Addr() string { return p.lis.Addr().String() }
+
+// AcceptAndClose listens on loopback until the test ends and closes every
+// connection it accepts at once: a port whose server takes connections and
+// refuses everything on them. It returns the address and the count of
+// connections accepted so far.
+func AcceptAndClose(t testing.TB) (netip.AddrPort, *atomic.Int64) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var accepted atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { lis.Close(); <-done })
+	return netip.MustParseAddrPort(lis.Addr().String()), &accepted
+}
