@@ -238,6 +238,13 @@ func TestTCPMetricLabels(t *testing.T) {
 		}
 		return true
 	}, testutil.Timeout, 5*time.Millisecond, "connections still open: %v", m.Lines(t, "tcp_open_connections"))
+	// Both sides count the bytes on the wire, TLS records included: what
+	// the client wrote on its mTLS connection the server read.
+	wrote, err := strconv.Atoi(m.Value(t, "tcp_write_bytes_total", with(out, `tls="true"`)...))
+	require.NoError(t, err)
+	read, err := strconv.Atoi(m.Value(t, "tcp_read_bytes_total", with(in, `tls="true"`)...))
+	require.NoError(t, err)
+	assert.InDelta(t, wrote, read, 0.1*float64(wrote), "bytes the client wrote %d, the server read %d", wrote, read)
 	assert.Equal(t, "2", m.Value(t, "tcp_close_total", with(in, `tls="no_identity"`, `errno=""`)...))
 	assert.Equal(t, "1", m.Value(t, "tcp_close_total", with(out, `tls="true"`, `errno=""`)...))
 }

@@ -428,10 +428,11 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 	if s.reg != nil {
 		s.reg.start(ln.Addr())
 	}
+	ln = s.conns.wire(ln)
 	if s.identity != nil {
 		ln = origproto.MeshTLSListener(ln, s.identity)
 	}
-	return origproto.GuardListener(s.conns.listener(ln, s.tls))
+	return origproto.GuardListener(s.conns.labelled(ln, s.tls))
 }
 
 // NewServer returns the inbound stack around app. Serve it with

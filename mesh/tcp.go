@@ -106,25 +106,91 @@ func (c *countedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// listener wraps an inbound listener: each connection is counted under
-// its TLS state (the client's verified identity, known once the meshed
-// TLS is detected on its first read) and the local address it came to.
-func (m *connMetrics) listener(ln net.Listener, tls *classify.TLSLabels) net.Listener {
-	return &countingListener{Listener: ln, m: m, tls: tls}
+// wire wraps an inbound listener's raw connections, so that their bytes
+// are counted as they cross the network (TLS records included, as the
+// outbound side counts them); labelled wraps the listener above it (with
+// the meshed TLS, if any), whose connections are labelled by their TLS
+// state once it is known: the client's verified identity, known once the
+// meshed TLS is detected on the first read, and the local address the
+// connection came to.
+func (m *connMetrics) wire(ln net.Listener) net.Listener { return &wireListener{ln} }
+
+func (m *connMetrics) labelled(ln net.Listener, tls *classify.TLSLabels) net.Listener {
+	return &labelListener{Listener: ln, m: m, tls: tls}
 }
 
-type countingListener struct {
+type wireListener struct{ net.Listener }
+
+func (l *wireListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &wireConn{Conn: c}, nil
+}
+
+// wireConn counts the bytes of an accepted connection: into its series
+// once its labels are known, and until then aside.
+type wireConn struct {
+	net.Conn
+	s                  atomic.Pointer[metrics.Conns]
+	pendingR, pendingW atomic.Int64
+}
+
+func (c *wireConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if s := c.s.Load(); s != nil {
+		s.Read(n)
+	} else if n > 0 {
+		c.pendingR.Add(int64(n))
+		c.flush() // the series may have come meanwhile
+	}
+	return n, err
+}
+
+func (c *wireConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if s := c.s.Load(); s != nil {
+		s.Wrote(n)
+	} else if n > 0 {
+		c.pendingW.Add(int64(n))
+		c.flush()
+	}
+	return n, err
+}
+
+// attach makes s the connection's series, with what was counted aside.
+func (c *wireConn) attach(s *metrics.Conns) {
+	c.s.Store(s)
+	c.flush()
+}
+
+func (c *wireConn) flush() {
+	if s := c.s.Load(); s != nil {
+		s.Read(int(c.pendingR.Swap(0)))
+		s.Wrote(int(c.pendingW.Swap(0)))
+	}
+}
+
+type labelListener struct {
 	net.Listener
 	m   *connMetrics
 	tls *classify.TLSLabels
 }
 
-func (l *countingListener) Accept() (net.Conn, error) {
+func (l *labelListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	ic := &inboundConn{countedConn: countedConn{Conn: c}, m: l.m, tls: l.tls}
+	ic := &inboundConn{Conn: c, m: l.m, tls: l.tls}
+	// The wire connection is the accepted one, or the one a meshed TLS
+	// connection was made over.
+	inner := c
+	if u, ok := c.(interface{ NetConn() net.Conn }); ok {
+		inner = u.NetConn()
+	}
+	ic.wire, _ = inner.(*wireConn)
 	if _, ok := c.(peerConn); !ok {
 		ic.resolve() // plaintext only: its labels are known now
 	}
@@ -138,12 +204,14 @@ type peerConn interface{ Peer() identity.Peer }
 // inboundConn is counted from its first read or write, once its TLS
 // state is known; a connection closed before either is not counted.
 type inboundConn struct {
-	countedConn
+	net.Conn
+	wire *wireConn // nil when not found: bytes are then not counted
 	m    *connMetrics
 	tls  *classify.TLSLabels
 	once sync.Once
 
 	mu                sync.Mutex
+	s                 *metrics.Conns
 	counted, isClosed bool
 }
 
@@ -153,13 +221,17 @@ type inboundConn struct {
 func (c *inboundConn) resolve() {
 	c.once.Do(func() {
 		p := c.Peer()
-		c.s = c.m.conns(c.tls.For(p.TLS, p.ID), c.LocalAddr().String())
+		s := c.m.conns(c.tls.For(p.TLS, p.ID), c.LocalAddr().String())
 		c.mu.Lock()
+		c.s = s
 		if !c.isClosed {
 			c.counted = true
-			c.s.Opened()
+			s.Opened()
 		}
 		c.mu.Unlock()
+		if c.wire != nil {
+			c.wire.attach(s)
+		}
 	})
 }
 
@@ -173,12 +245,12 @@ func (c *inboundConn) Peer() identity.Peer {
 
 func (c *inboundConn) Read(b []byte) (int, error) {
 	c.resolve()
-	return c.countedConn.Read(b)
+	return c.Conn.Read(b)
 }
 
 func (c *inboundConn) Write(b []byte) (int, error) {
 	c.resolve()
-	return c.countedConn.Write(b)
+	return c.Conn.Write(b)
 }
 
 func (c *inboundConn) Close() error {
@@ -192,10 +264,6 @@ func (c *inboundConn) Close() error {
 	c.mu.Unlock()
 	return c.Conn.Close()
 }
-
-// defaultDialer dials the outbound stack's connections when
-// WithDialContext sets none, as Go's default transport does.
-var defaultDialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 
 // loopbackTLS are the tls labels of the connections an outbound listener
 // accepts from its application, as Linkerd's proxy writes them.
@@ -221,3 +289,7 @@ func (l *acceptedListener) Accept() (net.Conn, error) {
 	s.Opened()
 	return &countedConn{Conn: c, s: s}, nil
 }
+
+// defaultDialer dials the outbound stack's connections when
+// WithDialContext sets none, as Go's default transport does.
+var defaultDialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}

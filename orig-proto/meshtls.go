@@ -162,6 +162,10 @@ func (c *meshConn) Close() error {
 	return c.Conn.Close()
 }
 
+// NetConn returns the connection the listener accepted, under the
+// meshed TLS, as tls.Conn's NetConn does.
+func (c *meshConn) NetConn() net.Conn { return c.Conn }
+
 // Peer returns what the connection's TLS says of the client: the zero Peer
 // for plaintext.
 func (c *meshConn) Peer() identity.Peer {
