@@ -175,7 +175,7 @@ func TestDialerFailsTwiceThenSucceeds(t *testing.T) {
 			}
 		}
 		require.NoError(t, err)
-		assert.Equal(t, 3, d.Failures("tcp", "10.0.0.1:80"), "a connection the peer has not spoken on is no success yet")
+		assert.Equal(t, 2, d.Failures("tcp", "10.0.0.1:80"), "a connection the peer has not spoken on is no success yet")
 		readAll(t, conn)
 		assert.Equal(t, 15*ms, time.Since(start), "waited 5ms then 10ms")
 		assert.Equal(t, int32(3), f.calls.Load())

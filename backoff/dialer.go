@@ -20,12 +20,14 @@ const maxTrackedAddrs = 4096
 
 // Dialer wraps a dial function so that, after a dial to an address fails, the
 // next dial to that address first waits out the policy's delay; each further
-// failure lengthens the delay and a success resets it. A connection counts
-// as a success only once the peer has sent it a byte: an address that
-// accepts connections and closes them at once (a load balancer without a
-// healthy backend, a server shutting down, a port speaking nothing) is held
-// back like one that refuses them. Dials to other addresses are not held
-// back. The wait is on a timer owned by the dialling goroutine and ends at
+// failure lengthens the delay and a success resets it. A dialled
+// connection is a success once the peer has sent it a byte, and a failure
+// if its first read ends without one: an address that accepts connections
+// and closes them at once (a load balancer without a healthy backend, a
+// server shutting down) is held back like one that refuses them. Until
+// either, the connection changes nothing, so that a protocol in which the
+// client speaks first (HTTP/1) is not held back while its server has not
+// answered yet. Dials to other addresses are not held back. The wait is on a timer owned by the dialling goroutine and ends at
 // once when the dial's context is cancelled.
 //
 // A Dialer is safe for concurrent use. Its zero value dials with a plain
@@ -60,27 +62,26 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 		dial = nd.DialContext
 	}
 	conn, err := dial(ctx, network, addr)
-	// Until the peer speaks, the connection counts as a failure.
-	d.record(key, false)
 	if err != nil {
+		d.record(key, false)
 		return nil, err
 	}
 	return &provingConn{Conn: conn, d: d, key: key}, nil
 }
 
-// provingConn resets its address's failures when the peer first sends a
-// byte.
+// provingConn records its address's success when the peer first sends a
+// byte, or a failure when its first read ends without one.
 type provingConn struct {
 	net.Conn
-	d      *Dialer
-	key    string
-	proved atomic.Bool
+	d       *Dialer
+	key     string
+	decided atomic.Bool
 }
 
 func (c *provingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 && !c.proved.Load() && c.proved.CompareAndSwap(false, true) {
-		c.d.record(c.key, true)
+	if (n > 0 || err != nil) && !c.decided.Load() && c.decided.CompareAndSwap(false, true) {
+		c.d.record(c.key, n > 0)
 	}
 	return n, err
 }

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc/attributes"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/registry"
@@ -186,8 +188,19 @@ func (r *meshResolver) answered(flag *bool) {
 // profile takes a ServiceProfile update.
 func (r *meshResolver) profile(u profiles.Update) {
 	r.m.setProfile(r.authority, r, u)
-	r.answered(&r.profileAnswered)
+	if reached(u.Err) {
+		r.answered(&r.profileAnswered)
+	}
 }
+
+// reached reports whether an update's error (nil for an answer) came from
+// the control plane, rather than from a control plane the client cannot
+// reach for now. The latter does not end the calls' discovery wait: the
+// target's endpoints come from the same control plane, so a call waiting
+// for them loses nothing by waiting for its route too, and would otherwise
+// be sent, once the control plane is back, without the route that came
+// with its endpoints.
+func reached(err error) bool { return err == nil || status.Code(err) != codes.Unavailable }
 
 // ResolveNow is a hint grpc-go gives after every failed connection; the
 // watches push every change already, so it does nothing (no storm of
@@ -240,7 +253,9 @@ func (r *meshResolver) policy(u policy.Update) {
 	r.push()
 	// After the push: the balancer has the policy's backends and their
 	// configuration before a waiting call is routed to one.
-	r.answered(&r.policyAnswered)
+	if reached(u.Err) {
+		r.answered(&r.policyAnswered)
+	}
 }
 
 // wantLocked starts the endpoint watches of the authorities in want that
