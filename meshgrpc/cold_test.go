@@ -17,6 +17,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
+	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
@@ -322,4 +323,116 @@ func TestFirstCallControlPlaneUnreachable(t *testing.T) {
 	defer cancel()
 	_, err = c.EmptyCall(short, &testgrpc.Empty{}, grpc.WaitForReady(true))
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+}
+
+// splitToAuthors sends every EmptyCall of books to the authors backend.
+const splitToAuthors = `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: authors, namespace: default}
+spec: {ports: [{port: 7000}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: to-authors, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: authors, port: 7000}]
+`
+
+// The first call on a new channel, made while the control plane cannot be
+// reached, waits out the discovery wait for its route as for its
+// endpoints: when the control plane comes up within the wait, the call is
+// routed by the GRPCRoute that came with them (to authors), not sent to
+// books as if there were no route. Before, the client's own "cannot
+// connect" ended the wait.
+func TestFirstCallWaitsOutAnUnreachableControlPlane(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []destination.Option
+	}{{"watches", nil}, {"Linkerd's streams", []destination.Option{destination.WithLinkerdStreams()}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			booksApp, authorsApp := startApp(t, &app{}, nil), startApp(t, &app{}, nil)
+			addr := testutil.FreeAddr(t)
+			refused := make(chan struct{}, 64)
+			var d net.Dialer
+			dialCP := func(ctx context.Context, network, a string) (net.Conn, error) {
+				c, err := d.DialContext(ctx, network, a)
+				if err != nil {
+					select {
+					case refused <- struct{}{}:
+					default:
+					}
+				}
+				return c, err
+			}
+			fast, err := backoff.Fixed(20 * time.Millisecond)
+			require.NoError(t, err)
+			dst, err := destination.Dial(addr, append(tc.opts, destination.WithLogger(quiet), destination.WithBackoff(fast),
+				destination.WithDialFunc(dialCP))...)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = dst.Close() })
+			// An interceptor after the mesh's says when the mesh has routed
+			// the call.
+			routed := make(chan struct{}, 1)
+			after := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+				invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+				select {
+				case routed <- struct{}{}:
+				default:
+				}
+				return invoker(ctx, method, req, reply, cc, o...)
+			})
+			cc, err := grpc.NewClient(booksTarget, append(meshgrpc.DialOptions(dst, meshgrpc.WithLogger(quiet),
+				meshgrpc.WithDiscoveryWait(testutil.Timeout)), after)...)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = cc.Close() })
+			c := testgrpc.NewTestServiceClient(cc)
+
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*testutil.Timeout)
+				defer cancel()
+				_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+				done <- err
+			}()
+			// The control plane comes up once the call was routed (as it
+			// was, without its route, when the failure ended its wait), or
+			// once the watches' streams failed, refused, and were tried
+			// again a few times.
+			wait := time.After(testutil.Timeout)
+		refusals:
+			for n := 0; n < 5; {
+				select {
+				case <-refused:
+					n++
+				case <-routed:
+					t.Log("routed while the control plane was unreachable")
+					break refusals
+				case <-wait:
+					t.Fatal("the control plane was never dialled")
+				}
+			}
+			store := controlplane.NewStore()
+			manifests(t, store, booksService+splitToAuthors)
+			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: booksApp.addr}}, authors: {{Addr: authorsApp.addr}}})
+			var lis net.Listener
+			require.Eventually(t, func() bool { lis, err = net.Listen("tcp", addr); return err == nil }, testutil.Timeout, 10*time.Millisecond)
+			g := grpc.NewServer()
+			controlplane.NewServer(store, controlplane.WithLogger(quiet)).Register(g)
+			go func() { _ = g.Serve(lis) }()
+			t.Cleanup(g.Stop)
+
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+				assert.EqualValues(t, 1, authorsApp.calls.Load(), "the first call went to the route's backend (books got %d)", booksApp.calls.Load())
+			case <-time.After(3 * testutil.Timeout):
+				t.Fatal("the call never ended")
+			}
+		})
+	}
 }
