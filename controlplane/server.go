@@ -113,7 +113,11 @@ func (s *Server) refuse(ctx context.Context, reason string, err error) error {
 // needs the caller's verified mTLS identity: serve it (also) over TLS
 // that verifies client certificates against the trust anchors, as
 // identity.Local's ServerConfig does; on a plaintext server it accepts
-// only with [WithInsecureRegistration].
+// only with [WithInsecureRegistration]. Build the gRPC server with
+// [KeepaliveOptions]: registrants ping their connection every 10 s, which
+// a gRPC server's default enforcement answers by closing it (their
+// registrations would break and start again), and silent registrants are
+// found by the server's own pings.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
 	pb.RegisterDestinationServer(r, s)
 	outboundpb.RegisterOutboundPoliciesServer(r, &policyServer{s: s})

@@ -118,7 +118,11 @@ func WithRetry(p backoff.Policy) Option {
 // must prove serverName (its identity service's name, such as
 // linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local);
 // with nil, it is plaintext, which only a control plane with insecure
-// registration accepts. It does not wait for the control plane.
+// registration accepts. It does not wait for the control plane. The
+// connection pings the control plane after 10 s of silence, so that a
+// registration leaves a replica lost without a reset for a live one: the
+// control plane's gRPC server must allow it, as
+// controlplane.KeepaliveOptions does.
 func Dial(addr string, local *identity.Local, serverName string) (*grpc.ClientConn, error) {
 	target, opts := addr, []grpc.DialOption{}
 	if cpaddr.IsList(addr) {
