@@ -112,10 +112,12 @@ func traceStream(t *meshtrace.Tracer) grpc.StreamClientInterceptor {
 	}
 }
 
-// tracedStream ends its call's span when the stream ends, in each of the
-// ways grpc-go's ClientStream documents: RecvMsg's io.EOF or error, the
-// one message of a call whose server does not stream (CloseAndRecv), or
-// the cancellation of the call's context.
+// tracedStream ends its call's span when the stream ends, in the ways
+// grpc-go's ClientStream documents but one: RecvMsg's io.EOF or error, the
+// one message of a call whose server does not stream (CloseAndRecv), an
+// error (not io.EOF) of SendMsg or Header, or the cancellation of the
+// call's context. A stream its caller leaves unread when its ClientConn
+// closes keeps its span open until the call's context ends.
 type tracedStream struct {
 	grpc.ClientStream
 	s             trace.Span
@@ -124,7 +126,26 @@ type tracedStream struct {
 	once          sync.Once
 }
 
-func (ts *tracedStream) end(err error) { ts.once.Do(func() { endSpan(ts.s, err) }) }
+func (ts *tracedStream) end(err error) {
+	ts.stop()
+	ts.once.Do(func() { endSpan(ts.s, err) })
+}
+
+func (ts *tracedStream) SendMsg(m any) error {
+	err := ts.ClientStream.SendMsg(m)
+	if err != nil && err != io.EOF { // io.EOF: the status comes from RecvMsg
+		ts.end(err)
+	}
+	return err
+}
+
+func (ts *tracedStream) Header() (metadata.MD, error) {
+	md, err := ts.ClientStream.Header()
+	if err != nil {
+		ts.end(err)
+	}
+	return md, err
+}
 
 func (ts *tracedStream) RecvMsg(m any) error {
 	err := ts.ClientStream.RecvMsg(m)
@@ -132,7 +153,6 @@ func (ts *tracedStream) RecvMsg(m any) error {
 		if err == io.EOF {
 			err = nil
 		}
-		ts.stop()
 		ts.end(err)
 	}
 	return err

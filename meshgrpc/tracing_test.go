@@ -2,6 +2,7 @@ package meshgrpc_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/netip"
 	"testing"
@@ -142,6 +143,13 @@ func TestTracedStreamSpansEnd(t *testing.T) {
 		{"cancelled", func(_ *testing.T, _ grpc.ClientStreamingClient[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse], cancel func()) {
 			cancel()
 		}, "CANCELLED"},
+		// The stream's send limit is 16 bytes: grpc-go ends the stream, and
+		// its caller need do nothing more.
+		{"SendMsg error", func(t *testing.T, s grpc.ClientStreamingClient[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse], _ func()) {
+			err := s.Send(&testgrpc.StreamingInputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 64)}})
+			require.Error(t, err)
+			require.NotErrorIs(t, err, io.EOF)
+		}, "RESOURCE_EXHAUSTED"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := tracetest.NewSpanRecorder()
@@ -155,7 +163,7 @@ func TestTracedStreamSpansEnd(t *testing.T) {
 
 			ctx, cancel := context.WithCancel(callCtx(t))
 			defer cancel()
-			s, err := c.StreamingInputCall(ctx)
+			s, err := c.StreamingInputCall(ctx, grpc.MaxCallSendMsgSize(16))
 			require.NoError(t, err)
 			require.NoError(t, s.Send(&testgrpc.StreamingInputCallRequest{}))
 			tc.end(t, s, cancel)
