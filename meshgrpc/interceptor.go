@@ -411,6 +411,16 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 			return nil, err
 		}
 	}
+	// A caller may end a stream by cancelling its context alone, never
+	// reading again (as may the route's timeout): the call is counted
+	// then, unless a RecvMsg under way counts it as it returns.
+	stop := context.AfterFunc(s.ctx, func() {
+		if s.recv.TryLock() {
+			s.finish(status.FromContextError(s.ctx.Err()).Err())
+			s.recv.Unlock()
+		}
+	})
+	s.stopEnd.Store(&stop)
 	return s, nil
 }
 
@@ -443,7 +453,13 @@ type retryStream struct {
 	noReplay  bool
 	closeSent bool
 
-	// Touched by the receiving goroutine only.
+	// recv is held by RecvMsg throughout, and by the end of a stream its
+	// caller stopped reading (its context ended): the fields below are
+	// the receiving path's.
+	recv sync.Mutex
+	// stopEnd takes off the watch of the stream's context.
+	stopEnd atomic.Pointer[func() bool]
+
 	bt      *metrics.BackendTarget
 	btStart time.Time
 	retries int
@@ -530,6 +546,9 @@ func (s *retryStream) finish(err error) {
 	s.c.done(s.ctx, s.c.timeoutErr(s.ctx, err), s.retries)
 	if s.attemptCancel != nil {
 		s.attemptCancel()
+	}
+	if stop := s.stopEnd.Load(); stop != nil {
+		(*stop)()
 	}
 	s.cancel()
 }
@@ -666,6 +685,8 @@ func (z sizer) size(msg any) int64 {
 }
 
 func (s *retryStream) RecvMsg(msg any) error {
+	s.recv.Lock()
+	defer s.recv.Unlock()
 	for {
 		err := s.current().RecvMsg(msg)
 		if err == nil {
