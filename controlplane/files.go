@@ -63,7 +63,15 @@ func LoadIdentityDir(dir string) (d *IdentityDir, created bool, err error) {
 			}
 		}
 	default:
-		return nil, false, fmt.Errorf("controlplane: %s lacks %v (keep all three files, or none to have them made)", dir, missing)
+		// Another process may be linking them in right now (its files
+		// aside are there meanwhile), or may just have finished.
+		if making, _ := filepath.Glob(filepath.Join(dir, ".new-*")); len(making) > 0 {
+			if err := waitForFiles(dir, names, 10*time.Second); err != nil {
+				return nil, false, err
+			}
+		} else if waitForFiles(dir, names, 0) != nil {
+			return nil, false, fmt.Errorf("controlplane: %s lacks %v (keep all three files, or none to have them made)", dir, missing)
+		}
 	}
 	d = &IdentityDir{}
 	if d.AnchorsPEM, err = os.ReadFile(filepath.Join(dir, TrustAnchorsFile)); err != nil {

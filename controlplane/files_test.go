@@ -138,3 +138,23 @@ func TestWatchTokensNamesAMistakeAfterALoad(t *testing.T) {
 		require.Eventually(t, func() bool { return logs.Count("loaded tokens") == i }, defaultTestTimeout, 5*time.Millisecond)
 	}
 }
+
+// A replica that looks at the identity directory while another is linking
+// its new files in (the trust anchors there, the issuer's not yet) waits
+// for them instead of refusing the directory as incomplete. The second
+// replica starts the moment the first one's trust anchors appear.
+func TestIdentityDirReplicaStartedDuringLinking(t *testing.T) {
+	for i := range 100 {
+		dir := t.TempDir()
+		first := make(chan error, 1)
+		go func() { _, _, err := LoadIdentityDir(dir); first <- err }()
+		for { // the first replica's trust anchors, as soon as they appear
+			if _, err := os.Stat(filepath.Join(dir, TrustAnchorsFile)); err == nil {
+				break
+			}
+		}
+		_, _, err := LoadIdentityDir(dir)
+		require.NoError(t, <-first)
+		require.NoError(t, err, "a replica started as the first one's trust anchors appeared (round %d)", i)
+	}
+}
