@@ -96,7 +96,9 @@ const DefaultDiscoveryWait = destination.DefaultFirstMessageTimeout
 // channel started its watches again, is then routed (timeout, retries,
 // route series) like every later one. The wait ends for every call of
 // the target at the first answers, or once d has passed since the
-// channel started its watches; calls after that take the routes known,
+// channel started its watches (a control plane the client cannot reach
+// answers nothing: the target's endpoints come from it too, so a call
+// waits for its route as for them); calls after that take the routes known,
 // none meaning the target as it is. d == 0 means [DefaultDiscoveryWait];
 // d < 0 never waits (a call that comes before the answers goes to the
 // target as it is). Answers already in cost nothing. A target whose
