@@ -345,6 +345,18 @@ func (w *watch[M, U]) noAnswer(err error, failFast bool) {
 	w.publishLocked(w.kind.unanswered(err))
 }
 
+// ErrUnreachable is in the error of a profile or policy update (errors.Is)
+// when no stream to the control plane could be opened: it was not reached,
+// and said nothing. An error status the control plane sent is not.
+var ErrUnreachable = errors.New("destination: the control plane cannot be reached")
+
+// unreachableError is an error of gRPC's that means ErrUnreachable; it
+// keeps the gRPC status.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string   { return e.err.Error() }
+func (e *unreachableError) Unwrap() []error { return []error{e.err, ErrUnreachable} }
+
 // unanswerable reports whether a stream's error before its first message
 // says that no answer will come soon: the control plane does not serve the
 // RPC (Unimplemented) or refuses the caller (PermissionDenied,
@@ -418,6 +430,11 @@ func (w *watch[M, U]) attempt() {
 			w.cur = nil
 		}
 		w.mu.Unlock()
+		if s.failFast && status.Code(err) == codes.Unavailable {
+			// No stream could be opened: the control plane was not
+			// reached, and said nothing.
+			err = &unreachableError{err}
+		}
 		w.noAnswer(err, s.failFast)
 		w.ended(classifyStreamErr(err, false, false))
 		return

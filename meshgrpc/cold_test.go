@@ -436,3 +436,42 @@ func TestFirstCallWaitsOutAnUnreachableControlPlane(t *testing.T) {
 		})
 	}
 }
+
+// unavailablePolicies answers every OutboundPolicies watch with
+// UNAVAILABLE (a policy controller not ready, or a gateway in front of it
+// without a healthy backend): the control plane was reached and said so.
+type unavailablePolicies struct {
+	outboundpb.UnimplementedOutboundPoliciesServer
+}
+
+func (unavailablePolicies) Watch(*outboundpb.TrafficSpec, grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
+	return status.Error(codes.Unavailable, "policy controller not ready")
+}
+
+// The control plane answers the target's endpoints and profile, and its
+// outbound policy at once with UNAVAILABLE: the control plane was
+// reached, and its answer ends the first call's discovery wait (only a
+// control plane the client cannot reach leaves it waiting).
+func TestFirstCallNotHeldByAnUnavailableAnswer(t *testing.T) {
+	a := startApp(t, &app{}, nil)
+	store := controlplane.NewStore()
+	manifests(t, store, booksService)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	destinationpb.RegisterDestinationServer(g, controlplane.NewServer(store))
+	outboundpb.RegisterOutboundPoliciesServer(g, unavailablePolicies{})
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	dst, err := destination.Dial(lis.Addr().String(), destination.WithLogger(quiet))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	c := dial(t, dst, meshgrpc.WithLogger(quiet), meshgrpc.WithDiscoveryWait(3*testutil.Timeout))
+
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	start := time.Now()
+	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
+	assert.NoError(t, err, "the first call, after %v", time.Since(start))
+}

@@ -10,11 +10,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc/attributes"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/resolver"
-	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/registry"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
@@ -188,19 +187,23 @@ func (r *meshResolver) answered(flag *bool) {
 // profile takes a ServiceProfile update.
 func (r *meshResolver) profile(u profiles.Update) {
 	r.m.setProfile(r.authority, r, u)
-	if reached(u.Err) {
-		r.answered(&r.profileAnswered)
-	}
+	r.answeredBy(&r.profileAnswered, u.Err)
 }
 
-// reached reports whether an update's error (nil for an answer) came from
-// the control plane, rather than from a control plane the client cannot
-// reach for now. The latter does not end the calls' discovery wait: the
-// target's endpoints come from the same control plane, so a call waiting
-// for them loses nothing by waiting for its route too, and would otherwise
-// be sent, once the control plane is back, without the route that came
-// with its endpoints.
-func reached(err error) bool { return err == nil || status.Code(err) != codes.Unavailable }
+// answeredBy records an update of one of the target's watches, whose
+// error is err (nil for an answer). A control plane the client cannot
+// reach answers nothing (destination.ErrUnreachable): the target's
+// endpoints come from it too, so a call waiting for them loses nothing by
+// waiting for its route as well, and would otherwise be sent, once the
+// control plane is back, without the route that came with its endpoints.
+// Any answer of the control plane's own, an error status included, ends
+// the wait.
+func (r *meshResolver) answeredBy(flag *bool, err error) {
+	if errors.Is(err, destination.ErrUnreachable) {
+		return
+	}
+	r.answered(flag)
+}
 
 // ResolveNow is a hint grpc-go gives after every failed connection; the
 // watches push every change already, so it does nothing (no storm of
@@ -253,9 +256,7 @@ func (r *meshResolver) policy(u policy.Update) {
 	r.push()
 	// After the push: the balancer has the policy's backends and their
 	// configuration before a waiting call is routed to one.
-	if reached(u.Err) {
-		r.answered(&r.policyAnswered)
-	}
+	r.answeredBy(&r.policyAnswered, u.Err)
 }
 
 // wantLocked starts the endpoint watches of the authorities in want that
