@@ -2,9 +2,12 @@ package backoff
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -22,12 +25,12 @@ const maxTrackedAddrs = 4096
 // next dial to that address first waits out the policy's delay; each further
 // failure lengthens the delay and a success resets it. A dialled
 // connection is a success once the peer has sent it a byte, and a failure
-// if its first read ends without one: an address that accepts connections
-// and closes them at once (a load balancer without a healthy backend, a
-// server shutting down) is held back like one that refuses them. Until
-// either, the connection changes nothing, so that a protocol in which the
-// client speaks first (HTTP/1) is not held back while its server has not
-// answered yet. Dials to other addresses are not held back. The wait is on a timer owned by the dialling goroutine and ends at
+// if the peer closes or resets it before: an address that accepts
+// connections and closes them at once (a load balancer without a healthy
+// backend, a server shutting down) is held back like one that refuses
+// them. Until either, the connection changes nothing, so that a protocol
+// in which the client speaks first (HTTP/1) is not held back while its
+// server has not answered yet, nor is one the client closed itself. Dials to other addresses are not held back. The wait is on a timer owned by the dialling goroutine and ends at
 // once when the dial's context is cancelled.
 //
 // A Dialer is safe for concurrent use. Its zero value dials with a plain
@@ -80,10 +83,25 @@ type provingConn struct {
 
 func (c *provingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if (n > 0 || err != nil) && !c.decided.Load() && c.decided.CompareAndSwap(false, true) {
-		c.d.record(c.key, n > 0)
+	if n > 0 || err != nil {
+		if !c.decided.Load() && c.decided.CompareAndSwap(false, true) {
+			switch {
+			case n > 0:
+				c.d.record(c.key, true)
+			case peerEnded(err):
+				c.d.record(c.key, false)
+			}
+			// The client's own end of the read (its Close, its
+			// deadline) says nothing of the peer.
+		}
 	}
 	return n, err
+}
+
+// peerEnded reports whether a read's error is the peer's end of the
+// connection: its close or its reset.
+func peerEnded(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED)
 }
 
 // DialGRPC dials a TCP address; it has the shape grpc.WithContextDialer
