@@ -74,7 +74,9 @@ func (m *connMetrics) dial(next func(ctx context.Context, network, addr string) 
 		if err != nil {
 			return nil, err
 		}
-		s := m.conns(classify.LabelsFromContext(ctx), addr)
+		// The socket's address, not the one asked for: that may be a
+		// client's Host, spelled as it likes.
+		s := m.conns(classify.LabelsFromContext(ctx), c.RemoteAddr().String())
 		s.Opened()
 		return &countedConn{Conn: c, s: s}, nil
 	}

@@ -592,6 +592,12 @@ func (s *retryStream) SendMsg(msg any) error {
 		// and the attempt's status comes with RecvMsg.
 		return nil
 	}
+	if err != nil && !errors.Is(err, io.EOF) && s.recv.TryLock() {
+		// grpc-go ended the stream, and its caller need not read again:
+		// it is counted now, unless a RecvMsg under way counts it.
+		s.finish(err)
+		s.recv.Unlock()
+	}
 	return err
 }
 
@@ -686,7 +692,15 @@ func (z sizer) size(msg any) int64 {
 
 func (s *retryStream) RecvMsg(msg any) error {
 	s.recv.Lock()
-	defer s.recv.Unlock()
+	defer func() {
+		// The stream's context ended while this read was returning a
+		// message, and its watch found the read under way: the caller
+		// may never read again, so the call is counted now.
+		if !s.ended && s.ctx.Err() != nil {
+			s.finish(status.FromContextError(s.ctx.Err()).Err())
+		}
+		s.recv.Unlock()
+	}()
 	for {
 		err := s.current().RecvMsg(msg)
 		if err == nil {
