@@ -56,19 +56,26 @@ spec:
     backendRefs: [{name: books, port: 7000}]
 `
 
-// The first call of a new channel is a server stream on a GRPCRoute, which
-// its caller ends by cancelling its context, never reading again (enough,
-// as grpc-go documents): the cancellation reaches the server, and the
-// route's series count the call's end, as they count a stream read to its
-// end.
-func TestRoutedStreamEndedByItsContext(t *testing.T) {
+// endlessStream serves an endlessApp as books, whose StreamingOutputCall
+// has a GRPCRoute, and returns it, a client of it on a new channel and
+// the client's metrics.
+func endlessStream(t *testing.T) (*endlessApp, testgrpc.TestServiceClient, *testutil.Metrics) {
 	a := &endlessApp{ended: make(chan error, 1)}
 	addr := serveTestService(t, a)
 	store := controlplane.NewStore()
 	manifests(t, store, booksService+streamRoute)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
 	m := testutil.NewMetrics(t)
-	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	return a, dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)), m
+}
+
+// The first call of a new channel is a server stream on a GRPCRoute, which
+// its caller ends by cancelling its context, never reading again (enough,
+// as grpc-go documents): the cancellation reaches the server, and the
+// route's series count the call's end, as they count a stream read to its
+// end.
+func TestRoutedStreamEndedByItsContext(t *testing.T) {
+	a, c, m := endlessStream(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -96,13 +103,7 @@ func TestRoutedStreamEndedByItsContext(t *testing.T) {
 // route's series count it then, with its status. Before, they counted
 // nothing until the caller's context ended, and then a CANCEL.
 func TestRoutedStreamSendMsgErrorCounted(t *testing.T) {
-	a := &endlessApp{ended: make(chan error, 1)}
-	addr := serveTestService(t, a)
-	store := controlplane.NewStore()
-	manifests(t, store, booksService+streamRoute)
-	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
-	m := testutil.NewMetrics(t)
-	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	_, c, m := endlessStream(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 	defer cancel()
@@ -152,13 +153,7 @@ func afterFuncsRunning() int {
 // Before, the watch of its context left it to the RecvMsg under way,
 // which returned its message without counting anything.
 func TestRoutedStreamCancelledDuringRecvCounted(t *testing.T) {
-	a := &endlessApp{ended: make(chan error, 1)}
-	addr := serveTestService(t, a)
-	store := controlplane.NewStore()
-	manifests(t, store, booksService+streamRoute)
-	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
-	m := testutil.NewMetrics(t)
-	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	a, c, m := endlessStream(t)
 
 	codec := &gateCodec{CodecV2: encoding.GetCodecV2("proto"), entered: make(chan struct{}), release: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
