@@ -233,7 +233,10 @@ func (m *mux) open(ctx context.Context, wait bool) (*muxConn, error) {
 	}
 	if err != nil {
 		cancel()
-		return nil, err
+		// The stream was opened: its end is the control plane's answer
+		// (or its connection's, as on any open stream), not a failure
+		// to reach it.
+		return nil, &answeredError{err}
 	}
 	return &muxConn{stream: stream, ctx: sctx, cancel: cancel, outSig: make(chan struct{}, 1), subs: make(map[uint64]*muxSub)}, nil
 }

@@ -357,6 +357,14 @@ type unreachableError struct{ err error }
 func (e *unreachableError) Error() string   { return e.err.Error() }
 func (e *unreachableError) Unwrap() []error { return []error{e.err, ErrUnreachable} }
 
+// answeredError is the end of a stream that was opened, before its first
+// message: an answer, an error status included, that the control plane
+// (or what stands in front of it) sent.
+type answeredError struct{ err error }
+
+func (e *answeredError) Error() string { return e.err.Error() }
+func (e *answeredError) Unwrap() error { return e.err }
+
 // unanswerable reports whether a stream's error before its first message
 // says that no answer will come soon: the control plane does not serve the
 // RPC (Unimplemented) or refuses the caller (PermissionDenied,
@@ -430,7 +438,8 @@ func (w *watch[M, U]) attempt() {
 			w.cur = nil
 		}
 		w.mu.Unlock()
-		if s.failFast && status.Code(err) == codes.Unavailable {
+		var answered *answeredError
+		if s.failFast && status.Code(err) == codes.Unavailable && !errors.As(err, &answered) {
 			// No stream could be opened: the control plane was not
 			// reached, and said nothing.
 			err = &unreachableError{err}

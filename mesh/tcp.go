@@ -3,6 +3,9 @@ package mesh
 import (
 	"context"
 	"net"
+	"net/netip"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,9 +77,7 @@ func (m *connMetrics) dial(next func(ctx context.Context, network, addr string) 
 		if err != nil {
 			return nil, err
 		}
-		// The socket's address, not the one asked for: that may be a
-		// client's Host, spelled as it likes.
-		s := m.conns(classify.LabelsFromContext(ctx), c.RemoteAddr().String())
+		s := m.conns(classify.LabelsFromContext(ctx), targetAddr(addr))
 		s.Opened()
 		return &countedConn{Conn: c, s: s}, nil
 	}
@@ -295,3 +296,24 @@ func (l *acceptedListener) Accept() (net.Conn, error) {
 // defaultDialer dials the outbound stack's connections when
 // WithDialContext sets none, as Go's default transport does.
 var defaultDialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+
+// targetAddr is the address a connection was dialled to, in one spelling:
+// on the default route it is a client's Host, spelled as the client likes
+// (a port with leading zeros, a name in capitals). It is not the socket's
+// address, which a dial function through a tunnel or a proxy would make
+// the same for every connection.
+func targetAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err == nil {
+		port = strconv.FormatUint(p, 10)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().WithZone("").String()
+	} else {
+		host = strings.ToLower(host)
+	}
+	return net.JoinHostPort(host, port)
+}
