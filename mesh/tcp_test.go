@@ -40,13 +40,7 @@ func TestTCPTargetAddrHasOneSpelling(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, 200, resp.StatusCode)
 	}
-	re := regexp.MustCompile(`target_addr="([^"]*)"`)
-	addrs := map[string]bool{}
-	for _, l := range m.Lines(t, "tcp_open_total") {
-		if sm := re.FindStringSubmatch(l); sm != nil {
-			addrs[sm[1]] = true
-		}
-	}
+	addrs := targetAddrs(t, m)
 	longest := 0
 	for a := range addrs {
 		longest = max(longest, len(a))
@@ -132,13 +126,7 @@ func TestTCPTargetAddrThroughATunnel(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, 200, resp.StatusCode)
 	}
-	re := regexp.MustCompile(`target_addr="([^"]*)"`)
-	addrs := map[string]bool{}
-	for _, l := range m.Lines(t, "tcp_open_total") {
-		if sm := re.FindStringSubmatch(l); sm != nil {
-			addrs[sm[1]] = true
-		}
-	}
+	addrs := targetAddrs(t, m)
 	for _, s := range srvs {
 		assert.True(t, addrs[s], "a series for server %s; got target_addr values %v (the tunnel is %s)", s, addrs, proxy)
 	}
@@ -169,4 +157,16 @@ func TestTCPDialedConnWithoutRemoteAddr(t *testing.T) {
 	resp, err := (&http.Client{Transport: client, Timeout: testutil.Timeout}).Get(srv.URL)
 	require.NoError(t, err)
 	resp.Body.Close()
+}
+
+// targetAddrs returns the target_addr values of tcp_open_total.
+func targetAddrs(t *testing.T, m *testutil.Metrics) map[string]bool {
+	re := regexp.MustCompile(`target_addr="([^"]*)"`)
+	addrs := map[string]bool{}
+	for _, l := range m.Lines(t, "tcp_open_total") {
+		if sm := re.FindStringSubmatch(l); sm != nil {
+			addrs[sm[1]] = true
+		}
+	}
+	return addrs
 }
