@@ -224,6 +224,13 @@ type inboundConn struct {
 func (c *inboundConn) resolve() {
 	c.once.Do(func() {
 		p := c.Peer()
+		// A connection whose protocol could not be detected (its meshed
+		// TLS handshake failed, or it closed first) carried nothing and
+		// is not counted, as Linkerd's proxy counts connections after
+		// their detection; nor is it taken for plaintext.
+		if d, ok := c.Conn.(interface{ DetectErr() error }); ok && d.DetectErr() != nil {
+			return
+		}
 		s := c.m.conns(c.tls.For(p.TLS, p.ID), c.LocalAddr().String())
 		c.mu.Lock()
 		c.s = s

@@ -3,6 +3,8 @@ package mesh
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -169,4 +171,31 @@ func targetAddrs(t *testing.T, m *testutil.Metrics) map[string]bool {
 		}
 	}
 	return addrs
+}
+
+// A connection whose meshed TLS handshake fails carried nothing: it is
+// not counted, and not as plaintext (it was counted as tls="no_identity",
+// no_tls_reason="no_tls_from_remote"), while a plaintext client's is.
+func TestTCPFailedHandshakeNotCounted(t *testing.T) {
+	p := newPKI(t)
+	m := testutil.NewMetrics(t)
+	server := NewServer(http.NotFoundHandler(), WithIdentity(p.certify(t, booksID)), WithMeterProvider(m.Provider), WithLogger(quiet))
+	defer server.Close()
+	addr := serveMeshed(t, server).String()
+
+	// A TLS client that trusts nothing ends the handshake.
+	conn, err := tls.Dial("tcp", addr, &tls.Config{ServerName: booksID, RootCAs: x509.NewCertPool()})
+	require.Error(t, err)
+	if conn != nil {
+		conn.Close()
+	}
+	// A plaintext client's request, answered: its connection is counted.
+	resp, err := (&http.Client{Timeout: testutil.Timeout}).Get("http://" + addr + "/")
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	lines := m.Lines(t, "tcp_open_total", `direction="inbound"`)
+	require.Len(t, lines, 1, "%v", lines)
+	assert.Contains(t, lines[0], `no_tls_reason="no_tls_from_remote"`)
+	assert.True(t, strings.HasSuffix(lines[0], " 1"), "only the plaintext client's connection: %s", lines[0])
 }

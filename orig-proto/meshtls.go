@@ -173,6 +173,14 @@ func (c *meshConn) Peer() identity.Peer {
 	return c.peer
 }
 
+// DetectErr returns the error that ended the detection of the
+// connection's protocol (its first read, or its meshed TLS handshake), nil
+// when it was detected; it detects first.
+func (c *meshConn) DetectErr() error {
+	c.once.Do(c.detect)
+	return c.err
+}
+
 // prefixConn reads prefix before the rest of its connection.
 type prefixConn struct {
 	net.Conn
