@@ -95,6 +95,15 @@ func LabelsOf(kvs ...attribute.KeyValue) *Labels {
 	return NewLabels("", m)
 }
 
+// Key returns the labels as one string, the same for equal labels; empty
+// for nil labels.
+func (l *Labels) Key() string {
+	if l == nil {
+		return ""
+	}
+	return l.key
+}
+
 // KeyValues returns the labels, sorted by key; nil for nil labels. The
 // slice must not be changed.
 func (l *Labels) KeyValues() []attribute.KeyValue {

@@ -32,8 +32,10 @@ type connMetrics struct {
 	cache map[connKey]*metrics.Conns // bounded by maxConnSeries
 }
 
+// connKey is a label set of connections: equal labels (an endpoint's
+// made again after a change) share their key.
 type connKey struct {
-	labels *classify.Labels
+	labels string // classify.Labels.Key
 	addr   string
 }
 
@@ -50,7 +52,7 @@ func newConnMetrics(mp metric.MeterProvider, direction, peer string) *connMetric
 
 // conns returns the series of connections with labels l to or from addr.
 func (m *connMetrics) conns(l *classify.Labels, addr string) *metrics.Conns {
-	k := connKey{l, addr}
+	k := connKey{l.Key(), addr}
 	m.mu.Lock()
 	c := m.cache[k]
 	m.mu.Unlock()
