@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 )
 
 // ErrRejected is wrapped by the error of an update when the control plane
@@ -157,7 +159,7 @@ func Dial(target string, opts ...Option) (*Client, error) {
 			return nil, fmt.Errorf("destination: WithWorkload: %w", err)
 		}
 	}
-	dialer := backoff.NewDialer(cfg.dial, cfg.policy)
+	dialer := backoff.NewDialer(userTimeoutDial(cfg.dial, cfg.keepalive), cfg.policy)
 	dialOpts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialer.DialGRPC),
@@ -336,5 +338,25 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Up
 			eps = []endpoint.Endpoint{}
 		}
 		return endpoint.Update{Set: &endpoint.Set{Exists: exists, Endpoints: eps}}, true
+	}
+}
+
+// userTimeoutDial dials with dial (nil: a net.Dialer) and, with keepalive
+// on, sets TCP_USER_TIMEOUT on the connection to the keepalive's timeout,
+// which gRPC sets on the connections it sees bare.
+func userTimeoutDial(dial backoff.DialFunc, ka keepalive.ClientParameters) backoff.DialFunc {
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	if ka.Time == infinity || ka.Timeout <= 0 {
+		return dial
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok && err == nil {
+			_ = setUserTimeout(tc, ka.Timeout) // best effort, as gRPC's
+		}
+		return c, err
 	}
 }
