@@ -159,7 +159,13 @@ func Dial(target string, opts ...Option) (*Client, error) {
 			return nil, fmt.Errorf("destination: WithWorkload: %w", err)
 		}
 	}
-	dialer := backoff.NewDialer(userTimeoutDial(cfg.dial, cfg.keepalive), cfg.policy)
+	ka := cfg.keepalive
+	if len(cfg.dialOptions) > 0 {
+		// Options of the caller's may set gRPC's keepalive otherwise,
+		// and come last: what gRPC will use is not known here.
+		ka.Time = infinity
+	}
+	dialer := backoff.NewDialer(userTimeoutDial(cfg.dial, ka), cfg.policy)
 	dialOpts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialer.DialGRPC),
@@ -343,7 +349,8 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Up
 
 // userTimeoutDial dials with dial (nil: a net.Dialer) and, with keepalive
 // on, sets TCP_USER_TIMEOUT on the connection to the keepalive's timeout,
-// which gRPC sets on the connections it sees bare.
+// which gRPC sets on the connections it sees bare. With dial options of the
+// caller's ([WithDialOptions]) it sets none: they may change the keepalive.
 func userTimeoutDial(dial backoff.DialFunc, ka keepalive.ClientParameters) backoff.DialFunc {
 	if dial == nil {
 		var d net.Dialer

@@ -357,6 +357,9 @@ type unreachableError struct{ err error }
 func (e *unreachableError) Error() string   { return e.err.Error() }
 func (e *unreachableError) Unwrap() []error { return []error{e.err, ErrUnreachable} }
 
+// GRPCStatus is the status of the error inside, its message unchanged.
+func (e *unreachableError) GRPCStatus() *status.Status { return status.Convert(e.err) }
+
 // answeredError is the end of a stream that was opened, before its first
 // message: an answer, an error status included, that the control plane
 // (or what stands in front of it) sent.
@@ -364,6 +367,9 @@ type answeredError struct{ err error }
 
 func (e *answeredError) Error() string { return e.err.Error() }
 func (e *answeredError) Unwrap() error { return e.err }
+
+// GRPCStatus is the status of the error inside, its message unchanged.
+func (e *answeredError) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
 // unanswerable reports whether a stream's error before its first message
 // says that no answer will come soon: the control plane does not serve the
