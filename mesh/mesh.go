@@ -346,7 +346,7 @@ func NewClient(opts ...ClientOption) *Client {
 	c := newClientConfig(opts)
 	cl := &Client{}
 	if c.dial == nil {
-		c.dial = defaultDialer.DialContext
+		c.dial = transport.Dialer().DialContext
 	}
 	c.dial = newConnMetrics(c.mp, "outbound", "dst").dial(c.dial)
 	cl.accepted = newConnMetrics(c.mp, "outbound", "src")

@@ -3,15 +3,12 @@ package mesh
 import (
 	"context"
 	"net"
-	"net/netip"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -302,27 +299,14 @@ func (l *acceptedListener) Accept() (net.Conn, error) {
 	return &countedConn{Conn: c, s: s}, nil
 }
 
-// defaultDialer dials the outbound stack's connections when
-// WithDialContext sets none, as Go's default transport does.
-var defaultDialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-
-// targetAddr is the address a connection was dialled to, in one spelling:
-// on the default route it is a client's Host, spelled as the client likes
-// (a port with leading zeros, a name in capitals). It is not the socket's
-// address, which a dial function through a tunnel or a proxy would make
-// the same for every connection.
+// targetAddr is the address a connection was dialled to, in one spelling
+// (authority.Normalize's): on the default route it is a client's Host,
+// spelled as the client likes (a port with leading zeros, a name in
+// capitals). It is not the socket's address, which a dial function through
+// a tunnel or a proxy would make the same for every connection.
 func targetAddr(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
+	if n, err := authority.Normalize(addr); err == nil {
+		return n
 	}
-	if p, err := strconv.ParseUint(port, 10, 16); err == nil {
-		port = strconv.FormatUint(p, 10)
-	}
-	if ip, err := netip.ParseAddr(host); err == nil {
-		host = ip.Unmap().WithZone("").String()
-	} else {
-		host = strings.ToLower(host)
-	}
-	return net.JoinHostPort(host, port)
+	return addr
 }

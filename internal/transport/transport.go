@@ -48,14 +48,16 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-func dialer() *net.Dialer { return &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second} }
+// Dialer returns the dialer of the transports here, Go's default
+// transport's.
+func Dialer() *net.Dialer { return &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second} }
 
 // HTTP1 returns an HTTP/1-only transport with the bounds l. It uses no
 // proxy from the environment: a mesh sends to the address it resolved.
 func HTTP1(l Limits) *http.Transport {
 	l = l.withDefaults()
 	t := &http.Transport{
-		DialContext:            dialer().DialContext,
+		DialContext:            Dialer().DialContext,
 		Protocols:              new(http.Protocols),
 		IdleConnTimeout:        l.IdleConnTimeout,
 		MaxIdleConns:           l.MaxIdleConns,
@@ -75,7 +77,7 @@ func HTTP1(l Limits) *http.Transport {
 func H2(l Limits) *http.Transport {
 	l = l.withDefaults()
 	t := &http.Transport{
-		DialContext:            dialer().DialContext,
+		DialContext:            Dialer().DialContext,
 		Protocols:              new(http.Protocols),
 		MaxConnsPerHost:        1,
 		IdleConnTimeout:        l.IdleConnTimeout,
