@@ -163,7 +163,7 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	if len(cfg.dialOptions) > 0 {
 		// Options of the caller's may set gRPC's keepalive otherwise,
 		// and come last: what gRPC will use is not known here.
-		ka.Time = infinity
+		ka.Time = cpaddr.NoPing
 	}
 	dialer := backoff.NewDialer(userTimeoutDial(cfg.dial, ka), cfg.policy)
 	dialOpts := append([]grpc.DialOption{
@@ -356,7 +356,7 @@ func userTimeoutDial(dial backoff.DialFunc, ka keepalive.ClientParameters) backo
 		var d net.Dialer
 		dial = d.DialContext
 	}
-	if ka.Time == infinity || ka.Timeout <= 0 {
+	if ka.Time == cpaddr.NoPing || ka.Timeout <= 0 {
 		return dial
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {

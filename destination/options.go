@@ -2,11 +2,11 @@ package destination
 
 import (
 	"log/slog"
-	"math"
 	"net/netip"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
+	"github.com/inmesh/inmesh/internal/cpaddr"
 	"github.com/inmesh/inmesh/internal/registry"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
@@ -25,8 +25,8 @@ const (
 	// and Identity controllers) lets a client ping by default; more often
 	// and it closes the connection. inmesh's control plane
 	// ([controlplane.KeepaliveOptions]) lets clients ping every 10 s.
-	DefaultKeepalive        = 5 * time.Minute
-	DefaultKeepaliveTimeout = 20 * time.Second
+	DefaultKeepalive        = cpaddr.DefaultPing
+	DefaultKeepaliveTimeout = cpaddr.DefaultPingTimeout
 )
 
 // Option configures a [Client]. Options given nil values change nothing.
@@ -152,16 +152,13 @@ func WithKeepalive(d, timeout time.Duration) Option {
 	return optionFunc(func(c *config) {
 		c.keepalive.Time = d
 		if d <= 0 {
-			c.keepalive.Time = infinity
+			c.keepalive.Time = cpaddr.NoPing
 		}
 		if timeout > 0 {
 			c.keepalive.Timeout = timeout
 		}
 	})
 }
-
-// infinity is gRPC's keepalive time that turns the pings off.
-const infinity = time.Duration(math.MaxInt64)
 
 // WithLogger sets the logger of a [Client] (default slog.Default()), for
 // stream failures and rejected updates, each kind of line at most once per

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"sync"
 	"time"
@@ -77,8 +76,8 @@ type Config struct {
 // server lets a client ping by default. DefaultKeepaliveTimeout is how long
 // the answer to a ping may take before the connection is dropped.
 const (
-	DefaultKeepalive        = 5 * time.Minute
-	DefaultKeepaliveTimeout = 20 * time.Second
+	DefaultKeepalive        = cpaddr.DefaultPing
+	DefaultKeepaliveTimeout = cpaddr.DefaultPingTimeout
 )
 
 // Config returns the configuration Linkerd's proxy reads from e; pass
@@ -179,7 +178,7 @@ func NewSession(cfg Config, opts ...Option) (*Session, error) {
 	case ping == 0:
 		ping = DefaultKeepalive
 	case ping < 0:
-		ping = time.Duration(math.MaxInt64) // gRPC's "never"
+		ping = cpaddr.NoPing
 	}
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(local.TransportCredentials(server)),

@@ -9,6 +9,7 @@ package cpaddr
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"time"
@@ -94,3 +95,14 @@ func (static) Close()                                {}
 // notices a replica lost without a reset (its host gone, a frozen process)
 // and moves to a live one.
 const MinPing = 10 * time.Second
+
+// The control-plane clients' keepalive defaults: DefaultPing is the most
+// often a gRPC-Go server with default settings (Linkerd's Destination and
+// Identity controllers) lets a client ping, and DefaultPingTimeout how long
+// the answer may take before the connection is dropped. NoPing is gRPC's
+// keepalive time that turns the pings off.
+const (
+	DefaultPing        = 5 * time.Minute
+	DefaultPingTimeout = 20 * time.Second
+	NoPing             = time.Duration(math.MaxInt64)
+)
