@@ -115,8 +115,8 @@ func traceStream(t *meshtrace.Tracer) grpc.StreamClientInterceptor {
 // tracedStream ends its call's span when the stream ends, in the ways
 // grpc-go's ClientStream documents but one: RecvMsg's io.EOF or error, the
 // one message of a call whose server does not stream (CloseAndRecv), an
-// error (not io.EOF) of SendMsg or Header, or the cancellation of the
-// call's context. A stream its caller leaves unread when its ClientConn
+// error (not io.EOF) of SendMsg, or the cancellation of the call's
+// context. (grpc-go's Header reports no error: RecvMsg gives it.) A stream its caller leaves unread when its ClientConn
 // closes keeps its span open until the call's context ends.
 type tracedStream struct {
 	grpc.ClientStream
@@ -137,14 +137,6 @@ func (ts *tracedStream) SendMsg(m any) error {
 		ts.end(err)
 	}
 	return err
-}
-
-func (ts *tracedStream) Header() (metadata.MD, error) {
-	md, err := ts.ClientStream.Header()
-	if err != nil {
-		ts.end(err)
-	}
-	return md, err
 }
 
 func (ts *tracedStream) RecvMsg(m any) error {
