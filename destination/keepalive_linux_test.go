@@ -53,22 +53,27 @@ func userTimeoutOf(t *testing.T, tc *net.TCPConn) int {
 	var v int
 	var gerr error
 	require.NoError(t, raw.Control(func(fd uintptr) {
-		v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, 0x12)
+		v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, 0x12 /* TCP_USER_TIMEOUT */)
 	}))
 	require.NoError(t, gerr)
 	return v
 }
 
-// Keepalive turned off (WithKeepalive(0, x), or gRPC's own keepalive
-// option through WithDialOptions, which gRPC applies last): gRPC would set
-// no TCP_USER_TIMEOUT, nor should the client.
-func TestKeepaliveOffNoUserTimeout(t *testing.T) {
+// The client's connections to the control plane have TCP_USER_TIMEOUT at
+// the keepalive's timeout with keepalive on, as gRPC sets it on the
+// connections it sees bare (it cannot here: the client's dialer hands it
+// the connection wrapped, which left it unset), and none with keepalive
+// off: WithKeepalive(0, x), or gRPC's own keepalive option through
+// WithDialOptions, which gRPC applies last.
+func TestKeepaliveTCPUserTimeout(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opt  destination.Option
+		want int // ms
 	}{
-		{"WithKeepalive(0)", destination.WithKeepalive(0, 7*time.Second)},
-		{"WithDialOptions(grpc.WithKeepaliveParams(off))", destination.WithDialOptions(grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: time.Duration(math.MaxInt64)}))},
+		{"WithKeepalive(1m, 7s)", destination.WithKeepalive(time.Minute, 7*time.Second), 7000},
+		{"WithKeepalive(0)", destination.WithKeepalive(0, 7*time.Second), 0},
+		{"WithDialOptions(grpc.WithKeepaliveParams(off))", destination.WithDialOptions(grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: time.Duration(math.MaxInt64)})), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,8 +91,8 @@ func TestKeepaliveOffNoUserTimeout(t *testing.T) {
 				}))
 			require.NoError(t, err)
 			defer c.Close()
-			waitEndpoints(t, c)
-			assert.Equal(t, 0, userTimeoutOf(t, <-conns), "TCP_USER_TIMEOUT (ms) with keepalive off")
+			waitEndpoints(t, c) // the stream is up: gRPC has set up its transport on the connection
+			assert.Equal(t, tc.want, userTimeoutOf(t, <-conns), "TCP_USER_TIMEOUT (ms) of the client's connection")
 		})
 	}
 }
