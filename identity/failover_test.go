@@ -2,7 +2,9 @@ package identity_test
 
 import (
 	"context"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	xcredentials "google.golang.org/grpc/experimental/credentials"
@@ -120,4 +123,37 @@ func TestStartFailsOverToAnotherReplica(t *testing.T) {
 				controlplane.MinClientPing+timeout, 5*time.Millisecond, "no renewal after the first replica was lost")
 		})
 	}
+}
+
+// A Certify call to a replica that went silent, on a connection nothing
+// pings, fails at its deadline and is counted and logged as a failed
+// renewal, the certificate kept; before, it held every renewal for ever.
+func TestCertifyCallHasADeadline(t *testing.T) {
+	defer identity.SetCertifyTimeout(200 * time.Millisecond)()
+	m := newMesh(t)
+	svc := m.certified(t, svcName, "svc-token")
+	lis := holdPort(t)
+	srv := grpc.NewServer(append(controlplane.KeepaliveOptions(time.Minute),
+		grpc.Creds(xcredentials.NewTLSWithALPNDisabled(svc.ServerConfig())))...)
+	m.issuer.Register(srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	proxy := testutil.StartStallProxy(t, lis.Addr().String())
+
+	cfg := m.config(t, books, booksTok)
+	cfg.Addr, cfg.Keepalive = proxy.Addr(), -1 // no pings: only the deadline ends a call
+	var logs testutil.LogLines
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	s, err := identity.Start(ctx, cfg, identity.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		identity.WithRefreshBounds(50*time.Millisecond, 100*time.Millisecond))
+	require.NoError(t, err)
+	defer s.Close()
+	cert := s.Local().Certificate()
+
+	proxy.Stall()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "DeadlineExceeded") }, timeout, 5*time.Millisecond,
+		"a renewal on the silent replica ended by its deadline: %s", &logs)
+	assert.Same(t, cert, s.Local().Certificate(), "the certificate stays in use")
 }
