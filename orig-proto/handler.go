@@ -94,23 +94,28 @@ func (h *handler) defaultTrust(r *http.Request) bool {
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	trusted := h.trusted(r)
-	r = guardTrailers(withoutH2CUpgrade(r), trusted)
+	in := r
+	r = withoutH2CUpgrade(r)
 	values, has := r.Header[Header]
 	if !trusted {
 		if has || hasL5d(r.Header) {
-			r = r.Clone(r.Context())
+			r = withOwnHeader(r)
 			stripL5d(r.Header)
+			if p, ok := identity.PeerFromContext(r.Context()); ok && p.ID != "" {
+				// What TLS verified is not the client's word.
+				r.Header[ClientIDHeader] = []string{p.ID}
+			}
 		}
-		h.next.ServeHTTP(w, r)
+		h.next.ServeHTTP(w, guardTrailers(in, r, false))
 		return
 	}
 	if !has || r.ProtoMajor != 2 {
 		if has {
 			// Only an HTTP/2 request can have been upgraded.
-			r = r.Clone(r.Context())
+			r = withOwnHeader(r)
 			delete(r.Header, Header)
 		}
-		h.next.ServeHTTP(w, r)
+		h.next.ServeHTTP(w, guardTrailers(in, r, true))
 		return
 	}
 	if err := CheckHTTP2Request(r); err != nil {
@@ -127,7 +132,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.minor == 0 {
 		st.OnHead = prepareHTTP10
 	}
-	h.next.ServeHTTP(dw, down)
+	h.next.ServeHTTP(dw, guardTrailers(in, down, true))
 	// A handler that wrote nothing leaves the response to net/http, which
 	// sends the header map as it is: prepare it now.
 	if st.Status == 0 {
@@ -244,29 +249,48 @@ func hasL5d(h http.Header) bool {
 	return false
 }
 
-// guardTrailers returns r with a body that, when it ends, removes from the
-// request's trailers what a client may not send in them: l5d-client-id
-// (an identity is what TLS verified, never a client's word; withPeer
-// removes the header the same way) and, from a peer that is not trusted,
-// every l5d-*. Only a chunked HTTP/1 body or an HTTP/2 one can carry
-// trailers; other requests are returned as they are.
-func guardTrailers(r *http.Request, trusted bool) *http.Request {
-	if r.Body == nil || r.Body == http.NoBody {
+// guardTrailers returns r, a copy of src or src itself, with a body
+// that, when src's ends, gives r the trailers the server filled in for
+// src, without what a client may not send in them: l5d-client-id (an
+// identity is what TLS verified, never a client's word; withPeer removes
+// the header the same way) and, from a peer that is not trusted, every
+// l5d-*. Only a chunked HTTP/1 body or an HTTP/2 one can carry trailers;
+// other requests are returned as they are.
+func guardTrailers(src, r *http.Request, trusted bool) *http.Request {
+	if !mayHaveTrailers(src) {
 		return r
 	}
-	if r.ProtoMajor == 1 && !slices.Contains(r.TransferEncoding, "chunked") {
-		return r
+	if r == src {
+		r = r.WithContext(r.Context())
 	}
+	r.Body = &trailerGuard{ReadCloser: src.Body, r: src, out: r, all: !trusted}
+	return r
+}
+
+// withOwnHeader returns a shallow copy of r with a copy of its header: a
+// deep copy (Clone) would have trailers of its own, which the server
+// never fills.
+func withOwnHeader(r *http.Request) *http.Request {
 	out := r.WithContext(r.Context())
-	out.Body = &trailerGuard{ReadCloser: r.Body, r: r, out: out, all: !trusted}
+	out.Header = r.Header.Clone()
 	return out
+}
+
+// mayHaveTrailers reports whether r's body can end with trailers: a
+// chunked HTTP/1 body or an HTTP/2 one.
+func mayHaveTrailers(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return false
+	}
+	return r.ProtoMajor != 1 || slices.Contains(r.TransferEncoding, "chunked")
 }
 
 // trailerGuard is a request body that cleans its request's trailers at
 // its end. The server fills the trailers of the request it made (r): the
 // map a shallow copy (out) shares, which a deep copy (Clone) does not;
 // trailers an HTTP/1 request did not declare come in a map of their own,
-// which out is given.
+// which out is given. A copy of out made before the end would not be:
+// the guard is the last step before the handler that reads the body.
 type trailerGuard struct {
 	io.ReadCloser
 	r, out *http.Request

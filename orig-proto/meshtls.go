@@ -227,12 +227,12 @@ func withPeer(r *http.Request) *http.Request {
 	if p.TLS {
 		ctx = identity.WithPeer(ctx, p)
 	}
-	r = r.Clone(ctx)
-	delete(r.Header, ClientIDHeader)
+	out := withOwnHeader(r.WithContext(ctx))
+	delete(out.Header, ClientIDHeader)
 	if p.ID != "" {
-		r.Header[ClientIDHeader] = []string{p.ID}
+		out.Header[ClientIDHeader] = []string{p.ID}
 	}
-	return r
+	return guardTrailers(r, out, true)
 }
 
 // maxLoggedName bounds the bytes of a client's requested server name that

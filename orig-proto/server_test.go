@@ -3,6 +3,7 @@ package origproto
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -122,61 +123,91 @@ func TestServerStripsH2CUpgrade(t *testing.T) {
 // trailer. Other trailers arrive.
 func TestClaimedIdentityTrailersRemoved(t *testing.T) {
 	const claimed = "admin.default.serviceaccount.identity.linkerd.cluster.local"
-	serve := func(t *testing.T, trusted bool) (addr string, got chan http.Header) {
+	server, client, _ := certifiedPair(t)
+	serve := func(t *testing.T, trusted, meshed bool) (addr string, got chan http.Header) {
 		got = make(chan http.Header, 1)
 		app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			got <- r.Trailer.Clone()
 		})
 		srv := NewServer(NewHandler(app, WithTrust(func(*http.Request) bool { return trusted })))
+		srv.ErrorLog = quietLogger
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
-		go srv.Serve(GuardListener(lis))
+		l := lis
+		if meshed {
+			l = MeshTLSListener(lis, server)
+		}
+		go srv.Serve(GuardListener(l))
 		t.Cleanup(func() { srv.Close() })
 		return lis.Addr().String(), got
 	}
+	// dial connects in plaintext, or in meshed mTLS with the client's
+	// certificate (HTTP/2 inside it with prior knowledge).
+	dial := func(meshed bool) func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			raw, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil || !meshed {
+				return raw, err
+			}
+			tc := tls.Client(raw, client.ClientConfig(booksID))
+			if err := tc.HandshakeContext(ctx); err != nil {
+				raw.Close()
+				return nil, err
+			}
+			return struct{ net.Conn }{tc}, nil // not a *tls.Conn: no ALPN needed
+		}
+	}
 	for _, tc := range []struct {
 		name string
-		send func(t *testing.T, addr string)
+		send func(t *testing.T, addr string, meshed bool)
 	}{
-		{"HTTP/1 declared", func(t *testing.T, addr string) {
-			rawTrailers(t, addr, "Trailer: L5d-Client-Id, L5d-Dst-Override, X-Checksum\r\n")
+		{"HTTP/1 declared", func(t *testing.T, addr string, meshed bool) {
+			rawTrailers(t, dial(meshed), addr, "Trailer: L5d-Client-Id, L5d-Dst-Override, X-Checksum\r\n")
 		}},
-		{"HTTP/1 undeclared", func(t *testing.T, addr string) { rawTrailers(t, addr, "") }},
-		{"HTTP/2", func(t *testing.T, addr string) {
+		{"HTTP/1 undeclared", func(t *testing.T, addr string, meshed bool) { rawTrailers(t, dial(meshed), addr, "") }},
+		{"HTTP/2", func(t *testing.T, addr string, meshed bool) {
 			req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/", nil)
 			require.NoError(t, err)
 			req.ContentLength = -1
 			req.Trailer = http.Header{ClientIDHeader: nil, "L5d-Dst-Override": nil, "X-Checksum": nil}
 			req.Body = &trailerSetter{Reader: strings.NewReader("body"), trailer: req.Trailer,
 				set: map[string]string{ClientIDHeader: claimed, "L5d-Dst-Override": "x:1", "X-Checksum": "abc"}}
-			resp, err := testutil.NewTransport(t, testutil.H2C).RoundTrip(req)
+			rt := &http.Transport{Protocols: new(http.Protocols), DialContext: dial(meshed)}
+			rt.Protocols.SetUnencryptedHTTP2(true)
+			defer rt.CloseIdleConnections()
+			resp, err := rt.RoundTrip(req)
 			require.NoError(t, err)
 			resp.Body.Close()
 		}},
 	} {
-		for _, trusted := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/trusted=%v", tc.name, trusted), func(t *testing.T) {
-				addr, got := serve(t, trusted)
-				tc.send(t, addr)
-				tr := <-got
-				assert.Empty(t, tr.Get(ClientIDHeader), "claimed identity")
-				assert.Equal(t, "abc", tr.Get("X-Checksum"), "other trailers arrive")
-				if trusted {
-					assert.Equal(t, "x:1", tr.Get("L5d-Dst-Override"), "a trusted client's other l5d-* trailers arrive")
-				} else {
-					assert.Empty(t, tr.Get("L5d-Dst-Override"), "no l5d-* from a client not trusted")
-				}
-			})
+		for _, meshed := range []bool{false, true} {
+			for _, trusted := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/meshed=%v/trusted=%v", tc.name, meshed, trusted), func(t *testing.T) {
+					addr, got := serve(t, trusted, meshed)
+					tc.send(t, addr, meshed)
+					tr := <-got
+					assert.Empty(t, tr.Get(ClientIDHeader), "claimed identity")
+					assert.Equal(t, "abc", tr.Get("X-Checksum"), "other trailers arrive")
+					if trusted {
+						assert.Equal(t, "x:1", tr.Get("L5d-Dst-Override"), "a trusted client's other l5d-* trailers arrive")
+					} else {
+						assert.Empty(t, tr.Get("L5d-Dst-Override"), "no l5d-* from a client not trusted")
+					}
+				})
+			}
 		}
 	}
 }
 
 // rawTrailers sends a chunked HTTP/1 POST whose trailers claim an
-// identity, with the extra header lines head, and reads its response.
-func rawTrailers(t *testing.T, addr, head string) {
+// identity, with the extra header lines head, on a connection of dial,
+// and reads its response.
+func rawTrailers(t *testing.T, dial func(ctx context.Context, network, addr string) (net.Conn, error), addr, head string) {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	conn, err := dial(ctx, "tcp", addr)
 	require.NoError(t, err)
 	defer conn.Close()
 	require.NoError(t, conn.SetDeadline(time.Now().Add(testutil.Timeout)))
