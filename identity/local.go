@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -108,6 +109,24 @@ func (l *Local) CSR() []byte { return l.csr }
 
 // Ready is closed once the first certificate is installed.
 func (l *Local) Ready() <-chan struct{} { return l.ready }
+
+// Wait returns once the first certificate is installed, or with an error
+// wrapping [ErrNotReady] and ctx's error when ctx ends first. The meshed
+// clients wait for it before a handshake: a connection made without the
+// certificate would stay anonymous for as long as it is pooled.
+func (l *Local) Wait(ctx context.Context) error {
+	select {
+	case <-l.ready:
+		return nil
+	default:
+	}
+	select {
+	case <-l.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w for %s: %w", ErrNotReady, l.name, context.Cause(ctx))
+	}
+}
 
 // Certificate returns the chain presented in handshakes, nil before the
 // first certificate is installed.

@@ -61,6 +61,73 @@ func (p *pki) certify(t *testing.T, name string) *identity.Local {
 	return l
 }
 
+// A client whose identity has no certificate yet sends nothing: a
+// connection made without it would stay anonymous for as long as it is
+// pooled, and the server would see no identity after the certificate
+// came. A request whose context ends first fails, and nothing reaches
+// the application; one made before the certificate and those after it
+// carry the identity.
+func TestFirstRequestsWaitForTheCertificate(t *testing.T) {
+	p := newPKI(t)
+	var reached atomic.Int32
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		io.WriteString(w, r.Proto+" id="+r.Header.Get("L5d-Client-Id"))
+	})
+	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+	defer server.Close()
+	addr := serveMeshed(t, server)
+	const books = "books.default.svc.cluster.local:7000"
+	for _, h2 := range []bool{false, true} {
+		t.Run("h2="+strconv.FormatBool(h2), func(t *testing.T) {
+			eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{books: {{Addr: addr, H2: h2, Identity: booksID}}})
+			require.NoError(t, err)
+			web, err := identity.NewLocal(webID, p.anchors)
+			require.NoError(t, err)
+			client := NewClient(WithEndpoints(eps), WithIdentity(web), WithMeterProvider(noop.NewMeterProvider()),
+				WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
+			defer client.Close()
+			get := func(ctx context.Context) (string, error) {
+				req, err := http.NewRequestWithContext(ctx, "GET", "http://"+books+"/", nil)
+				require.NoError(t, err)
+				resp, err := client.RoundTrip(req)
+				if err != nil {
+					return "", err
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				return string(b), err
+			}
+			before := reached.Load()
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			_, err = get(ctx)
+			cancel()
+			assert.Error(t, err, "a request before the certificate")
+			assert.Equal(t, before, reached.Load(), "nothing reached the application without the certificate")
+
+			const proto = "HTTP/1.1" // with h2, upgraded between the peers and downgraded for the application
+			waiting := make(chan string, 1)
+			go func() {
+				body, err := get(context.Background())
+				if err != nil {
+					body = err.Error()
+				}
+				waiting <- body
+			}()
+			resp, err := p.issuer.Certify(context.Background(), &identitypb.CertifyRequest{
+				Identity: webID, Token: []byte(webID), CertificateSigningRequest: web.CSR()})
+			require.NoError(t, err)
+			require.NoError(t, web.SetCertificate(resp.LeafCertificate, resp.IntermediateCertificates))
+			assert.Equal(t, proto+" id="+webID, <-waiting, "the request made before the certificate")
+			for i := range 3 {
+				body, err := get(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, proto+" id="+webID, body, "request %d after the certificate", i)
+			}
+		})
+	}
+}
+
 // Two peers with identities: the request crosses as mTLS (the server's
 // certificate carries its identity), the application sees the client's
 // identity in l5d-client-id; a plaintext client of the same port is

@@ -254,8 +254,9 @@ func WithLocalAuthorities(authorities ...string) ServerOption {
 // local's certificate; the inbound stack's [Server.Listener] terminates
 // mTLS whose SNI is local's name on the same port as plaintext, and gives
 // the application the client's verified identity (l5d-client-id,
-// identity.PeerFromContext). Without it, nothing is encrypted and endpoint
-// identities are ignored; nil changes nothing.
+// identity.PeerFromContext). A meshed connection waits for local's first
+// certificate, within the request's context. Without it, nothing is
+// encrypted and endpoint identities are ignored; nil changes nothing.
 func WithIdentity(local *identity.Local) Option {
 	return optionFunc(func(c *config) {
 		if local != nil {

@@ -46,6 +46,10 @@ func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, raw net.Con
 	if id == "" || c.local == nil {
 		return raw, plainInfo{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
 	}
+	if err := c.local.Wait(ctx); err != nil {
+		raw.Close()
+		return nil, nil, &identity.IdentityError{Expected: id, Err: err}
+	}
 	conn := tls.Client(raw, c.local.ClientConfig(id))
 	if err := conn.HandshakeContext(ctx); err != nil {
 		conn.Close()

@@ -2,11 +2,13 @@ package meshgrpc_test
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	xcredentials "google.golang.org/grpc/experimental/credentials"
@@ -112,4 +114,41 @@ func TestIdentityChange(t *testing.T) {
 		return status.Code(err) == codes.Unavailable
 	}, testutil.Timeout, 10*time.Millisecond)
 	assert.Contains(t, status.Convert(err).Message(), "impostor.default")
+}
+
+// A client whose identity has no certificate yet opens no meshed
+// connection: grpc-go would keep one made without the certificate for
+// the channel's life, and the server would see an anonymous caller after
+// the certificate came. A call whose deadline ends first fails without
+// reaching the server; one made before the certificate and those after
+// it carry the identity.
+func TestFirstCallsWaitForTheCertificate(t *testing.T) {
+	e := newEnv(t)
+	web, err := identity.NewLocal(webID, e.pki.anchors)
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: netip.MustParseAddrPort(e.addr), Identity: booksID}}})
+	c := dial(t, serveStore(t, store), meshgrpc.WithIdentity(web))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err = c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+	cancel()
+	assert.Error(t, err, "a call before the certificate")
+
+	waiting := make(chan string, 1)
+	go func() {
+		resp, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
+		if err != nil {
+			waiting <- err.Error()
+			return
+		}
+		waiting <- resp.GetUsername()
+	}()
+	require.NoError(t, e.pki.issuer.CertifyLocal(web))
+	assert.Equal(t, webID, <-waiting, "the call made before the certificate")
+	for i := range 3 {
+		resp, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{})
+		require.NoError(t, err)
+		assert.Equal(t, webID, resp.GetUsername(), "call %d after the certificate", i)
+	}
 }

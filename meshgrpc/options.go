@@ -47,8 +47,9 @@ func newConfig(opts []Option) *config {
 }
 
 // WithIdentity sets the local identity: a client presents its certificate
-// and verifies each endpoint's identity from discovery; a server terminates
-// mTLS with it. Without it, connections are plaintext.
+// and verifies each endpoint's identity from discovery (a connection
+// waits for the first certificate, within grpc-go's connect deadline); a
+// server terminates mTLS with it. Without it, connections are plaintext.
 func WithIdentity(local *identity.Local) Option {
 	return optionFunc(func(c *config) { c.identity = local })
 }

@@ -114,6 +114,9 @@ func (ts *tlsTransports) closeIdle() {
 func (ts *tlsTransports) dialer(id string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	cfg := ts.local.ClientConfig(id)
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if err := ts.local.Wait(ctx); err != nil {
+			return nil, &identity.IdentityError{Expected: id, Err: err}
+		}
 		raw, err := ts.dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
