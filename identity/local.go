@@ -10,7 +10,9 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"encoding/asn1"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +28,7 @@ var (
 	ErrInvalidName  = errors.New("identity: invalid identity name")
 	ErrNoAnchors    = errors.New("identity: no trust anchors")
 	ErrUntrustedCrt = errors.New("identity: certificate does not chain to the trust anchors")
+	ErrCAAsLeaf     = errors.New("identity: the peer's certificate is a CA's, not a workload's")
 )
 
 // Local is the identity of this process: its name, its private key, the
@@ -191,8 +194,18 @@ func (l *Local) SetCertificate(leaf []byte, intermediates [][]byte) error {
 	return nil
 }
 
-// verifyName returns ErrWrongName unless crt carries name as a DNS SAN.
+// verifyName returns ErrWrongName unless crt carries name: as a DNS SAN,
+// or as a URI SAN when name is a URI (a SPIFFE identity, as Linkerd's
+// destination controller gives an external workload).
 func verifyName(crt *x509.Certificate, name string) error {
+	if isURI(name) {
+		for _, u := range crt.URIs {
+			if u.String() == name {
+				return nil
+			}
+		}
+		return fmt.Errorf("%w %q (its URIs: %q)", ErrWrongName, name, crt.URIs)
+	}
 	for _, n := range crt.DNSNames {
 		if n == name {
 			return nil
@@ -201,14 +214,50 @@ func verifyName(crt *x509.Certificate, name string) error {
 	return fmt.Errorf("%w %q (its DNS names: %q)", ErrWrongName, name, crt.DNSNames)
 }
 
+// isURI reports whether an identity is a URI (a scheme before "://")
+// rather than a DNS-like name.
+func isURI(name string) bool {
+	u, err := url.Parse(name)
+	return err == nil && u.Scheme != "" && strings.Contains(name, "://")
+}
+
+// oidSubjectAltName is the object identifier of the subject alternative
+// name extension (RFC 5280, 4.2.1.6).
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
 // PeerIdentity returns the identity a verified peer certificate carries:
-// its first DNS SAN that is a valid identity name (one with a trailing dot
-// is skipped), as Linkerd's proxy reads a client's identity; empty when
-// there is none.
+// its first subject alternative name, in the certificate's order, that is
+// a DNS name valid as an identity (one with a trailing dot is skipped) or
+// a URI (a SPIFFE identity), as Linkerd's proxy reads a client's identity;
+// empty when there is none.
 func PeerIdentity(crt *x509.Certificate) string {
-	for _, n := range crt.DNSNames {
-		if CheckName(n) == nil {
-			return n
+	for _, ext := range crt.Extensions {
+		if !ext.Id.Equal(oidSubjectAltName) {
+			continue
+		}
+		var names asn1.RawValue
+		if rest, err := asn1.Unmarshal(ext.Value, &names); err != nil || len(rest) > 0 || names.Tag != asn1.TagSequence {
+			return ""
+		}
+		for rest := names.Bytes; len(rest) > 0; {
+			var n asn1.RawValue
+			var err error
+			if rest, err = asn1.Unmarshal(rest, &n); err != nil {
+				return ""
+			}
+			if n.Class != asn1.ClassContextSpecific {
+				continue
+			}
+			switch name := string(n.Bytes); n.Tag {
+			case 2: // dNSName
+				if CheckName(name) == nil {
+					return name
+				}
+			case 6: // uniformResourceIdentifier; x509 parsed it already
+				if isURI(name) {
+					return name
+				}
+			}
 		}
 	}
 	return ""

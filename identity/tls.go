@@ -16,7 +16,8 @@ var ErrNoPeerCertificate = errors.New("identity: the peer presented no certifica
 // ClientConfig returns the TLS configuration of a connection to the meshed
 // server whose identity is server: SNI is server, the handshake succeeds
 // only when the server's chain leads to the anchors and its leaf, valid
-// now, carries server as a DNS SAN, and the local certificate is presented
+// now and not a CA's, carries server (as a DNS SAN, or as a URI SAN when
+// server is a URI), and the local certificate is presented
 // when the server asks for one (none before the first is installed).
 // TLS 1.3 only, no ALPN, no session resumption: what Linkerd's proxy sends
 // and accepts. Each handshake takes the certificate current at that moment.
@@ -46,7 +47,8 @@ func (l *Local) clientConfig(server string, cert func(*tls.CertificateRequestInf
 // ServerConfig returns the TLS configuration of the local identity's
 // server side: it presents the current certificate (a handshake before the
 // first is installed fails), asks for a client certificate and verifies one
-// against the anchors when given, and admits clients without one (port
+// against the anchors when given (a CA's is refused), and admits clients
+// without one (port
 // policy decides later what they may do). TLS 1.3 only, no ALPN.
 func (l *Local) ServerConfig() *tls.Config {
 	return &tls.Config{
@@ -54,8 +56,18 @@ func (l *Local) ServerConfig() *tls.Config {
 		GetCertificate:         l.serverCertificate,
 		ClientAuth:             tls.VerifyClientCertIfGiven,
 		ClientCAs:              l.anchors,
+		VerifyConnection:       verifyClient,
 		SessionTicketsDisabled: true,
 	}
+}
+
+// verifyClient refuses a client whose certificate, verified against the
+// anchors, is a CA's: it proves no workload identity.
+func verifyClient(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) > 0 && cs.PeerCertificates[0].IsCA {
+		return ErrCAAsLeaf
+	}
+	return nil
 }
 
 func (l *Local) serverCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -98,8 +110,8 @@ type IdentityError struct {
 	// Expected is the server identity the client required.
 	Expected string
 	// Presented is the identity of the certificate the server presented
-	// (its first DNS SAN that is an identity name), verified or not; empty
-	// when the handshake failed before it showed one.
+	// ([PeerIdentity]), verified or not; empty when the handshake failed
+	// before it showed one.
 	Presented string
 	Err       error
 }
@@ -124,6 +136,9 @@ func (l *Local) verifyServer(cs tls.ConnectionState, server string) error {
 	presented := PeerIdentity(leaf)
 	if presented == "" && len(leaf.DNSNames) > 0 {
 		presented = fmt.Sprintf("%q", leaf.DNSNames)
+	}
+	if leaf.IsCA {
+		return &IdentityError{Expected: server, Presented: presented, Err: ErrCAAsLeaf}
 	}
 	if now := l.now(); now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
 		return &IdentityError{Expected: server, Presented: presented, Err: fmt.Errorf("%w (valid %s to %s)", ErrExpired,

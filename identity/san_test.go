@@ -1,0 +1,218 @@
+package identity_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// san is one subject alternative name of a test certificate, in order.
+type san struct {
+	uri   bool // a URI; a DNS name otherwise
+	name  string
+	email bool // an rfc822Name: neither kind of identity
+}
+
+func dnsSAN(n string) san   { return san{name: n} }
+func uriSAN(n string) san   { return san{uri: true, name: n} }
+func emailSAN(n string) san { return san{email: true, name: n} }
+
+// sanExtension encodes sans in the order given; x509.CreateCertificate
+// would write every DNS name before every URI.
+func sanExtension(t *testing.T, sans []san) pkix.Extension {
+	var raw []asn1.RawValue
+	for _, s := range sans {
+		tag := 2 // dNSName
+		if s.uri {
+			tag = 6 // uniformResourceIdentifier
+		} else if s.email {
+			tag = 1 // rfc822Name
+		}
+		raw = append(raw, asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: tag, Bytes: []byte(s.name)})
+	}
+	der, err := asn1.Marshal(raw)
+	require.NoError(t, err)
+	return pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 17}, Value: der}
+}
+
+// leafOf returns a certificate for a new key, signed by root, with sans in
+// order, a CA's when ca.
+func leafOf(t *testing.T, root *controlplane.CA, ca bool, sans ...san) tls.Certificate {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		NotBefore:    time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if len(sans) > 0 {
+		tmpl.ExtraExtensions = []pkix.Extension{sanExtension(t, sans)}
+	}
+	if ca {
+		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+		tmpl.KeyUsage |= x509.KeyUsageCertSign
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, root.Cert, &key.PublicKey, root.Key)
+	require.NoError(t, err)
+	leaf, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+}
+
+const (
+	fooDNS  = "foo.ns1.serviceaccount.identity.linkerd.cluster.local"
+	barDNS  = "bar.ns1.serviceaccount.identity.linkerd.cluster.local"
+	narDNS  = "nar.ns1.serviceaccount.identity.linkerd.cluster.local"
+	spiffe  = "spiffe://some-trust-comain/some-system/some-component"
+	spiffe2 = "spiffe://root.linkerd.cluster.local/proxy-harness"
+)
+
+// The identity of a client certificate is its first subject alternative
+// name that is a DNS name valid as an identity or a URI, in the
+// certificate's order. Cases of linkerd2-proxy's
+// linkerd/meshtls/verifier/src/lib.rs (client_identity).
+func TestPeerIdentityIsTheFirstIdentitySAN(t *testing.T) {
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		sans []san
+		want string
+	}{
+		{"one DNS name", []san{dnsSAN(fooDNS)}, fooDNS},
+		{"DNS names, then a URI", []san{dnsSAN(fooDNS), dnsSAN(barDNS), dnsSAN(narDNS), uriSAN(spiffe)}, fooDNS},
+		{"one URI", []san{uriSAN(spiffe)}, spiffe},
+		{"a URI, then DNS names", []san{uriSAN(spiffe), dnsSAN(barDNS), dnsSAN(narDNS)}, spiffe},
+		{"a DNS name among emails", []san{dnsSAN(fooDNS), emailSAN("foo@foo.com"), emailSAN("bar@bar.com")}, fooDNS},
+		{"a URI among emails", []san{emailSAN("foo@foo.com"), uriSAN(spiffe), emailSAN("bar@bar.com")}, spiffe},
+		{"a DNS name with a trailing dot", []san{dnsSAN(fooDNS + ".")}, ""},
+		{"a trailing dot skipped for the next", []san{dnsSAN(fooDNS + "."), dnsSAN(barDNS)}, barDNS},
+		{"no SAN", nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, identity.PeerIdentity(leafOf(t, root, false, tc.sans...).Leaf))
+		})
+	}
+}
+
+// A server proves an identity when its certificate carries it: a DNS-like
+// identity as a DNS name, a URI identity as a URI, among any others. Cases
+// of linkerd2-proxy's linkerd/meshtls/verifier/src/lib.rs (verify_id),
+// over real handshakes.
+func TestServerProvesDNSOrURIIdentity(t *testing.T) {
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	client, err := identity.NewLocal(authors, anchors)
+	require.NoError(t, err)
+	all := []san{dnsSAN(fooDNS), dnsSAN(barDNS), uriSAN(spiffe)}
+	for _, tc := range []struct {
+		name     string
+		sans     []san
+		expected string
+		ok       bool
+	}{
+		{"DNS name matches", []san{dnsSAN(fooDNS)}, fooDNS, true},
+		{"URI matches", []san{uriSAN(spiffe)}, spiffe, true},
+		{"another DNS name", []san{dnsSAN(fooDNS)}, barDNS, false},
+		{"a DNS name for a URI", []san{dnsSAN(barDNS)}, spiffe, false},
+		{"no SAN for a DNS name", nil, barDNS, false},
+		{"no SAN for a URI", nil, spiffe, false},
+		{"one of several matches a DNS name", all, fooDNS, true},
+		{"one of several matches a URI", all, spiffe, true},
+		{"none of several DNS names", []san{dnsSAN(fooDNS), dnsSAN(barDNS), uriSAN(spiffe)}, narDNS, false},
+		{"none of several for a URI", []san{dnsSAN(fooDNS), dnsSAN(barDNS), dnsSAN(narDNS)}, spiffe, false},
+		{"another URI", []san{uriSAN(spiffe)}, spiffe2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := handshake(t, leafOf(t, root, false, tc.sans...), client.ClientConfig(tc.expected))
+			if tc.ok {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorIs(t, err, identity.ErrWrongName)
+			}
+		})
+	}
+}
+
+// A CA's certificate proves no workload identity, though it chains to the
+// anchors and carries the name: a client refuses it from a server, and a
+// server from a client (rustls-webpki, which Linkerd's proxy uses, refuses
+// a CA as an end entity).
+func TestCACertificateProvesNoIdentity(t *testing.T) {
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	client, err := identity.NewLocal(authors, anchors)
+	require.NoError(t, err)
+	err = handshake(t, leafOf(t, root, true, dnsSAN(books)), client.ClientConfig(books))
+	assert.ErrorIs(t, err, identity.ErrCAAsLeaf, "a server with a CA's certificate")
+
+	iss, err := controlplane.NewIssuer(anchors, [][]byte{root.DER}, root.Key, controlplane.StaticTokens{})
+	require.NoError(t, err)
+	server, err := identity.NewLocal(books, anchors)
+	require.NoError(t, err)
+	require.NoError(t, iss.CertifyLocal(server))
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", server.ServerConfig())
+	require.NoError(t, err)
+	defer lis.Close()
+	served := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		served <- c.(*tls.Conn).Handshake()
+	}()
+	caLeaf := leafOf(t, root, true, dnsSAN(authors))
+	cfg := client.ClientConfig(books)
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &caLeaf, nil }
+	c, err := tls.Dial("tcp", lis.Addr().String(), cfg)
+	if err == nil {
+		_ = c.SetReadDeadline(time.Now().Add(timeout))
+		_, _ = c.Read(make([]byte, 1)) // the server's verdict
+		c.Close()
+	}
+	assert.ErrorIs(t, <-served, identity.ErrCAAsLeaf, "a client with a CA's certificate")
+}
+
+// handshake serves cert on loopback and returns the error of a client
+// handshake with cfg.
+func handshake(t *testing.T, cert tls.Certificate, cfg *tls.Config) error {
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}})
+	require.NoError(t, err)
+	defer lis.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if c, err := lis.Accept(); err == nil {
+			_ = c.SetDeadline(time.Now().Add(timeout))
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	defer func() { <-done }()
+	raw, err := net.Dial("tcp", lis.Addr().String())
+	require.NoError(t, err)
+	defer raw.Close()
+	_ = raw.SetDeadline(time.Now().Add(timeout))
+	return tls.Client(raw, cfg).Handshake()
+}
