@@ -667,7 +667,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	b := t.b
 	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
 	if e.Identity != "" {
-		ctx = origproto.WithServerIdentity(ctx, e.Identity) // mTLS to it, never plaintext
+		ctx = origproto.WithServerTLS(ctx, e.Identity, e.ServerName) // mTLS to it, never plaintext
 	}
 	if e.labels != nil {
 		ctx = classify.WithLabels(ctx, e.labels)
@@ -822,7 +822,7 @@ var concrete = &backendMark{}
 func WithForward(ctx context.Context, ep *endpoint.Endpoint) context.Context {
 	ctx = origproto.WithPeer(ctx, ep.H2)
 	if ep.Identity != "" {
-		ctx = origproto.WithServerIdentity(ctx, ep.Identity)
+		ctx = origproto.WithServerTLS(ctx, ep.Identity, ep.ServerName)
 	}
 	return context.WithValue(context.WithValue(ctx, endpointKey{}, ep), backendKey{}, &backendMark{forward: ep})
 }

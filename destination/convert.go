@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -361,7 +362,10 @@ func EndpointToProto(e endpoint.Endpoint) *pb.WeightedAddr {
 	}
 	if e.Identity != "" || e.ServerName != "" {
 		id := &pb.TlsIdentity{}
-		if e.Identity != "" {
+		switch {
+		case strings.Contains(e.Identity, "://"): // a URI: a SPIFFE identity
+			id.Strategy = &pb.TlsIdentity_UriLikeIdentity_{UriLikeIdentity: &pb.TlsIdentity_UriLikeIdentity{Uri: e.Identity}}
+		case e.Identity != "":
 			id.Strategy = &pb.TlsIdentity_DnsLikeIdentity_{DnsLikeIdentity: &pb.TlsIdentity_DnsLikeIdentity{Name: e.Identity}}
 		}
 		if e.ServerName != "" {

@@ -143,6 +143,14 @@ func TestEndpointRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "spiffe://td/ns/default/sa/books", back.Identity)
 	assert.True(t, back.Opaque)
+
+	// A URI identity goes out as one, with its server name.
+	e = endpoint.Endpoint{Addr: e.Addr, Weight: endpoint.DefaultWeight, Identity: "spiffe://td/ns/default/sa/books", ServerName: "books.external"}
+	w = destination.EndpointToProto(e)
+	assert.Equal(t, "spiffe://td/ns/default/sa/books", w.GetTlsIdentity().GetUriLikeIdentity().GetUri())
+	back, err = destination.EndpointFromProto(w, nil, "addr")
+	require.NoError(t, err)
+	assert.Equal(t, e, back)
 }
 
 func BenchmarkApplyAdd1000(b *testing.B) {

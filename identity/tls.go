@@ -33,6 +33,18 @@ func (l *Local) ClientConfig(server string) *tls.Config {
 	return l.clientConfig(server, l.clientCertificate)
 }
 
+// ClientConfigFor is [Local.ClientConfig] for a server whose TLS server
+// name differs from its identity (discovery's server_name, a DNS name for
+// a URI identity): SNI is serverName, and the server must prove server.
+// An empty serverName is server.
+func (l *Local) ClientConfigFor(server, serverName string) *tls.Config {
+	cfg := l.clientConfig(server, l.clientCertificate)
+	if serverName != "" {
+		cfg.ServerName = serverName
+	}
+	return cfg
+}
+
 func (l *Local) clientConfig(server string, cert func(*tls.CertificateRequestInfo) (*tls.Certificate, error)) *tls.Config {
 	return &tls.Config{
 		MinVersion:             tls.VersionTLS13,

@@ -2,12 +2,18 @@ package mesh
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -36,6 +42,7 @@ const (
 type pki struct {
 	anchors *x509.CertPool
 	issuer  *controlplane.Issuer
+	root    *controlplane.CA
 }
 
 func newPKI(t *testing.T) *pki {
@@ -43,7 +50,7 @@ func newPKI(t *testing.T) *pki {
 	require.NoError(t, err)
 	iss, err := root.NewIntermediate("issuer", time.Hour)
 	require.NoError(t, err)
-	p := &pki{anchors: x509.NewCertPool()}
+	p := &pki{anchors: x509.NewCertPool(), root: root}
 	p.anchors.AddCert(root.Cert)
 	p.issuer, err = controlplane.NewIssuer(p.anchors, [][]byte{iss.DER}, iss.Key,
 		controlplane.StaticTokens{booksID: booksID, webID: webID, reviewsID: reviewsID}, controlplane.WithIssuerLogger(quiet))
@@ -347,4 +354,60 @@ func TestTCPMetricsCloseDuringDetection(t *testing.T) {
 	}
 	opened, closed := m.Lines(t, "tcp_open_total"), m.Lines(t, "tcp_close_total")
 	assert.Equal(t, len(opened), len(closed), "opened %v, closed %v", opened, closed)
+}
+
+// An endpoint with a URI (SPIFFE) identity and a server name, as Linkerd's
+// destination controller describes an external workload, is reached over
+// mTLS with the server name as SNI, and proves the URI identity with a URI
+// SAN (linkerd2-proxy: linkerd/proxy/api-resolve/src/pb.rs, the SNI;
+// linkerd/meshtls/verifier/src/lib.rs, the identity).
+func TestURIIdentityWithServerName(t *testing.T) {
+	const spiffeID, serverName, authority = "spiffe://root.linkerd.cluster.local/proxy-harness", "ew.external.svc", "ew.default.svc.cluster.local:7000"
+	p := newPKI(t)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	u, err := url.Parse(spiffeID)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(7), URIs: []*url.URL{u},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}, p.root.Cert, &key.PublicKey, p.root.Key)
+	require.NoError(t, err)
+	sni := make(chan string, 4)
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13,
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			sni <- h.ServerName
+			return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+		}})
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), ErrorLog: quietLog}
+	go srv.Serve(lis)
+	defer srv.Close()
+	addr := netip.MustParseAddrPort(lis.Addr().String())
+	for _, tc := range []struct {
+		name     string
+		ep       endpoint.Endpoint
+		wantSNI  string
+		identity bool // fails with an identity error
+	}{
+		{"server name and URI identity", endpoint.Endpoint{Addr: addr, Identity: spiffeID, ServerName: serverName}, serverName, false},
+		{"another URI identity", endpoint.Endpoint{Addr: addr, Identity: "spiffe://root.linkerd.cluster.local/other", ServerName: serverName}, serverName, true},
+		{"a DNS identity the certificate lacks", endpoint.Endpoint{Addr: addr, Identity: booksID}, booksID, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{authority: {tc.ep}})
+			require.NoError(t, err)
+			client := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(noop.NewMeterProvider()),
+				WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
+			defer client.Close()
+			r, err := (&http.Client{Transport: client, Timeout: testutil.Timeout}).Get("http://" + authority + "/")
+			if tc.identity {
+				var idErr *identity.IdentityError
+				assert.ErrorAs(t, err, &idErr)
+			} else if assert.NoError(t, err, "the endpoint proves its URI identity") {
+				r.Body.Close()
+			}
+			assert.Equal(t, tc.wantSNI, <-sni, "SNI")
+		})
+	}
 }

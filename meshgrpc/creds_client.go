@@ -42,7 +42,7 @@ type plainInfo struct{ credentials.CommonAuthInfo }
 func (plainInfo) AuthType() string { return "insecure" }
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	id := endpointIdentity(credentials.ClientHandshakeInfoFromContext(ctx).Attributes)
+	id, serverName := endpointIdentity(credentials.ClientHandshakeInfoFromContext(ctx).Attributes)
 	if id == "" || c.local == nil {
 		return raw, plainInfo{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
 	}
@@ -50,7 +50,7 @@ func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, raw net.Con
 		raw.Close()
 		return nil, nil, &identity.IdentityError{Expected: id, Err: err}
 	}
-	conn := tls.Client(raw, c.local.ClientConfig(id))
+	conn := tls.Client(raw, c.local.ClientConfigFor(id, serverName))
 	if err := conn.HandshakeContext(ctx); err != nil {
 		conn.Close()
 		var ie *identity.IdentityError

@@ -2,7 +2,14 @@ package meshgrpc_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"math/big"
 	"net/netip"
+	"net/url"
 	"testing"
 	"time"
 
@@ -151,4 +158,44 @@ func TestFirstCallsWaitForTheCertificate(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, webID, resp.GetUsername(), "call %d after the certificate", i)
 	}
+}
+
+// An endpoint with a URI (SPIFFE) identity and a server name, as Linkerd's
+// destination controller describes an external workload: the channel's
+// connection sends the server name as SNI and verifies the URI identity.
+func TestURIIdentityWithServerName(t *testing.T) {
+	const spiffeID, serverName = "spiffe://root.linkerd.cluster.local/proxy-harness", "ew.external.svc"
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	u, err := url.Parse(spiffeID)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(7), URIs: []*url.URL{u},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}, root.Cert, &key.PublicKey, root.Key)
+	require.NoError(t, err)
+	sni := make(chan string, 8)
+	a := startApp(t, &app{}, xcredentials.NewTLSWithALPNDisabled(&tls.Config{MinVersion: tls.VersionTLS13,
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			select {
+			case sni <- h.ServerName:
+			default:
+			}
+			return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+		}}))
+	iss, err := controlplane.NewIssuer(anchors, [][]byte{root.DER}, root.Key, controlplane.StaticTokens{}, controlplane.WithIssuerLogger(quiet))
+	require.NoError(t, err)
+	web, err := identity.NewLocal(webID, anchors)
+	require.NoError(t, err)
+	require.NoError(t, iss.CertifyLocal(web))
+	store := controlplane.NewStore()
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr, Identity: spiffeID, ServerName: serverName}}})
+	c := dial(t, serveStore(t, store), meshgrpc.WithIdentity(web))
+	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.NoError(t, err, "the endpoint proves its URI identity")
+	assert.Equal(t, serverName, <-sni)
 }

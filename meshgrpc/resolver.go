@@ -370,7 +370,7 @@ func (r *meshResolver) push() {
 			e := &u.Set.Endpoints[i]
 			ba := attributes.New(backendKey{}, b).WithValue(endpointKey{}, epAttr{e})
 			addr := resolver.Address{Addr: e.Addr.String()}
-			addr = withEndpointIdentity(addr, e.Identity)
+			addr = withEndpointIdentity(addr, e.Identity, e.ServerName)
 			addr.Attributes = addr.Attributes.WithValue(backendKey{}, b) // one sub-channel per backend
 			addrs = append(addrs, addr)
 			eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{addr}, Attributes: ba})

@@ -19,14 +19,24 @@ type serverIdentityKey struct{}
 // client identity ([WithClientIdentity]) the Transport reaches it only
 // over mTLS that verifies name, never in plaintext.
 func WithServerIdentity(ctx context.Context, name string) context.Context {
-	return context.WithValue(ctx, serverIdentityKey{}, name)
+	return WithServerTLS(ctx, name, "")
 }
 
-// ServerIdentityFromContext returns what [WithServerIdentity] said, empty
-// when it said nothing.
+// WithServerTLS is [WithServerIdentity] with the TLS server name to send
+// when it differs from the identity (discovery's server_name, a DNS name
+// for a URI identity); an empty serverName is name.
+func WithServerTLS(ctx context.Context, name, serverName string) context.Context {
+	return context.WithValue(ctx, serverIdentityKey{}, serverTLS{id: name, serverName: serverName})
+}
+
+// serverTLS is what WithServerTLS says of a request's endpoint.
+type serverTLS struct{ id, serverName string }
+
+// ServerIdentityFromContext returns the identity [WithServerIdentity] or
+// [WithServerTLS] said, empty when they said nothing.
 func ServerIdentityFromContext(ctx context.Context) string {
-	s, _ := ctx.Value(serverIdentityKey{}).(string)
-	return s
+	s, _ := ctx.Value(serverIdentityKey{}).(serverTLS)
+	return s.id
 }
 
 // WithClientIdentity makes the Transport a meshed client with the identity
@@ -74,7 +84,11 @@ type tlsTransports struct {
 
 type tlsPair struct{ h1, h2 *http.Transport }
 
-func (ts *tlsTransports) get(id string) *tlsPair {
+func (ts *tlsTransports) get(s serverTLS) *tlsPair {
+	id := s.id
+	if s.serverName != "" && s.serverName != s.id {
+		id += "\n" + s.serverName // another name, other connections
+	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	if p := ts.byID[id]; p != nil {
@@ -86,7 +100,7 @@ func (ts *tlsTransports) get(id string) *tlsPair {
 		ts.byID[old].closeIdle()
 		delete(ts.byID, old)
 	}
-	dial := ts.dialer(id)
+	dial := ts.dialer(s.id, s.serverName)
 	p := &tlsPair{h1: transport.HTTP1(transport.Limits{}), h2: transport.H2(transport.Limits{})}
 	p.h1.DialContext, p.h2.DialContext = dial, dial
 	ts.byID[id] = p
@@ -111,8 +125,8 @@ func (ts *tlsTransports) closeIdle() {
 // identity id. The connection it returns hides its TLS type, so that
 // net/http speaks HTTP/1 or HTTP/2 with prior knowledge over it, as over
 // plaintext, without ALPN.
-func (ts *tlsTransports) dialer(id string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	cfg := ts.local.ClientConfig(id)
+func (ts *tlsTransports) dialer(id, serverName string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	cfg := ts.local.ClientConfigFor(id, serverName)
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if err := ts.local.Wait(ctx); err != nil {
 			return nil, &identity.IdentityError{Expected: id, Err: err}

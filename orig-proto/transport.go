@@ -175,8 +175,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	h1, h2 := t.h1, t.h2
 	if t.tls != nil {
-		if id := ServerIdentityFromContext(r.Context()); id != "" {
-			p := t.tls.get(id)
+		if s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS); s.id != "" {
+			p := t.tls.get(s)
 			h1, h2 = p.h1, p.h2
 		}
 	}
