@@ -1,20 +1,26 @@
 package mesh
 
 import (
+	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // hosts starts n responsive HTTP/1 servers, each on its own loopback
@@ -116,5 +122,50 @@ func TestClientTransportDefaults(t *testing.T) {
 		assert.Equal(t, DefaultIdleConnTimeout, tr.IdleConnTimeout)
 		assert.Equal(t, DefaultMaxIdleConns, tr.MaxIdleConns)
 		assert.Equal(t, DefaultMaxIdleConnsPerHost, tr.MaxIdleConnsPerHost)
+	}
+}
+
+// The outbound stack adds no header of its own: a request without
+// Accept-Encoding reaches the server without one, and a response the
+// server compressed reaches the client as it was sent, with its
+// Content-Encoding, over HTTP/1 and upgraded to a mesh peer alike.
+func TestNoAcceptEncodingAdded(t *testing.T) {
+	const books = "books.default.svc.cluster.local:7000"
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = io.WriteString(zw, "hello hello hello")
+	require.NoError(t, zw.Close())
+	seen := make(chan []string, 1)
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Values("Accept-Encoding")
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(gz.Bytes())
+	})
+	for _, peer := range []bool{false, true} {
+		t.Run(fmt.Sprintf("peer=%v", peer), func(t *testing.T) {
+			var addr netip.AddrPort
+			if peer {
+				server := NewServer(app, WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+				defer server.Close()
+				addr = serveMeshed(t, server)
+			} else {
+				addr = netip.MustParseAddrPort(testutil.NewServer(t, app).Listener.Addr().String())
+			}
+			eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{books: {{Addr: addr, H2: peer}}})
+			require.NoError(t, err)
+			client := NewClient(WithEndpoints(eps), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet), WithoutPolicies())
+			defer client.Close()
+			req, err := http.NewRequest("GET", "http://"+books+"/", nil)
+			require.NoError(t, err)
+			resp, err := client.RoundTrip(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Empty(t, <-seen, "Accept-Encoding the client did not send")
+			assert.Equal(t, "gzip", resp.Header.Get("Content-Encoding"))
+			assert.False(t, resp.Uncompressed)
+			assert.Equal(t, gz.Bytes(), body, "the body as the server compressed it")
+		})
 	}
 }

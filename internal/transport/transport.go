@@ -65,6 +65,7 @@ func HTTP1(l Limits) *http.Transport {
 		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
 		TLSHandshakeTimeout:    10 * time.Second,
 		ExpectContinueTimeout:  time.Second,
+		DisableCompression:     true, // see H2
 	}
 	t.Protocols.SetHTTP1(true)
 	return t
@@ -84,6 +85,10 @@ func H2(l Limits) *http.Transport {
 		MaxIdleConns:           l.MaxIdleConns,
 		MaxIdleConnsPerHost:    l.MaxIdleConnsPerHost,
 		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
+		// A mesh adds no header of its own: a request goes with the
+		// Accept-Encoding its client sent, or none, and its response
+		// comes back as the server encoded it.
+		DisableCompression: true,
 		HTTP2: &http.HTTP2Config{
 			MaxReceiveBufferPerConnection: 4 << 20,
 			MaxReceiveBufferPerStream:     1 << 20,
