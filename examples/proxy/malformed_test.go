@@ -204,6 +204,22 @@ func TestMalformedRequestsAre4xx(t *testing.T) {
 	assert.Zero(t, n, "a client's malformed request is logged as a proxy error:\n%s", first)
 }
 
+// An HTTP/1 CONNECT gets 501 at either listener, where a ReverseProxy
+// would answer 200 with a chunked body and carry nothing through the
+// tunnel the client then believes it has; the application never sees it.
+func TestHTTP1ConnectRefused(t *testing.T) {
+	s := startSidecar(t, nil)
+	for name, addr := range map[string]string{"outbound": s.outAddr, "inbound": s.inAddr} {
+		t.Run(name, func(t *testing.T) {
+			got := rawExchange(t, addr, "CONNECT "+s.appAddr+" HTTP/1.1\r\nHost: "+s.appAddr+"\r\n\r\n")
+			assert.Equal(t, []string{"501 Not Implemented"}, got)
+			assert.Empty(t, s.app.requests())
+		})
+	}
+	n, first := s.log.count()
+	assert.Zero(t, n, "a refused CONNECT is not a proxy error:\n%s", first)
+}
+
 // An HTTP/2 CONNECT from a peer, carrying an HTTP/1 request as its
 // stream's bytes, gets 501 at the inbound listener; the application never
 // sees the request inside it (whose l5d-client-id no TLS proved), and a

@@ -8,6 +8,7 @@ import (
 
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
 	"github.com/inmesh/inmesh/internal/authority"
+	"github.com/inmesh/inmesh/internal/proxyerr"
 )
 
 // outboundProxy forwards the application's requests to their Host through
@@ -27,6 +28,10 @@ func outboundProxy(rt http.RoundTripper, l *proxylog.Logger) http.Handler {
 		ErrorLog:     l.ErrorLog(),
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect {
+			refuseConnect(w, r)
+			return
+		}
 		if !routable(r.Host) {
 			l.BadRequest(w, r, "no destination in Host "+strconv.Quote(r.Host))
 			return
@@ -42,11 +47,18 @@ func routable(host string) bool {
 	return err == nil
 }
 
+// refuseConnect answers a CONNECT with 501: the sidecar forwards
+// requests and upgrades, not CONNECT tunnels, which a ReverseProxy would
+// answer 200 and then carry nothing through.
+func refuseConnect(w http.ResponseWriter, r *http.Request) {
+	proxyerr.Write(w, r, http.StatusNotImplemented, "CONNECT is not proxied")
+}
+
 // inboundProxy forwards requests from peers to the application at app
 // through rt, keeping their Host; its errors are logged through l's rate
-// limit.
-func inboundProxy(app *url.URL, rt http.RoundTripper, l *proxylog.Logger) *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
+// limit. A CONNECT is refused (refuseConnect).
+func inboundProxy(app *url.URL, rt http.RoundTripper, l *proxylog.Logger) http.Handler {
+	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(app)
 			pr.Out.Host = pr.In.Host
@@ -57,4 +69,11 @@ func inboundProxy(app *url.URL, rt http.RoundTripper, l *proxylog.Logger) *httpu
 		ErrorHandler: l.ErrorHandler,
 		ErrorLog:     l.ErrorLog(),
 	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect {
+			refuseConnect(w, r)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	})
 }
