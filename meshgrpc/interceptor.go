@@ -198,13 +198,14 @@ func (c *call) pick() int {
 }
 
 // deadline bounds ctx by the route's request timeout (the whole call,
-// every retry included; a response timeout without one counts the same
-// for a call); the call remembers when the route, not the caller's own
-// deadline, ends it.
-func (c *call) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+// every retry included); a unary call's request ends as it starts, so its
+// response timeout bounds it the same, the earlier of the two winning; a
+// stream's response timeout counts only without a request timeout. The
+// call remembers when the route, not the caller's own deadline, ends it.
+func (c *call) deadline(ctx context.Context, unary bool) (context.Context, context.CancelFunc) {
 	t := c.rt.route.Timeouts.Request
-	if t <= 0 {
-		t = c.rt.route.Timeouts.Response
+	if r := c.rt.route.Timeouts.Response; r > 0 && (t <= 0 || unary && r < t) {
+		t = r
 	}
 	if t <= 0 {
 		return ctx, func() {}
@@ -285,7 +286,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
-	ctx, cancel := c.deadline(ctx)
+	ctx, cancel := c.deadline(ctx, true)
 	defer cancel()
 	// A mirror's copy is sent once, never hedged: it gets the invoker as
 	// it came.
@@ -392,7 +393,7 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 		return streamer(ctx, desc, cc, method, opts...)
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
-	ctx, cancel := c.deadline(ctx)
+	ctx, cancel := c.deadline(ctx, false)
 	if rt.hedge != nil {
 		streamer = rt.hedge.streamer(streamer)
 	}

@@ -139,39 +139,49 @@ spec:
 // A 200 ms route timeout ends a slow call with DEADLINE_EXCEEDED, and the
 // server sees its context cancelled.
 func TestRouteTimeout(t *testing.T) {
-	cancelled := make(chan struct{}, 1)
-	a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
-		<-ctx.Done()
-		cancelled <- struct{}{}
-		return ctx.Err()
-	}}, nil)
-	c, m := policyChannel(t, `
+	for _, annotations := range []string{
+		`{timeout.linkerd.io/request: 200ms}`,
+		`{timeout.linkerd.io/response: 200ms}`,
+		// The earlier wins (linkerd/http/stream-timeouts/src/lib.rs).
+		`{timeout.linkerd.io/request: 1h, timeout.linkerd.io/response: 200ms}`,
+		`{timeout.linkerd.io/request: 200ms, timeout.linkerd.io/response: 1h}`,
+	} {
+		t.Run(annotations, func(t *testing.T) {
+			cancelled := make(chan struct{}, 1)
+			a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
+				<-ctx.Done()
+				cancelled <- struct{}{}
+				return ctx.Err()
+			}}, nil)
+			c, m := policyChannel(t, `
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: GRPCRoute
 metadata:
   name: slow
   namespace: default
-  annotations: {timeout.linkerd.io/request: 200ms}
+  annotations: `+annotations+`
 spec:
   parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
   rules:
   - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
     backendRefs: [{name: books, port: 7000}]
 `, map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
-	ctx := callCtx(t)
-	_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
-	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-	assert.NoError(t, ctx.Err(), "the caller's own deadline did not end it")
-	select {
-	case <-cancelled:
-	case <-time.After(testutil.Timeout):
-		t.Fatal("the server never saw the call cancelled")
+			ctx := callCtx(t)
+			_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+			assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+			assert.NoError(t, ctx.Err(), "the caller's own deadline did not end it")
+			select {
+			case <-cancelled:
+			case <-time.After(testutil.Timeout):
+				t.Fatal("the server never saw the call cancelled")
+			}
+			// A call that ended in an error has no status of its own: Linkerd's
+			// proxy writes UNKNOWN (GrpcRsp's labels in
+			// linkerd/app/outbound/src/http/logical/policy/route/metrics/labels.rs).
+			assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="slow"`, `grpc_status="UNKNOWN"`, `error="REQUEST_TIMEOUT"`))
+		})
 	}
-	// A call that ended in an error has no status of its own: Linkerd's
-	// proxy writes UNKNOWN (GrpcRsp's labels in
-	// linkerd/app/outbound/src/http/logical/policy/route/metrics/labels.rs).
-	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="slow"`, `grpc_status="UNKNOWN"`, `error="REQUEST_TIMEOUT"`))
 }
 
 // A backend without a Service is a failure injector (INTERNAL): calls fail
