@@ -168,7 +168,8 @@ func TestTraceRetriedRequest(t *testing.T) {
 		io.WriteString(w, "ok")
 	})
 	bo := backoff.Policy{Min: time.Millisecond, Max: time.Millisecond}
-	m := newTraceMesh(t, app, policy.HTTPRule{Retry: &policy.Retry{MaxRetries: 1, Backoff: &bo}})
+	m := newTraceMesh(t, app, policy.HTTPRule{Retry: &policy.Retry{MaxRetries: 1, Backoff: &bo,
+		StatusRanges: []policy.StatusRange{{Start: 500, End: 599}}}})
 	status, root := m.get(t, "/books")
 	require.Equal(t, http.StatusOK, status)
 

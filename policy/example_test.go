@@ -22,7 +22,7 @@ func ExampleCompile() {
 					Matches:  []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathPrefix, Value: "/books"}}},
 					Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{{Backend: books}}},
 					Timeouts: policy.Timeouts{Request: 2 * time.Second},
-					Retry:    &policy.Retry{},
+					Retry:    &policy.Retry{StatusRanges: []policy.StatusRange{{Start: 500, End: 599}}},
 				},
 				{
 					// Longer than the prefix /books: this rule wins for its path

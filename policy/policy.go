@@ -495,9 +495,11 @@ func DefaultRetryBackoff() backoff.Policy {
 	return backoff.Policy{Min: 25 * time.Millisecond, Max: 250 * time.Millisecond, Jitter: 1}
 }
 
-// Retry is the counted retry policy of a rule. Its zero value retries once
-// on 5xx, requests of up to 64 KiB, with the default backoff. Linkerd's
-// policy controller never sends zero limits, so zero fields mean defaults.
+// Retry is the counted retry policy of a rule. Its zero value retries once,
+// requests of up to 64 KiB, with the default backoff, and only after an
+// error (fail-fast, a per-try timeout, REFUSED_STREAM): it lists no
+// retryable response status. Linkerd's policy controller never sends zero
+// limits, so zero limits mean defaults.
 type Retry struct {
 	// MaxRetries is the number of retries after the first attempt; zero
 	// means [DefaultMaxRetries].
@@ -505,10 +507,12 @@ type Retry struct {
 	// MaxRequestBytes is the largest request body that is kept for retries;
 	// zero means [DefaultMaxRequestBytes].
 	MaxRequestBytes uint32
-	// StatusRanges are the retryable response statuses of an HTTP rule;
-	// empty means 500-599.
+	// StatusRanges are the retryable response statuses; empty means none,
+	// as in Linkerd, whose controller sends no range for a route without
+	// a retry.linkerd.io/http annotation.
 	StatusRanges []StatusRange
-	// GRPCCodes are the retryable statuses of a gRPC rule.
+	// GRPCCodes are the retryable statuses of a gRPC call; empty means
+	// none.
 	GRPCCodes []codes.Code
 	// Timeout bounds each attempt until its response headers; zero means
 	// none. The last attempt is not bounded.
@@ -550,9 +554,6 @@ func (r *Retry) BackoffPolicy() backoff.Policy {
 // RetryableStatus reports whether an HTTP rule retries a response with
 // this status code.
 func (r *Retry) RetryableStatus(code int) bool {
-	if len(r.StatusRanges) == 0 {
-		return code >= 500 && code <= 599
-	}
 	for _, s := range r.StatusRanges {
 		if code >= int(s.Start) && code <= int(s.End) {
 			return true

@@ -160,3 +160,96 @@ func serveStore(t *testing.T, store *controlplane.Store) *destination.Client {
 	t.Cleanup(func() { _ = dst.Close() })
 	return dst
 }
+
+// TestEmbeddedControlPlaneRetryConditions: a route whose retry annotations
+// set a limit or a timeout but no retry.linkerd.io/http (or /grpc) gets
+// from the control plane a retry with no status ranges (no codes), as
+// Linkerd's policy controller sends it
+// (policy-controller/k8s/index/src/outbound/index/http.rs parse_http_retry;
+// policy-controller/grpc/src/outbound/http.rs convert_retry), and such a
+// retry retries no response status, as Linkerd's proxy
+// (linkerd/app/outbound/src/http/logical/policy/route/retry.rs
+// is_retryable): only errors are retried.
+func TestEmbeddedControlPlaneRetryConditions(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		kind        string // HTTPRoute or GRPCRoute
+		annotations string
+		want        int64 // attempts
+	}{
+		{"limit only", "HTTPRoute", `{retry.linkerd.io/limit: "2"}`, 1},
+		{"timeout only", "HTTPRoute", `{retry.linkerd.io/timeout: 5s}`, 1},
+		{"5xx and a limit", "HTTPRoute", `{retry.linkerd.io/http: 5xx, retry.linkerd.io/limit: "2"}`, 3},
+		{"gRPC: limit only", "GRPCRoute", `{retry.linkerd.io/limit: "2"}`, 1},
+		{"gRPC: unavailable and a limit", "GRPCRoute", `{retry.linkerd.io/grpc: unavailable, retry.linkerd.io/limit: "2"}`, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			grpcRoute := tc.kind == "GRPCRoute"
+			var n atomic.Int64
+			up := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n.Add(1)
+				if grpcRoute {
+					w.Header().Set("Content-Type", "application/grpc")
+					w.Header().Set("Grpc-Status", "14") // UNAVAILABLE
+					return
+				}
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}))
+			res, err := manifest.Parse([]byte(`
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  ports: [{port: 7000}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ` + tc.kind + `
+metadata:
+  name: books-route
+  namespace: default
+  annotations: ` + tc.annotations + `
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - backendRefs: [{name: books, port: 7000}]
+`))
+			require.NoError(t, err)
+			store := controlplane.NewStore()
+			store.SetManifests(res)
+			store.SetEndpoints(map[string][]endpoint.Endpoint{
+				booksAuthority: {{Addr: netip.MustParseAddrPort(up.Listener.Addr().String())}},
+			})
+			dst := serveStore(t, store)
+			bal := balancer.New(dst)
+			t.Cleanup(bal.Close)
+			r := router.New(router.WithPolicies(dst.Policies()), router.WithBalancer(bal))
+			t.Cleanup(r.Close)
+			mode, method, path := testutil.H1, "GET", "/"
+			if grpcRoute {
+				mode, method, path = testutil.H2C, "POST", "/pkg.Svc/Call"
+			}
+			probe := httptest.NewRequest(method, "http://"+booksAuthority+path, nil)
+			probe.Header.Set("Content-Type", "application/grpc")
+			require.Eventually(t, func() bool { return r.Explain(probe).Route == "books-route" }, testutil.Timeout, 10*time.Millisecond)
+
+			client := &http.Client{Transport: r.Transport(bal.Transport(testutil.NewTransport(t, mode)))}
+			ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, method, "http://"+booksAuthority+path, nil)
+			require.NoError(t, err)
+			if grpcRoute {
+				req.Header.Set("Content-Type", "application/grpc")
+			}
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if grpcRoute {
+				assert.Equal(t, "14", resp.Header.Get("Grpc-Status"))
+			} else {
+				assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+			}
+			assert.Equal(t, tc.want, n.Load(), "attempts")
+		})
+	}
+}

@@ -202,8 +202,6 @@ func (r *Router) Explain(req *http.Request) Explanation {
 			for _, c := range rr.GRPCCodes {
 				ri.GRPCCodes = append(ri.GRPCCodes, c.String())
 			}
-		} else if len(rr.StatusRanges) == 0 {
-			ri.Statuses = []string{"500-599"}
 		} else {
 			for _, s := range rr.StatusRanges {
 				ri.Statuses = append(ri.Statuses, strconv.Itoa(int(s.Start))+"-"+strconv.Itoa(int(s.End)))

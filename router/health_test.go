@@ -123,7 +123,7 @@ func TestFirstAvailableFallsThrough(t *testing.T) {
 	p := httpPolicy(
 		policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/"}}},
 			Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{a, b}},
-			Retry:    &policy.Retry{MaxRetries: 1}},
+			Retry:    &policy.Retry{MaxRetries: 1, StatusRanges: fiveXX}},
 		policy.HTTPRule{Matches: []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathExact, Value: "/only-a"}}},
 			Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{a}}},
 	)

@@ -27,7 +27,10 @@ const authority = "svc.test:80"
 
 var (
 	parentMeta = policy.Metadata{Kind: "Service", Namespace: "ns", Name: "svc", Port: 80}
-	routeMeta  = policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "ns", Name: "web"}
+	// fiveXX is retry.linkerd.io/http: 5xx; a retry without status
+	// ranges retries no response.
+	fiveXX    = []policy.StatusRange{{Start: 500, End: 599}}
+	routeMeta = policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "ns", Name: "web"}
 )
 
 // upstream is a loopback server that counts its requests and keeps what

@@ -168,7 +168,7 @@ func TestMirrorCopiesRequest(t *testing.T) {
 		})
 		m := mirrorOf(mirror, "shadow", 0, 0)
 		f := newFixture(t, mode, httpPolicy(policy.HTTPRule{Backends: to(primary.backend("web")), Mirrors: []policy.Mirror{m},
-			Retry: &policy.Retry{MaxRetries: 2}}))
+			Retry: &policy.Retry{MaxRetries: 2, StatusRanges: fiveXX}}))
 
 		resp, body := f.do(t, "POST", "http://svc.test/orders?id=7", "order-7", http.Header{"X-Trace": {"t1"}})
 		require.Equal(t, 200, resp.StatusCode)

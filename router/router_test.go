@@ -314,10 +314,10 @@ func TestCountedRetries(t *testing.T) {
 		}
 		bo := backoff.Policy{Min: 25 * time.Millisecond, Max: 250 * time.Millisecond, Jitter: 1}
 		p := httpPolicy(
-			rule("/always503", &policy.Retry{MaxRetries: 3, Backoff: &bo}),
+			rule("/always503", &policy.Retry{MaxRetries: 3, Backoff: &bo, StatusRanges: fiveXX}),
 			rule("/429", &policy.Retry{StatusRanges: []policy.StatusRange{{Start: 429, End: 429}}}),
 			rule("/500", &policy.Retry{StatusRanges: []policy.StatusRange{{Start: 429, End: 429}}}),
-			rule("/flaky", &policy.Retry{MaxRequestBytes: 16}),
+			rule("/flaky", &policy.Retry{MaxRequestBytes: 16, StatusRanges: fiveXX}),
 		)
 		f := newFixture(t, mode, p)
 
@@ -513,7 +513,7 @@ func TestExplain(t *testing.T) {
 	require.NotNil(t, e.Retry)
 	assert.Equal(t, "counted", e.Retry.Kind)
 	assert.Equal(t, 2, e.Retry.MaxRetries)
-	assert.Equal(t, []string{"500-599"}, e.Retry.Statuses)
+	assert.Empty(t, e.Retry.Statuses, "no status ranges: no response status is retried")
 	require.NotNil(t, e.Budget, "the router's budget on top of the count")
 	_, err := json.Marshal(e)
 	require.NoError(t, err)
@@ -617,7 +617,7 @@ func TestStreamedBodyReplay(t *testing.T) {
 				w.WriteHeader(503)
 			}
 		})
-		f := newFixture(t, mode, httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: &policy.Retry{MaxRequestBytes: 8}}))
+		f := newFixture(t, mode, httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: &policy.Retry{MaxRequestBytes: 8, StatusRanges: fiveXX}}))
 		send := func(body string) int {
 			// A body of unknown length that the caller cannot give again:
 			// the copy kept while it streams is what a retry sends.
@@ -639,7 +639,7 @@ func TestStreamedBodyReplay(t *testing.T) {
 func TestRetryBudgetOnTop(t *testing.T) {
 	up := newUpstream(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
 	budget := profiles.RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 1, TTL: 10 * time.Second}
-	f := newFixture(t, testutil.H1, httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: &policy.Retry{MaxRetries: 100}}),
+	f := newFixture(t, testutil.H1, httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: &policy.Retry{MaxRetries: 100, StatusRanges: fiveXX}}),
 		WithRetryBudget(&budget))
 	f.do(t, "GET", "http://svc.test/", "", nil)
 	n := up.n.Load()
@@ -657,7 +657,7 @@ func TestTimeoutDuringBackoff(t *testing.T) {
 		long := backoff.Policy{Min: time.Hour, Max: time.Hour}
 		p := httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")),
 			Timeouts: policy.Timeouts{Request: 200 * time.Millisecond},
-			Retry:    &policy.Retry{MaxRetries: 3, Backoff: &long}})
+			Retry:    &policy.Retry{MaxRetries: 3, Backoff: &long, StatusRanges: fiveXX}})
 		f := newFixture(t, mode, p)
 		f.r.cfg.wait = sleep // a real backoff, which the timeout interrupts
 

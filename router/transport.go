@@ -51,10 +51,10 @@ type LoadShed interface{ LoadShed() bool }
 // these is retried. The retry's timeout
 // bounds each attempt but the last until its response headers; an attempt
 // that runs out is retried. Retries are counted (max_retries, default 1):
-// responses with a status in the rule's ranges (empty: 500-599) or a
-// gRPC status among its codes, fail-fast errors ([FailFast]), response
-// header timeouts and REFUSED_STREAM resets; never load shedding
-// ([LoadShed]). Request bodies of up to max_request_bytes are replayed;
+// responses with a status in the rule's ranges or a gRPC status among its
+// codes (a rule that lists neither retries no response), fail-fast errors
+// ([FailFast]), response header timeouts and REFUSED_STREAM resets; never
+// load shedding ([LoadShed]). Request bodies of up to max_request_bytes are replayed;
 // larger ones are sent once. Between attempts the retry's backoff waits
 // (25-250 ms with full jitter by default).
 //
