@@ -514,7 +514,8 @@ type Retry struct {
 	// GRPCCodes are the retryable statuses of a gRPC call; empty means
 	// none.
 	GRPCCodes []codes.Code
-	// Timeout bounds each attempt until its response headers; zero means
+	// Timeout bounds each attempt from the end of its request body until
+	// its response headers, so a slow upload does not count; zero means
 	// none. The last attempt is not bounded.
 	Timeout time.Duration
 	// Backoff is the wait between attempts; nil means

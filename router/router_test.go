@@ -721,3 +721,62 @@ func TestResponseTimeoutStartsAfterTheUpload(t *testing.T) {
 		assert.Equal(t, "response timed out after 500ms", resp.Header.Get("L5d-Proxy-Error"))
 	})
 }
+
+// TestTryTimeoutStartsAfterTheUpload: the retry's per-attempt timeout
+// (retry.linkerd.io/timeout) is Linkerd's response-headers timeout, which
+// starts once the request body has been sent
+// (linkerd2-proxy linkerd/http/stream-timeouts/src/lib.rs), so an upload
+// slower than it is answered; an answer slow after the upload still times
+// the attempt out, and the attempt is retried.
+func TestTryTimeoutStartsAfterTheUpload(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		var slow atomic.Int64
+		// The upstream has read the whole body when its handler runs.
+		up := newUpstream(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow-answer" && slow.Add(1) == 1 {
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			_, _ = io.WriteString(w, "uploaded")
+		})
+		const timeout = 500 * time.Millisecond
+		p := httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")),
+			Retry: &policy.Retry{Timeout: timeout, MaxRetries: 1}})
+		f := newFixture(t, mode, p)
+
+		upload := func(path string) (*http.Response, string) {
+			pr, pw := io.Pipe()
+			go func() {
+				_, _ = io.WriteString(pw, "first half, ")
+				// The scenario is a slow client: the rest comes twice the
+				// per-try timeout later.
+				<-time.After(2 * timeout)
+				_, _ = io.WriteString(pw, "second half")
+				pw.Close()
+			}()
+			req, _ := http.NewRequest("POST", "http://svc.test"+path, pr)
+			resp, err := f.client.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			return resp, string(b)
+		}
+		resp, body := upload("/echo")
+		assert.Equal(t, 200, resp.StatusCode, "l5d-proxy-error %q", resp.Header.Get("L5d-Proxy-Error"))
+		assert.Equal(t, "uploaded", body)
+		assert.Equal(t, int64(1), up.n.Load(), "the slow upload's attempt was not timed out")
+
+		resp, body = upload("/slow-answer")
+		assert.Equal(t, 200, resp.StatusCode, "l5d-proxy-error %q", resp.Header.Get("L5d-Proxy-Error"))
+		assert.Equal(t, "uploaded", body)
+		assert.Equal(t, int64(2), slow.Load(), "the attempt slow to answer timed out and was retried")
+		bodies := up.bodies()
+		assert.Equal(t, "first half, second half", bodies[len(bodies)-1], "the retry sent the whole body")
+	})
+}

@@ -49,8 +49,8 @@ type LoadShed interface{ LoadShed() bool }
 // caller the answer is a 504. The idle timeout bounds the time in which
 // neither body moves (the wait for the response head included). None of
 // these is retried. The retry's timeout
-// bounds each attempt but the last until its response headers; an attempt
-// that runs out is retried. Retries are counted (max_retries, default 1):
+// bounds each attempt but the last from the end of its request body until
+// its response headers; an attempt that runs out is retried. Retries are counted (max_retries, default 1):
 // responses with a status in the rule's ranges or a gRPC status among its
 // codes (a rule that lists neither retries no response), fail-fast errors
 // ([FailFast]), response header timeouts and REFUSED_STREAM resets; never

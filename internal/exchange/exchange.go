@@ -107,8 +107,10 @@ type Plan struct {
 	Classifier *classify.Classifier
 	// Timeouts of the whole exchange.
 	Timeouts []Timeout
-	// TryTimeout bounds each attempt but the last until its response
-	// headers; it fails the attempt with [ErrTryTimeout].
+	// TryTimeout bounds each attempt but the last from the end of its
+	// request body (at once without a body) until its response headers,
+	// as the response timeout does not count a slow upload; it fails the
+	// attempt with [ErrTryTimeout].
 	TryTimeout time.Duration
 	// Retry is the retry policy; nil means no retries.
 	Retry Retry
@@ -176,7 +178,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 	body := req.Body // what the first attempt reads
 	if body != nil && body != http.NoBody {
 		if len(x.afterBody) > 0 {
-			body = &endBody{ReadCloser: body, x: x}
+			body = &endBody{ReadCloser: body, end: x}
 		}
 		if len(x.timers) > 0 {
 			body = newAbortBody(ctx, body)
@@ -201,12 +203,12 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 
 	for attempt := 0; ; attempt++ {
 		actx := ctx
-		var tryTimer *time.Timer
+		var tt *tryTimer
 		var tryCancel context.CancelCauseFunc
 		last := !retryable || p.MaxRetries > 0 && attempt >= p.MaxRetries
 		if p.TryTimeout > 0 && !last {
 			actx, tryCancel = context.WithCancelCause(ctx)
-			tryTimer = time.AfterFunc(p.TryTimeout, func() { tryCancel(ErrTryTimeout) })
+			tt = &tryTimer{after: p.TryTimeout, cancel: tryCancel}
 		}
 		areq := req.WithContext(actx)
 		switch {
@@ -220,11 +222,19 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			}
 			areq.Body, areq.GetBody = b, x.nextBody
 		}
+		if tt != nil {
+			if areq.Body == nil || areq.Body == http.NoBody {
+				tt.requestEnded()
+			} else {
+				// As the response timeout, from the end of the upload.
+				areq.Body = &endBody{ReadCloser: areq.Body, end: tt}
+			}
+		}
 		p.Recorder.Attempt(parent)
 		resp, err := meshtrace.RoundTripAttempt(base, areq, attemptKind(retryable, attempt), attempt)
 		tryExpired := false
-		if tryTimer != nil {
-			tryExpired = !tryTimer.Stop()
+		if tt != nil {
+			tryExpired = tt.stop()
 			if tryExpired && err == nil {
 				// The head came as the attempt timed out: its stream is
 				// cancelled already.
@@ -373,24 +383,61 @@ func (x *exchange) requestEnded() {
 	})
 }
 
+// requestEnder is told when a request body ends; it may be told more than
+// once, from the goroutine that sends the body.
+type requestEnder interface {
+	requestEnded()
+}
+
 // endBody is a request body that reports its end: its last read, or its
 // closing, whichever comes first.
 type endBody struct {
 	io.ReadCloser
-	x *exchange
+	end requestEnder
 }
 
 func (b *endBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
-		b.x.requestEnded()
+		b.end.requestEnded()
 	}
 	return n, err
 }
 
 func (b *endBody) Close() error {
-	b.x.requestEnded()
+	b.end.requestEnded()
 	return b.ReadCloser.Close()
+}
+
+// tryTimer is the per-attempt timeout of one attempt: it starts when the
+// attempt's request body ends and stops when its response head arrives.
+// The body may end on the transport's goroutine, so a mutex orders the
+// start against the stop; once stopped it never starts.
+type tryTimer struct {
+	after  time.Duration
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	timer  *time.Timer // nil until the request body ends
+	done   bool
+}
+
+func (t *tryTimer) requestEnded() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done || t.timer != nil {
+		return
+	}
+	t.timer = time.AfterFunc(t.after, t.expire)
+}
+
+func (t *tryTimer) expire() { t.cancel(ErrTryTimeout) }
+
+// stop stops the timer and reports whether it had fired.
+func (t *tryTimer) stop() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done = true
+	return t.timer != nil && !t.timer.Stop()
 }
 
 // activityBody is a request body whose reads count as activity.
