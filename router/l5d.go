@@ -33,18 +33,21 @@ func stripL5d(h http.Header) {
 
 // overrideL5d returns the retry and timeouts of a request whose headers
 // override the rule's. A header that does not parse is ignored.
-func overrideL5d(h http.Header, retry *policy.Retry, t policy.Timeouts, grpc bool) (*policy.Retry, policy.Timeouts) {
+// l5d-retry-http and l5d-retry-grpc apply on routes of either kind, as in
+// Linkerd's proxy: a gRPC call on an HTTPRoute may name retryable codes,
+// and one on a GRPCRoute retryable HTTP statuses.
+func overrideL5d(h http.Header, retry *policy.Retry, t policy.Timeouts) (*policy.Retry, policy.Timeouts) {
 	var r policy.Retry
 	if retry != nil {
 		r = *retry
 	}
 	set := retry != nil
-	if v := h.Get("L5d-Retry-Http"); v != "" && !grpc {
+	if v := h.Get("L5d-Retry-Http"); v != "" {
 		if ranges, ok := parseStatusRanges(v); ok {
 			r.StatusRanges, set = ranges, true
 		}
 	}
-	if v := h.Get("L5d-Retry-Grpc"); v != "" && grpc {
+	if v := h.Get("L5d-Retry-Grpc"); v != "" {
 		if cs, ok := parseCodes(v); ok {
 			r.GRPCCodes, set = cs, true
 		}

@@ -388,6 +388,59 @@ func TestGRPCRetries(t *testing.T) {
 	assert.Equal(t, "1", f.m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="rpc"`, `grpc_status="PERMISSION_DENIED"`))
 }
 
+// TestGRPCRetriesOnEitherRouteKind: a response is retried when its gRPC
+// status is among the retry's codes or its HTTP status in the retry's
+// ranges, whatever the route's kind, and l5d-retry-grpc and
+// l5d-retry-http apply on routes of both kinds, as in linkerd2-proxy
+// (linkerd/app/outbound/src/http/logical/policy/route/retry.rs
+// is_retryable; route/extensions.rs configure_retry).
+func TestGRPCRetriesOnEitherRouteKind(t *testing.T) {
+	grpcUnavailable := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Grpc-Status", "14")
+	}
+	http503 := func(w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) }
+	for _, tc := range []struct {
+		name      string
+		grpcRoute bool
+		retry     *policy.Retry
+		header    http.Header
+		first     func(w http.ResponseWriter)
+		want      int64 // attempts
+	}{
+		{"HTTPRoute: l5d-retry-grpc", false, nil, http.Header{"L5d-Retry-Grpc": {"unavailable"}}, grpcUnavailable, 2},
+		{"HTTPRoute: 5xx ranges retry a gRPC call answered 503", false, &policy.Retry{StatusRanges: fiveXX}, nil, http503, 2},
+		{"HTTPRoute: 5xx ranges do not retry grpc-status UNAVAILABLE", false, &policy.Retry{StatusRanges: fiveXX}, nil, grpcUnavailable, 1},
+		{"GRPCRoute: l5d-retry-http", true, nil, http.Header{"L5d-Retry-Http": {"5xx"}}, http503, 2},
+		{"GRPCRoute: codes do not retry an HTTP 503", true, &policy.Retry{GRPCCodes: []codes.Code{codes.Internal}}, nil, http503, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+				if n == 1 {
+					tc.first(w)
+					return
+				}
+				w.Header().Set("Content-Type", "application/grpc")
+				w.Header().Set("Grpc-Status", "0")
+			})
+			p := httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Retry: tc.retry, AllowL5dRequestHeaders: true})
+			if tc.grpcRoute {
+				p = &policy.Policy{Parent: parentMeta, Protocol: policy.ProtocolGRPC, GRPC: policy.GRPCProtocol{Routes: []policy.GRPCRoute{{
+					Meta:  policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "GRPCRoute", Namespace: "ns", Name: "rpc"},
+					Rules: []policy.GRPCRule{{Backends: to(up.backend("web")), Retry: tc.retry, AllowL5dRequestHeaders: true}},
+				}}}}
+			}
+			f := newFixture(t, testutil.H2C, p)
+			h := http.Header{"Content-Type": {"application/grpc"}}
+			for k, v := range tc.header {
+				h[k] = v
+			}
+			f.do(t, "POST", "http://svc.test/pkg.Svc/Call", "", h)
+			assert.Equal(t, tc.want, up.n.Load(), "attempts")
+		})
+	}
+}
+
 func TestL5dHeaders(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
 		up := newUpstream(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })

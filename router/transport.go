@@ -61,10 +61,10 @@ type LoadShed interface{ LoadShed() bool }
 // With allow_l5d_request_headers the l5d-retry-http, l5d-retry-grpc,
 // l5d-retry-limit, l5d-retry-timeout, l5d-timeout (or l5d-request-timeout)
 // and l5d-response-timeout request headers override the rule's retry and
-// timeouts. These headers never reach the upstream on a policy route:
-// Linkerd's proxy removes them only when it honours them; here they are
-// removed whether or not the rule allows them, so a client cannot steer
-// a proxy further on.
+// timeouts, the retry conditions on routes of either kind. These headers
+// never reach the upstream on a policy route: Linkerd's proxy removes them
+// only when it honours them; here they are removed whether or not the rule
+// allows them, so a client cannot steer a proxy further on.
 func (r *Router) Transport(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
@@ -180,7 +180,7 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 	if hasL5d(req.Header) {
 		req = req.Clone(req.Context())
 		if route.AllowL5dRequestHeaders {
-			retry, timeouts = overrideL5d(req.Header, retry, timeouts, route.GRPC)
+			retry, timeouts = overrideL5d(req.Header, retry, timeouts)
 		}
 		stripL5d(req.Header)
 	}
@@ -470,13 +470,14 @@ func (x *policyExchange) available(bal *balancer.Balancer, i int) bool {
 	return b.Backend.Balancer == nil || bal.ReadyWith(b.Backend.Balancer.Authority, x.rt.balancing[i])
 }
 
-// Retryable implements exchange.Retry.
+// Retryable implements exchange.Retry. A response is retried when its
+// gRPC status is among the retry's codes or its HTTP status in the
+// retry's ranges, whatever the route's kind, as in Linkerd's proxy: an
+// HTTPRoute's ranges retry a gRPC call answered 503.
 func (x *policyExchange) Retryable(resp *http.Response, class classify.Class, err error) bool {
 	if resp != nil {
-		if x.grpc {
-			return class.GRPCStatus >= 0 && x.retry.RetryableCode(codes.Code(class.GRPCStatus))
-		}
-		return x.retry.RetryableStatus(resp.StatusCode)
+		return class.GRPCStatus >= 0 && x.retry.RetryableCode(codes.Code(class.GRPCStatus)) ||
+			x.retry.RetryableStatus(resp.StatusCode)
 	}
 	var ls LoadShed
 	if errors.As(err, &ls) && ls.LoadShed() {
@@ -490,10 +491,11 @@ func (x *policyExchange) Retryable(resp *http.Response, class classify.Class, er
 // retriable reports whether the final outcome of a retried request is
 // one the policy would retry: then the retries did not succeed.
 func (x *policyExchange) retriable(o exchange.Outcome) bool {
-	if x.grpc {
-		return o.Class.GRPCStatus < 0 || x.retry.RetryableCode(codes.Code(o.Class.GRPCStatus))
+	if x.grpc && o.Class.GRPCStatus < 0 {
+		return true // a call without a status did not succeed
 	}
-	return x.retry.RetryableStatus(o.Status)
+	return o.Class.GRPCStatus >= 0 && x.retry.RetryableCode(codes.Code(o.Class.GRPCStatus)) ||
+		x.retry.RetryableStatus(o.Status)
 }
 
 // Allow implements exchange.Retry: the count, then the budget, then the
