@@ -209,6 +209,33 @@ func TestRetryUsesBudget(t *testing.T) {
 	})
 }
 
+// TestNonRetryableRoutesEarnNoBudget: only a profile's retryable routes
+// earn its retry budget, as in linkerd2-proxy, where only they have a
+// retry policy (linkerd/service-profiles/src/proto.rs;
+// linkerd/app/outbound/src/http/retry.rs). With no minimum per second, a
+// failure on the retryable route is not retried on budget earned by the
+// traffic of another route.
+func TestNonRetryableRoutesEarnNoBudget(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		h := newHarness(t, mode, profileWith(&profiles.RetryBudget{RetryRatio: 0.5, MinRetriesPerSecond: 0, TTL: time.Minute},
+			retryRoute("/0.5")))
+		for range 20 {
+			status, _ := h.do("GET", "/load-profile", nil)
+			require.Equal(t, http.StatusCreated, status)
+		}
+		status, _ := h.do("GET", "/0.5", nil)
+		assert.Equal(t, 533, status, "retried on budget earned by another route")
+		assert.Equal(t, 1, h.up.count("/0.5"))
+
+		// Its own requests earn it: two more (the first answered at once)
+		// make a whole retry for the second's failure.
+		h.do("GET", "/0.5", nil)
+		status, _ = h.do("GET", "/0.5", nil)
+		assert.Equal(t, 200, status, "retried on the route's own budget")
+		assert.Equal(t, 4, h.up.count("/0.5"))
+	})
+}
+
 func TestDoesNotRetryIfRequestDoesNotMatch(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
 		h := newHarness(t, mode, profileWith(budget10s, retryRoute("/wont/match/anything")))

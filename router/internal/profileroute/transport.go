@@ -27,7 +27,8 @@ import (
 // error, classified as an error, never as a timeout.
 //
 // A retryable route's failed responses are retried while the profile's
-// budget allows. The request body is forwarded as it arrives, never
+// budget allows; the budget is earned by the requests of the routes that
+// spend it (retryable or hedged), not by the profile's other routes. The request body is forwarded as it arrives, never
 // waited for, while a copy of up to [MaxRetryBodyBytes] is kept: a retry
 // happens only when the first attempt read the whole body within that cap,
 // and sends the copy. A body of a known length within the cap that the
@@ -63,7 +64,9 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	}
 	tg.route.Request(req.Context())
 	tap.NoteRoute(req.Context(), tg.name)
-	if ts.budget != nil {
+	if ts.budget != nil && (route.Retryable || tg.hedge != nil) {
+		// Only a route that spends the budget earns it, by retries or by
+		// hedges: traffic on the profile's other routes earns nothing.
 		ts.budget.Deposit()
 	}
 	p := tg.plan.Load()
