@@ -2,18 +2,13 @@ package mesh
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -364,20 +359,12 @@ func TestTCPMetricsCloseDuringDetection(t *testing.T) {
 func TestURIIdentityWithServerName(t *testing.T) {
 	const spiffeID, serverName, authority = "spiffe://root.linkerd.cluster.local/proxy-harness", "ew.external.svc", "ew.default.svc.cluster.local:7000"
 	p := newPKI(t)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	u, err := url.Parse(spiffeID)
-	require.NoError(t, err)
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(7), URIs: []*url.URL{u},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}, p.root.Cert, &key.PublicKey, p.root.Key)
-	require.NoError(t, err)
+	cert := testutil.URILeaf(t, p.root.Cert, p.root.Key, spiffeID)
 	sni := make(chan string, 4)
 	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13,
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			sni <- h.ServerName
-			return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+			return &cert, nil
 		}})
 	require.NoError(t, err)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), ErrorLog: quietLog}

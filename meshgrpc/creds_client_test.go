@@ -2,14 +2,9 @@ package meshgrpc_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"math/big"
 	"net/netip"
-	"net/url"
 	"testing"
 	"time"
 
@@ -169,15 +164,7 @@ func TestURIIdentityWithServerName(t *testing.T) {
 	require.NoError(t, err)
 	anchors := x509.NewCertPool()
 	anchors.AddCert(root.Cert)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	u, err := url.Parse(spiffeID)
-	require.NoError(t, err)
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(7), URIs: []*url.URL{u},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}, root.Cert, &key.PublicKey, root.Key)
-	require.NoError(t, err)
+	cert := testutil.URILeaf(t, root.Cert, root.Key, spiffeID)
 	sni := make(chan string, 8)
 	a := startApp(t, &app{}, xcredentials.NewTLSWithALPNDisabled(&tls.Config{MinVersion: tls.VersionTLS13,
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -185,7 +172,7 @@ func TestURIIdentityWithServerName(t *testing.T) {
 			case sni <- h.ServerName:
 			default:
 			}
-			return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+			return &cert, nil
 		}}))
 	iss, err := controlplane.NewIssuer(anchors, [][]byte{root.DER}, root.Key, controlplane.StaticTokens{}, controlplane.WithIssuerLogger(quiet))
 	require.NoError(t, err)

@@ -745,22 +745,7 @@ func TestResponseTimeoutStartsAfterTheUpload(t *testing.T) {
 		p := httpPolicy(policy.HTTPRule{Backends: to(up.backend("web")), Timeouts: policy.Timeouts{Response: timeout}})
 		f := newFixture(t, mode, p)
 
-		upload := func(path string) *http.Response {
-			pr, pw := io.Pipe()
-			go func() {
-				_, _ = io.WriteString(pw, "first half, ")
-				// The scenario is a slow client: the rest comes twice the
-				// response timeout later.
-				<-time.After(2 * timeout)
-				_, _ = io.WriteString(pw, "second half")
-				pw.Close()
-			}()
-			req, _ := http.NewRequest("POST", "http://svc.test"+path, pr)
-			resp, err := f.client.Do(req)
-			require.NoError(t, err)
-			t.Cleanup(func() { resp.Body.Close() })
-			return resp
-		}
+		upload := func(path string) *http.Response { return slowUpload(t, f, path, 2*timeout) }
 		resp := upload("/echo")
 		b, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
@@ -803,19 +788,7 @@ func TestTryTimeoutStartsAfterTheUpload(t *testing.T) {
 		f := newFixture(t, mode, p)
 
 		upload := func(path string) (*http.Response, string) {
-			pr, pw := io.Pipe()
-			go func() {
-				_, _ = io.WriteString(pw, "first half, ")
-				// The scenario is a slow client: the rest comes twice the
-				// per-try timeout later.
-				<-time.After(2 * timeout)
-				_, _ = io.WriteString(pw, "second half")
-				pw.Close()
-			}()
-			req, _ := http.NewRequest("POST", "http://svc.test"+path, pr)
-			resp, err := f.client.Do(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
+			resp := slowUpload(t, f, path, 2*timeout)
 			b, err := io.ReadAll(resp.Body)
 			require.NoError(t, err)
 			return resp, string(b)
@@ -832,4 +805,23 @@ func TestTryTimeoutStartsAfterTheUpload(t *testing.T) {
 		bodies := up.bodies()
 		assert.Equal(t, "first half, second half", bodies[len(bodies)-1], "the retry sent the whole body")
 	})
+}
+
+// slowUpload posts to path through f a body whose second half comes gap
+// after its first, as a slow client sends it; the response's body is
+// closed when the test ends.
+func slowUpload(t *testing.T, f *fixture, path string, gap time.Duration) *http.Response {
+	t.Helper()
+	pr, pw := io.Pipe()
+	go func() {
+		_, _ = io.WriteString(pw, "first half, ")
+		<-time.After(gap)
+		_, _ = io.WriteString(pw, "second half")
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", "http://svc.test"+path, pr)
+	resp, err := f.client.Do(req)
+	require.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
 }
