@@ -128,6 +128,7 @@ type authority struct {
 	stops    []func()
 	released bool
 	groups   map[confKey]*group // the configured groups but def
+	addrs    *addrs             // the Balancer's counts of addresses, nil without
 }
 
 // confRef is a BackendConfig and the group it is balanced by.
@@ -165,6 +166,9 @@ func (a *authority) keep(stop func()) {
 func (a *authority) release() {
 	a.mu.Lock()
 	stops := a.stops
+	if !a.released {
+		a.addrs.release(a.def.state.Load())
+	}
 	a.stops, a.released = nil, true
 	a.mu.Unlock()
 	for _, stop := range stops {
@@ -192,9 +196,16 @@ func (a *authority) update(u endpoint.Update, defaultRTT float64, now int64, mes
 	defer a.mu.Unlock()
 	prev = a.def.state.Load()
 	next = newSnapshot(u, prev, defaultRTT, now, meshTLS)
+	if !a.released {
+		a.addrs.swap(prev, next)
+	}
 	a.def.publish(next)
 	for _, g := range a.groups {
-		g.publish(newSnapshot(u, g.state.Load(), defaultRTT, now, meshTLS))
+		gs := newSnapshot(u, g.state.Load(), defaultRTT, now, meshTLS)
+		for i, e := range gs.eps {
+			e.ref = next.eps[i].ref // the same endpoints, in the same order
+		}
+		g.publish(gs)
 	}
 	return prev, next
 }
@@ -414,7 +425,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	mark, _ := req.Context().Value(backendKey{}).(*backendMark)
 	if mark != nil && mark.forward != nil {
-		return t.base.RoundTrip(req) // WithForward: one endpoint, no lookup
+		return t.forward(req, mark.forward) // WithForward: one endpoint, no lookup
 	}
 	// The request holds its authority until it ends (its response body
 	// included), so that the idle sweep never releases the state it uses:
@@ -474,14 +485,14 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 			return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot watch "+name+": "+s.err.Error()), false, nil
 		}
 		if b.cfg.fallback {
-			resp, err := t.base.RoundTrip(req)
+			resp, err := t.fallback(req)
 			return resp, false, err
 		}
 		closeBody(req)
 		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), false, nil
 	case !s.exists:
 		if b.cfg.fallback {
-			resp, err := t.base.RoundTrip(req)
+			resp, err := t.fallback(req)
 			return resp, false, err
 		}
 		closeBody(req)
@@ -690,9 +701,11 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	}
 	l := e.load
 	l.pending.Add(1)
+	ref := b.table.addrs.begin(e)
 	start := b.cfg.now()
 	resp, err := t.base.RoundTrip(out)
 	if err != nil {
+		b.table.addrs.end(ref)
 		l.pending.Add(-1)
 		if req.Context().Err() == nil {
 			now := b.cfg.now()
@@ -715,9 +728,10 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 		if !final {
 			b.record(e, o, probe, now)
 		}
+		b.table.addrs.endOnClose(resp, ref)
 		return resp, false, nil
 	}
-	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, load: l, ctx: req.Context(), resp: resp, hold: ent}
+	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, ctx: req.Context(), resp: resp, hold: ent, ref: ref}
 	if !final {
 		pb.verdict, pb.probe, pb.head = true, probe, o
 	}
@@ -739,11 +753,11 @@ func (b *Balancer) record(e *member, o outcome, probe bool, now int64) {
 type pendingBody struct {
 	io.ReadCloser
 	b    *Balancer
-	e    *member
-	load *load
+	e    *member // its load is the request's
 	ctx  context.Context
 	resp *http.Response
 	hold *registry.Entry[authority] // the authority's entry, held until the end
+	ref  *addrRef                   // the request's count on its address
 	done atomic.Bool
 	// verdict: the outcome waits for the trailers (gRPC).
 	verdict bool
@@ -769,10 +783,11 @@ func (p *pendingBody) finish(err error) {
 		return
 	}
 	defer p.hold.Unhold()
-	p.load.pending.Add(-1)
+	defer p.b.table.addrs.end(p.ref)
+	p.e.load.pending.Add(-1)
 	failed := err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil
 	if failed {
-		p.load.observe(float64(p.b.cfg.penalty), p.b.cfg.now(), p.b.decay)
+		p.e.load.observe(float64(p.b.cfg.penalty), p.b.cfg.now(), p.b.decay)
 	}
 	if !p.verdict {
 		return
@@ -782,7 +797,7 @@ func (p *pendingBody) finish(err error) {
 		p.head.failure = true
 	case p.ctx.Err() != nil || err == nil: // cancelled, or closed before the end: no verdict
 		if p.probe {
-			p.load.release()
+			p.e.load.release()
 		}
 		return
 	default:
@@ -857,6 +872,7 @@ type table struct {
 	live   sync.Map   // *authority -> struct{}: the entries not released, for the metrics
 	closed *authority // what requests get once the Balancer is closed
 	shut   atomic.Bool
+	addrs  *addrs // the counts of endpoint addresses, nil without WithEndpointRemoved
 	// afterLookup, set by tests only, runs in hold between the lookup and
 	// the hold: where another request's lookup may evict the entry.
 	afterLookup func(host string)
@@ -867,7 +883,12 @@ func (t *table) init(cfg config, def *groupConf) {
 	t.closed.watching.Store(true)
 	t.closed.splitOn.Store(true)
 	t.closed.update(endpoint.Update{Err: &watchError{ErrClosed}}, 0, 0, false)
-	t.reg = registry.New(func(name string) *authority { return newAuthority(name, def) }, func(e *registry.Entry[authority]) (func(), error) {
+	t.addrs = newAddrs(cfg.removed)
+	t.reg = registry.New(func(name string) *authority {
+		a := newAuthority(name, def)
+		a.addrs = t.addrs
+		return a
+	}, func(e *registry.Entry[authority]) (func(), error) {
 		a := e.Load()
 		t.live.Store(a, struct{}{})
 		return func() {

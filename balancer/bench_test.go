@@ -2,6 +2,10 @@ package balancer
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -49,4 +53,55 @@ func TestLookupAllocs(t *testing.T) {
 	defer b.Close()
 	require.NotNil(t, lookup(b, "books.ns:7000"))
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { b.table.lookup("books.ns:7000") }))
+}
+
+// BenchmarkRoundTrip measures a request through the Balancer to one of
+// ten live endpoints, over a base that answers at once: the Balancer's
+// own cost per request, serially and from many goroutines. With
+// removals=true it counts the requests to each address, as mesh.NewClient
+// has it do.
+func BenchmarkRoundTrip(b *testing.B) {
+	eps := make([]endpoint.Endpoint, 10)
+	for i := range eps {
+		eps[i] = ep(fmt.Sprintf("10.0.0.%d:80", i+1))
+	}
+	for _, removals := range []bool{false, true} {
+		opts := []Option{WithLogger(quietLogger)}
+		if removals {
+			opts = append(opts, WithEndpointRemoved(func(netip.AddrPort) {}))
+		}
+		src, err := NewStaticSource(map[string][]endpoint.Endpoint{"books.ns:80": eps})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bal := New(src, opts...)
+		rt := bal.Transport(roundTrip(func(r *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("ok")), Request: r}, nil
+		}))
+		get := func() {
+			req, _ := http.NewRequest("GET", "http://books.ns/", nil)
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		get() // the first answer
+		b.Run(fmt.Sprintf("removals=%t/serial", removals), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				get()
+			}
+		})
+		b.Run(fmt.Sprintf("removals=%t/parallel", removals), func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					get()
+				}
+			})
+		})
+		bal.Close()
+	}
 }

@@ -67,6 +67,14 @@
 // may move a first-available distribution to its next backend and retry
 // the request; a load shed is not retried.
 //
+// With [WithEndpointRemoved] the Balancer says when it is done with an
+// endpoint's address: no authority's set holds it any more and its last
+// request, counted until its response body ends, is over. A client closes
+// its connections to it then, as Linkerd's proxy drops a removed
+// endpoint's connections once its responses are done, rather than keep
+// them until their idle timeout. Requests to the address of a forward
+// backend ([WithForward]) and fallbacks to an IP address count too.
+//
 // [Balancer.Endpoints] and [Balancer.EndpointsHandler] report each
 // endpoint's state. The outbound_http_balancer_* families (Linkerd's
 // names) go to the provider of [WithMeterProvider].

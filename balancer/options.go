@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/inmesh/inmesh/internal/registry"
@@ -56,6 +57,7 @@ type config struct {
 	meter          metric.MeterProvider
 	meshTLS        bool
 	zone           zoneConf
+	removed        []func(netip.AddrPort)
 	// now is the clock of the load estimates: a monotonic reading in
 	// nanoseconds. Tests replace it.
 	now func() int64
@@ -267,6 +269,22 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) {
 		if mp != nil {
 			c.meter = mp
+		}
+	})
+}
+
+// WithEndpointRemoved calls f with the address of an endpoint the Balancer
+// is done with: no endpoint set of its authorities holds it any more
+// (several can share an address; a released authority holds none), and no
+// request it sent there is in flight, response body included. The
+// connections to it then carry nothing and can be closed, as the mesh
+// package's client does. f runs one call at a time, under a lock that a
+// request to a removed address takes: it must not block or call the
+// Balancer. Each option adds a function; nil adds none.
+func WithEndpointRemoved(f func(addr netip.AddrPort)) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.removed = append(c.removed, f)
 		}
 	})
 }

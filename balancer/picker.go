@@ -23,6 +23,9 @@ type member struct {
 	trace atomic.Pointer[[]attribute.KeyValue]
 	load  *load
 	g     *group // the configuration's balancing it is in, nil outside a Balancer
+	// ref counts the requests in flight to its address, nil when the
+	// Balancer counts nothing (see addrs).
+	ref *addrRef
 	// locality: in the local zone or not, under zone-aware balancing.
 	locality int8
 }
@@ -66,14 +69,16 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 		return s
 	}
 	s.exists = u.Set.Exists
-	old := make(map[string]*load, len(prev.eps))
+	old := make(map[string]*member, len(prev.eps))
 	for _, e := range prev.eps {
-		old[e.addr] = e.load
+		old[e.addr] = e
 	}
 	var total uint64
 	for _, e := range u.Set.Endpoints {
 		ep := &member{Endpoint: e, addr: e.Addr.String(), g: prev.group}
-		if ep.load = old[ep.addr]; ep.load == nil {
+		if o := old[ep.addr]; o != nil {
+			ep.load, ep.ref = o.load, o.ref
+		} else {
 			ep.load = newLoad(defaultRTT, now)
 		}
 		ep.labels = endpointLabels(e, meshTLS)
@@ -117,7 +122,7 @@ func (s *snapshot) fork(g *group, defaultRTT float64, now int64) *snapshot {
 	if len(s.eps) > 0 {
 		ns.eps = make([]*member, len(s.eps))
 		for i, e := range s.eps {
-			ep := &member{Endpoint: e.Endpoint, addr: e.addr, labels: e.labels, load: newLoad(defaultRTT, now), g: g, locality: e.locality}
+			ep := &member{Endpoint: e.Endpoint, addr: e.addr, labels: e.labels, load: newLoad(defaultRTT, now), g: g, locality: e.locality, ref: e.ref}
 			if t := e.trace.Load(); t != nil {
 				ep.trace.Store(t)
 			}
