@@ -324,6 +324,7 @@ type Client struct {
 	h2       *http.Transport
 	peers    *origproto.Transport
 	accepted *connMetrics // the connections of Listener's listeners
+	dialled  *dialled     // the connections to the peers, by address
 }
 
 // Listener returns ln as a proxy serves its application's outbound
@@ -349,7 +350,8 @@ func NewClient(opts ...ClientOption) *Client {
 	if c.dial == nil {
 		c.dial = transport.Dialer().DialContext
 	}
-	c.dial = newConnMetrics(c.mp, "outbound", "dst").dial(c.dial)
+	cl.dialled = newDialled()
+	c.dial = newConnMetrics(c.mp, "outbound", "dst").dial(c.dial, cl.dialled)
 	cl.accepted = newConnMetrics(c.mp, "outbound", "src")
 	cl.h1, cl.h2 = c.transports()
 	topts := []origproto.Option{origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2), origproto.WithDialContext(c.dial)}
@@ -364,6 +366,7 @@ func NewClient(opts ...ClientOption) *Client {
 		opts := []balancer.Option{
 			balancer.WithLogger(c.logger), balancer.WithSplits(profiles.Splits(c.source)), balancer.WithMaxAuthorities(c.maxAuthorities),
 			balancer.WithIdleTimeout(c.idleTimeout), balancer.WithMeshTLS(c.identity != nil),
+			balancer.WithEndpointRemoved(cl.dialled.closeTo),
 		}
 		if c.mp != nil {
 			opts = append(opts, balancer.WithMeterProvider(c.mp))

@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -69,8 +70,8 @@ func (m *connMetrics) conns(l *classify.Labels, addr string) *metrics.Conns {
 
 // dial wraps an outbound dial function: each connection is counted under
 // the labels of the endpoint it was dialled for (the balancer's, in the
-// dial's context) and its address.
-func (m *connMetrics) dial(next func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// dial's context) and its address, and kept in set by its address.
+func (m *connMetrics) dial(next func(ctx context.Context, network, addr string) (net.Conn, error), set *dialled) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
 		if err != nil {
@@ -78,15 +79,21 @@ func (m *connMetrics) dial(next func(ctx context.Context, network, addr string) 
 		}
 		s := m.conns(classify.LabelsFromContext(ctx), targetAddr(addr))
 		s.Opened()
-		return &countedConn{Conn: c, s: s}, nil
+		cc := &countedConn{Conn: c, s: s}
+		set.add(addr, cc)
+		return cc, nil
 	}
 }
 
-// countedConn counts its bytes and its close in its series.
+// countedConn counts its bytes and its close in its series. An outbound
+// one is in the set of the connections dialled to its address until it
+// closes.
 type countedConn struct {
 	net.Conn
 	s      *metrics.Conns
 	closed atomic.Bool
+	set    *dialled // nil when not kept
+	addr   netip.AddrPort
 }
 
 func (c *countedConn) Read(b []byte) (int, error) {
@@ -104,8 +111,67 @@ func (c *countedConn) Write(b []byte) (int, error) {
 func (c *countedConn) Close() error {
 	if !c.closed.Swap(true) {
 		c.s.Closed()
+		c.set.forget(c)
 	}
 	return c.Conn.Close()
+}
+
+// dialled keeps a stack's outbound connections by the IP address and port
+// they were dialled to, so that those to an endpoint the balancer is done
+// with are closed (balancer.WithEndpointRemoved) rather than kept idle
+// until their idle timeout. A connection dialled to a name is not kept.
+type dialled struct {
+	mu sync.Mutex
+	by map[netip.AddrPort]map[*countedConn]struct{}
+}
+
+func newDialled() *dialled { return &dialled{by: make(map[netip.AddrPort]map[*countedConn]struct{})} }
+
+func (d *dialled) add(addr string, c *countedConn) {
+	if d == nil {
+		return
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return
+	}
+	c.set, c.addr = d, ap
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cs := d.by[ap]
+	if cs == nil {
+		cs = make(map[*countedConn]struct{})
+		d.by[ap] = cs
+	}
+	cs[c] = struct{}{}
+}
+
+func (d *dialled) forget(c *countedConn) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cs := d.by[c.addr]; cs != nil {
+		delete(cs, c)
+		if len(cs) == 0 {
+			delete(d.by, c.addr)
+		}
+	}
+}
+
+// closeTo closes the connections dialled to addr. The balancer calls it
+// once no request to addr is in flight, so none of them carries one: an
+// HTTP/1 connection is in its transport's idle pool, an HTTP/2 one has no
+// stream, and the transport drops each as it sees it closed.
+func (d *dialled) closeTo(addr netip.AddrPort) {
+	d.mu.Lock()
+	cs := d.by[addr]
+	delete(d.by, addr)
+	d.mu.Unlock()
+	for c := range cs {
+		c.Close()
+	}
 }
 
 // wire wraps an inbound listener's raw connections, so that their bytes

@@ -11,7 +11,9 @@ import (
 // changes them.
 const (
 	// DefaultIdleConnTimeout is how long an idle connection to an endpoint
-	// or a fallback address is kept before it is closed.
+	// or a fallback address is kept before it is closed. The connections
+	// to an endpoint that left discovery's answers (of every Service that
+	// had it) are closed sooner: once its last request in flight ends.
 	DefaultIdleConnTimeout = transport.DefaultIdleConnTimeout
 	// DefaultMaxIdleConns caps the idle HTTP/1 connections across all hosts.
 	DefaultMaxIdleConns = transport.DefaultMaxIdleConns
