@@ -519,6 +519,9 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 			closeBody(req)
 			return nil, false, ErrNoOtherEndpoint
 		}
+		if g.failfast.Load() {
+			b.leaveFailfast(a, g, req.Context())
+		}
 		tried.Add(e.Addr)
 		if e.locality != localityNone {
 			b.metrics.zoned(a, req.Context(), e.locality)
@@ -533,6 +536,8 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 			closeBody(req)
 			return resp, false, err
 		}
+	} else if g.failfast.Load() {
+		b.leaveFailfast(a, g, req.Context())
 	}
 	b.metrics.dequeued(a, req.Context(), b.cfg.now()-start)
 	if tried != nil {
@@ -610,11 +615,18 @@ func resendable(req *http.Request) (_ *http.Request, ok bool) {
 const queuePoll = 10 * time.Millisecond
 
 // queue waits until an endpoint of a is in rotation, at most the failfast
-// timeout; past the capacity it refuses at once. It returns the endpoint,
-// or the response (503 fail-fast or load-shed) or error (the request's
-// own) to answer with.
+// timeout; past the capacity it refuses at once. The first timeout puts
+// g's queue in failfast, as linkerd2-proxy's queue enters it: the
+// requests waiting fail fast with it, and later ones are shed at once
+// until a request finds an endpoint in rotation ([Balancer.leaveFailfast]).
+// It returns the endpoint, or the response (503 fail-fast or load-shed)
+// or error (the request's own) to answer with.
 func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string) (*member, bool, *http.Response, error) {
 	conf := g.conf
+	if g.failfast.Load() {
+		meshtrace.Event(req.Context(), meshtrace.EventLoadShed)
+		return nil, false, failResponse(req, ErrLoadShed, "load shed: "+name+" is failing fast, no endpoint ready"), nil
+	}
 	if g.queued.Add(1) > int64(conf.queueCap) {
 		g.queued.Add(-1)
 		b.log.Info("load shed", "queue full, request refused", "authority", name)
@@ -622,31 +634,48 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 		return nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
 	}
 	defer g.queued.Add(-1)
-	b.metrics.gate(a, req.Context(), false)
 	meshtrace.Event(req.Context(), meshtrace.EventQueued)
 	timer := time.NewTimer(conf.failfast)
 	defer timer.Stop()
 	tick := time.NewTicker(queuePoll)
 	defer tick.Stop()
+	expired := false
 	for {
 		wake := g.wake()
 		now := b.cfg.now()
 		g.sweepOutliers(now)
 		if e, probe := g.state.Load().choose(now, b.decay); e != nil {
-			b.metrics.gate(a, req.Context(), true)
+			b.leaveFailfast(a, g, req.Context())
 			meshtrace.Event(req.Context(), meshtrace.EventDequeued)
 			return e, probe, nil, nil
+		}
+		if expired || g.failfast.Load() {
+			if g.failfast.CompareAndSwap(false, true) {
+				b.log.Info("failfast", "no endpoint ready within the failfast timeout, failing fast", "authority", name, "timeout", conf.failfast)
+				b.metrics.gate(a, req.Context(), false)
+				g.notify() // the requests still waiting fail fast too
+			}
+			b.metrics.failfast(a, req.Context())
+			meshtrace.Event(req.Context(), meshtrace.EventFailFast)
+			return nil, false, failResponse(req, ErrFailFast, "fail-fast: no endpoint of "+name+" ready within "+conf.failfast.String()), nil
 		}
 		select {
 		case <-wake:
 		case <-tick.C:
 		case <-timer.C:
-			b.metrics.failfast(a, req.Context())
-			meshtrace.Event(req.Context(), meshtrace.EventFailFast)
-			return nil, false, failResponse(req, ErrFailFast, "fail-fast: no endpoint of "+name+" ready within "+conf.failfast.String()), nil
+			expired = true // look once more, then fail fast
 		case <-req.Context().Done():
 			return nil, false, nil, req.Context().Err()
 		}
+	}
+}
+
+// leaveFailfast ends g's failfast, if it is in it: a request found an
+// endpoint in rotation, so the requests after it queue again.
+func (b *Balancer) leaveFailfast(a *authority, g *group, ctx context.Context) {
+	if g.failfast.Load() && g.failfast.CompareAndSwap(true, false) {
+		b.log.Info("failfast", "an endpoint is ready, no longer failing fast", "authority", a.name)
+		b.metrics.gate(a, ctx, true)
 	}
 }
 

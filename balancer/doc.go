@@ -63,7 +63,11 @@
 // queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the
 // failfast timeout gets a 503 carrying [ErrFailFast], one past the
 // capacity a 503 carrying [ErrLoadShed] at once; [ResponseError] tells a
-// router which. A fail-fast means the backend has nothing ready: a router
+// router which. The first fail-fast puts the queue in failfast, as
+// linkerd2-proxy's queue: the requests waiting then fail fast with it,
+// and later ones get [ErrLoadShed] at once, until a request finds an
+// endpoint in rotation (a probe after a breaker's penalty, a new
+// endpoint). A fail-fast means the backend has nothing ready: a router
 // may move a first-available distribution to its next backend and retry
 // the request; a load shed is not retried.
 //

@@ -177,7 +177,10 @@ type group struct {
 	conf   *groupConf // immutable
 	state  atomic.Pointer[snapshot]
 	queued atomic.Int64 // requests in the queue
-	used   atomic.Int64 // clock reading of its last use, to drop the least recently used
+	// failfast: the queue's failfast timeout passed with no endpoint in
+	// rotation; requests are shed at once until one finds an endpoint.
+	failfast atomic.Bool
+	used     atomic.Int64 // clock reading of its last use, to drop the least recently used
 
 	zone zoneState // the spill controller of zone-aware balancing
 

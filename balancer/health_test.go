@@ -193,9 +193,12 @@ func TestEjectionFloor(t *testing.T) {
 	assert.Equal(t, 2, ready, "%+v", bal.Endpoints(svc))
 }
 
-// Acceptance: with every endpoint tripped, a request waits the failfast
-// timeout, then gets 503 FAIL_FAST; with the queue full the next one gets
-// LOAD_SHED at once. The balancer families say so.
+// Acceptance: with every endpoint tripped, a request past the queue's
+// capacity is shed at once (LOAD_SHED), and a queued request is the probe
+// once the endpoint's penalty ends. A request that waits the failfast
+// timeout gets 503 FAIL_FAST and puts the queue in failfast: the next one
+// is shed at once, until a request finds an endpoint again (the probe
+// after the next penalty). The balancer families say so.
 func TestFailFastAndLoadShed(t *testing.T) {
 	clock := &fakeClock{}
 	clock.now.Store(1)
@@ -204,7 +207,7 @@ func TestFailFastAndLoadShed(t *testing.T) {
 	down := counted(t, &hits, func(int64) int { return 502 })
 	// Requests stay queued between the test's steps (metric scrapes
 	// among them, slow under the race detector on a loaded machine) for
-	// no more than this; only the first waits it out.
+	// no more than this; only one waits it out.
 	const failfast = 2 * time.Second
 	bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {down}}), withClock(clock.read),
 		WithMeterProvider(m.Provider), WithQueue(2, failfast),
@@ -223,22 +226,6 @@ func TestFailFastAndLoadShed(t *testing.T) {
 		return m.Value(t, "outbound_http_balancer_p2c_updates_total", append(labels, `op="Reset"`)...) == "1"
 	}, testutil.Timeout, time.Millisecond)
 
-	start := time.Now()
-	resp, err := client.Get(svcURL)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.GreaterOrEqual(t, time.Since(start), failfast, "it waited the failfast timeout")
-	assert.Equal(t, 503, resp.StatusCode)
-	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "fail-fast")
-	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_shut_total", labels...))
-	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_timeout_total", labels...))
-
-	// The error is recognisable on the RoundTripper's response.
-	req, _ := http.NewRequest("GET", svcURL, nil)
-	resp, err = bal.Transport(nil).RoundTrip(req)
-	require.NoError(t, err)
-	assert.ErrorIs(t, ResponseError(resp), ErrFailFast)
-
 	// Two requests fill the queue; the third is shed at once.
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -256,17 +243,18 @@ func TestFailFastAndLoadShed(t *testing.T) {
 	a := bal.table.find(svc)
 	require.Eventually(t, func() bool { return a.def.queued.Load() == 2 }, testutil.Timeout, time.Millisecond)
 	assert.Equal(t, "2", m.Value(t, "outbound_http_balancer_queue_length", labels...))
-	req, _ = http.NewRequest("GET", svcURL, nil)
-	resp, err = bal.Transport(nil).RoundTrip(req)
+	req, _ := http.NewRequest("GET", svcURL, nil)
+	resp, err := bal.Transport(nil).RoundTrip(req)
 	require.NoError(t, err)
+	resp.Body.Close()
 	assert.Equal(t, 503, resp.StatusCode)
 	assert.ErrorIs(t, ResponseError(resp), ErrLoadShed)
-	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "load shed")
+	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "queue")
 	cancel()
 	wg.Wait()
 
 	// After its penalty the endpoint is probed; a queued request is the
-	// probe, and the gate opens.
+	// probe (and trips it again).
 	hits.Store(0)
 	done := make(chan *http.Response, 1)
 	go func() {
@@ -284,9 +272,101 @@ func TestFailFastAndLoadShed(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, 502, resp.StatusCode, "the queued request went to the endpoint on probation")
 	assert.EqualValues(t, 1, hits.Load())
+	require.Equal(t, "tripped", stateOf(bal, svc, down).State)
+	assert.Empty(t, m.Value(t, "outbound_http_balancer_queue_gate_shut_total", labels...), "no failfast yet")
+
+	start := time.Now()
+	resp, err = client.Get(svcURL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.GreaterOrEqual(t, time.Since(start), failfast, "it waited the failfast timeout")
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "fail-fast")
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_shut_total", labels...))
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_timeout_total", labels...))
+
+	// In failfast the next request is shed at once, recognisably on the
+	// RoundTripper's response.
+	start = time.Now()
+	req, _ = http.NewRequest("GET", svcURL, nil)
+	resp, err = bal.Transport(nil).RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Less(t, time.Since(start), failfast/2)
+	assert.ErrorIs(t, ResponseError(resp), ErrLoadShed)
+	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "failing fast")
+	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_timeout_total", labels...))
+
+	// After the next penalty the probe finds the endpoint: the queue
+	// leaves failfast, and the gate opens.
+	clock.now.Add(int64(DefaultMaxPenalty))
+	status, _, _ = fetch(t, client, svcURL)
+	assert.Equal(t, 502, status, "the request went to the endpoint on probation")
+	assert.EqualValues(t, 2, hits.Load())
+	assert.False(t, a.def.failfast.Load())
 	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_open_total", labels...))
 	assert.NotEmpty(t, m.Value(t, "outbound_http_balancer_queue_latency_seconds_count", labels...))
 	assert.Equal(t, "0", m.Value(t, "outbound_http_balancer_queue_length", labels...))
+}
+
+// Once a request has failed fast, the queue is in failfast: later requests
+// are shed at once (LOAD_SHED) until an endpoint is in rotation again,
+// which ends it. The steps of linkerd2-proxy's consecutive_failures_accrue
+// (linkerd/app/outbound/src/http/logical/tests/failure_accrual.rs), as its
+// queue's worker enters and leaves failfast (linkerd/proxy/balance/queue:
+// worker.rs, the failfast test of tests.rs). The breaker's backoff runs on
+// the fake clock; the failfast timeout on the real one.
+func TestFailfastShedsUntilReady(t *testing.T) {
+	clock := &fakeClock{}
+	clock.now.Store(1)
+	var status atomic.Int64
+	e := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) }))
+	const failfast, minBackoff = time.Second, 10 * time.Second
+	bal := New(staticSource(t, map[string][]endpoint.Endpoint{svc: {e}}), WithLogger(quietLogger), withClock(clock.read),
+		WithQueue(10, failfast), WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3,
+			Backoff: Backoff{MinBackoff: minBackoff, MaxBackoff: 6 * minBackoff, JitterRatio: -1}}}))
+	t.Cleanup(bal.Close)
+	rt := bal.Transport(nil)
+	for _, step := range []struct {
+		name    string
+		advance time.Duration // the fake clock, before the request
+		serve   int           // the endpoint's status
+		want    int
+		wantErr error // ResponseError
+		waits   bool  // the failfast timeout; else answered well within it
+	}{
+		{name: "good request", serve: 200, want: 200},
+		{name: "bad request 1/3", serve: 500, want: 500},
+		{name: "bad request 2/3", serve: 500, want: 500},
+		{name: "bad request 3/3", serve: 500, want: 500},
+		{name: "request while in failfast", serve: 500, want: 503, wantErr: ErrFailFast, waits: true},
+		{name: "request while in loadshed", serve: 500, want: 503, wantErr: ErrLoadShed},
+		{name: "another request while in loadshed", serve: 500, want: 503, wantErr: ErrLoadShed},
+		{name: "bad request while in probation", advance: minBackoff, serve: 500, want: 500},
+		{name: "request while the breaker is open again", serve: 500, want: 503, wantErr: ErrFailFast, waits: true},
+		{name: "good request while in probation", advance: 2 * minBackoff, serve: 200, want: 200},
+		{name: "final good request", serve: 200, want: 200},
+	} {
+		clock.now.Add(int64(step.advance))
+		status.Store(int64(step.serve))
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+		req, err := http.NewRequestWithContext(ctx, "GET", svcURL, nil)
+		require.NoError(t, err)
+		start := time.Now()
+		resp, err := rt.RoundTrip(req)
+		took := time.Since(start)
+		require.NoError(t, err, step.name)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		cancel()
+		assert.Equal(t, step.want, resp.StatusCode, "%s: %s", step.name, resp.Header.Get("l5d-proxy-error"))
+		assert.Equal(t, step.wantErr, ResponseError(resp), "%s: %s", step.name, resp.Header.Get("l5d-proxy-error"))
+		if step.waits {
+			assert.GreaterOrEqual(t, took, failfast, step.name)
+		} else {
+			assert.Less(t, took, failfast/2, step.name)
+		}
+	}
 }
 
 // The load penalty of a response, as linkerd2-proxy's load biaser records

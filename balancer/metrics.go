@@ -99,9 +99,9 @@ func newBalMetrics(b *Balancer) *balMetrics {
 	m.latency, err = meter.Float64Histogram("outbound_http_balancer_queue_latency_seconds", metric.WithDescription("The time requests wait in the balancer queue."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(queueLatencyBuckets...))
 	handle(err)
-	m.gateOpen, err = meter.Int64Counter("outbound_http_balancer_queue_gate_open_total", metric.WithDescription("The number of times the queue opened: an endpoint became ready."))
+	m.gateOpen, err = meter.Int64Counter("outbound_http_balancer_queue_gate_open_total", metric.WithDescription("The number of times the queue left failfast: an endpoint was ready again."))
 	handle(err)
-	m.gateShut, err = meter.Int64Counter("outbound_http_balancer_queue_gate_shut_total", metric.WithDescription("The number of times the queue shut: no endpoint was ready."))
+	m.gateShut, err = meter.Int64Counter("outbound_http_balancer_queue_gate_shut_total", metric.WithDescription("The number of times the queue entered failfast: no endpoint was ready within the failfast timeout."))
 	handle(err)
 	m.failfasts, err = meter.Int64Counter("outbound_http_balancer_queue_gate_timeout_total", metric.WithDescription("The number of requests that failed fast after the failfast timeout."))
 	handle(err)
@@ -278,8 +278,9 @@ func (m *balMetrics) dequeued(a *authority, ctx context.Context, d int64) {
 	m.latency.Record(ctx, float64(max(d, 0))/1e9, am.rec...)
 }
 
-// gate records the queue of a opening (an endpoint ready again) or
-// shutting (none ready).
+// gate records the queue of a opening (leaving failfast: an endpoint is
+// ready again) or shutting (entering failfast: none was ready within the
+// failfast timeout).
 func (m *balMetrics) gate(a *authority, ctx context.Context, open bool) {
 	am := m.of(a)
 	if am.shut.CompareAndSwap(open, !open) {

@@ -200,6 +200,11 @@ func WithFailureAccrual(fa *FailureAccrual) Option {
 // with 503 and [ErrFailFast]; a request past the capacity fails at once
 // with [ErrLoadShed]. A value <= 0 keeps its default.
 //
+// Once a request has failed fast the queue is in failfast, as in
+// linkerd2-proxy: the requests then waiting fail fast too, and later ones
+// fail at once with [ErrLoadShed] until a request finds an endpoint in
+// rotation again.
+//
 // An authority whose set is empty answers at once with 503 (no endpoints),
 // as before any queue.
 func WithQueue(capacity int, failfast time.Duration) Option {

@@ -39,8 +39,9 @@ spec:
 // endpoints, the failing one trips and gets no more requests, and the
 // balancer families on /metrics say so (1 ready, 1 pending); down's only
 // endpoint trips too, and the next request waits the failfast timeout and
-// gets 503 FAIL_FAST, counted by the queue's gate and the route's error
-// label.
+// gets 503 FAIL_FAST; the queue is then in failfast, and the request after
+// it gets 503 LOAD_SHED at once, counted by the queue's gate and the
+// route's error label.
 func TestEndpointHealthEndToEnd(t *testing.T) {
 	needCurl(t)
 	bin := build(t)
@@ -111,7 +112,7 @@ func TestEndpointHealthEndToEnd(t *testing.T) {
 	assert.Contains(t, string(states), `"state": "tripped"`)
 
 	// down: its only endpoint trips after three failures, then a request
-	// fails fast.
+	// fails fast, and the queue is in failfast: the next is shed at once.
 	status, headers := 500, ""
 	var waited time.Duration
 	for i := 0; i < 4 && status == 500; i++ {
@@ -123,7 +124,11 @@ func TestEndpointHealthEndToEnd(t *testing.T) {
 	assert.Equal(t, 503, status)
 	assert.Contains(t, headers, "l5d-proxy-error: fail-fast")
 	assert.GreaterOrEqual(t, waited, 3*time.Second, "the failfast timeout")
-	get(down)
+	start := time.Now()
+	status, headers = get(down)
+	assert.Less(t, time.Since(start), 3*time.Second, "shed without waiting")
+	assert.Equal(t, 503, status)
+	assert.Contains(t, headers, "l5d-proxy-error: load shed")
 	assert.Equal(t, before, badDown.Load(), "a request reached the tripped endpoint")
 	text = scrape(t, metricsAddr)
 	downLabels := []string{`parent_name="down"`}
@@ -135,10 +140,11 @@ func TestEndpointHealthEndToEnd(t *testing.T) {
 		{"outbound_http_balancer_endpoints", `endpoint_state="ready"`, 0},
 		{"outbound_http_balancer_endpoints", `endpoint_state="pending"`, 1},
 		{"outbound_http_balancer_queue_gate_shut_total", "", 1}, // the gate shut once and stayed shut
-		{"outbound_http_balancer_queue_gate_timeout_total", "", 2},
+		{"outbound_http_balancer_queue_gate_timeout_total", "", 1},
 		{"outbound_http_balancer_queue_length", "", 0},
 		{"outbound_http_balancer_queue_gate_timeout_seconds", "", 3},
-		{"outbound_http_route_request_statuses_total", `error="FAIL_FAST"`, 2},
+		{"outbound_http_route_request_statuses_total", `error="FAIL_FAST"`, 1},
+		{"outbound_http_route_request_statuses_total", `error="LOAD_SHED"`, 1},
 	} {
 		v, ok := metric(text, c.name, append(downLabels, c.extra)...)
 		assert.True(t, ok, "%s %s", c.name, c.extra)
