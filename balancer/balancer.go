@@ -34,12 +34,14 @@ var ErrClosed = errors.New("balancer: closed")
 // request first goes to one of its authority's split backends by weight.
 //
 // While an authority has no answer yet, a request waits at most the
-// resolve timeout, then gets a 503 with l5d-proxy-error. An authority with
-// no endpoints fails at once the same way. One the source says does not
-// exist, or cannot resolve, goes to its own address (unless
-// [WithFallback](false): 503); one whose watch the source refused (its
-// bound on watched authorities) gets a 503, and the watch is tried again
-// after a delay.
+// resolve timeout, then gets a 503 with l5d-proxy-error. A request for an
+// authority with no endpoints waits in its queue for one, as for one whose
+// endpoints are all out of rotation ([WithQueue]). One the source says
+// does not exist goes to its own address (unless [WithFallback](false):
+// it has no endpoints), and so does one the source cannot resolve (unless
+// WithFallback(false): 503); one whose watch the source refused (its bound
+// on watched authorities) gets a 503, and the watch is tried again after
+// a delay.
 //
 // It puts the endpoint's h2 hint into the request context for origproto,
 // its labels (as dst_*) for classify, and the endpoint itself for
@@ -466,9 +468,13 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 		a.cur.Store(g)
 	}
 	s := b.endpoints(a, g)
+	var waited time.Duration // for the first answer, out of the failfast timeout
 	if s.wait != nil {
 		var err error
-		if s, err = b.wait(req, g, s); err != nil {
+		begin := time.Now()
+		s, err = b.wait(req, g, s)
+		waited = time.Since(begin)
+		if err != nil {
 			closeBody(req)
 			return nil, false, err
 		}
@@ -490,17 +496,13 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 		}
 		closeBody(req)
 		return proxyerr.Response(req, http.StatusServiceUnavailable, "cannot resolve "+name+": "+s.err.Error()), false, nil
-	case !s.exists:
-		if b.cfg.fallback {
-			resp, err := t.fallback(req)
-			return resp, false, err
-		}
-		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "unknown service "+name), false, nil
-	case len(s.eps) == 0:
-		closeBody(req)
-		return proxyerr.Response(req, http.StatusServiceUnavailable, "no endpoints for "+name), false, nil
+	case !s.exists && b.cfg.fallback:
+		resp, err := t.fallback(req)
+		return resp, false, err
 	}
+	// An empty set (or, without fallback, a service that does not exist:
+	// linkerd2-proxy's balancer resets its pool to no endpoints on
+	// DoesNotExist) is a pool with nothing ready: its requests queue.
 	start := b.cfg.now()
 	g.sweepOutliers(start)
 	if meshtrace.Enabled(req.Context()) {
@@ -532,7 +534,7 @@ func (t *transport) roundTrip(req *http.Request, host string, a *authority, ent 
 	if e == nil {
 		var resp *http.Response
 		var err error
-		if e, probe, resp, err = b.queue(req, a, g, name); e == nil {
+		if s, e, probe, resp, err = b.queue(req, a, g, name, waited); e == nil {
 			closeBody(req)
 			return resp, false, err
 		}
@@ -615,27 +617,29 @@ func resendable(req *http.Request) (_ *http.Request, ok bool) {
 const queuePoll = 10 * time.Millisecond
 
 // queue waits until an endpoint of a is in rotation, at most the failfast
-// timeout; past the capacity it refuses at once. The first timeout puts
-// g's queue in failfast, as linkerd2-proxy's queue enters it: the
-// requests waiting fail fast with it, and later ones are shed at once
-// until a request finds an endpoint in rotation ([Balancer.leaveFailfast]).
-// It returns the endpoint, or the response (503 fail-fast or load-shed)
-// or error (the request's own) to answer with.
-func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string) (*member, bool, *http.Response, error) {
+// timeout less waited (the request's wait for the first answer, which
+// linkerd2-proxy's queue counts too); past the capacity it refuses at
+// once. The first timeout puts g's queue in failfast, as linkerd2-proxy's
+// queue enters it: the requests waiting fail fast with it, and later ones
+// are shed at once until a request finds an endpoint in rotation
+// ([Balancer.leaveFailfast]).
+// It returns the endpoint and the snapshot it is of, or the response (503
+// fail-fast or load-shed) or error (the request's own) to answer with.
+func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string, waited time.Duration) (*snapshot, *member, bool, *http.Response, error) {
 	conf := g.conf
 	if g.failfast.Load() {
 		meshtrace.Event(req.Context(), meshtrace.EventLoadShed)
-		return nil, false, failResponse(req, ErrLoadShed, "load shed: "+name+" is failing fast, no endpoint ready"), nil
+		return nil, nil, false, failResponse(req, ErrLoadShed, "load shed: failing fast, "+unready(g.state.Load(), name)), nil
 	}
 	if g.queued.Add(1) > int64(conf.queueCap) {
 		g.queued.Add(-1)
 		b.log.Info("load shed", "queue full, request refused", "authority", name)
 		meshtrace.Event(req.Context(), meshtrace.EventLoadShed)
-		return nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
+		return nil, nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
 	}
 	defer g.queued.Add(-1)
 	meshtrace.Event(req.Context(), meshtrace.EventQueued)
-	timer := time.NewTimer(conf.failfast)
+	timer := time.NewTimer(conf.failfast - waited)
 	defer timer.Stop()
 	tick := time.NewTicker(queuePoll)
 	defer tick.Stop()
@@ -644,10 +648,11 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 		wake := g.wake()
 		now := b.cfg.now()
 		g.sweepOutliers(now)
-		if e, probe := g.state.Load().choose(now, b.decay); e != nil {
+		s := g.state.Load()
+		if e, probe := s.choose(now, b.decay); e != nil {
 			b.leaveFailfast(a, g, req.Context())
 			meshtrace.Event(req.Context(), meshtrace.EventDequeued)
-			return e, probe, nil, nil
+			return s, e, probe, nil, nil
 		}
 		if expired || g.failfast.Load() {
 			if g.failfast.CompareAndSwap(false, true) {
@@ -657,7 +662,7 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 			}
 			b.metrics.failfast(a, req.Context())
 			meshtrace.Event(req.Context(), meshtrace.EventFailFast)
-			return nil, false, failResponse(req, ErrFailFast, "fail-fast: no endpoint of "+name+" ready within "+conf.failfast.String()), nil
+			return nil, nil, false, failResponse(req, ErrFailFast, "fail-fast: "+unready(s, name)+" within "+conf.failfast.String()), nil
 		}
 		select {
 		case <-wake:
@@ -665,9 +670,20 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string)
 		case <-timer.C:
 			expired = true // look once more, then fail fast
 		case <-req.Context().Done():
-			return nil, false, nil, req.Context().Err()
+			return nil, nil, false, nil, req.Context().Err()
 		}
 	}
+}
+
+// unready says why s has no endpoint for a request to name.
+func unready(s *snapshot, name string) string {
+	switch {
+	case len(s.eps) > 0:
+		return "no endpoint of " + name + " ready"
+	case !s.exists && s.wait == nil:
+		return "no endpoints for unknown service " + name
+	}
+	return "no endpoints for " + name
 }
 
 // leaveFailfast ends g's failfast, if it is in it: a request found an

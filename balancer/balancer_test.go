@@ -62,15 +62,21 @@ func TestWeights(t *testing.T) {
 	assert.Positive(t, count["b"], "%v", count)
 }
 
+// An authority with no endpoints, and without fallback one the source
+// says does not exist, fails fast once its queue's failfast timeout has
+// passed (TestEmptySetQueues: endpoints arriving meanwhile serve it).
 func TestFailsFast(t *testing.T) {
 	src := staticSource(t, map[string][]endpoint.Endpoint{"empty.ns.svc.cluster.local:80": nil})
-	_, client := newClient(t, src, WithFallback(false))
+	const failfast = 100 * time.Millisecond
+	_, client := newClient(t, src, WithFallback(false), WithQueue(10, failfast))
+	start := time.Now()
 	status, _, h := fetch(t, client, "http://empty.ns.svc.cluster.local/")
+	assert.GreaterOrEqual(t, time.Since(start), failfast)
 	assert.Equal(t, 503, status)
-	assert.Contains(t, h.Get("l5d-proxy-error"), "no endpoints")
+	assert.Contains(t, h.Get("l5d-proxy-error"), "fail-fast: no endpoints")
 	status, _, h = fetch(t, client, "http://unknown.ns.svc.cluster.local/")
 	assert.Equal(t, 503, status)
-	assert.Contains(t, h.Get("l5d-proxy-error"), "unknown service")
+	assert.Contains(t, h.Get("l5d-proxy-error"), "fail-fast: no endpoints for unknown service")
 }
 
 // A service the control plane does not know (exists: false) is reached at
@@ -84,11 +90,11 @@ func TestFallsBackForUnknownService(t *testing.T) {
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "direct "+strings.TrimPrefix(direct.URL, "http://"), body)
 
-	// Without fallback the same request fails.
-	_, strict := newClient(t, controlPlane(t, controlplane.NewStore()), WithFallback(false))
+	// Without fallback the same request fails fast.
+	_, strict := newClient(t, controlPlane(t, controlplane.NewStore()), WithFallback(false), WithQueue(10, 100*time.Millisecond))
 	status, _, h := fetch(t, strict, direct.URL)
 	assert.Equal(t, 503, status)
-	assert.Contains(t, h.Get("l5d-proxy-error"), "unknown service")
+	assert.Contains(t, h.Get("l5d-proxy-error"), "fail-fast: no endpoints for unknown service")
 }
 
 // silentSource accepts every watch and never answers, as a control plane

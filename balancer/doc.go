@@ -59,8 +59,8 @@
 // (429, 503) or grpc-retry-pushback-ms (capped), never shortened by a
 // shorter one, as Linkerd's load biaser does.
 //
-// When no endpoint of an authority is in rotation, requests wait in its
-// queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the
+// When no endpoint of an authority is in rotation (all out of it, or none
+// at all), requests wait in its queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the
 // failfast timeout gets a 503 carrying [ErrFailFast], one past the
 // capacity a 503 carrying [ErrLoadShed] at once; [ResponseError] tells a
 // router which. The first fail-fast puts the queue in failfast, as

@@ -34,14 +34,16 @@ func ExampleNew() {
 			{Authority: "books-v2.default.svc.cluster.local:7000", Weight: 10000},
 		}},
 	})
-	b := balancer.New(src, balancer.WithSplits(profiles.Splits(profs)))
+	// books has no endpoints: a request sent to it waits in its queue
+	// for some, here at most 100 ms, then fails fast.
+	b := balancer.New(src, balancer.WithSplits(profiles.Splits(profs)), balancer.WithQueue(0, 100*time.Millisecond))
 	defer b.Close()
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: b.Transport(tr)}
 
-	// The profile may not be known for the very first request; a few
-	// requests later the split is in force.
+	// The profile may not be known for the very first request, which then
+	// goes to books itself; a few requests later the split is in force.
 	var body []byte
 	for range 100 {
 		resp, err := client.Get("http://books.default.svc.cluster.local:7000/books/1")

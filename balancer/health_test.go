@@ -369,6 +369,151 @@ func TestFailfastShedsUntilReady(t *testing.T) {
 	}
 }
 
+// An authority with no endpoints is a pool with nothing ready, as in
+// linkerd2-proxy's balancer, which an empty Reset or a DoesNotExist leaves
+// with no endpoints (linkerd/proxy/balance/queue worker.rs): a request
+// waits in the queue, and endpoints that arrive meanwhile serve it (the
+// integration test outbound_balancer_waits_for_ready_endpoint,
+// linkerd/app/integration/src/tests/discovery.rs). Without fallback, a
+// service that does not exist is such a pool too.
+func TestEmptySetQueues(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		empty func(t *testing.T, src *StaticSource, bal *Balancer, client *http.Client)
+		opts  []Option
+	}{
+		{name: "empty from the start", empty: func(t *testing.T, src *StaticSource, _ *Balancer, _ *http.Client) {
+			require.NoError(t, src.Set(svc, nil))
+		}},
+		{name: "emptied by an update", empty: func(t *testing.T, src *StaticSource, bal *Balancer, client *http.Client) {
+			status, _, _ := fetch(t, client, svcURL)
+			require.Equal(t, 200, status)
+			require.NoError(t, src.Set(svc, nil))
+			require.Eventually(t, func() bool { return len(bal.Endpoints(svc)) == 0 }, testutil.Timeout, time.Millisecond)
+		}},
+		{name: "does not exist, without fallback", opts: []Option{WithFallback(false)},
+			empty: func(t *testing.T, src *StaticSource, _ *Balancer, _ *http.Client) { src.Delete(svc) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := staticSource(t, map[string][]endpoint.Endpoint{svc: {backend(t, "old")}})
+			// The client's timeout (testutil.Timeout) ends the request
+			// long before it could fail fast.
+			bal, client := newClient(t, src, append([]Option{WithQueue(10, time.Hour)}, tc.opts...)...)
+			tc.empty(t, src, bal, client)
+			type answer struct {
+				status int
+				body   string
+				err    error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				resp, err := client.Get(svcURL)
+				if err != nil {
+					done <- answer{err: err}
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				done <- answer{status: resp.StatusCode, body: string(b) + resp.Header.Get("l5d-proxy-error")}
+			}()
+			require.Eventually(t, func() bool {
+				a := bal.table.find(svc)
+				return len(done) > 0 || a != nil && a.def.queued.Load() == 1
+			}, testutil.Timeout, time.Millisecond)
+			require.Zero(t, len(done), "answered before any endpoint arrived")
+			require.NoError(t, src.Set(svc, []endpoint.Endpoint{backend(t, "new")}))
+			got := <-done
+			require.NoError(t, got.err)
+			assert.Equal(t, 200, got.status, got.body)
+			assert.Contains(t, got.body, "new ")
+		})
+	}
+
+	// Nothing arrives: the request fails fast after the failfast timeout,
+	// the next is shed at once, and endpoints end the failfast.
+	for _, tc := range []struct {
+		name   string
+		eps    map[string][]endpoint.Endpoint
+		reason string // in l5d-proxy-error
+	}{
+		{"empty set", map[string][]endpoint.Endpoint{svc: nil}, "no endpoints for " + svc},
+		{"does not exist, without fallback", nil, "unknown service " + svc},
+	} {
+		t.Run("nothing arrives: "+tc.name, func(t *testing.T) {
+			const failfast = time.Second
+			src := staticSource(t, tc.eps)
+			bal := New(src, WithLogger(quietLogger), WithQueue(10, failfast), WithFallback(false))
+			t.Cleanup(bal.Close)
+			send := func() (*http.Response, time.Duration) {
+				t.Helper()
+				ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+				defer cancel()
+				req, err := http.NewRequestWithContext(ctx, "GET", svcURL, nil)
+				require.NoError(t, err)
+				start := time.Now()
+				resp, err := bal.Transport(nil).RoundTrip(req)
+				require.NoError(t, err)
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp, time.Since(start)
+			}
+			resp, took := send()
+			assert.Equal(t, 503, resp.StatusCode)
+			assert.Equal(t, ErrFailFast, ResponseError(resp), resp.Header.Get("l5d-proxy-error"))
+			assert.Contains(t, resp.Header.Get("l5d-proxy-error"), tc.reason)
+			assert.GreaterOrEqual(t, took, failfast)
+
+			resp, took = send()
+			assert.Equal(t, ErrLoadShed, ResponseError(resp), resp.Header.Get("l5d-proxy-error"))
+			assert.Contains(t, resp.Header.Get("l5d-proxy-error"), tc.reason)
+			assert.Less(t, took, failfast/2)
+
+			require.NoError(t, src.Set(svc, []endpoint.Endpoint{backend(t, "new")}))
+			require.Eventually(t, func() bool { return len(bal.Endpoints(svc)) == 1 }, testutil.Timeout, time.Millisecond)
+			resp, _ = send()
+			assert.Equal(t, 200, resp.StatusCode, resp.Header.Get("l5d-proxy-error"))
+			resp, _ = send()
+			assert.Equal(t, 200, resp.StatusCode, resp.Header.Get("l5d-proxy-error"))
+		})
+	}
+
+	// The wait for the first answer counts toward the failfast timeout, as
+	// linkerd2-proxy's queue counts discovery: an empty set that comes
+	// after the timeout fails the request fast at once.
+	t.Run("first answer after the failfast timeout", func(t *testing.T) {
+		const failfast = time.Second
+		src := heldSource{make(chan func(endpoint.Update), 1)}
+		bal := New(src, WithLogger(quietLogger), WithQueue(10, failfast), WithResolveTimeout(time.Hour))
+		t.Cleanup(bal.Close)
+		done := make(chan *http.Response, 1)
+		go func() {
+			req, _ := http.NewRequest("GET", svcURL, nil)
+			resp, err := bal.Transport(nil).RoundTrip(req)
+			if err != nil {
+				resp = nil
+			}
+			done <- resp
+		}()
+		update := <-src.watched
+		<-time.After(failfast + failfast/5) // the failfast timeout passes, no answer yet
+		answered := time.Now()
+		update(endpoint.Update{Set: &endpoint.Set{Exists: true}})
+		resp := <-done
+		require.NotNil(t, resp)
+		resp.Body.Close()
+		assert.Equal(t, ErrFailFast, ResponseError(resp), resp.Header.Get("l5d-proxy-error"))
+		assert.Less(t, time.Since(answered), failfast/2, "failed fast once the answer came")
+	})
+}
+
+// heldSource hands the test each watch's update function.
+type heldSource struct{ watched chan func(endpoint.Update) }
+
+func (s heldSource) WatchEndpoints(_ context.Context, _ string, update func(endpoint.Update)) (func(), error) {
+	s.watched <- update
+	return func() {}, nil
+}
+
 // The load penalty of a response, as linkerd2-proxy's load biaser records
 // it: the cases of the tests in linkerd/load-biaser/src/lib.rs named in
 // each row. The hint of a 429 or 503 sets the penalty when it is longer

@@ -205,8 +205,9 @@ func WithFailureAccrual(fa *FailureAccrual) Option {
 // fail at once with [ErrLoadShed] until a request finds an endpoint in
 // rotation again.
 //
-// An authority whose set is empty answers at once with 503 (no endpoints),
-// as before any queue.
+// An authority whose set is empty has no endpoint ready either: its
+// requests wait in the queue for endpoints the same way, as do those of
+// one the source says does not exist when [WithFallback] is off.
 func WithQueue(capacity int, failfast time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if capacity > 0 {

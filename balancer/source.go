@@ -55,7 +55,8 @@ func NewStaticSource(m map[string][]endpoint.Endpoint) (*StaticSource, error) {
 }
 
 // Set makes eps the endpoints of authority (an empty list: the service
-// exists with no endpoints, requests fail fast). A zero weight becomes
+// exists with no endpoints; requests wait in the queue for some, see
+// [WithQueue]). A zero weight becomes
 // [endpoint.DefaultWeight]. It fails on an authority that is not
 // host:port, or an endpoint without an address and port; the last good set
 // stays.

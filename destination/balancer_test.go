@@ -53,9 +53,9 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 }
 
 // What the Get stream says reaches requests: endpoints, no endpoints (503
-// once the stream stayed silent past the first-message deadline, as
-// Linkerd's controller says nothing for a Service without endpoints), and
-// a service that does not exist (NotFound).
+// fail-fast once the stream stayed silent past the first-message deadline,
+// as Linkerd's controller says nothing for a Service without endpoints),
+// and a service that does not exist (NotFound).
 func TestClientFeedsBalancer(t *testing.T) {
 	_, a := backend(t, "a")
 	store := controlplane.NewStore()
@@ -63,7 +63,7 @@ func TestClientFeedsBalancer(t *testing.T) {
 	store.PutEndpoints("empty.ns.svc.cluster.local:80", nil)
 	cp := serve(t, controlplane.NewServer(store, controlplane.WithLogger(quietLogger)))
 	_, client := balancedClient(t, newTestClient(t, cp.addr, destination.WithFirstMessageTimeout(100*time.Millisecond)),
-		balancer.WithFallback(false))
+		balancer.WithFallback(false), balancer.WithQueue(10, 100*time.Millisecond))
 	status, body, _ := fetch(t, client, "http://"+books+":7000/")
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "a HTTP/1.1 "+books+":7000", body)

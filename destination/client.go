@@ -246,8 +246,8 @@ func (c *Client) CachedProfile(authority string) (profiles.Update, bool) {
 // past the first-message deadline (see [WithFirstMessageTimeout]) is kept
 // open and stands for a service that exists with no endpoints yet, as with
 // Linkerd's controller: an update with Exists true and no endpoints is
-// delivered (a balancer then fails requests at once with 503), and the
-// stream's first later message applies as usual.
+// delivered (a balancer queues requests for endpoints, then fails them
+// fast with 503), and the stream's first later message applies as usual.
 func (c *Client) WatchEndpoints(ctx context.Context, authority string, update func(endpoint.Update)) (func(), error) {
 	if !c.inScope(authority) {
 		return outOfScope(c, ctx, noService, update), nil

@@ -60,7 +60,7 @@ func TestNotFoundIsNoSuchTarget(t *testing.T) {
 // endpoints is a Service with no endpoints: the control plane accepts the
 // new stream and stays silent, as Linkerd's controller does, and past the
 // first-message deadline the watch says "exists, no endpoints" (a
-// balancer fails its requests at once) rather than keeping "no such
+// balancer queues its requests, then fails them fast) rather than keeping "no such
 // service" (which a balancer with a fallback sends past the mesh).
 func TestNotFoundThenSilentIsExistsWithoutEndpoints(t *testing.T) {
 	store := controlplane.NewStore()

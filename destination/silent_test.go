@@ -21,7 +21,8 @@ import (
 
 // Linkerd's controller never sends no_endpoints for a service that exists
 // with no endpoints: the Get stream stays silent. The client keeps such a
-// stream open, delivers "exists, no endpoints", requests fail fast with 503,
+// stream open, delivers "exists, no endpoints", requests fail fast with 503
+// (the first after the balancer's failfast timeout, the others at once),
 // and the first later message applies.
 //
 // The first-message deadline is 50ms here instead of 5s, and the backoff
@@ -66,10 +67,12 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 	assert.True(t, u.Set.Exists)
 	assert.Empty(t, u.Set.Endpoints)
 
-	// Requests through the balancer fail at once: the resolve timeout is
+	// Requests through the balancer fail fast: the resolve timeout is
 	// an hour, so a request that waited for the control plane would hang
-	// until the client's own timeout failed the test.
-	_, hc := balancedClient(t, c, balancer.WithResolveTimeout(time.Hour), balancer.WithFallback(false))
+	// until the client's own timeout failed the test. The first waits in
+	// the queue for the failfast timeout, the others are shed at once.
+	_, hc := balancedClient(t, c, balancer.WithResolveTimeout(time.Hour), balancer.WithFallback(false),
+		balancer.WithQueue(10, 100*time.Millisecond))
 	for range 3 {
 		status, _, hdr := fetch(t, hc, "http://"+books+":7000/")
 		assert.Equal(t, http.StatusServiceUnavailable, status)

@@ -332,9 +332,11 @@ func TestGRPCProxyErrorsAreStatuses(t *testing.T) {
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	assert.NoError(t, ctx.Err(), "the route's timeout fired, not the client's deadline")
 
+	// A service without endpoints: the call waits in the balancer's queue
+	// for the failfast timeout (3 s by default), then fails fast.
 	_, err = testgrpc.NewTestServiceClient(dial(grpcEmpty)).EmptyCall(ctx, &testgrpc.Empty{})
 	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	assert.Contains(t, status.Convert(err).Message(), "no endpoints")
+	assert.Contains(t, status.Convert(err).Message(), "fail-fast: no endpoints")
 }
 
 // A net/http-based gRPC client (as connect-go builds its requests:

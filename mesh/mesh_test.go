@@ -176,7 +176,8 @@ func TestClientWithStaticEndpoints(t *testing.T) {
 		books: {{Addr: netip.MustParseAddrPort(strings.TrimPrefix(app.URL, "http://"))}},
 	})
 	require.NoError(t, err)
-	client := NewClient(WithEndpoints(src), WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false), nil))
+	client := NewClient(WithEndpoints(src), WithLogger(quiet),
+		WithBalancerOptions(balancer.WithFallback(false), balancer.WithQueue(10, 100*time.Millisecond), nil))
 	defer client.Close()
 	require.NotNil(t, client.Balancer())
 	hc := &http.Client{Transport: client, Timeout: testutil.Timeout}
@@ -189,5 +190,5 @@ func TestClientWithStaticEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, 503, resp.StatusCode, "WithFallback(false) reached the balancer")
-	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "unknown service")
+	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "fail-fast: no endpoints for unknown service")
 }
