@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/testutil"
+	origproto "github.com/inmesh/inmesh/orig-proto"
 	"github.com/inmesh/inmesh/proxyapi/identitypb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -397,4 +399,60 @@ func TestURIIdentityWithServerName(t *testing.T) {
 			assert.Equal(t, tc.wantSNI, <-sni, "SNI")
 		})
 	}
+}
+
+// A request whose context ends while the identity has no certificate yet
+// leaves nothing behind: no dial goes on waiting for the certificate (net/http
+// dials under a context the request's end does not cancel), so none
+// connects when it comes, and one request then makes one connection.
+func TestRequestsBeforeTheCertificateLeaveNoDials(t *testing.T) {
+	p := newPKI(t)
+	server := NewServer(http.NotFoundHandler(), WithIdentity(p.certify(t, booksID)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+	defer server.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var accepted atomic.Int32
+	srv := origproto.NewServer(server)
+	srv.ErrorLog = quietLog
+	srv.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			accepted.Add(1)
+		}
+	}
+	go srv.Serve(server.Listener(lis))
+	defer srv.Close()
+	const books = "books.default.svc.cluster.local:7000"
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{
+		books: {{Addr: netip.MustParseAddrPort(lis.Addr().String()), Identity: booksID}}})
+	require.NoError(t, err)
+	web, err := identity.NewLocal(webID, p.anchors)
+	require.NoError(t, err)
+	client := NewClient(WithEndpoints(eps), WithIdentity(web), WithMeterProvider(noop.NewMeterProvider()),
+		WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
+	defer client.Close()
+	// waiting counts the goroutines blocked waiting for the certificate
+	// (not those passing through Wait with one: other tests run beside).
+	waiting := func() int {
+		buf := make([]byte, 1<<22)
+		n := 0
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "identity.(*Local).Wait(") {
+				n++
+			}
+		}
+		return n
+	}
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+books+"/", nil)
+		_, err := client.RoundTrip(req)
+		cancel()
+		assert.ErrorIs(t, err, identity.ErrNotReady)
+	}
+	assert.Zero(t, waiting(), "goroutines still waiting for the certificate after their requests ended")
+	require.NoError(t, p.issuer.CertifyLocal(web))
+	resp, err := (&http.Client{Transport: client, Timeout: testutil.Timeout}).Get("http://" + books + "/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, int32(1), accepted.Load(), "connections for one request after the certificate")
 }

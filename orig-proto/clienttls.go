@@ -128,9 +128,6 @@ func (ts *tlsTransports) closeIdle() {
 func (ts *tlsTransports) dialer(id, serverName string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	cfg := ts.local.ClientConfigFor(id, serverName)
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if err := ts.local.Wait(ctx); err != nil {
-			return nil, &identity.IdentityError{Expected: id, Err: err}
-		}
 		raw, err := ts.dial(ctx, network, addr)
 		if err != nil {
 			return nil, err

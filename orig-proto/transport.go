@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/transport"
 )
@@ -104,7 +105,8 @@ func NewTransport(opts ...Option) *Transport {
 // that keeps one connection per peer: dials to a peer are not made in
 // parallel, so a burst of requests on a cold start shares one connection
 // rather than racing to open many. A connection without streams for 90s is
-// closed (set IdleConnTimeout on the result to change it).
+// closed (set IdleConnTimeout on the result to change it). It asks for no
+// compression and decodes none: responses come as the server encoded them.
 func NewH2Transport() *http.Transport { return transport.H2(transport.Limits{}) }
 
 // Eligible reports whether r may be upgraded: an HTTP/1.x request that is
@@ -176,6 +178,17 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	h1, h2 := t.h1, t.h2
 	if t.tls != nil {
 		if s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS); s.id != "" {
+			// Wait for the local certificate here, under the request's
+			// context: net/http dials under a context the request's end
+			// does not cancel, and a connection made without the
+			// certificate would stay anonymous for as long as it is
+			// pooled.
+			if err := t.tls.local.Wait(r.Context()); err != nil {
+				if r.Body != nil {
+					r.Body.Close()
+				}
+				return nil, &identity.IdentityError{Expected: s.id, Err: err}
+			}
 			p := t.tls.get(s)
 			h1, h2 = p.h1, p.h2
 		}
