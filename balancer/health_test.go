@@ -256,15 +256,7 @@ func TestFailFastAndLoadShed(t *testing.T) {
 	// After its penalty the endpoint is probed; a queued request is the
 	// probe (and trips it again).
 	hits.Store(0)
-	done := make(chan *http.Response, 1)
-	go func() {
-		req, _ := http.NewRequest("GET", svcURL, nil)
-		resp, err := bal.Transport(nil).RoundTrip(req)
-		if err != nil {
-			resp = nil
-		}
-		done <- resp
-	}()
+	done := sendAsync(bal)
 	require.Eventually(t, func() bool { return a.def.queued.Load() == 1 }, testutil.Timeout, time.Millisecond)
 	clock.now.Add(int64(DefaultMaxPenalty))
 	resp = <-done
@@ -485,15 +477,7 @@ func TestEmptySetQueues(t *testing.T) {
 		src := heldSource{make(chan func(endpoint.Update), 1)}
 		bal := New(src, WithLogger(quietLogger), WithQueue(10, failfast), WithResolveTimeout(time.Hour))
 		t.Cleanup(bal.Close)
-		done := make(chan *http.Response, 1)
-		go func() {
-			req, _ := http.NewRequest("GET", svcURL, nil)
-			resp, err := bal.Transport(nil).RoundTrip(req)
-			if err != nil {
-				resp = nil
-			}
-			done <- resp
-		}()
+		done := sendAsync(bal)
 		update := <-src.watched
 		<-time.After(failfast + failfast/5) // the failfast timeout passes, no answer yet
 		answered := time.Now()
@@ -819,4 +803,19 @@ func TestSharedLabelGaugesAreSummed(t *testing.T) {
 	assert.Equal(t, "4", m.Value(t, "outbound_http_balancer_p2c_endpoints", other...), "d's three endpoints and e's one")
 	assert.Equal(t, "4", m.Value(t, "outbound_http_balancer_endpoints", append(other, `endpoint_state="ready"`)...))
 	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_p2c_endpoints", `parent_name="c"`))
+}
+
+// sendAsync sends a GET to svcURL through bal and gives its response, or
+// nil on an error, on the channel it returns.
+func sendAsync(bal *Balancer) <-chan *http.Response {
+	done := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", svcURL, nil)
+		resp, err := bal.Transport(nil).RoundTrip(req)
+		if err != nil {
+			resp = nil
+		}
+		done <- resp
+	}()
+	return done
 }
