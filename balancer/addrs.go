@@ -5,11 +5,11 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	authorityname "github.com/inmesh/inmesh/internal/authority"
 )
 
 // addrs counts, for each endpoint address, the authorities whose endpoint
@@ -301,20 +301,14 @@ func (as *addrs) roundTrip(rt http.RoundTripper, req *http.Request, addr netip.A
 // ipAddrPort returns the address u's connections are dialled to, when its
 // host is an IP address.
 func ipAddrPort(u *url.URL) (netip.AddrPort, bool) {
-	ip, err := netip.ParseAddr(u.Hostname())
+	port := "80"
+	if u.Scheme == "https" {
+		port = "443"
+	}
+	n, err := authorityname.NormalizeDefaultPort(u.Host, port)
 	if err != nil {
 		return netip.AddrPort{}, false
 	}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return netip.AddrPort{}, false
-	}
-	return netip.AddrPortFrom(ip, uint16(p)), true
+	ap, err := netip.ParseAddrPort(n)
+	return ap, err == nil
 }

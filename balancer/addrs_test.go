@@ -43,7 +43,7 @@ var openBodies = roundTrip(func(r *http.Request) (*http.Response, error) {
 // request sent to it is in flight, response body included: not while
 // another Service still has it, not while a response from it is being
 // read, not when it came back meanwhile, and a forward backend's request
-// counts as one in flight.
+// and one fallen back to the address count as in flight.
 func TestEndpointRemovedOnceUnheldAndIdle(t *testing.T) {
 	x := netip.MustParseAddrPort("10.0.0.1:80")
 	y := netip.MustParseAddrPort("10.0.0.2:80")
@@ -98,9 +98,18 @@ func TestEndpointRemovedOnceUnheldAndIdle(t *testing.T) {
 	assert.Len(t, got.get(), 2, "a forward request to x is in flight")
 	fwd.Body.Close()
 	assert.Equal(t, []netip.AddrPort{x, y, x}, got.get())
+	// So does a request to x's own address, which no Service names: it
+	// falls back to that address, on the connections of the endpoint.
+	set(a, 1, endpoint.Endpoint{Addr: x})
+	fb := send(x.String(), nil)
+	set(a, 0)
+	assert.Len(t, got.get(), 3, "a request fallen back to x is in flight")
+	fb.Body.Close()
+	assert.Equal(t, []netip.AddrPort{x, y, x, x}, got.get())
 	// One to an address in no set is never reported.
 	send(x.String(), &endpoint.Endpoint{Addr: x}).Body.Close()
-	assert.Len(t, got.get(), 3)
+	send(x.String(), nil).Body.Close()
+	assert.Len(t, got.get(), 4)
 	bal.table.addrs.mu.Lock()
 	assert.Empty(t, bal.table.addrs.m, "nothing counted is left")
 	bal.table.addrs.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -40,33 +41,13 @@ func (b *buffer) lines() []string {
 	return strings.Split(strings.TrimSpace(b.b.String()), "\n")
 }
 
-// hangUp accepts connections and closes them at once, as a crashing
-// upstream does.
-func hangUp(t *testing.T) string {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		<-done
-	})
-	return lis.Addr().String()
-}
-
 func TestErrorHandler(t *testing.T) {
 	var out buffer
 	l := New(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})), "outbound")
-	target, _ := url.Parse("http://" + hangUp(t))
+	// An upstream that accepts connections and closes them at once, as a
+	// crashing one does.
+	hungUp, _ := testutil.AcceptAndClose(t)
+	target, _ := url.Parse("http://" + hungUp.String())
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	rp := &httputil.ReverseProxy{
