@@ -49,7 +49,7 @@ func ServerIdentityFromContext(ctx context.Context) string {
 func WithClientIdentity(local *identity.Local) Option {
 	return optionFunc(func(t *Transport) {
 		if local != nil {
-			t.tls = &tlsTransports{local: local, dial: t.dial, byID: make(map[string]*tlsPair)}
+			t.tls = &tlsTransports{local: local, dial: t.dial, byID: make(map[serverTLS]*tlsPair)}
 		}
 	})
 }
@@ -72,26 +72,25 @@ func WithDialContext(dial func(ctx context.Context, network, addr string) (net.C
 const maxTLSIdentities = 1024
 
 // tlsTransports keeps an HTTP/1 and an HTTP/2 transport per server
-// identity, whose connections are mTLS to that identity.
+// identity and server name, whose connections are mTLS to that identity.
 type tlsTransports struct {
 	local *identity.Local
 	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	mu    sync.Mutex
-	byID  map[string]*tlsPair
-	order []string
+	byID  map[serverTLS]*tlsPair
+	order []serverTLS
 }
 
 type tlsPair struct{ h1, h2 *http.Transport }
 
 func (ts *tlsTransports) get(s serverTLS) *tlsPair {
-	id := s.id
-	if s.serverName != "" && s.serverName != s.id {
-		id += "\n" + s.serverName // another name, other connections
+	if s.serverName == s.id {
+		s.serverName = "" // the same connections as without one
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if p := ts.byID[id]; p != nil {
+	if p := ts.byID[s]; p != nil {
 		return p
 	}
 	if len(ts.order) >= maxTLSIdentities {
@@ -103,8 +102,8 @@ func (ts *tlsTransports) get(s serverTLS) *tlsPair {
 	dial := ts.dialer(s.id, s.serverName)
 	p := &tlsPair{h1: transport.HTTP1(transport.Limits{}), h2: transport.H2(transport.Limits{})}
 	p.h1.DialContext, p.h2.DialContext = dial, dial
-	ts.byID[id] = p
-	ts.order = append(ts.order, id)
+	ts.byID[s] = p
+	ts.order = append(ts.order, s)
 	return p
 }
 

@@ -28,8 +28,9 @@ import (
 //
 // A retryable route's failed responses are retried while the profile's
 // budget allows; the budget is earned by the requests of the routes that
-// spend it (retryable or hedged), not by the profile's other routes. The request body is forwarded as it arrives, never
-// waited for, while a copy of up to [MaxRetryBodyBytes] is kept: a retry
+// spend it (retryable or hedged), not by the profile's other routes. The
+// request body is forwarded as it arrives, never waited for, while a copy
+// of up to [MaxRetryBodyBytes] is kept: a retry
 // happens only when the first attempt read the whole body within that cap,
 // and sends the copy. A body of a known length within the cap that the
 // caller can give again (Request.GetBody) is taken from the caller
