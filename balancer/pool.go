@@ -103,6 +103,13 @@ func (p *Pool) Len() int {
 	return p.readyLen
 }
 
+// FailFast returns how long a request may wait for an endpoint of the
+// pool in rotation before it fails fast: the failfast timeout of
+// [WithQueue] or of the policy backend's configuration. A transport that
+// queues its own requests (grpc-go's, whose picker cannot block) bounds
+// their wait with it, as the [Balancer]'s queue does.
+func (p *Pool) FailFast() time.Duration { return p.conf.failfast }
+
 // Pick is one request's endpoint, from [Pool.Pick]. Its Done must be
 // called exactly once.
 type Pick struct {

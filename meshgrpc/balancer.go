@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	grpcbalancer "google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
@@ -37,7 +39,7 @@ type balancerBuilder struct{}
 func (balancerBuilder) Name() string { return BalancerName }
 
 func (balancerBuilder) Build(cc grpcbalancer.ClientConn, _ grpcbalancer.BuildOptions) grpcbalancer.Balancer {
-	return &meshBalancer{cc: cc, subs: make(map[subKey]*subConn), pools: make(map[string]*backendPool)}
+	return &meshBalancer{cc: cc, subs: make(map[subKey]*subConn), pools: make(map[string]*backendPool), stop: make(chan struct{})}
 }
 
 // meshBalancer balances a channel's calls. The design: each backend
@@ -50,8 +52,11 @@ func (balancerBuilder) Build(cc grpcbalancer.ClientConn, _ grpcbalancer.BuildOpt
 // (PickInfo.Ctx) and picks in that backend's pool among its READY
 // sub-channels; a call without one goes to the target's own endpoints.
 //
-// All methods but the picker's run on grpc-go's serializer.
+// grpc-go calls the balancer's methods on its serializer; mu orders them
+// with the queue's ticks ([meshBalancer.tick]), which run on a goroutine
+// of their own. The picker takes no lock.
 type meshBalancer struct {
+	mu     sync.Mutex
 	cc     grpcbalancer.ClientConn
 	subs   map[subKey]*subConn
 	pools  map[string]*backendPool
@@ -61,6 +66,12 @@ type meshBalancer struct {
 	resolved bool
 	rerr     error
 	closed   bool
+	// last is the state last published, which a tick publishes again
+	// with a new picker; ticking says a tick goroutine runs; stop ends it
+	// when the balancer closes.
+	last    grpcbalancer.State
+	ticking bool
+	stop    chan struct{}
 }
 
 type subKey struct {
@@ -83,9 +94,47 @@ type backendPool struct {
 	conf *balancer.BackendConfig
 	// eps is the number of endpoints the backend has, ready or not.
 	eps int
+	q   *callQueue
+}
+
+// callQueue is the queue of one backend's calls: grpc-go's picker cannot
+// block, so a call that finds no endpoint of the backend in rotation is
+// told to wait (ErrNoSubConnAvailable) and picks again at each picker the
+// balancer publishes; while calls wait, the balancer publishes one every
+// [queuePoll], so that an endpoint whose failure-accrual penalty ended
+// takes them, and fails them fast once they waited the pool's failfast
+// timeout, as the HTTP balancer's queue does (linkerd2-proxy's
+// balancer queue, linkerd/proxy/balance/queue): from then on the
+// backend's calls fail at once until one finds an endpoint in rotation.
+type callQueue struct {
+	// since is the clock reading (UnixNano) at which a call first found
+	// no endpoint in rotation; 0 while the backend's calls are picked.
+	since atomic.Int64
+	// failfast: a call waited the failfast timeout.
+	failfast atomic.Bool
+}
+
+// queuePoll is how often the picker is published again while calls
+// wait: how soon after a penalty ends they are picked.
+const queuePoll = 10 * time.Millisecond
+
+// failfastPoll is how often it is published while the backend fails
+// fast and no call waits: calls that wait for ready pick again at each.
+const failfastPoll = 100 * time.Millisecond
+
+// picked ends the queue's wait and its failfast: a call found an endpoint.
+func (q *callQueue) picked() {
+	if q.since.Load() != 0 {
+		q.since.Store(0)
+	}
+	if q.failfast.Load() {
+		q.failfast.Store(false)
+	}
 }
 
 func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.closed {
 		return nil
 	}
@@ -168,7 +217,7 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 			if b.mesh != nil {
 				opts = b.mesh.cfg.balancer
 			}
-			b.pools[name] = &backendPool{pool: balancer.NewPool(c, opts...), conf: c}
+			b.pools[name] = &backendPool{pool: balancer.NewPool(c, opts...), conf: c, q: &callQueue{}}
 		}
 		b.pools[name].eps = count[name]
 	}
@@ -185,17 +234,21 @@ func sameConfig(a, b *balancer.BackendConfig) bool {
 }
 
 func (b *meshBalancer) ResolverError(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.closed {
 		return
 	}
 	b.rerr = err
 	if !b.resolved || len(b.subs) == 0 {
-		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure,
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure,
 			Picker: errPicker{fmt.Errorf("meshgrpc: resolving %s: %w", b.target, err)}})
 	}
 }
 
 func (b *meshBalancer) subState(k subKey, sub *subConn, st grpcbalancer.SubConnState) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.closed || b.subs[k] != sub {
 		return
 	}
@@ -210,9 +263,10 @@ func (b *meshBalancer) subState(k subKey, sub *subConn, st grpcbalancer.SubConnS
 }
 
 // update gives each pool its READY endpoints and publishes the picker and
-// the channel's state: READY when a sub-channel is; TRANSIENT_FAILURE
-// when there is none (an empty endpoint set: calls that do not wait for
-// ready fail at once) or all failed; CONNECTING otherwise.
+// the channel's state: READY when a sub-channel is; CONNECTING when some
+// are connecting, or the target's endpoint set is empty (its calls queue,
+// see [callQueue]); TRANSIENT_FAILURE when all failed to connect, or the
+// resolver failed with no endpoint known. Called with mu held.
 func (b *meshBalancer) update() {
 	ready := make(map[string][]endpoint.Endpoint)
 	scs := make(map[subKey]grpcbalancer.SubConn)
@@ -238,36 +292,113 @@ func (b *meshBalancer) update() {
 	pools := make(map[string]pickPool, len(b.pools))
 	for name, p := range b.pools {
 		p.pool.Update(ready[name])
-		pools[name] = pickPool{pool: p.pool, eps: p.eps, connecting: pending[name], lastErr: failed[name]}
+		pools[name] = pickPool{pool: p.pool, eps: p.eps, connecting: pending[name], lastErr: failed[name], q: p.q}
 	}
-	pk := &picker{target: b.target, pools: pools, scs: scs}
+	pk := &picker{target: b.target, pools: pools, scs: scs, queueing: b.queueing}
 	if b.mesh != nil {
 		pk.calls = b.mesh.calls
 	}
+	_, known := b.pools[b.target]
 	switch {
 	case len(scs) > 0:
-		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.Ready, Picker: pk})
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.Ready, Picker: pk})
+	case len(b.subs) == 0 && b.rerr == nil && known:
+		// The target's set is known and empty: its calls queue in the
+		// picker, as requests do in the HTTP balancer's queue.
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.Connecting, Picker: pk})
 	case len(b.subs) == 0:
 		err := fmt.Errorf("meshgrpc: %s has no endpoints", b.target)
 		if b.rerr != nil {
 			err = fmt.Errorf("meshgrpc: resolving %s: %w", b.target, b.rerr)
 		}
-		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{err}})
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{err}})
 	case connecting:
-		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.Connecting,
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.Connecting,
 			Picker: errPicker{grpcbalancer.ErrNoSubConnAvailable}})
 	default:
 		if lastErr == nil {
 			lastErr = errors.New("no endpoint reachable")
 		}
-		b.cc.UpdateState(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure,
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure,
 			Picker: errPicker{fmt.Errorf("meshgrpc: %s: %w", b.target, lastErr)}})
+	}
+}
+
+// publish gives grpc-go st and keeps it for the queue's ticks. Called
+// with mu held.
+func (b *meshBalancer) publish(st grpcbalancer.State) {
+	b.last = st
+	b.cc.UpdateState(st)
+}
+
+// queueing is what a pick calls when it starts a backend's queue: the
+// balancer publishes its picker again every queuePoll until no call
+// waits.
+func (b *meshBalancer) queueing() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ticking || b.closed {
+		return
+	}
+	b.ticking = true
+	go b.tick()
+}
+
+// tick publishes the picker again, with a new identity so that grpc-go's
+// waiting calls pick again, every queuePoll while a backend's calls
+// queue (every failfastPoll while one fails fast), and puts a queue that
+// waited its failfast timeout into failfast. It returns when no backend
+// queues or fails fast, or the balancer closed.
+func (b *meshBalancer) tick() {
+	t := time.NewTimer(queuePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return
+		}
+		now := time.Now().UnixNano()
+		queued, failing := false, false
+		for name, p := range b.pools {
+			if since := p.q.since.Load(); since != 0 && time.Duration(now-since) >= p.pool.FailFast() {
+				if p.q.failfast.CompareAndSwap(false, true) && b.mesh != nil {
+					b.mesh.cfg.logger.Info("meshgrpc: no endpoint ready within the failfast timeout, failing fast",
+						"authority", name, "timeout", p.pool.FailFast())
+				}
+				p.q.since.CompareAndSwap(since, 0)
+			}
+			queued = queued || p.q.since.Load() != 0
+			failing = failing || p.q.failfast.Load()
+		}
+		if pk, ok := b.last.Picker.(*picker); ok {
+			np := *pk
+			b.publish(grpcbalancer.State{ConnectivityState: b.last.ConnectivityState, Picker: &np})
+		}
+		if !queued && !failing {
+			b.ticking = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		if queued {
+			t.Reset(queuePoll)
+		} else {
+			t.Reset(failfastPoll)
+		}
 	}
 }
 
 func (b *meshBalancer) UpdateSubConnState(grpcbalancer.SubConn, grpcbalancer.SubConnState) {}
 
 func (b *meshBalancer) ExitIdle() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	for _, sub := range b.subs {
 		if sub.state == connectivity.Idle {
 			sub.sc.Connect()
@@ -276,6 +407,11 @@ func (b *meshBalancer) ExitIdle() {
 }
 
 func (b *meshBalancer) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		close(b.stop)
+	}
 	b.closed = true
 	for k, sub := range b.subs {
 		sub.sc.Shutdown()
@@ -296,6 +432,8 @@ type picker struct {
 	pools  map[string]pickPool
 	scs    map[subKey]grpcbalancer.SubConn
 	calls  *classify.Recorder // nil: not recorded
+	// queueing tells the balancer that a backend's calls queue.
+	queueing func()
 }
 
 // pickPool is a backend's pool as a picker sees it.
@@ -307,6 +445,7 @@ type pickPool struct {
 	// one in TRANSIENT_FAILURE.
 	connecting int
 	lastErr    error
+	q          *callQueue
 }
 
 // backendCtxKey is the key of the call's backend authority in its
@@ -342,6 +481,20 @@ func (c *backendCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
+// queue is the answer to a call that found no endpoint of bp in rotation
+// (why says so): wait for the next picker, or, once the backend's calls
+// waited the failfast timeout, an error that fails a call at once with
+// UNAVAILABLE (not a status: a call that waits for ready keeps waiting).
+func (p *picker) queue(bp pickPool, why string) error {
+	if bp.q.failfast.Load() {
+		return fmt.Errorf("meshgrpc: failing fast: %s within %s", why, bp.pool.FailFast())
+	}
+	if bp.q.since.CompareAndSwap(0, time.Now().UnixNano()) && p.queueing != nil {
+		p.queueing()
+	}
+	return grpcbalancer.ErrNoSubConnAvailable
+}
+
 func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, error) {
 	backend := p.target
 	if b, ok := info.Ctx.Value(backendCtxKey{}).(string); ok && b != "" {
@@ -354,7 +507,7 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 	}
 	if bp.eps == 0 {
-		return grpcbalancer.PickResult{}, fmt.Errorf("meshgrpc: %s has no endpoints", backend)
+		return grpcbalancer.PickResult{}, p.queue(bp, "no endpoints for "+backend)
 	}
 	var k balancer.Pick
 	if tried, exclude := balancer.TriedFromContext(info.Ctx); tried != nil {
@@ -377,8 +530,8 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 			// picker that brings them (or its deadline).
 			return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 		}
-		if bp.pool.Len() < bp.eps {
-			// No endpoint ready and none connecting: the others failed to
+		if bp.pool.Len() == 0 {
+			// No endpoint ready and none connecting: all failed to
 			// connect. An error that is not a status fails a fail-fast
 			// call UNAVAILABLE at once, and a wait-for-ready call waits
 			// for the picker that brings a ready one.
@@ -389,11 +542,11 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 			// %v, not %w: a wrapped status would end wait-for-ready calls too.
 			return grpcbalancer.PickResult{}, fmt.Errorf("meshgrpc: %s: %v", backend, err)
 		}
-		// Every ready endpoint is out of rotation (failure accrual): fail
-		// fast, as Linkerd's balancer does once its queue gives up.
-		return grpcbalancer.PickResult{}, status.Errorf(codes.Unavailable,
-			"meshgrpc: every endpoint of %s is out of rotation (failure accrual)", backend)
+		// Every ready endpoint is out of rotation (failure accrual,
+		// outlier detection, a probe out): the call queues.
+		return grpcbalancer.PickResult{}, p.queue(bp, "no endpoint of "+backend+" ready")
 	}
+	bp.q.picked()
 	sc := p.scs[subKey{backend, k.Endpoint().Addr}]
 	if sc == nil { // a newer picker is on its way
 		k.Done(balancer.Result{Canceled: true})

@@ -100,14 +100,15 @@ func TestEndpointRemoved(t *testing.T) {
 }
 
 // A service with no endpoints: a call that waits for ready waits until its
-// deadline; one that does not fails with UNAVAILABLE, saying so once the
-// empty set is known (the embedded control plane sends nothing for it:
-// the destination client's first-message deadline and the discovery wait,
-// both 5 s, end at about the same moment).
+// deadline; one that does not queues for the failfast timeout and then
+// fails with UNAVAILABLE, saying so, once the empty set is known (the
+// embedded control plane sends nothing for it: the destination client's
+// first-message deadline and the discovery wait, both 5 s, end at about
+// the same moment).
 func TestEmptyEndpointSet(t *testing.T) {
 	store := controlplane.NewStore()
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {}})
-	c := dial(t, serveStore(t, store))
+	c := dial(t, serveStore(t, store), meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout)))
 	ctx := callCtx(t)
 	var err error
 	require.Eventually(t, func() bool {
