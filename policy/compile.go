@@ -3,13 +3,15 @@ package policy
 import (
 	"errors"
 	"fmt"
-	"github.com/inmesh/inmesh/hedge"
 	"math"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/inmesh/inmesh/hedge"
 )
 
 // The default limits of [Options].
@@ -325,13 +327,15 @@ func compileHTTPMatch(m HTTPRouteMatch, path string, opts Options) (httpMatcher,
 		out.hasPath = true
 		out.pathKind = p.Kind
 		switch p.Kind {
+		// Requests are matched on their decoded path (see request), so a
+		// value written percent-encoded is decoded too.
 		case PathExact:
-			out.path = p.Value
+			out.path = unescapePath(p.Value)
 		case PathPrefix:
 			// As Linkerd: "/" matches every path, and a trailing "/" is
 			// ignored on both sides.
 			out.prefixAll = p.Value == "/"
-			out.path = strings.TrimRight(p.Value, "/")
+			out.path = strings.TrimRight(unescapePath(p.Value), "/")
 		case PathRegex:
 			re, err := compileRegex(p.Value, path+".path", opts)
 			if err != nil {
@@ -653,4 +657,17 @@ func CheckFailureAccrual(fa *FailureAccrual, path string) error {
 		}
 	}
 	return nil
+}
+
+// unescapePath decodes a route's path value as net/http decodes a
+// request's; a value that is not valid percent-encoding is kept as
+// written.
+func unescapePath(v string) string {
+	if !strings.Contains(v, "%") {
+		return v
+	}
+	if d, err := url.PathUnescape(v); err == nil {
+		return d
+	}
+	return v
 }

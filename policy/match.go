@@ -244,7 +244,13 @@ type request struct {
 	r       *http.Request
 	host    string // without port; hasHost false when the request has none
 	hasHost bool
+	// path is the path as sent, percent-encoded (gRPC's method names are
+	// matched on it: grpc-go's server decodes nothing); decoded is the
+	// path as a net/http handler reads it (URL.Path), which HTTP routes
+	// match, so that "/%61dmin" is authorized and routed as the "/admin"
+	// the application serves for it.
 	path    string
+	decoded string
 }
 
 func newRequest(r *http.Request) request {
@@ -258,9 +264,15 @@ func newRequest(r *http.Request) request {
 	}
 	if r.URL != nil {
 		req.path = r.URL.EscapedPath()
+		req.decoded = r.URL.Path
 	}
-	if req.path == "" && r.Method != http.MethodConnect {
-		req.path = "/"
+	if r.Method != http.MethodConnect {
+		if req.path == "" {
+			req.path = "/"
+		}
+		if req.decoded == "" {
+			req.decoded = "/"
+		}
 	}
 	return req
 }
@@ -373,23 +385,23 @@ func (m *httpMatcher) match(req *request) (Match, bool) {
 		out.Path = m.pathKind
 		switch m.pathKind {
 		case PathExact:
-			if req.path != m.path {
+			if req.decoded != m.path {
 				return out, false
 			}
 			out.PathLen = len(m.path)
 		case PathPrefix:
 			if !m.prefixAll {
-				rest, ok := strings.CutPrefix(strings.TrimRight(req.path, "/"), m.path)
+				rest, ok := strings.CutPrefix(strings.TrimRight(req.decoded, "/"), m.path)
 				if !ok || rest != "" && rest[0] != '/' {
 					return out, false
 				}
 				out.PathLen = len(m.path)
 			}
 		case PathRegex:
-			if !m.re.matchString(req.path) {
+			if !m.re.matchString(req.decoded) {
 				return out, false
 			}
-			out.PathLen = len(req.path)
+			out.PathLen = len(req.decoded)
 		}
 	}
 	for i := range m.headers {

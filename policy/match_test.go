@@ -81,6 +81,17 @@ func TestBestMatchHTTP(t *testing.T) {
 		{"prefix / matches everything", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/")})}, newReq(get, "/anything?x=1"), 0, 0, 0},
 		{"exact path is not segment-aware", []HTTPRoute{route(HTTPRouteMatch{Path: exact("/foo")})}, newReq(get, "/foo/"), -1, 0, 0},
 
+		// Paths are matched as a net/http handler reads them: decoded, so
+		// that a percent-encoded letter or sub-delimiter selects the route
+		// of the path the application serves for it.
+		{"an encoded letter matches the decoded prefix", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/")}), route(HTTPRouteMatch{Path: prefix("/admin")})}, newReq(get, "/%61dmin/secret"), 1, 0, 0},
+		{"every letter encoded, lower and upper case hex", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/")}), route(HTTPRouteMatch{Path: prefix("/admin")})}, newReq(get, "/%61%64%6D%69%6e/secret"), 1, 0, 0},
+		{"an encoded letter matches the decoded exact path", []HTTPRoute{route(HTTPRouteMatch{Path: exact("/admin")})}, newReq(get, "/adm%69n"), 0, 0, 0},
+		{"an encoded sub-delimiter matches the decoded path", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/")}), route(HTTPRouteMatch{Path: exact("/a+b")})}, newReq(get, "/a%2Bb"), 1, 0, 0},
+		{"a regex sees the decoded path", []HTTPRoute{route(HTTPRouteMatch{Path: regex("/admin/[a-z]+")})}, newReq(get, "/%61dmin/secret"), 0, 0, 0},
+		{"a value written encoded matches the decoded request", []HTTPRoute{route(HTTPRouteMatch{Path: exact("/a%20b")})}, newReq(get, "/a%20b"), 0, 0, 0},
+		{"an encoded space in a prefix value", []HTTPRoute{route(HTTPRouteMatch{Path: prefix("/my%20files")})}, newReq(get, "/my%20files/x"), 0, 0, 0},
+
 		// The empty match.
 		{"a rule with no matches matches everything", []HTTPRoute{{Rules: []HTTPRule{{}}}}, newReq("DELETE", "/x/y"), 0, 0, -1},
 		{"no matches ties with prefix /: earlier rule", []HTTPRoute{{Rules: []HTTPRule{{}, {Matches: []HTTPRouteMatch{{Path: prefix("/")}}}}}}, newReq(get, "/x"), 0, 0, -1},
