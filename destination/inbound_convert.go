@@ -206,12 +206,21 @@ func ServerFromProto(m *inboundpb.Server) (*authz.Server, error) {
 		if limit.GetMetadata() != nil {
 			rl.Meta = inboundMetaFromProto(limit.GetMetadata())
 		}
+		// An override that limits nobody is left out, as Linkerd's proxy
+		// reads it (linkerd/proxy/server-policy/src/local_rate_limit.rs):
+		// one without a rate, without identities (Linkerd's controller
+		// sends an HTTPLocalRateLimitPolicy override with empty clientRefs
+		// so), and its empty identity names.
 		for _, o := range limit.GetOverrides() {
 			ov := authz.Override{RPS: o.GetLimit().GetRequestsPerSecond()}
 			for _, id := range o.GetClients().GetIdentities() {
-				ov.Identities = append(ov.Identities, id.GetName())
+				if id.GetName() != "" {
+					ov.Identities = append(ov.Identities, id.GetName())
+				}
 			}
-			rl.Overrides = append(rl.Overrides, ov)
+			if ov.RPS > 0 && len(ov.Identities) > 0 {
+				rl.Overrides = append(rl.Overrides, ov)
+			}
 		}
 		s.RateLimit = rl
 	}

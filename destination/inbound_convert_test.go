@@ -175,3 +175,48 @@ func TestInboundGRPCServerWireRoundTrip(t *testing.T) {
 	_, err = authz.Compile(got)
 	require.NoError(t, err)
 }
+
+// An override of a Server's rate limit that limits nobody is left out, and
+// the Server stands, as Linkerd's proxy reads it
+// (linkerd/proxy/server-policy/src/local_rate_limit.rs): Linkerd's
+// controller sends an HTTPLocalRateLimitPolicy override with empty
+// clientRefs as one without identities.
+func TestInboundRateLimitOverridesAsLinkerdReadsThem(t *testing.T) {
+	ids := func(names ...string) *inboundpb.HttpLocalRateLimit_Override_ClientIdentities {
+		c := &inboundpb.HttpLocalRateLimit_Override_ClientIdentities{}
+		for _, n := range names {
+			c.Identities = append(c.Identities, &inboundpb.Identity{Name: n})
+		}
+		return c
+	}
+	rps := func(n uint32) *inboundpb.HttpLocalRateLimit_Limit {
+		return &inboundpb.HttpLocalRateLimit_Limit{RequestsPerSecond: n}
+	}
+	for _, tt := range []struct {
+		name      string
+		overrides []*inboundpb.HttpLocalRateLimit_Override
+		want      []authz.Override
+	}{
+		{"no clients", []*inboundpb.HttpLocalRateLimit_Override{{Limit: rps(10), Clients: ids()}}, nil},
+		{"no client list", []*inboundpb.HttpLocalRateLimit_Override{{Limit: rps(10)}}, nil},
+		{"no rate", []*inboundpb.HttpLocalRateLimit_Override{{Clients: ids("a.ns.serviceaccount.identity.linkerd.cluster.local")}}, nil},
+		{"zero rate", []*inboundpb.HttpLocalRateLimit_Override{{Limit: rps(0), Clients: ids("a.ns.serviceaccount.identity.linkerd.cluster.local")}}, nil},
+		{"an empty name among others", []*inboundpb.HttpLocalRateLimit_Override{{Limit: rps(5), Clients: ids("", "a.ns.serviceaccount.identity.linkerd.cluster.local")}},
+			[]authz.Override{{RPS: 5, Identities: []string{"a.ns.serviceaccount.identity.linkerd.cluster.local"}}}},
+		{"the others kept", []*inboundpb.HttpLocalRateLimit_Override{{Limit: rps(10), Clients: ids()}, {Limit: rps(5), Clients: ids("b.ns.serviceaccount.identity.linkerd.cluster.local")}},
+			[]authz.Override{{RPS: 5, Identities: []string{"b.ns.serviceaccount.identity.linkerd.cluster.local"}}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := destination.ServerFromProto(&inboundpb.Server{
+				Protocol: &inboundpb.ProxyProtocol{Kind: &inboundpb.ProxyProtocol_Detect_{Detect: &inboundpb.ProxyProtocol_Detect{
+					HttpLocalRateLimit: &inboundpb.HttpLocalRateLimit{Total: rps(100), Overrides: tt.overrides}}}},
+			})
+			require.NoError(t, err)
+			require.NotNil(t, s.RateLimit)
+			assert.Equal(t, uint32(100), s.RateLimit.Total)
+			assert.Equal(t, tt.want, s.RateLimit.Overrides)
+			_, err = authz.Compile(s)
+			assert.NoError(t, err, "the Server compiles")
+		})
+	}
+}

@@ -880,12 +880,15 @@ func (l *HTTPLocalRateLimitPolicy) parseSpec(spec yamltree.Node) error {
 		if l.Total > 0 && o.RPS > l.Total {
 			return rn.Errorf("%d is more than total.requestsPerSecond %d", o.RPS, l.Total)
 		}
-		refs, refItems, err := parseRefs(oo["clientRefs"], l.Namespace)
+		cn, ok := oo["clientRefs"]
+		if !ok || cn.Value == nil {
+			return yamltree.Node{Path: item.Child("clientRefs")}.Errorf("required")
+		}
+		// An empty list is valid, as Linkerd's CRD has it: the override
+		// limits nobody, and proxies leave it out.
+		refs, refItems, err := parseRefs(cn, l.Namespace)
 		if err != nil {
 			return err
-		}
-		if len(refs) == 0 {
-			return yamltree.Node{Path: item.Child("clientRefs")}.Errorf("required, not empty")
 		}
 		for i, r := range refs {
 			if !r.is("", "ServiceAccount") {

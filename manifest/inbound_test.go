@@ -3,6 +3,7 @@ package manifest
 import (
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/inmesh/inmesh/authz"
@@ -545,6 +546,17 @@ spec:
 		s := inbound(t, r, 8080, opts)
 		assert.Equal(t, want, s.RateLimit)
 	})
+	t.Run("an override with empty client refs", func(t *testing.T) {
+		// Linkerd's CRD requires clientRefs but allows it empty; such an
+		// override limits nobody, as Linkerd's proxy reads it, and the
+		// Server stands.
+		r := mustParse(t, pod0, server("srv-8080", "8080", ""), strings.Replace(rateLimit0,
+			"clientRefs: [{kind: ServiceAccount, name: client-0}]", "clientRefs: []", 1))
+		s := inbound(t, r, 8080, opts)
+		require.NotNil(t, s.RateLimit)
+		assert.Equal(t, uint32(1000), s.RateLimit.Total)
+		assert.Empty(t, s.RateLimit.Overrides)
+	})
 	t.Run("default server has none", func(t *testing.T) {
 		r := mustParse(t, pod0, rateLimit0)
 		s := inbound(t, r, 8080, opts)
@@ -633,6 +645,8 @@ func TestInboundParseErrors(t *testing.T) {
 			"spec.identity.requestsPerSecond: 20 is more than total.requestsPerSecond 10"},
 		{"ratelimit client ref", "apiVersion: policy.linkerd.io/v1alpha1\nkind: HTTPLocalRateLimitPolicy\nmetadata: {name: l}\nspec:\n  targetRef: {group: policy.linkerd.io, kind: Server, name: s}\n  overrides: [{requestsPerSecond: 1, clientRefs: [{kind: Namespace, name: x}]}]\n",
 			"spec.overrides[0].clientRefs[0]: Namespace /x is not a ServiceAccount"},
+		{"ratelimit override without client refs", "apiVersion: policy.linkerd.io/v1alpha1\nkind: HTTPLocalRateLimitPolicy\nmetadata: {name: l}\nspec:\n  targetRef: {group: policy.linkerd.io, kind: Server, name: s}\n  overrides: [{requestsPerSecond: 1}]\n",
+			"spec.overrides[0].clientRefs: required"},
 		{"ratelimit unknown field", "apiVersion: policy.linkerd.io/v1alpha1\nkind: HTTPLocalRateLimitPolicy\nmetadata: {name: l}\nspec:\n  targetRef: {group: policy.linkerd.io, kind: Server, name: s}\n  totals: {requestsPerSecond: 1}\n",
 			"spec.totals: unknown field"},
 	} {

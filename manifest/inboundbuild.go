@@ -454,6 +454,9 @@ func (r *Resources) rateLimit(srv *Server, opts *InboundOptions) *authz.RateLimi
 		for _, c := range o.ClientRefs {
 			ov.Identities = append(ov.Identities, opts.identity(c.Name, c.Namespace))
 		}
+		if len(ov.Identities) == 0 || ov.RPS == 0 {
+			continue // it limits nobody, as Linkerd's proxy reads it
+		}
 		out.Overrides = append(out.Overrides, ov)
 	}
 	return out
