@@ -74,8 +74,14 @@ func Compile(s *Server) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	localhost, _ := compileAuthz(&localhostAuthz, "localhost")
-	localhost.localhost = true
+	// The pod's own loopback is admitted everywhere but on the invalid
+	// Server, which admits nobody.
+	var localhost []compiledAuthz
+	if s != invalidServer {
+		lh, _ := compileAuthz(&localhostAuthz, "localhost")
+		lh.localhost = true
+		localhost = []compiledAuthz{lh}
+	}
 	p := &Policy{server: s}
 	switch {
 	case s.Protocol == ProtocolGRPC:
@@ -104,7 +110,7 @@ func Compile(s *Server) (*Policy, error) {
 	return p, nil
 }
 
-func (p *Policy) compileHTTP(s *Server, serverAuthzs []compiledAuthz, localhost compiledAuthz) error {
+func (p *Policy) compileHTTP(s *Server, serverAuthzs, localhost []compiledAuthz) error {
 	routes := s.Routes
 	if len(routes) == 0 {
 		routes = DefaultRoutes(nil, nil)
@@ -139,7 +145,7 @@ func (p *Policy) compileHTTP(s *Server, serverAuthzs []compiledAuthz, localhost 
 	return nil
 }
 
-func (p *Policy) compileGRPC(s *Server, serverAuthzs []compiledAuthz, localhost compiledAuthz) error {
+func (p *Policy) compileGRPC(s *Server, serverAuthzs, localhost []compiledAuthz) error {
 	routes := s.GRPCRoutes
 	if len(routes) == 0 {
 		routes = []GRPCRoute{{Meta: DefaultMeta("default"), Rules: []GRPCRule{{}}}}
@@ -169,14 +175,14 @@ func (p *Policy) compileGRPC(s *Server, serverAuthzs []compiledAuthz, localhost 
 }
 
 // compileRoute is a route's authorizations: its own, then the Server's,
-// then localhost.
-func compileRoute(meta Meta, authzs []Authz, path string, serverAuthzs []compiledAuthz, localhost compiledAuthz) (compiledRoute, error) {
+// then localhost (unless the Server is the invalid one).
+func compileRoute(meta Meta, authzs []Authz, path string, serverAuthzs, localhost []compiledAuthz) (compiledRoute, error) {
 	routeAuthzs, err := compileAuthzs(authzs, path+".authorizations")
 	if err != nil {
 		return compiledRoute{}, err
 	}
-	all := make([]compiledAuthz, 0, len(routeAuthzs)+len(serverAuthzs)+1)
-	all = append(append(append(all, routeAuthzs...), serverAuthzs...), localhost)
+	all := make([]compiledAuthz, 0, len(routeAuthzs)+len(serverAuthzs)+len(localhost))
+	all = append(append(append(all, routeAuthzs...), serverAuthzs...), localhost...)
 	return compiledRoute{meta: meta, authzs: all}, nil
 }
 

@@ -250,7 +250,8 @@ func (s *chanSource) send(t *testing.T, port uint16, srv *authz.Server) {
 
 // The default applies until the first Server arrives (never a wait); each
 // update applies to the next request on the same connection; a Server
-// that does not compile is logged and the last good one stays.
+// that does not compile is logged and refuses every request (the invalid
+// Server) until a valid one comes.
 func TestPolicyUpdates(t *testing.T) {
 	src := &chanSource{}
 	var logs bytes.Buffer
@@ -261,10 +262,14 @@ func TestPolicyUpdates(t *testing.T) {
 	port := uint16(mustPort(t, base))
 	src.send(t, port, mustDefault(t, authz.AllUnauthenticated, authz.DefaultOptions{}))
 	assert.Equal(t, 200, do(t, c, "GET", base+"/").status)
+	// A Server that does not compile closes the port, as Linkerd's proxy's
+	// invalid policy does, until a valid one comes.
 	src.send(t, port, &authz.Server{Authorizations: []authz.Authz{{}}})
-	assert.Equal(t, 200, do(t, c, "GET", base+"/").status, "the last good policy stays")
+	assert.Equal(t, 403, do(t, c, "GET", base+"/").status, "the invalid Server")
 	assert.Contains(t, logs.String(), "authorizations[0].networks: at least one network is required")
-	assert.Equal(t, "all-unauthenticated", e.h.Policy(port).Server().Meta.Name)
+	assert.Same(t, authz.InvalidServer(), e.h.Policy(port).Server())
+	src.send(t, port, mustDefault(t, authz.AllUnauthenticated, authz.DefaultOptions{}))
+	assert.Equal(t, 200, do(t, c, "GET", base+"/").status)
 }
 
 func mustPort(t *testing.T, base string) int {

@@ -252,8 +252,12 @@ func (p *port) update(s *Server) {
 	}
 	pol, err := Compile(s)
 	if err != nil {
-		p.h.log.WarnErr("update", "inbound policy refused; the last good one stays", err, "port", p.num)
-		return
+		// As Linkerd's proxy: the port refuses every request until a
+		// Server that compiles arrives (see InvalidServer).
+		p.h.log.WarnErr("update", "inbound policy refused; every request to the port is denied until a valid one arrives", err, "port", p.num)
+		if pol, err = Compile(InvalidServer()); err != nil {
+			panic("authz: the invalid Server does not compile: " + err.Error())
+		}
 	}
 	p.release(&active{pol: pol, series: newSeriesCache(p.h.in, pol, p.h.cfg.nextFor)})
 }

@@ -81,6 +81,25 @@ type Server struct {
 	MaxConcurrentRequests int
 }
 
+// invalidServer is the Server of [InvalidServer], known by its address.
+var invalidServer = &Server{
+	Meta:   DefaultMeta("invalid"),
+	Routes: []Route{{Meta: DefaultMeta("invalid"), Rules: []Rule{{}}}},
+}
+
+// InvalidServer returns the Server in force on a port whose control plane
+// sent one that cannot be used (it does not convert or compile), as
+// Linkerd's proxy puts its invalid policy in force
+// (linkerd/proxy/server-policy ServerPolicy::invalid, from
+// linkerd/app/inbound/src/policy/api.rs): one route, named
+// default:invalid, matching every request and admitting nobody, not even
+// the pod's own loopback. Every request is refused 403 (gRPC
+// PERMISSION_DENIED) until a valid Server arrives: a mistake in a policy
+// closes the port rather than opening it to the default. The Server is
+// shared and must not be modified; a copy of it is an ordinary Server,
+// whose route the pod's own loopback may take.
+func InvalidServer() *Server { return invalidServer }
+
 // Route is one inbound HTTP route of a Server.
 type Route struct {
 	// Meta names the route (route_* labels).

@@ -36,8 +36,13 @@ func (c *Client) initInbound(cc grpc.ClientConnInterface) {
 						_, err = authz.Compile(s)
 					}
 					if err != nil {
-						rl.WarnErr("inbound "+key, "rejected an inbound policy; keeping the last one", err, "port", key)
-						return InboundUpdate{}, false
+						// As Linkerd's proxy (linkerd/app/inbound/src/policy/api.rs):
+						// a Server that cannot be used puts the invalid one in
+						// force, which refuses every request, rather than
+						// keeping an older policy or, on a fresh port, leaving
+						// it to the default once the wait ends.
+						rl.WarnErr("inbound "+key, "rejected an inbound policy; every request to the port is denied until a valid one arrives", err, "port", key)
+						return InboundUpdate{Server: authz.InvalidServer()}, true
 					}
 					return InboundUpdate{Server: s}, true
 				}
@@ -62,7 +67,9 @@ func (c *Client) workload() string {
 // semantics of the other watches: one stream per port however many watch
 // it, re-established with backoff, the last good Server in force
 // meanwhile; a Server that fails to convert or compile is logged
-// (rate-limited) and skipped; a rejected watch ends with an Err.
+// (rate-limited) and replaced by [authz.InvalidServer], which refuses
+// every request until a valid one arrives; a rejected watch ends with an
+// Err.
 func (c *Client) WatchInboundPort(ctx context.Context, port uint16, update func(InboundUpdate)) (func(), error) {
 	return c.inbound.subscribe(c, ctx, strconv.Itoa(int(port)), update)
 }
