@@ -1,13 +1,22 @@
 package main
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 )
 
 // A -workload that is not NS:POD (nor Linkerd's JSON) stops the proxy at
@@ -33,3 +42,102 @@ func TestTraceSamplingFlagIsChecked(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "-trace-sampling 2: not between 0 and 1")
 }
+
+// The pod's default inbound policy ($LINKERD2_PROXY_INBOUND_DEFAULT_POLICY,
+// as a Linkerd proxy reads it, or -default-inbound-policy) decides the app
+// port's requests while its control plane has not answered within
+// -policy-wait: with deny, a request is refused rather than served under
+// all-unauthenticated.
+func TestDefaultInboundPolicy(t *testing.T) {
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "app") }))
+	defer app.Close()
+	cpl, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	inboundpb.RegisterInboundServerPoliciesServer(g, silentInbound{})
+	go g.Serve(cpl)
+	defer g.Stop()
+
+	get := func(t *testing.T, f flags) int {
+		f.destination, f.outbound, f.inbound, f.metrics = cpl.Addr().String(), "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+		f.app, f.workload, f.policyWait, f.appIdleTimeout = app.Listener.Addr().String(), "default:app-0", testutil.ShortTimeout, time.Second
+		addr := make(chan string, 1)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- runContext(ctx, f, slog.New(listenHandler{inbound: addr})) }()
+		defer func() { cancel(); <-done }()
+		var inbound string
+		select {
+		case inbound = <-addr:
+		case err := <-done:
+			t.Fatalf("the proxy stopped: %v", err)
+		case <-time.After(testutil.Timeout):
+			t.Fatal("the proxy never listened")
+		}
+		resp, err := http.Get("http://" + inbound + "/")
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	t.Run("environment", func(t *testing.T) {
+		t.Setenv(envDefaultPolicy, "deny")
+		assert.Equal(t, http.StatusForbidden, get(t, flags{defaultPolicy: os.Getenv(envDefaultPolicy)}))
+	})
+	t.Run("flag", func(t *testing.T) {
+		assert.Equal(t, http.StatusForbidden, get(t, flags{defaultPolicy: "cluster-authenticated", clusterNetworks: "127.0.0.0/8"}),
+			"a plaintext client of the cluster network")
+		assert.Equal(t, http.StatusOK, get(t, flags{defaultPolicy: "cluster-unauthenticated", clusterNetworks: "127.0.0.0/8"}))
+		assert.Equal(t, http.StatusForbidden, get(t, flags{defaultPolicy: "cluster-unauthenticated", clusterNetworks: "10.0.0.0/8"}))
+	})
+	t.Run("unset", func(t *testing.T) {
+		assert.Equal(t, http.StatusOK, get(t, flags{}), "all-unauthenticated")
+	})
+	t.Run("checked at start", func(t *testing.T) {
+		f := flags{destination: cpl.Addr().String(), outbound: "127.0.0.1:0", inbound: "127.0.0.1:0", app: "127.0.0.1:8080",
+			metrics: "127.0.0.1:0", workload: "default:app-0", defaultPolicy: "open"}
+		err := runContext(t.Context(), f, slog.New(slog.DiscardHandler))
+		assert.ErrorContains(t, err, `-default-inbound-policy (or $LINKERD2_PROXY_INBOUND_DEFAULT_POLICY): default inbound policy: "open" is not one of`)
+		f.defaultPolicy, f.clusterNetworks = "cluster-authenticated", "10.0.0.0/33"
+		err = runContext(t.Context(), f, slog.New(slog.DiscardHandler))
+		assert.ErrorContains(t, err, `-cluster-networks (or $LINKERD2_PROXY_POLICY_CLUSTER_NETWORKS)`)
+	})
+}
+
+// silentInbound accepts InboundServerPolicies streams and never answers:
+// a control plane that is up and has not answered yet.
+type silentInbound struct {
+	inboundpb.UnimplementedInboundServerPoliciesServer
+}
+
+func (silentInbound) WatchPort(_ *inboundpb.PortSpec, s grpc.ServerStreamingServer[inboundpb.Server]) error {
+	<-s.Context().Done()
+	return s.Context().Err()
+}
+
+// listenHandler sends the address of the proxy's inbound listener once it
+// listens.
+type listenHandler struct{ inbound chan<- string }
+
+func (h listenHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h listenHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "listening" {
+		return nil
+	}
+	var name, addr string
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "listener":
+			name = a.Value.String()
+		case "addr":
+			addr = a.Value.String()
+		}
+		return true
+	})
+	if name == "inbound" {
+		h.inbound <- addr
+	}
+	return nil
+}
+func (h listenHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h listenHandler) WithGroup(string) slog.Handler      { return h }

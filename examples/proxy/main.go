@@ -99,6 +99,7 @@ import (
 type flags struct {
 	destination, policyAddr, outbound, inbound, app, metrics string
 	workload                                                 string
+	defaultPolicy, clusterNetworks                           string
 	trustLocalhost                                           bool
 	contextToken, scheme                                     string
 	idleTimeout, discoveryWait, appIdleTimeout, policyWait   time.Duration
@@ -120,6 +121,10 @@ func main() {
 	flag.StringVar(&f.policyAddr, "policy", "", "OutboundPolicies and InboundServerPolicies API address (or comma-separated replicas), when not the -destination one (Linkerd's policy controller)")
 	flag.StringVar(&f.workload, "workload", os.Getenv(destination.PolicyWorkloadEnv),
 		"this proxy's workload, NS:POD or Linkerd's JSON (default $"+destination.PolicyWorkloadEnv+"): enforces the inbound policy of the -app port")
+	flag.StringVar(&f.defaultPolicy, "default-inbound-policy", os.Getenv(envDefaultPolicy),
+		"with -workload, the policy of the -app port while no Server selects it or its control plane has not answered within -policy-wait: all-unauthenticated (the default), all-authenticated, cluster-unauthenticated, cluster-authenticated, deny or audit (default $"+envDefaultPolicy+")")
+	flag.StringVar(&f.clusterNetworks, "cluster-networks", os.Getenv(envClusterNetworks),
+		"comma-separated CIDRs of the cluster-* default inbound policies (default $"+envClusterNetworks+", else Linkerd's: 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16)")
 	flag.BoolVar(&f.trustLocalhost, "trust-localhost", true,
 		"with -workload, admit every request from the loopback, as Linkerd's proxy does in a pod (false when callers share the machine)")
 	flag.StringVar(&f.outbound, "outbound", "127.0.0.1:4140", "outbound listener (the application's requests)")
@@ -173,10 +178,53 @@ func main() {
 	}
 }
 
+// The environment of a Linkerd proxy that sets the default inbound policy
+// (linkerd/app/src/env.rs).
+const (
+	envDefaultPolicy   = "LINKERD2_PROXY_INBOUND_DEFAULT_POLICY"
+	envClusterNetworks = "LINKERD2_PROXY_POLICY_CLUSTER_NETWORKS"
+)
+
+// defaultInbound is the Server of -default-inbound-policy, or nil for the
+// handler's own default (all-unauthenticated).
+func defaultInbound(f flags) (*authz.Server, error) {
+	if f.defaultPolicy == "" {
+		return nil, nil
+	}
+	mode, err := authz.ParseMode(f.defaultPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("-default-inbound-policy (or $%s): %w", envDefaultPolicy, err)
+	}
+	var opts authz.DefaultOptions
+	for v := range strings.SplitSeq(f.clusterNetworks, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return nil, fmt.Errorf("-cluster-networks (or $%s): %w", envClusterNetworks, err)
+		}
+		opts.ClusterNetworks = append(opts.ClusterNetworks, p)
+	}
+	return authz.DefaultServer(mode, opts)
+}
+
 func run(f flags, log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runContext(ctx, f, log)
+}
+
+// runContext runs the proxy until ctx ends.
+func runContext(ctx context.Context, f flags, log *slog.Logger) error {
+	var defaultServer *authz.Server
 	if f.workload != "" {
 		if _, _, err := destination.ParseWorkload(f.workload); err != nil {
 			return fmt.Errorf("-workload (or $%s): %w", destination.PolicyWorkloadEnv, err)
+		}
+		var err error
+		if defaultServer, err = defaultInbound(f); err != nil {
+			return err
 		}
 	}
 	policy, err := backoff.FromEnv("INMESH_CONTROL", backoff.DefaultPolicy())
@@ -187,9 +235,6 @@ func run(f flags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("-app: %w", err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
 	metrics, err := telemetry.New(f.maxAuthorities)
 	if err != nil {
 		return err
@@ -267,6 +312,9 @@ func run(f flags, log *slog.Logger) error {
 		// The port's watch starts now; requests wait for its first answer
 		// up to -policy-wait.
 		aopts := []authz.Option{authz.WithSource(pol.InboundPolicies()), authz.WithTarget(appAddr), authz.WithPolicyWait(f.policyWait)}
+		if defaultServer != nil {
+			aopts = append(aopts, authz.WithDefault(defaultServer))
+		}
 		if !f.trustLocalhost {
 			aopts = append(aopts, authz.WithoutLocalhost())
 		}
