@@ -63,7 +63,10 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     content-subtype); a message the codec cannot measure counts as
 //     past the limit; past it the stream is not retried), and the
 //     outbound_grpc_route_* series of
-//     the router's metric code, grpc_status on each;
+//     the router's metric code, grpc_status on each; a call made as
+//     several attempts gives its grpc.Header, grpc.Trailer, grpc.Peer
+//     and grpc.OnFinish options the attempt whose answer it returns,
+//     once, as grpc-go's own retries do;
 //   - transport credentials: mTLS with each endpoint's identity when
 //     [WithIdentity] gives a local identity, plaintext to an endpoint
 //     without one;

@@ -114,6 +114,9 @@ type unaryResult struct {
 	err     error
 	hedge   bool
 	elapsed time.Duration
+	// own is the attempt's header, trailer and peer; nil when the caller
+	// asked for none.
+	own *attemptHooks
 }
 
 // invoker returns the invoker of a unary call on the route: hedged when
@@ -127,7 +130,10 @@ func (h *hedger) invoker(invoker grpc.UnaryInvoker) grpc.UnaryInvoker {
 // invoke runs one attempt of a unary call, hedged when the request fits
 // the limit and a second reply can be made for the hedge (the first
 // attempt fills reply; the hedge a reply of its own, copied into reply
-// when it wins, once the first attempt has returned).
+// when it wins, once the first attempt has returned). Each attempt has
+// its own header, trailer and peer too (see [callHooks]): the caller gets
+// those of the attempt whose answer it gets, and a loser, which may end
+// after the call returned, never writes the caller's.
 func (h *hedger) invoke(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
 	rv := reflect.ValueOf(reply)
 	if rv.Kind() != reflect.Pointer || rv.IsNil() || codecOf(opts).size(req) > h.limit {
@@ -142,11 +148,28 @@ func (h *hedger) invoke(ctx context.Context, method string, req, reply any, cc *
 		}
 		return err
 	}
+	opts, hooks := takeHooks(opts)
+	var own [2]*attemptHooks // the first attempt's, the hedge's
+	firstOpts, hedgeOpts := opts, opts
+	if hooks.meta() {
+		own[0], own[1] = new(attemptHooks), new(attemptHooks)
+		firstOpts, hedgeOpts = hooks.attempt(opts, own[0]), hooks.attempt(opts, own[1])
+	}
 	tried := new(balancer.Tried)
 	results := make(chan unaryResult, 2)
 	send := func(ctx context.Context, reply any, isHedge bool) {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		results <- unaryResult{err: err, hedge: isHedge, elapsed: time.Since(start)}
+		aopts, a := firstOpts, own[0]
+		if isHedge {
+			aopts, a = hedgeOpts, own[1]
+		}
+		err := invoker(ctx, method, req, reply, cc, aopts...)
+		results <- unaryResult{err: err, hedge: isHedge, elapsed: time.Since(start), own: a}
+	}
+	// end is the call's end with the answer of r: the caller's hooks get
+	// r's attempt (received from results: its hooks have run).
+	end := func(r *unaryResult, err error) error {
+		hooks.end(r.own, err)
+		return err
 	}
 	pctx, pcancel := context.WithCancel(balancer.WithTried(ctx, tried, false))
 	defer pcancel()
@@ -163,7 +186,7 @@ func (h *hedger) invoke(ctx context.Context, method string, req, reply any, cc *
 			h.state.Observe(r.elapsed)
 		}
 		if !h.nonFatal(r.err) || !h.mayHedge(ctx, tried) {
-			return r.err
+			return end(&r, r.err)
 		}
 		first = &r
 	case <-timer.C:
@@ -172,7 +195,7 @@ func (h *hedger) invoke(ctx context.Context, method string, req, reply any, cc *
 			if r.err == nil {
 				h.state.Observe(r.elapsed)
 			}
-			return r.err
+			return end(&r, r.err)
 		}
 	}
 	hreply := reflect.New(rv.Type().Elem()).Interface()
@@ -201,9 +224,9 @@ func (h *hedger) invoke(ctx context.Context, method string, req, reply any, cc *
 				continue // the other attempt may still answer
 			}
 			if first != nil {
-				return first.err
+				return end(first, first.err)
 			}
-			return r.err
+			return end(&r, r.err)
 		}
 		if r.err == nil {
 			h.state.Observe(r.elapsed)
@@ -213,7 +236,7 @@ func (h *hedger) invoke(ctx context.Context, method string, req, reply any, cc *
 				hcancel()
 				go h.drain(ctx, results)
 			}
-			return r.err
+			return end(&r, r.err)
 		}
 		// The hedge answered: the first attempt is cancelled, and its
 		// reply is the caller's once it has returned.
@@ -224,10 +247,10 @@ func (h *hedger) invoke(ctx context.Context, method string, req, reply any, cc *
 		if r.err == nil {
 			h.won(ctx)
 			if err := copyReply(reply, hreply); err != nil {
-				return err
+				return end(&r, err)
 			}
 		}
-		return r.err
+		return end(&r, r.err)
 	}
 	panic("unreachable")
 }
@@ -259,7 +282,9 @@ func copyReply(reply, from any) error {
 }
 
 // streamer returns the streamer of a call on the route: server-streaming
-// and bidi calls are hedged before their response headers.
+// and bidi calls are hedged before their response headers. Its caller
+// (the route's stream) keeps the caller's hooks ([callHooks]) to itself:
+// none reach the attempts.
 func (h *hedger) streamer(streamer grpc.Streamer) grpc.Streamer {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		if !desc.ServerStreams {

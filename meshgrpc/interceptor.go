@@ -289,10 +289,19 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 	ctx, cancel := c.deadline(ctx, true)
 	defer cancel()
 	// A mirror's copy is sent once, never hedged: it gets the invoker as
-	// it came.
+	// it came (and none of the caller's options but the codec's).
 	plain := invoker
 	if rt.hedge != nil {
 		invoker = rt.hedge.invoker(invoker)
+	}
+	// The caller's header, trailer, peer and OnFinish are the last
+	// attempt's, handed over once (see [callHooks]).
+	opts, hooks := takeHooks(opts)
+	aopts := opts
+	var own *attemptHooks
+	if hooks.meta() {
+		own = new(attemptHooks)
+		aopts = hooks.attempt(opts, own)
 	}
 	var retries int
 	for {
@@ -303,6 +312,9 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		if retries == 0 && err == nil && rt.mirror != nil {
 			rt.mirror.start(actx, method, req, cc, plain, opts) // once per call, never per retry
 		}
+		if own != nil {
+			*own = attemptHooks{} // an attempt that opens no stream leaves it so
+		}
 		start := time.Now()
 		tryTimedOut := false
 		if err == nil {
@@ -310,12 +322,12 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			// attempt that runs out is retried whatever its code.
 			if r := rt.route.Retry; r != nil && r.Timeout > 0 && retries < r.Limit() {
 				tctx, tcancel := context.WithTimeoutCause(actx, r.Timeout, errTryTimeout)
-				err = invoker(tctx, method, req, reply, cc, opts...)
+				err = invoker(tctx, method, req, reply, cc, aopts...)
 				tryTimedOut = err != nil && ctx.Err() == nil &&
 					(errors.Is(context.Cause(tctx), errTryTimeout) || serverTimedOut(ctx, tctx, err))
 				tcancel()
 			} else {
-				err = invoker(actx, method, req, reply, cc, opts...)
+				err = invoker(actx, method, req, reply, cc, aopts...)
 			}
 		}
 		err = c.timeoutErr(ctx, err)
@@ -333,6 +345,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			}
 		}
 		c.done(ctx, err, retries)
+		hooks.end(own, err)
 		return err
 	}
 }
@@ -397,7 +410,11 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 	if rt.hedge != nil {
 		streamer = rt.hedge.streamer(streamer)
 	}
-	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts}
+	// The caller's header, trailer, peer and OnFinish are those of the
+	// attempt the stream ends on, handed over once as it ends (see
+	// [callHooks]); its attempts get none.
+	opts, hooks := takeHooks(opts)
+	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts, hooks: hooks}
 	if rt.route.Retry != nil {
 		s.sizer = codecOf(opts)
 	}
@@ -440,6 +457,8 @@ type retryStream struct {
 	cc       *grpc.ClientConn
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
+	// hooks are the caller's (nil: none), taken out of opts.
+	hooks *callHooks
 
 	cur      atomic.Pointer[grpc.ClientStream]
 	received atomic.Bool
@@ -467,6 +486,8 @@ type retryStream struct {
 	ended   bool
 	// attemptCancel ends the current attempt's context.
 	attemptCancel context.CancelFunc
+	// unopened: the last attempt opened no stream (cur is the one before).
+	unopened bool
 }
 
 func (s *retryStream) attempt() error {
@@ -475,6 +496,7 @@ func (s *retryStream) attempt() error {
 	if bt != nil {
 		bt.Request(s.ctx)
 	}
+	s.unopened = true
 	if err != nil {
 		return s.attemptDone(err)
 	}
@@ -484,6 +506,7 @@ func (s *retryStream) attempt() error {
 		acancel()
 		return s.attemptDone(err)
 	}
+	s.unopened = false
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.noReplay {
@@ -544,7 +567,8 @@ func (s *retryStream) finish(err error) {
 	if s.bt != nil {
 		s.attemptDone(err)
 	}
-	s.c.done(s.ctx, s.c.timeoutErr(s.ctx, err), s.retries)
+	err = s.c.timeoutErr(s.ctx, err)
+	s.c.done(s.ctx, err, s.retries)
 	if s.attemptCancel != nil {
 		s.attemptCancel()
 	}
@@ -552,6 +576,15 @@ func (s *retryStream) finish(err error) {
 		(*stop)()
 	}
 	s.cancel()
+	if s.hooks != nil {
+		// Once the attempt's context ended: a stream whose caller
+		// cancelled it may still be ending, and its header is read.
+		var cs grpc.ClientStream
+		if p := s.cur.Load(); p != nil && !s.unopened {
+			cs = *p
+		}
+		s.hooks.endStream(cs, err)
+	}
 }
 
 func (s *retryStream) current() grpc.ClientStream {

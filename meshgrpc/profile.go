@@ -120,9 +120,20 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, method string
 	if cr.Retryable && ps.budget != nil {
 		ps.budget.Deposit()
 	}
+	// The caller's header, trailer, peer and OnFinish are the last
+	// attempt's, handed over once (see [callHooks]).
+	opts, hooks := takeHooks(opts)
+	var own *attemptHooks
+	if hooks.meta() {
+		own = new(attemptHooks)
+		opts = hooks.attempt(opts, own)
+	}
 	for {
 		astart := time.Now()
 		tg.actual.Request(ctx)
+		if own != nil {
+			*own = attemptHooks{}
+		}
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		resp, failed := profileResponse(cr, err, timedOut(err))
 		tg.actual.Response(ctx, resp, astart)
@@ -133,6 +144,7 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, method string
 			err = status.Error(codes.DeadlineExceeded, "request timed out after "+cr.Timeout.String())
 		}
 		tg.route.Response(ctx, resp, start)
+		hooks.end(own, err)
 		return err
 	}
 }
