@@ -56,7 +56,8 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     metadata; the failure injector's code and message), the backend by
 //     the distribution (put in the call's context for the balancer), the
 //     request timeout over the whole call, counted retries on the rule's
-//     gRPC codes (a stream only before its first response message, its
+//     gRPC codes (a stream only before its response headers, as gRFC A6
+//     commits a call: only a Trailers-Only failure is retried; its
 //     sent messages replayed while they fit the retry's body limit,
 //     MaxRequestBytes, 64 KiB by default, each measured as the call's
 //     codec encodes it, whatever the codec (grpc.ForceCodecV2, a

@@ -383,8 +383,10 @@ func (c *call) done(ctx context.Context, err error, retries int) {
 
 // stream runs a streaming call by its route: the deadline, filters,
 // backend and metrics as unary calls; a retry happens only before the
-// first response message (the messages sent so far are replayed to the
-// new attempt) and only while the count allows. The replay buffer is
+// stream is committed (gRFC A6: before response headers, so only an
+// attempt that failed Trailers-Only is retried; see [retryStream]), the
+// messages sent so far replayed to the new attempt, and only while the
+// count allows. The replay buffer is
 // bounded by the retry's body limit (policy.Retry.BodyLimit, 64 KiB by
 // default), each message counted at the size the call's codec encodes it
 // (unknown: past the limit): once the messages sent pass it, the buffer
@@ -419,7 +421,7 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 		s.sizer = codecOf(opts)
 	}
 	if err := s.attempt(); err != nil {
-		for s.retryOnErr(err) {
+		for s.retryOnErr(err, nil) {
 			if err = s.attempt(); err == nil {
 				break
 			}
@@ -443,12 +445,16 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 }
 
 // retryStream is a client stream that may start again on another attempt
-// until its first response message. grpc-go lets one goroutine send while
-// another receives. SendMsg, CloseSend and the switch to a new attempt
-// hold mu throughout, so a message goes either into the replay or to the
-// new attempt, never to an attempt already replaced. The receiving path
-// reads the attempt and marks the first response without mu: a SendMsg
-// blocked by flow control must not keep RecvMsg from reading.
+// until it is committed: as gRFC A6 commits a call (and grpc-go's own
+// retry), once it has response headers, that is once Header gives them to
+// the caller, or the attempt that failed had them (only a Trailers-Only
+// answer is retried), or a response message came. grpc-go lets one
+// goroutine send while another receives. SendMsg, CloseSend and the
+// switch to a new attempt hold mu throughout, so a message goes either
+// into the replay or to the new attempt, never to an attempt already
+// replaced. The receiving path reads the attempt and marks the commit
+// without mu: a SendMsg blocked by flow control must not keep RecvMsg
+// from reading.
 type retryStream struct {
 	c        *call
 	ctx      context.Context
@@ -460,8 +466,9 @@ type retryStream struct {
 	// hooks are the caller's (nil: none), taken out of opts.
 	hooks *callHooks
 
-	cur      atomic.Pointer[grpc.ClientStream]
-	received atomic.Bool
+	cur atomic.Pointer[grpc.ClientStream]
+	// committed: no retry from now on (response headers or a message).
+	committed atomic.Bool
 
 	mu    sync.Mutex
 	sent  []any
@@ -541,12 +548,19 @@ func (s *retryStream) attemptDone(err error) error {
 	return err
 }
 
-// retryOnErr reports whether the stream starts again after err.
-func (s *retryStream) retryOnErr(err error) bool {
+// retryOnErr reports whether the stream starts again after err, the end
+// of the attempt failed (nil: it opened no stream). A stream is committed
+// once it has response headers: failed's too, which the caller may not
+// have read.
+func (s *retryStream) retryOnErr(err error, failed grpc.ClientStream) bool {
 	s.mu.Lock()
 	replayable := !s.noReplay
 	s.mu.Unlock()
-	if !replayable || s.received.Load() || !s.c.retryable(err) || s.ctx.Err() != nil {
+	if !replayable || s.committed.Load() || !s.c.retryable(err) || s.ctx.Err() != nil {
+		return false
+	}
+	if failed != nil && hadHeaders(failed) {
+		s.committed.Store(true)
 		return false
 	}
 	if !s.c.allow(s.ctx, s.retries) {
@@ -554,6 +568,16 @@ func (s *retryStream) retryOnErr(err error) bool {
 	}
 	s.retries++
 	return true
+}
+
+// hadHeaders reports whether the attempt cs, which ended, had response
+// headers. grpc-go's Header of a stream that ended returns the headers it
+// received (a copy, never nil) or, when it ended Trailers-Only (the
+// transport stream's TrailersOnly, which grpc-go's own retry reads), no
+// headers and no error.
+func hadHeaders(cs grpc.ClientStream) bool {
+	md, err := cs.Header()
+	return err == nil && md != nil
 }
 
 func (s *retryStream) finish(err error) {
@@ -591,9 +615,19 @@ func (s *retryStream) current() grpc.ClientStream {
 	return *s.cur.Load()
 }
 
-func (s *retryStream) Header() (metadata.MD, error) { return s.current().Header() }
-func (s *retryStream) Trailer() metadata.MD         { return s.current().Trailer() }
-func (s *retryStream) Context() context.Context     { return s.current().Context() }
+// Header returns the current attempt's response headers; once it has
+// given them, the stream is committed to that attempt. An attempt that
+// ended Trailers-Only has none, and may still be retried.
+func (s *retryStream) Header() (metadata.MD, error) {
+	md, err := s.current().Header()
+	if md != nil {
+		s.committed.Store(true)
+	}
+	return md, err
+}
+
+func (s *retryStream) Trailer() metadata.MD     { return s.current().Trailer() }
+func (s *retryStream) Context() context.Context { return s.current().Context() }
 
 func (s *retryStream) CloseSend() error {
 	s.mu.Lock()
@@ -606,7 +640,7 @@ func (s *retryStream) SendMsg(msg any) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	kept := false
-	if s.received.Load() {
+	if s.committed.Load() {
 		s.sent = nil
 	} else if r := s.c.rt.route.Retry; r != nil && !s.noReplay {
 		if n := s.sizer.size(msg); n > r.BodyLimit()-s.sentBytes {
@@ -738,7 +772,7 @@ func (s *retryStream) RecvMsg(msg any) error {
 	for {
 		err := s.current().RecvMsg(msg)
 		if err == nil {
-			s.received.Store(true) // SendMsg drops the replay
+			s.committed.Store(true) // SendMsg drops the replay
 			if !s.desc.ServerStreams {
 				s.finish(nil)
 			}
@@ -746,7 +780,7 @@ func (s *retryStream) RecvMsg(msg any) error {
 		}
 		if !errors.Is(err, io.EOF) {
 			err = s.c.timeoutErr(s.ctx, err)
-			if s.retryOnErr(err) {
+			if s.retryOnErr(err, s.current()) {
 				s.attemptDone(err)
 				if aerr := s.attempt(); aerr == nil {
 					continue

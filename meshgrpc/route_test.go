@@ -107,7 +107,8 @@ func TestCountedRetries(t *testing.T) {
 	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", append(route, `grpc_status="UNAVAILABLE"`)...))
 }
 
-// A streaming call is retried the same way before its first response.
+// A streaming call is retried the same way before its response headers
+// (the app fails Trailers-Only).
 func TestCountedRetriesStreaming(t *testing.T) {
 	a := startApp(t, &app{handle: func(_ context.Context, n int64) error {
 		if n <= 2 {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync/atomic"
 	"testing"
 
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -262,6 +264,52 @@ func TestStreamRetryBodyLimitRawCodec(t *testing.T) {
 				require.NoError(t, proto.Unmarshal(resp, &got))
 				assert.Equal(t, int32(tc.messages*tc.len), got.GetAggregatedPayloadSize(), "every message replayed")
 			}
+		})
+	}
+}
+
+// headersThenFail sends its response headers (its call number in them)
+// and then fails its first call with UNAVAILABLE; later calls answer with
+// a message and a trailer.
+type headersThenFail struct{ app }
+
+func (h *headersThenFail) StreamingOutputCall(_ *testgrpc.StreamingOutputCallRequest, s grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	n := h.calls.Add(1)
+	if err := s.SendHeader(metadata.Pairs("attempt", strconv.FormatInt(n, 10))); err != nil {
+		return err
+	}
+	if n == 1 {
+		return status.Error(codes.Unavailable, "after the headers")
+	}
+	s.SetTrailer(metadata.Pairs("attempt-trailer", strconv.FormatInt(n, 10)))
+	return s.Send(&testgrpc.StreamingOutputCallResponse{})
+}
+
+// A stream is committed once it has response headers (gRFC A6: only a
+// Trailers-Only answer is retried; grpc-go's own retry reads the
+// transport stream's TrailersOnly, and its Header commits): the route
+// retries UNAVAILABLE, yet a stream whose attempt sent its headers and
+// then failed so is not run again, whether or not the caller read the
+// headers before the failure, and its caller gets the failure.
+func TestStreamNotRetriedAfterHeaders(t *testing.T) {
+	for _, readHeaders := range []bool{true, false} {
+		t.Run(map[bool]string{true: "headers read", false: "headers not read"}[readHeaders], func(t *testing.T) {
+			h := &headersThenFail{}
+			h.addr = serveTestService(t, h)
+			c, _ := policyChannel(t, retriedStreams, map[string][]endpoint.Endpoint{books: {{Addr: h.addr}}})
+			s, err := c.StreamingOutputCall(callCtx(t), &testgrpc.StreamingOutputCallRequest{})
+			require.NoError(t, err)
+			if readHeaders {
+				md, err := s.Header()
+				require.NoError(t, err)
+				require.Equal(t, []string{"1"}, md.Get("attempt"))
+			}
+			_, err = s.Recv()
+			assert.Equal(t, codes.Unavailable, status.Code(err), "%v (trailer %v)", err, s.Trailer())
+			assert.Equal(t, int64(1), h.calls.Load(), "the handler ran once")
+			md, err := s.Header()
+			require.NoError(t, err)
+			assert.Equal(t, []string{"1"}, md.Get("attempt"), "the headers are the attempt's that failed")
 		})
 	}
 }
