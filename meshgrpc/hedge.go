@@ -296,7 +296,8 @@ func (h *hedger) streamer(streamer grpc.Streamer) grpc.Streamer {
 
 // hedgedStream is a stream with up to two attempts until it is committed
 // (gRFC A6): to the first attempt that gets response headers or ends with
-// a fatal status, or, when both fail with non-fatal ones, to the first.
+// a fatal status (a Trailers-Only answer is a status, not headers), or,
+// when both fail with non-fatal ones, to the first.
 // Until then each message goes to every attempt, and the messages of the
 // first are kept (within the body limit) to be replayed to the hedge; a
 // message past the limit means no hedge. The receiving side waits for the
@@ -337,8 +338,32 @@ type hedgedStream struct {
 
 type streamAttempt struct {
 	cs     grpc.ClientStream
+	ctx    context.Context
 	cancel context.CancelFunc
 	hedge  bool
+	end    *attemptEnd
+}
+
+// attemptEnd is the status an attempt ended with, as grpc-go hands it to
+// the OnFinish callback the attempt is opened with ([attemptEnd.option]).
+type attemptEnd struct {
+	once sync.Once
+	err  error
+	done chan struct{} // closed once err is set
+}
+
+func newAttemptEnd() *attemptEnd { return &attemptEnd{done: make(chan struct{})} }
+
+// option is opts with the OnFinish callback that sets e.
+func (e *attemptEnd) option(opts []grpc.CallOption) []grpc.CallOption {
+	return append(opts[:len(opts):len(opts)], grpc.OnFinish(e.set))
+}
+
+func (e *attemptEnd) set(err error) {
+	e.once.Do(func() {
+		e.err = err
+		close(e.done)
+	})
 }
 
 // streamEvent is an attempt's response headers (err nil) or its end
@@ -355,21 +380,34 @@ func (h *hedger) newStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 		tried: new(balancer.Tried), start: time.Now(), sizer: codecOf(opts),
 		events: make(chan streamEvent, 2), opened: make(chan hedgeOpened, 1), done: make(chan struct{}), buffering: canHedge}
 	actx, cancel := context.WithCancel(balancer.WithTried(ctx, s.tried, false))
-	cs, err := streamer(actx, desc, cc, method, opts...)
+	end := newAttemptEnd()
+	cs, err := streamer(actx, desc, cc, method, end.option(opts)...)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	s.first = &streamAttempt{cs: cs, cancel: cancel}
+	s.first = &streamAttempt{cs: cs, ctx: actx, cancel: cancel, end: end}
 	s.attempts = []*streamAttempt{s.first}
 	go s.watch(s.first)
 	go s.run(delay-time.Since(s.start), canHedge)
 	return s, nil
 }
 
-// watch waits for the response headers of a, or its end.
+// watch waits for the response headers of a, or its end without them:
+// then grpc-go's Header returns neither headers nor an error (as for a
+// Trailers-Only answer, which is no answer in gRFC A6), and the status
+// comes to the attempt's OnFinish, which the end calls. An attempt
+// cancelled meanwhile ends with its context's error.
 func (s *hedgedStream) watch(a *streamAttempt) {
-	_, err := a.cs.Header()
+	md, err := a.cs.Header()
+	if err == nil && md == nil {
+		select {
+		case <-a.end.done:
+			err = a.end.err
+		case <-a.ctx.Done():
+			err = status.FromContextError(a.ctx.Err()).Err()
+		}
+	}
 	s.events <- streamEvent{a: a, err: err, elapsed: time.Since(s.start)}
 }
 
@@ -428,7 +466,9 @@ func (s *hedgedStream) run(delay time.Duration, canHedge bool) {
 // hedgeOpened is the end of a hedge's NewStream.
 type hedgeOpened struct {
 	cs     grpc.ClientStream
+	ctx    context.Context
 	cancel context.CancelFunc
+	end    *attemptEnd
 	err    error
 }
 
@@ -449,8 +489,9 @@ func (s *hedgedStream) hedge() bool {
 
 // open opens the hedge's stream.
 func (s *hedgedStream) open(ctx context.Context, cancel context.CancelFunc) {
-	cs, err := s.streamer(ctx, s.desc, s.cc, s.method, s.opts...)
-	s.opened <- hedgeOpened{cs: cs, cancel: cancel, err: err}
+	end := newAttemptEnd()
+	cs, err := s.streamer(ctx, s.desc, s.cc, s.method, end.option(s.opts)...)
+	s.opened <- hedgeOpened{cs: cs, ctx: ctx, cancel: cancel, end: end, err: err}
 }
 
 // join makes the opened hedge an attempt, replaying the messages sent so
@@ -468,7 +509,7 @@ func (s *hedgedStream) join(o hedgeOpened) bool {
 		return false
 	}
 	s.h.sent(s.ctx)
-	a := &streamAttempt{cs: o.cs, cancel: o.cancel, hedge: true}
+	a := &streamAttempt{cs: o.cs, ctx: o.ctx, cancel: o.cancel, hedge: true, end: o.end}
 	s.mu.Lock()
 	if !s.buffering {
 		s.mu.Unlock()

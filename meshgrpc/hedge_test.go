@@ -587,6 +587,38 @@ func TestHedgeA6Rules(t *testing.T) {
 		assert.Equal(t, codes.Canceled, status.Code(err))
 		assert.Len(t, sc.call("h"), 1, "no hedge after the headers")
 	})
+	// A Trailers-Only answer is no response headers: grpc-go's Header
+	// reports neither headers nor an error for it, and its status decides.
+	t.Run("a stream's Trailers-Only status before the delay: non-fatal sends the hedge at once, fatal is the answer", func(t *testing.T) {
+		sc := newScript()
+		sc.stream = func(ctx context.Context, _ *scriptCall, attempt int, send func() error) error {
+			if attempt == 0 {
+				if metadata.ValueFromIncomingContext(ctx, "x-call")[0] == "fatal" {
+					return status.Error(codes.InvalidArgument, "bad")
+				}
+				return status.Error(codes.Unavailable, "first")
+			}
+			return send()
+		}
+		_, eps := startHedgeApps(t, sc, 3)
+		c, _ := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+		s, err := c.StreamingOutputCall(callAs(callCtx(t), "non-fatal", "patient"), &testgrpc.StreamingOutputCallRequest{})
+		require.NoError(t, err)
+		r, err := s.Recv()
+		require.NoError(t, err, "the hedge's answer")
+		got := sc.call("non-fatal")
+		require.Len(t, got, 2)
+		assert.NotEqual(t, got[0], got[1], "the hedge went to another endpoint")
+		assert.Equal(t, got[1], string(r.GetPayload().GetBody()))
+		_, err = s.Recv()
+		assert.ErrorIs(t, err, io.EOF)
+
+		s, err = c.StreamingOutputCall(callAs(callCtx(t), "fatal", "patient"), &testgrpc.StreamingOutputCallRequest{})
+		require.NoError(t, err)
+		_, err = s.Recv()
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+		assert.Len(t, sc.call("fatal"), 1, "no hedge")
+	})
 	t.Run("a message past the replay buffer commits a stream", func(t *testing.T) {
 		sc := newScript()
 		_, eps := startHedgeApps(t, sc, 3)
