@@ -629,13 +629,13 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string,
 	conf := g.conf
 	if g.failfast.Load() {
 		meshtrace.Event(req.Context(), meshtrace.EventLoadShed)
-		return nil, nil, false, failResponse(req, ErrLoadShed, "load shed: failing fast, "+unready(g.state.Load(), name)), nil
+		return nil, nil, false, failResponse(req, http.StatusServiceUnavailable, ErrLoadShed, "load shed: failing fast, "+unready(g.state.Load(), name)), nil
 	}
 	if g.queued.Add(1) > int64(conf.queueCap) {
 		g.queued.Add(-1)
 		b.log.Info("load shed", "queue full, request refused", "authority", name)
 		meshtrace.Event(req.Context(), meshtrace.EventLoadShed)
-		return nil, nil, false, failResponse(req, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
+		return nil, nil, false, failResponse(req, http.StatusServiceUnavailable, ErrLoadShed, "load shed: the queue of "+name+" is full"), nil
 	}
 	defer g.queued.Add(-1)
 	meshtrace.Event(req.Context(), meshtrace.EventQueued)
@@ -662,7 +662,7 @@ func (b *Balancer) queue(req *http.Request, a *authority, g *group, name string,
 			}
 			b.metrics.failfast(a, req.Context())
 			meshtrace.Event(req.Context(), meshtrace.EventFailFast)
-			return nil, nil, false, failResponse(req, ErrFailFast, "fail-fast: "+unready(s, name)+" within "+conf.failfast.String()), nil
+			return nil, nil, false, failResponse(req, http.StatusGatewayTimeout, ErrFailFast, "fail-fast: "+unready(s, name)+" within "+conf.failfast.String()), nil
 		}
 		select {
 		case <-wake:
@@ -695,9 +695,12 @@ func (b *Balancer) leaveFailfast(a *authority, g *group, ctx context.Context) {
 	}
 }
 
-// failResponse is the 503 the balancer answers with for err.
-func failResponse(req *http.Request, err error, msg string) *http.Response {
-	resp := proxyerr.Response(req, http.StatusServiceUnavailable, msg)
+// failResponse is the answer the balancer makes for err: as Linkerd's
+// outbound proxy answers (linkerd/app/outbound/src/http/server.rs), 504
+// (gRPC DEADLINE_EXCEEDED) for a fail-fast, 503 (UNAVAILABLE) for a load
+// shed.
+func failResponse(req *http.Request, code int, err error, msg string) *http.Response {
+	resp := proxyerr.Response(req, code, msg)
 	resp.Body = errBody{err}
 	return resp
 }

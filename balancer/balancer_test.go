@@ -64,7 +64,10 @@ func TestWeights(t *testing.T) {
 
 // An authority with no endpoints, and without fallback one the source
 // says does not exist, fails fast once its queue's failfast timeout has
-// passed (TestEmptySetQueues: endpoints arriving meanwhile serve it).
+// passed (TestEmptySetQueues: endpoints arriving meanwhile serve it), with
+// 504 Gateway Timeout, as linkerd2-proxy's
+// outbound_fails_fast_when_destination_has_no_endpoints and
+// _does_not_exist (linkerd/app/integration/src/tests/discovery.rs) assert.
 func TestFailsFast(t *testing.T) {
 	src := staticSource(t, map[string][]endpoint.Endpoint{"empty.ns.svc.cluster.local:80": nil})
 	const failfast = 100 * time.Millisecond
@@ -72,10 +75,10 @@ func TestFailsFast(t *testing.T) {
 	start := time.Now()
 	status, _, h := fetch(t, client, "http://empty.ns.svc.cluster.local/")
 	assert.GreaterOrEqual(t, time.Since(start), failfast)
-	assert.Equal(t, 503, status)
+	assert.Equal(t, 504, status)
 	assert.Contains(t, h.Get("l5d-proxy-error"), "fail-fast: no endpoints")
 	status, _, h = fetch(t, client, "http://unknown.ns.svc.cluster.local/")
-	assert.Equal(t, 503, status)
+	assert.Equal(t, 504, status)
 	assert.Contains(t, h.Get("l5d-proxy-error"), "fail-fast: no endpoints for unknown service")
 }
 
@@ -93,7 +96,7 @@ func TestFallsBackForUnknownService(t *testing.T) {
 	// Without fallback the same request fails fast.
 	_, strict := newClient(t, controlPlane(t, controlplane.NewStore()), WithFallback(false), WithQueue(10, 100*time.Millisecond))
 	status, _, h := fetch(t, strict, direct.URL)
-	assert.Equal(t, 503, status)
+	assert.Equal(t, 504, status)
 	assert.Contains(t, h.Get("l5d-proxy-error"), "fail-fast: no endpoints for unknown service")
 }
 

@@ -61,8 +61,9 @@
 //
 // When no endpoint of an authority is in rotation (all out of it, or none
 // at all), requests wait in its queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the
-// failfast timeout gets a 503 carrying [ErrFailFast], one past the
-// capacity a 503 carrying [ErrLoadShed] at once; [ResponseError] tells a
+// failfast timeout gets a 504 carrying [ErrFailFast], one past the
+// capacity a 503 carrying [ErrLoadShed] at once (as Linkerd's proxy
+// answers them); [ResponseError] tells a
 // router which. The first fail-fast puts the queue in failfast, as
 // linkerd2-proxy's queue: the requests waiting then fail fast with it,
 // and later ones get [ErrLoadShed] at once, until a request finds an

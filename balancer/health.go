@@ -443,8 +443,9 @@ func retryAfter(v string, now time.Time) int64 {
 	return 0
 }
 
-// Errors a [Balancer] answers requests with, as a 503 response with
-// l5d-proxy-error; [ResponseError] recovers them from the response.
+// Errors a [Balancer] answers requests with, as a response with
+// l5d-proxy-error (504 for ErrFailFast, 503 for ErrLoadShed, as Linkerd's
+// proxy answers them); [ResponseError] recovers them from the response.
 var (
 	// ErrFailFast: no endpoint of the authority became ready within the
 	// failfast timeout. A router may send the request to the next backend

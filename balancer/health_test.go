@@ -196,7 +196,7 @@ func TestEjectionFloor(t *testing.T) {
 // Acceptance: with every endpoint tripped, a request past the queue's
 // capacity is shed at once (LOAD_SHED), and a queued request is the probe
 // once the endpoint's penalty ends. A request that waits the failfast
-// timeout gets 503 FAIL_FAST and puts the queue in failfast: the next one
+// timeout gets 504 FAIL_FAST and puts the queue in failfast: the next one
 // is shed at once, until a request finds an endpoint again (the probe
 // after the next penalty). The balancer families say so.
 func TestFailFastAndLoadShed(t *testing.T) {
@@ -272,7 +272,7 @@ func TestFailFastAndLoadShed(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.GreaterOrEqual(t, time.Since(start), failfast, "it waited the failfast timeout")
-	assert.Equal(t, 503, resp.StatusCode)
+	assert.Equal(t, 504, resp.StatusCode)
 	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "fail-fast")
 	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_shut_total", labels...))
 	assert.Equal(t, "1", m.Value(t, "outbound_http_balancer_queue_gate_timeout_total", labels...))
@@ -331,11 +331,11 @@ func TestFailfastShedsUntilReady(t *testing.T) {
 		{name: "bad request 1/3", serve: 500, want: 500},
 		{name: "bad request 2/3", serve: 500, want: 500},
 		{name: "bad request 3/3", serve: 500, want: 500},
-		{name: "request while in failfast", serve: 500, want: 503, wantErr: ErrFailFast, waits: true},
+		{name: "request while in failfast", serve: 500, want: 504, wantErr: ErrFailFast, waits: true},
 		{name: "request while in loadshed", serve: 500, want: 503, wantErr: ErrLoadShed},
 		{name: "another request while in loadshed", serve: 500, want: 503, wantErr: ErrLoadShed},
 		{name: "bad request while in probation", advance: minBackoff, serve: 500, want: 500},
-		{name: "request while the breaker is open again", serve: 500, want: 503, wantErr: ErrFailFast, waits: true},
+		{name: "request while the breaker is open again", serve: 500, want: 504, wantErr: ErrFailFast, waits: true},
 		{name: "good request while in probation", advance: 2 * minBackoff, serve: 200, want: 200},
 		{name: "final good request", serve: 200, want: 200},
 	} {
@@ -450,7 +450,7 @@ func TestEmptySetQueues(t *testing.T) {
 				return resp, time.Since(start)
 			}
 			resp, took := send()
-			assert.Equal(t, 503, resp.StatusCode)
+			assert.Equal(t, 504, resp.StatusCode)
 			assert.Equal(t, ErrFailFast, ResponseError(resp), resp.Header.Get("l5d-proxy-error"))
 			assert.Contains(t, resp.Header.Get("l5d-proxy-error"), tc.reason)
 			assert.GreaterOrEqual(t, took, failfast)
@@ -567,7 +567,7 @@ func TestRetryAfterPenalty(t *testing.T) {
 // penalty has decayed below its peer's load (a 1 ms peer: ~85 s at a 10 s
 // decay). An endpoint that keeps answering 429 with a Retry-After is still
 // picked when it is the only one: the 429 reaches the caller, not a
-// fail-fast 503.
+// fail-fast 504.
 func TestRetryAfterShareBack(t *testing.T) {
 	clock := &fakeClock{}
 	clock.now.Store(1)

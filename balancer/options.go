@@ -197,8 +197,8 @@ func WithFailureAccrual(fa *FailureAccrual) Option {
 // carries it: while none of its endpoints is ready (all tripped), up to
 // capacity requests (default [DefaultQueueCapacity]) wait
 // at most failfast (default [DefaultFailfastTimeout]) for one, then fail
-// with 503 and [ErrFailFast]; a request past the capacity fails at once
-// with [ErrLoadShed]. A value <= 0 keeps its default.
+// with 504 and [ErrFailFast]; a request past the capacity fails at once
+// with 503 and [ErrLoadShed]. A value <= 0 keeps its default.
 //
 // Once a request has failed fast the queue is in failfast, as in
 // linkerd2-proxy: the requests then waiting fail fast too, and later ones

@@ -333,9 +333,10 @@ func TestGRPCProxyErrorsAreStatuses(t *testing.T) {
 	assert.NoError(t, ctx.Err(), "the route's timeout fired, not the client's deadline")
 
 	// A service without endpoints: the call waits in the balancer's queue
-	// for the failfast timeout (3 s by default), then fails fast.
+	// for the failfast timeout (3 s by default), then fails fast with
+	// DEADLINE_EXCEEDED, as Linkerd's proxy answers a fail-fast (504).
 	_, err = testgrpc.NewTestServiceClient(dial(grpcEmpty)).EmptyCall(ctx, &testgrpc.Empty{})
-	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "fail-fast: no endpoints")
 }
 

@@ -189,6 +189,6 @@ func TestClientWithStaticEndpoints(t *testing.T) {
 	resp, err = hc.Get("http://unknown.ns.svc.cluster.local/")
 	require.NoError(t, err)
 	resp.Body.Close()
-	assert.Equal(t, 503, resp.StatusCode, "WithFallback(false) reached the balancer")
+	assert.Equal(t, 504, resp.StatusCode, "WithFallback(false) reached the balancer")
 	assert.Contains(t, resp.Header.Get("l5d-proxy-error"), "fail-fast: no endpoints for unknown service")
 }

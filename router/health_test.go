@@ -108,7 +108,7 @@ func TestPolicyFailureAccrual(t *testing.T) {
 // are all out of rotation: the request that trips it is retried to the
 // next backend, and the ones after it go there at once. With a single
 // backend, the request waits the backend's failfast timeout and gets the
-// balancer's 503, labelled FAIL_FAST.
+// balancer's 504, labelled FAIL_FAST.
 func TestFirstAvailableFallsThrough(t *testing.T) {
 	var fail, ok atomic.Int64
 	fail.Store(500)
@@ -156,7 +156,7 @@ func TestFirstAvailableFallsThrough(t *testing.T) {
 	resp, err := f.client.Get("http://svc.test/only-a")
 	require.NoError(t, err)
 	resp.Body.Close()
-	assert.Equal(t, 503, resp.StatusCode)
+	assert.Equal(t, 504, resp.StatusCode)
 	assert.Contains(t, resp.Header.Get("L5d-Proxy-Error"), "fail-fast")
 	assert.Equal(t, int64(1), nA.Load())
 	assert.Contains(t, f.m.Scrape(t), `error="FAIL_FAST"`)

@@ -39,7 +39,7 @@ spec:
 // endpoints, the failing one trips and gets no more requests, and the
 // balancer families on /metrics say so (1 ready, 1 pending); down's only
 // endpoint trips too, and the next request waits the failfast timeout and
-// gets 503 FAIL_FAST; the queue is then in failfast, and the request after
+// gets 504 FAIL_FAST; the queue is then in failfast, and the request after
 // it gets 503 LOAD_SHED at once, counted by the queue's gate and the
 // route's error label.
 func TestEndpointHealthEndToEnd(t *testing.T) {
@@ -121,7 +121,7 @@ func TestEndpointHealthEndToEnd(t *testing.T) {
 		waited = time.Since(start)
 	}
 	before := badDown.Load()
-	assert.Equal(t, 503, status)
+	assert.Equal(t, 504, status)
 	assert.Contains(t, headers, "l5d-proxy-error: fail-fast")
 	assert.GreaterOrEqual(t, waited, 3*time.Second, "the failfast timeout")
 	start := time.Now()
