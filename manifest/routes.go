@@ -280,6 +280,11 @@ func parseHTTPMatch(n yamltree.Node) (policy.HTTPRouteMatch, error) {
 		if pm.Kind != policy.PathRegex && !strings.HasPrefix(value, "/") {
 			return m, yamltree.Node{Path: pn.Child("value")}.Errorf("%q does not start with /", value)
 		}
+		if pm.Kind == policy.PathRegex {
+			if err := checkRegex(po["value"], value); err != nil {
+				return m, err
+			}
+		}
 		m.Path = pm
 	}
 	if m.Headers, err = parseHeaderMatches(obj["headers"]); err != nil {
@@ -356,11 +361,26 @@ func parseValueMatch(n yamltree.Node) (name, value string, regex bool, err error
 		case "Exact":
 		case "RegularExpression":
 			regex = true
+			if err := checkRegex(vn, value); err != nil {
+				return "", "", false, err
+			}
 		default:
 			return "", "", false, tn.Errorf("%q is not Exact or RegularExpression", typ)
 		}
 	}
 	return name, value, regex, nil
+}
+
+// checkRegex refuses the value of a RegularExpression match (node n) that
+// the proxies would not compile ([policy.CheckRegex]): Linkerd's policy
+// controller does not index a route whose regex does not parse, and a
+// control plane that served it would have every client refuse the whole
+// policy of its parent.
+func checkRegex(n yamltree.Node, pattern string) error {
+	if err := policy.CheckRegex(pattern); err != nil {
+		return n.Errorf("bad regular expression: %v", err)
+	}
+	return nil
 }
 
 // parseFilters reads the filters of a rule or a backendRef: the header

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"regexp"
 	"regexp/syntax"
 	"unicode"
@@ -28,6 +29,19 @@ type wholeRegex struct {
 // wholeRegexes keeps the compiled form of every pattern: a policy update
 // mostly repeats the patterns of the one before.
 var wholeRegexes recache.Memo[wholeRegex]
+
+// CheckRegex returns the error that [Compile] gives pattern as the
+// regular expression of a path, header or query-parameter match under the
+// default [Options] (too long, or not a regular expression), or nil: what
+// a control plane checks before it serves a route. The error names no
+// field.
+func CheckRegex(pattern string) error {
+	if len(pattern) > MaxRegexLen {
+		return fmt.Errorf("regex of %d bytes is longer than the limit of %d", len(pattern), MaxRegexLen)
+	}
+	_, err := compileWholeRegex(pattern)
+	return err
+}
 
 func compileWholeRegex(pattern string) (wholeRegex, error) {
 	return wholeRegexes.Get(pattern, newWholeRegex)

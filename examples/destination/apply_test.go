@@ -42,8 +42,9 @@ func writeFile(t *testing.T, dir, name, content string) string {
 }
 
 // apply validates with the control plane's loader and writes a directory
-// in one transaction; a bad document is refused with its file, document and
-// field, and nothing is written; get lists the keys; delete removes them.
+// in one transaction; a bad document (a route regex the proxies would not
+// compile among them) is refused with its file, document and field, and
+// nothing is written; get lists the keys; delete removes them.
 func TestApplyWritesAllOrNothing(t *testing.T) {
 	m := etcdtest.Start(t)
 	etcd := []string{"-etcd-endpoints", m.Endpoint, "-etcd-prefix", "/mesh"}
@@ -69,6 +70,13 @@ func TestApplyWritesAllOrNothing(t *testing.T) {
 	code, _, errOut = command(t, append([]string{"apply", "-f", dir}, etcd...)...)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, bad+": document 2 (HTTPRoute default/r): spec.rules[0].matches[0].path.type")
+	assert.Contains(t, errOut, "nothing written")
+	// A route regex the proxies would not compile: refused with its field.
+	badRegex := writeFile(t, t.TempDir(), "regex.yaml", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n"+
+		"  - matches:\n    - headers: [{type: RegularExpression, name: x-user, value: \"(admin\"}]\n")
+	code, _, errOut = command(t, append([]string{"apply", "-f", badRegex}, etcd...)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, badRegex+": document 1 (HTTPRoute default/r): spec.rules[0].matches[0].headers[0].value: bad regular expression: error parsing regexp: missing closing ): `(admin`")
 	assert.Contains(t, errOut, "nothing written")
 	// A resource defined twice in what is applied: refused, naming both files.
 	dup := writeFile(t, dir, "dup.yml", "apiVersion: v1\nkind: Service\nmetadata: {name: authors}\nspec: {ports: [{port: 7001}]}\n")
