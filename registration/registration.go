@@ -22,9 +22,13 @@
 // identity (SA.NS.serviceaccount.identity.linkerd.TRUSTDOMAIN), or its
 // inmesh.io/registration-identities annotation lists it. Anything else is
 // refused (PermissionDenied naming the identity and the Service) and
-// retried with backoff, since the manifests may change. A plaintext
-// registrant is refused unless the control plane runs with insecure
-// registration, for development.
+// retried with backoff, since the manifests may change; so is an address
+// that another workload holds (FailedPrecondition), which its end may
+// free. A request the control plane finds invalid (InvalidArgument: an
+// authority outside the cluster's names, an endpoint listed twice) is not
+// retried: the registration ends, [Registration.Err] says why, and
+// [Registration.Done] is closed. A plaintext registrant is refused unless
+// the control plane runs with insecure registration, for development.
 package registration
 
 import (
@@ -34,6 +38,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -175,7 +180,8 @@ type Registration struct {
 // Register starts registering eps over conn (see [Dial]) and returns at
 // once; the registration lasts until [Registration.Deregister] or until
 // ctx is done (the endpoints then go as the stream ends). An endpoint
-// without an authority or address is an error.
+// without an authority or address, or listed twice (one authority, one
+// address), is an error.
 func Register(ctx context.Context, conn grpc.ClientConnInterface, eps []Endpoint, opts ...Option) (*Registration, error) {
 	cfg := config{logger: slog.Default(), retry: backoff.DefaultPolicy()}
 	for _, o := range opts {
@@ -187,10 +193,20 @@ func Register(ctx context.Context, conn grpc.ClientConnInterface, eps []Endpoint
 		return nil, errors.New("registration: no endpoint to register")
 	}
 	msg := &registrationpb.Endpoints{}
+	type listed struct {
+		authority string
+		addr      netip.AddrPort
+	}
+	seen := make(map[listed]int, len(eps))
 	for i, e := range eps {
 		if e.Authority == "" || !e.Addr.IsValid() {
 			return nil, fmt.Errorf("registration: endpoint %d: an authority and an address are required", i)
 		}
+		k := listed{strings.ToLower(e.Authority), e.Addr}
+		if first, dup := seen[k]; dup {
+			return nil, fmt.Errorf("registration: endpoint %d repeats endpoint %d (%s of %s)", i, first, e.Addr, e.Authority)
+		}
+		seen[k] = i
 		pe := &registrationpb.Endpoint{Authority: e.Authority, Addr: e.Addr.String(), Weight: e.Weight, Labels: e.Labels}
 		switch {
 		case e.H2 && e.Opaque:
@@ -224,6 +240,12 @@ var ErrPending = errors.New("registration: not registered yet: no answer from th
 // Accepted is closed once the control plane has accepted the endpoints
 // for the first time.
 func (r *Registration) Accepted() <-chan struct{} { return r.accepted }
+
+// Done is closed once the registration has ended: after
+// [Registration.Deregister], when Register's ctx is done, or when the
+// control plane refused the endpoints as invalid (InvalidArgument, which
+// no retry changes; [Registration.Err] has it).
+func (r *Registration) Done() <-chan struct{} { return r.done }
 
 // Err returns why the endpoints are not registered now: [ErrPending]
 // before the control plane's first answer, then the last refusal or
@@ -285,7 +307,12 @@ func (r *Registration) run(ctx context.Context, ready <-chan struct{}) {
 		r.err = err
 		r.mu.Unlock()
 		switch status.Code(err) {
-		case codes.PermissionDenied, codes.InvalidArgument, codes.ResourceExhausted:
+		case codes.InvalidArgument:
+			// A request the control plane cannot read the same way
+			// every time: retrying would only repeat the refusal.
+			r.log.Error("invalid", "registration: the control plane refused the endpoints as invalid; not retrying", "err", err)
+			return
+		case codes.PermissionDenied, codes.FailedPrecondition, codes.ResourceExhausted:
 			r.log.WarnErr("refused", "registration: the control plane refused the endpoints; retrying with backoff", err)
 		default:
 			r.log.WarnErr("broken", "registration: the registration stream broke; registering again", err)

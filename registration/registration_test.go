@@ -84,6 +84,33 @@ func TestRefusedIsRetried(t *testing.T) {
 	require.NoError(t, r.Deregister(ctx))
 }
 
+// A registration the control plane refuses as invalid (InvalidArgument:
+// here an authority outside the cluster's names, which only the control
+// plane checks) is not retried: no attempt would be read otherwise. It
+// ends (Done), Err keeps the refusal, and the control plane counted one
+// refusal although the retry policy would have tried every 10 ms.
+func TestInvalidIsNotRetried(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	c := regtest.Start(t, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet), controlplane.WithMeterProvider(m.Provider))
+	fast, err := backoff.Fixed(10 * time.Millisecond)
+	require.NoError(t, err)
+	r, err := registration.Register(context.Background(), c.Dial(t, nil),
+		[]registration.Endpoint{{Authority: "books.example.com:7000", Addr: netip.MustParseAddrPort("127.0.0.1:4001")}},
+		registration.WithLogger(quiet), registration.WithRetry(fast))
+	require.NoError(t, err)
+	select {
+	case <-r.Done():
+	case <-time.After(testutil.Timeout):
+		t.Fatalf("still registering after %v: %v", testutil.Timeout, r.Err())
+	}
+	assert.Equal(t, codes.InvalidArgument, status.Code(r.Err()), "%v", r.Err())
+	assert.Contains(t, r.Err().Error(), "books.example.com:7000")
+	assert.Equal(t, "1", m.Value(t, "registration_refused_total", `reason="invalid"`), "one attempt")
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	assert.NoError(t, r.Deregister(ctx), "Deregister of an ended registration returns")
+}
+
 // Endpoints that cannot be sent are errors of Register.
 func TestRegisterInvalid(t *testing.T) {
 	conn, err := registration.Dial(testutil.FreeAddr(t), nil, "")
@@ -98,6 +125,8 @@ func TestRegisterInvalid(t *testing.T) {
 		{"no authority", []registration.Endpoint{{Addr: netip.MustParseAddrPort("127.0.0.1:1")}}, "endpoint 0: an authority and an address are required"},
 		{"no address", []registration.Endpoint{{Authority: "books.default.svc.cluster.local:7000"}}, "endpoint 0: an authority and an address are required"},
 		{"h2 and opaque", []registration.Endpoint{{Authority: "books.default.svc.cluster.local:7000", Addr: netip.MustParseAddrPort("127.0.0.1:1"), H2: true, Opaque: true}}, "exclude each other"},
+		{"listed twice", append(books("127.0.0.1:1"), registration.Endpoint{Authority: "Books.default.svc.cluster.local:7000", Addr: netip.MustParseAddrPort("127.0.0.1:1")}),
+			"endpoint 1 repeats endpoint 0 (127.0.0.1:1 of Books.default.svc.cluster.local:7000)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := registration.Register(context.Background(), conn, tc.eps)
