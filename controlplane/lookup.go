@@ -142,19 +142,30 @@ func (s *Store) serviceProfile(ref serviceRef, fqn, clientNS string, port uint32
 	return p, sp, false
 }
 
-// serviceOfIP returns the Service whose clusterIP is ip.
-func (s *Store) serviceOfIP(ip netip.Addr) (serviceRef, bool) {
+// serviceOfIP returns the Service whose clusterIP is ip, as Linkerd's
+// controller finds it (controller/api/destination/server.go getSvcID):
+// when several Services have that clusterIP (a mistake that
+// manifest.Resources.Problems names), FailedPrecondition "found N
+// services with conflicting cluster IP ...", never the first of them.
+func (s *Store) serviceOfIP(ip netip.Addr) (serviceRef, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.manifests == nil {
-		return serviceRef{}, false
+		return serviceRef{}, false, nil
 	}
+	var found []serviceRef
 	for _, svc := range s.manifests.Services {
 		if svc.ClusterIP.IsValid() && svc.ClusterIP == ip {
-			return serviceRef{ns: svc.Namespace, name: svc.Name}, true
+			found = append(found, serviceRef{ns: svc.Namespace, name: svc.Name})
 		}
 	}
-	return serviceRef{}, false
+	switch len(found) {
+	case 0:
+		return serviceRef{}, false, nil
+	case 1:
+		return found[0], true, nil
+	}
+	return serviceRef{}, false, status.Errorf(codes.FailedPrecondition, "found %d services with conflicting cluster IP %s", len(found), ip)
 }
 
 // endpointProfile returns the profile of a workload's address, as Linkerd's
@@ -166,27 +177,62 @@ func (s *Store) serviceOfIP(ip netip.Addr) (serviceRef, bool) {
 // mesh (no identity), its port is one of Linkerd's default opaque ports;
 // an address no set knows gets an endpoint with the address alone.
 //
+// The endpoints at the address asked (ip:port) must agree on one
+// identity: two workloads that claim one address (an endpoints file and a
+// registration, or registrations on two replicas, with different
+// identities) are FailedPrecondition, as Linkerd's controller answers an
+// IP that two pods claim (controller/api/destination/watcher/
+// workload_watcher.go getPodByPodIP), never the first found. Without an
+// endpoint at that port, the endpoints of the IP's other ports give the
+// identity only when they agree on one: an IP that several workloads
+// share (loopback, a host) says nothing of an unknown port.
+//
 // A stream watches it under addrKey(ip).
-func (s *Store) endpointProfile(ip netip.Addr, port uint32) *profiles.Profile {
+func (s *Store) endpointProfile(ip netip.Addr, port uint32) (*profiles.Profile, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	addr := netip.AddrPortFrom(ip, uint16(port))
-	// The endpoint of the port asked wins over the same pod's other
+	if ids := s.addressClaimsLocked(map[netip.AddrPort]bool{addr: true})[addr]; len(ids) > 1 {
+		claims := slices.SortedFunc(maps.Values(ids), func(a, b claim) int {
+			if a.before(b) {
+				return -1
+			}
+			return 1
+		})
+		names := make([]string, len(claims))
+		for i, c := range claims {
+			names[i] = c.String()
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "found %d workloads with a conflicting address %s: %s",
+			len(ids), addr, strings.Join(names, ", "))
+	}
+	// The endpoint of the port asked wins over the same IP's other
 	// ports; among equals, the first authority by name.
 	var (
 		e            endpoint.Endpoint
 		ns           string
 		found, exact bool
+		identities   = make(map[string]bool)
 	)
 	for _, a := range slices.Sorted(maps.Keys(s.endpoints)) {
 		for _, cand := range s.endpoints[a] {
-			if cand.Addr.Addr() != ip || exact || (found && cand.Addr != addr) {
+			if cand.Addr.Addr() != ip || exact {
 				continue
+			}
+			if cand.Addr != addr {
+				identities[cand.Identity] = true
+				if found {
+					continue
+				}
 			}
 			e, found, exact = cand, true, cand.Addr == addr
 			ns, _, _, _ = manifest.ParseAuthority(a)
 		}
+	}
+	if found && !exact && len(identities) > 1 {
+		// Several workloads on this IP, none on this port.
+		found, ns = false, ""
 	}
 	switch {
 	case !found:
@@ -211,7 +257,7 @@ func (s *Store) endpointProfile(ip netip.Addr, port uint32) *profiles.Profile {
 		e.Labels = labels
 	}
 	p.Endpoint = &e
-	return p
+	return p, nil
 }
 
 func isDefaultOpaque(port uint32) bool {

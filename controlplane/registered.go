@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -25,13 +27,15 @@ func (s *Store) PutRegistered(id string, sets map[string][]endpoint.Endpoint) {
 	if s.registered == nil {
 		s.registered = make(map[string]map[string][]endpoint.Endpoint)
 	}
-	changed := changedAuthorities(s.registered[id], m)
+	old := s.registered[id]
+	changed := changedAuthorities(old, m)
 	if len(changed) == 0 {
 		return
 	}
 	s.registered[id] = m
 	s.mergeLocked()
 	s.endpointsChangedLocked(changed...)
+	s.registeredAddrsChangedLocked(old, m, changed)
 }
 
 // DeleteRegistered removes the endpoints of the registration id.
@@ -45,7 +49,83 @@ func (s *Store) DeleteRegistered(id string) {
 	}
 	delete(s.registered, id)
 	s.mergeLocked()
-	s.endpointsChangedLocked(slices.Collect(maps.Keys(old))...)
+	changed := slices.Collect(maps.Keys(old))
+	s.endpointsChangedLocked(changed...)
+	s.registeredAddrsChangedLocked(old, nil, changed)
+}
+
+// registeredAddrsChangedLocked wakes the profile streams of the addresses
+// whose registered endpoints differ between the registration's old and new
+// sets, in the authorities changed: an endpoint that the merge hides (the
+// files give its address) still changes whether that address is in
+// conflict (see addressClaimsLocked).
+func (s *Store) registeredAddrsChangedLocked(old, cur map[string][]endpoint.Endpoint, changed []string) {
+	for _, a := range changed {
+		s.wakeAddrsLocked(old[a], cur[a])
+	}
+}
+
+// claim is an endpoint that the store holds at an address: the identity
+// it carries, the authority it serves and whether the endpoint sets
+// (files, etcd's endpoints keys) give it, else a registration.
+type claim struct {
+	identity  string
+	authority string
+	file      bool
+}
+
+func (c claim) String() string {
+	from := "registered for"
+	if c.file {
+		from = "the endpoints file's"
+	}
+	id := "no identity"
+	if c.identity != "" {
+		id = fmt.Sprintf("identity %q", c.identity)
+	}
+	return fmt.Sprintf("%s (%s %s)", id, from, c.authority)
+}
+
+// before orders claims for the choice of which to name: the endpoint
+// sets' first, then by authority.
+func (c claim) before(o claim) bool {
+	if c.file != o.file {
+		return c.file
+	}
+	return c.authority < o.authority
+}
+
+// addressClaimsLocked returns, for each address of addrs, the identities
+// that the endpoints at that very address (ip:port) carry, each with its
+// first claim, from the endpoint sets and every registration, not the
+// merge that serves them (which keeps one endpoint of an address per
+// authority). More than one identity at an address is a conflict: two
+// workloads claim it. The caller holds s.mu.
+func (s *Store) addressClaimsLocked(addrs map[netip.AddrPort]bool) map[netip.AddrPort]map[string]claim {
+	out := make(map[netip.AddrPort]map[string]claim)
+	visit := func(sets map[string][]endpoint.Endpoint, file bool) {
+		for a, eps := range sets {
+			for _, e := range eps {
+				if !addrs[e.Addr] {
+					continue
+				}
+				c := claim{identity: e.Identity, authority: a, file: file}
+				ids := out[e.Addr]
+				if ids == nil {
+					ids = make(map[string]claim, 1)
+					out[e.Addr] = ids
+				}
+				if prev, ok := ids[e.Identity]; !ok || c.before(prev) {
+					ids[e.Identity] = c
+				}
+			}
+		}
+	}
+	visit(s.files, true)
+	for _, sets := range s.registered {
+		visit(sets, false)
+	}
+	return out
 }
 
 // changedAuthorities returns the authorities whose endpoints differ

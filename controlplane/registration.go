@@ -53,6 +53,7 @@ const (
 	RefusedService   = "service"   // a Service (or port) the caller may not serve
 	RefusedInvalid   = "invalid"   // a malformed request or endpoint
 	RefusedLimit     = "limit"     // past a bound of WithRegistrationLimits or of the labels
+	RefusedAddress   = "address"   // an address that an endpoint of another identity holds
 )
 
 // Registry keeps the endpoints that workloads register: [Store] itself by
@@ -153,10 +154,10 @@ func newRegistrationServer(s *Server, cfg config) *registrationServer {
 		refusals: make(map[string]metric.AddOption)}
 	var err error
 	if r.refused, err = metrics.Meter(rc.mp, ScopeName).Int64Counter("registration_refused_total",
-		metric.WithDescription("Endpoint registrations refused, by reason: plaintext, identity, service, invalid or limit.")); err != nil {
+		metric.WithDescription("Endpoint registrations refused, by reason: plaintext, identity, service, invalid, limit or address.")); err != nil {
 		otel.Handle(err)
 	}
-	for _, reason := range []string{RefusedPlaintext, RefusedIdentity, RefusedService, RefusedInvalid, RefusedLimit} {
+	for _, reason := range []string{RefusedPlaintext, RefusedIdentity, RefusedService, RefusedInvalid, RefusedLimit, RefusedAddress} {
 		r.refusals[reason] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason)))
 	}
 	if rc.insecure {
@@ -378,19 +379,38 @@ func peerHost(ctx context.Context) string {
 }
 
 // check validates and authorizes the endpoints of a request and returns
-// them by authority, with their number.
+// them by authority, with their number. An endpoint listed twice (one
+// authority, one address) is invalid: over etcd both would be one key.
+// An address that the endpoints file or a registration gives with another
+// identity (another workload's, or another registrant's) is refused
+// FailedPrecondition: a registrant may not take over the address of
+// another workload, whose clients would then expect the registrant's
+// identity and protocol there (GetProfile of the address). The same
+// identity may give an address again (a workload that restarted while its
+// last lease runs, an address the file gives it too).
 func (r *registrationServer) check(caller string, verified bool, eps []*registrationpb.Endpoint) (map[string][]endpoint.Endpoint, int, *refusal) {
 	if len(eps) > r.cfg.maxEndpoints {
 		return nil, 0, &refusal{RefusedLimit, status.Errorf(codes.ResourceExhausted,
 			"registration: %d endpoints, more than the %d one registration may hold", len(eps), r.cfg.maxEndpoints)}
 	}
+	type listed struct {
+		authority string
+		addr      netip.AddrPort
+	}
 	sets := make(map[string][]endpoint.Endpoint)
 	allowed := make(map[serviceRef]bool)
+	seen := make(map[listed]int, len(eps))
+	parsed := make([]registered, 0, len(eps))
 	for i, pe := range eps {
 		e, authority, ref, f := parseRegistered(i, pe)
 		if f != nil {
 			return nil, 0, f
 		}
+		if first, dup := seen[listed{authority, e.Addr}]; dup {
+			return nil, 0, &refusal{RefusedInvalid, status.Errorf(codes.InvalidArgument,
+				"registration: endpoints[%d] repeats endpoints[%d] (%s of %s): list each endpoint once", i, first, e.Addr, authority)}
+		}
+		seen[listed{authority, e.Addr}] = i
 		switch {
 		case verified && e.Identity == "":
 			e.Identity = caller
@@ -417,8 +437,52 @@ func (r *registrationServer) check(caller string, verified bool, eps []*registra
 			}
 		}
 		sets[authority] = append(sets[authority], e)
+		parsed = append(parsed, registered{i: i, authority: authority, e: e})
+	}
+	if f := r.s.store.addressTaken(parsed); f != nil {
+		return nil, 0, f
 	}
 	return sets, len(eps), nil
+}
+
+// registered is endpoint i of a request, parsed.
+type registered struct {
+	i         int
+	authority string
+	e         endpoint.Endpoint
+}
+
+// addressTaken refuses the first endpoint of a request whose address the
+// store holds with another identity, or that the request gives with two
+// identities (with insecure registration, endpoints carry the identity
+// they claim); nil when there is none.
+func (s *Store) addressTaken(eps []registered) *refusal {
+	addrs := make(map[netip.AddrPort]bool, len(eps))
+	for _, r := range eps {
+		addrs[r.e.Addr] = true
+	}
+	s.mu.Lock()
+	claims := s.addressClaimsLocked(addrs)
+	s.mu.Unlock()
+	mine := make(map[netip.AddrPort]registered, len(eps))
+	for _, r := range eps {
+		var holder *claim
+		if prev, ok := mine[r.e.Addr]; ok && prev.e.Identity != r.e.Identity {
+			holder = &claim{identity: prev.e.Identity, authority: prev.authority}
+		}
+		mine[r.e.Addr] = r
+		for id, c := range claims[r.e.Addr] {
+			if id != r.e.Identity && (holder == nil || c.before(*holder)) {
+				holder = &c
+			}
+		}
+		if holder != nil {
+			return &refusal{RefusedAddress, status.Errorf(codes.FailedPrecondition,
+				"registration: endpoints[%d] (%s of %s, identity %q): the address is held by %s; a workload may not register another's address",
+				r.i, r.e.Addr, r.authority, r.e.Identity, *holder)}
+		}
+	}
+	return nil
 }
 
 // parseRegistered reads endpoint i of a request.

@@ -198,12 +198,13 @@ func TestRegistrationInsecure(t *testing.T) {
 }
 
 // Over files, registered endpoints are served beside the endpoints file's
-// set of the same authority; an address in both is served as the file
-// gives it; deregistered, the file's set stays.
+// set of the same authority; an address in both (with one identity: the
+// workload registers the address the file gives it) is served as the
+// file gives it; deregistered, the file's set stays.
 func TestRegisteredMergeWithFiles(t *testing.T) {
 	c := regtest.Start(t, regtest.Manifests)
 	c.Store.PutEndpoints("books.default.svc.cluster.local:7000", []endpoint.Endpoint{
-		{Addr: netip.MustParseAddrPort("127.0.0.1:4001"), Labels: map[string]string{"from": "file"}}})
+		{Addr: netip.MustParseAddrPort("127.0.0.1:4001"), Identity: regtest.BooksID, Labels: map[string]string{"from": "file"}}})
 	get := getStream(t, c, "books.default.svc.cluster.local:7000")
 	up, err := get.Recv()
 	require.NoError(t, err)

@@ -163,7 +163,10 @@ func (s *Server) begin() error {
 // Store.serviceProfile), an unknown Service Unknown `service "name" not
 // found`, a name outside the cluster InvalidArgument; an IP address gets
 // the profile of the Service whose clusterIP it is, or else that of the
-// workload at that address (its endpoint). A pod's DNS name
+// workload at that address (its endpoint). An address that several
+// Services (by clusterIP) or several workloads (endpoints of different
+// identities at that ip:port) claim is FailedPrecondition, as Linkerd's
+// controller answers a conflicting IP. A pod's DNS name
 // (pod.name.ns.svc.cluster.local) gets its Service's profile: the
 // endpoints file knows no pod hostnames, where Linkerd's controller
 // answers the pod's endpoint.
@@ -184,11 +187,19 @@ func (s *Server) profileFeed(req *pb.GetDestination) (feed, error) {
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ip = ip.Unmap()
-		if ref, ok := s.store.serviceOfIP(ip); ok {
+		ref, ok, err := s.store.serviceOfIP(ip)
+		if err != nil {
+			return feed{}, err
+		}
+		if ok {
 			return s.serviceProfileFeed(ref, ref.fqdn(), contextNamespace(req.GetContextToken()), port)
 		}
 		return feed{keys: []watchKey{addrKey(ip)}, next: latest(func() (proto.Message, error) {
-			return destination.ProfileToProto(s.store.endpointProfile(ip, port)), nil
+			p, err := s.store.endpointProfile(ip, port)
+			if err != nil {
+				return nil, err
+			}
+			return destination.ProfileToProto(p), nil
 		})}, nil
 	}
 	ref, _, err := clusterService(host)

@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 )
@@ -19,7 +20,11 @@ import (
 //   - a Server whose port matches no container port of the Pods it
 //     selects: a port name that none of them declares (their ports keep
 //     the default policy), or a number that none of them declares when
-//     they declare ports.
+//     they declare ports;
+//   - Services that share one spec.clusterIP (a copied manifest whose
+//     clusterIP was left as it was): a GetProfile of that address is
+//     refused, as Linkerd's controller refuses it (FailedPrecondition
+//     "found 2 services with conflicting cluster IP ...").
 func (r *Resources) Problems() []error {
 	var out []error
 	for _, ap := range r.AuthorizationPolicies {
@@ -42,7 +47,7 @@ func (r *Resources) Problems() []error {
 			out = append(out, err)
 		}
 	}
-	return out
+	return append(out, r.clusterIPProblems()...)
 }
 
 // serverPortProblem reports a Server whose port matches no container port
@@ -92,4 +97,34 @@ func (r *Resources) serverPortProblem(s *Server) error {
 	}
 	return fmt.Errorf("%s: spec.port: %d is no TCP container port of the Pods it selects (%s, which declare %s); the ports they serve keep the default policy",
 		s.where(), s.Port, strings.Join(pods, ", "), ports)
+}
+
+// clusterIPProblems reports each clusterIP that several Services have,
+// naming every one of them.
+func (r *Resources) clusterIPProblems() []error {
+	byIP := make(map[netip.Addr][]*Service)
+	var ips []netip.Addr
+	for _, s := range r.Services {
+		if !s.ClusterIP.IsValid() {
+			continue
+		}
+		if byIP[s.ClusterIP] == nil {
+			ips = append(ips, s.ClusterIP)
+		}
+		byIP[s.ClusterIP] = append(byIP[s.ClusterIP], s)
+	}
+	var out []error
+	for _, ip := range ips {
+		svcs := byIP[ip]
+		if len(svcs) < 2 {
+			continue
+		}
+		others := make([]string, len(svcs)-1)
+		for i, s := range svcs[1:] {
+			others[i] = s.where()
+		}
+		out = append(out, fmt.Errorf("%s: spec.clusterIP: %s is also the clusterIP of %s; a GetProfile of %s is refused (FailedPrecondition) until one Service alone has it",
+			svcs[0].where(), ip, strings.Join(others, " and "), ip))
+	}
+	return out
 }

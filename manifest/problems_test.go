@@ -53,3 +53,29 @@ func TestProblems(t *testing.T) {
 		})
 	}
 }
+
+// Services that share a spec.clusterIP (a copied manifest whose clusterIP
+// was not changed) load, and are a problem naming each of them by file
+// and document: the control plane refuses a GetProfile of that address,
+// as Linkerd's controller does (controller/api/destination/server.go
+// getSvcID), where it answered the first of them before. A clusterIP of
+// one Service, None, or absent is no problem.
+func TestServicesSharingAClusterIPAreAProblem(t *testing.T) {
+	service := func(name, clusterIP string) string {
+		return "apiVersion: v1\nkind: Service\nmetadata: {name: " + name + ", namespace: default}\nspec: {clusterIP: " + clusterIP + ", ports: [{port: 5432}]}\n"
+	}
+	r, err := LoadFiles(
+		File{Name: "db.yaml", Data: []byte(service("db", "10.96.0.10") + "---\n" + service("cache", "10.96.0.11"))},
+		File{Name: "web.yaml", Data: []byte(service("web", "10.96.0.10") + "---\n" + service("headless", "None") + "---\n" +
+			service("copy", "10.96.0.10") + "---\n" + service("other", `""`))},
+	)
+	require.NoError(t, err, "they load")
+	var got []string
+	for _, p := range r.Problems() {
+		got = append(got, p.Error())
+	}
+	assert.Equal(t, []string{
+		"web.yaml: document 3 (Service default/copy): spec.clusterIP: 10.96.0.10 is also the clusterIP of db.yaml: document 1 (Service default/db) and web.yaml: document 1 (Service default/web); " +
+			"a GetProfile of 10.96.0.10 is refused (FailedPrecondition) until one Service alone has it",
+	}, got)
+}

@@ -130,7 +130,8 @@ func WithStartTimeout(d time.Duration) Option {
 // [WithStartTimeout], or a bad key), without watching. After that, a bad
 // key is logged with its key, document and field, and the store keeps
 // serving the last good state; a broken watch is retried with backoff from
-// the last revision seen.
+// the last revision seen. Manifests that load but cannot work as written
+// ([manifest.Resources.Problems]) are logged at every load of them.
 //
 // The watch goes on in a goroutine of its own; wait, once ctx is done,
 // returns when it has returned: nothing is loaded into store after that.
@@ -276,6 +277,9 @@ func (w *watcher) load() error {
 			w.store.SetManifests(r)
 			for _, err := range w.store.ProfileNameProblems() {
 				w.log.WarnErr("profile name", "a loaded ServiceProfile will never apply", err, "prefix", w.prefix)
+			}
+			for _, err := range w.store.ManifestProblems() {
+				w.log.WarnErr("manifest problem", "a loaded policy manifest cannot work as written", err, "prefix", w.prefix)
 			}
 		}
 	}
