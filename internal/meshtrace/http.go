@@ -2,6 +2,7 @@ package meshtrace
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -40,22 +41,34 @@ func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		sb.attrs = append(sb.attrs, AttrClientIdentity.String(p.ID))
 	}
 	ctx, s := t.start(ctx, r.Method, serverKind, sb)
-	defer s.End()
 	if !s.IsRecording() {
+		defer s.End()
 		h.next.ServeHTTP(w, r.WithContext(ctx))
 		return
 	}
 	ww, st := rw.Wrap(w)
-	defer st.Release()
+	defer endServer(s, st, w)
 	h.next.ServeHTTP(ww, r.WithContext(ctx))
+}
+
+// endServer ends the server span s of a request whose handler returned or
+// panicked: with the response's status (none when the handler panicked
+// before the head), its gRPC status, and the panic as the span's error
+// (http.ErrAbortHandler, as httputil.ReverseProxy aborts a response whose
+// upstream broke), and panics on with the handler's panic.
+func endServer(s trace.Span, st *rw.State, w http.ResponseWriter) {
+	p := recover()
 	code := st.Status
 	switch {
 	case code == 0 && st.Hijacked:
 		code = http.StatusSwitchingProtocols
-	case code == 0:
+	case code == 0 && p == nil:
 		code = http.StatusOK
 	}
-	s.SetAttributes(statusAttr(code)...)
+	st.Release()
+	if code != 0 {
+		s.SetAttributes(statusAttr(code)...)
+	}
 	hdr := w.Header()
 	if msg := hdr.Get(proxyErrorHeader); msg != "" {
 		s.SetAttributes(AttrProxyError.String(msg))
@@ -66,8 +79,22 @@ func (h *serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if gs != "" {
 		s.SetAttributes(semconv.RPCResponseStatusCode(grpcCodeName(gs)))
+		if grpcServerError(gs) {
+			failedStatus(s, "grpc-status "+gs)
+		}
 	}
 	statusOf(s, code, true)
+	if p != nil {
+		err, ok := p.(error)
+		if !ok {
+			err = fmt.Errorf("panic: %v", p)
+		}
+		failed(s, err)
+	}
+	s.End()
+	if p != nil {
+		panic(p)
+	}
 }
 
 // Transport returns next with a client span around each request: the

@@ -464,6 +464,18 @@ func grpcCodeName(code string) string {
 	return code
 }
 
+// grpcServerError reports whether a server span whose call ended with the
+// gRPC status code is an error, by the RPC semantic conventions: UNKNOWN,
+// DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE or DATA_LOSS
+// (the others are the client's doing, errors of its span only).
+func grpcServerError(code string) bool {
+	switch code {
+	case "2", "4", "12", "13", "14", "15":
+		return true
+	}
+	return false
+}
+
 // failedStatus marks s failed with a description.
 func failedStatus(s trace.Span, desc string) { s.SetStatus(codes.Error, desc) }
 

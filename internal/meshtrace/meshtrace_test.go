@@ -9,10 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -245,4 +247,101 @@ func TestOutboundPassesCarriedHeaders(t *testing.T) {
 	require.NotEqual(t, sc.SpanID(), asc.SpanID(), "the attempt's own span")
 	assert.Equal(t, asc.SpanID().String(), got.Header.Get("X-B3-Spanid"))
 	assert.Equal(t, "00-"+asc.TraceID().String()+"-"+asc.SpanID().String()+"-01", got.Header.Get("Traceparent"))
+}
+
+// The server span's status follows the semantic conventions: an error for
+// a 5xx; for a gRPC call (its status in the trailers, as grpc-go writes
+// it, declared or not, or in the head of a trailers-only answer) an error
+// for the server's failures (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED,
+// INTERNAL, UNAVAILABLE, DATA_LOSS) and not for the client's (NOT_FOUND);
+// and an error for a response its handler aborted
+// (panic(http.ErrAbortHandler), as httputil.ReverseProxy does when its
+// upstream breaks mid-body), with the status that went out, if any. The
+// abort still reaches net/http, which breaks the response off.
+func TestServerSpanStatus(t *testing.T) {
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		switch r.URL.Path {
+		case "/ok":
+			_, _ = io.WriteString(w, "ok")
+		case "/unavailable":
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case "/grpc/internal", "/grpc/not-found":
+			h.Set("Content-Type", "application/grpc")
+			h.Set("Trailer", "Grpc-Status")
+			_, _ = io.WriteString(w, "message")
+			h.Set("Grpc-Status", map[string]string{"/grpc/internal": "13", "/grpc/not-found": "5"}[r.URL.Path])
+		case "/grpc/data-loss-undeclared":
+			h.Set("Content-Type", "application/grpc")
+			_, _ = io.WriteString(w, "message")
+			h.Set(http.TrailerPrefix+"Grpc-Status", "15")
+		case "/grpc/trailers-only":
+			h.Set("Content-Type", "application/grpc")
+			h.Set("Grpc-Status", "14")
+		case "/aborted-after-head":
+			_, _ = io.WriteString(w, "partial")
+			_ = http.NewResponseController(w).Flush()
+			panic(http.ErrAbortHandler)
+		case "/aborted-before-head":
+			panic(http.ErrAbortHandler)
+		}
+	})
+	cases := []struct {
+		path      string
+		wantError bool
+		// wantStatus is http.response.status_code, 0 for none;
+		// wantGRPC rpc.response.status_code, "" for none.
+		wantStatus int64
+		wantGRPC   string
+	}{
+		{"/ok", false, 200, ""},
+		{"/unavailable", true, 503, ""},
+		{"/grpc/internal", true, 200, "INTERNAL"},
+		{"/grpc/not-found", false, 200, "NOT_FOUND"},
+		{"/grpc/data-loss-undeclared", true, 200, "DATA_LOSS"},
+		{"/grpc/trailers-only", true, 200, "UNAVAILABLE"},
+		{"/aborted-after-head", true, 200, ""},
+		{"/aborted-before-head", true, 0, ""},
+	}
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		defer tp.Shutdown(context.Background())
+		srv := testutil.NewServer(t, New(tp, nil, "").Handler(app))
+		c := &http.Client{Transport: testutil.NewTransport(t, mode), Timeout: testutil.Timeout}
+		for _, tc := range cases {
+			exp.Reset()
+			resp, err := c.Get(srv.URL + tc.path)
+			aborted := strings.HasPrefix(tc.path, "/aborted")
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			assert.Equal(t, aborted, err != nil, "%s: the response broken off: %v", tc.path, err)
+
+			spans := exp.GetSpans()
+			require.Len(t, spans, 1, "%s: the span ended before the response did", tc.path)
+			s := spans[0]
+			var status int64
+			var grpcStatus string
+			for _, kv := range s.Attributes {
+				switch kv.Key {
+				case "http.response.status_code":
+					status = kv.Value.AsInt64()
+				case "rpc.response.status_code":
+					grpcStatus = kv.Value.AsString()
+				}
+			}
+			assert.Equal(t, tc.wantStatus, status, "%s: http.response.status_code", tc.path)
+			assert.Equal(t, tc.wantGRPC, grpcStatus, "%s: rpc.response.status_code", tc.path)
+			want := codes.Unset
+			if tc.wantError {
+				want = codes.Error
+			}
+			assert.Equal(t, want, s.Status.Code, "%s: status %q", tc.path, s.Status.Description)
+			if aborted {
+				assert.Equal(t, http.ErrAbortHandler.Error(), s.Status.Description, tc.path)
+			}
+		}
+	})
 }
