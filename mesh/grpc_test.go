@@ -149,14 +149,7 @@ spec:
 		grpcSlow: sps[0].ProfileFor(7000),
 	})), noMetrics, WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)))
 	t.Cleanup(client.Close)
-	outbound := serveH2C(t, &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
-			pr.Out.Host = pr.In.Host
-		},
-		Transport: client,
-		ErrorLog:  quietLog,
-	})
+	outbound := serveProxy(t, client)
 	dial := func(authority string) *grpc.ClientConn {
 		cc, err := grpc.NewClient("passthrough:///"+outbound, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithAuthority(authority), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2*largeMessage)))
@@ -165,6 +158,20 @@ spec:
 		return cc
 	}
 	return dial(grpcSvc), dial, client
+}
+
+// serveProxy serves a reverse proxy over rt (HTTP/1 and h2c), as a
+// program forwards its application's requests to the outbound stack, and
+// returns its address.
+func serveProxy(t testing.TB, rt http.RoundTripper) string {
+	return serveH2C(t, &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
+			pr.Out.Host = pr.In.Host
+		},
+		Transport: rt,
+		ErrorLog:  quietLog,
+	})
 }
 
 var quietLog = log.New(io.Discard, "", 0)

@@ -44,7 +44,9 @@ type Event struct {
 	Status int `json:"status"`
 	// GRPCStatus is the grpc-status of a gRPC response, -1 when none.
 	GRPCStatus int `json:"grpcStatus"`
-	// Error says why the request failed without a response.
+	// Error says why the request failed: without a response, or with
+	// its response broken off (a body that failed, a handler that
+	// aborted).
 	Error string `json:"error,omitempty"`
 	// LatencyMillis is the time to the response head, in milliseconds.
 	LatencyMillis float64 `json:"latencyMillis"`
@@ -194,8 +196,9 @@ func (h *Hub) Stats() Stats {
 	return Stats{Watchers: n, Published: h.published.Load(), Dropped: h.dropped.Load()}
 }
 
-// Observe calls f with every event, on the request's goroutine, after the
-// response head; f must be quick and must not keep e. It is for in-process
+// Observe calls f with every event as it is published, when its response
+// ends (on the goroutine that served the request or read the end of its
+// response); f must be quick and must not keep e. It is for in-process
 // aggregates (a dashboard's route table); watchers that may be slow use
 // [Hub.Watch]. The returned function stops it.
 func (h *Hub) Observe(f func(e *Event)) (stop func()) {

@@ -315,8 +315,8 @@ func TestTapNamesTheRouteAndCountsRetries(t *testing.T) {
 }
 
 // While a viewer watches, a tapped request costs three allocations: its
-// request copy, the context carrying its slot and one for its recorder,
-// slot and event together.
+// request copy, the context carrying its slot and one for its recorder
+// (or the watch over its response body), slot and event together.
 func TestWatchedRequestAllocations(t *testing.T) {
 	hub := tap.NewHub()
 	w, err := hub.Watch(tap.Filter{}, 1)
@@ -331,7 +331,151 @@ func TestWatchedRequestAllocations(t *testing.T) {
 	resp := &http.Response{StatusCode: 200, Header: http.Header{}}
 	rt := hub.Transport(roundTripFunc(func(*http.Request) (*http.Response, error) { return resp, nil }))
 	assert.Equal(t, 3.0, testing.AllocsPerRun(100, func() { _, _ = rt.RoundTrip(req) }))
+
+	// A response with a body, read to its end and closed.
+	withBody := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}, nil
+	})
+	drain := func(rt http.RoundTripper) {
+		resp, _ := rt.RoundTrip(req)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+	bare = testing.AllocsPerRun(100, func() { drain(withBody) })
+	rt = hub.Transport(withBody)
+	assert.Equal(t, bare+3, testing.AllocsPerRun(100, func() { drain(rt) }))
 	assert.Positive(t, w.Dropped(), "the watcher's buffer of one filled: events were published")
+}
+
+// noEvent fails the test if w holds an event now: events are published on
+// the goroutine that ends the request, so none can be on its way.
+func noEvent(t *testing.T, w *tap.Watcher, when string) {
+	t.Helper()
+	select {
+	case e := <-w.Events():
+		t.Errorf("an event %s: %+v", when, e)
+	default:
+	}
+}
+
+// An outbound event is published once, when its response ends, as
+// Linkerd's tap reports a response's end (its eos) from the trailers: read
+// to its end, a body's event carries the grpc-status of the trailers
+// (where grpc-go puts a call's status) or of the head (a trailers-only
+// answer); a body that breaks gives the event its error; a body closed
+// before its end publishes the event as it stands. Nothing is published
+// before, nor again after.
+func TestOutboundEventAtTheEndOfTheResponse(t *testing.T) {
+	app := func(stop <-chan struct{}) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/trailers":
+				w.Header().Set("Trailer", "Grpc-Status")
+				_, _ = io.WriteString(w, "message")
+				w.Header().Set("Grpc-Status", "13")
+			case "/trailers-only":
+				w.Header().Set("Grpc-Status", "14")
+			case "/plain":
+				_, _ = io.WriteString(w, "ok")
+			case "/broken":
+				_, _ = io.WriteString(w, "partial")
+				_ = http.NewResponseController(w).Flush()
+				panic(http.ErrAbortHandler)
+			case "/endless":
+				w.Header().Set("Grpc-Status", "0")
+				_, _ = io.WriteString(w, "partial")
+				_ = http.NewResponseController(w).Flush()
+				select {
+				case <-r.Context().Done():
+				case <-stop:
+				}
+			}
+		})
+	}
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		stop := make(chan struct{})
+		srv := testutil.NewServer(t, app(stop))
+		t.Cleanup(func() { close(stop) }) // before the server closes
+		hub := tap.NewHub()
+		w, err := hub.Watch(tap.Filter{}, 16)
+		require.NoError(t, err)
+		defer w.Close()
+		rt := hub.Transport(testutil.NewTransport(t, mode))
+		for _, tc := range []struct {
+			path string
+			// closeEarly closes the body after its head, unread.
+			closeEarly     bool
+			wantGRPCStatus int
+			wantError      bool
+		}{
+			{path: "/trailers", wantGRPCStatus: 13},
+			{path: "/trailers-only", wantGRPCStatus: 14},
+			{path: "/plain", wantGRPCStatus: -1},
+			{path: "/broken", wantGRPCStatus: -1, wantError: true},
+			{path: "/endless", closeEarly: true, wantGRPCStatus: 0},
+		} {
+			req, err := http.NewRequest(http.MethodGet, srv.URL+tc.path, nil)
+			require.NoError(t, err)
+			resp, err := rt.RoundTrip(req)
+			require.NoError(t, err, tc.path)
+			if tc.path != "/trailers-only" {
+				noEvent(t, w, "before the body of "+tc.path+" ended")
+			}
+			if !tc.closeEarly {
+				_, err = io.Copy(io.Discard, resp.Body)
+				assert.Equal(t, tc.wantError, err != nil, "%s: reading the body: %v", tc.path, err)
+			}
+			require.NoError(t, resp.Body.Close())
+			e := next(t, w)
+			assert.Equal(t, tc.path, e.Path)
+			assert.Equal(t, http.StatusOK, e.Status, tc.path)
+			assert.Equal(t, tc.wantGRPCStatus, e.GRPCStatus, tc.path)
+			assert.Equal(t, tc.wantError, e.Error != "", "%s: error %q", tc.path, e.Error)
+			_, _ = resp.Body.Read(make([]byte, 1))
+			_ = resp.Body.Close()
+			noEvent(t, w, "again after "+tc.path)
+		}
+	})
+}
+
+// An inbound response its handler aborts (panic(http.ErrAbortHandler), as
+// httputil.ReverseProxy does when its upstream breaks mid-body) is an
+// event with the abort as its error, after its head (the status that went
+// out) or before it (no status); the panic reaches net/http, which breaks
+// the response off.
+func TestInboundEventOfAnAbortedResponse(t *testing.T) {
+	hub := tap.NewHub()
+	app := hub.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/after-head" {
+			w.WriteHeader(http.StatusAccepted)
+			_, _ = io.WriteString(w, "partial")
+			_ = http.NewResponseController(w).Flush()
+		}
+		panic(http.ErrAbortHandler)
+	}))
+	w, err := hub.Watch(tap.Filter{}, 16)
+	require.NoError(t, err)
+	defer w.Close()
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		srv := testutil.NewServer(t, app)
+		c := &http.Client{Transport: testutil.NewTransport(t, mode), Timeout: testutil.Timeout}
+		for _, tc := range []struct {
+			path       string
+			wantStatus int
+		}{{"/after-head", http.StatusAccepted}, {"/before-head", 0}} {
+			resp, err := c.Get(srv.URL + tc.path)
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			require.Error(t, err, "%s: the client sees the response broken off", tc.path)
+			e := next(t, w)
+			assert.Equal(t, "inbound", e.Direction)
+			assert.Equal(t, tc.path, e.Path)
+			assert.Equal(t, tc.wantStatus, e.Status, tc.path)
+			assert.Equal(t, http.ErrAbortHandler.Error(), e.Error, tc.path)
+		}
+	})
 }
 
 // A busy stack's events reach a viewer several to a write: the stream

@@ -4,18 +4,23 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/inmesh/inmesh/identity"
 )
 
 // Handler wraps an inbound stack: each request it serves while the hub is
-// active becomes an inbound event, published when the handler returns.
-// Mount it outermost, so that the event holds what the layers inside
-// decided (the inbound policy's decision, the route).
+// active becomes an inbound event, published when the handler returns, or
+// when it panics (as it does to abort a response, with
+// http.ErrAbortHandler: the event then carries the panic as its error, and
+// the panic goes on). Mount it outermost, so that the event holds what the
+// layers inside decided (the inbound policy's decision, the route).
 func (h *Hub) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !h.Active() {
@@ -25,26 +30,55 @@ func (h *Hub) Handler(next http.Handler) http.Handler {
 		// One allocation holds the request's slot, its recorder and its
 		// event.
 		t := &inbound{rec: recorder{ResponseWriter: w, start: time.Now()}}
+		defer t.publish(h, w, r)
 		next.ServeHTTP(&t.rec, r.WithContext(context.WithValue(r.Context(), slotKey{}, &t.s)))
-		e := &t.e
-		h.fill(e, r, "inbound", t.rec.start, &t.s)
-		rw := &t.rec
-		if !rw.wrote {
-			rw.header(http.StatusOK)
-		}
-		e.Status = rw.status
-		e.LatencyMillis = millis(rw.latency)
-		e.GRPCStatus = grpcStatus(w.Header())
-		if p, ok := identity.PeerFromContext(r.Context()); ok {
-			e.ClientID = p.ID
-		}
-		h.Publish(e)
 	})
 }
 
+// publish publishes the event of a request whose handler returned or
+// panicked, and panics on with the handler's panic.
+func (t *inbound) publish(h *Hub, w http.ResponseWriter, r *http.Request) {
+	p := recover()
+	e := &t.e
+	h.fill(e, r, "inbound", t.rec.start, &t.s)
+	rw := &t.rec
+	switch {
+	case rw.wrote:
+	case p == nil:
+		rw.header(http.StatusOK)
+	default:
+		// No response head went out: the status stays 0.
+		rw.latency = time.Since(rw.start)
+	}
+	e.Status = rw.status
+	e.LatencyMillis = millis(rw.latency)
+	e.GRPCStatus = grpcStatus(w.Header())
+	if peer, ok := identity.PeerFromContext(r.Context()); ok {
+		e.ClientID = peer.ID
+	}
+	if p != nil {
+		e.Error = panicMessage(p)
+	}
+	h.Publish(e)
+	if p != nil {
+		panic(p)
+	}
+}
+
+// panicMessage is the Error of an event whose handler panicked with p.
+func panicMessage(p any) string {
+	if err, ok := p.(error); ok {
+		return err.Error()
+	}
+	return fmt.Sprint("panic: ", p)
+}
+
 // Transport wraps an outbound stack: each request it sends while the hub
-// is active becomes an outbound event, published when the response head
-// (or the error) arrives.
+// is active becomes an outbound event, published when the response ends:
+// at the end of its body (with the grpc-status of its trailers), when the
+// body fails or is closed before its end, at once for a response without
+// a body, or with the error of a request that got no response. A body its
+// caller never closes publishes nothing.
 func (h *Hub) Transport(next http.RoundTripper) http.RoundTripper {
 	return roundTripper{h: h, next: next}
 }
@@ -66,12 +100,19 @@ func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	e.LatencyMillis = millis(time.Since(start))
 	if err != nil {
 		e.Error = err.Error()
-	} else {
-		e.Status = resp.StatusCode
-		e.GRPCStatus = grpcStatus(resp.Header)
+		t.h.Publish(e)
+		return resp, err
 	}
-	t.h.Publish(e)
-	return resp, err
+	e.Status = resp.StatusCode
+	e.GRPCStatus = grpcStatus(resp.Header)
+	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
+		// No body to wait for (a switched protocol's is the connection).
+		t.h.Publish(e)
+		return resp, nil
+	}
+	o.body = eventBody{ReadCloser: resp.Body, h: t.h, resp: resp, e: e}
+	resp.Body = &o.body
+	return resp, nil
 }
 
 // inbound and outbound are a tapped request's state in one allocation.
@@ -82,8 +123,52 @@ type inbound struct {
 }
 
 type outbound struct {
-	s slot
-	e Event
+	s    slot
+	e    Event
+	body eventBody
+}
+
+// eventBody publishes its response's event once, when the body ends: at
+// EOF, with the grpc-status of the trailers (a trailers-only response has
+// it in its head already); at a read error, which becomes the event's
+// error; or when it is closed before either, as it is (Linkerd's tap
+// reports such a stream's end without its trailers).
+type eventBody struct {
+	io.ReadCloser
+	h    *Hub
+	resp *http.Response
+	e    *Event
+	done atomic.Bool
+}
+
+func (b *eventBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.end(err)
+	}
+	return n, err
+}
+
+// Close publishes before it closes: a Read that the close interrupts fails
+// with the close's error, which is no failure of the response.
+func (b *eventBody) Close() error {
+	b.end(nil)
+	return b.ReadCloser.Close()
+}
+
+func (b *eventBody) end(err error) {
+	if b.done.Swap(true) {
+		return
+	}
+	switch {
+	case err == io.EOF:
+		if gs := grpcStatus(b.resp.Trailer); gs >= 0 {
+			b.e.GRPCStatus = gs
+		}
+	case err != nil:
+		b.e.Error = err.Error()
+	}
+	b.h.Publish(b.e)
 }
 
 // fill sets e from the request and what the layers inside noted in s.
