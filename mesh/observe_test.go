@@ -2,6 +2,8 @@ package mesh
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net/netip"
 	"testing"
 	"time"
@@ -159,4 +161,32 @@ func TestGRPCStatusObservedOnBothStacks(t *testing.T) {
 			assert.Equal(t, wantServer, server.Status.Code, "the server span: %q", server.Status.Description)
 		})
 	}
+}
+
+// Over meshed mTLS, the outbound tap event names the identity the server
+// proved (tap.Event.ServerID), as the inbound one names the client's.
+func TestTapNamesBothIdentities(t *testing.T) {
+	p := newPKI(t)
+	hub := tap.NewHub()
+	w, err := hub.Watch(tap.Filter{}, 0)
+	require.NoError(t, err)
+	defer w.Close()
+	server := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		WithIdentity(p.certify(t, booksID)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet), WithTap(hub))
+	defer server.Close()
+	addr := serveMeshed(t, server)
+	const books = "books.default.svc.cluster.local:7000"
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{books: {{Addr: addr, H2: true, Identity: booksID}}})
+	require.NoError(t, err)
+	client := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(noop.NewMeterProvider()),
+		WithLogger(quiet), WithBalancerOptions(balancer.WithFallback(false)), WithTap(hub))
+	defer client.Close()
+	resp, err := (&http.Client{Transport: client, Timeout: testutil.Timeout}).Get("http://" + books + "/")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	in, out := tapEvents(t, w)
+	assert.Equal(t, webID, in.ClientID, "the inbound event: the client's identity")
+	assert.Equal(t, booksID, out.ServerID, "the outbound event: the server's identity")
 }

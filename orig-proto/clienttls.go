@@ -45,7 +45,9 @@ func ServerIdentityFromContext(ctx context.Context) string {
 // (upgraded or not, as in plaintext), on connections of its own per
 // server identity. A server that does not prove the identity fails the
 // request with an *identity.IdentityError, and the connection is not
-// used. Without this option, endpoint identities are ignored.
+// used; the identity one proved is its tapped request's
+// tap.Event.ServerID. Without this option, endpoint identities are
+// ignored.
 func WithClientIdentity(local *identity.Local) Option {
 	return optionFunc(func(t *Transport) {
 		if local != nil {

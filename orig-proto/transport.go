@@ -12,6 +12,7 @@ import (
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/transport"
+	"github.com/inmesh/inmesh/tap"
 )
 
 type peerKey struct{}
@@ -175,7 +176,6 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			r.Close = true
 		}
 	}
-	h1, h2 := t.h1, t.h2
 	if t.tls != nil {
 		if s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS); s.id != "" {
 			// Wait for the local certificate here, under the request's
@@ -190,9 +190,20 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 				return nil, &identity.IdentityError{Expected: s.id, Err: err}
 			}
 			p := t.tls.get(s)
-			h1, h2 = p.h1, p.h2
+			resp, err := t.send(p.h1, p.h2, r)
+			if err == nil {
+				// Every connection of p proved s.id in its handshake.
+				tap.NoteServer(r.Context(), s.id)
+			}
+			return resp, err
 		}
 	}
+	return t.send(t.h1, t.h2, r)
+}
+
+// send sends r through h1 or h2: HTTP/2 as it is, HTTP/1 to a peer
+// upgraded to HTTP/2, HTTP/1 to others as it is.
+func (t *Transport) send(h1, h2 http.RoundTripper, r *http.Request) (*http.Response, error) {
 	if HTTP2Only(r) {
 		return h2.RoundTrip(r)
 	}

@@ -51,7 +51,8 @@ type Event struct {
 	// LatencyMillis is the time to the response head, in milliseconds.
 	LatencyMillis float64 `json:"latencyMillis"`
 	// ClientID is the client's TLS-verified identity (inbound), ServerID
-	// the server's (outbound, when the mesh knows it).
+	// the identity the server proved in the mesh's mTLS handshake
+	// (outbound; empty over plaintext).
 	ClientID string `json:"clientId,omitempty"`
 	ServerID string `json:"serverId,omitempty"`
 	// Retries is the number of retries the mesh made, Hedges the number
@@ -303,13 +304,24 @@ func (h *Hub) Publish(e *Event) {
 }
 
 // slot is what the layers inside a tapped request tell the tap: the route,
-// the retries, the policy's decision. It rides the request's context only
-// while the hub is active.
+// the retries, the policy's decision, the server's identity. It rides the
+// request's context only while the hub is active.
 type slot struct {
 	route    string
 	retries  int
 	hedges   int
 	decision string
+
+	// mu guards serverID, which the attempts of a hedged request note
+	// from their own goroutines.
+	mu       sync.Mutex
+	serverID string
+}
+
+func (s *slot) server() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serverID
 }
 
 type slotKey struct{}
@@ -362,5 +374,21 @@ func NoteDecision(ctx context.Context, decision, route string) {
 		if route != "" && s.route == "" {
 			s.route = route
 		}
+	}
+}
+
+// NoteServer tells a tapped outbound request's event the identity that its
+// server proved: the transport that verified it in the mTLS handshake
+// calls it as the response arrives. Of the attempts of a retried or hedged
+// request, the last to note its server names it. Without a tap it costs an
+// atomic load.
+func NoteServer(ctx context.Context, id string) {
+	if tapped.Load() == 0 {
+		return
+	}
+	if s, ok := ctx.Value(slotKey{}).(*slot); ok {
+		s.mu.Lock()
+		s.serverID = id
+		s.mu.Unlock()
 	}
 }

@@ -180,6 +180,7 @@ func (h *Hub) fill(e *Event, r *http.Request, direction string, start time.Time,
 	*e = Event{
 		Time: start, Direction: direction, Method: r.Method, Authority: authority, Path: r.URL.Path,
 		Route: s.route, Retries: s.retries, Hedges: s.hedges, Decision: s.decision, GRPCStatus: -1,
+		ServerID: s.server(),
 	}
 	for _, name := range h.headers {
 		if v, ok := r.Header[name]; ok && len(v) > 0 {
