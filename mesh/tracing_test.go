@@ -473,3 +473,59 @@ func TestTraceEjectedEndpointSkipped(t *testing.T) {
 		}
 	}
 }
+
+// A mirrored request: the mirror's copy is an attempt of the request
+// (README "Tracing": inmesh.attempt.kind mirror) under its client span,
+// whose trace context the copy carries, so that the server span the copy
+// made at the mirror is its child; the primary's server span is the
+// client span's other child.
+func TestTraceMirroredRequest(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	mirrored := make(chan http.Header, 1)
+	mirror := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mirrored <- r.Header.Clone()
+	}), WithTracerProvider(tp), WithLogger(quiet))
+	t.Cleanup(mirror.Close)
+	maddr := serveH2C(t, mirror)
+	rule := policy.HTTPRule{Mirrors: []policy.Mirror{{Meta: policy.Metadata{Kind: "Service", Namespace: "ns", Name: "shadow", Port: 80},
+		Forward: &endpoint.Endpoint{Addr: netip.MustParseAddrPort(maddr)}}}}
+	m := newTraceMesh(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), rule,
+		WithTracerProvider(tp))
+	m.tp, m.exp = tp, exp // the stacks' provider, the mirror's too
+	status, root := m.get(t, "/books")
+	require.Equal(t, http.StatusOK, status)
+	var h http.Header
+	select {
+	case h = <-mirrored:
+	case <-time.After(testutil.Timeout):
+		t.Fatal("no copy reached the mirror")
+	}
+
+	// The application's span, the client span, the primary's server span,
+	// the copy's span and the mirror's server span.
+	top := tree(t, m.spans(t, 5), root)
+	require.Len(t, top.children, 1)
+	client := top.children[0]
+	require.Len(t, client.children, 2, "the primary's server span and the copy's span")
+	var primary, copied *node
+	for _, c := range client.children {
+		if c.span.SpanKind == trace.SpanKindServer {
+			primary = c
+		} else {
+			copied = c
+		}
+	}
+	require.NotNil(t, primary, "the primary's server span")
+	require.NotNil(t, copied, "the copy's span")
+	assert.Equal(t, trace.SpanKindClient, copied.span.SpanKind)
+	assert.Equal(t, "mirror", attr(copied.span, "inmesh.attempt.kind").AsString())
+	assert.Equal(t, "http://"+maddr+"/books", attr(copied.span, "url.full").AsString())
+	assert.Equal(t, int64(200), attr(copied.span, "http.response.status_code").AsInt64())
+	require.Len(t, copied.children, 1, "the mirror's server span")
+	assert.Equal(t, trace.SpanKindServer, copied.children[0].span.SpanKind)
+	sc := copied.span.SpanContext
+	assert.Equal(t, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01", h.Get("Traceparent"),
+		"the copy carries its own span's context")
+}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/mirror"
 	"github.com/inmesh/inmesh/policy"
@@ -130,6 +131,11 @@ func (mr *mirrorer) run(base context.Context, t *mirrorTarget, method string, bo
 	ctx, cancel := context.WithTimeout(base, router.DefaultMirrorTimeout)
 	defer cancel()
 	ctx = withBackend(ctx, mr.target, t.m.Authority)
+	if meshtrace.Enabled(ctx) {
+		// The copy's span is an attempt of kind mirror under the call's,
+		// counted apart from the call's own attempts (first, retries).
+		ctx = context.WithValue(meshtrace.WithAttemptKind(ctx, meshtrace.AttemptMirror), callTraceKey{}, &callTrace{})
+	}
 	err := invoker(ctx, method, rawMessage(body), &rawMessage{}, cc, grpc.ForceCodecV2(rawCodec{name: subtype}))
 	switch status.Code(err) {
 	case codes.OK:

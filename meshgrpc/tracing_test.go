@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -32,6 +33,31 @@ func spanAttr(s tracetest.SpanStub, key attribute.Key) attribute.Value {
 		}
 	}
 	return attribute.Value{}
+}
+
+// traceOf waits for n spans of the trace id in exp and returns the
+// children of a span among them, by start time.
+func traceOf(t *testing.T, exp *tracetest.InMemoryExporter, id trace.TraceID, n int) func(parent trace.SpanID) tracetest.SpanStubs {
+	t.Helper()
+	var spans tracetest.SpanStubs
+	require.Eventually(t, func() bool {
+		spans = spans[:0]
+		for _, s := range exp.GetSpans() {
+			if s.SpanContext.TraceID() == id {
+				spans = append(spans, s)
+			}
+		}
+		return len(spans) >= n
+	}, testutil.Timeout, 5*time.Millisecond, "%d spans of the trace", n)
+	return func(parent trace.SpanID) (out tracetest.SpanStubs) {
+		for _, s := range spans {
+			if s.Parent.SpanID() == parent {
+				out = append(out, s)
+			}
+		}
+		slices.SortFunc(out, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
+		return out
+	}
 }
 
 // A retried call, the first of its channel, through a traced client to a
@@ -68,30 +94,7 @@ func TestTraceRetriedCall(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(2), a.calls.Load())
 
-	traceID := root.SpanContext().TraceID()
-	var spans tracetest.SpanStubs
-	require.Eventually(t, func() bool {
-		spans = spans[:0]
-		for _, s := range exp.GetSpans() {
-			if s.SpanContext.TraceID() == traceID {
-				spans = append(spans, s)
-			}
-		}
-		return len(spans) >= 6
-	}, testutil.Timeout, 5*time.Millisecond)
-	children := func(parent trace.SpanID) (out tracetest.SpanStubs) {
-		for _, s := range spans {
-			if s.Parent.SpanID() == parent {
-				out = append(out, s)
-			}
-		}
-		for i := 1; i < len(out); i++ {
-			for j := i; j > 0 && out[j].StartTime.Before(out[j-1].StartTime); j-- {
-				out[j], out[j-1] = out[j-1], out[j]
-			}
-		}
-		return out
-	}
+	children := traceOf(t, exp, root.SpanContext().TraceID(), 6)
 	calls := children(root.SpanContext().SpanID())
 	require.Len(t, calls, 1)
 	call := calls[0]
@@ -198,4 +201,49 @@ func TestTracedStreamSpansEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A mirrored call through a traced client: the call's span has its first
+// attempt and the mirror's copy as children, the copy marked
+// inmesh.attempt.kind mirror (and no resend: the call's own attempts are
+// counted without it), each the parent of the server span it made.
+func TestTraceMirroredCall(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	serve := func(a *app) netip.AddrPort {
+		return serveTestService(t, a, meshgrpc.ServerOptions(meshgrpc.WithTracerProvider(tp))...)
+	}
+	primary, mirror := &app{}, &app{}
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+mirrorRoute(""))
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: serve(primary)}}, shadow: {{Addr: serve(mirror)}}})
+	c := dial(t, serveStore(t, store), meshgrpc.WithTracerProvider(tp), meshgrpc.WithDiscoveryWait(testutil.Timeout))
+
+	ctx, root := tp.Tracer("test").Start(callCtx(t), "app")
+	_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+	root.End()
+	require.NoError(t, err)
+
+	// The application's span, the call's, the two attempts' and the two
+	// server spans.
+	children := traceOf(t, exp, root.SpanContext().TraceID(), 6)
+	calls := children(root.SpanContext().SpanID())
+	require.Len(t, calls, 1)
+	assert.Equal(t, "mirrored", spanAttr(calls[0], "inmesh.route").AsString())
+	attempts := children(calls[0].SpanContext.SpanID())
+	require.Len(t, attempts, 2, "the first attempt and the copy")
+	var kinds []string
+	for _, at := range attempts {
+		kinds = append(kinds, spanAttr(at, "inmesh.attempt.kind").AsString())
+		assert.Equal(t, attribute.INVALID, spanAttr(at, "http.request.resend_count").Type(),
+			"%s: not a resend", spanAttr(at, "inmesh.attempt.kind").AsString())
+		assert.Equal(t, "OK", spanAttr(at, "rpc.response.status_code").AsString())
+		srv := children(at.SpanContext.SpanID())
+		require.Len(t, srv, 1, "the server span of the %s attempt", spanAttr(at, "inmesh.attempt.kind").AsString())
+		assert.Equal(t, trace.SpanKindServer, srv[0].SpanKind)
+	}
+	assert.ElementsMatch(t, []string{"first", "mirror"}, kinds)
+	assert.EqualValues(t, 1, primary.calls.Load())
+	assert.EqualValues(t, 1, mirror.calls.Load())
 }

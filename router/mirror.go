@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/internal/mirror"
 	"github.com/inmesh/inmesh/policy"
@@ -135,8 +136,8 @@ func (mr *mirrorer) start(x *policyExchange, req *http.Request) *http.Request {
 		}
 		return req
 	}
-	head := mirrorHead{base: x.base, method: req.Method, url: *req.URL, header: req.Header.Clone(),
-		proto: req.Proto, major: req.ProtoMajor, minor: req.ProtoMinor, grpc: x.grpc}
+	head := mirrorHead{ctx: meshtrace.WithTraceOf(mr.r.ctx, x.ctx), base: x.base, method: req.Method, url: *req.URL,
+		header: req.Header.Clone(), proto: req.Proto, major: req.ProtoMajor, minor: req.ProtoMinor, grpc: x.grpc}
 	if req.Body == nil || req.Body == http.NoBody {
 		for _, t := range fire {
 			mr.send(t, &head, nil)
@@ -165,6 +166,9 @@ func (mr *mirrorer) start(x *policyExchange, req *http.Request) *http.Request {
 
 // mirrorHead is what a copy takes of the request besides its body.
 type mirrorHead struct {
+	// ctx is the router's, carrying the request's span (not its
+	// cancellation: a copy outlives its request) when it is traced.
+	ctx          context.Context
 	base         http.RoundTripper // the transport the primary goes through
 	method       string
 	url          url.URL
@@ -189,7 +193,7 @@ func (mr *mirrorer) send(t *mirrorTarget, head *mirrorHead, body []byte) {
 // run sends a copy and discards its response.
 func (mr *mirrorer) run(t *mirrorTarget, head *mirrorHead, body []byte) {
 	defer mr.inFlight.Add(-1)
-	ctx, cancel := context.WithTimeout(mr.r.ctx, mr.limits.Timeout)
+	ctx, cancel := context.WithTimeout(head.ctx, mr.limits.Timeout)
 	defer cancel()
 	if t.bc != nil {
 		ctx = balancer.WithBackendConfig(ctx, t.bc)
@@ -213,7 +217,9 @@ func (mr *mirrorer) run(t *mirrorTarget, head *mirrorHead, body []byte) {
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
 	out = out.WithContext(ctx)
-	resp, err := head.base.RoundTrip(out)
+	// The copy's span, under the request's, is the parent of the
+	// mirror's server span.
+	resp, err := meshtrace.RoundTripAttempt(head.base, out, meshtrace.AttemptMirror, 0)
 	if err != nil {
 		t.series.Count(metrics.MirrorFailure)
 		if ctx.Err() == nil {

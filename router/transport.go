@@ -174,7 +174,7 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 	if meshtrace.Enabled(req.Context()) {
 		meshtrace.SetAttributes(req.Context(), rt.traced().route...)
 	}
-	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header), match: match}
+	x := &policyExchange{r: r, rt: rt, base: base, grpc: route.GRPC || classify.IsGRPC(req.Header), match: match, ctx: req.Context()}
 	timeouts := route.Timeouts
 	retry := route.Retry
 	if hasL5d(req.Header) {
@@ -252,6 +252,9 @@ type policyExchange struct {
 	start   time.Time
 	// mirrored is set once the route's mirrors had their copy.
 	mirrored bool
+	// ctx is the logical request's context, whose span the mirrors'
+	// copies are traced under, as its attempts are.
+	ctx context.Context
 }
 
 // attempt sends one attempt: the rule's filters, a backend, its filters.

@@ -157,6 +157,19 @@ func fromContext(ctx context.Context) *Tracer {
 	return t
 }
 
+// WithTraceOf returns ctx traced as the request of parent is: carrying
+// parent's tracer and span, and none of parent's other values nor its
+// cancellation. It is for a request sent on behalf of parent's that may
+// outlive it (a mirror's copy), whose spans are then children of
+// parent's. When parent is not traced it returns ctx.
+func WithTraceOf(ctx, parent context.Context) context.Context {
+	t := fromContext(parent)
+	if t == nil {
+		return ctx
+	}
+	return t.with(trace.ContextWithSpan(ctx, trace.SpanFromContext(parent)))
+}
+
 // Enabled reports whether a request with context ctx is traced: a
 // [Tracer.Transport] above it started its span. Layers use it to skip
 // building what only a span needs.

@@ -345,3 +345,25 @@ func TestServerSpanStatus(t *testing.T) {
 		}
 	})
 }
+
+// WithTraceOf gives a context the trace of a request's and nothing else
+// of it: the request's span is the parent of the spans under it, and
+// neither the request's cancellation nor its other values reach it.
+func TestWithTraceOfKeepsOnlyTheTrace(t *testing.T) {
+	tr := New(sdktrace.NewTracerProvider(), nil, "")
+	type key struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "request's"))
+	parent, s := tr.Start(parent, "GET", trace.SpanKindClient)
+	defer s.End()
+	cancel()
+
+	ctx := WithTraceOf(context.Background(), parent)
+	assert.True(t, Enabled(ctx), "traced by the request's tracer")
+	assert.Equal(t, s.SpanContext(), trace.SpanContextFromContext(ctx))
+	assert.NoError(t, ctx.Err(), "not cancelled with the request")
+	assert.Nil(t, ctx.Value(key{}))
+
+	untraced := context.WithValue(context.Background(), key{}, "request's")
+	base := context.WithValue(context.Background(), key{}, "base's")
+	assert.Equal(t, base, WithTraceOf(base, untraced), "an untraced request's: the context as it is")
+}
