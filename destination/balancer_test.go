@@ -52,7 +52,7 @@ func fetch(t *testing.T, c *http.Client, url string) (int, string, http.Header) 
 	return resp.StatusCode, string(b), resp.Header
 }
 
-// What the Get stream says reaches requests: endpoints, no endpoints (503
+// What the Get stream says reaches requests: endpoints, no endpoints (504
 // fail-fast once the stream stayed silent past the first-message deadline,
 // as Linkerd's controller says nothing for a Service without endpoints),
 // and a service that does not exist (NotFound).
@@ -68,9 +68,9 @@ func TestClientFeedsBalancer(t *testing.T) {
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "a HTTP/1.1 "+books+":7000", body)
 	status, _, h := fetch(t, client, "http://empty.ns.svc.cluster.local/")
-	assert.Equal(t, 503, status)
+	assert.Equal(t, 504, status)
 	assert.Contains(t, h.Get("l5d-proxy-error"), "no endpoints")
 	status, _, h = fetch(t, client, "http://unknown.ns.svc.cluster.local/")
-	assert.Equal(t, 503, status)
+	assert.Equal(t, 504, status)
 	assert.Contains(t, h.Get("l5d-proxy-error"), "unknown service")
 }

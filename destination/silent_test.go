@@ -21,9 +21,9 @@ import (
 
 // Linkerd's controller never sends no_endpoints for a service that exists
 // with no endpoints: the Get stream stays silent. The client keeps such a
-// stream open, delivers "exists, no endpoints", requests fail fast with 503
-// (the first after the balancer's failfast timeout, the others at once),
-// and the first later message applies.
+// stream open, delivers "exists, no endpoints", requests fail fast (the
+// first with 504 after the balancer's failfast timeout, the others with
+// 503 at once), and the first later message applies.
 //
 // The first-message deadline is 50ms here instead of 5s, and the backoff
 // 20ms to 200ms: the 1.5s watched below are 30 deadlines, 150s at the
@@ -73,9 +73,13 @@ func TestSilentGetStreamMeansNoEndpointsYet(t *testing.T) {
 	// the queue for the failfast timeout, the others are shed at once.
 	_, hc := balancedClient(t, c, balancer.WithResolveTimeout(time.Hour), balancer.WithFallback(false),
 		balancer.WithQueue(10, 100*time.Millisecond))
-	for range 3 {
+	for i := range 3 {
 		status, _, hdr := fetch(t, hc, "http://"+books+":7000/")
-		assert.Equal(t, http.StatusServiceUnavailable, status)
+		if i == 0 {
+			assert.Equal(t, http.StatusGatewayTimeout, status, "the fail-fast")
+		} else {
+			assert.Equal(t, http.StatusServiceUnavailable, status, "shed")
+		}
 		assert.Contains(t, hdr.Get("l5d-proxy-error"), "no endpoints")
 	}
 
