@@ -17,7 +17,6 @@ import (
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
 	origproto "github.com/inmesh/inmesh/orig-proto"
-	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -80,16 +79,6 @@ func heldInboundControlPlane(t *testing.T, manifests string, release <-chan stru
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
 	return lis.Addr().String()
-}
-
-// silentInbound accepts InboundServerPolicies streams and never sends.
-type silentInbound struct {
-	inboundpb.UnimplementedInboundServerPoliciesServer
-}
-
-func (silentInbound) WatchPort(_ *inboundpb.PortSpec, s grpc.ServerStreamingServer[inboundpb.Server]) error {
-	<-s.Context().Done()
-	return s.Context().Err()
 }
 
 // getFrom sends one GET to addr from the loopback address from and
@@ -167,13 +156,7 @@ func TestInboundPolicyWaitBound(t *testing.T) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := netip.MustParseAddrPort(lis.Addr().String()).Port()
-	cpl, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	inboundpb.RegisterInboundServerPoliciesServer(g, silentInbound{})
-	go g.Serve(cpl)
-	defer g.Stop()
-	dst, err := destination.Dial(cpl.Addr().String(), destination.WithLogger(quiet), destination.WithWorkload("default:books-0"))
+	dst, err := destination.Dial(testutil.ServeInbound(t, testutil.SilentInbound{}), destination.WithLogger(quiet), destination.WithWorkload("default:books-0"))
 	require.NoError(t, err)
 	defer dst.Close()
 

@@ -58,13 +58,7 @@ func unusableServer() *inboundpb.Server {
 // returns its address.
 func serveInboundFrom(t *testing.T, q queuedInbound) string {
 	t.Helper()
-	cpl, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	inboundpb.RegisterInboundServerPoliciesServer(g, q)
-	go g.Serve(cpl)
-	t.Cleanup(g.Stop)
-	dst, err := destination.Dial(cpl.Addr().String(), destination.WithLogger(quiet), destination.WithWorkload("default:app-0"))
+	dst, err := destination.Dial(testutil.ServeInbound(t, q), destination.WithLogger(quiet), destination.WithWorkload("default:app-0"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = dst.Close() })
 

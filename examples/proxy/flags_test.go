@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,10 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 
 	"github.com/inmesh/inmesh/internal/testutil"
-	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 )
 
 // A -workload that is not NS:POD (nor Linkerd's JSON) stops the proxy at
@@ -51,15 +48,10 @@ func TestTraceSamplingFlagIsChecked(t *testing.T) {
 func TestDefaultInboundPolicy(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "app") }))
 	defer app.Close()
-	cpl, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	inboundpb.RegisterInboundServerPoliciesServer(g, silentInbound{})
-	go g.Serve(cpl)
-	defer g.Stop()
+	cp := testutil.ServeInbound(t, testutil.SilentInbound{})
 
 	get := func(t *testing.T, f flags) int {
-		f.destination, f.outbound, f.inbound, f.metrics = cpl.Addr().String(), "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+		f.destination, f.outbound, f.inbound, f.metrics = cp, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 		f.app, f.workload, f.policyWait, f.appIdleTimeout = app.Listener.Addr().String(), "default:app-0", testutil.ShortTimeout, time.Second
 		addr := make(chan string, 1)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -94,7 +86,7 @@ func TestDefaultInboundPolicy(t *testing.T) {
 		assert.Equal(t, http.StatusOK, get(t, flags{}), "all-unauthenticated")
 	})
 	t.Run("checked at start", func(t *testing.T) {
-		f := flags{destination: cpl.Addr().String(), outbound: "127.0.0.1:0", inbound: "127.0.0.1:0", app: "127.0.0.1:8080",
+		f := flags{destination: cp, outbound: "127.0.0.1:0", inbound: "127.0.0.1:0", app: "127.0.0.1:8080",
 			metrics: "127.0.0.1:0", workload: "default:app-0", defaultPolicy: "open"}
 		err := runContext(t.Context(), f, slog.New(slog.DiscardHandler))
 		assert.ErrorContains(t, err, `-default-inbound-policy (or $LINKERD2_PROXY_INBOUND_DEFAULT_POLICY): default inbound policy: "open" is not one of`)
@@ -102,17 +94,6 @@ func TestDefaultInboundPolicy(t *testing.T) {
 		err = runContext(t.Context(), f, slog.New(slog.DiscardHandler))
 		assert.ErrorContains(t, err, `-cluster-networks (or $LINKERD2_PROXY_POLICY_CLUSTER_NETWORKS)`)
 	})
-}
-
-// silentInbound accepts InboundServerPolicies streams and never answers:
-// a control plane that is up and has not answered yet.
-type silentInbound struct {
-	inboundpb.UnimplementedInboundServerPoliciesServer
-}
-
-func (silentInbound) WatchPort(_ *inboundpb.PortSpec, s grpc.ServerStreamingServer[inboundpb.Server]) error {
-	<-s.Context().Done()
-	return s.Context().Err()
 }
 
 // listenHandler sends the address of the proxy's inbound listener once it
