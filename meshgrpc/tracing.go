@@ -78,11 +78,25 @@ func startCall(ctx context.Context, t *meshtrace.Tracer, method string) (context
 	return context.WithValue(ctx, callTraceKey{}, &callTrace{}), s
 }
 
-// endSpan ends s with the status of err.
+// endSpan ends the client span s with the status of err: every status but
+// OK is an error of the client's call.
 func endSpan(s trace.Span, err error) {
 	st, _ := status.FromError(err)
 	s.SetAttributes(semconv.RPCResponseStatusCode(meshtrace.GRPCCodeName(uint32(st.Code()))))
 	if err != nil {
+		s.SetStatus(otelcodes.Error, st.Message())
+	}
+	s.End()
+}
+
+// endServerSpan ends the server span s with the status of err: an error
+// only for the codes the RPC semantic conventions count as the server's
+// failures (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL,
+// UNAVAILABLE, DATA_LOSS), as the HTTP stack's server span.
+func endServerSpan(s trace.Span, err error) {
+	st, _ := status.FromError(err)
+	s.SetAttributes(semconv.RPCResponseStatusCode(meshtrace.GRPCCodeName(uint32(st.Code()))))
+	if meshtrace.GRPCServerError(uint32(st.Code())) {
 		s.SetStatus(otelcodes.Error, st.Message())
 	}
 	s.End()
@@ -234,7 +248,7 @@ func (serverTrace) HandleRPC(ctx context.Context, st stats.RPCStats) {
 			s.SetAttributes(meshtrace.PeerAttrs(st.RemoteAddr.String())...)
 		}
 	case *stats.End:
-		endSpan(s, st.Error)
+		endServerSpan(s, st.Error)
 	}
 }
 

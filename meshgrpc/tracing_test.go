@@ -12,16 +12,19 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
 )
@@ -246,4 +249,59 @@ func TestTraceMirroredCall(t *testing.T) {
 	assert.ElementsMatch(t, []string{"first", "mirror"}, kinds)
 	assert.EqualValues(t, 1, primary.calls.Load())
 	assert.EqualValues(t, 1, mirror.calls.Load())
+}
+
+// A traced server's span is an error only for the codes the RPC semantic
+// conventions count as the server's failures (UNKNOWN, DEADLINE_EXCEEDED,
+// UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS), as the HTTP stack's
+// server span: a call the client got wrong (NOT_FOUND, INVALID_ARGUMENT,
+// PERMISSION_DENIED) leaves it Unset, with its code in
+// rpc.response.status_code.
+func TestServerSpanStatusByCode(t *testing.T) {
+	want := []struct {
+		code  codes.Code
+		error bool
+	}{
+		{codes.OK, false}, {codes.NotFound, false}, {codes.InvalidArgument, false}, {codes.PermissionDenied, false},
+		{codes.Unknown, true}, {codes.Internal, true}, {codes.Unavailable, true}, {codes.DataLoss, true},
+	}
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	a := &app{handle: func(_ context.Context, n int64) error {
+		if c := want[n-1].code; c != codes.OK {
+			return status.Error(c, "answered "+c.String())
+		}
+		return nil
+	}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(meshgrpc.ServerOptions(meshgrpc.WithTracerProvider(tp), meshgrpc.WithLogger(quiet))...)
+	testgrpc.RegisterTestServiceServer(srv, a)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	c := testgrpc.NewTestServiceClient(cc)
+	for i, w := range want {
+		_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		require.Equal(t, w.code, status.Code(err))
+		var span tracetest.SpanStub
+		require.Eventually(t, func() bool {
+			spans := exp.GetSpans()
+			if len(spans) <= i {
+				return false
+			}
+			span = spans[i]
+			return true
+		}, testutil.Timeout, time.Millisecond, "the server span of %s", w.code)
+		assert.Equal(t, trace.SpanKindServer, span.SpanKind)
+		assert.Equal(t, meshtrace.GRPCCodeName(uint32(w.code)), spanAttr(span, "rpc.response.status_code").AsString(), "%s", w.code)
+		if w.error {
+			assert.Equal(t, otelcodes.Error, span.Status.Code, "%s", w.code)
+		} else {
+			assert.Equal(t, otelcodes.Unset, span.Status.Code, "%s", w.code)
+		}
+	}
 }

@@ -583,6 +583,10 @@ func GRPCAttrs(fullMethod string) []attribute.KeyValue {
 // GRPCCodeName is the name of gRPC status code c (rpc.response.status_code).
 func GRPCCodeName(c uint32) string { return grpcCodeName(strconv.FormatUint(uint64(c), 10)) }
 
+// GRPCServerError reports whether the server span of a call that ended with
+// code c is an error (see grpcServerError).
+func GRPCServerError(c uint32) bool { return grpcServerError(strconv.FormatUint(uint64(c), 10)) }
+
 // PeerAttrs are the network.peer.* attributes of addr (host:port).
 func PeerAttrs(addr string) []attribute.KeyValue {
 	if h, p, ok := splitHostPort(addr); ok {
