@@ -2,6 +2,7 @@ package tap
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -35,7 +36,9 @@ func (h *Hub) allow(r *http.Request) bool {
 // client accepts text/event-stream (a browser's EventSource), else as one
 // JSON object per line (application/x-ndjson) for a command line. A bad
 // filter is 400; past the watcher bound, 503. A comment line or an empty
-// event every 15 seconds keeps idle streams open through intermediaries.
+// event every 15 seconds keeps idle streams open through intermediaries. A
+// viewer that stops reading is dropped once a write has waited the write
+// timeout ([WithWriteTimeout]).
 // It checks no access: it is for a handler that admitted the client
 // itself, as the dashboard does.
 func (h *Hub) Stream(w http.ResponseWriter, r *http.Request) {
@@ -65,6 +68,13 @@ func (h *Hub) Stream(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	// Each round of writes gets the write timeout from its start: a
+	// deadline left from an earlier round would fail a stream that was
+	// only idle.
+	deadline := func() error { return rc.SetWriteDeadline(time.Now().Add(h.writeTimeout)) }
+	if err := deadline(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return
+	}
 	if sse {
 		_, _ = w.Write([]byte(": tap\n\n"))
 	}
@@ -103,12 +113,14 @@ func (h *Hub) Stream(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-keepalive.C:
+			_ = deadline()
 			if sse {
 				_, err = w.Write([]byte(": keepalive\n\n"))
 			} else {
 				_, err = w.Write([]byte("\n"))
 			}
 		case e := <-watcher.Events():
+			_ = deadline()
 			err = write(&e)
 			wait.Reset(FlushDelay)
 			select {

@@ -150,12 +150,29 @@ func WithMaxWatchers(n int) Option { return func(h *Hub) { h.maxWatchers = n } }
 // requests, so a remote reader must be admitted on purpose).
 func WithAccess(allow func(*http.Request) bool) Option { return func(h *Hub) { h.access = allow } }
 
+// DefaultWriteTimeout is how long a write to a viewer's stream may take
+// before [Hub.Stream] gives the stream up.
+const DefaultWriteTimeout = 10 * time.Second
+
+// WithWriteTimeout sets how long a write to a viewer's stream may take
+// (default [DefaultWriteTimeout]): a viewer that stops reading is dropped
+// then, and its watcher slot freed, rather than holding it for as long as
+// its connection lasts. A value <= 0 keeps the default.
+func WithWriteTimeout(d time.Duration) Option {
+	return func(h *Hub) {
+		if d > 0 {
+			h.writeTimeout = d
+		}
+	}
+}
+
 // Hub delivers the events of the stacks it is given to to its watchers.
 // The zero value is not usable; call [NewHub].
 type Hub struct {
-	headers     []string
-	maxWatchers int
-	access      func(*http.Request) bool
+	headers      []string
+	maxWatchers  int
+	access       func(*http.Request) bool
+	writeTimeout time.Duration
 
 	// active counts watchers and observers: while it is zero, requests
 	// build no event.
@@ -170,7 +187,7 @@ type Hub struct {
 
 // NewHub returns a Hub with no watchers.
 func NewHub(opts ...Option) *Hub {
-	h := &Hub{maxWatchers: 64}
+	h := &Hub{maxWatchers: 64, writeTimeout: DefaultWriteTimeout}
 	for _, o := range opts {
 		o(h)
 	}

@@ -518,3 +518,32 @@ func TestStreamBatchesEvents(t *testing.T) {
 	assert.LessOrEqual(t, chunks, n/4, "writes for %d events (a response buffer holds about 10)", n)
 	t.Logf("%d events in %d writes", n, chunks)
 }
+
+// A viewer that stops reading its stream is dropped once a write has
+// waited the write timeout, and its watcher slot is freed, rather than
+// held for as long as its connection stays open.
+func TestStalledViewerIsDropped(t *testing.T) {
+	hub := tap.NewHub(tap.WithHeaders("x-padding"), tap.WithWriteTimeout(200*time.Millisecond))
+	c := meshPair(t, hub, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	srv := testutil.NewServer(t, hub)
+
+	// A viewer that asks and never reads, with a small receive buffer.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
+	_, err = io.WriteString(conn, "GET /?direction=outbound HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return hub.Stats().Watchers == 1 }, testutil.Timeout, time.Millisecond)
+
+	// Events of 8 KiB each, until the stream's writes stall and the viewer
+	// is dropped.
+	padding := strings.Repeat("x", 8<<10)
+	deadline := time.Now().Add(6 * testutil.Timeout)
+	for hub.Stats().Watchers != 0 {
+		require.True(t, time.Now().Before(deadline), "the viewer that stopped reading still holds its watcher")
+		for range 20 {
+			require.Equal(t, 200, get(t, c, "http://"+books+"/", "x-padding", padding))
+		}
+	}
+}
