@@ -1,7 +1,6 @@
 package controlplane_test
 
 import (
-	"context"
 	"log/slog"
 	"net/netip"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -42,12 +40,8 @@ const adsAuthority = "ads.default.svc.cluster.local:80"
 // getProfile opens a GetProfile stream of path on c.
 func getProfile(t *testing.T, c *regtest.ControlPlane, path string) grpc.ServerStreamingClient[pb.DestinationProfile] {
 	t.Helper()
-	conn, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), regTimeout)
-	t.Cleanup(cancel)
-	st, err := pb.NewDestinationClient(conn).GetProfile(ctx, &pb.GetDestination{Path: path})
+	ctx, dst := destinationOf(t, c)
+	st, err := dst.GetProfile(ctx, &pb.GetDestination{Path: path})
 	require.NoError(t, err)
 	return st
 }

@@ -57,14 +57,22 @@ func books(addr string) *registrationpb.Endpoint {
 // Destination API.
 func getStream(t *testing.T, c *regtest.ControlPlane, authority string) grpc.ServerStreamingClient[pb.Update] {
 	t.Helper()
+	ctx, dst := destinationOf(t, c)
+	st, err := dst.Get(ctx, &pb.GetDestination{Path: authority})
+	require.NoError(t, err)
+	return st
+}
+
+// destinationOf is a Destination client of c, plaintext, and a context for
+// its calls; both end with the test.
+func destinationOf(t *testing.T, c *regtest.ControlPlane) (context.Context, pb.DestinationClient) {
+	t.Helper()
 	conn, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), regTimeout)
 	t.Cleanup(cancel)
-	st, err := pb.NewDestinationClient(conn).Get(ctx, &pb.GetDestination{Path: authority})
-	require.NoError(t, err)
-	return st
+	return ctx, pb.NewDestinationClient(conn)
 }
 
 // A workload registers over mTLS: its endpoint reaches a Get stream with

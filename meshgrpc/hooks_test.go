@@ -20,10 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
-	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/internal/testutil"
-	"github.com/inmesh/inmesh/meshgrpc"
-	"github.com/inmesh/inmesh/profiles"
 )
 
 // callEnd is what a call's CallOptions ask grpc-go for as the call ends:
@@ -257,23 +254,7 @@ func TestRetriedCallOptionsGetTheLastAttempt(t *testing.T) {
 	})
 	t.Run("ServiceProfile unary", func(t *testing.T) {
 		a := startApp(t, &app{handle: handle}, nil)
-		sps, err := profiles.ParseServiceProfiles([]byte(`
-apiVersion: linkerd.io/v1alpha2
-kind: ServiceProfile
-metadata: {name: books.default.svc.cluster.local, namespace: default}
-spec:
-  retryBudget: {retryRatio: 1, minRetriesPerSecond: 100, ttl: 10s}
-  routes:
-  - name: EmptyCall
-    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
-    isRetryable: true
-`))
-		require.NoError(t, err)
-		store := controlplane.NewStore()
-		store.SetServiceProfiles(sps)
-		store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
-		m := testutil.NewMetrics(t)
-		c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+		c, m := retryableEmptyCall(t, a)
 		// Until the profile is in force, a call may fail; the call that
 		// succeeds by it leaves the count even.
 		require.Eventually(t, func() bool {
@@ -282,7 +263,7 @@ spec:
 		}, testutil.Timeout, 10*time.Millisecond)
 		a.calls.Store(0)
 		var end callEnd
-		_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{}, end.options(false)...)
+		_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{}, end.options(false)...)
 		require.NoError(t, err)
 		check(t, a, &end)
 	})

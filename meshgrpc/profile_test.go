@@ -29,23 +29,7 @@ func TestServiceProfileRoute(t *testing.T) {
 		}
 		return nil
 	}}, nil)
-	sps, err := profiles.ParseServiceProfiles([]byte(`
-apiVersion: linkerd.io/v1alpha2
-kind: ServiceProfile
-metadata: {name: books.default.svc.cluster.local, namespace: default}
-spec:
-  retryBudget: {retryRatio: 1, minRetriesPerSecond: 100, ttl: 10s}
-  routes:
-  - name: EmptyCall
-    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
-    isRetryable: true
-`))
-	require.NoError(t, err)
-	store := controlplane.NewStore()
-	store.SetServiceProfiles(sps)
-	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
-	m := testutil.NewMetrics(t)
-	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	c, m := retryableEmptyCall(t, a)
 	route := []string{`direction="outbound"`, `dst="` + books + `"`, `rt_route="EmptyCall"`}
 	value := func(name string, labels ...string) int {
 		v := m.Value(t, name, append(route, labels...)...)
@@ -70,4 +54,29 @@ spec:
 	assert.Equal(t, okBefore+4, value("route_response_total", `classification="success"`))
 	assert.Equal(t, failedBefore+4, value("route_actual_response_total", `classification="failure"`, `grpc_status="14"`))
 	assert.Zero(t, value("route_response_total", `classification="failure"`))
+}
+
+// retryableEmptyCall dials books, served by a, with a ServiceProfile whose
+// one route, EmptyCall, is retryable under a generous budget, and returns
+// the client and its metrics.
+func retryableEmptyCall(t *testing.T, a *app) (testgrpc.TestServiceClient, *testutil.Metrics) {
+	t.Helper()
+	sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  retryBudget: {retryRatio: 1, minRetriesPerSecond: 100, ttl: 10s}
+  routes:
+  - name: EmptyCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
+    isRetryable: true
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetServiceProfiles(sps)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	m := testutil.NewMetrics(t)
+	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	return c, m
 }
