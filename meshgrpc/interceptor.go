@@ -199,12 +199,12 @@ func (c *call) pick() int {
 
 // deadline bounds ctx by the route's request timeout (the whole call,
 // every retry included); a unary call's request ends as it starts, so its
-// response timeout bounds it the same, the earlier of the two winning; a
-// stream's response timeout counts only without a request timeout. The
-// call remembers when the route, not the caller's own deadline, ends it.
+// response timeout bounds it the same, the earlier of the two winning (a
+// stream's response and idle timeouts are its [streamTimers]). The call
+// remembers when the route, not the caller's own deadline, ends it.
 func (c *call) deadline(ctx context.Context, unary bool) (context.Context, context.CancelFunc) {
 	t := c.rt.route.Timeouts.Request
-	if r := c.rt.route.Timeouts.Response; r > 0 && (t <= 0 || unary && r < t) {
+	if r := c.rt.route.Timeouts.Response; r > 0 && unary && (t <= 0 || r < t) {
 		t = r
 	}
 	if t <= 0 {
@@ -230,6 +230,14 @@ func (c *call) timedOut(err error) bool {
 func (c *call) status(ctx context.Context, err error) metrics.Status {
 	if c.timedOut(err) {
 		return metrics.Status{GRPC: -1, Error: "REQUEST_TIMEOUT"}
+	}
+	if err != nil {
+		switch context.Cause(ctx) {
+		case errStreamResponseTimeout:
+			return metrics.Status{GRPC: -1, Error: "RESPONSE_STREAM_TIMEOUT"}
+		case errStreamIdleTimeout:
+			return metrics.Status{GRPC: -1, Error: "IDLE_TIMEOUT"}
+		}
 	}
 	if err != nil && status.Code(err) == codes.Canceled && ctx.Err() != nil {
 		return metrics.Status{GRPC: -1, Error: "CANCEL"}
@@ -364,13 +372,95 @@ func serverTimedOut(ctx, tctx context.Context, err error) bool {
 	return !ok || td.Before(d)
 }
 
-// timeoutErr is err with the route timeout's message when the route
-// timeout ended the call.
-func (c *call) timeoutErr(_ context.Context, err error) error {
+// timeoutErr is err with the route timeout's message when a route
+// timeout ended the call: its request timeout, or a stream's response or
+// idle timeout (ctx is the stream's).
+func (c *call) timeoutErr(ctx context.Context, err error) error {
 	if c.timedOut(err) {
 		return status.Error(codes.DeadlineExceeded, "request timed out after "+c.timeout.String())
 	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		switch context.Cause(ctx) {
+		case errStreamResponseTimeout:
+			return status.Error(codes.DeadlineExceeded, "response timed out after "+c.rt.route.Timeouts.Response.String())
+		case errStreamIdleTimeout:
+			return status.Error(codes.DeadlineExceeded, "stream idle for "+c.rt.route.Timeouts.Idle.String())
+		}
+	}
 	return err
+}
+
+// The causes of a stream's end by its route's response and idle timeouts.
+var (
+	errStreamResponseTimeout = errors.New("meshgrpc: response timeout")
+	errStreamIdleTimeout     = errors.New("meshgrpc: idle timeout")
+)
+
+// streamTimers are a routed stream's response and idle timeouts, as
+// Linkerd's proxy enforces them on a stream
+// (linkerd/http/stream-timeouts): the response timeout bounds the time
+// from the end of the request (CloseSend), or the response's start if it
+// comes first, to the end of the stream, so that a slow upload does not
+// count; the idle timeout the time in which no message moves either way
+// (a wait for the response included). Either ends the stream's context
+// with its cause. Nil when the route sets neither.
+type streamTimers struct {
+	response, idle time.Duration
+	fire           context.CancelCauseFunc
+
+	mu        sync.Mutex
+	respTimer *time.Timer
+	idleTimer *time.Timer
+	stopped   bool
+}
+
+func newStreamTimers(response, idle time.Duration, fire context.CancelCauseFunc) *streamTimers {
+	t := &streamTimers{response: response, idle: idle, fire: fire}
+	if idle > 0 {
+		t.idleTimer = time.AfterFunc(idle, func() { fire(errStreamIdleTimeout) })
+	}
+	return t
+}
+
+// responseStarts starts the response timeout, once: the request ended or
+// the response began.
+func (t *streamTimers) responseStarts() {
+	if t == nil || t.response <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.respTimer == nil && !t.stopped {
+		t.respTimer = time.AfterFunc(t.response, func() { t.fire(errStreamResponseTimeout) })
+	}
+}
+
+// moved restarts the idle timeout: a message went or came.
+func (t *streamTimers) moved() {
+	if t == nil || t.idleTimer == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.stopped {
+		t.idleTimer.Reset(t.idle)
+	}
+}
+
+// stop ends both timeouts: the stream ended.
+func (t *streamTimers) stop() {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = true
+	if t.respTimer != nil {
+		t.respTimer.Stop()
+	}
+	if t.idleTimer != nil {
+		t.idleTimer.Stop()
+	}
 }
 
 func (c *call) done(ctx context.Context, err error, retries int) {
@@ -409,6 +499,14 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx, false)
+	var timers *streamTimers
+	if to := rt.route.Timeouts; to.Response > 0 || to.Idle > 0 {
+		var fire context.CancelCauseFunc
+		ctx, fire = context.WithCancelCause(ctx)
+		end := cancel
+		cancel = func() { fire(nil); end() }
+		timers = newStreamTimers(to.Response, to.Idle, fire)
+	}
 	if rt.hedge != nil {
 		streamer = rt.hedge.streamer(streamer)
 	}
@@ -416,7 +514,7 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 	// attempt the stream ends on, handed over once as it ends (see
 	// [callHooks]); its attempts get none.
 	opts, hooks := takeHooks(opts)
-	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts, hooks: hooks}
+	s := &retryStream{c: c, ctx: ctx, cancel: cancel, desc: desc, cc: cc, streamer: streamer, opts: opts, hooks: hooks, timers: timers}
 	if rt.route.Retry != nil {
 		s.sizer = codecOf(opts)
 	}
@@ -465,6 +563,8 @@ type retryStream struct {
 	opts     []grpc.CallOption
 	// hooks are the caller's (nil: none), taken out of opts.
 	hooks *callHooks
+	// timers are the route's response and idle timeouts (nil: none).
+	timers *streamTimers
 
 	cur atomic.Pointer[grpc.ClientStream]
 	// committed: no retry from now on (response headers or a message).
@@ -585,6 +685,7 @@ func (s *retryStream) finish(err error) {
 		return
 	}
 	s.ended = true
+	s.timers.stop()
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}
@@ -622,6 +723,7 @@ func (s *retryStream) Header() (metadata.MD, error) {
 	md, err := s.current().Header()
 	if md != nil {
 		s.committed.Store(true)
+		s.timers.responseStarts()
 	}
 	return md, err
 }
@@ -633,6 +735,7 @@ func (s *retryStream) CloseSend() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closeSent = true
+	s.timers.responseStarts()
 	return s.current().CloseSend()
 }
 
@@ -655,6 +758,9 @@ func (s *retryStream) SendMsg(msg any) error {
 		}
 	}
 	err := s.current().SendMsg(msg)
+	if err == nil {
+		s.timers.moved()
+	}
 	if err != nil && kept {
 		// The attempt failed; the message is kept for the next one,
 		// and the attempt's status comes with RecvMsg.
@@ -772,6 +878,8 @@ func (s *retryStream) RecvMsg(msg any) error {
 	for {
 		err := s.current().RecvMsg(msg)
 		if err == nil {
+			s.timers.moved()
+			s.timers.responseStarts()
 			s.committed.Store(true) // SendMsg drops the replay
 			if !s.desc.ServerStreams {
 				s.finish(nil)
