@@ -60,6 +60,9 @@ type source struct {
 	what     string // "profiles", "endpoints", "manifests": in log keys
 	settle   filestamp.Settle
 	rejected bool // the last read was refused
+	// troubled: what the last read loaded has problems (it loads but
+	// cannot work as written), which were logged.
+	troubled bool
 }
 
 func (w *fileWatcher) run(ctx context.Context, interval time.Duration) {
@@ -107,8 +110,9 @@ func (w *fileWatcher) load(first bool) error {
 
 // step loads one source when its files changed and settled (at once when
 // first) and logs the outcome; it returns the error of a bad file only
-// when first. A change of state, a rejection after a load or a load after
-// a rejection, is always logged: the last line says what is served.
+// when first. A change of state, a rejection after a load, a load after a
+// rejection or after a load with problems, is always logged: the last
+// line says what is served.
 func (w *fileWatcher) step(src *source, first bool, stamp string, statErr error, load func() error, loadedMsg string, args ...any) error {
 	err := statErr
 	if err == nil {
@@ -137,29 +141,34 @@ func (w *fileWatcher) step(src *source, first bool, stamp string, statErr error,
 		return nil
 	}
 	if !first {
-		if src.rejected {
+		if src.rejected || src.troubled {
 			w.log.Forget(loadedKey)
 		}
 		w.log.Info(loadedKey, loadedMsg, args...)
 	}
 	src.rejected = false
-	w.problems(src)
+	src.troubled = w.problems(src) > 0
 	return nil
 }
 
 // problems logs the mistakes of what src just loaded that load but cannot
-// work as written.
-func (w *fileWatcher) problems(src *source) {
+// work as written, and returns how many there are.
+func (w *fileWatcher) problems(src *source) int {
 	switch src {
 	case &w.profilesSrc:
-		for _, err := range w.store.ProfileNameProblems() {
+		errs := w.store.ProfileNameProblems()
+		for _, err := range errs {
 			w.log.WarnErr("profile name", "a loaded ServiceProfile will never apply", err, "dir", w.dir)
 		}
+		return len(errs)
 	case &w.manifestsSrc:
-		for _, err := range w.store.ManifestProblems() {
+		errs := w.store.ManifestProblems()
+		for _, err := range errs {
 			w.log.WarnErr("manifest problem", "a loaded policy manifest cannot work as written", err, "dir", w.manifests)
 		}
+		return len(errs)
 	}
+	return 0
 }
 
 // WatchManifestFiles loads the Service, HTTPRoute and GRPCRoute manifests

@@ -326,3 +326,30 @@ func TestManifestMistakesAreNamedOnce(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count(`msg="loaded policy manifests"`) == 1 }, defaultTestTimeout, 5*time.Millisecond)
 	assert.Equal(t, 2, logs.Count("WARN"), "nothing more to name: %s", logs.String())
 }
+
+// A fix of manifests that loaded with a problem is confirmed in the log
+// however soon it follows the line before, as a fix after a rejection is:
+// the last line tells what is served.
+func TestFixOfAProblemIsLogged(t *testing.T) {
+	dir := t.TempDir()
+	pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: books-0, namespace: default, labels: {app: books}}\nspec:\n  containers:\n  - name: app\n    ports: [{name: http, containerPort: 7000}]\n"
+	srv := func(port string) string {
+		return "apiVersion: policy.linkerd.io/v1beta3\nkind: Server\nmetadata: {name: books, namespace: default}\nspec: {podSelector: {matchLabels: {app: books}}, port: " + port + "}\n"
+	}
+	w := &stampedWriter{t: t}
+	policyFile := filepath.Join(dir, "policy.yaml")
+	w.write(policyFile, pod+"---\n"+srv("http"))
+	logs := &testutil.LogLines{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, WatchManifestFiles(ctx, NewStore(), dir, 5*time.Millisecond, WithLogger(logs.Logger()), WithLogInterval(time.Hour)))
+	wait := func(cond func() bool, what string) {
+		t.Helper()
+		require.Eventually(t, cond, defaultTestTimeout, 5*time.Millisecond, "%s; log:\n%s", what, logs.String())
+	}
+
+	w.write(policyFile, pod+"---\n"+srv("htp"))
+	wait(func() bool { return strings.Contains(lastLine(logs), "cannot work as written") }, "the problem is named")
+	w.write(policyFile, pod+"---\n"+srv("http"))
+	wait(func() bool { return strings.Contains(lastLine(logs), `msg="loaded policy manifests"`) }, "the fix is confirmed within the log interval")
+}
