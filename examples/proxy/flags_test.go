@@ -122,3 +122,26 @@ func (h listenHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h listenHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h listenHandler) WithGroup(string) slog.Handler      { return h }
+
+// A control-plane address that cannot work stops the proxy at start with
+// the flag named: a URL, an address without a port, an empty one in a
+// list; a host:port, a list and a gRPC target pass.
+func TestControlAddrIsChecked(t *testing.T) {
+	for _, tc := range []struct{ v, want string }{
+		{"127.0.0.1:8086", ""},
+		{"127.0.0.1:8086,127.0.0.2:8086", ""},
+		{"dns:///linkerd-dst-headless.linkerd.svc.cluster.local:8086", ""},
+		{"http://127.0.0.1:8086", `-destination "http://127.0.0.1:8086": a host:port (or a gRPC target such as dns:///name:port), not a URL`},
+		{"8086", `-destination: address 1 of "8086": address 8086: missing port in address`},
+		{"127.0.0.1:8086,", `-destination: address 2 of "127.0.0.1:8086," is empty`},
+	} {
+		err := checkControlAddr("destination", tc.v)
+		if tc.want == "" {
+			assert.NoError(t, err, tc.v)
+		} else {
+			assert.EqualError(t, err, tc.want, tc.v)
+		}
+	}
+	f := flags{destination: "http://127.0.0.1:8086", outbound: "127.0.0.1:0", inbound: "127.0.0.1:0", app: "127.0.0.1:8080", metrics: "127.0.0.1:0"}
+	assert.ErrorContains(t, runContext(t.Context(), f, slog.New(slog.DiscardHandler)), "not a URL")
+}

@@ -90,6 +90,7 @@ import (
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/examples/internal/proxylog"
 	"github.com/inmesh/inmesh/examples/internal/telemetry"
+	"github.com/inmesh/inmesh/internal/cpaddr"
 	"github.com/inmesh/inmesh/internal/transport"
 	"github.com/inmesh/inmesh/mesh"
 	origproto "github.com/inmesh/inmesh/orig-proto"
@@ -216,7 +217,32 @@ func run(f flags, log *slog.Logger) error {
 }
 
 // runContext runs the proxy until ctx ends.
+// checkControlAddr checks the address of a control-plane flag at start: a
+// host:port, a comma-separated list of them, or a gRPC target
+// (dns:///name:port); a URL or an address without a port is named with
+// its flag, not left to the first request's failure.
+func checkControlAddr(name, v string) error {
+	switch {
+	case v == "":
+		return nil
+	case strings.HasPrefix(v, "http://"), strings.HasPrefix(v, "https://"):
+		return fmt.Errorf("-%s %q: a host:port (or a gRPC target such as dns:///name:port), not a URL", name, v)
+	case strings.Contains(v, ":///"):
+		return nil // a gRPC target
+	}
+	if _, err := cpaddr.Split(v); err != nil {
+		return fmt.Errorf("-%s: %w", name, err)
+	}
+	return nil
+}
+
 func runContext(ctx context.Context, f flags, log *slog.Logger) error {
+	if err := checkControlAddr("destination", f.destination); err != nil {
+		return err
+	}
+	if err := checkControlAddr("policy", f.policyAddr); err != nil {
+		return err
+	}
 	var defaultServer *authz.Server
 	if f.workload != "" {
 		if _, _, err := destination.ParseWorkload(f.workload); err != nil {
