@@ -24,7 +24,12 @@ import (
 //   - Services that share one spec.clusterIP (a copied manifest whose
 //     clusterIP was left as it was): a GetProfile of that address is
 //     refused, as Linkerd's controller refuses it (FailedPrecondition
-//     "found 2 services with conflicting cluster IP ...").
+//     "found 2 services with conflicting cluster IP ...");
+//   - an annotation of a Service, HTTPRoute or GRPCRoute under
+//     retry.linkerd.io/ or timeout.linkerd.io/ that is none of Linkerd's
+//     (a typo such as retry.linkerd.io/limt): it is ignored, as Linkerd's
+//     controller ignores it, and the retry or timeout it meant is not
+//     set.
 func (r *Resources) Problems() []error {
 	var out []error
 	for _, ap := range r.AuthorizationPolicies {
@@ -47,7 +52,44 @@ func (r *Resources) Problems() []error {
 			out = append(out, err)
 		}
 	}
-	return append(out, r.clusterIPProblems()...)
+	out = append(out, r.clusterIPProblems()...)
+	return append(out, r.annotationProblems()...)
+}
+
+// linkerdRouteAnnotations are the retry and timeout annotations Linkerd's
+// policy controller reads on Services and routes.
+var linkerdRouteAnnotations = map[string]bool{
+	AnnotationRetryHTTP: true, AnnotationRetryGRPC: true, AnnotationRetryLimit: true, AnnotationRetryTimeout: true,
+	AnnotationTimeoutRequest: true, AnnotationTimeoutResponse: true, AnnotationTimeoutIdle: true,
+}
+
+// annotationProblems reports the unknown retry.linkerd.io/ and
+// timeout.linkerd.io/ annotations of Services and routes.
+func (r *Resources) annotationProblems() []error {
+	var out []error
+	check := func(o *Object) {
+		keys := make([]string, 0, len(o.Annotations))
+		for k := range o.Annotations {
+			if (strings.HasPrefix(k, "retry.linkerd.io/") || strings.HasPrefix(k, "timeout.linkerd.io/")) && !linkerdRouteAnnotations[k] {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			out = append(out, fmt.Errorf("%s: metadata.annotations[%q]: not an annotation Linkerd reads (retry.linkerd.io/http, /grpc, /limit, /timeout; timeout.linkerd.io/request, /response, /idle); it is ignored",
+				o.where(), k))
+		}
+	}
+	for _, s := range r.Services {
+		check(&s.Object)
+	}
+	for _, h := range r.HTTPRoutes {
+		check(&h.Object)
+	}
+	for _, g := range r.GRPCRoutes {
+		check(&g.Object)
+	}
+	return out
 }
 
 // serverPortProblem reports a Server whose port matches no container port

@@ -39,6 +39,14 @@ func TestProblems(t *testing.T) {
 		{"port name of a pod without ports", bare + "---\napiVersion: policy.linkerd.io/v1beta3\nkind: Server\nmetadata: {name: s, namespace: ns-1}\nspec: {podSelector: {matchLabels: {app: app-0}}, port: web}\n",
 			[]string{`problems.yaml: document 2 (Server ns-1/s): spec.port: no Pod it selects (ns-1/bare) has a TCP container port named "web" (their TCP ports: none)`}},
 		{"server selecting no pod", server("s", "web", ""), nil},
+		// Linkerd's controller ignores annotations it does not read; a typo
+		// of one of its retry or timeout annotations is named.
+		{"route annotation typo", "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns-0, annotations: {retry.linkerd.io/http: 5xx, retry.linkerd.io/limt: \"3\", timeout.linkerd.io/requests: 1s, example.com/x: z}}\nspec: {ports: [{port: 80}]}\n",
+			[]string{
+				`problems.yaml: document 1 (Service ns-0/web): metadata.annotations["retry.linkerd.io/limt"]: not an annotation Linkerd reads`,
+				`problems.yaml: document 1 (Service ns-0/web): metadata.annotations["timeout.linkerd.io/requests"]: not an annotation Linkerd reads`,
+			}},
+		{"route annotations Linkerd reads", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r, namespace: ns-0, annotations: {retry.linkerd.io/http: 5xx, retry.linkerd.io/grpc: unavailable, retry.linkerd.io/limit: \"2\", retry.linkerd.io/timeout: 1s, timeout.linkerd.io/request: 1s, timeout.linkerd.io/response: 1s, timeout.linkerd.io/idle: 1s}}\nspec:\n  parentRefs: [{kind: Service, group: core, name: web, port: 80}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "problems.yaml")
