@@ -190,7 +190,7 @@ func watchFiles(ctx context.Context, store *controlplane.Store, profilesDir, end
 func run(ctx context.Context, listen string, dst *controlplane.Server, log *slog.Logger, srvOpts ...grpc.ServerOption) error {
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
-		return err
+		return fmt.Errorf("-listen: %w", err)
 	}
 	srv := grpc.NewServer(srvOpts...)
 	dst.Register(srv)
