@@ -251,57 +251,72 @@ func TestOutlierValidate(t *testing.T) {
 // The Pool (meshgrpc's balancing) ejects an endpoint failing 30% of its
 // requests among five, on a clock the test moves: after the interval the
 // outlier gets nothing until its ejection time has passed, and never more
-// than the cap is ejected.
+// than the cap is ejected. So whichever way meshgrpc picks: Pick, or
+// PickExcluding for the attempts of a hedged call (every call of a hedged
+// route), whose picks run the intervals' checks as Pick's do.
 func TestPoolOutlierEjection(t *testing.T) {
-	var clock fakeClock
-	clock.now.Store(1)
-	od := DefaultOutlierDetection()
-	od.Interval, od.MaxEjectionPercent = time.Second, 20
-	od.FailurePercentageEjection = &FailurePercentageEjection{Threshold: 10, EnforcementPercentage: 100, MinimumHosts: 5, RequestVolume: 50}
-	p := NewPool(nil, withClock(clock.read), WithOutlierDetection(&od))
-	var eps []endpoint.Endpoint
-	for i := range 5 {
-		eps = append(eps, endpoint.Endpoint{Addr: netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", i+1))})
-	}
-	bad := eps[4].Addr
-	p.Update(eps)
-	rng := rand.New(rand.NewPCG(1, 2))
-	run := func(n int) (failed, toBad int) {
-		for range n {
-			k, ok := p.Pick()
-			require.True(t, ok)
-			code := 0
-			if k.Endpoint().Addr == bad {
-				toBad++
-				if rng.IntN(100) < 30 {
-					code, failed = 14, failed+1
+	for _, tc := range []struct {
+		name string
+		pick func(p *Pool) (Pick, bool)
+	}{
+		{name: "Pick", pick: (*Pool).Pick},
+		// meshgrpc picks every attempt of a hedged call so: the first
+		// joins the call's tried set, the hedge excludes it.
+		{name: "PickExcluding, a hedged call's first attempt", pick: func(p *Pool) (Pick, bool) { return p.PickExcluding(new(Tried), false) }},
+		{name: "PickExcluding, a hedge", pick: func(p *Pool) (Pick, bool) { return p.PickExcluding(new(Tried), true) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clock fakeClock
+			clock.now.Store(1)
+			od := DefaultOutlierDetection()
+			od.Interval, od.MaxEjectionPercent = time.Second, 20
+			od.FailurePercentageEjection = &FailurePercentageEjection{Threshold: 10, EnforcementPercentage: 100, MinimumHosts: 5, RequestVolume: 50}
+			p := NewPool(nil, withClock(clock.read), WithOutlierDetection(&od))
+			var eps []endpoint.Endpoint
+			for i := range 5 {
+				eps = append(eps, endpoint.Endpoint{Addr: netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", i+1))})
+			}
+			bad := eps[4].Addr
+			p.Update(eps)
+			rng := rand.New(rand.NewPCG(1, 2))
+			run := func(n int) (failed, toBad int) {
+				for range n {
+					k, ok := tc.pick(p)
+					require.True(t, ok)
+					code := 0
+					if k.Endpoint().Addr == bad {
+						toBad++
+						if rng.IntN(100) < 30 {
+							code, failed = 14, failed+1
+						}
+					}
+					k.Done(Result{GRPCStatus: code})
+				}
+				return failed, toBad
+			}
+			run(10) // the first pick starts the interval
+			_, toBad := run(1000)
+			require.Positive(t, toBad)
+			clock.now.Add(int64(time.Second))
+			failed, toBad := run(5000)
+			require.Zero(t, toBad, "the outlier was picked while ejected")
+			require.Zero(t, failed)
+			ejected := 0
+			for _, e := range p.g.state.Load().eps {
+				if e.load.health.odEjected {
+					ejected++
+					require.Equal(t, bad, e.Addr)
 				}
 			}
-			k.Done(Result{GRPCStatus: code})
-		}
-		return failed, toBad
+			require.Equal(t, 1, ejected)
+			// Past the base ejection time (30 s), the next interval's check
+			// brings it back.
+			clock.now.Add(int64(31 * time.Second))
+			run(1)
+			_, toBad = run(2000)
+			require.Positive(t, toBad, "the outlier did not come back after its ejection time")
+		})
 	}
-	run(10) // the first pick starts the interval
-	_, toBad := run(1000)
-	require.Positive(t, toBad)
-	clock.now.Add(int64(time.Second))
-	failed, toBad := run(5000)
-	require.Zero(t, toBad, "the outlier was picked while ejected")
-	require.Zero(t, failed)
-	ejected := 0
-	for _, e := range p.g.state.Load().eps {
-		if e.load.health.odEjected {
-			ejected++
-			require.Equal(t, bad, e.Addr)
-		}
-	}
-	require.Equal(t, 1, ejected)
-	// Past the base ejection time (30 s), the next interval's check brings
-	// it back.
-	clock.now.Add(int64(31 * time.Second))
-	run(1)
-	_, toBad = run(2000)
-	require.Positive(t, toBad, "the outlier did not come back after its ejection time")
 }
 
 // The HTTP balancer ejects the outlier too, and shows it: its endpoint

@@ -124,6 +124,7 @@ func (p *Pool) PickExcluding(t *Tried, exclude bool) (_ Pick, ok bool) {
 		return p.Pick()
 	}
 	now := p.cfg.now()
+	p.g.sweepOutliers(now) // a hedged call's picks all come here: they run outlier detection as Pick's do
 	s := p.g.state.Load()
 	if exclude {
 		if s = s.without(t); s == nil {

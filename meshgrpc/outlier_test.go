@@ -2,6 +2,7 @@ package meshgrpc_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +51,12 @@ spec:
   - backendRefs: [{name: books, port: 7000}]
 `
 
+// outlierBooksHedged is outlierBooks with its GRPCRoute hedged after 10s:
+// no hedge is sent in a test, but every call carries the hedger's tried
+// set, so that its picks go through balancer.Pool.PickExcluding.
+var outlierBooksHedged = strings.Replace(outlierBooks, "metadata: {name: all, namespace: default}",
+	`metadata: {name: all, namespace: default, annotations: {hedge.inmesh.io/delay: 10s, hedge.inmesh.io/idempotent: "true"}}`, 1)
+
 // Outlier detection through meshgrpc (gRFC A50's failure percentage, as
 // router TestPolicyOutlierDetection and examples/e2e
 // TestOutlierEjectionThroughMeshClient do it over HTTP): five real gRPC
@@ -57,8 +64,19 @@ spec:
 // number on it is 0, 1 or 2 mod 10). Once the first interval has passed
 // and the failing endpoint has stopped getting calls, every call
 // succeeds, the failing endpoint gets none, and each of the other four
-// still gets calls: no more than the cap (one of five) is ejected.
+// still gets calls: no more than the cap (one of five) is ejected. So
+// whatever the route does with its calls: a hedged route's are picked
+// with the endpoints the call tried, and run the intervals' checks too.
 func TestOutlierEjection(t *testing.T) {
+	for _, tc := range []struct{ name, manifests string }{
+		{"route not hedged", outlierBooks},
+		{"hedged route", outlierBooksHedged},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testOutlierEjection(t, tc.manifests) })
+	}
+}
+
+func testOutlierEjection(t *testing.T, objects string) {
 	var apps []*app
 	var eps []endpoint.Endpoint
 	for i := range 5 {
@@ -76,7 +94,7 @@ func TestOutlierEjection(t *testing.T) {
 		eps = append(eps, endpoint.Endpoint{Addr: a.addr})
 	}
 	store := controlplane.NewStore()
-	manifests(t, store, outlierBooks)
+	manifests(t, store, objects)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: eps})
 	// Load is held equal (the RTT average forgets at once, see
 	// TestWeights): only the ejection keeps the failing endpoint out, not
