@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/inmesh/inmesh/internal/meshtrace"
@@ -242,17 +243,25 @@ func (od *outlier) sweep(loads []*load, now int64) (unejected bool) {
 		h.odMult++
 		ejected++
 	}
+	// volume returns the endpoints with at least min outcomes: with a
+	// request volume of 0, every endpoint, those without a request this
+	// interval too (grpc-go: endpointsWithAtLeastRequestVolume).
 	volume := func(min int64) []odCount {
 		var out []odCount
 		for _, c := range counts {
-			if c.succ+c.fail >= min && c.succ+c.fail > 0 {
+			if c.succ+c.fail >= min {
 				out = append(out, c)
 			}
 		}
 		return out
 	}
 	if od.sr {
-		if cands := volume(od.srVolume); int64(len(cands)) >= od.srHosts && len(cands) > 0 {
+		// An endpoint without outcomes has no success rate: grpc-go
+		// computes it as 0/0, a NaN that makes the mean NaN, and no rate
+		// is below a NaN: success-rate ejection ejects nothing that
+		// interval.
+		if cands := volume(od.srVolume); int64(len(cands)) >= od.srHosts && len(cands) > 0 &&
+			!slices.ContainsFunc(cands, odCount.none) {
 			var mean, sq float64
 			for _, c := range cands {
 				mean += float64(c.succ) / float64(c.succ+c.fail)
@@ -279,7 +288,10 @@ func (od *outlier) sweep(loads []*load, now int64) (unejected bool) {
 				if capped() {
 					break
 				}
-				if float64(c.fail)/float64(c.succ+c.fail)*100 > od.fpThreshold {
+				// An endpoint without outcomes counts among the hosts but
+				// has no failure percentage (grpc-go's 0/0 is NaN, above no
+				// threshold): it is never ejected.
+				if !c.none() && float64(c.fail)/float64(c.succ+c.fail)*100 > od.fpThreshold {
 					eject(c, od.fpEnforce)
 				}
 			}
@@ -299,6 +311,9 @@ func (od *outlier) sweep(loads []*load, now int64) (unejected bool) {
 	}
 	return unejected
 }
+
+// none reports whether c counts no outcome.
+func (c odCount) none() bool { return c.succ+c.fail == 0 }
 
 // count folds one outcome into the endpoint's counts of the interval; it
 // is called under l.mu.

@@ -165,6 +165,44 @@ func TestOutlierIntervalAlgorithm(t *testing.T) {
 			},
 		},
 		{
+			// A50's request_volume is "the minimum number of total
+			// requests"; grpc-go's endpointsWithAtLeastRequestVolume keeps
+			// every endpoint with rv >= request_volume, so with 0 an idle
+			// endpoint counts toward minimum_hosts. Its failure percentage
+			// is 0/0, NaN, above no threshold: it is not ejected.
+			name: "request volume 0: an endpoint without requests counts toward minimum_hosts",
+			od:   withCap(fp(50, 100, 3, 0), 100),
+			steps: []odStep{
+				{outcomes: [][2]int64{bad, five, none}, at: time.Second, ejected: []bool{true, false, false}},
+			},
+		},
+		{
+			name: "request volume 0, failure percentage: no requests anywhere, none ejected",
+			od:   withCap(fp(0, 100, 3, 0), 100),
+			steps: []odStep{
+				{outcomes: [][2]int64{none, none, none}, at: time.Second, ejected: []bool{false, false, false}},
+			},
+		},
+		{
+			// Without the idle endpoint, the failing one is ejected (rates
+			// 0, 1, 1: mean 0.67, required 0.43).
+			name: "success rate, request volume 0: the outlier is ejected when every endpoint had requests",
+			od:   withCap(sr(500, 100, 3, 0), 100),
+			steps: []odStep{
+				{outcomes: [][2]int64{five, five, bad}, at: time.Second, ejected: []bool{false, false, true}},
+			},
+		},
+		{
+			// grpc-go's meanAndStdDev divides the idle endpoint's 0
+			// successes by its 0 requests: the mean is NaN, no success
+			// rate is below the required one, and none is ejected.
+			name: "success rate, request volume 0: an endpoint without requests makes grpc-go's mean NaN, none ejected",
+			od:   withCap(sr(500, 100, 3, 0), 100),
+			steps: []odStep{
+				{outcomes: [][2]int64{five, five, bad, none}, at: time.Second, ejected: []bool{false, false, false, false}},
+			},
+		},
+		{
 			// One of five endpoints failing 30%: success-rate ejection at
 			// A50's 1.9 standard deviations barely separates it (the most a
 			// single outlier among five can lie below the mean is 2), so the
@@ -371,4 +409,45 @@ func TestBalancerOutlierEjection(t *testing.T) {
 	require.ElementsMatch(t, []string{"ready", "ready", "ready", "ready", "ejected"}, states)
 	require.Equal(t, "1", m.Value(t, "outbound_http_balancer_endpoints", `endpoint_state="pending"`))
 	require.Equal(t, "4", m.Value(t, "outbound_http_balancer_endpoints", `endpoint_state="ready"`))
+}
+
+// With a request volume of 0, an endpoint that got no request in the
+// interval counts toward the minimum hosts (grpc-go keeps every endpoint
+// with at least the volume): of three endpoints, one failing, one
+// answering and one whose requests were all cancelled (no outcome), the
+// failing one is ejected.
+func TestPoolOutlierRequestVolumeZero(t *testing.T) {
+	var clock fakeClock
+	clock.now.Store(1)
+	od := DefaultOutlierDetection()
+	od.Interval, od.MaxEjectionPercent = time.Second, 100
+	od.FailurePercentageEjection = &FailurePercentageEjection{Threshold: 50, EnforcementPercentage: 100, MinimumHosts: 3, RequestVolume: 0}
+	p := NewPool(nil, withClock(clock.read), WithOutlierDetection(&od))
+	var eps []endpoint.Endpoint
+	for i := range 3 {
+		eps = append(eps, endpoint.Endpoint{Addr: netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", i+1))})
+	}
+	p.Update(eps)
+	run := func(n int) {
+		for range n {
+			k, ok := p.Pick()
+			require.True(t, ok)
+			switch k.Endpoint().Addr {
+			case eps[0].Addr:
+				k.Done(Result{GRPCStatus: 14})
+			case eps[1].Addr:
+				k.Done(Result{GRPCStatus: 0})
+			default:
+				k.Done(Result{GRPCStatus: -1, Canceled: true})
+			}
+		}
+	}
+	run(100)
+	clock.now.Add(int64(time.Second))
+	run(1)
+	var states []bool
+	for _, e := range p.g.state.Load().eps {
+		states = append(states, e.load.health.odEjected)
+	}
+	require.Equal(t, []bool{true, false, false}, states, "ejected: the failing endpoint, among three hosts with the volume of 0")
 }
