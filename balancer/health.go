@@ -80,7 +80,8 @@ type Backoff struct {
 }
 
 // Ejection bounds how many endpoints accrual may take out: an endpoint does
-// not trip while fewer than MinReadyEndpoints others would stay ready.
+// not trip while fewer than MinReadyEndpoints others would stay ready
+// (in rotation: an endpoint outlier detection ejected is not ready).
 type Ejection struct {
 	MinReadyEndpoints uint32
 }
@@ -185,7 +186,7 @@ type group struct {
 	zone zoneState // the spill controller of zone-aware balancing
 
 	mu    sync.Mutex
-	ready int
+	ready int           // endpoints neither tripped nor ejected by outlier detection
 	wch   chan struct{} // closed when an endpoint may be back
 
 	// Outlier detection: the clock reading its interval ends (0: not
@@ -200,11 +201,15 @@ type group struct {
 // publish makes s the group's snapshot; the first answer releases the
 // requests waiting for one.
 func (g *group) publish(s *snapshot) {
+	// Between outlier sweeps, which eject and bring back endpoints of the
+	// snapshot in force and keep the ready count right as they do.
+	g.odMu.Lock()
 	n := s.countReady() // before any request may pick from s
 	g.mu.Lock()
 	g.ready = n
 	g.mu.Unlock()
 	prev := g.state.Swap(s)
+	g.odMu.Unlock()
 	if prev != nil && prev.wait != nil {
 		close(prev.wait)
 	}
@@ -219,6 +224,18 @@ func (g *group) wake() <-chan struct{} {
 		g.wch = make(chan struct{})
 	}
 	return g.wch
+}
+
+// addReady changes the count of the group's endpoints in rotation, those
+// neither tripped by failure accrual nor ejected by outlier detection, by
+// d; nil changes nothing.
+func (g *group) addReady(d int) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.ready += d
+	g.mu.Unlock()
 }
 
 // notify wakes the queued requests.
@@ -304,10 +321,8 @@ func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) 
 		}
 		h.tripped, h.failures, h.trips, h.penalty = false, 0, 0, 0
 		h.rate, h.requests, h.stamp = 1, 0, now
-		if g != nil {
-			g.mu.Lock()
-			g.ready++
-			g.mu.Unlock()
+		if !h.odEjected { // else it counts once outlier detection brings it back
+			g.addReady(1)
 		}
 		return true
 	}
@@ -340,12 +355,18 @@ func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) 
 		return false
 	}
 	if g != nil {
+		// The others that would stay in rotation: the ready count holds
+		// this endpoint unless outlier detection ejected it.
+		self := 1
+		if h.odEjected {
+			self = 0
+		}
 		g.mu.Lock()
-		if g.ready-1 < acc.minReady {
+		if g.ready-self < acc.minReady {
 			g.mu.Unlock()
 			return false // the ejection floor keeps it in rotation
 		}
-		g.ready--
+		g.ready -= self
 		g.mu.Unlock()
 	}
 	h.tripped, h.trips = true, 0

@@ -211,9 +211,10 @@ type odCount struct {
 }
 
 // sweep runs one interval's algorithm over the loads of a group's
-// endpoints at now (grpc-go: intervalTimerAlgorithm). It returns whether an
-// endpoint came back (the queue may go on).
-func (od *outlier) sweep(loads []*load, now int64) (unejected bool) {
+// endpoints at now (grpc-go: intervalTimerAlgorithm), keeping the ready
+// count of g (nil: none) right for failure accrual's ejection floor. It
+// returns whether an endpoint came back (the queue may go on).
+func (od *outlier) sweep(loads []*load, now int64, g *group) (unejected bool) {
 	counts := make([]odCount, len(loads))
 	ejected := 0
 	for i, l := range loads {
@@ -238,6 +239,9 @@ func (od *outlier) sweep(loads []*load, now int64) (unejected bool) {
 		h := &c.l.health
 		if h.odEjected {
 			return // both ejections found it: one ejection
+		}
+		if !h.tripped {
+			g.addReady(-1)
 		}
 		h.odEjected, h.odAt = true, now
 		h.odMult++
@@ -304,12 +308,22 @@ func (od *outlier) sweep(loads []*load, now int64) (unejected bool) {
 		case !h.odEjected && h.odMult > 0:
 			h.odMult--
 		case h.odEjected && now > od.ejectionEnd(h.odAt, h.odMult):
-			h.odEjected, h.odAt = false, 0
+			h.uneject(g)
 			unejected = true
 		}
 		l.mu.Unlock()
 	}
 	return unejected
+}
+
+// uneject brings an ejected endpoint back into rotation, and into g's
+// ready count unless failure accrual holds it out. It is called under
+// l.mu.
+func (h *health) uneject(g *group) {
+	h.odEjected, h.odAt = false, 0
+	if !h.tripped {
+		g.addReady(1)
+	}
 }
 
 // none reports whether c counts no outcome.
@@ -347,7 +361,7 @@ func (g *group) sweepOutliers(now int64) {
 	for i, e := range s.eps {
 		loads[i] = e.load
 	}
-	back := od.sweep(loads, now)
+	back := od.sweep(loads, now, g)
 	n := 0
 	for _, l := range loads {
 		l.mu.Lock()

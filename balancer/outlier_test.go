@@ -233,7 +233,7 @@ func TestOutlierIntervalAlgorithm(t *testing.T) {
 						loads[i].health.countLocked(true)
 					}
 				}
-				od.sweep(loads, int64(st.at))
+				od.sweep(loads, int64(st.at), nil)
 				for i, want := range st.ejected {
 					require.Equal(t, want, loads[i].health.odEjected, "step %d, endpoint %d ejected", si, i)
 				}
