@@ -60,6 +60,12 @@ const (
 //     passed since its ejection; each interval it spends in rotation takes
 //     one from its ejection count.
 //
+// Intervals follow one another from the first request on, whether requests
+// come or not, as grpc-go's interval timer fires: a check after a quiet
+// spell runs every interval that ended meanwhile, the ones without
+// outcomes ejecting nothing but bringing ejected endpoints back and taking
+// one from the ejection counts of those in rotation, each at its own end.
+//
 // An ejected endpoint gets no request (the queue and fail-fast apply as
 // when failure accrual trips every endpoint) and counts as pending in
 // outbound_http_balancer_endpoints. With neither ejection set, nothing is
@@ -210,10 +216,10 @@ type odCount struct {
 	succ, fail int64
 }
 
-// sweep runs one interval's algorithm over the loads of a group's
-// endpoints at now (grpc-go: intervalTimerAlgorithm), keeping the ready
-// count of g (nil: none) right for failure accrual's ejection floor. It
-// returns whether an endpoint came back (the queue may go on).
+// sweep runs the algorithm of the interval that ended at now over the
+// loads of a group's endpoints (grpc-go: intervalTimerAlgorithm), keeping
+// the ready count of g (nil: none) right for failure accrual's ejection
+// floor. It returns whether an endpoint came back (the queue may go on).
 func (od *outlier) sweep(loads []*load, now int64, g *group) (unejected bool) {
 	counts := make([]odCount, len(loads))
 	ejected := 0
@@ -316,6 +322,42 @@ func (od *outlier) sweep(loads []*load, now int64, g *group) (unejected bool) {
 	return unejected
 }
 
+// idle runs the n intervals that ended after the one swept at `from` (at
+// from+interval, from+2*interval, ...) with no outcome counted: they eject
+// nothing, an endpoint in rotation has its ejection count lowered by one
+// at each of them, and an ejected endpoint comes back at the first whose
+// end is past its ejection's, its count lowered at each one after that
+// (grpc-go's intervalTimerAlgorithm, as its timer runs it n times over an
+// idle channel). It keeps g's ready count right as sweep does, and returns
+// whether an endpoint came back.
+func (od *outlier) idle(loads []*load, from, n int64, g *group) (unejected bool) {
+	if n <= 0 {
+		return false
+	}
+	for _, l := range loads {
+		l.mu.Lock()
+		h := &l.health
+		steps := n // the intervals it spends in rotation
+		if h.odEjected {
+			// The first interval ending past end: from + j*interval > end.
+			j := int64(1)
+			if end := od.ejectionEnd(h.odAt, h.odMult); end >= from {
+				j = (end-from)/od.interval + 1
+			}
+			if j > n {
+				l.mu.Unlock()
+				continue
+			}
+			h.uneject(g)
+			unejected = true
+			steps = n - j
+		}
+		h.odMult = int(max(int64(h.odMult)-steps, 0))
+		l.mu.Unlock()
+	}
+	return unejected
+}
+
 // uneject brings an ejected endpoint back into rotation, and into g's
 // ready count unless failure accrual holds it out. It is called under
 // l.mu.
@@ -340,8 +382,10 @@ func (h *health) countLocked(failure bool) {
 }
 
 // sweepOutliers runs the group's outlier detection when its interval has
-// ended at now; the first call starts the first interval. Without outlier
-// detection it costs one nil check.
+// ended at now: the interval that ended first, over the outcomes counted
+// since the last check, then every later one that ended by now, idle. The
+// first call starts the first interval; the next ones follow it back to
+// back. Without outlier detection it costs one nil check.
 func (g *group) sweepOutliers(now int64) {
 	od := g.conf.od
 	if od == nil {
@@ -352,7 +396,11 @@ func (g *group) sweepOutliers(now int64) {
 		g.odNext.CompareAndSwap(0, now+od.interval)
 		return
 	}
-	if now < next || !g.odNext.CompareAndSwap(next, now+od.interval) {
+	if now < next {
+		return
+	}
+	ended := (now-next)/od.interval + 1
+	if !g.odNext.CompareAndSwap(next, next+ended*od.interval) {
 		return
 	}
 	g.odMu.Lock()
@@ -361,7 +409,8 @@ func (g *group) sweepOutliers(now int64) {
 	for i, e := range s.eps {
 		loads[i] = e.load
 	}
-	back := od.sweep(loads, now, g)
+	back := od.sweep(loads, next, g)
+	back = od.idle(loads, next, ended-1, g) || back
 	n := 0
 	for _, l := range loads {
 		l.mu.Lock()

@@ -24,6 +24,9 @@ type odStep struct {
 	at       time.Duration
 	ejected  []bool
 	mults    []int // the ejection counts after it, when given
+	// idle is how many intervals without outcomes end after it (at at +
+	// 1s, at + 2s, ...) before ejected and mults are read.
+	idle int64
 }
 
 // The interval algorithm of gRFC A50. The first cases are grpc-go's
@@ -165,6 +168,51 @@ func TestOutlierIntervalAlgorithm(t *testing.T) {
 			},
 		},
 		{
+			// A50: "each interval the endpoint is not ejected" lowers its
+			// multiplier; grpc-go's timer runs intervalTimerAlgorithm each
+			// interval whether or not calls come (balancer.go: the
+			// ejectionTimeMultiplier-- branch). Ejected at 1s for 10s: back
+			// at the idle interval ending at 12s, then ten intervals in
+			// rotation to 22s take its count from 1 to 0.
+			name: "idle intervals bring an ejected endpoint back and take one each from its count",
+			od:   withTimes(fp(50, 100, 3, 3), 10*time.Second, 300*time.Second),
+			steps: []odStep{
+				{outcomes: [][2]int64{five, five, bad}, at: 1 * time.Second, ejected: []bool{false, false, true}, mults: []int{0, 0, 1}},
+				{outcomes: [][2]int64{five, five, none}, at: 2 * time.Second, idle: 20, ejected: []bool{false, false, false}, mults: []int{0, 0, 0}},
+			},
+		},
+		{
+			// Ejected a second time at 13s for 20s: the idle intervals end
+			// at 15s ... 34s, the last one past 33s brings it back, and its
+			// count is lowered only by the intervals after that one.
+			name: "an endpoint back at the last idle interval keeps its count",
+			od:   withTimes(fp(50, 100, 3, 3), 10*time.Second, 300*time.Second),
+			steps: []odStep{
+				{outcomes: [][2]int64{five, five, bad}, at: 1 * time.Second, ejected: []bool{false, false, true}},
+				{outcomes: [][2]int64{five, five, none}, at: 12 * time.Second, ejected: []bool{false, false, false}, mults: []int{0, 0, 1}},
+				{outcomes: [][2]int64{five, five, bad}, at: 13 * time.Second, ejected: []bool{false, false, true}, mults: []int{0, 0, 2}},
+				{outcomes: [][2]int64{five, five, none}, at: 14 * time.Second, idle: 20, ejected: []bool{false, false, false}, mults: []int{0, 0, 2}},
+				{outcomes: [][2]int64{five, five, none}, at: 35 * time.Second, ejected: []bool{false, false, false}, mults: []int{0, 0, 1}},
+			},
+		},
+		{
+			name: "back part-way through an idle spell, lowered by the intervals after",
+			od:   withTimes(fp(50, 100, 3, 3), 10*time.Second, 300*time.Second),
+			steps: []odStep{
+				{outcomes: [][2]int64{five, five, bad}, at: 1 * time.Second, ejected: []bool{false, false, true}},
+				{outcomes: [][2]int64{five, five, none}, at: 12 * time.Second, ejected: []bool{false, false, false}, mults: []int{0, 0, 1}},
+				{outcomes: [][2]int64{five, five, bad}, at: 13 * time.Second, ejected: []bool{false, false, true}, mults: []int{0, 0, 2}},
+				{outcomes: [][2]int64{five, five, none}, at: 14 * time.Second, idle: 21, ejected: []bool{false, false, false}, mults: []int{0, 0, 1}},
+			},
+		},
+		{
+			name: "still ejected at the end of an idle spell: its count is kept",
+			od:   withTimes(fp(50, 100, 3, 3), 10*time.Second, 300*time.Second),
+			steps: []odStep{
+				{outcomes: [][2]int64{five, five, bad}, at: 1 * time.Second, idle: 9, ejected: []bool{false, false, true}, mults: []int{0, 0, 1}},
+			},
+		},
+		{
 			// A50's request_volume is "the minimum number of total
 			// requests"; grpc-go's endpointsWithAtLeastRequestVolume keeps
 			// every endpoint with rv >= request_volume, so with 0 an idle
@@ -180,7 +228,7 @@ func TestOutlierIntervalAlgorithm(t *testing.T) {
 			name: "request volume 0, failure percentage: no requests anywhere, none ejected",
 			od:   withCap(fp(0, 100, 3, 0), 100),
 			steps: []odStep{
-				{outcomes: [][2]int64{none, none, none}, at: time.Second, ejected: []bool{false, false, false}},
+				{outcomes: [][2]int64{none, none, none}, at: time.Second, idle: 5, ejected: []bool{false, false, false}},
 			},
 		},
 		{
@@ -234,6 +282,7 @@ func TestOutlierIntervalAlgorithm(t *testing.T) {
 					}
 				}
 				od.sweep(loads, int64(st.at), nil)
+				od.idle(loads, int64(st.at), st.idle, nil)
 				for i, want := range st.ejected {
 					require.Equal(t, want, loads[i].health.odEjected, "step %d, endpoint %d ejected", si, i)
 				}
@@ -409,6 +458,95 @@ func TestBalancerOutlierEjection(t *testing.T) {
 	require.ElementsMatch(t, []string{"ready", "ready", "ready", "ready", "ejected"}, states)
 	require.Equal(t, "1", m.Value(t, "outbound_http_balancer_endpoints", `endpoint_state="pending"`))
 	require.Equal(t, "4", m.Value(t, "outbound_http_balancer_endpoints", `endpoint_state="ready"`))
+}
+
+// Idle intervals run all the same: an endpoint ejected twice (its
+// ejection count 2), back in rotation, then idle for a thousand intervals
+// has its count back to 0 (A50; grpc-go's timer runs each of them), so
+// that its next ejection counts 1 and lasts the base ejection time. Through
+// the HTTP balancer to real endpoints, on the balancer's clock.
+func TestOutlierCountDecaysWhileIdle(t *testing.T) {
+	var clock fakeClock
+	clock.now.Store(1)
+	eps := []endpoint.Endpoint{everyOtherFails(t, "A"), backend(t, "B"), backend(t, "C")}
+	src := staticSource(t, map[string][]endpoint.Endpoint{svc: eps})
+	od := DefaultOutlierDetection()
+	od.Interval, od.BaseEjectionTime, od.MaxEjectionTime, od.MaxEjectionPercent = time.Second, 10*time.Second, 300*time.Second, 34
+	od.FailurePercentageEjection = &FailurePercentageEjection{Threshold: 40, EnforcementPercentage: 100, MinimumHosts: 3, RequestVolume: 4}
+	b, client := newClient(t, src, withClock(clock.read), WithOutlierDetection(&od), WithPeakEWMA(0, time.Nanosecond))
+	get := func(n int) {
+		for range n {
+			fetch(t, client, svcURL)
+		}
+	}
+	a := func() EndpointState { return stateOf(b, svc, eps[0]) }
+	advance := func(d time.Duration) { clock.now.Add(int64(d)) }
+
+	get(60) // the first request starts the interval; A fails half of its requests
+	advance(time.Second)
+	get(1)
+	require.Equal(t, "ejected", a().State)
+	require.Equal(t, 1, a().Ejections)
+	advance(11 * time.Second)
+	get(60) // the check brings A back; A fails half of its requests again
+	require.Equal(t, "ready", a().State)
+	advance(time.Second)
+	get(1)
+	require.Equal(t, "ejected", a().State)
+	require.Equal(t, 2, a().Ejections)
+	advance(21 * time.Second)
+	get(1)
+	require.Equal(t, "ready", a().State)
+	require.Equal(t, 2, a().Ejections, "back at the last interval's end: no interval in rotation yet")
+
+	advance(1000 * time.Second) // a thousand intervals without a request
+	get(60)
+	require.Equal(t, 0, a().Ejections, "a thousand intervals in rotation take its count to 0")
+	advance(time.Second)
+	get(1)
+	require.Equal(t, "ejected", a().State)
+	require.Equal(t, 1, a().Ejections)
+	require.NotNil(t, a().Until)
+	require.WithinDuration(t, time.Now().Add(10*time.Second), *a().Until, time.Second, "ejected for the base ejection time")
+}
+
+// The closed form of idle intervals (balancer.idle) gives what running
+// each of them gives (sweep, with no outcome), whatever the endpoints'
+// ejections and counts, their ends before, inside or after the spell.
+func TestOutlierIdleMatchesEachInterval(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for round := range 500 {
+		o := &OutlierDetection{Interval: time.Duration(1+rng.IntN(5)) * time.Second, BaseEjectionTime: time.Duration(rng.IntN(20)) * time.Second,
+			MaxEjectionTime: time.Duration(rng.IntN(60)) * time.Second, MaxEjectionPercent: 100,
+			FailurePercentageEjection: &FailurePercentageEjection{Threshold: 0, EnforcementPercentage: 100, MinimumHosts: 0, RequestVolume: 0},
+			SuccessRateEjection:       &SuccessRateEjection{StdevFactor: 0, EnforcementPercentage: 100, MinimumHosts: 0, RequestVolume: 0}}
+		od, ok := outlierOf(o)
+		require.True(t, ok)
+		from := int64(100 * time.Second)
+		n := int64(rng.IntN(40))
+		closed, each := make([]*load, 4), make([]*load, 4)
+		for i := range closed {
+			h := health{odMult: rng.IntN(6)}
+			if h.odMult > 0 && rng.IntN(2) == 0 {
+				// Ejected at or before from, and still out at from.
+				h.odEjected, h.odAt = true, from-int64(rng.IntN(int(o.BaseEjectionTime/time.Second)+1))*int64(time.Second)
+				if from > od.ejectionEnd(h.odAt, h.odMult) {
+					h.odAt = from
+				}
+			}
+			closed[i], each[i] = newLoad(0, 0), newLoad(0, 0)
+			closed[i].health, each[i].health = h, h
+		}
+		backClosed := od.idle(closed, from, n, nil)
+		backEach := false
+		for j := int64(1); j <= n; j++ {
+			backEach = od.sweep(each, from+j*od.interval, nil) || backEach
+		}
+		require.Equal(t, backEach, backClosed, "round %d: an endpoint came back", round)
+		for i := range closed {
+			require.Equal(t, each[i].health, closed[i].health, "round %d, endpoint %d, %d intervals of %v", round, i, n, o.Interval)
+		}
+	}
 }
 
 // With a request volume of 0, an endpoint that got no request in the
