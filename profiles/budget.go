@@ -127,6 +127,20 @@ func (b *Budget) Deposit() {
 
 // Withdraw takes a retry token and reports whether there was one.
 func (b *Budget) Withdraw() bool {
+	_, ok := b.Take()
+	return ok
+}
+
+// Withdrawal is a retry token [Budget.Take] took, for [Budget.Refund].
+type Withdrawal struct {
+	slice   int64 // the slice it was counted in
+	minimum bool  // paid by the minimum, not by deposits
+}
+
+// Take is [Budget.Withdraw], returning the token it took so that a retry
+// that is not sent after all (a hedge with no other endpoint to go to)
+// can give it back.
+func (b *Budget) Take() (Withdrawal, bool) {
 	const epsilon = 1e-9
 	now := b.now()
 	b.mu.Lock()
@@ -139,24 +153,51 @@ func (b *Budget) Withdraw() bool {
 	if b.ratio*float64(b.depositSum)-float64(b.paidSum) >= 1-epsilon {
 		b.w.paid[i]++
 		b.paidSum++
-		return true
+		return Withdrawal{slice: b.cur}, true
 	}
 	// The deposits are spent: draw on the minimum, within the window and
 	// within what has accrued of it.
 	if b.reserve-float64(b.minimumSum) < 1-epsilon {
-		return false
+		return Withdrawal{}, false
 	}
 	if elapsed := now.Sub(b.refilled); elapsed > 0 {
 		b.tokens = math.Min(b.burst, b.tokens+b.rate*elapsed.Seconds())
 		b.refilled = now
 	}
 	if b.tokens < 1-epsilon {
-		return false
+		return Withdrawal{}, false
 	}
 	b.tokens--
 	b.w.minimum[i]++
 	b.minimumSum++
-	return true
+	return Withdrawal{slice: b.cur, minimum: true}, true
+}
+
+// Refund gives back w, taken by [Budget.Take] for a retry that was never
+// sent: the budget is as it would be without it. A token whose slice has
+// expired is forgotten already; refunding it changes nothing. Each token
+// must be refunded at most once.
+func (b *Budget) Refund(w Withdrawal) {
+	now := b.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(now)
+	if b.w == nil || w.slice > b.cur || b.cur-w.slice >= budgetRing {
+		return
+	}
+	i := w.slice % budgetRing
+	if w.minimum {
+		if b.w.minimum[i] > 0 {
+			b.w.minimum[i]--
+			b.minimumSum--
+			b.tokens = math.Min(b.burst, b.tokens+1)
+		}
+		return
+	}
+	if b.w.paid[i] > 0 {
+		b.w.paid[i]--
+		b.paidSum--
+	}
 }
 
 // BudgetState is what a [Budget] holds at one moment, for introspection.

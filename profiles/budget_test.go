@@ -51,6 +51,57 @@ func TestBudget(t *testing.T) {
 	})
 }
 
+// A refunded withdrawal (a hedge that was never sent) leaves the budget as
+// if it had not been taken, whether deposits or the minimum paid for it;
+// one whose window has passed is forgotten already, and its refund gives
+// nothing back.
+func TestBudgetRefund(t *testing.T) {
+	t.Run("paid by deposits", func(t *testing.T) {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		b := newBudget(RetryBudget{RetryRatio: 0.5, MinRetriesPerSecond: 0, TTL: 10 * time.Second}, clock.now)
+		b.Deposit()
+		b.Deposit()
+		w, ok := b.Take()
+		require.True(t, ok)
+		assert.False(t, b.Withdraw(), "two requests earn one retry")
+		clock.t = clock.t.Add(3 * time.Second) // a later slice of the window
+		b.Refund(w)
+		assert.Equal(t, int64(0), b.State().Withdrawals)
+		assert.True(t, b.Withdraw(), "the refunded retry is there again")
+		assert.False(t, b.Withdraw())
+	})
+	t.Run("paid by the minimum", func(t *testing.T) {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		// A minimum of 1 a second over 1 s: one retry at once.
+		b := newBudget(RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 1, TTL: time.Second}, clock.now)
+		w, ok := b.Take()
+		require.True(t, ok)
+		assert.False(t, b.Withdraw(), "the minimum is spent")
+		b.Refund(w)
+		assert.Equal(t, int64(0), b.State().Withdrawals)
+		assert.True(t, b.Withdraw(), "the refunded retry is there again")
+	})
+	t.Run("after its window", func(t *testing.T) {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		b := newBudget(RetryBudget{RetryRatio: 0.5, MinRetriesPerSecond: 0, TTL: 2 * time.Second}, clock.now)
+		b.Deposit()
+		b.Deposit()
+		w, ok := b.Take()
+		require.True(t, ok)
+		// 21 slices of 100ms on: the deposits and the withdrawal expired,
+		// and the new withdrawal is counted in the ring's slot the old one
+		// was.
+		clock.t = clock.t.Add(2100 * time.Millisecond)
+		b.Deposit()
+		b.Deposit()
+		_, ok = b.Take()
+		require.True(t, ok)
+		b.Refund(w)
+		assert.Equal(t, int64(1), b.State().Withdrawals, "the expired withdrawal's refund gives nothing back")
+		assert.False(t, b.Withdraw())
+	})
+}
+
 // BenchmarkBudget deposits and withdraws from two goroutines.
 func BenchmarkBudget(b *testing.B) {
 	budget := NewBudget(DefaultRetryBudget())

@@ -120,7 +120,8 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 		return deliverHedged(r)
 	case <-timer.C:
 	}
-	if !h.mayHedge(req, tried) {
+	paid, ok := h.mayHedge(req, tried)
+	if !ok {
 		r := <-results
 		if r.err == nil {
 			h.state.Observe(r.elapsed)
@@ -133,7 +134,7 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 		b, err := getBody()
 		if err != nil {
 			hcancel()
-			h.state.Refund()
+			h.refund(paid)
 			r := <-results
 			return deliverHedged(r)
 		}
@@ -147,7 +148,7 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 		r := <-results
 		if r.hedge {
 			if errors.Is(r.err, balancer.ErrNoOtherEndpoint) {
-				h.state.Refund() // not sent: no other endpoint
+				h.refund(paid) // not sent: no other endpoint
 			} else {
 				h.sent(req.Context())
 			}
@@ -173,7 +174,7 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 				// learnt percentile sees the tail it cut.
 				h.state.Observe(r.elapsed)
 			}
-			go h.drain(req.Context(), results)
+			go h.drain(req.Context(), results, paid)
 		}
 		if r.err != nil && failed != nil {
 			r.cancel()
@@ -188,23 +189,47 @@ func (h *hedger) roundTrip(base http.RoundTripper, req *http.Request) (*http.Res
 	panic("unreachable")
 }
 
+// hedgePayment is what a hedge spent: a share of extra load and, when the
+// route has a retry budget, a retry of it.
+type hedgePayment struct {
+	retry  profiles.Withdrawal
+	budget bool // retry was taken from h.budget
+}
+
 // mayHedge reports whether a hedge may be sent now: the first attempt is
 // at an endpoint (so that the hedge can avoid it), the request is still
-// wanted, and the share of extra load and the retry budget allow.
-func (h *hedger) mayHedge(req *http.Request, tried *balancer.Tried) bool {
+// wanted, and the share of extra load and the retry budget allow. A hedge
+// that may be sent is paid for; [hedger.refund] gives back one that is
+// not sent after all.
+func (h *hedger) mayHedge(req *http.Request, tried *balancer.Tried) (hedgePayment, bool) {
 	if tried.Len() == 0 || req.Context().Err() != nil {
-		return false
+		return hedgePayment{}, false
 	}
 	if !h.state.Spend() {
 		h.metrics.Overflow(req.Context())
-		return false
+		return hedgePayment{}, false
 	}
-	if h.budget != nil && !h.budget.Withdraw() {
+	if h.budget == nil {
+		return hedgePayment{}, true
+	}
+	w, ok := h.budget.Take()
+	if !ok {
 		h.state.Refund()
 		h.metrics.Overflow(req.Context())
-		return false
+		return hedgePayment{}, false
 	}
-	return true
+	return hedgePayment{retry: w, budget: true}, true
+}
+
+// refund gives back a hedge that was paid for but never sent (no other
+// endpoint to go to, or its body could not be copied): its share of extra
+// load and its retry, so that neither later hedges nor retries go without
+// because of it.
+func (h *hedger) refund(p hedgePayment) {
+	h.state.Refund()
+	if p.budget {
+		h.budget.Refund(p.retry)
+	}
 }
 
 func (h *hedger) sent(ctx context.Context) {
@@ -213,12 +238,18 @@ func (h *hedger) sent(ctx context.Context) {
 }
 
 // drain ends the losing attempt: its context is cancelled at once and its
-// answer, when one comes, closed.
-func (h *hedger) drain(ctx context.Context, results <-chan hedgeResult) {
+// answer, when one comes, closed. A hedge that lost without being sent (the
+// first attempt answered before the balancer found no other endpoint) is
+// given back as in roundTrip.
+func (h *hedger) drain(ctx context.Context, results <-chan hedgeResult, paid hedgePayment) {
 	r := <-results
 	r.cancel()
-	if r.hedge && !errors.Is(r.err, balancer.ErrNoOtherEndpoint) {
-		h.sent(ctx)
+	if r.hedge {
+		if errors.Is(r.err, balancer.ErrNoOtherEndpoint) {
+			h.refund(paid)
+		} else {
+			h.sent(ctx)
+		}
 	}
 	if r.resp != nil && r.resp.Body != nil {
 		r.resp.Body.Close()
