@@ -6,7 +6,11 @@
 // OutboundPolicies API from a [Store] of ServiceProfiles, endpoint sets and
 // Gateway API manifests, following the contracts of Linkerd's destination
 // and policy controllers; [Server.Shutdown] ends all of its streams so that
-// clients re-subscribe elsewhere at once. [WatchFiles] and
+// clients re-subscribe elsewhere at once. A replica's [Health] says
+// whether its Store follows its source: on [Standby] (it lost etcd while
+// another replica reads it) the Server drops its clients from the
+// listeners of [Server.Listener], so that they move to that replica.
+// [WatchFiles] and
 // [WatchManifestFiles] feed a Store from files and keep the last good state
 // against every bad file. The wire messages are made by package
 // [github.com/inmesh/inmesh/destination], which also holds the clients.

@@ -206,7 +206,8 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 		return r.refuse(ctx, &refusal{RefusedPlaintext, status.Error(codes.PermissionDenied,
 			"registration: the caller has no verified mTLS identity; register over mTLS with the workload's identity (a plaintext registrant is accepted only by a control plane started with insecure registration)")})
 	}
-	if err := r.s.begin(); err != nil {
+	stop, err := r.s.begin()
+	if err != nil {
 		return err
 	}
 	defer r.s.streams.Done()
@@ -240,14 +241,31 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 		}
 	}
 	defer unwatch()
-	release := func(remove bool) {
-		if lease != nil {
-			// The stream's context may be gone: the release gets its own.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownReleaseTimeout)
-			defer cancel()
-			if err := lease.Release(rctx, remove); err != nil {
-				r.log.WarnErr("registration release", "controlplane: cannot release a registration; its lease will expire", err, "identity", caller)
-			}
+	// release ends the lease: with remove, its endpoints go at once (or,
+	// when that fails, with the lease), else they are left to the lease.
+	release := func(remove bool) error {
+		if lease == nil {
+			return nil
+		}
+		// The stream's context may be gone: the release gets its own.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownReleaseTimeout)
+		defer cancel()
+		err := lease.Release(rctx, remove)
+		if err != nil {
+			r.log.WarnErr("registration release", "controlplane: cannot release a registration; its lease will expire", err, "identity", caller)
+		}
+		return err
+	}
+	// leaving reports whether the Server shuts down or went on standby:
+	// the workload registers again with another replica, and its
+	// endpoints stay until their lease expires, so that callers never
+	// see them gone meanwhile.
+	leaving := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
 		}
 	}
 	for {
@@ -257,7 +275,7 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 			case *registrationpb.RegisterRequest_Endpoints:
 				sets, n, f := r.check(caller, verified, k.Endpoints.GetEndpoints())
 				if f != nil {
-					release(true)
+					_ = release(true)
 					return r.refuse(ctx, f)
 				}
 				if lease == nil {
@@ -268,12 +286,12 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 					lost = lease.Lost()
 				}
 				if err := lease.Put(ctx, sets); err != nil {
-					release(true)
+					_ = release(true)
 					return status.Errorf(codes.Unavailable, "registration: cannot register: %v", err)
 				}
 				if err := stream.Send(&registrationpb.RegisterResponse{Kind: &registrationpb.RegisterResponse_Accepted{
 					Accepted: &registrationpb.Accepted{Endpoints: uint32(n), Identity: caller}}}); err != nil {
-					release(true)
+					_ = release(!leaving())
 					return err
 				}
 				if verified {
@@ -294,35 +312,40 @@ func (r *registrationServer) Register(stream grpc.BidiStreamingServer[registrati
 					}
 				}
 			case *registrationpb.RegisterRequest_Deregister:
-				release(true)
+				if err := release(true); err != nil {
+					// The workload must not take the endpoints for gone
+					// (and close its listener) while callers may still
+					// be given them.
+					return status.Errorf(codes.Unavailable,
+						"registration: cannot remove the endpoints now (%v): they stay in the answers until the registration's lease expires", err)
+				}
 				return stream.Send(&registrationpb.RegisterResponse{Kind: &registrationpb.RegisterResponse_Deregistered{
 					Deregistered: &registrationpb.Deregistered{}}})
 			default:
-				release(true)
+				_ = release(true)
 				return r.refuse(ctx, &refusal{RefusedInvalid, status.Error(codes.InvalidArgument, "registration: a request with neither endpoints nor deregister")})
 			}
 		case err := <-recvErr:
 			// The workload closed its side, went away or broke: its
-			// endpoints go at once.
-			release(true)
+			// endpoints go at once. A connection closed by the Server's
+			// standby is not the workload's end.
+			_ = release(!leaving())
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err
 		case <-rebound:
 			if _, _, f := r.check(caller, verified, accepted); f != nil {
-				release(true)
+				_ = release(true)
 				f.err = status.Errorf(status.Code(f.err), "%s (the manifests changed after the registration was accepted)", status.Convert(f.err).Message())
 				return r.refuse(ctx, f)
 			}
 		case <-lost:
 			return status.Error(codes.Unavailable, "registration: the registration's lease was lost; register again")
-		case <-r.s.shutdown:
-			// The workload registers again with another replica; the
-			// endpoints stay until their lease expires, so that callers
-			// never see them gone meanwhile.
-			release(false)
-			return errShuttingDown
+		case <-stop:
+			// The Server shuts down or went on standby.
+			_ = release(false)
+			return r.s.stopErr()
 		}
 	}
 }

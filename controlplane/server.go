@@ -29,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -43,7 +44,10 @@ import (
 //
 // [Server.Shutdown] ends every open stream, so that clients re-subscribe
 // elsewhere at once: grpc's GracefulStop alone waits for these endless
-// streams forever. A Server is safe for concurrent use.
+// streams forever. A replica whose Store lost its source while another
+// replica follows it goes on [Standby] ([Server.SetHealth]): served on
+// [Server.Listener], it then drops its clients so that they connect to
+// that replica. A Server is safe for concurrent use.
 type Server struct {
 	pb.UnimplementedDestinationServer
 	store *Store
@@ -53,9 +57,14 @@ type Server struct {
 	// maxSubscriptions bounds the subscriptions of a Watches stream.
 	maxSubscriptions int
 
-	shutdownOnce sync.Once
-	shutdown     chan struct{} // closed by Shutdown
-	streams      sync.WaitGroup
+	// mu guards the Server's health (health.go) and shutdown.
+	mu      sync.Mutex
+	health  Health
+	down    bool                      // Shutdown was called
+	stop    *latch                    // closed by Shutdown, or on Standby
+	changed chan struct{}             // closed and replaced at every change of health
+	conns   map[*servingConn]struct{} // of the listeners of Listener
+	streams sync.WaitGroup
 	// wakes counts the wake-ups of streams by a change of the store.
 	wakes atomic.Int64
 
@@ -80,7 +89,8 @@ var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shut
 // [WithRegistrationLimits]).
 func NewServer(store *Store, opts ...Option) *Server {
 	cfg := newConfig(opts)
-	s := &Server{store: store, log: cfg.logger, shutdown: make(chan struct{}), maxSubscriptions: cfg.maxSubscriptions,
+	s := &Server{store: store, log: cfg.logger, maxSubscriptions: cfg.maxSubscriptions,
+		stop: newLatch(), changed: make(chan struct{}), conns: make(map[*servingConn]struct{}),
 		peerStreams: newPeerCounts(cfg.maxStreamsPerPeer), peerWatches: newPeerCounts(cfg.maxWatchesPerPeer),
 		peerSubscriptions: newPeerCounts(cfg.maxSubscriptionsPerPeer),
 		refusals:          make(map[string]metric.AddOption), rlog: ratelog.New(cfg.logger, cfg.logInterval)}
@@ -106,24 +116,29 @@ func (s *Server) refuse(ctx context.Context, reason string, err error) error {
 }
 
 // Register adds the Destination, OutboundPolicies, InboundServerPolicies,
-// Registration and Watches services to r, such as a *grpc.Server. Watches
-// (proto/watches.proto) carries a client's profile, endpoint and policy
-// watches over one stream, each answered as the Linkerd stream of its kind
-// would be; package destination's client uses it when it is served. Registration
-// needs the caller's verified mTLS identity: serve it (also) over TLS
-// that verifies client certificates against the trust anchors, as
-// identity.Local's ServerConfig does; on a plaintext server it accepts
-// only with [WithInsecureRegistration]. Build the gRPC server with
+// Registration and Watches services to r, such as a *grpc.Server, and
+// gRPC's health service (grpc.health.v1.Health), which answers the
+// Server's [Health] (see [CurrentHealthService]): do not register another
+// health service on r. Watches (proto/watches.proto) carries a client's
+// profile, endpoint and policy watches over one stream, each answered as
+// the Linkerd stream of its kind would be; package destination's client
+// uses it when it is served. Registration needs the caller's verified
+// mTLS identity: serve it (also) over TLS that verifies client
+// certificates against the trust anchors, as identity.Local's
+// ServerConfig does; on a plaintext server it accepts only with
+// [WithInsecureRegistration]. Build the gRPC server with
 // [KeepaliveOptions]: registrants ping their connection every 10 s, which
 // a gRPC server's default enforcement answers by closing it (their
 // registrations would break and start again), and silent registrants are
-// found by the server's own pings.
+// found by the server's own pings. Serve it on [Server.Listener], so that
+// [Standby] moves the clients to another replica.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
 	pb.RegisterDestinationServer(r, s)
 	outboundpb.RegisterOutboundPoliciesServer(r, &policyServer{s: s})
 	inboundpb.RegisterInboundServerPoliciesServer(r, &inboundServer{s: s})
 	registrationpb.RegisterRegistrationServer(r, s.reg)
 	watchespb.RegisterWatchesServer(r, &watchesServer{s: s, max: s.maxSubscriptions})
+	healthpb.RegisterHealthServer(r, &healthServer{s: s})
 }
 
 // Shutdown ends every open stream with Unavailable and refuses new ones
@@ -132,7 +147,14 @@ func (s *Server) Register(r grpc.ServiceRegistrar) {
 // then returns as soon as the remaining unary work (none) is done. It is
 // safe to call more than once.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.shutdownOnce.Do(func() { close(s.shutdown) })
+	s.mu.Lock()
+	if !s.down {
+		s.down = true
+		s.stop.close()
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		s.streams.Wait()
@@ -144,17 +166,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// begin registers a stream handler; it fails once Shutdown was called.
-func (s *Server) begin() error {
-	select {
-	case <-s.shutdown:
-		return errShuttingDown
-	default:
-	}
-	s.streams.Add(1)
-	return nil
 }
 
 // GetProfile streams the profile of the requested authority, with the
@@ -337,7 +348,8 @@ func serveFeed[T any, M interface {
 	*T
 	proto.Message
 }](s *Server, stream grpc.ServerStreamingServer[T], f feed) error {
-	if err := s.begin(); err != nil {
+	stop, err := s.begin()
+	if err != nil {
 		return err
 	}
 	defer s.streams.Done()
@@ -369,7 +381,7 @@ func serveFeed[T any, M interface {
 				return err
 			}
 		}
-		if done, err := s.wait(ctx, w); done {
+		if done, err := s.wait(ctx, w, stop); done {
 			return err
 		}
 	}
@@ -403,16 +415,16 @@ func latest(current func() (proto.Message, error)) func() ([]message, error) {
 // encodings are equal when the messages are.
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-// wait waits for a wake-up of w, the server's shutdown or the end of the
-// stream's ctx; done says the stream is to end, with err (nil when the
-// client went away).
-func (s *Server) wait(ctx context.Context, w *waiter) (done bool, err error) {
+// wait waits for a wake-up of w, the stream's stop (from begin: the
+// server's shutdown or standby) or the end of the stream's ctx; done says
+// the stream is to end, with err (nil when the client went away).
+func (s *Server) wait(ctx context.Context, w *waiter, stop <-chan struct{}) (done bool, err error) {
 	select {
 	case <-w.c:
 		s.wakes.Add(1)
 		return false, nil
-	case <-s.shutdown:
-		return true, errShuttingDown
+	case <-stop:
+		return true, s.stopErr()
 	case <-ctx.Done():
 		return true, nil
 	}

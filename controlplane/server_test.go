@@ -53,11 +53,17 @@ type grpcServer struct {
 	done chan struct{}
 }
 
-// serve serves s until the test ends.
+// serve serves s on its [Server.Listener] until the test ends.
 func serve(t *testing.T, s *Server) *grpcServer {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	return serveOn(t, s, s.Listener(lis))
+}
+
+// serveOn serves s on lis until the test ends.
+func serveOn(t *testing.T, s *Server, lis net.Listener) *grpcServer {
+	t.Helper()
 	g := &grpcServer{addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
 	s.Register(g.srv)
 	go func() {

@@ -80,7 +80,8 @@ type muxSub struct {
 // the server shuts down, or a request is malformed (InvalidArgument).
 func (ws *watchesServer) Watch(stream watchespb.Watches_WatchServer) error {
 	s := ws.s
-	if err := s.begin(); err != nil {
+	stop, err := s.begin()
+	if err != nil {
 		return err
 	}
 	defer s.streams.Done()
@@ -113,8 +114,8 @@ func (ws *watchesServer) Watch(stream watchespb.Watches_WatchServer) error {
 				return nil
 			}
 			return err
-		case <-s.shutdown:
-			return errShuttingDown
+		case <-stop:
+			return s.stopErr()
 		case <-ctx.Done():
 			return nil
 		}

@@ -100,7 +100,7 @@ func (r *registrations) deregister(ctx context.Context) bool {
 	r.mu.Unlock()
 	for _, reg := range active {
 		if err := reg.Deregister(ctx); err != nil {
-			r.log.Warn("mesh: deregistration unconfirmed; the control plane removes the endpoints when the stream ends", "err", err)
+			r.log.Warn("mesh: deregistration unconfirmed; the endpoints may stay in the answers until the control plane sees the stream end, or until the registration's lease expires", "err", err)
 		}
 	}
 	return len(active) > 0

@@ -173,8 +173,11 @@ type Registration struct {
 	mu            sync.Mutex
 	stream        registrationpb.Registration_RegisterClient // open, nil between attempts
 	deregistering bool
-	err           error // the last failure, nil once accepted
-	acceptedOnce  sync.Once
+	// unconfirmed is why the control plane did not confirm a
+	// deregistration sent on an open stream.
+	unconfirmed  error
+	err          error // the last failure, nil once accepted
+	acceptedOnce sync.Once
 }
 
 // Register starts registering eps over conn (see [Dial]) and returns at
@@ -258,7 +261,12 @@ func (r *Registration) Err() error {
 
 // Deregister removes the endpoints from the control plane's answers and
 // waits until it confirms, the registration ends, or ctx is done; the
-// registration then ends either way. It is safe to call more than once.
+// registration then ends either way. It returns an error when the control
+// plane did not confirm: it could not remove them (its etcd out of
+// reach), or the stream broke meanwhile. The endpoints may then stay in
+// the answers until the registration's lease expires (the control plane's
+// TTL), and a server that can wait that long keeps its listener open. It
+// is safe to call more than once.
 func (r *Registration) Deregister(ctx context.Context) error {
 	r.mu.Lock()
 	r.deregistering = true
@@ -281,6 +289,11 @@ func (r *Registration) Deregister(ctx context.Context) error {
 		return fmt.Errorf("registration: deregistering: %w", ctx.Err())
 	}
 	r.cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unconfirmed != nil {
+		return fmt.Errorf("registration: deregistering: the control plane did not confirm: %w", r.unconfirmed)
+	}
 	return nil
 }
 
@@ -297,7 +310,15 @@ func (r *Registration) run(ctx context.Context, ready <-chan struct{}) {
 	seq := backoff.NewSequence(r.retry)
 	for ctx.Err() == nil {
 		progressed, deregistered, err := r.attempt(ctx)
-		if deregistered || r.isDeregistering() || ctx.Err() != nil {
+		if deregistered || ctx.Err() != nil {
+			return
+		}
+		if r.isDeregistering() {
+			// The stream ended after Deregister sent its request, without
+			// the confirmation.
+			r.mu.Lock()
+			r.unconfirmed = err
+			r.mu.Unlock()
 			return
 		}
 		if progressed {

@@ -2,6 +2,7 @@ package registration_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -190,4 +191,70 @@ func watchBooks(t *testing.T, addr string) func() ([]endpoint.Endpoint, bool) {
 		defer mu.Unlock()
 		return last, answered
 	}
+}
+
+// removalFails is a Registry whose leases cannot be removed, as over an
+// etcd out of reach; Release reports each remove flag.
+type removalFails struct{ released chan bool }
+
+func (r removalFails) Open(context.Context) (controlplane.Lease, error) { return r, nil }
+func (r removalFails) Put(context.Context, map[string][]endpoint.Endpoint) error {
+	return nil
+}
+
+func (r removalFails) Release(_ context.Context, remove bool) error {
+	r.released <- remove
+	if remove {
+		return errors.New("etcd: revoking lease 1: context deadline exceeded")
+	}
+	return nil
+}
+func (r removalFails) Lost() <-chan struct{} { return nil }
+
+// A deregistration the control plane cannot carry out (its etcd out of
+// reach) is an error of Deregister, not a confirmation: the endpoints may
+// stay in the answers until the lease expires, and the workload must not
+// take them for gone.
+func TestDeregisterUnconfirmedWhenTheEndpointsStay(t *testing.T) {
+	reg := removalFails{released: make(chan bool, 1)}
+	c := regtest.Start(t, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet), controlplane.WithRegistry(reg))
+	r, err := registration.Register(context.Background(), c.Dial(t, nil), books("127.0.0.1:4001"), registration.WithLogger(quiet))
+	require.NoError(t, err)
+	waitAccepted(t, r)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	err = r.Deregister(ctx)
+	require.Error(t, err)
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Contains(t, err.Error(), "did not confirm")
+	assert.Contains(t, err.Error(), "they stay in the answers until the registration's lease expires")
+	assert.True(t, <-reg.released, "the control plane tried to remove the endpoints")
+}
+
+// A registration leaves a replica that stands by (it lost etcd while
+// another replica reads it) at once: the replica ends the stream, leaves
+// the lease to run, and refuses the connection, so that the registration
+// reaches the next replica.
+func TestRegistrationLeavesAReplicaOnStandby(t *testing.T) {
+	reg := removalFails{released: make(chan bool, 1)}
+	first := regtest.Start(t, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet), controlplane.WithRegistry(reg))
+	second := regtest.Start(t, regtest.Manifests, controlplane.WithInsecureRegistration(), controlplane.WithLogger(quiet))
+	conn, err := registration.Dial(first.Addr+","+second.Addr, nil, "")
+	require.NoError(t, err)
+	defer conn.Close()
+	fast, err := backoff.Fixed(50 * time.Millisecond)
+	require.NoError(t, err)
+	r, err := registration.Register(context.Background(), conn, books("127.0.0.1:4001"), registration.WithLogger(quiet), registration.WithRetry(fast))
+	require.NoError(t, err)
+	waitAccepted(t, r)
+	dst := watchBooks(t, second.Addr)
+
+	first.Server.SetHealth(controlplane.Standby)
+	assert.False(t, <-reg.released, "the lease is left to run, not removed")
+	// Far sooner than a lost replica is noticed.
+	require.Eventually(t, func() bool { eps, _ := dst(); return len(eps) == 1 }, (cpaddr.MinPing+registration.KeepaliveTimeout)/2, 10*time.Millisecond,
+		"the registration never reached the second replica")
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	require.NoError(t, r.Deregister(ctx))
 }

@@ -3,7 +3,12 @@
 // a resolver registered on that client alone, to every address at once.
 // gRPC's default pick_first policy then connects to the first address that
 // answers and, when that connection is lost, tries the addresses again in
-// order, so that the client moves to a live replica by itself.
+// order, so that the client moves to a live replica by itself. Only the
+// connection moves it: a stream that ends, whatever its status, is opened
+// again on the same replica. A replica that must lose its clients (one
+// that lost etcd while another reads it, controlplane.Standby) closes
+// their connections and fails every new one before the HTTP/2 preface,
+// which pick_first counts as a failed address and passes over.
 package cpaddr
 
 import (

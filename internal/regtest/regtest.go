@@ -112,7 +112,7 @@ func serve(t testing.TB, srv *grpc.Server, s *controlplane.Server, addr string) 
 	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
 	s.Register(srv)
-	go func() { _ = srv.Serve(lis) }()
+	go func() { _ = srv.Serve(s.Listener(lis)) }()
 	return lis.Addr().String()
 }
 
