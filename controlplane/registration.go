@@ -603,19 +603,20 @@ func (l *storeLease) Release(context.Context, bool) error {
 func (l *storeLease) Lost() <-chan struct{} { return nil }
 
 // KeepaliveOptions are the options of a grpc.Server serving the
-// Registration API whose registrations last ttl past a replica's death:
-// after ttl without a frame from a client the server pings it, and closes
-// the connection when no answer comes within ttl. A registrant whose host
-// went away or whose process froze (no FIN, no RST) then loses its
-// registration within about 2×ttl, as it would lose its lease; a live
-// client's gRPC library answers the pings by itself. The server also
-// lets clients ping it as often as every 10 s, the most often gRPC
-// clients ping ([destination.WithKeepalive], identity.Config.Keepalive),
-// so that a client notices a replica that froze as soon; a gRPC server's
-// default would close such a client's connection.
+// Registration API whose registrations last ttl past a replica's death
+// (etcdstore's lease TTL): after ttl/2 without a frame from a client the
+// server pings it, and closes the connection when no answer comes within
+// ttl/2 more. A registrant whose host went away or whose process froze
+// (no FIN, no RST) then loses its registration within about ttl, as it
+// would lose its lease; a live client's gRPC library answers the pings by
+// itself. The server also lets clients ping it as often as every 10 s,
+// the most often gRPC clients ping (registration.Dial does,
+// [destination.WithKeepalive] and identity.Config.Keepalive may), so that
+// a client notices a replica that froze as soon; a gRPC server's default
+// would close such a client's connection.
 func KeepaliveOptions(ttl time.Duration) []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: ttl, Timeout: ttl}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: ttl / 2, Timeout: ttl / 2}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinClientPing, PermitWithoutStream: true}),
 	}
 }

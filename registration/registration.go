@@ -11,7 +11,16 @@
 // peers stop sending first (mesh.WithRegistration and
 // meshgrpc.WithRegistration do). When the process dies, the control plane
 // removes them when it sees the stream break, or by the expiry of its
-// lease (etcdstore.DefaultRegistrationTTL) at the latest.
+// lease (etcdstore.DefaultRegistrationTTL, 30 s) at the latest.
+//
+// # Replicas
+//
+// [Dial] takes several replicas; a registration's stream lives on one
+// (gRPC's pick_first) and moves to the next live one when that replica
+// dies, shuts down, freezes (noticed within [LeaveLostReplicaWithin]) or
+// stands by because it lost etcd while another replica reads it. The
+// lease it leaves behind keeps the endpoints in the answers until the
+// registration is in again, through the other replica.
 //
 // # Security
 //
@@ -124,10 +133,13 @@ func WithRetry(p backoff.Policy) Option {
 // linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local);
 // with nil, it is plaintext, which only a control plane with insecure
 // registration accepts. It does not wait for the control plane. The
-// connection pings the control plane after 10 s of silence, so that a
-// registration leaves a replica lost without a reset for a live one: the
-// control plane's gRPC server must allow it, as
-// controlplane.KeepaliveOptions does.
+// connection pings the control plane after 10 s of silence and gives up
+// on it when no answer comes within [KeepaliveTimeout], so that a
+// registration leaves a replica lost without a reset (its host gone, its
+// process frozen) for a live one within [LeaveLostReplicaWithin], before
+// the lease that replica kept alive expires (etcdstore's default TTL
+// leaves it two thirds of its 30 s at least): the control plane's gRPC
+// server must allow the pings, as controlplane.KeepaliveOptions does.
 func Dial(addr string, local *identity.Local, serverName string) (*grpc.ClientConn, error) {
 	target, opts := addr, []grpc.DialOption{}
 	if cpaddr.IsList(addr) {
@@ -158,6 +170,14 @@ func Dial(addr string, local *identity.Local, serverName string) (*grpc.ClientCo
 // KeepaliveTimeout is how long a registration's connection waits for the
 // answer to its ping before it moves to another replica.
 const KeepaliveTimeout = 5 * time.Second
+
+// LeaveLostReplicaWithin is the longest a registration's connection ([Dial])
+// takes to notice a replica lost without a reset: gRPC's shortest ping
+// interval (10 s of silence), then [KeepaliveTimeout]. A control plane's
+// lease TTL must leave its leases more than that past their replica's
+// last keep-alive, so that a live workload moves before its lease
+// expires.
+const LeaveLostReplicaWithin = cpaddr.MinPing + KeepaliveTimeout
 
 // Registration is a workload's registration, kept while it lives. It is
 // safe for concurrent use.

@@ -19,6 +19,7 @@ import (
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/controlplane/etcdstore"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/cpaddr"
 	"github.com/inmesh/inmesh/internal/regtest"
@@ -252,9 +253,20 @@ func TestRegistrationLeavesAReplicaOnStandby(t *testing.T) {
 	first.Server.SetHealth(controlplane.Standby)
 	assert.False(t, <-reg.released, "the lease is left to run, not removed")
 	// Far sooner than a lost replica is noticed.
-	require.Eventually(t, func() bool { eps, _ := dst(); return len(eps) == 1 }, (cpaddr.MinPing+registration.KeepaliveTimeout)/2, 10*time.Millisecond,
+	require.Eventually(t, func() bool { eps, _ := dst(); return len(eps) == 1 }, registration.LeaveLostReplicaWithin/2, 10*time.Millisecond,
 		"the registration never reached the second replica")
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 	defer cancel()
 	require.NoError(t, r.Deregister(ctx))
+}
+
+// The default lease TTL leaves a lease, past its replica's last keep-alive
+// (every third of the TTL), more than a registration takes to notice that
+// its replica froze, with time to spare to register with another: a live
+// workload never leaves the answers because its replica froze.
+func TestDefaultLeaseOutlivesTheMoveOffALostReplica(t *testing.T) {
+	remaining := etcdstore.DefaultRegistrationTTL - etcdstore.DefaultRegistrationTTL/3
+	assert.GreaterOrEqual(t, remaining, registration.LeaveLostReplicaWithin+3*time.Second)
+	// And a replica that lost etcd stands by long before.
+	assert.Less(t, etcdstore.DefaultStaleAfter*2, remaining)
 }

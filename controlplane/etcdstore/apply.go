@@ -219,7 +219,8 @@ func (w *watcher) validate(names map[string]string) error {
 	return err
 }
 
-// List returns the keys under prefix that replicas read, sorted.
+// List returns the keys under prefix that replicas read, sorted, but for
+// the replicas' own addresses.
 func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]Key, error) {
 	prefix = cleanPrefix(prefix)
 	resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix())
@@ -230,7 +231,7 @@ func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]Key, erro
 	var out []Key
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
-		if w.kind(k) == "" {
+		if kind := w.kind(k); kind == "" || kind == ReplicasDir {
 			continue
 		}
 		out = append(out, Key{Key: k, Name: strings.TrimPrefix(k, prefix+"/"), ModRevision: kv.ModRevision, Size: len(kv.Value)})

@@ -12,6 +12,7 @@
 //	PREFIX/registrations/AUTHORITY/ADDR/LEASE
 //	                        an endpoint a workload registered ([Registry]), under
 //	                        the lease of its registration
+//	PREFIX/replicas/ADDR    the address of a replica ([WithReplica]), under its lease
 //
 // NAME may hold slashes: [Apply] keeps each resource under its own key,
 // PREFIX/manifests/KIND/NAMESPACE/NAME, as kubectl apply keeps one object
@@ -32,6 +33,14 @@
 // the next revision: a replica whose connection breaks resumes from the last
 // revision it saw, missing and replaying nothing; when that revision was
 // compacted meanwhile it reads every key again at a new revision.
+//
+// A replica that cannot read etcd keeps serving what it last read, as
+// clients keep what they last received: until [WithStaleAfter] has
+// passed, and past it while no other replica reads etcd. With
+// [WithReplica], once another replica that reads etcd is found, its
+// Server goes on standby (controlplane.Standby) and its clients move to
+// that replica; it serves again as soon as it reads etcd, and the clients
+// that moved stay where they are.
 package etcdstore
 
 import (
@@ -43,6 +52,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
@@ -79,6 +90,10 @@ type config struct {
 	logInterval time.Duration
 	retry       backoff.Policy
 	start       time.Duration
+	// The replica whose health follows the watch (replica.go).
+	srv        *controlplane.Server
+	addr       string
+	staleAfter time.Duration
 }
 
 // WithLogger sets the logger (default slog.Default()) of rejected keys,
@@ -133,13 +148,17 @@ func WithStartTimeout(d time.Duration) Option {
 // the last revision seen. Manifests that load but cannot work as written
 // ([manifest.Resources.Problems]) are logged at every load of them.
 //
+// With [WithReplica], the replica's Server hands its clients over to
+// another replica while it cannot read etcd and the other can, and serves
+// its last state while no replica can.
+//
 // The watch goes on in a goroutine of its own; wait, once ctx is done,
 // returns when it has returned: nothing is loaded into store after that.
 // The client is the caller's, and stays open: cancel ctx, call wait, then
 // close the client. When Watch fails, there is no goroutine and wait
 // returns at once.
 func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client, prefix string, opts ...Option) (wait func(), err error) {
-	cfg := config{logger: slog.Default(), retry: backoff.DefaultPolicy()}
+	cfg := config{logger: slog.Default(), retry: backoff.DefaultPolicy(), staleAfter: DefaultStaleAfter}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -151,20 +170,42 @@ func Watch(ctx context.Context, store *controlplane.Store, cli *clientv3.Client,
 	if cfg.start > 0 {
 		start, cancel = context.WithTimeout(ctx, cfg.start)
 	}
+	var r *replica
+	if cfg.srv != nil {
+		r = newReplica(w, cfg)
+		if r.addr != "" {
+			// Listed before the first read, so that every replica that
+			// reads after this one has started knows it. A failure is
+			// tried again in the background.
+			if err := r.publish(start); err != nil {
+				w.log.WarnErr("replica key", "etcd: cannot list this replica's address in etcd; trying again", err, "addr", r.addr)
+			}
+		}
+	}
 	bad, err := w.reload(start)
 	cancel()
+	if err == nil && bad != nil {
+		err = bad
+	}
 	if err != nil {
+		if r != nil && r.lease != 0 {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_, _ = cli.Revoke(rctx, r.lease)
+			cancel()
+		}
 		return func() {}, err
 	}
-	if bad != nil {
-		return func() {}, bad
+	var workers sync.WaitGroup
+	workers.Go(func() { w.run(ctx) })
+	if r != nil {
+		r.lastCurrent = time.Now()
+		cfg.srv.SetHealth(controlplane.Current)
+		workers.Go(func() { r.run(ctx) })
+		if r.addr != "" {
+			workers.Go(func() { r.announce(ctx) })
+		}
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.run(ctx)
-	}()
-	return func() { <-done }, nil
+	return workers.Wait, nil
 }
 
 type watcher struct {
@@ -173,6 +214,14 @@ type watcher struct {
 	prefix string // ends with "/"
 	log    *ratelog.Logger
 	retry  backoff.Policy
+
+	// following is true while the watch is established (etcd
+	// confirmed its creation), false while it is broken or being set up.
+	following atomic.Bool
+	// peers are the addresses under ReplicasDir (replica.go), as read
+	// last by the watch or by a replica's check.
+	peersMu sync.Mutex
+	peers   map[string]bool
 
 	rev       int64             // the revision the state below is at
 	manifests map[string][]byte // by key
@@ -220,6 +269,7 @@ func (w *watcher) reload(ctx context.Context) (bad, err error) {
 		return nil, fmt.Errorf("etcd: reading %s: %w", w.prefix, err)
 	}
 	w.manifests, w.endpoints, w.registrations = make(map[string][]byte), make(map[string][]byte), make(map[string][]byte)
+	w.setPeers(nil)
 	for _, kv := range resp.Kvs {
 		w.put(string(kv.Key), kv.Value)
 	}
@@ -235,6 +285,8 @@ func (w *watcher) put(key string, value []byte) {
 		w.endpoints[key] = value
 	case RegistrationsDir:
 		w.registrations[key] = value
+	case ReplicasDir:
+		w.setPeer(strings.TrimPrefix(key, w.prefix+ReplicasDir+"/"), true)
 	}
 }
 
@@ -242,6 +294,9 @@ func (w *watcher) delete(key string) {
 	delete(w.manifests, key)
 	delete(w.endpoints, key)
 	delete(w.registrations, key)
+	if w.kind(key) == ReplicasDir {
+		w.setPeer(strings.TrimPrefix(key, w.prefix+ReplicasDir+"/"), false)
+	}
 }
 
 // kind returns the folder of a key, or "" for a key not read here.
@@ -254,7 +309,7 @@ func (w *watcher) kind(key string) string {
 	if !ok || name == "" {
 		return ""
 	}
-	if dir == ManifestsDir || dir == EndpointsDir || dir == RegistrationsDir {
+	if dir == ManifestsDir || dir == EndpointsDir || dir == RegistrationsDir || dir == ReplicasDir {
 		return dir
 	}
 	return ""
@@ -378,13 +433,19 @@ func (w *watcher) run(ctx context.Context) {
 func (w *watcher) follow(ctx context.Context) (compacted, progressed bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	ch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.rev+1), clientv3.WithProgressNotify())
+	defer w.following.Store(false)
+	ch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.rev+1), clientv3.WithProgressNotify(),
+		clientv3.WithCreatedNotify())
 	for resp := range ch {
 		if resp.CompactRevision != 0 {
 			return true, progressed, nil
 		}
 		if err := resp.Err(); err != nil {
 			return false, progressed, err
+		}
+		if resp.Created {
+			w.following.Store(true)
+			continue
 		}
 		progressed = true
 		if resp.IsProgressNotify() {

@@ -29,8 +29,18 @@ const RegistrationsDir = "registrations"
 
 // DefaultRegistrationTTL is the lease TTL of a registration: the longest a
 // registered endpoint outlives its registration when the replica that
-// held it died too (a replica that sees the stream end removes it at once).
-const DefaultRegistrationTTL = 5 * time.Second
+// held it died too (a replica that sees the stream end removes it at
+// once). Kept alive every third of its TTL, a lease outlives the replica
+// that kept it by two thirds of the TTL at least, 20 s: longer than a
+// registration takes to leave a replica that froze or lost etcd and
+// register with another (registration.Dial notices a frozen replica
+// within 15 s), so that a live workload's endpoints never leave the
+// answers meanwhile.
+const DefaultRegistrationTTL = 30 * time.Second
+
+// maxCallTimeout bounds each etcd call of a registration (see
+// [Registry.callTimeout]).
+const maxCallTimeout = 5 * time.Second
 
 // RegistrationKey returns the key of an endpoint registered under lease.
 func RegistrationKey(prefix, authority string, addr netip.AddrPort, lease clientv3.LeaseID) string {
@@ -51,7 +61,9 @@ type registered struct {
 // controlplane.WithRegistry): each registration under a lease of its own,
 // kept alive while its stream is open and revoked when it ends, so that
 // every replica's [Watch] serves the endpoints, and they expire within
-// the TTL when the replica that holds the stream dies. It is safe for
+// the TTL when the replica that holds the stream dies. Each etcd call is
+// bounded by a third of the TTL (at most 5 s): a registration through a
+// replica that cannot reach etcd fails with Unavailable. It is safe for
 // concurrent use.
 type Registry struct {
 	cli    *clientv3.Client
@@ -71,10 +83,20 @@ func NewRegistry(cli *clientv3.Client, prefix string, ttl time.Duration) *Regist
 	return &Registry{cli: cli, prefix: cleanPrefix(prefix), ttl: ttl}
 }
 
+// callTimeout bounds each etcd call of a registration: a third of the
+// TTL, between 1 s and 5 s. A replica that cannot reach etcd then answers
+// Unavailable well before a lease runs out, rather than holding the
+// workload's stream (and the workload) for as long as etcd is away.
+func (r *Registry) callTimeout() time.Duration {
+	return max(min(r.ttl/3, maxCallTimeout), time.Second)
+}
+
 // Open grants the registration's lease and keeps it alive until Release.
 func (r *Registry) Open(ctx context.Context) (controlplane.Lease, error) {
 	secs := int64((r.ttl + time.Second - 1) / time.Second)
-	grant, err := r.cli.Grant(ctx, secs)
+	gctx, cancel := context.WithTimeout(ctx, r.callTimeout())
+	grant, err := r.cli.Grant(gctx, secs)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("etcd: granting a lease: %w", err)
 	}
@@ -137,6 +159,8 @@ func (l *lease) Put(ctx context.Context, sets map[string][]endpoint.Endpoint) er
 			ops = append(ops, clientv3.OpDelete(k))
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, l.r.callTimeout())
+	defer cancel()
 	if _, err := l.r.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
 		return fmt.Errorf("etcd: writing the registration: %w", err)
 	}
@@ -155,6 +179,8 @@ func (l *lease) Release(ctx context.Context, remove bool) error {
 	if !remove {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, l.r.callTimeout())
+	defer cancel()
 	if _, err := l.r.cli.Revoke(ctx, l.id); err != nil {
 		return fmt.Errorf("etcd: revoking lease %x: %w", l.id, err)
 	}
