@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -12,8 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -169,7 +172,8 @@ func (l *lease) Put(ctx context.Context, sets map[string][]endpoint.Endpoint) er
 }
 
 // Release stops the keep-alive and, with remove, revokes the lease, which
-// deletes its keys at once; without, they expire with the lease.
+// deletes its keys at once (tried again within the bound of a call, while
+// etcd elects a leader); without, they expire with the lease.
 func (l *lease) Release(ctx context.Context, remove bool) error {
 	l.mu.Lock()
 	l.released = true
@@ -181,11 +185,26 @@ func (l *lease) Release(ctx context.Context, remove bool) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.r.callTimeout())
 	defer cancel()
-	if _, err := l.r.cli.Revoke(ctx, l.id); err != nil {
-		return fmt.Errorf("etcd: revoking lease %x: %w", l.id, err)
+	// etcd's client does not try a revocation again when its connection
+	// broke, and etcd drops one proposed while it elects a leader: it is
+	// tried again here, a second at a time, within the bound. A lease
+	// already gone counts as revoked.
+	seq := backoff.NewSequence(backoff.DefaultPolicy())
+	for {
+		actx, cancel := context.WithTimeout(ctx, revokeAttemptTimeout)
+		_, err := l.r.cli.Revoke(actx, l.id)
+		cancel()
+		if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil
+		}
+		if backoff.Wait(ctx, seq.Next()) != nil {
+			return fmt.Errorf("etcd: revoking lease %x: %w", l.id, err)
+		}
 	}
-	return nil
 }
+
+// revokeAttemptTimeout bounds one attempt of a revocation.
+const revokeAttemptTimeout = time.Second
 
 func (l *lease) Lost() <-chan struct{} { return l.lost }
 
