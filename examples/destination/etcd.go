@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -21,6 +22,10 @@ type etcdFlags struct {
 	endpoints                 []string
 	prefix                    string
 	caFile, certFile, keyFile string
+	// The replica's address for the others, and its bound on an etcd
+	// out of reach.
+	advertise  string
+	staleAfter time.Duration
 }
 
 // etcdStartTimeout bounds the first read of the keys at start.
@@ -74,18 +79,24 @@ func (f etcdFlags) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// watchEtcd feeds store from etcd until ctx is done, with the client it
-// returns; wait returns, once ctx is done, when the watch has returned and
-// the client is closed.
-func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log *slog.Logger) (cli *clientv3.Client, wait func(), err error) {
-	cli, err = f.client()
-	if err != nil {
-		return nil, func() {}, err
+// watchEtcd feeds store from etcd through cli until ctx is done, and makes
+// dst a replica (etcdstore.WithReplica) listed at the flags' -advertise,
+// or else at listen when it names one IP address; wait returns, once ctx
+// is done, when the watch has returned and cli is closed. When the watch
+// cannot start, cli is closed at once.
+func watchEtcd(ctx context.Context, store *controlplane.Store, cli *clientv3.Client, f etcdFlags, dst *controlplane.Server, listen net.Addr, log *slog.Logger) (wait func(), err error) {
+	advertise := f.advertise
+	if a, ok := listen.(*net.TCPAddr); advertise == "" && ok && !a.IP.IsUnspecified() {
+		advertise = a.String()
 	}
-	watched, err := etcdstore.Watch(ctx, store, cli, f.prefix, etcdstore.WithLogger(log), etcdstore.WithStartTimeout(etcdStartTimeout))
+	if advertise == "" {
+		log.Warn("no -advertise address: other replicas cannot hand their clients over to this one when they lose etcd", "listen", listen.String())
+	}
+	watched, err := etcdstore.Watch(ctx, store, cli, f.prefix, etcdstore.WithLogger(log), etcdstore.WithStartTimeout(etcdStartTimeout),
+		etcdstore.WithReplica(dst, advertise), etcdstore.WithStaleAfter(f.staleAfter))
 	if err != nil {
 		cli.Close()
-		return nil, func() {}, err
+		return func() {}, err
 	}
 	// The client is closed once the watch has returned, never under it.
 	closed := make(chan struct{})
@@ -95,6 +106,6 @@ func watchEtcd(ctx context.Context, store *controlplane.Store, f etcdFlags, log 
 		watched()
 		cli.Close()
 	}()
-	log.Info("serving from etcd", "endpoints", strings.Join(f.endpoints, ","), "prefix", f.prefix)
-	return cli, func() { <-closed }, nil
+	log.Info("serving from etcd", "endpoints", strings.Join(f.endpoints, ","), "prefix", f.prefix, "advertise", advertise)
+	return func() { <-closed }, nil
 }

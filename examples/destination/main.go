@@ -23,6 +23,12 @@
 //
 //	go run ./examples/destination -etcd-endpoints https://10.0.0.1:2379,https://10.0.0.2:2379 -etcd-prefix /inmesh -etcd-cacert ca.crt ...
 //
+// A replica lists its address (-advertise, by default -listen) in etcd.
+// One that cannot read etcd for -etcd-stale-after serves what it last
+// read, and hands its clients over (it closes their connections, so that
+// they connect to the next replica of their list) as soon as another
+// replica answers that it reads etcd; it serves again once it reads etcd.
+//
 // Its subcommands apply, delete and get edit and list what etcd holds, as
 // kubectl does a cluster's: apply validates a file or directory of
 // manifests (and endpoints files) with the loader the control plane uses,
@@ -65,6 +71,7 @@ import (
 	"github.com/inmesh/inmesh/controlplane/etcdstore"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/manifest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	xcredentials "google.golang.org/grpc/experimental/credentials"
 )
@@ -97,13 +104,15 @@ func main() {
 	flag.StringVar(&ef.caFile, "etcd-cacert", "", "PEM file of the CAs that sign etcd's server certificates (TLS to etcd)")
 	flag.StringVar(&ef.certFile, "etcd-cert", "", "PEM client certificate for etcd (with -etcd-key)")
 	flag.StringVar(&ef.keyFile, "etcd-key", "", "PEM private key of -etcd-cert")
+	flag.StringVar(&ef.advertise, "advertise", "", "with -etcd-endpoints: the address (host:port) other replicas reach -listen at, listed in etcd so that a replica that loses etcd can hand its clients over to this one (default: -listen, when it names one IP address)")
+	flag.DurationVar(&ef.staleAfter, "etcd-stale-after", etcdstore.DefaultStaleAfter, "with -etcd-endpoints: how long etcd may stay unreadable before this replica counts as stale and hands its clients over to a replica that reads etcd, if there is one")
 	var inbound manifest.InboundOptions
 	flag.Func("default-inbound-policy", "policy of pod ports no Server selects: all-unauthenticated (default), all-authenticated, cluster-unauthenticated, cluster-authenticated, deny or audit",
 		func(v string) (err error) { inbound.DefaultMode, err = authz.ParseMode(v); return err })
 	flag.Func("cluster-networks", "comma-separated CIDRs of the cluster-* policies (default Linkerd's: 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16)",
 		func(v string) (err error) { inbound.ClusterNetworks, err = parsePrefixes(v); return err })
 	insecureReg := flag.Bool("insecure-registration", false, "accept registrations from plaintext callers, unchecked (development only; registrations are otherwise authenticated by the workload's mTLS identity on -identity-listen)")
-	regTTL := flag.Duration("registration-ttl", etcdstore.DefaultRegistrationTTL, "the lease TTL of a registration with -etcd-endpoints, the longest its endpoints outlive a replica that died; and how long a silent client connection lasts before the server pings it, and then waits for the answer")
+	regTTL := flag.Duration("registration-ttl", etcdstore.DefaultRegistrationTTL, "the lease TTL of a registration with -etcd-endpoints, the longest its endpoints outlive a replica that died (keep it above 1.5 x 15s, so that a live workload leaves a frozen replica before its lease expires); a silent client connection is pinged after half of it, and dropped when no answer comes within the other half")
 	flag.Func("probe-networks", "comma-separated CIDRs the probe route of default policies admits (default none: no probe route)",
 		func(v string) (err error) { inbound.ProbeNetworks, err = parsePrefixes(v); return err })
 	flag.Parse()
@@ -121,31 +130,36 @@ func main() {
 	if *insecureReg {
 		opts = append(opts, controlplane.WithInsecureRegistration())
 	}
-	var feed func() error
-	wait := func() {}
-	if len(ef.endpoints) > 0 {
-		if *profilesDir != "" || *endpoints != "" || *policies != "" {
-			fmt.Fprintln(os.Stderr, "destination: -etcd-endpoints replaces -profiles, -endpoints and -policies")
-			os.Exit(2)
-		}
-		feed = func() error {
-			cli, w, err := watchEtcd(ctx, store, ef, log)
-			if err == nil {
-				wait = w
-				// Registrations are leased keys of etcd, which every
-				// replica serves.
-				opts = append(opts, controlplane.WithRegistry(etcdstore.NewRegistry(cli, ef.prefix, *regTTL)))
-			}
-			return err
-		}
-	} else {
-		feed = func() error { return watchFiles(ctx, store, *profilesDir, *endpoints, *policies, *interval, log) }
+	if len(ef.endpoints) > 0 && (*profilesDir != "" || *endpoints != "" || *policies != "") {
+		fmt.Fprintln(os.Stderr, "destination: -etcd-endpoints replaces -profiles, -endpoints and -policies")
+		os.Exit(2)
 	}
-	if err := feed(); err != nil {
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "destination: -listen:", err)
+		os.Exit(1)
+	}
+	var cli *clientv3.Client
+	if len(ef.endpoints) > 0 {
+		if cli, err = ef.client(); err != nil {
+			fmt.Fprintln(os.Stderr, "destination:", err)
+			os.Exit(1)
+		}
+		// Registrations are leased keys of etcd, which every replica
+		// serves.
+		opts = append(opts, controlplane.WithRegistry(etcdstore.NewRegistry(cli, ef.prefix, *regTTL)))
+	}
+	dst := controlplane.NewServer(store, opts...)
+	wait := func() {}
+	if cli != nil {
+		wait, err = watchEtcd(ctx, store, cli, ef, dst, lis.Addr(), log)
+	} else {
+		err = watchFiles(ctx, store, *profilesDir, *endpoints, *policies, *interval, log)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "destination:", err)
 		os.Exit(1)
 	}
-	dst := controlplane.NewServer(store, opts...)
 	if id.dir != "" {
 		idSrv, err := serveIdentity(ctx, id, *interval, dst, log, controlplane.KeepaliveOptions(*regTTL)...)
 		if err != nil {
@@ -154,7 +168,7 @@ func main() {
 		}
 		defer idSrv.Stop()
 	}
-	err := run(ctx, *listen, dst, log, controlplane.KeepaliveOptions(*regTTL)...)
+	err = run(ctx, lis, dst, log, controlplane.KeepaliveOptions(*regTTL)...)
 	stop()
 	wait() // the etcd watch has returned and its client is closed
 	if err != nil {
@@ -187,15 +201,14 @@ func watchFiles(ctx context.Context, store *controlplane.Store, profilesDir, end
 	return nil
 }
 
-func run(ctx context.Context, listen string, dst *controlplane.Server, log *slog.Logger, srvOpts ...grpc.ServerOption) error {
-	lis, err := net.Listen("tcp", listen)
-	if err != nil {
-		return fmt.Errorf("-listen: %w", err)
-	}
+// run serves dst's APIs on lis until ctx is done, then shuts down. A
+// replica on standby (controlplane.Standby) closes its connections, so
+// that its clients move to another replica.
+func run(ctx context.Context, lis net.Listener, dst *controlplane.Server, log *slog.Logger, srvOpts ...grpc.ServerOption) error {
 	srv := grpc.NewServer(srvOpts...)
 	dst.Register(srv)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
+	go func() { served <- srv.Serve(dst.Listener(lis)) }()
 	log.Info("serving the Destination API", "addr", lis.Addr().String(), "also", "OutboundPolicies, InboundServerPolicies")
 	select {
 	case err := <-served:
@@ -286,7 +299,7 @@ func serveIdentity(ctx context.Context, f identityFlags, interval time.Duration,
 	srv := grpc.NewServer(append(srvOpts, grpc.Creds(xcredentials.NewTLSWithALPNDisabled(self.ServerConfig())))...)
 	issuer.Register(srv)
 	dst.Register(srv)
-	go srv.Serve(lis)
+	go srv.Serve(dst.Listener(lis))
 	log.Info("serving the Identity API", "addr", lis.Addr().String(), "identity", self.Name())
 	return srv, nil
 }

@@ -52,6 +52,9 @@ spec: {serviceAccountName: books, containers: [{name: app}]}
 
 var idAddrRe = regexp.MustCompile(`msg="serving the Identity API" addr=(\S+)`)
 
+// fleetTTL is the registration TTL of the replicas of startFleet.
+const fleetTTL = 5 * time.Second
+
 // fleet is two examples/destination replicas over one etcd with one trust
 // root, serving the Identity and Registration APIs over mTLS.
 type fleet struct {
@@ -83,10 +86,12 @@ func startFleet(t *testing.T) *fleet {
 	require.NoError(t, os.Mkdir(idDir, 0o700))
 	f.anchors = filepath.Join(idDir, "ca.crt")
 	// One replica after the other: the first makes the trust root, the
-	// second reads it.
+	// second reads it. The leases run a short TTL, so that the tests of
+	// their expiry are short (TestLiveRegistrationMovesOffAFrozenReplica
+	// runs the default).
 	for i := range f.replicas {
 		f.replicas[i] = startProc(t, filepath.Join(f.bin, "destination"), "-listen", "127.0.0.1:0", "-etcd-endpoints", m.Endpoint,
-			"-identity-dir", idDir, "-identity-tokens", tokens, "-identity-listen", "127.0.0.1:0")
+			"-identity-dir", idDir, "-identity-tokens", tokens, "-identity-listen", "127.0.0.1:0", "-registration-ttl", fleetTTL.String())
 		f.dst[i], f.id[i] = f.replicas[i].waitLog(t, dstAddrRe), f.replicas[i].waitLog(t, idAddrRe)
 	}
 	return f
@@ -158,7 +163,7 @@ func waitProcReady(t *testing.T, p *proc) {
 // (over mTLS, as books' identity, bound by the Service's selector and the
 // Pod's service account); a caller's proxy on replica 1 reaches them by
 // name on its first request. One is killed (SIGKILL): it is gone from both
-// replicas' answers within the registration TTL (5s). The other is stopped
+// replicas' answers within the registration TTL (fleetTTL). The other is stopped
 // (SIGTERM) while the caller sends requests without pause: it deregisters
 // before its listener closes, and the caller sees no failed request. Last,
 // the replica that holds the third's registration is killed, then the
@@ -200,7 +205,7 @@ func TestRegisteredProxies(t *testing.T) {
 	}
 	gone := time.Since(killed)
 	t.Logf("killed workload gone from both replicas after %v", gone.Round(time.Millisecond))
-	assert.Less(t, gone, 5*time.Second, "within the registration TTL")
+	assert.Less(t, gone, fleetTTL, "within the registration TTL")
 
 	// A graceful stop under load.
 	c := f.proxy(t, regBooksID, 0, "-app", namedHTTP(t, "c"), "-register", regBooks)
@@ -262,7 +267,7 @@ func TestRegisteredProxies(t *testing.T) {
 	require.Eventually(t, func() bool { return sizes[1]() == 0 }, timeout, 10*time.Millisecond, "replica 1 drops c when its lease expires")
 	expired := time.Since(dead)
 	t.Logf("c gone from replica 1 %v after its replica died", expired.Round(time.Millisecond))
-	assert.Less(t, expired, 5*time.Second+2*time.Second, "within the registration TTL (5s) and etcd's lease check")
+	assert.Less(t, expired, fleetTTL+2*time.Second, "within the registration TTL and etcd's lease check")
 }
 
 // examples/destination over files refuses a plaintext registrant; with

@@ -20,6 +20,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -72,6 +73,7 @@ type options struct {
 	duration  time.Duration // of the traffic before the losses, and after
 	instances int           // per service
 	workers   int           // per caller
+	ttl       time.Duration // of the registrations' leases; 0: the default
 }
 
 func main() {
@@ -79,6 +81,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 3*time.Second, "traffic before the losses, and again after")
 	flag.IntVar(&o.instances, "instances", 3, "instances of each service")
 	flag.IntVar(&o.workers, "workers", 4, "concurrent requests of each of the two callers")
+	flag.DurationVar(&o.ttl, "registration-ttl", etcdstore.DefaultRegistrationTTL, "the lease TTL of the registrations")
 	flag.Parse()
 	if err := run(o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "fleet:", err)
@@ -180,12 +183,15 @@ func run(o options, out io.Writer) error {
 		return errors.New("the etcd cluster has no leader")
 	}
 	machine1 := lead // machine 1 runs the member that leads etcd
-	replicaA, err := cpreplica.Start([]string{cluster.Members[machine1].Endpoint}, prefix, log, cpreplica.WithInsecureRegistration())
+	ttl := cmp.Or(o.ttl, etcdstore.DefaultRegistrationTTL)
+	replicaA, err := cpreplica.Start([]string{cluster.Members[machine1].Endpoint}, prefix, log, cpreplica.WithInsecureRegistration(),
+		cpreplica.WithRegistrationTTL(ttl))
 	if err != nil {
 		return err
 	}
 	defer replicaA.Kill()
-	replicaB, err := cpreplica.Start(cluster.Endpoints(), prefix, log, cpreplica.WithInsecureRegistration())
+	replicaB, err := cpreplica.Start(cluster.Endpoints(), prefix, log, cpreplica.WithInsecureRegistration(),
+		cpreplica.WithRegistrationTTL(ttl))
 	if err != nil {
 		return err
 	}
@@ -339,20 +345,32 @@ func run(o options, out io.Writer) error {
 	now := time.Now()
 	killedAt.Store(&now)
 	phase.Store(1)
-	replicaA.Kill()
+	// The etcd member before the replica, whose Kill waits for its
+	// goroutines.
 	cluster.Kill(machine1)
+	replicaA.Kill()
 	time.Sleep(o.duration)
 	endTraffic()
 
 	// How long the victim stayed in each caller's answers.
 	var gone []string
+	var longest time.Duration
 	for range callers {
 		select {
 		case d := <-left:
 			gone = append(gone, d.Round(time.Millisecond).String())
-		case <-time.After(30 * time.Second):
+			longest = max(longest, d)
+		case <-time.After(ttl + 30*time.Second):
 			gone = append(gone, "never")
+			longest = ttl + 30*time.Second
 		}
+	}
+	// Its replica revokes the lease when the stream breaks, before the
+	// etcd leader dies or once there is a new one; else etcd, renewing
+	// every lease at the election, lets the lease run its TTL.
+	why := "its registration stream broke, and its replica revoked the lease"
+	if longest >= ttl {
+		why = fmt.Sprintf("its registration stream broke, but the etcd leader died with it: its lease ran its TTL, %v, from the new leader's election", ttl)
 	}
 	newLead := cluster.Leader()
 	leadName := "none yet"
@@ -361,9 +379,7 @@ func run(o options, out io.Writer) error {
 	}
 	fmt.Fprintln(out)
 	printTable(out, services, phases, victim)
-	fmt.Fprintf(out, "\n%s left the answers each caller holds %s after it died (its registration stream broke, but the etcd leader died with it: "+
-		"its lease ran its TTL, %v, from the new leader's election)\n",
-		victim.name, strings.Join(gone, " and "), etcdstore.DefaultRegistrationTTL)
+	fmt.Fprintf(out, "\n%s left the answers each caller holds %s after it died (%s)\n", victim.name, strings.Join(gone, " and "), why)
 	fmt.Fprintf(out, "etcd after the loss: %s leads\n", leadName)
 	errs := map[string]int64{}
 	for _, p := range phases {

@@ -19,7 +19,8 @@ import (
 // each caller holds; the others share its traffic.
 func TestFleetDemoPrintsWhatTheCallersSaw(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, run(options{duration: 1500 * time.Millisecond, instances: 3, workers: 2}, &out))
+	// A short TTL: the dead workload's lease runs it (see run).
+	require.NoError(t, run(options{duration: 1500 * time.Millisecond, instances: 3, workers: 2, ttl: 5 * time.Second}, &out))
 	text := out.String()
 	t.Log(text)
 	num := func(s string) int64 {

@@ -24,8 +24,9 @@ import (
 // Replica is a running control-plane replica.
 type Replica struct {
 	// Addr is the address of its gRPC APIs.
-	Addr  string
-	Store *controlplane.Store
+	Addr   string
+	Store  *controlplane.Store
+	Server *controlplane.Server
 
 	srv      *grpc.Server
 	cli      *clientv3.Client
@@ -36,46 +37,51 @@ type Replica struct {
 
 // Start starts a replica over the etcd cluster of endpoints (client URLs),
 // reading the keys under prefix. It returns once the keys are loaded and
-// the APIs serve.
+// the APIs serve. The replica lists its address in etcd and stands by
+// while it cannot read etcd and another replica can
+// (etcdstore.WithReplica).
 func Start(endpoints []string, prefix string, log *slog.Logger, opts ...Option) (*Replica, error) {
-	var cfg config
+	cfg := config{ttl: etcdstore.DefaultRegistrationTTL}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	retry, err := backoff.Fixed(100 * time.Millisecond)
+	if err != nil {
+		return nil, err
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, err
 	}
-	r := &Replica{Store: controlplane.NewStore(), cli: cli}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	retry, err := backoff.Fixed(100 * time.Millisecond)
-	if err != nil {
-		cancel()
-		cli.Close()
-		return nil, err
-	}
-	r.wait, err = etcdstore.Watch(ctx, r.Store, cli, prefix, etcdstore.WithLogger(log),
-		etcdstore.WithStartTimeout(30*time.Second), etcdstore.WithRetry(retry))
-	if err != nil {
-		cancel()
-		cli.Close()
-		return nil, err
-	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		r.Kill()
+		cli.Close()
 		return nil, err
 	}
-	r.Addr = lis.Addr().String()
-	r.srv = grpc.NewServer(controlplane.KeepaliveOptions(etcdstore.DefaultRegistrationTTL)...)
+	r := &Replica{Addr: lis.Addr().String(), Store: controlplane.NewStore(), cli: cli}
 	cpOpts := []controlplane.Option{controlplane.WithLogger(log)}
 	if cfg.registration {
-		cpOpts = append(cpOpts, controlplane.WithRegistry(etcdstore.NewRegistry(cli, prefix, etcdstore.DefaultRegistrationTTL)),
+		cpOpts = append(cpOpts, controlplane.WithRegistry(etcdstore.NewRegistry(cli, prefix, cfg.ttl)),
 			controlplane.WithInsecureRegistration())
 	}
-	controlplane.NewServer(r.Store, cpOpts...).Register(r.srv)
-	go r.srv.Serve(lis)
+	r.Server = controlplane.NewServer(r.Store, cpOpts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	watchOpts := []etcdstore.Option{etcdstore.WithLogger(log), etcdstore.WithStartTimeout(30 * time.Second), etcdstore.WithRetry(retry),
+		etcdstore.WithReplica(r.Server, r.Addr)}
+	if cfg.staleAfter > 0 {
+		watchOpts = append(watchOpts, etcdstore.WithStaleAfter(cfg.staleAfter))
+	}
+	r.wait, err = etcdstore.Watch(ctx, r.Store, cli, prefix, watchOpts...)
+	if err != nil {
+		cancel()
+		lis.Close()
+		cli.Close()
+		return nil, err
+	}
+	r.srv = grpc.NewServer(controlplane.KeepaliveOptions(cfg.ttl)...)
+	r.Server.Register(r.srv)
+	go r.srv.Serve(r.Server.Listener(lis))
 	return r, nil
 }
 
@@ -96,10 +102,35 @@ func (r *Replica) Kill() {
 // Option configures [Start].
 type Option func(*config)
 
-type config struct{ registration bool }
+type config struct {
+	registration bool
+	ttl          time.Duration
+	staleAfter   time.Duration
+}
 
 // WithInsecureRegistration makes the replica serve the Registration API
 // too, with leases in etcd (etcdstore.NewRegistry), to plaintext
 // registrants: the insecure mode of development, for a fleet on one
 // machine.
 func WithInsecureRegistration() Option { return func(c *config) { c.registration = true } }
+
+// WithRegistrationTTL sets the lease TTL of the registrations (default
+// etcdstore.DefaultRegistrationTTL); d <= 0 changes nothing.
+func WithRegistrationTTL(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.ttl = d
+		}
+	}
+}
+
+// WithStaleAfter sets how long the replica may fail to read etcd before
+// it counts as stale (default etcdstore.DefaultStaleAfter); d <= 0
+// changes nothing.
+func WithStaleAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.staleAfter = d
+		}
+	}
+}
