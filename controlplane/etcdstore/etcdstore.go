@@ -237,8 +237,11 @@ type watcher struct {
 	manifestsErr, endpointsErr error
 	// rejected says the last load was refused, so that the next one that
 	// loads is logged however soon it comes (the fix confirmed), and the
-	// next refusal after a good load too.
-	rejected bool
+	// next refusal after a good load too; troubled, that the last load
+	// had problems (logged), and problems how many the manifests last
+	// loaded have: a load after a troubled one is logged the same way.
+	rejected, troubled bool
+	problems           int
 }
 
 // report logs the outcome of a load at the watcher's revision: a refusal,
@@ -253,10 +256,10 @@ func (w *watcher) report(err error) {
 		w.log.WarnErr("rejected key", "etcd: rejected a control-plane key; serving the last good state", err, "prefix", w.prefix, "revision", w.rev)
 		return
 	}
-	if w.rejected {
+	if w.rejected || w.troubled {
 		w.log.Forget("loaded")
 	}
-	w.rejected = false
+	w.rejected, w.troubled = false, w.problems > 0
 	w.log.Info("loaded", "etcd: loaded the control-plane keys", "prefix", w.prefix, "revision", w.rev)
 }
 
@@ -330,12 +333,14 @@ func (w *watcher) load() error {
 		if err == nil {
 			w.store.SetServiceProfiles(r.ServiceProfiles)
 			w.store.SetManifests(r)
-			for _, err := range w.store.ProfileNameProblems() {
+			names, problems := w.store.ProfileNameProblems(), w.store.ManifestProblems()
+			for _, err := range names {
 				w.log.WarnErr("profile name", "a loaded ServiceProfile will never apply", err, "prefix", w.prefix)
 			}
-			for _, err := range w.store.ManifestProblems() {
+			for _, err := range problems {
 				w.log.WarnErr("manifest problem", "a loaded policy manifest cannot work as written", err, "prefix", w.prefix)
 			}
+			w.problems = len(names) + len(problems)
 		}
 	}
 	if !maps.EqualFunc(w.endpoints, w.loadedEndpoints, bytes.Equal) {

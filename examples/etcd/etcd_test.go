@@ -528,4 +528,14 @@ func TestFixConfirmedInTheLog(t *testing.T) {
 
 	put(t, admin, key, authorsYAML("/c")) // the fix
 	require.Eventually(t, func() bool { return loaded() >= 1 }, timeout, time.Millisecond, "the fix is confirmed:\n%s", logs.String())
+
+	// Manifests that load with a problem (an annotation Linkerd does not
+	// read), within the log interval of that line, then their fix: the fix
+	// is confirmed too, so the last line tells what is served.
+	before := loaded()
+	put(t, admin, key, strings.Replace(authorsYAML("/d"), "metadata: {name: authors, namespace: default}\nspec:\n  ports",
+		"metadata: {name: authors, namespace: default, annotations: {retry.linkerd.io/limt: \"3\"}}\nspec:\n  ports", 1))
+	require.Eventually(t, func() bool { return logs.Count("cannot work as written", "retry.linkerd.io/limt") == 1 }, timeout, time.Millisecond, "%s", logs.String())
+	put(t, admin, key, authorsYAML("/e"))
+	require.Eventually(t, func() bool { return loaded() > before }, timeout, time.Millisecond, "the fix of a problem is confirmed:\n%s", logs.String())
 }
