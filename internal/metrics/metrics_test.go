@@ -3,12 +3,16 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 )
 
@@ -51,4 +55,51 @@ func TestTargetsSharingLabels(t *testing.T) {
 		<-done
 	}
 	assert.Equal(t, want, shared)
+}
+
+// response_latency_ms holds whole milliseconds, rounded down, as Linkerd's
+// proxy records them (linkerd/metrics latency.rs: as_secs*1000 +
+// subsec_nanos/1_000_000): a response of 10.4 ms is 10 in _sum and falls
+// in le="10", where a fractional 10.4 would fall in le="20". The route_
+// families record through the same Target.
+func TestLatencyInWholeMilliseconds(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		elapsed time.Duration
+		sum     float64
+		bucket  float64 // the smallest bound the response is counted under
+	}{
+		{"10.4ms", 10400 * time.Microsecond, 10, 10},
+		{"1.3ms", 1300 * time.Microsecond, 1, 1},
+		{"0.6ms", 600 * time.Microsecond, 0, 1},
+		{"2000.4ms", 2*time.Second + 400*time.Microsecond, 2000, 2000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reader := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			defer mp.Shutdown(context.Background())
+			target := NewTarget(NewFamily(mp.Meter("x"), "", true), attribute.String("direction", "inbound"))
+			// The start is set back by the latency under test: the half
+			// millisecond left to the next whole one is far more than the
+			// call takes.
+			target.Response(context.Background(), Response{Status: 200, GRPC: -1}, time.Now().Add(-tc.elapsed))
+
+			var rm metricdata.ResourceMetrics
+			require.NoError(t, reader.Collect(context.Background(), &rm))
+			var dp *metricdata.HistogramDataPoint[float64]
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "response_latency_ms" {
+						require.Len(t, h.DataPoints, 1)
+						dp = &h.DataPoints[0]
+					}
+				}
+			}
+			require.NotNil(t, dp, "no response_latency_ms")
+			assert.Equal(t, tc.sum, dp.Sum, "_sum")
+			i := slices.Index(dp.Bounds, tc.bucket)
+			require.GreaterOrEqual(t, i, 0)
+			assert.Equal(t, uint64(1), dp.BucketCounts[i], "counted under le=%q (bounds %v, counts %v)", fmt.Sprint(tc.bucket), dp.Bounds, dp.BucketCounts)
+		})
+	}
 }
