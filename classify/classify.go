@@ -185,6 +185,18 @@ func grpcStatus(h http.Header) (int32, bool) {
 // timeout fired; [ErrorClass] labels such failures "timeout".
 var ErrTimeout = errors.New("classify: request timed out")
 
+// Abandoned reports whether the request whose context is ctx was given up
+// by its caller: its context was cancelled (context.Canceled), and not by
+// a timeout ([ErrTimeout] as the cause). A server's request context is
+// cancelled so when its client closes the connection or resets the
+// stream, a client's when the application cancels it. Linkerd's proxy
+// records no response for such a request (the response future it drops
+// records nothing), and neither do [NewHandler] and [NewTransport] when it
+// was given up before a response head.
+func Abandoned(ctx context.Context) bool {
+	return errors.Is(ctx.Err(), context.Canceled) && !errors.Is(context.Cause(ctx), ErrTimeout)
+}
+
 // h2Codes are the HTTP/2 error code names, the only REASON values of an
 // h2(REASON) label.
 var h2Codes = map[string]bool{

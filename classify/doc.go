@@ -14,5 +14,8 @@
 // (with status_code, classification, grpc_status and error) and
 // response_latency_ms (Linkerd's buckets, in milliseconds) through the
 // OpenTelemetry metric API; nothing is recorded until the application
-// installs a MeterProvider.
+// installs a MeterProvider. A request its caller gave up on before any
+// response head ([Abandoned]: the client went away, the application
+// cancelled) is counted in request_total and has no response, as in
+// Linkerd's proxy.
 package classify

@@ -1,6 +1,7 @@
 package classify
 
 import (
+	"context"
 	"net/http"
 	"reflect"
 	"time"
@@ -80,24 +81,43 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := h.rec.target(r.Host, l)
 	t.Request(ctx)
 	ww, st := rw.Wrap(w)
+	st.Ctx = ctx
 	completed := false
 	defer func() {
 		if !completed {
-			// The handler panicked (http.ErrAbortHandler included): the
-			// response was cut short.
-			t.Response(ctx, metrics.Aborted(st.Status), start)
+			switch {
+			case !Abandoned(ctx):
+				// The handler panicked (http.ErrAbortHandler included):
+				// the response was cut short.
+				t.Response(ctx, metrics.Aborted(st.Status), start)
+			case !st.Unanswered():
+				// The client went away during the response (a reverse
+				// proxy aborts its copy): Linkerd's proxy records a
+				// response body its client dropped as it ended.
+				t.Response(ctx, response(Finish(h.classifierOf(ctx), r, st)), start)
+			}
 			st.Release()
 		}
 	}()
 	h.next.ServeHTTP(ww, r)
 	completed = true
 
-	c := FromContext(ctx)
-	if c == nil {
-		c = h.classifier
+	// A request whose client gave up before the head went out has no
+	// response, as in Linkerd's proxy: nobody received the 502 a proxy
+	// answers once its upstream call is cancelled, nor the 200 of an
+	// application that returns without writing.
+	if !Abandoned(ctx) || !st.Unanswered() {
+		t.Response(ctx, response(Finish(h.classifierOf(ctx), r, st)), start)
 	}
-	t.Response(ctx, response(Finish(c, r, st)), start)
 	st.Release()
+}
+
+// classifierOf returns the classifier of a request with context ctx.
+func (h *handler) classifierOf(ctx context.Context) *Classifier {
+	if c := FromContext(ctx); c != nil {
+		return c
+	}
+	return h.classifier
 }
 
 // Written is what a handler wrote, as a ResponseWriter wrapper records it.

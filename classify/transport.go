@@ -53,7 +53,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
-		tg.Response(ctx, response(0, ErrorClass(ctx, err)), start)
+		// A request the application cancelled before a response head
+		// has no response, as in Linkerd's proxy, whose response future
+		// is dropped with the application's stream and records nothing.
+		if !Abandoned(ctx) {
+			tg.Response(ctx, response(0, ErrorClass(ctx, err)), start)
+		}
 		return nil, err
 	}
 	grpc := IsGRPC(req.Header)
@@ -107,9 +112,13 @@ func (b *observedBody) finish(err error) {
 	}
 	class := b.class
 	switch {
-	case err != nil:
+	case err != nil && !Abandoned(b.ctx):
 		class = ErrorClass(b.ctx, err)
 	case !b.final:
+		// The end of the stream, or of its reading: a body the
+		// application gave up on is classified as one it closed, as
+		// Linkerd's proxy classifies a response body dropped with the
+		// application's stream.
 		class = b.classifier.End(class, b.grpc, b.resp.Trailer)
 	}
 	b.target.Response(b.ctx, response(b.resp.StatusCode, class), b.start)

@@ -11,6 +11,7 @@ package rw
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -35,6 +36,12 @@ type State struct {
 	// the head goes out: at the first non-1xx WriteHeader, or the first
 	// Write, ReadFrom or Flush. It may edit the map.
 	OnHead func(http.Header)
+	// Ctx, when set, is the request's context: the head notes whether it
+	// was done already when the head went out (DoneAtHead).
+	Ctx context.Context
+	// DoneAtHead is set when Ctx was done as the head went out: the
+	// head of a request whose client had gone, or given up.
+	DoneAtHead bool
 }
 
 var pool = sync.Pool{New: func() any { return new(State) }}
@@ -66,9 +73,15 @@ func (s *State) WrittenHead() (status int, hijacked bool, grpcHead http.Header) 
 	return s.Status, s.Hijacked, grpcHead
 }
 
+// Unanswered reports whether no head went out before Ctx was done: none
+// was written, or one was written after. A hijacked connection is
+// answered.
+func (s *State) Unanswered() bool { return !s.Hijacked && (s.Status == 0 || s.DoneAtHead) }
+
 func (s *State) writeHeader(code int) {
 	if s.Status == 0 && code >= 200 {
 		s.Status = code
+		s.DoneAtHead = s.Ctx != nil && s.Ctx.Err() != nil
 		if s.OnHead != nil {
 			s.OnHead(s.w.Header())
 		}
@@ -80,6 +93,7 @@ func (s *State) writeHeader(code int) {
 func (s *State) implicitHeader() {
 	if s.Status == 0 {
 		s.Status = http.StatusOK
+		s.DoneAtHead = s.Ctx != nil && s.Ctx.Err() != nil
 		if s.OnHead != nil {
 			s.OnHead(s.w.Header())
 		}

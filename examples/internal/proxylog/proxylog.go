@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/ratelog"
@@ -70,11 +71,14 @@ func clientBodyFailed(r *http.Request) bool {
 
 // ErrorHandler is an httputil.ReverseProxy ErrorHandler: it answers 502
 // (504 for a timeout; gRPC requests with the matching gRPC status), marked
-// with l5d-proxy-error, and logs one line per kind of error and interval; a
-// request whose client went away is answered the same way and logged at
-// debug level. A request that is its client's fault is answered 4xx (501
-// for an HTTP/2 CONNECT, which is not forwarded; 400 for a body its client
-// sent malformed, see [ClientBody]) and logged at debug level.
+// with l5d-proxy-error, and logs one line per kind of error and interval.
+// A request whose client went away (classify.Abandoned) is answered
+// nothing and logged at debug level: nobody would read the answer, and
+// the inbound metrics would count it as the server's response (Linkerd's
+// proxy records none for it). A request that is its client's fault is
+// answered 4xx (501 for an HTTP/2 CONNECT, which is not forwarded; 400 for
+// a body its client sent malformed, see [ClientBody]) and logged at debug
+// level.
 func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	code := http.StatusBadGateway
 	kind := kindOf(err)
@@ -87,8 +91,11 @@ func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error)
 		l.rl.Debug(l.name+"/body", "malformed request body", "listener", l.name, "error", err)
 		proxyerr.Write(w, r, http.StatusBadRequest, "malformed request body")
 		return
-	case r.Context().Err() != nil || errors.Is(err, context.Canceled):
+	case classify.Abandoned(r.Context()):
 		l.rl.Debug(l.name+"/cancelled", "request cancelled by its client", "listener", l.name, "error", err)
+		return
+	case r.Context().Err() != nil || errors.Is(err, context.Canceled):
+		l.rl.Debug(l.name+"/cancelled", "request cancelled", "listener", l.name, "error", err)
 	case kind == "timeout":
 		code = http.StatusGatewayTimeout
 		fallthrough

@@ -16,8 +16,9 @@ import (
 // profile; every other request takes the default route, labelled
 // dst="other", and never makes the router watch its Host. The route goes
 // into the request's context and the request is recorded in the route_
-// metrics with direction="inbound". Inbound routes are neither retried nor
-// timed out.
+// metrics with direction="inbound"; one its client gave up on before the
+// response head has no response there. Inbound routes are neither retried
+// nor timed out.
 //
 // HTTP/1 requests are served full duplex ([http.ResponseController.EnableFullDuplex]):
 // the application may answer, or stream its answer, while the request body
@@ -58,10 +59,19 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		req.Body = duplex
 	}
 	ww, st := rw.Wrap(w)
+	st.Ctx = ctx
 	completed := false
 	defer func() {
 		if !completed {
-			tg.route.Response(ctx, metrics.Aborted(st.Status), start)
+			// As classify's handler: a panic is a response cut short,
+			// unless the client went away, before the head (no response)
+			// or after it (the response as it ended).
+			switch {
+			case !classify.Abandoned(ctx):
+				tg.route.Response(ctx, metrics.Aborted(st.Status), start)
+			case !st.Unanswered():
+				tg.route.Response(ctx, response(classify.Finish(route.ResponseClassifier(), req, st)), start)
+			}
 			st.Release()
 		}
 	}()
@@ -70,7 +80,11 @@ func (h *routerHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if duplex != nil && !st.Hijacked {
 		endDuplex(ww, duplex, st.Status != 0)
 	}
-	tg.route.Response(ctx, response(classify.Finish(route.ResponseClassifier(), req, st)), start)
+	// A request whose client gave up before the head went out has no
+	// response, as in Linkerd's proxy.
+	if !classify.Abandoned(ctx) || !st.Unanswered() {
+		tg.route.Response(ctx, response(classify.Finish(route.ResponseClassifier(), req, st)), start)
+	}
 	st.Release()
 }
 
