@@ -191,6 +191,28 @@ func (h *Handler) Close() {
 	}
 }
 
+// ConnLabels returns the labels Linkerd's proxy gives a connection
+// accepted on local (tcp_*{direction="inbound",peer="src"}) besides its
+// direction, peer and TLS: its target (target_addr, target_ip and
+// target_port: local, or the [WithTarget] address) and the srv_* labels
+// of the Server in force on the target's port, as the metrics of the
+// requests it allows carry them. known is false while the port's first
+// answer is pending, its requests waiting for it ([WithPolicyWait]): the
+// labels are then the default's, which decides them only if the wait ends
+// first. It starts the port's watch if it has not started; the labels are
+// made once per policy and target.
+func (h *Handler) ConnLabels(local netip.AddrPort) (l *classify.Labels, known bool) {
+	target := h.cfg.target
+	if !target.IsValid() {
+		target = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	}
+	p := h.port(target.Port())
+	// The policy answered is put in force before the wait ends: read in
+	// that order, a known port's labels are the answer's.
+	known = !p.pending.Load()
+	return p.cur.Load().series.connLabels(target), known
+}
+
 // Policy returns the policy in force on port, starting its watch if the
 // port has not been seen yet.
 func (h *Handler) Policy(portNum uint16) *Policy {

@@ -86,8 +86,9 @@ type seriesCache struct {
 	pol     *Policy
 	nextFor func(*classify.Labels) http.Handler
 
-	mu sync.RWMutex
-	m  map[seriesKey]*seriesEntry
+	mu   sync.RWMutex
+	m    map[seriesKey]*seriesEntry
+	conn map[netip.AddrPort]*classify.Labels // ConnLabels, by target
 }
 
 // seriesEntry is one series' counter and, for an allowed request, the
@@ -127,18 +128,42 @@ func (c *seriesCache) add(k seriesKey) *seriesEntry {
 	return e
 }
 
-func (c *seriesCache) labels(k seriesKey) []attribute.KeyValue {
-	port := strconv.Itoa(int(k.target.Port()))
+// serverLabels are the labels of the policy's Server for requests and
+// connections to target, as Linkerd's proxy writes them first
+// (ServerLabels, InboundEndpointLabels): target_addr, target_ip and
+// target_port, then srv_group, srv_kind, srv_name and srv_port.
+func (c *seriesCache) serverLabels(target netip.AddrPort) []attribute.KeyValue {
 	srv := c.pol.server.Meta
-	kv := []attribute.KeyValue{
-		attribute.String("target_addr", k.target.String()),
-		attribute.String("target_ip", k.target.Addr().String()),
-		attribute.String("target_port", port),
+	return append(metrics.TargetLabels(target),
 		attribute.String("srv_group", srv.Group),
 		attribute.String("srv_kind", srv.Kind),
 		attribute.String("srv_name", srv.Name),
-		attribute.String("srv_port", port),
+		attribute.String("srv_port", strconv.Itoa(int(target.Port()))))
+}
+
+// connLabels returns the serverLabels of target as classify labels, made
+// once per target (up to maxCachedSeries targets, then on each call).
+func (c *seriesCache) connLabels(target netip.AddrPort) *classify.Labels {
+	c.mu.RLock()
+	l := c.conn[target]
+	c.mu.RUnlock()
+	if l != nil {
+		return l
 	}
+	l = classify.LabelsOf(c.serverLabels(target)...)
+	c.mu.Lock()
+	if c.conn == nil {
+		c.conn = make(map[netip.AddrPort]*classify.Labels, 1)
+	}
+	if len(c.conn) < maxCachedSeries {
+		c.conn[target] = l
+	}
+	c.mu.Unlock()
+	return l
+}
+
+func (c *seriesCache) labels(k seriesKey) []attribute.KeyValue {
+	kv := c.serverLabels(k.target)
 	if k.fam == famAllow || k.fam == famDeny {
 		r := c.pol.routes[k.route].meta
 		kv = append(kv,

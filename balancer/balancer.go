@@ -197,13 +197,13 @@ func (a *authority) update(u endpoint.Update, defaultRTT float64, now int64, mes
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	prev = a.def.state.Load()
-	next = newSnapshot(u, prev, defaultRTT, now, meshTLS)
+	next = newSnapshot(u, prev, defaultRTT, now, meshTLS, a.name)
 	if !a.released {
 		a.addrs.swap(prev, next)
 	}
 	a.def.publish(next)
 	for _, g := range a.groups {
-		gs := newSnapshot(u, g.state.Load(), defaultRTT, now, meshTLS)
+		gs := newSnapshot(u, g.state.Load(), defaultRTT, now, meshTLS, a.name)
 		for i, e := range gs.eps {
 			e.ref = next.eps[i].ref // the same endpoints, in the same order
 		}

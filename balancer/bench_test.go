@@ -19,7 +19,7 @@ func benchSnapshot(n int) *snapshot {
 	for i := range eps {
 		eps[i] = ep(fmt.Sprintf("10.0.%d.%d:80", i/256, i%256))
 	}
-	return newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: eps}}, &snapshot{}, float64(DefaultRTT), 1, false)
+	return newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: eps}}, &snapshot{}, float64(DefaultRTT), 1, false, "")
 }
 
 // A pick allocates nothing.

@@ -53,7 +53,7 @@ func TestPrefersLowerLoad(t *testing.T) {
 	clock := &fakeClock{}
 	eps := []endpoint.Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80")}
 	prev := &snapshot{wait: make(chan struct{})}
-	s := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: eps}}, prev, float64(DefaultRTT), clock.read(), false)
+	s := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: eps}}, prev, float64(DefaultRTT), clock.read(), false, "")
 	s.eps[0].load.observe(1*ms, 1, float64(DefaultDecay))
 	s.eps[1].load.observe(100*ms, 1, float64(DefaultDecay))
 	fast := 0
@@ -64,7 +64,7 @@ func TestPrefersLowerLoad(t *testing.T) {
 	}
 	assert.Equal(t, 1000, fast)
 
-	next := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: append(eps, ep("10.0.0.3:80"))}}, s, float64(DefaultRTT), 2, false)
+	next := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: append(eps, ep("10.0.0.3:80"))}}, s, float64(DefaultRTT), 2, false, "")
 	assert.Same(t, s.eps[1].load, next.eps[1].load)
 	assert.InDelta(t, 30*ms, next.eps[2].load.cost(2, float64(DefaultDecay)), 1, "the new one starts at the default")
 }
@@ -380,7 +380,7 @@ func TestSampleIsTimeToHead(t *testing.T) {
 func TestEndpointTraceAttrsBuiltOnFirstUse(t *testing.T) {
 	e := endpoint.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Identity: "web.ns.serviceaccount.identity.linkerd.cluster.local",
 		Labels: map[string]string{"zone": "z1"}}
-	s := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: []endpoint.Endpoint{e, ep("10.0.0.2:80")}}}, &snapshot{}, float64(DefaultRTT), 1, false)
+	s := newSnapshot(endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: []endpoint.Endpoint{e, ep("10.0.0.2:80")}}}, &snapshot{}, float64(DefaultRTT), 1, false, "")
 	for _, m := range s.eps {
 		assert.Nil(t, m.trace.Load(), "no attributes before a traced request")
 	}

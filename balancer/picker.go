@@ -61,9 +61,9 @@ type snapshot struct {
 	zones  *zoneSplit // zone-aware balancing, nil without
 }
 
-// newSnapshot builds the snapshot of u, keeping the loads of the endpoints
-// of prev that stay.
-func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int64, meshTLS bool) *snapshot {
+// newSnapshot builds the snapshot of u, the endpoints of authority,
+// keeping the loads of the endpoints of prev that stay.
+func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int64, meshTLS bool, authority string) *snapshot {
 	s := &snapshot{err: u.Err, health: prev.health, group: prev.group}
 	if u.Set == nil {
 		return s
@@ -81,7 +81,7 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 		} else {
 			ep.load = newLoad(defaultRTT, now)
 		}
-		ep.labels = endpointLabels(e, meshTLS)
+		ep.labels = endpointLabels(e, meshTLS).ForAuthority(authority)
 		total += uint64(max(e.Weight, 1))
 		s.eps = append(s.eps, ep)
 		s.cum = append(s.cum, total)

@@ -68,8 +68,9 @@ func FromContext(ctx context.Context) *Classifier {
 // labels of the endpoint a balancer picked. Build them once per target with
 // [NewLabels]; they are immutable.
 type Labels struct {
-	kvs []attribute.KeyValue
-	key string // the labels as text, so that equal sets share series
+	kvs       []attribute.KeyValue
+	key       string // the labels as text, so that equal sets share series
+	authority string // see ForAuthority
 }
 
 // NewLabels returns the labels prefix+key=value for each entry of m, sorted
@@ -111,6 +112,31 @@ func (l *Labels) KeyValues() []attribute.KeyValue {
 		return nil
 	}
 	return l.kvs
+}
+
+// ForAuthority returns labels with l's labels (nil: none) and the logical
+// authority a balancer chose the request's endpoint for (host:port, a
+// Service's name and port), which the connections dialled for the request
+// carry as their authority label, as Linkerd's proxy labels its
+// connections to endpoints: what `linkerd viz stat` selects a Service's
+// TCP columns by. The request metrics take their authority from the
+// request, and requests whose labels differ only in it share their
+// series. Build it once per endpoint, as l.
+func (l *Labels) ForAuthority(authority string) *Labels {
+	c := &Labels{authority: authority}
+	if l != nil {
+		c.kvs, c.key = l.kvs, l.key
+	}
+	return c
+}
+
+// Authority returns the authority of [Labels.ForAuthority]; "" for labels
+// without one, and for nil labels.
+func (l *Labels) Authority() string {
+	if l == nil {
+		return ""
+	}
+	return l.authority
 }
 
 type labelsKey struct{}

@@ -351,7 +351,7 @@ func NewClient(opts ...ClientOption) *Client {
 		c.dial = transport.Dialer().DialContext
 	}
 	cl.dialled = newDialled()
-	c.dial = newConnMetrics(c.mp, "outbound", "dst").dial(c.dial, cl.dialled)
+	c.dial = newConnMetrics(c.mp, "outbound", "dst").withAuthorities(c.maxAuthorities).dial(c.dial, cl.dialled)
 	cl.accepted = newConnMetrics(c.mp, "outbound", "src")
 	cl.h1, cl.h2 = c.transports()
 	topts := []origproto.Option{origproto.WithHTTP1(cl.h1), origproto.WithH2(cl.h2), origproto.WithDialContext(c.dial)}
@@ -436,7 +436,7 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 	if s.identity != nil {
 		ln = origproto.MeshTLSListener(ln, s.identity)
 	}
-	return origproto.GuardListener(s.conns.labelled(ln, s.tls))
+	return origproto.GuardListener(s.conns.labelled(ln, s.tls, s.authz))
 }
 
 // NewServer returns the inbound stack around app. Serve it with

@@ -4,13 +4,16 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/registry"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -20,21 +23,41 @@ import (
 const meterScope = "github.com/inmesh/inmesh/mesh"
 
 // connMetrics counts a stack's connections in Linkerd's tcp_* families,
-// one label set per direction, peer, TLS state and address: the labels
-// `linkerd viz edges` and the TCP columns of `linkerd viz stat` select.
+// one label set per direction, peer, TLS state and address (and, as
+// Linkerd's proxy writes them, the endpoint's logical authority outbound,
+// the port's Server inbound): the labels `linkerd viz edges` and the TCP
+// columns of `linkerd viz stat` select.
 type connMetrics struct {
 	tcp  *metrics.TCP
 	base []attribute.KeyValue // direction and peer
+	// authorities bounds the authority label values for the life of the
+	// stack, as classify bounds its own: past it, "other". nil where
+	// connections have no authority.
+	authorities *registry.Names
 
 	mu    sync.Mutex
 	cache map[connKey]*metrics.Conns // bounded by maxConnSeries
 }
 
+// connLabels are the labels of a connection besides its direction and
+// peer.
+type connLabels struct {
+	// labels are the endpoint's (outbound: dst_*, tls) or the client's
+	// tls labels; target_* among them are the address's, below.
+	labels *classify.Labels
+	// server are the target_* and srv_* labels of the port's Server
+	// (inbound policy), nil without a policy: the target is then addr.
+	server *classify.Labels
+	// authority is the logical authority an outbound connection was
+	// dialled for, "" for none.
+	authority string
+	addr      string
+}
+
 // connKey is a label set of connections: equal labels (an endpoint's
 // made again after a change) share their key.
 type connKey struct {
-	labels string // classify.Labels.Key
-	addr   string
+	labels, server, authority, addr string
 }
 
 // maxConnSeries bounds the label sets a stack caches for its connections;
@@ -42,23 +65,57 @@ type connKey struct {
 // series as every family does).
 const maxConnSeries = 4096
 
+// otherAuthority is the authority label of the connections dialled for
+// authorities past the bound, as classify labels their requests.
+const otherAuthority = "other"
+
 func newConnMetrics(mp metric.MeterProvider, direction, peer string) *connMetrics {
 	return &connMetrics{tcp: metrics.NewTCP(metrics.Meter(mp, meterScope)),
 		base:  []attribute.KeyValue{attribute.String("direction", direction), attribute.String("peer", peer)},
 		cache: make(map[connKey]*metrics.Conns)}
 }
 
-// conns returns the series of connections with labels l to or from addr.
-func (m *connMetrics) conns(l *classify.Labels, addr string) *metrics.Conns {
-	k := connKey{l.Key(), addr}
+// withAuthorities makes m label its connections with their authority,
+// the first maxAuthorities distinct values (<= 0: classify's default
+// bound) as they are, any later one "other".
+func (m *connMetrics) withAuthorities(maxAuthorities int) *connMetrics {
+	if maxAuthorities <= 0 {
+		maxAuthorities = classify.DefaultMaxAuthorities
+	}
+	m.authorities = registry.NewNames(maxAuthorities)
+	return m
+}
+
+// conns returns the series of connections with labels l.
+func (m *connMetrics) conns(l connLabels) *metrics.Conns {
+	switch {
+	case m.authorities == nil:
+		l.authority = "" // connections of this kind carry none
+	case l.authority != "" && !m.authorities.Admit(l.authority):
+		l.authority = otherAuthority
+	}
+	k := connKey{l.labels.Key(), l.server.Key(), l.authority, l.addr}
 	m.mu.Lock()
 	c := m.cache[k]
 	m.mu.Unlock()
 	if c != nil {
 		return c
 	}
-	kvs := append(append(append(make([]attribute.KeyValue, 0, len(m.base)+len(l.KeyValues())+1), m.base...), l.KeyValues()...),
-		attribute.String("target_addr", addr))
+	kvs := make([]attribute.KeyValue, 0, len(m.base)+len(l.labels.KeyValues())+len(l.server.KeyValues())+4)
+	kvs = append(kvs, m.base...)
+	for _, kv := range l.labels.KeyValues() {
+		if !strings.HasPrefix(string(kv.Key), "target_") {
+			kvs = append(kvs, kv)
+		}
+	}
+	if l.server != nil {
+		kvs = append(kvs, l.server.KeyValues()...)
+	} else {
+		kvs = append(kvs, targetLabels(l.addr)...)
+	}
+	if l.authority != "" {
+		kvs = append(kvs, attribute.String("authority", l.authority))
+	}
 	c = m.tcp.Conns(kvs...)
 	m.mu.Lock()
 	if len(m.cache) < maxConnSeries {
@@ -68,16 +125,32 @@ func (m *connMetrics) conns(l *classify.Labels, addr string) *metrics.Conns {
 	return c
 }
 
+// targetLabels are the target_addr, target_ip and target_port of addr, a
+// host:port in one spelling (targetAddr); target_ip is empty for a
+// connection dialled to a name, which has no IP address of its own.
+func targetLabels(addr string) []attribute.KeyValue {
+	if ap, err := netip.ParseAddrPort(addr); err == nil {
+		return metrics.TargetLabels(ap)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	return []attribute.KeyValue{attribute.String("target_addr", addr), attribute.String("target_ip", ""),
+		attribute.String("target_port", port)}
+}
+
 // dial wraps an outbound dial function: each connection is counted under
 // the labels of the endpoint it was dialled for (the balancer's, in the
-// dial's context) and its address, and kept in set by its address.
+// dial's context: dst_*, tls and the logical authority it balanced) and
+// its address, and kept in set by its address. A connection is labelled
+// by the request it was dialled for; another authority's requests to the
+// same endpoint may share it afterwards.
 func (m *connMetrics) dial(next func(ctx context.Context, network, addr string) (net.Conn, error), set *dialled) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		s := m.conns(classify.LabelsFromContext(ctx), targetAddr(addr))
+		l := classify.LabelsFromContext(ctx)
+		s := m.conns(connLabels{labels: l, authority: l.Authority(), addr: targetAddr(addr)})
 		s.Opened()
 		cc := &countedConn{Conn: c, s: s}
 		set.add(addr, cc)
@@ -177,14 +250,14 @@ func (d *dialled) closeTo(addr netip.AddrPort) {
 // wire wraps an inbound listener's raw connections, so that their bytes
 // are counted as they cross the network (TLS records included, as the
 // outbound side counts them); labelled wraps the listener above it (with
-// the meshed TLS, if any), whose connections are labelled by their TLS
-// state once it is known: the client's verified identity, known once the
-// meshed TLS is detected on the first read, and the local address the
-// connection came to.
+// the meshed TLS, if any), whose connections are labelled once their
+// labels are known: the client's verified identity, known once the
+// meshed TLS is detected on the first read, the local address the
+// connection came to and, with an inbound policy, the port's Server.
 func (m *connMetrics) wire(ln net.Listener) net.Listener { return &wireListener{ln} }
 
-func (m *connMetrics) labelled(ln net.Listener, tls *classify.TLSLabels) net.Listener {
-	return &labelListener{Listener: ln, m: m, tls: tls}
+func (m *connMetrics) labelled(ln net.Listener, tls *classify.TLSLabels, policy *authz.Handler) net.Listener {
+	return &labelListener{Listener: ln, m: m, tls: tls, policy: policy}
 }
 
 type wireListener struct{ net.Listener }
@@ -242,8 +315,9 @@ func (c *wireConn) flush() {
 
 type labelListener struct {
 	net.Listener
-	m   *connMetrics
-	tls *classify.TLSLabels
+	m      *connMetrics
+	tls    *classify.TLSLabels
+	policy *authz.Handler // nil without an inbound policy
 }
 
 func (l *labelListener) Accept() (net.Conn, error) {
@@ -252,6 +326,14 @@ func (l *labelListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	ic := &inboundConn{Conn: c, m: l.m, tls: l.tls}
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		ic.local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		ic.addr = ic.local.String()
+		ic.policy = l.policy
+	} else {
+		ic.addr = c.LocalAddr().String()
+	}
 	// The wire connection is the accepted one, or the one a meshed TLS
 	// connection was made over.
 	inner := c
@@ -260,7 +342,7 @@ func (l *labelListener) Accept() (net.Conn, error) {
 	}
 	ic.wire, _ = inner.(*wireConn)
 	if _, ok := c.(peerConn); !ok {
-		ic.resolve() // plaintext only: its labels are known now
+		ic.resolve() // plaintext only: its TLS state is known now
 	}
 	return ic, nil
 }
@@ -269,45 +351,90 @@ func (l *labelListener) Accept() (net.Conn, error) {
 // origproto's meshed TLS connections do.
 type peerConn interface{ Peer() identity.Peer }
 
-// inboundConn is counted from its first read or write, once its TLS
-// state is known; a connection closed before either is not counted.
+// inboundConn is counted from its first read or write once its TLS state
+// and, with an inbound policy, its port's Server are known; a connection
+// closed before its TLS state was known is not counted.
+//
+// As in Linkerd's proxy, a connection keeps the Server that was in force
+// when it was accepted, whatever policy its later requests meet. A
+// connection accepted while its port's first policy is pending (the
+// requests on it wait for it, see authz.WithPolicyWait) is labelled once
+// the policy is known, so that it carries the Server that decides its
+// first requests: its bytes are counted aside until then, and a
+// connection that closes first is counted under the policy in force then.
 type inboundConn struct {
 	net.Conn
-	wire *wireConn // nil when not found: bytes are then not counted
-	m    *connMetrics
-	tls  *classify.TLSLabels
-	once sync.Once
+	wire   *wireConn // nil when not found: bytes are then not counted
+	m      *connMetrics
+	tls    *classify.TLSLabels
+	policy *authz.Handler // nil without an inbound policy
+	local  netip.AddrPort // the address accepted on, invalid when not TCP
+	addr   string         // local in one spelling
+
+	detect   sync.Once
+	detected atomic.Bool      // its TLS state is known (set once detect succeeded)
+	labels   *classify.Labels // its tls labels, set before detected
+	done     atomic.Bool      // labelled, or never to be (its detection failed)
 
 	mu                sync.Mutex
 	s                 *metrics.Conns
 	counted, isClosed bool
 }
 
-// resolve finds the connection's labels and counts it opened, unless it
-// was closed meanwhile; it reads the first bytes of a meshed connection
-// (its TLS handshake).
+// resolve labels the connection and counts it opened, unless it was
+// closed meanwhile, once its labels are known; it reads the first bytes
+// of a meshed connection (its TLS handshake).
 func (c *inboundConn) resolve() {
-	c.once.Do(func() {
-		p := c.Peer()
-		// A connection whose protocol could not be detected (its meshed
-		// TLS handshake failed, or it closed first) carried nothing and
-		// is not counted, as Linkerd's proxy counts connections after
-		// their detection; nor is it taken for plaintext.
-		if d, ok := c.Conn.(interface{ DetectErr() error }); ok && d.DetectErr() != nil {
-			return
+	if c.done.Load() {
+		return
+	}
+	c.detect.Do(c.detectTLS)
+	if !c.detected.Load() {
+		c.done.Store(true)
+		return
+	}
+	c.label(false)
+}
+
+// detectTLS finds the connection's tls labels. A connection whose protocol
+// could not be detected (its meshed TLS handshake failed, or it closed
+// first) carried nothing and is not counted, as Linkerd's proxy counts
+// connections after their detection; nor is it taken for plaintext.
+func (c *inboundConn) detectTLS() {
+	p := c.Peer()
+	if d, ok := c.Conn.(interface{ DetectErr() error }); ok && d.DetectErr() != nil {
+		return
+	}
+	c.labels = c.tls.For(p.TLS, p.ID)
+	c.detected.Store(true)
+}
+
+// label counts the connection under its labels, once the port's policy
+// is known or, closing (final), under the one in force.
+func (c *inboundConn) label(final bool) {
+	l := connLabels{labels: c.labels, addr: c.addr}
+	if c.policy != nil {
+		var known bool
+		if l.server, known = c.policy.ConnLabels(c.local); !known && !final {
+			return // its bytes are counted aside meanwhile
 		}
-		s := c.m.conns(c.tls.For(p.TLS, p.ID), c.LocalAddr().String())
-		c.mu.Lock()
-		c.s = s
-		if !c.isClosed {
-			c.counted = true
-			s.Opened()
-		}
+	}
+	s := c.m.conns(l)
+	c.mu.Lock()
+	if c.s != nil {
 		c.mu.Unlock()
-		if c.wire != nil {
-			c.wire.attach(s)
-		}
-	})
+		return // labelled meanwhile by a read or write on another goroutine
+	}
+	c.s = s
+	if !c.isClosed {
+		c.counted = true
+		s.Opened()
+	}
+	c.mu.Unlock()
+	c.done.Store(true)
+	if c.wire != nil {
+		c.wire.attach(s)
+	}
 }
 
 // Peer is the client's identity, as the connection inside knows it.
@@ -329,6 +456,9 @@ func (c *inboundConn) Write(b []byte) (int, error) {
 }
 
 func (c *inboundConn) Close() error {
+	if !c.done.Load() && c.detected.Load() {
+		c.label(true) // closed while its port's policy was pending
+	}
 	c.mu.Lock()
 	if !c.isClosed {
 		c.isClosed = true
@@ -360,9 +490,19 @@ func (l *acceptedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := l.m.conns(loopbackTLS, c.LocalAddr().String())
+	s := l.m.conns(connLabels{labels: loopbackTLS, addr: localAddr(c)})
 	s.Opened()
 	return &countedConn{Conn: c, s: s}, nil
+}
+
+// localAddr is the address c was accepted on, in one spelling (an
+// IPv4-mapped IPv6 address as IPv4).
+func localAddr(c net.Conn) string {
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+	}
+	return c.LocalAddr().String()
 }
 
 // targetAddr is the address a connection was dialled to, in one spelling

@@ -1,7 +1,9 @@
 package metrics
 
 import (
+	"net/netip"
 	"slices"
+	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -60,3 +62,15 @@ func (c *Conns) Read(n int) { c.read.AddN(int64(n)) }
 
 // Wrote counts n bytes written.
 func (c *Conns) Wrote(n int) { c.write.AddN(int64(n)) }
+
+// TargetLabels are target_addr, target_ip and target_port of addr, as
+// Linkerd's proxy writes an address on its endpoint and connection
+// families (linkerd/app/core transport/labels.rs, TargetAddr): the address,
+// its IP (an IPv6 one without brackets) and its port.
+func TargetLabels(addr netip.AddrPort) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("target_addr", addr.String()),
+		attribute.String("target_ip", addr.Addr().String()),
+		attribute.String("target_port", strconv.Itoa(int(addr.Port()))),
+	}
+}
