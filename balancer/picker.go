@@ -8,6 +8,7 @@ import (
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/meshtrace"
+	"github.com/inmesh/inmesh/internal/metrics"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -90,16 +91,22 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 	return s
 }
 
-// endpointLabels are the metric labels of the requests to e: its own as
-// dst_*, and Linkerd's tls labels: tls="true" with server_id when the
-// endpoint is reached over mTLS (it has an identity and the stack one of
-// its own), tls="no_identity" with no_tls_reason="not_provided_by_service_discovery"
-// when discovery gave it none, tls="disabled" when the stack has no
-// identity.
+// endpointLabels are the metric labels of the requests to e, as Linkerd's
+// outbound endpoint labels: its own as dst_*, its address as target_addr,
+// target_ip and target_port, and Linkerd's tls labels: tls="true" with
+// server_id when the endpoint is reached over mTLS (it has an identity and
+// the stack one of its own), tls="no_identity" with
+// no_tls_reason="not_provided_by_service_discovery" when discovery gave it
+// none, tls="disabled" when the stack has no identity.
 func endpointLabels(e endpoint.Endpoint, meshTLS bool) *classify.Labels {
-	m := make(map[string]string, len(e.Labels)+2)
+	m := make(map[string]string, len(e.Labels)+5)
 	for k, v := range e.Labels {
 		m["dst_"+k] = v
+	}
+	if e.Addr.IsValid() {
+		for _, kv := range metrics.TargetLabels(e.Addr) {
+			m[string(kv.Key)] = kv.Value.AsString()
+		}
 	}
 	switch {
 	case !meshTLS:

@@ -3,6 +3,8 @@ package classify
 import (
 	"context"
 	"net/http"
+	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,11 +97,25 @@ type TLSLabels struct {
 	plain *Labels
 	sets  sync.Map // client id -> *Labels
 	n     atomic.Int32
+
+	mu      sync.RWMutex
+	targets map[targetKey]*Labels // ForTarget
+}
+
+// targetKey is a label set of ForTarget.
+type targetKey struct {
+	tls    bool
+	id     string
+	target netip.AddrPort
 }
 
 // maxTLSLabelSets bounds the label sets a TLSLabels keeps: one per
 // verified client identity, which only the trust anchors' issuers make.
 const maxTLSLabelSets = 1024
+
+// maxTargetLabelSets bounds the label sets with a target a TLSLabels
+// keeps: one per client identity and address of the server's own.
+const maxTargetLabelSets = 4096
 
 // NewTLSLabels returns the tls labels of a server that terminates mesh TLS
 // (meshTLS) or not.
@@ -125,5 +141,37 @@ func (t *TLSLabels) For(tls bool, id string) *Labels {
 	if t.n.Add(1) <= maxTLSLabelSets {
 		t.sets.Store(id, l)
 	}
+	return l
+}
+
+// ForTarget returns the labels of [TLSLabels.For] and the target_addr,
+// target_ip and target_port of target, the address the client's
+// connection was accepted on (an IPv4-mapped one as IPv4), as Linkerd's
+// proxy labels inbound requests; For's alone when target is invalid. A
+// label set is made once per client identity and target, up to a bound
+// (past it, per call).
+func (t *TLSLabels) ForTarget(tls bool, id string, target netip.AddrPort) *Labels {
+	if !target.IsValid() {
+		return t.For(tls, id)
+	}
+	if !tls {
+		id = ""
+	}
+	k := targetKey{tls: tls, id: id, target: netip.AddrPortFrom(target.Addr().Unmap(), target.Port())}
+	t.mu.RLock()
+	l := t.targets[k]
+	t.mu.RUnlock()
+	if l != nil {
+		return l
+	}
+	l = LabelsOf(append(slices.Clone(t.For(tls, id).kvs), metrics.TargetLabels(k.target)...)...)
+	t.mu.Lock()
+	if t.targets == nil {
+		t.targets = make(map[targetKey]*Labels, 1)
+	}
+	if len(t.targets) < maxTargetLabelSets {
+		t.targets[k] = l
+	}
+	t.mu.Unlock()
 	return l
 }

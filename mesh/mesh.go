@@ -8,9 +8,9 @@
 //	          classify.NewHandler -> the application
 //
 // classify sits below the balancer on the way out, so that the endpoint's
-// labels (dst_*) are on request_total and response_total. Each layer stays
-// usable on its own; this package only chooses the order and passes the
-// options through.
+// labels (dst_*, its address as target_*) are on request_total and
+// response_total. Each layer stays usable on its own; this package only
+// chooses the order and passes the options through.
 package mesh
 
 import (
@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/inmesh/inmesh/tap"
@@ -465,8 +466,7 @@ func NewServer(app http.Handler, opts ...ServerOption) *Server {
 		copts = append(copts, classify.WithAuthorities(c.local...))
 	}
 	if c.inbound == nil {
-		tls := classify.NewTLSLabels(c.identity != nil)
-		next = withTLSLabels(classify.NewHandler(app, append(copts, classify.WithDefaultLabels(tls.For(false, "")))...), tls)
+		next = newEndpointLabels(classify.NewHandler(app, copts...), s.tls)
 	} else {
 		// The policy gives each allowed request its labels, tls included.
 		classified = classify.NewHandler(app, copts...)
@@ -523,20 +523,49 @@ func WithInboundPolicy(opts ...authz.Option) ServerOption {
 	return serverOption(func(c *config) { c.inbound = append(c.inbound, opts...) })
 }
 
-// withTLSLabels gives the inbound metrics of next Linkerd's tls labels
-// (classify.TLSLabels) by the client's verified identity. next's metrics
-// take the plaintext labels as their default (classify.WithDefaultLabels),
-// so that a plaintext request passes with no context or request copy of
-// its own unless its context already carries other labels.
-func withTLSLabels(next http.Handler, labels *classify.TLSLabels) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		peer, _ := identity.PeerFromContext(r.Context())
-		if !peer.TLS && classify.LabelsFromContext(r.Context()) == nil {
-			next.ServeHTTP(w, r)
-			return
+// endpointLabels gives the inbound request metrics of a classify handler
+// Linkerd's inbound endpoint labels where no policy gives them: the
+// client's tls labels (classify.TLSLabels) by its verified identity, and
+// the target_addr, target_ip and target_port of the address its
+// connection was accepted on (classify.TLSLabels.ForTarget). Each label
+// set has a handler of its own (classify.HandlerWithLabels), made once and
+// kept, so that a request costs no context or request copy.
+type endpointLabels struct {
+	next http.Handler // made by classify.NewHandler
+	tls  *classify.TLSLabels
+
+	mu       sync.RWMutex
+	handlers map[*classify.Labels]http.Handler // bounded by maxEndpointHandlers
+}
+
+// maxEndpointHandlers bounds the handlers endpointLabels keeps, as the
+// label sets they are made for are bounded; past it, a request's handler
+// is made for it.
+const maxEndpointHandlers = 4096
+
+func newEndpointLabels(next http.Handler, tls *classify.TLSLabels) *endpointLabels {
+	return &endpointLabels{next: next, tls: tls, handlers: make(map[*classify.Labels]http.Handler)}
+}
+
+func (h *endpointLabels) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	peer, _ := identity.PeerFromContext(r.Context())
+	var target netip.AddrPort
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		target = a.AddrPort()
+	}
+	l := h.tls.ForTarget(peer.TLS, peer.ID, target)
+	h.mu.RLock()
+	next := h.handlers[l]
+	h.mu.RUnlock()
+	if next == nil {
+		next = classify.HandlerWithLabels(h.next, l)
+		h.mu.Lock()
+		if len(h.handlers) < maxEndpointHandlers {
+			h.handlers[l] = next
 		}
-		next.ServeHTTP(w, r.WithContext(classify.WithLabels(r.Context(), labels.For(peer.TLS, peer.ID))))
-	})
+		h.mu.Unlock()
+	}
+	next.ServeHTTP(w, r)
 }
 
 // InboundPolicy returns the handler enforcing [WithInboundPolicy], for

@@ -52,9 +52,10 @@ import (
 //     the inbound_http_authz_* families; then count the calls let through
 //     in Linkerd's inbound request_total, response_total (with
 //     classification and grpc_status) and response_latency_ms, with
-//     direction="inbound", the authority and the tls labels (the
-//     response when the call ends, or without the stats handler when its
-//     handler returns, with the status the handler returned).
+//     direction="inbound", the authority, the tls labels and the address
+//     the connection was accepted on (target_*); the response when the
+//     call ends, or without the stats handler when its handler returns,
+//     with the status the handler returned.
 //
 // Give these options before the server's own interceptors
 // (grpc.ChainUnaryInterceptor appends), so that the policy runs before
@@ -166,7 +167,7 @@ func (s *server) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.C
 			ctx = identity.WithPeer(ctx, ai.Peer)
 		}
 	}
-	ctx = classify.WithLabels(ctx, s.tls.For(c.authz.Peer.TLS, c.authz.Peer.ID))
+	ctx = classify.WithLabels(ctx, s.tls.ForTarget(c.authz.Peer.TLS, c.authz.Peer.ID, c.authz.Local))
 	return context.WithValue(ctx, connKey{}, c)
 }
 
@@ -282,8 +283,12 @@ func (s *server) admit(ctx context.Context, method string) (context.Context, aut
 	}
 	if !s.stats {
 		// Neither identity nor policy: the connection's tls labels are
-		// the plaintext ones.
-		return ctx, d, s.rec.Start(ctx, authority, s.tls.For(false, "")), nil
+		// the plaintext ones, with the address it was accepted on.
+		var local netip.AddrPort
+		if p, ok := peer.FromContext(ctx); ok {
+			local = addrPort(p.LocalAddr)
+		}
+		return ctx, d, s.rec.Start(ctx, authority, s.tls.ForTarget(false, "", local)), nil
 	}
 	if c, _ := ctx.Value(callKey{}).(*serverCall); c != nil {
 		c.ex = s.rec.Start(ctx, authority, nil)

@@ -365,8 +365,9 @@ func TestRateLimit(t *testing.T) {
 
 // Linkerd's inbound request metrics, series by series: every call the
 // server handles, unary and streaming, with direction="inbound", its
-// authority, the tls labels of its client, and for the response HTTP
-// status 200, the gRPC status and its classification.
+// authority, the tls labels of its client, the address its connection was
+// accepted on (target_*), and for the response HTTP status 200, the gRPC
+// status and its classification.
 func TestMetrics(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxT(t)
@@ -402,19 +403,22 @@ func TestMetrics(t *testing.T) {
 	meshed := `authority="` + booksID + `:80",client_id="` + webID + `",direction="inbound"`
 	plainL := `authority="` + e.addr + `",direction="inbound"`
 	noTLS := `no_tls_reason="no_tls_from_remote",`
+	// The address the calls' connections were accepted on.
+	_, port, _ := net.SplitHostPort(e.addr)
+	target := `target_addr="` + e.addr + `",target_ip="127.0.0.1",target_port="` + port + `",`
 	want := map[string][]string{
 		"request_total": {
-			`request_total{` + plainL + `,` + noTLS + `tls="no_identity"} 2`,
-			`request_total{` + meshed + `,tls="true"} 3`,
+			`request_total{` + plainL + `,` + noTLS + target + `tls="no_identity"} 2`,
+			`request_total{` + meshed + `,` + target + `tls="true"} 3`,
 		},
 		"response_total": {
-			`response_total{authority="` + e.addr + `",classification="failure",direction="inbound",error="",grpc_status="14",` + noTLS + `status_code="200",tls="no_identity"} 1`,
-			`response_total{authority="` + e.addr + `",classification="success",direction="inbound",error="",grpc_status="5",` + noTLS + `status_code="200",tls="no_identity"} 1`,
-			`response_total{authority="` + booksID + `:80",classification="success",client_id="` + webID + `",direction="inbound",error="",grpc_status="0",status_code="200",tls="true"} 3`,
+			`response_total{authority="` + e.addr + `",classification="failure",direction="inbound",error="",grpc_status="14",` + noTLS + `status_code="200",` + target + `tls="no_identity"} 1`,
+			`response_total{authority="` + e.addr + `",classification="success",direction="inbound",error="",grpc_status="5",` + noTLS + `status_code="200",` + target + `tls="no_identity"} 1`,
+			`response_total{authority="` + booksID + `:80",classification="success",client_id="` + webID + `",direction="inbound",error="",grpc_status="0",status_code="200",` + target + `tls="true"} 3`,
 		},
 		"response_latency_ms_count": {
-			`response_latency_ms_count{` + plainL + `,` + noTLS + `status_code="200",tls="no_identity"} 2`,
-			`response_latency_ms_count{` + meshed + `,status_code="200",tls="true"} 3`,
+			`response_latency_ms_count{` + plainL + `,` + noTLS + `status_code="200",` + target + `tls="no_identity"} 2`,
+			`response_latency_ms_count{` + meshed + `,status_code="200",` + target + `tls="true"} 3`,
 		},
 	}
 	// The server counts a response when the call ends, which may be
@@ -479,7 +483,9 @@ func TestServerFailureInjector(t *testing.T) {
 
 // A server with metrics alone (no identity, no policy) counts its calls
 // as one with either does: requests, responses by grpc_status, latency,
-// with the plaintext tls labels, for unary and streaming calls.
+// with the plaintext tls labels and the address the connection was
+// accepted on (target_*, as Linkerd's inbound endpoint labels), for unary
+// and streaming calls.
 func TestMetricsWithoutIdentity(t *testing.T) {
 	m := testutil.NewMetrics(t)
 	srv := grpc.NewServer(meshgrpc.ServerOptions(meshgrpc.WithMeterProvider(m.Provider), meshgrpc.WithLogger(quiet))...)
@@ -510,13 +516,15 @@ func TestMetricsWithoutIdentity(t *testing.T) {
 	require.Equal(t, io.EOF, err)
 
 	a := `authority="` + ln.Addr().String() + `",`
+	// The address the calls' connections were accepted on.
+	target := `target_addr="` + ln.Addr().String() + `",target_ip="127.0.0.1",target_port="` + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port) + `",`
 	want := map[string][]string{
-		"request_total": {`request_total{` + a + `direction="inbound",tls="disabled"} 3`},
+		"request_total": {`request_total{` + a + `direction="inbound",` + target + `tls="disabled"} 3`},
 		"response_total": {
-			`response_total{` + a + `classification="failure",direction="inbound",error="",grpc_status="14",status_code="200",tls="disabled"} 1`,
-			`response_total{` + a + `classification="success",direction="inbound",error="",grpc_status="0",status_code="200",tls="disabled"} 2`,
+			`response_total{` + a + `classification="failure",direction="inbound",error="",grpc_status="14",status_code="200",` + target + `tls="disabled"} 1`,
+			`response_total{` + a + `classification="success",direction="inbound",error="",grpc_status="0",status_code="200",` + target + `tls="disabled"} 2`,
 		},
-		"response_latency_ms_count": {`response_latency_ms_count{` + a + `direction="inbound",status_code="200",tls="disabled"} 3`},
+		"response_latency_ms_count": {`response_latency_ms_count{` + a + `direction="inbound",status_code="200",` + target + `tls="disabled"} 3`},
 	}
 	// The server may count a response after the client has it.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
