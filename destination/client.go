@@ -215,8 +215,9 @@ func (c *Client) Close() error {
 }
 
 // Watch implements [profiles.Source]: it streams the service profile of
-// authority (host:port) from GetProfile. A profile that fails to convert is
-// logged and skipped; the last good one stays in force. When the control
+// authority (host:port) from GetProfile. A part of a profile that does not
+// convert is left out and logged, and the rest applies (see
+// [ProfileFromProto]). When the control
 // plane rejects the lookup the last update has a nil Profile and an Err
 // wrapping [profiles.ErrNoProfile] and [ErrRejected].
 func (c *Client) Watch(ctx context.Context, authority string, update func(profiles.Update)) (func(), error) {
@@ -281,10 +282,9 @@ func (c *Client) request(authority string) *pb.GetDestination {
 
 func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (profiles.Update, bool) {
 	return func(m *pb.DestinationProfile) (profiles.Update, bool) {
-		p, err := ProfileFromProto(m)
-		if err != nil {
-			c.log.WarnErr("rejected profile:"+authority, "rejected profile update; keeping the last one", err, "authority", authority)
-			return profiles.Update{}, false
+		p, dropped := ProfileFromProto(m)
+		for _, d := range dropped {
+			c.log.WarnErr("dropped profile part:"+authority, "dropped a part of a profile update that does not convert; the rest applies", d.Err, "authority", authority, "route", d.Route, "dropped", d.Field)
 		}
 		return profiles.Update{Profile: p}, true
 	}

@@ -139,12 +139,21 @@ func errAt(path, format string, args ...any) error {
 	return &fieldError{path: path, msg: fmt.Sprintf(format, args...)}
 }
 
-// ProfileFromProto converts a profile from its wire form. A message that
-// cannot describe a profile (a route without a condition, a match with no
-// variant set, a bad duration or address) is an error naming the field,
-// such as "routes[2].condition.all.matches[0]: no match set".
-func ProfileFromProto(m *pb.DestinationProfile) (*profiles.Profile, error) {
-	p := &profiles.Profile{
+// ProfileFromProto converts a profile from its wire form. A part that
+// cannot be converted is left out and the rest applies, as Linkerd's proxy
+// converts a profile (linkerd2-proxy linkerd/service-profiles/src/proto.rs):
+// a route without a condition or whose condition does not convert (a match
+// with no variant set, a method not set), a condition of an all or an any
+// (the all then matches by its other conditions), a response class
+// likewise (an all or an any left empty too), a negative route timeout
+// (the route has none), a route's invalid hedge (it does not hedge), a
+// retry budget whose ttl is negative (retries are disabled) and an
+// endpoint that does not convert. dropped names each part left out, such
+// as "routes[2].condition.all.matches[0]: no match set". Path regexes,
+// status ranges and the rest of the budget are converted as sent, for
+// [profiles.Compile] to judge.
+func ProfileFromProto(m *pb.DestinationProfile) (p *profiles.Profile, dropped []profiles.Dropped) {
+	p = &profiles.Profile{
 		FullyQualifiedName: m.GetFullyQualifiedName(),
 		OpaqueProtocol:     m.GetOpaqueProtocol(),
 	}
@@ -153,36 +162,46 @@ func ProfileFromProto(m *pb.DestinationProfile) (*profiles.Profile, error) {
 	}
 	for i, pr := range m.GetRoutes() {
 		path := fmt.Sprintf("routes[%d]", i)
+		c := protoConverter{route: pr.GetMetricsLabels()["route"], dropped: &dropped}
 		if pr == nil {
-			return nil, errAt(path, "null route")
+			c.drop(path, errAt(path, "null route"))
+			continue
 		}
-		r := profiles.Route{Retryable: pr.GetIsRetryable()}
+		if pr.GetCondition() == nil {
+			c.drop(path, errAt(path+".condition", "required"))
+			continue
+		}
+		cond, err := c.requestMatch(pr.GetCondition(), path+".condition")
+		if err != nil {
+			c.drop(path, err)
+			continue
+		}
+		r := profiles.Route{Condition: cond, Retryable: pr.GetIsRetryable()}
 		if len(pr.GetMetricsLabels()) > 0 {
 			r.Labels = maps.Clone(pr.GetMetricsLabels())
 		}
-		if pr.GetCondition() == nil {
-			return nil, errAt(path+".condition", "required")
-		}
-		var err error
-		if r.Condition, err = requestMatchFromProto(pr.GetCondition(), path+".condition"); err != nil {
-			return nil, err
-		}
 		if pr.Timeout != nil {
-			if r.Timeout, err = durationFromProto(pr.GetTimeout(), path+".timeout"); err != nil {
-				return nil, err
+			// As prost's conversion: the value, normalized; a negative one
+			// is only warned about (set_route_timeout).
+			if d := pr.GetTimeout().AsDuration(); d < 0 {
+				c.drop(path+".timeout", errAt(path+".timeout", "negative duration %v", d))
+			} else {
+				r.Timeout = d
 			}
 		}
 		if r.Hedge, err = hedgeFromProto(pr.GetHedge(), path+".hedge"); err != nil {
-			return nil, err
+			c.drop(path+".hedge", err)
 		}
 		for j, pc := range pr.GetResponseClasses() {
-			cpath := fmt.Sprintf("%s.response_classes[%d].condition", path, j)
+			cpath := fmt.Sprintf("%s.response_classes[%d]", path, j)
 			if pc.GetCondition() == nil {
-				return nil, errAt(cpath, "required")
+				c.drop(cpath, errAt(cpath+".condition", "required"))
+				continue
 			}
-			cond, err := responseMatchFromProto(pc.GetCondition(), cpath)
+			cond, err := c.responseMatch(pc.GetCondition(), cpath+".condition")
 			if err != nil {
-				return nil, err
+				c.drop(cpath, err)
+				continue
 			}
 			r.ResponseClasses = append(r.ResponseClasses, profiles.ResponseClass{Condition: cond, IsFailure: pc.GetIsFailure()})
 		}
@@ -190,14 +209,21 @@ func ProfileFromProto(m *pb.DestinationProfile) (*profiles.Profile, error) {
 	}
 	if b := m.GetRetryBudget(); b != nil {
 		// A budget Linkerd's proxy would refuse is kept as sent: the router
-		// decides what an invalid budget means (retries disabled).
+		// decides what an invalid budget means (retries disabled). Only a
+		// ttl the model cannot hold as Linkerd reads it is dropped here,
+		// with the budget, as convert_retry_budget drops it.
 		budget := &profiles.RetryBudget{RetryRatio: b.GetRetryRatio(), MinRetriesPerSecond: b.GetMinRetriesPerSecond()}
-		if b.Ttl != nil {
-			ttl, err := durationFromProto(b.GetTtl(), "retry_budget.ttl")
-			if err != nil {
-				return nil, err
-			}
-			budget.TTL = ttl
+		c := protoConverter{dropped: &dropped}
+		switch ttl := b.GetTtl(); {
+		case ttl == nil: // no ttl: invalid, retries are disabled
+		case ttl.GetSeconds() < 0 || ttl.GetNanos() < 0:
+			c.drop("retry_budget", errAt("retry_budget.ttl", "negative duration"))
+			budget = nil
+		case ttl.GetNanos() > 1e9:
+			c.drop("retry_budget", errAt("retry_budget.ttl", "nanos %d exceed 1s", ttl.GetNanos()))
+			budget = nil
+		default:
+			budget.TTL = ttl.AsDuration()
 		}
 		p.RetryBudget = budget
 	}
@@ -205,28 +231,40 @@ func ProfileFromProto(m *pb.DestinationProfile) (*profiles.Profile, error) {
 		p.DstOverrides = append(p.DstOverrides, endpoint.WeightedDst{Authority: d.GetAuthority(), Weight: d.GetWeight()})
 	}
 	if e := m.GetEndpoint(); e != nil {
-		ep, err := EndpointFromProto(e, nil, "endpoint")
-		if err != nil {
-			return nil, err
+		if ep, err := EndpointFromProto(e, nil, "endpoint"); err != nil {
+			dropped = append(dropped, profiles.Dropped{Field: "endpoint", Err: err})
+		} else {
+			p.Endpoint = &ep
 		}
-		p.Endpoint = &ep
 	}
-	return p, nil
+	return p, dropped
 }
 
-func requestMatchFromProto(m *pb.RequestMatch, path string) (profiles.RequestMatch, error) {
+// protoConverter converts the conditions of one route, recording what it
+// drops.
+type protoConverter struct {
+	route   string
+	dropped *[]profiles.Dropped
+}
+
+func (c protoConverter) drop(field string, err error) {
+	*c.dropped = append(*c.dropped, profiles.Dropped{Route: c.route, Field: field, Err: err})
+}
+
+// requestMatch converts m as convert_req_match does: a condition of an
+// all or an any that does not convert is dropped; any other that does not
+// is an error, which drops the part holding it.
+func (c protoConverter) requestMatch(m *pb.RequestMatch, path string) (profiles.RequestMatch, error) {
 	if m == nil {
 		return nil, errAt(path, "null match")
 	}
 	switch v := m.GetMatch().(type) {
 	case *pb.RequestMatch_All:
-		seq, err := requestSeqFromProto(v.All.GetMatches(), path+".all")
-		return profiles.MatchAll(seq), err
+		return profiles.MatchAll(c.requestSeq(v.All.GetMatches(), path+".all")), nil
 	case *pb.RequestMatch_Any:
-		seq, err := requestSeqFromProto(v.Any.GetMatches(), path+".any")
-		return profiles.MatchAny(seq), err
+		return profiles.MatchAny(c.requestSeq(v.Any.GetMatches(), path+".any")), nil
 	case *pb.RequestMatch_Not:
-		inner, err := requestMatchFromProto(v.Not, path+".not")
+		inner, err := c.requestMatch(v.Not, path+".not")
 		if err != nil {
 			return nil, err
 		}
@@ -235,20 +273,26 @@ func requestMatchFromProto(m *pb.RequestMatch, path string) (profiles.RequestMat
 		return profiles.PathRegex(v.Path.GetRegex()), nil
 	case *pb.RequestMatch_Method:
 		method, err := MethodFromProto(v.Method, path+".method")
-		return profiles.Method(method), err
+		if err != nil {
+			return nil, err
+		}
+		return profiles.Method(method), nil
 	}
 	return nil, errAt(path, "no match set")
 }
 
-func requestSeqFromProto(ms []*pb.RequestMatch, path string) ([]profiles.RequestMatch, error) {
-	out := make([]profiles.RequestMatch, len(ms))
+func (c protoConverter) requestSeq(ms []*pb.RequestMatch, path string) []profiles.RequestMatch {
+	out := make([]profiles.RequestMatch, 0, len(ms))
 	for i, m := range ms {
-		var err error
-		if out[i], err = requestMatchFromProto(m, fmt.Sprintf("%s.matches[%d]", path, i)); err != nil {
-			return nil, err
+		mpath := fmt.Sprintf("%s.matches[%d]", path, i)
+		rm, err := c.requestMatch(m, mpath)
+		if err != nil {
+			c.drop(mpath, err)
+			continue
 		}
+		out = append(out, rm)
 	}
-	return out, nil
+	return out
 }
 
 // MethodFromProto decodes a method; path names the field in errors.
@@ -269,19 +313,28 @@ func MethodFromProto(m *pb.HttpMethod, path string) (string, error) {
 	return "", errAt(path, "no method set")
 }
 
-func responseMatchFromProto(m *pb.ResponseMatch, path string) (profiles.ResponseMatch, error) {
+// responseMatch converts m as convert_rsp_match does: a condition of an
+// all or an any that does not convert is dropped, and an all or an any
+// left empty does not convert.
+func (c protoConverter) responseMatch(m *pb.ResponseMatch, path string) (profiles.ResponseMatch, error) {
 	if m == nil {
 		return nil, errAt(path, "null match")
 	}
 	switch v := m.GetMatch().(type) {
 	case *pb.ResponseMatch_All:
-		seq, err := responseSeqFromProto(v.All.GetMatches(), path+".all")
-		return profiles.ResponseAll(seq), err
+		seq := c.responseSeq(v.All.GetMatches(), path+".all")
+		if len(seq) == 0 {
+			return nil, errAt(path+".all", "empty")
+		}
+		return profiles.ResponseAll(seq), nil
 	case *pb.ResponseMatch_Any:
-		seq, err := responseSeqFromProto(v.Any.GetMatches(), path+".any")
-		return profiles.ResponseAny(seq), err
+		seq := c.responseSeq(v.Any.GetMatches(), path+".any")
+		if len(seq) == 0 {
+			return nil, errAt(path+".any", "empty")
+		}
+		return profiles.ResponseAny(seq), nil
 	case *pb.ResponseMatch_Not:
-		inner, err := responseMatchFromProto(v.Not, path+".not")
+		inner, err := c.responseMatch(v.Not, path+".not")
 		if err != nil {
 			return nil, err
 		}
@@ -292,15 +345,18 @@ func responseMatchFromProto(m *pb.ResponseMatch, path string) (profiles.Response
 	return nil, errAt(path, "no match set")
 }
 
-func responseSeqFromProto(ms []*pb.ResponseMatch, path string) ([]profiles.ResponseMatch, error) {
-	out := make([]profiles.ResponseMatch, len(ms))
+func (c protoConverter) responseSeq(ms []*pb.ResponseMatch, path string) []profiles.ResponseMatch {
+	out := make([]profiles.ResponseMatch, 0, len(ms))
 	for i, m := range ms {
-		var err error
-		if out[i], err = responseMatchFromProto(m, fmt.Sprintf("%s.matches[%d]", path, i)); err != nil {
-			return nil, err
+		mpath := fmt.Sprintf("%s.matches[%d]", path, i)
+		rm, err := c.responseMatch(m, mpath)
+		if err != nil {
+			c.drop(mpath, err)
+			continue
 		}
+		out = append(out, rm)
 	}
-	return out, nil
+	return out
 }
 
 func durationFromProto(d *durationpb.Duration, path string) (time.Duration, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/hedgepb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -87,29 +88,206 @@ func TestServiceProfileToProto(t *testing.T) {
 	assert.True(t, destination.ProfileToProto(sps[0].ProfileFor(3306)).GetOpaqueProtocol())
 
 	// And back: the client sees what the YAML said.
-	back, err := destination.ProfileFromProto(got)
-	require.NoError(t, err)
+	back, dropped := destination.ProfileFromProto(got)
+	require.Empty(t, dropped)
 	assert.Equal(t, sps[0].ProfileFor(7000), back)
 }
 
-func TestProfileFromProtoErrors(t *testing.T) {
+// A part of a profile message that does not convert is left out and the
+// rest applies, as linkerd2-proxy converts it
+// (linkerd/service-profiles/src/proto.rs, named in each row). Each row's
+// message ends with the route "rest"; want is the profile converted.
+func TestProfileFromProtoLeavesOutWhatDoesNotConvert(t *testing.T) {
+	rest := &pb.Route{Condition: path0(), MetricsLabels: map[string]string{"route": "rest"}}
+	restRoute := profiles.Route{Condition: profiles.PathRegex("/"), Labels: map[string]string{"route": "rest"}}
+	named := func(name string, cond *pb.RequestMatch) *pb.Route {
+		return &pb.Route{Condition: cond, MetricsLabels: map[string]string{"route": name}}
+	}
+	noVariant := &pb.RequestMatch{}
+	all := func(ms ...*pb.RequestMatch) *pb.RequestMatch {
+		return &pb.RequestMatch{Match: &pb.RequestMatch_All{All: &pb.RequestMatch_Seq{Matches: ms}}}
+	}
+	anyOf := func(ms ...*pb.RequestMatch) *pb.RequestMatch {
+		return &pb.RequestMatch{Match: &pb.RequestMatch_Any{Any: &pb.RequestMatch_Seq{Matches: ms}}}
+	}
+	not := func(m *pb.RequestMatch) *pb.RequestMatch {
+		return &pb.RequestMatch{Match: &pb.RequestMatch_Not{Not: m}}
+	}
+	get := &pb.RequestMatch{Match: &pb.RequestMatch_Method{Method: destination.MethodToProto("GET")}}
+	status := func(lo, hi uint32) *pb.ResponseMatch {
+		return &pb.ResponseMatch{Match: &pb.ResponseMatch_Status{Status: &pb.HttpStatusRange{Min: lo, Max: hi}}}
+	}
+	rspAll := func(ms ...*pb.ResponseMatch) *pb.ResponseMatch {
+		return &pb.ResponseMatch{Match: &pb.ResponseMatch_All{All: &pb.ResponseMatch_Seq{Matches: ms}}}
+	}
+	rspAny := func(ms ...*pb.ResponseMatch) *pb.ResponseMatch {
+		return &pb.ResponseMatch{Match: &pb.ResponseMatch_Any{Any: &pb.ResponseMatch_Seq{Matches: ms}}}
+	}
+	withClasses := func(cs ...*pb.ResponseClass) *pb.Route {
+		r := named("r", get)
+		r.ResponseClasses = cs
+		return r
+	}
+	route := func(name string, cond profiles.RequestMatch) profiles.Route {
+		return profiles.Route{Condition: cond, Labels: map[string]string{"route": name}}
+	}
+	fiveXX := &pb.ResponseClass{Condition: status(500, 599), IsFailure: true}
+	fiveXXClass := profiles.ResponseClass{Condition: profiles.StatusRange{Min: 500, Max: 599}, IsFailure: true}
 	tests := []struct {
-		name string
-		m    *pb.DestinationProfile
-		want string
+		name    string
+		m       *pb.DestinationProfile
+		want    *profiles.Profile
+		dropped []string // "field: error"
 	}{
-		{"route without condition", &pb.DestinationProfile{Routes: []*pb.Route{{}}}, "routes[0].condition: required"},
-		{"empty match", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: &pb.RequestMatch{}}}}, "routes[0].condition: no match set"},
-		{"nested empty match", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: path0()}, {Condition: &pb.RequestMatch{Match: &pb.RequestMatch_All{All: &pb.RequestMatch_Seq{Matches: []*pb.RequestMatch{{}}}}}}}}, "routes[1].condition.all.matches[0]: no match set"},
-		{"method unset", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: &pb.RequestMatch{Match: &pb.RequestMatch_Method{Method: &pb.HttpMethod{}}}}}}, "routes[0].condition.method: no method set"},
-		{"class without condition", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: path0(), ResponseClasses: []*pb.ResponseClass{{}}}}}, "routes[0].response_classes[0].condition: required"},
-		{"negative timeout", &pb.DestinationProfile{Routes: []*pb.Route{{Condition: path0(), Timeout: durationpb.New(-time.Second)}}}, "routes[0].timeout: negative duration"},
-		{"bad ttl", &pb.DestinationProfile{RetryBudget: &pb.RetryBudget{Ttl: &durationpb.Duration{Seconds: 1, Nanos: 2e9}}}, "retry_budget.ttl:"},
+		{
+			name:    "convert_route: a route without a condition",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{{MetricsLabels: map[string]string{"route": "none"}}, rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{restRoute}},
+			dropped: []string{"routes[0]: routes[0].condition: required"},
+		},
+		{
+			name:    "convert_req_match: a match with no variant",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{named("empty", noVariant), rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{restRoute}},
+			dropped: []string{"routes[0]: routes[0].condition: no match set"},
+		},
+		{
+			name:    "convert_req_match: a method not set",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{named("m", &pb.RequestMatch{Match: &pb.RequestMatch_Method{Method: &pb.HttpMethod{}}}), rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{restRoute}},
+			dropped: []string{"routes[0]: routes[0].condition.method: no method set"},
+		},
+		{
+			name:    "convert_req_match All: a condition is dropped, the all keeps the others",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{named("a", all(noVariant, get)), rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{route("a", profiles.MatchAll{profiles.Method("GET")}), restRoute}},
+			dropped: []string{"routes[0].condition.all.matches[0]: routes[0].condition.all.matches[0]: no match set"},
+		},
+		{
+			name:    "convert_req_match Any: a condition is dropped, the any keeps the others",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{named("a", anyOf(get, noVariant)), rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{route("a", profiles.MatchAny{profiles.Method("GET")}), restRoute}},
+			dropped: []string{"routes[0].condition.any.matches[1]: routes[0].condition.any.matches[1]: no match set"},
+		},
+		{
+			name:    "convert_req_match Not: a not of a match that does not convert does not convert",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{named("n", all(get, not(noVariant))), named("top", not(noVariant)), rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{route("n", profiles.MatchAll{profiles.Method("GET")}), restRoute}},
+			dropped: []string{"routes[0].condition.all.matches[1]: routes[0].condition.all.matches[1].not: no match set", "routes[1]: routes[1].condition.not: no match set"},
+		},
+		{
+			// The controller sends `timeout: -500ms` (time.ParseDuration
+			// accepts it) as Duration{nanos: -500000000}.
+			name: "set_route_timeout: a negative timeout is only warned about",
+			m: &pb.DestinationProfile{Routes: []*pb.Route{func() *pb.Route {
+				r := named("t", get)
+				r.Timeout = &durationpb.Duration{Nanos: -500000000}
+				return r
+			}(), rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{route("t", profiles.Method("GET")), restRoute}},
+			dropped: []string{"routes[0].timeout: routes[0].timeout: negative duration -500ms"},
+		},
+		{
+			name: "a timeout is read as prost reads it, normalized",
+			m: &pb.DestinationProfile{Routes: []*pb.Route{func() *pb.Route {
+				r := named("t", get)
+				r.Timeout = &durationpb.Duration{Seconds: 1, Nanos: -500000000}
+				return r
+			}()}},
+			want: &profiles.Profile{Routes: []profiles.Route{func() profiles.Route {
+				r := route("t", profiles.Method("GET"))
+				r.Timeout = 500 * time.Millisecond
+				return r
+			}()}},
+		},
+		{
+			name:    "convert_rsp_class: a class without a condition",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{withClasses(&pb.ResponseClass{}, fiveXX)}},
+			want:    &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.Method("GET"), Labels: map[string]string{"route": "r"}, ResponseClasses: []profiles.ResponseClass{fiveXXClass}}}},
+			dropped: []string{"routes[0].response_classes[0]: routes[0].response_classes[0].condition: required"},
+		},
+		{
+			// The controller sends `all: []` as an empty All.
+			name:    "convert_rsp_match All: all: []",
+			m:       &pb.DestinationProfile{Routes: []*pb.Route{withClasses(&pb.ResponseClass{Condition: rspAll()}, fiveXX)}},
+			want:    &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.Method("GET"), Labels: map[string]string{"route": "r"}, ResponseClasses: []profiles.ResponseClass{fiveXXClass}}}},
+			dropped: []string{"routes[0].response_classes[0]: routes[0].response_classes[0].condition.all: empty"},
+		},
+		{
+			name: "convert_rsp_match Any: a condition is dropped, the any keeps the others; left empty it is dropped",
+			m: &pb.DestinationProfile{Routes: []*pb.Route{withClasses(
+				&pb.ResponseClass{Condition: rspAny(&pb.ResponseMatch{}, status(503, 503))},
+				&pb.ResponseClass{Condition: rspAny(&pb.ResponseMatch{})},
+			)}},
+			want: &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.Method("GET"), Labels: map[string]string{"route": "r"}, ResponseClasses: []profiles.ResponseClass{
+				{Condition: profiles.ResponseAny{profiles.StatusRange{Min: 503, Max: 503}}},
+			}}}},
+			dropped: []string{
+				"routes[0].response_classes[0].condition.any.matches[0]: routes[0].response_classes[0].condition.any.matches[0]: no match set",
+				"routes[0].response_classes[1].condition.any.matches[0]: routes[0].response_classes[1].condition.any.matches[0]: no match set",
+				"routes[0].response_classes[1]: routes[0].response_classes[1].condition.any: empty",
+			},
+		},
+		{
+			// The controller sends `status: {}` as {min: 0, max: 0}: the
+			// status range is kept as sent; profiles.Compile drops it.
+			name: "status ranges are converted as sent",
+			m:    &pb.DestinationProfile{Routes: []*pb.Route{withClasses(&pb.ResponseClass{Condition: status(0, 0)})}},
+			want: &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.Method("GET"), Labels: map[string]string{"route": "r"}, ResponseClasses: []profiles.ResponseClass{
+				{Condition: profiles.StatusRange{}},
+			}}}},
+		},
+		{
+			name: "a route's invalid hedge: the route does not hedge",
+			m: &pb.DestinationProfile{Routes: []*pb.Route{func() *pb.Route {
+				r := named("h", get)
+				r.Hedge = &hedgepb.Hedge{Delay: &hedgepb.Hedge_Percentile{Percentile: 0}}
+				return r
+			}()}},
+			want:    &profiles.Profile{Routes: []profiles.Route{route("h", profiles.Method("GET"))}},
+			dropped: []string{"routes[0].hedge: routes[0].hedge.percentile: 0 is not between 0 and 100"},
+		},
+		{
+			// The controller sends `ttl: -10s` (time.ParseDuration accepts
+			// it) as Duration{seconds: -10}.
+			name:    "convert_retry_budget: ttl negative",
+			m:       &pb.DestinationProfile{RetryBudget: &pb.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, Ttl: &durationpb.Duration{Seconds: -10}}, Routes: []*pb.Route{rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{restRoute}},
+			dropped: []string{"retry_budget: retry_budget.ttl: negative duration"},
+		},
+		{
+			name:    "convert_retry_budget: ttl negative in its nanos",
+			m:       &pb.DestinationProfile{RetryBudget: &pb.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, Ttl: &durationpb.Duration{Seconds: 5, Nanos: -1}}},
+			want:    &profiles.Profile{},
+			dropped: []string{"retry_budget: retry_budget.ttl: negative duration"},
+		},
+		{
+			name:    "convert_retry_budget: nanos past 1s",
+			m:       &pb.DestinationProfile{RetryBudget: &pb.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, Ttl: &durationpb.Duration{Seconds: 1, Nanos: 2e9}}},
+			want:    &profiles.Profile{},
+			dropped: []string{"retry_budget: retry_budget.ttl: nanos 2000000000 exceed 1s"},
+		},
+		{
+			name: "a budget Linkerd's proxy refuses otherwise is kept, for the router to disable",
+			m:    &pb.DestinationProfile{RetryBudget: &pb.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, Ttl: &durationpb.Duration{Seconds: 100}}},
+			want: &profiles.Profile{RetryBudget: &profiles.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, TTL: 100 * time.Second}},
+		},
+		{
+			name:    "an endpoint that does not convert",
+			m:       &pb.DestinationProfile{Endpoint: &pb.WeightedAddr{Addr: &pb.TcpAddress{Port: 70000}}, Routes: []*pb.Route{rest}},
+			want:    &profiles.Profile{Routes: []profiles.Route{restRoute}},
+			dropped: []string{"endpoint: endpoint.addr: port 70000 is out of range"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := destination.ProfileFromProto(tt.m)
-			assert.ErrorContains(t, err, tt.want)
+			got, dropped := destination.ProfileFromProto(tt.m)
+			assert.Equal(t, tt.want, got)
+			var ds []string
+			for _, d := range dropped {
+				ds = append(ds, d.Field+": "+d.Err.Error())
+			}
+			assert.Equal(t, tt.dropped, ds)
 		})
 	}
 }
@@ -189,8 +367,8 @@ func BenchmarkProfileFromProto50Routes(b *testing.B) {
 	m := destination.ProfileToProto(sp.ProfileFor(80))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := destination.ProfileFromProto(m); err != nil {
-			b.Fatal(err)
+		if _, dropped := destination.ProfileFromProto(m); dropped != nil {
+			b.Fatal(dropped)
 		}
 	}
 }

@@ -30,19 +30,20 @@ func TestProfileHedgeWireRoundTrip(t *testing.T) {
 	m := destination.ProfileToProto(p)
 	assert.True(t, hasField(t, marshal(t, m.GetRoutes()[0]), 1001), "field 1001 carries the hedge")
 	assert.False(t, hasField(t, marshal(t, m.GetRoutes()[2]), 1001), "no hedge, no field")
-	back, err := destination.ProfileFromProto(m)
-	require.NoError(t, err)
+	back, dropped := destination.ProfileFromProto(m)
+	require.Empty(t, dropped)
 	require.Len(t, back.Routes, 3)
 	assert.Equal(t, fixed, back.Routes[0].Hedge)
 	assert.Equal(t, learnt, back.Routes[1].Hedge)
 	assert.True(t, back.Routes[1].Retryable)
 	assert.Nil(t, back.Routes[2].Hedge)
-	_, err = profiles.Compile(back, profiles.Options{})
+	table, err := profiles.Compile(back, profiles.Options{})
 	require.NoError(t, err)
+	assert.Empty(t, table.Dropped())
 }
 
-// A profile route's hedge out of range fails the profile, naming the
-// route's field.
+// A profile route's hedge out of range is left out, naming the route's
+// field: the route stays, without hedging.
 func TestProfileHedgeWireInvalid(t *testing.T) {
 	cond := destination.ProfileToProto(&profiles.Profile{Routes: []profiles.Route{{Condition: profiles.Method("GET")}}}).GetRoutes()[0].GetCondition()
 	for _, tc := range []struct {
@@ -56,9 +57,12 @@ func TestProfileHedgeWireInvalid(t *testing.T) {
 		{"share past one", &hedgepb.Hedge{Delay: &hedgepb.Hedge_Percentile{Percentile: 90}, MaxExtraLoad: 1.5}, "routes[0].hedge: maxExtraLoad"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := destination.ProfileFromProto(&pb.DestinationProfile{Routes: []*pb.Route{{Condition: cond, Hedge: tc.h}}})
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.want)
+			p, dropped := destination.ProfileFromProto(&pb.DestinationProfile{Routes: []*pb.Route{{Condition: cond, Hedge: tc.h}}})
+			require.Len(t, dropped, 1)
+			assert.Equal(t, "routes[0].hedge", dropped[0].Field)
+			assert.ErrorContains(t, dropped[0].Err, tc.want)
+			require.Len(t, p.Routes, 1)
+			assert.Nil(t, p.Routes[0].Hedge)
 		})
 	}
 }

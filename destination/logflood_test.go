@@ -19,8 +19,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// A control plane flooding rejected updates (profiles that do not convert,
-// endpoints with a bad address) writes a few log lines, not one per update.
+// A control plane flooding bad updates (profiles with a route that does
+// not convert, endpoints with a bad address) writes a few log lines, not
+// one per update.
 func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 	const n = 5000
 	s := newScripted()
@@ -66,10 +67,10 @@ func TestRejectedUpdateFloodIsRateLimited(t *testing.T) {
 	assert.LessOrEqual(t, logs.Count("WARN"), 4, "one line per kind per interval")
 }
 
-// A rogue control plane sending distinct bad profiles: each one refused is
-// named in the log, within one rate-limit interval; the good profile after
-// them is applied.
-func TestEveryDistinctRejectedProfileIsLogged(t *testing.T) {
+// A rogue control plane sending distinct bad profiles: each route left out
+// is named in the log, within one rate-limit interval; the good profile
+// after them is applied.
+func TestEveryDistinctDroppedRouteIsLogged(t *testing.T) {
 	const n = 17
 	s := newScripted()
 	s.profile = func(_ int, _ *pb.GetDestination, st grpc.ServerStreamingServer[pb.DestinationProfile]) error {

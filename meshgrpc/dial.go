@@ -15,6 +15,7 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/router"
 )
@@ -91,6 +92,7 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 	meter := metrics.Meter(cfg.mp, clientScope)
 	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
 	m.hedges = metrics.NewHedges(meter, true)
+	m.plog = ratelog.New(cfg.logger, 0)
 	cfg.balancer = append([]balancer.Option{balancer.WithMeshTLS(cfg.identity != nil)}, cfg.balancer...)
 	creds := insecure.NewCredentials()
 	if cfg.identity != nil {
@@ -122,6 +124,9 @@ type mesh struct {
 	routeFam, actualFam *metrics.Family
 	// hedges is the outbound_grpc_route_hedge_* family set.
 	hedges *metrics.Hedges
+	// plog writes the lines a ServiceProfile update can trigger, at most
+	// once per kind and reason per interval.
+	plog *ratelog.Logger
 
 	mu       sync.Mutex
 	states   map[string]*channelState

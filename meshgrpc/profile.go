@@ -37,13 +37,17 @@ type profTarget struct{ route, actual *metrics.Target }
 // profile wins over the outbound policy only when it has routes.
 func (ps *profileState) applies() bool { return ps != nil && len(ps.table.Routes()) > 0 }
 
-// setProfile compiles a profile update of authority; a profile that does
-// not compile is logged and the last good one stays.
+// setProfile compiles a profile update of authority: the parts that do
+// not compile are left out and logged (see [profiles.Compile]); a profile
+// that does not compile at all is logged and the last good one stays.
 func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Update) {
 	t, err := profiles.Compile(u.Profile, profiles.Options{})
 	if err != nil {
-		m.cfg.logger.Warn("meshgrpc: rejected service profile; keeping the last good one", "authority", authority, "error", err)
+		m.plog.WarnErr("reject:"+authority, "meshgrpc: rejected service profile; keeping the last good one", err, "authority", authority)
 		return
+	}
+	for _, d := range t.Dropped() {
+		m.plog.WarnErr("dropped:"+authority, "meshgrpc: dropped a part of the service profile that does not compile; the rest applies", d.Err, "authority", authority, "route", d.Route, "dropped", d.Field)
 	}
 	ps := &profileState{owner: owner, table: t, targets: make(map[*profiles.CompiledRoute]*profTarget)}
 	if b := t.RetryBudget(); b != nil {

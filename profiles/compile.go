@@ -22,6 +22,31 @@ type Table struct {
 	budget  *RetryBudget // nil: retries disabled
 	// BudgetErr says why a profile's retry budget was refused.
 	budgetErr error
+	dropped   []Dropped
+}
+
+// Dropped is a part of a profile that [Compile] left out because it does
+// not compile, as Linkerd's proxy leaves out what it cannot convert; the
+// rest of the profile applies.
+type Dropped struct {
+	// Route is the name of the route the part belongs to (its "route"
+	// label), "" when the route has none.
+	Route string
+	// Field is the part left out: a route (routes[2]), a condition of an
+	// all or an any (routes[2].condition.all[1]), a response class
+	// (routes[2].responseClasses[0]) or a condition of its all or any, a
+	// route's timeout or hedge.
+	Field string
+	// Err says why, naming the field at fault.
+	Err error
+}
+
+// String names the part, its route and why it was left out.
+func (d Dropped) String() string {
+	if d.Route == "" {
+		return d.Field + ": " + d.Err.Error()
+	}
+	return d.Field + " (route " + strconv.Quote(d.Route) + "): " + d.Err.Error()
 }
 
 // CompiledRoute is one route of a Table, or the default route. It is
@@ -29,8 +54,8 @@ type Table struct {
 // (router.ProfileRouteFromContext), where classify finds its response
 // classes.
 type CompiledRoute struct {
-	// Route is the route as the profile gave it; the zero Route for the
-	// default route.
+	// Route is the route as the profile gave it, without the timeout or
+	// hedge that Compile dropped; the zero Route for the default route.
 	Route
 	// Index is the route's position in the profile, -1 for the default
 	// route.
@@ -77,11 +102,21 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Compile turns p into a route table, or returns an error naming the field
-// at fault (routes[2].condition.all[0].pathRegex: ...). A nil p compiles to
-// the empty table, where every request takes the default route. An invalid
-// retry budget is not an error: the table then has retries disabled, as
-// Linkerd's proxy does, and [Table.BudgetErr] says why.
+// Compile turns p into a route table. A nil p compiles to the empty table,
+// where every request takes the default route. Only a profile of more
+// than [Options.MaxRoutes] routes is an error.
+//
+// A part that does not compile is left out and the rest applies, as
+// Linkerd's proxy converts a profile (linkerd2-proxy
+// linkerd/service-profiles/src/proto.rs): a route whose condition does not
+// compile (a bad pathRegex or method, a missing condition), a condition of
+// an all or an any (the all then matches by its other conditions), a
+// response class whose condition does not compile (a status of 0 or out of
+// 100-999, an empty all or any), a negative timeout (the route has none)
+// and an invalid hedge (the route does not hedge). A not whose condition
+// does not compile does not compile either. [Table.Dropped] names what was
+// left out. An invalid retry budget disables retries, and
+// [Table.BudgetErr] says why.
 func Compile(p *Profile, opts Options) (*Table, error) {
 	opts = opts.withDefaults()
 	t := &Table{profile: p}
@@ -92,31 +127,40 @@ func Compile(p *Profile, opts Options) (*Table, error) {
 		return nil, fmt.Errorf("routes: %d routes is more than the limit of %d", len(p.Routes), opts.MaxRoutes)
 	}
 	for i, r := range p.Routes {
+		c := compiler{opts: opts, route: r.Labels["route"], dropped: &t.dropped}
 		path := &field{name: "routes", index: i}
 		if r.Condition == nil {
-			return nil, fmt.Errorf("%s.condition: required", path)
+			c.drop(path, fmt.Errorf("%s.condition: required", path))
+			continue
 		}
-		m, err := compileRequestMatch(r.Condition, path.at("condition", -1), 0, opts)
+		m, err := c.requestMatch(r.Condition, path.at("condition", -1), 0)
 		if err != nil {
-			return nil, err
+			c.drop(path, err)
+			continue
 		}
 		if r.Timeout < 0 {
-			return nil, fmt.Errorf("%s.timeout: negative duration %v", path, r.Timeout)
+			// As set_route_timeout: a warning, and no timeout.
+			c.drop(path.at("timeout", -1), fmt.Errorf("%s.timeout: negative duration %v", path, r.Timeout))
+			r.Timeout = 0
 		}
 		if r.Hedge != nil {
 			if err := r.Hedge.Validate(); err != nil {
-				return nil, fmt.Errorf("%s.hedge.%w", path, err)
+				c.drop(path.at("hedge", -1), fmt.Errorf("%s.hedge.%w", path, err))
+				r.Hedge = nil
 			}
 		}
 		cl := &classify.Classifier{}
 		for j, rc := range r.ResponseClasses {
-			cpath := path.at("responseClasses", j).at("condition", -1)
+			cp := path.at("responseClasses", j)
+			cpath := cp.at("condition", -1)
 			if rc.Condition == nil {
-				return nil, fmt.Errorf("%s: required", cpath)
+				c.drop(cp, fmt.Errorf("%s: required", cpath))
+				continue
 			}
-			sm, err := compileResponseMatch(rc.Condition, cpath, 0, opts)
+			sm, err := c.responseMatch(rc.Condition, cpath, 0)
 			if err != nil {
-				return nil, err
+				c.drop(cp, err)
+				continue
 			}
 			cl.Classes = append(cl.Classes, classify.ResponseClass{Match: sm, Failure: rc.IsFailure})
 		}
@@ -135,12 +179,28 @@ func Compile(p *Profile, opts Options) (*Table, error) {
 	return t, nil
 }
 
+// compiler compiles the conditions of one route, recording what it drops.
+type compiler struct {
+	opts    Options
+	route   string
+	dropped *[]Dropped
+}
+
+func (c compiler) drop(f *field, err error) {
+	*c.dropped = append(*c.dropped, Dropped{Route: c.route, Field: f.String(), Err: err})
+}
+
 // Profile returns the profile the table was compiled from (nil for the
 // empty table).
 func (t *Table) Profile() *Profile { return t.profile }
 
-// Routes returns the compiled routes in order.
+// Routes returns the compiled routes in order: those of the profile that
+// compiled.
 func (t *Table) Routes() []*CompiledRoute { return t.routes }
+
+// Dropped returns the parts of the profile that [Compile] left out, in the
+// order of the profile; nil when everything compiled.
+func (t *Table) Dropped() []Dropped { return t.dropped }
 
 // RetryBudget returns the valid retry budget of the profile, or nil when
 // retries are disabled.
@@ -260,38 +320,48 @@ func (m methodMatcher) match(method, _ string) bool { return string(m) == method
 
 var errNilMatch = errors.New("null condition")
 
-func compileRequestMatch(m RequestMatch, path *field, depth int, opts Options) (matcher, error) {
-	if depth > opts.MaxMatchDepth {
-		return nil, fmt.Errorf("%s: nested deeper than %d", path, opts.MaxMatchDepth)
+// requestMatch compiles m. A condition of an all or an any that does not
+// compile is dropped, as linkerd2-proxy's convert_req_match filters them
+// out; any other part that does not compile is an error, which drops the
+// part that holds it.
+func (c compiler) requestMatch(m RequestMatch, path *field, depth int) (matcher, error) {
+	if depth > c.opts.MaxMatchDepth {
+		return nil, fmt.Errorf("%s: nested deeper than %d", path, c.opts.MaxMatchDepth)
 	}
 	switch m := m.(type) {
 	case MatchAll:
-		out := make(allMatcher, len(m))
-		for i, c := range m {
-			var err error
-			if out[i], err = compileRequestMatch(c, path.at("all", i), depth+1, opts); err != nil {
-				return nil, err
+		out := make(allMatcher, 0, len(m))
+		for i, child := range m {
+			cp := path.at("all", i)
+			cm, err := c.requestMatch(child, cp, depth+1)
+			if err != nil {
+				c.drop(cp, err)
+				continue
 			}
+			out = append(out, cm)
 		}
 		return out, nil
 	case MatchAny:
-		out := make(anyMatcher, len(m))
-		for i, c := range m {
-			var err error
-			if out[i], err = compileRequestMatch(c, path.at("any", i), depth+1, opts); err != nil {
-				return nil, err
+		out := make(anyMatcher, 0, len(m))
+		for i, child := range m {
+			cp := path.at("any", i)
+			cm, err := c.requestMatch(child, cp, depth+1)
+			if err != nil {
+				c.drop(cp, err)
+				continue
 			}
+			out = append(out, cm)
 		}
 		return out, nil
 	case MatchNot:
-		inner, err := compileRequestMatch(m.Match, path.at("not", -1), depth+1, opts)
+		inner, err := c.requestMatch(m.Match, path.at("not", -1), depth+1)
 		if err != nil {
 			return nil, err
 		}
 		return notMatcher{inner}, nil
 	case PathRegex:
-		if len(m) > opts.MaxPathRegexLen {
-			return nil, fmt.Errorf("%s.pathRegex: regex of %d bytes is longer than the limit of %d", path, len(m), opts.MaxPathRegexLen)
+		if len(m) > c.opts.MaxPathRegexLen {
+			return nil, fmt.Errorf("%s.pathRegex: regex of %d bytes is longer than the limit of %d", path, len(m), c.opts.MaxPathRegexLen)
 		}
 		pm, err := pathMatchers.Get(string(m), newPathMatcher)
 		if err != nil {
@@ -339,9 +409,14 @@ type statusRange struct{ lo, hi int }
 
 func (m statusRange) MatchStatus(code int) bool { return code >= m.lo && code <= m.hi }
 
-func compileResponseMatch(m ResponseMatch, path *field, depth int, opts Options) (classify.StatusMatcher, error) {
-	if depth > opts.MaxMatchDepth {
-		return nil, fmt.Errorf("%s: nested deeper than %d", path, opts.MaxMatchDepth)
+// responseMatch compiles m as linkerd2-proxy's convert_rsp_match converts
+// it: a condition of an all or an any that does not compile is dropped,
+// and an all or an any left empty does not compile; a status range
+// compiles when both bounds are status codes (100-999), a zero bound
+// standing for the other, and a reversed range matches nothing.
+func (c compiler) responseMatch(m ResponseMatch, path *field, depth int) (classify.StatusMatcher, error) {
+	if depth > c.opts.MaxMatchDepth {
+		return nil, fmt.Errorf("%s: nested deeper than %d", path, c.opts.MaxMatchDepth)
 	}
 	switch m := m.(type) {
 	case ResponseAll, ResponseAny:
@@ -352,29 +427,32 @@ func compileResponseMatch(m ResponseMatch, path *field, depth int, opts Options)
 		} else {
 			seq, name = m.(ResponseAny), "any"
 		}
-		if len(seq) == 0 {
+		out := make([]classify.StatusMatcher, 0, len(seq))
+		for i, child := range seq {
+			cp := path.at(name, i)
+			sm, err := c.responseMatch(child, cp, depth+1)
+			if err != nil {
+				c.drop(cp, err)
+				continue
+			}
+			out = append(out, sm)
+		}
+		if len(out) == 0 {
 			// As in Linkerd's proxy: an empty sequence makes the class invalid.
 			return nil, fmt.Errorf("%s.%s: empty", path, name)
-		}
-		out := make([]classify.StatusMatcher, len(seq))
-		for i, c := range seq {
-			var err error
-			if out[i], err = compileResponseMatch(c, path.at(name, i), depth+1, opts); err != nil {
-				return nil, err
-			}
 		}
 		if name == "all" {
 			return statusAll(out), nil
 		}
 		return statusAny(out), nil
 	case ResponseNot:
-		inner, err := compileResponseMatch(m.Match, path.at("not", -1), depth+1, opts)
+		inner, err := c.responseMatch(m.Match, path.at("not", -1), depth+1)
 		if err != nil {
 			return nil, err
 		}
 		return statusNot{inner}, nil
 	case StatusRange:
-		if err := m.check(); err != nil {
+		if err := m.convertible(); err != nil {
 			return nil, fmt.Errorf("%s.status: %v", path, err)
 		}
 		lo, hi := m.bounds()

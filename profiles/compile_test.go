@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/hedge"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http/httpguts"
 )
 
 func TestRequestMatching(t *testing.T) {
@@ -75,43 +77,223 @@ func TestFirstMatchWins(t *testing.T) {
 	assert.Same(t, DefaultRoute(), nilTable.SelectPath("GET", "/"))
 }
 
-func TestCompileErrors(t *testing.T) {
-	deep := RequestMatch(Method("GET"))
-	for range 40 {
-		deep = MatchNot{deep}
-	}
+// A profile of more routes than the bound is the one thing Compile
+// refuses whole.
+func TestCompileRefusesTooManyRoutes(t *testing.T) {
 	many := make([]Route, 257)
 	for i := range many {
 		many[i] = Route{Condition: Method("GET")}
 	}
+	table, err := Compile(&Profile{Routes: many}, Options{})
+	assert.ErrorContains(t, err, "257 routes is more than the limit of 256")
+	assert.Nil(t, table)
+	table, err = Compile(&Profile{Routes: many}, Options{MaxRoutes: 300})
+	require.NoError(t, err, "an option raises the limit")
+	assert.Len(t, table.Routes(), 257)
+}
+
+// A part of a profile that does not compile is left out and the rest
+// applies, as linkerd2-proxy converts a profile
+// (linkerd/service-profiles/src/proto.rs, named in each row): the route,
+// the condition of an all or an any, the response class, the condition of
+// its all or any, the timeout or the hedge that holds it. Each row's
+// profile ends with the catch-all route "rest".
+func TestCompileLeavesOutWhatDoesNotCompile(t *testing.T) {
+	deep := RequestMatch(Method("GET"))
+	for range 40 {
+		deep = MatchNot{deep}
+	}
+	named := func(name string, cond RequestMatch) Route {
+		return Route{Condition: cond, Labels: map[string]string{"route": name}}
+	}
+	classes := func(cs ...ResponseClass) Route {
+		r := named("r", Method("GET"))
+		r.ResponseClasses = cs
+		return r
+	}
+	failing := func(m ResponseMatch) ResponseClass { return ResponseClass{Condition: m, IsFailure: true} }
+	fiveXX := failing(StatusRange{Min: 500, Max: 599})
+	type probe struct{ method, path, route string }
 	tests := []struct {
-		name string
-		p    *Profile
-		want string
+		name    string
+		route   Route
+		dropped []string // fields, in order
+		why     string   // in the first one's error
+		probes  []probe  // the route a request takes
+		classes int      // response classes kept, of the first route when it stays
 	}{
-		{"nil condition", &Profile{Routes: []Route{{Condition: Method("GET")}, {}}}, "routes[1].condition: required"},
-		{"bad regex", &Profile{Routes: []Route{{Condition: MatchAll{Method("GET"), PathRegex("/a(")}}}}, "routes[0].condition.all[1].pathRegex: bad regex"},
-		{"long regex", &Profile{Routes: []Route{{Condition: PathRegex(strings.Repeat("a", 1025))}}}, "longer than the limit of 1024"},
-		{"repeat over 1000", &Profile{Routes: []Route{{Condition: PathRegex("a{1001}")}}}, "bad regex"},
-		{"bad method", &Profile{Routes: []Route{{Condition: MatchAny{Method("G T")}}}}, `routes[0].condition.any[0].method: "G T" is not an HTTP method`},
-		{"nil inside", &Profile{Routes: []Route{{Condition: MatchNot{}}}}, "routes[0].condition.not: null condition"},
-		{"too deep", &Profile{Routes: []Route{{Condition: deep}}}, "nested deeper than 32"},
-		{"too many routes", &Profile{Routes: many}, "257 routes is more than the limit of 256"},
-		{"negative timeout", &Profile{Routes: []Route{{Condition: Method("GET"), Timeout: -time.Second}}}, "routes[0].timeout: negative"},
-		{"class without condition", &Profile{Routes: []Route{{Condition: Method("GET"), ResponseClasses: []ResponseClass{{}}}}}, "routes[0].responseClasses[0].condition: required"},
-		{"empty response all", &Profile{Routes: []Route{{Condition: Method("GET"), ResponseClasses: []ResponseClass{{Condition: ResponseAll{}}}}}}, "responseClasses[0].condition.all: empty"},
-		{"status zero", &Profile{Routes: []Route{{Condition: Method("GET"), ResponseClasses: []ResponseClass{{Condition: ResponseNot{StatusRange{}}}}}}}, "condition.not.status: min and max are both unset"},
+		{
+			name:  "convert_route: a route whose condition does not compile",
+			route: named("typo", PathRegex("/books/(")), dropped: []string{"routes[0]"}, why: "routes[0].condition.pathRegex: bad regex",
+			probes: []probe{{"GET", "/books/(", "rest"}},
+		},
+		{
+			name:  "convert_route: a route without a condition",
+			route: Route{Labels: map[string]string{"route": "none"}}, dropped: []string{"routes[0]"}, why: "routes[0].condition: required",
+		},
+		{
+			name:  "convert_req_match All: a condition is dropped, the all matches by the others",
+			route: named("typo", MatchAll{Method("GET"), PathRegex("/books/(")}), dropped: []string{"routes[0].condition.all[1]"}, why: "routes[0].condition.all[1].pathRegex: bad regex",
+			probes: []probe{{"GET", "/anything", "typo"}, {"POST", "/books/1", "rest"}},
+		},
+		{
+			name:  "convert_req_match All: every condition dropped matches everything",
+			route: named("all", MatchAll{Method("G T")}), dropped: []string{"routes[0].condition.all[0]"}, why: `routes[0].condition.all[0].method: "G T" is not an HTTP method`,
+			probes: []probe{{"DELETE", "/x", "all"}},
+		},
+		{
+			name:  "convert_req_match Any: a condition is dropped, the any matches by the others",
+			route: named("any", MatchAny{PathRegex("(/a"), PathRegex("/b")}), dropped: []string{"routes[0].condition.any[0]"}, why: "bad regex",
+			probes: []probe{{"GET", "/b", "any"}, {"GET", "/a", "rest"}},
+		},
+		{
+			name:  "convert_req_match Any: every condition dropped matches nothing",
+			route: named("any", MatchAny{Method("G T")}), dropped: []string{"routes[0].condition.any[0]"}, why: "is not an HTTP method",
+			probes: []probe{{"GET", "/", "rest"}},
+		},
+		{
+			name:  "convert_req_match Not: a not of a condition that does not compile does not compile",
+			route: named("not", MatchAll{Method("GET"), MatchNot{PathRegex("(")}}), dropped: []string{"routes[0].condition.all[1]"}, why: "routes[0].condition.all[1].not.pathRegex: bad regex",
+			probes: []probe{{"GET", "/x", "not"}, {"POST", "/x", "rest"}},
+		},
+		{
+			name:  "convert_req_match Not: at the top it drops the route",
+			route: named("not", MatchNot{PathRegex("(")}), dropped: []string{"routes[0]"}, why: "routes[0].condition.not.pathRegex: bad regex",
+			probes: []probe{{"GET", "/x", "rest"}},
+		},
+		{
+			name:  "a match with no variant",
+			route: named("nil", MatchNot{}), dropped: []string{"routes[0]"}, why: "routes[0].condition.not: null condition",
+		},
+		{
+			name:  "a regex longer than the bound",
+			route: named("long", PathRegex(strings.Repeat("a", 1025))), dropped: []string{"routes[0]"}, why: "longer than the limit of 1024",
+		},
+		{
+			name:  "a repeat over 1000",
+			route: named("repeat", PathRegex("a{1001}")), dropped: []string{"routes[0]"}, why: "bad regex",
+		},
+		{
+			name:  "a condition nested deeper than the bound",
+			route: named("deep", deep), dropped: []string{"routes[0]"}, why: "nested deeper than 32",
+		},
+		{
+			name: "set_route_timeout: a negative timeout is only warned about",
+			route: func() Route {
+				r := named("t", Method("GET"))
+				r.Timeout = -time.Second
+				return r
+			}(),
+			dropped: []string{"routes[0].timeout"}, why: "routes[0].timeout: negative duration -1s",
+			probes: []probe{{"GET", "/", "t"}},
+		},
+		{
+			name: "an invalid hedge: the route does not hedge",
+			route: func() Route {
+				r := named("h", Method("GET"))
+				r.Hedge = &hedge.Policy{Percentile: 100}
+				return r
+			}(),
+			dropped: []string{"routes[0].hedge"}, why: "routes[0].hedge.percentile",
+			probes: []probe{{"GET", "/", "h"}},
+		},
+		{
+			name:  "convert_rsp_class: a class without a condition",
+			route: classes(ResponseClass{}, fiveXX), dropped: []string{"routes[0].responseClasses[0]"}, why: "routes[0].responseClasses[0].condition: required",
+			classes: 1,
+		},
+		{
+			name:  "convert_rsp_match Status: status {}",
+			route: classes(failing(StatusRange{}), fiveXX), dropped: []string{"routes[0].responseClasses[0]"}, why: "min and max are both unset",
+			classes: 1,
+		},
+		{
+			name:  "convert_rsp_match Status: a bound that is not a status code",
+			route: classes(failing(StatusRange{Min: 500, Max: 1000}), fiveXX), dropped: []string{"routes[0].responseClasses[0]"}, why: "outside the status codes 100-999",
+			classes: 1,
+		},
+		{
+			name:  "convert_rsp_match All: all: []",
+			route: classes(failing(ResponseAll{}), fiveXX), dropped: []string{"routes[0].responseClasses[0]"}, why: "routes[0].responseClasses[0].condition.all: empty",
+			classes: 1,
+		},
+		{
+			name:  "convert_rsp_match All: left empty by a dropped condition",
+			route: classes(failing(ResponseAll{StatusRange{}}), fiveXX), dropped: []string{"routes[0].responseClasses[0].condition.all[0]", "routes[0].responseClasses[0]"}, why: "both unset",
+			classes: 1,
+		},
+		{
+			name:  "convert_rsp_match Any: a condition is dropped, the any matches by the others",
+			route: classes(failing(ResponseAny{StatusRange{}, StatusRange{Min: 500, Max: 599}})), dropped: []string{"routes[0].responseClasses[0].condition.any[0]"}, why: "both unset",
+			classes: 1,
+		},
+		{
+			name:  "convert_rsp_match Not: a not of status {}",
+			route: classes(failing(ResponseNot{StatusRange{}}), fiveXX), dropped: []string{"routes[0].responseClasses[0]"}, why: "routes[0].responseClasses[0].condition.not.status: min and max are both unset",
+			classes: 1,
+		},
+		{
+			name:  "convert_rsp_match Status: a reversed range converts",
+			route: classes(failing(StatusRange{Min: 599, Max: 500})), classes: 1,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			table, err := Compile(tt.p, Options{})
-			assert.ErrorContains(t, err, tt.want)
-			assert.Nil(t, table)
+			p := &Profile{Routes: []Route{tt.route, {Condition: MatchAll{}, Labels: map[string]string{"route": "rest"}}}}
+			table, err := Compile(p, Options{})
+			require.NoError(t, err)
+			var fields []string
+			for _, d := range table.Dropped() {
+				fields = append(fields, d.Field)
+				assert.Equal(t, tt.route.Labels["route"], d.Route, "the route is named")
+			}
+			assert.Equal(t, tt.dropped, fields)
+			if tt.why != "" {
+				require.NotEmpty(t, table.Dropped())
+				assert.ErrorContains(t, table.Dropped()[0].Err, tt.why)
+			}
+			assert.Equal(t, "rest", table.Routes()[len(table.Routes())-1].Labels["route"], "the rest of the profile applies")
+			if len(tt.dropped) > 0 && tt.dropped[0] == "routes[0]" {
+				assert.Len(t, table.Routes(), 1, "the route is dropped")
+			} else {
+				require.Len(t, table.Routes(), 2, "the route stays")
+				first := table.Routes()[0]
+				assert.Equal(t, 0, first.Index)
+				assert.GreaterOrEqual(t, first.Timeout, time.Duration(0))
+				if first.Hedge != nil {
+					assert.NoError(t, first.Hedge.Validate())
+				}
+				assert.Len(t, first.ResponseClassifier().Classes, tt.classes)
+			}
+			for _, pr := range tt.probes {
+				assert.Equal(t, pr.route, table.SelectPath(pr.method, pr.path).Labels["route"], "%s %s", pr.method, pr.path)
+			}
 		})
 	}
-	table, err := Compile(&Profile{Routes: many}, Options{MaxRoutes: 300})
-	require.NoError(t, err, "an option raises the limit")
-	assert.Len(t, table.Routes(), 257)
+}
+
+// What the classes kept of a partly dropped profile classify, and what a
+// reversed range does: as linkerd2-proxy's ResponseMatch::is_match, min <=
+// status <= max, so it matches nothing and its not everything.
+func TestResponseClassesLeftAfterDrops(t *testing.T) {
+	table, err := Compile(&Profile{Routes: []Route{{Condition: MatchAll{}, ResponseClasses: []ResponseClass{
+		{Condition: StatusRange{}, IsFailure: false},                                    // dropped: 500 is not a success by it
+		{Condition: ResponseAny{ResponseAll{}, StatusRange{Min: 418}}, IsFailure: true}, // the any keeps 418
+		{Condition: StatusRange{Min: 599, Max: 500}, IsFailure: true},                   // matches nothing
+		{Condition: ResponseNot{StatusRange{Min: 299, Max: 200}}, IsFailure: false},     // matches everything
+	}}}}, Options{})
+	require.NoError(t, err)
+	cl := table.Routes()[0].ResponseClassifier()
+	for status, want := range map[int]bool{418: true, 500: false, 550: false, 200: false} {
+		c, final := cl.Head(false, status, nil)
+		assert.True(t, final, "%d", status)
+		assert.Equal(t, want, c.Failure, "%d", status)
+	}
+	var fields []string
+	for _, d := range table.Dropped() {
+		fields = append(fields, d.Field)
+	}
+	assert.Equal(t, []string{"routes[0].responseClasses[0]", "routes[0].responseClasses[1].condition.any[0]"}, fields)
 }
 
 func TestResponseClassesCompile(t *testing.T) {
@@ -199,20 +381,37 @@ func FuzzCompileMatch(f *testing.F) {
 		p := &Profile{Routes: []Route{{Condition: MatchAll{Method(method), MatchAny{PathRegex(pattern), MatchNot{PathRegex(pattern)}}}}}}
 		table, err := Compile(p, Options{})
 		if err != nil {
-			if table != nil {
-				t.Fatal("a table with an error")
+			t.Fatalf("one route: %v", err)
+		}
+		// A method that does not compile is dropped from the all; a
+		// pattern that does not is dropped from the any and its not,
+		// which leaves the any empty: it matches nothing.
+		methodOK := method != "" && httpguts.ValidHeaderFieldName(method)
+		patternOK := true
+		for _, d := range table.Dropped() {
+			if strings.HasSuffix(d.Field, ".any[0]") || strings.HasSuffix(d.Field, ".any[1]") {
+				patternOK = false
 			}
-			return
+		}
+		if len(table.Dropped()) != b2i(!methodOK)+2*b2i(!patternOK) {
+			t.Fatalf("method %q pattern %q: dropped %v", method, pattern, table.Dropped())
 		}
 		got := table.SelectPath(method, path)
-		// pattern or not pattern: the route matches exactly when the method does.
-		if got.IsDefault() {
-			t.Fatalf("method %q pattern %q path %q: no match", method, pattern, path)
+		if got.IsDefault() == patternOK {
+			// pattern or not pattern: the route matches exactly when the method does.
+			t.Fatalf("method %q pattern %q path %q: matched %v", method, pattern, path, !got.IsDefault())
 		}
-		if table.SelectPath(method+"X", path) != DefaultRoute() {
+		if patternOK && methodOK && table.SelectPath(method+"X", path) != DefaultRoute() {
 			t.Fatal("matched another method")
 		}
 	})
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Compiling a profile again, as every update does, reuses the compiled
@@ -235,12 +434,16 @@ func TestCompileReusesPathMatchers(t *testing.T) {
 // A bad path regex is reported by what the user wrote, not by the anchored
 // pattern built from it.
 func TestBadRegexNamesTheUsersPattern(t *testing.T) {
-	_, err := Compile(&Profile{Routes: []Route{{Condition: PathRegex("/books/(["), Labels: map[string]string{"route": "x"}}}}, Options{})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "routes[0].condition.pathRegex: bad regex")
-	assert.Contains(t, err.Error(), "`[`")
-	assert.NotContains(t, err.Error(), "^(?:")
-	assert.NotContains(t, err.Error(), ")$")
+	table, err := Compile(&Profile{Routes: []Route{{Condition: PathRegex("/books/(["), Labels: map[string]string{"route": "x"}}}}, Options{})
+	require.NoError(t, err)
+	require.Len(t, table.Dropped(), 1)
+	d := table.Dropped()[0]
+	assert.Equal(t, Dropped{Route: "x", Field: "routes[0]", Err: d.Err}, d)
+	msg := d.String()
+	assert.Contains(t, msg, `routes[0] (route "x"): routes[0].condition.pathRegex: bad regex`)
+	assert.Contains(t, msg, "`[`")
+	assert.NotContains(t, msg, "^(?:")
+	assert.NotContains(t, msg, ")$")
 }
 
 // booksProfile is a profile of n routes; /books/{id} is the last of them.

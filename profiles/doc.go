@@ -3,8 +3,9 @@
 // request match, response classes, metric labels, retryability and
 // timeout), its retry budget and its traffic split, as plain data that a
 // [Source] streams and that users may also build by hand. [Compile] turns
-// a profile into an immutable route [Table] (first match wins) or an error
-// naming the field; a [Budget] runs a retry budget. The router that
+// a profile into an immutable route [Table] (first match wins), leaving
+// out the parts that do not compile as Linkerd's proxy does and naming
+// them ([Table.Dropped]); a [Budget] runs a retry budget. The router that
 // executes these tables is package router.
 //
 // Profiles come from a [Source]: the destination client (a Linkerd control

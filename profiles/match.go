@@ -48,7 +48,8 @@ type ResponseNot struct{ Match ResponseMatch }
 
 // StatusRange matches status codes from Min to Max, both included. A zero
 // bound means the range is the single other value (Linkerd's proxy instead
-// drops such a class); both zero is invalid.
+// drops such a class). Both zero, or a bound outside 100-999, does not
+// compile; Min above Max matches nothing, as in Linkerd's proxy.
 type StatusRange struct{ Min, Max uint32 }
 
 func (ResponseAll) isResponseMatch() {}

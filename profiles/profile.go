@@ -30,7 +30,8 @@ type Profile struct {
 
 // Route is one route of a profile.
 type Route struct {
-	// Condition selects the requests of the route. It must not be nil.
+	// Condition selects the requests of the route; [Compile] leaves out a
+	// route without one.
 	Condition RequestMatch
 	// ResponseClasses in order: the first class whose condition matches a
 	// response decides whether it is a failure.
@@ -41,7 +42,8 @@ type Route struct {
 	// profile's retry budget.
 	Retryable bool
 	// Timeout bounds every request of the route, all attempts included;
-	// zero means none.
+	// zero means none, and so does a negative one, which [Compile] leaves
+	// out.
 	Timeout time.Duration
 	// Hedge is the route's hedging (beyond Linkerd, from the
 	// ServiceProfile's hedge.inmesh.io annotations); nil means none. Its

@@ -666,15 +666,28 @@ func (b RetryBudget) Validate() error {
 	return nil
 }
 
+// check reports whether a ServiceProfile file may say r: [StatusRange.convertible],
+// and not reversed.
 func (r StatusRange) check() error {
+	if err := r.convertible(); err != nil {
+		return err
+	}
+	if lo, hi := r.bounds(); lo > hi {
+		return fmt.Errorf("min %d is greater than max %d", lo, hi)
+	}
+	return nil
+}
+
+// convertible reports whether r has a status code (100-999) for each
+// bound, a zero bound standing for the other, as Linkerd's proxy needs to
+// convert it; a reversed range converts, and matches nothing.
+func (r StatusRange) convertible() error {
 	lo, hi := r.bounds()
 	switch {
 	case r.Min == 0 && r.Max == 0:
 		return errors.New("min and max are both unset")
-	case lo < 100 || hi > 999:
+	case lo < 100 || lo > 999 || hi < 100 || hi > 999:
 		return fmt.Errorf("range %d-%d is outside the status codes 100-999", lo, hi)
-	case lo > hi:
-		return fmt.Errorf("min %d is greater than max %d", lo, hi)
 	}
 	return nil
 }

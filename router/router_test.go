@@ -480,11 +480,23 @@ func TestPrecedence(t *testing.T) {
 
 	// A profile with routes wins; its route sends the request on to the
 	// request's own (IP-literal) host through the profile router.
-	prof.Set(authority, &profiles.Profile{Routes: []profiles.Route{{
-		Condition: profiles.PathRegex("/.*"), Labels: map[string]string{"route": "sp"}, Timeout: time.Second}}})
+	sp := &profiles.Profile{Routes: []profiles.Route{{
+		Condition: profiles.PathRegex("/.*"), Labels: map[string]string{"route": "sp"}, Timeout: time.Second}}}
+	prof.Set(authority, sp)
 	f.waitModel(t, "http://svc.test/x", ModelProfile)
 	e := f.r.Explain(httptest.NewRequest("GET", "http://svc.test/x", nil))
 	assert.Equal(t, "sp", e.Route)
+
+	// A profile whose every route is left out (a pathRegex that does not
+	// compile) does not take precedence: linkerd2-proxy's
+	// Profile::has_routes_or_targets counts the routes it converted.
+	prof.Set(authority, &profiles.Profile{Routes: []profiles.Route{{
+		Condition: profiles.PathRegex("/x("), Labels: map[string]string{"route": "typo"}}}})
+	f.waitModel(t, "http://svc.test/x", ModelPolicy)
+	_, body = f.do(t, "GET", "http://svc.test/x", "", nil)
+	assert.Equal(t, "policy", body)
+	prof.Set(authority, sp)
+	f.waitModel(t, "http://svc.test/x", ModelProfile)
 
 	// Removing the profile's routes gives the policy back.
 	prof.Set(authority, nil)

@@ -40,11 +40,16 @@ func (v Resolved) Table() *profiles.Table { return v.ts.table }
 // Budget returns the retry budget of the profile, nil when it has none.
 func (v Resolved) Budget() *profiles.Budget { return v.ts.budget }
 
-// Applies reports whether the profile has routes or destination
-// overrides, and so takes precedence over an outbound policy.
-func (v Resolved) Applies() bool {
-	p := v.ts.table.Profile()
-	return p != nil && (len(p.Routes) > 0 || len(p.DstOverrides) > 0)
+// Applies reports whether the profile has routes (that compiled) or
+// destination overrides, and so takes precedence over an outbound policy,
+// as linkerd2-proxy's Profile::has_routes_or_targets.
+func (v Resolved) Applies() bool { return hasRoutesOrTargets(v.ts.table) }
+
+// hasRoutesOrTargets reports whether t has routes that compiled or its
+// profile destination overrides.
+func hasRoutesOrTargets(t *profiles.Table) bool {
+	p := t.Profile()
+	return p != nil && (len(t.Routes()) > 0 || len(p.DstOverrides) > 0)
 }
 
 // RoundTrip runs req through base by the profile, as the router's

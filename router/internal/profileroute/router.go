@@ -302,7 +302,7 @@ func (r *Router) localDestFor(key string) dest {
 
 // label returns the dst label value of authority with table t.
 func (r *Router) label(authority string, t *profiles.Table) string {
-	if p := t.Profile(); p != nil && (len(p.Routes) > 0 || len(p.DstOverrides) > 0) {
+	if hasRoutesOrTargets(t) {
 		return authority
 	}
 	if r.labels.Admit(authority) {
@@ -330,6 +330,9 @@ func (r *Router) apply(e *registry.Entry[tableState], u profiles.Update) {
 	if err != nil {
 		r.log.WarnErr("reject:"+authority, "rejected profile; keeping the last good one", err, "authority", authority)
 		return
+	}
+	for _, d := range t.Dropped() {
+		r.log.WarnErr("dropped:"+authority, "dropped a part of the profile that does not compile; the rest applies", d.Err, "authority", authority, "route", d.Route, "dropped", d.Field)
 	}
 	if err := t.BudgetErr(); err != nil {
 		r.log.WarnErr("budget:"+authority, "invalid retry budget; retries disabled", err, "authority", authority)

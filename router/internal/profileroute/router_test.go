@@ -481,23 +481,36 @@ func TestFirstRequestDoesNotWaitForProfile(t *testing.T) {
 	assert.Equal(t, 200, resp.StatusCode, "533 retried once the profile arrived")
 }
 
+// A profile that does not compile at all (more routes than the bound)
+// keeps the last good table; one with a part that does not compile
+// applies without that part, as Linkerd's proxy does.
 func TestBadUpdateKeepsLastGoodTable(t *testing.T) {
 	h := newHarness(t, testutil.H1, profileWith(budget10s, retryRoute("/0.5")))
 	good := h.router.Table(testAuthority)
-	h.source.Set(testAuthority, &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.PathRegex("/a(")}}})
-	h.source.Set(testAuthority, &profiles.Profile{Routes: []profiles.Route{{}}})
-	// A later good update proves the bad ones were processed first.
+	tooMany := make([]profiles.Route, profiles.MaxRoutes+1)
+	for i := range tooMany {
+		tooMany[i] = profiles.Route{Condition: profiles.Method("GET")}
+	}
+	h.source.Set(testAuthority, &profiles.Profile{Routes: tooMany})
+	// A later good update proves the bad one was processed first.
 	h.source.Set(testAuthority, profileWith(budget10s, retryRoute("/0.5"), retryRoute("/x")))
 	require.Eventually(t, func() bool { return len(h.router.Table(testAuthority).Routes()) == 3 }, testutil.Timeout, 5*time.Millisecond)
 	assert.NotSame(t, good, h.router.Table(testAuthority))
 
 	// With only a bad update, the good table stays.
 	cur := h.router.Table(testAuthority)
-	h.source.Set(testAuthority, &profiles.Profile{Routes: []profiles.Route{{Condition: profiles.MatchAny{profiles.PathRegex("**")}}}})
+	h.source.Set(testAuthority, &profiles.Profile{Routes: tooMany})
 	time.Sleep(testutil.ShortTimeout)
 	assert.Same(t, cur, h.router.Table(testAuthority))
 	status, _ := h.do("GET", "/0.5", nil)
 	assert.Equal(t, 200, status)
+
+	// A route whose regex does not compile is left out; the rest applies.
+	partial := profileWith(budget10s, profiles.Route{Condition: profiles.MatchAny{profiles.PathRegex("**")}}, retryRoute("/0.5"))
+	h.source.Set(testAuthority, partial)
+	require.Eventually(t, func() bool { return h.router.Table(testAuthority).Profile() == partial }, testutil.Timeout, 5*time.Millisecond)
+	assert.Len(t, h.router.Table(testAuthority).Routes(), 3, "the any left empty matches nothing, and stays")
+	assert.Equal(t, "/0.5", h.router.Table(testAuthority).SelectPath("GET", "/0.5").Labels["route"])
 }
 
 func TestProfileSwapKeepsRouteInFlight(t *testing.T) {
