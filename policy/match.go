@@ -241,7 +241,9 @@ func (t *RouteTable) matchRule(rule *compiledRule, req *request) (Match, bool) {
 
 // request is what matching reads of an *http.Request, extracted once.
 type request struct {
-	r       *http.Request
+	r *http.Request
+	// method is the method as sent: GET when r.Method is empty.
+	method  string
 	host    string // without port; hasHost false when the request has none
 	hasHost bool
 	// path is the path as sent, percent-encoded (gRPC's method names are
@@ -254,7 +256,10 @@ type request struct {
 }
 
 func newRequest(r *http.Request) request {
-	req := request{r: r}
+	req := request{r: r, method: r.Method}
+	if req.method == "" {
+		req.method = http.MethodGet // net/http: "an empty string means GET"
+	}
 	authority := r.Host
 	if authority == "" && r.URL != nil {
 		authority = r.URL.Host
@@ -266,7 +271,7 @@ func newRequest(r *http.Request) request {
 		req.path = r.URL.EscapedPath()
 		req.decoded = r.URL.Path
 	}
-	if r.Method != http.MethodConnect {
+	if req.method != http.MethodConnect {
 		if req.path == "" {
 			req.path = "/"
 		}
@@ -376,7 +381,7 @@ type httpMatcher struct {
 func (m *httpMatcher) match(req *request) (Match, bool) {
 	out := Match{Path: PathPrefix, PathLen: 1}
 	if m.method != "" {
-		if req.r.Method != m.method {
+		if req.method != m.method {
 			return out, false
 		}
 		out.Method = true
@@ -426,7 +431,7 @@ type grpcMatcher struct {
 
 func (m *grpcMatcher) match(req *request) (Match, bool) {
 	var out Match
-	if req.r.Method != http.MethodPost {
+	if req.method != http.MethodPost {
 		return out, false
 	}
 	// The path must be /service/method[/...].

@@ -164,6 +164,19 @@ func TestBestMatchHTTP(t *testing.T) {
 		}, newReq(get, "http://foo.example.com/a"), 1, 0, 0},
 		{"a request without a host skips routes with hosts", []HTTPRoute{withHosts(route(), "*.com"), route(HTTPRouteMatch{Path: prefix("/")})}, &http.Request{Method: get, URL: mustURL("/x")}, 1, 0, 0},
 		{"IPv6 literal host", []HTTPRoute{withHosts(route(), "[::1]")}, newReq(get, "/", "Host", "[::1]:80"), 0, 0, -1},
+
+		// The request as sent, as Linkerd matches it (linkerd2-proxy
+		// linkerd/http/route/src/http/match.rs: req.method(), the path of
+		// the request's URI): net/http sends an empty Method as GET and
+		// an empty path as "/".
+		{"an empty method is sent as GET", []HTTPRoute{route(HTTPRouteMatch{Method: get})}, &http.Request{URL: mustURL("/x")}, 0, 0, 0},
+		{"an empty method is not POST", []HTTPRoute{route(HTTPRouteMatch{Method: "POST"})}, &http.Request{URL: mustURL("/x")}, -1, 0, 0},
+		{"an empty method breaks a tie as GET", []HTTPRoute{
+			route(HTTPRouteMatch{Path: prefix("/")}),
+			route(HTTPRouteMatch{Path: prefix("/"), Method: get}),
+		}, &http.Request{URL: mustURL("/")}, 1, 0, 0},
+		{"an empty path is sent as /", []HTTPRoute{route(HTTPRouteMatch{Path: exact("/")})}, &http.Request{Method: get, URL: mustURL("http://books.default.svc.cluster.local:7000")}, 0, 0, 0},
+		{"an empty path and method", []HTTPRoute{route(HTTPRouteMatch{Path: exact("/"), Method: get})}, &http.Request{URL: mustURL("http://books.default.svc.cluster.local:7000")}, 0, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -216,8 +216,16 @@ func (t *Table) Select(r *http.Request) *CompiledRoute {
 }
 
 // SelectPath is [Table.Select] for a method and an escaped path (without
-// the query).
+// the query). They are matched as a client sends them, as Linkerd matches
+// the request on the wire: an empty method is GET, and an empty path is
+// "/" (except for CONNECT, whose target is an authority).
 func (t *Table) SelectPath(method, path string) *CompiledRoute {
+	if method == "" {
+		method = http.MethodGet // net/http: "an empty string means GET"
+	}
+	if path == "" && method != http.MethodConnect {
+		path = "/" // net/http sends "http://svc" as "GET /"
+	}
 	if t != nil {
 		for _, r := range t.routes {
 			if r.method != "" && r.method != method || !strings.HasPrefix(path, r.prefix) {

@@ -51,6 +51,17 @@ func TestRequestMatching(t *testing.T) {
 		{"not", MatchNot{Method("GET")}, "POST", "/", true},
 		{"not not", MatchNot{MatchNot{Method("GET")}}, "GET", "/", true},
 		{"nested", MatchAll{MatchAny{Method("GET"), Method("HEAD")}, MatchNot{PathRegex("/admin/.*")}}, "HEAD", "/admin/x", false},
+		// As the request is sent, as linkerd2-proxy's RequestMatch::is_match
+		// reads it (linkerd/service-profiles/src/http.rs: req.method(),
+		// req.uri().path()): net/http sends an empty method as GET and an
+		// empty path as "/".
+		{"empty method is GET", Method("GET"), "", "/", true},
+		{"empty method is not POST", Method("POST"), "", "/", false},
+		{"empty path is /", PathRegex("/"), "GET", "", true},
+		{"empty path is / for a catch-all", PathRegex("/.*"), "GET", "", true},
+		{"empty path and method", MatchAll{Method("GET"), PathRegex("/")}, "", "", true},
+		{"empty path is / only once sent", PathRegex(""), "GET", "", false},
+		{"CONNECT has no path", PathRegex("/"), "CONNECT", "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
