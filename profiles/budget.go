@@ -25,9 +25,11 @@ const budgetRing = budgetSlots + 1
 // RetryRatio retries that expire after TTL; on top of those,
 // MinRetriesPerSecond retries a second are allowed without deposits. In
 // every window of TTL the retries stay within RetryRatio per original
-// request of the window plus MinRetriesPerSecond·TTL. The minimum is spread
-// over the window: at most a tenth of it (and at least one retry) can
-// be taken at once, the rest accrues at MinRetriesPerSecond.
+// request of the window plus MinRetriesPerSecond·TTL. As in tower's
+// TpsBudget, which Linkerd's proxy runs (its reserve is
+// MinRetriesPerSecond·TTL, all of it withdrawable at once), the whole
+// minimum of a window can be taken at once: with Linkerd's default budget
+// (0.2, 10 a second, 10s) a burst of 100 failures is retried.
 //
 // A Budget is safe for concurrent use.
 type Budget struct {
@@ -35,7 +37,8 @@ type Budget struct {
 	slot   time.Duration
 	ratio  float64
 	// reserve is MinRetriesPerSecond·TTL, the retries allowed in a window
-	// without deposits; rate and burst spread it (per second, at once).
+	// without deposits; the minimum accrues at rate up to burst, which is
+	// the whole reserve: it is all there at once, as in tower.
 	reserve, rate, burst float64
 	now                  func() time.Time
 	origin               time.Time
@@ -77,8 +80,8 @@ func newBudget(b RetryBudget, now func() time.Time) *Budget {
 		ratio:    ratio,
 		reserve:  reserve,
 		rate:     float64(b.MinRetriesPerSecond),
-		burst:    math.Max(1, reserve/10),
-		tokens:   math.Max(1, reserve/10),
+		burst:    math.Max(1, reserve),
+		tokens:   math.Max(1, reserve),
 		now:      now,
 		origin:   start,
 		refilled: start,

@@ -139,37 +139,6 @@ func TestBudgetConcurrent(t *testing.T) {
 	assert.GreaterOrEqual(t, granted, 1999)
 }
 
-// The minimum is spread: a tenth of it at once, the rest as it accrues, and
-// never more than MinRetriesPerSecond·TTL in a window of TTL.
-func TestBudgetSpreadsMinimum(t *testing.T) {
-	clock := &fakeClock{time.Unix(1000, 0)}
-	b := newBudget(RetryBudget{RetryRatio: 0, MinRetriesPerSecond: 10, TTL: 10 * time.Second}, clock.now)
-	take := func() int {
-		n := 0
-		for b.Withdraw() {
-			n++
-		}
-		return n
-	}
-	assert.Equal(t, 10, take(), "a tenth of the reserve at once")
-	var granted []int
-	for range 30 {
-		clock.t = clock.t.Add(500 * time.Millisecond)
-		granted = append(granted, take())
-	}
-	for i := range granted {
-		if i+20 > len(granted) {
-			break
-		}
-		sum := 0
-		for _, g := range granted[i : i+20] {
-			sum += g
-		}
-		assert.LessOrEqual(t, sum, 100, "window of 10s starting at step %d", i)
-	}
-	assert.Equal(t, 5, granted[len(granted)-1], "10 a second accrue")
-}
-
 // A budget's state reads in a route explanation as the rest of it does:
 // lower-camel names, the window as a duration.
 func TestBudgetStateJSON(t *testing.T) {

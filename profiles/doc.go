@@ -5,7 +5,8 @@
 // [Source] streams and that users may also build by hand. [Compile] turns
 // a profile into an immutable route [Table] (first match wins), leaving
 // out the parts that do not compile as Linkerd's proxy does and naming
-// them ([Table.Dropped]); a [Budget] runs a retry budget. The router that
+// them ([Table.Dropped]); a [Budget] runs a retry budget as tower's
+// TpsBudget. The router that
 // executes these tables is package router.
 //
 // Profiles come from a [Source]: the destination client (a Linkerd control

@@ -110,3 +110,25 @@ func TestProfileRouteMatchesTheRequestAsSent(t *testing.T) {
 		})
 	}
 }
+
+// Linkerd's proxy runs the profile's budget as tower's TpsBudget
+// (linkerd2-proxy linkerd/service-profiles/src/proto.rs
+// convert_retry_budget: TpsBudget::new(ttl, min_retries, retry_ratio)),
+// whose reserve is min_per_sec × ttl retries available at once within the
+// window (tower retry/budget/tps_budget.rs: `reserve = min_per_sec *
+// ttl.as_secs() * withdraw_amount`; a withdrawal succeeds while deposits
+// and reserve cover it). With the controller's default budget (0.2, 10/s,
+// 10s), the first 30 requests of a retryable route whose first attempts
+// fail (Linkerd's profiles.rs /0.5 server) are all retried into 200s.
+func TestProfileBudgetReserveIsAvailableAtOnce(t *testing.T) {
+	c, _ := wireFixture(t, profiles.PathRegex("/0.5"))
+	ok := 0
+	for range 30 {
+		req, err := http.NewRequest("GET", "http://"+partialAuthority+"/0.5", nil)
+		require.NoError(t, err)
+		if doReq(t, c, req) == http.StatusOK {
+			ok++
+		}
+	}
+	assert.Equal(t, 30, ok, "requests retried into 200 within the reserve of 100 retries (10/s × 10s)")
+}
