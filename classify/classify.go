@@ -84,6 +84,13 @@ func IsGRPC(h http.Header) bool {
 
 // Head classifies a response head. When final is false the class is
 // tentative and [Classifier.End] decides with the trailers.
+//
+// As Linkerd's classifier (linkerd2-proxy linkerd/app/core/src/classify.rs):
+// a route's classes decide first; without classes, a plain HTTP request is
+// classified by its status alone, whatever grpc-status the response
+// carries, and a gRPC request by its grpc-status, whatever the HTTP status
+// (none at all is a success); with classes none of which matches, the
+// grpc-status decides, then the HTTP status.
 func (c *Classifier) Head(grpcRequest bool, status int, header http.Header) (class Class, final bool) {
 	if c == nil {
 		c = &defaultClassifier
@@ -93,17 +100,26 @@ func (c *Classifier) Head(grpcRequest bool, status int, header http.Header) (cla
 			return Class{Failure: rc.Failure, GRPCStatus: -1}, true
 		}
 	}
+	if len(c.Classes) == 0 && !grpcRequest {
+		return httpClass(status), true
+	}
 	if code, ok := grpcStatus(header); ok {
 		return c.grpcClass(code), true
 	}
-	httpClass := success
+	if len(c.Classes) == 0 {
+		// A gRPC call without grpc-status in its head (Linkerd's
+		// GrpcOpen): the trailers decide, and without one it succeeded.
+		return success, false
+	}
+	return httpClass(status), false
+}
+
+// httpClass is the class of a plain HTTP status: failure exactly for 5xx.
+func httpClass(status int) Class {
 	if status >= 500 && status <= 599 {
-		httpClass = failure
+		return failure
 	}
-	if len(c.Classes) > 0 || grpcRequest && status == http.StatusOK {
-		return httpClass, false
-	}
-	return httpClass, true
+	return success
 }
 
 // End finishes a tentative class with the response trailers (nil when the

@@ -61,7 +61,32 @@ func TestClassifier(t *testing.T) {
 		{"grpc ok", nil, true, 200, nil, hdr("Grpc-Status", "0"), Class{GRPCStatus: 0}},
 		{"grpc no status is success", nil, true, 200, nil, nil, success},
 		{"grpc unparsable status is absent", nil, true, 200, nil, hdr("Grpc-Status", "x"), success},
-		{"grpc 503 without status", nil, true, 503, nil, nil, failure},
+		// linkerd2-proxy linkerd/app/core/src/classify.rs: a gRPC call
+		// without a route's classes is classified by grpc-status alone
+		// (Response::Grpc); without one it is Ok(Unknown), a success,
+		// whatever the HTTP status (Eos::GrpcOpen).
+		{"grpc 503 without status is a success", nil, true, 503, nil, nil, success},
+		{"grpc 503 with a failing trailer", nil, true, 503, nil, hdr("Grpc-Status", "14"), Class{Failure: true, GRPCStatus: 14}},
+		{"grpc 500 with status 0 in the head", nil, true, 500, hdr("Grpc-Status", "0"), nil, Class{GRPCStatus: 0}},
+		// classify.rs: a plain HTTP request without a route's classes is
+		// classified by its status alone (Response::Http); grpc-status
+		// in the head is not read.
+		{"plain request ignores grpc-status in the head", nil, false, 200, hdr("Grpc-Status", "14"), nil, success},
+		{"plain request 500 with grpc-status 0", nil, false, 500, hdr("Grpc-Status", "0"), nil, failure},
+		{"legacy: plain request ignores grpc-status", legacy, false, 200, hdr("Grpc-Status", "5"), nil, success},
+		{"legacy: grpc 503 without status fails", legacy, true, 503, nil, nil, Class{Failure: true, GRPCStatus: 0}},
+		// The tests of classify.rs, by name.
+		{"classify.rs http_response_status_ok", nil, false, 200, nil, nil, success},
+		{"classify.rs http_response_status_bad_request", nil, false, 400, nil, nil, success},
+		{"classify.rs http_response_status_server_error", nil, false, 500, nil, nil, failure},
+		{"classify.rs grpc_response_header_ok", nil, true, 200, hdr("Grpc-Status", "0"), nil, Class{GRPCStatus: 0}},
+		{"classify.rs grpc_response_header_error", nil, true, 200, hdr("Grpc-Status", "2"), nil, Class{Failure: true, GRPCStatus: 2}},
+		{"classify.rs grpc_response_trailer_ok", nil, true, 200, nil, hdr("Grpc-Status", "0"), Class{GRPCStatus: 0}},
+		{"classify.rs grpc_response_trailer_error", nil, true, 200, nil, hdr("Grpc-Status", "4"), Class{Failure: true, GRPCStatus: 4}},
+		{"classify.rs grpc_response_trailer_missing", nil, true, 200, nil, http.Header{}, success},
+		{"classify.rs grpc_over_http_trailer_ok", nil, true, 200, nil, hdr("Grpc-Status", "0"), Class{GRPCStatus: 0}},
+		{"classify.rs grpc_over_http_trailer_error", nil, true, 200, nil, hdr("Grpc-Status", "4"), Class{Failure: true, GRPCStatus: 4}},
+		{"classify.rs profile_without_response_match_falls_back_to_grpc", routeClasses, true, 200, nil, hdr("Grpc-Status", "4"), Class{Failure: true, GRPCStatus: 4}},
 		{"legacy: every non-zero code fails", legacy, true, 200, nil, hdr("Grpc-Status", "5"), Class{Failure: true, GRPCStatus: 5}},
 		{"legacy: no status fails", legacy, true, 200, nil, nil, Class{Failure: true, GRPCStatus: 0}},
 		{"custom codes", &Classifier{GRPCFailureCodes: []int32{5}}, true, 200, nil, hdr("Grpc-Status", "14"), Class{GRPCStatus: 14}},

@@ -7,7 +7,9 @@
 // (trailers, so that a grpc-status trailer counts). Its zero value applies
 // the defaults: a route's response classes when it has them, then gRPC
 // status (failure for codes 2, 4, 7, 13, 14 and 15), then failure exactly
-// for 5xx. Errors are failures labelled timeout, h2(REASON) or
+// for 5xx. Without a route's classes, a gRPC call is classified by its
+// gRPC status alone (none is a success) and a plain HTTP request by its
+// status alone. Errors are failures labelled timeout, h2(REASON) or
 // unclassified.
 //
 // [NewHandler] and [NewTransport] record request_total, response_total
