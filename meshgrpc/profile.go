@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -89,13 +88,20 @@ func profileRoute(ctx context.Context, ps *profileState, method string) (*profil
 	return cr, ps.def
 }
 
-// profileResponse is the route_* labels of a call's end.
+// profileResponse is the route_* labels of a call's end. The call is the
+// HTTP/2 response it is (status 200, its code as grpc-status), classified
+// as the router classifies one: the route's response classes match the
+// status 200 first, as in Linkerd's proxy, then the code decides.
 func profileResponse(cr *profiles.CompiledRoute, err error, timedOut bool) (metrics.Response, bool) {
 	if timedOut {
 		return metrics.Response{Failure: true, GRPC: -1, Err: "timeout"}, true
 	}
-	code := int32(status.Code(err))
-	c := cr.ResponseClassifier().EndStatus(classify.Class{GRPCStatus: -1}, true, strconv.Itoa(int(code)), true)
+	cl := cr.ResponseClassifier()
+	c, final := cl.Head(true, http.StatusOK, nil)
+	if !final {
+		code := int32(status.Code(err))
+		c = cl.EndStatus(c, true, strconv.Itoa(int(code)), true)
+	}
 	return metrics.Response{Status: http.StatusOK, Failure: c.Failure, GRPC: c.GRPCStatus}, c.Failure
 }
 

@@ -3,6 +3,7 @@ package meshgrpc_test
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,4 +80,62 @@ spec:
 	m := testutil.NewMetrics(t)
 	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
 	return c, m
+}
+
+// A route's response classes match the call's HTTP status, 200, before
+// its grpc-status, as Linkerd's proxy classifies a profile route
+// (linkerd2-proxy linkerd/app/core/src/classify.rs Response::Profile:
+// match_class on the response head first) and as the router does for HTTP:
+// a class that makes 200 a success makes an UNAVAILABLE call a success,
+// which is not retried.
+func TestServiceProfileRouteClassesMatchStatus200First(t *testing.T) {
+	var failNext atomic.Bool
+	a := startApp(t, &app{handle: func(context.Context, int64) error {
+		if failNext.CompareAndSwap(true, false) {
+			return status.Error(codes.Unavailable, "once")
+		}
+		return nil
+	}}, nil)
+	sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  retryBudget: {retryRatio: 1, minRetriesPerSecond: 100, ttl: 10s}
+  routes:
+  - name: EmptyCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
+    isRetryable: true
+    responseClasses:
+    - condition: {status: {min: 200, max: 299}}
+      isFailure: false
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetServiceProfiles(sps)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	m := testutil.NewMetrics(t)
+	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+	count := func(name, class string) int {
+		v := m.Value(t, name, `direction="outbound"`, `dst="`+books+`"`, `rt_route="EmptyCall"`, `classification="`+class+`"`)
+		if v == "" {
+			return 0
+		}
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		return n
+	}
+	require.Eventually(t, func() bool {
+		_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+		return err == nil && count("route_response_total", "success") > 0
+	}, testutil.Timeout, 10*time.Millisecond, "the profile's route applies")
+
+	calls, ok := a.calls.Load(), count("route_response_total", "success")
+	failNext.Store(true)
+	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	assert.Equal(t, codes.Unavailable, status.Code(err), "a success by the route's class is not retried")
+	assert.Equal(t, calls+1, a.calls.Load(), "one attempt")
+	assert.Equal(t, ok+1, count("route_response_total", "success"))
+	assert.Zero(t, count("route_response_total", "failure"))
+	assert.Zero(t, count("route_actual_response_total", "failure"))
 }
