@@ -254,7 +254,7 @@ func TestRetriedCallOptionsGetTheLastAttempt(t *testing.T) {
 	})
 	t.Run("ServiceProfile unary", func(t *testing.T) {
 		a := startApp(t, &app{handle: handle}, nil)
-		c, m := retryableEmptyCall(t, a)
+		c, m := retryableEmptyCall(t, a, "")
 		// Until the profile is in force, a call may fail; the call that
 		// succeeds by it leaves the count even.
 		require.Eventually(t, func() bool {

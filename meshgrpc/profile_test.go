@@ -30,7 +30,7 @@ func TestServiceProfileRoute(t *testing.T) {
 		}
 		return nil
 	}}, nil)
-	c, m := retryableEmptyCall(t, a)
+	c, m := retryableEmptyCall(t, a, "")
 	route := []string{`direction="outbound"`, `dst="` + books + `"`, `rt_route="EmptyCall"`}
 	value := func(name string, labels ...string) int {
 		v := m.Value(t, name, append(route, labels...)...)
@@ -58,9 +58,10 @@ func TestServiceProfileRoute(t *testing.T) {
 }
 
 // retryableEmptyCall dials books, served by a, with a ServiceProfile whose
-// one route, EmptyCall, is retryable under a generous budget, and returns
-// the client and its metrics.
-func retryableEmptyCall(t *testing.T, a *app) (testgrpc.TestServiceClient, *testutil.Metrics) {
+// one route, EmptyCall, is retryable under a generous budget (and takes
+// the route's further YAML lines, extra), and returns the client and its
+// metrics.
+func retryableEmptyCall(t *testing.T, a *app, extra string) (testgrpc.TestServiceClient, *testutil.Metrics) {
 	t.Helper()
 	sps, err := profiles.ParseServiceProfiles([]byte(`
 apiVersion: linkerd.io/v1alpha2
@@ -72,7 +73,7 @@ spec:
   - name: EmptyCall
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
     isRetryable: true
-`))
+` + extra))
 	require.NoError(t, err)
 	store := controlplane.NewStore()
 	store.SetServiceProfiles(sps)
@@ -96,26 +97,10 @@ func TestServiceProfileRouteClassesMatchStatus200First(t *testing.T) {
 		}
 		return nil
 	}}, nil)
-	sps, err := profiles.ParseServiceProfiles([]byte(`
-apiVersion: linkerd.io/v1alpha2
-kind: ServiceProfile
-metadata: {name: books.default.svc.cluster.local, namespace: default}
-spec:
-  retryBudget: {retryRatio: 1, minRetriesPerSecond: 100, ttl: 10s}
-  routes:
-  - name: EmptyCall
-    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
-    isRetryable: true
-    responseClasses:
+	c, m := retryableEmptyCall(t, a, `    responseClasses:
     - condition: {status: {min: 200, max: 299}}
       isFailure: false
-`))
-	require.NoError(t, err)
-	store := controlplane.NewStore()
-	store.SetServiceProfiles(sps)
-	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
-	m := testutil.NewMetrics(t)
-	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
+`)
 	count := func(name, class string) int {
 		v := m.Value(t, name, `direction="outbound"`, `dst="`+books+`"`, `rt_route="EmptyCall"`, `classification="`+class+`"`)
 		if v == "" {
@@ -132,7 +117,7 @@ spec:
 
 	calls, ok := a.calls.Load(), count("route_response_total", "success")
 	failNext.Store(true)
-	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
 	assert.Equal(t, codes.Unavailable, status.Code(err), "a success by the route's class is not retried")
 	assert.Equal(t, calls+1, a.calls.Load(), "one attempt")
 	assert.Equal(t, ok+1, count("route_response_total", "success"))

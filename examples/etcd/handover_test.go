@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/inmesh/inmesh/backoff"
-	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane/etcdstore"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/examples/internal/cpreplica"
@@ -211,21 +210,7 @@ func TestClientMovesOffAReplicaThatLostEtcd(t *testing.T) {
 	client, err := destination.Dial(replicaA.Addr+","+replicaB.Addr, destination.WithLogger(quiet))
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })
-	var mu sync.Mutex
-	var last []string
-	stop, err := client.WatchEndpoints(context.Background(), authority, func(u endpoint.Update) {
-		mu.Lock()
-		defer mu.Unlock()
-		last = nil
-		if u.Set != nil {
-			for _, e := range u.Set.Endpoints {
-				last = append(last, e.Addr.String())
-			}
-		}
-	})
-	require.NoError(t, err)
-	t.Cleanup(stop)
-	got := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(last) }
+	got := watchAddrs(t, client, authority)
 	require.Eventually(t, func() bool { return slices.Equal(got(), []string{"127.0.0.1:9001"}) }, timeout, 10*time.Millisecond)
 
 	c.Kill(aMember)

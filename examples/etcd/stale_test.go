@@ -41,21 +41,7 @@ func TestReplicasThatLostEtcdServeTheirLastStateUntilOneReadsIt(t *testing.T) {
 	client, err := destination.Dial(replicaA.Addr+","+replicaB.Addr, destination.WithLogger(quiet))
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })
-	var mu sync.Mutex
-	var last []string
-	stop, err := client.WatchEndpoints(context.Background(), authority, func(u endpoint.Update) {
-		mu.Lock()
-		defer mu.Unlock()
-		last = nil
-		if u.Set != nil {
-			for _, e := range u.Set.Endpoints {
-				last = append(last, e.Addr.String())
-			}
-		}
-	})
-	require.NoError(t, err)
-	t.Cleanup(stop)
-	got := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(last) }
+	got := watchAddrs(t, client, authority)
 	require.Eventually(t, func() bool { return slices.Equal(got(), []string{"127.0.0.1:9001"}) }, timeout, 10*time.Millisecond)
 	a, b := rawReplica(t, replicaA.Addr), rawReplica(t, replicaB.Addr)
 
@@ -86,4 +72,25 @@ func TestReplicasThatLostEtcdServeTheirLastStateUntilOneReadsIt(t *testing.T) {
 	pxA.setBroken(false)
 	require.Eventually(t, func() bool { return replicaA.Server.Health() == controlplane.Current }, timeout, 10*time.Millisecond, "A reads etcd again")
 	require.Eventually(t, func() bool { return slices.Equal(a.endpoints(), []string{"127.0.0.2"}) }, timeout, 10*time.Millisecond, "A serves again")
+}
+
+// watchAddrs watches authority's endpoints on client until the test ends,
+// and returns a function giving the addresses of the last update.
+func watchAddrs(t *testing.T, client *destination.Client, authority string) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var last []string
+	stop, err := client.WatchEndpoints(context.Background(), authority, func(u endpoint.Update) {
+		mu.Lock()
+		defer mu.Unlock()
+		last = nil
+		if u.Set != nil {
+			for _, e := range u.Set.Endpoints {
+				last = append(last, e.Addr.String())
+			}
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	return func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(last) }
 }
