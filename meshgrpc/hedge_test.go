@@ -89,8 +89,9 @@ spec:
 // x-call metadata) and the endpoints its attempts reached in order of
 // arrival, and how an attempt answers.
 type script struct {
-	// behave answers attempt (0: the first of its call to arrive) at
-	// endpoint ep, whose n-th call it is; nil answers OK.
+	// behave answers attempt (0: the first of its call the client sent,
+	// as hedgeChannel numbers them; 1: its hedge) at endpoint ep, whose
+	// n-th call it is; nil answers OK.
 	behave func(ctx context.Context, c *scriptCall, ep string, attempt int, n int64) error
 	// stream, when set, answers a server-streaming attempt instead
 	// (send sends one response).
@@ -128,6 +129,14 @@ func (s *script) arrive(ctx context.Context, ep string) (*scriptCall, int) {
 		s.calls[id] = c
 	}
 	c.eps = append(c.eps, ep)
+	// The attempt as the client sent it, not as it arrived: on a loaded
+	// machine a hedge sent after its delay may arrive before the first
+	// attempt does.
+	if v := md.Get("x-attempt"); len(v) > 0 {
+		if n, err := strconv.Atoi(v[0]); err == nil {
+			return c, n
+		}
+	}
 	return c, len(c.eps) - 1
 }
 
@@ -275,7 +284,7 @@ func TestHedgeUnary(t *testing.T) {
 		return nil
 	}
 	_, eps := startHedgeApps(t, sc, 3)
-	c, m := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+	c, m := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 	const n = 300
 	for i := range n {
 		id := strconv.Itoa(i)
@@ -339,7 +348,7 @@ func TestHedgeNotIdempotent(t *testing.T) {
 		return nil
 	}
 	apps, eps := startHedgeApps(t, sc, 2)
-	c, m := policyChannel(t, notIdempotentRoute, map[string][]endpoint.Endpoint{books: eps})
+	c, m := hedgeChannel(t, notIdempotentRoute, map[string][]endpoint.Endpoint{books: eps})
 	calls := 0
 	for apps[0].calls.Load() == 0 {
 		require.Less(t, calls, 100, "ep0 never got a call")
@@ -367,7 +376,7 @@ func TestHedgeOneEndpoint(t *testing.T) {
 		return nil
 	}
 	_, eps := startHedgeApps(t, sc, 1)
-	c, m := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+	c, m := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.EmptyCall(callAs(callCtx(t), "one", ""), &testgrpc.Empty{})
@@ -396,7 +405,7 @@ func TestHedgeStreams(t *testing.T) {
 			return send()
 		}
 		_, eps := startHedgeApps(t, sc, 3)
-		c, m := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+		c, m := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 		s, err := c.StreamingOutputCall(callAs(callCtx(t), "s", ""), &testgrpc.StreamingOutputCallRequest{})
 		require.NoError(t, err)
 		r, err := s.Recv()
@@ -419,7 +428,7 @@ func TestHedgeStreams(t *testing.T) {
 			return sc.stall(ctx)
 		}
 		_, eps := startHedgeApps(t, sc, 3)
-		c, m := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+		c, m := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 		ctx, cancel := context.WithCancel(callCtx(t))
 		s, err := c.StreamingOutputCall(callAs(ctx, "s", ""), &testgrpc.StreamingOutputCallRequest{})
 		require.NoError(t, err)
@@ -437,7 +446,7 @@ func TestHedgeStreams(t *testing.T) {
 	t.Run("bidi replay", func(t *testing.T) {
 		sc := newScript()
 		_, eps := startHedgeApps(t, sc, 3)
-		c, _ := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+		c, _ := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 		s, err := c.FullDuplexCall(callAs(callCtx(t), "b", ""))
 		require.NoError(t, err)
 		want := []string{"one", "two", "three"}
@@ -547,7 +556,7 @@ func TestHedgeA6Rules(t *testing.T) {
 				return tc.hedge(ctx, sc, c)
 			}
 			_, eps := startHedgeApps(t, sc, 3)
-			c, _ := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+			c, _ := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 			_, err := c.EmptyCall(callAs(callCtx(t), "a6", tc.route), &testgrpc.Empty{})
 			assert.Equal(t, tc.want, status.Code(err), "%v", err)
 			if tc.wantMsg != "" {
@@ -574,7 +583,7 @@ func TestHedgeA6Rules(t *testing.T) {
 			return sc.stall(ctx)
 		}
 		_, eps := startHedgeApps(t, sc, 3)
-		c, _ := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+		c, _ := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 		ctx, cancel := context.WithCancel(callCtx(t))
 		s, err := c.StreamingOutputCall(callAs(ctx, "h", ""), &testgrpc.StreamingOutputCallRequest{})
 		require.NoError(t, err)
@@ -601,7 +610,7 @@ func TestHedgeA6Rules(t *testing.T) {
 			return send()
 		}
 		_, eps := startHedgeApps(t, sc, 3)
-		c, _ := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+		c, _ := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 		s, err := c.StreamingOutputCall(callAs(callCtx(t), "non-fatal", "patient"), &testgrpc.StreamingOutputCallRequest{})
 		require.NoError(t, err)
 		r, err := s.Recv()
@@ -622,7 +631,7 @@ func TestHedgeA6Rules(t *testing.T) {
 	t.Run("a message past the replay buffer commits a stream", func(t *testing.T) {
 		sc := newScript()
 		_, eps := startHedgeApps(t, sc, 3)
-		c, _ := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+		c, _ := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 		ctx, cancel := context.WithCancel(callCtx(t))
 		s, err := c.FullDuplexCall(callAs(ctx, "big", ""))
 		require.NoError(t, err)
@@ -658,7 +667,7 @@ func TestHedgeTail(t *testing.T) {
 		return nil
 	}
 	_, eps := startHedgeApps(t, sc, 3)
-	c, m := policyChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
+	c, m := hedgeChannel(t, hedgeRoutes, map[string][]endpoint.Endpoint{books: eps})
 	run := func(route string) []time.Duration {
 		var lat []time.Duration
 		for i := range n {
@@ -767,4 +776,43 @@ spec:
 	c := dial(b, serveStore(b, store), meshgrpc.WithMeterProvider(m.Provider))
 	routed(b, c, m)
 	benchUnary(b, c)
+}
+
+// hedgeChannel is policyChannel whose calls tag each attempt with its
+// number in the order the client sends them (x-attempt, counted per
+// x-call), below the hedger, so that the script tells a call's first
+// attempt from its hedge whichever arrives first.
+func hedgeChannel(t *testing.T, yaml string, eps map[string][]endpoint.Endpoint) (testgrpc.TestServiceClient, *testutil.Metrics) {
+	t.Helper()
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+yaml+probeRoute)
+	store.SetEndpoints(eps)
+	m := testutil.NewMetrics(t)
+	var mu sync.Mutex
+	sent := map[string]int{}
+	tag := func(ctx context.Context) context.Context {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		id := ""
+		if v := md.Get("x-call"); len(v) > 0 {
+			id = v[0]
+		}
+		mu.Lock()
+		n := sent[id]
+		sent[id] = n + 1
+		mu.Unlock()
+		return metadata.AppendToOutgoingContext(ctx, "x-attempt", strconv.Itoa(n))
+	}
+	opts := append(meshgrpc.DialOptions(serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			return invoker(tag(ctx), method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			return streamer(tag(ctx), desc, cc, method, opts...)
+		}))
+	cc, err := grpc.NewClient(booksTarget, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	c := testgrpc.NewTestServiceClient(cc)
+	routed(t, c, m)
+	return c, m
 }
