@@ -244,9 +244,9 @@ func rawReplica(t *testing.T, addr string) rawConn {
 }
 
 // endpoints returns the IP addresses of the first answer of a new Get of
-// authority, nil when the replica gives none within 2 s.
+// authority, nil when the replica gives none within 5 s.
 func (r rawConn) endpoints() []string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := pb.NewDestinationClient(r.cc).Get(ctx, &pb.GetDestination{Path: authority})
 	if err != nil {

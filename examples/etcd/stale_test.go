@@ -44,6 +44,10 @@ func TestReplicasThatLostEtcdServeTheirLastStateUntilOneReadsIt(t *testing.T) {
 	got := watchAddrs(t, client, authority)
 	require.Eventually(t, func() bool { return slices.Equal(got(), []string{"127.0.0.1:9001"}) }, timeout, 10*time.Millisecond)
 	a, b := rawReplica(t, replicaA.Addr), rawReplica(t, replicaB.Addr)
+	// Both have read the first state (the client's answer is A's alone).
+	require.Eventually(t, func() bool {
+		return slices.Equal(a.endpoints(), []string{"127.0.0.1"}) && slices.Equal(b.endpoints(), []string{"127.0.0.1"})
+	}, timeout, 10*time.Millisecond, "both replicas serve the first state")
 
 	// Both lose etcd; etcd itself goes on.
 	pxA.setBroken(true)
