@@ -160,7 +160,7 @@ func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
 	}
 	c.Add()
 	if t.fam.latency != nil {
-		t.fam.latency.Record(ctx, float64(time.Since(start).Milliseconds()), rs.record...)
+		t.fam.latency.Record(ctx, wholeMillis(time.Since(start)), rs.record...)
 	}
 }
 
@@ -250,3 +250,8 @@ func Meter(mp metric.MeterProvider, scope string) metric.Meter {
 
 // Version is inmesh's instrumentation version.
 const Version = "0.1.0"
+
+// wholeMillis is d in whole milliseconds, rounded down, as Linkerd's proxy
+// records a latency (linkerd/metrics/src/latency.rs: seconds·1000 plus the
+// sub-second nanoseconds / 1,000,000).
+func wholeMillis(d time.Duration) float64 { return float64(d.Milliseconds()) }

@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -63,43 +64,44 @@ func TestTargetsSharingLabels(t *testing.T) {
 // in le="10", where a fractional 10.4 would fall in le="20". The route_
 // families record through the same Target.
 func TestLatencyInWholeMilliseconds(t *testing.T) {
+	// The conversion, as Linkerd's From<Ms> for u64.
 	for _, tc := range []struct {
-		name    string
 		elapsed time.Duration
-		sum     float64
-		bucket  float64 // the smallest bound the response is counted under
+		want    float64
 	}{
-		{"10.4ms", 10400 * time.Microsecond, 10, 10},
-		{"1.3ms", 1300 * time.Microsecond, 1, 1},
-		{"0.6ms", 600 * time.Microsecond, 0, 1},
-		{"2000.4ms", 2*time.Second + 400*time.Microsecond, 2000, 2000},
+		{10400 * time.Microsecond, 10},
+		{1300 * time.Microsecond, 1},
+		{999 * time.Microsecond, 0},
+		{600 * time.Microsecond, 0},
+		{2*time.Second + 400*time.Microsecond, 2000},
+		{time.Minute + 999999*time.Nanosecond, 60000},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			reader := sdkmetric.NewManualReader()
-			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-			defer mp.Shutdown(context.Background())
-			target := NewTarget(NewFamily(mp.Meter("x"), "", true), attribute.String("direction", "inbound"))
-			// The start is set back by the latency under test: the half
-			// millisecond left to the next whole one is far more than the
-			// call takes.
-			target.Response(context.Background(), Response{Status: 200, GRPC: -1}, time.Now().Add(-tc.elapsed))
-
-			var rm metricdata.ResourceMetrics
-			require.NoError(t, reader.Collect(context.Background(), &rm))
-			var dp *metricdata.HistogramDataPoint[float64]
-			for _, sm := range rm.ScopeMetrics {
-				for _, m := range sm.Metrics {
-					if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "response_latency_ms" {
-						require.Len(t, h.DataPoints, 1)
-						dp = &h.DataPoints[0]
-					}
-				}
-			}
-			require.NotNil(t, dp, "no response_latency_ms")
-			assert.Equal(t, tc.sum, dp.Sum, "_sum")
-			i := slices.Index(dp.Bounds, tc.bucket)
-			require.GreaterOrEqual(t, i, 0)
-			assert.Equal(t, uint64(1), dp.BucketCounts[i], "counted under le=%q (bounds %v, counts %v)", fmt.Sprint(tc.bucket), dp.Bounds, dp.BucketCounts)
-		})
+		assert.Equal(t, tc.want, wholeMillis(tc.elapsed), "%v", tc.elapsed)
 	}
+
+	// A response recorded through a Target: its sample is a whole number
+	// of milliseconds, at least the whole ones that passed, counted under
+	// the bucket of that number.
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	target := NewTarget(NewFamily(mp.Meter("x"), "", true), attribute.String("direction", "inbound"))
+	target.Response(context.Background(), Response{Status: 200, GRPC: -1}, time.Now().Add(-10400*time.Microsecond))
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var dp *metricdata.HistogramDataPoint[float64]
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "response_latency_ms" {
+				require.Len(t, h.DataPoints, 1)
+				dp = &h.DataPoints[0]
+			}
+		}
+	}
+	require.NotNil(t, dp, "no response_latency_ms")
+	assert.Equal(t, math.Trunc(dp.Sum), dp.Sum, "_sum is whole milliseconds")
+	assert.GreaterOrEqual(t, dp.Sum, 10.0, "_sum")
+	i := slices.IndexFunc(dp.Bounds, func(b float64) bool { return dp.Sum <= b })
+	require.GreaterOrEqual(t, i, 0)
+	assert.Equal(t, uint64(1), dp.BucketCounts[i], "counted under le=%v (bounds %v, counts %v)", dp.Bounds[i], dp.Bounds, dp.BucketCounts)
 }
