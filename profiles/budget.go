@@ -3,7 +3,6 @@ package profiles
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -37,11 +36,10 @@ type Budget struct {
 	slot   time.Duration
 	ratio  float64
 	// reserve is MinRetriesPerSecond·TTL, the retries allowed in a window
-	// without deposits; the minimum accrues at rate up to burst, which is
-	// the whole reserve: it is all there at once, as in tower.
-	reserve, rate, burst float64
-	now                  func() time.Time
-	origin               time.Time
+	// without deposits, all of it there at once, as in tower.
+	reserve float64
+	now     func() time.Time
+	origin  time.Time
 
 	mu  sync.Mutex
 	cur int64 // the current slice, counted from origin
@@ -52,8 +50,6 @@ type Budget struct {
 	// live sums: deposits of the last budgetSlots slices, withdrawals of
 	// the last budgetRing slices.
 	depositSum, paidSum, minimumSum int64
-	tokens                          float64 // the spread minimum, up to burst
-	refilled                        time.Time
 }
 
 // withdrawals are the retries a Budget paid for, per slice: by deposits
@@ -73,18 +69,13 @@ func newBudget(b RetryBudget, now func() time.Time) *Budget {
 	// that 0.7 per request gives 7 retries for 10 requests, not 6.99.
 	ratio, _ := strconv.ParseFloat(strconv.FormatFloat(float64(b.RetryRatio), 'g', -1, 32), 64)
 	reserve := float64(b.MinRetriesPerSecond) * b.TTL.Seconds()
-	start := now()
 	return &Budget{
-		params:   b,
-		slot:     max(b.TTL/budgetSlots, 1),
-		ratio:    ratio,
-		reserve:  reserve,
-		rate:     float64(b.MinRetriesPerSecond),
-		burst:    math.Max(1, reserve),
-		tokens:   math.Max(1, reserve),
-		now:      now,
-		origin:   start,
-		refilled: start,
+		params:  b,
+		slot:    max(b.TTL/budgetSlots, 1),
+		ratio:   ratio,
+		reserve: reserve,
+		now:     now,
+		origin:  now(),
 	}
 }
 
@@ -158,19 +149,10 @@ func (b *Budget) Take() (Withdrawal, bool) {
 		b.paidSum++
 		return Withdrawal{slice: b.cur}, true
 	}
-	// The deposits are spent: draw on the minimum, within the window and
-	// within what has accrued of it.
+	// The deposits are spent: draw on the minimum, within the window.
 	if b.reserve-float64(b.minimumSum) < 1-epsilon {
 		return Withdrawal{}, false
 	}
-	if elapsed := now.Sub(b.refilled); elapsed > 0 {
-		b.tokens = math.Min(b.burst, b.tokens+b.rate*elapsed.Seconds())
-		b.refilled = now
-	}
-	if b.tokens < 1-epsilon {
-		return Withdrawal{}, false
-	}
-	b.tokens--
 	b.w.minimum[i]++
 	b.minimumSum++
 	return Withdrawal{slice: b.cur, minimum: true}, true
@@ -193,7 +175,6 @@ func (b *Budget) Refund(w Withdrawal) {
 		if b.w.minimum[i] > 0 {
 			b.w.minimum[i]--
 			b.minimumSum--
-			b.tokens = math.Min(b.burst, b.tokens+1)
 		}
 		return
 	}
