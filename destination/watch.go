@@ -503,14 +503,28 @@ func (w *watch[M, U]) ended(err error) {
 	delay := w.c.cfg.policy.Delay(w.attempts)
 	w.attempts++
 	notFound := isNotFound(err)
+	// A target that a stream delivered a state for keeps that state when
+	// a later stream is answered "not found": a control plane that
+	// restarted answers so until it has loaded what it serves (Linkerd's
+	// controller while it reads a remote cluster's Link, a Service being
+	// re-created), and Linkerd's proxy keeps its endpoints and policy
+	// through such answers (linkerd/proxy/resolve/src/recover.rs, and
+	// tonic-watch for policies). A target that goes away while watched is
+	// said on the stream itself (no_endpoints{exists: false}).
+	held := false
 	if notFound && !w.announced && w.kind.notFound != nil {
 		w.mu.Lock()
-		w.publishLocked(w.kind.notFound())
-		w.lastNotFound = true
+		if held = w.hasLast && !w.lastNotFound; !held {
+			w.publishLocked(w.kind.notFound())
+			w.lastNotFound = true
+		}
 		w.mu.Unlock()
 	}
 	w.announced = notFound
 	switch {
+	case held:
+		w.c.log.Info("not found after state "+rpc, "the control plane answered that it knows no such target after it had served one; keeping the last state and asking again later",
+			"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
 	case notFound:
 		w.c.log.Debug("not found "+rpc, "the control plane knows no such target; asking again later",
 			"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
