@@ -291,18 +291,23 @@ func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (
 }
 
 // endpointSession applies the updates of one Get stream. The set starts
-// empty for each stream, so its first message replaces whatever an earlier
-// stream left. The session's state is the set it published last (sorted
-// by address, never changed in place): a watch holds that set anyway, and
-// a map beside it would cost about a kilobyte for one endpoint.
+// empty for each stream, so its first update replaces whatever an earlier
+// stream left. As in Linkerd's proxy, a message that changes nothing is no
+// update (an Add or a Remove with no address that converts:
+// linkerd/proxy/api-resolve/src/resolve.rs mk_update), and a Remove before
+// the stream's first update is ignored (linkerd/proxy/resolve/src/recover.rs):
+// neither replaces the set an earlier stream left. The session's state is
+// the set it published last (sorted by address, never changed in place): a
+// watch holds that set anyway, and a map beside it would cost about a
+// kilobyte for one endpoint.
 func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Update, bool) {
 	var eps []endpoint.Endpoint
 	exists := true
+	initial := true
 	byAddr := func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) }
 	return func(m *pb.Update) (endpoint.Update, bool) {
 		switch u := m.GetUpdate().(type) {
 		case *pb.Update_Add:
-			exists = true
 			labels := u.Add.GetMetricLabels()
 			next := slices.Clip(eps)
 			for i, a := range u.Add.GetAddrs() {
@@ -314,8 +319,9 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Up
 				next = append(next, e)
 			}
 			if len(next) == len(eps) {
-				break // nothing to add
+				return endpoint.Update{}, false // nothing to add
 			}
+			exists = true
 			// The latest of an address wins: after a stable sort it is
 			// the last of its run.
 			slices.SortStableFunc(next, byAddr)
@@ -327,11 +333,17 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Up
 				eps = append(eps, e)
 			}
 		case *pb.Update_Remove:
+			if initial {
+				return endpoint.Update{}, false
+			}
 			gone := make(map[netip.AddrPort]bool, len(u.Remove.GetAddrs()))
 			for _, a := range u.Remove.GetAddrs() {
 				if addr, err := AddrFromProto(a); err == nil {
 					gone[addr] = true
 				}
+			}
+			if len(gone) == 0 {
+				return endpoint.Update{}, false
 			}
 			eps = slices.Clip(slices.DeleteFunc(slices.Clone(eps), func(e endpoint.Endpoint) bool { return gone[e.Addr] }))
 		case *pb.Update_NoEndpoints:
@@ -340,6 +352,7 @@ func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Up
 		default:
 			return endpoint.Update{}, false
 		}
+		initial = false
 		if eps == nil {
 			eps = []endpoint.Endpoint{}
 		}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -202,21 +203,29 @@ func TestControlPlaneRestart(t *testing.T) {
 	assert.Len(t, eps.all(), 2)
 }
 
-// Linkerd's outbound_destinations_reset_on_reconnect_followed_by_*: after a
-// reconnect the stale set is kept until the first message, which replaces
-// it.
+// Linkerd's outbound_destinations_reset_on_reconnect_followed_by_empty and
+// _dne (linkerd/app/integration/src/tests/discovery.rs): after a reconnect
+// the stale set is kept until the first update, which replaces it. A
+// message that is no update is not the first update: an Add or a Remove
+// with no address (linkerd/proxy/api-resolve/src/resolve.rs mk_update),
+// and a Remove before any update (linkerd/proxy/resolve/src/recover.rs);
+// for those rows the stream then adds 10.0.0.3, which replaces the stale
+// set.
 func TestEndpointsResetOnReconnect(t *testing.T) {
+	other := &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{destination.EndpointToProto(ep("10.0.0.3:80", false))}}}}
 	cases := []struct {
-		name   string
-		second *pb.Update
-		want   []string
-		exists bool
+		name    string
+		second  *pb.Update
+		ignored bool // no update: the stream goes on with other
+		want    []string
+		exists  bool
 	}{
-		{"no_endpoints exists", &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: true}}}, []string{}, true},
-		{"no_endpoints dne", &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: false}}}, []string{}, false},
-		{"add none", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{}}}, []string{}, true},
-		{"remove none", &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{}}}, []string{}, true},
-		{"add other", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{Addrs: []*pb.WeightedAddr{destination.EndpointToProto(ep("10.0.0.3:80", false))}}}}, []string{"10.0.0.3:80"}, true},
+		{"no_endpoints exists", &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: true}}}, false, []string{}, true},
+		{"no_endpoints dne", &pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: false}}}, false, []string{}, false},
+		{"add none", &pb.Update{Update: &pb.Update_Add{Add: &pb.WeightedAddrSet{}}}, true, []string{"10.0.0.3:80"}, true},
+		{"remove none", &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{}}}, true, []string{"10.0.0.3:80"}, true},
+		{"remove first", &pb.Update{Update: &pb.Update_Remove{Remove: &pb.AddrSet{Addrs: []*pb.TcpAddress{destination.AddrToProto(netip.MustParseAddrPort("10.0.0.1:80"))}}}}, true, []string{"10.0.0.3:80"}, true},
+		{"add other", other, false, []string{"10.0.0.3:80"}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -232,6 +241,11 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 				if err := st.Send(tc.second); err != nil {
 					return err
 				}
+				if tc.ignored {
+					if err := st.Send(other); err != nil {
+						return err
+					}
+				}
 				return block(st.Context())
 			}
 			cp := serve(t, s)
@@ -245,9 +259,13 @@ func TestEndpointsResetOnReconnect(t *testing.T) {
 			assert.Len(t, rec.all(), 1, "stale set kept until the first message")
 			close(release)
 			rec.waitFor(t, "replaced set", func(endpoint.Update) bool { return len(rec.all()) >= 2 })
-			u := rec.all()[1]
-			assert.Equal(t, tc.want, addrs(u))
-			assert.Equal(t, tc.exists, u.Set.Exists)
+			if tc.ignored {
+				rec.waitFor(t, "the added endpoint", func(u endpoint.Update) bool { return slices.Equal(addrs(u), tc.want) })
+			}
+			got := rec.all()
+			require.Len(t, got, 2, "one update replaced the stale set")
+			assert.Equal(t, tc.want, addrs(got[1]))
+			assert.Equal(t, tc.exists, got[1].Set.Exists)
 		})
 	}
 }

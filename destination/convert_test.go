@@ -410,8 +410,12 @@ func BenchmarkStoreUpdateToClient(b *testing.B) {
 
 // One Get stream's updates applied in turn, as Linkerd's controller sends
 // them: the set after each, sorted by address. An address added again
-// takes its latest weight; a remove of an address not in the set, or an
-// add with nothing valid in it, keeps the set; no_endpoints empties it.
+// takes its latest weight; a remove of an address not in the set keeps the
+// rest; no_endpoints empties it. As in Linkerd's proxy, a message that
+// changes nothing is no update: a Remove before the stream's first update
+// (linkerd/proxy/resolve/src/recover.rs), an Add or a Remove with no
+// address that converts (linkerd/proxy/api-resolve/src/resolve.rs
+// mk_update).
 func TestEndpointSessionApplies(t *testing.T) {
 	ep := func(last byte, weight uint32) *pb.WeightedAddr {
 		return destination.EndpointToProto(endpoint.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, last}), 80), Weight: weight})
@@ -431,21 +435,30 @@ func TestEndpointSessionApplies(t *testing.T) {
 	apply := destination.EndpointSession(c, "books.default.svc.cluster.local:80")
 	for _, step := range []struct {
 		msg    *pb.Update
+		update bool
 		exists bool
 		want   string // address:weight, in order
 	}{
-		{add(ep(3, 1), ep(1, 1)), true, "10.0.0.1:80:1 10.0.0.3:80:1"},
-		{add(ep(2, 1), ep(3, 5)), true, "10.0.0.1:80:1 10.0.0.2:80:1 10.0.0.3:80:5"},
-		{add(ep(4, 1), ep(4, 7)), true, "10.0.0.1:80:1 10.0.0.2:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
-		{remove(2, 9), true, "10.0.0.1:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
-		{add(bad), true, "10.0.0.1:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
-		{remove(1, 3, 4), true, ""},
-		{add(ep(5, 1)), true, "10.0.0.5:80:1"},
-		{&pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: false}}}, false, ""},
-		{add(ep(6, 2)), true, "10.0.0.6:80:2"},
+		{remove(1), false, true, ""},
+		{add(), false, true, ""},
+		{add(bad), false, true, ""},
+		{add(ep(3, 1), ep(1, 1)), true, true, "10.0.0.1:80:1 10.0.0.3:80:1"},
+		{add(ep(2, 1), ep(3, 5)), true, true, "10.0.0.1:80:1 10.0.0.2:80:1 10.0.0.3:80:5"},
+		{add(ep(4, 1), ep(4, 7)), true, true, "10.0.0.1:80:1 10.0.0.2:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
+		{remove(2, 9), true, true, "10.0.0.1:80:1 10.0.0.3:80:5 10.0.0.4:80:7"},
+		{add(bad), false, true, ""},
+		{remove(), false, true, ""},
+		{remove(1, 3, 4), true, true, ""},
+		{add(ep(5, 1)), true, true, "10.0.0.5:80:1"},
+		{&pb.Update{Update: &pb.Update_NoEndpoints{NoEndpoints: &pb.NoEndpoints{Exists: false}}}, true, false, ""},
+		{add(), false, true, ""},
+		{add(ep(6, 2)), true, true, "10.0.0.6:80:2"},
 	} {
 		u, ok := apply(step.msg)
-		require.True(t, ok)
+		require.Equal(t, step.update, ok, "an update for %v", step.msg)
+		if !ok {
+			continue
+		}
 		var got []string
 		for _, e := range u.Set.Endpoints {
 			got = append(got, fmt.Sprintf("%s:%d", e.Addr, e.Weight))
