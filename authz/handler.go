@@ -335,7 +335,8 @@ func (p *port) endWaitLocked() {
 }
 
 // expire ends the wait for the first answer once its bound has passed:
-// the default decides, logged and counted, until the Source answers.
+// the default decides, logged (with the Source's [PendingCause], if it
+// has one) and counted, until the Source answers.
 func (p *port) expire() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -345,9 +346,17 @@ func (p *port) expire() {
 	cur := p.cur.Load()
 	p.cur.Store(&active{pol: cur.pol, series: cur.series, fallback: metrics.Opts(attribute.Int("target_port", int(p.num)))})
 	p.late = true
+	args := []any{"port", p.num, "wait", p.h.cfg.wait, "default", cur.pol.server.Meta.Name}
+	if pc, ok := p.h.cfg.source.(PendingCause); ok {
+		// Why the control plane has not answered, so that the line says
+		// more than that time passed.
+		if err := pc.Pending(p.num); err != nil {
+			args = append(args, "error", err)
+		}
+	}
 	p.h.log.Warn("policy wait "+strconv.Itoa(int(p.num)),
 		"no inbound policy from the control plane within the wait; the default policy decides until it answers",
-		"port", p.num, "wait", p.h.cfg.wait, "default", cur.pol.server.Meta.Name)
+		args...)
 	p.pending.Store(false)
 	close(p.answered)
 }

@@ -73,7 +73,8 @@ const DefaultPolicyWait = 5 * time.Second
 // d has passed since then, the port's requests wait, so that a fresh
 // process never lets through what its policy refuses (fail closed at
 // start). Only past d does the default Server ([WithDefault]) decide,
-// with a line in the log and each request so decided counted in
+// with a line in the log (naming why, when the Source is a
+// [PendingCause]) and each request so decided counted in
 // inbound_http_policy_unavailable_total, until the answer arrives.
 // 0 (the default) means [DefaultPolicyWait]; a negative d means no
 // waiting: the default Server decides until the first answer, as

@@ -12,6 +12,16 @@ type Source interface {
 	Watch(port uint16, update func(*Server)) (stop func())
 }
 
+// PendingCause is an interface a [Source] may also implement, to say why
+// the first answer for a port has not come: the last error met on the way
+// to the control plane (a refused connection, a failed TLS handshake, a
+// stream that broke), or nil when it knows of none. When the wait for a
+// port's first answer ends without one ([WithPolicyWait]), the Handler's
+// warning names it. PendingCause must not block.
+type PendingCause interface {
+	Pending(port uint16) error
+}
+
 // StaticSource is a Source of fixed Servers by port; other ports get the
 // Handler's default at once.
 type StaticSource map[uint16]*Server

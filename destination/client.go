@@ -57,6 +57,10 @@ type Client struct {
 	policies  *watches[*outboundpb.OutboundPolicy, policy.Update]
 	policyAPI outboundpb.OutboundPoliciesClient
 	inbound   *watches[*inboundpb.Server, InboundUpdate]
+	// reach is the last error met on the way to the control plane, which
+	// the inbound policy source gives as the cause of a port's missing
+	// policy (authz.PendingCause).
+	reach *reach
 	// mux carries the profile, endpoint and policy watches when the
 	// control plane serves inmesh's Watches service; nil with
 	// WithLinkerdStreams.
@@ -72,7 +76,10 @@ var (
 // ownership of cc and must close it after the Client.
 func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	cfg := newConfig(opts)
-	c := &Client{api: pb.NewDestinationClient(cc), cfg: cfg, log: ratelog.New(cfg.logger, cfg.logInterval)}
+	c := &Client{api: pb.NewDestinationClient(cc), cfg: cfg, log: ratelog.New(cfg.logger, cfg.logInterval), reach: cfg.reach}
+	if c.reach == nil {
+		c.reach = new(reach)
+	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if !cfg.linkerdStreams {
 		c.mux = &mux{api: watchespb.NewWatchesClient(cc), ctx: c.ctx, timeout: cfg.firstMessageTimeout, wg: &c.wg}
@@ -165,7 +172,8 @@ func Dial(target string, opts ...Option) (*Client, error) {
 		// and come last: what gRPC will use is not known here.
 		ka.Time = cpaddr.NoPing
 	}
-	dialer := backoff.NewDialer(userTimeoutDial(cfg.dial, ka), cfg.policy)
+	rec := new(reach)
+	dialer := backoff.NewDialer(recordingDial(userTimeoutDial(cfg.dial, ka), rec), cfg.policy)
 	dialOpts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialer.DialGRPC),
@@ -191,7 +199,7 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("destination: dial %s: %w", target, err)
 	}
-	c := NewClient(conn, opts...)
+	c := NewClient(conn, append(opts[:len(opts):len(opts)], optionFunc(func(c *config) { c.reach = rec }))...)
 	c.conn = conn
 	return c, nil
 }

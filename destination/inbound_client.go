@@ -48,6 +48,10 @@ func (c *Client) initInbound(cc grpc.ClientConnInterface) {
 				}
 			},
 			rejected: func(err error) InboundUpdate { return InboundUpdate{Err: err} },
+			// Until a port's first answer, gRPC is asked why the control
+			// plane cannot be reached, for the warning at the end of
+			// authz's wait (inboundSource.Pending).
+			probe: true,
 		},
 		m: make(map[string]*watch[*inboundpb.Server, InboundUpdate]),
 	}
@@ -80,9 +84,19 @@ func (c *Client) WatchInboundPort(ctx context.Context, port uint16, update func(
 // (INVALID_ARGUMENT, FAILED_PRECONDITION), is answered with no Server
 // (nil): the handler's default applies at once, or the last Server stays,
 // rather than its requests waiting for an answer that will not come.
+// It is an [authz.PendingCause]: when a port's wait ends without its
+// policy, the warning names the last error met on the way to the control
+// plane (a refused connection, a failed TLS handshake, a broken stream).
 func (c *Client) InboundPolicies() authz.Source { return inboundSource{c} }
 
 type inboundSource struct{ c *Client }
+
+var _ authz.PendingCause = inboundSource{}
+
+// Pending is the last error met on the way to the control plane, since
+// its last message: why the port's policy has not come, as far as the
+// client knows.
+func (s inboundSource) Pending(uint16) error { return s.c.reach.get() }
 
 func (s inboundSource) Watch(port uint16, update func(*authz.Server)) func() {
 	stop, err := s.c.WatchInboundPort(s.c.ctx, port, func(u InboundUpdate) {

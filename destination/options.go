@@ -51,6 +51,9 @@ type config struct {
 	networks             []netip.Prefix
 	linkerdStreams       bool
 	keepalive            keepalive.ClientParameters
+	// reach is where Dial's dialer records its failures, for the Client
+	// it makes.
+	reach *reach
 }
 
 // watchCap is the number of watches of one kind the client holds at most:

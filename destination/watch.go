@@ -63,6 +63,13 @@ type kind[M, U any] struct {
 	// stops waiting; the watch keeps trying and a later answer applies as
 	// usual. When nil, such a watch publishes nothing until an answer.
 	unanswered func(err error) U
+	// probe, when set (and unanswered is not), opens the streams of a
+	// watch that has published nothing first without waiting for the
+	// connection: when the control plane cannot be reached, gRPC's word
+	// for why (refused, a failed TLS handshake) is recorded in the
+	// client's reach, and the stream is opened again at once, waiting
+	// for the connection as usual.
+	probe bool
 }
 
 // isNotFound reports whether err is the control plane's answer that the
@@ -432,9 +439,16 @@ func (w *watch[M, U]) attempt() {
 	s.failFast = w.kind.unanswered != nil && !w.answered()
 	var stream recvStream[M]
 	var err error
-	if s.failFast {
+	switch {
+	case s.failFast:
 		stream, err = w.kind.open(ctx, w.authority, s)
-	} else {
+	case w.kind.probe && !w.answered():
+		stream, err = w.kind.open(ctx, w.authority, s)
+		if err != nil && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+			w.c.reach.set(err)
+			stream, err = w.kind.open(ctx, w.authority, s, waitForReady)
+		}
+	default:
 		stream, err = w.kind.open(ctx, w.authority, s, waitForReady)
 	}
 	if err != nil {
@@ -503,6 +517,9 @@ func (w *watch[M, U]) ended(err error) {
 	delay := w.c.cfg.policy.Delay(w.attempts)
 	w.attempts++
 	notFound := isNotFound(err)
+	if !notFound {
+		w.c.reach.set(streamCause(err))
+	}
 	// A target that a stream delivered a state for keeps that state when
 	// a later stream is answered "not found": a control plane that
 	// restarted answers so until it has loaded what it serves (Linkerd's
@@ -681,6 +698,7 @@ func (s *session[M, U]) message(msg M) {
 		}
 	}
 	s.mu.Unlock()
+	s.w.c.reach.clear()
 	if u, ok := s.handle(msg); ok {
 		s.w.publish(u)
 	}
