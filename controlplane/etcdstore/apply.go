@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/inmesh/inmesh/manifest"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -97,32 +99,98 @@ func Names(change Change) ([]string, error) {
 	return names, err
 }
 
-// Apply validates change with the loader that replicas use
-// ([manifest.LoadFiles] and [manifest.ParseEndpoints]), alone and then
-// together with the keys already under prefix, and writes it in one etcd
-// transaction, only if no key under prefix changed since it was read. A
-// bad document is refused with the file, the document and the field named,
-// and then nothing is written. A resource applied again replaces its key.
-// It returns the revision written.
+// Action is what [ApplyReport] did to one key, in kubectl apply's words.
+type Action string
+
+// The actions of [ApplyReport].
+const (
+	// Created: the key did not exist and was written.
+	Created Action = "created"
+	// Configured: the key held other bytes and was rewritten.
+	Configured Action = "configured"
+	// Unchanged: the key held these very bytes and was not written; its
+	// mod revision stays.
+	Unchanged Action = "unchanged"
+)
+
+// Report is the outcome of [ApplyReport].
+type Report struct {
+	// Revision is the revision of the transaction that wrote the change,
+	// or, when every key was unchanged and nothing was written, etcd's
+	// revision when the keys were read.
+	Revision int64
+	// Keys are the keys of the change in its order (its manifest files'
+	// documents, then its endpoints files), each with what was done.
+	Keys []KeyAction
+}
+
+// KeyAction is one key of a [Report].
+type KeyAction struct {
+	// Name is the key under the prefix, as [Names] and [List] give it.
+	Name   string
+	Action Action
+}
+
+// Apply is [ApplyReport] for a caller that needs only the revision.
 func Apply(ctx context.Context, cli *clientv3.Client, prefix string, change Change) (int64, error) {
+	r, err := ApplyReport(ctx, cli, prefix, change)
+	return r.Revision, err
+}
+
+// ApplyReport validates change with the loader that replicas use
+// ([manifest.LoadFiles] and [manifest.ParseEndpoints]), alone and then
+// together with the keys already under prefix, and writes the keys whose
+// bytes differ from what etcd holds, in one etcd transaction; a key that
+// already holds the very bytes of its document is left alone (its mod
+// revision stays, and no replica sees an event for it). The transaction
+// commits only if no manifest or endpoints key under prefix changed since
+// the read, and each written key still has the mod revision read (none
+// for a new key); otherwise everything is read, compared and validated
+// again. A bad document is refused with the file, the document and the
+// field named, and then nothing is written. The report says, per key,
+// whether it was created, configured or unchanged.
+func ApplyReport(ctx context.Context, cli *clientv3.Client, prefix string, change Change) (Report, error) {
 	prefix = cleanPrefix(prefix)
 	names, values, from, err := split(change)
 	if err != nil {
-		return 0, err
+		return Report{}, err
 	}
 	keyed := make(map[string]string, len(from))
-	var ops []clientv3.Op
 	for _, n := range names {
 		k := prefix + "/" + n
 		keyed[k] = from[n] + " (" + k + ")"
-		ops = append(ops, clientv3.OpPut(k, string(values[n])))
 	}
-	return write(ctx, cli, prefix, func(w *watcher) error {
+	var keys []KeyAction
+	rev, err := write(ctx, cli, prefix, func(w *watcher, stored map[string]*mvccpb.KeyValue) ([]clientv3.Op, []clientv3.Cmp, error) {
+		keys = make([]KeyAction, 0, len(names))
+		var ops []clientv3.Op
+		var cmps []clientv3.Cmp
 		for _, n := range names {
-			w.put(prefix+"/"+n, values[n])
+			k, v := prefix+"/"+n, values[n]
+			kv := stored[k]
+			switch {
+			case kv == nil:
+				keys = append(keys, KeyAction{Name: n, Action: Created})
+			case bytes.Equal(kv.Value, v):
+				keys = append(keys, KeyAction{Name: n, Action: Unchanged})
+				continue
+			default:
+				keys = append(keys, KeyAction{Name: n, Action: Configured})
+			}
+			var modRev int64 // 0: the key must still not exist
+			if kv != nil {
+				modRev = kv.ModRevision
+			}
+			w.put(k, v)
+			ops = append(ops, clientv3.OpPut(k, string(v)))
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", modRev))
 		}
-		return nil
-	}, keyed, ops)
+		return ops, cmps, nil
+	}, keyed)
+	if err != nil {
+		return Report{}, err
+	}
+	return Report{Revision: rev, Keys: keys}, nil
 }
 
 // Delete removes the keys of names (under the prefix, as [List] and
@@ -137,7 +205,7 @@ func Delete(ctx context.Context, cli *clientv3.Client, prefix string, names []st
 		keys = append(keys, k)
 		ops = append(ops, clientv3.OpDelete(k))
 	}
-	return write(ctx, cli, prefix, func(w *watcher) error {
+	return write(ctx, cli, prefix, func(w *watcher, _ map[string]*mvccpb.KeyValue) ([]clientv3.Op, []clientv3.Cmp, error) {
 		var missing []string
 		for _, k := range keys {
 			_, m := w.manifests[k]
@@ -148,17 +216,19 @@ func Delete(ctx context.Context, cli *clientv3.Client, prefix string, names []st
 			w.delete(k)
 		}
 		if len(missing) > 0 {
-			return fmt.Errorf("no such key: %s", strings.Join(missing, ", "))
+			return nil, nil, fmt.Errorf("no such key: %s", strings.Join(missing, ", "))
 		}
-		return nil
-	}, nil, ops)
+		return ops, nil, nil
+	}, nil)
 }
 
-// write reads every key under prefix, applies edit to that state,
+// write reads every key under prefix, lets plan edit that state (given
+// the keys read) and say what to write and what to compare besides,
 // validates the result (naming a key by names[key] when given), and
-// commits ops if no manifest or endpoints key changed since the read,
-// trying again when one did.
-func write(ctx context.Context, cli *clientv3.Client, prefix string, edit func(*watcher) error, names map[string]string, ops []clientv3.Op) (int64, error) {
+// commits the ops if no manifest or endpoints key changed since the read
+// and plan's comparisons hold, trying again when they do not. With no
+// ops nothing is written, and the revision read is returned.
+func write(ctx context.Context, cli *clientv3.Client, prefix string, plan func(w *watcher, stored map[string]*mvccpb.KeyValue) ([]clientv3.Op, []clientv3.Cmp, error), names map[string]string) (int64, error) {
 	for range applyAttempts {
 		resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix())
 		if err != nil {
@@ -166,22 +236,30 @@ func write(ctx context.Context, cli *clientv3.Client, prefix string, edit func(*
 		}
 		w := &watcher{prefix: prefix + "/", manifests: make(map[string][]byte), endpoints: make(map[string][]byte),
 			registrations: make(map[string][]byte)}
+		stored := make(map[string]*mvccpb.KeyValue, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
 			w.put(string(kv.Key), kv.Value)
+			stored[string(kv.Key)] = kv
 		}
-		if err := edit(w); err != nil {
+		ops, cmps, err := plan(w, stored)
+		if err != nil {
 			return 0, err
 		}
 		if err := w.validate(names); err != nil {
 			return 0, err
 		}
 		rev := resp.Header.Revision
+		if len(ops) == 0 {
+			return rev, nil
+		}
 		// Only manifests and endpoints are validated together; the
 		// registrations that workloads write and remove all the time
 		// must not make a change conflict.
 		txn, err := cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(prefix+"/"+ManifestsDir+"/").WithPrefix(), "<", rev+1),
-				clientv3.Compare(clientv3.ModRevision(prefix+"/"+EndpointsDir+"/").WithPrefix(), "<", rev+1)).
+			If(append([]clientv3.Cmp{
+				clientv3.Compare(clientv3.ModRevision(prefix+"/"+ManifestsDir+"/").WithPrefix(), "<", rev+1),
+				clientv3.Compare(clientv3.ModRevision(prefix+"/"+EndpointsDir+"/").WithPrefix(), "<", rev+1),
+			}, cmps...)...).
 			Then(ops...).
 			Commit()
 		if err != nil {

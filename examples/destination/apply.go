@@ -43,8 +43,10 @@ func reach(cli *clientv3.Client, ef etcdFlags) error {
 //
 // apply validates the files with the control plane's own loader, alone and
 // together with what etcd already holds, and writes each resource under
-// its own key in one transaction; a bad document is refused with its file,
-// document and field, and nothing is written. delete removes the resources
+// its own key in one transaction, only the keys whose bytes differ from
+// what etcd holds, printing each key as created, configured or unchanged
+// (as kubectl apply); a bad document is refused with its file, document
+// and field, and nothing is written. delete removes the resources
 // of files, or the keys that get names. It returns the process's exit
 // code.
 func runCommand(name string, args []string, stdout, stderr io.Writer) int {
@@ -100,18 +102,20 @@ func runCommand(name string, args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 	switch name {
 	case "apply":
-		names, err := etcdstore.Names(change)
+		r, err := etcdstore.ApplyReport(ctx, cli, ef.prefix, change)
 		if err != nil {
 			return fail(fmt.Errorf("%w (nothing written)", err))
 		}
-		rev, err := etcdstore.Apply(ctx, cli, ef.prefix, change)
-		if err != nil {
-			return fail(fmt.Errorf("%w (nothing written)", err))
+		wrote := false
+		for _, k := range r.Keys {
+			fmt.Fprintf(stdout, "%s %s\n", k.Name, k.Action)
+			wrote = wrote || k.Action != etcdstore.Unchanged
 		}
-		for _, n := range names {
-			fmt.Fprintf(stdout, "%s applied\n", n)
+		if wrote {
+			fmt.Fprintf(stdout, "revision %d\n", r.Revision)
+		} else {
+			fmt.Fprintf(stdout, "revision %d (nothing written)\n", r.Revision)
 		}
-		fmt.Fprintf(stdout, "revision %d\n", rev)
 	case "delete":
 		names, err := etcdstore.Names(change)
 		if err != nil {

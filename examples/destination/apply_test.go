@@ -51,10 +51,10 @@ func TestApplyWritesAllOrNothing(t *testing.T) {
 
 	code, out, errOut := command(t, append([]string{"apply", "-f", "policies", "-f", "../mesh/books.yaml", "-endpoints", "endpoints.yaml"}, etcd...)...)
 	require.Equal(t, 0, code, errOut)
-	assert.Contains(t, out, "manifests/Service/default/authors applied")
-	assert.Contains(t, out, "manifests/HTTPRoute/default/authors-routes applied")
-	assert.Contains(t, out, "manifests/ServiceProfile/books.default.svc.cluster.local applied")
-	assert.Contains(t, out, "endpoints/endpoints.yaml applied")
+	assert.Contains(t, out, "manifests/Service/default/authors created")
+	assert.Contains(t, out, "manifests/HTTPRoute/default/authors-routes created")
+	assert.Contains(t, out, "manifests/ServiceProfile/books.default.svc.cluster.local created")
+	assert.Contains(t, out, "endpoints/endpoints.yaml created")
 	code, listed, errOut := command(t, append([]string{"get"}, etcd...)...)
 	require.Equal(t, 0, code, errOut)
 	for _, want := range []string{"manifests/Service/default/authors ", "manifests/HTTPRoute/default/authors-routes ",
@@ -107,9 +107,10 @@ func TestApplyWritesAllOrNothing(t *testing.T) {
 	code, _, errOut = command(t, append(append([]string{"delete"}, etcd...), "manifests/by-hand.yaml")...)
 	require.Equal(t, 0, code, errOut)
 
-	// A resource applied again replaces its key.
-	code, _, errOut = command(t, append([]string{"apply", "-f", "policies"}, etcd...)...)
+	// A resource applied again is unchanged.
+	code, out, errOut = command(t, append([]string{"apply", "-f", "policies"}, etcd...)...)
 	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "manifests/Service/default/authors unchanged")
 
 	// delete: an unknown name deletes nothing; a file's resources, or a
 	// name as get lists it, are gone.
@@ -126,6 +127,81 @@ func TestApplyWritesAllOrNothing(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	_, after, _ = command(t, append([]string{"get"}, etcd...)...)
 	assert.NotContains(t, after, "manifests/")
+}
+
+// modRevisions returns the mod revision of every key under prefix, by key.
+func modRevisions(t *testing.T, cli *clientv3.Client, prefix string) map[string]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	out := make(map[string]int64, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = kv.ModRevision
+	}
+	return out
+}
+
+// apply of what etcd already holds says "unchanged" for each key and
+// writes nothing, as kubectl apply: the keys keep their mod revisions, so
+// no replica sees an event. A file with one document edited rewrites
+// that document's key alone ("configured"), and a new document is
+// "created".
+func TestApplyWritesOnlyWhatChanged(t *testing.T) {
+	m := etcdtest.Start(t)
+	etcd := []string{"-etcd-endpoints", m.Endpoint, "-etcd-prefix", "/mesh"}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint}, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	defer cli.Close()
+
+	dir := t.TempDir()
+	const service = "apiVersion: v1\nkind: Service\nmetadata: {name: authors}\nspec: {ports: [{port: 7001}]}\n"
+	const route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: authors-routes}\n" +
+		"spec:\n  parentRefs: [{group: core, kind: Service, name: authors, port: 7001}]\n" +
+		"  rules:\n  - matches: [{path: {type: PathPrefix, value: /authors}}]\n"
+	file := writeFile(t, dir, "authors.yaml", service+"---\n"+route)
+	eps := writeFile(t, dir, "endpoints.yaml", "- authority: authors.default.svc.cluster.local:7001\n  endpoints:\n  - addr: 127.0.0.1:7001\n")
+	const svcKey, routeKey, epsKey = "/mesh/manifests/Service/default/authors", "/mesh/manifests/HTTPRoute/default/authors-routes", "/mesh/endpoints/endpoints.yaml"
+
+	code, out, errOut := command(t, append([]string{"apply", "-f", file, "-endpoints", eps}, etcd...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, "manifests/Service/default/authors created\nmanifests/HTTPRoute/default/authors-routes created\nendpoints/endpoints.yaml created\n", firstLines(out, 3))
+	first := modRevisions(t, cli, "/mesh")
+	require.Contains(t, first, svcKey)
+	require.Contains(t, first, routeKey)
+	require.Contains(t, first, epsKey)
+
+	// The same files again: nothing written.
+	code, out, errOut = command(t, append([]string{"apply", "-f", file, "-endpoints", eps}, etcd...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, "manifests/Service/default/authors unchanged\nmanifests/HTTPRoute/default/authors-routes unchanged\nendpoints/endpoints.yaml unchanged\n", firstLines(out, 3))
+	assert.Contains(t, out, "(nothing written)")
+	assert.Equal(t, first, modRevisions(t, cli, "/mesh"), "an unchanged apply rewrote keys")
+
+	// One document of the file edited, and a new one: the edited key is
+	// rewritten, the new one created, the others untouched.
+	writeFile(t, dir, "authors.yaml", strings.Replace(service, "port: 7001", "port: 7002", 1)+"---\n"+route+
+		"---\napiVersion: v1\nkind: Service\nmetadata: {name: writers}\nspec: {ports: [{port: 7003}]}\n")
+	code, out, errOut = command(t, append([]string{"apply", "-f", file, "-endpoints", eps}, etcd...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, "manifests/Service/default/authors configured\nmanifests/HTTPRoute/default/authors-routes unchanged\n"+
+		"manifests/Service/default/writers created\nendpoints/endpoints.yaml unchanged\n", firstLines(out, 4))
+	assert.NotContains(t, out, "nothing written")
+	second := modRevisions(t, cli, "/mesh")
+	assert.Greater(t, second[svcKey], first[svcKey], "the edited document's key was not rewritten")
+	assert.Equal(t, first[routeKey], second[routeKey], "an unchanged document's key was rewritten")
+	assert.Equal(t, first[epsKey], second[epsKey], "an unchanged endpoints file was rewritten")
+	assert.Equal(t, second[svcKey], second["/mesh/manifests/Service/default/writers"], "one transaction")
+}
+
+// firstLines returns the first n lines of s, each with its newline.
+func firstLines(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) > n {
+		lines = lines[:n]
+	}
+	return strings.Join(lines, "")
 }
 
 // The control plane started with -etcd-endpoints serves what apply wrote,
