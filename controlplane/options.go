@@ -26,6 +26,9 @@ type config struct {
 	maxSubscriptions int
 	// The bounds per peer (peers.go).
 	maxStreamsPerPeer, maxWatchesPerPeer, maxSubscriptionsPerPeer int
+	// noHealth: Register leaves gRPC's health service to the program
+	// (WithoutHealthService).
+	noHealth bool
 }
 
 func newConfig(opts []Option) config {
@@ -60,4 +63,15 @@ func WithLogInterval(d time.Duration) Option {
 			c.logInterval = d
 		}
 	})
+}
+
+// WithoutHealthService makes [Server.Register] leave out gRPC's health
+// service (grpc.health.v1.Health), for a program that registers its own
+// on the same gRPC server after Register (grpc-go ends the process, with
+// a fatal log, on a service registered twice). The
+// Server's [Health] then reaches clients and the other replicas only if
+// that service answers "" and [CurrentHealthService] from
+// [Server.HealthServer]. It concerns a [Server] only.
+func WithoutHealthService() Option {
+	return optionFunc(func(c *config) { c.noHealth = true })
 }

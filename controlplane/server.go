@@ -56,6 +56,8 @@ type Server struct {
 	reg *registrationServer
 	// maxSubscriptions bounds the subscriptions of a Watches stream.
 	maxSubscriptions int
+	// noHealth: Register leaves the health service out (WithoutHealthService).
+	noHealth bool
 
 	// mu guards the Server's health (health.go) and shutdown.
 	mu      sync.Mutex
@@ -83,13 +85,13 @@ var _ pb.DestinationServer = (*Server)(nil)
 var errShuttingDown = status.Error(codes.Unavailable, "controlplane: server shutting down")
 
 // NewServer returns a Server for store. Of the package's options it uses
-// [WithLogger], [WithLogInterval], [WithMeterProvider], the bounds
+// [WithLogger], [WithLogInterval], [WithMeterProvider], [WithoutHealthService], the bounds
 // ([WithMaxSubscriptions], [WithMaxStreamsPerPeer], [WithWatchesPerPeer])
 // and the registration options ([WithRegistry], [WithInsecureRegistration],
 // [WithRegistrationLimits]).
 func NewServer(store *Store, opts ...Option) *Server {
 	cfg := newConfig(opts)
-	s := &Server{store: store, log: cfg.logger, maxSubscriptions: cfg.maxSubscriptions,
+	s := &Server{store: store, log: cfg.logger, maxSubscriptions: cfg.maxSubscriptions, noHealth: cfg.noHealth,
 		stop: newLatch(), changed: make(chan struct{}), conns: make(map[*servingConn]struct{}),
 		peerStreams: newPeerCounts(cfg.maxStreamsPerPeer), peerWatches: newPeerCounts(cfg.maxWatchesPerPeer),
 		peerSubscriptions: newPeerCounts(cfg.maxSubscriptionsPerPeer),
@@ -118,8 +120,14 @@ func (s *Server) refuse(ctx context.Context, reason string, err error) error {
 // Register adds the Destination, OutboundPolicies, InboundServerPolicies,
 // Registration and Watches services to r, such as a *grpc.Server, and
 // gRPC's health service (grpc.health.v1.Health), which answers the
-// Server's [Health] (see [CurrentHealthService]): do not register another
-// health service on r. Watches (proto/watches.proto) carries a client's
+// Server's [Health] (see [CurrentHealthService]). When r already has a
+// health service (r has grpc.Server's GetServiceInfo, which lists it),
+// Register keeps that one and says so in the log, rather than register a
+// second one, which grpc-go answers by ending the process (a fatal log); with [WithoutHealthService] it
+// registers none, for a program that registers its own later. Either way
+// the replicas' hand-over asks r's health service for
+// [CurrentHealthService]: let it answer that name and "" from
+// [Server.HealthServer]. Watches (proto/watches.proto) carries a client's
 // profile, endpoint and policy watches over one stream, each answered as
 // the Linkerd stream of its kind would be; package destination's client
 // uses it when it is served. Registration needs the caller's verified
@@ -138,7 +146,29 @@ func (s *Server) Register(r grpc.ServiceRegistrar) {
 	inboundpb.RegisterInboundServerPoliciesServer(r, &inboundServer{s: s})
 	registrationpb.RegisterRegistrationServer(r, s.reg)
 	watchespb.RegisterWatchesServer(r, &watchesServer{s: s, max: s.maxSubscriptions})
-	healthpb.RegisterHealthServer(r, &healthServer{s: s})
+	if s.noHealth {
+		return
+	}
+	if si, ok := r.(interface {
+		GetServiceInfo() map[string]grpc.ServiceInfo
+	}); ok {
+		if _, has := si.GetServiceInfo()[healthpb.Health_ServiceDesc.ServiceName]; has {
+			s.log.Info("controlplane: the gRPC server has a health service already; keeping it rather than the Server's own, which should answer "+
+				CurrentHealthService+" and \"\" for replicas' hand-over (Server.HealthServer)",
+				"service", healthpb.Health_ServiceDesc.ServiceName)
+			return
+		}
+	}
+	healthpb.RegisterHealthServer(r, s.HealthServer())
+}
+
+// HealthServer returns the Server's gRPC health service, the one
+// [Server.Register] registers: "" answers SERVING unless the Server is on
+// [Standby] or shut down, and [CurrentHealthService] SERVING only while it
+// is [Current]; Watch follows the changes. A program with a health service
+// of its own ([WithoutHealthService]) passes those two names to it.
+func (s *Server) HealthServer() healthpb.HealthServer {
+	return &healthServer{s: s}
 }
 
 // Shutdown ends every open stream with Unavailable and refuses new ones
