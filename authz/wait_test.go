@@ -2,6 +2,7 @@ package authz_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -195,4 +196,41 @@ func TestPolicyWait(t *testing.T) {
 		assert.Equal(t, 1, logs.Count("inbound policy arrived after the wait", "port=8080"), "%s", logs.String())
 		assert.Equal(t, "1", m.Value(t, authz.MetricPolicyUnavailable, `target_port="8080"`), "no longer counted")
 	})
+}
+
+// causeSource is a handSource that knows why it has not answered.
+type causeSource struct {
+	*handSource
+	cause error
+}
+
+func (s causeSource) Pending(uint16) error { return s.cause }
+
+// The warning at the end of a port's wait names why the Source has not
+// answered when the Source says ([authz.PendingCause]), and only then.
+func TestPolicyWaitWarningNamesTheCause(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cause error
+	}{
+		{"a cause", errors.New("dial tcp 127.0.0.1:8090: connect: connection refused")},
+		{"none known", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs testutil.LogLines
+			src := causeSource{newHandSource(), tc.cause}
+			h, err := authz.New(http.NotFoundHandler(), authz.WithSource(src), authz.WithLogger(logs.Logger()),
+				authz.WithPolicyWait(time.Millisecond), authz.WithPorts(8080))
+			require.NoError(t, err)
+			t.Cleanup(h.Close)
+			<-src.watched
+			require.NoError(t, h.WaitPolicy(context.Background(), waitConn.Local))
+			require.Equal(t, 1, logs.Count("no inbound policy from the control plane within the wait", "port=8080"), "%s", logs.String())
+			if tc.cause != nil {
+				assert.Equal(t, 1, logs.Count("within the wait", `error="dial tcp 127.0.0.1:8090: connect: connection refused"`), "%s", logs.String())
+			} else {
+				assert.Zero(t, logs.Count("within the wait", "error="), "%s", logs.String())
+			}
+		})
+	}
 }

@@ -12,8 +12,9 @@ import (
 )
 
 // reach holds the last error met on the way to the control plane: a dial
-// that failed, a stream that could not open or that broke. A message from
-// the control plane clears it. It is one error, the latest, never a list.
+// that failed, a stream that could not open or broke (Unavailable), or
+// any end of an inbound policy stream. A message from the control plane
+// clears it. It is one error, the latest, never a list.
 type reach struct{ err atomic.Pointer[error] }
 
 // set records err as the latest, unless it is the client's own doing (its

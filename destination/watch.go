@@ -517,8 +517,12 @@ func (w *watch[M, U]) ended(err error) {
 	delay := w.c.cfg.policy.Delay(w.attempts)
 	w.attempts++
 	notFound := isNotFound(err)
-	if !notFound {
-		w.c.reach.set(streamCause(err))
+	if cause := streamCause(err); !notFound && (w.kind.probe || status.Code(cause) == codes.Unavailable) {
+		// The inbound policy's own streams say why its ports wait,
+		// whatever ended them; the other kinds only when the control
+		// plane was not reached (an answer such as Unimplemented to
+		// one RPC says nothing of another's).
+		w.c.reach.set(cause)
 	}
 	// A target that a stream delivered a state for keeps that state when
 	// a later stream is answered "not found": a control plane that

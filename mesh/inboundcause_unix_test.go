@@ -62,8 +62,9 @@ func closingListener(t *testing.T) string {
 // TestInboundPolicyWaitNamesTheCause: when the inbound policy's control
 // plane cannot be reached, the warning at the end of a port's wait names
 // why, as gRPC or the dial said it: a refused connection (with the
-// address), a peer that closed before its preface, a TLS handshake with
-// a plaintext control plane.
+// address), a peer that closed before its preface, a server that does not
+// serve InboundServerPolicies, a TLS handshake with a plaintext control
+// plane.
 func TestInboundPolicyWaitNamesTheCause(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -73,6 +74,14 @@ func TestInboundPolicyWaitNamesTheCause(t *testing.T) {
 	}{
 		{"refused", boundNotListening, nil, []string{"connection refused"}},
 		{"closed before answering", closingListener, nil, []string{"code = Unavailable"}},
+		{"a control plane without the API", func(t *testing.T) string {
+			g := grpc.NewServer()
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			go g.Serve(lis)
+			t.Cleanup(g.Stop)
+			return lis.Addr().String()
+		}, nil, []string{"code = Unimplemented", "InboundServerPolicies"}},
 		{"TLS with a plaintext control plane", func(t *testing.T) string { return testutil.ServeInbound(t, testutil.SilentInbound{}) },
 			[]destination.Option{destination.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{ServerName: "control.example"})))},
 			[]string{"handshake"}},
