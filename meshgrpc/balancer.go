@@ -98,14 +98,16 @@ type backendPool struct {
 }
 
 // callQueue is the queue of one backend's calls: grpc-go's picker cannot
-// block, so a call that finds no endpoint of the backend in rotation is
-// told to wait (ErrNoSubConnAvailable) and picks again at each picker the
-// balancer publishes; while calls wait, the balancer publishes one every
-// [queuePoll], so that an endpoint whose failure-accrual penalty ended
-// takes them, and fails them fast once they waited the pool's failfast
-// timeout, as the HTTP balancer's queue does (linkerd2-proxy's
-// balancer queue, linkerd/proxy/balance/queue): from then on the
-// backend's calls fail at once until one finds an endpoint in rotation.
+// block, so a call that finds no endpoint of the backend in rotation (its
+// set empty, its endpoints connecting, failing to connect or out of
+// rotation) is told to wait (ErrNoSubConnAvailable) and picks again at
+// each picker the balancer publishes; while calls wait, the balancer
+// publishes one every [queuePoll], so that an endpoint whose
+// failure-accrual penalty ended takes them, and fails them fast once they
+// waited the pool's failfast timeout, as the HTTP balancer's queue does
+// (linkerd2-proxy's balancer queue, linkerd/proxy/balance/queue): from
+// then on the backend's calls fail at once until one finds an endpoint in
+// rotation.
 type callQueue struct {
 	// since is the clock reading (UnixNano) at which a call first found
 	// no endpoint in rotation; 0 while the backend's calls are picked.
@@ -264,16 +266,18 @@ func (b *meshBalancer) subState(k subKey, sub *subConn, st grpcbalancer.SubConnS
 
 // update gives each pool its READY endpoints and publishes the picker and
 // the channel's state: READY when a sub-channel is; CONNECTING when some
-// are connecting, or the target's endpoint set is empty (its calls queue,
-// see [callQueue]); TRANSIENT_FAILURE when all failed to connect, or the
-// resolver failed with no endpoint known. Called with mu held.
+// are connecting, or the target's endpoint set is empty; TRANSIENT_FAILURE
+// when all failed to connect, or the resolver failed with no endpoint
+// known. Whatever the state, a known backend's calls queue in the picker
+// while none of its endpoints is in rotation (see [callQueue]): a
+// connection attempt that failed ends no call, the failfast timeout does.
+// Called with mu held.
 func (b *meshBalancer) update() {
 	ready := make(map[string][]endpoint.Endpoint)
 	scs := make(map[subKey]grpcbalancer.SubConn)
 	pending := make(map[string]int)
 	failed := make(map[string]error)
 	var connecting bool
-	var lastErr error
 	for k, sub := range b.subs {
 		switch sub.state {
 		case connectivity.Ready:
@@ -283,7 +287,6 @@ func (b *meshBalancer) update() {
 			connecting = true
 			pending[k.backend]++
 		case connectivity.TransientFailure:
-			lastErr = sub.lastErr
 			if sub.lastErr != nil || failed[k.backend] == nil {
 				failed[k.backend] = sub.lastErr
 			}
@@ -313,14 +316,12 @@ func (b *meshBalancer) update() {
 		}
 		b.publish(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{err}})
 	case connecting:
-		b.publish(grpcbalancer.State{ConnectivityState: connectivity.Connecting,
-			Picker: errPicker{grpcbalancer.ErrNoSubConnAvailable}})
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.Connecting, Picker: pk})
 	default:
-		if lastErr == nil {
-			lastErr = errors.New("no endpoint reachable")
-		}
-		b.publish(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure,
-			Picker: errPicker{fmt.Errorf("meshgrpc: %s: %w", b.target, lastErr)}})
+		// Every endpoint failed to connect, and each tries again after
+		// its backoff: the calls queue meanwhile, as the HTTP balancer's
+		// do while its endpoints are unreachable.
+		b.publish(grpcbalancer.State{ConnectivityState: connectivity.TransientFailure, Picker: pk})
 	}
 }
 
@@ -481,13 +482,14 @@ func (c *backendCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// queue is the answer to a call that found no endpoint of bp in rotation
-// (why says so): wait for the next picker, or, once the backend's calls
-// waited the failfast timeout, an error that fails a call at once with
-// UNAVAILABLE (not a status: a call that waits for ready keeps waiting).
-func (p *picker) queue(bp pickPool, why string) error {
+// queue is the answer to a call that found no endpoint of backend bp in
+// rotation (empty: its endpoint set is empty): wait for the next picker,
+// or, once the backend's calls waited the failfast timeout, the error of
+// [newFailFastError], which fails a fail-fast call at once; a call that
+// waits for ready keeps waiting.
+func (p *picker) queue(bp pickPool, backend string, empty bool) error {
 	if bp.q.failfast.Load() {
-		return fmt.Errorf("meshgrpc: failing fast: %s within %s", why, bp.pool.FailFast())
+		return newFailFastError(bp, backend, empty)
 	}
 	if bp.q.since.CompareAndSwap(0, time.Now().UnixNano()) && p.queueing != nil {
 		p.queueing()
@@ -507,7 +509,7 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 	}
 	if bp.eps == 0 {
-		return grpcbalancer.PickResult{}, p.queue(bp, "no endpoints for "+backend)
+		return grpcbalancer.PickResult{}, p.queue(bp, backend, true)
 	}
 	var k balancer.Pick
 	if tried, exclude := balancer.TriedFromContext(info.Ctx); tried != nil {
@@ -525,26 +527,11 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		k, ok = bp.pool.Pick()
 	}
 	if !ok {
-		if bp.connecting > 0 {
-			// Some endpoints are connecting: the call waits for the
-			// picker that brings them (or its deadline).
-			return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
-		}
-		if bp.pool.Len() == 0 {
-			// No endpoint ready and none connecting: all failed to
-			// connect. An error that is not a status fails a fail-fast
-			// call UNAVAILABLE at once, and a wait-for-ready call waits
-			// for the picker that brings a ready one.
-			err := bp.lastErr
-			if err == nil {
-				err = errors.New("no endpoint reachable")
-			}
-			// %v, not %w: a wrapped status would end wait-for-ready calls too.
-			return grpcbalancer.PickResult{}, fmt.Errorf("meshgrpc: %s: %v", backend, err)
-		}
-		// Every ready endpoint is out of rotation (failure accrual,
-		// outlier detection, a probe out): the call queues.
-		return grpcbalancer.PickResult{}, p.queue(bp, "no endpoint of "+backend+" ready")
+		// No endpoint in rotation: none is ready (connecting, or failed
+		// to connect and trying again after its backoff), or every ready
+		// one is out of rotation (failure accrual, outlier detection, a
+		// probe out). The call queues, at most the failfast timeout.
+		return grpcbalancer.PickResult{}, p.queue(bp, backend, false)
 	}
 	bp.q.picked()
 	sc := p.scs[subKey{backend, k.Endpoint().Addr}]

@@ -37,9 +37,11 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //   - the balancer [BalancerName], chosen by a default service config:
 //     per backend authority one [balancer.Pool] (power of two choices over
 //     peak-EWMA load with failure accrual and probation, the HTTP
-//     balancer's own code) over the READY sub-channels; an empty set fails
-//     calls that do not wait for ready at once with UNAVAILABLE, while
-//     wait-for-ready calls wait until their deadline;
+//     balancer's own code) over the READY sub-channels; a call that finds
+//     none in rotation (an empty set, endpoints connecting or failing to
+//     connect, every one tripped) waits in the balancer's queue, at most
+//     the failfast timeout, while wait-for-ready calls wait until their
+//     deadline;
 //   - per attempt, the legacy request_total, response_total (with
 //     classification) and response_latency_ms series of package classify,
 //     labelled with the backend authority and the endpoint's dst_*, tls

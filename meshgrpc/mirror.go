@@ -144,7 +144,7 @@ func (mr *mirrorer) run(base context.Context, t *mirrorTarget, method string, bo
 	case codes.Unavailable:
 		t.series.Count(metrics.MirrorFailure)
 		if ctx.Err() == nil {
-			t.down.Failed(time.Now()) // no answer (no endpoint, refused): back off
+			t.down.Failed(time.Now()) // no answer (no endpoint in rotation within the failfast timeout, refused): back off
 		}
 	default:
 		t.down.Answered()

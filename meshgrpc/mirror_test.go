@@ -2,7 +2,6 @@ package meshgrpc_test
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"strconv"
 	"testing"
@@ -57,6 +56,16 @@ func mirrorCount(t *testing.T, m *testutil.Metrics, result string) int {
 	return n
 }
 
+// mirrorCopies is the number of copies counted, whatever their result.
+func mirrorCopies(t *testing.T, m *testutil.Metrics) int {
+	t.Helper()
+	n := 0
+	for _, r := range []string{"success", "failure", "unavailable", "dropped"} {
+		n += mirrorCount(t, m, r)
+	}
+	return n
+}
+
 // A GRPCRoute's RequestMirror copies a unary call to the mirror Service
 // through the same channel: the mirror gets each call (with the rule's
 // header modifiers), a share mirrors about that share, and the primary's
@@ -65,13 +74,6 @@ func mirrorCount(t *testing.T, m *testutil.Metrics, result string) int {
 // by result.
 func TestUnaryMirror(t *testing.T) {
 	const calls = 200
-	closedAddr := func() netip.AddrPort {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ap := netip.MustParseAddrPort(lis.Addr().String())
-		require.NoError(t, lis.Close())
-		return ap
-	}
 	for _, tc := range []struct {
 		name   string
 		share  string
@@ -80,7 +82,12 @@ func TestUnaryMirror(t *testing.T) {
 		// call: copies in flight stay far below the route's bound, so a
 		// loaded machine that answers the mirror late drops none.
 		lockstep bool
-		check    func(t *testing.T, m *testutil.Metrics, mirror *app)
+		// settle waits for each copy to be counted before the next call:
+		// the first copy to a mirror that is down waits in the balancer's
+		// queue for the failfast timeout, and the backoff it starts
+		// decides the copies after it.
+		settle bool
+		check  func(t *testing.T, m *testutil.Metrics, mirror *app)
 	}{
 		{name: "every call", mirror: "up", lockstep: true, check: func(t *testing.T, m *testutil.Metrics, mirror *app) {
 			if !assert.Eventually(t, func() bool { return mirrorCount(t, m, "success") == calls }, testutil.Timeout, 5*time.Millisecond) {
@@ -102,7 +109,7 @@ func TestUnaryMirror(t *testing.T) {
 			require.Eventually(t, func() bool { return mirrorCount(t, m, "dropped") > 0 }, testutil.Timeout, 5*time.Millisecond)
 			t.Logf("dropped %d of %d", mirrorCount(t, m, "dropped"), calls)
 		}},
-		{name: "a mirror that is down is backed off", mirror: "down", check: func(t *testing.T, m *testutil.Metrics, _ *app) {
+		{name: "a mirror that is down is backed off", mirror: "down", settle: true, check: func(t *testing.T, m *testutil.Metrics, _ *app) {
 			require.Eventually(t, func() bool { return mirrorCount(t, m, "failure") > 0 && mirrorCount(t, m, "unavailable") > 0 },
 				testutil.Timeout, 5*time.Millisecond)
 			t.Logf("failed %d, backed off %d of %d", mirrorCount(t, m, "failure"), mirrorCount(t, m, "unavailable"), calls)
@@ -125,7 +132,7 @@ func TestUnaryMirror(t *testing.T) {
 			}
 			var mirrorAddr netip.AddrPort
 			if tc.mirror == "down" {
-				mirrorAddr = closedAddr()
+				mirrorAddr = testutil.RefusedAddr(t)
 			} else {
 				mirrorAddr = startApp(t, mirror, nil).addr
 			}
@@ -137,6 +144,10 @@ func TestUnaryMirror(t *testing.T) {
 				if tc.lockstep {
 					require.Eventually(t, func() bool { return mirror.calls.Load() >= int64(i+1) }, testutil.Timeout, time.Millisecond,
 						"the mirror gets call %d", i)
+				}
+				if tc.settle {
+					require.Eventually(t, func() bool { return mirrorCopies(t, m) >= i+1 }, testutil.Timeout, time.Millisecond,
+						"the copy of call %d is counted", i)
 				}
 			}
 			assert.EqualValues(t, calls, primary.calls.Load(), "the primary gets every call once")

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
@@ -134,6 +136,81 @@ func TestEmptySetQueues(t *testing.T) {
 	}()
 	store.PutEndpoints(books, []endpoint.Endpoint{{Addr: a.addr}})
 	require.NoError(t, <-done, "the call made while the set was empty")
+}
+
+// A call made while the target's only endpoint cannot be connected to
+// (its connection attempts refused, or closed before the HTTP/2
+// handshake, so that its sub-channel is in TRANSIENT_FAILURE) waits in
+// the queue for the endpoint's next attempt, at most the failfast
+// timeout, as a request waits in Linkerd's balancer for an endpoint to
+// become ready, rather than failing UNAVAILABLE at once because one
+// connection attempt failed.
+func TestUnreachableEndpointQueues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// start returns the endpoint's address, failing to connect until
+		// serve is called.
+		start func(t *testing.T, a *app) (addr netip.AddrPort, serve func())
+	}{
+		{name: "refused until it listens", start: func(t *testing.T, a *app) (netip.AddrPort, func()) {
+			addr, listen := testutil.RefusedUntilListen(t)
+			return addr, func() { serveOn(t, a, listen()) }
+		}},
+		{name: "closed at once until it serves", start: func(t *testing.T, a *app) (netip.AddrPort, func()) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			g := &gateListener{Listener: lis}
+			serveOn(t, a, g)
+			return netip.MustParseAddrPort(lis.Addr().String()), func() { g.open.Store(true) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &app{}
+			addr, serve := tc.start(t, a)
+			store := controlplane.NewStore()
+			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
+			cc, err := grpc.NewClient(booksTarget, meshgrpc.DialOptions(serveStore(t, store),
+				meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.Timeout)))...)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = cc.Close() })
+			ctx := callCtx(t)
+			cc.Connect()
+			for s := cc.GetState(); s != connectivity.TransientFailure; s = cc.GetState() {
+				require.True(t, cc.WaitForStateChange(ctx, s), "the endpoint's first connection attempt never failed")
+			}
+			// The endpoint comes up; the sub-channel tries again after its
+			// backoff (about a second), well within the failfast timeout.
+			serve()
+			_, err = testgrpc.NewTestServiceClient(cc).EmptyCall(ctx, &testgrpc.Empty{})
+			require.NoError(t, err, "the call made while the endpoint could not be reached")
+			assert.Equal(t, int64(1), a.calls.Load())
+		})
+	}
+}
+
+// serveOn serves a as the TestService on lis until the test ends.
+func serveOn(t *testing.T, a *app, lis net.Listener) {
+	g := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(g, a)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+}
+
+// gateListener closes every connection it accepts until open, and then
+// hands them to its server.
+type gateListener struct {
+	net.Listener
+	open atomic.Bool
+}
+
+func (l *gateListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.open.Load() {
+			return c, err
+		}
+		c.Close()
+	}
 }
 
 // closeListener signals each accepted connection's close.
