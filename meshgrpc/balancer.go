@@ -485,8 +485,9 @@ func (c *backendCtx) Value(key any) any {
 // queue is the answer to a call that found no endpoint of backend bp in
 // rotation (empty: its endpoint set is empty): wait for the next picker,
 // or, once the backend's calls waited the failfast timeout, the error of
-// [newFailFastError], which fails a fail-fast call at once; a call that
-// waits for ready keeps waiting.
+// [newFailFastError], which fails a fail-fast call at once with
+// DEADLINE_EXCEEDED (see [failFastStatus]); a call that waits for ready
+// keeps waiting.
 func (p *picker) queue(bp pickPool, backend string, empty bool) error {
 	if bp.q.failfast.Load() {
 		return newFailFastError(bp, backend, empty)

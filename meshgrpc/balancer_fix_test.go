@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,9 +46,10 @@ spec:
 `
 
 // A route's backend whose only endpoint cannot be connected to, while the
-// target's own endpoint is READY: a fail-fast call fails UNAVAILABLE once
-// the endpoint has failed, rather than waiting for its deadline; a
-// wait-for-ready call still waits (here: until its deadline).
+// target's own endpoint is READY: a fail-fast call fails DEADLINE_EXCEEDED
+// once the backend's calls waited its failfast timeout (3 s), naming the
+// backend, rather than waiting for its own deadline; a wait-for-ready call
+// still waits (here: until its deadline).
 func TestDeadBackendFailsFast(t *testing.T) {
 	a := startApp(t, &app{}, nil)
 	c, _ := policyChannel(t, deadBackendRoute, map[string][]endpoint.Endpoint{
@@ -56,14 +58,13 @@ func TestDeadBackendFailsFast(t *testing.T) {
 	})
 	var last error
 	require.Eventually(t, func() bool {
-		// Each attempt's deadline is far longer than a connection
-		// attempt to loopback: a fail-fast call that waits for it
-		// ends DEADLINE_EXCEEDED.
+		// The first calls wait in the queue until their own deadline;
+		// once the failfast timeout has passed, a call fails at once.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, last = c.EmptyCall(ctx, &testgrpc.Empty{})
-		return status.Code(last) == codes.Unavailable
-	}, testutil.Timeout, 10*time.Millisecond, "a fail-fast call to a backend that cannot be reached did not fail UNAVAILABLE")
+		return status.Code(last) == codes.DeadlineExceeded && strings.Contains(status.Convert(last).Message(), "failing fast")
+	}, testutil.Timeout, 10*time.Millisecond, "a fail-fast call to a backend that cannot be reached did not fail fast")
 	require.Contains(t, status.Convert(last).Message(), "books-v2")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

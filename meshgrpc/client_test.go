@@ -101,7 +101,7 @@ func TestEndpointRemoved(t *testing.T) {
 
 // A service with no endpoints: a call that waits for ready waits until its
 // deadline; one that does not queues for the failfast timeout and then
-// fails with UNAVAILABLE, saying so, once the empty set is known (the
+// fails with DEADLINE_EXCEEDED, saying so, once the empty set is known (the
 // embedded control plane sends nothing for it: the destination client's
 // first-message deadline and the discovery wait, both 5 s, end at about
 // the same moment).
@@ -115,7 +115,7 @@ func TestEmptyEndpointSet(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, testutil.ShortTimeout)
 		defer cancel()
 		_, err = c.EmptyCall(cctx, &testgrpc.Empty{})
-		return status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "no endpoints")
+		return status.Code(err) == codes.DeadlineExceeded && strings.Contains(err.Error(), "failing fast: no endpoints")
 	}, testutil.Timeout, 10*time.Millisecond, "last: %v", err)
 	assert.NoError(t, ctx.Err())
 

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/identity"
@@ -77,11 +78,14 @@ func TestMTLS(t *testing.T) {
 	b := startApp(t, &app{}, xcredentials.NewTLSWithALPNDisabled(server.ServerConfig()))
 	store2 := controlplane.NewStore()
 	store2.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: b.addr, Identity: "impostor.default.serviceaccount.identity.linkerd.cluster.local"}}})
-	c2 := dial(t, serveStore(t, store2), meshgrpc.WithIdentity(client))
+	// Its calls fail fast, naming the failed handshake.
+	c2 := dial(t, serveStore(t, store2), meshgrpc.WithIdentity(client),
+		meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout)))
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 	defer cancel()
 	_, err = c2.EmptyCall(ctx, &testgrpc.Empty{})
-	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	assert.NoError(t, ctx.Err())
 	assert.Contains(t, status.Convert(err).Message(), "impostor.default")
 	assert.Zero(t, b.calls.Load())
 
@@ -96,8 +100,8 @@ func TestMTLS(t *testing.T) {
 }
 
 // When discovery changes an endpoint's identity, the connection verified
-// for the old one is not reused: calls fail once the server cannot prove
-// the new identity.
+// for the old one is not reused: calls fail fast once the server cannot
+// prove the new identity.
 func TestIdentityChange(t *testing.T) {
 	d, _, err := controlplane.LoadIdentityDir(t.TempDir())
 	require.NoError(t, err)
@@ -106,14 +110,15 @@ func TestIdentityChange(t *testing.T) {
 	a := startApp(t, &app{}, xcredentials.NewTLSWithALPNDisabled(server.ServerConfig()))
 	store := controlplane.NewStore()
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr, Identity: booksID}}})
-	c := dial(t, serveStore(t, store), meshgrpc.WithIdentity(client))
+	c := dial(t, serveStore(t, store), meshgrpc.WithIdentity(client),
+		meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout)))
 	_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
 	require.NoError(t, err)
 
 	store.PutEndpoints(books, []endpoint.Endpoint{{Addr: a.addr, Identity: "impostor.default.serviceaccount.identity.linkerd.cluster.local"}})
 	require.Eventually(t, func() bool {
 		_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
-		return status.Code(err) == codes.Unavailable
+		return status.Code(err) == codes.DeadlineExceeded
 	}, testutil.Timeout, 10*time.Millisecond)
 	assert.Contains(t, status.Convert(err).Message(), "impostor.default")
 }

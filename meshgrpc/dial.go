@@ -40,8 +40,8 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     balancer's own code) over the READY sub-channels; a call that finds
 //     none in rotation (an empty set, endpoints connecting or failing to
 //     connect, every one tripped) waits in the balancer's queue, at most
-//     the failfast timeout, while wait-for-ready calls wait until their
-//     deadline;
+//     the failfast timeout, then fails DEADLINE_EXCEEDED, while
+//     wait-for-ready calls wait until their deadline;
 //   - per attempt, the legacy request_total, response_total (with
 //     classification) and response_latency_ms series of package classify,
 //     labelled with the backend authority and the endpoint's dst_*, tls
@@ -104,8 +104,8 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 		grpc.WithResolvers(resolverBuilder{m}),
 		grpc.WithDefaultServiceConfig(fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}]}`, BalancerName)),
 		grpc.WithTransportCredentials(creds),
-		grpc.WithChainUnaryInterceptor(m.unary),
-		grpc.WithChainStreamInterceptor(m.stream),
+		grpc.WithChainUnaryInterceptor(m.unaryInterceptor),
+		grpc.WithChainStreamInterceptor(m.streamInterceptor),
 		grpc.WithNoProxy(),
 		grpc.WithDisableRetry(),
 	)

@@ -231,6 +231,11 @@ func (c *call) status(ctx context.Context, err error) metrics.Status {
 	if c.timedOut(err) {
 		return metrics.Status{GRPC: -1, Error: "REQUEST_TIMEOUT"}
 	}
+	if failedFast(err) {
+		// No endpoint of the backend took the call within the failfast
+		// timeout: Linkerd's FAIL_FAST error, no status from upstream.
+		return metrics.Status{GRPC: -1, Error: "FAIL_FAST"}
+	}
 	if err != nil {
 		switch context.Cause(ctx) {
 		case errStreamResponseTimeout:

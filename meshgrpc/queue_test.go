@@ -62,7 +62,7 @@ func TestCallWaitsForPenaltyEnd(t *testing.T) {
 }
 
 // Calls that find every endpoint out of rotation wait the failfast
-// timeout and fail UNAVAILABLE saying so; from then on the backend fails
+// timeout and fail DEADLINE_EXCEEDED saying so; from then on the backend fails
 // fast (calls fail without waiting) until a call finds an endpoint, and a
 // call that waits for ready keeps waiting through it and is answered once
 // an endpoint is back.
@@ -84,10 +84,10 @@ func TestQueueFailsFast(t *testing.T) {
 	start := time.Now()
 	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
 	assert.GreaterOrEqual(t, time.Since(start), failfast, "the call failed before the failfast timeout")
-	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "failing fast: no endpoint of "+books+" ready within")
 	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
-	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "failing fast")
 
 	var wg sync.WaitGroup
