@@ -550,10 +550,13 @@ func (x *exchange) finish(resp *http.Response, class classify.Class, final bool)
 
 func (x *exchange) record(resp *http.Response, class classify.Class, final bool, err error) {
 	switch {
-	case err != nil:
+	case err != nil && !classify.Abandoned(x.parent):
 		class = classify.ErrorClass(x.ctx, err)
 		err = x.cause(err)
 	case !final:
+		// The end of the stream, or a body the caller gave up on (err
+		// set): Linkerd's proxy classifies a response body dropped with
+		// its client as one that ended there, without trailers.
 		class = x.p.Classifier.End(class, x.grpc, resp.Trailer)
 	}
 	o := Outcome{Status: resp.StatusCode, Class: class, Err: err}

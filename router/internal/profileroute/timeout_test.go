@@ -175,8 +175,9 @@ func TestTimeoutBoundsTrailerWait(t *testing.T) {
 	})
 }
 
-// A caller that cancels between attempts gets its cancellation back, which
-// is recorded as an error, never as a 504 timeout.
+// A caller that cancels between attempts gets its cancellation back, never
+// a 504 timeout, and the request has no route response (the failed
+// attempt before it has its route_actual_ one), as in Linkerd's proxy.
 func TestCallerCancelBetweenAttemptsIsNotATimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
@@ -193,11 +194,13 @@ func TestCallerCancelBetweenAttemptsIsNotATimeout(t *testing.T) {
 		assert.Len(t, up.attempts, 1, "no attempt after the caller gave up")
 		assert.Empty(t, h.metrics.Lines(t, "route_response_total", `error="timeout"`))
 		assert.Empty(t, h.metrics.Lines(t, "route_response_total", `status_code="504"`))
-		assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `rt_route="/x"`, `error="unclassified"`))
+		assert.Empty(t, h.metrics.Lines(t, "route_response_total", `rt_route="/x"`), "a request its caller gave up")
+		assert.Equal(t, "1", h.metrics.Value(t, "route_actual_response_total", `rt_route="/x"`, `status_code="533"`))
 	})
 }
 
-// A caller that cancels during an attempt gets the error, not a 504.
+// A caller that cancels during an attempt gets the error, not a 504, and
+// neither the request nor the attempt has a route response.
 func TestCallerCancelDuringAttemptIsNotATimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
@@ -208,7 +211,7 @@ func TestCallerCancelDuringAttemptIsNotATimeout(t *testing.T) {
 		require.Error(t, err)
 		assert.True(t, errors.Is(err, context.Canceled), "%v", err)
 		assert.Equal(t, 100*time.Millisecond, took)
-		assert.Empty(t, h.metrics.Lines(t, "route_response_total", `error="timeout"`))
-		assert.Equal(t, "1", h.metrics.Value(t, "route_response_total", `rt_route="/x"`, `error="unclassified"`))
+		assert.Empty(t, h.metrics.Lines(t, "route_response_total", `rt_route="/x"`), "a request its caller gave up")
+		assert.Empty(t, h.metrics.Lines(t, "route_actual_response_total", `rt_route="/x"`), "an attempt its caller gave up")
 	})
 }
