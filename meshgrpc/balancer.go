@@ -591,7 +591,19 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 		r.Canceled = true
 	}
 	k.Done(r)
+	abandoned := info.Err != nil && classify.Abandoned(ctx)
 	switch {
+	case abandoned && !info.BytesReceived:
+		// The application gave the call up before its response began: no
+		// response, as Linkerd's proxy records none for a response
+		// future dropped with its client (linkerd/http/metrics); the
+		// request stays counted.
+	case abandoned:
+		// Given up after the response headers: the response stream as
+		// it ended, without grpc-status, as Linkerd's proxy classifies a
+		// response body dropped with its client (and classify a body
+		// closed early).
+		ex.EndGRPC(ctx, -1)
 	case info.Err == nil || info.BytesReceived:
 		ex.EndGRPC(ctx, int32(code))
 	case code == codes.DeadlineExceeded:

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/policy"
@@ -396,10 +397,17 @@ func (c *call) timeoutErr(ctx context.Context, err error) error {
 }
 
 // The causes of a stream's end by its route's response and idle timeouts.
+// Each is a [classify.ErrTimeout], so that an attempt they end is a
+// timeout, not a call its application gave up ([classify.Abandoned]).
 var (
-	errStreamResponseTimeout = errors.New("meshgrpc: response timeout")
-	errStreamIdleTimeout     = errors.New("meshgrpc: idle timeout")
+	errStreamResponseTimeout error = &streamTimeout{"meshgrpc: response timeout"}
+	errStreamIdleTimeout     error = &streamTimeout{"meshgrpc: idle timeout"}
 )
+
+type streamTimeout struct{ what string }
+
+func (e *streamTimeout) Error() string        { return e.what }
+func (e *streamTimeout) Is(target error) bool { return target == classify.ErrTimeout }
 
 // streamTimers are a routed stream's response and idle timeouts, as
 // Linkerd's proxy enforces them on a stream

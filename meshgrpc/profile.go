@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/profiles"
 )
@@ -145,6 +146,15 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, method string
 			*own = attemptHooks{}
 		}
 		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err != nil && classify.Abandoned(ctx) {
+			// The application gave the call up: no response, in route_*
+			// as in route_actual_*, as Linkerd's proxy records none for a
+			// response future dropped with its client. A unary call
+			// shows no response head before its end: it is taken to have
+			// had none.
+			hooks.end(own, err)
+			return err
+		}
 		resp, failed := profileResponse(cr, err, timedOut(err))
 		tg.actual.Response(ctx, resp, astart)
 		if failed && cr.Retryable && ps.budget != nil && ctx.Err() == nil && ps.budget.Withdraw() {

@@ -83,7 +83,8 @@ spec:
 // stream has lived; the response timeout runs from the end of the
 // request, so that a slow upload does not count, to the end of the
 // response. Either ends the call DEADLINE_EXCEEDED, cancels it at the
-// server, and is counted under Linkerd's error label.
+// server, and is counted under Linkerd's error label (and its attempt as
+// a timeout).
 func TestStreamRouteTimeouts(t *testing.T) {
 	waitEnd := func(t *testing.T, a *pacedApp) {
 		t.Helper()
@@ -138,5 +139,8 @@ func TestStreamRouteTimeouts(t *testing.T) {
 		assert.NoError(t, ctx.Err(), "the caller's own deadline did not end it")
 		waitEnd(t, a)
 		assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="streams"`, `error="RESPONSE_STREAM_TIMEOUT"`))
+		// The attempt, which had no response headers, is a timeout in
+		// response_total, not a call its application gave up.
+		assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `error="timeout"`, `classification="failure"`))
 	})
 }
