@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/classify"
 	authorityname "github.com/inmesh/inmesh/internal/authority"
 )
 
@@ -263,9 +264,11 @@ func (b *addrTunnel) Close() error {
 	return err
 }
 
-// forward sends a [WithForward] request to its endpoint, counted on the
-// endpoint's address.
+// forward sends a [WithForward] request to its endpoint, labelled with
+// the endpoint's labels as a picked endpoint's request is, and counted on
+// the endpoint's address.
 func (t *transport) forward(req *http.Request, ep *endpoint.Endpoint) (*http.Response, error) {
+	req = req.WithContext(classify.WithLabels(req.Context(), t.b.fwd.of(ep, t.b.cfg.meshTLS)))
 	as := t.b.table.addrs
 	if as == nil {
 		return t.base.RoundTrip(req)

@@ -60,6 +60,7 @@ type Balancer struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	table    table
+	fwd      forwardLabels // the labels of WithForward's endpoints
 }
 
 // New returns a Balancer over the endpoint sets of src. It panics when src
