@@ -1,6 +1,7 @@
 package controlplane_test
 
 import (
+	"context"
 	"log/slog"
 	"net/netip"
 	"testing"
@@ -9,15 +10,18 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/regtest"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/inmesh/inmesh/proxyapi/registrationpb"
 )
 
@@ -168,8 +172,9 @@ func TestGetProfileOfAnAddressTwoWorkloadsClaim(t *testing.T) {
 // and documents, and a GetProfile of that address is refused as Linkerd's
 // controller refuses it (server.go getSvcID: FailedPrecondition "found 2
 // services with conflicting cluster IP ..."), where it answered the first
-// Service's profile (and opaque ports) before. Fixed, the address answers
-// its Service's profile.
+// Service's profile (and opaque ports) before; an OutboundPolicies lookup of
+// the address is refused alike. Fixed, the address answers its Service's
+// profile and policy.
 func TestGetProfileOfAClusterIPTwoServicesShare(t *testing.T) {
 	db := manifest.File{Name: "db.yaml", Data: []byte("apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: default}\nspec: {clusterIP: 10.96.0.10, ports: [{name: tcp, port: 5432}]}\n")}
 	web := func(clusterIP string) manifest.File {
@@ -183,13 +188,24 @@ func TestGetProfileOfAClusterIPTwoServicesShare(t *testing.T) {
 		problems = append(problems, p.Error())
 	}
 	assert.Equal(t, []string{"db.yaml: document 1 (Service default/db): spec.clusterIP: 10.96.0.10 is also the clusterIP of web.yaml: document 1 (Service default/web); " +
-		"a GetProfile of 10.96.0.10 is refused (FailedPrecondition) until one Service alone has it"}, problems)
+		"a GetProfile or an OutboundPolicies lookup of 10.96.0.10 is refused (FailedPrecondition) until one Service alone has it"}, problems)
 
 	c := regtest.Start(t, "")
 	c.Store.SetManifests(r)
 	p, err := getProfile(t, c, "10.96.0.10:5432").Recv()
 	require.Equal(t, codes.FailedPrecondition, status.Code(err), "answered the profile of %s", p.GetFullyQualifiedName())
 	assert.Equal(t, "found 2 services with conflicting cluster IP 10.96.0.10", status.Convert(err).Message())
+	policyOf := func(addr string) (*outboundpb.OutboundPolicy, error) {
+		conn, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+		defer cancel()
+		return outboundpb.NewOutboundPoliciesClient(conn).Get(ctx, &outboundpb.TrafficSpec{SourceWorkload: "default:web-0",
+			Target: &outboundpb.TrafficSpec_Addr{Addr: destination.AddrToProto(netip.MustParseAddrPort(addr))}})
+	}
+	pol, err := policyOf("10.96.0.10:5432")
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "answered the policy of %s", pol.GetMetadata().GetResource().GetName())
 
 	r, err = manifest.LoadFiles(db, web("10.96.0.11"))
 	require.NoError(t, err)
@@ -199,5 +215,8 @@ func TestGetProfileOfAClusterIPTwoServicesShare(t *testing.T) {
 		p, err = getProfile(t, c, ip+":5432").Recv()
 		require.NoError(t, err)
 		assert.Equal(t, want+".default.svc.cluster.local", p.GetFullyQualifiedName())
+		pol, err := policyOf(ip + ":5432")
+		require.NoError(t, err)
+		assert.Equal(t, want, pol.GetMetadata().GetResource().GetName())
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"strconv"
 	"strings"
 
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -86,12 +88,12 @@ type policyServer struct {
 
 // target checks a TrafficSpec as Linkerd's policy controller does
 // (policy-controller/grpc/src/outbound.rs lookup and workload.rs), with its
-// codes and messages: the target is required, the source workload must be
-// "ns:pod" or JSON naming ns and a pod or an external_workload, and an
-// authority must name a Service, port 80 when it has none. An addr target
-// (an IP address) is not served: the embedded control plane knows no
-// Service IPs.
-func target(spec *outboundpb.TrafficSpec) (string, error) {
+// codes and messages, and returns the authority of the Service it names:
+// the target is required, the source workload must be "ns:pod" or JSON
+// naming ns and a pod or an external_workload, and an authority must name
+// a Service, port 80 when it has none. An addr target is a Service's
+// clusterIP and port (see addrTarget).
+func (s *Server) target(spec *outboundpb.TrafficSpec) (string, error) {
 	if spec.GetTarget() == nil {
 		return "", status.Error(codes.InvalidArgument, "target is required")
 	}
@@ -114,9 +116,47 @@ func target(spec *outboundpb.TrafficSpec) (string, error) {
 			return "", status.Error(codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local")
 		}
 		return authority, nil
-	default:
-		return "", status.Error(codes.InvalidArgument, "addr targets are not served; name a Service by authority")
+	case *outboundpb.TrafficSpec_Addr:
+		return s.addrTarget(t.Addr)
 	}
+	return "", status.Error(codes.InvalidArgument, "target is required")
+}
+
+// addrTarget returns the authority of the Service whose clusterIP (from
+// its manifest's spec.clusterIP) an addr target names, as Linkerd's policy
+// controller looks an address up (policy-controller/grpc/src/outbound.rs
+// lookup, runtime/src/lib.rs lookup_ip): the port must be 1-65535 and the
+// IP set; an address that is no Service's clusterIP is NotFound "No such
+// service". A port the Service does not declare gets the policy its
+// authority gets (the default one), where Linkerd's controller answers an
+// opaque policy that refuses the connection ("undefined-port"), which the
+// policy model cannot say. Linkerd's controller serves a fallback policy (forward to the
+// address) for one outside the cluster's networks, which the embedded
+// control plane does not know; a client that gets NotFound sends the
+// request to the address all the same. The Service is looked up when the
+// stream opens; one that goes away ends the stream (see policyFeed).
+func (s *Server) addrTarget(addr *pb.TcpAddress) (string, error) {
+	if addr.GetPort() > 0xffff {
+		return "", status.Error(codes.InvalidArgument, "port outside valid range")
+	}
+	if addr.GetPort() == 0 {
+		return "", status.Error(codes.InvalidArgument, "port cannot be zero")
+	}
+	if addr.GetIp() == nil {
+		return "", status.Error(codes.InvalidArgument, "traffic target must have an IP")
+	}
+	ap, err := destination.AddrFromProto(addr)
+	if err != nil {
+		return "", status.Errorf(codes.InvalidArgument, "failed to parse target addr: %v", err)
+	}
+	ref, ok, err := s.store.serviceOfIP(ap.Addr().Unmap())
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", status.Error(codes.NotFound, "No such service")
+	}
+	return net.JoinHostPort(ref.fqdn(), strconv.Itoa(int(ap.Port()))), nil
 }
 
 // validWorkload reports whether s is a source workload Linkerd's controller
@@ -151,7 +191,7 @@ func parseWorkload(s string) (ns, name string, ok bool) {
 
 // Get returns the current policy of the target.
 func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*outboundpb.OutboundPolicy, error) {
-	authority, err := target(spec)
+	authority, err := s.s.target(spec)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +217,7 @@ func (s *policyServer) Watch(spec *outboundpb.TrafficSpec, stream grpc.ServerStr
 // policyFeed is the answer of an OutboundPolicies.Watch request (see
 // [policyServer.Watch]), or the status that refuses it.
 func (s *Server) policyFeed(spec *outboundpb.TrafficSpec) (feed, error) {
-	authority, err := target(spec)
+	authority, err := s.target(spec)
 	if err != nil {
 		return feed{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/inmesh/inmesh/authz"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/manifest"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/inboundpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
@@ -29,6 +30,7 @@ metadata:
   namespace: default
   annotations: {retry.linkerd.io/http: 5xx, timeout.linkerd.io/request: 2s}
 spec:
+  clusterIP: 10.96.0.71
   ports: [{port: 7001}]
 `
 
@@ -47,7 +49,11 @@ func resources(t *testing.T, docs ...string) *manifest.Resources {
 // OutboundPolicies requests as Linkerd's policy controller does
 // (policy-controller/grpc/src/outbound.rs lookup and lookup_authority,
 // grpc/src/workload.rs, k8s/index/src/outbound/index.rs
-// resource_routes_or_default), with its codes and messages.
+// resource_routes_or_default and lookup_service, runtime/src/lib.rs
+// lookup_ip), with its codes and messages. The addr rows follow
+// policy-test/tests/outbound_api.rs (parent_with_no_routes: a Service's
+// clusterIP gets the Service's policy; parent_does_not_exist: an unused
+// address is NotFound).
 func TestPolicyTargetsAsLinkerd(t *testing.T) {
 	store := NewStore()
 	store.SetManifests(resources(t, authorsServiceYAML))
@@ -64,6 +70,13 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 	auth := func(a string) *outboundpb.TrafficSpec {
 		return &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Authority{Authority: a}}
 	}
+	addr := func(a string) *outboundpb.TrafficSpec {
+		return &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Addr{Addr: destination.AddrToProto(netip.MustParseAddrPort(a))}}
+	}
+	rawAddr := func(m *pb.TcpAddress) *outboundpb.TrafficSpec {
+		return &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Addr{Addr: m}}
+	}
+	ip := destination.AddrToProto(netip.MustParseAddrPort("10.96.0.71:7001")).GetIp()
 	for _, tc := range []struct {
 		name       string
 		spec       *outboundpb.TrafficSpec
@@ -85,7 +98,14 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 		{"a JSON workload without a pod", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "", codes.InvalidArgument, `Invalid workload: {"ns":"default"}`},
 		{"the old workload form", &outboundpb.TrafficSpec{SourceWorkload: "default:web-0", Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
 		{"an external workload", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default","external_workload":"vm-1"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
-		{"addr targets are not served", &outboundpb.TrafficSpec{SourceWorkload: pod, Target: &outboundpb.TrafficSpec_Addr{Addr: destination.AddrToProto(netip.MustParseAddrPort("10.0.0.1:80"))}}, "", codes.InvalidArgument, ""},
+		{"a Service's clusterIP gets the Service's policy", addr("10.96.0.71:7001"), "authors:7001", codes.OK, ""},
+		{"a clusterIP as an IPv4-mapped IPv6 address", addr("[::ffff:10.96.0.71]:7001"), "authors:7001", codes.OK, ""},
+		{"a clusterIP on a port the Service does not declare", addr("10.96.0.71:7002"), "authors:7002", codes.OK, ""},
+		{"an address that is no Service's clusterIP", addr("10.8.255.255:4191"), "", codes.NotFound, "No such service"},
+		{"an IP literal authority names no Service", auth("10.96.0.71:7001"), "", codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local"},
+		{"an addr without a port", rawAddr(&pb.TcpAddress{Ip: ip}), "", codes.InvalidArgument, "port cannot be zero"},
+		{"an addr with a port out of range", rawAddr(&pb.TcpAddress{Ip: ip, Port: 70000}), "", codes.InvalidArgument, "port outside valid range"},
+		{"an addr without an IP", rawAddr(&pb.TcpAddress{Port: 7001}), "", codes.InvalidArgument, "traffic target must have an IP"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := api.Get(ctx, tc.spec)

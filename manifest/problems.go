@@ -165,7 +165,7 @@ func (r *Resources) clusterIPProblems() []error {
 		for i, s := range svcs[1:] {
 			others[i] = s.where()
 		}
-		out = append(out, fmt.Errorf("%s: spec.clusterIP: %s is also the clusterIP of %s; a GetProfile of %s is refused (FailedPrecondition) until one Service alone has it",
+		out = append(out, fmt.Errorf("%s: spec.clusterIP: %s is also the clusterIP of %s; a GetProfile or an OutboundPolicies lookup of %s is refused (FailedPrecondition) until one Service alone has it",
 			svcs[0].where(), ip, strings.Join(others, " and "), ip))
 	}
 	return out

@@ -84,6 +84,6 @@ func TestServicesSharingAClusterIPAreAProblem(t *testing.T) {
 	}
 	assert.Equal(t, []string{
 		"web.yaml: document 3 (Service default/copy): spec.clusterIP: 10.96.0.10 is also the clusterIP of db.yaml: document 1 (Service default/db) and web.yaml: document 1 (Service default/web); " +
-			"a GetProfile of 10.96.0.10 is refused (FailedPrecondition) until one Service alone has it",
+			"a GetProfile or an OutboundPolicies lookup of 10.96.0.10 is refused (FailedPrecondition) until one Service alone has it",
 	}, got)
 }
