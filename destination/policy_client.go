@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/ratelog"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
@@ -135,11 +136,39 @@ func (c *Client) WatchPolicy(ctx context.Context, target TrafficSpec, update fun
 }
 
 // Policies returns the client as a [policy.Source] of the policies of
-// authorities, for a router.
+// authorities, for a router. A name is asked for as an authority. An IP
+// literal within [WithSearchNetworks] is asked for as an address, as
+// Linkerd's proxy asks for its original destination: Linkerd's policy
+// controller answers a Service's clusterIP with the Service's policy, and
+// a name-less IP sent as an authority NotFound. Where it has no policy for
+// the address, the address's profile from GetProfile decides, as in
+// Linkerd's proxy: when the profile names an endpoint (the control plane
+// knows the workload at that address) the source delivers a policy that
+// forwards every request to that endpoint, with its identity, protocol
+// hint and labels; else none.
 func (c *Client) Policies() policy.Source { return policySource{c} }
 
 type policySource struct{ c *Client }
 
 func (s policySource) Watch(ctx context.Context, authority string, update func(policy.Update)) (func(), error) {
+	if addr, ok := ipAuthority(authority); ok {
+		if !s.c.inScope(authority) {
+			return outOfScope(s.c, ctx, noPolicy, update), nil
+		}
+		return s.c.watchAddrPolicy(ctx, authority, addr, update)
+	}
 	return s.c.WatchPolicy(ctx, TrafficSpec{Authority: authority}, update)
+}
+
+// ipAuthority returns the address an IP-literal authority (ip:port) names.
+func ipAuthority(a string) (netip.AddrPort, bool) {
+	host, port, err := authority.Split(a)
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.Zone() != "" {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(ip.Unmap(), uint16(port)), true
 }
