@@ -1,0 +1,393 @@
+package mesh
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/policy"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ipControlPlane answers for IP addresses as Linkerd's controllers do, for
+// one Service (books, whose clusterIP is vip) and the pods it is told of:
+//   - OutboundPolicies.Watch (policy-controller/grpc/src/outbound.rs
+//     lookup, lookup_authority; runtime/src/lib.rs lookup_ip): an addr
+//     that is the clusterIP gets the Service's policy, any other addr
+//     NotFound "No such service"; an authority that is not
+//     <name>.<ns>.svc.<domain> NotFound;
+//   - GetProfile(ip:port) (controller/api/destination/server.go
+//     getProfileByIP): the Service's profile for the clusterIP
+//     (fully_qualified_name set), else the endpoint profile of the
+//     address: the pod's identity, hint and labels, or the address alone;
+//   - Get: the Service's endpoints by name; an IP InvalidArgument "IP
+//     queries not supported by Get API".
+//
+// While gate is open (not closed), GetProfile answers nothing; asked
+// receives the path of each GetProfile call.
+type ipControlPlane struct {
+	pb.UnimplementedDestinationServer
+	vip       netip.AddrPort
+	name      string // the Service's authority, books.default.svc.cluster.local:port
+	policy    *outboundpb.OutboundPolicy
+	endpoints []endpoint.Endpoint
+	pods      map[netip.AddrPort]endpoint.Endpoint
+	gate      chan struct{}
+	asked     chan string
+}
+
+func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	select {
+	case c.asked <- req.GetPath():
+	default:
+	}
+	if c.gate != nil {
+		select {
+		case <-c.gate:
+		case <-s.Context().Done():
+			return nil
+		}
+	}
+	addr, err := netip.ParseAddrPort(req.GetPath())
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "invalid authority %q", req.GetPath())
+	}
+	prof := &pb.DestinationProfile{}
+	if addr == c.vip {
+		prof.FullyQualifiedName = "books.default.svc.cluster.local"
+	} else if ep, ok := c.pods[addr]; ok {
+		prof.Endpoint = destination.EndpointToProto(ep)
+	} else {
+		prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
+	}
+	if err := s.Send(prof); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+func (c *ipControlPlane) Get(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.Update]) error {
+	if req.GetPath() != c.name {
+		host, _, _ := net.SplitHostPort(req.GetPath())
+		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
+	}
+	set := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
+	for _, e := range c.endpoints {
+		set.Addrs = append(set.Addrs, destination.EndpointToProto(e))
+	}
+	if err := s.Send(&pb.Update{Update: &pb.Update_Add{Add: set}}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// ipPolicies is the OutboundPolicies service of an ipControlPlane.
+type ipPolicies struct {
+	outboundpb.UnimplementedOutboundPoliciesServer
+	c *ipControlPlane
+}
+
+func (p ipPolicies) Watch(spec *outboundpb.TrafficSpec, s grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
+	a, ok := spec.GetTarget().(*outboundpb.TrafficSpec_Addr)
+	if !ok {
+		return status.Error(codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local")
+	}
+	if addr, err := destination.AddrFromProto(a.Addr); err != nil || addr != p.c.vip || p.c.policy == nil {
+		return status.Error(codes.NotFound, "No such service")
+	}
+	if err := s.Send(p.c.policy); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// serve starts the control plane on loopback and returns an outbound stack
+// of it (see loopbackClient), with Linkerd's streams.
+func (c *ipControlPlane) serve(t *testing.T, local *identity.Local, opts ...ClientOption) *Client {
+	t.Helper()
+	if c.asked == nil {
+		c.asked = make(chan string, 16)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	pb.RegisterDestinationServer(g, c)
+	outboundpb.RegisterOutboundPoliciesServer(g, ipPolicies{c: c})
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	return loopbackClient(t, dialLoopback(t, lis.Addr().String(), destination.WithLinkerdStreams()), local, opts...)
+}
+
+// dialLoopback returns a destination client of the control plane at addr
+// that looks up the addresses of the loopback network.
+func dialLoopback(t *testing.T, addr string, opts ...destination.Option) *destination.Client {
+	t.Helper()
+	opts = append([]destination.Option{destination.WithLogger(quiet), destination.WithSearchNetworks(netip.MustParsePrefix("127.0.0.0/8"))}, opts...)
+	dst, err := destination.Dial(addr, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { dst.Close() })
+	return dst
+}
+
+// loopbackClient returns an outbound stack over dst with local's identity
+// (none when nil), waiting for discovery as a meshed application does.
+func loopbackClient(t *testing.T, dst *destination.Client, local *identity.Local, opts ...ClientOption) *Client {
+	t.Helper()
+	opts = append([]ClientOption{WithDestination(dst), WithIdentity(local), WithDiscoveryWait(testutil.Timeout),
+		WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet)}, opts...)
+	client := NewClient(opts...)
+	t.Cleanup(client.Close)
+	return client
+}
+
+// reportingServer serves a server stack with id (none when empty) on
+// loopback whose application sends what it saw of each request (mTLS, the
+// client's identity, the x-route header) to seen.
+func reportingServer(t *testing.T, p *pki, id string, seen chan<- string) netip.AddrPort {
+	t.Helper()
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peer, _ := identity.PeerFromContext(r.Context())
+		seen <- "tls=" + boolText(peer.TLS) + " client=" + r.Header.Get("L5d-Client-Id") + " x-route=" + r.Header.Get("X-Route")
+	})
+	opts := []ServerOption{WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet)}
+	if id != "" {
+		opts = append(opts, WithIdentity(p.certify(t, id)))
+	}
+	server := NewServer(app, opts...)
+	t.Cleanup(server.Close)
+	return serveMeshed(t, server)
+}
+
+// tryGet sends GET url through client and returns the response's status.
+func tryGet(t *testing.T, client http.RoundTripper, url string) (int, error) {
+	t.Helper()
+	hc := &http.Client{Transport: client, Timeout: testutil.Timeout}
+	resp, err := hc.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// booksPolicy is the policy of the Service books on port: one HTTPRoute
+// that sets x-route and balances over the Service's endpoints, named as
+// Linkerd's controller names them.
+func booksPolicy(port uint16) *policy.Policy {
+	svc := policy.Metadata{Group: "core", Kind: "Service", Namespace: "default", Name: "books", Port: port}
+	routes := []policy.HTTPRoute{{
+		Meta: policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "default", Name: "books-route"},
+		Rules: []policy.HTTPRule{{
+			Filters: []policy.Filter{{RequestHeaders: &policy.HeaderModifier{Set: []policy.Header{{Name: "x-route", Value: "books-route"}}}}},
+			Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{{Weight: 1, Backend: policy.Backend{
+				Meta:     svc,
+				Balancer: &policy.Balancer{Authority: "books.default.svc.cluster.local:" + strconv.Itoa(int(port)), DefaultRTT: 30 * time.Millisecond, Decay: 10 * time.Second},
+				Queue:    policy.Queue{Capacity: 100, FailFastTimeout: 3 * time.Second},
+			}}}},
+		}},
+	}}
+	return &policy.Policy{Parent: svc, Protocol: policy.ProtocolDetect, HTTP1: policy.HTTPProtocol{Routes: routes}, HTTP2: policy.HTTPProtocol{Routes: routes}}
+}
+
+// clusterIP is a loopback address of its own on port, where nothing
+// listens: as a Service's clusterIP without kube-proxy. The port is one the
+// test holds on 127.0.0.1, so nothing can listen on it on every address.
+func clusterIP(port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.77"), port)
+}
+
+// A request to a Service's clusterIP follows the Service's outbound policy,
+// as Linkerd's proxy does for its original destination
+// (linkerd/app/outbound/src/policy/api.rs: the address asked for as
+// TrafficSpec.addr; the policy controller's lookup_ip): the HTTPRoute's
+// filter applies and the request is balanced over the Service's endpoints
+// that the backend names, over mTLS when they carry identities. Each row
+// is the first request of a fresh client.
+func TestRequestToAClusterIP(t *testing.T) {
+	p := newPKI(t)
+	for _, tc := range []struct {
+		name     string
+		serverID string // the endpoint's certificate, and its identity in discovery
+		want     string
+	}{
+		{"endpoints with identities: mTLS", booksID, "tls=true client=" + webID + " x-route=books-route"},
+		{"endpoints without identities: plaintext", "", "tls=false client= x-route=books-route"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := make(chan string, 4)
+			backend := reportingServer(t, p, tc.serverID, seen)
+			vip := clusterIP(backend.Port())
+			cp := &ipControlPlane{
+				vip: vip, name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
+				policy:    destination.PolicyToProto(booksPolicy(vip.Port())),
+				endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: tc.serverID, H2: tc.serverID != ""}},
+			}
+			client := cp.serve(t, p.certify(t, webID))
+
+			code, err := tryGet(t, client, "http://"+vip.String()+"/")
+			require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
+			assert.Equal(t, http.StatusOK, code)
+			assert.Equal(t, tc.want, receive(t, seen))
+		})
+	}
+}
+
+// A request to a meshed pod's address reaches it as Linkerd's proxy
+// reaches it (linkerd/app/outbound/src/discover.rs: the policy
+// controller's NotFound -> a forward policy to the GetProfile answer's
+// endpoint, with its metadata): over mTLS with the identity the control
+// plane gives the pod, labelled with its labels, never in plaintext; an
+// identity the pod's certificate does not carry fails the request. Each
+// row is the first request of a fresh client.
+func TestRequestToAPodIP(t *testing.T) {
+	p := newPKI(t)
+	for _, tc := range []struct {
+		name      string
+		profileID string // the identity the control plane gives the pod
+		want      string // what the pod saw; "" for nothing
+	}{
+		{"the pod's identity: mTLS", booksID, "tls=true client=" + webID + " x-route="},
+		{"an identity the pod's certificate lacks: refused", reviewsID, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := make(chan string, 4)
+			pod := reportingServer(t, p, booksID, seen)
+			labels := map[string]string{"namespace": "default", "pod": "books-0", "serviceaccount": "books"}
+			cp := &ipControlPlane{vip: clusterIP(pod.Port()), pods: map[netip.AddrPort]endpoint.Endpoint{
+				pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: tc.profileID, H2: true, Labels: labels},
+			}}
+			m := testutil.NewMetrics(t)
+			client := cp.serve(t, p.certify(t, webID), WithMeterProvider(m.Provider))
+
+			_, err := tryGet(t, client, "http://"+pod.String()+"/")
+			if tc.want == "" {
+				var idErr *identity.IdentityError
+				require.True(t, errors.As(err, &idErr), "%v", err)
+				assert.Equal(t, tc.profileID, idErr.Expected)
+				assert.Empty(t, seen, "nothing reached the pod")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, receive(t, seen))
+			assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, `dst_pod="books-0"`,
+				`dst_serviceaccount="books"`, `tls="true"`, `server_id="`+booksID+`"`), "the pod's labels and identity: %v", m.Lines(t, "response_total"))
+		})
+	}
+}
+
+// The first request to a pod's address on a fresh client waits for the
+// pod's profile, within the discovery wait, when the policy controller has
+// already said it has no policy: it never goes out in plaintext before the
+// pod's identity is known.
+func TestFirstRequestToAPodIPWaitsForItsIdentity(t *testing.T) {
+	p := newPKI(t)
+	seen := make(chan string, 4)
+	pod := reportingServer(t, p, booksID, seen)
+	cp := &ipControlPlane{vip: clusterIP(pod.Port()), gate: make(chan struct{}), pods: map[netip.AddrPort]endpoint.Endpoint{
+		pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true},
+	}}
+	client := cp.serve(t, p.certify(t, webID))
+
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, err := tryGet(t, client, "http://"+pod.String()+"/")
+		done <- result{code, err}
+	}()
+	assert.Equal(t, pod.String(), receive(t, cp.asked), "the pod's profile is asked for")
+	select {
+	case s := <-seen:
+		t.Fatalf("the request went out before the pod's profile answered: %s", s)
+	case r := <-done:
+		t.Fatalf("the request ended before the pod's profile answered: %+v", r)
+	case <-time.After(testutil.ShortTimeout):
+	}
+	close(cp.gate)
+	r := <-done
+	require.NoError(t, r.err)
+	assert.Equal(t, http.StatusOK, r.code)
+	assert.Equal(t, "tls=true client="+webID+" x-route=", receive(t, seen))
+}
+
+// Against the embedded control plane: a request to a Service's clusterIP
+// (its manifest's spec.clusterIP) follows the Service's HTTPRoute to its
+// endpoints over mTLS, and a request to one of those endpoints' address
+// reaches it over mTLS with the identity registered for it.
+func TestIPAddressesAgainstTheEmbeddedControlPlane(t *testing.T) {
+	p := newPKI(t)
+	seen := make(chan string, 4)
+	backend := reportingServer(t, p, booksID, seen)
+	vip := clusterIP(backend.Port())
+	port := strconv.Itoa(int(vip.Port()))
+	res, err := manifest.Parse([]byte(`
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  clusterIP: ` + vip.Addr().String() + `
+  ports: [{port: ` + port + `}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: books-route, namespace: default}
+spec:
+  parentRefs: [{group: core, kind: Service, name: books, port: ` + port + `}]
+  rules:
+  - filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{name: x-route, value: books-route}]
+    backendRefs: [{name: books, port: ` + port + `}]
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetManifests(res)
+	store.PutEndpoints("books.default.svc.cluster.local:"+port, []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	controlplane.NewServer(store, controlplane.WithLogger(quiet)).Register(g)
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+
+	for _, tc := range []struct {
+		name, url, want string
+	}{
+		{"a Service's clusterIP", "http://" + vip.String() + "/", "tls=true client=" + webID + " x-route=books-route"},
+		{"an endpoint's address", "http://" + backend.String() + "/", "tls=true client=" + webID + " x-route="},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The Watches API of the embedded control plane.
+			client := loopbackClient(t, dialLoopback(t, lis.Addr().String()), p.certify(t, webID))
+			code, err := tryGet(t, client, tc.url)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, code)
+			assert.Equal(t, tc.want, receive(t, seen))
+		})
+	}
+}
