@@ -38,7 +38,10 @@ func WithSearchSuffixes(suffixes ...string) Option {
 // WithSearchNetworks sets the networks whose IP-literal authorities the
 // client looks up (default: none), as Linkerd's
 // LINKERD2_PROXY_DESTINATION_PROFILE_NETWORKS; any other IP literal is
-// outside the search path (see [WithSearchSuffixes]).
+// outside the search path (see [WithSearchSuffixes]). Against Linkerd, give
+// the cluster's pod and service networks: an address's policy is asked for
+// by address, which gets a Service's clusterIP its Service's policy and a
+// pod's IP its identity (see [Client.Policies]).
 func WithSearchNetworks(networks ...netip.Prefix) Option {
 	return optionFunc(func(c *config) { c.networks = append(c.networks[:0:0], networks...) })
 }

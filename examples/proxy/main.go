@@ -146,7 +146,7 @@ func main() {
 		func(s string) error { f.local = append(f.local, s); return nil })
 	flag.Func("search-suffixes", `comma-separated DNS suffixes looked up on the control plane ("." for every name; default svc.cluster.local.)`,
 		func(s string) error { f.suffixes = append(f.suffixes, strings.Split(s, ",")...); return nil })
-	flag.Func("search-networks", "comma-separated CIDRs whose IP-literal authorities are looked up (default none)",
+	flag.Func("search-networks", "comma-separated CIDRs whose IP-literal authorities are looked up (default none; against Linkerd, the cluster's pod and service networks, as $LINKERD2_PROXY_DESTINATION_PROFILE_NETWORKS)",
 		func(s string) error {
 			for _, c := range strings.Split(s, ",") {
 				p, err := netip.ParsePrefix(strings.TrimSpace(c))
