@@ -260,3 +260,59 @@ spec:
 	assert.Equal(t, netip.MustParseAddrPort("10.42.0.8:7001"), f.Addr)
 	assert.Equal(t, id, f.Identity)
 }
+
+// The forward policy of a pod's address follows the pod's profile: a new
+// identity in its endpoint gives a new policy, a profile that repeats the
+// endpoint none, as Linkerd's proxy synthesizes a policy on each profile
+// change (discover.rs spawn_synthesized_profile_policy).
+func TestPolicyOfAPodFollowsItsProfile(t *testing.T) {
+	pod := netip.MustParseAddrPort("10.42.0.7:8080")
+	ep := func(id string) *pb.DestinationProfile {
+		return &pb.DestinationProfile{Endpoint: destination.EndpointToProto(endpoint.Endpoint{Addr: pod, Weight: 10000, Identity: id})}
+	}
+	next := make(chan *pb.DestinationProfile)
+	dst := newScripted()
+	dst.profile = func(_ int, _ *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+		for {
+			select {
+			case m := <-next:
+				if err := s.Send(m); err != nil {
+					return err
+				}
+			case <-s.Context().Done():
+				return nil
+			}
+		}
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	pb.RegisterDestinationServer(g, dst)
+	outboundpb.RegisterOutboundPoliciesServer(g, addrPolicies{s: &linkerdAddrs{}})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	defer func() { g.Stop(); <-done }()
+
+	c := newTestClient(t, lis.Addr().String(), destination.WithLinkerdStreams(),
+		destination.WithSearchNetworks(netip.MustParsePrefix("10.0.0.0/8")))
+	rec := newRecorder[policy.Update]()
+	stop, err := c.Policies().Watch(context.Background(), pod.String(), rec.update)
+	require.NoError(t, err)
+	defer stop()
+	forwardsTo := func(id string) func(policy.Update) bool {
+		return func(u policy.Update) bool {
+			if u.Policy == nil || len(u.Policy.HTTP1.Routes) == 0 {
+				return false
+			}
+			f := u.Policy.HTTP1.Routes[0].Rules[0].Backends.Backends[0].Backend.Forward
+			return f != nil && f.Identity == id
+		}
+	}
+	const a, b = "a.default.serviceaccount.identity.linkerd.cluster.local", "b.default.serviceaccount.identity.linkerd.cluster.local"
+	next <- ep(a)
+	rec.waitFor(t, "the policy forwarding to a", forwardsTo(a))
+	next <- ep(a)
+	next <- ep(b)
+	rec.waitFor(t, "the policy forwarding to b", forwardsTo(b))
+	assert.Len(t, rec.all(), 2, "the repeated endpoint gave no update")
+}
