@@ -96,18 +96,30 @@ type Target struct {
 // made together with [NewTargets]: a route's series and its actual
 // attempts' have the same labels, and a proxy holds them for each of
 // thousands of names.
+//
+// The base labels are kept only as the set: a copy beside it would cost
+// as much again for every name, and the slow paths that need them as a
+// slice (a new response, AddOptions) take the set's.
 type labelSets struct {
-	base []attribute.KeyValue
-	set  attribute.Set // base
-	n    int           // targets
+	set attribute.Set // the base labels
+	n   int           // targets
 
-	mu   sync.RWMutex
-	resp map[Response]*responseSets
+	mu sync.RWMutex
+	// few are the first responses' sets, looked up in order: most
+	// targets see one or two responses, and a map of one entry costs
+	// more than the sets it finds. more holds the rest.
+	few  []*responseSets
+	more map[Response]*responseSets
 }
+
+// fewResponses is how many response sets a target keeps in its list
+// before it needs a map.
+const fewResponses = 4
 
 // responseSets are the sets of one response, and its series in each
 // target's family (made on the target's first such response).
 type responseSets struct {
+	r      Response
 	all    attribute.Set         // base, status_code, classification, grpc_status, error
 	record []metric.RecordOption // latency: base and status_code
 	count  []atomic.Pointer[Series]
@@ -125,8 +137,7 @@ func NewTargets(base []attribute.KeyValue, fams ...*Family) []*Target {
 	// attribute.NewSet sorts the slice it is given in place, and callers
 	// share their label slices between targets: every set is built from a
 	// copy.
-	base = slices.Clip(slices.Clone(base))
-	ls := &labelSets{base: base, set: attribute.NewSet(slices.Clone(base)...), n: len(fams)}
+	ls := &labelSets{set: attribute.NewSet(slices.Clone(base)...), n: len(fams)}
 	ts := make([]*Target, len(fams))
 	for i, f := range fams {
 		ts[i] = &Target{fam: f, labels: ls, idx: i, requests: f.requests.Series(ls.set)}
@@ -140,7 +151,7 @@ func (t *Target) AddOptions(kvs ...attribute.KeyValue) []metric.AddOption {
 	if len(kvs) == 0 {
 		return []metric.AddOption{metric.WithAttributeSet(t.labels.set)}
 	}
-	return Opts(append(slices.Clone(t.labels.base), kvs...)...)
+	return Opts(append(t.labels.set.ToSlice(), kvs...)...)
 }
 
 // Request counts one request.
@@ -168,23 +179,23 @@ func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
 // combinations.
 func (ls *labelSets) sets(r Response) *responseSets {
 	ls.mu.RLock()
-	rs := ls.resp[r]
+	rs := ls.lookupLocked(r)
 	ls.mu.RUnlock()
 	if rs != nil {
 		return rs
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if rs = ls.resp[r]; rs != nil {
+	if rs = ls.lookupLocked(r); rs != nil {
 		return rs
 	}
-	if len(ls.resp) >= maxResponseSeries {
+	if len(ls.few)+len(ls.more) >= maxResponseSeries {
 		r = overflow
-		if rs = ls.resp[r]; rs != nil {
+		if rs = ls.lookupLocked(r); rs != nil {
 			return rs
 		}
 	}
-	withStatus := append(slices.Clone(ls.base), statusAttr(r.Status)...)
+	withStatus := append(ls.set.ToSlice(), statusAttr(r.Status)...)
 	grpc := ""
 	if r.GRPC >= 0 {
 		grpc = strconv.Itoa(int(r.GRPC))
@@ -198,15 +209,30 @@ func (ls *labelSets) sets(r Response) *responseSets {
 		attribute.String("grpc_status", grpc),
 		attribute.String("error", r.Err))
 	rs = &responseSets{
+		r:      r,
 		all:    attribute.NewSet(all...),
-		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(slices.Clone(withStatus)...))},
+		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withStatus...))},
 		count:  make([]atomic.Pointer[Series], ls.n),
 	}
-	if ls.resp == nil {
-		ls.resp = make(map[Response]*responseSets, 1)
+	if len(ls.few) < fewResponses {
+		ls.few = append(ls.few, rs)
+		return rs
 	}
-	ls.resp[r] = rs
+	if ls.more == nil {
+		ls.more = make(map[Response]*responseSets, 1)
+	}
+	ls.more[r] = rs
 	return rs
+}
+
+// lookupLocked returns the sets of r, nil when there are none yet.
+func (ls *labelSets) lookupLocked(r Response) *responseSets {
+	for _, rs := range ls.few {
+		if rs.r == r {
+			return rs
+		}
+	}
+	return ls.more[r]
 }
 
 func statusAttr(code int) []attribute.KeyValue {

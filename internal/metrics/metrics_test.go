@@ -24,8 +24,8 @@ func TestResponseSeriesAreBounded(t *testing.T) {
 	for i := range 2000 {
 		target.Response(context.Background(), Response{Status: 100 + i%500, GRPC: int32(i % 17), Err: fmt.Sprint(i)}, time.Now())
 	}
-	assert.LessOrEqual(t, len(target.labels.resp), maxResponseSeries+1)
-	assert.NotNil(t, target.labels.resp[overflow])
+	assert.LessOrEqual(t, len(target.labels.few)+len(target.labels.more), maxResponseSeries+1)
+	assert.NotNil(t, target.labels.lookupLocked(overflow))
 }
 
 func TestStatusLabelOnlyForValidCodes(t *testing.T) {
