@@ -1,7 +1,6 @@
 package classify
 
 import (
-	"maps"
 	"strings"
 	"sync/atomic"
 
@@ -32,7 +31,26 @@ type hostPort struct{ host, port string }
 type authTargets struct {
 	authority string
 	overflow  bool // recorded under other
-	targets   map[string]*metrics.Target
+	// targets are at most maxTargetsPerAuthority, nearly always one: a
+	// list costs a fraction of a map's memory for each of thousands of
+	// authorities, and finds one of so few as fast.
+	targets []keyedTarget
+}
+
+// keyedTarget is a target and its Labels.key.
+type keyedTarget struct {
+	key string
+	t   *metrics.Target
+}
+
+// target returns the target of key, nil when there is none.
+func (a *authTargets) target(key string) *metrics.Target {
+	for i := range a.targets {
+		if a.targets[i].key == key {
+			return a.targets[i].t
+		}
+	}
+	return nil
 }
 
 // snapshot is where an authTargets lives: a registry entry, or the other
@@ -69,8 +87,8 @@ func newRecorder(cfg config, direction string) *recorder {
 		r.only = []hostPort{} // none valid: no authority is admitted
 	}
 	// other always keeps its target without labels: see target.
-	r.other.Store(&authTargets{authority: otherAuthority, targets: map[string]*metrics.Target{
-		"": metrics.NewTarget(r.fam, attribute.String("authority", otherAuthority), r.direction),
+	r.other.Store(&authTargets{authority: otherAuthority, targets: []keyedTarget{
+		{"", metrics.NewTarget(r.fam, attribute.String("authority", otherAuthority), r.direction)},
 	}})
 	return r
 }
@@ -91,7 +109,7 @@ func (r *recorder) target(authority string, l *Labels) *metrics.Target {
 		}
 	}
 	st := r.other.Load()
-	if l != nil && st.targets[l.key] == nil && len(st.targets) >= maxTargetsPerAuthority {
+	if l != nil && st.target(l.key) == nil && len(st.targets) >= maxTargetsPerAuthority {
 		// Past the bound of authorities, their labels are bounded too:
 		// the endpoint labels of names never labelled (dst_service
 		// among them) would otherwise give each name series of its own
@@ -142,7 +160,7 @@ func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Tar
 	if l != nil {
 		key = l.key
 	}
-	if t := st.targets[key]; t != nil {
+	if t := st.target(key); t != nil {
 		return t
 	}
 	kvs := []attribute.KeyValue{attribute.String("authority", st.authority), r.direction}
@@ -151,16 +169,13 @@ func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Tar
 	}
 	t := metrics.NewTarget(r.fam, kvs...)
 	for len(st.targets) < maxTargetsPerAuthority {
-		next := &authTargets{authority: st.authority, targets: maps.Clone(st.targets)}
-		if next.targets == nil {
-			next.targets = make(map[string]*metrics.Target, 1)
-		}
-		next.targets[key] = t
+		next := &authTargets{authority: st.authority,
+			targets: append(st.targets[:len(st.targets):len(st.targets)], keyedTarget{key, t})}
 		if p.CompareAndSwap(st, next) {
 			break
 		}
-		if st = p.Load(); st.targets[key] != nil {
-			return st.targets[key]
+		if st = p.Load(); st.target(key) != nil {
+			return st.target(key)
 		}
 	}
 	// Past the bound the target is still recorded into, and not kept.

@@ -114,8 +114,10 @@ type watch[M, U any] struct {
 	// plane's word that the target does not exist, not a state a stream
 	// delivered.
 	lastNotFound bool
-	subs         map[*mailbox.Mailbox[U]]struct{}
-	idleGen      uint64 // bumped on every subscribe, so a stale idle timer does nothing
+	// subs are the watch's mailboxes, in no order: a few for nearly
+	// every watch, where a map would cost more than the watch itself.
+	subs    []*mailbox.Mailbox[U]
+	idleGen uint64 // bumped on every subscribe, so a stale idle timer does nothing
 	// idleTimer closes the watch after the idle timeout. It is stopped
 	// when the watch is subscribed again or evicted first, and it holds
 	// the watch weakly, so that an evicted watch is not kept alive by its
@@ -160,7 +162,6 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 		}
 		w = &watch[M, U]{
 			c: c, kind: ws.kind, authority: authority,
-			subs: make(map[*mailbox.Mailbox[U]]struct{}),
 		}
 		ws.m[authority] = w
 		// Counts the watch until it ended (see [watch.ended]).
@@ -177,7 +178,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	// The mailbox ends with ctx, with Stop, or when the client closes
 	// (stopAll), not by a hook on the client's context.
 	s = mailbox.Start(context.Background(), ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
-	w.subs[s] = struct{}{}
+	w.subs = append(w.subs, s)
 	w.idleGen++
 	if w.hasLast {
 		s.Offer(w.last)
@@ -190,7 +191,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 // it after the idle timeout.
 func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *mailbox.Mailbox[U]) {
 	w.mu.Lock()
-	delete(w.subs, s)
+	w.removeLocked(s)
 	idle := len(w.subs) == 0
 	gen := w.idleGen
 	w.mu.Unlock()
@@ -292,9 +293,7 @@ func (ws *watches[M, U]) stopAll() {
 	for _, w := range all {
 		w.stop()
 		w.mu.Lock()
-		for s := range w.subs {
-			subs = append(subs, s)
-		}
+		subs = append(subs, w.subs...)
 		w.mu.Unlock()
 	}
 	for _, s := range subs {
@@ -308,6 +307,21 @@ func (ws *watches[M, U]) len() int {
 	return len(ws.m)
 }
 
+// removeLocked takes s off the watch's mailboxes.
+func (w *watch[M, U]) removeLocked(s *mailbox.Mailbox[U]) {
+	for i, x := range w.subs {
+		if x == s {
+			last := len(w.subs) - 1
+			w.subs[i], w.subs[last] = w.subs[last], nil
+			w.subs = w.subs[:last]
+			if last == 0 {
+				w.subs = nil
+			}
+			return
+		}
+	}
+}
+
 func (w *watch[M, U]) publish(u U) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -316,7 +330,7 @@ func (w *watch[M, U]) publish(u U) {
 
 func (w *watch[M, U]) publishLocked(u U) {
 	w.last, w.hasLast, w.lastNotFound = u, true, false
-	for s := range w.subs {
+	for _, s := range w.subs {
 		s.Offer(u)
 	}
 }
