@@ -120,7 +120,6 @@ const fewResponses = 4
 // target's family (made on the target's first such response).
 type responseSets struct {
 	r      Response
-	all    attribute.Set         // base, status_code, classification, grpc_status, error
 	record []metric.RecordOption // latency: base and status_code
 	count  []atomic.Pointer[Series]
 }
@@ -166,7 +165,7 @@ func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
 	c := rs.count[t.idx].Load()
 	if c == nil {
 		// Equal sets give the same series: a race makes it once.
-		c = t.fam.responses.Series(rs.all)
+		c = t.fam.responses.ResponseSeries(t.labels.set, rs.r)
 		rs.count[t.idx].Store(c)
 	}
 	c.Add()
@@ -195,22 +194,12 @@ func (ls *labelSets) sets(r Response) *responseSets {
 			return rs
 		}
 	}
-	withStatus := append(ls.set.ToSlice(), statusAttr(r.Status)...)
-	grpc := ""
-	if r.GRPC >= 0 {
-		grpc = strconv.Itoa(int(r.GRPC))
-	}
-	class := "success"
-	if r.Failure {
-		class = "failure"
-	}
-	all := append(withStatus[:len(withStatus):len(withStatus)],
-		attribute.String("classification", class),
-		attribute.String("grpc_status", grpc),
-		attribute.String("error", r.Err))
+	// The set of the response count is made when a reader collects
+	// (see [Sum.ResponseSeries]); the latency's is kept, for the SDK's
+	// histogram takes it with each measurement.
+	withStatus, _ := responseKVs(ls.set, r)
 	rs = &responseSets{
 		r:      r,
-		all:    attribute.NewSet(all...),
 		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withStatus...))},
 		count:  make([]atomic.Pointer[Series], ls.n),
 	}
@@ -233,6 +222,26 @@ func (ls *labelSets) lookupLocked(r Response) *responseSets {
 		}
 	}
 	return ls.more[r]
+}
+
+// responseKVs returns the labels of a response's latency (base and
+// status_code) and of its count (those, classification, grpc_status and
+// error).
+func responseKVs(base attribute.Set, r Response) (withStatus, all []attribute.KeyValue) {
+	withStatus = append(base.ToSlice(), statusAttr(r.Status)...)
+	grpc := ""
+	if r.GRPC >= 0 {
+		grpc = strconv.Itoa(int(r.GRPC))
+	}
+	class := "success"
+	if r.Failure {
+		class = "failure"
+	}
+	all = append(withStatus[:len(withStatus):len(withStatus)],
+		attribute.String("classification", class),
+		attribute.String("grpc_status", grpc),
+		attribute.String("error", r.Err))
+	return withStatus, all
 }
 
 func statusAttr(code int) []attribute.KeyValue {

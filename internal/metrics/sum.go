@@ -34,8 +34,16 @@ type Sum struct {
 
 	mu       sync.Mutex
 	bySet    map[attribute.Distinct]*Series
-	list     []*Series // in creation order; append-only
+	byResp   map[responseKey]*Series // the series of ResponseSeries
+	list     []*Series               // in creation order; append-only
 	overflow *Series
+}
+
+// responseKey identifies a series of [Sum.ResponseSeries]: its base
+// labels and its response.
+type responseKey struct {
+	base attribute.Distinct
+	r    Response
 }
 
 // MaxSeries is the number of label sets a [Sum] keeps, its overflow series
@@ -51,8 +59,30 @@ var overflowSet = attribute.NewSet(attribute.Bool("otel.metric.overflow", true))
 type Series struct {
 	n atomic.Int64
 	// obs is the option of the series' set, in an array of its own
-	// rather than a slice: one allocation less for each series.
+	// rather than a slice: one allocation less for each series. It is
+	// nil for a series of [Sum.ResponseSeries], whose set is built when
+	// a reader collects.
 	obs [1]metric.ObserveOption
+	// resp is the base labels and response of a series of
+	// ResponseSeries, nil for any other.
+	resp *responseLabels
+}
+
+// responseLabels are the labels of a response series: its target's base
+// labels and the response's. The set is made when a reader collects, not
+// kept: a response_total series would otherwise hold a dozen labels
+// (status, classification, grpc_status, error beside the base) for each
+// of thousands of names, while a reader needs them only while it
+// collects, and the SDK does not keep an observed set past a collection.
+type responseLabels struct {
+	base attribute.Set
+	r    Response
+}
+
+// set returns the set of the series' labels.
+func (l *responseLabels) set() attribute.Set {
+	_, all := responseKVs(l.base, l.r)
+	return attribute.NewSet(all...)
 }
 
 // Add counts one event.
@@ -175,16 +205,52 @@ func (s *Sum) Series(set attribute.Set) *Series {
 		return se
 	}
 	if len(s.list) >= MaxSeries-1 {
-		if s.overflow == nil {
-			s.overflow = &Series{obs: [1]metric.ObserveOption{metric.WithAttributeSet(overflowSet)}}
-			s.list = append(s.list, s.overflow)
-		}
-		return s.overflow
+		return s.overflowLocked()
 	}
 	se := &Series{obs: [1]metric.ObserveOption{metric.WithAttributeSet(set)}}
 	s.bySet[key] = se
 	s.list = append(s.list, se)
 	return se
+}
+
+// ResponseSeries returns the series of base's labels and r's response
+// labels (see [Target]), creating it on first use. Its set is built when
+// a reader collects. The series of one label set are one whichever way
+// they were asked for only if they all are response series, as with the
+// families of [NewFamily].
+func (s *Sum) ResponseSeries(base attribute.Set, r Response) *Series {
+	// Responses that label alike are one series.
+	if r.Status < 100 || r.Status > 599 {
+		r.Status = 0
+	}
+	if r.GRPC < 0 {
+		r.GRPC = -1
+	}
+	key := responseKey{base.Equivalent(), r}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if se := s.byResp[key]; se != nil {
+		return se
+	}
+	if len(s.list) >= MaxSeries-1 {
+		return s.overflowLocked()
+	}
+	se := &Series{resp: &responseLabels{base: base, r: r}}
+	if s.byResp == nil {
+		s.byResp = make(map[responseKey]*Series)
+	}
+	s.byResp[key] = se
+	s.list = append(s.list, se)
+	return se
+}
+
+// overflowLocked returns the overflow series, creating it on first use.
+func (s *Sum) overflowLocked() *Series {
+	if s.overflow == nil {
+		s.overflow = &Series{obs: [1]metric.ObserveOption{metric.WithAttributeSet(overflowSet)}}
+		s.list = append(s.list, s.overflow)
+	}
+	return s.overflow
 }
 
 func (s *Sum) observe(_ context.Context, o metric.Observer) error {
@@ -194,7 +260,12 @@ func (s *Sum) observe(_ context.Context, o metric.Observer) error {
 	for _, se := range list {
 		// A series exists once something is counted, as with the SDK's
 		// own counters; a gauge's once it was made.
-		if n := se.n.Load(); n > 0 || s.gauge {
+		n := se.n.Load()
+		switch {
+		case n <= 0 && !s.gauge:
+		case se.resp != nil:
+			o.ObserveInt64(s.inst, n, metric.WithAttributeSet(se.resp.set()))
+		default:
 			o.ObserveInt64(s.inst, n, se.obs[:]...)
 		}
 	}

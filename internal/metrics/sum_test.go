@@ -241,3 +241,28 @@ func TestTargetsMadeTogetherShareSets(t *testing.T) {
 	assert.Equal(t, []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(slices.Clone(base), attribute.String("skipped", "no_budget"))...))},
 		route.AddOptions(attribute.String("skipped", "no_budget")))
 }
+
+// A response count's set is built when a reader collects: two targets of
+// the same labels, and responses that label alike (no status line, any
+// negative gRPC code), still count into one series, reported with the
+// same labels at each collection.
+func TestResponseSeriesLabelledAlikeAreOne(t *testing.T) {
+	r, meter := readMeter(t)
+	base := []attribute.KeyValue{attribute.String("direction", "outbound"), attribute.String("authority", "books:7000")}
+	a := NewTarget(NewFamily(meter, "", false), base...)
+	b := NewTarget(NewFamily(meter, "", false), base...)
+	a.Response(context.Background(), Response{Status: 0, Failure: true, GRPC: -1, Err: "timeout"}, time.Now())
+	b.Response(context.Background(), Response{Status: 600, Failure: true, GRPC: -2, Err: "timeout"}, time.Now())
+	b.Response(context.Background(), Response{Status: 200, GRPC: 0}, time.Now())
+
+	timeout := attribute.NewSet(append(slices.Clone(base), attribute.String("classification", "failure"),
+		attribute.String("grpc_status", ""), attribute.String("error", "timeout"))...)
+	ok := attribute.NewSet(append(slices.Clone(base), attribute.String("status_code", "200"), attribute.String("classification", "success"),
+		attribute.String("grpc_status", "0"), attribute.String("error", ""))...)
+	want := map[attribute.Distinct]int64{timeout.Equivalent(): 2, ok.Equivalent(): 1}
+	for range 2 {
+		points, sum := collect(t, r, "response_total")
+		assert.Equal(t, want, points)
+		assert.Len(t, sum.DataPoints, 2)
+	}
+}
