@@ -76,8 +76,10 @@ type authLabels struct {
 
 func (m *balMetrics) newLabels(kvs []attribute.KeyValue) *authLabels {
 	set := attribute.NewSet(kvs...)
-	return &authLabels{set: set, add: []metric.AddOption{metric.WithAttributeSet(set)},
-		rec: []metric.RecordOption{metric.WithAttributeSet(set)}, requests: m.requests.Series(set)}
+	// One option serves as both kinds.
+	opt := metric.WithAttributeSet(set)
+	return &authLabels{set: set, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt},
+		requests: m.requests.Series(set)}
 }
 
 func newBalMetrics(b *Balancer) *balMetrics {
@@ -221,14 +223,16 @@ func labelsOf(authority string) ([]attribute.KeyValue, string) {
 // serviceLabels are the parent and backend labels of one parent, its own
 // backend.
 func serviceLabels(group, kind, ns, name, port string) []attribute.KeyValue {
-	kvs := make([]attribute.KeyValue, 0, 12)
-	for _, prefix := range []string{"parent_", "backend_"} {
-		kvs = append(kvs,
-			attribute.String(prefix+"group", group), attribute.String(prefix+"kind", kind),
-			attribute.String(prefix+"namespace", ns), attribute.String(prefix+"name", name),
-			attribute.String(prefix+"port", port), attribute.String(prefix+"section_name", ""))
+	// The keys are constants, not made per call: a set keeps its keys,
+	// and there is one set for each of thousands of Services.
+	return []attribute.KeyValue{
+		attribute.String("parent_group", group), attribute.String("parent_kind", kind),
+		attribute.String("parent_namespace", ns), attribute.String("parent_name", name),
+		attribute.String("parent_port", port), attribute.String("parent_section_name", ""),
+		attribute.String("backend_group", group), attribute.String("backend_kind", kind),
+		attribute.String("backend_namespace", ns), attribute.String("backend_name", name),
+		attribute.String("backend_port", port), attribute.String("backend_section_name", ""),
 	}
-	return kvs
 }
 
 // update counts one endpoint update of a: Reset for the first set,

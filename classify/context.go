@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"unique"
 
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -76,11 +77,18 @@ type Labels struct {
 // NewLabels returns the labels prefix+key=value for each entry of m, sorted
 // by key.
 func NewLabels(prefix string, m map[string]string) *Labels {
+	// The labels are kept for as long as their target, one set for each
+	// endpoint of each of thousands of authorities: no room to spare, and
+	// one copy of each key (dst_namespace, target_addr, ...) for all.
 	l := &Labels{}
+	if len(m) > 0 {
+		l.kvs = make([]attribute.KeyValue, 0, len(m))
+	}
 	var key strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(m)) {
-		l.kvs = append(l.kvs, attribute.String(prefix+k, m[k]))
-		fmt.Fprintf(&key, "%q=%q,", prefix+k, m[k])
+		name := unique.Make(prefix + k).Value()
+		l.kvs = append(l.kvs, attribute.String(name, m[k]))
+		fmt.Fprintf(&key, "%q=%q,", name, m[k])
 	}
 	l.key = key.String()
 	return l

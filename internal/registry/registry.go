@@ -161,26 +161,28 @@ func WithDefaultPort(port string) Option {
 
 // Entry is one authority's state. Its methods are safe for concurrent use.
 type Entry[S any] struct {
+	// The fields are in an order that packs them: a stack keeps an entry
+	// in each of its registries for each of thousands of authorities.
 	authority string
 	state     atomic.Pointer[S]
-	ref       atomic.Bool  // used since the last sweep or eviction pass
 	holds     atomic.Int64 // requests in flight that hold the entry
-	dead      atomic.Bool  // released
 	// retryAt is when a lookup may call start again after it failed, in
 	// Unix nanoseconds; 0 when start has not failed.
 	retryAt atomic.Int64
+	ref     atomic.Bool // used since the last sweep or eviction pass
+	dead    atomic.Bool // released
 	// failures counts the start attempts that failed in a row; guarded
 	// by the registry's mu.
-	failures int
+	failures int32
+	stopped  bool // guarded by stopMu
 
 	// Guarded by the registry's mu.
 	prev, next *Entry[S]
 	aliases    []string
-	idleSince  time.Time
+	idleSince  time.Duration // since the registry's born, on its monotonic clock
 
-	stopMu  sync.Mutex
-	stop    func()
-	stopped bool
+	stopMu sync.Mutex
+	stop   func()
 }
 
 // Authority returns the normalised authority (host:port) of the entry.
@@ -268,6 +270,7 @@ type Registry[S any] struct {
 	head      *Entry[S]            // the list in CLOCK order, oldest first
 	tail      *Entry[S]
 	lastSweep time.Time
+	born      time.Time // what entries' idleSince counts from
 	closed    bool
 
 	quit chan struct{}
@@ -288,6 +291,7 @@ func New[S any](newState func(authority string) *S, start func(*Entry[S]) (stop 
 	}
 	r := &Registry[S]{cfg: cfg, newState: newState, start: start,
 		entries: make(map[string]*Entry[S]), lastSweep: time.Now()}
+	r.born = r.lastSweep
 	if start != nil && cfg.idle > 0 {
 		r.quit, r.done = make(chan struct{}), make(chan struct{})
 		go r.janitor()
@@ -324,7 +328,7 @@ func (r *Registry[S]) restart(e *Entry[S]) {
 		return
 	}
 	// Claim the attempt: lookups meanwhile wait for the next delay.
-	e.retryAt.Store(now.Add(r.cfg.retry.Delay(e.failures)).UnixNano())
+	e.retryAt.Store(now.Add(r.cfg.retry.Delay(int(e.failures))).UnixNano())
 	r.mu.Unlock()
 	stop, err := r.start(e)
 	r.started(e, stop, err)
@@ -335,7 +339,7 @@ func (r *Registry[S]) started(e *Entry[S], stop func(), err error) {
 	r.mu.Lock()
 	if err != nil {
 		e.failures++
-		e.retryAt.Store(r.cfg.now().Add(r.cfg.retry.Delay(e.failures - 1)).UnixNano())
+		e.retryAt.Store(r.cfg.now().Add(r.cfg.retry.Delay(int(e.failures) - 1)).UnixNano())
 		r.mu.Unlock()
 		return
 	}
@@ -372,7 +376,13 @@ func (r *Registry[S]) Normalize(raw string) (string, error) {
 	if _, _, err := net.SplitHostPort(raw); err != nil {
 		raw = net.JoinHostPort(strings.Trim(raw, "[]"), r.cfg.defaultPort)
 	}
-	return authpkg.Normalize(raw)
+	n, err := authpkg.Normalize(raw)
+	if err == nil && n == raw {
+		// The key is its own authority: one string for both, the key
+		// being cached anyway.
+		return raw, nil
+	}
+	return n, err
 }
 
 // Len returns the number of entries.
@@ -447,7 +457,7 @@ func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
 	for len(r.entries) >= r.cfg.max {
 		released = append(released, r.evictLocked())
 	}
-	e := &Entry[S]{authority: authority, idleSince: time.Now()}
+	e := &Entry[S]{authority: authority, idleSince: time.Since(r.born)}
 	e.state.Store(state)
 	r.entries[authority] = e
 	r.pushLocked(e)
@@ -529,8 +539,8 @@ func (r *Registry[S]) sweepLocked(now time.Time, force bool) []*Entry[S] {
 		next := e.next
 		switch {
 		case e.ref.Swap(false) || e.held():
-			e.idleSince = now
-		case now.Sub(e.idleSince) >= idle:
+			e.idleSince = now.Sub(r.born)
+		case now.Sub(r.born)-e.idleSince >= idle:
 			r.removeLocked(e)
 			released = append(released, e)
 		}
