@@ -202,10 +202,13 @@ func requestKey(req *http.Request) string {
 
 // apply compiles a policy update for d and swaps it in.
 func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
+	// The state made of an answer has no First (nil: answered), so that
+	// no entry keeps a channel past its first answer; the requests that
+	// wait on the state before it are woken by the deferred Answered.
 	first := e.Load().first
 	defer first.Answered()
 	if u.Policy == nil {
-		e.Store(&policyState{first: first})
+		e.Store(&policyState{})
 		return
 	}
 	t, err := policy.Compile(u.Policy, r.cfg.compile)
@@ -213,9 +216,7 @@ func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
 		r.cfg.logger.Warn("rejected outbound policy; keeping the last good one", "authority", e.Authority(), "error", err)
 		return
 	}
-	next := r.build(t)
-	next.first = first
-	e.Store(next)
+	e.Store(r.build(t))
 }
 
 // build makes the state of a compiled policy: the metric targets of each

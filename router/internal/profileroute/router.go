@@ -314,13 +314,14 @@ func (r *Router) label(authority string, t *profiles.Table) string {
 // apply compiles a profile update for e and swaps it in.
 func (r *Router) apply(e *registry.Entry[tableState], u profiles.Update) {
 	authority := e.Authority()
+	// The state made of an answer has no First (nil: answered), so that
+	// no entry keeps a channel past its first answer; the requests that
+	// wait on the state before it are woken by the deferred Answered.
 	first := e.Load().first
 	defer first.Answered()
 	if u.Profile == nil {
 		if r.labels.Admit(authority) {
-			next := r.build(authority, nil)
-			next.first = first
-			e.Store(next)
+			e.Store(r.build(authority, nil))
 		} else {
 			e.Store(r.other)
 		}
@@ -338,7 +339,6 @@ func (r *Router) apply(e *registry.Entry[tableState], u profiles.Update) {
 		r.log.WarnErr("budget:"+authority, "invalid retry budget; retries disabled", err, "authority", authority)
 	}
 	next := r.build(r.label(authority, t), t)
-	next.first = first
 	keepBudget(e.Load(), next)
 	e.Store(next)
 }
