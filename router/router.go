@@ -72,11 +72,11 @@ type Router struct {
 // budgets of its routes, built once per table.
 type policyState struct {
 	table   *policy.Table
-	targets map[*policy.Route]*routeTarget
+	targets routeTargets
 	// h2 are the targets of HTTP/2 requests when the table shares one
 	// route table between the versions (nil otherwise: targets holds
 	// both): each version keeps its own budgets, hedger and mirrors.
-	h2 map[*policy.Route]*routeTarget
+	h2 *routeTargets
 	// first is closed by the authority's first answer from the policy
 	// source; every state of the authority shares it.
 	first *registry.First
@@ -107,6 +107,58 @@ type routeTarget struct {
 	// mirror sends the copies of the route's requests; nil without
 	// mirrors.
 	mirror *mirrorer
+}
+
+// routeTargets are the targets of a table's routes. A table has few
+// routes, nearly always one or two (its default route per protocol), and
+// a proxy a table for each of thousands of names: up to fewRoutes they
+// are a list, compared by pointer, and a map holds the rest.
+type routeTargets struct {
+	few  []routeTargetOf
+	more map[*policy.Route]*routeTarget
+}
+
+// routeTargetOf is a route and its target.
+type routeTargetOf struct {
+	route  *policy.Route
+	target *routeTarget
+}
+
+// fewRoutes is how many targets routeTargets keeps in its list.
+const fewRoutes = 8
+
+// get returns the target of route, nil when it has none.
+func (ts *routeTargets) get(route *policy.Route) *routeTarget {
+	for i := range ts.few {
+		if ts.few[i].route == route {
+			return ts.few[i].target
+		}
+	}
+	return ts.more[route]
+}
+
+// put sets the target of a route that has none yet.
+func (ts *routeTargets) put(route *policy.Route, t *routeTarget) {
+	if len(ts.few) < fewRoutes {
+		ts.few = append(ts.few, routeTargetOf{route, t})
+		return
+	}
+	if ts.more == nil {
+		ts.more = make(map[*policy.Route]*routeTarget)
+	}
+	ts.more[route] = t
+}
+
+// all returns every target.
+func (ts *routeTargets) all() []*routeTarget {
+	all := make([]*routeTarget, 0, len(ts.few)+len(ts.more))
+	for _, f := range ts.few {
+		all = append(all, f.target)
+	}
+	for _, t := range ts.more {
+		all = append(all, t)
+	}
+	return all
 }
 
 // New returns a Router over the sources its options give.
@@ -222,7 +274,7 @@ func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
 // build makes the state of a compiled policy: the metric targets of each
 // route and backend, and the budgets.
 func (r *Router) build(t *policy.Table) *policyState {
-	ps := &policyState{table: t, targets: make(map[*policy.Route]*routeTarget)}
+	ps := &policyState{table: t}
 	p := t.Policy()
 	type protoTable struct {
 		rt *policy.RouteTable
@@ -237,20 +289,20 @@ func (r *Router) build(t *policy.Table) *policyState {
 			protoTable{t.For(&http.Request{ProtoMajor: 2}), p.HTTP2.FailureAccrual})
 	}
 	if t.SharesHTTPTables() {
-		ps.h2 = make(map[*policy.Route]*routeTarget)
+		ps.h2 = &routeTargets{}
 	}
 	for i, pt := range tables {
 		if pt.rt == nil {
 			continue
 		}
-		targets := ps.targets
+		targets := &ps.targets
 		if i == 1 && ps.h2 != nil {
 			targets = ps.h2
 		}
 		fa := balancerAccrual(pt.fa)
 		for _, route := range pt.rt.Routes() {
-			if targets[route] == nil {
-				targets[route] = r.routeTarget(route, fa)
+			if targets.get(route) == nil {
+				targets.put(route, r.routeTarget(route, fa))
 			}
 		}
 	}
@@ -260,9 +312,9 @@ func (r *Router) build(t *policy.Table) *policyState {
 // target returns the target of route, selected for req.
 func (ps *policyState) target(req *http.Request, route *policy.Route) *routeTarget {
 	if ps.h2 != nil && req.ProtoMajor >= 2 {
-		return ps.h2[route]
+		return ps.h2.get(route)
 	}
-	return ps.targets[route]
+	return ps.targets.get(route)
 }
 
 func metaLabels(prefix string, m policy.Metadata, withPort bool) []attribute.KeyValue {

@@ -63,8 +63,8 @@ func TestRouteTraceAttrsBuiltOnFirstUse(t *testing.T) {
 		Meta: policy.Metadata{Kind: "HTTPRoute", Name: "books"}, Rules: []policy.HTTPRule{{Backends: backends}}}}}}, policy.Options{})
 	require.NoError(t, err)
 	ps := r.build(table)
-	require.Len(t, ps.targets, 1)
-	for _, rt := range ps.targets {
+	require.Len(t, ps.targets.all(), 1)
+	for _, rt := range ps.targets.all() {
 		assert.Nil(t, rt.trace.Load())
 		tr := rt.traced()
 		assert.Equal(t, meshtrace.RouteAttrs("HTTPRoute", "books"), tr.route)
