@@ -73,12 +73,11 @@ type muxConn struct {
 // muxSub is one subscription: it hands its answers, then its end, to its
 // watch's session, one at a time.
 type muxSub struct {
-	id      uint64
-	deliver func(*watchespb.WatchResponse)
-	done    func(error)
+	id uint64
+	to muxSink
 
-	// mu is held while deliver or done runs; ended is set before done
-	// runs, so that an end from within done (a session's end stops its
+	// mu is held while to's answer or end runs; ended is set before end
+	// runs, so that an end from within it (a session's end stops its
 	// subscription) does nothing.
 	mu    sync.Mutex
 	ended atomic.Bool
@@ -95,28 +94,12 @@ type muxSub struct {
 // the stop function it hands s.
 func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.Kind, req proto.Message, s sink[M], opts []grpc.CallOption) (bool, error) {
 	wait := slices.Contains(opts, grpc.CallOption(waitForReady))
-	deliver := func(r *watchespb.WatchResponse) {
-		var msg proto.Message
-		switch a := r.GetAnswer().(type) {
-		case *watchespb.WatchResponse_Profile:
-			msg = a.Profile
-		case *watchespb.WatchResponse_Update:
-			msg = a.Update
-		case *watchespb.WatchResponse_Policy:
-			msg = a.Policy
-		}
-		if m, ok := msg.(M); ok {
-			s.message(m)
-		}
-		// An answer of another kind, or none: skipped, as a field a
-		// Linkerd stream does not know.
-	}
 	for {
 		c, err := m.conn(ctx, wait)
 		if c == nil || err != nil {
 			return false, err
 		}
-		sub, err := c.subscribe(m.nextID.Add(1), kind, req, deliver, s.end)
+		sub, err := c.subscribe(m.nextID.Add(1), kind, req, s)
 		if errors.Is(err, errMuxEnded) {
 			continue // the stream ended meanwhile: open the next
 		}
@@ -291,7 +274,35 @@ func (c *muxConn) fail(err error) {
 	}
 }
 
-func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message, deliver func(*watchespb.WatchResponse), done func(error)) (*muxSub, error) {
+// muxSink is where a subscription's answers and end go: its watch's
+// session (see [sink]), held as itself rather than as closures, of which
+// a client would keep two for each of its thousands of watches.
+type muxSink interface {
+	// answer takes an answer of the Watches stream.
+	answer(*watchespb.WatchResponse)
+	// end takes the subscription's end; it is called once, after the
+	// last answer.
+	end(error)
+}
+
+// answerOf returns the message of r that a subscription of M takes, and
+// whether there is one: an answer of another kind, or none, is skipped,
+// as a field a Linkerd stream does not know.
+func answerOf[M any](r *watchespb.WatchResponse) (M, bool) {
+	var msg proto.Message
+	switch a := r.GetAnswer().(type) {
+	case *watchespb.WatchResponse_Profile:
+		msg = a.Profile
+	case *watchespb.WatchResponse_Update:
+		msg = a.Update
+	case *watchespb.WatchResponse_Policy:
+		msg = a.Policy
+	}
+	m, ok := msg.(M)
+	return m, ok
+}
+
+func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message, to muxSink) (*muxSub, error) {
 	s := &watchespb.Subscribe{Id: id, Kind: kind}
 	switch r := req.(type) {
 	case *pb.GetDestination:
@@ -299,7 +310,7 @@ func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message, d
 	case *outboundpb.TrafficSpec:
 		s.TrafficSpec = r
 	}
-	sub := &muxSub{id: id, deliver: deliver, done: done}
+	sub := &muxSub{id: id, to: to}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -363,7 +374,7 @@ func (s *muxSub) push(r *watchespb.WatchResponse) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.ended.Load() {
-		s.deliver(r)
+		s.to.answer(r)
 	}
 }
 
@@ -374,5 +385,5 @@ func (s *muxSub) end(err error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.done(err)
+	s.to.end(err)
 }

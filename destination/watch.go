@@ -15,6 +15,7 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/internal/mailbox"
+	"github.com/inmesh/inmesh/proxyapi/watchespb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -412,9 +413,9 @@ func unanswerable(err error, failFast bool) bool {
 // A call that delivers by itself hands it, first, the function that ends
 // the call (subscribed).
 type sink[M any] interface {
+	muxSink
 	subscribed(stop func())
 	message(M)
-	end(error)
 }
 
 // attempt opens a stream for the watch. A stream over Linkerd's API is
@@ -719,6 +720,13 @@ func (s *session[M, U]) message(msg M) {
 	s.w.c.reach.clear()
 	if u, ok := s.handle(msg); ok {
 		s.w.publish(u)
+	}
+}
+
+// answer takes an answer of a subscription on the Watches stream.
+func (s *session[M, U]) answer(r *watchespb.WatchResponse) {
+	if m, ok := answerOf[M](r); ok {
+		s.message(m)
 	}
 }
 
