@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"unique"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -70,8 +71,11 @@ func FromContext(ctx context.Context) *Classifier {
 // [NewLabels]; they are immutable.
 type Labels struct {
 	kvs       []attribute.KeyValue
-	key       string // the labels as text, so that equal sets share series
 	authority string // see ForAuthority
+	// key is the labels as text (see Key), made on first use: the
+	// recorders compare the labels themselves, and a proxy holds labels
+	// for each endpoint of each of thousands of authorities.
+	key atomic.Pointer[string]
 }
 
 // NewLabels returns the labels prefix+key=value for each entry of m, sorted
@@ -84,13 +88,9 @@ func NewLabels(prefix string, m map[string]string) *Labels {
 	if len(m) > 0 {
 		l.kvs = make([]attribute.KeyValue, 0, len(m))
 	}
-	var key strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(m)) {
-		name := unique.Make(prefix + k).Value()
-		l.kvs = append(l.kvs, attribute.String(name, m[k]))
-		fmt.Fprintf(&key, "%q=%q,", name, m[k])
+		l.kvs = append(l.kvs, attribute.String(unique.Make(prefix+k).Value(), m[k]))
 	}
-	l.key = key.String()
 	return l
 }
 
@@ -110,7 +110,22 @@ func (l *Labels) Key() string {
 	if l == nil {
 		return ""
 	}
-	return l.key
+	if k := l.key.Load(); k != nil {
+		return *k
+	}
+	var b strings.Builder
+	for _, kv := range l.kvs {
+		fmt.Fprintf(&b, "%q=%q,", kv.Key, kv.Value.AsString())
+	}
+	k := b.String()
+	l.key.Store(&k)
+	return k
+}
+
+// Equal reports whether l and o are the same labels (nil and none are).
+// It allocates nothing.
+func (l *Labels) Equal(o *Labels) bool {
+	return l == o || slices.Equal(l.KeyValues(), o.KeyValues())
 }
 
 // KeyValues returns the labels, sorted by key; nil for nil labels. The
@@ -133,7 +148,8 @@ func (l *Labels) KeyValues() []attribute.KeyValue {
 func (l *Labels) ForAuthority(authority string) *Labels {
 	c := &Labels{authority: authority}
 	if l != nil {
-		c.kvs, c.key = l.kvs, l.key
+		c.kvs = l.kvs
+		c.key.Store(l.key.Load())
 	}
 	return c
 }

@@ -27,7 +27,7 @@ type recorder struct {
 type hostPort struct{ host, port string }
 
 // authTargets is the immutable snapshot of one authority: its label value
-// and the targets built for it so far, by Labels.key.
+// and the targets built for it so far, by their labels.
 type authTargets struct {
 	authority string
 	overflow  bool // recorded under other
@@ -37,16 +37,16 @@ type authTargets struct {
 	targets []keyedTarget
 }
 
-// keyedTarget is a target and its Labels.key.
+// keyedTarget is a target and its labels (nil: none).
 type keyedTarget struct {
-	key string
-	t   *metrics.Target
+	labels *Labels
+	t      *metrics.Target
 }
 
-// target returns the target of key, nil when there is none.
-func (a *authTargets) target(key string) *metrics.Target {
+// target returns the target of labels l, nil when there is none.
+func (a *authTargets) target(l *Labels) *metrics.Target {
 	for i := range a.targets {
-		if a.targets[i].key == key {
+		if a.targets[i].labels.Equal(l) {
 			return a.targets[i].t
 		}
 	}
@@ -88,7 +88,7 @@ func newRecorder(cfg config, direction string) *recorder {
 	}
 	// other always keeps its target without labels: see target.
 	r.other.Store(&authTargets{authority: otherAuthority, targets: []keyedTarget{
-		{"", metrics.NewTarget(r.fam, attribute.String("authority", otherAuthority), r.direction)},
+		{nil, metrics.NewTarget(r.fam, attribute.String("authority", otherAuthority), r.direction)},
 	}})
 	return r
 }
@@ -109,7 +109,7 @@ func (r *recorder) target(authority string, l *Labels) *metrics.Target {
 		}
 	}
 	st := r.other.Load()
-	if l != nil && st.target(l.key) == nil && len(st.targets) >= maxTargetsPerAuthority {
+	if l != nil && st.target(l) == nil && len(st.targets) >= maxTargetsPerAuthority {
 		// Past the bound of authorities, their labels are bounded too:
 		// the endpoint labels of names never labelled (dst_service
 		// among them) would otherwise give each name series of its own
@@ -156,11 +156,7 @@ func splitAuthority(a string) (host, port string) {
 // targetIn returns the target of l in the snapshot at p, adding it when
 // there is room.
 func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Target {
-	key := ""
-	if l != nil {
-		key = l.key
-	}
-	if t := st.target(key); t != nil {
+	if t := st.target(l); t != nil {
 		return t
 	}
 	kvs := []attribute.KeyValue{attribute.String("authority", st.authority), r.direction}
@@ -170,12 +166,12 @@ func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Tar
 	t := metrics.NewTarget(r.fam, kvs...)
 	for len(st.targets) < maxTargetsPerAuthority {
 		next := &authTargets{authority: st.authority,
-			targets: append(st.targets[:len(st.targets):len(st.targets)], keyedTarget{key, t})}
+			targets: append(st.targets[:len(st.targets):len(st.targets)], keyedTarget{l, t})}
 		if p.CompareAndSwap(st, next) {
 			break
 		}
-		if st = p.Load(); st.target(key) != nil {
-			return st.target(key)
+		if st = p.Load(); st.target(l) != nil {
+			return st.target(l)
 		}
 	}
 	// Past the bound the target is still recorded into, and not kept.
