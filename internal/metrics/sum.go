@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unique"
 	"weak"
 
 	"go.opentelemetry.io/otel"
@@ -40,10 +41,11 @@ type Sum struct {
 }
 
 // responseKey identifies a series of [Sum.ResponseSeries]: its base
-// labels and its response.
+// labels and its response, the latter as a handle: a word where the
+// response is five, for each of thousands of series.
 type responseKey struct {
 	base attribute.Distinct
-	r    Response
+	r    unique.Handle[Response]
 }
 
 // MaxSeries is the number of label sets a [Sum] keeps, its overflow series
@@ -76,12 +78,12 @@ type Series struct {
 // collects, and the SDK does not keep an observed set past a collection.
 type responseLabels struct {
 	base attribute.Set
-	r    Response
+	r    unique.Handle[Response]
 }
 
 // set returns the set of the series' labels.
 func (l *responseLabels) set() attribute.Set {
-	_, all := responseKVs(l.base, l.r)
+	_, all := responseKVs(l.base, l.r.Value())
 	return attribute.NewSet(all...)
 }
 
@@ -226,7 +228,7 @@ func (s *Sum) ResponseSeries(base attribute.Set, r Response) *Series {
 	if r.GRPC < 0 {
 		r.GRPC = -1
 	}
-	key := responseKey{base.Equivalent(), r}
+	key := responseKey{base.Equivalent(), unique.Make(r)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if se := s.byResp[key]; se != nil {
@@ -235,7 +237,7 @@ func (s *Sum) ResponseSeries(base attribute.Set, r Response) *Series {
 	if len(s.list) >= MaxSeries-1 {
 		return s.overflowLocked()
 	}
-	se := &Series{resp: &responseLabels{base: base, r: r}}
+	se := &Series{resp: &responseLabels{base: base, r: key.r}}
 	if s.byResp == nil {
 		s.byResp = make(map[responseKey]*Series)
 	}
