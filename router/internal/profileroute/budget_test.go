@@ -9,7 +9,7 @@ import (
 )
 
 func TestKeepBudget(t *testing.T) {
-	mk := func(b profiles.RetryBudget) *tableState { return &tableState{budget: profiles.NewBudget(b)} }
+	mk := func(b profiles.RetryBudget) *tableState { return &tableState{budget: &budgetCell{conf: b}} }
 	prev := mk(profiles.DefaultRetryBudget())
 	same := mk(profiles.DefaultRetryBudget())
 	keepBudget(prev, same)

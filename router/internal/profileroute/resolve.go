@@ -38,7 +38,7 @@ func (v Resolved) GiveUp() { v.ts.first.Answered() }
 func (v Resolved) Table() *profiles.Table { return v.ts.table }
 
 // Budget returns the retry budget of the profile, nil when it has none.
-func (v Resolved) Budget() *profiles.Budget { return v.ts.budget }
+func (v Resolved) Budget() *profiles.Budget { return v.ts.budget.get() }
 
 // Applies reports whether the profile has routes (that compiled) or
 // destination overrides, and so takes precedence over an outbound policy,

@@ -87,7 +87,7 @@ func (f *fixedState) Load() *tableState { return f.ts }
 // budget state and the metric targets of each route.
 type tableState struct {
 	table   *profiles.Table
-	budget  *profiles.Budget
+	budget  *budgetCell // nil: the profile has no retry budget
 	targets map[*profiles.CompiledRoute]*routeTargets
 	def     *routeTargets
 	// first is closed by the authority's first answer from the source;
@@ -224,7 +224,7 @@ func (r *Router) build(authority string, t *profiles.Table) *tableState {
 	}
 	ts := &tableState{table: t, targets: make(map[*profiles.CompiledRoute]*routeTargets, len(t.Routes()))}
 	if b := t.RetryBudget(); b != nil {
-		ts.budget = profiles.NewBudget(*b)
+		ts.budget = &budgetCell{conf: *b}
 	}
 	dst := attribute.String("dst", authority)
 	for _, cr := range t.Routes() {
@@ -242,7 +242,7 @@ func (r *Router) hedging(cr *profiles.CompiledRoute, ts *tableState) func([]metr
 		return nil
 	}
 	p := *cr.Hedge
-	return func(opts []metric.AddOption) Hedger { return r.cfg.hedging(p, opts, ts.budget) }
+	return func(opts []metric.AddOption) Hedger { return r.cfg.hedging(p, opts, ts.budget.get()) }
 }
 
 func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string, hedging func([]metric.AddOption) Hedger) *routeTargets {
@@ -385,7 +385,29 @@ func response(status int, c classify.Class) metrics.Response {
 // the same retry budget, so that a profile delivered again (a reconnect,
 // an unrelated edit) neither refills nor forgets the budget.
 func keepBudget(prev, next *tableState) {
-	if prev != nil && prev.budget != nil && next.budget != nil && prev.budget.State().RetryBudget == next.budget.State().RetryBudget {
+	if prev != nil && prev.budget != nil && next.budget != nil && prev.budget.conf == next.budget.conf {
 		next.budget = prev.budget
 	}
+}
+
+// budgetCell is a profile's retry budget, its running state made on first
+// use: only a route that retries or hedges spends or earns it, most
+// profiles have none such, and a proxy holds a profile for each of
+// thousands of names. The states of a table that keep the budget share
+// the cell (see keepBudget), so that a state made meanwhile is theirs.
+type budgetCell struct {
+	conf profiles.RetryBudget
+	b    atomic.Pointer[profiles.Budget]
+}
+
+// get returns the running state, nil for a nil cell.
+func (c *budgetCell) get() *profiles.Budget {
+	if c == nil {
+		return nil
+	}
+	if b := c.b.Load(); b != nil {
+		return b
+	}
+	c.b.CompareAndSwap(nil, profiles.NewBudget(c.conf)) // a racing first use may have won
+	return c.b.Load()
 }

@@ -68,7 +68,7 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	if ts.budget != nil && (route.Retryable || tg.hedge != nil) {
 		// Only a route that spends the budget earns it, by retries or by
 		// hedges: traffic on the profile's other routes earns nothing.
-		ts.budget.Deposit()
+		ts.budget.get().Deposit()
 	}
 	p := tg.plan.Load()
 	if p == nil {
@@ -112,7 +112,7 @@ func (r *Router) newPlan(route *profiles.CompiledRoute, ts *tableState, tg *dirT
 			Message: "request timed out after " + route.Timeout.String()}}
 	}
 	if route.Retryable && ts.budget != nil {
-		p.Retry = &budgetRetry{budget: ts.budget, tg: tg, fam: r.fams.retryable}
+		p.Retry = &budgetRetry{budget: ts.budget.get(), tg: tg, fam: r.fams.retryable}
 	}
 	return p
 }
