@@ -144,7 +144,7 @@ type confRef struct {
 const maxRecent = 8
 
 func newAuthority(name string, def *groupConf) *authority {
-	a := &authority{name: name, def: &group{conf: def}}
+	a := &authority{name: name, def: newGroup(def)}
 	a.def.publish(&snapshot{wait: make(chan struct{}), health: def.health(), group: a.def})
 	a.cur.Store(a.def)
 	return a
@@ -297,7 +297,7 @@ func (a *authority) addGroupLocked(conf *groupConf, defaultRTT float64, now int6
 		a.cur.CompareAndSwap(lru, a.def)
 		lru.notify()
 	}
-	g := &group{conf: conf}
+	g := newGroup(conf)
 	g.used.Store(now)
 	g.publish(a.def.state.Load().fork(g, defaultRTT, now))
 	a.groups[conf.key] = g

@@ -183,7 +183,10 @@ type group struct {
 	failfast atomic.Bool
 	used     atomic.Int64 // clock reading of its last use, to drop the least recently used
 
-	zone zoneState // the spill controller of zone-aware balancing
+	// zone is the spill controller of zone-aware balancing, nil when
+	// the group is not zone-aware (most are, and a proxy holds a group
+	// for each of thousands of authorities).
+	zone *zoneState
 
 	mu    sync.Mutex
 	ready int           // endpoints neither tripped nor ejected by outlier detection
@@ -196,6 +199,15 @@ type group struct {
 	// odEjected is how many endpoints the last sweep left ejected, for
 	// the spans of the requests picked meanwhile.
 	odEjected atomic.Int64
+}
+
+// newGroup returns a group of conf.
+func newGroup(conf *groupConf) *group {
+	g := &group{conf: conf}
+	if conf.zone.local != "" {
+		g.zone = &zoneState{}
+	}
+	return g
 }
 
 // publish makes s the group's snapshot; the first answer releases the

@@ -64,7 +64,7 @@ func (b *Balancer) EndpointsWith(authority string, c *BackendConfig) []EndpointS
 	}
 	g := b.findGroup(a, c)
 	if g == nil {
-		g = &group{conf: newGroupConf(b.keyOf(c))} // what the first request under c will make
+		g = newGroup(newGroupConf(b.keyOf(c))) // what the first request under c will make
 		g.state.Store(a.def.state.Load().fork(g, b.rtt, b.cfg.now()))
 	}
 	return b.endpointStates(g)

@@ -54,7 +54,7 @@ func NewPool(c *BackendConfig, opts ...Option) *Pool {
 	}
 	p := &Pool{cfg: cfg, decay: b.decay, rtt: float64(cfg.defaultRTT), penalty: float64(cfg.penalty),
 		conf: conf, loads: make(map[netip.AddrPort]*load)}
-	p.g = &group{conf: conf}
+	p.g = newGroup(conf)
 	p.g.publish(&snapshot{exists: true, health: conf.health(), group: p.g})
 	return p
 }

@@ -188,7 +188,7 @@ func (s *snapshot) splitZones() {
 		}
 		return
 	}
-	s.zones = &zoneSplit{local: local, remote: remote, conf: zc, state: &s.group.zone}
+	s.zones = &zoneSplit{local: local, remote: remote, conf: zc, state: s.group.zone}
 }
 
 // zoneState is the spill controller of a group, kept across its
@@ -373,7 +373,7 @@ func zoneStateOf(g *group) *ZoneState {
 		}
 	}
 	zs.Active = s.zones != nil
-	st := &g.zone
+	st := g.zone
 	zs.Spill = math.Float64frombits(st.shareA.Load())
 	if r := math.Float64frombits(st.ratioA.Load()); !math.IsInf(r, 0) && !math.IsNaN(r) {
 		zs.LoadRatio = r
