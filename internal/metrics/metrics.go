@@ -228,7 +228,16 @@ func (ls *labelSets) lookupLocked(r Response) *responseSets {
 // status_code) and of its count (those, classification, grpc_status and
 // error).
 func responseKVs(base attribute.Set, r Response) (withStatus, all []attribute.KeyValue) {
-	withStatus = append(base.ToSlice(), statusAttr(r.Status)...)
+	// One slice for both, as a collection builds the count's labels for
+	// every response series it reports: withStatus is its start.
+	all = make([]attribute.KeyValue, 0, base.Len()+4)
+	for it := base.Iter(); it.Next(); {
+		all = append(all, it.Attribute())
+	}
+	if kv, ok := statusKV(r.Status); ok {
+		all = append(all, kv)
+	}
+	withStatus = all[:len(all):len(all)]
 	grpc := ""
 	if r.GRPC >= 0 {
 		grpc = strconv.Itoa(int(r.GRPC))
@@ -237,7 +246,7 @@ func responseKVs(base attribute.Set, r Response) (withStatus, all []attribute.Ke
 	if r.Failure {
 		class = "failure"
 	}
-	all = append(withStatus[:len(withStatus):len(withStatus)],
+	all = append(all,
 		attribute.String("classification", class),
 		attribute.String("grpc_status", grpc),
 		attribute.String("error", r.Err))
@@ -245,10 +254,18 @@ func responseKVs(base attribute.Set, r Response) (withStatus, all []attribute.Ke
 }
 
 func statusAttr(code int) []attribute.KeyValue {
-	if code < 100 || code > 599 {
-		return nil
+	if kv, ok := statusKV(code); ok {
+		return []attribute.KeyValue{kv}
 	}
-	return []attribute.KeyValue{attribute.String("status_code", strconv.Itoa(code))}
+	return nil
+}
+
+// statusKV is the status_code label of code, when it is a status.
+func statusKV(code int) (attribute.KeyValue, bool) {
+	if code < 100 || code > 599 {
+		return attribute.KeyValue{}, false
+	}
+	return attribute.String("status_code", strconv.Itoa(code)), true
 }
 
 // Counter is a counter with prebuilt option sets, for families outside the
