@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/metrics"
@@ -92,6 +93,7 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 		states: make(map[string]*channelState), profiles: make(map[string]*profileState),
 		live: make(map[string]map[*meshResolver]*channelState)}
 	meter := metrics.Meter(cfg.mp, clientScope)
+	m.httpFam = metrics.NewOutbound(meter, false)
 	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
 	m.hedges = metrics.NewHedges(meter, true)
 	m.plog = ratelog.New(cfg.logger, 0)
@@ -117,7 +119,9 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 type mesh struct {
 	dst *destination.Client
 	cfg *config
-	fam *metrics.Outbound
+	// fam is the outbound_grpc_route_* families of GRPCRoutes' calls,
+	// httpFam the outbound_http_route_* ones of HTTPRoutes' calls.
+	fam, httpFam *metrics.Outbound
 	// calls records the legacy response_* families of each attempt.
 	calls *classify.Recorder
 
@@ -193,11 +197,17 @@ func (m *mesh) discovered(authority string) {
 type channelState struct {
 	owner *meshResolver
 	table *policy.Table
-	// grpc is the table's gRPC routes, nil when it has none (calls then
-	// go to the target as they are).
-	grpc *policy.RouteTable
-	// backends are the balancer backend authorities of its gRPC routes.
+	// routes is the table calls are routed by: the policy's gRPC routes,
+	// or, without them, its HTTP/2 table's HTTP routes, as Linkerd's
+	// proxy routes gRPC, HTTP/2 requests like any other, by the HTTPRoutes
+	// of a Service without GRPCRoutes; nil without a policy (calls then go
+	// to the target as they are).
+	routes *policy.RouteTable
+	// backends are the backends of its routes: balancer authorities and
+	// forward keys.
 	backends []string
+	// forwards are the endpoints of its forward backends, by forwardKey.
+	forwards map[string]endpoint.Endpoint
 	targets  map[*policy.Route]*routeTarget
 	// balancing is the balancer configuration of each backend authority
 	// (nil: the options').
@@ -218,8 +228,8 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 		}
 		st.table = t
 		st.targets = make(map[*policy.Route]*routeTarget)
-		if rt := t.For(&http.Request{ProtoMajor: 2}); rt != nil && rt.IsGRPC() {
-			st.grpc = rt
+		if rt := t.For(&http.Request{ProtoMajor: 2}); rt != nil {
+			st.routes = rt
 			for _, route := range rt.Routes() {
 				st.targets[route] = m.withMirror(m.newRouteTarget(route, rt.FailureAccrual()), authority)
 				for _, mi := range route.Mirrors {
@@ -228,13 +238,27 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 					}
 				}
 				for _, b := range route.Backends.Backends {
+					if f := b.Backend.Forward; f != nil {
+						k := forwardKey(f)
+						if st.forwards == nil {
+							st.forwards = make(map[string]endpoint.Endpoint)
+						}
+						if _, ok := st.forwards[k]; !ok {
+							st.forwards[k] = *f
+							st.backends = append(st.backends, k)
+						}
+					}
 					if b.Backend.Balancer != nil {
 						a := b.Backend.Balancer.Authority
 						st.backends = append(st.backends, a)
 						if st.balancing == nil {
 							st.balancing = make(map[string]*balancer.BackendConfig)
 						}
-						if _, ok := st.balancing[a]; !ok {
+						// A GRPCRoute's backend configures its pool; an
+						// HTTPRoute's leaves the options' (the pool of a
+						// Service without GRPCRoutes, as before they
+						// routed calls).
+						if _, ok := st.balancing[a]; !ok && rt.IsGRPC() {
 							st.balancing[a] = router.BackendConfig(b.Backend, rt.FailureAccrual())
 						}
 					}
@@ -252,6 +276,11 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 	m.mu.Unlock()
 	return st
 }
+
+// forwardKey is the backend key of a forward backend: its endpoint's
+// address, as the HTTP router sends a forward request to that address (a
+// pod's, when the policy is the forward to the target's own endpoint).
+func forwardKey(ep *endpoint.Endpoint) string { return ep.Addr.String() }
 
 // forget is owner closing. The state of authority goes with its last open
 // resolver; while others remain, a state owner set gives way to the last

@@ -45,7 +45,11 @@ type routeTarget struct {
 }
 
 func (m *mesh) newRouteTarget(route *policy.Route, _ *policy.FailureAccrual) *routeTarget {
-	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(m.fam, "", router.RouteLabels(route)...)}
+	fam := m.fam
+	if !route.GRPC {
+		fam = m.httpFam
+	}
+	rt := &routeTarget{route: route, metrics: metrics.NewRouteTarget(fam, "", router.RouteLabels(route)...)}
 	for _, b := range route.Backends.Backends {
 		rt.backends = append(rt.backends, rt.metrics.NewBackendTarget(router.BackendLabels(b.Backend.Meta)...))
 		rt.total += uint64(b.Weight)
@@ -92,9 +96,9 @@ type call struct {
 // route selects the call's route by the router's best-match rules
 // (policy.Table.Select, over the call as the HTTP/2 request it is: POST
 // to /pkg.Service/Method with the outgoing metadata as headers); nil
-// without a policy with gRPC routes.
+// without a policy.
 func (m *mesh) route(ctx context.Context, st *channelState, authority, method string) (*routeTarget, error) {
-	if st == nil || st.grpc == nil {
+	if st == nil || st.routes == nil {
 		return nil, nil
 	}
 	v := getRequest(method, authority, nil)
@@ -104,7 +108,7 @@ func (m *mesh) route(ctx context.Context, st *channelState, authority, method st
 			v.r.Header[http.CanonicalHeaderKey(k)] = vs
 		}
 	}
-	route, _ := st.grpc.Select(&v.r)
+	route, _ := st.routes.Select(&v.r)
 	putRequest(v)
 	if route == nil {
 		return nil, status.Error(codes.NotFound, "no route found for request")
@@ -139,6 +143,8 @@ func (c *call) prepare(ctx context.Context) (context.Context, *metrics.BackendTa
 	switch b := rb.Backend; {
 	case b.Balancer != nil:
 		ctx = withBackend(ctx, c.target, b.Balancer.Authority)
+	case b.Forward != nil:
+		ctx = withBackend(ctx, c.target, forwardKey(b.Forward))
 	default:
 		return ctx, c.rt.backends[i], status.Error(codes.Unavailable, "backend has no destination the client can balance")
 	}
@@ -248,7 +254,13 @@ func (c *call) status(ctx context.Context, err error) metrics.Status {
 	if err != nil && status.Code(err) == codes.Canceled && ctx.Err() != nil {
 		return metrics.Status{GRPC: -1, Error: "CANCEL"}
 	}
-	return metrics.Status{GRPC: int32(status.Code(err))}
+	st := metrics.Status{GRPC: int32(status.Code(err))}
+	if err == nil && !c.rt.route.GRPC {
+		// An HTTPRoute's series (outbound_http_route_*) carry the HTTP
+		// status: a call that succeeded had a 200.
+		st.HTTP = http.StatusOK
+	}
+	return st
 }
 
 // retryable reports whether the route retries a call that ended with err.

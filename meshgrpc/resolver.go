@@ -61,7 +61,7 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 		refused: make(map[string]*refusal)}
 	b.m.register(authority, r)
 	r.mu.Lock()
-	r.wantLocked([]string{authority})
+	r.wantLocked([]string{authority}, nil)
 	r.mu.Unlock()
 	r.watchProfile(0)
 	r.watchPolicy(0)
@@ -106,9 +106,11 @@ func (r *meshResolver) watchProfile(n int) {
 }
 
 // watchPolicy starts the target's outbound policy watch, as watchProfile
-// does the profile's.
+// does the profile's. The policy comes as the HTTP stack's router gets it
+// ([destination.Client.Policies]): an IP target's by address, or the
+// forward to its profile's endpoint.
 func (r *meshResolver) watchPolicy(n int) {
-	stop, err := r.m.dst.WatchPolicy(r.ctx, destinationSpec(r.authority), r.policy)
+	stop, err := r.m.dst.Policies().Watch(r.ctx, r.authority, r.policy)
 	if r.keep(stop, err, errors.Is(err, policy.ErrTooManyWatches), &r.policyStop, n, r.watchPolicy) {
 		return
 	}
@@ -159,6 +161,14 @@ type meshResolver struct {
 	backends    []string                    // the backend authorities, the target's first
 	sets        map[string]*endpoint.Update // the last update of each backend's watch
 	stops       map[string]func()
+	// forwards are the backends the policy forwards to, by key (see
+	// forwardKey): their one endpoint is their set, with no watch.
+	forwards map[string]endpoint.Endpoint
+	// routed: the target's policy routes every call to backends other
+	// than the target, so that a failed watch of the target's own
+	// endpoints (the Destination API's Get refuses an IP, a Service's
+	// clusterIP as a pod's) fails no call.
+	routed bool
 	// refused holds the pending retry of each backend whose endpoint
 	// watch the Destination client refused (its bound): the watch is
 	// tried again after a delay that grows with each refusal in a row.
@@ -236,19 +246,22 @@ func (r *meshResolver) Close() {
 func (r *meshResolver) policy(u policy.Update) {
 	st := r.m.setPolicy(r.authority, r, u)
 	want := []string{r.authority}
+	var forwards map[string]endpoint.Endpoint
 	if st != nil {
 		for _, a := range st.backends {
 			if !slices.Contains(want, a) {
 				want = append(want, a)
 			}
 		}
+		forwards = st.forwards
 	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
 		return
 	}
-	stops := r.wantLocked(want)
+	r.routed = st != nil && st.routes != nil && !slices.Contains(st.backends, r.authority)
+	stops := r.wantLocked(want, forwards)
 	r.mu.Unlock()
 	for _, s := range stops {
 		s()
@@ -260,18 +273,29 @@ func (r *meshResolver) policy(u policy.Update) {
 }
 
 // wantLocked starts the endpoint watches of the authorities in want that
-// have none and returns the stops of those no longer wanted.
-func (r *meshResolver) wantLocked(want []string) (stops []func()) {
+// have none and returns the stops of those no longer wanted. A backend in
+// forwards is its endpoint alone, never watched: the target itself too,
+// when the policy forwards to its address (a pod's, which the Destination
+// API's Get refuses, as Linkerd's proxy never asks it).
+func (r *meshResolver) wantLocked(want []string, forwards map[string]endpoint.Endpoint) (stops []func()) {
 	r.backends = want
 	for a, s := range r.stops {
-		if !slices.Contains(want, a) {
+		_, was := r.forwards[a]
+		_, is := forwards[a]
+		if !slices.Contains(want, a) || was != is {
 			stops = append(stops, s)
 			delete(r.stops, a)
 			delete(r.sets, a)
 			delete(r.refused, a)
 		}
 	}
+	r.forwards = forwards
 	for _, a := range want {
+		if ep, ok := forwards[a]; ok {
+			r.sets[a] = &endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: []endpoint.Endpoint{ep}}}
+			r.stops[a] = func() {}
+			continue
+		}
 		if _, ok := r.stops[a]; ok {
 			continue
 		}
@@ -316,7 +340,7 @@ func (r *meshResolver) retry(a string, rf *refusal) {
 		return
 	}
 	delete(r.stops, a) // wantLocked watches a again, and keeps rf's count
-	stops := r.wantLocked(r.backends)
+	stops := r.wantLocked(r.backends, r.forwards)
 	r.mu.Unlock()
 	for _, s := range stops {
 		s()
@@ -326,7 +350,7 @@ func (r *meshResolver) retry(a string, rf *refusal) {
 
 func (r *meshResolver) endpoints(a string, u endpoint.Update) {
 	r.mu.Lock()
-	if r.closed || r.stops[a] == nil && !slices.Contains(r.backends, a) {
+	if _, fwd := r.forwards[a]; r.closed || fwd || r.stops[a] == nil && !slices.Contains(r.backends, a) {
 		r.mu.Unlock()
 		return
 	}
@@ -361,7 +385,7 @@ func (r *meshResolver) push() {
 		}
 		answered = append(answered, b)
 		if u.Set == nil {
-			if u.Err != nil {
+			if u.Err != nil && !(b == r.authority && r.routed) {
 				errs = append(errs, fmt.Errorf("%s: %w", b, u.Err))
 			}
 			continue

@@ -1,0 +1,374 @@
+package meshgrpc_test
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/meshgrpc"
+	"github.com/inmesh/inmesh/policy"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+)
+
+// ipControlPlane answers for IP addresses as Linkerd's controllers do, for
+// one Service (books, whose clusterIP is vip) and the pods it is told of:
+//   - OutboundPolicies.Watch (policy-controller/grpc/src/outbound.rs
+//     lookup; runtime/src/lib.rs lookup_ip): an addr that is the
+//     clusterIP gets the Service's policy, any other addr NotFound "No
+//     such service"; an authority NotFound (no IP literal is a
+//     <name>.<ns>.svc.<domain>);
+//   - GetProfile(ip:port) (controller/api/destination/server.go
+//     getProfileByIP): the Service's profile for the clusterIP
+//     (fully_qualified_name set), else the endpoint profile of the
+//     address: the pod's identity, hint and labels, or the address alone;
+//   - Get: the Service's endpoints by name; an IP InvalidArgument "IP
+//     queries not supported by Get API".
+//
+// While gate is open (not closed), GetProfile answers nothing; asked
+// receives the path of each GetProfile call.
+type ipControlPlane struct {
+	pb.UnimplementedDestinationServer
+	vip       netip.AddrPort
+	name      string // the Service's authority, books.default.svc.cluster.local:port
+	policy    *outboundpb.OutboundPolicy
+	endpoints []endpoint.Endpoint
+	pods      map[netip.AddrPort]endpoint.Endpoint
+	gate      chan struct{}
+	asked     chan string
+}
+
+func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	select {
+	case c.asked <- req.GetPath():
+	default:
+	}
+	if c.gate != nil {
+		select {
+		case <-c.gate:
+		case <-s.Context().Done():
+			return nil
+		}
+	}
+	addr, err := netip.ParseAddrPort(req.GetPath())
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "invalid authority %q", req.GetPath())
+	}
+	prof := &pb.DestinationProfile{}
+	if ep, ok := c.pods[addr]; ok {
+		prof.Endpoint = destination.EndpointToProto(ep)
+	} else if addr == c.vip {
+		prof.FullyQualifiedName = "books.default.svc.cluster.local"
+	} else {
+		prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
+	}
+	if err := s.Send(prof); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+func (c *ipControlPlane) Get(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.Update]) error {
+	if req.GetPath() != c.name {
+		host, _, _ := net.SplitHostPort(req.GetPath())
+		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
+	}
+	set := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
+	for _, e := range c.endpoints {
+		set.Addrs = append(set.Addrs, destination.EndpointToProto(e))
+	}
+	if err := s.Send(&pb.Update{Update: &pb.Update_Add{Add: set}}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// ipPolicies is the OutboundPolicies service of an ipControlPlane.
+type ipPolicies struct {
+	outboundpb.UnimplementedOutboundPoliciesServer
+	c *ipControlPlane
+}
+
+func (p ipPolicies) Watch(spec *outboundpb.TrafficSpec, s grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
+	a, ok := spec.GetTarget().(*outboundpb.TrafficSpec_Addr)
+	if !ok {
+		return status.Error(codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local")
+	}
+	if addr, err := destination.AddrFromProto(a.Addr); err != nil || addr != p.c.vip || p.c.policy == nil {
+		return status.Error(codes.NotFound, "No such service")
+	}
+	if err := s.Send(p.c.policy); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// serve starts the control plane on loopback and returns a Destination
+// client of it with Linkerd's streams that looks up the loopback
+// network's addresses.
+func (c *ipControlPlane) serve(t *testing.T) *destination.Client {
+	t.Helper()
+	if c.asked == nil {
+		c.asked = make(chan string, 16)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	pb.RegisterDestinationServer(g, c)
+	outboundpb.RegisterOutboundPoliciesServer(g, ipPolicies{c: c})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	return dialLoopback(t, lis.Addr().String(), destination.WithLinkerdStreams())
+}
+
+// dialLoopback returns a Destination client of the control plane at addr
+// that looks up the addresses of the loopback network.
+func dialLoopback(t *testing.T, addr string, opts ...destination.Option) *destination.Client {
+	t.Helper()
+	opts = append([]destination.Option{destination.WithLogger(quiet), destination.WithSearchNetworks(netip.MustParsePrefix("127.0.0.0/8"))}, opts...)
+	dst, err := destination.Dial(addr, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	return dst
+}
+
+// dialIP makes a fresh mesh channel to inmesh:///target with the identity
+// local, its calls failing fast within the short timeout when no endpoint
+// takes them.
+func dialIP(t *testing.T, dst *destination.Client, target netip.AddrPort, local *identity.Local) testgrpc.TestServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient("inmesh:///"+target.String(), meshgrpc.DialOptions(dst, meshgrpc.WithIdentity(local),
+		meshgrpc.WithLogger(quiet), meshgrpc.WithDiscoveryWait(testutil.Timeout),
+		meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout)))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	return testgrpc.NewTestServiceClient(cc)
+}
+
+// seen is what a peerApp told of a call: the identity it verified, whether
+// the call came over TLS, and the x-added metadata it got.
+func seen(t *testing.T, c testgrpc.TestServiceClient) (string, error) {
+	t.Helper()
+	var hdr metadata.MD
+	resp, err := c.UnaryCall(callCtx(t), &testgrpc.SimpleRequest{}, grpc.Header(&hdr))
+	if err != nil {
+		return "", err
+	}
+	return "tls=" + resp.GetOauthScope() + " client=" + resp.GetUsername() + " x-added=" + firstMD(hdr, "x-added-seen"), nil
+}
+
+// clusterIP is a loopback address of its own on port, where nothing
+// listens: as a Service's clusterIP without kube-proxy. The port is one
+// the test holds on 127.0.0.1, so nothing can listen on it on every
+// address.
+func clusterIP(port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.77"), port)
+}
+
+// booksPolicies are the policies Linkerd's policy controller gives the
+// Service books on port: for a Service without GRPCRoutes its HTTPRoutes
+// (the HTTP/2 table gRPC calls are routed by), for one with GRPCRoutes
+// those (policy-controller/grpc/src/outbound.rs to_proto: http1/http2 or
+// grpc). Each route's rule sets x-added and balances over the Service's
+// endpoints.
+func booksPolicies(port uint16) map[string]*policy.Policy {
+	svc := policy.Metadata{Group: "core", Kind: "Service", Namespace: "default", Name: "books", Port: port}
+	backends := policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{{Weight: 1, Backend: policy.Backend{
+		Meta:     svc,
+		Balancer: &policy.Balancer{Authority: "books.default.svc.cluster.local:" + strconv.Itoa(int(port)), DefaultRTT: 30 * time.Millisecond, Decay: 10 * time.Second},
+		Queue:    policy.Queue{Capacity: 100, FailFastTimeout: 3 * time.Second},
+	}}}}
+	set := []policy.Filter{{RequestHeaders: &policy.HeaderModifier{Set: []policy.Header{{Name: "x-added", Value: "books-route"}}}}}
+	http := []policy.HTTPRoute{{
+		Meta:  policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "default", Name: "books-route"},
+		Rules: []policy.HTTPRule{{Filters: set, Backends: backends}},
+	}}
+	grpcRoutes := []policy.GRPCRoute{{
+		Meta:  policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "GRPCRoute", Namespace: "default", Name: "books-route"},
+		Rules: []policy.GRPCRule{{Filters: set, Backends: backends}},
+	}}
+	return map[string]*policy.Policy{
+		"HTTPRoutes": {Parent: svc, Protocol: policy.ProtocolDetect, HTTP1: policy.HTTPProtocol{Routes: http}, HTTP2: policy.HTTPProtocol{Routes: http}},
+		"GRPCRoutes": {Parent: svc, Protocol: policy.ProtocolGRPC, GRPC: policy.GRPCProtocol{Routes: grpcRoutes}},
+	}
+}
+
+// The first call on a fresh channel to a Service's clusterIP follows the
+// Service's outbound policy, as Linkerd's proxy does for its original
+// destination (linkerd/app/outbound/src/policy/api.rs: the address asked
+// for as TrafficSpec.addr; the policy controller's lookup_ip): the route's
+// filter applies and the call is balanced over the Service's endpoints,
+// over mTLS with their identity. Nothing listens at the clusterIP.
+func TestCallToAClusterIP(t *testing.T) {
+	e := newEnv(t)
+	backend := netip.MustParseAddrPort(e.addr)
+	vip := clusterIP(backend.Port())
+	for name, pol := range booksPolicies(vip.Port()) {
+		t.Run(name, func(t *testing.T) {
+			cp := &ipControlPlane{
+				vip: vip, name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
+				policy:    destination.PolicyToProto(pol),
+				endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+			}
+			got, err := seen(t, dialIP(t, cp.serve(t), vip, e.pki.certify(t, webID)))
+			require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
+			assert.Equal(t, "tls=true client="+webID+" x-added=books-route", got)
+		})
+	}
+}
+
+// The first call on a fresh channel to a meshed pod's address reaches it
+// as Linkerd's proxy reaches it (linkerd/app/outbound/src/discover.rs: the
+// policy controller's NotFound -> a forward policy to the GetProfile
+// answer's endpoint, with its metadata): over mTLS with the identity the
+// control plane gives the pod, never in plaintext; an identity the pod's
+// certificate does not carry fails the call.
+func TestCallToAPodIP(t *testing.T) {
+	e := newEnv(t)
+	pod := netip.MustParseAddrPort(e.addr)
+	for _, tc := range []struct {
+		name      string
+		profileID string // the identity the control plane gives the pod
+		want      string // what the pod saw; "" for a failed call
+	}{
+		{"the pod's identity: mTLS", booksID, "tls=true client=" + webID + " x-added="},
+		{"an identity the pod's certificate lacks: refused", reviewsID, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := &ipControlPlane{vip: clusterIP(pod.Port()), pods: map[netip.AddrPort]endpoint.Endpoint{
+				pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: tc.profileID, H2: true,
+					Labels: map[string]string{"namespace": "default", "pod": "books-0", "serviceaccount": "books"}},
+			}}
+			got, err := seen(t, dialIP(t, cp.serve(t), pod, e.pki.certify(t, webID)))
+			if tc.want == "" {
+				require.Error(t, err)
+				assert.Contains(t, status.Convert(err).Message(), tc.profileID, "the handshake failed for the identity")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// The first call to a pod's address on a fresh channel waits for the
+// pod's profile, within the discovery wait, when the policy controller has
+// already said it has no policy: it never goes out in plaintext before
+// the pod's identity is known.
+func TestFirstCallToAPodIPWaitsForItsIdentity(t *testing.T) {
+	e := newEnv(t)
+	pod := netip.MustParseAddrPort(e.addr)
+	cp := &ipControlPlane{vip: clusterIP(pod.Port()), gate: make(chan struct{}), pods: map[netip.AddrPort]endpoint.Endpoint{
+		pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true},
+	}}
+	c := dialIP(t, cp.serve(t), pod, e.pki.certify(t, webID))
+	type result struct {
+		seen string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := seen(t, c)
+		done <- result{s, err}
+	}()
+	select {
+	case path := <-cp.asked:
+		assert.Equal(t, pod.String(), path, "the pod's profile is asked for")
+	case <-time.After(testutil.Timeout):
+		t.Fatal("the pod's profile was never asked for")
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("the call ended before the pod's profile answered: %+v", r)
+	case <-time.After(testutil.ShortTimeout):
+	}
+	close(cp.gate)
+	r := <-done
+	require.NoError(t, r.err)
+	assert.Equal(t, "tls=true client="+webID+" x-added=", r.seen)
+}
+
+// Against the embedded control plane: the first call to a Service's
+// clusterIP (its manifest's spec.clusterIP) follows the Service's route to
+// its endpoints over mTLS, with an HTTPRoute (the HTTP/2 table) as with a
+// GRPCRoute, and the first call to one of those endpoints' address
+// reaches it over mTLS with the identity registered for it.
+func TestIPAddressesAgainstTheEmbeddedControlPlane(t *testing.T) {
+	e := newEnv(t)
+	backend := netip.MustParseAddrPort(e.addr)
+	vip := clusterIP(backend.Port())
+	port := strconv.Itoa(int(vip.Port()))
+	service := `
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  clusterIP: ` + vip.Addr().String() + `
+  ports: [{port: ` + port + `}]
+`
+	filter := `
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{name: x-added, value: books-route}]
+    backendRefs: [{name: books, port: ` + port + `}]
+`
+	route := func(kind string) string {
+		return `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ` + kind + `
+metadata: {name: books-route, namespace: default}
+spec:
+  parentRefs: [{group: core, kind: Service, name: books, port: ` + port + `}]
+  rules:
+  - matches: []` + filter
+	}
+	for _, tc := range []struct {
+		name, manifests string
+		target          netip.AddrPort
+		want            string
+	}{
+		{"a Service's clusterIP, HTTPRoute", service + route("HTTPRoute"), vip, "tls=true client=" + webID + " x-added=books-route"},
+		{"a Service's clusterIP, GRPCRoute", service + route("GRPCRoute"), vip, "tls=true client=" + webID + " x-added=books-route"},
+		{"a Service's clusterIP, no route", service, vip, "tls=true client=" + webID + " x-added="},
+		{"an endpoint's address", service + route("HTTPRoute"), backend, "tls=true client=" + webID + " x-added="},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := controlplane.NewStore()
+			manifests(t, store, tc.manifests)
+			store.PutEndpoints("books.default.svc.cluster.local:"+port, []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}})
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			g := grpc.NewServer()
+			controlplane.NewServer(store, controlplane.WithLogger(quiet)).Register(g)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = g.Serve(lis) }()
+			t.Cleanup(func() { g.Stop(); <-done })
+
+			got, err := seen(t, dialIP(t, dialLoopback(t, lis.Addr().String()), tc.target, e.pki.certify(t, webID)))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
