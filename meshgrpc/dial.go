@@ -54,7 +54,8 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     waits for them, at most [WithDiscoveryWait] (by default
 //     [DefaultDiscoveryWait]) or until its own deadline; then a
 //     ServiceProfile with routes first (unary calls: the route's timeout, budgeted
-//     retries, route_* series), else the outbound policy's GRPCRoutes
+//     retries, route_* series), else the outbound policy's GRPCRoutes (or
+//     its HTTPRoutes, for a Service without GRPCRoutes)
 //     (best match by the policy package, on /pkg.Service/Method and the
 //     outgoing metadata): the rule's filters (header modifiers on the
 //     metadata; the failure injector's code and message), the backend by

@@ -12,8 +12,12 @@
 // (the logic of package balancer), the interceptors apply the authority's
 // GRPCRoute policy (deadline, counted retries on gRPC codes, failure
 // injection, request mirrors of unary calls, Linkerd's
-// outbound_grpc_route_* metrics), and the transport credentials speak
-// mTLS to every endpoint that has an identity.
+// outbound_grpc_route_* metrics), or the HTTPRoutes of a Service without
+// GRPCRoutes, and the transport credentials speak mTLS to every endpoint
+// that has an identity. The policy comes from [destination.Client.Policies],
+// as the HTTP router's does: a target that is an IP literal within
+// [destination.WithSearchNetworks] gets its Service's policy (a clusterIP)
+// or the forward to its profile's endpoint (a pod's address).
 //
 // A GRPCRoute marked idempotent with a hedge delay (the hedge.inmesh.io
 // annotations) hedges its unary calls, and its server-streaming and bidi
