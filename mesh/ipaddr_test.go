@@ -17,6 +17,7 @@ import (
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
@@ -50,8 +51,11 @@ type ipControlPlane struct {
 	policy    *outboundpb.OutboundPolicy
 	endpoints []endpoint.Endpoint
 	pods      map[netip.AddrPort]endpoint.Endpoint
-	gate      chan struct{}
-	asked     chan string
+	// profile is the Service's ServiceProfile (its routes), given for
+	// the clusterIP with the Service's name when set.
+	profile *profiles.Profile
+	gate    chan struct{}
+	asked   chan string
 }
 
 func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
@@ -72,6 +76,9 @@ func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreami
 	}
 	prof := &pb.DestinationProfile{}
 	if addr == c.vip {
+		if c.profile != nil {
+			prof = destination.ProfileToProto(c.profile)
+		}
 		prof.FullyQualifiedName = "books.default.svc.cluster.local"
 	} else if ep, ok := c.pods[addr]; ok {
 		prof.Endpoint = destination.EndpointToProto(ep)
@@ -252,6 +259,47 @@ func TestRequestToAClusterIP(t *testing.T) {
 			assert.Equal(t, tc.want, receive(t, seen))
 		})
 	}
+}
+
+// A request to a Service's clusterIP whose Service has a ServiceProfile
+// with routes is routed by the profile, which overrides the policy, and
+// goes where Linkerd's proxy sends it: to the profile's logical address,
+// its fully_qualified_name with the request's port
+// (linkerd/app/outbound/src/sidecar.rs, HttpSidecar: should_override_policy
+// gives the profile's addr; service-profiles/src/proto.rs convert_profile;
+// http/logical/profile.rs: a profile without dstOverrides balances over
+// that name), whose endpoints Get gives by name. It is balanced over the
+// Service's endpoints, over mTLS, with the route's timeout and labels (the
+// route_* series, dst the logical address), never sent to the clusterIP,
+// which Get refuses. The first request of a fresh client.
+func TestRequestToAClusterIPWithAServiceProfile(t *testing.T) {
+	p := newPKI(t)
+	seen := make(chan string, 4)
+	backend := reportingServer(t, p, booksID, seen)
+	vip := clusterIP(backend.Port())
+	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
+	cp := &ipControlPlane{
+		vip: vip, name: name,
+		policy:    destination.PolicyToProto(booksPolicy(vip.Port())),
+		endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+		profile: &profiles.Profile{
+			Routes: []profiles.Route{{
+				Condition: profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex("/books/.*")},
+				Labels:    map[string]string{"route": "GET /books/{id}"},
+				Timeout:   testutil.Timeout,
+			}},
+			RetryBudget: &profiles.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second},
+		},
+	}
+	m := testutil.NewMetrics(t)
+	client := cp.serve(t, p.certify(t, webID), WithMeterProvider(m.Provider))
+
+	code, err := tryGet(t, client, "http://"+vip.String()+"/books/7")
+	require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "tls=true client="+webID+" x-route=", receive(t, seen), "the profile's route, not the policy's HTTPRoute")
+	assert.Equal(t, "1", m.Value(t, "route_response_total", `direction="outbound"`, `rt_route="GET /books/{id}"`, `dst="`+name+`"`),
+		"%v", m.Lines(t, "route_response_total"))
 }
 
 // A request to a meshed pod's address reaches it as Linkerd's proxy

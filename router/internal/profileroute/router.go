@@ -1,6 +1,7 @@
 package profileroute
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"net/http"
@@ -93,6 +94,10 @@ type tableState struct {
 	// first is closed by the authority's first answer from the source;
 	// every state of the authority shares it.
 	first *registry.First
+	// logical is where the authority's outbound requests go when it is
+	// not the authority itself: an IP's profile's logical address (see
+	// [profiles.Profile.LogicalAuthority]); "" for the authority.
+	logical string
 }
 
 // routeTargets are a route's metric targets, each direction's made on its
@@ -338,7 +343,9 @@ func (r *Router) apply(e *registry.Entry[tableState], u profiles.Update) {
 	if err := t.BudgetErr(); err != nil {
 		r.log.WarnErr("budget:"+authority, "invalid retry budget; retries disabled", err, "authority", authority)
 	}
-	next := r.build(r.label(authority, t), t)
+	logical := u.Profile.LogicalAuthority(authority)
+	next := r.build(r.label(cmp.Or(logical, authority), t), t)
+	next.logical = logical
 	keepBudget(e.Load(), next)
 	e.Store(next)
 }

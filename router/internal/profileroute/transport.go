@@ -83,7 +83,21 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	if tg.hedge != nil {
 		base = hedged{h: tg.hedge, base: base}
 	}
+	if ts.logical != "" {
+		req = withAuthority(req, ts.logical)
+	}
 	return exchange.RoundTrip(base, req, p)
+}
+
+// withAuthority returns a shallow copy of req sent to authority a, as the
+// policy router sends a request to its backend.
+func withAuthority(req *http.Request, a string) *http.Request {
+	out := new(http.Request)
+	*out = *req
+	u := *req.URL
+	u.Host = a
+	out.URL, out.Host = &u, a
+	return out
 }
 
 // hedged sends each attempt of a hedged route through its hedger.
