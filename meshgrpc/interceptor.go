@@ -302,6 +302,9 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		st, ps, _ = m.lookup(authority, inmesh)
 	}
 	if ps.applies() {
+		if ps.logical != "" {
+			ctx = withBackend(ctx, authority, ps.logical)
+		}
 		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
 	}
 	rt, err := m.route(ctx, st, authority, method)

@@ -23,6 +23,7 @@ import (
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
 	"github.com/inmesh/inmesh/policy"
+	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 )
@@ -50,8 +51,11 @@ type ipControlPlane struct {
 	policy    *outboundpb.OutboundPolicy
 	endpoints []endpoint.Endpoint
 	pods      map[netip.AddrPort]endpoint.Endpoint
-	gate      chan struct{}
-	asked     chan string
+	// profile is the Service's ServiceProfile (its routes), given for
+	// the clusterIP with the Service's name when set.
+	profile *profiles.Profile
+	gate    chan struct{}
+	asked   chan string
 }
 
 func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
@@ -74,6 +78,9 @@ func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreami
 	if ep, ok := c.pods[addr]; ok {
 		prof.Endpoint = destination.EndpointToProto(ep)
 	} else if addr == c.vip {
+		if c.profile != nil {
+			prof = destination.ProfileToProto(c.profile)
+		}
 		prof.FullyQualifiedName = "books.default.svc.cluster.local"
 	} else {
 		prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
@@ -235,6 +242,45 @@ func TestCallToAClusterIP(t *testing.T) {
 			assert.Equal(t, "tls=true client="+webID+" x-added=books-route", got)
 		})
 	}
+}
+
+// The first call on a fresh channel to a Service's clusterIP whose
+// Service has a ServiceProfile with routes is routed by the profile, which
+// overrides the policy, and goes where Linkerd's proxy sends it: to the
+// profile's logical address, its fully_qualified_name with the target's
+// port (linkerd/app/outbound/src/sidecar.rs, HttpSidecar;
+// http/logical/profile.rs), balanced over that name's endpoints over mTLS,
+// with the route's labels (route_* series, dst the logical address).
+func TestCallToAClusterIPWithAServiceProfile(t *testing.T) {
+	e := newEnv(t)
+	backend := netip.MustParseAddrPort(e.addr)
+	vip := clusterIP(backend.Port())
+	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
+	cp := &ipControlPlane{
+		vip: vip, name: name,
+		policy:    destination.PolicyToProto(booksPolicies(vip.Port())["GRPCRoutes"]),
+		endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+		profile: &profiles.Profile{
+			Routes: []profiles.Route{{
+				Condition: profiles.MatchAll{profiles.PathRegex(`/grpc\.testing\.TestService/UnaryCall`)},
+				Labels:    map[string]string{"route": "UnaryCall"},
+				Timeout:   testutil.Timeout,
+			}},
+			RetryBudget: &profiles.RetryBudget{RetryRatio: 0.2, MinRetriesPerSecond: 10, TTL: 10 * time.Second},
+		},
+	}
+	m := testutil.NewMetrics(t)
+	cc, err := grpc.NewClient("inmesh:///"+vip.String(), meshgrpc.DialOptions(cp.serve(t), meshgrpc.WithIdentity(e.pki.certify(t, webID)),
+		meshgrpc.WithLogger(quiet), meshgrpc.WithDiscoveryWait(testutil.Timeout), meshgrpc.WithMeterProvider(m.Provider),
+		meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout)))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+
+	got, err := seen(t, testgrpc.NewTestServiceClient(cc))
+	require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
+	assert.Equal(t, "tls=true client="+webID+" x-added=", got, "the profile's route, not the policy's GRPCRoute")
+	assert.Equal(t, "1", m.Value(t, "route_response_total", `direction="outbound"`, `rt_route="UnaryCall"`, `dst="`+name+`"`),
+		"%v", m.Lines(t, "route_response_total"))
 }
 
 // The first call on a fresh channel to a meshed pod's address reaches it

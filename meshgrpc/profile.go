@@ -1,6 +1,7 @@
 package meshgrpc
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"net/http"
@@ -29,6 +30,10 @@ type profileState struct {
 	budget  *profiles.Budget
 	targets map[*profiles.CompiledRoute]*profTarget
 	def     *profTarget
+	// logical is the backend of the profile's calls when it is not the
+	// target: an IP's logical authority (see
+	// [profiles.Profile.LogicalAuthority]), "" for the target.
+	logical string
 }
 
 type profTarget struct{ route, actual *metrics.Target }
@@ -37,23 +42,25 @@ type profTarget struct{ route, actual *metrics.Target }
 // profile wins over the outbound policy only when it has routes.
 func (ps *profileState) applies() bool { return ps != nil && len(ps.table.Routes()) > 0 }
 
-// setProfile compiles a profile update of authority: the parts that do
-// not compile are left out and logged (see [profiles.Compile]); a profile
-// that does not compile at all is logged and the last good one stays.
-func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Update) {
+// setProfile compiles a profile update of authority and returns its
+// state: the parts that do not compile are left out and logged (see
+// [profiles.Compile]); a profile that does not compile at all is logged
+// and the last good one stays (nil is returned).
+func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Update) *profileState {
 	t, err := profiles.Compile(u.Profile, profiles.Options{})
 	if err != nil {
 		m.plog.WarnErr("reject:"+authority, "meshgrpc: rejected service profile; keeping the last good one", err, "authority", authority)
-		return
+		return nil
 	}
 	for _, d := range t.Dropped() {
 		m.plog.WarnErr("dropped:"+authority, "meshgrpc: dropped a part of the service profile that does not compile; the rest applies", d.Err, "authority", authority, "route", d.Route, "dropped", d.Field)
 	}
-	ps := &profileState{owner: owner, table: t, targets: make(map[*profiles.CompiledRoute]*profTarget)}
+	ps := &profileState{owner: owner, table: t, targets: make(map[*profiles.CompiledRoute]*profTarget),
+		logical: u.Profile.LogicalAuthority(authority)}
 	if b := t.RetryBudget(); b != nil {
 		ps.budget = profiles.NewBudget(*b)
 	}
-	dst := attribute.String("dst", authority)
+	dst := attribute.String("dst", cmp.Or(ps.logical, authority))
 	mk := func(labels map[string]string) *profTarget {
 		kvs := []attribute.KeyValue{attribute.String("direction", "outbound"), dst}
 		for _, k := range slices.Sorted(maps.Keys(labels)) {
@@ -69,6 +76,7 @@ func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Upda
 	m.mu.Lock()
 	m.profiles[authority] = ps
 	m.mu.Unlock()
+	return ps
 }
 
 // profileRoute returns the route of a call under ps, the route that

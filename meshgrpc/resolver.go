@@ -164,6 +164,10 @@ type meshResolver struct {
 	// forwards are the backends the policy forwards to, by key (see
 	// forwardKey): their one endpoint is their set, with no watch.
 	forwards map[string]endpoint.Endpoint
+	// policyBackends are the backends of the target's policy; logical is
+	// the logical authority of its profile, when that routes calls to it.
+	policyBackends []string
+	logical        string
 	// routed: the target's policy routes every call to backends other
 	// than the target, so that a failed watch of the target's own
 	// endpoints (the Destination API's Get refuses an IP, a Service's
@@ -194,9 +198,29 @@ func (r *meshResolver) answered(flag *bool) {
 	}
 }
 
-// profile takes a ServiceProfile update.
+// profile takes a ServiceProfile update: a profile with routes of an IP
+// target that names its service sends calls to that name (see
+// [profiles.Profile.LogicalAuthority]), whose endpoints are watched.
 func (r *meshResolver) profile(u profiles.Update) {
-	r.m.setProfile(r.authority, r, u)
+	ps := r.m.setProfile(r.authority, r, u)
+	if ps != nil {
+		logical := ""
+		if ps.applies() {
+			logical = ps.logical
+		}
+		r.mu.Lock()
+		if r.closed || logical == r.logical {
+			r.mu.Unlock()
+		} else {
+			r.logical = logical
+			stops := r.wantLocked(r.wantedLocked(), r.forwards)
+			r.mu.Unlock()
+			for _, s := range stops {
+				s()
+			}
+			r.push()
+		}
+	}
 	r.answeredBy(&r.profileAnswered, u.Err)
 }
 
@@ -245,15 +269,10 @@ func (r *meshResolver) Close() {
 // interceptors, its backend authorities are watched.
 func (r *meshResolver) policy(u policy.Update) {
 	st := r.m.setPolicy(r.authority, r, u)
-	want := []string{r.authority}
 	var forwards map[string]endpoint.Endpoint
+	var backends []string
 	if st != nil {
-		for _, a := range st.backends {
-			if !slices.Contains(want, a) {
-				want = append(want, a)
-			}
-		}
-		forwards = st.forwards
+		backends, forwards = st.backends, st.forwards
 	}
 	r.mu.Lock()
 	if r.closed {
@@ -261,7 +280,8 @@ func (r *meshResolver) policy(u policy.Update) {
 		return
 	}
 	r.routed = st != nil && st.routes != nil && !slices.Contains(st.backends, r.authority)
-	stops := r.wantLocked(want, forwards)
+	r.policyBackends = backends
+	stops := r.wantLocked(r.wantedLocked(), forwards)
 	r.mu.Unlock()
 	for _, s := range stops {
 		s()
@@ -270,6 +290,22 @@ func (r *meshResolver) policy(u policy.Update) {
 	// After the push: the balancer has the policy's backends and their
 	// configuration before a waiting call is routed to one.
 	r.answeredBy(&r.policyAnswered, u.Err)
+}
+
+// wantedLocked returns the backends the channel's calls may go to: the
+// target, its policy's backends and its profile's logical authority.
+func (r *meshResolver) wantedLocked() []string {
+	want := []string{r.authority}
+	add := func(a string) {
+		if a != "" && !slices.Contains(want, a) {
+			want = append(want, a)
+		}
+	}
+	for _, a := range r.policyBackends {
+		add(a)
+	}
+	add(r.logical)
+	return want
 }
 
 // wantLocked starts the endpoint watches of the authorities in want that
