@@ -30,8 +30,9 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 // for a target inmesh:///host:port:
 //
 //   - the resolver of scheme [Scheme], fed by dst: the endpoints of the
-//     target and of every backend authority its outbound policy's gRPC
-//     routes name, with their weights, labels and identities, pushed as
+//     target and of every backend its outbound policy's routes name (a
+//     forward backend is its one endpoint) and of its ServiceProfile's
+//     logical authority, with their weights, labels and identities, pushed as
 //     they change (ResolveNow does nothing: no re-resolution storm when
 //     connections fail); an empty set is pushed too, a failed watch
 //     reported as a resolver error;
