@@ -24,6 +24,7 @@ import (
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/meshtrace"
 	"github.com/inmesh/inmesh/internal/metrics"
+	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/router"
 )
@@ -153,7 +154,8 @@ func (c *call) prepare(ctx context.Context) (context.Context, *metrics.BackendTa
 
 // filters applies gRPC filters: request header modifiers edit the
 // outgoing metadata; a failure injector that fires fails the call with
-// its code and message.
+// its code and message (an HTTPRoute's, with the code of its HTTP status,
+// as the HTTP router answers a gRPC request).
 func filters(ctx context.Context, fs []policy.Filter) (context.Context, error) {
 	for _, f := range fs {
 		switch {
@@ -161,6 +163,13 @@ func filters(ctx context.Context, fs []policy.Filter) (context.Context, error) {
 			fi := f.GRPCFailureInjector
 			if p := fi.Ratio.Probability(); p >= 1 || rand.Float64() < p {
 				return ctx, status.Error(fi.Code, fi.Message)
+			}
+		case f.FailureInjector != nil:
+			// An HTTPRoute's: the status the HTTP router answers a gRPC
+			// request with.
+			fi := f.FailureInjector
+			if p := fi.Ratio.Probability(); p >= 1 || rand.Float64() < p {
+				return ctx, status.Error(codes.Code(proxyerr.GRPCCode(fi.Status)), fi.Message)
 			}
 		case f.RequestHeaders != nil:
 			md, _ := metadata.FromOutgoingContext(ctx)

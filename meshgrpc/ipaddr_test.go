@@ -418,3 +418,34 @@ spec:
 		})
 	}
 }
+
+// An HTTPRoute's failure injector fails a gRPC call it routes with the
+// code of its HTTP status, as the HTTP router answers a gRPC request
+// (and grpc-go reads an HTTP status): Linkerd's proxy routes gRPC by the
+// HTTPRoutes of a Service without GRPCRoutes.
+func TestHTTPRouteFailureInjectorFailsACall(t *testing.T) {
+	e := newEnv(t)
+	backend := netip.MustParseAddrPort(e.addr)
+	vip := clusterIP(backend.Port())
+	for _, tc := range []struct {
+		status int
+		want   codes.Code
+	}{
+		{503, codes.Unavailable},
+		{504, codes.DeadlineExceeded},
+		{403, codes.PermissionDenied},
+	} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			pol := booksPolicies(vip.Port())["HTTPRoutes"]
+			pol.HTTP2.Routes[0].Rules[0].Filters = []policy.Filter{{FailureInjector: &policy.FailureInjector{Status: tc.status, Message: "injected"}}}
+			cp := &ipControlPlane{
+				vip: vip, name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
+				policy:    destination.PolicyToProto(pol),
+				endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+			}
+			_, err := seen(t, dialIP(t, cp.serve(t), vip, e.pki.certify(t, webID)))
+			assert.Equal(t, tc.want, status.Code(err), "%v", err)
+			assert.Equal(t, "injected", status.Convert(err).Message())
+		})
+	}
+}
