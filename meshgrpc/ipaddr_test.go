@@ -162,11 +162,11 @@ func dialLoopback(t *testing.T, addr string, opts ...destination.Option) *destin
 // dialIP makes a fresh mesh channel to inmesh:///target with the identity
 // local, its calls failing fast within the short timeout when no endpoint
 // takes them.
-func dialIP(t *testing.T, dst *destination.Client, target netip.AddrPort, local *identity.Local) testgrpc.TestServiceClient {
+func dialIP(t *testing.T, dst *destination.Client, target netip.AddrPort, local *identity.Local, opts ...meshgrpc.Option) testgrpc.TestServiceClient {
 	t.Helper()
-	cc, err := grpc.NewClient("inmesh:///"+target.String(), meshgrpc.DialOptions(dst, meshgrpc.WithIdentity(local),
-		meshgrpc.WithLogger(quiet), meshgrpc.WithDiscoveryWait(testutil.Timeout),
-		meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout)))...)
+	opts = append([]meshgrpc.Option{meshgrpc.WithIdentity(local), meshgrpc.WithLogger(quiet), meshgrpc.WithDiscoveryWait(testutil.Timeout),
+		meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout))}, opts...)
+	cc, err := grpc.NewClient("inmesh:///"+target.String(), meshgrpc.DialOptions(dst, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cc.Close() })
 	return testgrpc.NewTestServiceClient(cc)
@@ -225,21 +225,31 @@ func booksPolicies(port uint16) map[string]*policy.Policy {
 // destination (linkerd/app/outbound/src/policy/api.rs: the address asked
 // for as TrafficSpec.addr; the policy controller's lookup_ip): the route's
 // filter applies and the call is balanced over the Service's endpoints,
-// over mTLS with their identity. Nothing listens at the clusterIP.
+// over mTLS with their identity, and recorded in the route's family
+// (outbound_http_route_* for an HTTPRoute, as Linkerd's proxy records an
+// HTTP route's requests, gRPC ones included). Nothing listens at the
+// clusterIP.
 func TestCallToAClusterIP(t *testing.T) {
 	e := newEnv(t)
 	backend := netip.MustParseAddrPort(e.addr)
 	vip := clusterIP(backend.Port())
+	series := map[string][]string{
+		"HTTPRoutes": {"outbound_http_route_request_statuses_total", `http_status="200"`},
+		"GRPCRoutes": {"outbound_grpc_route_request_statuses_total", `grpc_status="OK"`},
+	}
 	for name, pol := range booksPolicies(vip.Port()) {
 		t.Run(name, func(t *testing.T) {
+			m := testutil.NewMetrics(t)
 			cp := &ipControlPlane{
 				vip: vip, name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
 				policy:    destination.PolicyToProto(pol),
 				endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
 			}
-			got, err := seen(t, dialIP(t, cp.serve(t), vip, e.pki.certify(t, webID)))
+			got, err := seen(t, dialIP(t, cp.serve(t), vip, e.pki.certify(t, webID), meshgrpc.WithMeterProvider(m.Provider)))
 			require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
 			assert.Equal(t, "tls=true client="+webID+" x-added=books-route", got)
+			fam := series[name]
+			assert.Equal(t, "1", m.Value(t, fam[0], `route_name="books-route"`, `parent_name="books"`, fam[1]), "%v", m.Lines(t, "outbound_"))
 		})
 	}
 }
