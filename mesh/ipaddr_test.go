@@ -14,136 +14,22 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/linkerdtest"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
-	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
-	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
-// ipControlPlane answers for IP addresses as Linkerd's controllers do, for
-// one Service (books, whose clusterIP is vip) and the pods it is told of:
-//   - OutboundPolicies.Watch (policy-controller/grpc/src/outbound.rs
-//     lookup, lookup_authority; runtime/src/lib.rs lookup_ip): an addr
-//     that is the clusterIP gets the Service's policy, any other addr
-//     NotFound "No such service"; an authority that is not
-//     <name>.<ns>.svc.<domain> NotFound;
-//   - GetProfile(ip:port) (controller/api/destination/server.go
-//     getProfileByIP): the Service's profile for the clusterIP
-//     (fully_qualified_name set), else the endpoint profile of the
-//     address: the pod's identity, hint and labels, or the address alone;
-//   - Get: the Service's endpoints by name; an IP InvalidArgument "IP
-//     queries not supported by Get API".
-//
-// While gate is open (not closed), GetProfile answers nothing; asked
-// receives the path of each GetProfile call.
-type ipControlPlane struct {
-	pb.UnimplementedDestinationServer
-	vip       netip.AddrPort
-	name      string // the Service's authority, books.default.svc.cluster.local:port
-	policy    *outboundpb.OutboundPolicy
-	endpoints []endpoint.Endpoint
-	pods      map[netip.AddrPort]endpoint.Endpoint
-	// profile is the Service's ServiceProfile (its routes), given for
-	// the clusterIP with the Service's name when set.
-	profile *profiles.Profile
-	gate    chan struct{}
-	asked   chan string
-}
-
-func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-	select {
-	case c.asked <- req.GetPath():
-	default:
-	}
-	if c.gate != nil {
-		select {
-		case <-c.gate:
-		case <-s.Context().Done():
-			return nil
-		}
-	}
-	addr, err := netip.ParseAddrPort(req.GetPath())
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "invalid authority %q", req.GetPath())
-	}
-	prof := &pb.DestinationProfile{}
-	if addr == c.vip {
-		if c.profile != nil {
-			prof = destination.ProfileToProto(c.profile)
-		}
-		prof.FullyQualifiedName = "books.default.svc.cluster.local"
-	} else if ep, ok := c.pods[addr]; ok {
-		prof.Endpoint = destination.EndpointToProto(ep)
-	} else {
-		prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
-	}
-	if err := s.Send(prof); err != nil {
-		return err
-	}
-	<-s.Context().Done()
-	return nil
-}
-
-func (c *ipControlPlane) Get(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.Update]) error {
-	if req.GetPath() != c.name {
-		host, _, _ := net.SplitHostPort(req.GetPath())
-		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
-	}
-	set := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
-	for _, e := range c.endpoints {
-		set.Addrs = append(set.Addrs, destination.EndpointToProto(e))
-	}
-	if err := s.Send(&pb.Update{Update: &pb.Update_Add{Add: set}}); err != nil {
-		return err
-	}
-	<-s.Context().Done()
-	return nil
-}
-
-// ipPolicies is the OutboundPolicies service of an ipControlPlane.
-type ipPolicies struct {
-	outboundpb.UnimplementedOutboundPoliciesServer
-	c *ipControlPlane
-}
-
-func (p ipPolicies) Watch(spec *outboundpb.TrafficSpec, s grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
-	a, ok := spec.GetTarget().(*outboundpb.TrafficSpec_Addr)
-	if !ok {
-		return status.Error(codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local")
-	}
-	if addr, err := destination.AddrFromProto(a.Addr); err != nil || addr != p.c.vip || p.c.policy == nil {
-		return status.Error(codes.NotFound, "No such service")
-	}
-	if err := s.Send(p.c.policy); err != nil {
-		return err
-	}
-	<-s.Context().Done()
-	return nil
-}
-
-// serve starts the control plane on loopback and returns an outbound stack
-// of it (see loopbackClient), with Linkerd's streams.
-func (c *ipControlPlane) serve(t *testing.T, local *identity.Local, opts ...ClientOption) *Client {
+// serveIP serves c on loopback and returns an outbound stack of it (see
+// loopbackClient), with Linkerd's streams.
+func serveIP(t *testing.T, c *linkerdtest.IPControlPlane, local *identity.Local, opts ...ClientOption) *Client {
 	t.Helper()
-	if c.asked == nil {
-		c.asked = make(chan string, 16)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	pb.RegisterDestinationServer(g, c)
-	outboundpb.RegisterOutboundPoliciesServer(g, ipPolicies{c: c})
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	return loopbackClient(t, dialLoopback(t, lis.Addr().String(), destination.WithLinkerdStreams()), local, opts...)
+	return loopbackClient(t, dialLoopback(t, c.Serve(t), destination.WithLinkerdStreams()), local, opts...)
 }
 
 // dialLoopback returns a destination client of the control plane at addr
@@ -246,12 +132,12 @@ func TestRequestToAClusterIP(t *testing.T) {
 			seen := make(chan string, 4)
 			backend := reportingServer(t, p, tc.serverID, seen)
 			vip := clusterIP(backend.Port())
-			cp := &ipControlPlane{
-				vip: vip, name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
-				policy:    destination.PolicyToProto(booksPolicy(vip.Port())),
-				endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: tc.serverID, H2: tc.serverID != ""}},
+			cp := &linkerdtest.IPControlPlane{
+				VIP: vip, Name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
+				Policy:    destination.PolicyToProto(booksPolicy(vip.Port())),
+				Endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: tc.serverID, H2: tc.serverID != ""}},
 			}
-			client := cp.serve(t, p.certify(t, webID))
+			client := serveIP(t, cp, p.certify(t, webID))
 
 			code, err := tryGet(t, client, "http://"+vip.String()+"/")
 			require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
@@ -278,11 +164,11 @@ func TestRequestToAClusterIPWithAServiceProfile(t *testing.T) {
 	backend := reportingServer(t, p, booksID, seen)
 	vip := clusterIP(backend.Port())
 	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
-	cp := &ipControlPlane{
-		vip: vip, name: name,
-		policy:    destination.PolicyToProto(booksPolicy(vip.Port())),
-		endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
-		profile: &profiles.Profile{
+	cp := &linkerdtest.IPControlPlane{
+		VIP: vip, Name: name,
+		Policy:    destination.PolicyToProto(booksPolicy(vip.Port())),
+		Endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+		Profile: &profiles.Profile{
 			Routes: []profiles.Route{{
 				Condition: profiles.MatchAll{profiles.Method("GET"), profiles.PathRegex("/books/.*")},
 				Labels:    map[string]string{"route": "GET /books/{id}"},
@@ -292,7 +178,7 @@ func TestRequestToAClusterIPWithAServiceProfile(t *testing.T) {
 		},
 	}
 	m := testutil.NewMetrics(t)
-	client := cp.serve(t, p.certify(t, webID), WithMeterProvider(m.Provider))
+	client := serveIP(t, cp, p.certify(t, webID), WithMeterProvider(m.Provider))
 
 	code, err := tryGet(t, client, "http://"+vip.String()+"/books/7")
 	require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
@@ -323,11 +209,11 @@ func TestRequestToAPodIP(t *testing.T) {
 			seen := make(chan string, 4)
 			pod := reportingServer(t, p, booksID, seen)
 			labels := map[string]string{"namespace": "default", "pod": "books-0", "serviceaccount": "books"}
-			cp := &ipControlPlane{vip: clusterIP(pod.Port()), pods: map[netip.AddrPort]endpoint.Endpoint{
+			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Pods: map[netip.AddrPort]endpoint.Endpoint{
 				pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: tc.profileID, H2: true, Labels: labels},
 			}}
 			m := testutil.NewMetrics(t)
-			client := cp.serve(t, p.certify(t, webID), WithMeterProvider(m.Provider))
+			client := serveIP(t, cp, p.certify(t, webID), WithMeterProvider(m.Provider))
 
 			_, err := tryGet(t, client, "http://"+pod.String()+"/")
 			if tc.want == "" {
@@ -353,10 +239,10 @@ func TestFirstRequestToAPodIPWaitsForItsIdentity(t *testing.T) {
 	p := newPKI(t)
 	seen := make(chan string, 4)
 	pod := reportingServer(t, p, booksID, seen)
-	cp := &ipControlPlane{vip: clusterIP(pod.Port()), gate: make(chan struct{}), pods: map[netip.AddrPort]endpoint.Endpoint{
+	cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Gate: make(chan struct{}), Pods: map[netip.AddrPort]endpoint.Endpoint{
 		pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true},
 	}}
-	client := cp.serve(t, p.certify(t, webID))
+	client := serveIP(t, cp, p.certify(t, webID))
 
 	type result struct {
 		code int
@@ -367,7 +253,7 @@ func TestFirstRequestToAPodIPWaitsForItsIdentity(t *testing.T) {
 		code, err := tryGet(t, client, "http://"+pod.String()+"/")
 		done <- result{code, err}
 	}()
-	assert.Equal(t, pod.String(), receive(t, cp.asked), "the pod's profile is asked for")
+	assert.Equal(t, pod.String(), receive(t, cp.Asked), "the pod's profile is asked for")
 	select {
 	case s := <-seen:
 		t.Fatalf("the request went out before the pod's profile answered: %s", s)
@@ -375,7 +261,7 @@ func TestFirstRequestToAPodIPWaitsForItsIdentity(t *testing.T) {
 		t.Fatalf("the request ended before the pod's profile answered: %+v", r)
 	case <-time.After(testutil.ShortTimeout):
 	}
-	close(cp.gate)
+	close(cp.Gate)
 	r := <-done
 	require.NoError(t, r.err)
 	assert.Equal(t, http.StatusOK, r.code)

@@ -20,132 +20,18 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/identity"
+	"github.com/inmesh/inmesh/internal/linkerdtest"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
-	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
-	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 )
 
-// ipControlPlane answers for IP addresses as Linkerd's controllers do, for
-// one Service (books, whose clusterIP is vip) and the pods it is told of:
-//   - OutboundPolicies.Watch (policy-controller/grpc/src/outbound.rs
-//     lookup; runtime/src/lib.rs lookup_ip): an addr that is the
-//     clusterIP gets the Service's policy, any other addr NotFound "No
-//     such service"; an authority NotFound (no IP literal is a
-//     <name>.<ns>.svc.<domain>);
-//   - GetProfile(ip:port) (controller/api/destination/server.go
-//     getProfileByIP): the Service's profile for the clusterIP
-//     (fully_qualified_name set), else the endpoint profile of the
-//     address: the pod's identity, hint and labels, or the address alone;
-//   - Get: the Service's endpoints by name; an IP InvalidArgument "IP
-//     queries not supported by Get API".
-//
-// While gate is open (not closed), GetProfile answers nothing; asked
-// receives the path of each GetProfile call.
-type ipControlPlane struct {
-	pb.UnimplementedDestinationServer
-	vip       netip.AddrPort
-	name      string // the Service's authority, books.default.svc.cluster.local:port
-	policy    *outboundpb.OutboundPolicy
-	endpoints []endpoint.Endpoint
-	pods      map[netip.AddrPort]endpoint.Endpoint
-	// profile is the Service's ServiceProfile (its routes), given for
-	// the clusterIP with the Service's name when set.
-	profile *profiles.Profile
-	gate    chan struct{}
-	asked   chan string
-}
-
-func (c *ipControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
-	select {
-	case c.asked <- req.GetPath():
-	default:
-	}
-	if c.gate != nil {
-		select {
-		case <-c.gate:
-		case <-s.Context().Done():
-			return nil
-		}
-	}
-	addr, err := netip.ParseAddrPort(req.GetPath())
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "invalid authority %q", req.GetPath())
-	}
-	prof := &pb.DestinationProfile{}
-	if ep, ok := c.pods[addr]; ok {
-		prof.Endpoint = destination.EndpointToProto(ep)
-	} else if addr == c.vip {
-		if c.profile != nil {
-			prof = destination.ProfileToProto(c.profile)
-		}
-		prof.FullyQualifiedName = "books.default.svc.cluster.local"
-	} else {
-		prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
-	}
-	if err := s.Send(prof); err != nil {
-		return err
-	}
-	<-s.Context().Done()
-	return nil
-}
-
-func (c *ipControlPlane) Get(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.Update]) error {
-	if req.GetPath() != c.name {
-		host, _, _ := net.SplitHostPort(req.GetPath())
-		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
-	}
-	set := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
-	for _, e := range c.endpoints {
-		set.Addrs = append(set.Addrs, destination.EndpointToProto(e))
-	}
-	if err := s.Send(&pb.Update{Update: &pb.Update_Add{Add: set}}); err != nil {
-		return err
-	}
-	<-s.Context().Done()
-	return nil
-}
-
-// ipPolicies is the OutboundPolicies service of an ipControlPlane.
-type ipPolicies struct {
-	outboundpb.UnimplementedOutboundPoliciesServer
-	c *ipControlPlane
-}
-
-func (p ipPolicies) Watch(spec *outboundpb.TrafficSpec, s grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
-	a, ok := spec.GetTarget().(*outboundpb.TrafficSpec_Addr)
-	if !ok {
-		return status.Error(codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local")
-	}
-	if addr, err := destination.AddrFromProto(a.Addr); err != nil || addr != p.c.vip || p.c.policy == nil {
-		return status.Error(codes.NotFound, "No such service")
-	}
-	if err := s.Send(p.c.policy); err != nil {
-		return err
-	}
-	<-s.Context().Done()
-	return nil
-}
-
-// serve starts the control plane on loopback and returns a Destination
-// client of it with Linkerd's streams that looks up the loopback
-// network's addresses.
-func (c *ipControlPlane) serve(t *testing.T) *destination.Client {
+// serveIP serves c on loopback and returns a Destination client of it
+// with Linkerd's streams that looks up the loopback network's addresses.
+func serveIP(t *testing.T, c *linkerdtest.IPControlPlane) *destination.Client {
 	t.Helper()
-	if c.asked == nil {
-		c.asked = make(chan string, 16)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer()
-	pb.RegisterDestinationServer(g, c)
-	outboundpb.RegisterOutboundPoliciesServer(g, ipPolicies{c: c})
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	t.Cleanup(func() { g.Stop(); <-done })
-	return dialLoopback(t, lis.Addr().String(), destination.WithLinkerdStreams())
+	return dialLoopback(t, c.Serve(t), destination.WithLinkerdStreams())
 }
 
 // dialLoopback returns a Destination client of the control plane at addr
@@ -240,12 +126,12 @@ func TestCallToAClusterIP(t *testing.T) {
 	for name, pol := range booksPolicies(vip.Port()) {
 		t.Run(name, func(t *testing.T) {
 			m := testutil.NewMetrics(t)
-			cp := &ipControlPlane{
-				vip: vip, name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
-				policy:    destination.PolicyToProto(pol),
-				endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+			cp := &linkerdtest.IPControlPlane{
+				VIP: vip, Name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
+				Policy:    destination.PolicyToProto(pol),
+				Endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
 			}
-			got, err := seen(t, dialIP(t, cp.serve(t), vip, e.pki.certify(t, webID), meshgrpc.WithMeterProvider(m.Provider)))
+			got, err := seen(t, dialIP(t, serveIP(t, cp), vip, e.pki.certify(t, webID), meshgrpc.WithMeterProvider(m.Provider)))
 			require.NoError(t, err, "balanced over the Service's endpoints, not sent to the clusterIP")
 			assert.Equal(t, "tls=true client="+webID+" x-added=books-route", got)
 			fam := series[name]
@@ -266,11 +152,11 @@ func TestCallToAClusterIPWithAServiceProfile(t *testing.T) {
 	backend := netip.MustParseAddrPort(e.addr)
 	vip := clusterIP(backend.Port())
 	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
-	cp := &ipControlPlane{
-		vip: vip, name: name,
-		policy:    destination.PolicyToProto(booksPolicies(vip.Port())["GRPCRoutes"]),
-		endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
-		profile: &profiles.Profile{
+	cp := &linkerdtest.IPControlPlane{
+		VIP: vip, Name: name,
+		Policy:    destination.PolicyToProto(booksPolicies(vip.Port())["GRPCRoutes"]),
+		Endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+		Profile: &profiles.Profile{
 			Routes: []profiles.Route{{
 				Condition: profiles.MatchAll{profiles.PathRegex(`/grpc\.testing\.TestService/UnaryCall`)},
 				Labels:    map[string]string{"route": "UnaryCall"},
@@ -280,7 +166,7 @@ func TestCallToAClusterIPWithAServiceProfile(t *testing.T) {
 		},
 	}
 	m := testutil.NewMetrics(t)
-	cc, err := grpc.NewClient("inmesh:///"+vip.String(), meshgrpc.DialOptions(cp.serve(t), meshgrpc.WithIdentity(e.pki.certify(t, webID)),
+	cc, err := grpc.NewClient("inmesh:///"+vip.String(), meshgrpc.DialOptions(serveIP(t, cp), meshgrpc.WithIdentity(e.pki.certify(t, webID)),
 		meshgrpc.WithLogger(quiet), meshgrpc.WithDiscoveryWait(testutil.Timeout), meshgrpc.WithMeterProvider(m.Provider),
 		meshgrpc.WithBalancerOptions(balancer.WithQueue(0, testutil.ShortTimeout)))...)
 	require.NoError(t, err)
@@ -311,11 +197,11 @@ func TestCallToAPodIP(t *testing.T) {
 		{"an identity the pod's certificate lacks: refused", reviewsID, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cp := &ipControlPlane{vip: clusterIP(pod.Port()), pods: map[netip.AddrPort]endpoint.Endpoint{
+			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Pods: map[netip.AddrPort]endpoint.Endpoint{
 				pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: tc.profileID, H2: true,
 					Labels: map[string]string{"namespace": "default", "pod": "books-0", "serviceaccount": "books"}},
 			}}
-			got, err := seen(t, dialIP(t, cp.serve(t), pod, e.pki.certify(t, webID)))
+			got, err := seen(t, dialIP(t, serveIP(t, cp), pod, e.pki.certify(t, webID)))
 			if tc.want == "" {
 				require.Error(t, err)
 				assert.Contains(t, status.Convert(err).Message(), tc.profileID, "the handshake failed for the identity")
@@ -334,10 +220,10 @@ func TestCallToAPodIP(t *testing.T) {
 func TestFirstCallToAPodIPWaitsForItsIdentity(t *testing.T) {
 	e := newEnv(t)
 	pod := netip.MustParseAddrPort(e.addr)
-	cp := &ipControlPlane{vip: clusterIP(pod.Port()), gate: make(chan struct{}), pods: map[netip.AddrPort]endpoint.Endpoint{
+	cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Gate: make(chan struct{}), Pods: map[netip.AddrPort]endpoint.Endpoint{
 		pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true},
 	}}
-	c := dialIP(t, cp.serve(t), pod, e.pki.certify(t, webID))
+	c := dialIP(t, serveIP(t, cp), pod, e.pki.certify(t, webID))
 	type result struct {
 		seen string
 		err  error
@@ -348,7 +234,7 @@ func TestFirstCallToAPodIPWaitsForItsIdentity(t *testing.T) {
 		done <- result{s, err}
 	}()
 	select {
-	case path := <-cp.asked:
+	case path := <-cp.Asked:
 		assert.Equal(t, pod.String(), path, "the pod's profile is asked for")
 	case <-time.After(testutil.Timeout):
 		t.Fatal("the pod's profile was never asked for")
@@ -358,7 +244,7 @@ func TestFirstCallToAPodIPWaitsForItsIdentity(t *testing.T) {
 		t.Fatalf("the call ended before the pod's profile answered: %+v", r)
 	case <-time.After(testutil.ShortTimeout):
 	}
-	close(cp.gate)
+	close(cp.Gate)
 	r := <-done
 	require.NoError(t, r.err)
 	assert.Equal(t, "tls=true client="+webID+" x-added=", r.seen)
@@ -448,12 +334,12 @@ func TestHTTPRouteFailureInjectorFailsACall(t *testing.T) {
 		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
 			pol := booksPolicies(vip.Port())["HTTPRoutes"]
 			pol.HTTP2.Routes[0].Rules[0].Filters = []policy.Filter{{FailureInjector: &policy.FailureInjector{Status: tc.status, Message: "injected"}}}
-			cp := &ipControlPlane{
-				vip: vip, name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
-				policy:    destination.PolicyToProto(pol),
-				endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+			cp := &linkerdtest.IPControlPlane{
+				VIP: vip, Name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
+				Policy:    destination.PolicyToProto(pol),
+				Endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
 			}
-			_, err := seen(t, dialIP(t, cp.serve(t), vip, e.pki.certify(t, webID)))
+			_, err := seen(t, dialIP(t, serveIP(t, cp), vip, e.pki.certify(t, webID)))
 			assert.Equal(t, tc.want, status.Code(err), "%v", err)
 			assert.Equal(t, "injected", status.Convert(err).Message())
 		})

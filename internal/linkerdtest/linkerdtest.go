@@ -1,0 +1,142 @@
+// Package linkerdtest serves, for tests, a control plane that answers for
+// IP addresses as Linkerd's controllers do.
+package linkerdtest
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/profiles"
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// IPControlPlane answers for IP addresses as Linkerd's controllers do, for
+// one Service (books, whose clusterIP is VIP) and the pods it is told of:
+//   - OutboundPolicies.Watch (policy-controller/grpc/src/outbound.rs
+//     lookup, lookup_authority; runtime/src/lib.rs lookup_ip): an addr
+//     that is the clusterIP gets the Service's policy, any other addr
+//     NotFound "No such service"; an authority NotFound (no IP literal is
+//     a <name>.<ns>.svc.<domain>);
+//   - GetProfile(ip:port) (controller/api/destination/server.go
+//     getProfileByIP): the endpoint profile of a pod's address (its
+//     identity, hint and labels), the Service's profile for the clusterIP
+//     (fully_qualified_name set), else the endpoint profile of the address
+//     alone;
+//   - Get: the Service's endpoints by name; an IP InvalidArgument "IP
+//     queries not supported by Get API".
+//
+// While Gate is open (not closed), GetProfile answers nothing; Asked
+// receives the path of each GetProfile call.
+type IPControlPlane struct {
+	pb.UnimplementedDestinationServer
+	VIP       netip.AddrPort
+	Name      string // the Service's authority, books.default.svc.cluster.local:port
+	Policy    *outboundpb.OutboundPolicy
+	Endpoints []endpoint.Endpoint
+	Pods      map[netip.AddrPort]endpoint.Endpoint
+	// Profile is the Service's ServiceProfile (its routes), given for the
+	// clusterIP with the Service's name when set.
+	Profile *profiles.Profile
+	Gate    chan struct{}
+	Asked   chan string
+}
+
+// GetProfile implements the Destination service.
+func (c *IPControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.DestinationProfile]) error {
+	select {
+	case c.Asked <- req.GetPath():
+	default:
+	}
+	if c.Gate != nil {
+		select {
+		case <-c.Gate:
+		case <-s.Context().Done():
+			return nil
+		}
+	}
+	addr, err := netip.ParseAddrPort(req.GetPath())
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "invalid authority %q", req.GetPath())
+	}
+	prof := &pb.DestinationProfile{}
+	if ep, ok := c.Pods[addr]; ok {
+		prof.Endpoint = destination.EndpointToProto(ep)
+	} else if addr == c.VIP {
+		if c.Profile != nil {
+			prof = destination.ProfileToProto(c.Profile)
+		}
+		prof.FullyQualifiedName = "books.default.svc.cluster.local"
+	} else {
+		prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
+	}
+	if err := s.Send(prof); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// Get implements the Destination service.
+func (c *IPControlPlane) Get(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.Update]) error {
+	if req.GetPath() != c.Name {
+		host, _, _ := net.SplitHostPort(req.GetPath())
+		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
+	}
+	set := &pb.WeightedAddrSet{MetricLabels: map[string]string{"namespace": "default", "service": "books"}}
+	for _, e := range c.Endpoints {
+		set.Addrs = append(set.Addrs, destination.EndpointToProto(e))
+	}
+	if err := s.Send(&pb.Update{Update: &pb.Update_Add{Add: set}}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// policies is the OutboundPolicies service of an IPControlPlane.
+type policies struct {
+	outboundpb.UnimplementedOutboundPoliciesServer
+	c *IPControlPlane
+}
+
+func (p policies) Watch(spec *outboundpb.TrafficSpec, s grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
+	a, ok := spec.GetTarget().(*outboundpb.TrafficSpec_Addr)
+	if !ok {
+		return status.Error(codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local")
+	}
+	if addr, err := destination.AddrFromProto(a.Addr); err != nil || addr != p.c.VIP || p.c.Policy == nil {
+		return status.Error(codes.NotFound, "No such service")
+	}
+	if err := s.Send(p.c.Policy); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// Serve serves the control plane's Destination and OutboundPolicies on a
+// loopback port the kernel picks, until the test ends, and returns its
+// address.
+func (c *IPControlPlane) Serve(t testing.TB) string {
+	t.Helper()
+	if c.Asked == nil {
+		c.Asked = make(chan string, 16)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	pb.RegisterDestinationServer(g, c)
+	outboundpb.RegisterOutboundPoliciesServer(g, policies{c: c})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	return lis.Addr().String()
+}
