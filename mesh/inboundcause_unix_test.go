@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,20 +22,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 )
-
-// boundNotListening holds a loopback TCP port that refuses connections:
-// a socket bound by the kernel's choice and never listening, so that no
-// other process can take the port meanwhile.
-func boundNotListening(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	require.NoError(t, err)
-	t.Cleanup(func() { syscall.Close(fd) })
-	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	sa, err := syscall.Getsockname(fd)
-	require.NoError(t, err)
-	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-}
 
 // closingListener holds a loopback port that accepts connections and
 // closes them at once, before saying anything.
@@ -72,7 +57,7 @@ func TestInboundPolicyWaitNamesTheCause(t *testing.T) {
 		opts []destination.Option
 		want []string
 	}{
-		{"refused", boundNotListening, nil, []string{"connection refused"}},
+		{"refused", func(t *testing.T) string { return testutil.RefusedAddr(t).String() }, nil, []string{"connection refused"}},
 		{"closed before answering", closingListener, nil, []string{"code = Unavailable"}},
 		{"a control plane without the API", func(t *testing.T) string {
 			g := grpc.NewServer()
