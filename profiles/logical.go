@@ -13,8 +13,8 @@ import (
 // profile's logical address (linkerd/service-profiles/src/proto.rs,
 // convert_profile) and balances the requests a profile routes over it
 // (linkerd/app/outbound/src/sidecar.rs, http/logical/profile.rs). It
-// returns "" for a name, an IP whose profile names no service, and a nil
-// p.
+// returns "" for a name, an IP whose profile names no service or names
+// the IP itself, and a nil p.
 func (p *Profile) LogicalAuthority(authority string) string {
 	if p == nil || p.FullyQualifiedName == "" {
 		return ""
@@ -26,5 +26,9 @@ func (p *Profile) LogicalAuthority(authority string) string {
 	if _, err := netip.ParseAddr(host); err != nil {
 		return ""
 	}
-	return net.JoinHostPort(strings.TrimSuffix(p.FullyQualifiedName, "."), port)
+	name := strings.TrimSuffix(p.FullyQualifiedName, ".")
+	if name == host {
+		return "" // the profile of an IP named by the IP: nowhere else
+	}
+	return net.JoinHostPort(name, port)
 }

@@ -26,6 +26,7 @@ func TestLogicalAuthority(t *testing.T) {
 		{"no profile", "10.96.0.10:8080", nil, ""},
 		{"a name is its own authority", "books.default.svc.cluster.local:8080", named, ""},
 		{"no port", "10.96.0.10", named, ""},
+		{"an IP's profile named by the IP", "10.96.0.10:8080", &profiles.Profile{FullyQualifiedName: "10.96.0.10"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, tc.profile.LogicalAuthority(tc.authority))
