@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
@@ -161,4 +163,46 @@ type policyCalls struct {
 
 func (s *policyCalls) Watch(_ *outboundpb.TrafficSpec, st grpc.ServerStreamingServer[outboundpb.OutboundPolicy]) error {
 	return s.answer(int(s.n.Add(1)), st)
+}
+
+// The update that says the control plane could not be reached is the
+// client's own, not a state a stream delivered: a control plane that comes
+// up later and answers "not found" is heard, at once, by a policy and a
+// profile watch made while it was down (and by whoever waits on their
+// first answer, such as a gRPC channel's discovery wait).
+func TestNotFoundAfterUnreachableIsDelivered(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []destination.Option
+	}{
+		{"Watches", nil},
+		{"Linkerd's streams", []destination.Option{destination.WithLinkerdStreams()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, listen := testutil.RefusedUntilListen(t)
+			c := newTestClient(t, addr.String(), tc.opts...)
+			const authority = "books.default.svc.cluster.local:7000"
+			pol := newRecorder[policy.Update]()
+			stop, err := c.WatchPolicy(context.Background(), destination.TrafficSpec{Authority: authority}, pol.update)
+			require.NoError(t, err)
+			defer stop()
+			prof := newRecorder[profiles.Update]()
+			stop, err = c.Watch(context.Background(), authority, prof.update)
+			require.NoError(t, err)
+			defer stop()
+			u := pol.waitFor(t, "the policy watch's unreachable update", func(u policy.Update) bool { return u.Err != nil })
+			require.ErrorIs(t, u.Err, destination.ErrUnreachable)
+			p := prof.waitFor(t, "the profile watch's unreachable update", func(u profiles.Update) bool { return u.Err != nil })
+			require.ErrorIs(t, p.Err, destination.ErrUnreachable)
+
+			g := grpc.NewServer()
+			controlplane.NewServer(controlplane.NewStore(), controlplane.WithLogger(quietLogger)).Register(g)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = g.Serve(listen()) }()
+			defer func() { g.Stop(); <-done }()
+
+			pol.waitFor(t, "the control plane's not found", func(u policy.Update) bool { return u.Err == nil && u.Policy == nil })
+			prof.waitFor(t, "the control plane's not found", func(u profiles.Update) bool { return u.Err == nil && u.Profile == nil })
+		})
+	}
 }

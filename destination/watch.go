@@ -115,6 +115,9 @@ type watch[M, U any] struct {
 	// plane's word that the target does not exist, not a state a stream
 	// delivered.
 	lastNotFound bool
+	// lastUnanswered: last is the kind's unanswered update, the client's
+	// own word that no answer could come, not a state a stream delivered.
+	lastUnanswered bool
 	// subs are the watch's mailboxes, in no order: a few for nearly
 	// every watch, where a map would cost more than the watch itself.
 	subs    []*mailbox.Mailbox[U]
@@ -330,7 +333,7 @@ func (w *watch[M, U]) publish(u U) {
 }
 
 func (w *watch[M, U]) publishLocked(u U) {
-	w.last, w.hasLast, w.lastNotFound = u, true, false
+	w.last, w.hasLast, w.lastNotFound, w.lastUnanswered = u, true, false, false
 	for _, s := range w.subs {
 		s.Offer(u)
 	}
@@ -365,6 +368,7 @@ func (w *watch[M, U]) noAnswer(err error, failFast bool) {
 	w.c.log.Info("unanswered "+w.kind.name, "no answer can come from the control plane for now; proceeding without one, still watching",
 		"rpc", w.kind.name, targetAttr(w.authority), "error", streamCause(err))
 	w.publishLocked(w.kind.unanswered(err))
+	w.lastUnanswered = true
 }
 
 // ErrUnreachable is in the error of a profile or policy update (errors.Is)
@@ -550,7 +554,7 @@ func (w *watch[M, U]) ended(err error) {
 	held := false
 	if notFound && !w.announced && w.kind.notFound != nil {
 		w.mu.Lock()
-		if held = w.hasLast && !w.lastNotFound; !held {
+		if held = w.hasLast && !w.lastNotFound && !w.lastUnanswered; !held {
 			w.publishLocked(w.kind.notFound())
 			w.lastNotFound = true
 		}
