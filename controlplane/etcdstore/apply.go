@@ -172,7 +172,12 @@ func ApplyReport(ctx context.Context, cli *clientv3.Client, prefix string, chang
 			case kv == nil:
 				keys = append(keys, KeyAction{Name: n, Action: Created})
 			case bytes.Equal(kv.Value, v):
+				// Not written, but the state validated has it: a key
+				// deleted or changed since the read fails the
+				// transaction, which no prefix comparison notices of
+				// a deleted key.
 				keys = append(keys, KeyAction{Name: n, Action: Unchanged})
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision))
 				continue
 			default:
 				keys = append(keys, KeyAction{Name: n, Action: Configured})
