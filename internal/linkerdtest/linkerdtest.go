@@ -127,16 +127,21 @@ func (p policies) Watch(spec *outboundpb.TrafficSpec, s grpc.ServerStreamingServ
 // address.
 func (c *IPControlPlane) Serve(t testing.TB) string {
 	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	c.ServeOn(t, lis)
+	return lis.Addr().String()
+}
+
+// ServeOn serves the control plane on lis until the test ends.
+func (c *IPControlPlane) ServeOn(t testing.TB, lis net.Listener) {
 	if c.Asked == nil {
 		c.Asked = make(chan string, 16)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	g := grpc.NewServer()
 	pb.RegisterDestinationServer(g, c)
 	outboundpb.RegisterOutboundPoliciesServer(g, policies{c: c})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(lis) }()
 	t.Cleanup(func() { g.Stop(); <-done })
-	return lis.Addr().String()
 }
