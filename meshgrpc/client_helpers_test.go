@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
+	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/manifest"
@@ -120,3 +122,29 @@ kind: Service
 metadata: {name: books, namespace: default}
 spec: {ports: [{port: 7000}]}
 `
+
+// dialRefusedCounted returns a Destination client of the control plane at
+// addr that tries again every 20ms, and a channel that receives a value
+// (when it has room) for each dial of the control plane that failed.
+func dialRefusedCounted(t testing.TB, addr string, opts ...destination.Option) (*destination.Client, <-chan struct{}) {
+	t.Helper()
+	refused := make(chan struct{}, 64)
+	var d net.Dialer
+	dialCP := func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, a)
+		if err != nil {
+			select {
+			case refused <- struct{}{}:
+			default:
+			}
+		}
+		return c, err
+	}
+	fast, err := backoff.Fixed(20 * time.Millisecond)
+	require.NoError(t, err)
+	dst, err := destination.Dial(addr, append(opts, destination.WithLogger(quiet), destination.WithBackoff(fast),
+		destination.WithDialFunc(dialCP))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Close() })
+	return dst, refused
+}

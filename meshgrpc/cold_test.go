@@ -17,7 +17,6 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
-	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
@@ -357,24 +356,7 @@ func TestFirstCallWaitsOutAnUnreachableControlPlane(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			booksApp, authorsApp := startApp(t, &app{}, nil), startApp(t, &app{}, nil)
 			addr := testutil.FreeAddr(t)
-			refused := make(chan struct{}, 64)
-			var d net.Dialer
-			dialCP := func(ctx context.Context, network, a string) (net.Conn, error) {
-				c, err := d.DialContext(ctx, network, a)
-				if err != nil {
-					select {
-					case refused <- struct{}{}:
-					default:
-					}
-				}
-				return c, err
-			}
-			fast, err := backoff.Fixed(20 * time.Millisecond)
-			require.NoError(t, err)
-			dst, err := destination.Dial(addr, append(tc.opts, destination.WithLogger(quiet), destination.WithBackoff(fast),
-				destination.WithDialFunc(dialCP))...)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = dst.Close() })
+			dst, refused := dialRefusedCounted(t, addr, tc.opts...)
 			// An interceptor after the mesh's says when the mesh has routed
 			// the call.
 			routed := make(chan struct{}, 1)

@@ -2,7 +2,6 @@ package meshgrpc_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
-	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/linkerdtest"
@@ -27,24 +25,7 @@ import (
 func TestFirstCallAfterTheControlPlaneCameUp(t *testing.T) {
 	booksApp := startApp(t, &app{}, nil)
 	addr, listen := testutil.RefusedUntilListen(t)
-	refused := make(chan struct{}, 64)
-	var d net.Dialer
-	dialCP := func(ctx context.Context, network, a string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, a)
-		if err != nil {
-			select {
-			case refused <- struct{}{}:
-			default:
-			}
-		}
-		return c, err
-	}
-	fast, err := backoff.Fixed(20 * time.Millisecond)
-	require.NoError(t, err)
-	dst, err := destination.Dial(addr.String(), destination.WithLinkerdStreams(), destination.WithLogger(quiet),
-		destination.WithBackoff(fast), destination.WithDialFunc(dialCP))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = dst.Close() })
+	dst, refused := dialRefusedCounted(t, addr.String(), destination.WithLinkerdStreams())
 	cc, err := grpc.NewClient(booksTarget, meshgrpc.DialOptions(dst, meshgrpc.WithLogger(quiet),
 		meshgrpc.WithDiscoveryWait(time.Hour))...)
 	require.NoError(t, err)
