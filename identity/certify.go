@@ -220,15 +220,17 @@ var certifyTimeout = 30 * time.Second
 // Certify makes one Certify call and installs the certificate it returns.
 func (c *Certifier) Certify(ctx context.Context) error {
 	err := c.certify(ctx)
+	if err == nil {
+		// Before the count: a reader that sees the refresh counted sees
+		// its time.
+		c.lastRefresh.Store(c.local.now().UnixNano())
+	}
 	if c.refreshes != nil {
 		result := c.ok
 		if err != nil {
 			result = c.failed
 		}
 		c.refreshes.Add(ctx, 1, result)
-	}
-	if err == nil {
-		c.lastRefresh.Store(c.local.now().UnixNano())
 	}
 	return err
 }
