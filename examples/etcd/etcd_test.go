@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,8 @@ import (
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/controlplane/etcdstore"
+	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/examples/internal/cpreplica"
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
 	"github.com/inmesh/inmesh/internal/testutil"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
@@ -538,4 +541,31 @@ func TestFixConfirmedInTheLog(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("cannot work as written", "retry.linkerd.io/limt") == 1 }, timeout, time.Millisecond, "%s", logs.String())
 	put(t, admin, key, authorsYAML("/e"))
 	require.Eventually(t, func() bool { return loaded() > before }, timeout, time.Millisecond, "the fix of a problem is confirmed:\n%s", logs.String())
+}
+
+// startCP starts a control-plane replica process over the etcd endpoints,
+// killed when the test ends.
+func startCP(t *testing.T, endpoints []string, opts ...cpreplica.Option) *cpreplica.Replica {
+	t.Helper()
+	r, err := cpreplica.Start(endpoints, prefix, quiet, opts...)
+	require.NoError(t, err)
+	t.Cleanup(r.Kill)
+	return r
+}
+
+// watchThrough watches authority's endpoints through a client of the
+// replicas, once it has seen want: the addresses it has now, each time
+// it is called.
+func watchThrough(t *testing.T, want []string, replicas ...*cpreplica.Replica) func() []string {
+	t.Helper()
+	var addrs []string
+	for _, r := range replicas {
+		addrs = append(addrs, r.Addr)
+	}
+	client, err := destination.Dial(strings.Join(addrs, ","), destination.WithLogger(quiet))
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+	got := watchAddrs(t, client, authority)
+	require.Eventually(t, func() bool { return slices.Equal(got(), want) }, timeout, 10*time.Millisecond)
+	return got
 }

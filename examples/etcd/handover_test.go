@@ -12,7 +12,6 @@ import (
 
 	"github.com/inmesh/inmesh/backoff"
 	"github.com/inmesh/inmesh/controlplane/etcdstore"
-	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/examples/internal/cpreplica"
 	"github.com/inmesh/inmesh/examples/internal/etcdtest"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
@@ -159,12 +158,8 @@ func TestLiveRegistrationMovesOffAReplicaThatLostEtcd(t *testing.T) {
 	cli := newClient(t, c.Members[lead].Endpoint)
 	put(t, cli, etcdstore.ManifestKey(prefix, "books"), regManifests)
 
-	replicaA, err := cpreplica.Start([]string{c.Members[aMember].Endpoint}, prefix, quiet, cpreplica.WithInsecureRegistration())
-	require.NoError(t, err)
-	t.Cleanup(replicaA.Kill)
-	replicaB, err := cpreplica.Start(c.Endpoints(), prefix, quiet, cpreplica.WithInsecureRegistration())
-	require.NoError(t, err)
-	t.Cleanup(replicaB.Kill)
+	replicaA := startCP(t, []string{c.Members[aMember].Endpoint}, cpreplica.WithInsecureRegistration())
+	replicaB := startCP(t, c.Endpoints(), cpreplica.WithInsecureRegistration())
 
 	reg := registerBooks(t, replicaA.Addr+","+replicaB.Addr)
 	onA, onB := followBooks(t, replicaA.Addr), followBooks(t, replicaB.Addr)
@@ -198,20 +193,12 @@ func TestClientMovesOffAReplicaThatLostEtcd(t *testing.T) {
 	aMember := (lead + 1) % 3
 	cli := newClient(t, c.Members[lead].Endpoint)
 
-	replicaA, err := cpreplica.Start([]string{c.Members[aMember].Endpoint}, prefix, quiet)
-	require.NoError(t, err)
-	t.Cleanup(replicaA.Kill)
-	replicaB, err := cpreplica.Start(c.Endpoints(), prefix, quiet)
-	require.NoError(t, err)
-	t.Cleanup(replicaB.Kill)
+	replicaA := startCP(t, []string{c.Members[aMember].Endpoint})
+	replicaB := startCP(t, c.Endpoints())
 	// Written once both run: what A serves is past B's start.
 	put(t, cli, etcdstore.EndpointsKey(prefix, "all"), endpointsYAML("127.0.0.1:9001"))
 
-	client, err := destination.Dial(replicaA.Addr+","+replicaB.Addr, destination.WithLogger(quiet))
-	require.NoError(t, err)
-	t.Cleanup(func() { client.Close() })
-	got := watchAddrs(t, client, authority)
-	require.Eventually(t, func() bool { return slices.Equal(got(), []string{"127.0.0.1:9001"}) }, timeout, 10*time.Millisecond)
+	got := watchThrough(t, []string{"127.0.0.1:9001"}, replicaA, replicaB)
 
 	c.Kill(aMember)
 	killed := time.Now()

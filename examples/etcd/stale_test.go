@@ -30,19 +30,11 @@ func TestReplicasThatLostEtcdServeTheirLastStateUntilOneReadsIt(t *testing.T) {
 	m := etcdtest.Start(t)
 	admin := newClient(t, m.Endpoint)
 	pxA, pxB := startProxy(t, strings.TrimPrefix(m.Endpoint, "http://")), startProxy(t, strings.TrimPrefix(m.Endpoint, "http://"))
-	replicaA, err := cpreplica.Start([]string{"http://" + pxA.lis.Addr().String()}, prefix, quiet, cpreplica.WithStaleAfter(staleAfter))
-	require.NoError(t, err)
-	t.Cleanup(replicaA.Kill)
-	replicaB, err := cpreplica.Start([]string{"http://" + pxB.lis.Addr().String()}, prefix, quiet, cpreplica.WithStaleAfter(staleAfter))
-	require.NoError(t, err)
-	t.Cleanup(replicaB.Kill)
+	replicaA := startCP(t, []string{"http://" + pxA.lis.Addr().String()}, cpreplica.WithStaleAfter(staleAfter))
+	replicaB := startCP(t, []string{"http://" + pxB.lis.Addr().String()}, cpreplica.WithStaleAfter(staleAfter))
 	put(t, admin, etcdstore.EndpointsKey(prefix, "all"), endpointsYAML("127.0.0.1:9001"))
 
-	client, err := destination.Dial(replicaA.Addr+","+replicaB.Addr, destination.WithLogger(quiet))
-	require.NoError(t, err)
-	t.Cleanup(func() { client.Close() })
-	got := watchAddrs(t, client, authority)
-	require.Eventually(t, func() bool { return slices.Equal(got(), []string{"127.0.0.1:9001"}) }, timeout, 10*time.Millisecond)
+	got := watchThrough(t, []string{"127.0.0.1:9001"}, replicaA, replicaB)
 	a, b := rawReplica(t, replicaA.Addr), rawReplica(t, replicaB.Addr)
 	// Both have read the first state (the client's answer is A's alone).
 	require.Eventually(t, func() bool {
