@@ -122,7 +122,7 @@ func (h *Handler) Decide(r *http.Request, c Conn) Decision {
 		d.key.clientID = peer.ID
 	}
 
-	if r.URL != nil && ambiguousPath(r.URL.Path, r.URL.RawPath) {
+	if r.URL != nil && (ambiguousPath(r.URL.Path, r.URL.RawPath) || pol.table.IsGRPC() && escapedPath(r)) {
 		d.Refuse(http.StatusBadRequest, causeAmbiguousPath)
 		return d
 	}

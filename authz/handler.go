@@ -370,14 +370,19 @@ const (
 	causePolicyPending = "inbound policy not yet known"
 	// inmesh's own, for a path the application could read otherwise than
 	// the routes matched it.
-	causeAmbiguousPath = "request path has dot-segments or an encoded '/' or '.'"
+	causeAmbiguousPath = "request path has dot-segments or an encoded '/' or '.', or is a gRPC method with an escape"
 )
 
 // ambiguousPath reports whether a request path could be authorized as one
 // path and served as another: a dot-segment ("/public/../orders"), in the
 // decoded path (so "%2e%2e" too), or an encoded "/" or "." in the raw one.
 // Such requests are refused with 400 rather than normalized (beyond
-// Linkerd, which matches the raw path).
+// Linkerd, which matches the raw path). Under gRPC routes, which match
+// the method as sent (grpc-go's own transport dispatches on it), any
+// escape is refused as well (Decide): grpc-go's ServeHTTP, as an
+// application behind the stack, dispatches on the decoded path, so that
+// "/pkg.Svc/%45mptyCall" would be authorized as one method and served as
+// EmptyCall. No protobuf service or method name needs an escape.
 func ambiguousPath(path, raw string) bool {
 	for i := 0; i < len(path); {
 		j := strings.IndexByte(path[i:], '/')
@@ -402,6 +407,17 @@ func ambiguousPath(path, raw string) bool {
 		}
 	}
 	return false
+}
+
+// escapedPath reports whether r's path was sent with a percent-escape:
+// its URL keeps a raw path, or its request target, as the server read it,
+// has a '%' before the query.
+func escapedPath(r *http.Request) bool {
+	if r.URL.RawPath != "" {
+		return true
+	}
+	target, _, _ := strings.Cut(r.RequestURI, "?")
+	return strings.IndexByte(target, '%') >= 0
 }
 
 // ServeHTTP authorizes r under its port's current policy: an ambiguous

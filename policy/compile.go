@@ -150,8 +150,8 @@ type RouteTable struct {
 // protocol, nil for none.
 func (t *RouteTable) FailureAccrual() *FailureAccrual { return t.failureAccrual }
 
-// IsGRPC reports whether t holds gRPC routes.
-func (t *RouteTable) IsGRPC() bool { return t.grpc }
+// IsGRPC reports whether t holds gRPC routes (false for a nil t).
+func (t *RouteTable) IsGRPC() bool { return t != nil && t.grpc }
 
 // Routes returns every rule of the table as a [Route], in order.
 func (t *RouteTable) Routes() []*Route {
