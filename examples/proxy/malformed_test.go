@@ -31,6 +31,14 @@ import (
 type seenApp struct {
 	mu   sync.Mutex
 	seen []string
+	hold func(*http.Request) // called before the answer, when set
+}
+
+// setHold makes the app call hold with every request before it answers.
+func (a *seenApp) setHold(hold func(*http.Request)) {
+	a.mu.Lock()
+	a.hold = hold
+	a.mu.Unlock()
 }
 
 func (a *seenApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -41,7 +49,11 @@ func (a *seenApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	a.seen = append(a.seen, line)
+	hold := a.hold
 	a.mu.Unlock()
+	if hold != nil {
+		hold(r)
+	}
 	io.WriteString(w, "ok")
 }
 

@@ -72,10 +72,14 @@ func clientBodyFailed(r *http.Request) bool {
 // ErrorHandler is an httputil.ReverseProxy ErrorHandler: it answers 502
 // (504 for a timeout; gRPC requests with the matching gRPC status), marked
 // with l5d-proxy-error, and logs one line per kind of error and interval.
-// A request whose client went away (classify.Abandoned) is answered
-// nothing and logged at debug level: nobody would read the answer, and
-// the inbound metrics would count it as the server's response (Linkerd's
-// proxy records none for it). A request that is its client's fault is
+// A request whose client went away (classify.Abandoned) is logged at
+// debug level and its response aborted with http.ErrAbortHandler, as
+// httputil.ReverseProxy aborts one it cannot finish: the connection (an
+// HTTP/2 stream) closes without an answer. Writing none would not do, for
+// net/http then sends an empty 200 in the application's name, which a
+// client that only half-closed its connection reads; an answer would be
+// counted by the inbound metrics as the server's response (Linkerd's proxy
+// records none for it). A request that is its client's fault is
 // answered 4xx (501 for an HTTP/2 CONNECT, which is not forwarded; 400 for
 // a body its client sent malformed, see [ClientBody]) and logged at debug
 // level.
@@ -93,7 +97,7 @@ func (l *Logger) ErrorHandler(w http.ResponseWriter, r *http.Request, err error)
 		return
 	case classify.Abandoned(r.Context()):
 		l.rl.Debug(l.name+"/cancelled", "request cancelled by its client", "listener", l.name, "error", err)
-		return
+		panic(http.ErrAbortHandler)
 	case r.Context().Err() != nil || errors.Is(err, context.Canceled):
 		l.rl.Debug(l.name+"/cancelled", "request cancelled", "listener", l.name, "error", err)
 	case kind == "timeout":

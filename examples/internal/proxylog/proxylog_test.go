@@ -66,12 +66,15 @@ func TestErrorHandler(t *testing.T) {
 		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 	}
 	// Requests their client cancelled, straight into the handler: nobody
-	// is there to read an answer, and none is written.
+	// is there to read an answer; none is written, and the response is
+	// aborted, so that net/http sends no 200 of its own either.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for range 50 {
 		w := &writeRecorder{header: http.Header{}}
-		rp.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+		assert.PanicsWithValue(t, http.ErrAbortHandler, func() {
+			rp.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+		})
 		assert.Zero(t, w.status, "no head for a client that went away")
 		assert.Zero(t, w.n, "no body for a client that went away")
 	}
