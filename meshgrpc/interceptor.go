@@ -260,8 +260,14 @@ func (c *call) status(ctx context.Context, err error) metrics.Status {
 			return metrics.Status{GRPC: -1, Error: "IDLE_TIMEOUT"}
 		}
 	}
-	if err != nil && status.Code(err) == codes.Canceled && ctx.Err() != nil {
-		return metrics.Status{GRPC: -1, Error: "CANCEL"}
+	if abandoned(ctx, err) {
+		// Given up after its response headers (one given up before has
+		// no series): Linkerd's proxy drops the response body, recorded
+		// as the error UNKNOWN (linkerd2-proxy
+		// linkerd/app/outbound/src/http/logical/policy/route/metrics/tests.rs,
+		// grpc_response_body_drop_early); error="CANCEL" is a reset by
+		// the server.
+		return metrics.Status{GRPC: -1, Error: "UNKNOWN"}
 	}
 	st := metrics.Status{GRPC: int32(status.Code(err))}
 	if err == nil && !c.rt.route.GRPC {
@@ -270,6 +276,15 @@ func (c *call) status(ctx context.Context, err error) metrics.Status {
 		st.HTTP = http.StatusOK
 	}
 	return st
+}
+
+// abandoned reports whether err ended a call that its caller, whose
+// context is ctx, gave up: not a stream timeout of the route, which
+// cancels ctx too.
+func abandoned(ctx context.Context, err error) bool {
+	var st *streamTimeout
+	return err != nil && status.Code(err) == codes.Canceled && classify.Abandoned(ctx) &&
+		!errors.As(context.Cause(ctx), &st)
 }
 
 // retryable reports whether the route retries a call that ended with err.
@@ -369,7 +384,10 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			}
 		}
 		err = c.timeoutErr(ctx, err)
-		if bt != nil {
+		// A unary call's response headers are not seen: one its caller
+		// gave up is taken as given up before them (a server rarely
+		// sends its headers before its answer).
+		if bt != nil && !abandoned(ctx, err) {
 			st := c.status(ctx, err)
 			if tryTimedOut {
 				st = metrics.Status{GRPC: -1, Error: "RESPONSE_HEADERS_TIMEOUT"}
@@ -382,7 +400,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 				continue
 			}
 		}
-		c.done(ctx, err, retries)
+		c.done(ctx, err, retries, false)
 		hooks.end(own, err)
 		return err
 	}
@@ -500,7 +518,15 @@ func (t *streamTimers) stop() {
 	}
 }
 
-func (c *call) done(ctx context.Context, err error, retries int) {
+// done records the end of the call, which had response headers when
+// headed. A call its caller gave up before its response headers has no
+// status and no duration, as Linkerd's proxy records none for a response
+// future dropped with its client (linkerd/http/prom src/status.rs and
+// src/record_response.rs).
+func (c *call) done(ctx context.Context, err error, retries int, headed bool) {
+	if abandoned(ctx, err) && !headed {
+		return
+	}
 	st := c.status(ctx, err)
 	c.rt.metrics.Done(ctx, st, c.start)
 	if retries > 0 && st.Error == "" && !c.retryable(err) {
@@ -679,10 +705,22 @@ func (s *retryStream) attempt() error {
 func (s *retryStream) attemptDone(err error) error {
 	err = s.c.timeoutErr(s.ctx, err)
 	if s.bt != nil {
-		s.bt.Done(s.ctx, s.c.status(s.ctx, err), s.btStart)
+		if !abandoned(s.ctx, err) || s.headed() {
+			s.bt.Done(s.ctx, s.c.status(s.ctx, err), s.btStart)
+		}
 		s.bt = nil
 	}
 	return err
+}
+
+// headed reports whether the current attempt, which ended, had response
+// headers.
+func (s *retryStream) headed() bool {
+	if s.committed.Load() {
+		return true
+	}
+	p := s.cur.Load()
+	return p != nil && !s.unopened && hadHeaders(*p)
 }
 
 // retryOnErr reports whether the stream starts again after err, the end
@@ -730,7 +768,7 @@ func (s *retryStream) finish(err error) {
 		s.attemptDone(err)
 	}
 	err = s.c.timeoutErr(s.ctx, err)
-	s.c.done(s.ctx, err, s.retries)
+	s.c.done(s.ctx, err, s.retries, abandoned(s.ctx, err) && s.headed())
 	if s.attemptCancel != nil {
 		s.attemptCancel()
 	}

@@ -73,7 +73,10 @@ func endlessStream(t *testing.T) (*endlessApp, testgrpc.TestServiceClient, *test
 // its caller ends by cancelling its context, never reading again (enough,
 // as grpc-go documents): the cancellation reaches the server, and the
 // route's series count the call's end, as they count a stream read to its
-// end.
+// end: a response body dropped, grpc_status="UNKNOWN" and error="UNKNOWN"
+// as Linkerd's proxy records it (linkerd2-proxy
+// linkerd/app/outbound/src/http/logical/policy/route/metrics/tests.rs,
+// grpc_response_body_drop_early).
 func TestRoutedStreamEndedByItsContext(t *testing.T) {
 	a, c, m := endlessStream(t)
 
@@ -92,7 +95,7 @@ func TestRoutedStreamEndedByItsContext(t *testing.T) {
 		t.Fatal("the cancellation never reached the server")
 	}
 	require.Eventually(t, func() bool {
-		return m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="stream"`, `error="CANCEL"`) == "1"
+		return m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="stream"`, `grpc_status="UNKNOWN"`, `error="UNKNOWN"`) == "1"
 	}, testutil.Timeout, 10*time.Millisecond, "the cancelled stream is counted in the route's statuses: %v",
 		m.Lines(t, "outbound_grpc_route_request_statuses_total"))
 	assert.Len(t, m.Lines(t, "outbound_grpc_route_backend_response_statuses_total", `route_name="stream"`), 1, "and its backend's")
@@ -177,7 +180,7 @@ func TestRoutedStreamCancelledDuringRecvCounted(t *testing.T) {
 	case <-time.After(testutil.Timeout):
 		t.Fatal("the cancellation never reached the server")
 	}
-	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="stream"`, `error="CANCEL"`),
+	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", `route_name="stream"`, `grpc_status="UNKNOWN"`, `error="UNKNOWN"`),
 		"the cancelled stream is counted: %v", m.Lines(t, "outbound_grpc_route_request_statuses_total"))
 	assert.Len(t, m.Lines(t, "outbound_grpc_route_backend_response_statuses_total", `route_name="stream"`), 1, "and its backend's")
 }

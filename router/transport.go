@@ -521,26 +521,41 @@ func (x *policyExchange) Allow(ctx context.Context, retries int) bool {
 // once the attempt picked it.
 func (x *policyExchange) Attempt(context.Context) {}
 
-// AttemptDone implements exchange.Recorder.
+// AttemptDone implements exchange.Recorder. An attempt the caller gave up
+// before its response head has no backend response (its request stays
+// counted), as in Linkerd's proxy.
 func (x *policyExchange) AttemptDone(ctx context.Context, o exchange.Outcome, _ time.Time) {
-	if x.backend != nil {
-		x.backend.Done(ctx, x.status(o), x.start)
+	if x.backend != nil && !o.Unanswered(ctx) {
+		x.backend.Done(ctx, x.status(ctx, o), x.start)
 	}
 }
 
-// Done implements exchange.Recorder.
+// Done implements exchange.Recorder. A request the caller gave up before
+// its response head has no status and no duration, as in Linkerd's proxy.
 func (x *policyExchange) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
-	st := x.status(o)
-	x.rt.metrics().route.Done(ctx, st, start)
+	st := x.status(ctx, o)
+	unanswered := o.Unanswered(ctx)
+	if !unanswered {
+		x.rt.metrics().route.Done(ctx, st, start)
+	}
 	if meshtrace.Enabled(ctx) {
 		meshtrace.Classified(ctx, st.Error == "" && !o.Class.Failure, st.Error, o.Retries)
 	}
-	if o.Retries > 0 && st.Error == "" && !x.retriable(o) {
+	if !unanswered && o.Retries > 0 && st.Error == "" && !x.retriable(o) {
 		x.rt.metrics().route.RetrySuccess(ctx)
 	}
 }
 
-func (x *policyExchange) status(o exchange.Outcome) metrics.Status {
+// status is the series labels of o, which ended under the caller's
+// context ctx.
+func (x *policyExchange) status(ctx context.Context, o exchange.Outcome) metrics.Status {
+	if o.GaveUp(ctx) {
+		// The caller dropped the response stream: the head's status with
+		// the error UNKNOWN (linkerd2-proxy
+		// linkerd/app/outbound/src/http/logical/policy/route/metrics/tests.rs,
+		// http_ and grpc_response_body_drop_early).
+		return metrics.Status{HTTP: o.Status, GRPC: o.Class.GRPCStatus, Error: "UNKNOWN"}
+	}
 	st := metrics.Status{HTTP: o.Status, GRPC: o.Class.GRPCStatus, Error: errorValue(o)}
 	if st.Error != "" {
 		// An error carries no upstream gRPC status.

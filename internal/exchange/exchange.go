@@ -77,6 +77,26 @@ type Outcome struct {
 	Retries int
 }
 
+// Unanswered reports whether o is a request, or an attempt, that the
+// caller, whose context is ctx, gave up before any response head arrived.
+// Linkerd's proxy records no response for it in any family: its metric
+// layers record a response when its future resolves, and one dropped with
+// its client records nothing (linkerd/http/metrics
+// src/requests/service.rs; linkerd/http/prom src/record_response.rs and
+// src/status.rs).
+func (o Outcome) Unanswered(ctx context.Context) bool {
+	return o.Status == 0 && o.Err != nil && classify.Abandoned(ctx)
+}
+
+// GaveUp reports whether o is a response whose stream the caller, whose
+// context is ctx, gave up after its head: Linkerd's proxy drops the
+// response body, which its outbound route families record as the error
+// UNKNOWN (the drop's RequestCancelled is none of the errors they name),
+// beside the status of the head.
+func (o Outcome) GaveUp(ctx context.Context) bool {
+	return o.Status != 0 && o.Err != nil && classify.Abandoned(ctx)
+}
+
 // Recorder records the metrics of an exchange.
 type Recorder interface {
 	// Attempt is called as each attempt is sent.

@@ -138,13 +138,13 @@ type profileRecorder dirTargets
 func (pr *profileRecorder) Attempt(ctx context.Context) { pr.actual.Request(ctx) }
 
 func (pr *profileRecorder) AttemptDone(ctx context.Context, o exchange.Outcome, start time.Time) {
-	if !abandoned(ctx, o) {
+	if !o.Unanswered(ctx) {
 		pr.actual.Response(ctx, response(o.Status, o.Class), start)
 	}
 }
 
 func (pr *profileRecorder) Done(ctx context.Context, o exchange.Outcome, start time.Time) {
-	if !abandoned(ctx, o) {
+	if !o.Unanswered(ctx) {
 		pr.route.Response(ctx, response(o.Status, o.Class), start)
 	}
 	if meshtrace.Enabled(ctx) {
@@ -154,15 +154,6 @@ func (pr *profileRecorder) Done(ctx context.Context, o exchange.Outcome, start t
 		}
 		meshtrace.Classified(ctx, !o.Class.Failure, errLabel, o.Retries)
 	}
-}
-
-// abandoned reports whether o is a request that the caller, whose context
-// is ctx, gave up before a response head: it has no route response, as in
-// Linkerd's proxy, whose route metrics record nothing for a response
-// future dropped with its client (linkerd/http/metrics), and as
-// classify's response_total.
-func abandoned(ctx context.Context, o exchange.Outcome) bool {
-	return o.Status == 0 && o.Err != nil && classify.Abandoned(ctx)
 }
 
 // budgetRetry retries a retryable route's failed responses, never its
