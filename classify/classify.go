@@ -17,6 +17,13 @@ type Class struct {
 	Failure bool
 	// GRPCStatus is the gRPC status code that decided the class, or -1.
 	GRPCStatus int32
+	// NoGRPCStatus is set for a gRPC call classified by its grpc-status
+	// that ended without one (Linkerd's GrpcOpen class at its end): a
+	// success whose grpc_status label is 2, Unknown, as Linkerd's
+	// classifier makes it. GRPCStatus stays -1: no status came, and a
+	// retry reads none, as Linkerd's retries read the status from the
+	// response itself.
+	NoGRPCStatus bool
 	// Error is set when no complete response was had: "timeout",
 	// "h2(REASON)" for an HTTP/2 reset or GOAWAY, or "unclassified".
 	Error string
@@ -27,6 +34,20 @@ var (
 	success = Class{GRPCStatus: -1}
 	failure = Class{Failure: true, GRPCStatus: -1}
 )
+
+// GRPCStatusLabel returns the code of the grpc_status label, -1 for an
+// empty one: GRPCStatus, or 2 (Unknown) for a gRPC call that ended without
+// a status (linkerd2-proxy linkerd/app/core/src/classify.rs, Eos::GrpcOpen,
+// whose class linkerd/app/core/src/metrics.rs writes with its code).
+func (c Class) GRPCStatusLabel() int32 {
+	if c.NoGRPCStatus {
+		return grpcUnknown
+	}
+	return c.GRPCStatus
+}
+
+// grpcUnknown is the gRPC status code Unknown.
+const grpcUnknown = 2
 
 // Classification returns "success" or "failure", the classification label.
 func (c Class) Classification() string {
@@ -124,18 +145,14 @@ func httpClass(status int) Class {
 
 // End finishes a tentative class with the response trailers (nil when the
 // stream had none): a grpc-status trailer decides; without one a tentative
-// HTTP class stands, except that a gRPC call under the legacy rule fails.
+// HTTP class stands, a gRPC call classified by its status is a success
+// without one ([Class.NoGRPCStatus]), and under the legacy rule a failure.
 func (c *Classifier) End(tentative Class, grpcRequest bool, trailers http.Header) Class {
 	if c == nil {
 		c = &defaultClassifier
 	}
-	if code, ok := grpcStatus(trailers); ok {
-		return c.grpcClass(code)
-	}
-	if grpcRequest && c.LegacyGRPC && len(c.Classes) == 0 {
-		return Class{Failure: true, GRPCStatus: 0}
-	}
-	return tentative
+	code, ok := grpcStatus(trailers)
+	return c.endCode(tentative, grpcRequest, code, ok)
 }
 
 // EndStatus is [Classifier.End] for a grpc-status value already looked up.
@@ -161,8 +178,12 @@ func (c *Classifier) endCode(tentative Class, grpcRequest bool, code int32, ok b
 	if ok {
 		return c.grpcClass(code)
 	}
-	if grpcRequest && c.LegacyGRPC && len(c.Classes) == 0 {
-		return Class{Failure: true, GRPCStatus: 0}
+	if grpcRequest && len(c.Classes) == 0 {
+		if c.LegacyGRPC {
+			return Class{Failure: true, GRPCStatus: 0}
+		}
+		// Linkerd's GrpcOpen ended without a status: Grpc(Ok(Unknown)).
+		return Class{GRPCStatus: -1, NoGRPCStatus: true}
 	}
 	return tentative
 }

@@ -33,6 +33,10 @@ func TestClassifier(t *testing.T) {
 		{Match: status{404, 404}, Failure: true},
 	}}
 	legacy := &Classifier{LegacyGRPC: true}
+	// grpcOpen is a gRPC call that ended without a status: classify.rs's
+	// Eos::GrpcOpen ends as Grpc(Ok(Unknown)), a success labelled
+	// grpc_status="2", and no status for retries to read.
+	grpcOpen := Class{GRPCStatus: -1, NoGRPCStatus: true}
 	tests := []struct {
 		name     string
 		c        *Classifier
@@ -59,13 +63,13 @@ func TestClassifier(t *testing.T) {
 		{"grpc invalid argument is success", nil, true, 200, nil, hdr("Grpc-Status", "3"), Class{GRPCStatus: 3}},
 		{"grpc permission denied fails", nil, true, 200, nil, hdr("Grpc-Status", "7"), Class{Failure: true, GRPCStatus: 7}},
 		{"grpc ok", nil, true, 200, nil, hdr("Grpc-Status", "0"), Class{GRPCStatus: 0}},
-		{"grpc no status is success", nil, true, 200, nil, nil, success},
-		{"grpc unparsable status is absent", nil, true, 200, nil, hdr("Grpc-Status", "x"), success},
+		{"grpc no status is success", nil, true, 200, nil, nil, grpcOpen},
+		{"grpc unparsable status is absent", nil, true, 200, nil, hdr("Grpc-Status", "x"), grpcOpen},
 		// linkerd2-proxy linkerd/app/core/src/classify.rs: a gRPC call
 		// without a route's classes is classified by grpc-status alone
 		// (Response::Grpc); without one it is Ok(Unknown), a success,
 		// whatever the HTTP status (Eos::GrpcOpen).
-		{"grpc 503 without status is a success", nil, true, 503, nil, nil, success},
+		{"grpc 503 without status is a success", nil, true, 503, nil, nil, grpcOpen},
 		{"grpc 503 with a failing trailer", nil, true, 503, nil, hdr("Grpc-Status", "14"), Class{Failure: true, GRPCStatus: 14}},
 		{"grpc 500 with status 0 in the head", nil, true, 500, hdr("Grpc-Status", "0"), nil, Class{GRPCStatus: 0}},
 		// classify.rs: a plain HTTP request without a route's classes is
@@ -83,7 +87,7 @@ func TestClassifier(t *testing.T) {
 		{"classify.rs grpc_response_header_error", nil, true, 200, hdr("Grpc-Status", "2"), nil, Class{Failure: true, GRPCStatus: 2}},
 		{"classify.rs grpc_response_trailer_ok", nil, true, 200, nil, hdr("Grpc-Status", "0"), Class{GRPCStatus: 0}},
 		{"classify.rs grpc_response_trailer_error", nil, true, 200, nil, hdr("Grpc-Status", "4"), Class{Failure: true, GRPCStatus: 4}},
-		{"classify.rs grpc_response_trailer_missing", nil, true, 200, nil, http.Header{}, success},
+		{"classify.rs grpc_response_trailer_missing", nil, true, 200, nil, http.Header{}, grpcOpen},
 		{"classify.rs grpc_over_http_trailer_ok", nil, true, 200, nil, hdr("Grpc-Status", "0"), Class{GRPCStatus: 0}},
 		{"classify.rs grpc_over_http_trailer_error", nil, true, 200, nil, hdr("Grpc-Status", "4"), Class{Failure: true, GRPCStatus: 4}},
 		{"classify.rs profile_without_response_match_falls_back_to_grpc", routeClasses, true, 200, nil, hdr("Grpc-Status", "4"), Class{Failure: true, GRPCStatus: 4}},
@@ -109,6 +113,11 @@ func TestClassifier(t *testing.T) {
 				c2 = tt.c.EndStatus(c2, tt.grpc, first, ok)
 			}
 			assert.Equal(t, tt.want, c2)
+			if tt.want.NoGRPCStatus {
+				assert.Equal(t, int32(2), c.GRPCStatusLabel(), "Unknown, as classify.rs")
+			} else {
+				assert.Equal(t, tt.want.GRPCStatus, c.GRPCStatusLabel())
+			}
 		})
 	}
 }

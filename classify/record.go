@@ -179,5 +179,5 @@ func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Tar
 }
 
 func response(status int, c Class) metrics.Response {
-	return metrics.Response{Status: status, Failure: c.Failure, GRPC: c.GRPCStatus, Err: c.Error}
+	return metrics.Response{Status: status, Failure: c.Failure, GRPC: c.GRPCStatusLabel(), Err: c.Error}
 }

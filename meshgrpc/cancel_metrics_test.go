@@ -43,8 +43,9 @@ func (a *heldApp) StreamingOutputCall(_ *testgrpc.StreamingOutputCallRequest, s 
 // was given up before its response began (the response future dropped
 // records nothing), and the response as its stream ended when it was
 // given up after its response headers (the body dropped: classify.rs
-// classifies a gRPC response without grpc-status at its end by its head,
-// a success here), never grpc_status="1", a failure. The first call on
+// classifies a gRPC response without grpc-status at its end as
+// Ok(Unknown), a success labelled grpc_status="2"), never
+// grpc_status="1", a failure. The first call on
 // a new channel waits for the ServiceProfile, whose route takes EmptyCall.
 func TestCancelledCallResponseMetrics(t *testing.T) {
 	legacy := []string{`direction="outbound"`, `authority="` + books + `"`}
@@ -89,7 +90,7 @@ func TestCancelledCallResponseMetrics(t *testing.T) {
 		assert.Equal(t, "1", m.Value(t, "request_total", legacy...))
 		lines := m.Lines(t, "response_total", legacy...)
 		require.Len(t, lines, 1, "%v", lines)
-		for _, l := range []string{`classification="success"`, `grpc_status=""`, `error=""`} {
+		for _, l := range []string{`classification="success"`, `grpc_status="2"`, `error=""`} {
 			assert.Contains(t, lines[0], l)
 		}
 		assert.Equal(t, "1", m.Value(t, "response_latency_ms_count", legacy...))

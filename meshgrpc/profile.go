@@ -111,7 +111,7 @@ func profileResponse(cr *profiles.CompiledRoute, err error, timedOut bool) (metr
 		code := int32(status.Code(err))
 		c = cl.EndStatus(c, true, strconv.Itoa(int(code)), true)
 	}
-	return metrics.Response{Status: http.StatusOK, Failure: c.Failure, GRPC: c.GRPCStatus}, c.Failure
+	return metrics.Response{Status: http.StatusOK, Failure: c.Failure, GRPC: c.GRPCStatusLabel()}, c.Failure
 }
 
 // unaryProfile runs a unary call by a ServiceProfile route: its timeout

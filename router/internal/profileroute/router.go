@@ -385,7 +385,7 @@ func RouteFromContext(ctx context.Context) *profiles.CompiledRoute {
 }
 
 func response(status int, c classify.Class) metrics.Response {
-	return metrics.Response{Status: status, Failure: c.Failure, GRPC: c.GRPCStatus, Err: c.Error}
+	return metrics.Response{Status: status, Failure: c.Failure, GRPC: c.GRPCStatusLabel(), Err: c.Error}
 }
 
 // keepBudget carries prev's budget state into next when both tables run

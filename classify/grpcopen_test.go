@@ -1,0 +1,54 @@
+package classify
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A gRPC call whose response ends without any grpc-status (headers and
+// data, no trailers) is what Linkerd's classifier makes it: Eos::GrpcOpen
+// ends as Grpc(Ok(Unknown)) (linkerd2-proxy linkerd/app/core/src/classify.rs,
+// grpc_response_trailer_missing), which response_total writes as
+// classification="success", grpc_status="2", error=""
+// (linkerd/app/core/src/metrics.rs, FmtLabels for Class). Never an empty
+// grpc_status, which Linkerd writes only for HTTP classes and errors. The
+// call is the first of a fresh stack, inbound and outbound.
+func TestGRPCWithoutStatusHasResponseTotalAsLinkerd(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		m := testutil.NewMetrics(t)
+		app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc")
+			_, _ = io.WriteString(w, "\x00\x00\x00\x00\x00")
+			w.(http.Flusher).Flush() // the stream ends after its data, without trailers
+		})
+		srv := testutil.NewServer(t, NewHandler(app, WithMeterProvider(m.Provider)))
+		client := &http.Client{Transport: NewTransport(testutil.NewTransport(t, mode), WithMeterProvider(m.Provider))}
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/pkg.Svc/Call", nil)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/grpc")
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Empty(t, resp.Trailer.Get("Grpc-Status"), "no status at all")
+
+		host := strings.TrimPrefix(srv.URL, "http://")
+		for _, dir := range []string{"inbound", "outbound"} {
+			sel := []string{`authority="` + host + `"`, `direction="` + dir + `"`}
+			lines, n := m.Select(t, "response_total", sel...)
+			require.Equal(t, 1.0, n, "%s: %v", dir, lines)
+			_, n = m.Select(t, "response_total", append(sel, `status_code="200"`, `classification="success"`, `grpc_status="2"`, `error=""`)...)
+			assert.Equal(t, 1.0, n, "%s: %v", dir, lines)
+			// The success rate `linkerd viz stat` reads.
+			_, failures := m.Select(t, "response_total", append(sel, `classification="failure"`)...)
+			assert.Zero(t, failures, dir)
+		}
+	})
+}
