@@ -170,7 +170,10 @@ func TestHedgeToAnotherEndpoint(t *testing.T) {
 // hand and earns MaxExtraLoad per request; a stalled request past it is
 // not hedged and counted as an overflow.
 func TestHedgeShareOfExtraLoad(t *testing.T) {
-	h := newHedgeEndpoints(t, 3, 200*time.Millisecond)
+	// A stall far past the delay: on a loaded machine a hedge timer or a
+	// hedge's dial late by a tenth of a second still comes before the
+	// stalled attempt ends.
+	h := newHedgeEndpoints(t, 3, 2*time.Second)
 	f := hedgeFixture(t, h.eps, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 0.01})
 	for i := range 3 {
 		req, _ := http.NewRequest("GET", "http://svc.test/", nil)
