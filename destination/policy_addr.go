@@ -2,6 +2,7 @@ package destination
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"reflect"
 	"sync"
@@ -9,6 +10,8 @@ import (
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // watchAddrPolicy watches the policy of an IP address as Linkerd's proxy
@@ -17,13 +20,19 @@ import (
 // authority, side by side. A policy from the API is delivered as it is.
 // Where the API has none (NotFound: no Service has that clusterIP, as for
 // a pod's address; or no answer), the profile decides: one that names an
-// endpoint gives a policy that forwards to it (see endpointPolicy), any
-// other answer none. The first update waits for both answers, unless the
-// API's is a policy, so that a request that waits for discovery never goes
-// out before the endpoint's identity is known. Both watches share the
-// client's streams of their targets (the router watches the profile too).
+// endpoint gives a policy that forwards to it (see endpointPolicy); where
+// the API answered NotFound or is not served (Unimplemented), a profile
+// answer that names none (a profile without endpoint, NotFound or a
+// rejection) gives a policy that forwards to addr itself, with no
+// identity, as Linkerd's proxy forwards to the original destination; a
+// profile that cannot come (the control plane unreachable, the client's
+// bound) gives the API's answer. The first
+// update waits for both answers, unless the API's is a policy, so that a
+// request that waits for discovery never goes out before the endpoint's
+// identity is known. Both watches share the client's streams of their
+// targets (the router watches the profile too).
 func (c *Client) watchAddrPolicy(ctx context.Context, authority string, addr netip.AddrPort, update func(policy.Update)) (func(), error) {
-	j := &addrPolicy{update: update}
+	j := &addrPolicy{addr: addr, update: update}
 	stopPolicy, err := c.WatchPolicy(ctx, TrafficSpec{Addr: addr}, j.policy)
 	if err != nil {
 		return nil, err
@@ -44,12 +53,16 @@ func (c *Client) watchAddrPolicy(ctx context.Context, authority string, addr net
 // methods are the watches' update functions; they deliver under mu, so
 // that updates leave in the order their answers were joined.
 type addrPolicy struct {
+	addr   netip.AddrPort
 	update func(policy.Update)
 
 	mu       sync.Mutex
 	pol      *policy.Update     // the API's last answer; nil before the first
 	profiled bool               // the profile answered
 	ep       *endpoint.Endpoint // the profile's endpoint, nil when none
+	// none: the control plane's answer for the profile names no endpoint
+	// (a profile without one, or an error status it sent).
+	none bool
 }
 
 func (j *addrPolicy) policy(u policy.Update) {
@@ -64,12 +77,15 @@ func (j *addrPolicy) profile(u profiles.Update) {
 	if u.Profile != nil {
 		ep = u.Profile.Endpoint
 	}
+	// A rejection is the control plane's answer: it has no profile. An
+	// unreachable control plane or a refused watch said nothing.
+	none := ep == nil && (u.Err == nil || errors.Is(u.Err, ErrRejected))
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.profiled && sameEndpoint(ep, j.ep) {
+	if j.profiled && sameEndpoint(ep, j.ep) && none == j.none {
 		return // nothing that the policy is made of changed
 	}
-	j.profiled, j.ep = true, ep
+	j.profiled, j.ep, j.none = true, ep, none
 	if j.pol != nil && j.pol.Policy != nil {
 		return // the Service's policy applies; the profile does not count
 	}
@@ -87,6 +103,10 @@ func (j *addrPolicy) deliverLocked() {
 		// No policy: the profile's endpoint may give one.
 	case j.ep != nil:
 		j.update(policy.Update{Policy: endpointPolicy(*j.ep)})
+	case j.none && (j.pol.Err == nil || status.Code(j.pol.Err) == codes.Unimplemented):
+		// No policy (NotFound, or a control plane without the API) and
+		// no endpoint: the address itself, its identity unknown.
+		j.update(policy.Update{Policy: endpointPolicy(endpoint.Endpoint{Addr: j.addr, Weight: endpoint.DefaultWeight})})
 	default:
 		j.update(*j.pol)
 	}

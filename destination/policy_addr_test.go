@@ -10,6 +10,7 @@ import (
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
+	"github.com/inmesh/inmesh/internal/linkerdtest"
 	"github.com/inmesh/inmesh/policy"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
@@ -32,12 +33,14 @@ import (
 //     when a pod has it, the address alone otherwise).
 //
 // With unimplemented set it is a control plane older than the
-// OutboundPolicies API (Linkerd 2.12).
+// OutboundPolicies API (Linkerd 2.12); unknown changes GetProfile's answer
+// for an address that is no Service's and no pod's.
 type linkerdAddrs struct {
 	pb.UnimplementedDestinationServer
 	services      map[netip.AddrPort]*outboundpb.OutboundPolicy
 	pods          map[netip.AddrPort]*pb.WeightedAddr
 	unimplemented bool
+	unknown       linkerdtest.UnknownAnswer
 
 	mu    sync.Mutex
 	specs []*outboundpb.TrafficSpec
@@ -91,7 +94,9 @@ func (s *linkerdAddrs) GetProfile(req *pb.GetDestination, stream grpc.ServerStre
 		prof.FullyQualifiedName = "books.default.svc.cluster.local"
 	case s.pods[addr] != nil:
 		prof.Endpoint = s.pods[addr]
-	default:
+	case s.unknown == linkerdtest.ProfileNotFound:
+		return status.Errorf(codes.NotFound, "no profile for %s", addr)
+	case s.unknown == linkerdtest.EndpointProfile:
 		prof.Endpoint = &pb.WeightedAddr{Addr: destination.AddrToProto(addr), Weight: 10000}
 	}
 	if err := stream.Send(prof); err != nil {
@@ -141,6 +146,7 @@ func TestPolicyOfAnIPAddress(t *testing.T) {
 		name, upstream string
 		target         netip.AddrPort
 		unimplemented  bool
+		unknown        linkerdtest.UnknownAnswer
 		// wantParent is the parent of the policy delivered; "" for none.
 		wantParent string
 		// wantForward is the endpoint the delivered policy forwards to.
@@ -165,6 +171,18 @@ func TestPolicyOfAnIPAddress(t *testing.T) {
 			target: unknown, wantParent: "endpoint", wantForward: &endpoint.Endpoint{Addr: unknown, Weight: 10000}, wantAsked: true,
 		},
 		{
+			name: "an address whose profile names no endpoint: the address itself", upstream: "discover.rs: profile.endpoint None -> (orig_dst, default metadata)",
+			target: unknown, unknown: linkerdtest.ProfileWithoutEndpoint, wantParent: "endpoint", wantForward: &endpoint.Endpoint{Addr: unknown, Weight: 10000}, wantAsked: true,
+		},
+		{
+			name: "an address without a profile: the address itself", upstream: "discover.rs: no profile -> spawn_synthesized_origdst_policy",
+			target: unknown, unknown: linkerdtest.ProfileNotFound, wantParent: "endpoint", wantForward: &endpoint.Endpoint{Addr: unknown, Weight: 10000}, wantAsked: true,
+		},
+		{
+			name: "a control plane without the API, no endpoint: the address itself", upstream: "discover.rs: Unimplemented, profile.endpoint None -> orig_dst",
+			target: unknown, unimplemented: true, unknown: linkerdtest.ProfileWithoutEndpoint, wantParent: "endpoint", wantForward: &endpoint.Endpoint{Addr: unknown, Weight: 10000}, wantAsked: true,
+		},
+		{
 			name: "an address outside the search networks is not asked for", upstream: "LINKERD2_PROXY_DESTINATION_PROFILE_NETWORKS",
 			target: outside,
 		},
@@ -174,6 +192,7 @@ func TestPolicyOfAnIPAddress(t *testing.T) {
 				services:      map[netip.AddrPort]*outboundpb.OutboundPolicy{clusterIP: destination.PolicyToProto(svcPolicy)},
 				pods:          map[netip.AddrPort]*pb.WeightedAddr{pod: destination.EndpointToProto(podEndpoint)},
 				unimplemented: tc.unimplemented,
+				unknown:       tc.unknown,
 			}
 			c := newTestClient(t, serveLinkerdAddrs(t, srv), destination.WithLinkerdStreams(),
 				destination.WithSearchNetworks(netip.MustParsePrefix("10.0.0.0/8")))

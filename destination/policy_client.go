@@ -145,7 +145,9 @@ func (c *Client) WatchPolicy(ctx context.Context, target TrafficSpec, update fun
 // Linkerd's proxy: when the profile names an endpoint (the control plane
 // knows the workload at that address) the source delivers a policy that
 // forwards every request to that endpoint, with its identity, protocol
-// hint and labels; else none.
+// hint and labels; when it names none (or there is no profile), one that
+// forwards every request to the address itself, with no identity. A
+// control plane that cannot be reached gives none.
 func (c *Client) Policies() policy.Source { return policySource{c} }
 
 type policySource struct{ c *Client }

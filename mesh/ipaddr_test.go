@@ -325,3 +325,35 @@ spec:
 		})
 	}
 }
+
+// A request to an address for which the control plane has no policy
+// (OutboundPolicies NotFound) and whose profile names no endpoint
+// (GetProfile without one, or NotFound) goes to the address itself, in
+// plaintext since no identity is known, as Linkerd's proxy forwards to its
+// original destination (linkerd/app/outbound/src/discover.rs: a forward
+// policy to the profile's endpoint or, without one, to the address),
+// without asking Get for the address. Each row is the first request of a
+// fresh client.
+func TestRequestToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
+	p := newPKI(t)
+	for _, tc := range []struct {
+		name    string
+		unknown linkerdtest.UnknownAnswer
+	}{
+		{"a profile without endpoint", linkerdtest.ProfileWithoutEndpoint},
+		{"no profile", linkerdtest.ProfileNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := make(chan string, 4)
+			addr := reportingServer(t, p, "", seen)
+			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: tc.unknown}
+			client := serveIP(t, cp, p.certify(t, webID))
+
+			code, err := tryGet(t, client, "http://"+addr.String()+"/")
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, code)
+			assert.Equal(t, "tls=false client= x-route=", receive(t, seen))
+			assert.Empty(t, cp.Gets(), "the paths asked of Get")
+		})
+	}
+}

@@ -17,7 +17,8 @@
 // that has an identity. The policy comes from [destination.Client.Policies],
 // as the HTTP router's does: a target that is an IP literal within
 // [destination.WithSearchNetworks] gets its Service's policy (a clusterIP)
-// or the forward to its profile's endpoint (a pod's address).
+// or the forward to its profile's endpoint (a pod's address), or to the
+// address itself when the control plane knows neither.
 //
 // A GRPCRoute marked idempotent with a hedge delay (the hedge.inmesh.io
 // annotations) hedges its unary calls, and its server-streaming and bidi

@@ -345,3 +345,45 @@ func TestHTTPRouteFailureInjectorFailsACall(t *testing.T) {
 		})
 	}
 }
+
+// The first call on a fresh channel to an address for which the control
+// plane has no policy (OutboundPolicies NotFound) and whose profile names
+// no endpoint (GetProfile without one, or NotFound) goes to the address
+// itself, in plaintext since no identity is known, as the HTTP stack's
+// request does and as Linkerd's proxy forwards to its original destination
+// (linkerd/app/outbound/src/discover.rs: a forward policy to the profile's
+// endpoint or, without one, to the address). Against the embedded control
+// plane, which answers an address it knows nothing of with the endpoint
+// profile of the address alone, as Linkerd's controller does, the call
+// goes there too.
+func TestCallToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
+	e := newEnv(t)
+	addr := netip.MustParseAddrPort(e.addr)
+	for _, tc := range []struct {
+		name string
+		dst  func(t *testing.T) *destination.Client
+	}{
+		{"a profile without endpoint", func(t *testing.T) *destination.Client {
+			return serveIP(t, &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: linkerdtest.ProfileWithoutEndpoint})
+		}},
+		{"no profile", func(t *testing.T) *destination.Client {
+			return serveIP(t, &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: linkerdtest.ProfileNotFound})
+		}},
+		{"the embedded control plane", func(t *testing.T) *destination.Client {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			g := grpc.NewServer()
+			controlplane.NewServer(controlplane.NewStore(), controlplane.WithLogger(quiet)).Register(g)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = g.Serve(lis) }()
+			t.Cleanup(func() { g.Stop(); <-done })
+			return dialLoopback(t, lis.Addr().String())
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := seen(t, dialIP(t, tc.dst(t), addr, e.pki.certify(t, webID)))
+			require.NoError(t, err, "sent to the address itself")
+			assert.Equal(t, "tls=false client= x-added=", got, "in plaintext: no identity is known")
+		})
+	}
+}

@@ -5,6 +5,7 @@ package linkerdtest
 import (
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
@@ -33,8 +34,11 @@ import (
 //   - Get: the Service's endpoints by name; an IP InvalidArgument "IP
 //     queries not supported by Get API".
 //
-// While Gate is open (not closed), GetProfile answers nothing; Asked
-// receives the path of each GetProfile call.
+// Unknown changes GetProfile's answer for an address that is neither a
+// pod's nor the clusterIP, as a controller that knows nothing of it may
+// answer. While Gate is open (not closed), GetProfile answers nothing;
+// Asked receives the path of each GetProfile call; Gets returns the path
+// of each Get call received.
 type IPControlPlane struct {
 	pb.UnimplementedDestinationServer
 	VIP       netip.AddrPort
@@ -45,8 +49,33 @@ type IPControlPlane struct {
 	// Profile is the Service's ServiceProfile (its routes), given for the
 	// clusterIP with the Service's name when set.
 	Profile *profiles.Profile
+	Unknown UnknownAnswer
 	Gate    chan struct{}
 	Asked   chan string
+
+	mu   sync.Mutex
+	gets []string
+}
+
+// UnknownAnswer is how an IPControlPlane's GetProfile answers an address
+// it knows nothing of.
+type UnknownAnswer int
+
+const (
+	// EndpointProfile is the endpoint profile of the address alone, as
+	// Linkerd's controller answers (the zero value).
+	EndpointProfile UnknownAnswer = iota
+	// ProfileWithoutEndpoint is a profile that names no endpoint.
+	ProfileWithoutEndpoint
+	// ProfileNotFound ends the stream with NotFound.
+	ProfileNotFound
+)
+
+// Gets returns the path of each Get call received so far, in order.
+func (c *IPControlPlane) Gets() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.gets...)
 }
 
 // GetProfile implements the Destination service.
@@ -75,7 +104,12 @@ func (c *IPControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreami
 		}
 		prof.FullyQualifiedName = "books.default.svc.cluster.local"
 	} else {
-		prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
+		switch c.Unknown {
+		case ProfileNotFound:
+			return status.Errorf(codes.NotFound, "no profile for %s", addr)
+		case EndpointProfile:
+			prof.Endpoint = destination.EndpointToProto(endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight})
+		}
 	}
 	if err := s.Send(prof); err != nil {
 		return err
@@ -86,6 +120,9 @@ func (c *IPControlPlane) GetProfile(req *pb.GetDestination, s grpc.ServerStreami
 
 // Get implements the Destination service.
 func (c *IPControlPlane) Get(req *pb.GetDestination, s grpc.ServerStreamingServer[pb.Update]) error {
+	c.mu.Lock()
+	c.gets = append(c.gets, req.GetPath())
+	c.mu.Unlock()
 	if req.GetPath() != c.Name {
 		host, _, _ := net.SplitHostPort(req.GetPath())
 		return status.Errorf(codes.InvalidArgument, "IP queries not supported by Get API: host=%s", host)
