@@ -301,13 +301,16 @@ func (b *meshBalancer) update() {
 	if b.mesh != nil {
 		pk.calls = b.mesh.calls
 	}
-	_, known := b.pools[b.target]
+	// The resolver's first state names the target's set, or, for an IP
+	// whose policy routes its calls elsewhere (its own set unwatched),
+	// the first of their backends' sets.
+	known := len(b.pools) > 0
 	switch {
 	case len(scs) > 0:
 		b.publish(grpcbalancer.State{ConnectivityState: connectivity.Ready, Picker: pk})
 	case len(b.subs) == 0 && b.rerr == nil && known:
-		// The target's set is known and empty: its calls queue in the
-		// picker, as requests do in the HTTP balancer's queue.
+		// The sets are known and empty: calls queue in the picker, as
+		// requests do in the HTTP balancer's queue.
 		b.publish(grpcbalancer.State{ConnectivityState: connectivity.Connecting, Picker: pk})
 	case len(b.subs) == 0:
 		err := fmt.Errorf("meshgrpc: %s has no endpoints", b.target)

@@ -18,7 +18,8 @@
 // as the HTTP router's does: a target that is an IP literal within
 // [destination.WithSearchNetworks] gets its Service's policy (a clusterIP)
 // or the forward to its profile's endpoint (a pod's address), or to the
-// address itself when the control plane knows neither.
+// address itself when the control plane knows neither; its own endpoints
+// are never asked of the Destination API's Get, which refuses an IP.
 //
 // A GRPCRoute marked idempotent with a hedge delay (the hedge.inmesh.io
 // annotations) hedges its unary calls, and its server-streaming and bidi

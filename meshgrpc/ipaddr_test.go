@@ -387,3 +387,42 @@ func TestCallToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
 		})
 	}
 }
+
+// A channel to an IP address never asks the Destination API's Get for the
+// address's endpoints, which Linkerd's controller refuses ("IP queries not
+// supported by Get API") and Linkerd's proxy never asks: the address's
+// policy answers for it (linkerd/app/outbound/src/discover.rs), a
+// Service's by its name's endpoints, a pod's or an unknown address's by a
+// forward to it. Each row's first call succeeds with only the Service's
+// name asked of Get.
+func TestCallToAnIPAddressAsksGetForNoAddress(t *testing.T) {
+	e := newEnv(t)
+	backend := netip.MustParseAddrPort(e.addr)
+	vip := clusterIP(backend.Port())
+	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
+	for _, tc := range []struct {
+		name     string
+		cp       *linkerdtest.IPControlPlane
+		target   netip.AddrPort
+		want     string
+		wantGets []string
+	}{
+		{"a Service's clusterIP", &linkerdtest.IPControlPlane{
+			VIP: vip, Name: name,
+			Policy:    destination.PolicyToProto(booksPolicies(vip.Port())["GRPCRoutes"]),
+			Endpoints: []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}},
+		}, vip, "tls=true client=" + webID + " x-added=books-route", []string{name}},
+		{"a pod's address", &linkerdtest.IPControlPlane{VIP: vip, Pods: map[netip.AddrPort]endpoint.Endpoint{
+			backend: {Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true},
+		}}, backend, "tls=true client=" + webID + " x-added=", nil},
+		{"an address without policy or endpoint", &linkerdtest.IPControlPlane{VIP: vip, Unknown: linkerdtest.ProfileWithoutEndpoint},
+			backend, "tls=false client= x-added=", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := seen(t, dialIP(t, serveIP(t, tc.cp), tc.target, e.pki.certify(t, webID)))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.wantGets, tc.cp.Gets(), "the paths asked of Get")
+		})
+	}
+}

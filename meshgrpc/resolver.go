@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -56,12 +57,13 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 		return nil, fmt.Errorf("meshgrpc: target %q: want %s:///host:port", t.URL.String(), Scheme)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &meshResolver{m: b.m, cc: cc, authority: authority, ctx: ctx, cancel: cancel,
+	_, ipErr := netip.ParseAddrPort(authority)
+	r := &meshResolver{m: b.m, cc: cc, authority: authority, ctx: ctx, cancel: cancel, ip: ipErr == nil,
 		sets: make(map[string]*endpoint.Update), stops: make(map[string]func()),
 		refused: make(map[string]*refusal)}
 	b.m.register(authority, r)
 	r.mu.Lock()
-	r.wantLocked([]string{authority}, nil)
+	r.wantLocked(r.wantedLocked(), nil)
 	r.mu.Unlock()
 	r.watchProfile(0)
 	r.watchPolicy(0)
@@ -84,7 +86,7 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 // clears it.
 func (r *meshResolver) noAnswer(wait time.Duration) {
 	r.mu.Lock()
-	silent := !r.closed && r.sets[r.authority] == nil
+	silent := !r.closed && !r.firstLocked()
 	r.mu.Unlock()
 	if silent {
 		r.cc.ReportError(fmt.Errorf("meshgrpc: no answer from the control plane for %s within %s", r.authority, wait))
@@ -117,7 +119,18 @@ func (r *meshResolver) watchPolicy(n int) {
 	if n == 0 {
 		r.m.cfg.logger.Warn("meshgrpc: cannot watch the outbound policy; the target's endpoints take every call until it can", "authority", r.authority, "error", err)
 	}
-	r.answered(&r.policyAnswered) // none will come for now
+	r.mu.Lock()
+	var stops []func()
+	if !r.closed && !r.policied {
+		r.policied = true // none will come for now: calls go to the target
+		stops = r.wantLocked(r.wantedLocked(), r.forwards)
+	}
+	r.mu.Unlock()
+	for _, s := range stops {
+		s()
+	}
+	r.push()
+	r.answered(&r.policyAnswered)
 }
 
 // keep records a started watch's stop in *slot, or, for one refused at
@@ -173,6 +186,17 @@ type meshResolver struct {
 	// endpoints (the Destination API's Get refuses an IP, a Service's
 	// clusterIP as a pod's) fails no call.
 	routed bool
+	// ip: the target is an IP address, whose own endpoints Get refuses
+	// (Linkerd's proxy never asks it for one): they are watched only
+	// when a call may go to the target as it is (see ownLocked).
+	ip bool
+	// policied: the policy watch has delivered an update, or cannot
+	// start; policyRoutes: the last update routes calls (a Service's
+	// policy, a forward).
+	policied, policyRoutes bool
+	// selfProfile: the target's profile routes calls, to the target
+	// itself (it names no logical authority).
+	selfProfile bool
 	// refused holds the pending retry of each backend whose endpoint
 	// watch the Destination client refused (its bound): the watch is
 	// tried again after a delay that grows with each refusal in a row.
@@ -208,11 +232,12 @@ func (r *meshResolver) profile(u profiles.Update) {
 		if ps.applies() {
 			logical = ps.logical
 		}
+		self := ps.applies() && logical == ""
 		r.mu.Lock()
-		if r.closed || logical == r.logical {
+		if r.closed || logical == r.logical && self == r.selfProfile {
 			r.mu.Unlock()
 		} else {
-			r.logical = logical
+			r.logical, r.selfProfile = logical, self
 			stops := r.wantLocked(r.wantedLocked(), r.forwards)
 			r.mu.Unlock()
 			for _, s := range stops {
@@ -280,6 +305,7 @@ func (r *meshResolver) policy(u policy.Update) {
 		return
 	}
 	r.routed = st != nil && st.routes != nil && !slices.Contains(st.backends, r.authority)
+	r.policied, r.policyRoutes = true, st != nil && st.routes != nil
 	r.policyBackends = backends
 	stops := r.wantLocked(r.wantedLocked(), forwards)
 	r.mu.Unlock()
@@ -293,9 +319,13 @@ func (r *meshResolver) policy(u policy.Update) {
 }
 
 // wantedLocked returns the backends the channel's calls may go to: the
-// target, its policy's backends and its profile's logical authority.
+// target (when ownLocked), its policy's backends and its profile's logical
+// authority.
 func (r *meshResolver) wantedLocked() []string {
-	want := []string{r.authority}
+	var want []string
+	if r.ownLocked() {
+		want = append(want, r.authority)
+	}
 	add := func(a string) {
 		if a != "" && !slices.Contains(want, a) {
 			want = append(want, a)
@@ -306,6 +336,34 @@ func (r *meshResolver) wantedLocked() []string {
 	}
 	add(r.logical)
 	return want
+}
+
+// ownLocked reports whether the target's own endpoints are watched: a
+// name's always; an IP's when a call may go to the target as it is: its
+// policy answered none (or cannot be watched), or its profile routes calls
+// to it. An IP's policy that routes calls (a Service's, a forward) leaves
+// them unwatched, and before its first answer nothing is watched: the
+// calls wait for it.
+func (r *meshResolver) ownLocked() bool {
+	return !r.ip || r.policied && !r.policyRoutes || r.selfProfile
+}
+
+// firstLocked reports whether the target has had its first answer: its
+// own endpoints' when they are watched, else, once its policy answered,
+// the first of the backends its calls go to.
+func (r *meshResolver) firstLocked() bool {
+	if r.ownLocked() {
+		return r.sets[r.authority] != nil
+	}
+	if !r.policied {
+		return false
+	}
+	for _, b := range r.backends {
+		if r.sets[b] != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // wantLocked starts the endpoint watches of the authorities in want that
@@ -398,16 +456,13 @@ func (r *meshResolver) endpoints(a string, u endpoint.Update) {
 // push gives grpc-go the addresses of every backend that answered: one
 // per endpoint and backend, carrying the endpoint's identity (for the
 // credentials), its backend and the endpoint (for the balancer). Nothing
-// is pushed before the target's first answer: calls wait meanwhile. A
-// watch that failed with no set is reported as a resolver error.
+// is pushed before the target's first answer (see firstLocked): calls
+// wait meanwhile. A watch that failed with no set is reported as a
+// resolver error.
 func (r *meshResolver) push() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
-		return
-	}
-	first := r.sets[r.authority]
-	if first == nil {
+	if r.closed || !r.firstLocked() {
 		return
 	}
 	var eps []resolver.Endpoint
