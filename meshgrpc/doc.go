@@ -19,7 +19,9 @@
 // [destination.WithSearchNetworks] gets its Service's policy (a clusterIP)
 // or the forward to its profile's endpoint (a pod's address), or to the
 // address itself when the control plane knows neither; its own endpoints
-// are never asked of the Destination API's Get, which refuses an IP.
+// are never asked of the Destination API's Get, which refuses an IP. An IP
+// literal outside those networks is never looked up: its calls go to the
+// address itself, in plaintext, as the HTTP stack's requests do.
 //
 // A GRPCRoute marked idempotent with a hedge delay (the hedge.inmesh.io
 // annotations) hedges its unary calls, and its server-streaming and bidi

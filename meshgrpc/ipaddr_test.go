@@ -355,7 +355,10 @@ func TestHTTPRouteFailureInjectorFailsACall(t *testing.T) {
 // endpoint or, without one, to the address). Against the embedded control
 // plane, which answers an address it knows nothing of with the endpoint
 // profile of the address alone, as Linkerd's controller does, the call
-// goes there too.
+// goes there too. So does one to an address outside the client's search
+// networks, which it never looks up (Linkerd's policy controller forwards
+// an address outside the cluster, "egress-fallback"); such a channel
+// failed every call.
 func TestCallToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
 	e := newEnv(t)
 	addr := netip.MustParseAddrPort(e.addr)
@@ -368,6 +371,10 @@ func TestCallToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
 		}},
 		{"no profile", func(t *testing.T) *destination.Client {
 			return serveIP(t, &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: linkerdtest.ProfileNotFound})
+		}},
+		{"outside the search networks", func(t *testing.T) *destination.Client {
+			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port())}
+			return dialLoopback(t, cp.Serve(t), destination.WithLinkerdStreams(), destination.WithSearchNetworks())
 		}},
 		{"the embedded control plane", func(t *testing.T) *destination.Client {
 			lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -443,6 +443,7 @@ func (r *meshResolver) retry(a string, rf *refusal) {
 }
 
 func (r *meshResolver) endpoints(a string, u endpoint.Update) {
+	u = addressItself(a, u)
 	r.mu.Lock()
 	if _, fwd := r.forwards[a]; r.closed || fwd || r.stops[a] == nil && !slices.Contains(r.backends, a) {
 		r.mu.Unlock()
@@ -451,6 +452,23 @@ func (r *meshResolver) endpoints(a string, u endpoint.Update) {
 	r.sets[a] = &u
 	r.mu.Unlock()
 	r.push()
+}
+
+// addressItself returns u, or, for an IP address that is no service (an
+// address outside the client's search networks, which the Destination
+// client never looks up), the address alone, in plaintext: as the HTTP
+// stack's balancer sends a request to such an address itself, and
+// Linkerd's policy controller forwards to an address outside the cluster
+// ("egress-fallback"). Without it such a channel failed every call.
+func addressItself(a string, u endpoint.Update) endpoint.Update {
+	if u.Set == nil || u.Set.Exists {
+		return u
+	}
+	ap, err := netip.ParseAddrPort(a)
+	if err != nil {
+		return u
+	}
+	return endpoint.Update{Set: &endpoint.Set{Exists: true, Endpoints: []endpoint.Endpoint{{Addr: ap, Weight: endpoint.DefaultWeight}}}}
 }
 
 // push gives grpc-go the addresses of every backend that answered: one
