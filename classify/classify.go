@@ -160,13 +160,11 @@ func (c *Classifier) EndStatus(tentative Class, grpcRequest bool, value string, 
 	if c == nil {
 		c = &defaultClassifier
 	}
-	code := int64(-1)
+	var code int32
 	if ok {
-		if n, err := strconv.ParseInt(strings.TrimSpace(value), 10, 32); err == nil && n >= 0 {
-			code = n
-		}
+		code, ok = parseGRPCStatus(value)
 	}
-	return c.endCode(tentative, grpcRequest, int32(code), code >= 0)
+	return c.endCode(tentative, grpcRequest, code, ok)
 }
 
 // endCode is [Classifier.EndStatus] for a grpc-status code already parsed
@@ -174,6 +172,9 @@ func (c *Classifier) EndStatus(tentative Class, grpcRequest bool, value string, 
 func (c *Classifier) endCode(tentative Class, grpcRequest bool, code int32, ok bool) Class {
 	if c == nil {
 		c = &defaultClassifier
+	}
+	if ok {
+		code, ok = grpcCode(int64(code))
 	}
 	if ok {
 		return c.grpcClass(code)
@@ -211,11 +212,32 @@ func grpcStatus(h http.Header) (int32, bool) {
 	if !ok || len(v) == 0 {
 		return 0, false
 	}
-	code, err := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 32)
-	if err != nil || code < 0 {
+	return parseGRPCStatus(v[0])
+}
+
+// parseGRPCStatus parses a grpc-status value as Linkerd's classifier does
+// (linkerd2-proxy linkerd/app/core/src/classify.rs grpc_code): a number of
+// 16 bits, or none; a code beyond the 17 that gRPC defines is Unknown (2),
+// as tonic's Code::from_i32 makes it, a failure by default. So whatever a
+// server sends, the grpc_status label takes one of 17 values.
+func parseGRPCStatus(v string) (int32, bool) {
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+	if err != nil {
 		return 0, false
 	}
-	return int32(code), true
+	return grpcCode(n)
+}
+
+// grpcCode is a grpc-status code as Linkerd's classifier reads it (see
+// parseGRPCStatus): none past 16 bits, Unknown past the 17 codes.
+func grpcCode(n int64) (int32, bool) {
+	switch {
+	case n < 0 || n > 0xffff:
+		return 0, false
+	case n > 16:
+		return grpcUnknown, true
+	}
+	return int32(n), true
 }
 
 // ErrTimeout is the cause a layer gives when it cancels a request because a

@@ -65,6 +65,12 @@ func TestClassifier(t *testing.T) {
 		{"grpc ok", nil, true, 200, nil, hdr("Grpc-Status", "0"), Class{GRPCStatus: 0}},
 		{"grpc no status is success", nil, true, 200, nil, nil, grpcOpen},
 		{"grpc unparsable status is absent", nil, true, 200, nil, hdr("Grpc-Status", "x"), grpcOpen},
+		// classify.rs grpc_code: a u16, then tonic's Code::from_i32, which
+		// makes any code past 16 Unknown.
+		{"grpc status past 16 is unknown, a failure", nil, true, 200, nil, hdr("Grpc-Status", "99"), Class{Failure: true, GRPCStatus: 2}},
+		{"grpc status past 16 in the head", nil, true, 200, hdr("Grpc-Status", "17"), nil, Class{Failure: true, GRPCStatus: 2}},
+		{"grpc status past 16 bits is absent", nil, true, 200, nil, hdr("Grpc-Status", "65536"), grpcOpen},
+		{"grpc negative status is absent", nil, true, 200, nil, hdr("Grpc-Status", "-1"), grpcOpen},
 		// linkerd2-proxy linkerd/app/core/src/classify.rs: a gRPC call
 		// without a route's classes is classified by grpc-status alone
 		// (Response::Grpc); without one it is Ok(Unknown), a success,

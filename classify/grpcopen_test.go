@@ -52,3 +52,40 @@ func TestGRPCWithoutStatusHasResponseTotalAsLinkerd(t *testing.T) {
 		}
 	})
 }
+
+// A grpc-status past the 17 codes gRPC defines is what Linkerd's
+// classifier makes it: Unknown (classify.rs grpc_code, tonic's
+// Code::from_i32), a failure written grpc_status="2". A server cannot give
+// the label values of its own, nor have a failing call counted as a
+// success.
+func TestGRPCStatusPastTheCodesHasResponseTotalAsLinkerd(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+		m := testutil.NewMetrics(t)
+		app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Trailer", "Grpc-Status")
+			_, _ = io.WriteString(w, "\x00\x00\x00\x00\x00")
+			w.Header().Set("Grpc-Status", "99")
+		})
+		srv := testutil.NewServer(t, NewHandler(app, WithMeterProvider(m.Provider)))
+		client := &http.Client{Transport: NewTransport(testutil.NewTransport(t, mode), WithMeterProvider(m.Provider))}
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/pkg.Svc/Call", nil)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/grpc")
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, "99", resp.Trailer.Get("Grpc-Status"), "the application's status reaches the client as sent")
+
+		host := strings.TrimPrefix(srv.URL, "http://")
+		for _, dir := range []string{"inbound", "outbound"} {
+			sel := []string{`authority="` + host + `"`, `direction="` + dir + `"`}
+			lines, n := m.Select(t, "response_total", sel...)
+			require.Equal(t, 1.0, n, "%s: %v", dir, lines)
+			_, n = m.Select(t, "response_total", append(sel, `classification="failure"`, `grpc_status="2"`)...)
+			assert.Equal(t, 1.0, n, "%s: %v", dir, lines)
+		}
+	})
+}

@@ -283,3 +283,38 @@ spec:
 	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_backend_response_statuses_total", append(route, `error="RESPONSE_HEADERS_TIMEOUT"`)...))
 	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_retry_successes_total", route...))
 }
+
+// A status past the 17 codes gRPC defines is Unknown in every family, as
+// Linkerd's proxy reads one (tonic's Code::from_i32): the route's series
+// write UNKNOWN, and response_total a failure with grpc_status="2". A
+// server cannot give the labels values of its own, nor have its failure
+// counted as a success. The caller still gets the status as sent.
+func TestStatusPastTheCodesIsUnknown(t *testing.T) {
+	a := startApp(t, &app{handle: func(context.Context, int64) error {
+		return status.Error(codes.Code(99), "a code of its own")
+	}}, nil)
+	c, m := policyChannel(t, `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: empty, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: books, port: 7000}]
+`, map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+	require.Equal(t, codes.Code(99), status.Code(err), "%v", err)
+
+	route := []string{`route_name="empty"`}
+	lines, n := m.Select(t, "outbound_grpc_route_request_statuses_total", route...)
+	require.Equal(t, 1.0, n, "%v", lines)
+	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_request_statuses_total", append(route, `grpc_status="UNKNOWN"`, `error=""`)...), "%v", lines)
+	backend := append(route, `backend_name="books"`)
+	assert.Equal(t, "1", m.Value(t, "outbound_grpc_route_backend_response_statuses_total", append(backend, `grpc_status="UNKNOWN"`)...),
+		"%v", m.Lines(t, "outbound_grpc_route_backend_response_statuses_total", backend...))
+	legacy := []string{`direction="outbound"`, `authority="` + books + `"`}
+	lines, _ = m.Select(t, "response_total", legacy...)
+	assert.Equal(t, "1", m.Value(t, "response_total", append(legacy, `grpc_status="2"`, `classification="failure"`)...), "%v", lines)
+}

@@ -204,11 +204,13 @@ var grpcNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "D
 	"ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
 
 // GRPCStatusName returns the name of a gRPC status code as Linkerd's
-// grpc_status label spells it (UNAVAILABLE), or the number past the known
-// codes.
+// grpc_status label spells it (UNAVAILABLE); a code past the 17 that gRPC
+// defines is UNKNOWN, as Linkerd's proxy reads one (tonic's
+// Code::from_i32), so that a server cannot give the label values of its
+// own.
 func GRPCStatusName(code int32) string {
 	if code >= 0 && int(code) < len(grpcNames) {
 		return grpcNames[code]
 	}
-	return strconv.Itoa(int(code))
+	return grpcNames[2]
 }
