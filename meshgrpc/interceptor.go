@@ -282,9 +282,13 @@ func (c *call) status(ctx context.Context, err error) metrics.Status {
 // context is ctx, gave up: not a stream timeout of the route, which
 // cancels ctx too.
 func abandoned(ctx context.Context, err error) bool {
+	if err == nil || status.Code(err) != codes.Canceled || !classify.Abandoned(ctx) {
+		return false
+	}
+	// Only here: the target of errors.As escapes, and a call that was not
+	// given up allocates nothing for the question.
 	var st *streamTimeout
-	return err != nil && status.Code(err) == codes.Canceled && classify.Abandoned(ctx) &&
-		!errors.As(context.Cause(ctx), &st)
+	return !errors.As(context.Cause(ctx), &st)
 }
 
 // retryable reports whether the route retries a call that ended with err.
