@@ -151,9 +151,10 @@ func (l *Local) Expiry() time.Time {
 
 // SetCertificate installs leaf (DER) with the intermediates between it and
 // the anchors (DER, issuer first) as the current certificate, once it is
-// verified: the chain leads to an anchor, the leaf is valid now, carries
-// the identity's name as a DNS SAN and certifies the local key. A refused
-// certificate leaves the current one in place.
+// verified as the peers verify it: the leaf is a workload's (not a CA's),
+// valid now, for server and client authentication, and chains to an
+// anchor; it carries the identity's name as a DNS SAN and certifies the
+// local key. A refused certificate leaves the current one in place.
 func (l *Local) SetCertificate(leaf []byte, intermediates [][]byte) error {
 	crt, err := x509.ParseCertificate(leaf)
 	if err != nil {
@@ -161,6 +162,7 @@ func (l *Local) SetCertificate(leaf []byte, intermediates [][]byte) error {
 	}
 	pool := x509.NewCertPool()
 	chain := [][]byte{leaf}
+	certs := []*x509.Certificate{crt}
 	for i, der := range intermediates {
 		ic, err := x509.ParseCertificate(der)
 		if err != nil {
@@ -168,17 +170,27 @@ func (l *Local) SetCertificate(leaf []byte, intermediates [][]byte) error {
 		}
 		pool.AddCert(ic)
 		chain = append(chain, der)
+		certs = append(certs, ic)
 	}
-	now := l.now()
-	if now.Before(crt.NotBefore) || now.After(crt.NotAfter) {
-		return fmt.Errorf("%w (valid %s to %s)", ErrExpired, crt.NotBefore.UTC().Format(time.RFC3339), crt.NotAfter.UTC().Format(time.RFC3339))
-	}
-	if err := verifyName(crt, l.name); err != nil {
+	// The chain must be one the peers accept, as Linkerd's proxy checks a
+	// new certificate with its own clients' verifier before it serves it
+	// (linkerd/meshtls/src/creds/store.rs, Store::validate): a
+	// workload's leaf (no CA) within its validity, of this identity, up
+	// to the anchors for server authentication; and, since this identity
+	// is the workload's as a client too, for client authentication as a
+	// peer's server verifies it. Anything else is refused and the current
+	// certificate kept: installed, it would have every peer refuse this
+	// workload.
+	if err := l.verifyServer(tls.ConnectionState{PeerCertificates: certs}, l.name); err != nil {
+		var ie *IdentityError
+		if errors.As(err, &ie) {
+			return ie.Err
+		}
 		return err
 	}
 	if _, err := crt.Verify(x509.VerifyOptions{
-		Roots: l.anchors, Intermediates: pool, CurrentTime: now,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+		Roots: l.anchors, Intermediates: pool, CurrentTime: l.now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}); err != nil {
 		return fmt.Errorf("%w: %v", ErrUntrustedCrt, err)
 	}
