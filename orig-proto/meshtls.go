@@ -216,12 +216,13 @@ const ClientIDHeader = "L5d-Client-Id"
 
 // withPeer returns r with its connection's peer in its context and
 // l5d-client-id set to the client's verified identity, or removed when
-// there is none (so that no client can send one of its own).
+// there is none (so that no client can send one of its own), as a header
+// or as a trailer.
 func withPeer(r *http.Request) *http.Request {
 	p := peerOf(r.Context())
 	_, sent := r.Header[ClientIDHeader]
 	if !p.TLS && !sent {
-		return r
+		return guardTrailers(r, r, true)
 	}
 	ctx := r.Context()
 	if p.TLS {

@@ -120,17 +120,23 @@ func TestServerStripsH2CUpgrade(t *testing.T) {
 // l5d-client-id that a client sends as a request trailer, on HTTP/1
 // (chunked, declared in Trailer or not) or HTTP/2, never reaches the
 // application, nor, from a client that is not trusted, any other l5d-*
-// trailer. Other trailers arrive.
+// trailer. Other trailers arrive. NewServer removes a claimed identity on
+// its own, without NewHandler in front of the application (which then
+// trusts every client's other l5d-* trailers), on plaintext connections
+// too, where one used to reach the application.
 func TestClaimedIdentityTrailersRemoved(t *testing.T) {
 	const claimed = "admin.default.serviceaccount.identity.linkerd.cluster.local"
 	server, client, _ := certifiedPair(t)
-	serve := func(t *testing.T, trusted, meshed bool) (addr string, got chan http.Header) {
+	serve := func(t *testing.T, trusted, meshed, handler bool) (addr string, got chan http.Header) {
 		got = make(chan http.Header, 1)
-		app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var app http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			got <- r.Trailer.Clone()
 		})
-		srv := NewServer(NewHandler(app, WithTrust(func(*http.Request) bool { return trusted })))
+		if handler {
+			app = NewHandler(app, WithTrust(func(*http.Request) bool { return trusted }))
+		}
+		srv := NewServer(app)
 		srv.ErrorLog = quietLogger
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
@@ -184,7 +190,7 @@ func TestClaimedIdentityTrailersRemoved(t *testing.T) {
 		for _, meshed := range []bool{false, true} {
 			for _, trusted := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/meshed=%v/trusted=%v", tc.name, meshed, trusted), func(t *testing.T) {
-					addr, got := serve(t, trusted, meshed)
+					addr, got := serve(t, trusted, meshed, true)
 					tc.send(t, addr, meshed)
 					tr := <-got
 					assert.Empty(t, tr.Get(ClientIDHeader), "claimed identity")
@@ -196,6 +202,13 @@ func TestClaimedIdentityTrailersRemoved(t *testing.T) {
 					}
 				})
 			}
+			t.Run(fmt.Sprintf("%s/meshed=%v/without NewHandler", tc.name, meshed), func(t *testing.T) {
+				addr, got := serve(t, true, meshed, false)
+				tc.send(t, addr, meshed)
+				tr := <-got
+				assert.Empty(t, tr.Get(ClientIDHeader), "claimed identity")
+				assert.Equal(t, "abc", tr.Get("X-Checksum"), "other trailers arrive")
+			})
 		}
 	}
 }
