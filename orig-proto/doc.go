@@ -14,6 +14,12 @@
 // endpoint, peer or not, without l5d-orig-proto, and the Handler passes it
 // on as it came, trailers, streaming and cancellation intact.
 //
+// The Transport also honours l5d-require-id ([RequireIDHeader]) as
+// Linkerd's outbound proxy does: the request is sent, without the header,
+// only when its endpoint proves that identity over mTLS
+// ([WithClientIdentity], [WithServerIdentity]), and is answered 502
+// otherwise.
+//
 // The header's values are exactly those of Linkerd: "HTTP/1.1", "HTTP/1.0",
 // each optionally followed by "; absolute-form". Anything else is a 400.
 // l5d-* request headers from peers that are not trusted are removed.

@@ -73,8 +73,10 @@ func WithH2(rt http.RoundTripper) Option {
 // Transport sends eligible HTTP/1 requests to mesh peers as HTTP/2 with
 // l5d-orig-proto, requests that are HTTP/2 end to end ([HTTP2Only]: an
 // HTTP/2 request, gRPC) as HTTP/2 to any endpoint, peer or not, and
-// everything else through an HTTP/1 transport, untouched. It is safe for
-// concurrent use.
+// everything else through an HTTP/1 transport, untouched. A request with
+// [RequireIDHeader] is sent without it, and only when its endpoint proves
+// that identity over mTLS; otherwise it is answered 502 unsent. It is safe
+// for concurrent use.
 type Transport struct {
 	h1, h2 http.RoundTripper
 	hint   func(*http.Request) bool
@@ -175,6 +177,16 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			r = r.Clone(r.Context())
 			r.Close = true
 		}
+	}
+	if vs, ok := r.Header[RequireIDHeader]; ok && len(vs) > 0 {
+		out, failed := t.requireID(r, vs)
+		if failed != nil {
+			if r.Body != nil {
+				r.Body.Close()
+			}
+			return failed, nil
+		}
+		r = out
 	}
 	if t.tls != nil {
 		if s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS); s.id != "" {

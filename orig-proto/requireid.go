@@ -1,0 +1,62 @@
+package origproto
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/inmesh/inmesh/internal/proxyerr"
+)
+
+// RequireIDHeader is the request header in which an application names the
+// identity that the endpoint of its request must prove over mTLS, as
+// Linkerd's outbound proxy reads it. [Transport] removes it from every
+// request it sends.
+const RequireIDHeader = "L5d-Require-Id"
+
+// requireID handles a request that carries [RequireIDHeader] (values vs):
+// it returns r without the header to send on, or, when the endpoint does
+// not prove the identity the header names, the response to answer with
+// instead (502, gRPC UNAVAILABLE), as Linkerd's outbound proxy fails the
+// request. An empty value requires nothing. The identity an endpoint
+// proves is the one every connection of its pool verified in its
+// handshake: only with a client identity ([WithClientIdentity]) and an
+// endpoint identity ([WithServerIdentity]); a plaintext endpoint proves
+// none.
+func (t *Transport) requireID(r *http.Request, vs []string) (*http.Request, *http.Response) {
+	out := new(http.Request)
+	*out = *r
+	out.Header = r.Header.Clone()
+	delete(out.Header, RequireIDHeader)
+	want := strings.TrimSpace(vs[0])
+	if want == "" {
+		return out, nil
+	}
+	found := ""
+	if t.tls != nil {
+		s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS)
+		found = s.id
+	}
+	if sameIdentity(want, found) {
+		return out, nil
+	}
+	msg := "identity required: " + want + ", the endpoint proves "
+	if found == "" {
+		msg += "no identity (plaintext)"
+	} else {
+		msg += found
+	}
+	return nil, proxyerr.Response(r, http.StatusBadGateway, msg)
+}
+
+// sameIdentity reports whether the required identity want is found: a
+// DNS-like name in any ASCII case, as Linkerd compares names; a URI
+// identity exactly.
+func sameIdentity(want, found string) bool {
+	if found == "" {
+		return false
+	}
+	if strings.Contains(want, "://") {
+		return want == found
+	}
+	return strings.EqualFold(want, found)
+}
