@@ -21,25 +21,12 @@ import (
 // call is the first of a fresh stack, inbound and outbound.
 func TestGRPCWithoutStatusHasResponseTotalAsLinkerd(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
-		m := testutil.NewMetrics(t)
-		app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m, host, trailer := grpcCallThrough(t, mode, func(w http.ResponseWriter) {
 			w.Header().Set("Content-Type", "application/grpc")
 			_, _ = io.WriteString(w, "\x00\x00\x00\x00\x00")
 			w.(http.Flusher).Flush() // the stream ends after its data, without trailers
 		})
-		srv := testutil.NewServer(t, NewHandler(app, WithMeterProvider(m.Provider)))
-		client := &http.Client{Transport: NewTransport(testutil.NewTransport(t, mode), WithMeterProvider(m.Provider))}
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/pkg.Svc/Call", nil)
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/grpc")
-		resp, err := client.Do(req)
-		require.NoError(t, err)
-		_, err = io.Copy(io.Discard, resp.Body)
-		require.NoError(t, err)
-		require.NoError(t, resp.Body.Close())
-		require.Empty(t, resp.Trailer.Get("Grpc-Status"), "no status at all")
-
-		host := strings.TrimPrefix(srv.URL, "http://")
+		require.Empty(t, trailer.Get("Grpc-Status"), "no status at all")
 		for _, dir := range []string{"inbound", "outbound"} {
 			sel := []string{`authority="` + host + `"`, `direction="` + dir + `"`}
 			lines, n := m.Select(t, "response_total", sel...)
@@ -60,26 +47,13 @@ func TestGRPCWithoutStatusHasResponseTotalAsLinkerd(t *testing.T) {
 // success.
 func TestGRPCStatusPastTheCodesHasResponseTotalAsLinkerd(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
-		m := testutil.NewMetrics(t)
-		app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m, host, trailer := grpcCallThrough(t, mode, func(w http.ResponseWriter) {
 			w.Header().Set("Content-Type", "application/grpc")
 			w.Header().Set("Trailer", "Grpc-Status")
 			_, _ = io.WriteString(w, "\x00\x00\x00\x00\x00")
 			w.Header().Set("Grpc-Status", "99")
 		})
-		srv := testutil.NewServer(t, NewHandler(app, WithMeterProvider(m.Provider)))
-		client := &http.Client{Transport: NewTransport(testutil.NewTransport(t, mode), WithMeterProvider(m.Provider))}
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/pkg.Svc/Call", nil)
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/grpc")
-		resp, err := client.Do(req)
-		require.NoError(t, err)
-		_, err = io.Copy(io.Discard, resp.Body)
-		require.NoError(t, err)
-		require.NoError(t, resp.Body.Close())
-		require.Equal(t, "99", resp.Trailer.Get("Grpc-Status"), "the application's status reaches the client as sent")
-
-		host := strings.TrimPrefix(srv.URL, "http://")
+		require.Equal(t, "99", trailer.Get("Grpc-Status"), "the application's status reaches the client as sent")
 		for _, dir := range []string{"inbound", "outbound"} {
 			sel := []string{`authority="` + host + `"`, `direction="` + dir + `"`}
 			lines, n := m.Select(t, "response_total", sel...)
@@ -88,4 +62,24 @@ func TestGRPCStatusPastTheCodesHasResponseTotalAsLinkerd(t *testing.T) {
 			assert.Equal(t, 1.0, n, "%s: %v", dir, lines)
 		}
 	})
+}
+
+// grpcCallThrough makes one gRPC call, in mode, through a Transport to a
+// Handler in front of answer, both counting in the returned metrics; it
+// returns the server's authority and the response trailers.
+func grpcCallThrough(t *testing.T, mode testutil.Mode, answer func(http.ResponseWriter)) (*testutil.Metrics, string, http.Header) {
+	t.Helper()
+	m := testutil.NewMetrics(t)
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { answer(w) })
+	srv := testutil.NewServer(t, NewHandler(app, WithMeterProvider(m.Provider)))
+	client := &http.Client{Transport: NewTransport(testutil.NewTransport(t, mode), WithMeterProvider(m.Provider))}
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/pkg.Svc/Call", nil)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/grpc")
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return m, strings.TrimPrefix(srv.URL, "http://"), resp.Trailer
 }

@@ -153,17 +153,8 @@ metadata:
     balancer.linkerd.io/failure-accrual-consecutive-min-penalty: 1h
     balancer.linkerd.io/failure-accrual-consecutive-max-penalty: 1h
 spec: {ports: [{port: 7000}]}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {name: empty, namespace: default}
-spec:
-  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
-  rules:
-  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
-    backendRefs: [{name: books, port: 7000}]
 `
-	manifests(t, store, accrual)
+	manifests(t, store, accrual+emptyRoute)
 	// The bad endpoint comes first, alone, so that it surely fails once
 	// and leaves rotation for an hour. (Beside the good one from the
 	// start, power of two choices could keep to the good one after a
@@ -189,7 +180,7 @@ spec:
 	}, testutil.Timeout, 10*time.Millisecond, "the failing endpoint never left rotation")
 	before := bad.calls.Load()
 
-	manifests(t, store, accrual+`
+	manifests(t, store, accrual+emptyRoute+`
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: GRPCRoute

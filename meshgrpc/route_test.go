@@ -68,6 +68,19 @@ spec:
     backendRefs: [{name: books, port: 7000}]
 `
 
+// emptyRoute routes EmptyCall to books, with no retry.
+const emptyRoute = `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: empty, namespace: default}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
+    backendRefs: [{name: books, port: 7000}]
+`
+
 // Counted retries: a method failing twice with UNAVAILABLE succeeds under
 // limit 2, and the route's series say so, series by series.
 func TestCountedRetries(t *testing.T) {
@@ -293,17 +306,7 @@ func TestStatusPastTheCodesIsUnknown(t *testing.T) {
 	a := startApp(t, &app{handle: func(context.Context, int64) error {
 		return status.Error(codes.Code(99), "a code of its own")
 	}}, nil)
-	c, m := policyChannel(t, `
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {name: empty, namespace: default}
-spec:
-  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
-  rules:
-  - matches: [{method: {service: grpc.testing.TestService, method: EmptyCall}}]
-    backendRefs: [{name: books, port: 7000}]
-`, map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+	c, m := policyChannel(t, emptyRoute, map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
 	_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
 	require.Equal(t, codes.Code(99), status.Code(err), "%v", err)
 
