@@ -6,35 +6,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
-
-// heldApp holds each call until its client goes away: EmptyCall answers
-// nothing before, StreamingOutputCall sends its response headers first.
-// arrived says a call is being held.
-type heldApp struct {
-	testgrpc.UnimplementedTestServiceServer
-	arrived chan struct{}
-}
-
-func (a *heldApp) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
-	a.arrived <- struct{}{}
-	<-ctx.Done()
-	return nil, ctx.Err()
-}
-
-func (a *heldApp) StreamingOutputCall(_ *testgrpc.StreamingOutputCallRequest, s grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
-	if err := s.SendHeader(metadata.Pairs("held", "yes")); err != nil {
-		return err
-	}
-	a.arrived <- struct{}{}
-	<-s.Context().Done()
-	return s.Context().Err()
-}
 
 // A call the application cancels is no failure of the endpoint or of its
 // route. It has the responses Linkerd's proxy records for a request its
@@ -52,7 +27,7 @@ func TestCancelledCallResponseMetrics(t *testing.T) {
 	route := []string{`direction="outbound"`, `rt_route="EmptyCall"`}
 
 	t.Run("unary, before any answer", func(t *testing.T) {
-		a := &heldApp{arrived: make(chan struct{}, 1)}
+		a := &headedApp{headers: true, arrived: make(chan struct{}, 1)}
 		c, m := retryableEmptyCall(t, &app{addr: serveTestService(t, a)}, "")
 		ctx, cancel := context.WithCancel(callCtx(t))
 		errc := make(chan error, 1)
@@ -74,14 +49,14 @@ func TestCancelledCallResponseMetrics(t *testing.T) {
 	})
 
 	t.Run("stream, after its response headers", func(t *testing.T) {
-		a := &heldApp{arrived: make(chan struct{}, 1)}
+		a := &headedApp{headers: true, arrived: make(chan struct{}, 1)}
 		c, m := retryableEmptyCall(t, &app{addr: serveTestService(t, a)}, "")
 		ctx, cancel := context.WithCancel(callCtx(t))
 		s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
 		require.NoError(t, err)
 		md, err := s.Header()
 		require.NoError(t, err)
-		require.Equal(t, []string{"yes"}, md.Get("held"), "the response headers")
+		require.Equal(t, []string{"yes"}, md.Get("paced"), "the response headers")
 		<-a.arrived
 		cancel()
 		_, err = s.Recv()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"testing"
-	"time"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
@@ -105,9 +104,9 @@ func TestCancelledCallHasOutboundRouteSeriesAsLinkerd(t *testing.T) {
 					_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
 					errc <- err
 				}()
-				waitFor(t, a.arrived, "the call at the server")
+				testutil.Recv(t, a.arrived, "the call at the server")
 				cancel()
-				require.Equal(t, codes.Canceled, status.Code(waitFor(t, errc, "the call's end")))
+				require.Equal(t, codes.Canceled, status.Code(testutil.Recv(t, errc, "the call's end")))
 			case tc.read:
 				s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
 				require.NoError(t, err)
@@ -123,7 +122,7 @@ func TestCancelledCallHasOutboundRouteSeriesAsLinkerd(t *testing.T) {
 					require.NoError(t, err)
 					require.Equal(t, []string{"yes"}, md.Get("paced"), "the response headers")
 				}
-				waitFor(t, a.arrived, "the call at the server")
+				testutil.Recv(t, a.arrived, "the call at the server")
 				cancel()
 				_, err = s.Recv()
 				require.Equal(t, codes.Canceled, status.Code(err))
@@ -153,17 +152,5 @@ func TestCancelledCallHasOutboundRouteSeriesAsLinkerd(t *testing.T) {
 			_, sent := m.Select(t, "outbound_grpc_route_backend_requests_total", route)
 			assert.Equal(t, 1.0, sent, "the call was sent to the backend")
 		})
-	}
-}
-
-// waitFor receives from ch within testutil.Timeout.
-func waitFor[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(testutil.Timeout):
-		require.FailNow(t, "timed out waiting for "+what)
-		panic("unreachable")
 	}
 }

@@ -5,25 +5,12 @@ import (
 	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// recv waits for ch, within testutil.Timeout.
-func recv[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(testutil.Timeout):
-		require.FailNow(t, "timed out waiting for "+what)
-		panic("unreachable")
-	}
-}
 
 // A request the application gives up has the outbound_*_route_* series
 // Linkerd's proxy records for it. The cases are those of linkerd2-proxy
@@ -116,14 +103,14 @@ func TestCancelledRequestHasOutboundRouteSeriesAsLinkerd(t *testing.T) {
 					errc <- err
 				}()
 				if tc.cancel {
-					recv(t, arrived, "the request upstream")
+					testutil.Recv(t, arrived, "the request upstream")
 					if tc.head {
-						recv(t, head, "the response head") // the caller reads the body
+						testutil.Recv(t, head, "the response head") // the caller reads the body
 					}
 					cancel()
-					require.ErrorIs(t, recv(t, errc, "the caller's error"), context.Canceled)
+					require.ErrorIs(t, testutil.Recv(t, errc, "the caller's error"), context.Canceled)
 				} else {
-					require.NoError(t, recv(t, errc, "the response"))
+					require.NoError(t, testutil.Recv(t, errc, "the response"))
 				}
 
 				// What `linkerd viz stat-outbound` reads: the route's and

@@ -251,3 +251,16 @@ func FreeAddr(t testing.TB) string {
 	require.NoError(t, l.Close())
 	return addr
 }
+
+// Recv receives from ch within [Timeout], and fails the test, naming
+// what it waited for, if nothing comes.
+func Recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(Timeout):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
