@@ -51,6 +51,12 @@ func TestRoutedCallAllocatesAsAPlainOne(t *testing.T) {
 	plainAllocs, routedAllocs := testing.AllocsPerRun(runs, call(plain)), testing.AllocsPerRun(runs, call(routedc))
 	_, n := m.Select(t, "outbound_grpc_route_request_statuses_total", `route_name="empty"`, `grpc_status="OK"`)
 	require.Greater(t, n, float64(runs), "the calls went by the route")
-	// Under the race detector a routed call measures one more.
-	assert.Less(t, routedAllocs-plainAllocs, 2.0, "allocations a routed call adds: plain %v, routed %v", plainAllocs, routedAllocs)
+	// Without the race detector the two are equal. Under it a routed call
+	// measures one or two more on a loaded machine (the detector's own
+	// allocations); the four a regression added measured five more.
+	bound := 1.0
+	if raceEnabled {
+		bound = 3
+	}
+	assert.Less(t, routedAllocs-plainAllocs, bound, "allocations a routed call adds: plain %v, routed %v", plainAllocs, routedAllocs)
 }

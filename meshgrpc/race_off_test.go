@@ -1,0 +1,5 @@
+//go:build !race
+
+package meshgrpc_test
+
+const raceEnabled = false
