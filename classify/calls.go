@@ -71,7 +71,8 @@ func (e Exchange) EndGRPC(ctx context.Context, code int32) {
 	}
 	class, final := c.Head(true, http.StatusOK, nil)
 	if !final {
-		class = c.endCode(class, true, code, code >= 0)
+		code, ok := grpcCode(int64(code))
+		class = c.endCode(class, true, code, ok)
 	}
 	e.t.Response(ctx, response(http.StatusOK, class), e.start)
 }

@@ -168,13 +168,10 @@ func (c *Classifier) EndStatus(tentative Class, grpcRequest bool, value string, 
 }
 
 // endCode is [Classifier.EndStatus] for a grpc-status code already parsed
-// (ok false: none).
+// and read as Linkerd reads one (grpcCode; ok false: none).
 func (c *Classifier) endCode(tentative Class, grpcRequest bool, code int32, ok bool) Class {
 	if c == nil {
 		c = &defaultClassifier
-	}
-	if ok {
-		code, ok = grpcCode(int64(code))
 	}
 	if ok {
 		return c.grpcClass(code)
