@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/inmesh/inmesh/internal/proxyerr"
+	"github.com/inmesh/inmesh/internal/requireid"
 )
 
 // RequireIDHeader is the request header in which an application names the
@@ -36,27 +37,8 @@ func (t *Transport) requireID(r *http.Request, vs []string) (*http.Request, *htt
 		s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS)
 		found = s.id
 	}
-	if sameIdentity(want, found) {
+	if requireid.Satisfied(want, found) {
 		return out, nil
 	}
-	msg := "identity required: " + want + ", the endpoint proves "
-	if found == "" {
-		msg += "no identity (plaintext)"
-	} else {
-		msg += found
-	}
-	return nil, proxyerr.Response(r, http.StatusBadGateway, msg)
-}
-
-// sameIdentity reports whether the required identity want is found: a
-// DNS-like name in any ASCII case, as Linkerd compares names; a URI
-// identity exactly.
-func sameIdentity(want, found string) bool {
-	if found == "" {
-		return false
-	}
-	if strings.Contains(want, "://") {
-		return want == found
-	}
-	return strings.EqualFold(want, found)
+	return nil, proxyerr.Response(r, http.StatusBadGateway, requireid.Reason(want, found))
 }
