@@ -274,7 +274,11 @@ func (b *meshBalancer) subState(k subKey, sub *subConn, st grpcbalancer.SubConnS
 // Called with mu held.
 func (b *meshBalancer) update() {
 	ready := make(map[string][]endpoint.Endpoint)
-	scs := make(map[subKey]grpcbalancer.SubConn)
+	scs := make(map[subKey]pickSub)
+	// A sub-channel's connections are mTLS, verified for the identity in
+	// its address, only when the channel has a local identity; otherwise
+	// they are plaintext (see [clientCreds]).
+	meshTLS := b.mesh != nil && b.mesh.cfg.identity != nil
 	pending := make(map[string]int)
 	failed := make(map[string]error)
 	var connecting bool
@@ -282,7 +286,11 @@ func (b *meshBalancer) update() {
 		switch sub.state {
 		case connectivity.Ready:
 			ready[k.backend] = append(ready[k.backend], sub.ep)
-			scs[k] = sub.sc
+			ps := pickSub{sc: sub.sc}
+			if meshTLS {
+				ps.verified, _ = endpointIdentity(sub.addr.Attributes)
+			}
+			scs[k] = ps
 		case connectivity.Connecting, connectivity.Idle:
 			connecting = true
 			pending[k.backend]++
@@ -434,10 +442,20 @@ func (p errPicker) Pick(grpcbalancer.PickInfo) (grpcbalancer.PickResult, error) 
 type picker struct {
 	target string
 	pools  map[string]pickPool
-	scs    map[subKey]grpcbalancer.SubConn
+	scs    map[subKey]pickSub
 	calls  *classify.Recorder // nil: not recorded
 	// queueing tells the balancer that a backend's calls queue.
 	queueing func()
+}
+
+// pickSub is a READY sub-channel as a picker sees it.
+type pickSub struct {
+	sc grpcbalancer.SubConn
+	// verified is the identity its connections verified in their mTLS
+	// handshake, the one its address carries (a sub-channel whose
+	// identity changes is replaced, never reused); empty when they are
+	// plaintext. A call's l5d-require-id is checked against it.
+	verified string
 }
 
 // pickPool is a backend's pool as a picker sees it.
@@ -538,17 +556,26 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		return grpcbalancer.PickResult{}, p.queue(bp, backend, false)
 	}
 	bp.q.picked()
-	sc := p.scs[subKey{backend, k.Endpoint().Addr}]
-	if sc == nil { // a newer picker is on its way
+	sub, ok := p.scs[subKey{backend, k.Endpoint().Addr}]
+	if !ok { // a newer picker is on its way
 		k.Done(balancer.Result{Canceled: true})
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
+	}
+	if err := refuseUnproven(info.Ctx, sub.verified); err != nil {
+		// The call requires an identity this endpoint does not prove: it
+		// fails unsent, a status error that grpc-go neither retries nor
+		// waits out. As in Linkerd's proxy, where the check is part of
+		// the endpoint's stack, the failure counts in the endpoint's
+		// failure accrual; the endpoint's own series do not record it.
+		k.Done(balancer.Result{GRPCStatus: int(codes.Unavailable)})
+		return grpcbalancer.PickResult{}, err
 	}
 	d := pickDones.Get().(*pickDone)
 	d.k, d.ctx = k, info.Ctx
 	if p.calls != nil {
 		d.ex = p.calls.Start(info.Ctx, backend, k.Labels())
 	}
-	return grpcbalancer.PickResult{SubConn: sc, Done: d.fn}, nil
+	return grpcbalancer.PickResult{SubConn: sub.sc, Done: d.fn}, nil
 }
 
 // pickDone is what a pick's Done needs: pooled, with its Done bound once,

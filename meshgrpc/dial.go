@@ -77,6 +77,9 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //   - transport credentials: mTLS with each endpoint's identity when
 //     [WithIdentity] gives a local identity, plaintext to an endpoint
 //     without one;
+//   - l5d-require-id ([RequireIDMetadata]): removed from every call; a call
+//     that names an identity its picked endpoint's connection did not
+//     verify fails UNAVAILABLE unsent;
 //   - grpc.WithNoProxy (endpoint addresses are pod addresses, never to be
 //     sent through HTTPS_PROXY) and grpc.WithDisableRetry (the route's
 //     retries are the only configured ones; grpc-go's transparent retries

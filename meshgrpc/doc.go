@@ -23,6 +23,14 @@
 // literal outside those networks is never looked up: its calls go to the
 // address itself, in plaintext, as the HTTP stack's requests do.
 //
+// A call whose metadata names in l5d-require-id ([RequireIDMetadata]) the
+// identity its endpoint must prove is sent, without that metadata, only to
+// an endpoint whose connection verified that identity in its mTLS
+// handshake, as Linkerd's outbound proxy and the HTTP stack honour the
+// header; otherwise it fails UNAVAILABLE unsent. The metadata is removed
+// from every call, honoured or not, after routing, and the balancer checks
+// each attempt against the endpoint it picks.
+//
 // A GRPCRoute marked idempotent with a hedge delay (the hedge.inmesh.io
 // annotations) hedges its unary calls, and its server-streaming and bidi
 // calls until their response headers: after the delay a second attempt goes

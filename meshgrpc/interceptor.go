@@ -340,7 +340,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		if err != nil {
 			return err
 		}
-		return invoker(ctx, method, req, reply, cc, opts...)
+		return invoker(withoutRequireID(ctx), method, req, reply, cc, opts...)
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx, true)
@@ -363,6 +363,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 	var retries int
 	for {
 		actx, bt, err := c.prepare(ctx)
+		actx = withoutRequireID(actx) // for the mirror's copy too
 		if bt != nil {
 			bt.Request(ctx)
 		}
@@ -562,7 +563,7 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 		if err != nil {
 			return nil, err
 		}
-		return streamer(ctx, desc, cc, method, opts...)
+		return streamer(withoutRequireID(ctx), desc, cc, method, opts...)
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx, false)
@@ -674,7 +675,7 @@ func (s *retryStream) attempt() error {
 	if err != nil {
 		return s.attemptDone(err)
 	}
-	actx, acancel := context.WithCancel(actx)
+	actx, acancel := context.WithCancel(withoutRequireID(actx))
 	cs, err := s.streamer(actx, s.desc, s.cc, s.c.method, s.opts...)
 	if err != nil {
 		acancel()

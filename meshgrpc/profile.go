@@ -153,7 +153,7 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, method string
 		if own != nil {
 			*own = attemptHooks{}
 		}
-		err := invoker(ctx, method, req, reply, cc, opts...)
+		err := invoker(withoutRequireID(ctx), method, req, reply, cc, opts...)
 		if err != nil && classify.Abandoned(ctx) {
 			// The application gave the call up: no response, in route_*
 			// as in route_actual_*, as Linkerd's proxy records none for a
