@@ -767,22 +767,25 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	}
 	now := b.cfg.now()
 	l.observe(float64(now-start), now, b.decay)
-	o, final := headOutcome(resp, time.Now())
+	cl, grpcReq := classify.FromContext(req.Context()), classify.IsGRPC(req.Header)
+	o, class, final := headOutcome(cl, grpcReq, resp, time.Now())
 	b.conf(e.group()).penalize(l, o, now)
-	if final {
-		b.record(e, o, probe, now)
-	}
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		l.pending.Add(-1)
 		if !final {
-			b.record(e, o, probe, now)
+			o.failure = cl.End(class, grpcReq, resp.Trailer).Failure
 		}
+		b.record(e, o, probe, now)
 		b.table.addrs.endOnClose(resp, ref)
 		return resp, false, nil
 	}
-	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, ctx: req.Context(), resp: resp, hold: ent, ref: ref}
+	// The verdict waits for the end of the stream, as Linkerd's breaker
+	// takes a response's class when its body ends: a stream that fails
+	// is a failure whatever its head said.
+	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, ctx: req.Context(), resp: resp, hold: ent, ref: ref,
+		probe: probe, head: o, final: final}
 	if !final {
-		pb.verdict, pb.probe, pb.head = true, probe, o
+		pb.classifier, pb.class, pb.grpc = cl, class, grpcReq
 	}
 	resp.Body = pb
 	return resp, true, nil
@@ -797,21 +800,26 @@ func (b *Balancer) record(e *member, o outcome, probe bool, now int64) {
 }
 
 // pendingBody keeps its request in flight on the endpoint's load until
-// the body ends, fails or is closed. A failure other than the caller's own
-// cancellation also counts as a penalty sample.
+// the body ends, fails or is closed, and then gives failure accrual its
+// verdict. A failure other than the caller's own cancellation counts as a
+// failure and as a penalty sample.
 type pendingBody struct {
 	io.ReadCloser
-	b    *Balancer
-	e    *member // its load is the request's
-	ctx  context.Context
-	resp *http.Response
-	hold *registry.Entry[authority] // the authority's entry, held until the end
-	ref  *addrRef                   // the request's count on its address
-	done atomic.Bool
-	// verdict: the outcome waits for the trailers (gRPC).
-	verdict bool
-	probe   bool
-	head    outcome
+	b     *Balancer
+	e     *member // its load is the request's
+	ctx   context.Context
+	resp  *http.Response
+	hold  *registry.Entry[authority] // the authority's entry, held until the end
+	ref   *addrRef                   // the request's count on its address
+	done  atomic.Bool
+	probe bool    // the request is its endpoint's probe
+	head  outcome // what the head said
+	// final: the head's class is the response's; otherwise class is its
+	// tentative class, which the classifier ends with the trailers.
+	final      bool
+	grpc       bool // a gRPC call
+	class      classify.Class
+	classifier *classify.Classifier
 }
 
 func (p *pendingBody) Read(buf []byte) (int, error) {
@@ -838,12 +846,11 @@ func (p *pendingBody) finish(err error) {
 	if failed {
 		p.e.load.observe(float64(p.b.cfg.penalty), p.b.cfg.now(), p.b.decay)
 	}
-	if !p.verdict {
-		return
-	}
 	switch {
 	case failed:
 		p.head.failure = true
+	case p.final:
+		// Ended, closed early or given up: the class of the head.
 	case p.ctx.Err() != nil || err == nil: // cancelled, or closed before the end: no verdict
 		if p.probe {
 			p.e.load.release()
@@ -853,6 +860,7 @@ func (p *pendingBody) finish(err error) {
 		if code, ok := grpcStatus(p.resp.Trailer); ok {
 			p.head.grpc(code, p.resp.Trailer)
 		}
+		p.head.failure = p.classifier.End(p.class, p.grpc, p.resp.Trailer).Failure
 	}
 	p.b.record(p.e, p.head, p.probe, p.b.cfg.now())
 }

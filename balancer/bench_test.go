@@ -33,6 +33,20 @@ func TestPickAllocs(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { sp.Pick() }))
 }
 
+// A Pool's pick and its result, classified for failure accrual, allocate
+// nothing.
+func TestPoolDoneAllocs(t *testing.T) {
+	var clock fakeClock
+	p := NewPool(nil, withClock(clock.read), WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{}}))
+	p.Update([]endpoint.Endpoint{{Addr: netip.MustParseAddrPort("127.0.0.1:1")}, {Addr: netip.MustParseAddrPort("127.0.0.1:2")}})
+	for _, r := range []Result{{GRPCStatus: 0}, {GRPCStatus: 5}, {GRPCStatus: -1, HTTPStatus: 200}} {
+		assert.Zero(t, testing.AllocsPerRun(1000, func() {
+			k, _ := p.Pick()
+			k.Done(r)
+		}), "%+v", r)
+	}
+}
+
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{2, 100} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {

@@ -34,11 +34,16 @@
 //
 // # Endpoint health
 //
-// With [WithFailureAccrual] an endpoint that fails (a 5xx; a gRPC
-// DATA_LOSS, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED or UNAVAILABLE
-// in the headers or trailers; a request failing without a response) trips:
-// consecutive failures, or in unified mode also a success rate below a
-// threshold. A tripped endpoint gets nothing for its penalty, then exactly
+// With [WithFailureAccrual] an endpoint that fails trips: consecutive
+// failures, or in unified mode also a success rate below a threshold. A
+// failure is what Linkerd's breaker counts: a response that the classifier
+// of the request's route (package classify, whose default rules apply
+// without a route) classifies as a failure, a response stream that fails,
+// and a request failing without a response. By the default rules a gRPC
+// call fails with UNKNOWN, DEADLINE_EXCEEDED, PERMISSION_DENIED, INTERNAL,
+// UNAVAILABLE or DATA_LOSS, in the headers or trailers, whatever its HTTP
+// status, and succeeds without a status; a plain HTTP request fails with
+// a 5xx. The verdict is taken when the response body ends. A tripped endpoint gets nothing for its penalty, then exactly
 // one probe; a good answer restores it, a bad one trips it again for a
 // penalty that doubles (jittered) up to the maximum. The ejection floor
 // keeps a number of endpoints in rotation whatever they answer.

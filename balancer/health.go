@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/inmesh/inmesh/classify"
 )
 
 // Defaults of failure accrual, the queue and the load penalties (Linkerd's
@@ -37,10 +39,15 @@ const (
 // A tripped endpoint gets no requests for its penalty, then it is on
 // probation: exactly one probe request goes to it. A success restores it;
 // a failure trips it again for a penalty grown by the Backoff, never past
-// its maximum. A failure is a 5xx, a gRPC DATA_LOSS, DEADLINE_EXCEEDED,
-// INTERNAL, PERMISSION_DENIED or UNAVAILABLE (headers or trailers), or a
-// request that fails without a response (the caller's own cancellation
-// aside).
+// its maximum. A failure is a response the classifier of the request's
+// route (package classify; the default rules without one) classifies as a
+// failure, a response stream that fails, or a request that fails without
+// a response (the caller's own cancellation aside). By the default rules,
+// as Linkerd's: a gRPC call whose status is UNKNOWN (or a code past 16),
+// DEADLINE_EXCEEDED, PERMISSION_DENIED, INTERNAL, UNAVAILABLE or
+// DATA_LOSS, whatever its HTTP status; a plain HTTP request answered 500
+// to 599, whatever grpc-status its response carries. A gRPC call that
+// ends without a status is a success.
 type FailureAccrual struct {
 	ConsecutiveFailures *ConsecutiveFailures
 	Unified             *Unified
@@ -395,15 +402,9 @@ func (l *load) release() {
 	l.mu.Unlock()
 }
 
-// gRPC status codes that count as failures, and RESOURCE_EXHAUSTED.
-const (
-	grpcDeadlineExceeded  = 4
-	grpcPermissionDenied  = 7
-	grpcResourceExhausted = 8
-	grpcInternal          = 13
-	grpcUnavailable       = 14
-	grpcDataLoss          = 15
-)
+// grpcResourceExhausted is the gRPC status code RESOURCE_EXHAUSTED, a
+// rate-limit signal as a 429 is.
+const grpcResourceExhausted = 8
 
 // grpcStatus reads the grpc-status of h.
 func grpcStatus(h http.Header) (int, bool) {
@@ -415,20 +416,17 @@ func grpcStatus(h http.Header) (int, bool) {
 	return n, err == nil
 }
 
-func grpcFailure(code int) bool {
-	switch code {
-	case grpcDeadlineExceeded, grpcPermissionDenied, grpcInternal, grpcUnavailable, grpcDataLoss:
-		return true
-	}
-	return false
-}
-
-// headOutcome classifies a response head. final is false for a gRPC
-// response whose status comes in the trailers.
-func headOutcome(resp *http.Response, now time.Time) (o outcome, final bool) {
-	if resp.StatusCode >= 500 {
-		o.failure = true
-	}
+// headOutcome reads a response head for accrual and the load penalties.
+// Whether it is a failure is the class c gives it, c being the classifier
+// of the request's route (nil: the default rules) and grpcReq whether the
+// request is a gRPC call, as Linkerd's breaker takes the class of the
+// route's response classifier (linkerd2-proxy
+// linkerd/app/outbound/src/http/breaker.rs, fed by
+// linkerd/http/classify/src/channel.rs). final is false when the class
+// waits for the trailers ([classify.Classifier.End]).
+func headOutcome(c *classify.Classifier, grpcReq bool, resp *http.Response, now time.Time) (o outcome, class classify.Class, final bool) {
+	class, final = c.Head(grpcReq, resp.StatusCode, resp.Header)
+	o.failure = class.Failure
 	if resp.StatusCode == http.StatusTooManyRequests {
 		o.exhausted = true
 	}
@@ -437,14 +435,13 @@ func headOutcome(resp *http.Response, now time.Time) (o outcome, final bool) {
 	}
 	if code, ok := grpcStatus(resp.Header); ok {
 		o.grpc(code, resp.Header)
-		return o, true
 	}
-	grpc := strings.HasPrefix(resp.Header.Get("Content-Type"), "application/grpc")
-	return o, !grpc
+	return o, class, final
 }
 
+// grpc reads the rate-limit signals of a gRPC status and the header
+// block that carried it: RESOURCE_EXHAUSTED and grpc-retry-pushback-ms.
 func (o *outcome) grpc(code int, h http.Header) {
-	o.failure = o.failure || grpcFailure(code)
 	if code == grpcResourceExhausted {
 		o.exhausted = true
 	}

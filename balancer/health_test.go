@@ -688,8 +688,8 @@ func TestEndpointsHandler(t *testing.T) {
 	assert.Equal(t, 1, bal.table.len(), "no watch for an authority asked about")
 }
 
-// A gRPC UNAVAILABLE in the trailers and a connection that fails both
-// count as failures; gRPC NOT_FOUND does not.
+// A gRPC call answered UNAVAILABLE in the trailers and a connection that
+// fails both count as failures; gRPC NOT_FOUND does not.
 func TestAccrualFailureKinds(t *testing.T) {
 	grpcEndpoint := func(code string) endpoint.Endpoint {
 		return backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -714,7 +714,15 @@ func TestAccrualFailureKinds(t *testing.T) {
 			clock.now.Store(1)
 			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {tc.ep}}), withClock(clock.read), WithQueue(0, 50*time.Millisecond),
 				WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 3}}))
-			get(t, client, svcURL, 3, 1)
+			for range 3 {
+				req, err := http.NewRequest(http.MethodPost, svcURL, nil)
+				require.NoError(t, err)
+				req.Header.Set("Content-Type", "application/grpc") // a gRPC call
+				if resp, err := client.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
 			want := "ready"
 			if tc.trips {
 				want = "tripped"

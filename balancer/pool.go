@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"math"
+	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -162,10 +163,11 @@ type Result struct {
 }
 
 // Done ends the request: its time is a sample of the endpoint's load, and
-// its result goes to failure accrual as the [Balancer] counts failures
-// (5xx; gRPC DATA_LOSS, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED,
-// UNAVAILABLE; no answer at all) and load penalties (429,
-// RESOURCE_EXHAUSTED).
+// its result goes to failure accrual as the [Balancer] counts failures by
+// the default rules of package classify (a gRPC call by its status alone:
+// UNKNOWN or a code past 16, DEADLINE_EXCEEDED, PERMISSION_DENIED,
+// INTERNAL, UNAVAILABLE, DATA_LOSS; otherwise an HTTP status from 500 to
+// 599; no answer at all) and load penalties (429, RESOURCE_EXHAUSTED).
 func (k Pick) Done(r Result) {
 	if k.m == nil {
 		return
@@ -185,9 +187,14 @@ func (k Pick) Done(r Result) {
 		return
 	}
 	l.observe(float64(now-k.start), now, p.decay)
-	o := outcome{failure: r.HTTPStatus >= 500, exhausted: r.HTTPStatus == 429}
+	o := outcome{exhausted: r.HTTPStatus == http.StatusTooManyRequests}
 	if r.GRPCStatus >= 0 {
-		o.grpc(r.GRPCStatus, nil) // the classification of the HTTP balancer's gRPC responses
+		// A gRPC call: its status decides, whatever the HTTP status.
+		o.failure = (*classify.Classifier)(nil).GRPCCall(int64(r.GRPCStatus)).Failure
+		o.grpc(r.GRPCStatus, nil)
+	} else {
+		class, _ := (*classify.Classifier)(nil).Head(false, r.HTTPStatus, nil)
+		o.failure = class.Failure
 	}
 	if r.RetryAfter > 0 {
 		o.retryIn = min(int64(r.RetryAfter), math.MaxInt64)

@@ -69,12 +69,7 @@ func (e Exchange) EndGRPC(ctx context.Context, code int32) {
 	if c == nil {
 		c = e.classifier
 	}
-	class, final := c.Head(true, http.StatusOK, nil)
-	if !final {
-		code, ok := grpcCode(int64(code))
-		class = c.endCode(class, true, code, ok)
-	}
-	e.t.Response(ctx, response(http.StatusOK, class), e.start)
+	e.t.Response(ctx, response(http.StatusOK, c.GRPCCall(int64(code))), e.start)
 }
 
 // EndError counts an exchange that failed without an answer: err's class

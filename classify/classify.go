@@ -167,6 +167,22 @@ func (c *Classifier) EndStatus(tentative Class, grpcRequest bool, value string, 
 	return c.endCode(tentative, grpcRequest, code, ok)
 }
 
+// GRPCCall returns the class of a gRPC call that ended with status code
+// (negative: without one), whose response came as gRPC sends every
+// response: HTTP status 200, the status in the trailers. A code past 16
+// is Unknown, as [Classifier.End] reads one. It allocates nothing.
+func (c *Classifier) GRPCCall(code int64) Class {
+	if c == nil {
+		c = &defaultClassifier
+	}
+	class, final := c.Head(true, http.StatusOK, nil)
+	if final {
+		return class
+	}
+	n, ok := grpcCode(code)
+	return c.endCode(class, true, n, ok)
+}
+
 // endCode is [Classifier.EndStatus] for a grpc-status code already parsed
 // and read as Linkerd reads one (grpcCode; ok false: none).
 func (c *Classifier) endCode(tentative Class, grpcRequest bool, code int32, ok bool) Class {
