@@ -239,9 +239,18 @@ var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
 
 // PeerIdentity returns the identity a verified peer certificate carries:
 // its first subject alternative name, in the certificate's order, that is
-// a DNS name valid as an identity (one with a trailing dot is skipped) or
-// a URI (a SPIFFE identity), as Linkerd's proxy reads a client's identity;
-// empty when there is none.
+// a DNS name Linkerd's proxy parses as an identity, in lower case, or a
+// URI (a SPIFFE identity); empty when there is none. As Linkerd's proxy
+// reads a client's identity (linkerd2-proxy
+// linkerd/meshtls/verifier/src/lib.rs, client_identity), a DNS name may
+// have letters of either case and underscores, and one with a trailing
+// dot, an empty or over-long label, a label starting or ending with a
+// hyphen, or an all-digit last label is skipped.
+//
+// Only an all-ASCII name is lowercased, and DNS names do not differ by
+// the case of their ASCII letters: the identity is the name the issuer
+// signed. A server proves the identity a client expects only with exactly
+// that name ([Local.ClientConfig]).
 func PeerIdentity(crt *x509.Certificate) string {
 	for _, ext := range crt.Extensions {
 		if !ext.Id.Equal(oidSubjectAltName) {
@@ -262,8 +271,8 @@ func PeerIdentity(crt *x509.Certificate) string {
 			}
 			switch name := string(n.Bytes); n.Tag {
 			case 2: // dNSName
-				if CheckName(name) == nil {
-					return name
+				if id, ok := dnsIdentity(name); ok {
+					return id
 				}
 			case 6: // uniformResourceIdentifier; x509 parsed it already
 				if isURI(name) {
@@ -273,4 +282,62 @@ func PeerIdentity(crt *x509.Certificate) string {
 		}
 	}
 	return ""
+}
+
+// dnsIdentity returns the identity a DNS SAN names, as Linkerd's proxy
+// parses one (linkerd2-proxy linkerd/identity/src/lib.rs,
+// Id::parse_dns_name, over linkerd/dns/name/src/name.rs): at most 253
+// bytes of dot-separated labels of 1 to 63 ASCII letters, digits, hyphens
+// and underscores, none starting or ending with a hyphen, the last not all
+// digits, and no trailing dot; lowercased. ok is false for anything else.
+func dnsIdentity(name string) (id string, ok bool) {
+	if name == "" || len(name) > 253 || name[len(name)-1] == '.' {
+		return "", false
+	}
+	label := 0                      // length of the current label
+	numeric, hyphen := false, false // the label is all digits; it ends with a hyphen
+	upper := false
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c == '.':
+			if label == 0 || hyphen {
+				return "", false
+			}
+			label = 0
+			continue
+		case c == '-':
+			if label == 0 {
+				return "", false
+			}
+			numeric, hyphen = false, true
+		case '0' <= c && c <= '9':
+			if label == 0 {
+				numeric = true
+			}
+			hyphen = false
+		case 'A' <= c && c <= 'Z':
+			upper = true
+			numeric, hyphen = false, false
+		case 'a' <= c && c <= 'z', c == '_':
+			numeric, hyphen = false, false
+		default:
+			return "", false
+		}
+		if label++; label > 63 {
+			return "", false
+		}
+	}
+	if hyphen || numeric {
+		return "", false
+	}
+	if !upper {
+		return name, true
+	}
+	b := []byte(name)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b), true
 }

@@ -216,3 +216,128 @@ func handshake(t *testing.T, cert tls.Certificate, cfg *tls.Config) error {
 	_ = raw.SetDeadline(time.Now().Add(timeout))
 	return tls.Client(raw, cfg).Handshake()
 }
+
+// clientIdentityOver returns the identity a server of server's
+// ServerConfig reads from a client presenting cert, over a real handshake
+// on loopback: what the server's handlers see as the peer (l5d-client-id).
+func clientIdentityOver(t *testing.T, server, client *identity.Local, cert tls.Certificate) string {
+	t.Helper()
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", server.ServerConfig())
+	require.NoError(t, err)
+	defer lis.Close()
+	type result struct {
+		peer identity.Peer
+		err  error
+	}
+	served := make(chan result, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			served <- result{err: err}
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		tc := c.(*tls.Conn)
+		if err := tc.Handshake(); err != nil {
+			served <- result{err: err}
+			return
+		}
+		cs := tc.ConnectionState()
+		served <- result{peer: identity.PeerFromState(&cs)}
+	}()
+	cfg := client.ClientConfig(books)
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	c, err := tls.Dial("tcp", lis.Addr().String(), cfg)
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	_, _ = c.Read(make([]byte, 1)) // until the server is done
+	c.Close()
+	r := <-served
+	require.NoError(t, r.err)
+	require.True(t, r.peer.TLS)
+	return r.peer.ID
+}
+
+// A server reads a client's identity as Linkerd's proxy does: the first
+// subject alternative name that parses as an identity, a DNS name in
+// lower case whatever its case, or a URI. The rows named after a test are
+// the cases of linkerd2-proxy's linkerd/meshtls/verifier/src/lib.rs
+// (client_identity); the others are DNS names of the cases of
+// linkerd/dns/name/src/name.rs (test_parse), which Id::parse_dns_name in
+// linkerd/identity/src/lib.rs parses and lowercases, refusing a trailing
+// dot. Each row is a real mTLS handshake on loopback.
+func TestClientIdentityOverHandshake(t *testing.T) {
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	iss, err := controlplane.NewIssuer(anchors, [][]byte{root.DER}, root.Key, controlplane.StaticTokens{})
+	require.NoError(t, err)
+	server, err := identity.NewLocal(books, anchors)
+	require.NoError(t, err)
+	require.NoError(t, iss.CertifyLocal(server))
+	client, err := identity.NewLocal(authors, anchors)
+	require.NoError(t, err)
+
+	const upperFoo = "FOO.NS1.serviceaccount.identity.linkerd.cluster.local"
+	long := "a"
+	for len(long) < 64 {
+		long += "a"
+	}
+	for _, tc := range []struct {
+		name string
+		sans []san
+		want string
+	}{
+		{"can_extract_spiffe_client_identity_one_san", []san{uriSAN(spiffe)}, spiffe},
+		{"can_extract_spiffe_client_identity_many_sans", []san{uriSAN(spiffe), dnsSAN(barDNS), dnsSAN(narDNS)}, spiffe},
+		{"can_extract_dns_client_identity_one_san", []san{dnsSAN(fooDNS)}, fooDNS},
+		{"can_extract_dns_client_identity_many_sans", []san{dnsSAN(fooDNS), dnsSAN(barDNS), dnsSAN(narDNS), uriSAN(spiffe)}, fooDNS},
+		{"extracts_dns_client_id_when_others_not_uri_or_dns", []san{dnsSAN(fooDNS), emailSAN("foo@foo.com"), emailSAN("bar@bar.com")}, fooDNS},
+		{"extracts_spiffe_client_id_when_others_not_uri_or_dns", []san{uriSAN(spiffe), emailSAN("foo@foo.com"), emailSAN("bar@bar.com")}, spiffe},
+		{"skips_dns_san_with_trailing_dot", []san{dnsSAN(fooDNS + ".")}, ""},
+		{"upper case, lowercased", []san{dnsSAN(upperFoo)}, fooDNS},
+		{"upper case first of several", []san{dnsSAN(upperFoo), dnsSAN(barDNS)}, fooDNS},
+		{"mixed case (aBc)", []san{dnsSAN("aBc.ns1.svc"), dnsSAN(barDNS)}, "abc.ns1.svc"},
+		{"underscore leading (_m.foo.bar)", []san{dnsSAN("_m.foo.bar"), dnsSAN(barDNS)}, "_m.foo.bar"},
+		{"underscore trailing (m.foo.bar_)", []san{dnsSAN("m.foo.bar_"), dnsSAN(barDNS)}, "m.foo.bar_"},
+		{"one label (a)", []san{dnsSAN("a"), dnsSAN(barDNS)}, "a"},
+		{"digits first (1.a)", []san{dnsSAN("1.a"), dnsSAN(barDNS)}, "1.a"},
+		{"IDN (xn--poema-9qae5a.com.br)", []san{dnsSAN("xn--poema-9qae5a.com.br")}, "xn--poema-9qae5a.com.br"},
+		{"all-digit last label skipped (a.1)", []san{dnsSAN("a.1"), dnsSAN(barDNS)}, barDNS},
+		{"address skipped (1.2.3.4)", []san{dnsSAN("1.2.3.4"), dnsSAN(barDNS)}, barDNS},
+		{"hyphen last skipped (d.c.b.a-)", []san{dnsSAN("d.c.b.a-"), dnsSAN(barDNS)}, barDNS},
+		{"hyphen first skipped (-a.b)", []san{dnsSAN("-a.b"), dnsSAN(barDNS)}, barDNS},
+		{"wildcard skipped (*.a)", []san{dnsSAN("*.a"), dnsSAN(barDNS)}, barDNS},
+		{"empty label skipped (.a)", []san{dnsSAN(".a"), dnsSAN(barDNS)}, barDNS},
+		{"port skipped (example.com:80)", []san{dnsSAN("example.com:80"), dnsSAN(barDNS)}, barDNS},
+		{"space skipped ( d.c.b.a)", []san{dnsSAN(" d.c.b.a"), dnsSAN(barDNS)}, barDNS},
+		{"label of 64 skipped", []san{dnsSAN(long + ".a"), dnsSAN(barDNS)}, barDNS},
+		{"upper case with a trailing dot skipped", []san{dnsSAN(upperFoo + "."), dnsSAN(barDNS)}, barDNS},
+		{"no SAN", nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, clientIdentityOver(t, server, client, leafOf(t, root, false, tc.sans...)))
+		})
+	}
+}
+
+// A server proves the identity a client expects only with exactly that
+// DNS name: lowercasing a client's identity does not make a server's
+// upper-case name prove the lower-case identity, nor the reverse.
+func TestServerNameCaseStaysExact(t *testing.T) {
+	root, err := controlplane.NewRootCA("root", time.Hour)
+	require.NoError(t, err)
+	anchors := x509.NewCertPool()
+	anchors.AddCert(root.Cert)
+	client, err := identity.NewLocal(authors, anchors)
+	require.NoError(t, err)
+	const upperFoo = "FOO.NS1.serviceaccount.identity.linkerd.cluster.local"
+	err = handshake(t, leafOf(t, root, false, dnsSAN(upperFoo)), client.ClientConfig(fooDNS))
+	assert.ErrorIs(t, err, identity.ErrWrongName, "an upper-case name for the lower-case identity")
+	err = handshake(t, leafOf(t, root, false, dnsSAN(fooDNS)), client.ClientConfig(upperFoo))
+	assert.ErrorIs(t, err, identity.ErrWrongName, "a lower-case name for an upper-case identity")
+	assert.NoError(t, handshake(t, leafOf(t, root, false, dnsSAN(upperFoo), dnsSAN(fooDNS)), client.ClientConfig(fooDNS)),
+		"the exact name among others")
+}

@@ -358,6 +358,55 @@ func TestTCPMetricsCloseDuringDetection(t *testing.T) {
 // mTLS with the server name as SNI, and proves the URI identity with a URI
 // SAN (linkerd2-proxy: linkerd/proxy/api-resolve/src/pb.rs, the SNI;
 // linkerd/meshtls/verifier/src/lib.rs, the identity).
+// The application sees a client's identity as Linkerd's proxy reads it
+// (linkerd2-proxy linkerd/meshtls/verifier/src/lib.rs): the first DNS
+// name of its certificate that parses as an identity, in lower case, or
+// its first URI; an upper-case name is lowercased rather than skipped for
+// the next, and a name that does not parse is skipped.
+func TestClientIDFromFirstIdentitySAN(t *testing.T) {
+	p := newPKI(t)
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Header.Get("L5d-Client-Id"))
+	})
+	server := NewServer(app, WithIdentity(p.certify(t, booksID)), WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+	defer server.Close()
+	addr := serveMeshed(t, server)
+	upperWeb := strings.ToUpper(webID[:3]) + webID[3:]
+	for _, tc := range []struct {
+		name  string
+		names []string
+		want  string
+	}{
+		{"lower case", []string{webID, reviewsID}, webID},
+		{"upper case first", []string{upperWeb, reviewsID}, webID},
+		{"underscore first", []string{"web_api." + webID[4:], reviewsID}, "web_api." + webID[4:]},
+		{"an address skipped", []string{"10.0.0.1", reviewsID}, reviewsID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cert := testutil.DNSLeaf(t, p.root.Cert, p.root.Key, tc.names...)
+			tr := &http.Transport{DialTLSContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				raw, err := (&net.Dialer{}).DialContext(ctx, network, addr.String())
+				if err != nil {
+					return nil, err
+				}
+				c := tls.Client(raw, &tls.Config{MinVersion: tls.VersionTLS13, ServerName: booksID, Certificates: []tls.Certificate{cert},
+					InsecureSkipVerify: true}) // the server's side is not under test
+				if err := c.HandshakeContext(ctx); err != nil {
+					raw.Close()
+					return nil, err
+				}
+				return c, nil
+			}}
+			defer tr.CloseIdleConnections()
+			resp, err := (&http.Client{Transport: tr, Timeout: testutil.Timeout}).Get("https://books.default.svc.cluster.local/")
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, tc.want, string(body))
+		})
+	}
+}
+
 func TestURIIdentityWithServerName(t *testing.T) {
 	const spiffeID, serverName, authority = "spiffe://root.linkerd.cluster.local/proxy-harness", "ew.external.svc", "ew.default.svc.cluster.local:7000"
 	p := newPKI(t)

@@ -31,3 +31,19 @@ func URILeaf(t testing.TB, parent *x509.Certificate, parentKey crypto.Signer, ur
 	require.NoError(t, err)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// DNSLeaf returns a certificate for a new P-256 key whose subject
+// alternative names are the DNS names given, in that order, signed by
+// parent with parentKey, valid for an hour, for server and client
+// authentication.
+func DNSLeaf(t testing.TB, parent *x509.Certificate, parentKey crypto.Signer, names ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), DNSNames: names,
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}, parent, &key.PublicKey, parentKey)
+	require.NoError(t, err)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
