@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/classify"
 )
 
 // grpcBackend starts a real grpc-go server on loopback (h2c, behind the
@@ -238,6 +239,59 @@ func TestPoolAccrualClassifiesAsLinkerd(t *testing.T) {
 			k.Done(tc.r)
 			_, ok = p.Pick()
 			assert.Equal(t, tc.fails, !ok, "tripped")
+		})
+	}
+}
+
+type routeClassifier struct{ c *classify.Classifier }
+
+func (r routeClassifier) ResponseClassifier() *classify.Classifier { return r.c }
+
+type statusIs int
+
+func (s statusIs) MatchStatus(code int) bool { return code == int(s) }
+
+// The classifier of the request's route decides, as the response classes
+// of a ServiceProfile route decide for Linkerd's breaker
+// (linkerd/app/outbound/src/http/logical/profile.rs gives its route's
+// classes to the classifier the breaker reads): a route that calls 404 a
+// failure trips an endpoint answering 404, and a route that calls 500 a
+// success keeps one answering 500.
+func TestAccrualFollowsTheRouteClassifier(t *testing.T) {
+	ep := classBackend(t)
+	for _, tc := range []struct {
+		name   string
+		route  *classify.Classifier // nil: no route
+		status int
+		fails  bool
+	}{
+		{"404, no route", nil, 404, false},
+		{"404, a route calling it a failure", &classify.Classifier{Classes: []classify.ResponseClass{{Match: statusIs(404), Failure: true}}}, 404, true},
+		{"500, no route", nil, 500, true},
+		{"500, a route calling it a success", &classify.Classifier{Classes: []classify.ResponseClass{{Match: statusIs(500)}}}, 500, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.now.Store(1)
+			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {ep}}), withClock(clock.read),
+				WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1,
+					Backoff: Backoff{MinBackoff: time.Hour, MaxBackoff: time.Hour}}}))
+			req, err := http.NewRequest(http.MethodGet, svcURL, nil)
+			require.NoError(t, err)
+			req.Header.Set("X-Status", strconv.Itoa(tc.status))
+			if tc.route != nil {
+				req = req.WithContext(classify.WithProvider(req.Context(), routeClassifier{tc.route}))
+			}
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			require.Equal(t, tc.status, resp.StatusCode)
+			want := "ready"
+			if tc.fails {
+				want = stateTripped
+			}
+			assert.Equal(t, want, stateOf(bal, svc, ep).State)
 		})
 	}
 }
