@@ -24,8 +24,9 @@ import (
 // invalid durations, numbers out of range, an endpoint beyond the label
 // bounds), and by the model's name where [policy.Compile] refuses it
 // (regexes, header names, ratios). Opaque routes are kept (their first
-// rule's backends; opaque filters are not); TLS routes are not converted:
-// only the protocol is kept.
+// rule's backends, and whether its first filter forbids the route; other
+// opaque filters are not); TLS routes are not converted: only the
+// protocol is kept.
 func PolicyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
 	p, err := policyFromProto(m)
 	if err != nil {
@@ -516,6 +517,11 @@ func opaqueProtocolFromProto(o *outboundpb.ProxyProtocol_Opaque, path string) (p
 			}
 			if err != nil {
 				return out, err
+			}
+			// Linkerd's proxy applies the rule's first filter alone
+			// (linkerd/app/outbound/src/opaq/logical/route/filters.rs).
+			if fs := rules[0].GetFilters(); len(fs) > 0 && fs[0].GetForbidden() != nil {
+				route.Forbidden = true
 			}
 		}
 		out.Routes = append(out.Routes, route)

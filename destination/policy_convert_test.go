@@ -17,6 +17,7 @@ import (
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/grpcroutepb"
 	"github.com/inmesh/inmesh/proxyapi/httproutepb"
+	"github.com/inmesh/inmesh/proxyapi/opaqueroutepb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -407,4 +408,48 @@ func TestPolicyFromProtoErrorsNameTheField(t *testing.T) {
 	}
 	_, err := destination.DecodePolicy(nil)
 	assert.EqualError(t, err, "policy: null")
+}
+
+// An opaque route whose rule's first filter is Forbidden refuses its
+// connections, as Linkerd's proxy reads it
+// (linkerd/app/outbound/src/opaq/logical/route/filters.rs: the first
+// filter alone applies); the model encodes it back as Linkerd's policy
+// controller sends it (policy-controller/grpc/src/outbound.rs
+// undefined_port), and only an opaque policy's route forbids a target.
+func TestOpaqueForbiddenRoute(t *testing.T) {
+	forbidden := &outboundpb.OpaqueRoute_Filter{Kind: &outboundpb.OpaqueRoute_Filter_Forbidden{Forbidden: &opaqueroutepb.Forbidden{}}}
+	invalid := &outboundpb.OpaqueRoute_Filter{Kind: &outboundpb.OpaqueRoute_Filter_Invalid{Invalid: &opaqueroutepb.Invalid{Message: "bad"}}}
+	opaque := func(filters ...*outboundpb.OpaqueRoute_Filter) *outboundpb.ProxyProtocol_Opaque {
+		return &outboundpb.ProxyProtocol_Opaque{Routes: []*outboundpb.OpaqueRoute{{
+			Metadata: &pb.Metadata{Kind: &pb.Metadata_Default{Default: "undefined-port"}},
+			Rules: []*outboundpb.OpaqueRoute_Rule{{
+				Backends: &outboundpb.OpaqueRoute_Distribution{Kind: &outboundpb.OpaqueRoute_Distribution_Empty_{Empty: &outboundpb.OpaqueRoute_Distribution_Empty{}}},
+				Filters:  filters,
+			}},
+		}}}
+	}
+	parent := &pb.Metadata{Kind: &pb.Metadata_Resource{Resource: &pb.Resource{Group: "core", Kind: "Service", Name: "books", Namespace: "default", Port: 7001}}}
+	for _, tc := range []struct {
+		name          string
+		protocol      *outboundpb.ProxyProtocol
+		wantForbidden bool
+	}{
+		{"an opaque policy whose route is forbidden", &outboundpb.ProxyProtocol{Kind: &outboundpb.ProxyProtocol_Opaque_{Opaque: opaque(forbidden)}}, true},
+		{"the first filter alone applies", &outboundpb.ProxyProtocol{Kind: &outboundpb.ProxyProtocol_Opaque_{Opaque: opaque(invalid, forbidden)}}, false},
+		{"an opaque route without filters", &outboundpb.ProxyProtocol{Kind: &outboundpb.ProxyProtocol_Opaque_{Opaque: opaque()}}, false},
+		{"a detected protocol's opaque route leaves HTTP alone", &outboundpb.ProxyProtocol{Kind: &outboundpb.ProxyProtocol_Detect_{Detect: &outboundpb.ProxyProtocol_Detect{
+			Timeout: durationpb.New(time.Second), Opaque: opaque(forbidden), Http1: &outboundpb.ProxyProtocol_Http1{}, Http2: &outboundpb.ProxyProtocol_Http2{}}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &outboundpb.OutboundPolicy{Metadata: parent, Protocol: tc.protocol}
+			p, err := destination.PolicyFromProto(m)
+			require.NoError(t, err)
+			table, err := policy.Compile(p, policy.Options{})
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantForbidden, table.Forbidden())
+			if tc.wantForbidden {
+				assert.True(t, proto.Equal(m, destination.PolicyToProto(p)), "encoded back: %v", destination.PolicyToProto(p))
+			}
+		})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/grpcroutepb"
 	"github.com/inmesh/inmesh/proxyapi/httproutepb"
+	"github.com/inmesh/inmesh/proxyapi/opaqueroutepb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -267,8 +268,8 @@ func backendToProto(b policy.Backend) *outboundpb.Backend {
 	return out
 }
 
-// opaqueRoutesToProto encodes opaque routes, each of one rule without
-// filters.
+// opaqueRoutesToProto encodes opaque routes, each of one rule whose only
+// filter, on a route that forbids its connections, is Forbidden.
 func opaqueRoutesToProto(routes []policy.OpaqueRoute) []*outboundpb.OpaqueRoute {
 	var out []*outboundpb.OpaqueRoute
 	for _, r := range routes {
@@ -290,7 +291,11 @@ func opaqueRoutesToProto(routes []policy.OpaqueRoute) []*outboundpb.OpaqueRoute 
 		default:
 			d.Kind = &outboundpb.OpaqueRoute_Distribution_Empty_{Empty: &outboundpb.OpaqueRoute_Distribution_Empty{}}
 		}
-		out = append(out, &outboundpb.OpaqueRoute{Metadata: metaToProto(r.Meta), Rules: []*outboundpb.OpaqueRoute_Rule{{Backends: d}}})
+		rule := &outboundpb.OpaqueRoute_Rule{Backends: d}
+		if r.Forbidden {
+			rule.Filters = []*outboundpb.OpaqueRoute_Filter{{Kind: &outboundpb.OpaqueRoute_Filter_Forbidden{Forbidden: &opaqueroutepb.Forbidden{}}}}
+		}
+		out = append(out, &outboundpb.OpaqueRoute{Metadata: metaToProto(r.Meta), Rules: []*outboundpb.OpaqueRoute_Rule{rule}})
 	}
 	return out
 }

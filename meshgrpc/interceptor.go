@@ -94,11 +94,21 @@ type call struct {
 	routeDeadline time.Time
 }
 
+// errForbiddenRoute fails the calls of a target whose policy refuses
+// every connection (policy.Table.Forbidden): Unavailable, as a gRPC
+// client sees the connection that Linkerd's proxy closes for it, with the
+// router's word for it.
+var errForbiddenRoute = status.Error(codes.Unavailable, router.ErrForbiddenRoute.Error())
+
 // route selects the call's route by the router's best-match rules
 // (policy.Table.Select, over the call as the HTTP/2 request it is: POST
 // to /pkg.Service/Method with the outgoing metadata as headers); nil
-// without a policy.
+// without a policy. A policy that forbids its target fails the call
+// (errForbiddenRoute), never sent.
 func (m *mesh) route(ctx context.Context, st *channelState, authority, method string) (*routeTarget, error) {
+	if st != nil && st.table.Forbidden() {
+		return nil, errForbiddenRoute
+	}
 	if st == nil || st.routes == nil {
 		return nil, nil
 	}

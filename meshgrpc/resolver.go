@@ -192,7 +192,7 @@ type meshResolver struct {
 	ip bool
 	// policied: the policy watch has delivered an update, or cannot
 	// start; policyRoutes: the last update routes calls (a Service's
-	// policy, a forward).
+	// policy, a forward) or forbids them.
 	policied, policyRoutes bool
 	// selfProfile: the target's profile routes calls, to the target
 	// itself (it names no logical authority).
@@ -305,7 +305,9 @@ func (r *meshResolver) policy(u policy.Update) {
 		return
 	}
 	r.routed = st != nil && st.routes != nil && !slices.Contains(st.backends, r.authority)
-	r.policied, r.policyRoutes = true, st != nil && st.routes != nil
+	// A policy that forbids its target sends calls nowhere: they fail in
+	// the interceptors, and the target's own endpoints are not watched.
+	r.policied, r.policyRoutes = true, st != nil && (st.routes != nil || st.table.Forbidden())
 	r.policyBackends = backends
 	stops := r.wantLocked(r.wantedLocked(), forwards)
 	r.mu.Unlock()

@@ -54,6 +54,7 @@ type Table struct {
 	policy       *Policy
 	http1, http2 *RouteTable
 	grpc         *RouteTable
+	forbidden    bool
 }
 
 // Compile turns p into a route table, or returns an error naming the field
@@ -89,7 +90,9 @@ func Compile(p *Policy, opts Options) (*Table, error) {
 		if t.grpc, err = CompileGRPC(p.Parent, p.GRPC, opts, "grpc"); err != nil {
 			return nil, err
 		}
-	case ProtocolOpaque, ProtocolTLS:
+	case ProtocolOpaque:
+		t.forbidden = len(p.Opaque.Routes) > 0 && p.Opaque.Routes[0].Forbidden
+	case ProtocolTLS:
 	default:
 		return nil, fmt.Errorf("protocol: unknown protocol %d", p.Protocol)
 	}
@@ -109,6 +112,13 @@ func sameHTTP(a, b HTTPProtocol) bool {
 func (t *Table) SharesHTTPTables() bool {
 	return t != nil && t.http1 != nil && t.http1 == t.http2
 }
+
+// Forbidden reports whether the policy refuses every connection to its
+// target: an opaque policy whose route forbids it ([OpaqueRoute.Forbidden];
+// Linkerd's proxy reads the first and only opaque route), such as the one
+// Linkerd's policy controller answers for a port that a Service does not
+// declare. Its requests are refused without a response.
+func (t *Table) Forbidden() bool { return t != nil && t.forbidden }
 
 // Policy returns the policy the table was compiled from (nil for the empty
 // table).

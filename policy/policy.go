@@ -42,10 +42,17 @@ type OpaqueProtocol struct {
 }
 
 // OpaqueRoute is one route of opaque traffic: every connection goes to its
-// backends (filters on them are ignored).
+// backends (filters on them are ignored), unless the route forbids it.
 type OpaqueRoute struct {
 	Meta     Metadata
 	Backends Distribution
+	// Forbidden refuses every connection of the route (an
+	// opaque_route.Forbidden filter on its rule): Linkerd's policy
+	// controller answers so for a port that a Service does not declare,
+	// and Linkerd's proxy then closes the connection ("forbidden TCP
+	// route"). The router refuses the requests of a target whose opaque
+	// policy forbids them: see [Table.Forbidden].
+	Forbidden bool
 }
 
 // DefaultOpaqueRoute returns the route "opaq" that Linkerd's controller

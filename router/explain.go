@@ -150,6 +150,10 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	e.Reason = "no ServiceProfile with routes or destination overrides; the outbound policy applies"
 	rt := ps.table.For(req)
 	if rt == nil {
+		if ps.table.Forbidden() {
+			e.Reason += ", and its opaque route forbids the connection: the request is refused unsent (ErrForbiddenRoute)"
+			return e
+		}
 		e.Reason += ", but it has no HTTP routes for this request"
 		return e
 	}

@@ -32,11 +32,23 @@ type FailFast interface{ FailFast() bool }
 // because it was overloaded; these are never retried.
 type LoadShed interface{ LoadShed() bool }
 
+// ErrForbiddenRoute is the error of a request whose target's policy
+// refuses every connection ([policy.Table.Forbidden]): an opaque policy
+// whose route forbids it, such as the one Linkerd's policy controller
+// answers for a Service's clusterIP on a port that the Service does not
+// declare. Linkerd's proxy closes such a connection without a response
+// (linkerd/app/outbound/src/opaq/logical/route/filters.rs,
+// TCPForbiddenRoute); the router answers no response either: the request
+// fails with this error, never sent.
+var ErrForbiddenRoute = errors.New("forbidden TCP route")
+
 // Transport returns the outbound side of the router around base (nil:
 // http.DefaultTransport). base receives each attempt with its URL host
 // set to the chosen backend: a balancer backend's authority (base is then
 // typically a balancer.Transport, which resolves it), or a forward
-// backend's address.
+// backend's address. A target whose policy has no HTTP routes (opaque or
+// TLS) takes the default route, unless its opaque route forbids the
+// connection: its requests then fail with [ErrForbiddenRoute], unsent.
 //
 // Policy routes: the rule's filters apply in order (request and response
 // header modifiers, redirects, failure injectors), then the backend's;
@@ -96,6 +108,11 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ps := r.policyFor(req)
 	if ps == nil || ps.table == nil || ps.table.For(req) == nil {
+		if ps != nil && ps.table.Forbidden() {
+			// An opaque policy that refuses the connection.
+			closeReqBody(req)
+			return nil, ErrForbiddenRoute
+		}
 		// No policy, or one without HTTP routes (an opaque or TLS port,
 		// whose connections go to the Service as they are): the default
 		// route, through the profile router when there is one (its
