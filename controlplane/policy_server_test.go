@@ -100,7 +100,6 @@ func TestPolicyTargetsAsLinkerd(t *testing.T) {
 		{"an external workload", &outboundpb.TrafficSpec{SourceWorkload: `{"ns":"default","external_workload":"vm-1"}`, Target: &outboundpb.TrafficSpec_Authority{Authority: authorsAuthority}}, "authors:7001", codes.OK, ""},
 		{"a Service's clusterIP gets the Service's policy", addr("10.96.0.71:7001"), "authors:7001", codes.OK, ""},
 		{"a clusterIP as an IPv4-mapped IPv6 address", addr("[::ffff:10.96.0.71]:7001"), "authors:7001", codes.OK, ""},
-		{"a clusterIP on a port the Service does not declare", addr("10.96.0.71:7002"), "authors:7002", codes.OK, ""},
 		{"an address that is no Service's clusterIP", addr("10.8.255.255:4191"), "", codes.NotFound, "No such service"},
 		{"an IP literal authority names no Service", auth("10.96.0.71:7001"), "", codes.NotFound, "authority must be of the form <name>.<namespace>.svc.cluster.local"},
 		{"an addr without a port", rawAddr(&pb.TcpAddress{Ip: ip}), "", codes.InvalidArgument, "port cannot be zero"},

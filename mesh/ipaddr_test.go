@@ -19,6 +19,7 @@ import (
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -332,28 +333,140 @@ spec:
 // plaintext since no identity is known, as Linkerd's proxy forwards to its
 // original destination (linkerd/app/outbound/src/discover.rs: a forward
 // policy to the profile's endpoint or, without one, to the address),
-// without asking Get for the address. Each row is the first request of a
+// without asking Get for the address. The embedded control plane answers
+// an address outside the cluster (loopback, which no workload of its
+// manifests uses) as Linkerd's policy controller does, with the policy
+// that forwards to the address ("egress-fallback"), over both of its
+// APIs: the request goes there too. Each row is the first request of a
 // fresh client.
 func TestRequestToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
 	p := newPKI(t)
+	fake := func(unknown linkerdtest.UnknownAnswer) func(t *testing.T, addr netip.AddrPort) (*Client, func() []string) {
+		return func(t *testing.T, addr netip.AddrPort) (*Client, func() []string) {
+			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: unknown}
+			return serveIP(t, cp, p.certify(t, webID)), cp.Gets
+		}
+	}
+	embedded := func(opts ...destination.Option) func(t *testing.T, addr netip.AddrPort) (*Client, func() []string) {
+		return func(t *testing.T, addr netip.AddrPort) (*Client, func() []string) {
+			cp := serveEmbedded(t, controlplane.NewStore())
+			return loopbackClient(t, dialLoopback(t, cp, opts...), p.certify(t, webID)), nil
+		}
+	}
 	for _, tc := range []struct {
-		name    string
-		unknown linkerdtest.UnknownAnswer
+		name   string
+		client func(t *testing.T, addr netip.AddrPort) (*Client, func() []string)
 	}{
-		{"a profile without endpoint", linkerdtest.ProfileWithoutEndpoint},
-		{"no profile", linkerdtest.ProfileNotFound},
+		{"a profile without endpoint", fake(linkerdtest.ProfileWithoutEndpoint)},
+		{"no profile", fake(linkerdtest.ProfileNotFound)},
+		{"the embedded control plane", embedded()},
+		{"the embedded control plane's Linkerd streams", embedded(destination.WithLinkerdStreams())},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := make(chan string, 4)
 			addr := reportingServer(t, p, "", seen)
-			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: tc.unknown}
-			client := serveIP(t, cp, p.certify(t, webID))
+			client, gets := tc.client(t, addr)
 
 			code, err := tryGet(t, client, "http://"+addr.String()+"/")
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusOK, code)
 			assert.Equal(t, "tls=false client= x-route=", receive(t, seen))
-			assert.Empty(t, cp.Gets(), "the paths asked of Get")
+			if gets != nil {
+				assert.Empty(t, gets(), "the paths asked of Get")
+			}
 		})
+	}
+}
+
+// serveEmbedded serves the embedded control plane of store on loopback and
+// returns its address.
+func serveEmbedded(t *testing.T, store *controlplane.Store) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	controlplane.NewServer(store, controlplane.WithLogger(quiet)).Register(g)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	return lis.Addr().String()
+}
+
+// A request to a Service's clusterIP on a port that the Service does not
+// declare is refused as Linkerd refuses it: the embedded control plane
+// answers Linkerd's policy controller's opaque policy whose one route
+// forbids the connection (policy-controller/grpc/src/outbound.rs
+// undefined_port), and the outbound stack fails the request without a
+// response and without sending it anywhere, as Linkerd's proxy closes the
+// connection ("forbidden TCP route",
+// linkerd/app/outbound/src/opaq/logical/route/filters.rs). A server listens
+// on that very address and sees no connection. The port the Service
+// declares still reaches its endpoint. Each request is the first of a
+// fresh client.
+func TestRequestToAnUndeclaredPortOfAClusterIP(t *testing.T) {
+	p := newPKI(t)
+	seen := make(chan string, 4)
+	backend := reportingServer(t, p, booksID, seen)
+	vip := clusterIP(backend.Port())
+	port := strconv.Itoa(int(vip.Port()))
+	res, err := manifest.Parse([]byte(`
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  clusterIP: ` + vip.Addr().String() + `
+  ports: [{port: ` + port + `}]
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetManifests(res)
+	store.PutEndpoints("books.default.svc.cluster.local:"+port, []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}})
+	cp := serveEmbedded(t, store)
+
+	// A server on the clusterIP itself, on a port that the Service does
+	// not declare: were the request sent to the address, it would answer.
+	lis, err := net.Listen("tcp", vip.Addr().String()+":0")
+	require.NoError(t, err)
+	accepted := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { lis.Close() })
+	undeclared := lis.Addr().String()
+
+	for _, tc := range []struct {
+		name string
+		opts []destination.Option
+	}{
+		{"the Watches API", nil},
+		{"Linkerd's streams", []destination.Option{destination.WithLinkerdStreams()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := loopbackClient(t, dialLoopback(t, cp, tc.opts...), p.certify(t, webID))
+			code, err := tryGet(t, client, "http://"+undeclared+"/")
+			require.ErrorIs(t, err, router.ErrForbiddenRoute, "status %d", code)
+			assert.Contains(t, err.Error(), "forbidden TCP route")
+
+			client = loopbackClient(t, dialLoopback(t, cp, tc.opts...), p.certify(t, webID))
+			code, err = tryGet(t, client, "http://"+vip.String()+"/")
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, code, "the port the Service declares")
+			assert.Equal(t, "tls=true client="+webID+" x-route=", receive(t, seen))
+		})
+	}
+	select {
+	case <-accepted:
+		t.Error("the request reached the undeclared port")
+	default:
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/inmesh/inmesh/identity"
 	"github.com/inmesh/inmesh/internal/linkerdtest"
 	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/meshgrpc"
 	"github.com/inmesh/inmesh/policy"
 	"github.com/inmesh/inmesh/profiles"
@@ -431,5 +432,85 @@ func TestCallToAnIPAddressAsksGetForNoAddress(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 			assert.Equal(t, tc.wantGets, tc.cp.Gets(), "the paths asked of Get")
 		})
+	}
+}
+
+// A call to a Service's clusterIP on a port that the Service does not
+// declare fails as Linkerd refuses it: the embedded control plane answers
+// Linkerd's policy controller's opaque policy whose one route forbids the
+// connection (policy-controller/grpc/src/outbound.rs undefined_port), and
+// the call fails Unavailable, never sent, as a gRPC client sees the
+// connection that Linkerd's proxy closes ("forbidden TCP route",
+// linkerd/app/outbound/src/opaq/logical/route/filters.rs). A server
+// listens on that very address and sees no connection. The port the
+// Service declares still reaches its endpoint. Each call is the first of
+// a fresh channel.
+func TestCallToAnUndeclaredPortOfAClusterIP(t *testing.T) {
+	e := newEnv(t)
+	backend := netip.MustParseAddrPort(e.addr)
+	vip := clusterIP(backend.Port())
+	port := strconv.Itoa(int(vip.Port()))
+	res, err := manifest.Parse([]byte(`
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  clusterIP: ` + vip.Addr().String() + `
+  ports: [{port: ` + port + `}]
+`))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetManifests(res)
+	store.PutEndpoints("books.default.svc.cluster.local:"+port, []endpoint.Endpoint{{Addr: backend, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	controlplane.NewServer(store, controlplane.WithLogger(quiet)).Register(g)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+
+	// A server on the clusterIP itself, on a port that the Service does
+	// not declare: were the call sent to the address, it would connect.
+	other, err := net.Listen("tcp", vip.Addr().String()+":0")
+	require.NoError(t, err)
+	accepted := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := other.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+			_ = c.Close()
+		}
+	}()
+	t.Cleanup(func() { _ = other.Close() })
+	undeclared := netip.MustParseAddrPort(other.Addr().String())
+
+	for _, tc := range []struct {
+		name string
+		opts []destination.Option
+	}{
+		{"the Watches API", nil},
+		{"Linkerd's streams", []destination.Option{destination.WithLinkerdStreams()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := seen(t, dialIP(t, dialLoopback(t, lis.Addr().String(), tc.opts...), undeclared, e.pki.certify(t, webID)))
+			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+			assert.Equal(t, "forbidden TCP route", status.Convert(err).Message())
+
+			got, err := seen(t, dialIP(t, dialLoopback(t, lis.Addr().String(), tc.opts...), vip, e.pki.certify(t, webID)))
+			require.NoError(t, err, "the port the Service declares")
+			assert.Equal(t, "tls=true client="+webID+" x-added=", got)
+		})
+	}
+	select {
+	case <-accepted:
+		t.Error("a call reached the undeclared port")
+	default:
 	}
 }

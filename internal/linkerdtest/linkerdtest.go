@@ -24,7 +24,9 @@ import (
 //   - OutboundPolicies.Watch (policy-controller/grpc/src/outbound.rs
 //     lookup, lookup_authority; runtime/src/lib.rs lookup_ip): an addr
 //     that is the clusterIP gets the Service's policy, any other addr
-//     NotFound "No such service"; an authority NotFound (no IP literal is
+//     NotFound "No such service", as from a controller whose cluster
+//     networks hold loopback (outside them Linkerd's answers the
+//     "egress-fallback" policy); an authority NotFound (no IP literal is
 //     a <name>.<ns>.svc.<domain>);
 //   - GetProfile(ip:port) (controller/api/destination/server.go
 //     getProfileByIP): the endpoint profile of a pod's address (its
