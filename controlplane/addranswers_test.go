@@ -265,3 +265,54 @@ spec:
 	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
 	assert.Equal(t, "unknown target", status.Convert(err).Message())
 }
+
+// An OutboundPolicies stream of an address outside the cluster forwards to
+// the address alone while no workload is there. When a workload appears
+// at it (written into the endpoints, as a registration writes it), the
+// stream sends the fallback again with the workload's identity on its
+// forward, the endpoint its profile has: a client that watched the
+// address before the workload came reaches it over mTLS, as one that asks
+// afterwards does through the profile. When the workload goes, the
+// stream forwards to the address alone again.
+func TestFallbackStreamFollowsAWorkloadAtItsAddress(t *testing.T) {
+	const addr = "127.0.0.1:7081"
+	store := NewStore()
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	cc, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer cc.Close()
+	policies := outboundpb.NewOutboundPoliciesClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	w, err := policies.Watch(ctx, &outboundpb.TrafficSpec{SourceWorkload: "default:web-0",
+		Target: &outboundpb.TrafficSpec_Addr{Addr: tcpAddr(t, addr)}})
+	require.NoError(t, err)
+	got, err := recvTimeout(t, w.Recv)
+	require.NoError(t, err)
+	assert.Empty(t, cmp.Diff(wantEgressFallback(t, addr), got, protocmp.Transform()), "before the workload")
+
+	const id = "books.default.serviceaccount.identity.linkerd.cluster.local"
+	store.PutEndpoints("books.default.svc.cluster.local:7081",
+		[]endpoint.Endpoint{{Addr: netip.MustParseAddrPort(addr), Identity: id}})
+	got, err = recvTimeout(t, w.Recv)
+	require.NoError(t, err)
+	for _, route := range [][]*outboundpb.HttpRoute{got.GetProtocol().GetDetect().GetHttp1().GetRoutes(), got.GetProtocol().GetDetect().GetHttp2().GetRoutes()} {
+		require.Len(t, route, 1)
+		fwd := route[0].GetRules()[0].GetBackends().GetFirstAvailable().GetBackends()[0].GetBackend().GetForward()
+		assert.Equal(t, id, fwd.GetTlsIdentity().GetDnsLikeIdentity().GetName(), "the workload's identity on the forward")
+		assert.Equal(t, tcpAddr(t, addr).String(), fwd.GetAddr().String())
+	}
+	fwd := got.GetProtocol().GetDetect().GetOpaque().GetRoutes()[0].GetRules()[0].GetBackends().GetFirstAvailable().GetBackends()[0].GetBackend().GetForward()
+	assert.Equal(t, id, fwd.GetTlsIdentity().GetDnsLikeIdentity().GetName(), "the opaque route's forward too")
+
+	// A new lookup of the address is now in the cluster: NotFound, and the
+	// profile's endpoint carries the identity.
+	_, err = policies.Get(ctx, &outboundpb.TrafficSpec{SourceWorkload: "default:web-0",
+		Target: &outboundpb.TrafficSpec_Addr{Addr: tcpAddr(t, addr)}})
+	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
+
+	store.PutEndpoints("books.default.svc.cluster.local:7081", nil)
+	got, err = recvTimeout(t, w.Recv)
+	require.NoError(t, err)
+	assert.Empty(t, cmp.Diff(wantEgressFallback(t, addr), got, protocmp.Transform()), "after the workload")
+}

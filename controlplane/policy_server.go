@@ -275,13 +275,17 @@ const (
 // request, no filters, timeouts or retry) go to one backend that forwards
 // to the address itself (weight 1, no identity nor hint), with a queue of
 // 100 requests that fails fast after 3 s.
-func egressFallbackPolicy(addr netip.AddrPort) *outboundpb.OutboundPolicy {
+//
+// to is the address's endpoint: the address alone, or, on the stream of an
+// address where a workload has appeared since (see
+// [Store.fallbackEndpoint]), the workload with its identity.
+func egressFallbackPolicy(to *pb.WeightedAddr) *outboundpb.OutboundPolicy {
 	meta := func() *pb.Metadata { return &pb.Metadata{Kind: &pb.Metadata_Default{Default: "egress-fallback"}} }
 	backend := func() *outboundpb.Backend {
 		return &outboundpb.Backend{
 			Metadata: meta(),
 			Queue:    &outboundpb.Queue{Capacity: fallbackQueueCapacity, FailfastTimeout: durationpb.New(fallbackFailFastTimeout)},
-			Kind:     &outboundpb.Backend_Forward{Forward: &pb.WeightedAddr{Addr: destination.AddrToProto(addr), Weight: 1}},
+			Kind:     &outboundpb.Backend_Forward{Forward: proto.CloneOf(to)},
 		}
 	}
 	httpRoutes := func() []*outboundpb.HttpRoute {
@@ -311,6 +315,23 @@ func egressFallbackPolicy(addr netip.AddrPort) *outboundpb.OutboundPolicy {
 			Http2: &outboundpb.ProxyProtocol_Http2{Routes: httpRoutes()},
 		}}},
 	}
+}
+
+// fallbackEndpoint is the endpoint that the egress fallback of addr
+// forwards to: the address itself, with no identity, while no workload is
+// there. A stream of the fallback opened before a workload registered at
+// the address, or was written into the endpoints, sends the workload with
+// its identity (as its profile's endpoint has it) once it is there, so
+// that a client that watched the address first reaches the workload over
+// mTLS, as a client that looks the address up afterwards does (that one
+// is answered NotFound and takes the profile's endpoint). Linkerd's
+// controller, all of whose workloads are in the cluster networks, never
+// sees an address leave the outside.
+func (s *Store) fallbackEndpoint(addr netip.AddrPort) *pb.WeightedAddr {
+	if p, err := s.endpointProfile(addr.Addr(), uint32(addr.Port())); err == nil && p.Endpoint != nil && p.Endpoint.Identity != "" {
+		return destination.EndpointToProto(*p.Endpoint)
+	}
+	return &pb.WeightedAddr{Addr: destination.AddrToProto(addr), Weight: 1}
 }
 
 // validWorkload reports whether s is a source workload Linkerd's controller
@@ -360,7 +381,7 @@ func (s *policyServer) Get(_ context.Context, spec *outboundpb.TrafficSpec) (*ou
 // Service that does not exist (any more) is NotFound "unknown target".
 func (s *Store) targetPolicy(source string, t policyTarget) (*outboundpb.OutboundPolicy, error) {
 	if t.authority == "" {
-		return egressFallbackPolicy(t.external), nil
+		return egressFallbackPolicy(s.fallbackEndpoint(t.external)), nil
 	}
 	ns, name, port, ok := manifest.ParseAuthority(t.authority)
 	ref := serviceRef{ns: ns, name: name}
@@ -402,6 +423,10 @@ func (s *Server) policyFeed(spec *outboundpb.TrafficSpec) (feed, error) {
 	var keys []watchKey
 	if ns, name, port, ok := manifest.ParseAuthority(t.authority); ok {
 		keys = append(keys, serviceKey(serviceRef{ns: ns, name: name}), policyKey(source, ns, name, port))
+	}
+	if t.authority == "" {
+		// The workloads at the address (see fallbackEndpoint).
+		keys = append(keys, addrKey(t.external.Addr()))
 	}
 	return feed{keys: keys, next: latest(func() (proto.Message, error) {
 		return s.store.targetPolicy(source, t)
