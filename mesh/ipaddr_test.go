@@ -108,9 +108,6 @@ func booksPolicy(port uint16) *policy.Policy {
 // clusterIP is a loopback address of its own on port, where nothing
 // listens: as a Service's clusterIP without kube-proxy. The port is one the
 // test holds on 127.0.0.1, so nothing can listen on it on every address.
-func clusterIP(port uint16) netip.AddrPort {
-	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.77"), port)
-}
 
 // A request to a Service's clusterIP follows the Service's outbound policy,
 // as Linkerd's proxy does for its original destination
@@ -132,7 +129,7 @@ func TestRequestToAClusterIP(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := make(chan string, 4)
 			backend := reportingServer(t, p, tc.serverID, seen)
-			vip := clusterIP(backend.Port())
+			vip := testutil.ClusterIP(backend.Port())
 			cp := &linkerdtest.IPControlPlane{
 				VIP: vip, Name: "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port())),
 				Policy:    destination.PolicyToProto(booksPolicy(vip.Port())),
@@ -163,7 +160,7 @@ func TestRequestToAClusterIPWithAServiceProfile(t *testing.T) {
 	p := newPKI(t)
 	seen := make(chan string, 4)
 	backend := reportingServer(t, p, booksID, seen)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
 	cp := &linkerdtest.IPControlPlane{
 		VIP: vip, Name: name,
@@ -210,7 +207,7 @@ func TestRequestToAPodIP(t *testing.T) {
 			seen := make(chan string, 4)
 			pod := reportingServer(t, p, booksID, seen)
 			labels := map[string]string{"namespace": "default", "pod": "books-0", "serviceaccount": "books"}
-			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Pods: map[netip.AddrPort]endpoint.Endpoint{
+			cp := &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(pod.Port()), Pods: map[netip.AddrPort]endpoint.Endpoint{
 				pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: tc.profileID, H2: true, Labels: labels},
 			}}
 			m := testutil.NewMetrics(t)
@@ -240,7 +237,7 @@ func TestFirstRequestToAPodIPWaitsForItsIdentity(t *testing.T) {
 	p := newPKI(t)
 	seen := make(chan string, 4)
 	pod := reportingServer(t, p, booksID, seen)
-	cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Gate: make(chan struct{}), Pods: map[netip.AddrPort]endpoint.Endpoint{
+	cp := &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(pod.Port()), Gate: make(chan struct{}), Pods: map[netip.AddrPort]endpoint.Endpoint{
 		pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true},
 	}}
 	client := serveIP(t, cp, p.certify(t, webID))
@@ -277,16 +274,9 @@ func TestIPAddressesAgainstTheEmbeddedControlPlane(t *testing.T) {
 	p := newPKI(t)
 	seen := make(chan string, 4)
 	backend := reportingServer(t, p, booksID, seen)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	port := strconv.Itoa(int(vip.Port()))
-	res, err := manifest.Parse([]byte(`
-apiVersion: v1
-kind: Service
-metadata: {name: books, namespace: default}
-spec:
-  clusterIP: ` + vip.Addr().String() + `
-  ports: [{port: ` + port + `}]
----
+	res, err := manifest.Parse([]byte(testutil.ClusterIPService("default", "books", vip) + `---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: books-route, namespace: default}
@@ -343,7 +333,7 @@ func TestRequestToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
 	p := newPKI(t)
 	fake := func(unknown linkerdtest.UnknownAnswer) func(t *testing.T, addr netip.AddrPort) (*Client, func() []string) {
 		return func(t *testing.T, addr netip.AddrPort) (*Client, func() []string) {
-			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: unknown}
+			cp := &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(addr.Port()), Unknown: unknown}
 			return serveIP(t, cp, p.certify(t, webID)), cp.Gets
 		}
 	}
@@ -407,16 +397,9 @@ func TestRequestToAnUndeclaredPortOfAClusterIP(t *testing.T) {
 	p := newPKI(t)
 	seen := make(chan string, 4)
 	backend := reportingServer(t, p, booksID, seen)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	port := strconv.Itoa(int(vip.Port()))
-	res, err := manifest.Parse([]byte(`
-apiVersion: v1
-kind: Service
-metadata: {name: books, namespace: default}
-spec:
-  clusterIP: ` + vip.Addr().String() + `
-  ports: [{port: ` + port + `}]
-`))
+	res, err := manifest.Parse([]byte(testutil.ClusterIPService("default", "books", vip)))
 	require.NoError(t, err)
 	store := controlplane.NewStore()
 	store.SetManifests(res)

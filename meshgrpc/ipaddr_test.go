@@ -75,9 +75,6 @@ func seen(t *testing.T, c testgrpc.TestServiceClient) (string, error) {
 // listens: as a Service's clusterIP without kube-proxy. The port is one
 // the test holds on 127.0.0.1, so nothing can listen on it on every
 // address.
-func clusterIP(port uint16) netip.AddrPort {
-	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.77"), port)
-}
 
 // booksPolicies are the policies Linkerd's policy controller gives the
 // Service books on port: for a Service without GRPCRoutes its HTTPRoutes
@@ -119,7 +116,7 @@ func booksPolicies(port uint16) map[string]*policy.Policy {
 func TestCallToAClusterIP(t *testing.T) {
 	e := newEnv(t)
 	backend := netip.MustParseAddrPort(e.addr)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	series := map[string][]string{
 		"HTTPRoutes": {"outbound_http_route_request_statuses_total", `http_status="200"`},
 		"GRPCRoutes": {"outbound_grpc_route_request_statuses_total", `grpc_status="OK"`},
@@ -151,7 +148,7 @@ func TestCallToAClusterIP(t *testing.T) {
 func TestCallToAClusterIPWithAServiceProfile(t *testing.T) {
 	e := newEnv(t)
 	backend := netip.MustParseAddrPort(e.addr)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
 	cp := &linkerdtest.IPControlPlane{
 		VIP: vip, Name: name,
@@ -198,7 +195,7 @@ func TestCallToAPodIP(t *testing.T) {
 		{"an identity the pod's certificate lacks: refused", reviewsID, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Pods: map[netip.AddrPort]endpoint.Endpoint{
+			cp := &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(pod.Port()), Pods: map[netip.AddrPort]endpoint.Endpoint{
 				pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: tc.profileID, H2: true,
 					Labels: map[string]string{"namespace": "default", "pod": "books-0", "serviceaccount": "books"}},
 			}}
@@ -221,7 +218,7 @@ func TestCallToAPodIP(t *testing.T) {
 func TestFirstCallToAPodIPWaitsForItsIdentity(t *testing.T) {
 	e := newEnv(t)
 	pod := netip.MustParseAddrPort(e.addr)
-	cp := &linkerdtest.IPControlPlane{VIP: clusterIP(pod.Port()), Gate: make(chan struct{}), Pods: map[netip.AddrPort]endpoint.Endpoint{
+	cp := &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(pod.Port()), Gate: make(chan struct{}), Pods: map[netip.AddrPort]endpoint.Endpoint{
 		pod: {Addr: pod, Weight: endpoint.DefaultWeight, Identity: booksID, H2: true},
 	}}
 	c := dialIP(t, serveIP(t, cp), pod, e.pki.certify(t, webID))
@@ -259,16 +256,9 @@ func TestFirstCallToAPodIPWaitsForItsIdentity(t *testing.T) {
 func TestIPAddressesAgainstTheEmbeddedControlPlane(t *testing.T) {
 	e := newEnv(t)
 	backend := netip.MustParseAddrPort(e.addr)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	port := strconv.Itoa(int(vip.Port()))
-	service := `
-apiVersion: v1
-kind: Service
-metadata: {name: books, namespace: default}
-spec:
-  clusterIP: ` + vip.Addr().String() + `
-  ports: [{port: ` + port + `}]
-`
+	service := testutil.ClusterIPService("default", "books", vip)
 	filter := `
     filters:
     - type: RequestHeaderModifier
@@ -323,7 +313,7 @@ spec:
 func TestHTTPRouteFailureInjectorFailsACall(t *testing.T) {
 	e := newEnv(t)
 	backend := netip.MustParseAddrPort(e.addr)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	for _, tc := range []struct {
 		status int
 		want   codes.Code
@@ -368,13 +358,13 @@ func TestCallToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
 		dst  func(t *testing.T) *destination.Client
 	}{
 		{"a profile without endpoint", func(t *testing.T) *destination.Client {
-			return serveIP(t, &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: linkerdtest.ProfileWithoutEndpoint})
+			return serveIP(t, &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(addr.Port()), Unknown: linkerdtest.ProfileWithoutEndpoint})
 		}},
 		{"no profile", func(t *testing.T) *destination.Client {
-			return serveIP(t, &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port()), Unknown: linkerdtest.ProfileNotFound})
+			return serveIP(t, &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(addr.Port()), Unknown: linkerdtest.ProfileNotFound})
 		}},
 		{"outside the search networks", func(t *testing.T) *destination.Client {
-			cp := &linkerdtest.IPControlPlane{VIP: clusterIP(addr.Port())}
+			cp := &linkerdtest.IPControlPlane{VIP: testutil.ClusterIP(addr.Port())}
 			return dialLoopback(t, cp.Serve(t), destination.WithLinkerdStreams(), destination.WithSearchNetworks())
 		}},
 		{"the embedded control plane", func(t *testing.T) *destination.Client {
@@ -406,7 +396,7 @@ func TestCallToAnAddressWithoutPolicyOrEndpoint(t *testing.T) {
 func TestCallToAnIPAddressAsksGetForNoAddress(t *testing.T) {
 	e := newEnv(t)
 	backend := netip.MustParseAddrPort(e.addr)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	name := "books.default.svc.cluster.local:" + strconv.Itoa(int(vip.Port()))
 	for _, tc := range []struct {
 		name     string
@@ -448,16 +438,9 @@ func TestCallToAnIPAddressAsksGetForNoAddress(t *testing.T) {
 func TestCallToAnUndeclaredPortOfAClusterIP(t *testing.T) {
 	e := newEnv(t)
 	backend := netip.MustParseAddrPort(e.addr)
-	vip := clusterIP(backend.Port())
+	vip := testutil.ClusterIP(backend.Port())
 	port := strconv.Itoa(int(vip.Port()))
-	res, err := manifest.Parse([]byte(`
-apiVersion: v1
-kind: Service
-metadata: {name: books, namespace: default}
-spec:
-  clusterIP: ` + vip.Addr().String() + `
-  ports: [{port: ` + port + `}]
-`))
+	res, err := manifest.Parse([]byte(testutil.ClusterIPService("default", "books", vip)))
 	require.NoError(t, err)
 	store := controlplane.NewStore()
 	store.SetManifests(res)
