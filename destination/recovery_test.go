@@ -20,14 +20,14 @@ import (
 	"google.golang.org/grpc"
 )
 
-// The control plane goes away for 30 s (its port refuses connections, as a
-// stopped process's does) and comes back with a profile changed meanwhile:
+// The control plane goes away until the client's backoff has reached its
+// maximum (its port refuses connections, as a stopped process's does) and comes back with a profile changed meanwhile:
 // the client routes by the new profile within the backoff's maximum plus
 // one second of the return, with one backoff policy governing both the
 // reconnection and the streams.
 func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits out a 30 s outage")
+		t.Skip("waits out an outage of some seconds")
 	}
 	t.Parallel()
 	policy := backoff.Policy{Min: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
@@ -44,8 +44,13 @@ func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
 	}
 	srv := up()
 	var down atomic.Bool
+	refused := make(chan time.Time, 64)
 	refuse := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if down.Load() {
+			select {
+			case refused <- time.Now():
+			default:
+			}
 			return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
 		}
 		var d net.Dialer
@@ -59,9 +64,26 @@ func TestRecoveryAfterControlPlaneReturns(t *testing.T) {
 	prof.waitFor(t, "the first profile", hasRoute("before"))
 
 	down.Store(true)
+	wentDown := time.Now()
 	srv.Stop() // every stream ends; new connections are refused
-	// The outage: long enough for every backoff to reach its maximum.
-	time.Sleep(30 * time.Second)
+	// The outage lasts until the client's redials are spaced by the
+	// backoff's maximum (less its jitter), and then three redials more,
+	// so that every backoff has reached its maximum.
+	last, atMax := time.Time{}, 0
+	for atMax < 4 {
+		select {
+		case at := <-refused:
+			if !last.IsZero() && at.Sub(last) >= time.Duration(float64(policy.Max)*(1-policy.Jitter)) {
+				atMax++
+			} else if atMax > 0 {
+				atMax++
+			}
+			last = at
+		case <-time.After(time.Minute):
+			t.Fatal("the client stopped redialling the control plane")
+		}
+	}
+	t.Logf("outage of %v", time.Since(wentDown).Round(time.Millisecond))
 	store.SetServiceProfiles([]*profiles.ServiceProfile{serviceProfile(books, "after")})
 	down.Store(false)
 	srv = up()
