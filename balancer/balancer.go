@@ -3,6 +3,7 @@ package balancer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -402,6 +403,14 @@ func (b *Balancer) watchSplit(a *authority) {
 // http.DefaultTransport; an origproto.Transport to upgrade requests to mesh
 // peers, under a classify.Transport to label metrics by endpoint).
 //
+// A request is balanced over the endpoints of its authority: its Host, or
+// its URL's host when it has no Host. A request a router sent to a backend
+// ([WithConcrete], [LogicalContext]) is balanced over the endpoints of its
+// URL's host, the backend, while its Host stays as the caller sent it. The
+// Host goes to the endpoint unchanged, as Linkerd's proxy sends the
+// authority its application sent, unless the endpoint has an
+// AuthorityOverride, which replaces it.
+//
 // It panics when b is nil or was not made by [New].
 func (b *Balancer) Transport(base http.RoundTripper) http.RoundTripper {
 	if b == nil || b.ctx == nil {
@@ -427,8 +436,13 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		host = req.URL.Host
 	}
 	mark, _ := req.Context().Value(backendKey{}).(*backendMark)
-	if mark != nil && mark.forward != nil {
-		return t.forward(req, mark.forward) // WithForward: one endpoint, no lookup
+	if mark != nil {
+		if mark.forward != nil {
+			return t.forward(req, mark.forward) // WithForward: one endpoint, no lookup
+		}
+		if req.URL != nil && req.URL.Host != "" {
+			host = req.URL.Host // the backend a router chose; the Host is the caller's
+		}
 	}
 	// The request holds its authority until it ends (its response body
 	// included), so that the idle sweep never releases the state it uses:
@@ -437,7 +451,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if a == nil {
 		return t.base.RoundTrip(req) // not an authority we can resolve
 	}
-	if mark == nil {
+	if mark == nil || mark.logical {
 		b.watchSplit(a)
 		if to := a.split.Load().Pick(); to != "" {
 			if o, oe := b.table.hold(to); o != nil {
@@ -746,6 +760,10 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 		out.Host = host
 	}
 	if e.AuthorityOverride != "" {
+		// The one rewrite of the authority, as Linkerd's proxy makes it
+		// for an endpoint with an authority_override
+		// (linkerd/app/outbound/src/http/endpoint.rs,
+		// NewOverrideAuthority).
 		out.Host = e.AuthorityOverride
 	}
 	l := e.load
@@ -876,13 +894,46 @@ func EndpointFromContext(ctx context.Context) *endpoint.Endpoint {
 	return e
 }
 
-// backendKey marks the request of a policy route's backend: concrete, or
-// forward.
+// backendKey marks the request a router sent to a backend: concrete,
+// forward, or a profile's logical authority.
 type backendKey struct{}
 
-type backendMark struct{ forward *endpoint.Endpoint }
+type backendMark struct {
+	forward *endpoint.Endpoint
+	// logical: the authority's own traffic split applies.
+	logical bool
+}
 
-var concrete = &backendMark{}
+var (
+	concrete = &backendMark{}
+	logical  = &backendMark{logical: true}
+)
+
+// LogicalContext is a context for a request that a router sends to the
+// logical authority in its URL's host (the service a ServiceProfile names
+// for the address the caller asked for), its Host left as the caller sent
+// it: a [Balancer] balances it over that authority's endpoints, and that
+// authority's traffic split applies. Context is its parent. It is for a
+// per-request object that is allocated anyway: a field of it used by
+// address is that context at no allocation of its own. Set it before first
+// use and leave it unchanged after.
+type LogicalContext struct {
+	context.Context
+}
+
+// Value returns the mark of a logical request for the balancer's own key,
+// and the parent's value for any other key.
+func (c *LogicalContext) Value(key any) any {
+	if key == (backendKey{}) {
+		return logical
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context as context.WithValue's does.
+func (c *LogicalContext) String() string {
+	return fmt.Sprintf("%v.WithValue(balancer.backendKey, logical)", c.Context)
+}
 
 // WithForward returns ctx for a request that goes to ep alone, as a
 // policy's forward backend or mirror does: a [Balancer] neither resolves
@@ -900,8 +951,9 @@ func WithForward(ctx context.Context, ep *endpoint.Endpoint) context.Context {
 }
 
 // WithConcrete returns ctx for a request that a policy route sends to one
-// of its backends (or mirrors to one): a concrete backend, whose endpoints
-// alone a [Balancer] resolves, as Linkerd's proxy does. The backend's own
+// of its backends (or mirrors to one): a concrete backend, named by the
+// request's URL host (its Host stays the caller's), whose endpoints alone a
+// [Balancer] resolves, as Linkerd's proxy does. The backend's own
 // traffic split (a ServiceProfile's dstOverrides) applies to requests
 // that name it, not to those a route sends it, and is not watched for
 // them: a policy's parents and backends are different names, and the

@@ -142,9 +142,9 @@ func (l *Labels) KeyValues() []attribute.KeyValue {
 // Service's name and port), which the connections dialled for the request
 // carry as their authority label, as Linkerd's proxy labels its
 // connections to endpoints: what `linkerd viz stat` selects a Service's
-// TCP columns by. The request metrics take their authority from the
-// request, and requests whose labels differ only in it share their
-// series. Build it once per endpoint, as l.
+// TCP columns by. The outbound request metrics ([Transport]) take their
+// authority label from it too, whatever Host the request carries. Build it
+// once per endpoint, as l.
 func (l *Labels) ForAuthority(authority string) *Labels {
 	c := &Labels{authority: authority}
 	if l != nil {

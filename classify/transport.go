@@ -37,11 +37,20 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	start := time.Now()
 	ctx := req.Context()
-	authority := req.Host
+	l := labelsFromContext(ctx)
+	// The authority label is the one a balancer chose the endpoint for
+	// (Labels.ForAuthority): the backend, or the split's target, as
+	// Linkerd's proxy labels an endpoint's requests by its concrete
+	// authority (linkerd/app/outbound/src/http/concrete.rs,
+	// OutboundEndpointLabels), whatever Host the request carries.
+	// Otherwise the request's own.
+	authority := l.Authority()
+	if authority == "" {
+		authority = req.Host
+	}
 	if authority == "" && req.URL != nil {
 		authority = req.URL.Host
 	}
-	l := labelsFromContext(ctx)
 	if l == nil {
 		l = t.labels
 	}

@@ -52,8 +52,9 @@ func serveMeshed(t *testing.T, server *Server) netip.AddrPort {
 // identity (Linkerd's WeightedAddr with its TLS identity): the request and
 // its copy reach it over mTLS with that identity, as a discovered endpoint
 // is reached, never through discovery's fallback to the address in
-// plaintext (the address is no Service the source knows). An endpoint
-// whose certificate does not carry the identity gets nothing.
+// plaintext (the address is no Service the source knows), with the Host
+// the caller sent. An endpoint whose certificate does not carry the
+// identity gets nothing.
 func TestForwardBackendKeepsItsIdentity(t *testing.T) {
 	p := newPKI(t)
 	const books = "books.default.svc.cluster.local:7000"
@@ -65,8 +66,8 @@ func TestForwardBackendKeepsItsIdentity(t *testing.T) {
 		backendID          string
 		want, wantMirrored string
 	}{
-		{"identities as certified", booksID, "tls=true client=" + webID + " host=" + backendAddr.String(), "tls=true client=" + webID + " host=" + mirrorAddr.String()},
-		{"backend certified as another", reviewsID, "", "tls=true client=" + webID + " host=" + mirrorAddr.String()},
+		{"identities as certified", booksID, "tls=true client=" + webID + " host=" + books, "tls=true client=" + webID + " host=" + books},
+		{"backend certified as another", reviewsID, "", "tls=true client=" + webID + " host=" + books},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			meta := policy.Metadata{Kind: "Service", Namespace: "default", Name: "books-ext", Port: backendAddr.Port()}

@@ -137,7 +137,10 @@ func (mr *mirrorer) start(x *policyExchange, req *http.Request) *http.Request {
 		return req
 	}
 	head := mirrorHead{ctx: meshtrace.WithTraceOf(mr.r.ctx, x.ctx), base: x.base, method: req.Method, url: *req.URL,
-		header: req.Header.Clone(), proto: req.Proto, major: req.ProtoMajor, minor: req.ProtoMinor, grpc: x.grpc}
+		host: req.Host, header: req.Header.Clone(), proto: req.Proto, major: req.ProtoMajor, minor: req.ProtoMinor, grpc: x.grpc}
+	if head.host == "" {
+		head.host = req.URL.Host
+	}
 	if req.Body == nil || req.Body == http.NoBody {
 		for _, t := range fire {
 			mr.send(t, &head, nil)
@@ -172,6 +175,7 @@ type mirrorHead struct {
 	base         http.RoundTripper // the transport the primary goes through
 	method       string
 	url          url.URL
+	host         string // the Host the caller sent, which the copy keeps
 	header       http.Header
 	proto        string
 	major, minor int
@@ -209,7 +213,7 @@ func (mr *mirrorer) run(t *mirrorTarget, head *mirrorHead, body []byte) {
 	if u.Scheme == "" {
 		u.Scheme = "http"
 	}
-	out := &http.Request{Method: head.method, URL: &u, Host: target, Header: head.header.Clone(),
+	out := &http.Request{Method: head.method, URL: &u, Host: head.host, Header: head.header.Clone(),
 		Proto: head.proto, ProtoMajor: head.major, ProtoMinor: head.minor, Body: http.NoBody}
 	if len(body) > 0 {
 		out.Body = io.NopCloser(bytes.NewReader(body))

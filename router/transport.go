@@ -46,9 +46,12 @@ var ErrForbiddenRoute = errors.New("forbidden TCP route")
 // http.DefaultTransport). base receives each attempt with its URL host
 // set to the chosen backend: a balancer backend's authority (base is then
 // typically a balancer.Transport, which resolves it), or a forward
-// backend's address. A target whose policy has no HTTP routes (opaque or
-// TLS) takes the default route, unless its opaque route forbids the
-// connection: its requests then fail with [ErrForbiddenRoute], unsent.
+// backend's address. Its Host stays the authority the caller sent (the
+// caller's URL host when it set no Host), as Linkerd's proxy leaves a
+// request's authority to the application behind the backend. A target
+// whose policy has no HTTP routes (opaque or TLS) takes the default
+// route, unless its opaque route forbids the connection: its requests
+// then fail with [ErrForbiddenRoute], unsent.
 //
 // Policy routes: the rule's filters apply in order (request and response
 // header modifiers, redirects, failure injectors), then the backend's;
@@ -323,11 +326,16 @@ func (x *policyExchange) attempt(req *http.Request) (*http.Response, error) {
 	out.Body, out.GetBody = req.Body, req.GetBody
 	u := *req.URL
 	out.URL = &u
+	if out.Host == "" {
+		// The backend goes in the URL's host; the Host keeps the
+		// authority the caller sent.
+		out.Host = req.URL.Host
+	}
 	switch b := rb.Backend; {
 	case b.Balancer != nil:
-		out.URL.Host, out.Host = b.Balancer.Authority, b.Balancer.Authority
+		out.URL.Host = b.Balancer.Authority
 	case b.Forward != nil:
-		out.URL.Host, out.Host = b.Forward.Addr.String(), b.Forward.Addr.String()
+		out.URL.Host = b.Forward.Addr.String()
 	default:
 		closeReqBody(req)
 		return proxyerr.Response(req, http.StatusInternalServerError, "backend has no destination"), nil

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/inmesh/inmesh/tap"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
 	"github.com/inmesh/inmesh/internal/meshtrace"
@@ -90,14 +92,27 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 }
 
 // withAuthority returns a shallow copy of req sent to authority a, as the
-// policy router sends a request to its backend.
+// policy router sends a request to its backend: a in the URL's host, which
+// a balancer resolves (balancer.LogicalContext), and the Host the caller
+// sent (its URL's host when it set none) kept, as Linkerd's proxy leaves
+// the authority of a request it balances over a profile's logical address
+// (linkerd/app/outbound/src/http/logical/profile.rs sets no authority).
 func withAuthority(req *http.Request, a string) *http.Request {
-	out := new(http.Request)
-	*out = *req
-	u := *req.URL
-	u.Host = a
-	out.URL, out.Host = &u, a
+	l := &logicalRequest{ctx: balancer.LogicalContext{Context: req.Context()}, url: *req.URL}
+	out := req.WithContext(&l.ctx)
+	if out.Host == "" {
+		out.Host = req.URL.Host
+	}
+	l.url.Host = a
+	out.URL = &l.url
 	return out
+}
+
+// logicalRequest holds the context and URL of a request sent to a
+// profile's logical authority, in one allocation.
+type logicalRequest struct {
+	ctx balancer.LogicalContext
+	url url.URL
 }
 
 // hedged sends each attempt of a hedged route through its hedger.
