@@ -405,7 +405,7 @@ func (b *Balancer) watchSplit(a *authority) {
 //
 // A request is balanced over the endpoints of its authority: its Host, or
 // its URL's host when it has no Host. A request a router sent to a backend
-// ([WithConcrete], [LogicalContext]) is balanced over the endpoints of its
+// ([WithConcrete], [ConcreteContext]) is balanced over the endpoints of its
 // URL's host, the backend, while its Host stays as the caller sent it. The
 // Host goes to the endpoint unchanged, as Linkerd's proxy sends the
 // authority its application sent, unless the endpoint has an
@@ -451,7 +451,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if a == nil {
 		return t.base.RoundTrip(req) // not an authority we can resolve
 	}
-	if mark == nil || mark.logical {
+	if mark == nil {
 		b.watchSplit(a)
 		if to := a.split.Load().Pick(); to != "" {
 			if o, oe := b.table.hold(to); o != nil {
@@ -894,45 +894,45 @@ func EndpointFromContext(ctx context.Context) *endpoint.Endpoint {
 	return e
 }
 
-// backendKey marks the request a router sent to a backend: concrete,
-// forward, or a profile's logical authority.
+// backendKey marks the request a router sent to a backend: concrete
+// or forward.
 type backendKey struct{}
 
 type backendMark struct {
 	forward *endpoint.Endpoint
-	// logical: the authority's own traffic split applies.
-	logical bool
 }
 
-var (
-	concrete = &backendMark{}
-	logical  = &backendMark{logical: true}
-)
+var concrete = &backendMark{}
 
-// LogicalContext is a context for a request that a router sends to the
-// logical authority in its URL's host (the service a ServiceProfile names
-// for the address the caller asked for), its Host left as the caller sent
-// it: a [Balancer] balances it over that authority's endpoints, and that
-// authority's traffic split applies. Context is its parent. It is for a
-// per-request object that is allocated anyway: a field of it used by
-// address is that context at no allocation of its own. Set it before first
-// use and leave it unchanged after.
-type LogicalContext struct {
+// ConcreteContext is a context for a request that a router sends to one
+// concrete backend, named by its URL's host, its Host left as the caller
+// sent it, as [WithConcrete] marks one: a [Balancer] balances it over that
+// backend's endpoints alone, and watches no traffic split of the backend.
+// A profile router uses it for a request to an IP whose profile names its
+// service: the profile got for the IP carries the service's dst overrides,
+// so the router picks the backend itself (see [Split]), as Linkerd's proxy
+// builds the concrete backends of a profile's logical address from the
+// targets of the profile it got for the original destination
+// (linkerd/app/outbound/src/http/logical/profile.rs). Context is its
+// parent. It is for a per-request object that is allocated anyway: a field
+// of it used by address is that context at no allocation of its own. Set
+// it before first use and leave it unchanged after.
+type ConcreteContext struct {
 	context.Context
 }
 
-// Value returns the mark of a logical request for the balancer's own key,
+// Value returns the mark of a concrete request for the balancer's own key,
 // and the parent's value for any other key.
-func (c *LogicalContext) Value(key any) any {
+func (c *ConcreteContext) Value(key any) any {
 	if key == (backendKey{}) {
-		return logical
+		return concrete
 	}
 	return c.Context.Value(key)
 }
 
 // String names the context as context.WithValue's does.
-func (c *LogicalContext) String() string {
-	return fmt.Sprintf("%v.WithValue(balancer.backendKey, logical)", c.Context)
+func (c *ConcreteContext) String() string {
+	return fmt.Sprintf("%v.WithValue(balancer.backendKey, concrete)", c.Context)
 }
 
 // WithForward returns ctx for a request that goes to ep alone, as a

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/exchange"
 	"github.com/inmesh/inmesh/internal/meshtrace"
@@ -98,6 +99,9 @@ type tableState struct {
 	// not the authority itself: an IP's profile's logical address (see
 	// [profiles.Profile.LogicalAuthority]); "" for the authority.
 	logical string
+	// split is the traffic split of the requests sent to logical: the dst
+	// overrides of the profile got for the authority, nil without them.
+	split *balancer.Split
 }
 
 // routeTargets are a route's metric targets, each direction's made on its
@@ -345,7 +349,9 @@ func (r *Router) apply(e *registry.Entry[tableState], u profiles.Update) {
 	}
 	logical := u.Profile.LogicalAuthority(authority)
 	next := r.build(r.label(cmp.Or(logical, authority), t), t)
-	next.logical = logical
+	if logical != "" {
+		next.logical, next.split = logical, balancer.NewSplit(u.Profile.DstOverrides)
+	}
 	keepBudget(e.Load(), next)
 	e.Store(next)
 }

@@ -1,6 +1,7 @@
 package profileroute
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -86,19 +87,24 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 		base = hedged{h: tg.hedge, base: base}
 	}
 	if ts.logical != "" {
-		req = withAuthority(req, ts.logical)
+		// The profile got for the authority is its service's: its dst
+		// overrides choose the backend, or the service itself without
+		// them (linkerd/app/outbound/src/http/logical/profile.rs builds
+		// the concrete backends from the targets of that profile).
+		req = withAuthority(req, cmp.Or(ts.split.Pick(), ts.logical))
 	}
 	return exchange.RoundTrip(base, req, p)
 }
 
-// withAuthority returns a shallow copy of req sent to authority a, as the
-// policy router sends a request to its backend: a in the URL's host, which
-// a balancer resolves (balancer.LogicalContext), and the Host the caller
-// sent (its URL's host when it set none) kept, as Linkerd's proxy leaves
-// the authority of a request it balances over a profile's logical address
+// withAuthority returns a shallow copy of req sent to the concrete backend
+// a, as the policy router sends a request to its backend: a in the URL's
+// host, whose endpoints alone a balancer resolves
+// (balancer.ConcreteContext), and the Host the caller sent (its URL's host
+// when it set none) kept, as Linkerd's proxy leaves the authority of a
+// request it balances over a profile's backends
 // (linkerd/app/outbound/src/http/logical/profile.rs sets no authority).
 func withAuthority(req *http.Request, a string) *http.Request {
-	l := &logicalRequest{ctx: balancer.LogicalContext{Context: req.Context()}, url: *req.URL}
+	l := &concreteRequest{ctx: balancer.ConcreteContext{Context: req.Context()}, url: *req.URL}
 	out := req.WithContext(&l.ctx)
 	if out.Host == "" {
 		out.Host = req.URL.Host
@@ -108,10 +114,10 @@ func withAuthority(req *http.Request, a string) *http.Request {
 	return out
 }
 
-// logicalRequest holds the context and URL of a request sent to a
-// profile's logical authority, in one allocation.
-type logicalRequest struct {
-	ctx balancer.LogicalContext
+// concreteRequest holds the context and URL of a request sent to a
+// profile's backend, in one allocation.
+type concreteRequest struct {
+	ctx balancer.ConcreteContext
 	url url.URL
 }
 
