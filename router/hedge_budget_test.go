@@ -91,7 +91,11 @@ func TestUnsentHedgeRefundsItsPayment(t *testing.T) {
 					_, _ = io.WriteString(w, "ok")
 				}))
 				eps := []endpoint.Endpoint{{Addr: netip.MustParseAddrPort(srv.Listener.Addr().String()), Weight: endpoint.DefaultWeight}}
-				f, earn := rt.fixture(t, eps, 5*time.Millisecond)
+				// The hedge is sent only once the first attempt is at an
+				// endpoint; the delay leaves a loaded machine time for that
+				// (at 5 ms, 1 run in 1,000 under -race sent no hedge, and
+				// the held first attempt was never released).
+				f, earn := rt.fixture(t, eps, 50*time.Millisecond)
 				answered := make(chan struct{}) // the caller has the first attempt's answer
 				hook := &hedgeHook{base: f.bal.Transport(testutil.NewTransport(t, testutil.H1))}
 				if firstWins {

@@ -21,27 +21,35 @@ import (
 )
 
 // hedgeEndpoints are loopback endpoints that record which request (by its
-// X-Request-Id) reached which of them, and stall the first arrival of a
-// request marked X-Stall until its context ends or stall passes: only a
-// copy sent elsewhere answers it sooner.
+// X-Request-Id) reached which of them, and stall the first attempt of a
+// request marked X-Stall that is not a hedge (see hedgeMarker) until its
+// context ends or stall passes: only a hedge answers it sooner. The first
+// attempt is known by its mark, not by the order of arrival: on a loaded
+// machine a hedge can reach its endpoint before the first attempt reaches
+// its own.
 type hedgeEndpoints struct {
 	eps   []endpoint.Endpoint
 	stall time.Duration
 
 	mu        sync.Mutex
 	seen      map[string][]int // request id -> the endpoints it reached, in order
+	firsts    map[string]int   // request id -> its attempts other than hedges
 	cancelled int              // stalled requests whose context ended
 }
 
 func newHedgeEndpoints(t *testing.T, n int, stall time.Duration) *hedgeEndpoints {
-	h := &hedgeEndpoints{stall: stall, seen: make(map[string][]int)}
+	h := &hedgeEndpoints{stall: stall, seen: make(map[string][]int), firsts: make(map[string]int)}
 	for i := range n {
 		srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			id := r.Header.Get("X-Request-Id")
 			h.mu.Lock()
 			h.seen[id] = append(h.seen[id], i)
-			first := len(h.seen[id]) == 1
+			first := false
+			if r.Header.Get(hedgeMark) == "" {
+				first = h.firsts[id] == 0
+				h.firsts[id]++
+			}
 			h.mu.Unlock()
 			if first && r.Header.Get("X-Stall") != "" {
 				select {
@@ -74,6 +82,21 @@ func (h *hedgeEndpoints) cancels() int {
 
 const hedgeBackend = "backend.test:80"
 
+// hedgeMark is the header hedgeMarker sets on a hedge.
+const hedgeMark = "X-Test-Hedge"
+
+// hedgeMarker marks each hedge (an attempt that excludes the endpoints its
+// request tried) that goes through it with hedgeMark, for hedgeEndpoints.
+type hedgeMarker struct{ base http.RoundTripper }
+
+func (m hedgeMarker) RoundTrip(req *http.Request) (*http.Response, error) {
+	if _, exclude := balancer.TriedFromContext(req.Context()); exclude {
+		req = req.Clone(req.Context())
+		req.Header.Set(hedgeMark, "1")
+	}
+	return m.base.RoundTrip(req)
+}
+
 func hedgeFixture(t *testing.T, eps []endpoint.Endpoint, hp *hedge.Policy, opts ...Option) *healthFixture {
 	rule := policy.HTTPRule{Backends: to(balancerBackend("backend", hedgeBackend)), Hedge: hp}
 	src, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{hedgeBackend: eps})
@@ -84,7 +107,7 @@ func hedgeFixture(t *testing.T, eps []endpoint.Endpoint, hp *hedge.Policy, opts 
 	pol := policy.NewStaticSource(map[string]*policy.Policy{authority: httpPolicy(rule)})
 	f.r = New(append([]Option{WithPolicies(pol), WithMeterProvider(f.m.Provider), WithBalancer(f.bal)}, opts...)...)
 	t.Cleanup(f.r.Close)
-	f.client = &http.Client{Transport: f.r.Transport(f.bal.Transport(testutil.NewTransport(t, testutil.H1)))}
+	f.client = &http.Client{Transport: f.r.Transport(hedgeMarker{f.bal.Transport(testutil.NewTransport(t, testutil.H1))})}
 	req, _ := http.NewRequest("GET", "http://svc.test/", nil)
 	require.Eventually(t, func() bool { return f.r.Explain(req).Model == ModelPolicy }, testutil.Timeout, 5*time.Millisecond)
 	return f
