@@ -228,6 +228,23 @@ func verifyName(crt *x509.Certificate, name string) error {
 
 // isURI reports whether an identity is a URI (a scheme before "://")
 // rather than a DNS-like name.
+// ParseID parses s as an identity the way Linkerd's proxy parses one that
+// an application names (linkerd/identity/src/lib.rs, Id::from_str, as
+// linkerd/app/outbound/src/http/require_id_header.rs reads l5d-require-id):
+// a DNS-like name valid as a peer certificate's DNS SAN is (see
+// [PeerIdentity]), returned lowercased; otherwise a URI with a scheme,
+// returned as it is. ok is false for anything else (an empty string, a
+// name with a trailing dot, spaces).
+func ParseID(s string) (id string, ok bool) {
+	if id, ok := dnsIdentity(s); ok {
+		return id, true
+	}
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" && strings.TrimSpace(s) == s {
+		return s, true
+	}
+	return "", false
+}
+
 func isURI(name string) bool {
 	u, err := url.Parse(name)
 	return err == nil && u.Scheme != "" && strings.Contains(name, "://")

@@ -341,3 +341,28 @@ func TestServerNameCaseStaysExact(t *testing.T) {
 	assert.NoError(t, handshake(t, leafOf(t, root, false, dnsSAN(upperFoo), dnsSAN(fooDNS)), client.ClientConfig(fooDNS)),
 		"the exact name among others")
 }
+
+// ParseID reads an identity an application names as Linkerd's proxy
+// parses one (linkerd/identity/src/lib.rs, Id::from_str and its tests): a
+// DNS-like name, lowercased, else a URI; anything else is no identity.
+func TestParseID(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"books.default.serviceaccount.identity.linkerd.cluster.local", "books.default.serviceaccount.identity.linkerd.cluster.local", true},
+		{"Books.Default.serviceaccount.identity.linkerd.cluster.local", "books.default.serviceaccount.identity.linkerd.cluster.local", true},
+		{"web_1.ns", "web_1.ns", true},
+		{"spiffe://cluster.local/ns/default/sa/books", "spiffe://cluster.local/ns/default/sa/books", true},
+		{"uri://host:1234/path", "uri://host:1234/path", true},
+		{"books.default.", "", false},
+		{"books..default", "", false},
+		{"", "", false},
+		{" books.default", "", false},
+		{"-books.default", "", false},
+	} {
+		id, ok := identity.ParseID(tc.in)
+		assert.Equal(t, tc.ok, ok, "%q", tc.in)
+		assert.Equal(t, tc.want, id, "%q", tc.in)
+	}
+}

@@ -69,6 +69,13 @@ func TestRequireIDHeader(t *testing.T) {
 			requireID: booksID, wantStatus: http.StatusBadGateway},
 		{name: "identity named by discovery only, client without identity", ep: endpoint.Endpoint{Addr: meshedAddr, Identity: booksID},
 			requireID: booksID, wantStatus: http.StatusBadGateway},
+		// Linkerd's proxy parses the value as an identity and ignores one
+		// that is none (require_id_header.rs, extract_id): the header is
+		// removed and the request goes as it would without it.
+		{name: "a value that is no identity, plaintext endpoint", ep: endpoint.Endpoint{Addr: plainAddr}, clientID: true,
+			requireID: "books..default", wantStatus: 200, wantBody: "tls=false require-id=", wantReached: true},
+		{name: "a name with a trailing dot, plaintext endpoint", ep: endpoint.Endpoint{Addr: plainAddr}, clientID: true,
+			requireID: booksID + ".", wantStatus: 200, wantBody: "tls=false require-id=", wantReached: true},
 		{name: "no header", ep: endpoint.Endpoint{Addr: meshedAddr, Identity: booksID}, clientID: true,
 			wantStatus: 200, wantBody: "tls=true require-id=", wantReached: true},
 		{name: "no header, plaintext endpoint", ep: endpoint.Endpoint{Addr: plainAddr}, clientID: true,

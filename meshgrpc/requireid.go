@@ -2,7 +2,6 @@ package meshgrpc
 
 import (
 	"context"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -41,8 +40,8 @@ func (c *requireIDCtx) Value(key any) any {
 // withoutRequireID returns the context to send an attempt with: ctx itself
 // when its outgoing metadata has no [RequireIDMetadata], which allocates
 // nothing; otherwise a context whose metadata lacks it and that carries the
-// identity its first value names, trimmed (an empty value requires
-// nothing), for the picker to check against the picked endpoint. It is
+// identity its first value names (a value that is no identity requires
+// nothing, see [requireid.Want]), for the picker to check against the picked endpoint. It is
 // applied where an attempt leaves the interceptors, after routing and the
 // route's filters, as Linkerd's proxy reads and removes the header at the
 // endpoint.
@@ -54,7 +53,7 @@ func withoutRequireID(ctx context.Context) context.Context {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	delete(md, RequireIDMetadata)
 	ctx = metadata.NewOutgoingContext(ctx, md)
-	if want := strings.TrimSpace(vs[0]); want != "" {
+	if want, ok := requireid.Want(vs[0]); ok {
 		return &requireIDCtx{Context: ctx, id: want}
 	}
 	return ctx
@@ -73,7 +72,7 @@ func refuseUnproven(ctx context.Context, verified string) error {
 		return status.Error(codes.Unavailable, requireid.Reason(r.id, verified))
 	}
 	if vs := metadata.ValueFromOutgoingContext(ctx, RequireIDMetadata); len(vs) > 0 {
-		if want := strings.TrimSpace(vs[0]); want != "" && !requireid.Satisfied(want, verified) {
+		if want, ok := requireid.Want(vs[0]); ok && !requireid.Satisfied(want, verified) {
 			return status.Error(codes.Unavailable, requireid.Reason(want, verified))
 		}
 	}

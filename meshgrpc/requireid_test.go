@@ -160,6 +160,9 @@ func TestRequireIDMetadata(t *testing.T) {
 		{name: "plaintext endpoint", clientID: true, require: []string{booksID}, wantCode: codes.Unavailable},
 		{name: "identity named by discovery only, channel without identity", epID: booksID, require: []string{booksID}, wantCode: codes.Unavailable},
 		{name: "empty value", epID: booksID, clientID: true, require: []string{" "}, wantReached: true},
+		// A value that is no identity is ignored, as Linkerd's proxy
+		// ignores it (require_id_header.rs, extract_id).
+		{name: "a value that is no identity, plaintext endpoint", clientID: true, require: []string{"books..default"}, wantReached: true},
 		{name: "no metadata", epID: booksID, clientID: true, wantReached: true},
 		{name: "no metadata, plaintext endpoint", clientID: true, wantReached: true},
 	}

@@ -2,7 +2,6 @@ package origproto
 
 import (
 	"net/http"
-	"strings"
 
 	"github.com/inmesh/inmesh/internal/proxyerr"
 	"github.com/inmesh/inmesh/internal/requireid"
@@ -18,7 +17,7 @@ const RequireIDHeader = "L5d-Require-Id"
 // it returns r without the header to send on, or, when the endpoint does
 // not prove the identity the header names, the response to answer with
 // instead (502, gRPC UNAVAILABLE), as Linkerd's outbound proxy fails the
-// request. An empty value requires nothing. The identity an endpoint
+// request. A value that is no identity requires nothing ([requireid.Want]). The identity an endpoint
 // proves is the one every connection of its pool verified in its
 // handshake: only with a client identity ([WithClientIdentity]) and an
 // endpoint identity ([WithServerIdentity]); a plaintext endpoint proves
@@ -28,8 +27,8 @@ func (t *Transport) requireID(r *http.Request, vs []string) (*http.Request, *htt
 	*out = *r
 	out.Header = r.Header.Clone()
 	delete(out.Header, RequireIDHeader)
-	want := strings.TrimSpace(vs[0])
-	if want == "" {
+	want, ok := requireid.Want(vs[0])
+	if !ok {
 		return out, nil
 	}
 	found := ""

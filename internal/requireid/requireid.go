@@ -8,7 +8,20 @@
 // orig-proto's Transport and meshgrpc's balancer use it.
 package requireid
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/inmesh/inmesh/identity"
+)
+
+// Want returns the identity that a value of l5d-require-id requires, as
+// Linkerd's proxy parses it ([identity.ParseID]): a DNS-like name,
+// lowercased, or a URI. A value that is no identity (an empty one, one
+// with spaces, a name with a trailing dot) requires nothing: Linkerd's
+// proxy removes the header and sends the request as it would without it.
+func Want(v string) (string, bool) {
+	return identity.ParseID(v)
+}
 
 // Satisfied reports whether an endpoint whose connections verified the
 // identity found ("": none, plaintext) satisfies the required identity
