@@ -315,9 +315,11 @@ func TestZoneOneSlowEndpointStaysHome(t *testing.T) {
 // Once requests have left a slow local zone, they probe it about once
 // per decay (its estimates decay while it gets none, and a probe or two
 // that reach slow endpoints send the requests out again), and fast
-// answers after it recovers bring the requests back. Measured over 1,000
-// runs in simulated time with a 3 s decay: 20-24 probes in about 62 s of
-// slow zone, back home within 2.5-5 s. (With the mean of the local endpoints' costs once
+// answers after it recovers bring the requests back. Measured over 2,000
+// runs in simulated time with a 3 s decay: 20-25 probes in about 62 s of
+// slow zone (20 in 55% of the runs, 23 or more in 1.7%), back home within
+// 2.5-5 s. The bound allows 6 probes over one a decay: twice as many
+// probes would be 40. (With the mean of the local endpoints' costs once
 // requests had left, a single slow probe counted: 17-21 probes over 3,000
 // runs, the return within 1.5-8.5 s; but a single slow answer from
 // another zone then drew the requests home, see
@@ -335,7 +337,7 @@ func TestZoneProbesCountOnceSpilled(t *testing.T) {
 	out, _ = s.run(6000, "zone-a")
 	took := time.Duration(s.clock.read() - start)
 	t.Logf("%d probes of the slow zone in %s", 6000-out, took)
-	require.LessOrEqual(t, float64(6000-out), took.Seconds()/3+2, "about a probe per decay")
+	require.LessOrEqual(t, float64(6000-out), took.Seconds()/3+6, "about a probe per decay")
 
 	s.setLatency("zone-a", 10*time.Millisecond)
 	start = s.clock.read()
