@@ -1,11 +1,13 @@
 package meshgrpc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -307,7 +309,7 @@ func (b *meshBalancer) update() {
 	}
 	pk := &picker{target: b.target, pools: pools, scs: scs, queueing: b.queueing}
 	if b.mesh != nil {
-		pk.calls = b.mesh.calls
+		pk.calls, pk.mesh = b.mesh.calls, b.mesh
 	}
 	// The resolver's first state names the target's set, or, for an IP
 	// whose policy routes its calls elsewhere (its own set unwatched),
@@ -444,8 +446,32 @@ type picker struct {
 	pools  map[string]pickPool
 	scs    map[subKey]pickSub
 	calls  *classify.Recorder // nil: not recorded
+	// mesh is the channel's mesh state, nil without one: a redraw
+	// ([picker.redraw]) reads the target's profile in force there.
+	mesh *mesh
 	// queueing tells the balancer that a backend's calls queue.
 	queueing func()
+}
+
+// redraw returns the backend of a call whose backend has no pool: a
+// backend that the target's dst overrides drew and no longer name (the
+// profile changed between the draw and the pick, and the channel stopped
+// following it) is drawn again by the profile in force, or is the target
+// when that no longer routes calls; any other is backend itself, which
+// the call waits for. Without it such a call waited for a backend whose
+// endpoints would never come, until its deadline.
+func (p *picker) redraw(ctx context.Context, backend string) string {
+	if drawn, _ := ctx.Value(drawnCtxKey{}).(bool); !drawn || p.mesh == nil {
+		return backend
+	}
+	ps := p.mesh.profile(p.target)
+	if !ps.applies() {
+		return p.target
+	}
+	if slices.Contains(ps.splitBackends, backend) {
+		return backend // named still: its endpoints are on their way
+	}
+	return cmp.Or(ps.backend(), p.target)
 }
 
 // pickSub is a READY sub-channel as a picker sees it.
@@ -488,17 +514,37 @@ func withBackend(ctx context.Context, target, authority string) context.Context 
 	return &backendCtx{Context: ctx, backend: authority}
 }
 
+// withDrawnBackend is withBackend for a backend that the dst overrides
+// of the target's ServiceProfile drew (see [profileState.backend]): a
+// call whose backend the overrides no longer name when it is picked is
+// drawn again (see [picker.redraw]).
+func withDrawnBackend(ctx context.Context, target, authority string) context.Context {
+	if authority == target {
+		return withBackend(ctx, target, authority)
+	}
+	return &backendCtx{Context: ctx, backend: authority, drawn: true}
+}
+
 // backendCtx is a context carrying a call's backend authority: one
 // allocation, where context.WithValue would make two (the context and the
 // boxed string).
 type backendCtx struct {
 	context.Context
 	backend string
+	// drawn: the profile's dst overrides drew the backend.
+	drawn bool
 }
 
+// drawnCtxKey is the key of whether the call's backend was drawn by the
+// dst overrides (a bool), set with the backend.
+type drawnCtxKey struct{}
+
 func (c *backendCtx) Value(key any) any {
-	if _, ok := key.(backendCtxKey); ok {
+	switch key.(type) {
+	case backendCtxKey:
 		return c.backend
+	case drawnCtxKey:
+		return c.drawn
 	}
 	return c.Context.Value(key)
 }
@@ -526,8 +572,15 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	}
 	bp, ok := p.pools[backend]
 	if !ok {
-		// The backend's endpoints are not known yet (a policy just named
-		// it): the call waits for the picker that brings them.
+		if to := p.redraw(info.Ctx, backend); to != backend {
+			backend = to
+			bp, ok = p.pools[backend]
+		}
+	}
+	if !ok {
+		// The backend's endpoints are not known yet (a policy or a
+		// profile's dst overrides just named it): the call waits for the
+		// picker that brings them.
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 	}
 	if bp.eps == 0 {

@@ -32,7 +32,8 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //   - the resolver of scheme [Scheme], fed by dst: the endpoints of the
 //     target and of every backend its outbound policy's routes name (a
 //     forward backend is its one endpoint) and of its ServiceProfile's
-//     logical authority, with their weights, labels and identities, pushed as
+//     logical authority and dst overrides, with their weights, labels and
+//     identities, pushed as
 //     they change (ResolveNow does nothing: no re-resolution storm when
 //     connections fail); an empty set is pushed too, a failed watch
 //     reported as a resolver error;
@@ -54,8 +55,10 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     the word that there is none) starts the channel's watches and
 //     waits for them, at most [WithDiscoveryWait] (by default
 //     [DefaultDiscoveryWait]) or until its own deadline; then a
-//     ServiceProfile with routes first (unary calls: the route's timeout, budgeted
-//     retries, route_* series), else the outbound policy's GRPCRoutes (or
+//     ServiceProfile with routes or dst overrides first (unary calls: the
+//     route's timeout, budgeted retries, route_* series; every call: the
+//     backend the overrides draw by weight), else the outbound policy's
+//     GRPCRoutes (or
 //     its HTTPRoutes, for a Service without GRPCRoutes)
 //     (best match by the policy package, on /pkg.Service/Method and the
 //     outgoing metadata): the rule's filters (header modifiers on the
@@ -381,4 +384,12 @@ func (m *mesh) state(authority string) *channelState {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.states[authority]
+}
+
+// profile returns the ServiceProfile state of authority in force, nil
+// without one.
+func (m *mesh) profile(authority string) *profileState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.profiles[authority]
 }

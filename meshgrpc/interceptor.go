@@ -340,10 +340,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		st, ps, _ = m.lookup(authority, inmesh)
 	}
 	if ps.applies() {
-		if ps.logical != "" {
-			ctx = withBackend(ctx, authority, ps.logical)
-		}
-		return m.unaryProfile(ctx, ps, method, req, reply, cc, invoker, opts...)
+		return m.unaryProfile(ctx, ps, authority, method, req, reply, cc, invoker, opts...)
 	}
 	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {
@@ -561,12 +558,19 @@ func (c *call) done(ctx context.Context, err error, retries int, headed bool) {
 // is dropped and the stream is no longer retried.
 func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	authority, inmesh := targetAuthority(cc.Target())
-	st, _, waits := m.lookup(authority, inmesh)
+	st, ps, waits := m.lookup(authority, inmesh)
 	if waits {
 		if err := m.await(ctx, cc, authority); err != nil {
 			return nil, err
 		}
-		st, _, _ = m.lookup(authority, inmesh)
+		st, ps, _ = m.lookup(authority, inmesh)
+	}
+	if ps != nil && ps.split != nil {
+		// The profile's dst overrides win over the outbound policy, for a
+		// stream as for every HTTP/2 request of Linkerd's proxy: the
+		// stream goes to the backend they draw. Its routes (timeouts,
+		// retries, route_* series) are not applied to streams.
+		return streamer(withoutRequireID(withDrawnBackend(ctx, authority, ps.split.Pick())), desc, cc, method, opts...)
 	}
 	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {

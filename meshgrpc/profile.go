@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/inmesh/inmesh/balancer"
 	"github.com/inmesh/inmesh/classify"
 	"github.com/inmesh/inmesh/internal/metrics"
 	"github.com/inmesh/inmesh/profiles"
@@ -34,13 +35,33 @@ type profileState struct {
 	// target: an IP's logical authority (see
 	// [profiles.Profile.LogicalAuthority]), "" for the target.
 	logical string
+	// split is the profile's dst overrides, the backends its calls go
+	// to by weight instead (nil: none, or every weight 0).
+	split *balancer.Split
+	// splitBackends are split's backends.
+	splitBackends []string
 }
 
 type profTarget struct{ route, actual *metrics.Target }
 
 // applies reports whether the profile routes calls: as Linkerd's proxy, a
-// profile wins over the outbound policy only when it has routes.
-func (ps *profileState) applies() bool { return ps != nil && len(ps.table.Routes()) > 0 }
+// profile wins over the outbound policy only when it has routes or dst
+// overrides of a weight above 0 (linkerd2-proxy
+// linkerd/app/outbound/src/http/logical/profile.rs,
+// should_override_policy).
+func (ps *profileState) applies() bool {
+	return ps != nil && (len(ps.table.Routes()) > 0 || ps.split != nil)
+}
+
+// backend returns the backend of a call the profile routes: one of its
+// dst overrides, at random by weight, else its logical authority, else ""
+// (the target itself).
+func (ps *profileState) backend() string {
+	if b := ps.split.Pick(); b != "" {
+		return b
+	}
+	return ps.logical
+}
 
 // setProfile compiles a profile update of authority and returns its
 // state: the parts that do not compile are left out and logged (see
@@ -57,6 +78,12 @@ func (m *mesh) setProfile(authority string, owner *meshResolver, u profiles.Upda
 	}
 	ps := &profileState{owner: owner, table: t, targets: make(map[*profiles.CompiledRoute]*profTarget),
 		logical: u.Profile.LogicalAuthority(authority)}
+	if u.Profile != nil {
+		// The backends of the targets of the profile, by weight, as the
+		// HTTP stack splits a profile's traffic (balancer.Split).
+		ps.split = balancer.NewSplit(u.Profile.DstOverrides)
+		ps.splitBackends = ps.split.Backends()
+	}
 	if b := t.RetryBudget(); b != nil {
 		ps.budget = profiles.NewBudget(*b)
 	}
@@ -118,8 +145,12 @@ func profileResponse(cr *profiles.CompiledRoute, err error, timedOut bool) (metr
 // bounds every attempt; a failure (the route's response classes, else
 // the default gRPC rules) of a retryable route is retried while the
 // profile's retry budget allows; route_* records the call,
-// route_actual_* each attempt.
-func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+// route_actual_* each attempt. Each attempt goes to a backend the
+// profile's dst overrides draw anew, as Linkerd's proxy retries a profile
+// route above its distribution
+// (linkerd/app/outbound/src/http/logical/profile.rs, RouteParams), else
+// to its logical authority, else to the target, authority.
+func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	cr, tg := profileRoute(ctx, ps, method)
 	start := time.Now()
 	var deadline time.Time
@@ -153,7 +184,13 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, method string
 		if own != nil {
 			*own = attemptHooks{}
 		}
-		err := invoker(withoutRequireID(ctx), method, req, reply, cc, opts...)
+		actx := ctx
+		if b := ps.split.Pick(); b != "" {
+			actx = withDrawnBackend(ctx, authority, b)
+		} else if ps.logical != "" {
+			actx = withBackend(ctx, authority, ps.logical)
+		}
+		err := invoker(withoutRequireID(actx), method, req, reply, cc, opts...)
 		if err != nil && classify.Abandoned(ctx) {
 			// The application gave the call up: no response, in route_*
 			// as in route_actual_*, as Linkerd's proxy records none for a

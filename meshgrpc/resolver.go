@@ -181,6 +181,9 @@ type meshResolver struct {
 	// the logical authority of its profile, when that routes calls to it.
 	policyBackends []string
 	logical        string
+	// split holds the backends of the profile's dst overrides, which
+	// its calls go to by weight.
+	split []string
 	// routed: the target's policy routes every call to backends other
 	// than the target, so that a failed watch of the target's own
 	// endpoints (the Destination API's Get refuses an IP, a Service's
@@ -224,7 +227,8 @@ func (r *meshResolver) answered(flag *bool) {
 
 // profile takes a ServiceProfile update: a profile with routes of an IP
 // target that names its service sends calls to that name (see
-// [profiles.Profile.LogicalAuthority]), whose endpoints are watched.
+// [profiles.Profile.LogicalAuthority]), whose endpoints are watched, as
+// are those of the backends of its dst overrides.
 func (r *meshResolver) profile(u profiles.Update) {
 	ps := r.m.setProfile(r.authority, r, u)
 	if ps != nil {
@@ -233,11 +237,12 @@ func (r *meshResolver) profile(u profiles.Update) {
 			logical = ps.logical
 		}
 		self := ps.applies() && logical == ""
+		split := ps.splitBackends
 		r.mu.Lock()
-		if r.closed || logical == r.logical && self == r.selfProfile {
+		if r.closed || logical == r.logical && self == r.selfProfile && slices.Equal(split, r.split) {
 			r.mu.Unlock()
 		} else {
-			r.logical, r.selfProfile = logical, self
+			r.logical, r.selfProfile, r.split = logical, self, split
 			stops := r.wantLocked(r.wantedLocked(), r.forwards)
 			r.mu.Unlock()
 			for _, s := range stops {
@@ -321,8 +326,8 @@ func (r *meshResolver) policy(u policy.Update) {
 }
 
 // wantedLocked returns the backends the channel's calls may go to: the
-// target (when ownLocked), its policy's backends and its profile's logical
-// authority.
+// target (when ownLocked), its policy's backends, its profile's logical
+// authority and the backends of its profile's dst overrides.
 func (r *meshResolver) wantedLocked() []string {
 	var want []string
 	if r.ownLocked() {
@@ -337,6 +342,9 @@ func (r *meshResolver) wantedLocked() []string {
 		add(a)
 	}
 	add(r.logical)
+	for _, a := range r.split {
+		add(a)
+	}
 	return want
 }
 
