@@ -409,7 +409,7 @@ func (b *Balancer) watchSplit(a *authority) {
 // URL's host, the backend, while its Host stays as the caller sent it. The
 // Host goes to the endpoint unchanged, as Linkerd's proxy sends the
 // authority its application sent, unless the endpoint has an
-// AuthorityOverride, which replaces it.
+// AuthorityOverride, which replaces it and removes l5d-dst-canonical.
 //
 // It panics when b is nil or was not made by [New].
 func (b *Balancer) Transport(base http.RoundTripper) http.RoundTripper {
@@ -759,13 +759,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	if out.Host == "" {
 		out.Host = host
 	}
-	if e.AuthorityOverride != "" {
-		// The one rewrite of the authority, as Linkerd's proxy makes it
-		// for an endpoint with an authority_override
-		// (linkerd/app/outbound/src/http/endpoint.rs,
-		// NewOverrideAuthority).
-		out.Host = e.AuthorityOverride
-	}
+	overrideAuthority(out, e.AuthorityOverride)
 	l := e.load
 	l.pending.Add(1)
 	ref := b.table.addrs.begin(e)
@@ -807,6 +801,29 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	}
 	resp.Body = pb
 	return resp, true, nil
+}
+
+// canonicalDstHeader is the header in which Linkerd's proxy names the
+// logical destination of a request it routed by a ServiceProfile.
+const canonicalDstHeader = "L5d-Dst-Canonical"
+
+// overrideAuthority applies an endpoint's authority override ("": none) to
+// out, a copy of the caller's request whose header it may share: the
+// override replaces the Host, and l5d-dst-canonical, which names the
+// destination the caller meant, is removed, as Linkerd's proxy rewrites a
+// request for an endpoint with an authority_override
+// (linkerd/app/outbound/src/http/endpoint.rs, NewOverrideAuthority with
+// "host" and l5d-dst-canonical). The header is copied only when there is
+// one to remove.
+func overrideAuthority(out *http.Request, override string) {
+	if override == "" {
+		return
+	}
+	out.Host = override
+	if _, ok := out.Header[canonicalDstHeader]; ok {
+		out.Header = out.Header.Clone()
+		delete(out.Header, canonicalDstHeader)
+	}
 }
 
 // record folds an outcome into e's accrual; an endpoint back in rotation

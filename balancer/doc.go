@@ -15,8 +15,9 @@
 // A request goes to its endpoint with the Host its caller sent, whatever
 // authority it was balanced over (a router's backend, a split's target),
 // as Linkerd's proxy sends the application's authority; only an endpoint's
-// AuthorityOverride replaces it. Its metrics are labelled by the authority
-// it was balanced over.
+// AuthorityOverride replaces it, and then the request also loses its
+// l5d-dst-canonical header. Its metrics are labelled by the authority it
+// was balanced over.
 //
 // Each endpoint's load is its round-trip-time estimate times the number of
 // its requests in flight plus one. A new endpoint starts at a default RTT

@@ -129,3 +129,70 @@ func TestAppGetsTheHostItsCallerSent(t *testing.T) {
 		})
 	}
 }
+
+// An endpoint's authority override replaces the request's Host and removes
+// its l5d-dst-canonical, as Linkerd's proxy rewrites a request for such an
+// endpoint (linkerd/app/outbound/src/http/endpoint.rs: NewOverrideAuthority
+// strips "host" and l5d-dst-canonical, linkerd/http/override-authority);
+// a request to an endpoint without one keeps both. The server records
+// what it got, over HTTP/1, HTTP/2 from an HTTP/2 caller, and HTTP/2 by
+// orig-proto's upgrade; the caller's own header is left as it was.
+func TestAuthorityOverrideRemovesCanonicalDst(t *testing.T) {
+	const canonical = "L5d-Dst-Canonical"
+	for _, proto := range []struct {
+		name     string
+		h2       bool // the caller sends HTTP/2 (prior knowledge)
+		upgraded bool // the endpoints take HTTP/2, so HTTP/1 is upgraded
+		want     string
+	}{
+		{"HTTP/1", false, false, "HTTP/1.1"},
+		{"HTTP/2", true, false, "HTTP/2.0"},
+		{"HTTP/1 upgraded to HTTP/2", false, true, "HTTP/2.0"},
+	} {
+		t.Run(proto.name, func(t *testing.T) {
+			seen := make(chan string, 8)
+			app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				seen <- r.Proto + " host=" + r.Host + " canonical=" + strings.Join(r.Header.Values(canonical), ",")
+			})
+			addr := netip.MustParseAddrPort(testutil.NewServer(t, app).Listener.Addr().String())
+			ep := endpoint.Endpoint{Addr: addr, Weight: endpoint.DefaultWeight, H2: proto.upgraded}
+			pinned := ep
+			pinned.AuthorityOverride = pinnedAuthority
+			cp := startControlPlane(t)
+			res, err := manifest.Parse([]byte(strings.Join(hostDocs, "---\n")))
+			require.NoError(t, err)
+			cp.store.SetManifests(res)
+			cp.store.SetServiceProfiles(res.ServiceProfiles)
+			cp.store.SetEndpoints(map[string][]endpoint.Endpoint{svcName("back"): {ep}, svcName("pinned"): {pinned}})
+			hc := &http.Client{Transport: loopbackClient(t, dialLoopback(t, cp.addr), nil), Timeout: testutil.Timeout}
+
+			for _, tc := range []struct {
+				name string
+				url  string
+				want string
+			}{
+				{"an endpoint with an authority override", "http://gate.default.svc.cluster.local/",
+					"host=" + pinnedAuthority + " canonical="},
+				{"an endpoint without one", "http://front.default.svc.cluster.local/",
+					"host=front.default.svc.cluster.local canonical=front.default.svc.cluster.local:80"},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					req, err := http.NewRequest(http.MethodGet, tc.url, nil)
+					require.NoError(t, err)
+					req.Header.Set(canonical, "front.default.svc.cluster.local:80")
+					if proto.h2 {
+						req.Proto, req.ProtoMajor, req.ProtoMinor = "HTTP/2.0", 2, 0
+					}
+					resp, err := hc.Do(req)
+					require.NoError(t, err)
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+					assert.Equal(t, proto.want+" "+tc.want, receive(t, seen))
+					assert.Equal(t, []string{"front.default.svc.cluster.local:80"}, req.Header.Values(canonical),
+						"the caller's request is unchanged")
+				})
+			}
+		})
+	}
+}
