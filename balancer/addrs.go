@@ -265,10 +265,12 @@ func (b *addrTunnel) Close() error {
 }
 
 // forward sends a [WithForward] request to its endpoint, labelled with
-// the endpoint's labels as a picked endpoint's request is, and counted on
-// the endpoint's address.
+// the endpoint's labels as a picked endpoint's request is, with its
+// authority override applied as to a picked endpoint, and counted on the
+// endpoint's address.
 func (t *transport) forward(req *http.Request, ep *endpoint.Endpoint) (*http.Response, error) {
 	req = req.WithContext(classify.WithLabels(req.Context(), t.b.fwd.of(ep, t.b.cfg.meshTLS)))
+	overrideAuthority(req, ep.AuthorityOverride)
 	as := t.b.table.addrs
 	if as == nil {
 		return t.base.RoundTrip(req)

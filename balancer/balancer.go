@@ -956,8 +956,9 @@ func (c *ConcreteContext) String() string {
 // policy's forward backend or mirror does: a [Balancer] neither resolves
 // nor balances it (its address is no authority to look up), and it is
 // sent as a Balancer sends to an endpoint it picked: over mTLS with ep's
-// identity when ep has one, never in plaintext, and upgraded to HTTP/2
-// when ep takes it. [EndpointFromContext] returns ep. The request's URL
+// identity when ep has one, never in plaintext, upgraded to HTTP/2 when
+// ep takes it, and with ep's AuthorityOverride applied as to a picked
+// endpoint. [EndpointFromContext] returns ep. The request's URL
 // must name ep's address.
 func WithForward(ctx context.Context, ep *endpoint.Endpoint) context.Context {
 	ctx = origproto.WithPeer(ctx, ep.H2)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,5 +121,69 @@ func receive(t *testing.T, ch <-chan string) string {
 	case <-time.After(testutil.Timeout):
 		t.Fatal("nothing received")
 		return ""
+	}
+}
+
+// A forward backend's endpoint is rewritten by its authority override as a
+// discovered endpoint is (Linkerd's forward and balanced endpoints share
+// the endpoint stack and its override, linkerd/app/outbound/src/http/
+// concrete.rs, Param<Option<AuthorityOverride>> for Endpoint): the Host
+// becomes the override and l5d-dst-canonical is removed; without an
+// override the request goes as the caller sent it. The server records what
+// it got, over HTTP/1 and HTTP/2.
+func TestForwardBackendAuthorityOverride(t *testing.T) {
+	const (
+		books     = "books.default.svc.cluster.local:7000"
+		canonical = "L5d-Dst-Canonical"
+		override  = "books-west.example.com:7000"
+	)
+	seen := make(chan string, 8)
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Proto + " host=" + r.Host + " canonical=" + strings.Join(r.Header.Values(canonical), ",")
+	})
+	addr := netip.MustParseAddrPort(testutil.NewServer(t, app).Listener.Addr().String())
+	for _, tc := range []struct {
+		name     string
+		override string
+		h2       bool
+		want     string
+	}{
+		{"override, HTTP/1", override, false, "HTTP/1.1 host=" + override + " canonical="},
+		{"override, HTTP/2", override, true, "HTTP/2.0 host=" + override + " canonical="},
+		{"no override, HTTP/1", "", false, "HTTP/1.1 host=" + books + " canonical=" + books},
+		{"no override, HTTP/2", "", true, "HTTP/2.0 host=" + books + " canonical=" + books},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta := policy.Metadata{Kind: "Service", Namespace: "default", Name: "books-ext", Port: addr.Port()}
+			fwd := policy.RouteBackend{Weight: 1, Backend: policy.Backend{Meta: meta,
+				Forward: &endpoint.Endpoint{Addr: addr, AuthorityOverride: tc.override}}}
+			routes := []policy.HTTPRoute{{Meta: policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "default", Name: "fwd"},
+				Rules: []policy.HTTPRule{{Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{fwd}}}}}}
+			pols := policy.NewStaticSource(map[string]*policy.Policy{books: {
+				Parent:   policy.Metadata{Kind: "Service", Namespace: "default", Name: "books", Port: 7000},
+				Protocol: policy.ProtocolDetect,
+				HTTP1:    policy.HTTPProtocol{Routes: routes}, HTTP2: policy.HTTPProtocol{Routes: routes},
+			}})
+			eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
+			require.NoError(t, err)
+			client := NewClient(WithEndpoints(eps), WithPolicies(pols), WithDiscoveryWait(testutil.Timeout),
+				WithMeterProvider(noop.NewMeterProvider()), WithLogger(quiet))
+			defer client.Close()
+			hc := &http.Client{Transport: client, Timeout: testutil.Timeout}
+
+			req, err := http.NewRequest(http.MethodGet, "http://"+books+"/", nil)
+			require.NoError(t, err)
+			req.Header.Set(canonical, books)
+			if tc.h2 {
+				req.Proto, req.ProtoMajor, req.ProtoMinor = "HTTP/2.0", 2, 0
+			}
+			resp, err := hc.Do(req)
+			require.NoError(t, err)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, tc.want, receive(t, seen))
+			assert.Equal(t, []string{books}, req.Header.Values(canonical), "the caller's request is unchanged")
+		})
 	}
 }
