@@ -12,8 +12,11 @@ import (
 // forwardLabels holds the metric labels of the endpoints that [WithForward]
 // names, made once per endpoint: a forward endpoint lives in a policy's
 // table (a forward backend, a mirror, the endpoint of a pod's address) and
-// every request to it carries the same labels. An endpoint's entry goes
-// when the endpoint is no longer reachable, with the table that held it.
+// every request to it carries the same labels. They name no authority: a
+// forward has none, and Linkerd's proxy labels its endpoint's requests
+// with none (see classify.Labels.WithoutAuthority). An endpoint's entry
+// goes when the endpoint is no longer reachable, with the table that held
+// it.
 type forwardLabels struct {
 	m sync.Map // weak.Pointer[endpoint.Endpoint] -> *classify.Labels
 }
@@ -24,7 +27,7 @@ func (f *forwardLabels) of(ep *endpoint.Endpoint, meshTLS bool) *classify.Labels
 	if l, ok := f.m.Load(k); ok {
 		return l.(*classify.Labels)
 	}
-	l, loaded := f.m.LoadOrStore(k, endpointLabels(*ep, meshTLS))
+	l, loaded := f.m.LoadOrStore(k, endpointLabels(*ep, meshTLS).WithoutAuthority())
 	if !loaded {
 		runtime.AddCleanup(ep, f.forget, k)
 	}

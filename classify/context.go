@@ -72,6 +72,8 @@ func FromContext(ctx context.Context) *Classifier {
 type Labels struct {
 	kvs       []attribute.KeyValue
 	authority string // see ForAuthority
+	// unnamed: the requests carry no authority label (WithoutAuthority).
+	unnamed bool
 	// key is the labels as text (see Key), made on first use: the
 	// recorders compare the labels themselves, and a proxy holds labels
 	// for each endpoint of each of thousands of authorities.
@@ -122,10 +124,11 @@ func (l *Labels) Key() string {
 	return k
 }
 
-// Equal reports whether l and o are the same labels (nil and none are).
+// Equal reports whether l and o are the same labels (nil and none are),
+// both with or both without an authority label ([Labels.WithoutAuthority]).
 // It allocates nothing.
 func (l *Labels) Equal(o *Labels) bool {
-	return l == o || slices.Equal(l.KeyValues(), o.KeyValues())
+	return l == o || (l.Unnamed() == o.Unnamed() && slices.Equal(l.KeyValues(), o.KeyValues()))
 }
 
 // KeyValues returns the labels, sorted by key; nil for nil labels. The
@@ -153,6 +156,26 @@ func (l *Labels) ForAuthority(authority string) *Labels {
 	}
 	return c
 }
+
+// WithoutAuthority returns labels with l's labels (nil: none) whose
+// requests are recorded with no authority label at all, whatever Host they
+// carry, as Linkerd's proxy labels the requests to the endpoint of a
+// forward backend, which has no logical authority
+// (linkerd/app/outbound/src/http/logical/policy/router.rs and
+// logical.rs give a forward's concrete target none). Build it once per
+// endpoint, as l.
+func (l *Labels) WithoutAuthority() *Labels {
+	c := &Labels{unnamed: true}
+	if l != nil {
+		c.kvs = l.kvs
+		c.key.Store(l.key.Load())
+	}
+	return c
+}
+
+// Unnamed reports whether l's requests are recorded without an authority
+// label ([Labels.WithoutAuthority]); false for nil labels.
+func (l *Labels) Unnamed() bool { return l != nil && l.unnamed }
 
 // Authority returns the authority of [Labels.ForAuthority]; "" for labels
 // without one, and for nil labels.

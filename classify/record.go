@@ -160,6 +160,9 @@ func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Tar
 		return t
 	}
 	kvs := []attribute.KeyValue{attribute.String("authority", st.authority), r.direction}
+	if l.Unnamed() {
+		kvs = kvs[1:]
+	}
 	if l != nil {
 		kvs = append(kvs, l.kvs...)
 	}

@@ -42,10 +42,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// (Labels.ForAuthority): the backend, or the split's target, as
 	// Linkerd's proxy labels an endpoint's requests by its concrete
 	// authority (linkerd/app/outbound/src/http/concrete.rs,
-	// OutboundEndpointLabels), whatever Host the request carries.
+	// OutboundEndpointLabels), whatever Host the request carries. A
+	// request with labels WithoutAuthority (a forward backend's) has no
+	// authority label; its series are kept under the address it goes to.
 	// Otherwise the request's own.
 	authority := l.Authority()
-	if authority == "" {
+	if authority == "" && !l.Unnamed() {
 		authority = req.Host
 	}
 	if authority == "" && req.URL != nil {

@@ -187,3 +187,52 @@ func TestForwardBackendAuthorityOverride(t *testing.T) {
 		})
 	}
 }
+
+// The requests to a forward backend's endpoint are recorded with no
+// authority label, whatever Host their caller sent, as Linkerd's proxy
+// labels them: a forward's concrete target has no authority
+// (linkerd/app/outbound/src/http/logical/policy/router.rs, mk_concrete;
+// logical.rs for a profile's endpoint), and OutboundEndpointLabels writes
+// none without one (linkerd/app/core/src/metrics.rs). A balanced backend's
+// endpoint keeps the backend's name.
+func TestForwardBackendSeriesHaveNoAuthority(t *testing.T) {
+	const (
+		books = "books.default.svc.cluster.local:7000"
+		shelf = "shelf.default.svc.cluster.local:7000"
+	)
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	fwdAddr := netip.MustParseAddrPort(testutil.NewServer(t, app).Listener.Addr().String())
+	balancedAddr := netip.MustParseAddrPort(testutil.NewServer(t, app).Listener.Addr().String())
+	meta := policy.Metadata{Kind: "Service", Namespace: "default", Name: "books-ext", Port: fwdAddr.Port()}
+	fwd := policy.RouteBackend{Weight: 1, Backend: policy.Backend{Meta: meta, Forward: &endpoint.Endpoint{Addr: fwdAddr}}}
+	routes := []policy.HTTPRoute{{Meta: policy.Metadata{Group: "gateway.networking.k8s.io", Kind: "HTTPRoute", Namespace: "default", Name: "fwd"},
+		Rules: []policy.HTTPRule{{Backends: policy.Distribution{Kind: policy.DistributionFirstAvailable, Backends: []policy.RouteBackend{fwd}}}}}}
+	pols := policy.NewStaticSource(map[string]*policy.Policy{books: {
+		Parent:   policy.Metadata{Kind: "Service", Namespace: "default", Name: "books", Port: 7000},
+		Protocol: policy.ProtocolDetect,
+		HTTP1:    policy.HTTPProtocol{Routes: routes}, HTTP2: policy.HTTPProtocol{Routes: routes},
+	}})
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{books: {{Addr: fwdAddr}}, shelf: {{Addr: balancedAddr}}})
+	require.NoError(t, err)
+	m := testutil.NewMetrics(t)
+	client := NewClient(WithEndpoints(eps), WithPolicies(pols), WithDiscoveryWait(testutil.Timeout),
+		WithMeterProvider(m.Provider), WithLogger(quiet))
+	defer client.Close()
+	hc := &http.Client{Transport: client, Timeout: testutil.Timeout}
+	for _, url := range []string{"http://" + books + "/", "http://" + books + "/", "http://" + shelf + "/"} {
+		resp, err := hc.Get(url)
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, url)
+	}
+
+	for _, family := range []string{"request_total", "response_total"} {
+		lines := m.Lines(t, family, `direction="outbound"`, `target_addr="`+fwdAddr.String()+`"`)
+		require.Len(t, lines, 1, "%s: %v", family, m.Lines(t, family))
+		assert.NotContains(t, lines[0], "authority=", "%s of the forward backend", family)
+		assert.True(t, strings.HasSuffix(lines[0], " 2"), "%s: %s", family, lines[0])
+		assert.Equal(t, "1", m.Value(t, family, `direction="outbound"`, `authority="`+shelf+`"`, `target_addr="`+balancedAddr.String()+`"`),
+			"%s of the balanced backend: %v", family, m.Lines(t, family))
+	}
+}
