@@ -360,7 +360,9 @@ func NewClient(opts ...ClientOption) *Client {
 		topts = append(topts, origproto.WithClientIdentity(c.identity))
 	}
 	cl.peers = origproto.NewTransport(topts...)
-	var next http.RoundTripper = classify.NewTransport(cl.peers, c.classifyOptions()...)
+	// l5d-require-id is checked above the endpoint metrics, so that a
+	// refused request is not counted in them, as in Linkerd's proxy.
+	next := cl.peers.RequireID(classify.NewTransport(cl.peers, c.classifyOptions()...))
 	ropts := append(c.routerOptions(), router.WithPolicies(c.policies), router.WithDiscoveryWait(c.discoveryWait),
 		router.WithMirrorLimits(c.mirror))
 	if c.endpoints != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -123,6 +124,57 @@ func TestRequireIDHeader(t *testing.T) {
 			assert.Equal(t, before, reached.Load(), "the application is not reached")
 			assert.Contains(t, resp.Header.Get("L5d-Proxy-Error"), "identity required")
 			assert.Equal(t, tc.wantGRPC, resp.Header.Get("Grpc-Status"))
+		})
+	}
+}
+
+// A request that l5d-require-id refuses is not counted in its endpoint's
+// request_total, response_total and response_latency_ms, as Linkerd's
+// proxy refuses it in a layer above its endpoint metrics
+// (linkerd/app/outbound/src/http/endpoint.rs: NewRequireIdentity wraps the
+// http_endpoint metrics layer) and as meshgrpc refuses a call before its
+// endpoint records it. The endpoint's accepted requests are counted.
+func TestRequireIDRefusalNotInEndpointSeries(t *testing.T) {
+	p := newPKI(t)
+	const books = "books.default.svc.cluster.local:7000"
+	addr := netip.MustParseAddrPort(testutil.NewServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).Listener.Addr().String())
+	for _, tc := range []struct {
+		name string
+		h2   bool
+	}{{"HTTP/1", false}, {"HTTP/2", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{books: {{Addr: addr}}})
+			require.NoError(t, err)
+			m := testutil.NewMetrics(t)
+			client := NewClient(WithEndpoints(eps), WithIdentity(p.certify(t, webID)), WithMeterProvider(m.Provider), WithLogger(quiet),
+				WithBalancerOptions(balancer.WithFallback(false)))
+			defer client.Close()
+			send := func(requireID string) int {
+				ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+				defer cancel()
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+books+"/", nil)
+				require.NoError(t, err)
+				if requireID != "" {
+					req.Header.Set("L5d-Require-Id", requireID)
+				}
+				if tc.h2 {
+					req.Proto, req.ProtoMajor, req.ProtoMinor = "HTTP/2.0", 2, 0
+				}
+				resp, err := client.RoundTrip(req)
+				require.NoError(t, err)
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			require.Equal(t, http.StatusOK, send(""))
+			// The endpoint is plaintext: it proves no identity.
+			require.Equal(t, http.StatusBadGateway, send(booksID))
+
+			ep := `target_addr="` + addr.String() + `"`
+			assert.Equal(t, "1", m.Value(t, "request_total", `direction="outbound"`, ep), "%v", m.Lines(t, "request_total"))
+			assert.Equal(t, "1", m.Value(t, "response_total", `direction="outbound"`, ep), "%v", m.Lines(t, "response_total"))
+			assert.Equal(t, "1", m.Value(t, "response_latency_ms_count", `direction="outbound"`, ep), "%v", m.Lines(t, "response_latency_ms_count"))
+			assert.Empty(t, m.Lines(t, "response_total", `status_code="502"`), "the refusal")
 		})
 	}
 }

@@ -178,15 +178,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			r.Close = true
 		}
 	}
-	if vs, ok := r.Header[RequireIDHeader]; ok && len(vs) > 0 {
-		out, failed := t.requireID(r, vs)
-		if failed != nil {
-			if r.Body != nil {
-				r.Body.Close()
-			}
-			return failed, nil
-		}
-		r = out
+	r, failed := t.checkRequireID(r)
+	if failed != nil {
+		return failed, nil
 	}
 	if t.tls != nil {
 		if s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS); s.id != "" {
