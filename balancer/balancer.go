@@ -837,7 +837,8 @@ func (b *Balancer) record(e *member, o outcome, probe bool, now int64) {
 // pendingBody keeps its request in flight on the endpoint's load until
 // the body ends, fails or is closed, and then gives failure accrual its
 // verdict. A failure other than the caller's own cancellation counts as a
-// failure and as a penalty sample.
+// failure and as a penalty sample; a body closed or given up before its
+// end is classified as it stands then.
 type pendingBody struct {
 	io.ReadCloser
 	b     *Balancer
@@ -886,16 +887,20 @@ func (p *pendingBody) finish(err error) {
 		p.head.failure = true
 	case p.final:
 		// Ended, closed early or given up: the class of the head.
-	case p.ctx.Err() != nil || err == nil: // cancelled, or closed before the end: no verdict
-		if p.probe {
-			p.e.load.release()
-		}
-		return
-	default:
+	case errors.Is(err, io.EOF):
 		if code, ok := grpcStatus(p.resp.Trailer); ok {
 			p.head.grpc(code, p.resp.Trailer)
 		}
 		p.head.failure = p.classifier.End(p.class, p.grpc, p.resp.Trailer).Failure
+	default:
+		// Closed or given up before the end: the class of a stream that
+		// ended there without trailers, as Linkerd's classifier ends a
+		// response body dropped early (linkerd2-proxy
+		// linkerd/http/classify/src/channel.rs, ResponseBody's drop;
+		// linkerd/app/core/src/classify.rs, Eos::eos without trailers):
+		// a gRPC call without its status is a success, a tentative HTTP
+		// class stands.
+		p.head.failure = p.classifier.End(p.class, p.grpc, nil).Failure
 	}
 	p.b.record(p.e, p.head, p.probe, p.b.cfg.now())
 }

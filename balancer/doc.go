@@ -50,9 +50,12 @@
 // call fails with UNKNOWN, DEADLINE_EXCEEDED, PERMISSION_DENIED, INTERNAL,
 // UNAVAILABLE or DATA_LOSS, in the headers or trailers, whatever its HTTP
 // status, and succeeds without a status; a plain HTTP request fails with
-// a 5xx. The verdict is taken when the response body ends. A tripped endpoint gets nothing for its penalty, then exactly
-// one probe; a good answer restores it, a bad one trips it again for a
-// penalty that doubles (jittered) up to the maximum. The ejection floor
+// a 5xx. The verdict is taken when the response body ends; a body its
+// caller drops before the end counts as it stood (the class of its head;
+// a gRPC call without its status, a success). A tripped endpoint gets
+// nothing for its penalty, then exactly one probe; a good answer restores
+// it, a bad one trips it again for a penalty that doubles (jittered) up
+// to the maximum. The ejection floor
 // keeps a number of endpoints in rotation whatever they answer.
 //
 // A router's policy backend may carry its own failure accrual, queue and

@@ -47,7 +47,11 @@ const (
 // DEADLINE_EXCEEDED, PERMISSION_DENIED, INTERNAL, UNAVAILABLE or
 // DATA_LOSS, whatever its HTTP status; a plain HTTP request answered 500
 // to 599, whatever grpc-status its response carries. A gRPC call that
-// ends without a status is a success.
+// ends without a status is a success. A response whose body its caller
+// closes or gives up before the end counts as it stood then, as Linkerd's
+// breaker counts a response body dropped: the class of its head, a gRPC
+// call still without its status a success. A request given up before its
+// response is no verdict.
 type FailureAccrual struct {
 	ConsecutiveFailures *ConsecutiveFailures
 	Unified             *Unified

@@ -154,9 +154,14 @@ type Result struct {
 	// endpoint (a connection error); it counts as a failure and as a
 	// penalty sample in the load.
 	Unanswered bool
-	// Canceled: the caller gave the request up; it says nothing about the
-	// endpoint (a probe is given back).
+	// Canceled: the caller gave the request up before its response
+	// began; it says nothing about the endpoint (a probe is given back).
 	Canceled bool
+	// Dropped: the caller gave a gRPC call up after its response began,
+	// before its status. It counts as a call that ended without a
+	// status, a success, as Linkerd's classifier ends a response body
+	// dropped early; it is no load sample.
+	Dropped bool
 	// RetryAfter is the endpoint's Retry-After or grpc-retry-pushback-ms,
 	// 0 for none.
 	RetryAfter time.Duration
@@ -179,6 +184,11 @@ func (k Pick) Done(r Result) {
 		if k.probe {
 			l.release()
 		}
+		return
+	}
+	if r.Dropped {
+		o := outcome{failure: (*classify.Classifier)(nil).GRPCCall(-1).Failure}
+		p.record(k, o, now)
 		return
 	}
 	if r.Unanswered {

@@ -671,7 +671,11 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 	code := status.Code(info.Err)
 	r := balancer.Result{GRPCStatus: int(code)}
 	if info.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		r.Canceled = true
+		// Given up by its caller: before its response, nothing is
+		// learned of the endpoint; after it began, the call counts as
+		// its response stood, without a status, as Linkerd's breaker
+		// counts a response body dropped early.
+		r.Canceled, r.Dropped = !info.BytesReceived, info.BytesReceived
 	}
 	k.Done(r)
 	abandoned := info.Err != nil && classify.Abandoned(ctx)
