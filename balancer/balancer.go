@@ -785,7 +785,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		l.pending.Add(-1)
 		if !final {
-			o.failure = cl.End(class, grpcReq, resp.Trailer).Failure
+			o.classified(cl.End(class, grpcReq, resp.Trailer), resp.StatusCode)
 		}
 		b.record(e, o, probe, now)
 		b.table.addrs.endOnClose(resp, ref)
@@ -884,14 +884,14 @@ func (p *pendingBody) finish(err error) {
 	}
 	switch {
 	case failed:
-		p.head.failure = true
+		p.head.failure, p.head.limited = true, false
 	case p.final:
 		// Ended, closed early or given up: the class of the head.
 	case errors.Is(err, io.EOF):
 		if code, ok := grpcStatus(p.resp.Trailer); ok {
 			p.head.grpc(code, p.resp.Trailer)
 		}
-		p.head.failure = p.classifier.End(p.class, p.grpc, p.resp.Trailer).Failure
+		p.head.classified(p.classifier.End(p.class, p.grpc, p.resp.Trailer), p.resp.StatusCode)
 	default:
 		// Closed or given up before the end: the class of a stream that
 		// ended there without trailers, as Linkerd's classifier ends a
@@ -900,7 +900,7 @@ func (p *pendingBody) finish(err error) {
 		// linkerd/app/core/src/classify.rs, Eos::eos without trailers):
 		// a gRPC call without its status is a success, a tentative HTTP
 		// class stands.
-		p.head.failure = p.classifier.End(p.class, p.grpc, nil).Failure
+		p.head.classified(p.classifier.End(p.class, p.grpc, nil), p.resp.StatusCode)
 	}
 	p.b.record(p.e, p.head, p.probe, p.b.cfg.now())
 }

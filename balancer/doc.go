@@ -42,7 +42,8 @@
 // # Endpoint health
 //
 // With [WithFailureAccrual] an endpoint that fails trips: consecutive
-// failures, or in unified mode also a success rate below a threshold. A
+// failures, or in unified mode also a success rate below a threshold, in
+// which a rate limit (429, RESOURCE_EXHAUSTED) counts against it. A
 // failure is what Linkerd's breaker counts: a response that the classifier
 // of the request's route (package classify, whose default rules apply
 // without a route) classifies as a failure, a response stream that fails,

@@ -70,7 +70,11 @@ type ConsecutiveFailures struct {
 // response weighs at least a tenth, falls below SuccessRateThreshold (0 or
 // NaN: [DefaultSuccessRate]) after at least MinRequests responses (0:
 // [DefaultMinRequests]), or after MaxConsecutiveFailures failures in a row
-// (0: [DefaultMaxFailures]).
+// (0: [DefaultMaxFailures]). A rate limit that the classifier calls a
+// success (a 429; a gRPC RESOURCE_EXHAUSTED, in the headers or trailers)
+// lowers the success rate and fails a probe, but is no failure in a row,
+// as in Linkerd's unified breaker; [ConsecutiveFailures] counts it as the
+// success it is.
 type Unified struct {
 	SuccessRateThreshold   float64
 	Decay                  time.Duration
@@ -315,9 +319,36 @@ func (h *health) availableLocked(now int64) (ok, probe bool) {
 
 // outcome is what a response says to accrual and to the load penalties.
 type outcome struct {
-	failure   bool
-	exhausted bool  // 429 or RESOURCE_EXHAUSTED
+	failure bool
+	// limited: a success of the classifier that asks its client to slow
+	// down ([rateLimited]), which unified accrual counts against the
+	// endpoint.
+	limited   bool
+	exhausted bool  // 429 or RESOURCE_EXHAUSTED, for the load penalty
 	retryIn   int64 // Retry-After or pushback, 0: none
+}
+
+// classified sets o's verdict from class, the class of a response of HTTP
+// status status.
+func (o *outcome) classified(class classify.Class, status int) {
+	o.failure, o.limited = class.Failure, rateLimited(class, status)
+}
+
+// rateLimited reports whether class, the class of a response of HTTP
+// status status, is a success that is a rate limit: a 429 its HTTP
+// status decided, or a RESOURCE_EXHAUSTED its gRPC status decided, as
+// Linkerd's unified breaker reads a class
+// (linkerd2-proxy linkerd/app/outbound/src/http/breaker/unified.rs,
+// is_rate_limit_signal). A gRPC call that ended without a status is none,
+// whatever its HTTP status.
+func rateLimited(class classify.Class, status int) bool {
+	switch {
+	case class.Failure || class.Error != "" || class.NoGRPCStatus:
+		return false
+	case class.GRPCStatus >= 0:
+		return class.GRPCStatus == grpcResourceExhausted
+	}
+	return status == http.StatusTooManyRequests
 }
 
 // record folds one outcome into h at now; probe says whether the request
@@ -336,7 +367,7 @@ func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) 
 	}
 	if probe {
 		h.probing = false
-		if o.failure {
+		if o.failure || acc.unified && o.limited { // a failed probe
 			h.trips++
 			h.penalty = acc.penalty(h.trips)
 			h.until = now + int64(h.penalty)
@@ -366,7 +397,7 @@ func (l *load) record(o outcome, probe bool, now int64, acc *accrual, g *group) 
 			w = min(math.Exp(-float64(dt)/acc.decay), 0.9)
 		}
 		x := 1.0
-		if o.failure {
+		if o.failure || o.limited {
 			x = 0
 		}
 		h.rate = h.rate*w + x*(1-w)
@@ -430,7 +461,7 @@ func grpcStatus(h http.Header) (int, bool) {
 // waits for the trailers ([classify.Classifier.End]).
 func headOutcome(c *classify.Classifier, grpcReq bool, resp *http.Response, now time.Time) (o outcome, class classify.Class, final bool) {
 	class, final = c.Head(grpcReq, resp.StatusCode, resp.Header)
-	o.failure = class.Failure
+	o.classified(class, resp.StatusCode)
 	if resp.StatusCode == http.StatusTooManyRequests {
 		o.exhausted = true
 	}

@@ -172,7 +172,8 @@ type Result struct {
 // the default rules of package classify (a gRPC call by its status alone:
 // UNKNOWN or a code past 16, DEADLINE_EXCEEDED, PERMISSION_DENIED,
 // INTERNAL, UNAVAILABLE, DATA_LOSS; otherwise an HTTP status from 500 to
-// 599; no answer at all) and load penalties (429, RESOURCE_EXHAUSTED).
+// 599; no answer at all), rate limits as [Unified] counts them, and load
+// penalties (429, RESOURCE_EXHAUSTED).
 func (k Pick) Done(r Result) {
 	if k.m == nil {
 		return
@@ -187,7 +188,8 @@ func (k Pick) Done(r Result) {
 		return
 	}
 	if r.Dropped {
-		o := outcome{failure: (*classify.Classifier)(nil).GRPCCall(-1).Failure}
+		var o outcome
+		o.classified((*classify.Classifier)(nil).GRPCCall(-1), 0)
 		p.record(k, o, now)
 		return
 	}
@@ -200,11 +202,11 @@ func (k Pick) Done(r Result) {
 	o := outcome{exhausted: r.HTTPStatus == http.StatusTooManyRequests}
 	if r.GRPCStatus >= 0 {
 		// A gRPC call: its status decides, whatever the HTTP status.
-		o.failure = (*classify.Classifier)(nil).GRPCCall(int64(r.GRPCStatus)).Failure
+		o.classified((*classify.Classifier)(nil).GRPCCall(int64(r.GRPCStatus)), r.HTTPStatus)
 		o.grpc(r.GRPCStatus, nil)
 	} else {
 		class, _ := (*classify.Classifier)(nil).Head(false, r.HTTPStatus, nil)
-		o.failure = class.Failure
+		o.classified(class, r.HTTPStatus)
 	}
 	if r.RetryAfter > 0 {
 		o.retryIn = min(int64(r.RetryAfter), math.MaxInt64)
