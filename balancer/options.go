@@ -223,7 +223,9 @@ func WithQueue(capacity int, failfast time.Duration) Option {
 // EWMA (DefaultRTT, Decay, as [WithPeakEWMA]) where a 429 or a gRPC
 // RESOURCE_EXHAUSTED sets a penalty of Penalty (0: [DefaultLoadPenalty])
 // on the endpoint's load, decaying with time constant PenaltyDecay (0:
-// Decay). A Retry-After (on 429 and 503, seconds or an HTTP-date) or
+// Decay). The [Balancer] reads the response head, as Linkerd's load
+// biaser does: a RESOURCE_EXHAUSTED answered trailers-only sets the
+// penalty, one in the trailers after a message does not. A Retry-After (on 429 and 503, seconds or an HTTP-date) or
 // grpc-retry-pushback-ms raises that penalty to the hint, at most
 // MaxRetryAfter (0: [DefaultMaxRetryAfter]); a hint shorter than Penalty
 // counts as Penalty. As in linkerd2-proxy's load biaser, the hint does not

@@ -245,3 +245,34 @@ func TestPoolRateLimitedProbe(t *testing.T) {
 		})
 	}
 }
+
+// The load penalty of a gRPC RESOURCE_EXHAUSTED from a real grpc-go
+// server follows linkerd2-proxy's load biaser (linkerd/load-biaser/src/
+// lib.rs, failure_hint): it reads the grpc-status of a trailers-only
+// answer (a unary error) and, as its comment says, not one in the
+// trailers after a message, which records only the measured RTT. Rows
+// named after a test are its cases; accrual, by contrast, counts both
+// framings alike (TestRateLimitInAccrualAsLinkerd).
+func TestGRPCResourceExhaustedPenaltyAsLinkerd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a    answer
+		want float64 // penalty in seconds, within 0.1 s
+	}{
+		{"test_grpc_server_errors_record_effective_rtt (RESOURCE_EXHAUSTED, trailers-only)", grpcAnswer(codes.ResourceExhausted, false), 5},
+		{"RESOURCE_EXHAUSTED in the trailers after a message", grpcAnswer(codes.ResourceExhausted, true), 0},
+		{"test_grpc_ok_records_low_rtt", grpcAnswer(codes.OK, false), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.now.Store(1)
+			ep := limitBackend(t, true)
+			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {ep}}), withClock(clock.read),
+				WithPenaltyPeakEWMA(&PenaltyPeakEWMA{DefaultRTT: time.Millisecond, Decay: 10 * time.Second}))
+			tc.a.send(t, client)
+			st := stateOf(bal, svc, ep)
+			assert.Equal(t, stateReady, st.State, "a penalty takes nobody out of rotation")
+			assert.InDelta(t, tc.want+0.001, st.LoadSeconds, 0.1)
+		})
+	}
+}
