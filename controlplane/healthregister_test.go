@@ -17,7 +17,7 @@ import (
 
 // serveGRPC serves g on a loopback port of the kernel's choice until the
 // test ends and returns its address.
-func serveGRPC(t *testing.T, g *grpc.Server) string {
+func serveGRPC(t testing.TB, g *grpc.Server) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -150,15 +150,7 @@ func (s *Store) serviceProfile(ref serviceRef, fqn, clientNS string, port uint32
 func (s *Store) serviceOfIP(ip netip.Addr) (serviceRef, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.manifests == nil {
-		return serviceRef{}, false, nil
-	}
-	var found []serviceRef
-	for _, svc := range s.manifests.Services {
-		if svc.ClusterIP.IsValid() && svc.ClusterIP == ip {
-			found = append(found, serviceRef{ns: svc.Namespace, name: svc.Name})
-		}
-	}
+	found := s.clusterIPs[ip]
 	switch len(found) {
 	case 0:
 		return serviceRef{}, false, nil
@@ -215,20 +207,23 @@ func (s *Store) endpointProfile(ip netip.Addr, port uint32) (*profiles.Profile, 
 		found, exact bool
 		identities   = make(map[string]bool)
 	)
-	for _, a := range slices.Sorted(maps.Keys(s.endpoints)) {
-		for _, cand := range s.endpoints[a] {
-			if cand.Addr.Addr() != ip || exact {
+	var served []servedEndpoint
+	if x := s.atIPLocked(ip.Unmap()); x != nil {
+		served = x.served // by authority, then address
+	}
+	for _, se := range served {
+		cand := se.e
+		if cand.Addr.Addr() != ip || exact {
+			continue
+		}
+		if cand.Addr != addr {
+			identities[cand.Identity] = true
+			if found {
 				continue
 			}
-			if cand.Addr != addr {
-				identities[cand.Identity] = true
-				if found {
-					continue
-				}
-			}
-			e, found, exact = cand, true, cand.Addr == addr
-			ns, _, _, _ = manifest.ParseAuthority(a)
 		}
+		e, found, exact = cand, true, cand.Addr == addr
+		ns, _, _, _ = manifest.ParseAuthority(se.authority)
 	}
 	if found && !exact && len(identities) > 1 {
 		// Several workloads on this IP, none on this port.

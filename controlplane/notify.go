@@ -218,6 +218,7 @@ func (s *Store) endpointsChangedLocked(authorities ...string) {
 			delete(s.diffs, a)
 		}
 		s.wakeLocked(endpointsKey(a))
+		s.indexServedLocked(a, prev, cur)
 		s.wakeAddrsLocked(prev, cur)
 		if had == has {
 			continue
@@ -243,20 +244,8 @@ func (s *Store) wakeAddrsLocked(prev, cur []endpoint.Endpoint) {
 	if len(s.waiters) == 0 {
 		return
 	}
-	in := func(set []endpoint.Endpoint, e endpoint.Endpoint) bool {
-		i, ok := slices.BinarySearchFunc(set, e.Addr, func(x endpoint.Endpoint, a netip.AddrPort) int { return x.Addr.Compare(a) })
-		return ok && sameEndpoint(set[i], e)
-	}
-	for _, e := range prev {
-		if !in(cur, e) {
-			s.wakeLocked(addrKey(e.Addr.Addr()))
-		}
-	}
-	for _, e := range cur {
-		if !in(prev, e) {
-			s.wakeLocked(addrKey(e.Addr.Addr()))
-		}
-	}
+	wake := func(e endpoint.Endpoint) { s.wakeLocked(addrKey(e.Addr.Addr())) }
+	changedEndpoints(prev, cur, sameEndpoint, wake, wake)
 }
 
 // sameEndpoint reports whether two endpoints are equal in every field.

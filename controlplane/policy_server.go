@@ -34,6 +34,7 @@ func (s *Store) SetManifests(r *manifest.Resources) {
 	s.initLocked()
 	prev := s.manifests
 	s.manifests = r
+	s.indexClusterIPsLocked(r)
 	s.manifestsChangedLocked(prev, s.inbound)
 }
 
@@ -212,14 +213,8 @@ func (s *Store) inCluster(ip netip.Addr) bool {
 			return true
 		}
 	}
-	for _, set := range s.endpoints {
-		for _, e := range set {
-			if e.Addr.Addr().Unmap() == ip {
-				return true
-			}
-		}
-	}
-	return false
+	x := s.atIPLocked(ip)
+	return x != nil && len(x.served) > 0
 }
 
 // undeclaredPort reports whether the Service ref exists and does not

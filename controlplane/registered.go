@@ -54,13 +54,15 @@ func (s *Store) DeleteRegistered(id string) {
 	s.registeredAddrsChangedLocked(old, nil, changed)
 }
 
-// registeredAddrsChangedLocked wakes the profile streams of the addresses
-// whose registered endpoints differ between the registration's old and new
-// sets, in the authorities changed: an endpoint that the merge hides (the
-// files give its address) still changes whether that address is in
-// conflict (see addressClaimsLocked).
+// registeredAddrsChangedLocked indexes the claims of a registration's new
+// sets in place of its old ones, and wakes the profile streams of the
+// addresses whose registered endpoints differ between the two, in the
+// authorities changed: an endpoint that the merge hides (the files give
+// its address) still changes whether that address is in conflict (see
+// addressClaimsLocked).
 func (s *Store) registeredAddrsChangedLocked(old, cur map[string][]endpoint.Endpoint, changed []string) {
 	for _, a := range changed {
+		s.indexClaimsLocked(a, false, old[a], cur[a])
 		s.wakeAddrsLocked(old[a], cur[a])
 	}
 }
@@ -103,27 +105,24 @@ func (c claim) before(o claim) bool {
 // workloads claim it. The caller holds s.mu.
 func (s *Store) addressClaimsLocked(addrs map[netip.AddrPort]bool) map[netip.AddrPort]map[string]claim {
 	out := make(map[netip.AddrPort]map[string]claim)
-	visit := func(sets map[string][]endpoint.Endpoint, file bool) {
-		for a, eps := range sets {
-			for _, e := range eps {
-				if !addrs[e.Addr] {
-					continue
-				}
-				c := claim{identity: e.Identity, authority: a, file: file}
-				ids := out[e.Addr]
-				if ids == nil {
-					ids = make(map[string]claim, 1)
-					out[e.Addr] = ids
-				}
-				if prev, ok := ids[e.Identity]; !ok || c.before(prev) {
-					ids[e.Identity] = c
-				}
+	for addr := range addrs {
+		x := s.atIPLocked(addr.Addr().Unmap())
+		if x == nil {
+			continue
+		}
+		for _, c := range x.claims {
+			if c.addr != addr {
+				continue
+			}
+			ids := out[addr]
+			if ids == nil {
+				ids = make(map[string]claim, 1)
+				out[addr] = ids
+			}
+			if prev, ok := ids[c.identity]; !ok || c.claim.before(prev) {
+				ids[c.identity] = c.claim
 			}
 		}
-	}
-	visit(s.files, true)
-	for _, sets := range s.registered {
-		visit(sets, false)
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -48,6 +49,11 @@ type Store struct {
 	waiters   map[watchKey]map[*waiter]struct{} // the open streams, by what they watch
 	manifests *manifest.Resources               // Services and routes of the OutboundPolicies API
 	inbound   manifest.InboundOptions           // the cluster's settings of the InboundServerPolicies API
+	// byIP are the endpoints at each IP address (unmapped), and
+	// clusterIPs the Services of the manifests by clusterIP, for the
+	// lookups by address (ipindex.go).
+	byIP       map[netip.Addr]*atIP
+	clusterIPs map[netip.Addr][]serviceRef
 }
 
 // NewStore returns an empty Store.
@@ -137,6 +143,7 @@ func (s *Store) SetEndpoints(sets map[string][]endpoint.Endpoint) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	prev := s.endpoints
+	s.indexFilesLocked(s.files, m)
 	s.files = m
 	s.mergeLocked()
 	changed := make([]string, 0, len(s.endpoints))
@@ -158,6 +165,7 @@ func (s *Store) PutEndpoints(authority string, eps []endpoint.Endpoint) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	authority = normalAuthority(authority)
+	s.indexClaimsLocked(authority, true, s.files[authority], eps)
 	s.files[authority] = eps
 	s.mergeLocked()
 	s.endpointsChangedLocked(authority)
@@ -169,6 +177,7 @@ func (s *Store) DeleteEndpoints(authority string) {
 	defer s.mu.Unlock()
 	s.initLocked()
 	authority = normalAuthority(authority)
+	s.indexClaimsLocked(authority, true, s.files[authority], nil)
 	delete(s.files, authority)
 	s.mergeLocked()
 	s.endpointsChangedLocked(authority)
