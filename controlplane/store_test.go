@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"github.com/inmesh/inmesh/profiles"
 	"net/netip"
 	"os"
@@ -11,6 +12,9 @@ import (
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
 )
 
 func TestParseEndpoints(t *testing.T) {
@@ -98,4 +102,50 @@ func storedProfile(s *Store, name string, port uint32) *profiles.Profile {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.profiles[profileIDOf(&profiles.ServiceProfile{Name: name})].ProfileFor(port)
+}
+
+// An endpoint of the endpoints file with a SPIFFE identity gives the
+// server name its proxy answers TLS for in serverName, and a Get stream
+// sends both as Linkerd's controller sends an ExternalWorkload's
+// (controller/api/destination/endpoint_translator.go): the URI as a
+// uri_like_identity and the name as the DNS-like server_name, which
+// Linkerd's proxy needs to reach a URI identity over mTLS
+// (linkerd/proxy/api-resolve/src/pb.rs to_identity). A server name that is
+// no DNS-like name, or without an identity, is an error naming the field.
+func TestEndpointsFileSpiffeIdentityWithServerName(t *testing.T) {
+	const spiffeID = "spiffe://example.org/ns/books/sa/books"
+	path := t.TempDir() + "/endpoints.yaml"
+	writeFile(t, path, `
+- authority: books.default.svc.cluster.local:7000
+  endpoints:
+  - addr: 127.0.0.1:4143
+    identity: `+spiffeID+`
+    serverName: books.example
+`)
+	store := NewStore()
+	require.NoError(t, store.LoadEndpoints(path))
+	cp := serve(t, NewServer(store, WithLogger(quietLogger)))
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	st, err := rawClient(t, cp.addr).Get(ctx, &pb.GetDestination{Path: "books.default.svc.cluster.local:7000"})
+	require.NoError(t, err)
+	up, err := recvTimeout(t, st.Recv)
+	require.NoError(t, err)
+	addrs := up.GetAdd().GetAddrs()
+	require.Len(t, addrs, 1)
+	want := &pb.TlsIdentity{
+		Strategy:   &pb.TlsIdentity_UriLikeIdentity_{UriLikeIdentity: &pb.TlsIdentity_UriLikeIdentity{Uri: spiffeID}},
+		ServerName: &pb.TlsIdentity_DnsLikeIdentity{Name: "books.example"},
+	}
+	assert.True(t, proto.Equal(want, addrs[0].GetTlsIdentity()), "tls_identity %v", addrs[0].GetTlsIdentity())
+
+	for _, b := range []struct{ yaml, want string }{
+		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    identity: " + spiffeID + "\n    serverName: " + spiffeID + "\n",
+			`[0].endpoints[0].serverName: "` + spiffeID + `" is not a DNS-like name`},
+		{"- authority: a:80\n  endpoints:\n  - addr: 1.2.3.4:80\n    serverName: books.example\n",
+			"[0].endpoints[0].serverName: a server name needs an identity"},
+	} {
+		_, err := manifest.ParseEndpoints([]byte(b.yaml))
+		assert.ErrorContains(t, err, b.want, b.yaml)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/identity"
 	authpkg "github.com/inmesh/inmesh/internal/authority"
 	"github.com/inmesh/inmesh/internal/yamltree"
 )
@@ -49,6 +50,7 @@ func CheckLabels(labels map[string]string) error {
 //     opaque: true               # optional protocol hint: opaque traffic
 //     opaqueTransportPort: 4143  # optional
 //     identity: books.default.serviceaccount.identity.linkerd.cluster.local
+//     serverName: books.example  # optional: the TLS server name to send
 //     authorityOverride: books.default.svc.cluster.local:7000  # optional
 //     labels: {pod: books-0}     # optional metric labels
 //     zone: zone-a               # optional: the endpoint's zone
@@ -59,6 +61,15 @@ func CheckLabels(labels map[string]string) error {
 // opaque unless it says opaque: false, as Linkerd's controller hints it
 // (controller/api/destination/endpoint_translator.go). An opaque endpoint
 // cannot also be h2: the hint is one or the other.
+//
+// identity is a DNS-like name, or a URI (a SPIFFE identity such as
+// spiffe://example.org/ns/books/sa/books). serverName is the DNS-like
+// name that the endpoint answers TLS for (the server name a client
+// sends), when it is not the identity: a URI identity needs one, as
+// Linkerd's ExternalWorkload gives its spec.meshTLS.serverName beside its
+// SPIFFE identity (controller/api/destination/endpoint_translator.go);
+// Linkerd's proxy does not take a URI for a server name, and without a
+// server name it ignores a URI identity.
 //
 // zone is the endpoint's zone (its topology.kubernetes.io/zone), which
 // zone-aware balancing reads: it is the endpoint's "zone" label, as
@@ -131,7 +142,7 @@ func ParseEndpoints(data []byte) (map[string][]endpoint.Endpoint, error) {
 var errEmptyEndpoints = errors.New("the endpoints file is empty (truncated, or still being written?); write [] for a state with no authorities")
 
 func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
-	obj, err := n.Object("addr", "weight", "h2", "opaque", "opaqueTransportPort", "identity", "authorityOverride", "labels", "zone")
+	obj, err := n.Object("addr", "weight", "h2", "opaque", "opaqueTransportPort", "identity", "serverName", "authorityOverride", "labels", "zone")
 	if err != nil {
 		return endpoint.Endpoint{}, err
 	}
@@ -168,6 +179,17 @@ func parseEndpoint(n yamltree.Node) (endpoint.Endpoint, error) {
 	if in, ok := obj["identity"]; ok {
 		if e.Identity, err = in.Str(); err != nil {
 			return e, err
+		}
+	}
+	if sn, ok := obj["serverName"]; ok {
+		if e.ServerName, err = sn.Str(); err != nil {
+			return e, err
+		}
+		if identity.CheckName(e.ServerName) != nil {
+			return e, sn.Errorf("%q is not a DNS-like name (such as books.example)", e.ServerName)
+		}
+		if e.Identity == "" {
+			return e, sn.Errorf("a server name needs an identity")
 		}
 	}
 	if on, ok := obj["authorityOverride"]; ok {
