@@ -178,8 +178,10 @@ type Entry[S any] struct {
 
 	// Guarded by the registry's mu.
 	prev, next *Entry[S]
-	aliases    []string
-	idleSince  time.Duration // since the registry's born, on its monotonic clock
+	// aliases are the raw keys cached for the entry besides its
+	// authority, which the registry's index holds for every entry.
+	aliases   []string
+	idleSince time.Duration // since the registry's born, on its monotonic clock
 
 	stopMu sync.Mutex
 	stop   func()
@@ -263,11 +265,13 @@ type Registry[S any] struct {
 	newState func(authority string) *S
 	start    func(*Entry[S]) (stop func(), err error)
 
-	raw sync.Map // raw key -> *Entry[S]
+	// keys maps each entry's authority and the raw keys cached for it
+	// (its aliases) to the entry; read without a lock, changed under mu.
+	keys *index[S]
 
 	mu        sync.Mutex
-	entries   map[string]*Entry[S] // by authority
-	head      *Entry[S]            // the list in CLOCK order, oldest first
+	n         int       // entries
+	head      *Entry[S] // the list in CLOCK order, oldest first
 	tail      *Entry[S]
 	lastSweep time.Time
 	born      time.Time // what entries' idleSince counts from
@@ -290,7 +294,7 @@ func New[S any](newState func(authority string) *S, start func(*Entry[S]) (stop 
 		}
 	}
 	r := &Registry[S]{cfg: cfg, newState: newState, start: start,
-		entries: make(map[string]*Entry[S]), lastSweep: time.Now()}
+		keys: newIndex[S](), lastSweep: time.Now()}
 	r.born = r.lastSweep
 	if start != nil && cfg.idle > 0 {
 		r.quit, r.done = make(chan struct{}), make(chan struct{})
@@ -304,8 +308,7 @@ func New[S any](newState func(authority string) *S, start func(*Entry[S]) (stop 
 // a valid authority or the registry is closed. A lookup of a cached key
 // allocates nothing and takes no lock.
 func (r *Registry[S]) Get(raw string) *Entry[S] {
-	if v, ok := r.raw.Load(raw); ok {
-		e := v.(*Entry[S])
+	if e := r.keys.load(raw); e != nil {
 		if !e.dead.Load() {
 			e.touch()
 			if at := e.retryAt.Load(); at != 0 && r.cfg.now().UnixNano() >= at {
@@ -352,8 +355,8 @@ func (r *Registry[S]) started(e *Entry[S], stop func(), err error) {
 // Cached returns the entry a raw key was cached for, or nil: it neither
 // normalises nor creates, and never allocates.
 func (r *Registry[S]) Cached(raw string) *Entry[S] {
-	if v, ok := r.raw.Load(raw); ok {
-		if e := v.(*Entry[S]); !e.dead.Load() {
+	if e := r.keys.load(raw); e != nil {
+		if !e.dead.Load() {
 			e.touch()
 			return e
 		}
@@ -363,8 +366,8 @@ func (r *Registry[S]) Cached(raw string) *Entry[S] {
 
 // Lookup returns the entry of a raw key if there is one, creating none.
 func (r *Registry[S]) Lookup(raw string) *Entry[S] {
-	if v, ok := r.raw.Load(raw); ok {
-		if e := v.(*Entry[S]); !e.dead.Load() {
+	if e := r.keys.load(raw); e != nil {
+		if !e.dead.Load() {
 			return e
 		}
 	}
@@ -389,7 +392,7 @@ func (r *Registry[S]) Normalize(raw string) (string, error) {
 func (r *Registry[S]) Len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.entries)
+	return r.n
 }
 
 // Close releases every entry (calling their stop functions) and ends the
@@ -454,12 +457,13 @@ func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
 		r.mu.Unlock()
 		return e
 	}
-	for len(r.entries) >= r.cfg.max {
+	for r.n >= r.cfg.max {
 		released = append(released, r.evictLocked())
 	}
 	e := &Entry[S]{authority: authority, idleSince: time.Since(r.born)}
 	e.state.Store(state)
-	r.entries[authority] = e
+	r.keys.store(authority, e)
+	r.n++
 	r.pushLocked(e)
 	r.addAliasLocked(e, raw)
 	r.mu.Unlock()
@@ -485,8 +489,8 @@ func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
 // aliasLocked returns the entry of authority, caching raw for it; nil when
 // there is none.
 func (r *Registry[S]) aliasLocked(raw, authority string, touch bool) *Entry[S] {
-	e := r.entries[authority]
-	if e == nil {
+	e := r.keys.load(authority)
+	if e == nil || e.dead.Load() {
 		return nil
 	}
 	if touch {
@@ -497,7 +501,7 @@ func (r *Registry[S]) aliasLocked(raw, authority string, touch bool) *Entry[S] {
 }
 
 func (r *Registry[S]) addAliasLocked(e *Entry[S], raw string) {
-	if len(e.aliases) >= maxAliases {
+	if raw == e.authority || len(e.aliases) >= maxAliases {
 		return
 	}
 	for _, a := range e.aliases {
@@ -506,14 +510,14 @@ func (r *Registry[S]) addAliasLocked(e *Entry[S], raw string) {
 		}
 	}
 	e.aliases = append(e.aliases, raw)
-	r.raw.Store(raw, e)
+	r.keys.store(raw, e)
 }
 
 // evictLocked removes the least recently used entry (CLOCK: referenced
 // entries move to the back with their bit cleared; held entries move to
 // the back too, until two rounds found none other) and returns it.
 func (r *Registry[S]) evictLocked() *Entry[S] {
-	for n := 2 * len(r.entries); ; n-- {
+	for n := 2 * r.n; ; n-- {
 		e := r.head
 		if second := e.ref.Swap(false) || e.held(); second && e.next != nil && n > 0 {
 			r.unlinkLocked(e)
@@ -578,9 +582,10 @@ func (r *Registry[S]) janitor() {
 
 func (r *Registry[S]) removeLocked(e *Entry[S]) {
 	e.dead.Store(true)
-	delete(r.entries, e.authority)
+	r.n--
+	r.keys.compareAndDelete(e.authority, e)
 	for _, a := range e.aliases {
-		r.raw.CompareAndDelete(a, e)
+		r.keys.compareAndDelete(a, e)
 	}
 	r.unlinkLocked(e)
 }

@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -369,9 +370,93 @@ func TestRawKeysAreBounded(t *testing.T) {
 		}
 		r.Get(string(k))
 	}
-	n := 0
-	r.raw.Range(func(any, any) bool { n++; return true })
-	assert.Equal(t, maxAliases, n)
+	// The authority, books:80, and maxAliases other spellings.
+	assert.Equal(t, maxAliases+1, r.keys.len())
+}
+
+func TestIndex(t *testing.T) {
+	x := newIndex[state]()
+	entries := make([]*Entry[state], 1000)
+	for i := range entries {
+		entries[i] = &Entry[state]{authority: strconv.Itoa(i)}
+		x.store(entries[i].authority, entries[i])
+	}
+	require.Equal(t, len(entries), x.len())
+	for i, e := range entries {
+		require.Same(t, e, x.load(strconv.Itoa(i)))
+	}
+	assert.Nil(t, x.load("none"))
+
+	// Replacing a key keeps one node for it.
+	e := &Entry[state]{authority: "7"}
+	x.store("7", e)
+	assert.Same(t, e, x.load("7"))
+	assert.Equal(t, len(entries), x.len())
+
+	// A key is deleted only for the entry it maps to.
+	x.compareAndDelete("7", entries[7])
+	assert.Same(t, e, x.load("7"))
+	x.compareAndDelete("7", e)
+	assert.Nil(t, x.load("7"))
+	for i := range entries {
+		if i != 7 && i%3 == 0 {
+			x.compareAndDelete(strconv.Itoa(i), entries[i])
+		}
+	}
+	for i, e := range entries {
+		switch {
+		case i == 7 || i%3 == 0:
+			assert.Nil(t, x.load(strconv.Itoa(i)), "key %d", i)
+		default:
+			assert.Same(t, e, x.load(strconv.Itoa(i)), "key %d", i)
+		}
+	}
+	assert.Equal(t, len(entries)-1-334, x.len())
+}
+
+// TestIndexReadsWhileChanging: lookups without a lock find every key that
+// stays while others come and go and the table grows.
+func TestIndexReadsWhileChanging(t *testing.T) {
+	x := newIndex[state]()
+	var mu sync.Mutex // the registry's mu
+	stay := make([]*Entry[state], 64)
+	for i := range stay {
+		stay[i] = &Entry[state]{authority: "stay" + strconv.Itoa(i)}
+		x.store(stay[i].authority, stay[i])
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				for _, e := range stay {
+					if got := x.load(e.authority); got != e {
+						t.Errorf("load(%s) = %v", e.authority, got)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := range 20000 {
+		mu.Lock()
+		k := "churn" + strconv.Itoa(i)
+		x.store(k, &Entry[state]{authority: k})
+		if i%2 == 1 {
+			x.compareAndDelete("churn"+strconv.Itoa(i-1), x.load("churn"+strconv.Itoa(i-1)))
+		}
+		mu.Unlock()
+	}
+	close(done)
+	wg.Wait()
+	assert.Equal(t, len(stay)+10000, x.len())
 }
 
 func TestGetAllocatesNothing(t *testing.T) {
@@ -407,4 +492,33 @@ func BenchmarkGet(b *testing.B) {
 			r.Get(key)
 		}
 	})
+}
+
+// TestEntryBytes bounds what an entry costs the registry beyond its
+// state and its key: a proxy keeps an entry in each of four registries for
+// each of the 10,000 names it may watch.
+func TestEntryBytes(t *testing.T) {
+	const n = 10000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("svc-%d.table.svc.cluster.local:80", i)
+	}
+	st := &state{}
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	r := New(func(string) *state { return st }, nil, WithMaxEntries(n))
+	for _, k := range keys {
+		require.NotNil(t, r.Get(k))
+	}
+	perEntry := float64(heap()-before) / n
+	runtime.KeepAlive(keys)
+	require.Equal(t, n, r.Len())
+	t.Logf("%.0f bytes an entry", perEntry)
+	assert.LessOrEqual(t, perEntry, 200.0)
+	r.Close()
 }
