@@ -3,6 +3,7 @@ package destination
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"time"
 
@@ -112,7 +113,33 @@ func policyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
 	default:
 		return nil, errAt("protocol.kind", "no protocol set")
 	}
+	shareOpaqueBackends(p)
 	return p, nil
+}
+
+// shareOpaqueBackends points the backends of each opaque route at an equal
+// list of an HTTP rule's, when there is one: Linkerd's default policy for
+// a Service sends its opaque and its HTTP traffic to the same backend, and
+// a client holds a policy for each of thousands of names. The policy is
+// only read once decoded, as the HTTP versions' shared routes are.
+func shareOpaqueBackends(p *policy.Policy) {
+	for i := range p.Opaque.Routes {
+		ob := &p.Opaque.Routes[i].Backends
+		if len(ob.Backends) == 0 {
+			continue
+		}
+	rules:
+		for _, hp := range []*policy.HTTPProtocol{&p.HTTP1, &p.HTTP2} {
+			for _, r := range hp.Routes {
+				for _, rule := range r.Rules {
+					if rb := rule.Backends; rb.Kind == ob.Kind && reflect.DeepEqual(rb.Backends, ob.Backends) {
+						ob.Backends = rb.Backends
+						break rules
+					}
+				}
+			}
+		}
+	}
 }
 
 func metadataFromProto(m *pb.Metadata, path string) (policy.Metadata, error) {

@@ -217,6 +217,42 @@ func TestPolicyFromProtoHTTP(t *testing.T) {
 	assert.Nil(t, got, "the route's hosts do not match")
 }
 
+// The default policy of a Service sends its opaque traffic to the backend
+// of its HTTP route: the decoded policy keeps one copy of that backend
+// list, and an opaque backend that differs keeps its own.
+func TestPolicyFromProtoSharesOpaqueBackends(t *testing.T) {
+	svc := func(name string) policy.Backend {
+		return policy.Backend{Meta: policy.Metadata{Group: "core", Kind: "Service", Namespace: "ns", Name: name, Port: 8080},
+			Queue:    policy.Queue{Capacity: 100, FailFastTimeout: 3 * time.Second},
+			Balancer: &policy.Balancer{Authority: name + ".ns.svc.cluster.local:8080", DefaultRTT: 30 * time.Millisecond, Decay: 10 * time.Second}}
+	}
+	for _, tc := range []struct {
+		name   string
+		opaque policy.Backend
+		shared bool
+	}{
+		{"the Service's own backend", svc("books"), true},
+		{"another Service", svc("authors"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			routes := policy.HTTPProtocol{Routes: []policy.HTTPRoute{policy.DefaultHTTPRoute(svc("books"), nil, policy.Timeouts{})}}
+			want := &policy.Policy{Parent: policy.Metadata{Group: "core", Kind: "Service", Namespace: "ns", Name: "books", Port: 8080},
+				Protocol: policy.ProtocolDetect, DetectTimeout: 10 * time.Second, HTTP1: routes, HTTP2: routes,
+				Opaque: policy.OpaqueProtocol{Routes: []policy.OpaqueRoute{policy.DefaultOpaqueRoute(tc.opaque)}}}
+			got, err := destination.PolicyFromProto(destination.PolicyToProto(want))
+			require.NoError(t, err)
+			assert.Equal(t, want, got, "the policy decodes as it was encoded")
+			httpBackends := got.HTTP1.Routes[0].Rules[0].Backends.Backends
+			opaqueBackends := got.Opaque.Routes[0].Backends.Backends
+			if tc.shared {
+				assert.Same(t, &httpBackends[0], &opaqueBackends[0])
+			} else {
+				assert.NotSame(t, &httpBackends[0], &opaqueBackends[0])
+			}
+		})
+	}
+}
+
 // A detected protocol whose HTTP/1 and HTTP/2 routes are equal (Linkerd's
 // default policies) decodes them once and shares the copy; any difference
 // in the routes or the failure accrual decodes each on its own.
