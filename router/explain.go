@@ -170,7 +170,7 @@ func (r *Router) Explain(req *http.Request) Explanation {
 	}
 	e.Filters = filterNames(route.Filters)
 	bi := &BackendsInfo{Distribution: route.Backends.Kind.String(), Backends: []BackendInfo{}}
-	rtgt := ps.target(req, route)
+	rtgt := ps.target(r, req, route)
 	for i, b := range route.Backends.Backends {
 		info := BackendInfo{Name: b.Backend.Meta.Name, Kind: b.Backend.Meta.Kind, Weight: b.Weight, Filters: filterNames(b.Filters)}
 		switch {
@@ -213,14 +213,14 @@ func (r *Router) Explain(req *http.Request) Explanation {
 		}
 		e.Retry = ri
 	}
-	if t := ps.target(req, route); t != nil && t.budget != nil {
+	if t := ps.target(r, req, route); t != nil && t.budget != nil {
 		st := t.budget.State()
 		e.Budget = &st
 	}
-	if t := ps.target(req, route); t != nil && t.hedge != nil {
+	if t := ps.target(r, req, route); t != nil && t.hedge != nil {
 		e.Hedge = t.hedge.explain()
 	}
-	if t := ps.target(req, route); t != nil && t.mirror != nil {
+	if t := ps.target(r, req, route); t != nil && t.mirror != nil {
 		e.Mirrors = t.mirror.explain()
 	}
 	return e

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 
@@ -109,54 +110,74 @@ type routeTarget struct {
 	mirror *mirrorer
 }
 
-// routeTargets are the targets of a table's routes. A table has few
-// routes, nearly always one or two (its default route per protocol), and
-// a proxy a table for each of thousands of names: up to fewRoutes they
-// are a list, compared by pointer, and a map holds the rest.
+// routeTargets are the targets of a table's routes, each made on its
+// route's first request: a table has a route per protocol at least
+// (HTTP/1 and HTTP/2 for one name), of which requests use one at most, a
+// profile with routes or destination overrides takes the requests of its
+// name from the policy altogether, and a proxy holds a table for each of
+// thousands of names. A table has few routes, nearly always one or two:
+// up to fewRoutes they are a list, compared by pointer, and a map holds
+// the rest.
 type routeTargets struct {
-	few  []routeTargetOf
-	more map[*policy.Route]*routeTarget
+	few  []routeSlot
+	more map[*policy.Route]*routeSlot
 }
 
-// routeTargetOf is a route and its target.
-type routeTargetOf struct {
+// routeSlot is a route, the failure accrual of its protocol, and its
+// target once made.
+type routeSlot struct {
 	route  *policy.Route
-	target *routeTarget
+	fa     *balancer.FailureAccrual
+	target atomic.Pointer[routeTarget]
 }
 
 // fewRoutes is how many targets routeTargets keeps in its list.
 const fewRoutes = 8
 
-// get returns the target of route, nil when it has none.
-func (ts *routeTargets) get(route *policy.Route) *routeTarget {
+// slot returns the slot of route, nil when it has none.
+func (ts *routeTargets) slot(route *policy.Route) *routeSlot {
 	for i := range ts.few {
 		if ts.few[i].route == route {
-			return ts.few[i].target
+			return &ts.few[i]
 		}
 	}
 	return ts.more[route]
 }
 
-// put sets the target of a route that has none yet.
-func (ts *routeTargets) put(route *policy.Route, t *routeTarget) {
-	if len(ts.few) < fewRoutes {
-		ts.few = append(ts.few, routeTargetOf{route, t})
-		return
-	}
-	if ts.more == nil {
-		ts.more = make(map[*policy.Route]*routeTarget)
-	}
-	ts.more[route] = t
+// routeOf is a route of a table and its protocol's failure accrual.
+type routeOf struct {
+	route *policy.Route
+	fa    *balancer.FailureAccrual
 }
 
-// all returns every target.
-func (ts *routeTargets) all() []*routeTarget {
-	all := make([]*routeTarget, 0, len(ts.few)+len(ts.more))
-	for _, f := range ts.few {
-		all = append(all, f.target)
+// makeRouteTargets returns the slots of routes, none of them made yet.
+func makeRouteTargets(routes []routeOf) routeTargets {
+	ts := routeTargets{few: make([]routeSlot, min(len(routes), fewRoutes))}
+	for i, ro := range routes {
+		if i < fewRoutes {
+			ts.few[i].route, ts.few[i].fa = ro.route, ro.fa
+			continue
+		}
+		if ts.more == nil {
+			ts.more = make(map[*policy.Route]*routeSlot, len(routes)-fewRoutes)
+		}
+		ts.more[ro.route] = &routeSlot{route: ro.route, fa: ro.fa}
 	}
-	for _, t := range ts.more {
-		all = append(all, t)
+	return ts
+}
+
+// all returns every target made so far.
+func (ts *routeTargets) all() []*routeTarget {
+	var all []*routeTarget
+	for i := range ts.few {
+		if t := ts.few[i].target.Load(); t != nil {
+			all = append(all, t)
+		}
+	}
+	for _, s := range ts.more {
+		if t := s.target.Load(); t != nil {
+			all = append(all, t)
+		}
 	}
 	return all
 }
@@ -271,8 +292,8 @@ func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
 	e.Store(r.build(t))
 }
 
-// build makes the state of a compiled policy: the metric targets of each
-// route and backend, and the budgets.
+// build makes the state of a compiled policy: a slot for the target of
+// each route, made on the route's first request (see routeTargets).
 func (r *Router) build(t *policy.Table) *policyState {
 	ps := &policyState{table: t}
 	p := t.Policy()
@@ -288,33 +309,48 @@ func (r *Router) build(t *policy.Table) *policyState {
 		tables = append(tables, protoTable{t.For(&http.Request{ProtoMajor: 1}), p.HTTP1.FailureAccrual},
 			protoTable{t.For(&http.Request{ProtoMajor: 2}), p.HTTP2.FailureAccrual})
 	}
-	if t.SharesHTTPTables() {
-		ps.h2 = &routeTargets{}
-	}
+	var routes, h2 []routeOf
 	for i, pt := range tables {
 		if pt.rt == nil {
 			continue
 		}
-		targets := &ps.targets
-		if i == 1 && ps.h2 != nil {
-			targets = ps.h2
+		list := &routes
+		if i == 1 && t.SharesHTTPTables() {
+			list = &h2
 		}
 		fa := balancerAccrual(pt.fa)
 		for _, route := range pt.rt.Routes() {
-			if targets.get(route) == nil {
-				targets.put(route, r.routeTarget(route, fa))
+			if !slices.ContainsFunc(*list, func(ro routeOf) bool { return ro.route == route }) {
+				*list = append(*list, routeOf{route, fa})
 			}
 		}
+	}
+	ps.targets = makeRouteTargets(routes)
+	if t.SharesHTTPTables() {
+		h2 := makeRouteTargets(h2)
+		ps.h2 = &h2
 	}
 	return ps
 }
 
-// target returns the target of route, selected for req.
-func (ps *policyState) target(req *http.Request, route *policy.Route) *routeTarget {
+// target returns the target of route, selected for req, making it on
+// first use; nil when route is not the table's.
+func (ps *policyState) target(r *Router, req *http.Request, route *policy.Route) *routeTarget {
+	ts := &ps.targets
 	if ps.h2 != nil && req.ProtoMajor >= 2 {
-		return ps.h2.get(route)
+		ts = ps.h2
 	}
-	return ps.targets.get(route)
+	s := ts.slot(route)
+	if s == nil {
+		return nil
+	}
+	if t := s.target.Load(); t != nil {
+		return t
+	}
+	// A racing first request may make one too: the first stored wins,
+	// and the other, holding nothing to release, is dropped.
+	s.target.CompareAndSwap(nil, r.routeTarget(s.route, s.fa))
+	return s.target.Load()
 }
 
 func metaLabels(prefix string, m policy.Metadata, withPort bool) []attribute.KeyValue {

@@ -130,7 +130,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeReqBody(req)
 		return proxyerr.Response(req, http.StatusNotFound, "no route found for request"), nil
 	}
-	return r.runPolicy(t.base, req, ps.target(req, route), match)
+	return r.runPolicy(t.base, req, ps.target(r, req, route), match)
 }
 
 // awaitDiscovery waits, at most the configured bound, until the request's
