@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"sync"
@@ -504,21 +505,22 @@ func TestEntryBytes(t *testing.T) {
 		keys[i] = fmt.Sprintf("svc-%d.table.svc.cluster.local:80", i)
 	}
 	st := &state{}
-	heap := func() uint64 {
-		var m runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
+	// What the registry allocates, the least of a few tries: other
+	// goroutines can only add to the count. It includes what growing its
+	// tables left behind.
+	perEntry := math.Inf(1)
+	for range 3 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		r := New(func(string) *state { return st }, nil, WithMaxEntries(n))
+		for _, k := range keys {
+			require.NotNil(t, r.Get(k))
+		}
+		runtime.ReadMemStats(&after)
+		require.Equal(t, n, r.Len())
+		perEntry = min(perEntry, float64(after.TotalAlloc-before.TotalAlloc)/n)
+		r.Close()
 	}
-	before := heap()
-	r := New(func(string) *state { return st }, nil, WithMaxEntries(n))
-	for _, k := range keys {
-		require.NotNil(t, r.Get(k))
-	}
-	perEntry := float64(heap()-before) / n
-	runtime.KeepAlive(keys)
-	require.Equal(t, n, r.Len())
 	t.Logf("%.0f bytes an entry", perEntry)
-	assert.LessOrEqual(t, perEntry, 200.0)
-	r.Close()
+	assert.LessOrEqual(t, perEntry, 460.0)
 }
