@@ -106,9 +106,14 @@ type tableState struct {
 
 // routeTargets are a route's metric targets, each direction's made on its
 // first request: a router serves one direction in practice, and the
-// targets of an authority that sees no traffic cost nothing.
+// targets of an authority that sees no traffic cost nothing. What makes
+// them is kept as fields, not a closure: a closure would hold a copy of
+// the dst label for each of thousands of names.
 type routeTargets struct {
-	build   func(direction string) *dirTargets
+	r       *Router
+	dst     string            // the dst label
+	labels  map[string]string // the route's labels (rt_*), nil for the default route
+	hedging func([]metric.AddOption) Hedger
 	in, out atomic.Pointer[dirTargets]
 }
 
@@ -231,15 +236,18 @@ func (r *Router) build(authority string, t *profiles.Table) *tableState {
 	if t == nil {
 		t = emptyTable
 	}
-	ts := &tableState{table: t, targets: make(map[*profiles.CompiledRoute]*routeTargets, len(t.Routes()))}
+	// A table without routes, as most are, needs no map.
+	ts := &tableState{table: t}
+	if n := len(t.Routes()); n > 0 {
+		ts.targets = make(map[*profiles.CompiledRoute]*routeTargets, n)
+	}
 	if b := t.RetryBudget(); b != nil {
 		ts.budget = &budgetCell{conf: *b}
 	}
-	dst := attribute.String("dst", authority)
 	for _, cr := range t.Routes() {
-		ts.targets[cr] = r.routeTargets(dst, cr.Labels, r.hedging(cr, ts))
+		ts.targets[cr] = &routeTargets{r: r, dst: authority, labels: cr.Labels, hedging: r.hedging(cr, ts)}
 	}
-	ts.def = r.routeTargets(dst, nil, nil)
+	ts.def = &routeTargets{r: r, dst: authority}
 	return ts
 }
 
@@ -254,30 +262,28 @@ func (r *Router) hedging(cr *profiles.CompiledRoute, ts *tableState) func([]metr
 	return func(opts []metric.AddOption) Hedger { return r.cfg.hedging(p, opts, ts.budget.get()) }
 }
 
-func (r *Router) routeTargets(dst attribute.KeyValue, labels map[string]string, hedging func([]metric.AddOption) Hedger) *routeTargets {
-	mk := func(direction string) *dirTargets {
-		kvs := []attribute.KeyValue{attribute.String("direction", direction), dst}
-		for _, k := range slices.Sorted(maps.Keys(labels)) {
-			kvs = append(kvs, attribute.String("rt_"+k, labels[k]))
-		}
-		name := labels["route"]
-		if name == "" {
-			name = "default"
-		}
-		ts := metrics.NewTargets(kvs, r.fams.route, r.fams.actual)
-		tg := &dirTargets{
-			name:      labels["route"],
-			trace:     meshtrace.RouteAttrs("ServiceProfile", name),
-			route:     ts[0],
-			actual:    ts[1],
-			retryable: ts[0].AddOptions(),
-		}
-		if hedging != nil && direction == "outbound" {
-			tg.hedge = hedging(tg.retryable)
-		}
-		return tg
+// build makes the targets of one direction.
+func (rt *routeTargets) build(direction string) *dirTargets {
+	kvs := []attribute.KeyValue{attribute.String("direction", direction), attribute.String("dst", rt.dst)}
+	for _, k := range slices.Sorted(maps.Keys(rt.labels)) {
+		kvs = append(kvs, attribute.String("rt_"+k, rt.labels[k]))
 	}
-	return &routeTargets{build: mk}
+	name := rt.labels["route"]
+	if name == "" {
+		name = "default"
+	}
+	ts := metrics.NewTargets(kvs, rt.r.fams.route, rt.r.fams.actual)
+	tg := &dirTargets{
+		name:      rt.labels["route"],
+		trace:     meshtrace.RouteAttrs("ServiceProfile", name),
+		route:     ts[0],
+		actual:    ts[1],
+		retryable: ts[0].AddOptions(),
+	}
+	if rt.hedging != nil && direction == "outbound" {
+		tg.hedge = rt.hedging(tg.retryable)
+	}
+	return tg
 }
 
 // destFor returns the state of a request's authority key on the outbound
