@@ -34,6 +34,8 @@ type Pool struct {
 	mu       sync.Mutex
 	loads    map[netip.AddrPort]*load
 	readyLen int
+	// unnamed: the pool is a forward backend's (see NewForwardPool).
+	unnamed bool
 }
 
 // NewPool returns a Pool balancing by the options of a [Balancer]
@@ -60,6 +62,18 @@ func NewPool(c *BackendConfig, opts ...Option) *Pool {
 	return p
 }
 
+// NewForwardPool returns a Pool as [NewPool] does, for the endpoint of a
+// forward backend (an address, without discovery): its picks' labels
+// ([Pick.Labels]) record no authority label
+// ([classify.Labels.WithoutAuthority]), as the [Balancer] labels a
+// [WithForward] request and Linkerd's proxy a forward's, which has no
+// authority.
+func NewForwardPool(c *BackendConfig, opts ...Option) *Pool {
+	p := NewPool(c, opts...)
+	p.unnamed = true
+	return p
+}
+
 // Update makes eps the endpoints picks choose among (their weights
 // honoured; a zero weight counts as 1), keeping the state of each address
 // seen before.
@@ -75,8 +89,11 @@ func (p *Pool) Update(eps []endpoint.Endpoint) {
 			l = newLoad(p.rtt, now)
 			p.loads[e.Addr] = l
 		}
-		s.eps = append(s.eps, &member{Endpoint: e, addr: e.Addr.String(), load: l, g: p.g,
-			labels: endpointLabels(e, p.cfg.meshTLS)})
+		labels := endpointLabels(e, p.cfg.meshTLS)
+		if p.unnamed {
+			labels = labels.WithoutAuthority()
+		}
+		s.eps = append(s.eps, &member{Endpoint: e, addr: e.Addr.String(), load: l, g: p.g, labels: labels})
 		total += uint64(max(e.Weight, 1))
 		s.cum = append(s.cum, total)
 	}
@@ -141,7 +158,8 @@ func (k Pick) Endpoint() *endpoint.Endpoint { return &k.m.Endpoint }
 // Labels returns the metric labels of requests to the picked endpoint, as
 // the [Balancer] puts them in a request's context for classify: its own
 // as dst_*, and the tls labels ([WithMeshTLS] says whether the transport
-// speaks mTLS to endpoints with an identity).
+// speaks mTLS to endpoints with an identity); for a [NewForwardPool]'s
+// endpoint, labels without an authority.
 func (k Pick) Labels() *classify.Labels { return k.m.labels }
 
 // Result is how a request ended, for [Pick.Done].

@@ -59,3 +59,27 @@ func TestPoolWeightsAndAccrual(t *testing.T) {
 		k.Done(Result{GRPCStatus: 0})
 	}
 }
+
+// A forward pool's picks carry labels that record no authority, as the
+// Balancer labels a WithForward request; a pool's keep the authority the
+// caller records them under. Both carry the endpoint's own labels.
+func TestForwardPoolLabelsHaveNoAuthority(t *testing.T) {
+	a := netip.MustParseAddrPort("127.0.0.1:1")
+	for _, tc := range []struct {
+		name    string
+		pool    *Pool
+		unnamed bool
+	}{
+		{"a pool", NewPool(nil), false},
+		{"a forward pool", NewForwardPool(nil), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.pool.Update([]endpoint.Endpoint{{Addr: a, Labels: map[string]string{"pod": "books-0"}}})
+			k, ok := tc.pool.Pick()
+			require.True(t, ok)
+			defer k.Done(Result{GRPCStatus: 0})
+			require.Equal(t, tc.unnamed, k.Labels().Unnamed())
+			require.Contains(t, k.Labels().Key(), "books-0")
+		})
+	}
+}

@@ -94,6 +94,8 @@ type subConn struct {
 type backendPool struct {
 	pool *balancer.Pool
 	conf *balancer.BackendConfig
+	// forward: the backend is a forward, its pool a balancer.NewForwardPool.
+	forward bool
 	// eps is the number of endpoints the backend has, ready or not.
 	eps int
 	q   *callQueue
@@ -206,6 +208,16 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 			}
 		}
 	}
+	// A forward backend's calls are recorded without an authority label,
+	// as Linkerd's proxy records a forward's, which has none
+	// (linkerd/app/outbound/src/http/logical/policy/router.rs, mk_concrete).
+	var forwards map[string]bool
+	if f, _ := s.ResolverState.Attributes.Value(forwardedKey{}).(string); f != "" {
+		forwards = make(map[string]bool)
+		for name := range strings.SplitSeq(f, "\n") {
+			forwards[name] = true
+		}
+	}
 	for name := range b.pools {
 		if _, ok := count[name]; !ok {
 			delete(b.pools, name)
@@ -216,12 +228,16 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 		// The policy compiles a new configuration on every update: a pool
 		// whose configuration is unchanged in value keeps its loads and
 		// its failure accrual.
-		if p := b.pools[name]; p == nil || !sameConfig(p.conf, c) {
+		if p := b.pools[name]; p == nil || !sameConfig(p.conf, c) || p.forward != forwards[name] {
 			var opts []balancer.Option
 			if b.mesh != nil {
 				opts = b.mesh.cfg.balancer
 			}
-			b.pools[name] = &backendPool{pool: balancer.NewPool(c, opts...), conf: c, q: &callQueue{}}
+			newPool := balancer.NewPool
+			if forwards[name] {
+				newPool = balancer.NewForwardPool
+			}
+			b.pools[name] = &backendPool{pool: newPool(c, opts...), conf: c, forward: forwards[name], q: &callQueue{}}
 		}
 		b.pools[name].eps = count[name]
 	}

@@ -47,7 +47,8 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     wait-for-ready calls wait until their deadline;
 //   - per attempt, the legacy request_total, response_total (with
 //     classification) and response_latency_ms series of package classify,
-//     labelled with the backend authority and the endpoint's dst_*, tls
+//     labelled with the backend authority (none for a forward backend, as
+//     Linkerd's proxy labels a forward's) and the endpoint's dst_*, tls
 //     and target_* (its address) labels;
 //   - unary and stream interceptors that route each call, the first on a
 //     new channel as every later one: a call that comes before the

@@ -33,6 +33,9 @@ type (
 	// answeredKey: the backends whose endpoints are known (a set, maybe
 	// empty), one per line, in the resolver state's attributes.
 	answeredKey struct{}
+	// forwardedKey: the backends that are forwards (one address, no
+	// discovery), one per line, in the resolver state's attributes.
+	forwardedKey struct{}
 )
 
 // epAttr is an endpoint in attributes: compared by its address, weight
@@ -496,13 +499,16 @@ func (r *meshResolver) push() {
 	var eps []resolver.Endpoint
 	var addrs []resolver.Address
 	var errs []error
-	var answered []string
+	var answered, forwarded []string
 	for _, b := range r.backends {
 		u := r.sets[b]
 		if u == nil {
 			continue
 		}
 		answered = append(answered, b)
+		if _, ok := r.forwards[b]; ok {
+			forwarded = append(forwarded, b)
+		}
 		if u.Set == nil {
 			if u.Err != nil && !(b == r.authority && r.routed) {
 				errs = append(errs, fmt.Errorf("%s: %w", b, u.Err))
@@ -525,7 +531,8 @@ func (r *meshResolver) push() {
 	}
 	st := resolver.State{Addresses: addrs, Endpoints: eps,
 		Attributes: attributes.New(backendKey{}, r.authority).WithValue(meshKey{}, r.m).
-			WithValue(answeredKey{}, strings.Join(answered, "\n"))}
+			WithValue(answeredKey{}, strings.Join(answered, "\n")).
+			WithValue(forwardedKey{}, strings.Join(forwarded, "\n"))}
 	// An empty set is a state too: the balancer fails calls that do not
 	// wait for ready at once. grpc-go's answer (ErrBadResolverState when a
 	// balancer refuses it) asks for a re-resolution, which a watch needs
