@@ -16,6 +16,7 @@ import (
 	grpcbalancer "google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
@@ -87,6 +88,9 @@ type subConn struct {
 	addr    resolver.Address
 	state   connectivity.State
 	lastErr error
+	// md is the metadata of its picks: the endpoint's authority override
+	// (see authorityMD), nil without one.
+	md metadata.MD
 }
 
 // backendPool is the pool of one backend and the configuration it was
@@ -165,7 +169,12 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 		count[backend]++
 		if sub := b.subs[k]; sub != nil {
 			if sub.addr.Attributes.Equal(ep.Addresses[0].Attributes) {
-				sub.ep = *e // a new weight or labels: the same connection
+				// A new weight, labels or authority override: the same
+				// connection.
+				if e.AuthorityOverride != sub.ep.AuthorityOverride {
+					sub.md = authorityMD(e.AuthorityOverride)
+				}
+				sub.ep = *e
 				continue
 			}
 			// A new identity: never reuse a connection verified for the
@@ -173,7 +182,7 @@ func (b *meshBalancer) UpdateClientConnState(s grpcbalancer.ClientConnState) err
 			sub.sc.Shutdown()
 			delete(b.subs, k)
 		}
-		sub := &subConn{ep: *e, addr: ep.Addresses[0], state: connectivity.Idle}
+		sub := &subConn{ep: *e, addr: ep.Addresses[0], state: connectivity.Idle, md: authorityMD(e.AuthorityOverride)}
 		// One address per sub-channel, which is what the future of the
 		// deprecated NewSubConn allows.
 		//lint:ignore SA1019 grpc-go offers a balancer no other way to make a sub-channel.
@@ -304,7 +313,7 @@ func (b *meshBalancer) update() {
 		switch sub.state {
 		case connectivity.Ready:
 			ready[k.backend] = append(ready[k.backend], sub.ep)
-			ps := pickSub{sc: sub.sc}
+			ps := pickSub{sc: sub.sc, md: sub.md}
 			if meshTLS {
 				ps.verified, _ = endpointIdentity(sub.addr.Attributes)
 			}
@@ -498,6 +507,32 @@ type pickSub struct {
 	// identity changes is replaced, never reused); empty when they are
 	// plaintext. A call's l5d-require-id is checked against it.
 	verified string
+	// md is the metadata of its picks (see authorityMD), nil for none.
+	md metadata.MD
+}
+
+// authorityMD returns the pick metadata that makes a call to an endpoint
+// with an authority override carry it as its :authority, nil without one.
+// Linkerd's proxy replaces the authority of a request to such an endpoint
+// (linkerd/app/outbound/src/http/endpoint.rs lines 125-128, and
+// linkerd/http/override-authority/src/lib.rs, set_authority), as the
+// HTTP balancer replaces the Host; grpc-go sends a picker's :authority in
+// place of the channel's (gRFC A81), unless the call sets its own with
+// grpc.CallAuthority. A value that is no authority (empty, or with a
+// space or a byte outside printable ASCII, which grpc-go would refuse for
+// every call) is ignored, as Linkerd's proxy ignores an override it cannot
+// parse. The metadata is made once per endpoint and shared by its picks,
+// which grpc-go only reads.
+func authorityMD(override string) metadata.MD {
+	if override == "" {
+		return nil
+	}
+	for i := 0; i < len(override); i++ {
+		if c := override[i]; c <= ' ' || c > '~' {
+			return nil
+		}
+	}
+	return metadata.MD{":authority": {override}}
 }
 
 // pickPool is a backend's pool as a picker sees it.
@@ -644,7 +679,7 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	if p.calls != nil {
 		d.ex = p.calls.Start(info.Ctx, backend, k.Labels())
 	}
-	return grpcbalancer.PickResult{SubConn: sub.sc, Done: d.fn}, nil
+	return grpcbalancer.PickResult{SubConn: sub.sc, Done: d.fn, Metadata: sub.md}, nil
 }
 
 // pickDone is what a pick's Done needs: pooled, with its Done bound once,

@@ -33,13 +33,31 @@ func newClientCreds(local *identity.Local) credentials.TransportCredentials {
 	return &clientCreds{local: local}
 }
 
-// tlsInfo is the AuthInfo of a meshed connection.
-type tlsInfo = credentials.TLSInfo
+// MeshTLSInfo is the AuthInfo of a connection that a mesh client's
+// credentials ([WithIdentity]) made over mTLS, as grpc.Peer gives it: the
+// TLS state, in which the server proved the endpoint's identity. Unlike
+// credentials.TLSInfo it accepts any :authority a call carries (an
+// endpoint's authority override, grpc.CallAuthority): the endpoint is
+// verified by its identity, not by the authority, which names the service
+// behind it, as between Linkerd's proxies (a multicluster gateway's
+// endpoint names the remote service so).
+type MeshTLSInfo struct{ credentials.TLSInfo }
 
-// plainInfo is the AuthInfo of a plaintext connection.
+// ValidateAuthority accepts every authority (see [MeshTLSInfo]).
+func (MeshTLSInfo) ValidateAuthority(string) error { return nil }
+
+// plainInfo is the AuthInfo of a plaintext connection; like grpc-go's
+// insecure credentials, it accepts any :authority.
 type plainInfo struct{ credentials.CommonAuthInfo }
 
 func (plainInfo) AuthType() string { return "insecure" }
+
+func (plainInfo) ValidateAuthority(string) error { return nil }
+
+var (
+	_ credentials.AuthorityValidator = MeshTLSInfo{}
+	_ credentials.AuthorityValidator = plainInfo{}
+)
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	id, serverName := endpointIdentity(credentials.ClientHandshakeInfoFromContext(ctx).Attributes)
@@ -59,8 +77,8 @@ func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, raw net.Con
 		}
 		return nil, nil, err
 	}
-	return conn, tlsInfo{State: conn.ConnectionState(),
-		CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil
+	return conn, MeshTLSInfo{credentials.TLSInfo{State: conn.ConnectionState(),
+		CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}}, nil
 }
 
 func (c *clientCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
