@@ -233,19 +233,21 @@ func (b *Balancer) findGroup(a *authority, c *BackendConfig) *group {
 
 // penalize applies the load penalty of c (none: nothing) for outcome o of
 // a request to the endpoint of l, as linkerd2-proxy's load biaser does
-// (linkerd/load-biaser, effective_rtt): a 429 or RESOURCE_EXHAUSTED, or a
-// Retry-After or pushback, sets the endpoint's penalty to the hint capped
-// at MaxRetryAfter but never below Penalty. The hint lengthens the penalty
-// and never shortens it; the endpoint stays in rotation, its load decaying
-// until a pick prefers it again.
-func (c *groupConf) penalize(l *load, o outcome, now int64) {
+// (linkerd/load-biaser/src/lib.rs, effective_rtt): a response it counts
+// ([headOutcome]) sets the endpoint's penalty to Penalty, or to its
+// Retry-After or pushback capped at MaxRetryAfter when that is longer.
+// The hint lengthens the penalty and never shortens it; the endpoint
+// stays in rotation, its load decaying until a pick prefers it again. It
+// reports whether it set a penalty.
+func (c *groupConf) penalize(l *load, o outcome, now int64) bool {
 	p := c.penalty
-	if p == nil || !o.exhausted && o.retryIn <= 0 {
-		return
+	if p == nil || !o.biased {
+		return false
 	}
 	pen := int64(p.Penalty)
 	if o.retryIn > 0 {
 		pen = max(pen, min(o.retryIn, int64(p.MaxRetryAfter)))
 	}
 	l.penalize(float64(pen), c.penDecay, now)
+	return true
 }

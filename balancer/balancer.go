@@ -781,9 +781,18 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	l.observe(float64(now-start), now, b.decay)
 	cl, grpcReq := classify.FromContext(req.Context()), classify.IsGRPC(req.Header)
 	o, class, final := headOutcome(cl, grpcReq, resp, time.Now())
-	b.conf(e.group()).penalize(l, o, now)
-	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+	// A penalized response is done with the endpoint's load at its head,
+	// as Linkerd's load biaser releases a failure's in-flight count there
+	// (linkerd/load-biaser/src/lib.rs, LoadBiaserFuture): its body,
+	// however long, is not load.
+	penalized := b.conf(e.group()).penalize(l, o, now)
+	if penalized {
 		l.pending.Add(-1)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+		if !penalized {
+			l.pending.Add(-1)
+		}
 		if !final {
 			o.classified(cl.End(class, grpcReq, resp.Trailer), resp.StatusCode)
 		}
@@ -795,7 +804,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	// takes a response's class when its body ends: a stream that fails
 	// is a failure whatever its head said.
 	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, ctx: req.Context(), resp: resp, hold: ent, ref: ref,
-		probe: probe, head: o, final: final}
+		probe: probe, head: o, final: final, released: penalized}
 	if !final {
 		pb.classifier, pb.class, pb.grpc = cl, class, grpcReq
 	}
@@ -835,7 +844,8 @@ func (b *Balancer) record(e *member, o outcome, probe bool, now int64) {
 }
 
 // pendingBody keeps its request in flight on the endpoint's load until
-// the body ends, fails or is closed, and then gives failure accrual its
+// the body ends, fails or is closed (a penalized response left it at its
+// head), and then gives failure accrual its
 // verdict. A failure other than the caller's own cancellation counts as a
 // failure and as a penalty sample; a body closed or given up before its
 // end is classified as it stands then.
@@ -850,6 +860,9 @@ type pendingBody struct {
 	done  atomic.Bool
 	probe bool    // the request is its endpoint's probe
 	head  outcome // what the head said
+	// released: the request left the endpoint's pending count at the
+	// head (a penalized response).
+	released bool
 	// final: the head's class is the response's; otherwise class is its
 	// tentative class, which the classifier ends with the trailers.
 	final      bool
@@ -877,7 +890,9 @@ func (p *pendingBody) finish(err error) {
 	}
 	defer p.hold.Unhold()
 	defer p.b.table.addrs.end(p.ref)
-	p.e.load.pending.Add(-1)
+	if !p.released {
+		p.e.load.pending.Add(-1)
+	}
 	failed := err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil
 	if failed {
 		p.e.load.observe(float64(p.b.cfg.penalty), p.b.cfg.now(), p.b.decay)
@@ -888,9 +903,6 @@ func (p *pendingBody) finish(err error) {
 	case p.final:
 		// Ended, closed early or given up: the class of the head.
 	case errors.Is(err, io.EOF):
-		if code, ok := grpcStatus(p.resp.Trailer); ok {
-			p.head.grpc(code, p.resp.Trailer)
-		}
 		p.head.classified(p.classifier.End(p.class, p.grpc, p.resp.Trailer), p.resp.StatusCode)
 	default:
 		// Closed or given up before the end: the class of a stream that

@@ -70,10 +70,13 @@
 // authority with a stream in flight is never idle, and its state (loads,
 // health, queue, watches) outlives any idle timeout ([WithIdleTimeout]).
 //
-// With [WithPenaltyPeakEWMA] a 429 or gRPC RESOURCE_EXHAUSTED sets a
+// With [WithPenaltyPeakEWMA] a response that signals overload (a 429, a
+// 503 or another 5xx; a Trailers-Only gRPC RESOURCE_EXHAUSTED,
+// UNAVAILABLE, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL or DATA_LOSS) sets a
 // decaying penalty on the endpoint's load, raised by a longer Retry-After
-// (429, 503) or grpc-retry-pushback-ms (capped), never shortened by a
-// shorter one, as Linkerd's load biaser does.
+// (429, 503) or grpc-retry-pushback-ms (RESOURCE_EXHAUSTED, UNAVAILABLE;
+// capped), never shortened by a shorter one, as Linkerd's load biaser
+// does.
 //
 // When no endpoint of an authority is in rotation (all out of it, or none
 // at all), requests wait in its queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the

@@ -323,9 +323,12 @@ type outcome struct {
 	// limited: a success of the classifier that asks its client to slow
 	// down ([rateLimited]), which unified accrual counts against the
 	// endpoint.
-	limited   bool
-	exhausted bool  // 429 or RESOURCE_EXHAUSTED, for the load penalty
-	retryIn   int64 // Retry-After or pushback, 0: none
+	limited bool
+	// biased: a response the load penalty counts ([outcome.bias]);
+	// retryIn its Retry-After or pushback that may lengthen the
+	// penalty, 0: none.
+	biased  bool
+	retryIn int64
 }
 
 // classified sets o's verdict from class, the class of a response of HTTP
@@ -459,32 +462,75 @@ func grpcStatus(h http.Header) (int, bool) {
 // linkerd/app/outbound/src/http/breaker.rs, fed by
 // linkerd/http/classify/src/channel.rs). final is false when the class
 // waits for the trailers ([classify.Classifier.End]).
+//
+// The load penalty reads the head as linkerd2-proxy's load biaser
+// classifies a response (linkerd/load-biaser/src/lib.rs, failure_hint and
+// effective_rtt): a 429 or a 503 sets it, lengthened by the response's
+// Retry-After; any other 5xx sets it; so does a gRPC answer of HTTP 200
+// whose content-type is gRPC's and whose head holds its grpc-status (a
+// Trailers-Only answer): RESOURCE_EXHAUSTED and UNAVAILABLE, lengthened by
+// grpc-retry-pushback-ms, and UNKNOWN, DEADLINE_EXCEEDED, INTERNAL and
+// DATA_LOSS. A grpc-status in the trailers after a message, or in the head
+// of a response that is not gRPC's, sets none, nor do the other codes.
 func headOutcome(c *classify.Classifier, grpcReq bool, resp *http.Response, now time.Time) (o outcome, class classify.Class, final bool) {
 	class, final = c.Head(grpcReq, resp.StatusCode, resp.Header)
 	o.classified(class, resp.StatusCode)
-	if resp.StatusCode == http.StatusTooManyRequests {
-		o.exhausted = true
-	}
-	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-		o.retryIn = retryAfter(resp.Header.Get("Retry-After"), now)
-	}
-	if code, ok := grpcStatus(resp.Header); ok {
-		o.grpc(code, resp.Header)
+	switch s := resp.StatusCode; {
+	case s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable:
+		o.bias(true, retryAfter(resp.Header.Get("Retry-After"), now))
+	case s >= 500 && s <= 599:
+		o.bias(false, 0)
+	case s == http.StatusOK && classify.IsGRPC(resp.Header):
+		if code, ok := grpcStatus(resp.Header); ok {
+			o.grpcBias(code, int64(ParsePushback(resp.Header.Get("Grpc-Retry-Pushback-Ms"))))
+		}
 	}
 	return o, class, final
 }
 
-// grpc reads the rate-limit signals of a gRPC status and the header
-// block that carried it: RESOURCE_EXHAUSTED and grpc-retry-pushback-ms.
-func (o *outcome) grpc(code int, h http.Header) {
-	if code == grpcResourceExhausted {
-		o.exhausted = true
+// bias marks o as a response the load penalty counts, with hint (the
+// Retry-After or pushback in nanoseconds, 0: none) when hinted says the
+// kind of failure lets a hint lengthen the penalty.
+func (o *outcome) bias(hinted bool, hint int64) {
+	o.biased = true
+	if hinted {
+		o.retryIn = hint
 	}
-	if v := h.Get("Grpc-Retry-Pushback-Ms"); v != "" {
-		if ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && ms > 0 {
-			o.retryIn = min(ms, math.MaxInt64/int64(time.Millisecond)) * int64(time.Millisecond)
-		}
+}
+
+// grpcBias reads the gRPC status code of a Trailers-Only answer and its
+// grpc-retry-pushback-ms in nanoseconds (0: none) for the load penalty.
+func (o *outcome) grpcBias(code int, pushback int64) {
+	switch code {
+	case grpcResourceExhausted, grpcUnavailable:
+		o.bias(true, pushback)
+	case grpcUnknown, grpcDeadlineExceeded, grpcInternal, grpcDataLoss:
+		o.bias(false, 0)
 	}
+}
+
+// gRPC status codes that set the load penalty besides
+// RESOURCE_EXHAUSTED.
+const (
+	grpcUnknown          = 2
+	grpcDeadlineExceeded = 4
+	grpcInternal         = 13
+	grpcUnavailable      = 14
+	grpcDataLoss         = 15
+)
+
+// ParsePushback parses a grpc-retry-pushback-ms value, a signed 32-bit
+// count of milliseconds as gRFC A6 defines it, for [Result.RetryAfter]: 0
+// when it is empty, invalid, negative or zero.
+func ParsePushback(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+	if err != nil || ms <= 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // retryAfter parses a Retry-After value (seconds or an HTTP-date) into

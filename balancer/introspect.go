@@ -23,8 +23,8 @@ type EndpointState struct {
 	// rate only in unified mode).
 	ConsecutiveFailures int     `json:"consecutive_failures"`
 	SuccessRate         float64 `json:"success_rate,omitempty"`
-	// LoadSeconds is the peak-EWMA RTT estimate plus the load penalty (a
-	// 429 or a Retry-After's, decaying);
+	// LoadSeconds is the peak-EWMA RTT estimate plus the load penalty (of
+	// a response that signals overload, see [PenaltyPeakEWMA]; decaying);
 	// Pending the requests in flight.
 	LoadSeconds float64 `json:"load_seconds"`
 	Pending     int64   `json:"pending"`

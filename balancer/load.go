@@ -16,7 +16,7 @@ type load struct {
 	rtt   float64 // estimate in nanoseconds at stamp
 	stamp int64   // clock reading of the estimate
 
-	pen      float64 // load penalty (429, RESOURCE_EXHAUSTED, Retry-After) at penStamp
+	pen      float64 // load penalty (see PenaltyPeakEWMA) at penStamp
 	penStamp int64
 
 	health health
@@ -79,7 +79,7 @@ func (l *load) penaltyLocked(now int64) float64 {
 
 // penalize raises the load penalty to p nanoseconds, decaying from now with
 // time constant decay; a larger penalty still in force is kept. Penalties
-// do not add up: a burst of 429s weighs as much as one, as in Linkerd
+// do not add up: a burst of 503s weighs as much as one, as in Linkerd
 // (each one records the penalty as a peak).
 func (l *load) penalize(p, decay float64, now int64) {
 	l.mu.Lock()

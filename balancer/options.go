@@ -220,15 +220,22 @@ func WithQueue(capacity int, failfast time.Duration) Option {
 }
 
 // PenaltyPeakEWMA is the OutboundPolicy's penalty_peak_ewma load: peak
-// EWMA (DefaultRTT, Decay, as [WithPeakEWMA]) where a 429 or a gRPC
-// RESOURCE_EXHAUSTED sets a penalty of Penalty (0: [DefaultLoadPenalty])
-// on the endpoint's load, decaying with time constant PenaltyDecay (0:
-// Decay). The [Balancer] reads the response head, as Linkerd's load
-// biaser does: a RESOURCE_EXHAUSTED answered trailers-only sets the
-// penalty, one in the trailers after a message does not. A Retry-After (on 429 and 503, seconds or an HTTP-date) or
-// grpc-retry-pushback-ms raises that penalty to the hint, at most
-// MaxRetryAfter (0: [DefaultMaxRetryAfter]); a hint shorter than Penalty
-// counts as Penalty. As in linkerd2-proxy's load biaser, the hint does not
+// EWMA (DefaultRTT, Decay, as [WithPeakEWMA]) where a response that signals
+// overload sets a penalty of Penalty (0: [DefaultLoadPenalty]) on the
+// endpoint's load, decaying with time constant PenaltyDecay (0: Decay).
+// The [Balancer] reads the response head, as Linkerd's load biaser does:
+// an HTTP 429, 503 or other 5xx, or a gRPC answer (HTTP 200, content-type
+// application/grpc...) whose head holds a grpc-status of
+// RESOURCE_EXHAUSTED, UNAVAILABLE, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL or
+// DATA_LOSS (a Trailers-Only answer). A status in the trailers after a
+// message, any other code, and a grpc-status on a response that is not
+// gRPC's set none. A penalized response no longer counts as in flight once
+// its head has come. A Retry-After (on 429 and 503, seconds or an
+// HTTP-date) or the grpc-retry-pushback-ms of a RESOURCE_EXHAUSTED or
+// UNAVAILABLE raises that penalty to the hint, at most MaxRetryAfter (0:
+// [DefaultMaxRetryAfter]); a hint shorter than Penalty counts as Penalty,
+// and the other failures take Penalty whatever their hints. As in
+// linkerd2-proxy's load biaser, the hint does not
 // bound the penalty and takes nobody out of rotation: the endpoint gets
 // requests again once its decaying load is below its peers' (a 5 s penalty
 // against a peer answering in a millisecond: about 85 s at a 10 s decay),

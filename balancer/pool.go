@@ -1,7 +1,6 @@
 package balancer
 
 import (
-	"math"
 	"net/http"
 	"net/netip"
 	"sync"
@@ -180,8 +179,12 @@ type Result struct {
 	// status, a success, as Linkerd's classifier ends a response body
 	// dropped early; it is no load sample.
 	Dropped bool
-	// RetryAfter is the endpoint's Retry-After or grpc-retry-pushback-ms,
-	// 0 for none.
+	// TrailersOnly: the gRPC status came in the response's head (a
+	// Trailers-Only answer, its content-type gRPC's), the only framing
+	// whose status sets a load penalty.
+	TrailersOnly bool
+	// RetryAfter is the Retry-After of a 429 or 503, or the
+	// grpc-retry-pushback-ms of a Trailers-Only answer, 0 for none.
 	RetryAfter time.Duration
 }
 
@@ -191,7 +194,12 @@ type Result struct {
 // UNKNOWN or a code past 16, DEADLINE_EXCEEDED, PERMISSION_DENIED,
 // INTERNAL, UNAVAILABLE, DATA_LOSS; otherwise an HTTP status from 500 to
 // 599; no answer at all), rate limits as [Unified] counts them, and load
-// penalties (429, RESOURCE_EXHAUSTED).
+// penalties as the [Balancer] reads a response head (see
+// [PenaltyPeakEWMA]): an HTTP status of 429, 503 or another 5xx, or the
+// status of a TrailersOnly answer (HTTPStatus 0 or 200) that is
+// RESOURCE_EXHAUSTED, UNAVAILABLE, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL or
+// DATA_LOSS; RetryAfter lengthens the penalty of a 429, a 503, a
+// RESOURCE_EXHAUSTED and an UNAVAILABLE.
 func (k Pick) Done(r Result) {
 	if k.m == nil {
 		return
@@ -217,17 +225,22 @@ func (k Pick) Done(r Result) {
 		return
 	}
 	l.observe(float64(now-k.start), now, p.decay)
-	o := outcome{exhausted: r.HTTPStatus == http.StatusTooManyRequests}
+	var o outcome
 	if r.GRPCStatus >= 0 {
 		// A gRPC call: its status decides, whatever the HTTP status.
 		o.classified((*classify.Classifier)(nil).GRPCCall(int64(r.GRPCStatus)), r.HTTPStatus)
-		o.grpc(r.GRPCStatus, nil)
 	} else {
 		class, _ := (*classify.Classifier)(nil).Head(false, r.HTTPStatus, nil)
 		o.classified(class, r.HTTPStatus)
 	}
-	if r.RetryAfter > 0 {
-		o.retryIn = min(int64(r.RetryAfter), math.MaxInt64)
+	hint := max(int64(r.RetryAfter), 0)
+	switch s := r.HTTPStatus; {
+	case s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable:
+		o.bias(true, hint)
+	case s >= 500 && s <= 599:
+		o.bias(false, 0)
+	case (s == 0 || s == http.StatusOK) && r.TrailersOnly && r.GRPCStatus >= 0:
+		o.grpcBias(r.GRPCStatus, hint)
 	}
 	p.conf.penalize(l, o, now)
 	p.record(k, o, now)
