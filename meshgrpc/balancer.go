@@ -721,6 +721,18 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 	}
 	code := status.Code(info.Err)
 	r := balancer.Result{GRPCStatus: int(code)}
+	if ct := info.Trailer["content-type"]; len(ct) > 0 {
+		// grpc-go's transport gives the content-type in the metadata of
+		// the header block that carried it, and DoneInfo the metadata of
+		// the block that ended the call: the status came in the head, a
+		// Trailers-Only answer of the server, which is what the load
+		// penalty reads (a status grpc-go made up, as for an answer that
+		// is not gRPC's, has none).
+		r.TrailersOnly = true
+		if v := info.Trailer["grpc-retry-pushback-ms"]; len(v) > 0 {
+			r.RetryAfter = balancer.ParsePushback(v[0])
+		}
+	}
 	if info.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// Given up by its caller: before its response, nothing is
 		// learned of the endpoint; after it began, the call counts as
