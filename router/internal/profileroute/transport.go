@@ -1,7 +1,6 @@
 package profileroute
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -41,7 +40,10 @@ import (
 // and its stream ends before any data (a gRPC trailers-only or empty-body
 // failure); a response with data goes to the caller at once. Errors are
 // never retried: the upstream may have seen the request. The route_
-// metrics count the logical request, route_actual_ each attempt.
+// metrics count the logical request, route_actual_ each attempt. When the
+// profile's dst overrides split the traffic, each attempt (a retry, a
+// hedge) draws its backend anew, so that a retry may reach a backend
+// other than the one that failed.
 func (r *Router) Transport(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
@@ -83,17 +85,39 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 		// the plan cached there is another route's.
 		p = r.newPlan(route, ts, tg)
 	}
+	switch {
+	case ts.split != nil:
+		// The profile got for the authority is its service's, and its
+		// dst overrides split the traffic: each attempt draws its
+		// backend, a retry too, as Linkerd's proxy retries a profile
+		// route above the distribution over the profile's targets
+		// (linkerd/app/outbound/src/http/logical/profile.rs,
+		// RouteParams::layer).
+		base = &splitTransport{split: ts.split, base: base}
+	case ts.logical != "":
+		// The profile got for the authority is its service's, without
+		// dst overrides: the service itself
+		// (linkerd/app/outbound/src/http/logical/profile.rs builds the
+		// concrete backend from that profile's address).
+		req = withAuthority(req, ts.logical)
+	}
 	if tg.hedge != nil {
+		// Outside the split: a hedge is another attempt, which draws its
+		// backend as a retry does.
 		base = hedged{h: tg.hedge, base: base}
 	}
-	if ts.logical != "" {
-		// The profile got for the authority is its service's: its dst
-		// overrides choose the backend, or the service itself without
-		// them (linkerd/app/outbound/src/http/logical/profile.rs builds
-		// the concrete backends from the targets of that profile).
-		req = withAuthority(req, cmp.Or(ts.split.Pick(), ts.logical))
-	}
 	return exchange.RoundTrip(base, req, p)
+}
+
+// splitTransport sends each request to a backend of a profile's split,
+// drawn at random by weight for that request.
+type splitTransport struct {
+	split *balancer.Split
+	base  http.RoundTripper
+}
+
+func (t *splitTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.base.RoundTrip(withAuthority(req, t.split.Pick()))
 }
 
 // withAuthority returns a shallow copy of req sent to the concrete backend
