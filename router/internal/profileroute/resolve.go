@@ -41,16 +41,12 @@ func (v Resolved) Table() *profiles.Table { return v.ts.table }
 func (v Resolved) Budget() *profiles.Budget { return v.ts.budget.get() }
 
 // Applies reports whether the profile has routes (that compiled) or
-// destination overrides, and so takes precedence over an outbound policy,
-// as linkerd2-proxy's Profile::has_routes_or_targets.
-func (v Resolved) Applies() bool { return hasRoutesOrTargets(v.ts.table) }
-
-// hasRoutesOrTargets reports whether t has routes that compiled or its
-// profile destination overrides.
-func hasRoutesOrTargets(t *profiles.Table) bool {
-	p := t.Profile()
-	return p != nil && (len(t.Routes()) > 0 || len(p.DstOverrides) > 0)
-}
+// destination overrides of a weight above 0, and so takes precedence over
+// an outbound policy, as linkerd2-proxy's should_override_policy
+// (linkerd/app/outbound/src/http/logical/profile.rs). Overrides of weight
+// 0 count for nothing, as Linkerd's proxy drops them when it reads the
+// profile (linkerd/service-profiles/src/proto.rs, convert_dst_override).
+func (v Resolved) Applies() bool { return len(v.ts.table.Routes()) > 0 || v.ts.split != nil }
 
 // RoundTrip runs req through base by the profile, as the router's
 // Transport does.

@@ -99,8 +99,10 @@ type tableState struct {
 	// not the authority itself: an IP's profile's logical address (see
 	// [profiles.Profile.LogicalAuthority]); "" for the authority.
 	logical string
-	// split is the traffic split of the requests sent to logical: the dst
-	// overrides of the profile got for the authority, nil without them.
+	// split is the profile's dst overrides that take traffic (a weight
+	// above 0), nil without them. The router draws from it for the
+	// requests it sends to logical; those to the authority itself are
+	// split by the balancer.
 	split *balancer.Split
 }
 
@@ -315,9 +317,10 @@ func (r *Router) localDestFor(key string) dest {
 	return r.otherDest
 }
 
-// label returns the dst label value of authority with table t.
-func (r *Router) label(authority string, t *profiles.Table) string {
-	if hasRoutesOrTargets(t) {
+// label returns the dst label value of authority, whose profile has
+// routes or dst overrides that take traffic when routed is set.
+func (r *Router) label(authority string, routed bool) string {
+	if routed {
 		return authority
 	}
 	if r.labels.Admit(authority) {
@@ -354,10 +357,9 @@ func (r *Router) apply(e *registry.Entry[tableState], u profiles.Update) {
 		r.log.WarnErr("budget:"+authority, "invalid retry budget; retries disabled", err, "authority", authority)
 	}
 	logical := u.Profile.LogicalAuthority(authority)
-	next := r.build(r.label(cmp.Or(logical, authority), t), t)
-	if logical != "" {
-		next.logical, next.split = logical, balancer.NewSplit(u.Profile.DstOverrides)
-	}
+	split := balancer.NewSplit(u.Profile.DstOverrides)
+	next := r.build(r.label(cmp.Or(logical, authority), len(t.Routes()) > 0 || split != nil), t)
+	next.logical, next.split = logical, split
 	keepBudget(e.Load(), next)
 	e.Store(next)
 }

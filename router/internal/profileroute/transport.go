@@ -86,6 +86,8 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 		p = r.newPlan(route, ts, tg)
 	}
 	switch {
+	case ts.logical == "":
+		// The authority itself: the balancer splits it by its profile.
 	case ts.split != nil:
 		// The profile got for the authority is its service's, and its
 		// dst overrides split the traffic: each attempt draws its
@@ -94,7 +96,7 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 		// (linkerd/app/outbound/src/http/logical/profile.rs,
 		// RouteParams::layer).
 		base = &splitTransport{split: ts.split, base: base}
-	case ts.logical != "":
+	default:
 		// The profile got for the authority is its service's, without
 		// dst overrides: the service itself
 		// (linkerd/app/outbound/src/http/logical/profile.rs builds the
