@@ -36,7 +36,7 @@ func profileHedgeFixture(t *testing.T, eps []endpoint.Endpoint, hp *hedge.Policy
 	prof := profiles.NewStaticSource(map[string]*profiles.Profile{profileHedgeAuthority: p})
 	f.r = New(WithProfiles(prof), WithMeterProvider(f.m.Provider), WithBalancer(f.bal), WithLogger(quietLogger))
 	t.Cleanup(f.r.Close)
-	f.client = &http.Client{Transport: f.r.Transport(hedgeMarker{f.bal.Transport(testutil.NewTransport(t, testutil.H1))})}
+	f.client = &http.Client{Transport: f.r.Transport(hedgeMarker{base: f.bal.Transport(testutil.NewTransport(t, testutil.H1))})}
 	req, _ := http.NewRequest("GET", "http://"+profileHedgeAuthority+"/hedged", nil)
 	require.Eventually(t, func() bool { return f.r.Explain(req).Model == ModelProfile }, testutil.Timeout, 5*time.Millisecond)
 	return f

@@ -45,7 +45,7 @@ func TestProfileHedgeDrawsItsSplitBackend(t *testing.T) {
 	}
 	r := New(WithProfiles(profiles.NewStaticSource(map[string]*profiles.Profile{ip: p})), WithBalancer(bal), WithLogger(quietLogger))
 	t.Cleanup(r.Close)
-	client := &http.Client{Transport: r.Transport(hedgeMarker{bal.Transport(testutil.NewTransport(t, testutil.H1))}), Timeout: testutil.Timeout}
+	client := &http.Client{Transport: r.Transport(hedgeMarker{base: bal.Transport(testutil.NewTransport(t, testutil.H1))}), Timeout: testutil.Timeout}
 	probe, _ := http.NewRequest("GET", "http://"+ip+"/", nil)
 	require.Eventually(t, func() bool { return r.Explain(probe).Model == ModelProfile }, testutil.Timeout, 5*time.Millisecond)
 

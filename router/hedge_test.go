@@ -32,13 +32,42 @@ type hedgeEndpoints struct {
 	stall time.Duration
 
 	mu        sync.Mutex
-	seen      map[string][]int // request id -> the endpoints it reached, in order
-	firsts    map[string]int   // request id -> its attempts other than hedges
-	cancelled int              // stalled requests whose context ended
+	seen      map[string][]int         // request id -> the endpoints it reached, in order
+	firsts    map[string]int           // request id -> its attempts other than hedges
+	arrived   map[string]chan struct{} // request id -> closed when its first attempt reached an endpoint
+	cancelled int                      // stalled requests whose context ended
+}
+
+// firstArrived returns a channel closed once the first attempt of the
+// request id has reached an endpoint.
+func (h *hedgeEndpoints) firstArrived(id string) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.arrivalLocked(id)
+}
+
+func (h *hedgeEndpoints) arrivalLocked(id string) chan struct{} {
+	c, ok := h.arrived[id]
+	if !ok {
+		c = make(chan struct{})
+		h.arrived[id] = c
+	}
+	return c
+}
+
+// fixture is hedgeFixture over h's endpoints, whose hedges wait until
+// their request's first attempt has reached its endpoint: on a loaded
+// machine a first attempt still dialing when its hedge answers never
+// arrives, and the test could not tell which endpoint it was sent to.
+func (h *hedgeEndpoints) fixture(t *testing.T, hp *hedge.Policy, opts ...Option) *healthFixture {
+	f := hedgeFixture(t, h.eps, hp, opts...)
+	f.client.Transport = f.r.Transport(hedgeMarker{base: f.bal.Transport(testutil.NewTransport(t, testutil.H1)), after: h.firstArrived})
+	return f
 }
 
 func newHedgeEndpoints(t *testing.T, n int, stall time.Duration) *hedgeEndpoints {
-	h := &hedgeEndpoints{stall: stall, seen: make(map[string][]int), firsts: make(map[string]int)}
+	h := &hedgeEndpoints{stall: stall, seen: make(map[string][]int), firsts: make(map[string]int),
+		arrived: make(map[string]chan struct{})}
 	for i := range n {
 		srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
@@ -49,6 +78,9 @@ func newHedgeEndpoints(t *testing.T, n int, stall time.Duration) *hedgeEndpoints
 			if r.Header.Get(hedgeMark) == "" {
 				first = h.firsts[id] == 0
 				h.firsts[id]++
+				if first {
+					close(h.arrivalLocked(id))
+				}
 			}
 			h.mu.Unlock()
 			if first && r.Header.Get("X-Stall") != "" {
@@ -87,10 +119,22 @@ const hedgeMark = "X-Test-Hedge"
 
 // hedgeMarker marks each hedge (an attempt that excludes the endpoints its
 // request tried) that goes through it with hedgeMark, for hedgeEndpoints.
-type hedgeMarker struct{ base http.RoundTripper }
+// With after, a hedge waits until after(its X-Request-Id) is closed (or
+// the request ends) before it is sent.
+type hedgeMarker struct {
+	base  http.RoundTripper
+	after func(id string) <-chan struct{}
+}
 
 func (m hedgeMarker) RoundTrip(req *http.Request) (*http.Response, error) {
 	if _, exclude := balancer.TriedFromContext(req.Context()); exclude {
+		if m.after != nil {
+			select {
+			case <-m.after(req.Header.Get("X-Request-Id")):
+			case <-req.Context().Done():
+				return nil, req.Context().Err()
+			}
+		}
 		req = req.Clone(req.Context())
 		req.Header.Set(hedgeMark, "1")
 	}
@@ -107,7 +151,7 @@ func hedgeFixture(t *testing.T, eps []endpoint.Endpoint, hp *hedge.Policy, opts 
 	pol := policy.NewStaticSource(map[string]*policy.Policy{authority: httpPolicy(rule)})
 	f.r = New(append([]Option{WithPolicies(pol), WithMeterProvider(f.m.Provider), WithBalancer(f.bal)}, opts...)...)
 	t.Cleanup(f.r.Close)
-	f.client = &http.Client{Transport: f.r.Transport(hedgeMarker{f.bal.Transport(testutil.NewTransport(t, testutil.H1))})}
+	f.client = &http.Client{Transport: f.r.Transport(hedgeMarker{base: f.bal.Transport(testutil.NewTransport(t, testutil.H1))})}
 	req, _ := http.NewRequest("GET", "http://svc.test/", nil)
 	require.Eventually(t, func() bool { return f.r.Explain(req).Model == ModelPolicy }, testutil.Timeout, 5*time.Millisecond)
 	return f
@@ -151,7 +195,7 @@ func TestHedgeToAnotherEndpoint(t *testing.T) {
 				stall = time.Minute // only a hedge can answer in time
 			}
 			h := newHedgeEndpoints(t, tc.endpoints, stall)
-			f := hedgeFixture(t, h.eps, tc.policy, WithHedging(tc.option))
+			f := h.fixture(t, tc.policy, WithHedging(tc.option))
 			var body io.Reader = strings.NewReader(tc.body)
 			if tc.unknown {
 				body = struct{ io.Reader }{body} // no Len: NewRequest cannot measure it
@@ -197,7 +241,7 @@ func TestHedgeShareOfExtraLoad(t *testing.T) {
 	// hedge's dial late by a tenth of a second still comes before the
 	// stalled attempt ends.
 	h := newHedgeEndpoints(t, 3, 2*time.Second)
-	f := hedgeFixture(t, h.eps, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 0.01})
+	f := h.fixture(t, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 0.01})
 	for i := range 3 {
 		req, _ := http.NewRequest("GET", "http://svc.test/", nil)
 		req.Header.Set("X-Request-Id", fmt.Sprint("r", i))
@@ -218,7 +262,7 @@ func TestHedgeShareOfExtraLoad(t *testing.T) {
 // enough samples, requests slower than its p90 are hedged.
 func TestHedgeLearntPercentile(t *testing.T) {
 	h := newHedgeEndpoints(t, 3, time.Minute)
-	f := hedgeFixture(t, h.eps, &hedge.Policy{Percentile: 90, MaxExtraLoad: 1})
+	f := h.fixture(t, &hedge.Policy{Percentile: 90, MaxExtraLoad: 1})
 	req, _ := http.NewRequest("GET", "http://svc.test/", nil)
 	for i := range hedge.DefaultMinSamples {
 		resp, err := f.client.Get(fmt.Sprint("http://svc.test/?n=", i))
@@ -259,7 +303,7 @@ func TestHedgeOnlyRouteEarnsRetryBudget(t *testing.T) {
 	}
 	t.Run("earned", func(t *testing.T) {
 		h := newHedgeEndpoints(t, 3, 2*time.Second)
-		f := hedgeFixture(t, h.eps, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 1}, WithRetryBudget(budget))
+		f := h.fixture(t, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 1}, WithRetryBudget(budget))
 		for range 10 {
 			resp, err := f.client.Get("http://svc.test/")
 			require.NoError(t, err)
@@ -271,7 +315,7 @@ func TestHedgeOnlyRouteEarnsRetryBudget(t *testing.T) {
 	})
 	t.Run("not earned", func(t *testing.T) {
 		h := newHedgeEndpoints(t, 3, 2*time.Second)
-		f := hedgeFixture(t, h.eps, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 1}, WithRetryBudget(budget))
+		f := h.fixture(t, &hedge.Policy{Delay: 20 * time.Millisecond, MaxExtraLoad: 1}, WithRetryBudget(budget))
 		stalled(t, f, "slow")
 		assert.Len(t, h.reached("slow"), 1, "no budget, no hedge")
 		assert.Equal(t, "1", f.m.Value(t, "outbound_http_route_hedge_overflow_total"))
