@@ -52,12 +52,7 @@ func ParseAuthority(authority string) (namespace, name string, port uint16, ok b
 
 // Service returns the Service namespace/name, or nil.
 func (r *Resources) Service(namespace, name string) *Service {
-	for _, s := range r.Services {
-		if s.Namespace == namespace && s.Name == name {
-			return s
-		}
-	}
-	return nil
+	return r.index().service[nsName{namespace, name}]
 }
 
 // Policy returns the outbound policy of a Service port, as Linkerd's policy
@@ -104,7 +99,8 @@ func (r *Resources) Policy(namespace, name string, port uint16) *policy.Policy {
 func (r *Resources) PolicyFrom(source, namespace, name string, port uint16) (p *policy.Policy) {
 	defer func() { r.withOutliers(p) }() // outlier.go
 	sees := func(o *Object) bool { return o.Namespace == namespace || o.Namespace == source }
-	svc := r.Service(namespace, name)
+	x := r.index()
+	svc := x.service[nsName{namespace, name}]
 	if svc == nil {
 		// As Linkerd's controller: a Service it does not know yet gets
 		// the default policy, whose backend finds no endpoints until the
@@ -120,7 +116,7 @@ func (r *Resources) PolicyFrom(source, namespace, name string, port uint16) (p *
 	accrual, _ := failureAccrual(svc.Annotations)
 
 	var grpcRoutes []policy.GRPCRoute
-	for _, g := range byAge(r.GRPCRoutes, func(g *GRPCRoute) *Object { return &g.Object }) {
+	for _, g := range byAge(x.grpcByParent[nsName{namespace, name}], func(g *GRPCRoute) *Object { return &g.Object }) {
 		if !attached(g.ParentRefs, namespace, name, port) || !sees(&g.Object) {
 			continue
 		}
@@ -164,7 +160,7 @@ func (r *Resources) PolicyFrom(source, namespace, name string, port uint16) (p *
 	}
 
 	var httpRoutes []policy.HTTPRoute
-	for _, h := range byAge(r.HTTPRoutes, func(h *HTTPRoute) *Object { return &h.Object }) {
+	for _, h := range byAge(x.httpByParent[nsName{namespace, name}], func(h *HTTPRoute) *Object { return &h.Object }) {
 		if !attached(h.ParentRefs, namespace, name, port) || !sees(&h.Object) {
 			continue
 		}

@@ -36,12 +36,7 @@ func (o *InboundOptions) identity(sa, ns string) string {
 
 // Pod returns the pod namespace/name, or nil.
 func (r *Resources) Pod(namespace, name string) *Pod {
-	for _, p := range r.Pods {
-		if p.Namespace == namespace && p.Name == name {
-			return p
-		}
-	}
-	return nil
+	return r.index().pod[nsName{namespace, name}]
 }
 
 // ErrUnknownPod is what InboundServer wraps for a pod no manifest names.
@@ -108,22 +103,9 @@ func (r *Resources) InboundServer(namespace, pod string, port uint16, opts Inbou
 
 // serverFor returns the Server that claims the pod's port, or nil.
 func (r *Resources) serverFor(p *Pod, port uint16) *Server {
-	servers := slices.Clone(r.Servers)
-	// As Linkerd's index compares them (an absent timestamp before any).
-	slices.SortStableFunc(servers, func(a, b *Server) int {
-		if a.Created.IsZero() != b.Created.IsZero() {
-			if a.Created.IsZero() {
-				return -1
-			}
-			return 1
-		}
-		if c := a.Created.Compare(b.Created); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
-	for _, s := range servers {
-		if s.Namespace != p.Namespace || s.PodSelector == nil || !s.PodSelector.Matches(p.Labels) {
+	// The Servers of the pod's namespace, in the order of compareServers.
+	for _, s := range r.index().serversByNS[p.Namespace] {
+		if s.PodSelector == nil || !s.PodSelector.Matches(p.Labels) {
 			continue
 		}
 		if s.Port == port || s.PortName != "" && slices.Contains(p.PortsNamed(s.PortName), port) {

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/inmesh/inmesh/internal/filestamp"
@@ -31,7 +32,10 @@ import (
 
 // Resources is what a set of manifest files holds. Load and Parse return
 // it sorted (namespace, then name), which is the order routes of equal
-// precedence are tried in.
+// precedence are tried in. Its lookups are safe for concurrent use. It
+// may be changed by assigning or appending to its slices, not by changing
+// the resources they hold once it has been looked up, and must not be
+// copied.
 type Resources struct {
 	Services   []*Service
 	HTTPRoutes []*HTTPRoute
@@ -50,6 +54,10 @@ type Resources struct {
 	HTTPLocalRateLimitPolicies []*HTTPLocalRateLimitPolicy
 
 	profileObjects []*Object // for the duplicate check across files
+
+	// idx is what the lookups read (index.go): change a Resources by
+	// replacing its slices, not their elements, once it was looked up.
+	idx atomic.Pointer[index]
 }
 
 // Object identifies a resource.
@@ -143,6 +151,7 @@ func LoadFiles(files ...File) (*Resources, error) {
 		out.profileObjects = append(out.profileObjects, r.profileObjects...)
 	}
 	out.sort()
+	out.index() // now, rather than on the first lookup
 	return out, nil
 }
 

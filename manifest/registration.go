@@ -53,8 +53,8 @@ func (r *Resources) RegistrationIdentities(namespace, name string, opts InboundO
 	var out []string
 	if len(svc.Selector) > 0 {
 		sel := LabelSelector{MatchLabels: svc.Selector}
-		for _, p := range r.Pods {
-			if p.Namespace == namespace && sel.Matches(p.Labels) {
+		for _, p := range r.index().podsByNS[namespace] {
+			if sel.Matches(p.Labels) {
 				out = append(out, opts.identity(p.ServiceAccountName, p.Namespace))
 			}
 		}
