@@ -1,7 +1,10 @@
 package controlplane
 
 import (
+	"maps"
 	"testing"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
 
 	"google.golang.org/grpc"
 )
@@ -35,3 +38,10 @@ func (s *Store) Fresh() *Store {
 // ServeGRPC serves g on a loopback port until the test ends and returns
 // its address.
 func ServeGRPC(t testing.TB, g *grpc.Server) string { return serveGRPC(t, g) }
+
+// EndpointSets returns the endpoint sets the store serves, by authority.
+func (s *Store) EndpointSets() map[string][]endpoint.Endpoint {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.endpoints)
+}

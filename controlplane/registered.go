@@ -33,7 +33,12 @@ func (s *Store) PutRegistered(id string, sets map[string][]endpoint.Endpoint) {
 		return
 	}
 	s.registered[id] = m
-	s.mergeLocked()
+	for _, a := range changed {
+		_, had := old[a]
+		_, has := m[a]
+		s.holdsLocked(id, a, had, has)
+		s.mergeLocked(a)
+	}
 	s.endpointsChangedLocked(changed...)
 	s.registeredAddrsChangedLocked(old, m, changed)
 }
@@ -48,8 +53,11 @@ func (s *Store) DeleteRegistered(id string) {
 		return
 	}
 	delete(s.registered, id)
-	s.mergeLocked()
 	changed := slices.Collect(maps.Keys(old))
+	for _, a := range changed {
+		s.holdsLocked(id, a, true, false)
+		s.mergeLocked(a)
+	}
 	s.endpointsChangedLocked(changed...)
 	s.registeredAddrsChangedLocked(old, nil, changed)
 }
@@ -144,26 +152,65 @@ func changedAuthorities(a, b map[string][]endpoint.Endpoint) []string {
 	return out
 }
 
-// mergeLocked recomputes the endpoint sets served: the files' sets, then
-// the registered endpoints of the same authorities, an address given twice
-// served as the files give it (else as the first registration by id).
-func (s *Store) mergeLocked() {
-	if len(s.registered) == 0 {
-		s.endpoints = s.files
+// holdsLocked records that the registration id holds authority (has),
+// where it did (had) or not. The caller holds s.mu.
+func (s *Store) holdsLocked(id, authority string, had, has bool) {
+	if had == has {
 		return
 	}
-	m := maps.Clone(s.files)
-	for _, id := range slices.Sorted(maps.Keys(s.registered)) {
-		for a, eps := range s.registered[id] {
-			m[a] = append(slices.Clip(m[a]), eps...)
+	ids := s.registeredBy[authority]
+	i, found := slices.BinarySearch(ids, id)
+	switch {
+	case has && !found:
+		if s.registeredBy == nil {
+			s.registeredBy = make(map[string][]string)
+		}
+		s.registeredBy[authority] = slices.Insert(ids, i, id)
+	case !has && found:
+		if ids = slices.Delete(ids, i, i+1); len(ids) == 0 {
+			delete(s.registeredBy, authority)
+		} else {
+			s.registeredBy[authority] = ids
 		}
 	}
-	for a, eps := range m {
-		if _, fromFiles := s.files[a]; fromFiles && len(eps) == len(s.files[a]) {
-			continue
-		}
+}
+
+// mergeLocked recomputes the endpoint set served for authority, after the
+// files' set of it or a registration's changed: the files' set, then the
+// registered endpoints of the authority by registration id, an address
+// given twice served as the files give it (else as the first registration
+// by id). The authority is served when the files or a registration give
+// it, even with no endpoints. The other authorities' sets are left as
+// they are: a change costs the authorities it touches. The caller holds
+// s.mu.
+func (s *Store) mergeLocked(authority string) {
+	files, fromFiles := s.files[authority]
+	ids := s.registeredBy[authority]
+	if !fromFiles && len(ids) == 0 {
+		delete(s.endpoints, authority)
+		return
+	}
+	eps := slices.Clip(files) // appending never writes into the files' set
+	for _, id := range ids {
+		eps = append(eps, s.registered[id][authority]...)
+	}
+	if !fromFiles || len(eps) != len(files) {
 		slices.SortStableFunc(eps, func(x, y endpoint.Endpoint) int { return x.Addr.Compare(y.Addr) })
-		m[a] = slices.CompactFunc(eps, func(x, y endpoint.Endpoint) bool { return x.Addr == y.Addr })
+		eps = slices.CompactFunc(eps, func(x, y endpoint.Endpoint) bool { return x.Addr == y.Addr })
 	}
-	s.endpoints = m
+	s.endpoints[authority] = eps
+}
+
+// mergeAllLocked recomputes every served endpoint set, for a change of
+// every set of the files (SetEndpoints). The caller holds s.mu.
+func (s *Store) mergeAllLocked() {
+	s.endpoints = make(map[string][]endpoint.Endpoint, len(s.files)+len(s.registeredBy))
+	for a := range s.files {
+		s.mergeLocked(a)
+	}
+	for a := range s.registeredBy {
+		if _, ok := s.files[a]; !ok {
+			s.mergeLocked(a)
+		}
+	}
 }

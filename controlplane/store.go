@@ -33,6 +33,9 @@ type Store struct {
 	// registered are the endpoints workloads registered, by registration
 	// and authority (registered.go).
 	registered map[string]map[string][]endpoint.Endpoint
+	// registeredBy are the ids of the registrations that give each
+	// authority, in order (registered.go).
+	registeredBy map[string][]string
 	// endpointServices counts the authorities of each Service the
 	// endpoint sets name.
 	endpointServices map[serviceRef]int
@@ -145,7 +148,7 @@ func (s *Store) SetEndpoints(sets map[string][]endpoint.Endpoint) {
 	prev := s.endpoints
 	s.indexFilesLocked(s.files, m)
 	s.files = m
-	s.mergeLocked()
+	s.mergeAllLocked()
 	changed := make([]string, 0, len(s.endpoints))
 	for a := range s.endpoints {
 		changed = append(changed, a)
@@ -167,7 +170,7 @@ func (s *Store) PutEndpoints(authority string, eps []endpoint.Endpoint) {
 	authority = normalAuthority(authority)
 	s.indexClaimsLocked(authority, true, s.files[authority], eps)
 	s.files[authority] = eps
-	s.mergeLocked()
+	s.mergeLocked(authority)
 	s.endpointsChangedLocked(authority)
 }
 
@@ -179,7 +182,7 @@ func (s *Store) DeleteEndpoints(authority string) {
 	authority = normalAuthority(authority)
 	s.indexClaimsLocked(authority, true, s.files[authority], nil)
 	delete(s.files, authority)
-	s.mergeLocked()
+	s.mergeLocked(authority)
 	s.endpointsChangedLocked(authority)
 }
 
