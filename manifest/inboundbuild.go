@@ -187,10 +187,7 @@ func (r *Resources) namedServer(p *Pod, srv *Server, port uint16, opts *InboundO
 	serverRef := func(t Ref) bool {
 		return t.is(linkerdPolicyGroup, "Server") && t.Namespace == srv.Namespace && strings.EqualFold(t.Name, srv.Name)
 	}
-	for _, ap := range r.AuthorizationPolicies {
-		if ap.Namespace != srv.Namespace {
-			continue
-		}
+	for _, ap := range r.index().policiesByNS[srv.Namespace] {
 		if !serverRef(ap.TargetRef) && !(ap.TargetRef.is("", "Namespace") && ap.TargetRef.Name == srv.Namespace) {
 			continue
 		}
@@ -252,21 +249,11 @@ func (r *Resources) policyAuthz(ap *AuthorizationPolicy, opts *InboundOptions) (
 }
 
 func (r *Resources) meshTLS(namespace, name string) *MeshTLSAuthentication {
-	for _, m := range r.MeshTLSAuthentications {
-		if m.Namespace == namespace && m.Name == name {
-			return m
-		}
-	}
-	return nil
+	return r.index().meshTLSByName[nsName{namespace, name}]
 }
 
 func (r *Resources) networkAuthentication(namespace, name string) *NetworkAuthentication {
-	for _, n := range r.NetworkAuthentications {
-		if n.Namespace == namespace && n.Name == name {
-			return n
-		}
-	}
-	return nil
+	return r.index().networkByName[nsName{namespace, name}]
 }
 
 // meshTLSOf returns the identities a MeshTLSAuthentication admits: "*" is
@@ -298,7 +285,10 @@ func meshTLSOf(m *MeshTLSAuthentication, opts *InboundOptions) *authz.MeshTLS {
 // inboundRoutes returns the accepted HTTPRoutes of srv, in the order
 // Linkerd's controller sends them: oldest first, then by name and group.
 func (r *Resources) inboundRoutes(srv *Server, opts *InboundOptions) []authz.Route {
-	for _, g := range r.GRPCRoutes {
+	// A route's Server parent is in the route's namespace: the routes of
+	// srv's namespace are all that may name it.
+	x := r.index()
+	for _, g := range x.grpcByNS[srv.Namespace] {
 		if serverParent(g.ParentRefs, g.Namespace, srv) {
 			// Linkerd's status controller marks the HTTPRoutes of a
 			// Server that has a GRPCRoute Conflicted, so none is accepted.
@@ -306,7 +296,7 @@ func (r *Resources) inboundRoutes(srv *Server, opts *InboundOptions) []authz.Rou
 		}
 	}
 	var attachedRoutes []*HTTPRoute
-	for _, h := range r.HTTPRoutes {
+	for _, h := range x.httpByNS[srv.Namespace] {
 		if serverParent(h.ParentRefs, h.Namespace, srv) {
 			attachedRoutes = append(attachedRoutes, h)
 		}
@@ -343,9 +333,9 @@ func (r *Resources) inboundRoutes(srv *Server, opts *InboundOptions) []authz.Rou
 // target a route (group, kind and name compared in any case).
 func (r *Resources) routeAuthzs(route *Object, opts *InboundOptions) []authz.Authz {
 	var out []authz.Authz
-	for _, ap := range r.AuthorizationPolicies {
+	for _, ap := range r.index().policiesByNS[route.Namespace] {
 		t := ap.TargetRef
-		if ap.Namespace == route.Namespace && t.is(route.Group, route.Kind) && strings.EqualFold(t.Name, route.Name) {
+		if t.is(route.Group, route.Kind) && strings.EqualFold(t.Name, route.Name) {
 			if a, ok := r.policyAuthz(ap, opts); ok {
 				out = append(out, a)
 			}
@@ -361,7 +351,7 @@ func (r *Resources) routeAuthzs(route *Object, opts *InboundOptions) []authz.Aut
 // grpc_routes).
 func (r *Resources) inboundGRPCRoutes(srv *Server, opts *InboundOptions) []authz.GRPCRoute {
 	var attachedRoutes []*GRPCRoute
-	for _, g := range r.GRPCRoutes {
+	for _, g := range r.index().grpcByNS[srv.Namespace] {
 		if serverParent(g.ParentRefs, g.Namespace, srv) {
 			attachedRoutes = append(attachedRoutes, g)
 		}
@@ -416,8 +406,8 @@ func serverParent(parents []ParentRef, namespace string, srv *Server) bool {
 // accepts one per Server.
 func (r *Resources) rateLimit(srv *Server, opts *InboundOptions) *authz.RateLimit {
 	var targeting []*HTTPLocalRateLimitPolicy
-	for _, l := range r.HTTPLocalRateLimitPolicies {
-		if l.Namespace == srv.Namespace && strings.EqualFold(l.TargetRef.Name, srv.Name) {
+	for _, l := range r.index().rateLimitsByNS[srv.Namespace] {
+		if strings.EqualFold(l.TargetRef.Name, srv.Name) {
 			targeting = append(targeting, l)
 		}
 	}

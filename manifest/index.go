@@ -7,7 +7,8 @@ import (
 
 // The lookups that the control plane makes for each stream it opens or
 // wakes (a Service by name, the routes whose parentRefs name a Service,
-// a Pod by name, the Pods and Servers of a namespace) read an index of
+// a Pod by name, the Pods, Servers, routes, AuthorizationPolicies and
+// rate limits of a namespace, an authentication by name) read an index of
 // the Resources, not every resource: with thousands of Services, a
 // lookup costs what it finds. LoadFiles builds the index as it loads;
 // a Resources made by hand gets one on its first lookup, and a new one
@@ -23,6 +24,10 @@ type index struct {
 	grpcRoutes []*GRPCRoute
 	pods       []*Pod
 	servers    []*Server
+	policies   []*AuthorizationPolicy
+	meshTLS    []*MeshTLSAuthentication
+	networks   []*NetworkAuthentication
+	rateLimits []*HTTPLocalRateLimitPolicy
 
 	// service and pod are the first of each name, as a scan finds it.
 	service map[nsName]*Service
@@ -35,6 +40,15 @@ type index struct {
 	// serversByNS the Servers of each namespace in serverFor's order.
 	podsByNS    map[string][]*Pod
 	serversByNS map[string][]*Server
+	// The inbound policy reads the resources of the Server's namespace
+	// alone: its routes, AuthorizationPolicies and rate limits, each in
+	// the order of Resources; and authentications by name.
+	httpByNS       map[string][]*HTTPRoute
+	grpcByNS       map[string][]*GRPCRoute
+	policiesByNS   map[string][]*AuthorizationPolicy
+	rateLimitsByNS map[string][]*HTTPLocalRateLimitPolicy
+	meshTLSByName  map[nsName]*MeshTLSAuthentication
+	networkByName  map[nsName]*NetworkAuthentication
 }
 
 // sameSlice reports whether a and b are the same slice: one array, one
@@ -48,7 +62,9 @@ func sameSlice[T any](a, b []T) bool {
 func (r *Resources) index() *index {
 	x := r.idx.Load()
 	if x != nil && sameSlice(x.services, r.Services) && sameSlice(x.httpRoutes, r.HTTPRoutes) &&
-		sameSlice(x.grpcRoutes, r.GRPCRoutes) && sameSlice(x.pods, r.Pods) && sameSlice(x.servers, r.Servers) {
+		sameSlice(x.grpcRoutes, r.GRPCRoutes) && sameSlice(x.pods, r.Pods) && sameSlice(x.servers, r.Servers) &&
+		sameSlice(x.policies, r.AuthorizationPolicies) && sameSlice(x.meshTLS, r.MeshTLSAuthentications) &&
+		sameSlice(x.networks, r.NetworkAuthentications) && sameSlice(x.rateLimits, r.HTTPLocalRateLimitPolicies) {
 		return x
 	}
 	x = r.buildIndex()
@@ -63,12 +79,23 @@ func (r *Resources) buildIndex() *index {
 		grpcRoutes:   r.GRPCRoutes,
 		pods:         r.Pods,
 		servers:      r.Servers,
+		policies:     r.AuthorizationPolicies,
+		meshTLS:      r.MeshTLSAuthentications,
+		networks:     r.NetworkAuthentications,
+		rateLimits:   r.HTTPLocalRateLimitPolicies,
 		service:      make(map[nsName]*Service, len(r.Services)),
 		pod:          make(map[nsName]*Pod, len(r.Pods)),
 		httpByParent: make(map[nsName][]*HTTPRoute),
 		grpcByParent: make(map[nsName][]*GRPCRoute),
 		podsByNS:     make(map[string][]*Pod),
 		serversByNS:  make(map[string][]*Server),
+
+		httpByNS:       make(map[string][]*HTTPRoute),
+		grpcByNS:       make(map[string][]*GRPCRoute),
+		policiesByNS:   make(map[string][]*AuthorizationPolicy),
+		rateLimitsByNS: make(map[string][]*HTTPLocalRateLimitPolicy),
+		meshTLSByName:  make(map[nsName]*MeshTLSAuthentication),
+		networkByName:  make(map[nsName]*NetworkAuthentication),
 	}
 	for _, s := range r.Services {
 		k := nsName{s.Namespace, s.Name}
@@ -80,11 +107,13 @@ func (r *Resources) buildIndex() *index {
 		for _, k := range parentServices(h.ParentRefs) {
 			x.httpByParent[k] = append(x.httpByParent[k], h)
 		}
+		x.httpByNS[h.Namespace] = append(x.httpByNS[h.Namespace], h)
 	}
 	for _, g := range r.GRPCRoutes {
 		for _, k := range parentServices(g.ParentRefs) {
 			x.grpcByParent[k] = append(x.grpcByParent[k], g)
 		}
+		x.grpcByNS[g.Namespace] = append(x.grpcByNS[g.Namespace], g)
 	}
 	for _, p := range r.Pods {
 		k := nsName{p.Namespace, p.Name}
@@ -95,6 +124,22 @@ func (r *Resources) buildIndex() *index {
 	}
 	for _, s := range r.Servers {
 		x.serversByNS[s.Namespace] = append(x.serversByNS[s.Namespace], s)
+	}
+	for _, ap := range r.AuthorizationPolicies {
+		x.policiesByNS[ap.Namespace] = append(x.policiesByNS[ap.Namespace], ap)
+	}
+	for _, l := range r.HTTPLocalRateLimitPolicies {
+		x.rateLimitsByNS[l.Namespace] = append(x.rateLimitsByNS[l.Namespace], l)
+	}
+	for _, m := range r.MeshTLSAuthentications {
+		if k := (nsName{m.Namespace, m.Name}); x.meshTLSByName[k] == nil {
+			x.meshTLSByName[k] = m
+		}
+	}
+	for _, n := range r.NetworkAuthentications {
+		if k := (nsName{n.Namespace, n.Name}); x.networkByName[k] == nil {
+			x.networkByName[k] = n
+		}
 	}
 	for _, servers := range x.serversByNS {
 		slices.SortStableFunc(servers, compareServers)

@@ -61,8 +61,51 @@ metadata: {name: books-http, namespace: shop}
 spec: {podSelector: {matchLabels: {app: books}}, port: 7000, proxyProtocol: gRPC}
 `
 
-// moreYAML adds a Service, a route to it and a Pod it selects.
+// moreYAML adds a Service, a route to it and a Pod it selects, and for
+// the Server books-http of default and shop, of the same name, an
+// HTTPRoute, AuthorizationPolicies with their authentications and a rate
+// limit in default.
 const moreYAML = `
+apiVersion: policy.linkerd.io/v1beta3
+kind: HTTPRoute
+metadata: {name: books-inbound, namespace: default}
+spec:
+  parentRefs: [{group: policy.linkerd.io, kind: Server, name: books-http}]
+  rules: [{matches: [{path: {type: Exact, value: /books}}]}]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: NetworkAuthentication
+metadata: {name: cluster, namespace: default}
+spec: {networks: [{cidr: 10.0.0.0/8}]}
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: web, namespace: default}
+spec: {identities: [web.default.serviceaccount.identity.linkerd.cluster.local]}
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: books-web, namespace: default}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  requiredAuthenticationRefs:
+  - {group: policy.linkerd.io, kind: NetworkAuthentication, name: cluster}
+  - {group: policy.linkerd.io, kind: MeshTLSAuthentication, name: web}
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: route-web, namespace: default}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: HTTPRoute, name: books-inbound}
+  requiredAuthenticationRefs: [{group: policy.linkerd.io, kind: MeshTLSAuthentication, name: web}]
+---
+apiVersion: policy.linkerd.io/v1alpha1
+kind: HTTPLocalRateLimitPolicy
+metadata: {name: books-limit, namespace: default}
+spec:
+  targetRef: {group: policy.linkerd.io, kind: Server, name: books-http}
+  total: {requestsPerSecond: 100}
+---
 apiVersion: v1
 kind: Service
 metadata: {name: reviews, namespace: default}
@@ -179,12 +222,37 @@ func TestLookupsByNameFollowTheResources(t *testing.T) {
 	r.HTTPRoutes = append(r.HTTPRoutes, more.HTTPRoutes...)
 	r.Pods = append(r.Pods, more.Pods...)
 	r.Servers = append(r.Servers, more.Servers...)
+	r.AuthorizationPolicies = append(r.AuthorizationPolicies, more.AuthorizationPolicies...)
+	r.MeshTLSAuthentications = append(r.MeshTLSAuthentications, more.MeshTLSAuthentications...)
+	r.NetworkAuthentications = append(r.NetworkAuthentications, more.NetworkAuthentications...)
+	r.HTTPLocalRateLimitPolicies = append(r.HTTPLocalRateLimitPolicies, more.HTTPLocalRateLimitPolicies...)
 	r.sort()
+	srv, err := r.InboundServer("default", "books-0", 7000, InboundOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"books-inbound"}, []string{srv.Routes[0].Meta.Name}, "routes of default/books-http")
+	assert.Len(t, srv.Routes[0].Authorizations, 1, "authorizations of its route")
+	assert.Equal(t, "books-web", srv.Authorizations[0].Meta.Name, "authorizations of default/books-http")
+	assert.NotNil(t, srv.RateLimit, "rate limit of default/books-http")
+	srv, err = r.InboundServer("shop", "books-0", 7000, InboundOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, srv.Authorizations, "shop/books-http has none of default's")
+	assert.Nil(t, srv.RateLimit, "shop/books-http has none of default's")
 	assert.Equal(t, lookupAnswers(both), lookupAnswers(r), "resources added")
+
+	// One kind replaced alone.
+	r.AuthorizationPolicies = nil
+	srv, err = r.InboundServer("default", "books-0", 7000, InboundOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, srv.Routes[0].Authorizations, "authorizations of its route, the policies gone")
+	assert.Empty(t, srv.Authorizations, "authorizations of default/books-http, the policies gone")
+	r.AuthorizationPolicies = both.AuthorizationPolicies
 
 	r.Services = r.Services[:1]
 	r.HTTPRoutes, r.Pods, r.Servers = nil, r.Pods[1:], r.Servers[1:]
+	r.AuthorizationPolicies, r.MeshTLSAuthentications = r.AuthorizationPolicies[1:], nil
 	assert.Equal(t, lookupAnswers(&Resources{
 		Services: both.Services[:1], Pods: both.Pods[1:], Servers: both.Servers[1:],
+		AuthorizationPolicies: both.AuthorizationPolicies[1:], NetworkAuthentications: both.NetworkAuthentications,
+		HTTPLocalRateLimitPolicies: both.HTTPLocalRateLimitPolicies,
 	}), lookupAnswers(r), "resources taken away")
 }
