@@ -97,12 +97,16 @@ func (c claim) String() string {
 }
 
 // before orders claims for the choice of which to name: the endpoint
-// sets' first, then by authority.
+// sets' first, then by authority, then by identity: two registrations
+// of one authority are named in one order, whichever the map gave first.
 func (c claim) before(o claim) bool {
 	if c.file != o.file {
 		return c.file
 	}
-	return c.authority < o.authority
+	if c.authority != o.authority {
+		return c.authority < o.authority
+	}
+	return c.identity < o.identity
 }
 
 // addressClaimsLocked returns, for each address of addrs, the identities
