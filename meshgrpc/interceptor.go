@@ -565,12 +565,11 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 		}
 		st, ps, _ = m.lookup(authority, inmesh)
 	}
-	if ps != nil && ps.split != nil {
-		// The profile's dst overrides win over the outbound policy, for a
-		// stream as for every HTTP/2 request of Linkerd's proxy: the
-		// stream goes to the backend they draw. Its routes (timeouts,
-		// retries, route_* series) are not applied to streams.
-		return streamer(withoutRequireID(withDrawnBackend(ctx, authority, ps.split.Pick())), desc, cc, method, opts...)
+	if ps.applies() {
+		// A profile with routes or dst overrides wins over the outbound
+		// policy, for a stream as for every HTTP/2 request of Linkerd's
+		// proxy.
+		return m.streamProfile(ctx, ps, authority, desc, cc, method, streamer, opts...)
 	}
 	rt, err := m.route(ctx, st, authority, method)
 	if err != nil || rt == nil {

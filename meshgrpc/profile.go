@@ -3,10 +3,13 @@ package meshgrpc
 import (
 	"cmp"
 	"context"
+	"errors"
+	"io"
 	"maps"
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -61,6 +64,19 @@ func (ps *profileState) backend() string {
 		return b
 	}
 	return ps.logical
+}
+
+// callCtx is ctx for one attempt of a call the profile routes: to a
+// backend its dst overrides draw anew, else to its logical authority,
+// else to the target, authority.
+func (ps *profileState) callCtx(ctx context.Context, authority string) context.Context {
+	if b := ps.split.Pick(); b != "" {
+		return withDrawnBackend(ctx, authority, b)
+	}
+	if ps.logical != "" {
+		return withBackend(ctx, authority, ps.logical)
+	}
+	return ctx
 }
 
 // setProfile compiles a profile update of authority and returns its
@@ -184,13 +200,7 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 		if own != nil {
 			*own = attemptHooks{}
 		}
-		actx := ctx
-		if b := ps.split.Pick(); b != "" {
-			actx = withDrawnBackend(ctx, authority, b)
-		} else if ps.logical != "" {
-			actx = withBackend(ctx, authority, ps.logical)
-		}
-		err := invoker(withoutRequireID(actx), method, req, reply, cc, opts...)
+		err := invoker(withoutRequireID(ps.callCtx(ctx, authority)), method, req, reply, cc, opts...)
 		if err != nil && classify.Abandoned(ctx) {
 			// The application gave the call up: no response, in route_*
 			// as in route_actual_*, as Linkerd's proxy records none for a
@@ -212,4 +222,145 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 		hooks.end(own, err)
 		return err
 	}
+}
+
+// streamProfile runs a streaming call by a ServiceProfile route, as
+// Linkerd's proxy routes every HTTP/2 request of a profile, streams
+// included (linkerd/app/outbound/src/http/logical/profile.rs,
+// RouteParams): the route is matched as for a unary call; route_* and
+// route_actual_* count the stream once, at its end, classified by its
+// grpc-status as a unary call is; the route's timeout bounds the wait
+// for the response headers only, as the proxy's response timeout
+// (linkerd/proxy/http/src/timeout.rs) bounds the response future and not
+// its body, so a stream that answered may run on. The stream goes to a
+// backend the dst overrides draw, else to the logical authority, else to
+// the target. It is not retried.
+func (m *mesh) streamProfile(ctx context.Context, ps *profileState, authority string, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cr, tg := profileRoute(ctx, ps, method)
+	s := &profileStream{cr: cr, tg: tg, ctx: ctx, start: time.Now(), oneResponse: !desc.ServerStreams}
+	if cr.Timeout > 0 {
+		s.ctx, s.fire = context.WithCancelCause(ctx)
+	}
+	tg.route.Request(s.ctx)
+	tg.actual.Request(s.ctx)
+	cs, err := streamer(withoutRequireID(ps.callCtx(s.ctx, authority)), desc, cc, method, opts...)
+	if err != nil {
+		return nil, s.end(err)
+	}
+	s.ClientStream = cs
+	s.mu.Lock()
+	// A caller may end a stream by its context alone, never reading again
+	// (as may the route's timeout): the stream is counted then.
+	s.stopWatch = context.AfterFunc(s.ctx, s.ctxDone)
+	if cr.Timeout > 0 {
+		s.timer = time.AfterFunc(cr.Timeout, s.timedOut)
+	}
+	s.mu.Unlock()
+	if cr.Timeout > 0 {
+		go s.awaitHeaders()
+	}
+	return s, nil
+}
+
+// errProfileTimeout is the cause of a stream that its ServiceProfile
+// route's timeout ended: a [classify.ErrTimeout], so that it is a
+// timeout and not a stream its caller gave up.
+var errProfileTimeout error = &streamTimeout{"meshgrpc: service profile route timeout"}
+
+// profileStream is a client stream on a ServiceProfile route: it records
+// the route's series once as the stream ends, and ends the stream when
+// the route's timeout passes before its response headers.
+type profileStream struct {
+	grpc.ClientStream
+	cr  *profiles.CompiledRoute
+	tg  *profTarget
+	ctx context.Context
+	// fire ends ctx with the route's timeout (nil: the route has none).
+	fire  context.CancelCauseFunc
+	start time.Time
+	// oneResponse: the call ends with its one response message.
+	oneResponse bool
+
+	mu    sync.Mutex
+	timer *time.Timer
+	// stopWatch takes off the watch of ctx.
+	stopWatch func() bool
+	ended     bool
+}
+
+// awaitHeaders stops the route's timeout once the stream has its
+// response headers, or ended without them.
+func (s *profileStream) awaitHeaders() {
+	s.ClientStream.Header()
+	s.mu.Lock()
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.mu.Unlock()
+}
+
+// timedOut ends the stream by the route's timeout.
+func (s *profileStream) timedOut() { s.fire(errProfileTimeout) }
+
+// ctxDone counts the end of a stream whose context ended, whether or not
+// its caller reads again.
+func (s *profileStream) ctxDone() { s.end(status.FromContextError(s.ctx.Err()).Err()) }
+
+// end counts the stream's end with err (nil: OK) once, and returns err
+// as the caller sees it: the route timeout's status when it ended the
+// stream. A stream its caller gave up is counted nowhere, as a unary
+// call given up is not.
+func (s *profileStream) end(err error) error {
+	timedOut := err != nil && s.fire != nil && context.Cause(s.ctx) == errProfileTimeout
+	if timedOut {
+		err = status.Error(codes.DeadlineExceeded, "request timed out after "+s.cr.Timeout.String())
+	}
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		return err
+	}
+	s.ended = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if s.stopWatch != nil {
+		s.stopWatch()
+	}
+	// Counted before any end returns: a caller that saw its stream end
+	// sees it counted.
+	if err == nil || !classify.Abandoned(s.ctx) {
+		resp, _ := profileResponse(s.cr, err, timedOut)
+		s.tg.actual.Response(s.ctx, resp, s.start)
+		s.tg.route.Response(s.ctx, resp, s.start)
+	}
+	s.mu.Unlock()
+	if s.fire != nil {
+		s.fire(nil)
+	}
+	return err
+}
+
+func (s *profileStream) RecvMsg(msg any) error {
+	err := s.ClientStream.RecvMsg(msg)
+	switch {
+	case err == nil:
+		if s.oneResponse {
+			s.end(nil)
+		}
+		return nil
+	case errors.Is(err, io.EOF):
+		s.end(nil)
+		return err
+	}
+	return s.end(err)
+}
+
+func (s *profileStream) SendMsg(msg any) error {
+	err := s.ClientStream.SendMsg(msg)
+	if err != nil && !errors.Is(err, io.EOF) {
+		// grpc-go ended the stream; its caller need not read again.
+		return s.end(err)
+	}
+	return err
 }
