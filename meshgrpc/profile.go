@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -148,12 +147,24 @@ func profileResponse(cr *profiles.CompiledRoute, err error, timedOut bool) (metr
 	if timedOut {
 		return metrics.Response{Failure: true, GRPC: -1, Err: "timeout"}, true
 	}
-	cl := cr.ResponseClassifier()
-	c, final := cl.Head(true, http.StatusOK, nil)
-	if !final {
-		code := int32(status.Code(err))
-		c = cl.EndStatus(c, true, strconv.Itoa(int(code)), true)
-	}
+	return profileClass(cr.ResponseClassifier().GRPCCall(int64(status.Code(err))))
+}
+
+// profileDropped is the route_* labels of a stream its caller gave up
+// after its response headers: the response as it stood, ended without
+// trailers, as Linkerd's proxy classifies a response body dropped
+// (linkerd2-proxy linkerd/http/metrics/src/requests/service.rs,
+// ResponseBody's drop; linkerd/app/core/src/classify.rs, Eos::eos without
+// trailers). Without response classes that is a gRPC call without its
+// status, a success labelled grpc_status="2"; with classes, the one that
+// matched the status 200 stands, else a success without a grpc_status.
+func profileDropped(cr *profiles.CompiledRoute) metrics.Response {
+	resp, _ := profileClass(cr.ResponseClassifier().GRPCCall(-1))
+	return resp
+}
+
+// profileClass is the route_* labels of a call that ended with class c.
+func profileClass(c classify.Class) (metrics.Response, bool) {
 	return metrics.Response{Status: http.StatusOK, Failure: c.Failure, GRPC: c.GRPCStatusLabel()}, c.Failure
 }
 
@@ -229,7 +240,9 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 // included (linkerd/app/outbound/src/http/logical/profile.rs,
 // RouteParams): the route is matched as for a unary call; route_* and
 // route_actual_* count the stream once, at its end, classified by its
-// grpc-status as a unary call is; the route's timeout bounds the wait
+// grpc-status as a unary call is (one its caller gave up after its
+// response headers as its response stood then, without a status; one
+// given up before them not at all); the route's timeout bounds the wait
 // for the response headers only, as the proxy's response timeout
 // (linkerd/proxy/http/src/timeout.rs) bounds the response future and not
 // its body, so a stream that answered may run on. The stream goes to a
@@ -308,13 +321,20 @@ func (s *profileStream) ctxDone() { s.end(status.FromContextError(s.ctx.Err()).E
 
 // end counts the stream's end with err (nil: OK) once, and returns err
 // as the caller sees it: the route timeout's status when it ended the
-// stream. A stream its caller gave up is counted nowhere, as a unary
-// call given up is not.
+// stream. A stream its caller gave up before its response headers is
+// counted nowhere, as a unary call given up is not; one given up after
+// them counts as its response stood then (see [profileDropped]).
 func (s *profileStream) end(err error) error {
 	timedOut := err != nil && s.fire != nil && context.Cause(s.ctx) == errProfileTimeout
 	if timedOut {
 		err = status.Error(codes.DeadlineExceeded, "request timed out after "+s.cr.Timeout.String())
 	}
+	// A stream its caller gave up after its response headers counts as
+	// its response body dropped; one given up before them has no
+	// response. grpc-go's Header is asked outside mu: it may finish the
+	// stream, and so run the caller's hooks.
+	givenUp := err != nil && classify.Abandoned(s.ctx)
+	headed := givenUp && s.ClientStream != nil && hadHeaders(s.ClientStream)
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
@@ -329,8 +349,13 @@ func (s *profileStream) end(err error) error {
 	}
 	// Counted before any end returns: a caller that saw its stream end
 	// sees it counted.
-	if err == nil || !classify.Abandoned(s.ctx) {
+	switch {
+	case !givenUp:
 		resp, _ := profileResponse(s.cr, err, timedOut)
+		s.tg.actual.Response(s.ctx, resp, s.start)
+		s.tg.route.Response(s.ctx, resp, s.start)
+	case headed:
+		resp := profileDropped(s.cr)
 		s.tg.actual.Response(s.ctx, resp, s.start)
 		s.tg.route.Response(s.ctx, resp, s.start)
 	}

@@ -1,6 +1,7 @@
 package meshgrpc_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"testing"
@@ -26,9 +27,14 @@ import (
 type streamsApp struct {
 	testgrpc.UnimplementedTestServiceServer
 	fail error
+	// started, when not nil, is told of each call as it begins.
+	started chan struct{}
 }
 
 func (a *streamsApp) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, s grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	if a.started != nil {
+		a.started <- struct{}{}
+	}
 	for _, p := range req.GetResponseParameters() {
 		select {
 		case <-time.After(time.Duration(p.GetIntervalUs()) * time.Microsecond):
@@ -165,6 +171,115 @@ func TestServiceProfileRouteTimeoutBoundsStreamHeaders(t *testing.T) {
 			route := []string{`direction="outbound"`, `dst="` + books + `"`, `rt_route="StreamingOutputCall"`}
 			for _, name := range []string{"route_response_total", "route_actual_response_total"} {
 				assert.Equal(t, "1", m.Value(t, name, append(route, tc.wantLabel...)...), name)
+			}
+		})
+	}
+}
+
+// givenUpChannel dials books, served by a, whose ServiceProfile routes
+// StreamingOutputCall with the route's further YAML lines, extra.
+func givenUpChannel(t *testing.T, a *streamsApp, extra string) (testgrpc.TestServiceClient, *testutil.Metrics) {
+	t.Helper()
+	sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  routes:
+  - name: StreamingOutputCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/StreamingOutputCall}
+` + extra))
+	require.NoError(t, err)
+	store := controlplane.NewStore()
+	store.SetServiceProfiles(sps)
+	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: serveTestService(t, a)}}})
+	m := testutil.NewMetrics(t)
+	return dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)), m
+}
+
+// The first stream of a new channel, on a ServiceProfile route, is given
+// up by its caller after its first response message: route_* and
+// route_actual_* count it once, as its response stood, ended without
+// trailers, as Linkerd's proxy counts a response body dropped
+// (linkerd2-proxy linkerd/http/metrics/src/requests/service.rs,
+// ResponseBody's drop, classified by Eos::eos(None) of
+// linkerd/app/core/src/classify.rs): without response classes a gRPC
+// call without a status, success with grpc_status="2"
+// (grpc_response_trailer_missing there); with classes none of which
+// matches 200, the HTTP status 200, success without a grpc_status; with a
+// class that matches 200, that class. A stream given up before its
+// response headers is counted nowhere, as a unary call given up is not.
+func TestServiceProfileRouteCountsStreamGivenUp(t *testing.T) {
+	const failure200 = `    responseClasses:
+    - condition: {status: {min: 200, max: 299}}
+      isFailure: true
+`
+	const only5xx = `    responseClasses:
+    - condition: {status: {min: 500, max: 599}}
+      isFailure: true
+`
+	for _, tc := range []struct {
+		name  string
+		extra string
+		// beforeHeaders: given up before the server answers at all.
+		beforeHeaders bool
+		// byContext: the caller cancels and never reads again.
+		byContext bool
+		wantLabel []string // nil: no response counted
+	}{
+		{name: "no response classes",
+			wantLabel: []string{`classification="success"`, `grpc_status="2"`, `error=""`, `status_code="200"`}},
+		{name: "no response classes, by its context alone", byContext: true,
+			wantLabel: []string{`classification="success"`, `grpc_status="2"`, `error=""`, `status_code="200"`}},
+		{name: "a route timeout", extra: "    timeout: 10s\n",
+			wantLabel: []string{`classification="success"`, `grpc_status="2"`, `error=""`, `status_code="200"`}},
+		{name: "classes none of which matches 200", extra: only5xx,
+			wantLabel: []string{`classification="success"`, `grpc_status=""`, `error=""`, `status_code="200"`}},
+		{name: "a class that makes 200 a failure", extra: failure200,
+			wantLabel: []string{`classification="failure"`, `grpc_status=""`, `error=""`, `status_code="200"`}},
+		{name: "before its response headers", beforeHeaders: true},
+		{name: "before its response headers, with a route timeout", extra: "    timeout: 10s\n", beforeHeaders: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &streamsApp{started: make(chan struct{}, 1)}
+			c, m := givenUpChannel(t, a, tc.extra)
+			ctx, cancel := context.WithCancel(callCtx(t))
+			defer cancel()
+			// The server answers at once, then waits for the stream's end;
+			// or, before its headers, waits at once.
+			params := []*testgrpc.ResponseParameters{{}, {IntervalUs: int32(testutil.Timeout.Microseconds())}}
+			if tc.beforeHeaders {
+				params = params[1:]
+			}
+			s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{ResponseParameters: params})
+			require.NoError(t, err)
+			select {
+			case <-a.started:
+			case <-time.After(testutil.Timeout):
+				t.Fatal("the call did not reach the server")
+			}
+			if !tc.beforeHeaders {
+				_, err = s.Recv()
+				require.NoError(t, err, "the first message")
+			}
+			cancel()
+			route := []string{`direction="outbound"`, `dst="` + books + `"`, `rt_route="StreamingOutputCall"`}
+			if !tc.byContext {
+				_, err = s.Recv()
+				require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+			}
+			assert.Equal(t, "1", m.Value(t, "route_request_total", route...))
+			for _, name := range []string{"route_response_total", "route_actual_response_total"} {
+				if tc.wantLabel == nil {
+					assert.Empty(t, m.Lines(t, name, route...), "%s: no response", name)
+					continue
+				}
+				// Given up by its context alone, the stream is counted as
+				// grpc-go sees the cancellation.
+				require.Eventually(t, func() bool { return len(m.Lines(t, name, route...)) > 0 },
+					testutil.Timeout, 5*time.Millisecond, "%s: the stream is counted", name)
+				assert.Equal(t, "1", m.Value(t, name, append(route, tc.wantLabel...)...), "%s: %v", name, m.Lines(t, name, route...))
+				assert.Len(t, m.Lines(t, name, route...), 1, "%s: one series", name)
 			}
 		})
 	}
