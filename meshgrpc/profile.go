@@ -247,7 +247,8 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 // (linkerd/proxy/http/src/timeout.rs) bounds the response future and not
 // its body, so a stream that answered may run on. The stream goes to a
 // backend the dst overrides draw, else to the logical authority, else to
-// the target. It is not retried.
+// the target. It is not retried, but on a retryable route it makes its
+// deposit into the profile's retry budget, as a unary call does.
 func (m *mesh) streamProfile(ctx context.Context, ps *profileState, authority string, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	cr, tg := profileRoute(ctx, ps, method)
 	s := &profileStream{cr: cr, tg: tg, ctx: ctx, start: time.Now(), oneResponse: !desc.ServerStreams}
@@ -256,6 +257,14 @@ func (m *mesh) streamProfile(ctx context.Context, ps *profileState, authority st
 	}
 	tg.route.Request(s.ctx)
 	tg.actual.Request(s.ctx)
+	if cr.Retryable && ps.budget != nil {
+		// A stream earns the retry budget its share, as every request of
+		// a retryable route does in Linkerd's proxy, whose retry policy
+		// takes a stream too (its request body is not known to pass the
+		// 64 KiB it buffers) and deposits for each answer it does not
+		// retry (linkerd/app/outbound/src/http/retry.rs).
+		ps.budget.Deposit()
+	}
 	cs, err := streamer(withoutRequireID(ps.callCtx(s.ctx, authority)), desc, cc, method, opts...)
 	if err != nil {
 		return nil, s.end(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -281,6 +282,69 @@ func TestServiceProfileRouteCountsStreamGivenUp(t *testing.T) {
 				assert.Equal(t, "1", m.Value(t, name, append(route, tc.wantLabel...)...), "%s: %v", name, m.Lines(t, name, route...))
 				assert.Len(t, m.Lines(t, name, route...), 1, "%s: one series", name)
 			}
+		})
+	}
+}
+
+// Streams on a retryable ServiceProfile route earn the profile's retry
+// budget their share, as every request of a retryable route does in
+// Linkerd's proxy (linkerd2-proxy linkerd/app/outbound/src/http/retry.rs:
+// the retry policy takes a stream, whose request body is not known to
+// pass the 64 KiB it buffers, and deposits for each answer it does not
+// retry). Under a budget of half a retry per request and no minimum, a
+// unary call's own deposit does not pay for its retry; the first stream
+// of the channel, on another retryable route, makes up the rest.
+func TestServiceProfileStreamsEarnRetryBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		streams   int
+		wantCode  codes.Code
+		wantCalls int64
+	}{
+		{name: "no stream: the retry is not paid for", wantCode: codes.Unavailable, wantCalls: 1},
+		{name: "one stream first: the retry is paid for", streams: 1, wantCode: codes.OK, wantCalls: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var failNext atomic.Bool
+			var unary atomic.Int64
+			a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
+				if m, _ := grpc.Method(ctx); m != "/grpc.testing.TestService/EmptyCall" {
+					return nil // the stream
+				}
+				unary.Add(1)
+				if failNext.CompareAndSwap(true, false) {
+					return status.Error(codes.Unavailable, "once")
+				}
+				return nil
+			}}, nil)
+			sps, err := profiles.ParseServiceProfiles([]byte(`
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  retryBudget: {retryRatio: 0.5, minRetriesPerSecond: 0, ttl: 60s}
+  routes:
+  - name: EmptyCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
+    isRetryable: true
+  - name: StreamingOutputCall
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/StreamingOutputCall}
+    isRetryable: true
+`))
+			require.NoError(t, err)
+			store := controlplane.NewStore()
+			store.SetServiceProfiles(sps)
+			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
+			c := dial(t, serveStore(t, store))
+			for range tc.streams {
+				n, err := streamTo(t, c)
+				require.NoError(t, err)
+				require.Equal(t, 1, n, "the stream's one message")
+			}
+			failNext.Store(true)
+			_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+			assert.Equal(t, tc.wantCode, status.Code(err), "%v", err)
+			assert.Equal(t, tc.wantCalls, unary.Load(), "attempts of the unary call")
 		})
 	}
 }
