@@ -768,11 +768,20 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	if err != nil {
 		b.table.addrs.end(ref)
 		l.pending.Add(-1)
+		now := b.cfg.now()
 		if req.Context().Err() == nil {
-			now := b.cfg.now()
 			l.observe(float64(b.cfg.penalty), now, b.decay)
 			b.record(e, outcome{failure: true}, probe, now)
-		} else if probe {
+			return nil, false, err
+		}
+		// Given up by its caller before its head (a timeout, a
+		// cancellation): the time it waited is a sample, so an endpoint
+		// too slow for its callers looks slow, as Linkerd's load biaser
+		// records the elapsed time of a request dropped in flight
+		// (linkerd/load-biaser/src/lib.rs, Handle's drop). It is no
+		// verdict on the endpoint.
+		l.observe(float64(now-start), now, b.decay)
+		if probe {
 			l.release()
 		}
 		return nil, false, err

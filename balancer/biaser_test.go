@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"math"
 	"net"
@@ -299,8 +300,8 @@ func repeat[T any](v T, n int) []T {
 // end of its body, and the load is the RTT estimate (plus any penalty)
 // times the requests in flight plus one, while a penalized response
 // leaves the count at its head and records nothing more at its body's end.
-// test_cancellation_records_measurement is not a case here: a request its
-// caller gives up before its response records no sample in inmesh.
+// A request its caller gives up before its head leaves the count and
+// records the time it waited.
 func TestLoadBiaserInFlightAsLinkerd(t *testing.T) {
 	type env struct {
 		clock   *fakeClock
@@ -381,6 +382,31 @@ func TestLoadBiaserInFlightAsLinkerd(t *testing.T) {
 				drain(t, resp)
 			}
 			assert.Zero(t, stateOf(e.bal, svc, e.ep).Pending, "none once both ended")
+		}},
+		{name: "test_cancellation_records_measurement", status: http.StatusOK, holdHead: true, run: func(t *testing.T, e env) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, svcURL, nil)
+			require.NoError(t, err)
+			errc := make(chan error, 1)
+			go func() {
+				resp, err := e.client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				errc <- err
+			}()
+			require.Eventually(t, func() bool { return stateOf(e.bal, svc, e.ep).Pending == 1 }, testutil.Timeout, time.Millisecond)
+			e.clock.now.Add(int64(3 * time.Second))
+			before := stateOf(e.bal, svc, e.ep).LoadSeconds
+			cancel()
+			require.ErrorIs(t, testutil.Recv(t, errc, "the request given up"), context.Canceled)
+			st := stateOf(e.bal, svc, e.ep)
+			assert.Zero(t, st.Pending, "given up: no longer in flight")
+			assert.Greater(t, st.LoadSeconds, before, "the elapsed wait is recorded")
+			assert.InDelta(t, 3, st.LoadSeconds, 0.01, "the time it waited, a peak")
+			assert.Zero(t, st.ConsecutiveFailures, "no failure")
+			e.release()
 		}},
 		{name: "test_failure_records_once_at_response_head", status: http.StatusServiceUnavailable, run: func(t *testing.T, e env) {
 			resp := get(t, e)

@@ -26,7 +26,10 @@
 // constant, and the estimate decays while the endpoint is idle. A request
 // stays in flight until its response body ends, fails or is closed. A
 // request that fails without a response (connection refused or reset)
-// counts as a penalty RTT (5 s), not as a fast answer. A request whose
+// counts as a penalty RTT (5 s), not as a fast answer. A request its
+// caller gives up before its response head (a timeout, a cancellation)
+// counts as a sample of the time it waited, so an endpoint too slow for
+// its callers looks slow. A request whose
 // connection the endpoint refused was not sent, so it goes to another
 // endpoint in rotation, up to [MaxRefusedConnects] in all, when its body
 // can be sent again. Two endpoints are

@@ -122,8 +122,9 @@ func WithPeakEWMA(defaultRTT, decay time.Duration) Option {
 
 // WithErrorPenalty sets the RTT sample that a request failing without a
 // response (connection refused, reset, a transport error) counts as
-// (default [DefaultErrorPenalty]); d <= 0 changes nothing. A caller
-// cancelling its own request is no sample at all.
+// (default [DefaultErrorPenalty]); d <= 0 changes nothing. A request its
+// caller gives up before its response head is a sample of the time it
+// waited, not a penalty.
 func WithErrorPenalty(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d > 0 {

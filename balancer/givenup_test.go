@@ -1,0 +1,101 @@
+package balancer
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inmesh/inmesh/balancer/endpoint"
+)
+
+// An endpoint that turns so slow that its callers give up on it (their
+// deadline passes before its response head) looks slow to P2C: each
+// request given up is a sample of the time it waited, as Linkerd's load
+// biaser records the elapsed time of a request dropped in flight
+// (linkerd/load-biaser/src/lib.rs, test_cancellation_records_measurement),
+// so its estimate is at least the deadline and the next requests go to
+// the endpoint that answers. Without the sample its estimate would stay
+// at the fast RTT it had (decaying), and P2C would keep sending it
+// requests that time out. A given-up request is no failure.
+func TestGivenUpRequestsMakeEndpointSlow(t *testing.T) {
+	const deadline = 50 * time.Millisecond
+	for _, over := range []string{overHTTP1, overHTTP2} {
+		t.Run(over, func(t *testing.T) {
+			var stall atomic.Bool
+			slow := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if stall.Load() {
+					<-r.Context().Done() // its caller gives up first
+					return
+				}
+				io.WriteString(w, "slow")
+			}))
+			fast := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				io.WriteString(w, "fast")
+			}))
+			slow.H2, fast.H2 = over == overHTTP2, over == overHTTP2
+			// A default RTT below any real one: the first answers set
+			// each endpoint's estimate. A time constant of a second
+			// lets the first answers' peaks fade while the slow
+			// endpoint stalls, so that it is picked again.
+			bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {slow, fast}}),
+				WithPeakEWMA(time.Microsecond, time.Second))
+			// send sends one request its caller gives up after deadline:
+			// the endpoint that answered, or "" for none.
+			send := func() string {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				defer cancel()
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, svcURL, nil)
+				require.NoError(t, err)
+				resp, err := client.Do(req)
+				if err != nil {
+					require.ErrorIs(t, err, context.DeadlineExceeded)
+					return ""
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				return string(b)
+			}
+
+			// Both endpoints answer fast until each has answered.
+			got := map[string]int{}
+			for got["slow"] == 0 || got["fast"] == 0 {
+				require.Less(t, got["slow"]+got["fast"], 1000, "an endpoint got no request")
+				got[send()]++
+			}
+			require.Less(t, stateOf(bal, svc, slow).LoadSeconds, deadline.Seconds(), "a fast RTT before it stalls")
+
+			stall.Store(true)
+			const givenUp = 3
+			sent := 0
+			for n := 0; n < givenUp; sent++ {
+				require.Less(t, sent, 100_000, "no request went to the stalled endpoint")
+				if send() == "" {
+					n++
+				}
+			}
+			st := stateOf(bal, svc, slow)
+			// The balancer's clock starts a little after the caller's
+			// deadline was set, and the estimate decays since: a few
+			// milliseconds of slack.
+			assert.GreaterOrEqual(t, st.LoadSeconds, (deadline - 5*time.Millisecond).Seconds(),
+				"the stalled endpoint's estimate after %d requests given up", givenUp)
+			assert.Zero(t, st.ConsecutiveFailures, "a request given up is no failure")
+			assert.Equal(t, "ready", st.State)
+
+			const n = 100
+			got = map[string]int{}
+			for range n {
+				got[send()]++
+			}
+			assert.Greater(t, got["fast"], n*9/10, "requests to the endpoint that answers, of %d (given up: %d)", n, got[""])
+		})
+	}
+}
