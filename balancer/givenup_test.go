@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,6 +97,50 @@ func TestGivenUpRequestsMakeEndpointSlow(t *testing.T) {
 				got[send()]++
 			}
 			assert.Greater(t, got["fast"], n*9/10, "requests to the endpoint that answers, of %d (given up: %d)", n, got[""])
+		})
+	}
+}
+
+// A Pool records the time of a call its caller gave up before its
+// response (Result.Canceled) as a sample of the endpoint's load, as
+// linkerd2-proxy's load biaser does (linkerd/load-biaser/src/lib.rs,
+// test_cancellation_records_measurement: a request in flight for 3 s and
+// dropped raises the estimate), and counts it in no failure accrual; a
+// pick the transport gave up unsent (Result.Unsent) is no sample.
+func TestPoolGivenUpCallIsSample(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    Result
+		want float64 // the estimate in seconds after the call
+	}{
+		{"test_cancellation_records_measurement", Result{GRPCStatus: -1, Canceled: true}, 3},
+		{"a pick given up unsent", Result{GRPCStatus: -1, Unsent: true}, 0.001},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clock fakeClock
+			clock.now.Store(1)
+			p := NewPool(nil, withClock(clock.read), WithPeakEWMA(time.Millisecond, time.Hour),
+				WithFailureAccrual(&FailureAccrual{ConsecutiveFailures: &ConsecutiveFailures{MaxFailures: 1}}))
+			addr := netip.MustParseAddrPort("127.0.0.1:1")
+			p.Update([]endpoint.Endpoint{{Addr: addr}})
+			k, ok := p.Pick()
+			require.True(t, ok)
+			clock.now.Add(int64(3 * time.Second))
+			l := p.loads[addr]
+			l.mu.Lock()
+			before := l.estimateLocked(clock.read(), p.decay) / 1e9
+			l.mu.Unlock()
+			k.Done(tc.r)
+			assert.Zero(t, l.pending.Load(), "in flight after Done")
+			l.mu.Lock()
+			after := l.estimateLocked(clock.read(), p.decay) / 1e9
+			l.mu.Unlock()
+			assert.InDelta(t, tc.want, after, 1e-4)
+			if tc.r.Canceled {
+				assert.Greater(t, after, before, "the elapsed wait raises the estimate")
+			}
+			_, ok = p.Pick()
+			assert.True(t, ok, "not tripped: a given-up call is no failure")
 		})
 	}
 }

@@ -172,8 +172,15 @@ type Result struct {
 	// penalty sample in the load.
 	Unanswered bool
 	// Canceled: the caller gave the request up before its response
-	// began; it says nothing about the endpoint (a probe is given back).
+	// began. The time it waited is a sample of the endpoint's load, as
+	// for a response, so an endpoint too slow for its callers looks
+	// slow; it is no verdict for failure accrual (a probe is given
+	// back).
 	Canceled bool
+	// Unsent: the transport gave the pick up without sending the
+	// request (it picks again); nothing is learned of the endpoint (a
+	// probe is given back).
+	Unsent bool
 	// Dropped: the caller gave a gRPC call up after its response began,
 	// before its status. It counts as a call that ended without a
 	// status, a success, as Linkerd's classifier ends a response body
@@ -207,7 +214,13 @@ func (k Pick) Done(r Result) {
 	p, l := k.p, k.m.load
 	l.pending.Add(-1)
 	now := p.cfg.now()
-	if r.Canceled {
+	if r.Unsent || r.Canceled {
+		if r.Canceled {
+			// As Linkerd's load biaser records the elapsed time of a
+			// request dropped in flight (linkerd/load-biaser/src/lib.rs,
+			// Handle's drop).
+			l.observe(float64(now-k.start), now, p.decay)
+		}
 		if k.probe {
 			l.release()
 		}

@@ -662,7 +662,7 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	bp.q.picked()
 	sub, ok := p.scs[subKey{backend, k.Endpoint().Addr}]
 	if !ok { // a newer picker is on its way
-		k.Done(balancer.Result{Canceled: true})
+		k.Done(balancer.Result{Unsent: true})
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 	}
 	if err := refuseUnproven(info.Ctx, sub.verified); err != nil {
@@ -716,7 +716,7 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 		// and no response is recorded. The request this pick counted
 		// stays counted: request_total may exceed response_total by such
 		// re-picks.
-		k.Done(balancer.Result{Canceled: true})
+		k.Done(balancer.Result{Unsent: true})
 		return
 	}
 	code := status.Code(info.Err)
@@ -734,10 +734,11 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 		}
 	}
 	if info.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		// Given up by its caller: before its response, nothing is
-		// learned of the endpoint; after it began, the call counts as
-		// its response stood, without a status, as Linkerd's breaker
-		// counts a response body dropped early.
+		// Given up by its caller: before its response, the time it
+		// waited is a load sample but no verdict on the endpoint; after
+		// it began, the call counts as its response stood, without a
+		// status, as Linkerd's breaker counts a response body dropped
+		// early.
 		r.Canceled, r.Dropped = !info.BytesReceived, info.BytesReceived
 	}
 	k.Done(r)
