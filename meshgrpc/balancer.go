@@ -481,8 +481,9 @@ type picker struct {
 // redraw returns the backend of a call whose backend has no pool: a
 // backend that the target's dst overrides drew and no longer name (the
 // profile changed between the draw and the pick, and the channel stopped
-// following it) is drawn again by the profile in force, or is the target
-// when that no longer routes calls; any other is backend itself, which
+// following it) is drawn again by the profile in force, or goes where a
+// call the profile does not route goes (its logical authority, else the
+// target) when that no longer routes calls; any other is backend itself, which
 // the call waits for. Without it such a call waited for a backend whose
 // endpoints would never come, until its deadline.
 func (p *picker) redraw(ctx context.Context, backend string) string {
@@ -491,6 +492,11 @@ func (p *picker) redraw(ctx context.Context, backend string) string {
 	}
 	ps := p.mesh.profile(p.target)
 	if !ps.applies() {
+		// The calls go where a call without overrides goes: the
+		// logical authority (an IP's Service), else the target.
+		if ps != nil && ps.logical != "" {
+			return ps.logical
+		}
 		return p.target
 	}
 	if slices.Contains(ps.splitBackends, backend) {

@@ -328,3 +328,47 @@ func TestCallToAClusterIPTakesItsProfileSplit(t *testing.T) {
 	becomes(t, c, "books", "without overrides, the Service")
 	assert.Equal(t, map[string]int{"books": 20}, count(t, c, 20))
 }
+
+// A call to a Service's clusterIP whose backend the dst overrides drew,
+// and which reaches the balancer only after the overrides were removed,
+// goes to the Service, where the channel's other calls now go, instead of
+// waiting until its deadline for a backend keyed by the address itself.
+func TestClusterIPCallOfARemovedOverrideTakesTheService(t *testing.T) {
+	vip := testutil.ClusterIP(7000)
+	store := splitStore(t)
+	manifests(t, store, testutil.ClusterIPService("default", "books", vip))
+	setOverrides(t, store, "", booksV2+" 100")
+	// hold stops the first call between meshgrpc's interceptor, which
+	// drew its backend, and the balancer's pick, until released.
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hold := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(held)
+			<-release
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	dst := serveStore(t, store, destination.WithLogger(quiet), destination.WithSearchNetworks(netip.MustParsePrefix("127.0.0.0/8")))
+	cc, err := grpc.NewClient("inmesh:///"+vip.String(), append(meshgrpc.DialOptions(dst, meshgrpc.WithLogger(quiet),
+		meshgrpc.WithDiscoveryWait(testutil.Timeout)), grpc.WithChainUnaryInterceptor(hold))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	c := testgrpc.NewTestServiceClient(cc)
+
+	errc := make(chan error, 1)
+	var first *testgrpc.SimpleResponse
+	go func() {
+		var err error
+		first, err = c.UnaryCall(callCtx(t), &testgrpc.SimpleRequest{})
+		errc <- err
+	}()
+	<-held
+	setOverrides(t, store, "")
+	becomes(t, c, "books", "without overrides, the Service")
+	close(release)
+	require.NoError(t, <-errc)
+	assert.Equal(t, "books", first.GetUsername())
+}
