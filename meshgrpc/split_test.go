@@ -260,19 +260,14 @@ func TestServiceProfileDstOverridesLinkerdCases(t *testing.T) {
 	}
 }
 
-// A call whose backend the dst overrides drew, and which reaches the
-// balancer only after the overrides changed and the channel stopped
-// following that backend, goes to a backend of the overrides in force,
-// instead of waiting until its deadline for endpoints that will never
-// come.
-func TestCallToADroppedOverrideTakesTheSplitInForce(t *testing.T) {
-	store := splitStore(t)
-	setOverrides(t, store, "", booksV1+" 100")
-	// hold stops the first call between meshgrpc's interceptor, which
-	// drew its backend, and the balancer's pick, until released.
-	held, release := make(chan struct{}), make(chan struct{})
+// holdFirstCall returns an interceptor that, chained after meshgrpc's
+// (which drew the call's backend), stops the channel's first call before
+// the balancer's pick: held is closed when it is stopped, and closing
+// release lets it go on.
+func holdFirstCall() (hold grpc.UnaryClientInterceptor, held, release chan struct{}) {
+	held, release = make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	hold := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	hold = func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		first := false
 		once.Do(func() { first = true })
 		if first {
@@ -281,6 +276,18 @@ func TestCallToADroppedOverrideTakesTheSplitInForce(t *testing.T) {
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
+	return hold, held, release
+}
+
+// A call whose backend the dst overrides drew, and which reaches the
+// balancer only after the overrides changed and the channel stopped
+// following that backend, goes to a backend of the overrides in force,
+// instead of waiting until its deadline for endpoints that will never
+// come.
+func TestCallToADroppedOverrideTakesTheSplitInForce(t *testing.T) {
+	store := splitStore(t)
+	setOverrides(t, store, "", booksV1+" 100")
+	hold, held, release := holdFirstCall()
 	dst := serveStore(t, store, destination.WithLogger(quiet))
 	cc, err := grpc.NewClient(booksTarget, append(meshgrpc.DialOptions(dst, meshgrpc.WithLogger(quiet)), grpc.WithChainUnaryInterceptor(hold))...)
 	require.NoError(t, err)
@@ -338,19 +345,7 @@ func TestClusterIPCallOfARemovedOverrideTakesTheService(t *testing.T) {
 	store := splitStore(t)
 	manifests(t, store, testutil.ClusterIPService("default", "books", vip))
 	setOverrides(t, store, "", booksV2+" 100")
-	// hold stops the first call between meshgrpc's interceptor, which
-	// drew its backend, and the balancer's pick, until released.
-	held, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	hold := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		first := false
-		once.Do(func() { first = true })
-		if first {
-			close(held)
-			<-release
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	hold, held, release := holdFirstCall()
 	dst := serveStore(t, store, destination.WithLogger(quiet), destination.WithSearchNetworks(netip.MustParsePrefix("127.0.0.0/8")))
 	cc, err := grpc.NewClient("inmesh:///"+vip.String(), append(meshgrpc.DialOptions(dst, meshgrpc.WithLogger(quiet),
 		meshgrpc.WithDiscoveryWait(testutil.Timeout)), grpc.WithChainUnaryInterceptor(hold))...)
