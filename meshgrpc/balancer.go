@@ -688,6 +688,43 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	return grpcbalancer.PickResult{SubConn: sub.sc, Done: d.fn, Metadata: sub.md}, nil
 }
 
+// givenUp reports whether a call on ctx that ended with code was given up
+// by its caller rather than answered: cancelled, or ended by its own
+// deadline. The caller's deadline is its own to keep, as it is for an
+// application behind Linkerd's proxy, which does not enforce a
+// grpc-timeout: the application resets the stream when its deadline
+// passes, and the proxy's breaker takes no class from a response future
+// dropped before its response (linkerd2-proxy
+// linkerd/http/classify/src/channel.rs, ResponseFuture). A ServiceProfile
+// route's timeout is the same: the proxy enforces it above its balancer
+// (linkerd/app/outbound/src/http/logical/profile.rs, NewTimeout). A
+// policy route's request and retry timeouts (a [classify.ErrTimeout]
+// cause) are not: the proxy enforces them in the endpoint's stack, under
+// the breaker (linkerd/app/outbound/src/http/endpoint.rs,
+// EnforceTimeouts), whose class is then a failure. DEADLINE_EXCEEDED at
+// or past the call's deadline is the end of that deadline even before
+// ctx says so: the server's answer to the grpc-timeout it was sent can
+// come before the client's own timer fires, which is due, and is awaited
+// for its cause. A DEADLINE_EXCEEDED before the deadline is the
+// server's own answer, classified by its code.
+func givenUp(ctx context.Context, code codes.Code) bool {
+	err := ctx.Err()
+	if err == nil {
+		if code != codes.DeadlineExceeded {
+			return false
+		}
+		if d, ok := ctx.Deadline(); !ok || time.Now().Before(d) {
+			return false
+		}
+		<-ctx.Done()
+		err = ctx.Err()
+	}
+	if errors.Is(err, context.Canceled) {
+		return true
+	}
+	return !errors.Is(context.Cause(ctx), classify.ErrTimeout)
+}
+
 // pickDone is what a pick's Done needs: pooled, with its Done bound once,
 // so that a pick makes no closure. grpc-go calls a pick's Done once, also
 // for a pick it abandons before any call (an empty DoneInfo).
@@ -739,7 +776,7 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 			r.RetryAfter = balancer.ParsePushback(v[0])
 		}
 	}
-	if info.Err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if info.Err != nil && givenUp(ctx, code) {
 		// Given up by its caller: before its response, the time it
 		// waited is a load sample but no verdict on the endpoint; after
 		// it began, the call counts as its response stood, without a

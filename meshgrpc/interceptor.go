@@ -241,7 +241,7 @@ func (c *call) deadline(ctx context.Context, unary bool) (context.Context, conte
 	if pd, ok := ctx.Deadline(); !ok || d.Before(pd) {
 		c.routeDeadline = d
 	}
-	return context.WithDeadline(ctx, d)
+	return context.WithDeadlineCause(ctx, d, errRequestTimeout)
 }
 
 // timedOut reports whether err is the end the route timeout made: a
@@ -450,10 +450,14 @@ func (c *call) timeoutErr(ctx context.Context, err error) error {
 	return err
 }
 
-// The causes of a stream's end by its route's response and idle timeouts.
-// Each is a [classify.ErrTimeout], so that an attempt they end is a
-// timeout, not a call its application gave up ([classify.Abandoned]).
+// The causes of a call's end by its route's timeouts: the request
+// timeout, the retry's timeout of an attempt, a stream's response and
+// idle timeouts. Each is a [classify.ErrTimeout], so that an attempt they
+// end is a timeout, not a call its application gave up
+// ([classify.Abandoned], [givenUp]).
 var (
+	errRequestTimeout        error = &streamTimeout{"meshgrpc: request timeout"}
+	errTryTimeout            error = &streamTimeout{"meshgrpc: retry timeout"}
 	errStreamResponseTimeout error = &streamTimeout{"meshgrpc: response timeout"}
 	errStreamIdleTimeout     error = &streamTimeout{"meshgrpc: idle timeout"}
 )
@@ -1001,6 +1005,3 @@ var grpcContentType = []string{"application/grpc"}
 
 // errNoReplay: a stream retry found its replay dropped by the body limit.
 var errNoReplay = errors.New("meshgrpc: replay past the body limit")
-
-// errTryTimeout is the cause of an attempt the retry's timeout ended.
-var errTryTimeout = errors.New("meshgrpc: retry timeout")
