@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -194,9 +195,6 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 		return err != nil && !deadline.IsZero() && status.Code(err) == codes.DeadlineExceeded && !time.Now().Before(deadline)
 	}
 	tg.route.Request(ctx)
-	if cr.Retryable && ps.budget != nil {
-		ps.budget.Deposit()
-	}
 	// The caller's header, trailer, peer and OnFinish are the last
 	// attempt's, handed over once (see [callHooks]).
 	opts, hooks := takeHooks(opts)
@@ -223,8 +221,19 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 		}
 		resp, failed := profileResponse(cr, err, timedOut(err))
 		tg.actual.Response(ctx, resp, astart)
-		if failed && cr.Retryable && ps.budget != nil && ctx.Err() == nil && ps.budget.Withdraw() {
-			continue
+		if cr.Retryable && ps.budget != nil && ctx.Err() == nil {
+			// The budget is asked as each answer comes, as Linkerd's
+			// proxy does (linkerd/app/outbound/src/http/retry.rs,
+			// RetryPolicy::retry): a failure withdraws its retry, and a
+			// failure the budget refuses deposits nothing; an answer
+			// that is not retried deposits. An attempt the route's
+			// timeout or the caller's deadline ended is no answer: the
+			// proxy's retry is dropped before it is asked.
+			if !failed {
+				ps.budget.Deposit()
+			} else if ps.budget.Withdraw() {
+				continue
+			}
 		}
 		if timedOut(err) {
 			err = status.Error(codes.DeadlineExceeded, "request timed out after "+cr.Timeout.String())
@@ -247,8 +256,9 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 // (linkerd/proxy/http/src/timeout.rs) bounds the response future and not
 // its body, so a stream that answered may run on. The stream goes to a
 // backend the dst overrides draw, else to the logical authority, else to
-// the target. It is not retried, but on a retryable route it makes its
-// deposit into the profile's retry budget, as a unary call does.
+// the target. It is not retried, but on a retryable route its answer
+// makes its deposit into the profile's retry budget, as an answer of a
+// unary call that is not retried does.
 func (m *mesh) streamProfile(ctx context.Context, ps *profileState, authority string, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	cr, tg := profileRoute(ctx, ps, method)
 	s := &profileStream{cr: cr, tg: tg, ctx: ctx, start: time.Now(), oneResponse: !desc.ServerStreams}
@@ -257,13 +267,8 @@ func (m *mesh) streamProfile(ctx context.Context, ps *profileState, authority st
 	}
 	tg.route.Request(s.ctx)
 	tg.actual.Request(s.ctx)
-	if cr.Retryable && ps.budget != nil {
-		// A stream earns the retry budget its share, as every request of
-		// a retryable route does in Linkerd's proxy, whose retry policy
-		// takes a stream too (its request body is not known to pass the
-		// 64 KiB it buffers) and deposits for each answer it does not
-		// retry (linkerd/app/outbound/src/http/retry.rs).
-		ps.budget.Deposit()
+	if cr.Retryable {
+		s.budget = ps.budget
 	}
 	cs, err := streamer(withoutRequireID(ps.callCtx(s.ctx, authority)), desc, cc, method, opts...)
 	if err != nil {
@@ -302,6 +307,10 @@ type profileStream struct {
 	start time.Time
 	// oneResponse: the call ends with its one response message.
 	oneResponse bool
+	// budget is the retry budget the stream's answer deposits into (nil:
+	// none, the route is not retryable); paid: it has.
+	budget *profiles.Budget
+	paid   atomic.Bool
 
 	mu    sync.Mutex
 	timer *time.Timer
@@ -313,12 +322,38 @@ type profileStream struct {
 // awaitHeaders stops the route's timeout once the stream has its
 // response headers, or ended without them.
 func (s *profileStream) awaitHeaders() {
-	s.ClientStream.Header()
+	if md, err := s.ClientStream.Header(); err == nil && md != nil {
+		s.answered()
+	}
 	s.mu.Lock()
 	if s.timer != nil {
 		s.timer.Stop()
 	}
 	s.mu.Unlock()
+}
+
+// answered makes the stream's deposit into the retry budget, once, as
+// its answer comes: its response headers, or its end with a status.
+// Linkerd's proxy takes a stream on a retryable route into its retry
+// policy too (its request body is not known to pass the 64 KiB it
+// buffers), which deposits for each answer it does not retry, as the
+// answer comes (linkerd/app/outbound/src/http/retry.rs,
+// RetryPolicy::retry; linkerd/retry/src/lib.rs, Retry::call); a stream
+// given up before its answer deposits nothing.
+func (s *profileStream) answered() {
+	if s.budget != nil && !s.paid.Swap(true) {
+		s.budget.Deposit()
+	}
+}
+
+// Header returns the stream's response headers; headers that come are
+// its answer for the retry budget.
+func (s *profileStream) Header() (metadata.MD, error) {
+	md, err := s.ClientStream.Header()
+	if err == nil && md != nil {
+		s.answered()
+	}
+	return md, err
 }
 
 // timedOut ends the stream by the route's timeout.
@@ -343,13 +378,18 @@ func (s *profileStream) end(err error) error {
 	// response. grpc-go's Header is asked outside mu: it may finish the
 	// stream, and so run the caller's hooks.
 	givenUp := err != nil && classify.Abandoned(s.ctx)
-	headed := givenUp && s.ClientStream != nil && hadHeaders(s.ClientStream)
+	ctxEnded := err != nil && s.ctx.Err() != nil // given up, its deadline, the route's timeout
+	headed := ctxEnded && s.ClientStream != nil && hadHeaders(s.ClientStream)
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
 		return err
 	}
 	s.ended = true
+	if !timedOut && (!ctxEnded || headed) {
+		// Its end with a status, or with its response headers had.
+		s.answered()
+	}
 	if s.timer != nil {
 		s.timer.Stop()
 	}
@@ -363,7 +403,7 @@ func (s *profileStream) end(err error) error {
 		resp, _ := profileResponse(s.cr, err, timedOut)
 		s.tg.actual.Response(s.ctx, resp, s.start)
 		s.tg.route.Response(s.ctx, resp, s.start)
-	case headed:
+	case headed: // given up after its response headers
 		resp := profileDropped(s.cr)
 		s.tg.actual.Response(s.ctx, resp, s.start)
 		s.tg.route.Response(s.ctx, resp, s.start)
@@ -379,6 +419,7 @@ func (s *profileStream) RecvMsg(msg any) error {
 	err := s.ClientStream.RecvMsg(msg)
 	switch {
 	case err == nil:
+		s.answered() // a message comes after the response headers
 		if s.oneResponse {
 			s.end(nil)
 		}

@@ -286,33 +286,56 @@ func TestServiceProfileRouteCountsStreamGivenUp(t *testing.T) {
 	}
 }
 
-// Streams on a retryable ServiceProfile route earn the profile's retry
-// budget their share, as every request of a retryable route does in
-// Linkerd's proxy (linkerd2-proxy linkerd/app/outbound/src/http/retry.rs:
-// the retry policy takes a stream, whose request body is not known to
-// pass the 64 KiB it buffers, and deposits for each answer it does not
-// retry). Under a budget of half a retry per request and no minimum, a
-// unary call's own deposit does not pay for its retry; the first stream
-// of the channel, on another retryable route, makes up the rest.
-func TestServiceProfileStreamsEarnRetryBudget(t *testing.T) {
+// A call on a retryable ServiceProfile route asks the profile's retry
+// budget as its answer comes, as Linkerd's proxy does
+// (linkerd2-proxy linkerd/app/outbound/src/http/retry.rs,
+// RetryPolicy::retry, called by linkerd/retry/src/lib.rs's tower Retry
+// with each answer): a failure withdraws its retry, and one the budget
+// refuses deposits nothing; an answer that is not retried deposits; a
+// call given up before its answer is never asked and deposits nothing. A
+// stream is taken into the retry policy too (its request body is not
+// known to pass the 64 KiB the proxy buffers) and its answer deposits.
+// Under a budget of one retry per deposit and no minimum, what came
+// before a failing unary call decides whether it is retried. Before,
+// every call and stream deposited as it started: a call's own deposit
+// paid for its retry, and a call or stream given up before its answer
+// paid for another's.
+func TestServiceProfileBudgetDepositsAsAnswersCome(t *testing.T) {
+	type step int
+	const (
+		answered    step = iota // a unary call answered OK
+		failed                  // a unary call answered UNAVAILABLE once
+		givenUp                 // a unary call given up before its answer
+		stream                  // a stream answered with a message
+		streamGiven             // a stream given up before its response headers
+	)
 	for _, tc := range []struct {
 		name      string
-		streams   int
+		before    []step
 		wantCode  codes.Code
-		wantCalls int64
+		wantCalls int64 // attempts of the failing call
 	}{
-		{name: "no stream: the retry is not paid for", wantCode: codes.Unavailable, wantCalls: 1},
-		{name: "one stream first: the retry is paid for", streams: 1, wantCode: codes.OK, wantCalls: 2},
+		{name: "a fresh budget: the first failure is not retried", wantCode: codes.Unavailable, wantCalls: 1},
+		{name: "an answer pays for a retry", before: []step{answered}, wantCode: codes.OK, wantCalls: 2},
+		{name: "a failure the budget refused pays nothing", before: []step{failed}, wantCode: codes.Unavailable, wantCalls: 1},
+		{name: "a call given up before its answer pays nothing", before: []step{givenUp}, wantCode: codes.Unavailable, wantCalls: 1},
+		{name: "a stream answered pays for a retry", before: []step{stream}, wantCode: codes.OK, wantCalls: 2},
+		{name: "a stream given up before its headers pays nothing", before: []step{streamGiven}, wantCode: codes.Unavailable, wantCalls: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var failNext atomic.Bool
+			var fail, stall atomic.Bool
 			var unary atomic.Int64
+			reached := make(chan struct{}, 1)
 			a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
-				if m, _ := grpc.Method(ctx); m != "/grpc.testing.TestService/EmptyCall" {
-					return nil // the stream
+				if m, _ := grpc.Method(ctx); m == "/grpc.testing.TestService/EmptyCall" {
+					unary.Add(1)
 				}
-				unary.Add(1)
-				if failNext.CompareAndSwap(true, false) {
+				if stall.Load() {
+					reached <- struct{}{}
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				if fail.CompareAndSwap(true, false) {
 					return status.Error(codes.Unavailable, "once")
 				}
 				return nil
@@ -322,7 +345,7 @@ apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
 spec:
-  retryBudget: {retryRatio: 0.5, minRetriesPerSecond: 0, ttl: 60s}
+  retryBudget: {retryRatio: 1, minRetriesPerSecond: 0, ttl: 60s}
   routes:
   - name: EmptyCall
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
@@ -336,15 +359,54 @@ spec:
 			store.SetServiceProfiles(sps)
 			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
 			c := dial(t, serveStore(t, store))
-			for range tc.streams {
-				n, err := streamTo(t, c)
-				require.NoError(t, err)
-				require.Equal(t, 1, n, "the stream's one message")
+			// giveUp sends a call or stream that stalls on the app,
+			// and gives it up once the app has it.
+			giveUp := func(do func(ctx context.Context) error) {
+				stall.Store(true)
+				defer stall.Store(false)
+				ctx, cancel := context.WithCancel(callCtx(t))
+				defer cancel()
+				go func() {
+					select {
+					case <-reached:
+					case <-ctx.Done():
+					}
+					cancel()
+				}()
+				require.Equal(t, codes.Canceled, status.Code(do(ctx)))
 			}
-			failNext.Store(true)
+			for _, st := range tc.before {
+				switch st {
+				case answered:
+					_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+					require.NoError(t, err)
+				case failed:
+					fail.Store(true)
+					_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+					require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+				case givenUp:
+					giveUp(func(ctx context.Context) error {
+						_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+						return err
+					})
+				case stream:
+					n, err := streamTo(t, c)
+					require.NoError(t, err)
+					require.Equal(t, 1, n, "the stream's one message")
+				case streamGiven:
+					giveUp(func(ctx context.Context) error {
+						s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+						require.NoError(t, err)
+						_, err = s.Recv()
+						return err
+					})
+				}
+			}
+			before := unary.Load()
+			fail.Store(true)
 			_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
 			assert.Equal(t, tc.wantCode, status.Code(err), "%v", err)
-			assert.Equal(t, tc.wantCalls, unary.Load(), "attempts of the unary call")
+			assert.Equal(t, tc.wantCalls, unary.Load()-before, "attempts of the failing call")
 		})
 	}
 }
