@@ -704,7 +704,13 @@ func (m *MeshTLSAuthentication) parseSpec(spec yamltree.Node) error {
 	if err != nil {
 		return err
 	}
-	if in, ok := obj["identities"]; ok && in.Value != nil {
+	in, hasIDs := obj["identities"]
+	hasIDs = hasIDs && in.Value != nil
+	if rn, ok := obj["identityRefs"]; ok && rn.Value != nil && hasIDs {
+		// The CRD's schema takes one of the two (oneOf).
+		return rn.Errorf("set beside identities: a MeshTLSAuthentication takes identities or identityRefs, not both")
+	}
+	if hasIDs {
 		items, err := in.List()
 		if err != nil {
 			return err
@@ -716,6 +722,9 @@ func (m *MeshTLSAuthentication) parseSpec(spec yamltree.Node) error {
 			}
 			if s == "" {
 				return item.Errorf("must not be empty")
+			}
+			if why := identityProblem(s); why != "" {
+				return item.Errorf("identity %q is invalid: %s", s, why)
 			}
 			m.Identities = append(m.Identities, s)
 		}
@@ -740,6 +749,86 @@ func (m *MeshTLSAuthentication) parseSpec(spec yamltree.Node) error {
 		return spec.Errorf("identities or identityRefs must name at least one identity")
 	}
 	return nil
+}
+
+// identityProblem says why id is not an identity a MeshTLSAuthentication
+// may list, "" when it is one. As Linkerd's policy admission checks it
+// (policy-controller/runtime/src/validation.rs, validate_identity), an
+// identity is a SPIFFE ID or a DNS-like name. A SPIFFE ID is spiffe://,
+// a trust domain of lowercase letters, digits, dots, dashes and
+// underscores, and an optional path whose segments hold letters, digits,
+// dots, dashes and underscores, none empty, none "." or "..", with no
+// trailing slash. A DNS-like name is dot-separated labels of lowercase
+// letters, digits and inner dashes; its first label may be "*" instead.
+func identityProblem(id string) string {
+	rest, spiffe := strings.CutPrefix(id, "spiffe://")
+	if !spiffe {
+		for i, label := range strings.Split(id, ".") {
+			if !(i == 0 && label == "*") && !dnsLabel(label) {
+				return "not a SPIFFE ID nor a DNS-like name (dot-separated labels of lowercase letters, digits and inner dashes, the first of which may be *)"
+			}
+		}
+		return ""
+	}
+	i := strings.IndexByte(rest, '/')
+	if i < 0 {
+		i = len(rest)
+	}
+	if i == 0 {
+		return "the SPIFFE trust domain is missing"
+	}
+	for _, c := range []byte(rest[:i]) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return "a SPIFFE trust domain holds only lowercase letters, digits, dots, dashes and underscores"
+		}
+	}
+	path := rest[i:]
+	if path == "" {
+		return ""
+	}
+	// Each segment from its slash on: checked as a scan meets it, so that
+	// the first mistake from the left is the one named.
+	segment := func(s string) string {
+		switch s {
+		case "/":
+			return "a SPIFFE path has no empty segments"
+		case "/.", "/..":
+			return "a SPIFFE path has no . or .. segments"
+		}
+		return ""
+	}
+	start := 0
+	for j := 0; j < len(path); j++ {
+		c := path[j]
+		if c == '/' {
+			if why := segment(path[start:j]); why != "" {
+				return why
+			}
+			start = j
+			continue
+		}
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return "a SPIFFE path segment holds only letters, digits, dots, dashes and underscores"
+		}
+	}
+	if path[start:] == "/" {
+		return "a SPIFFE path ends with no slash"
+	}
+	return segment(path[start:])
+}
+
+// dnsLabel reports whether s is a label of a DNS-like identity: lowercase
+// letters, digits and dashes, starting and ending with a letter or digit.
+func dnsLabel(s string) bool {
+	if s == "" || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func (n *NetworkAuthentication) parseSpec(spec yamltree.Node) error {

@@ -310,7 +310,19 @@ apiVersion: policy.linkerd.io/v1alpha1
 kind: MeshTLSAuthentication
 metadata: {name: ids, namespace: ns-0}
 spec:
-  identities: ["*", "*.a.b", "**.x", "foo.*.x", "*.*.x", exact.id]
+  identities: ["*", "*.a.b", exact.id]
+`, authorizationPolicy("authz-foo", srv, `[{group: policy.linkerd.io, kind: MeshTLSAuthentication, name: ids}]`)},
+			InboundOptions{TrustDomain: "example.org", ControlNamespace: "mesh"},
+			[]authz.Authz{{Meta: meta, Networks: allNetworks(), Authentication: authz.Authentication{MeshTLS: &authz.MeshTLS{
+				Identities: []string{"exact.id"},
+				Suffixes:   [][]string{{}, {"a", "b"}},
+			}}}}},
+		{"identity references", "meshtls_authentication.rs",
+			[]string{`
+apiVersion: policy.linkerd.io/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: ids, namespace: ns-0}
+spec:
   identityRefs:
   - {kind: ServiceAccount, name: web}
   - {kind: ServiceAccount, name: api, namespace: ns-2}
@@ -318,10 +330,8 @@ spec:
 `, authorizationPolicy("authz-foo", srv, `[{group: policy.linkerd.io, kind: MeshTLSAuthentication, name: ids}]`)},
 			InboundOptions{TrustDomain: "example.org", ControlNamespace: "mesh"},
 			[]authz.Authz{{Meta: meta, Networks: allNetworks(), Authentication: authz.Authentication{MeshTLS: &authz.MeshTLS{
-				Identities: []string{"**.x", "foo.*.x", "exact.id",
-					"web.ns-0.serviceaccount.identity.mesh.example.org", "api.ns-2.serviceaccount.identity.mesh.example.org"},
-				Suffixes: [][]string{{}, {"a", "b"}, {"*", "x"},
-					{"ns-3", "serviceaccount", "identity", "mesh", "example", "org"}},
+				Identities: []string{"web.ns-0.serviceaccount.identity.mesh.example.org", "api.ns-2.serviceaccount.identity.mesh.example.org"},
+				Suffixes:   [][]string{{"ns-3", "serviceaccount", "identity", "mesh", "example", "org"}},
 			}}}}},
 		{"route target is not a server authorization", "index.rs client_authzs",
 			[]string{authorizationPolicy("authz-foo", `{group: policy.linkerd.io, kind: HTTPRoute, name: r}`, `[]`)},
