@@ -42,16 +42,19 @@ func (a *stallApp) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.
 // until its callers give up looks slow, and the next calls go to the one
 // that answers. Without the sample it would keep the fast RTT it had.
 func TestCanceledCallsMakeEndpointSlow(t *testing.T) {
-	const giveUp = 50 * time.Millisecond
+	// Long enough that a call to the endpoint that answers is not given
+	// up on a loaded machine; the time constant is long beside it, so
+	// that the stalled endpoint's estimate stays high while the last
+	// calls are made.
+	const giveUp = 500 * time.Millisecond
+	const tau = 10 * time.Second
 	slow, fast := &stallApp{}, &stallApp{}
 	store := controlplane.NewStore()
 	manifests(t, store, booksService)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: serveTestService(t, slow)}, {Addr: serveTestService(t, fast)}}})
 	// A default RTT below any real one: the first answers set each
-	// endpoint's estimate. A time constant of a second lets the first
-	// answers' peaks fade while the slow endpoint stalls, so that it is
-	// picked again.
-	c := dial(t, serveStore(t, store), meshgrpc.WithBalancerOptions(balancer.WithPeakEWMA(time.Microsecond, time.Second)))
+	// endpoint's estimate.
+	c := dial(t, serveStore(t, store), meshgrpc.WithBalancerOptions(balancer.WithPeakEWMA(time.Microsecond, tau)))
 	// call makes one call its caller cancels after giveUp.
 	call := func() error {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -66,13 +69,13 @@ func TestCanceledCallsMakeEndpointSlow(t *testing.T) {
 		require.Less(t, slow.calls.Load()+fast.calls.Load(), int64(1000), "an endpoint got no call")
 		require.NoError(t, call())
 	}
+	// Calls go to both while their estimates are alike, until one
+	// reaches the stalled endpoint and is given up.
 	slow.stall.Store(true)
-	const givenUp = 3
-	for n, sent := 0, 0; n < givenUp; sent++ {
+	for answered, sent := slow.calls.Load(), 0; slow.calls.Load() == answered; sent++ {
 		require.Less(t, sent, 100_000, "no call went to the stalled endpoint")
 		if err := call(); err != nil {
 			require.Equal(t, codes.Canceled, status.Code(err))
-			n++
 		}
 	}
 	const n = 100
