@@ -95,7 +95,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 				}
 				return c.api.GetProfile(ctx, c.request(authority), opts...)
 			},
-			session: c.profileSession,
+			decode: c.decodeProfile,
 			rejected: func(err error) profiles.Update {
 				return profiles.Update{Err: fmt.Errorf("%w: %w", profiles.ErrNoProfile, err)}
 			},
@@ -117,7 +117,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 				}
 				return c.api.Get(ctx, c.request(authority), opts...)
 			},
-			session:  c.endpointSession,
+			decode:   c.decodeEndpoints,
 			rejected: func(err error) endpoint.Update { return endpoint.Update{Err: err} },
 			// Linkerd's controller stays silent for a service that exists
 			// with no endpoints (it never sends no_endpoints{exists: true}).
@@ -288,85 +288,84 @@ func (c *Client) request(authority string) *pb.GetDestination {
 	return &pb.GetDestination{Scheme: c.cfg.scheme, Path: authority, ContextToken: c.cfg.contextToken}
 }
 
-func (c *Client) profileSession(authority string) func(*pb.DestinationProfile) (profiles.Update, bool) {
-	return func(m *pb.DestinationProfile) (profiles.Update, bool) {
-		p, dropped := ProfileFromProto(m)
-		for _, d := range dropped {
-			c.log.WarnErr("dropped profile part:"+authority, "dropped a part of a profile update that does not convert; the rest applies", d.Err, "authority", authority, "route", d.Route, "dropped", d.Field)
-		}
-		return profiles.Update{Profile: p}, true
+// decodeProfile converts a GetProfile message of authority.
+func (c *Client) decodeProfile(authority string, _ profiles.Update, _ bool, m *pb.DestinationProfile) (profiles.Update, bool) {
+	p, dropped := ProfileFromProto(m)
+	for _, d := range dropped {
+		c.log.WarnErr("dropped profile part:"+authority, "dropped a part of a profile update that does not convert; the rest applies", d.Err, "authority", authority, "route", d.Route, "dropped", d.Field)
 	}
+	return profiles.Update{Profile: p}, true
 }
 
-// endpointSession applies the updates of one Get stream. The set starts
+// decodeEndpoints applies a message of a Get stream of authority to prev,
+// the update the stream published last (none when fresh). The set starts
 // empty for each stream, so its first update replaces whatever an earlier
 // stream left. As in Linkerd's proxy, a message that changes nothing is no
 // update (an Add or a Remove with no address that converts:
 // linkerd/proxy/api-resolve/src/resolve.rs mk_update), and a Remove before
 // the stream's first update is ignored (linkerd/proxy/resolve/src/recover.rs):
-// neither replaces the set an earlier stream left. The session's state is
-// the set it published last (sorted by address, never changed in place): a
-// watch holds that set anyway, and a map beside it would cost about a
-// kilobyte for one endpoint.
-func (c *Client) endpointSession(authority string) func(*pb.Update) (endpoint.Update, bool) {
+// neither replaces the set an earlier stream left. A set, sorted by
+// address, is never changed in place: the next one is a copy.
+func (c *Client) decodeEndpoints(authority string, prev endpoint.Update, fresh bool, m *pb.Update) (endpoint.Update, bool) {
 	var eps []endpoint.Endpoint
 	exists := true
-	initial := true
-	byAddr := func(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) }
-	return func(m *pb.Update) (endpoint.Update, bool) {
-		switch u := m.GetUpdate().(type) {
-		case *pb.Update_Add:
-			labels := u.Add.GetMetricLabels()
-			next := slices.Clip(eps)
-			for i, a := range u.Add.GetAddrs() {
-				e, err := EndpointFromProto(a, labels, fmt.Sprintf("add.addrs[%d]", i))
-				if err != nil {
-					c.log.WarnErr("bad endpoint:"+authority, "skipped a bad endpoint", err, "authority", authority)
-					continue
-				}
-				next = append(next, e)
+	if !fresh && prev.Set != nil {
+		eps, exists = prev.Set.Endpoints, prev.Set.Exists
+	}
+	switch u := m.GetUpdate().(type) {
+	case *pb.Update_Add:
+		labels := u.Add.GetMetricLabels()
+		next := slices.Clip(eps)
+		for i, a := range u.Add.GetAddrs() {
+			e, err := EndpointFromProto(a, labels, fmt.Sprintf("add.addrs[%d]", i))
+			if err != nil {
+				c.log.WarnErr("bad endpoint:"+authority, "skipped a bad endpoint", err, "authority", authority)
+				continue
 			}
-			if len(next) == len(eps) {
-				return endpoint.Update{}, false // nothing to add
+			next = append(next, e)
+		}
+		if len(next) == len(eps) {
+			return endpoint.Update{}, false // nothing to add
+		}
+		exists = true
+		// The latest of an address wins: after a stable sort it is
+		// the last of its run.
+		slices.SortStableFunc(next, byAddr)
+		eps = make([]endpoint.Endpoint, 0, len(next))
+		for i, e := range next {
+			if i+1 < len(next) && next[i+1].Addr == e.Addr {
+				continue
 			}
-			exists = true
-			// The latest of an address wins: after a stable sort it is
-			// the last of its run.
-			slices.SortStableFunc(next, byAddr)
-			eps = make([]endpoint.Endpoint, 0, len(next))
-			for i, e := range next {
-				if i+1 < len(next) && next[i+1].Addr == e.Addr {
-					continue
-				}
-				eps = append(eps, e)
-			}
-		case *pb.Update_Remove:
-			if initial {
-				return endpoint.Update{}, false
-			}
-			gone := make(map[netip.AddrPort]bool, len(u.Remove.GetAddrs()))
-			for _, a := range u.Remove.GetAddrs() {
-				if addr, err := AddrFromProto(a); err == nil {
-					gone[addr] = true
-				}
-			}
-			if len(gone) == 0 {
-				return endpoint.Update{}, false
-			}
-			eps = slices.Clip(slices.DeleteFunc(slices.Clone(eps), func(e endpoint.Endpoint) bool { return gone[e.Addr] }))
-		case *pb.Update_NoEndpoints:
-			eps = nil
-			exists = u.NoEndpoints.GetExists()
-		default:
+			eps = append(eps, e)
+		}
+	case *pb.Update_Remove:
+		if fresh {
 			return endpoint.Update{}, false
 		}
-		initial = false
-		if eps == nil {
-			eps = []endpoint.Endpoint{}
+		gone := make(map[netip.AddrPort]bool, len(u.Remove.GetAddrs()))
+		for _, a := range u.Remove.GetAddrs() {
+			if addr, err := AddrFromProto(a); err == nil {
+				gone[addr] = true
+			}
 		}
-		return endpoint.Update{Set: &endpoint.Set{Exists: exists, Endpoints: eps}}, true
+		if len(gone) == 0 {
+			return endpoint.Update{}, false
+		}
+		eps = slices.Clip(slices.DeleteFunc(slices.Clone(eps), func(e endpoint.Endpoint) bool { return gone[e.Addr] }))
+	case *pb.Update_NoEndpoints:
+		eps = nil
+		exists = u.NoEndpoints.GetExists()
+	default:
+		return endpoint.Update{}, false
 	}
+	if eps == nil {
+		eps = []endpoint.Endpoint{}
+	}
+	return endpoint.Update{Set: &endpoint.Set{Exists: exists, Endpoints: eps}}, true
 }
+
+// byAddr orders endpoints by address.
+func byAddr(a, b endpoint.Endpoint) int { return a.Addr.Compare(b.Addr) }
 
 // userTimeoutDial dials with dial (nil: a net.Dialer) and, with keepalive
 // on, sets TCP_USER_TIMEOUT on the connection to the keepalive's timeout,

@@ -24,9 +24,18 @@ var (
 	TargetAttr             = targetAttr
 )
 
-// EndpointSession is the decoder of one Get stream of c.
+// EndpointSession is the decoder of one Get stream of c: it holds what
+// the stream published, as the stream's watch does.
 func EndpointSession(c *Client, authority string) func(*pb.Update) (endpoint.Update, bool) {
-	return c.endpointSession(authority)
+	var prev endpoint.Update
+	fresh := true
+	return func(m *pb.Update) (endpoint.Update, bool) {
+		u, ok := c.decodeEndpoints(authority, prev, fresh, m)
+		if ok {
+			prev, fresh = u, false
+		}
+		return u, ok
+	}
 }
 
 // ProfileWatchCollected returns a probe that collects garbage and reports

@@ -29,23 +29,21 @@ func (c *Client) initInbound(cc grpc.ClientConnInterface) {
 				port, _ := strconv.ParseUint(key, 10, 16)
 				return api.WatchPort(ctx, &inboundpb.PortSpec{Workload: c.workload(), Port: uint32(port)}, opts...)
 			},
-			session: func(key string) func(*inboundpb.Server) (InboundUpdate, bool) {
-				return func(m *inboundpb.Server) (InboundUpdate, bool) {
-					s, err := ServerFromProto(m)
-					if err == nil {
-						_, err = authz.Compile(s)
-					}
-					if err != nil {
-						// As Linkerd's proxy (linkerd/app/inbound/src/policy/api.rs):
-						// a Server that cannot be used puts the invalid one in
-						// force, which refuses every request, rather than
-						// keeping an older policy or, on a fresh port, leaving
-						// it to the default once the wait ends.
-						rl.WarnErr("inbound "+key, "rejected an inbound policy; every request to the port is denied until a valid one arrives", err, "port", key)
-						return InboundUpdate{Server: authz.InvalidServer()}, true
-					}
-					return InboundUpdate{Server: s}, true
+			decode: func(key string, _ InboundUpdate, _ bool, m *inboundpb.Server) (InboundUpdate, bool) {
+				s, err := ServerFromProto(m)
+				if err == nil {
+					_, err = authz.Compile(s)
 				}
+				if err != nil {
+					// As Linkerd's proxy (linkerd/app/inbound/src/policy/api.rs):
+					// a Server that cannot be used puts the invalid one in
+					// force, which refuses every request, rather than
+					// keeping an older policy or, on a fresh port, leaving
+					// it to the default once the wait ends.
+					rl.WarnErr("inbound "+key, "rejected an inbound policy; every request to the port is denied until a valid one arrives", err, "port", key)
+					return InboundUpdate{Server: authz.InvalidServer()}, true
+				}
+				return InboundUpdate{Server: s}, true
 			},
 			rejected: func(err error) InboundUpdate { return InboundUpdate{Err: err} },
 			// Until a port's first answer, gRPC is asked why the control

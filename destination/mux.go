@@ -70,11 +70,12 @@ type muxConn struct {
 	err  error // why the stream ended; set once
 }
 
-// muxSub is one subscription: it hands its answers, then its end, to its
-// watch's session, one at a time.
+// muxSub is one subscription, part of its watch's session: it hands its
+// answers, then its end, to the session, one at a time.
 type muxSub struct {
-	id uint64
-	to muxSink
+	id   uint64
+	to   muxSink
+	conn *muxConn // the stream it was made on; nil before
 
 	// mu is held while to's answer or end runs; ended is set before end
 	// runs, so that an end from within it (a session's end stops its
@@ -90,8 +91,8 @@ type muxSub struct {
 // answers of kind M go to s's message, on the stream's reader, and the
 // subscription's end to s's end. It returns false and no error when the
 // control plane does not serve Watches: the caller opens its Linkerd
-// stream. ctx bounds the wait for the stream; the subscription ends with
-// the stop function it hands s.
+// stream. ctx bounds the wait for the stream; the subscription is s's
+// muxSub, and ends with unsubscribe.
 func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.Kind, req proto.Message, s sink[M], opts []grpc.CallOption) (bool, error) {
 	wait := slices.Contains(opts, grpc.CallOption(waitForReady))
 	for {
@@ -99,14 +100,14 @@ func subscribeMux[M proto.Message](ctx context.Context, m *mux, kind watchespb.K
 		if c == nil || err != nil {
 			return false, err
 		}
-		sub, err := c.subscribe(m.nextID.Add(1), kind, req, s)
+		err = c.subscribe(m.nextID.Add(1), kind, req, s.muxSub())
 		if errors.Is(err, errMuxEnded) {
 			continue // the stream ended meanwhile: open the next
 		}
 		if err != nil {
 			return false, err
 		}
-		s.subscribed(func() { c.unsubscribe(sub) })
+		s.subscribed()
 		return true, nil
 	}
 }
@@ -302,7 +303,8 @@ func answerOf[M any](r *watchespb.WatchResponse) (M, bool) {
 	return m, ok
 }
 
-func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message, to muxSink) (*muxSub, error) {
+// subscribe makes sub, whose to is set, the subscription id on c.
+func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message, sub *muxSub) error {
 	s := &watchespb.Subscribe{Id: id, Kind: kind}
 	switch r := req.(type) {
 	case *pb.GetDestination:
@@ -310,20 +312,21 @@ func (c *muxConn) subscribe(id uint64, kind watchespb.Kind, req proto.Message, t
 	case *outboundpb.TrafficSpec:
 		s.TrafficSpec = r
 	}
-	sub := &muxSub{id: id, to: to}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
-		return nil, errMuxEnded
+		return errMuxEnded
 	}
+	sub.id, sub.conn = id, c
 	c.subs[id] = sub
 	c.mu.Unlock()
 	c.send(&watchespb.WatchRequest{Request: &watchespb.WatchRequest_Subscribe{Subscribe: s}})
-	return sub, nil
+	return nil
 }
 
 // unsubscribe closes sub when its watch no longer reads it.
-func (c *muxConn) unsubscribe(sub *muxSub) {
+func (sub *muxSub) unsubscribe() {
+	c := sub.conn
 	c.mu.Lock()
 	open := c.err == nil && c.subs[sub.id] == sub
 	if open {

@@ -79,15 +79,13 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 				}
 				return c.policyAPI.Watch(ctx, c.trafficSpec(key), opts...)
 			},
-			session: func(key string) func(*outboundpb.OutboundPolicy) (policy.Update, bool) {
-				return func(m *outboundpb.OutboundPolicy) (policy.Update, bool) {
-					p, err := PolicyFromProto(m)
-					if err != nil {
-						rl.WarnErr("policy "+key, "rejected an outbound policy; keeping the last one", err, "target", key)
-						return policy.Update{}, false
-					}
-					return policy.Update{Policy: p}, true
+			decode: func(key string, _ policy.Update, _ bool, m *outboundpb.OutboundPolicy) (policy.Update, bool) {
+				p, err := PolicyFromProto(m)
+				if err != nil {
+					rl.WarnErr("policy "+key, "rejected an outbound policy; keeping the last one", err, "target", key)
+					return policy.Update{}, false
 				}
+				return policy.Update{Policy: p}, true
 			},
 			rejected: func(err error) policy.Update { return policy.Update{Err: err} },
 			// "unknown target": no policy, as for a name outside the

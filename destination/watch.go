@@ -37,12 +37,16 @@ type kind[M, U any] struct {
 	// none for a call that fails at once when the control plane cannot be
 	// reached). It returns the stream for the caller to read into s, or
 	// a nil stream when the call delivers to s by itself (a subscription
-	// on the Watches stream): such a call hands s the function that ends
-	// it (see [sink]) and needs ctx no longer; a stream ends with ctx.
+	// on the Watches stream): such a call makes s's muxSub its
+	// subscription (see [sink]) and needs ctx no longer; a stream ends
+	// with ctx.
 	open func(ctx context.Context, target string, s sink[M], opts ...grpc.CallOption) (recvStream[M], error)
-	// session returns a handler for the messages of one stream. It returns
-	// the update to publish and whether there is one.
-	session func(authority string) func(M) (U, bool)
+	// decode converts a message of one of the watch's streams into the
+	// update to publish, and reports whether there is one. prev is the
+	// update the stream published last, and fresh says that it published
+	// none yet: a stream's state is what it published, which the watch
+	// holds anyway, so a stream keeps no decoder state of its own.
+	decode func(key string, prev U, fresh bool, m M) (U, bool)
 	// rejected is the last update of a watch the server rejected.
 	rejected func(err error) U
 	// silent, when set, is the update that a stream silent past the
@@ -414,11 +418,12 @@ func unanswerable(err error, failFast bool) bool {
 }
 
 // sink receives the messages of one stream of a watch, then its end.
-// A call that delivers by itself hands it, first, the function that ends
-// the call (subscribed).
+// A call that delivers by itself makes the sink's muxSub its subscription,
+// then says so (subscribed).
 type sink[M any] interface {
 	muxSink
-	subscribed(stop func())
+	muxSub() *muxSub
+	subscribed()
 	message(M)
 }
 
@@ -433,11 +438,12 @@ type sink[M any] interface {
 // [watch.ended], on whichever goroutine the event comes: one state
 // machine for both paths.
 func (w *watch[M, U]) attempt() {
-	s := &session[M, U]{w: w, handle: w.kind.session(w.authority)}
+	s := &session[M, U]{w: w}
+	s.sub.to = s
 	// The context of the call, while it opens, and of a Linkerd stream
-	// for its life; a subscription hands s its own stop.
+	// for its life; a subscription ends by its own means.
 	ctx, cancel := context.WithCancel(w.c.ctx)
-	s.stop = cancel
+	s.cancel = cancel
 	w.mu.Lock()
 	stopped := w.stopped
 	if !stopped {
@@ -607,7 +613,7 @@ func (w *watch[M, U]) stop() {
 	w.cur, w.retry, w.stopped = nil, nil, true
 	w.mu.Unlock()
 	if s != nil {
-		s.cancel()
+		s.stop()
 	}
 	if t != nil && t.Stop() {
 		w.c.wg.Done() // the attempt that would have seen the end
@@ -628,41 +634,60 @@ func (w *watch[M, U]) stop() {
 // progress, so a later failure reconnects after the shortest delay.
 type session[M, U any] struct {
 	w        *watch[M, U]
-	handle   func(M) (U, bool)
 	failFast bool
+	// published says that the stream published an update (see
+	// [kind.decode]); it is read and set by the stream's messages alone,
+	// which come one at a time.
+	published bool
 
 	// mu orders the deadline's update before any message's, so that a
 	// first message racing the deadline is never overwritten by it.
 	mu sync.Mutex
-	// stop ends the stream: it cancels the call's context, or ends the
-	// subscription on the Watches stream.
-	stop     func()
+	// cancel ends the call's context: a Linkerd stream's for its life, a
+	// subscription's until it is made (nil then: see subscribed).
+	cancel   context.CancelFunc
 	deadline *time.Timer
 	received bool
 	timedOut bool
 	done     bool
+	// onMux says that sub is made, and stop ends it.
+	onMux bool
+	// sub is the session's subscription on the Watches stream, when the
+	// stream is one: held here rather than beside it, as a client holds
+	// a stream for each of its thousands of watches.
+	sub muxSub
 }
 
-// subscribed replaces s's stop with that of its subscription; when s
-// ended meanwhile, the subscription ends at once.
-func (s *session[M, U]) subscribed(stop func()) {
+// muxSub returns s's subscription on the Watches stream, for the mux to
+// make.
+func (s *session[M, U]) muxSub() *muxSub { return &s.sub }
+
+// subscribed says that s's subscription is made: it, not the call's
+// context, ends the stream from now on. When s ended meanwhile, the
+// subscription ends at once.
+func (s *session[M, U]) subscribed() {
 	s.mu.Lock()
 	done := s.done
 	if !done {
-		s.stop = stop
+		s.onMux, s.cancel = true, nil
 	}
 	s.mu.Unlock()
 	if done {
-		stop()
+		s.sub.unsubscribe()
 	}
 }
 
-// cancel ends the stream.
-func (s *session[M, U]) cancel() {
+// stop ends the stream: it cancels the call's context, or ends the
+// subscription on the Watches stream.
+func (s *session[M, U]) stop() {
 	s.mu.Lock()
-	stop := s.stop
+	cancel, onMux := s.cancel, s.onMux
 	s.mu.Unlock()
-	stop()
+	if onMux {
+		s.sub.unsubscribe()
+		return
+	}
+	cancel()
 }
 
 // startDeadline starts the first-message deadline, unless a message or
@@ -721,9 +746,17 @@ func (s *session[M, U]) message(msg M) {
 		}
 	}
 	s.mu.Unlock()
-	s.w.c.reach.clear()
-	if u, ok := s.handle(msg); ok {
-		s.w.publish(u)
+	w := s.w
+	w.c.reach.clear()
+	// Once the stream published, the watch's last update is the
+	// stream's: nothing else publishes while a stream delivers (its
+	// silence is over, and its end comes after its last message).
+	w.mu.Lock()
+	prev := w.last
+	w.mu.Unlock()
+	if u, ok := w.kind.decode(w.authority, prev, !s.published, msg); ok {
+		s.published = true
+		w.publish(u)
 	}
 }
 
@@ -744,9 +777,8 @@ func (s *session[M, U]) end(err error) {
 	}
 	progressed := s.received || (s.timedOut && s.w.kind.silent != nil)
 	silent := s.timedOut && s.w.kind.silent == nil
-	stop := s.stop
 	s.mu.Unlock()
-	stop()
+	s.stop()
 	w := s.w
 	w.mu.Lock()
 	if w.cur == s {
