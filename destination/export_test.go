@@ -7,6 +7,7 @@ import (
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
 	pb "github.com/inmesh/inmesh/proxyapi/destinationpb"
+	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 )
 
 // The decoders below are unexported; the tests of package destination_test
@@ -23,6 +24,15 @@ var (
 	DecodeGRPCRule         = grpcRuleFromProto
 	TargetAttr             = targetAttr
 )
+
+// PolicyRequest returns the OutboundPolicies request of c's watch of spec.
+func PolicyRequest(c *Client, spec TrafficSpec) (*outboundpb.TrafficSpec, error) {
+	key, err := spec.key()
+	if err != nil {
+		return nil, err
+	}
+	return c.trafficSpec(key), nil
+}
 
 // EndpointSession is the decoder of one Get stream of c: it holds what
 // the stream published, as the stream's watch does.

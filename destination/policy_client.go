@@ -55,10 +55,17 @@ type TrafficSpec struct {
 	Addr      netip.AddrPort
 }
 
+// key is the key of t's watch: the authority itself (the caller's
+// string, not a copy: a client holds thousands), or "addr=ip:port". An
+// authority that starts as a key of another form would is marked
+// "authority=" (see [Client.trafficSpec]).
 func (t TrafficSpec) key() (string, error) {
 	switch {
 	case t.Authority != "":
-		return "authority=" + t.Authority, nil
+		if strings.HasPrefix(t.Authority, "addr=") || strings.HasPrefix(t.Authority, "authority=") {
+			return "authority=" + t.Authority, nil
+		}
+		return t.Authority, nil
 	case t.Addr.IsValid():
 		return "addr=" + t.Addr.String(), nil
 	}
@@ -82,7 +89,7 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 			decode: func(key string, _ policy.Update, _ bool, m *outboundpb.OutboundPolicy) (policy.Update, bool) {
 				p, err := PolicyFromProto(m)
 				if err != nil {
-					rl.WarnErr("policy "+key, "rejected an outbound policy; keeping the last one", err, "target", key)
+					rl.WarnErr("policy "+key, "rejected an outbound policy; keeping the last one", err, "target", policyTarget(key))
 					return policy.Update{}, false
 				}
 				return policy.Update{Policy: p}, true
@@ -104,8 +111,19 @@ func (c *Client) trafficSpec(key string) *outboundpb.TrafficSpec {
 	} else if a, ok := strings.CutPrefix(key, "addr="); ok {
 		ap, _ := netip.ParseAddrPort(a)
 		spec.Target = &outboundpb.TrafficSpec_Addr{Addr: AddrToProto(ap)}
+	} else {
+		spec.Target = &outboundpb.TrafficSpec_Authority{Authority: key}
 	}
 	return spec
+}
+
+// policyTarget names the target of a policy watch's key in a log line:
+// "authority=host:port" or "addr=ip:port".
+func policyTarget(key string) string {
+	if strings.HasPrefix(key, "authority=") || strings.HasPrefix(key, "addr=") {
+		return key
+	}
+	return "authority=" + key
 }
 
 // WatchPolicy streams the outbound policy of target from the

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 const authorsAuthority = "authors.default.svc.cluster.local:7001"
@@ -418,4 +419,36 @@ spec:
 	missing := route.Rules[0].Backends.Backends[1]
 	require.NotNil(t, missing.Filters[0].GRPCFailureInjector)
 	assert.Equal(t, codes.Internal, missing.Filters[0].GRPCFailureInjector.Code)
+}
+
+// TestPolicyWatchTargets checks that each kind of target is asked for as
+// itself, an authority that reads like another kind's key included: a
+// watch of an authority is keyed by the authority alone.
+func TestPolicyWatchTargets(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { lis.Close() })
+	c := newTestClient(t, lis.Addr().String())
+	addr := netip.MustParseAddrPort("10.1.2.3:8080")
+	for _, tc := range []struct {
+		name string
+		spec destination.TrafficSpec
+		want *outboundpb.TrafficSpec
+	}{
+		{"authority", destination.TrafficSpec{Authority: "books.default.svc.cluster.local:80"},
+			&outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: "books.default.svc.cluster.local:80"}}},
+		{"address", destination.TrafficSpec{Addr: addr},
+			&outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Addr{Addr: destination.AddrToProto(addr)}}},
+		{"authority like an address key", destination.TrafficSpec{Authority: "addr=10.1.2.3:8080"},
+			&outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: "addr=10.1.2.3:8080"}}},
+		{"authority like an authority key", destination.TrafficSpec{Authority: "authority=books:80"},
+			&outboundpb.TrafficSpec{Target: &outboundpb.TrafficSpec_Authority{Authority: "authority=books:80"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := destination.PolicyRequest(c, tc.spec)
+			require.NoError(t, err)
+			got.SourceWorkload = ""
+			assert.True(t, proto.Equal(tc.want, got), "got %v, want %v", got, tc.want)
+		})
+	}
 }
