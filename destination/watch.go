@@ -104,24 +104,13 @@ type watch[M, U any] struct {
 	kind      *kind[M, U]
 	authority string
 
-	// The state across streams, touched by one stream's end at a time
-	// (see [watch.ended]): the backoff's attempt, whether the last
-	// stream failed, and whether the notFound update was published for
-	// the current run of such answers.
-	attempts  int
-	failing   bool
-	announced bool
+	// attempts is the backoff's attempt, part of the state across
+	// streams (with failing and announced, below), touched by one
+	// stream's end at a time (see [watch.ended]).
+	attempts int
 
-	mu      sync.Mutex
-	last    U
-	hasLast bool
-	// lastNotFound: last is the kind's notFound update, the control
-	// plane's word that the target does not exist, not a state a stream
-	// delivered.
-	lastNotFound bool
-	// lastUnanswered: last is the kind's unanswered update, the client's
-	// own word that no answer could come, not a state a stream delivered.
-	lastUnanswered bool
+	mu   sync.Mutex
+	last U
 	// subs are the watch's mailboxes, in no order: a few for nearly
 	// every watch, where a map would cost more than the watch itself.
 	subs    []*mailbox.Mailbox[U]
@@ -133,7 +122,6 @@ type watch[M, U any] struct {
 	// otherwise hold an evicted watch and its last state for the whole
 	// idle timeout.
 	idleTimer *time.Timer
-	evicted   bool
 	// cur is the current stream, which stop ends; retry opens the next
 	// one after the backoff's delay; stopped says that the watch ended,
 	// so that no stream opens again. A watch has no context of its own:
@@ -142,6 +130,23 @@ type watch[M, U any] struct {
 	cur     *session[M, U]
 	retry   *time.Timer
 	stopped bool
+	hasLast bool
+	// lastNotFound: last is the kind's notFound update, the control
+	// plane's word that the target does not exist, not a state a stream
+	// delivered.
+	lastNotFound bool
+	// lastUnanswered: last is the kind's unanswered update, the client's
+	// own word that no answer could come, not a state a stream delivered.
+	lastUnanswered bool
+	evicted        bool
+
+	// failing says that the last stream failed, and announced that the
+	// notFound update was published for the current run of such answers:
+	// with attempts, the state across streams. They are not under mu;
+	// they sit with the flags above so that a watch, one of thousands,
+	// spends one word on all of them.
+	failing   bool
+	announced bool
 }
 
 // watches is a bounded set of watches of one kind, keyed by authority.
