@@ -87,7 +87,11 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 				return c.policyAPI.Watch(ctx, c.trafficSpec(key), opts...)
 			},
 			decode: func(key string, _ policy.Update, _ bool, m *outboundpb.OutboundPolicy) (policy.Update, bool) {
-				p, err := PolicyFromProto(m)
+				authority := key
+				if strings.HasPrefix(key, "authority=") || strings.HasPrefix(key, "addr=") {
+					authority = ""
+				}
+				p, err := decodePolicy(m, authority)
 				if err != nil {
 					rl.WarnErr("policy "+key, "rejected an outbound policy; keeping the last one", err, "target", policyTarget(key))
 					return policy.Update{}, false

@@ -29,10 +29,17 @@ import (
 // opaque filters are not); TLS routes are not converted: only the
 // protocol is kept.
 func PolicyFromProto(m *outboundpb.OutboundPolicy) (*policy.Policy, error) {
+	return decodePolicy(m, "")
+}
+
+// decodePolicy is [PolicyFromProto] for the policy of authority ("" for
+// none), whose strings it shares (see [shareStrings]).
+func decodePolicy(m *outboundpb.OutboundPolicy, authority string) (*policy.Policy, error) {
 	p, err := policyFromProto(m)
 	if err != nil {
 		return nil, err
 	}
+	shareStrings(p, authority)
 	if _, err := policy.Compile(p, policy.Options{}); err != nil {
 		return nil, err
 	}
@@ -145,7 +152,7 @@ func shareOpaqueBackends(p *policy.Policy) {
 func metadataFromProto(m *pb.Metadata, path string) (policy.Metadata, error) {
 	switch k := m.GetKind().(type) {
 	case *pb.Metadata_Default:
-		return policy.DefaultMetadata(k.Default), nil
+		return policy.DefaultMetadata(knownName(k.Default)), nil
 	case *pb.Metadata_Resource:
 		r := k.Resource
 		for _, f := range []struct{ name, v string }{{"group", r.GetGroup()}, {"kind", r.GetKind()}, {"name", r.GetName()}, {"namespace", r.GetNamespace()}} {
@@ -153,7 +160,7 @@ func metadataFromProto(m *pb.Metadata, path string) (policy.Metadata, error) {
 				return policy.Metadata{}, errAt(path+".resource."+f.name, "must not be empty")
 			}
 		}
-		md := policy.Metadata{Group: r.GetGroup(), Kind: r.GetKind(), Name: r.GetName(), Namespace: r.GetNamespace(), Section: r.GetSection()}
+		md := policy.Metadata{Group: knownName(r.GetGroup()), Kind: knownName(r.GetKind()), Name: r.GetName(), Namespace: r.GetNamespace(), Section: r.GetSection()}
 		if port := r.GetPort(); port <= math.MaxUint16 {
 			md.Port = uint16(port) // as Linkerd: a port out of range is no port
 		}
@@ -227,6 +234,7 @@ func httpRuleFromProto(r *outboundpb.HttpRoute_Rule, path string) (policy.HTTPRu
 			return out, err
 		}
 	}
+	out.Matches = shareMatches(out.Matches)
 	if out.Filters, err = httpFiltersFromProto(r.GetFilters(), path+".filters"); err != nil {
 		return out, err
 	}

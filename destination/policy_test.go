@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inmesh/inmesh/balancer/endpoint"
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/manifest"
@@ -451,4 +452,48 @@ func TestPolicyWatchTargets(t *testing.T) {
 			assert.True(t, proto.Equal(tc.want, got), "got %v, want %v", got, tc.want)
 		})
 	}
+}
+
+// TestPolicyDefaultsOfTwoNames checks that the default policies of two
+// Services, which share what they have in common, each name their own
+// Service: in their parent (the parent_* metric labels), in each
+// backend, and in the authority each backend balances over.
+func TestPolicyDefaultsOfTwoNames(t *testing.T) {
+	const books, authors = "books.shop.svc.cluster.local:80", "authors.shop.svc.cluster.local:80"
+	store := controlplane.NewStore()
+	store.SetEndpoints(map[string][]endpoint.Endpoint{
+		books:   {{Addr: netip.MustParseAddrPort("127.0.0.1:1")}},
+		authors: {{Addr: netip.MustParseAddrPort("127.0.0.1:2")}},
+	})
+	cp := servePolicies(t, holdListener(t), store)
+	c := newTestClient(t, cp.addr)
+	got := map[string]*policy.Policy{}
+	for _, name := range []string{books, authors} {
+		rec := newRecorder[policy.Update]()
+		stop, err := c.Policies().Watch(context.Background(), name, rec.update)
+		require.NoError(t, err)
+		defer stop()
+		got[name] = rec.waitFor(t, "the default policy of "+name, routeNamedP("http")).Policy
+	}
+	for name, svc := range map[string]string{books: "books", authors: "authors"} {
+		p := got[name]
+		want := policy.Metadata{Group: "core", Kind: "Service", Namespace: "shop", Name: svc, Port: 80}
+		assert.Equal(t, want, p.Parent, name)
+		for _, route := range [][]policy.HTTPRoute{p.HTTP1.Routes, p.HTTP2.Routes} {
+			require.Len(t, route, 1, name)
+			require.Len(t, route[0].Rules, 1, name)
+			rule := route[0].Rules[0]
+			assert.Equal(t, []policy.HTTPRouteMatch{{Path: &policy.PathMatch{Kind: policy.PathPrefix, Value: "/"}}}, rule.Matches, name)
+			require.Len(t, rule.Backends.Backends, 1, name)
+			b := rule.Backends.Backends[0].Backend
+			assert.Equal(t, want, b.Meta, name)
+			require.NotNil(t, b.Balancer, name)
+			assert.Equal(t, name, b.Balancer.Authority)
+		}
+		require.Len(t, p.Opaque.Routes, 1, name)
+		require.Len(t, p.Opaque.Routes[0].Backends.Backends, 1, name)
+		assert.Equal(t, want, p.Opaque.Routes[0].Backends.Backends[0].Backend.Meta, name)
+	}
+	// What the two have in common, they share.
+	assert.Same(t, &got[books].HTTP1.Routes[0].Rules[0].Matches[0], &got[authors].HTTP1.Routes[0].Rules[0].Matches[0])
 }
