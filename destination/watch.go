@@ -101,6 +101,7 @@ func isNotFound(err error) bool {
 // It holds no goroutine of its own: see [watch.attempt].
 type watch[M, U any] struct {
 	c         *Client
+	ws        *watches[M, U] // the set it is in (or was, once evicted)
 	kind      *kind[M, U]
 	authority string
 
@@ -174,7 +175,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 			return nil, fmt.Errorf("%w: %d %s watches already", errTooManyWatches, len(ws.m), ws.kind.name)
 		}
 		w = &watch[M, U]{
-			c: c, kind: ws.kind, authority: authority,
+			c: c, ws: ws, kind: ws.kind, authority: authority,
 		}
 		ws.m[authority] = w
 		// Counts the watch until it ended (see [watch.ended]).
@@ -182,15 +183,14 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 		go w.attempt()
 	}
 
-	// s is added under w.mu, which its exit hook also takes, so even a
-	// mailbox whose context is already done is removed again.
+	// s is added under w.mu, which w.MailboxFinished also takes, so even
+	// a mailbox whose context is already done is removed again.
 	delete(ws.idle, w)
-	var s *mailbox.Mailbox[U]
 	w.mu.Lock()
 	w.stopIdleTimerLocked()
 	// The mailbox ends with ctx, with Stop, or when the client closes
 	// (stopAll), not by a hook on the client's context.
-	s = mailbox.Start(context.Background(), ctx, &c.wg, update, func() { ws.unsubscribe(w, s) })
+	s := mailbox.StartOwned(context.Background(), ctx, &c.wg, update, w)
 	w.subs = append(w.subs, s)
 	w.idleGen++
 	if w.hasLast {
@@ -199,6 +199,10 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	w.mu.Unlock()
 	return s.Stop, nil
 }
+
+// MailboxFinished takes the finished mailbox s of a subscriber off w: see
+// [watches.unsubscribe].
+func (w *watch[M, U]) MailboxFinished(s *mailbox.Mailbox[U]) { w.ws.unsubscribe(w, s) }
 
 // unsubscribe removes s from w and, when w has no subscribers left, closes
 // it after the idle timeout.

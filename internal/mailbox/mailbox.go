@@ -14,7 +14,7 @@ import (
 // concurrent use.
 type Mailbox[T any] struct {
 	deliver func(T)
-	onExit  func()
+	owner   Owner[T] // nil: none
 	wg      *sync.WaitGroup
 	mu      sync.Mutex
 	// The hooks of its contexts, which finish takes it off (nil: a
@@ -25,7 +25,7 @@ type Mailbox[T any] struct {
 	fresh               bool // pending has not been delivered yet
 	running             bool // a delivery goroutine is on its way
 	ended               bool
-	finished            bool          // ended and idle: onExit ran
+	finished            bool          // ended and idle: the owner was told
 	done                chan struct{} // made by a Stop that waits; closed once finished
 }
 
@@ -34,7 +34,30 @@ type Mailbox[T any] struct {
 // returned for the last time, it calls onExit (if not nil) exactly once. wg,
 // if not nil, counts the mailbox until then.
 func Start[T any](parent, ctx context.Context, wg *sync.WaitGroup, deliver func(T), onExit func()) *Mailbox[T] {
-	m := &Mailbox[T]{deliver: deliver, onExit: onExit, wg: wg}
+	var owner Owner[T]
+	if onExit != nil {
+		owner = exitFunc[T](onExit)
+	}
+	return StartOwned(parent, ctx, wg, deliver, owner)
+}
+
+// Owner is told which of its mailboxes finished: see [StartOwned].
+type Owner[T any] interface {
+	// MailboxFinished is called once for m, once deliver has returned
+	// for the last time; m's Stop waits for it.
+	MailboxFinished(m *Mailbox[T])
+}
+
+// exitFunc is the Owner of a mailbox started with an onExit function.
+type exitFunc[T any] func()
+
+func (f exitFunc[T]) MailboxFinished(*Mailbox[T]) { f() }
+
+// StartOwned is [Start] with owner's MailboxFinished (if owner is not nil)
+// in place of onExit: an owner of many mailboxes learns which one finished
+// without a closure for each.
+func StartOwned[T any](parent, ctx context.Context, wg *sync.WaitGroup, deliver func(T), owner Owner[T]) *Mailbox[T] {
+	m := &Mailbox[T]{deliver: deliver, owner: owner, wg: wg}
 	if wg != nil {
 		wg.Add(1)
 	}
@@ -71,8 +94,8 @@ func (m *Mailbox[T]) Offer(v T) {
 }
 
 // Stop ends the mailbox and waits until deliver has returned for the last
-// time and onExit has run. It is safe to call more than once, but not from
-// deliver.
+// time and onExit (or its owner's MailboxFinished) has run. It is safe to
+// call more than once, but not from deliver.
 func (m *Mailbox[T]) Stop() {
 	m.end()
 	m.mu.Lock()
@@ -137,8 +160,8 @@ func (m *Mailbox[T]) finish() {
 	if ctxHook != nil {
 		ctxHook.remove(m)
 	}
-	if m.onExit != nil {
-		m.onExit()
+	if m.owner != nil {
+		m.owner.MailboxFinished(m)
 	}
 	m.mu.Lock()
 	m.finished = true

@@ -195,3 +195,37 @@ func TestStopOfAFinishedMailboxMakesNoChannel(t *testing.T) {
 }
 
 type valueKey struct{}
+
+// owner records the mailboxes it is told finished.
+type owner struct {
+	mu       sync.Mutex
+	finished []*Mailbox[int]
+}
+
+func (o *owner) MailboxFinished(m *Mailbox[int]) {
+	o.mu.Lock()
+	o.finished = append(o.finished, m)
+	o.mu.Unlock()
+}
+
+// TestOwnerToldWhichFinished checks that the owner of several mailboxes
+// is told of each one's end, once, whether Stop or its context ended it,
+// before Stop returns.
+func TestOwnerToldWhichFinished(t *testing.T) {
+	o := new(owner)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	stopped := StartOwned(context.Background(), context.Background(), &wg, func(int) {}, o)
+	cancelled := StartOwned(context.Background(), ctx, &wg, func(int) {}, o)
+	stopped.Stop()
+	o.mu.Lock()
+	assert.Equal(t, []*Mailbox[int]{stopped}, o.finished, "before Stop returns")
+	o.mu.Unlock()
+	cancel()
+	wg.Wait()
+	stopped.Stop()
+	cancelled.Stop()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	assert.Equal(t, []*Mailbox[int]{stopped, cancelled}, o.finished)
+}
