@@ -291,6 +291,11 @@ func (c *Client) request(authority string) *pb.GetDestination {
 // decodeProfile converts a GetProfile message of authority.
 func (c *Client) decodeProfile(authority string, _ profiles.Update, _ bool, m *pb.DestinationProfile) (profiles.Update, bool) {
 	p, dropped := ProfileFromProto(m)
+	if strings.HasPrefix(authority, p.FullyQualifiedName) {
+		// The name is the authority's host, which the watch holds
+		// already: one copy for each of thousands of names.
+		p.FullyQualifiedName = authority[:len(p.FullyQualifiedName)]
+	}
 	for _, d := range dropped {
 		c.log.WarnErr("dropped profile part:"+authority, "dropped a part of a profile update that does not convert; the rest applies", d.Err, "authority", authority, "route", d.Route, "dropped", d.Field)
 	}
