@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strings"
 	"sync"
@@ -739,23 +740,24 @@ func (b *Balancer) wait(req *http.Request, g *group, s *snapshot) (*snapshot, er
 // body ends.
 func (t *transport) send(req *http.Request, host string, e *member, probe bool, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
 	b := t.b
-	ctx := context.WithValue(origproto.WithPeer(req.Context(), e.H2), endpointKey{}, &e.Endpoint)
+	s := &sent{}
+	s.peer.Context, s.peer.Peer = req.Context(), e.H2
 	if e.Identity != "" {
-		ctx = origproto.WithServerTLS(ctx, e.Identity, e.ServerName) // mTLS to it, never plaintext
+		s.peer.SetServerTLS(e.Identity, e.ServerName) // mTLS to it, never plaintext
 	}
-	if e.labels != nil {
-		ctx = classify.WithLabels(ctx, e.labels)
-	}
+	s.ep.Context, s.ep.ep = &s.peer, &e.Endpoint
+	s.labels.Context, s.labels.Labels = &s.ep, e.labels
+	ctx := context.Context(&s.labels)
 	if meshtrace.Enabled(ctx) {
 		meshtrace.EndpointChosen(ctx, e.traced())
 	}
 	out := req.WithContext(ctx)
-	u := *req.URL
-	u.Host = e.addr
-	if u.Scheme == "" {
-		u.Scheme = "http"
+	s.url = *req.URL
+	s.url.Host = e.addr
+	if s.url.Scheme == "" {
+		s.url.Scheme = "http"
 	}
-	out.URL = &u
+	out.URL = &s.url
 	if out.Host == "" {
 		out.Host = host
 	}
@@ -812,8 +814,9 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	// The verdict waits for the end of the stream, as Linkerd's breaker
 	// takes a response's class when its body ends: a stream that fails
 	// is a failure whatever its head said.
-	pb := &pendingBody{ReadCloser: resp.Body, b: b, e: e, ctx: req.Context(), resp: resp, hold: ent, ref: ref,
-		probe: probe, head: o, final: final, released: penalized}
+	pb := &s.body
+	pb.ReadCloser, pb.b, pb.e, pb.ctx, pb.resp, pb.hold, pb.ref = resp.Body, b, e, req.Context(), resp, ent, ref
+	pb.probe, pb.head, pb.final, pb.released = probe, o, final, penalized
 	if !final {
 		pb.classifier, pb.class, pb.grpc = cl, class, grpcReq
 	}
@@ -924,6 +927,36 @@ func (p *pendingBody) finish(err error) {
 		p.head.classified(p.classifier.End(p.class, p.grpc, nil), p.resp.StatusCode)
 	}
 	p.b.record(p.e, p.head, p.probe, p.b.cfg.now())
+}
+
+// sent is what the Balancer allocates for one request it sends to an
+// endpoint, in one allocation: the context that carries the endpoint (its
+// h2 hint and TLS, itself, its labels), the request's URL for it and the
+// watch on its response body.
+type sent struct {
+	peer   origproto.EndpointContext // the request's context is its parent
+	ep     endpointContext           // &peer is its parent
+	labels classify.LabelsContext    // &ep is its parent
+	url    url.URL
+	body   pendingBody
+}
+
+// endpointContext is a context in which [EndpointFromContext] returns ep,
+// with Context as its parent.
+type endpointContext struct {
+	context.Context
+	ep *endpoint.Endpoint
+}
+
+func (c *endpointContext) Value(key any) any {
+	if key == (endpointKey{}) {
+		return c.ep
+	}
+	return c.Context.Value(key)
+}
+
+func (c *endpointContext) String() string {
+	return fmt.Sprintf("%v.WithValue(balancer.endpointKey, %v)", c.Context, c.ep.Addr)
 }
 
 type endpointKey struct{}

@@ -194,6 +194,30 @@ func WithLabels(ctx context.Context, l *Labels) context.Context {
 	return context.WithValue(ctx, labelsKey{}, l)
 }
 
+// LabelsContext is a context whose requests are recorded with Labels too,
+// as in one [WithLabels] returns, with Context as its parent; nil Labels
+// add nothing. It is for a per-request object that is allocated anyway: a
+// field of it set and used by address is that context at no allocation of
+// its own. Set it before first use and leave it unchanged after.
+type LabelsContext struct {
+	context.Context
+	Labels *Labels
+}
+
+// Value returns Labels for the key of [WithLabels] when they are not nil,
+// and the parent's value for any other key.
+func (c *LabelsContext) Value(key any) any {
+	if key == (labelsKey{}) && c.Labels != nil {
+		return c.Labels
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context as context.WithValue's does.
+func (c *LabelsContext) String() string {
+	return fmt.Sprintf("%v.WithValue(classify.labelsKey, %p)", c.Context, c.Labels)
+}
+
 // LabelsFromContext returns the labels of ctx ([WithLabels]), or nil.
 func LabelsFromContext(ctx context.Context) *Labels { return labelsFromContext(ctx) }
 

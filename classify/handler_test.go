@@ -2,6 +2,7 @@ package classify
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -162,17 +163,33 @@ func TestAuthorityBound(t *testing.T) {
 	assert.Equal(t, "48", m.Value(t, "request_total", `authority="other"`))
 }
 
+// A request's labels come from its context, set by WithLabels or by a
+// LabelsContext; a LabelsContext without labels leaves its parent's.
 func TestLabelsFromContext(t *testing.T) {
-	m := testutil.NewMetrics(t)
 	labels := NewLabels("dst_", map[string]string{"pod": "books-0", "namespace": "default"})
-	srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	tr := NewTransport(testutil.NewTransport(t, testutil.H1), WithMeterProvider(m.Provider))
-	req, _ := http.NewRequest("GET", srv.URL, nil)
-	req = req.WithContext(WithLabels(req.Context(), labels))
-	resp, err := tr.RoundTrip(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, "1", m.Value(t, "request_total", `dst_namespace="default"`, `dst_pod="books-0"`))
+	for _, tc := range []struct {
+		name string
+		with func(context.Context) context.Context
+	}{
+		{"WithLabels", func(ctx context.Context) context.Context { return WithLabels(ctx, labels) }},
+		{"LabelsContext", func(ctx context.Context) context.Context { return &LabelsContext{Context: ctx, Labels: labels} }},
+		{"LabelsContext without labels", func(ctx context.Context) context.Context {
+			return &LabelsContext{Context: WithLabels(ctx, labels)}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := testutil.NewMetrics(t)
+			srv := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+			tr := NewTransport(testutil.NewTransport(t, testutil.H1), WithMeterProvider(m.Provider))
+			req, _ := http.NewRequest("GET", srv.URL, nil)
+			req = req.WithContext(tc.with(req.Context()))
+			assert.Same(t, labels, LabelsFromContext(req.Context()))
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, "1", m.Value(t, "request_total", `dst_namespace="default"`, `dst_pod="books-0"`))
+		})
+	}
 }
 
 // A handler's default labels apply to requests whose context carries

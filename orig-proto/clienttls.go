@@ -26,17 +26,27 @@ func WithServerIdentity(ctx context.Context, name string) context.Context {
 // when it differs from the identity (discovery's server_name, a DNS name
 // for a URI identity); an empty serverName is name.
 func WithServerTLS(ctx context.Context, name, serverName string) context.Context {
-	return context.WithValue(ctx, serverIdentityKey{}, serverTLS{id: name, serverName: serverName})
+	return context.WithValue(ctx, serverIdentityKey{}, &serverTLS{id: name, serverName: serverName})
 }
 
-// serverTLS is what WithServerTLS says of a request's endpoint.
+// serverTLS is what WithServerTLS says of a request's endpoint. A context
+// holds it by address, so that an [EndpointContext] answers with its own
+// field at no allocation.
 type serverTLS struct{ id, serverName string }
+
+// serverTLSFrom returns what ctx says of its endpoint's TLS, the zero
+// value when it says nothing.
+func serverTLSFrom(ctx context.Context) serverTLS {
+	if s, _ := ctx.Value(serverIdentityKey{}).(*serverTLS); s != nil {
+		return *s
+	}
+	return serverTLS{}
+}
 
 // ServerIdentityFromContext returns the identity [WithServerIdentity] or
 // [WithServerTLS] said, empty when they said nothing.
 func ServerIdentityFromContext(ctx context.Context) string {
-	s, _ := ctx.Value(serverIdentityKey{}).(serverTLS)
-	return s.id
+	return serverTLSFrom(ctx).id
 }
 
 // WithClientIdentity makes the Transport a meshed client with the identity

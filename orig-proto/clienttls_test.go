@@ -46,28 +46,44 @@ func TestTapNamesTheServerIdentityTheHandshakeProved(t *testing.T) {
 		{name: "plaintext", rt: plain, claimed: booksID},
 		{name: "another identity", rt: meshed, claimed: authorsID, wantFail: true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
-			defer cancel()
-			ctx = WithPeer(WithServerIdentity(ctx, tc.claimed), tc.peer)
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
-			require.NoError(t, err)
-			resp, err := hub.Transport(tc.rt).RoundTrip(req)
-			if tc.wantFail {
-				require.Error(t, err)
-			} else {
+		// What discovery says reaches the Transport through WithPeer and
+		// WithServerIdentity, or through an EndpointContext.
+		for _, way := range []struct {
+			name string
+			with func(ctx context.Context, id string, peer bool) context.Context
+		}{
+			{"With", func(ctx context.Context, id string, peer bool) context.Context {
+				return WithPeer(WithServerIdentity(ctx, id), peer)
+			}},
+			{"EndpointContext", func(ctx context.Context, id string, peer bool) context.Context {
+				c := &EndpointContext{Context: ctx, Peer: peer}
+				c.SetServerTLS(id, "")
+				return c
+			}},
+		} {
+			t.Run(tc.name+"/"+way.name, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+				defer cancel()
+				ctx = way.with(ctx, tc.claimed, tc.peer)
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
 				require.NoError(t, err)
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			var e tap.Event
-			select {
-			case e = <-w.Events():
-			default:
-				t.Fatal("no event once the response ended")
-			}
-			assert.Equal(t, tc.wantID, e.ServerID)
-			assert.Equal(t, tc.wantFail, e.Error != "", "error %q", e.Error)
-		})
+				resp, err := hub.Transport(tc.rt).RoundTrip(req)
+				if tc.wantFail {
+					require.Error(t, err)
+				} else {
+					require.NoError(t, err)
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				var e tap.Event
+				select {
+				case e = <-w.Events():
+				default:
+					t.Fatal("no event once the response ended")
+				}
+				assert.Equal(t, tc.wantID, e.ServerID)
+				assert.Equal(t, tc.wantFail, e.Error != "", "error %q", e.Error)
+			})
+		}
 	}
 }

@@ -76,8 +76,7 @@ func (t *Transport) requireID(r *http.Request, vs []string) (*http.Request, *htt
 	}
 	found := ""
 	if t.tls != nil {
-		s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS)
-		found = s.id
+		found = serverTLSFrom(r.Context()).id
 	}
 	if requireid.Satisfied(want, found) {
 		return out, nil

@@ -23,6 +23,46 @@ func WithPeer(ctx context.Context, peer bool) context.Context {
 	return context.WithValue(ctx, peerKey{}, peer)
 }
 
+// EndpointContext is a context that says of the endpoint a request goes
+// to what [WithPeer] says (Peer) and, once [EndpointContext.SetServerTLS]
+// is called, what [WithServerTLS] says, with Context as its parent. It is
+// for a per-request object that is allocated anyway: a field of it set
+// and used by address is that context at no allocation of its own. Set it
+// before first use and leave it unchanged after.
+type EndpointContext struct {
+	context.Context
+	Peer bool
+	tls  serverTLS // id "": it says nothing of the server's TLS
+}
+
+// SetServerTLS makes c say what WithServerTLS(c.Context, name, serverName)
+// would; an empty name says nothing.
+func (c *EndpointContext) SetServerTLS(name, serverName string) {
+	c.tls = serverTLS{id: name, serverName: serverName}
+}
+
+// Value returns Peer for the key of [WithPeer], the server's TLS for that
+// of [WithServerTLS] once set, and the parent's value for any other key.
+func (c *EndpointContext) Value(key any) any {
+	switch key.(type) {
+	case peerKey:
+		return c.Peer
+	case serverIdentityKey:
+		if c.tls.id != "" {
+			return &c.tls
+		}
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context as context.WithValue's would.
+func (c *EndpointContext) String() string {
+	if c.tls.id != "" {
+		return fmt.Sprintf("%v.WithValue(origproto.peerKey, %t).WithValue(origproto.serverIdentityKey, %s)", c.Context, c.Peer, c.tls.id)
+	}
+	return fmt.Sprintf("%v.WithValue(origproto.peerKey, %t)", c.Context, c.Peer)
+}
+
 // PeerFromContext returns what [WithPeer] said, and whether it said
 // anything.
 func PeerFromContext(ctx context.Context) (peer, ok bool) {
@@ -183,7 +223,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return failed, nil
 	}
 	if t.tls != nil {
-		if s, _ := r.Context().Value(serverIdentityKey{}).(serverTLS); s.id != "" {
+		if s := serverTLSFrom(r.Context()); s.id != "" {
 			// Wait for the local certificate here, under the request's
 			// context: net/http dials under a context the request's end
 			// does not cancel, and a connection made without the
