@@ -159,14 +159,14 @@ func (r *recorder) targetIn(p snapshot, st *authTargets, l *Labels) *metrics.Tar
 	if t := st.target(l); t != nil {
 		return t
 	}
-	kvs := []attribute.KeyValue{attribute.String("authority", st.authority), r.direction}
+	own := []attribute.KeyValue{attribute.String("authority", st.authority), r.direction}
 	if l.Unnamed() {
-		kvs = kvs[1:]
+		own = own[1:]
 	}
-	if l != nil {
-		kvs = append(kvs, l.kvs...)
-	}
-	t := metrics.NewTarget(r.fam, kvs...)
+	// The target keeps l's labels as they are, not a copy in a set of
+	// its own: the balancer holds them for the endpoint anyway, for
+	// each endpoint of each of thousands of authorities.
+	t := metrics.NewTargetsWith(own, l.KeyValues(), r.fam)[0]
 	for len(st.targets) < maxTargetsPerAuthority {
 		next := &authTargets{authority: st.authority,
 			targets: append(st.targets[:len(st.targets):len(st.targets)], keyedTarget{l, t})}

@@ -96,13 +96,9 @@ type Target struct {
 // made together with [NewTargets]: a route's series and its actual
 // attempts' have the same labels, and a proxy holds them for each of
 // thousands of names.
-//
-// The base labels are kept only as the set: a copy beside it would cost
-// as much again for every name, and the slow paths that need them as a
-// slice (a new response, AddOptions) take the set's.
 type labelSets struct {
-	set attribute.Set // the base labels
-	n   int           // targets
+	base *baseLabels
+	n    int // targets
 
 	mu sync.RWMutex
 	// few are the first responses' sets, looked up in order: most
@@ -110,6 +106,40 @@ type labelSets struct {
 	// more than the sets it finds. more holds the rest.
 	few  []*responseSets
 	more map[Response]*responseSets
+}
+
+// baseLabels are the base labels of targets, immutable: a set, and
+// labels kept as they were given beside it (see [NewTargetsWith]), never
+// a copy of those in the set too. A copy would cost as much again for
+// every name; the slow paths that need all of them (a new response, a
+// collection, AddOptions) build what they need. The series of a [Sum]
+// refer to them, not to the targets' response sets, so that a series
+// outliving its targets keeps only its labels.
+type baseLabels struct {
+	set    attribute.Set
+	shared []attribute.KeyValue // nil: the set is all of them
+	key    attribute.Distinct   // the set of all of them's
+}
+
+// appendTo appends the labels to kvs, in no particular order; a key
+// given twice is the later one's, as in [attribute.NewSet].
+func (b *baseLabels) appendTo(kvs []attribute.KeyValue) []attribute.KeyValue {
+	for it := b.set.Iter(); it.Next(); {
+		kvs = append(kvs, it.Attribute())
+	}
+	return append(kvs, b.shared...)
+}
+
+// len is the number of labels appendTo appends.
+func (b *baseLabels) len() int { return b.set.Len() + len(b.shared) }
+
+// attrs returns the set of all the labels, building it when some are
+// kept beside the set.
+func (b *baseLabels) attrs() attribute.Set {
+	if b.shared == nil {
+		return b.set
+	}
+	return attribute.NewSet(b.appendTo(make([]attribute.KeyValue, 0, b.len()))...)
 }
 
 // fewResponses is how many response sets a target keeps in its list
@@ -136,10 +166,31 @@ func NewTargets(base []attribute.KeyValue, fams ...*Family) []*Target {
 	// attribute.NewSet sorts the slice it is given in place, and callers
 	// share their label slices between targets: every set is built from a
 	// copy.
-	ls := &labelSets{set: attribute.NewSet(slices.Clone(base)...), n: len(fams)}
+	set := attribute.NewSet(slices.Clone(base)...)
+	return newTargets(&baseLabels{set: set, key: set.Equivalent()}, fams)
+}
+
+// NewTargetsWith is [NewTargets] for the base labels own and then
+// shared, of which the targets keep shared as it is instead of copying
+// it into a set with own: shared is typically the labels of an endpoint
+// that its balancer holds anyway, for each of thousands of names. shared
+// must not change afterwards. A key in both is shared's.
+func NewTargetsWith(own, shared []attribute.KeyValue, fams ...*Family) []*Target {
+	if len(shared) == 0 {
+		return NewTargets(own, fams...)
+	}
+	b := &baseLabels{set: attribute.NewSet(slices.Clone(own)...), shared: shared}
+	// The set of all of them is built once here for its key, and dropped.
+	all := b.attrs()
+	b.key = all.Equivalent()
+	return newTargets(b, fams)
+}
+
+func newTargets(b *baseLabels, fams []*Family) []*Target {
+	ls := &labelSets{base: b, n: len(fams)}
 	ts := make([]*Target, len(fams))
 	for i, f := range fams {
-		ts[i] = &Target{fam: f, labels: ls, idx: i, requests: f.requests.Series(ls.set)}
+		ts[i] = &Target{fam: f, labels: ls, idx: i, requests: f.requests.baseSeries(b)}
 	}
 	return ts
 }
@@ -147,10 +198,11 @@ func NewTargets(base []attribute.KeyValue, fams ...*Family) []*Target {
 // AddOptions returns the option set of the target's base labels and
 // then kvs, for counters beside the family.
 func (t *Target) AddOptions(kvs ...attribute.KeyValue) []metric.AddOption {
+	b := t.labels.base
 	if len(kvs) == 0 {
-		return []metric.AddOption{metric.WithAttributeSet(t.labels.set)}
+		return []metric.AddOption{metric.WithAttributeSet(b.attrs())}
 	}
-	return Opts(append(t.labels.set.ToSlice(), kvs...)...)
+	return Opts(append(b.appendTo(make([]attribute.KeyValue, 0, b.len()+len(kvs))), kvs...)...)
 }
 
 // Request counts one request.
@@ -165,7 +217,7 @@ func (t *Target) Response(ctx context.Context, r Response, start time.Time) {
 	c := rs.count[t.idx].Load()
 	if c == nil {
 		// Equal sets give the same series: a race makes it once.
-		c = t.fam.responses.ResponseSeries(t.labels.set, rs.r)
+		c = t.fam.responses.responseSeries(t.labels.base, rs.r)
 		rs.count[t.idx].Store(c)
 	}
 	c.Add()
@@ -195,9 +247,9 @@ func (ls *labelSets) sets(r Response) *responseSets {
 		}
 	}
 	// The set of the response count is made when a reader collects
-	// (see [Sum.ResponseSeries]); the latency's is kept, for the SDK's
+	// (see [Sum.responseSeries]); the latency's is kept, for the SDK's
 	// histogram takes it with each measurement.
-	withStatus, _ := responseKVs(ls.set, r)
+	withStatus, _ := responseKVs(ls.base, r)
 	rs = &responseSets{
 		r:      r,
 		record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(withStatus...))},
@@ -227,13 +279,10 @@ func (ls *labelSets) lookupLocked(r Response) *responseSets {
 // responseKVs returns the labels of a response's latency (base and
 // status_code) and of its count (those, classification, grpc_status and
 // error).
-func responseKVs(base attribute.Set, r Response) (withStatus, all []attribute.KeyValue) {
+func responseKVs(base *baseLabels, r Response) (withStatus, all []attribute.KeyValue) {
 	// One slice for both, as a collection builds the count's labels for
 	// every response series it reports: withStatus is its start.
-	all = make([]attribute.KeyValue, 0, base.Len()+4)
-	for it := base.Iter(); it.Next(); {
-		all = append(all, it.Attribute())
-	}
+	all = base.appendTo(make([]attribute.KeyValue, 0, base.len()+4))
 	if kv, ok := statusKV(r.Status); ok {
 		all = append(all, kv)
 	}

@@ -35,12 +35,12 @@ type Sum struct {
 
 	mu       sync.Mutex
 	bySet    map[attribute.Distinct]*Series
-	byResp   map[responseKey]*Series // the series of ResponseSeries
+	byResp   map[responseKey]*Series // the series of responseSeries
 	list     []*Series               // in creation order; append-only
 	overflow *Series
 }
 
-// responseKey identifies a series of [Sum.ResponseSeries]: its base
+// responseKey identifies a series of [Sum.responseSeries]: its base
 // labels and its response, the latter as a handle: a word where the
 // response is five, for each of thousands of series.
 type responseKey struct {
@@ -62,11 +62,10 @@ type Series struct {
 	n atomic.Int64
 	// obs is the option of the series' set, in an array of its own
 	// rather than a slice: one allocation less for each series. It is
-	// nil for a series of [Sum.ResponseSeries], whose set is built when
-	// a reader collects.
+	// nil for a series whose set is built when a reader collects (resp).
 	obs [1]metric.ObserveOption
-	// resp is the base labels and response of a series of
-	// ResponseSeries, nil for any other.
+	// resp is the base labels and response of a series whose set is
+	// built when a reader collects, nil for any other.
 	resp *responseLabels
 }
 
@@ -76,13 +75,19 @@ type Series struct {
 // (status, classification, grpc_status, error beside the base) for each
 // of thousands of names, while a reader needs them only while it
 // collects, and the SDK does not keep an observed set past a collection.
+//
+// A series of a target's base labels alone, whose labels are kept as lists
+// (see [NewTargetsWith]), is built the same way, with no response.
 type responseLabels struct {
-	base attribute.Set
-	r    unique.Handle[Response]
+	base *baseLabels
+	r    unique.Handle[Response] // the zero handle: no response labels
 }
 
 // set returns the set of the series' labels.
 func (l *responseLabels) set() attribute.Set {
+	if l.r == (unique.Handle[Response]{}) {
+		return l.base.attrs()
+	}
 	_, all := responseKVs(l.base, l.r.Value())
 	return attribute.NewSet(all...)
 }
@@ -215,12 +220,33 @@ func (s *Sum) Series(set attribute.Set) *Series {
 	return se
 }
 
-// ResponseSeries returns the series of base's labels and r's response
+// baseSeries returns the series of base's labels, as [Sum.Series] does;
+// when some are kept beside their set, the series' set is built when a reader
+// collects.
+func (s *Sum) baseSeries(base *baseLabels) *Series {
+	if base.shared == nil {
+		return s.Series(base.set)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if se := s.bySet[base.key]; se != nil {
+		return se
+	}
+	if len(s.list) >= MaxSeries-1 {
+		return s.overflowLocked()
+	}
+	se := &Series{resp: &responseLabels{base: base}}
+	s.bySet[base.key] = se
+	s.list = append(s.list, se)
+	return se
+}
+
+// responseSeries returns the series of base's labels and r's response
 // labels (see [Target]), creating it on first use. Its set is built when
 // a reader collects. The series of one label set are one whichever way
 // they were asked for only if they all are response series, as with the
 // families of [NewFamily].
-func (s *Sum) ResponseSeries(base attribute.Set, r Response) *Series {
+func (s *Sum) responseSeries(base *baseLabels, r Response) *Series {
 	// Responses that label alike are one series.
 	if r.Status < 100 || r.Status > 599 {
 		r.Status = 0
@@ -228,7 +254,7 @@ func (s *Sum) ResponseSeries(base attribute.Set, r Response) *Series {
 	if r.GRPC < 0 {
 		r.GRPC = -1
 	}
-	key := responseKey{base.Equivalent(), unique.Make(r)}
+	key := responseKey{base.key, unique.Make(r)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if se := s.byResp[key]; se != nil {
