@@ -532,3 +532,40 @@ func TestTraceMirroredRequest(t *testing.T) {
 	assert.Equal(t, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01", h.Get("Traceparent"),
 		"the copy carries its own span's context")
 }
+
+// A request on the default route of a name without a profile: its client
+// span names the route "default" of kind ServiceProfile, for every name.
+func TestTraceDefaultRoute(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	app := testutil.NewServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	addr := netip.MustParseAddrPort(app.Listener.Addr().String())
+	names := []string{"books.trace.test:80", "authors.trace.test:80"}
+	eps, err := balancer.NewStaticSource(map[string][]endpoint.Endpoint{names[0]: {{Addr: addr}}, names[1]: {{Addr: addr}}})
+	require.NoError(t, err)
+	client := NewClient(WithTracerProvider(tp), WithEndpoints(eps), WithLogger(quiet))
+	t.Cleanup(client.Close)
+	for _, name := range names {
+		ctx, root := tp.Tracer("test").Start(context.Background(), "app")
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+name+"/", nil)
+		require.NoError(t, err)
+		resp, err := client.RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		root.End()
+	}
+	var clients int
+	for _, s := range exp.GetSpans() {
+		if s.SpanKind != trace.SpanKindClient || s.Parent.SpanID() == (trace.SpanID{}) {
+			continue
+		}
+		if attr(s, "inmesh.route").Type() == attribute.INVALID {
+			continue // an attempt's span
+		}
+		clients++
+		assert.Equal(t, "default", attr(s, "inmesh.route").AsString(), "%s", s.Name)
+		assert.Equal(t, "ServiceProfile", attr(s, "inmesh.route.kind").AsString(), "%s", s.Name)
+	}
+	assert.Equal(t, len(names), clients, "a span with the route for each request")
+}

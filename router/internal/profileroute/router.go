@@ -264,20 +264,25 @@ func (r *Router) hedging(cr *profiles.CompiledRoute, ts *tableState) func([]metr
 	return func(opts []metric.AddOption) Hedger { return r.cfg.hedging(p, opts, ts.budget.get()) }
 }
 
+// defaultRouteAttrs are the span attributes of every default route,
+// shared: most names have no profile routes, and a client keeps a default
+// route for each of thousands of names.
+var defaultRouteAttrs = meshtrace.RouteAttrs("ServiceProfile", "default")
+
 // build makes the targets of one direction.
 func (rt *routeTargets) build(direction string) *dirTargets {
 	kvs := []attribute.KeyValue{attribute.String("direction", direction), attribute.String("dst", rt.dst)}
 	for _, k := range slices.Sorted(maps.Keys(rt.labels)) {
 		kvs = append(kvs, attribute.String("rt_"+k, rt.labels[k]))
 	}
-	name := rt.labels["route"]
-	if name == "" {
-		name = "default"
+	trace := defaultRouteAttrs
+	if name := rt.labels["route"]; name != "" {
+		trace = meshtrace.RouteAttrs("ServiceProfile", name)
 	}
 	ts := metrics.NewTargets(kvs, rt.r.fams.route, rt.r.fams.actual)
 	tg := &dirTargets{
 		name:      rt.labels["route"],
-		trace:     meshtrace.RouteAttrs("ServiceProfile", name),
+		trace:     trace,
 		route:     ts[0],
 		actual:    ts[1],
 		retryable: ts[0].AddOptions(),
