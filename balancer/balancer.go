@@ -776,8 +776,19 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 			b.record(e, outcome{failure: true}, probe, now)
 			return nil, false, err
 		}
-		// Given up by its caller before its head (a timeout, a
-		// cancellation): the time it waited is a sample, so an endpoint
+		if endpointTimedOut(req.Context()) {
+			// Ended by its policy route's timeout, which Linkerd's proxy
+			// enforces under the endpoint's breaker: a failure, whose
+			// time is a sample, as the load biaser records an error's
+			// elapsed time (linkerd/load-biaser/src/lib.rs,
+			// LoadBiaserFuture).
+			l.observe(float64(now-start), now, b.decay)
+			b.record(e, outcome{failure: true}, probe, now)
+			return nil, false, err
+		}
+		// Given up by its caller before its head (a cancellation, its
+		// deadline, a timeout above the balancer such as a ServiceProfile
+		// route's): the time it waited is a sample, so an endpoint
 		// too slow for its callers looks slow, as Linkerd's load biaser
 		// records the elapsed time of a request dropped in flight
 		// (linkerd/load-biaser/src/lib.rs, Handle's drop). It is no
@@ -859,8 +870,9 @@ func (b *Balancer) record(e *member, o outcome, probe bool, now int64) {
 // the body ends, fails or is closed (a penalized response left it at its
 // head), and then gives failure accrual its
 // verdict. A failure other than the caller's own cancellation counts as a
-// failure and as a penalty sample; a body closed or given up before its
-// end is classified as it stands then.
+// failure and as a penalty sample; a stream its policy route's timeout
+// ends ([classify.ErrEndpointTimeout]) as a failure; a body closed or
+// given up before its end is classified as it stands then.
 type pendingBody struct {
 	io.ReadCloser
 	b     *Balancer
@@ -912,6 +924,12 @@ func (p *pendingBody) finish(err error) {
 	switch {
 	case failed:
 		p.head.failure, p.head.limited = true, false
+	case err != nil && !errors.Is(err, io.EOF) && endpointTimedOut(p.ctx):
+		// The stream its policy route's timeout ended: a failure, as
+		// Linkerd's breaker classifies the error of a response body its
+		// endpoint's timeouts end (linkerd/http/classify/src/channel.rs,
+		// ResponseBody; linkerd/app/core/src/classify.rs, Class::Error).
+		p.head.failure, p.head.limited = true, false
 	case p.final:
 		// Ended, closed early or given up: the class of the head.
 	case errors.Is(err, io.EOF):
@@ -957,6 +975,14 @@ func (c *endpointContext) Value(key any) any {
 
 func (c *endpointContext) String() string {
 	return fmt.Sprintf("%v.WithValue(balancer.endpointKey, %v)", c.Context, c.ep.Addr)
+}
+
+// endpointTimedOut reports whether ctx, the context of a request to an
+// endpoint, ended by a timeout that bounds the request at its endpoint
+// ([classify.ErrEndpointTimeout]): a failure of the endpoint, where a
+// request its caller gave up is no verdict.
+func endpointTimedOut(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), classify.ErrEndpointTimeout)
 }
 
 type endpointKey struct{}

@@ -257,6 +257,18 @@ func grpcCode(n int64) (int32, bool) {
 // timeout fired; [ErrorClass] labels such failures "timeout".
 var ErrTimeout = errors.New("classify: request timed out")
 
+// ErrEndpointTimeout marks a timeout cause as one that bounds a request at
+// its endpoint: a policy route's request, response, idle and retry
+// timeouts, which Linkerd's proxy enforces in the endpoint's stack, under
+// its breaker (linkerd2-proxy linkerd/app/outbound/src/http/endpoint.rs,
+// EnforceTimeouts), so that their error is a failure of the endpoint
+// (linkerd/app/core/src/classify.rs, Class::Error). A balancer counts a
+// request whose context ended with such a cause as a failure; one its
+// caller gave up, or a timeout above the balancer ended (a ServiceProfile
+// route's), is no verdict. A cause that is an ErrEndpointTimeout is an
+// [ErrTimeout] too.
+var ErrEndpointTimeout = errors.New("classify: request timed out at its endpoint")
+
 // Abandoned reports whether the request whose context is ctx was given up
 // by its caller: its context was cancelled (context.Canceled), and not by
 // a timeout ([ErrTimeout] as the cause). A server's request context is

@@ -25,8 +25,11 @@ import (
 // (64 KiB, as in Linkerd).
 const MaxRetryBodyBytes = 64 << 10
 
-// The causes of the timeouts a plan sets. Each wraps classify.ErrTimeout,
-// so that the route_* classification calls them all "timeout".
+// The causes of the timeouts a plan sets for a policy route. Each is a
+// classify.ErrTimeout, so that the route_* classification calls them all
+// "timeout", and a classify.ErrEndpointTimeout: Linkerd's proxy enforces
+// a policy route's timeouts under the endpoint's breaker, so that a
+// balancer counts a request they end as a failure of its endpoint.
 var (
 	// ErrRequestTimeout: the route's request timeout (the head, or with
 	// [Timeout.Stream] the whole exchange) ran out.
@@ -42,8 +45,10 @@ var (
 
 type timeoutError struct{ what string }
 
-func (e *timeoutError) Error() string        { return e.what }
-func (e *timeoutError) Is(target error) bool { return target == classify.ErrTimeout }
+func (e *timeoutError) Error() string { return e.what }
+func (e *timeoutError) Is(target error) bool {
+	return target == classify.ErrTimeout || target == classify.ErrEndpointTimeout
+}
 
 // Timeout is one timer of a plan.
 type Timeout struct {
