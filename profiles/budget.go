@@ -109,7 +109,8 @@ func (b *Budget) advance(now time.Time) {
 	b.cur = idx
 }
 
-// Deposit records an original request.
+// Deposit records an answer that is not retried, as Linkerd's proxy deposits
+// for each (linkerd/app/outbound/src/http/retry.rs, RetryPolicy::retry).
 func (b *Budget) Deposit() {
 	now := b.now()
 	b.mu.Lock()
@@ -187,7 +188,7 @@ func (b *Budget) Refund(w Withdrawal) {
 // BudgetState is what a [Budget] holds at one moment, for introspection.
 type BudgetState struct {
 	RetryBudget
-	// Deposits counts the requests of the current window; Withdrawals the
+	// Deposits counts the answers deposited over the current window; Withdrawals the
 	// retries taken over it, paid by deposits or by the minimum.
 	Deposits, Withdrawals int64
 }

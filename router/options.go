@@ -208,7 +208,10 @@ func WithDiscoveryWait(d time.Duration) Option {
 // WithRetryBudget adds a retry budget (ratio, minimum per second, TTL) to
 // the counted retries of every policy route, beyond Linkerd (as Gateway
 // API GEP-3388 proposes): a retry needs both the count and the budget. Each
-// route has its own budget. A nil or invalid budget changes nothing.
+// route has its own budget, which its answers earn as a ServiceProfile's
+// budget is earned: an answer not retried deposits, a failure the budget
+// refuses or a request given up before its answer deposits nothing. A nil
+// or invalid budget changes nothing.
 func WithRetryBudget(b *profiles.RetryBudget) Option {
 	return optionFunc(func(c *config) {
 		if b != nil && b.Validate() == nil {

@@ -225,9 +225,12 @@ func (r *Router) runPolicy(base http.RoundTripper, req *http.Request, rt *routeT
 		p.TryTimeout = retry.Timeout
 	}
 	if rt.budget != nil && (retry != nil || rt.hedge != nil) {
-		// A request earns budget on a route that spends it: by retries
-		// or by hedges, which the same budget bounds.
-		rt.budget.Deposit()
+		// A request's answer earns budget on a route that spends it, by
+		// retries or by hedges, which the same budget bounds; as in a
+		// ServiceProfile's budget, an answer not retried deposits, a
+		// retry withdraws, and a request given up before its answer
+		// deposits nothing.
+		p.Budget = rt.budget
 	}
 	resp, err := exchange.RoundTrip(attemptFunc(x.attempt), req, p)
 	var be *backendError

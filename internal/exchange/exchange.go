@@ -124,6 +124,16 @@ type Retry interface {
 	Allow(ctx context.Context, retries int) bool
 }
 
+// Budget is a retry budget, as [Plan.Budget] deposits into it. Linkerd's
+// proxy asks its budget as each answer comes
+// (linkerd/app/outbound/src/http/retry.rs, RetryPolicy::retry, which
+// tower's Retry calls with each attempt's result,
+// linkerd/retry/src/lib.rs): an answer it does not retry deposits, so
+// that a request's own answer does not pay for its own retry.
+type Budget interface {
+	Deposit()
+}
+
 // Plan is how one logical request is run.
 type Plan struct {
 	// Provider goes into the request context (classify finds the response
@@ -139,6 +149,14 @@ type Plan struct {
 	TryTimeout time.Duration
 	// Retry is the retry policy; nil means no retries.
 	Retry Retry
+	// Budget is the retry budget the request's answers deposit into; nil
+	// means none. Each attempt whose answer is not retried deposits: a
+	// response that goes to the caller, an error that ends the request. A
+	// retry withdraws in Retry.Allow, and a failure it refuses deposits
+	// nothing; an attempt its caller gave up, or a timeout of the plan
+	// ended, is no answer and deposits nothing; nor does a request whose
+	// body is known to pass BodyLimit, which is never retried.
+	Budget Budget
 	// MaxRetries bounds the retries, to say which attempt is the last; <= 0
 	// means unknown (a budget decides).
 	MaxRetries int
@@ -200,6 +218,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 		limit = MaxRetryBodyBytes
 	}
 	retryable := p.Retry != nil
+	x.deposits = p.Budget != nil && req.ContentLength <= limit
 	body := req.Body // what the first attempt reads
 	if body != nil && body != http.NoBody {
 		if len(x.afterBody) > 0 {
@@ -294,6 +313,8 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 				if allowed {
 					err = context.Cause(parent)
 				}
+			} else if parent.Err() == nil {
+				x.deposit() // an error that is not retried is an answer
 			}
 			x.fail(err)
 			return nil, err
@@ -313,7 +334,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			return x.gatewayTimeout(req), nil
 		}
 		if !canRetry || !final || !p.Retry.Retryable(resp, class, nil) {
-			return x.deliver(req, resp, class, final), nil
+			return x.deliver(req, resp, class, final, true), nil
 		}
 		if !p.Retry.Allow(ctx, attempt) {
 			if x.timedOut() {
@@ -323,7 +344,8 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 				discard(resp)
 				return x.gatewayTimeout(req), nil
 			}
-			return x.deliver(req, resp, class, final), nil
+			// A failure the retry refused deposits nothing.
+			return x.deliver(req, resp, class, final, false), nil
 		}
 		x.retries++
 		tap.NoteRetry(parent)
@@ -360,6 +382,7 @@ type exchange struct {
 	cancelCause context.CancelCauseFunc
 	tryCancel   context.CancelCauseFunc // the delivered attempt's context
 	retries     int
+	deposits    bool        // the request's answers deposit into p.Budget
 	idle        *time.Timer // the idle timer, reset on activity
 	idleFor     time.Duration
 	// afterBody are the timers that start when the request body ends;
@@ -500,8 +523,9 @@ func (x *exchange) releaseTry() {
 }
 
 // deliver hands resp to the caller: no retry follows, the head timers
-// stop. A timer that fired as it was stopped makes the answer a 504.
-func (x *exchange) deliver(req *http.Request, resp *http.Response, class classify.Class, final bool) *http.Response {
+// stop. A timer that fired as it was stopped makes the answer a 504;
+// otherwise resp deposits into the budget when deposit is set.
+func (x *exchange) deliver(req *http.Request, resp *http.Response, class classify.Class, final, deposit bool) *http.Response {
 	x.body.release()
 	for _, t := range x.timers {
 		if t.t.Stream {
@@ -513,7 +537,17 @@ func (x *exchange) deliver(req *http.Request, resp *http.Response, class classif
 			return x.gatewayTimeout(req)
 		}
 	}
+	if deposit {
+		x.deposit()
+	}
 	return x.finish(resp, class, final)
+}
+
+// deposit makes an answer's deposit into the plan's budget.
+func (x *exchange) deposit() {
+	if x.deposits {
+		x.p.Budget.Deposit()
+	}
 }
 
 // fail records a logical request that ended in err.

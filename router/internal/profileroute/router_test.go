@@ -227,12 +227,16 @@ func TestNonRetryableRoutesEarnNoBudget(t *testing.T) {
 		assert.Equal(t, 533, status, "retried on budget earned by another route")
 		assert.Equal(t, 1, h.up.count("/0.5"))
 
-		// Its own requests earn it: two more (the first answered at once)
-		// make a whole retry for the second's failure.
-		h.do("GET", "/0.5", nil)
+		// Its own answers earn it, each answer not retried depositing: of
+		// three more requests, answered, failing (refused, depositing
+		// nothing) and answered, the two answers make a whole retry for
+		// the next failure.
+		for range 3 {
+			h.do("GET", "/0.5", nil)
+		}
 		status, _ = h.do("GET", "/0.5", nil)
 		assert.Equal(t, 200, status, "retried on the route's own budget")
-		assert.Equal(t, 4, h.up.count("/0.5"))
+		assert.Equal(t, 6, h.up.count("/0.5"))
 	})
 }
 

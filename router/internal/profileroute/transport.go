@@ -29,8 +29,10 @@ import (
 // error, classified as an error, never as a timeout.
 //
 // A retryable route's failed responses are retried while the profile's
-// budget allows; the budget is earned by the requests of the routes that
-// spend it (retryable or hedged), not by the profile's other routes. The
+// budget allows; the budget is earned by the answers of the routes that
+// spend it (retryable or hedged), not by the profile's other routes: each
+// answer that is not retried deposits, a request given up or timed out
+// before its answer deposits nothing. The
 // request body is forwarded as it arrives, never waited for, while a copy
 // of up to [MaxRetryBodyBytes] is kept: a retry
 // happens only when the first attempt read the whole body within that cap,
@@ -70,11 +72,6 @@ func (r *Router) roundTrip(base http.RoundTripper, req *http.Request, ts *tableS
 	}
 	tg.route.Request(req.Context())
 	tap.NoteRoute(req.Context(), tg.name)
-	if ts.budget != nil && (route.Retryable || tg.hedge != nil) {
-		// Only a route that spends the budget earns it, by retries or by
-		// hedges: traffic on the profile's other routes earns nothing.
-		ts.budget.get().Deposit()
-	}
 	p := tg.plan.Load()
 	if p == nil {
 		tg.plan.CompareAndSwap(nil, r.newPlan(route, ts, tg)) // a racing first request may have won
@@ -174,6 +171,19 @@ func (r *Router) newPlan(route *profiles.CompiledRoute, ts *tableState, tg *dirT
 	}
 	if route.Retryable && ts.budget != nil {
 		p.Retry = &budgetRetry{budget: ts.budget.get(), tg: tg, fam: r.fams.retryable}
+	}
+	if ts.budget != nil && (route.Retryable || tg.hedge != nil) {
+		// Only a route that spends the budget earns it, by retries or by
+		// hedges: traffic on the profile's other routes earns nothing.
+		// Its answers deposit as they come, as Linkerd's proxy asks the
+		// budget (linkerd/app/outbound/src/http/retry.rs,
+		// RetryPolicy::retry): an answer not retried deposits, a retry
+		// withdraws, a failure the budget refuses deposits nothing, and
+		// a request dropped before its answer (given up, or ended by the
+		// route's timeout, which wraps the retry layer in
+		// linkerd/app/outbound/src/http/logical/profile.rs) is never
+		// asked.
+		p.Budget = ts.budget.get()
 	}
 	return p
 }

@@ -1,0 +1,233 @@
+package router_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inmesh/inmesh/balancer"
+	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/controlplane"
+	"github.com/inmesh/inmesh/internal/testutil"
+	"github.com/inmesh/inmesh/manifest"
+	"github.com/inmesh/inmesh/profiles"
+	"github.com/inmesh/inmesh/router"
+)
+
+// budgetProfileYAML retries every request of books within a budget of one
+// retry per deposit and no minimum; /slow has a 200ms timeout.
+const budgetProfileYAML = `
+---
+apiVersion: linkerd.io/v1alpha2
+kind: ServiceProfile
+metadata: {name: books.default.svc.cluster.local, namespace: default}
+spec:
+  retryBudget: {retryRatio: 1, minRetriesPerSecond: 0, ttl: 60s}
+  routes:
+  - {name: slow, condition: {pathRegex: /slow}, isRetryable: true, timeout: 200ms}
+  - {name: all, condition: {pathRegex: '/.*'}, isRetryable: true}
+`
+
+// budgetRouteYAML retries a 5xx of books once, counted; the router's
+// retry budget (router.WithRetryBudget) bounds it too.
+const budgetRouteYAML = `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: books-route
+  namespace: default
+  annotations: {retry.linkerd.io/http: 5xx, retry.linkerd.io/limit: "1"}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - backendRefs: [{name: books, port: 7000}]
+`
+
+// A request on a retryable route asks its retry budget as its answer
+// comes, as Linkerd's proxy does (linkerd2-proxy
+// linkerd/app/outbound/src/http/retry.rs, RetryPolicy::retry, which
+// tower's Retry calls with each attempt's result through
+// linkerd/retry/src/lib.rs): a failure withdraws its retry, and one the
+// budget refuses deposits nothing; an answer that is not retried
+// deposits; a request dropped before its answer, given up or ended by the
+// ServiceProfile route's timeout (which wraps the retry layer,
+// linkerd/app/outbound/src/http/logical/profile.rs), is never asked and
+// deposits nothing. An HTTPRoute's retries have no budget in Linkerd, but
+// a count; the budget router.WithRetryBudget adds to them is asked the
+// same way. The rows of meshgrpc's
+// TestServiceProfileBudgetDepositsAsAnswersCome, over HTTP/1 and HTTP/2:
+// under a budget of one retry per deposit and no minimum, what came
+// before a failing request, through a fresh client, decides whether it is
+// retried. Before, every request deposited as it started: a request's own
+// deposit paid for its retry, and a request given up before its answer
+// paid for another's.
+func TestBudgetDepositsAsAnswersCome(t *testing.T) {
+	type step int
+	const (
+		answered  step = iota // a request answered 200
+		failed                // a request answered 503 once
+		givenUp               // a request given up before its response head
+		headGiven             // a request given up after its response began
+		timedOut              // a request the profile route's timeout ended
+	)
+	for _, model := range []string{"ServiceProfile", "HTTPRoute"} {
+		for _, tc := range []struct {
+			name      string
+			before    []step
+			wantCode  int
+			wantCalls int64 // attempts of the failing request
+		}{
+			{name: "a fresh budget: the first failure is not retried", wantCode: http.StatusServiceUnavailable, wantCalls: 1},
+			{name: "an answer pays for a retry", before: []step{answered}, wantCode: http.StatusOK, wantCalls: 2},
+			{name: "a failure the budget refused pays nothing", before: []step{failed}, wantCode: http.StatusServiceUnavailable, wantCalls: 1},
+			{name: "a request given up before its answer pays nothing", before: []step{givenUp}, wantCode: http.StatusServiceUnavailable, wantCalls: 1},
+			{name: "a request given up after its response began pays for a retry", before: []step{headGiven}, wantCode: http.StatusOK, wantCalls: 2},
+			{name: "a request the route's timeout ended pays nothing", before: []step{timedOut}, wantCode: http.StatusServiceUnavailable, wantCalls: 1},
+		} {
+			if model == "HTTPRoute" && tc.before != nil && tc.before[0] == timedOut {
+				continue // a ServiceProfile route's timeout
+			}
+			t.Run(model+"/"+tc.name, func(t *testing.T) {
+				testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+					var fail, stall, headFirst atomic.Bool
+					var calls atomic.Int64
+					reached := make(chan struct{}, 1)
+					up := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						calls.Add(1)
+						switch {
+						case stall.Load() && headFirst.Load():
+							// Its head and a first chunk: an answer.
+							_, _ = io.WriteString(w, "partial")
+							w.(http.Flusher).Flush()
+							<-r.Context().Done()
+						case stall.Load():
+							reached <- struct{}{}
+							<-r.Context().Done()
+						case fail.CompareAndSwap(true, false):
+							w.WriteHeader(http.StatusServiceUnavailable)
+						default:
+							_, _ = io.WriteString(w, "answered")
+						}
+					}))
+					docs := budgetServiceYAML + budgetProfileYAML
+					opts := []router.Option{router.WithDiscoveryWait(testutil.Timeout), router.WithLogger(discardLogger)}
+					if model == "HTTPRoute" {
+						docs = budgetServiceYAML + budgetRouteYAML
+						opts = append(opts, router.WithRetryBudget(&profiles.RetryBudget{RetryRatio: 1, MinRetriesPerSecond: 0, TTL: time.Minute}))
+					}
+					res, err := manifest.Parse([]byte(docs))
+					require.NoError(t, err)
+					store := controlplane.NewStore()
+					store.SetManifests(res)
+					store.SetServiceProfiles(res.ServiceProfiles)
+					store.SetEndpoints(map[string][]endpoint.Endpoint{
+						booksAuthority: {{Addr: netip.MustParseAddrPort(up.Listener.Addr().String())}},
+					})
+					dst := serveStore(t, store)
+					bal := balancer.New(dst)
+					t.Cleanup(bal.Close)
+					r := router.New(append(opts, router.WithProfiles(dst), router.WithPolicies(dst.Policies()), router.WithBalancer(bal))...)
+					t.Cleanup(r.Close)
+					client := &http.Client{Transport: r.Transport(bal.Transport(testutil.NewTransport(t, mode)))}
+
+					// send sends a request to path under ctx; it returns the
+					// response with its body read, or nil with the error.
+					send := func(ctx context.Context, path string) (*http.Response, error) {
+						req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+booksAuthority+path, nil)
+						require.NoError(t, err)
+						resp, err := client.Do(req)
+						if err != nil {
+							return nil, err
+						}
+						defer resp.Body.Close()
+						_, err = io.ReadAll(resp.Body)
+						return resp, err
+					}
+					// giveUp sends a request that stalls on the app and
+					// gives it up once the app has it, or, when head is
+					// set, once its response began.
+					giveUp := func(head bool) {
+						stall.Store(true)
+						headFirst.Store(head)
+						defer stall.Store(false)
+						ctx, cancel := context.WithCancel(context.Background())
+						defer cancel()
+						if head {
+							req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+booksAuthority+"/", nil)
+							require.NoError(t, err)
+							resp, err := client.Do(req)
+							require.NoError(t, err)
+							defer resp.Body.Close()
+							require.Equal(t, http.StatusOK, resp.StatusCode)
+							cancel()
+							_, err = io.ReadAll(resp.Body)
+							require.Error(t, err, "the response given up")
+							return
+						}
+						go func() {
+							select {
+							case <-reached:
+							case <-time.After(testutil.Timeout):
+							}
+							cancel()
+						}()
+						_, err := send(ctx, "/")
+						require.ErrorIs(t, err, context.Canceled)
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
+					defer cancel()
+					for _, st := range tc.before {
+						switch st {
+						case answered:
+							resp, err := send(ctx, "/")
+							require.NoError(t, err)
+							require.Equal(t, http.StatusOK, resp.StatusCode)
+						case failed:
+							fail.Store(true)
+							resp, err := send(ctx, "/")
+							require.NoError(t, err)
+							require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+						case givenUp:
+							giveUp(false)
+						case headGiven:
+							giveUp(true)
+						case timedOut:
+							stall.Store(true)
+							resp, err := send(ctx, "/slow")
+							stall.Store(false)
+							select { // the app had it, unless the timeout came first
+							case <-reached:
+							case <-time.After(testutil.ShortTimeout):
+							}
+							require.NoError(t, err)
+							require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+						}
+					}
+					before := calls.Load()
+					fail.Store(true)
+					resp, err := send(ctx, "/")
+					require.NoError(t, err)
+					assert.Equal(t, tc.wantCode, resp.StatusCode)
+					assert.Equal(t, tc.wantCalls, calls.Load()-before, "attempts of the failing request")
+				})
+			})
+		}
+	}
+}
+
+// budgetServiceYAML is the Service books.
+const budgetServiceYAML = `
+apiVersion: v1
+kind: Service
+metadata: {name: books, namespace: default}
+spec:
+  ports: [{port: 7000}]
+`
