@@ -698,10 +698,11 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 // linkerd/http/classify/src/channel.rs, ResponseFuture). A ServiceProfile
 // route's timeout is the same: the proxy enforces it above its balancer
 // (linkerd/app/outbound/src/http/logical/profile.rs, NewTimeout). A
-// policy route's request and retry timeouts (a [classify.ErrTimeout]
-// cause) are not: the proxy enforces them in the endpoint's stack, under
-// the breaker (linkerd/app/outbound/src/http/endpoint.rs,
-// EnforceTimeouts), whose class is then a failure. DEADLINE_EXCEEDED at
+// policy route's request, retry, response and idle timeouts (a
+// [classify.ErrEndpointTimeout] cause) are not: the proxy enforces them in
+// the endpoint's stack, under the breaker
+// (linkerd/app/outbound/src/http/endpoint.rs, EnforceTimeouts), whose
+// class is then a failure, on a stream as on a unary call. DEADLINE_EXCEEDED at
 // or past the call's deadline is the end of that deadline even before
 // ctx says so: the server's answer to the grpc-timeout it was sent can
 // come before the client's own timer fires, which is due, and is awaited
@@ -717,12 +718,8 @@ func givenUp(ctx context.Context, code codes.Code) bool {
 			return false
 		}
 		<-ctx.Done()
-		err = ctx.Err()
 	}
-	if errors.Is(err, context.Canceled) {
-		return true
-	}
-	return !errors.Is(context.Cause(ctx), classify.ErrTimeout)
+	return !errors.Is(context.Cause(ctx), classify.ErrEndpointTimeout)
 }
 
 // pickDone is what a pick's Done needs: pooled, with its Done bound once,
@@ -783,6 +780,13 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 		// status, as Linkerd's breaker counts a response body dropped
 		// early.
 		r.Canceled, r.Dropped = !info.BytesReceived, info.BytesReceived
+	} else if info.Err != nil && ctx.Err() != nil {
+		// Ended by its policy route's timeout, whatever code grpc-go gave
+		// the end of its context (CANCELLED for a stream's response or
+		// idle timeout): a failure, as Linkerd's breaker classifies the
+		// error of the endpoint's timeouts (linkerd/app/core/src/classify.rs,
+		// Class::Error).
+		r.GRPCStatus = int(codes.DeadlineExceeded)
 	}
 	k.Done(r)
 	abandoned := info.Err != nil && classify.Abandoned(ctx)

@@ -8,8 +8,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/inmesh/inmesh/balancer"
@@ -28,11 +30,14 @@ import (
 // linkerd/http/classify/src/channel.rs, ResponseFuture). A ServiceProfile
 // route's timeout is enforced above the balancer
 // (linkerd/app/outbound/src/http/logical/profile.rs, NewTimeout) and is
-// no failure either; a GRPCRoute's request timeout is enforced in the
-// endpoint's stack, under the breaker
-// (linkerd/app/outbound/src/http/endpoint.rs, EnforceTimeouts), and a
-// DEADLINE_EXCEEDED the server answers is a failure by the default gRPC
-// codes (linkerd/app/core/src/classify.rs, grpc_response_trailer_error).
+// no failure either; a GRPCRoute's request timeout, and on a stream its
+// response and idle timeouts, are enforced in the endpoint's stack, under
+// the breaker (linkerd/app/outbound/src/http/endpoint.rs,
+// EnforceTimeouts), whose class of their error is a failure
+// (linkerd/app/core/src/classify.rs, Class::Error; on a stream's body
+// after its headers too, linkerd/http/classify/src/channel.rs,
+// ResponseBody), and a DEADLINE_EXCEEDED the server answers is a failure
+// by the default gRPC codes (classify.rs, grpc_response_trailer_error).
 //
 // One real gRPC server, an endpoint that one failure takes out of
 // rotation for an hour; the first calls of a new channel stall on the
@@ -40,7 +45,8 @@ import (
 // three such calls reach the server and the next call is answered; where
 // it is, the first trips the endpoint and the next call never reaches it.
 // Before, a call whose caller's deadline passed was a failure, and so was
-// one a profile route's timeout ended.
+// one a profile route's timeout ended; a stream a GRPCRoute's response or
+// idle timeout ended was none.
 func TestDeadlineOfCallerIsNoFailure(t *testing.T) {
 	const short = 50 * time.Millisecond
 	for _, tc := range []struct {
@@ -54,6 +60,10 @@ func TestDeadlineOfCallerIsNoFailure(t *testing.T) {
 		deadline    time.Duration
 		serverDE    bool
 		wantTripped bool
+		// stream: the first calls are streams (StreamingOutputCall)
+		// stalling before their response headers, or after them when
+		// headers is set.
+		stream, headers bool
 	}{
 		{name: "the caller's deadline", deadline: short},
 		{name: "a ServiceProfile route's timeout", profile: true, deadline: testutil.Timeout},
@@ -68,6 +78,15 @@ spec:
   - backendRefs: [{name: books, port: 7000}]
 `, deadline: testutil.Timeout, wantTripped: true},
 		{name: "the server answers DEADLINE_EXCEEDED", deadline: testutil.Timeout, serverDE: true, wantTripped: true},
+		{name: "the caller's deadline on a stream", deadline: short, stream: true},
+		{name: "a ServiceProfile route's timeout on a stream", profile: true, deadline: testutil.Timeout, stream: true},
+		{name: "a GRPCRoute's response timeout on a stream", objects: grpcRouteAnnotated(`{timeout.linkerd.io/response: 50ms}`),
+			deadline: testutil.Timeout, stream: true, wantTripped: true},
+		{name: "a GRPCRoute's idle timeout on a stream", objects: grpcRouteAnnotated(`{timeout.linkerd.io/idle: 50ms}`),
+			deadline: testutil.Timeout, stream: true, wantTripped: true},
+		{name: "the caller's deadline on a stream after its headers", deadline: short, stream: true, headers: true},
+		{name: "a GRPCRoute's response timeout on a stream after its headers", objects: grpcRouteAnnotated(`{timeout.linkerd.io/response: 50ms}`),
+			deadline: testutil.Timeout, stream: true, headers: true, wantTripped: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stall atomic.Bool
@@ -78,6 +97,10 @@ spec:
 					return nil
 				case tc.serverDE:
 					return status.Error(codes.DeadlineExceeded, "the server's own deadline")
+				case tc.headers:
+					if err := grpc.SendHeader(ctx, metadata.MD{}); err != nil {
+						return err
+					}
 				}
 				<-ctx.Done()
 				return status.FromContextError(ctx.Err()).Err()
@@ -91,8 +114,8 @@ kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
 spec:
   routes:
-  - name: EmptyCall
-    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
+  - name: TestService
+    condition: {method: POST, pathRegex: /grpc\.testing\.TestService/(EmptyCall|StreamingOutputCall)}
     timeout: 50ms
 `))
 				require.NoError(t, err)
@@ -104,6 +127,14 @@ spec:
 			call := func() error {
 				ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
 				defer cancel()
+				if tc.stream {
+					s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+					if err != nil {
+						return err
+					}
+					_, err = s.Recv()
+					return err
+				}
 				_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
 				return err
 			}
@@ -133,4 +164,19 @@ spec:
 			assert.Equal(t, want, a.calls.Load(), "calls that reached the endpoint")
 		})
 	}
+}
+
+// grpcRouteAnnotated is a GRPCRoute of books with annotations, sending
+// every call to books.
+func grpcRouteAnnotated(annotations string) string {
+	return `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: all, namespace: default, annotations: ` + annotations + `}
+spec:
+  parentRefs: [{kind: Service, group: core, name: books, port: 7000}]
+  rules:
+  - backendRefs: [{name: books, port: 7000}]
+`
 }

@@ -450,22 +450,31 @@ func (c *call) timeoutErr(ctx context.Context, err error) error {
 	return err
 }
 
-// The causes of a call's end by its route's timeouts: the request
+// The causes of a call's end by its policy route's timeouts: the request
 // timeout, the retry's timeout of an attempt, a stream's response and
 // idle timeouts. Each is a [classify.ErrTimeout], so that an attempt they
 // end is a timeout, not a call its application gave up
-// ([classify.Abandoned], [givenUp]).
+// ([classify.Abandoned]), and a [classify.ErrEndpointTimeout]: Linkerd's
+// proxy enforces them under the endpoint's breaker, so that a call they
+// end is a failure of its endpoint ([givenUp]).
 var (
-	errRequestTimeout        error = &streamTimeout{"meshgrpc: request timeout"}
-	errTryTimeout            error = &streamTimeout{"meshgrpc: retry timeout"}
-	errStreamResponseTimeout error = &streamTimeout{"meshgrpc: response timeout"}
-	errStreamIdleTimeout     error = &streamTimeout{"meshgrpc: idle timeout"}
+	errRequestTimeout        error = &streamTimeout{"meshgrpc: request timeout", true}
+	errTryTimeout            error = &streamTimeout{"meshgrpc: retry timeout", true}
+	errStreamResponseTimeout error = &streamTimeout{"meshgrpc: response timeout", true}
+	errStreamIdleTimeout     error = &streamTimeout{"meshgrpc: idle timeout", true}
 )
 
-type streamTimeout struct{ what string }
+// streamTimeout is the cause of a call's end by a timeout of its route;
+// endpoint: one enforced at the endpoint, under its breaker.
+type streamTimeout struct {
+	what     string
+	endpoint bool
+}
 
-func (e *streamTimeout) Error() string        { return e.what }
-func (e *streamTimeout) Is(target error) bool { return target == classify.ErrTimeout }
+func (e *streamTimeout) Error() string { return e.what }
+func (e *streamTimeout) Is(target error) bool {
+	return target == classify.ErrTimeout || e.endpoint && target == classify.ErrEndpointTimeout
+}
 
 // streamTimers are a routed stream's response and idle timeouts, as
 // Linkerd's proxy enforces them on a stream

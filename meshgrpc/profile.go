@@ -291,8 +291,10 @@ func (m *mesh) streamProfile(ctx context.Context, ps *profileState, authority st
 
 // errProfileTimeout is the cause of a stream that its ServiceProfile
 // route's timeout ended: a [classify.ErrTimeout], so that it is a
-// timeout and not a stream its caller gave up.
-var errProfileTimeout error = &streamTimeout{"meshgrpc: service profile route timeout"}
+// timeout and not a stream its caller gave up, but no
+// [classify.ErrEndpointTimeout], as Linkerd's proxy enforces the timeout
+// above its balancer.
+var errProfileTimeout error = &streamTimeout{"meshgrpc: service profile route timeout", false}
 
 // profileStream is a client stream on a ServiceProfile route: it records
 // the route's series once as the stream ends, and ends the stream when
