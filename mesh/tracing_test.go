@@ -560,7 +560,7 @@ func TestTraceDefaultRoute(t *testing.T) {
 		if s.SpanKind != trace.SpanKindClient || s.Parent.SpanID() == (trace.SpanID{}) {
 			continue
 		}
-		if attr(s, "inmesh.route").Type() == attribute.INVALID {
+		if attr(s, "inmesh.route").Type() == attribute.EMPTY {
 			continue // an attempt's span
 		}
 		clients++
