@@ -776,7 +776,7 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 			b.record(e, outcome{failure: true}, probe, now)
 			return nil, false, err
 		}
-		if endpointTimedOut(req.Context()) {
+		if classify.EndpointTimedOut(req.Context()) {
 			// Ended by its policy route's timeout, which Linkerd's proxy
 			// enforces under the endpoint's breaker: a failure, whose
 			// time is a sample, as the load biaser records an error's
@@ -924,7 +924,7 @@ func (p *pendingBody) finish(err error) {
 	switch {
 	case failed:
 		p.head.failure, p.head.limited = true, false
-	case err != nil && !errors.Is(err, io.EOF) && endpointTimedOut(p.ctx):
+	case err != nil && !errors.Is(err, io.EOF) && classify.EndpointTimedOut(p.ctx):
 		// The stream its policy route's timeout ended: a failure, as
 		// Linkerd's breaker classifies the error of a response body its
 		// endpoint's timeouts end (linkerd/http/classify/src/channel.rs,
@@ -975,14 +975,6 @@ func (c *endpointContext) Value(key any) any {
 
 func (c *endpointContext) String() string {
 	return fmt.Sprintf("%v.WithValue(balancer.endpointKey, %v)", c.Context, c.ep.Addr)
-}
-
-// endpointTimedOut reports whether ctx, the context of a request to an
-// endpoint, ended by a timeout that bounds the request at its endpoint
-// ([classify.ErrEndpointTimeout]): a failure of the endpoint, where a
-// request its caller gave up is no verdict.
-func endpointTimedOut(ctx context.Context) bool {
-	return ctx.Err() != nil && errors.Is(context.Cause(ctx), classify.ErrEndpointTimeout)
 }
 
 type endpointKey struct{}

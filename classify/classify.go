@@ -269,6 +269,14 @@ var ErrTimeout = errors.New("classify: request timed out")
 // [ErrTimeout] too.
 var ErrEndpointTimeout = errors.New("classify: request timed out at its endpoint")
 
+// EndpointTimedOut reports whether ctx, the context of a request to an
+// endpoint, ended by a timeout that bounds the request at its endpoint
+// ([ErrEndpointTimeout] as the cause): a failure of the endpoint, where a
+// request its caller gave up is no verdict.
+func EndpointTimedOut(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrEndpointTimeout)
+}
+
 // Abandoned reports whether the request whose context is ctx was given up
 // by its caller: its context was cancelled (context.Canceled), and not by
 // a timeout ([ErrTimeout] as the cause). A server's request context is

@@ -3,7 +3,6 @@ package meshgrpc
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -719,7 +718,7 @@ func givenUp(ctx context.Context, code codes.Code) bool {
 		}
 		<-ctx.Done()
 	}
-	return !errors.Is(context.Cause(ctx), classify.ErrEndpointTimeout)
+	return !classify.EndpointTimedOut(ctx)
 }
 
 // pickDone is what a pick's Done needs: pooled, with its Done bound once,
