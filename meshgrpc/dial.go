@@ -105,6 +105,7 @@ func DialOptions(dst *destination.Client, opts ...Option) []grpc.DialOption {
 		live: make(map[string]map[*meshResolver]*channelState)}
 	meter := metrics.Meter(cfg.mp, clientScope)
 	m.httpFam = metrics.NewOutbound(meter, false)
+	m.tcpRoutes = metrics.NewTCPRoutes(meter)
 	m.routeFam, m.actualFam = metrics.NewFamily(meter, "route_", true), metrics.NewFamily(meter, "route_actual_", false)
 	m.hedges = metrics.NewHedges(meter, true)
 	m.plog = ratelog.New(cfg.logger, 0)
@@ -133,6 +134,8 @@ type mesh struct {
 	// fam is the outbound_grpc_route_* families of GRPCRoutes' calls,
 	// httpFam the outbound_http_route_* ones of HTTPRoutes' calls.
 	fam, httpFam *metrics.Outbound
+	// tcpRoutes counts the calls refused by a forbidden opaque route.
+	tcpRoutes *metrics.TCPRoutes
 	// calls records the legacy response_* families of each attempt.
 	calls *classify.Recorder
 
@@ -223,6 +226,9 @@ type channelState struct {
 	// balancing is the balancer configuration of each backend authority
 	// (nil: the options').
 	balancing map[string]*balancer.BackendConfig
+	// forbidden counts the calls refused when table forbids the
+	// target's connections (nil otherwise).
+	forbidden *metrics.ForbiddenConns
 }
 
 // setPolicy compiles u for authority and makes it the target's state; a
@@ -238,6 +244,9 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 			return m.states[authority]
 		}
 		st.table = t
+		if t.Forbidden() {
+			st.forbidden = m.tcpRoutes.Forbidden(router.ForbiddenLabels(t, authority)...)
+		}
 		st.targets = make(map[*policy.Route]*routeTarget)
 		if rt := t.For(&http.Request{ProtoMajor: 2}); rt != nil {
 			st.routes = rt

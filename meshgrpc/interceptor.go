@@ -107,6 +107,7 @@ var errForbiddenRoute = status.Error(codes.Unavailable, router.ErrForbiddenRoute
 // (errForbiddenRoute), never sent.
 func (m *mesh) route(ctx context.Context, st *channelState, authority, method string) (*routeTarget, error) {
 	if st != nil && st.table.Forbidden() {
+		st.forbidden.Refused()
 		return nil, errForbiddenRoute
 	}
 	if st == nil || st.routes == nil {

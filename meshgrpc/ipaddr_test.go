@@ -432,7 +432,9 @@ func TestCallToAnIPAddressAsksGetForNoAddress(t *testing.T) {
 // the call fails Unavailable, never sent, as a gRPC client sees the
 // connection that Linkerd's proxy closes ("forbidden TCP route",
 // linkerd/app/outbound/src/opaq/logical/route/filters.rs). A server
-// listens on that very address and sees no connection. The port the
+// listens on that very address and sees no connection; the refusal is
+// counted in outbound_tcp_route_open_total and
+// outbound_tcp_route_close_total{error="forbidden"}. The port the
 // Service declares still reaches its endpoint. Each call is the first of
 // a fresh channel.
 func TestCallToAnUndeclaredPortOfAClusterIP(t *testing.T) {
@@ -482,9 +484,20 @@ func TestCallToAnUndeclaredPortOfAClusterIP(t *testing.T) {
 		{"Linkerd's streams", []destination.Option{destination.WithLinkerdStreams()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := seen(t, dialIP(t, dialLoopback(t, lis.Addr().String(), tc.opts...), undeclared, e.pki.certify(t, webID)))
+			m := testutil.NewMetrics(t)
+			_, err := seen(t, dialIP(t, dialLoopback(t, lis.Addr().String(), tc.opts...), undeclared, e.pki.certify(t, webID),
+				meshgrpc.WithMeterProvider(m.Provider)))
 			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 			assert.Equal(t, "forbidden TCP route", status.Convert(err).Message())
+			// Counted as the connection Linkerd's proxy opens on the
+			// forbidden route and closes (linkerd/app/outbound/src/
+			// metrics/transport.rs).
+			labels := `parent_group="core",parent_kind="Service",parent_name="books",parent_namespace="default",parent_port="` +
+				strconv.Itoa(int(undeclared.Port())) + `",parent_section_name="",` +
+				`route_group="",route_kind="default",route_name="undefined-port",route_namespace="",` +
+				`target_ip="` + undeclared.Addr().String() + `",target_port="` + strconv.Itoa(int(undeclared.Port())) + `"`
+			assert.Equal(t, []string{"outbound_tcp_route_open_total{" + labels + "} 1"}, m.Lines(t, "outbound_tcp_route_open_total"))
+			assert.Equal(t, []string{`outbound_tcp_route_close_total{error="forbidden",` + labels + "} 1"}, m.Lines(t, "outbound_tcp_route_close_total"))
 
 			got, err := seen(t, dialIP(t, dialLoopback(t, lis.Addr().String(), tc.opts...), vip, e.pki.certify(t, webID)))
 			require.NoError(t, err, "the port the Service declares")

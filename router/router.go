@@ -2,7 +2,9 @@ package router
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -63,6 +65,7 @@ type Router struct {
 	reg *registry.Registry[policyState] // the policy of each authority in use
 
 	httpFam, grpcFam       *metrics.Outbound
+	tcpRoutes              *metrics.TCPRoutes
 	httpHedges, grpcHedges *metrics.Hedges
 	profHedges             *metrics.Hedges // route_hedge_*, of ServiceProfile routes
 
@@ -81,6 +84,9 @@ type policyState struct {
 	// first is closed by the authority's first answer from the policy
 	// source; every state of the authority shares it.
 	first *registry.First
+	// forbidden counts the requests refused when the table forbids its
+	// target's connections (nil otherwise).
+	forbidden *metrics.ForbiddenConns
 }
 
 // routeTarget is what requests of one policy route need beside the route.
@@ -205,6 +211,7 @@ func New(opts ...Option) *Router {
 	r.httpHedges = metrics.NewHedges(meter, false)
 	r.grpcHedges = metrics.NewHedges(meter, true)
 	r.profHedges = metrics.NewProfileHedges(meter)
+	r.tcpRoutes = metrics.NewTCPRoutes(meter)
 	return r
 }
 
@@ -289,7 +296,11 @@ func (r *Router) apply(e *registry.Entry[policyState], u policy.Update) {
 		r.cfg.logger.Warn("rejected outbound policy; keeping the last good one", "authority", e.Authority(), "error", err)
 		return
 	}
-	e.Store(r.build(t))
+	ps := r.build(t)
+	if t.Forbidden() {
+		ps.forbidden = r.tcpRoutes.Forbidden(ForbiddenLabels(t, e.Authority())...)
+	}
+	e.Store(ps)
 }
 
 // build makes the state of a compiled policy: a slot for the target of
@@ -502,3 +513,29 @@ func RouteLabels(route *policy.Route) []attribute.KeyValue {
 
 // BackendLabels: see [RouteLabels].
 func BackendLabels(m policy.Metadata) []attribute.KeyValue { return metaLabels("backend", m, true) }
+
+// ForbiddenLabels returns the labels of the outbound_tcp_route_* series of
+// a table that forbids its target's connections ([policy.Table.Forbidden]),
+// for the target authority (host:port): the policy's parent, the opaque
+// route, target_ip (empty for a name) and target_port, as Linkerd's proxy
+// labels an opaque route's connections
+// (linkerd/app/outbound/src/opaq/logical/route.rs, RouteLabels). The
+// router records them; other transports that refuse the same requests
+// record them too.
+func ForbiddenLabels(t *policy.Table, authority string) []attribute.KeyValue {
+	p := t.Policy()
+	var route policy.Metadata
+	if len(p.Opaque.Routes) > 0 {
+		route = p.Opaque.Routes[0].Meta
+	}
+	host, port, err := net.SplitHostPort(authority)
+	if err != nil {
+		host, port = authority, ""
+	}
+	ip := ""
+	if a, err := netip.ParseAddr(host); err == nil {
+		ip = a.Unmap().String()
+	}
+	return append(append(metaLabels("parent", p.Parent, true), metaLabels("route", route, false)...),
+		attribute.String("target_ip", ip), attribute.String("target_port", port))
+}

@@ -112,7 +112,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ps := r.policyFor(req)
 	if ps == nil || ps.table == nil || ps.table.For(req) == nil {
 		if ps != nil && ps.table.Forbidden() {
-			// An opaque policy that refuses the connection.
+			// An opaque policy that refuses the connection: counted as
+			// the connection Linkerd's proxy would open and close.
+			ps.forbidden.Refused()
 			closeReqBody(req)
 			return nil, ErrForbiddenRoute
 		}

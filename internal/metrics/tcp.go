@@ -74,3 +74,50 @@ func TargetLabels(addr netip.AddrPort) []attribute.KeyValue {
 		attribute.String("target_port", strconv.Itoa(int(addr.Port()))),
 	}
 }
+
+// TCPRoutes is the outbound_tcp_route_open_total and
+// outbound_tcp_route_close_total families of Linkerd's proxy
+// (linkerd/app/outbound/src/metrics/transport.rs): the connections of an
+// opaque route, and how each ended (error "" or forbidden,
+// invalid_backend, invalid_policy, unexpected). inmesh sends no TCP of
+// its own, so only one kind is counted: a request refused because its
+// target's opaque route forbids the connection, which is the connection
+// Linkerd's proxy opens on that route and closes with error="forbidden".
+// It is safe for concurrent use.
+type TCPRoutes struct {
+	open, close *Sum
+}
+
+// NewTCPRoutes creates the families on meter. Errors go to otel.Handle.
+func NewTCPRoutes(meter metric.Meter) *TCPRoutes {
+	return &TCPRoutes{
+		open:  NewSum(meter, "outbound_tcp_route_open_total", "The number of connections opened"),
+		close: NewSum(meter, "outbound_tcp_route_close_total", "The number of connections closed"),
+	}
+}
+
+// Forbidden returns the series of a forbidden route's connections, whose
+// labels are kvs (the parent, route and target labels): opens, and closes
+// with error="forbidden".
+func (t *TCPRoutes) Forbidden(kvs ...attribute.KeyValue) *ForbiddenConns {
+	return &ForbiddenConns{
+		open:  t.open.Series(attribute.NewSet(slices.Clone(kvs)...)),
+		close: t.close.Series(attribute.NewSet(append(slices.Clone(kvs), attribute.String("error", "forbidden"))...)),
+	}
+}
+
+// ForbiddenConns are the series of one forbidden route; see
+// [TCPRoutes.Forbidden].
+type ForbiddenConns struct {
+	open, close *Series
+}
+
+// Refused counts a connection opened on the route and closed as
+// forbidden. A nil c counts nothing.
+func (c *ForbiddenConns) Refused() {
+	if c == nil {
+		return
+	}
+	c.open.Add()
+	c.close.Add()
+}
