@@ -301,8 +301,9 @@ func (a *compiledAuthz) admits(ip netip.Addr, peer identity.Peer) bool {
 			return true
 		}
 	}
-	if strings.Contains(id, "://") {
-		// A URI (SPIFFE) identity matches exact names only.
+	if strings.IndexByte(id, ':') >= 0 {
+		// A URI identity (SPIFFE, urn:, ...; a DNS-like identity has
+		// no colon) matches exact names only.
 		return false
 	}
 	for _, s := range a.suffixes {

@@ -55,6 +55,10 @@ func TestAdmitsIdentity(t *testing.T) {
 		{"empty suffix admits a dns id", meshed("web.ns.serviceaccount.identity.linkerd.cluster.local"),
 			Authentication{&MeshTLS{Suffixes: [][]string{{}}}}, true},
 		{"empty suffix refuses a spiffe id", meshed("spiffe://cluster.local/ns/a/sa/b"), Authentication{&MeshTLS{Suffixes: [][]string{{}}}}, false},
+		// Any URI is a URI identity (urn: too): exact names only.
+		{"matching urn id", meshed("urn:some.id.local"), Authentication{&MeshTLS{Identities: []string{"urn:some.id.local"}}}, true},
+		{"suffix never matches a urn id", meshed("urn:some.id.local"), Authentication{&MeshTLS{Suffixes: [][]string{suffix("id.local")}}}, false},
+		{"empty suffix refuses a urn id", meshed("urn:some.id.local"), Authentication{&MeshTLS{Suffixes: [][]string{{}}}}, false},
 		{"suffix is a whole-label end", meshed("some.xid.local"), Authentication{&MeshTLS{Suffixes: [][]string{suffix("id.local")}}}, false},
 		{"suffix alone is not itself", meshed("id.local"), Authentication{&MeshTLS{Suffixes: [][]string{suffix("id.local")}}}, false},
 		{"identities need an identity", meshed(""), Authentication{&MeshTLS{Suffixes: [][]string{{}}}}, false},

@@ -207,8 +207,11 @@ func (l *Local) SetCertificate(leaf []byte, intermediates [][]byte) error {
 }
 
 // verifyName returns ErrWrongName unless crt carries name: as a DNS SAN,
-// or as a URI SAN when name is a URI (a SPIFFE identity, as Linkerd's
-// destination controller gives an external workload).
+// or as a URI SAN when name is a URI identity rather than a DNS-like one
+// (a SPIFFE identity, as Linkerd's destination controller gives an
+// external workload, or any other URI, urn: included), as Linkerd's proxy
+// parses the identity it expects (linkerd/identity/src/lib.rs,
+// Id::from_str).
 func verifyName(crt *x509.Certificate, name string) error {
 	if isURI(name) {
 		for _, u := range crt.URIs {
@@ -226,8 +229,6 @@ func verifyName(crt *x509.Certificate, name string) error {
 	return fmt.Errorf("%w %q (its DNS names: %q)", ErrWrongName, name, crt.DNSNames)
 }
 
-// isURI reports whether an identity is a URI (a scheme before "://")
-// rather than a DNS-like name.
 // ParseID parses s as an identity the way Linkerd's proxy parses one that
 // an application names (linkerd/identity/src/lib.rs, Id::from_str, as
 // linkerd/app/outbound/src/http/require_id_header.rs reads l5d-require-id):
@@ -239,15 +240,27 @@ func ParseID(s string) (id string, ok bool) {
 	if id, ok := dnsIdentity(s); ok {
 		return id, true
 	}
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" && strings.TrimSpace(s) == s {
+	if uriIdentity(s) {
 		return s, true
 	}
 	return "", false
 }
 
+// uriIdentity reports whether s is a URI identity: a URI with a scheme
+// (spiffe://..., urn:..., ...), as Linkerd's proxy parses one
+// (linkerd/identity/src/lib.rs, Id::parse_uri).
+func uriIdentity(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && u.Scheme != "" && strings.TrimSpace(s) == s
+}
+
+// isURI reports whether an identity is a URI rather than a DNS-like name:
+// Linkerd's proxy reads a name as a DNS name first, then as a URI.
 func isURI(name string) bool {
-	u, err := url.Parse(name)
-	return err == nil && u.Scheme != "" && strings.Contains(name, "://")
+	if _, ok := dnsIdentity(name); ok {
+		return false
+	}
+	return uriIdentity(name)
 }
 
 // oidSubjectAltName is the object identifier of the subject alternative
@@ -257,7 +270,8 @@ var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
 // PeerIdentity returns the identity a verified peer certificate carries:
 // its first subject alternative name, in the certificate's order, that is
 // a DNS name Linkerd's proxy parses as an identity, in lower case, or a
-// URI (a SPIFFE identity); empty when there is none. As Linkerd's proxy
+// URI with a scheme (a SPIFFE identity, a urn:, ...); empty when there is
+// none. As Linkerd's proxy
 // reads a client's identity (linkerd2-proxy
 // linkerd/meshtls/verifier/src/lib.rs, client_identity), a DNS name may
 // have letters of either case and underscores, and one with a trailing
@@ -292,7 +306,7 @@ func PeerIdentity(crt *x509.Certificate) string {
 					return id
 				}
 			case 6: // uniformResourceIdentifier; x509 parsed it already
-				if isURI(name) {
+				if uriIdentity(name) {
 					return name
 				}
 			}

@@ -79,6 +79,7 @@ const (
 	narDNS  = "nar.ns1.serviceaccount.identity.linkerd.cluster.local"
 	spiffe  = "spiffe://some-trust-comain/some-system/some-component"
 	spiffe2 = "spiffe://root.linkerd.cluster.local/proxy-harness"
+	urn     = "urn:uuid:6e8bc430-9c3a-11d9-9669-0800200c9a66"
 )
 
 // The identity of a client certificate is its first subject alternative
@@ -99,6 +100,9 @@ func TestPeerIdentityIsTheFirstIdentitySAN(t *testing.T) {
 		{"a URI, then DNS names", []san{uriSAN(spiffe), dnsSAN(barDNS), dnsSAN(narDNS)}, spiffe},
 		{"a DNS name among emails", []san{dnsSAN(fooDNS), emailSAN("foo@foo.com"), emailSAN("bar@bar.com")}, fooDNS},
 		{"a URI among emails", []san{emailSAN("foo@foo.com"), uriSAN(spiffe), emailSAN("bar@bar.com")}, spiffe},
+		{"a urn: URI, then a DNS name", []san{uriSAN(urn), dnsSAN(fooDNS)}, urn},
+		{"a DNS name, then a urn: URI", []san{dnsSAN(fooDNS), uriSAN(urn)}, fooDNS},
+		{"a URI of another scheme", []san{uriSAN("http://host:1234/path"), dnsSAN(fooDNS)}, "http://host:1234/path"},
 		{"a DNS name with a trailing dot", []san{dnsSAN(fooDNS + ".")}, ""},
 		{"a trailing dot skipped for the next", []san{dnsSAN(fooDNS + "."), dnsSAN(barDNS)}, barDNS},
 		{"no SAN", nil, ""},
@@ -138,6 +142,8 @@ func TestServerProvesDNSOrURIIdentity(t *testing.T) {
 		{"none of several DNS names", []san{dnsSAN(fooDNS), dnsSAN(barDNS), uriSAN(spiffe)}, narDNS, false},
 		{"none of several for a URI", []san{dnsSAN(fooDNS), dnsSAN(barDNS), dnsSAN(narDNS)}, spiffe, false},
 		{"another URI", []san{uriSAN(spiffe)}, spiffe2, false},
+		{"urn: URI matches", []san{dnsSAN(fooDNS), uriSAN(urn)}, urn, true},
+		{"a DNS name for a urn: URI", []san{dnsSAN(fooDNS)}, urn, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := handshake(t, leafOf(t, root, false, tc.sans...), client.ClientConfig(tc.expected))
@@ -296,6 +302,8 @@ func TestClientIdentityOverHandshake(t *testing.T) {
 		{"can_extract_dns_client_identity_many_sans", []san{dnsSAN(fooDNS), dnsSAN(barDNS), dnsSAN(narDNS), uriSAN(spiffe)}, fooDNS},
 		{"extracts_dns_client_id_when_others_not_uri_or_dns", []san{dnsSAN(fooDNS), emailSAN("foo@foo.com"), emailSAN("bar@bar.com")}, fooDNS},
 		{"extracts_spiffe_client_id_when_others_not_uri_or_dns", []san{uriSAN(spiffe), emailSAN("foo@foo.com"), emailSAN("bar@bar.com")}, spiffe},
+		{"a urn: URI first of several", []san{uriSAN(urn), dnsSAN(barDNS)}, urn},
+		{"a non-SPIFFE URI (roundtrip_uri_id_parsing_non_spiffe)", []san{uriSAN("http://host:1234/path"), dnsSAN(barDNS)}, "http://host:1234/path"},
 		{"skips_dns_san_with_trailing_dot", []san{dnsSAN(fooDNS + ".")}, ""},
 		{"upper case, lowercased", []san{dnsSAN(upperFoo)}, fooDNS},
 		{"upper case first of several", []san{dnsSAN(upperFoo), dnsSAN(barDNS)}, fooDNS},
@@ -355,6 +363,7 @@ func TestParseID(t *testing.T) {
 		{"web_1.ns", "web_1.ns", true},
 		{"spiffe://cluster.local/ns/default/sa/books", "spiffe://cluster.local/ns/default/sa/books", true},
 		{"uri://host:1234/path", "uri://host:1234/path", true},
+		{"urn:uuid:6e8bc430-9c3a-11d9-9669-0800200c9a66", "urn:uuid:6e8bc430-9c3a-11d9-9669-0800200c9a66", true},
 		{"books.default.", "", false},
 		{"books..default", "", false},
 		{"", "", false},

@@ -32,7 +32,7 @@ func Satisfied(want, found string) bool {
 	if found == "" {
 		return false
 	}
-	if strings.Contains(want, "://") {
+	if strings.IndexByte(want, ':') >= 0 { // a URI identity; a DNS-like one has no colon
 		return want == found
 	}
 	return strings.EqualFold(want, found)

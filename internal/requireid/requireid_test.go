@@ -21,6 +21,7 @@ func TestSatisfied(t *testing.T) {
 		{"plaintext", books, "", false},
 		{"the same URI", spiffe, spiffe, true},
 		{"a URI in another case", "spiffe://cluster.local/ns/default/sa/BOOKS", spiffe, false},
+		{"a urn: URI in another case", "urn:example:BOOKS", "urn:example:books", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.ok, Satisfied(tc.want, tc.found))
