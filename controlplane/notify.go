@@ -1,7 +1,7 @@
 package controlplane
 
 import (
-	"bytes"
+	"crypto/sha256"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -269,14 +269,19 @@ func (s *Store) profilesChangedLocked(prev map[profileID]*profiles.ServiceProfil
 // manifestsChangedLocked wakes the streams whose answer differs between
 // the policy manifests and inbound options prev and prevOpts and the
 // store's: for each key a stream watches that the manifests decide, its
-// answer under the old and the new state are compared, and only the keys
-// whose answer changed are woken. A reload that changes one Service thus
-// wakes the streams of what depends on it (its own, and those of the
-// Services whose routes have it as a backend), not every stream. The
-// caller holds s.mu.
+// answer under the new state is compared with its answer under the old,
+// and only the keys whose answer changed are woken. A reload that changes
+// one Service thus wakes the streams of what depends on it (its own, and
+// those of the Services whose routes have it as a backend), not every
+// stream. The answers a reload computes are kept (as digests) for the
+// next one, so that each is computed once per reload: only a key first
+// watched since the last reload has its old answer computed too. The
+// caller holds s.mu, and calls this after every change of s.manifests or
+// s.inbound.
 func (s *Store) manifestsChangedLocked(prev *manifest.Resources, prevOpts manifest.InboundOptions) {
 	before, after := orNoResources(prev), orNoResources(s.manifests)
 	var changed []watchKey
+	answers := make(map[watchKey]answerDigest, len(s.answers))
 	for k := range s.waiters {
 		var same bool
 		switch k.kind {
@@ -285,10 +290,26 @@ func (s *Store) manifestsChangedLocked(prev *manifest.Resources, prevOpts manife
 			same = sameServiceAnswer(before, after, prevOpts, s.inbound, ns, name)
 		case keyPolicy:
 			source, ns, name, port, ok := splitPolicyKey(k)
-			same = !ok || bytes.Equal(policyAnswer(before, source, ns, name, port), policyAnswer(after, source, ns, name, port))
+			if !ok {
+				continue
+			}
+			cur := digest(policyAnswer(after, source, ns, name, port))
+			old, known := s.answers[k]
+			if !known {
+				old = digest(policyAnswer(before, source, ns, name, port))
+			}
+			answers[k], same = cur, cur == old
 		case keyInbound:
 			ns, pod, port, ok := splitKey(k)
-			same = !ok || bytes.Equal(inboundAnswer(before, prevOpts, ns, pod, port), inboundAnswer(after, s.inbound, ns, pod, port))
+			if !ok {
+				continue
+			}
+			cur := digest(inboundAnswer(after, s.inbound, ns, pod, port))
+			old, known := s.answers[k]
+			if !known {
+				old = digest(inboundAnswer(before, prevOpts, ns, pod, port))
+			}
+			answers[k], same = cur, cur == old
 		default:
 			continue
 		}
@@ -296,10 +317,17 @@ func (s *Store) manifestsChangedLocked(prev *manifest.Resources, prevOpts manife
 			changed = append(changed, k)
 		}
 	}
+	s.answers = answers
 	// A stream that watches several changed keys (a policy stream, its
 	// Service and its port) wakes once.
 	s.wakeKeysLocked(changed)
 }
+
+// answerDigest is the SHA-256 of an encoded answer: two answers are the
+// same when their digests are.
+type answerDigest [sha256.Size]byte
+
+func digest(b []byte) answerDigest { return sha256.Sum256(b) }
 
 func orNoResources(r *manifest.Resources) *manifest.Resources {
 	if r == nil {

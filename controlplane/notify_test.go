@@ -319,4 +319,44 @@ func TestManifestReloadWakesOnlyWhatChanged(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Back to an earlier state: each answer is compared with what the
+	// last reload computed, not with the state before that.
+	noRoute := func(p *outboundpb.OutboundPolicy) error {
+		if hasRoute(p) == nil {
+			return fmt.Errorf("route r3 still in %v", p)
+		}
+		return nil
+	}
+	expectWakes("svc-3's HTTPRoute removed", 2, reload(true, server), func() error {
+		p, err := recvTimeout(t, pols[3].Recv)
+		if err != nil {
+			return err
+		}
+		return noRoute(p)
+	}, muxAnswer(103, func(r *watchespb.WatchResponse) error { return noRoute(r.GetPolicy()) }))
+	expectWakes("a rewrite after the removal that changes nothing", 0, reload(true, server))
+
+	// A stream opened since the last reload (a client of another
+	// namespace: a key no reload has answered yet) is woken by the next
+	// reload that changes its answer, as the others are.
+	late, err := policies.Watch(ctx, &outboundpb.TrafficSpec{SourceWorkload: "other:client", Target: &outboundpb.TrafficSpec_Authority{Authority: authority(3)}})
+	require.NoError(t, err)
+	p, err := recvTimeout(t, late.Recv)
+	require.NoError(t, err)
+	require.NoError(t, noRoute(p))
+	waitWatchers(t, store, 5*n+1)
+	expectWakes("svc-3's HTTPRoute added again", 3, reload(true, route, server), func() error {
+		p, err := recvTimeout(t, pols[3].Recv)
+		if err != nil {
+			return err
+		}
+		return hasRoute(p)
+	}, func() error {
+		p, err := recvTimeout(t, late.Recv)
+		if err != nil {
+			return err
+		}
+		return hasRoute(p)
+	}, muxAnswer(103, func(r *watchespb.WatchResponse) error { return hasRoute(r.GetPolicy()) }))
 }

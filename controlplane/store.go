@@ -23,7 +23,7 @@ import (
 // wakes only the streams whose sets or profiles differ. A reload of the
 // policy manifests or the inbound options wakes only the streams whose
 // answer it changes: each watched policy and inbound Server is computed
-// under the old and the new manifests and compared. A Store is safe for
+// under the new manifests and compared with what it was. A Store is safe for
 // concurrent use; its zero value is empty and ready.
 type Store struct {
 	mu        sync.Mutex
@@ -52,6 +52,11 @@ type Store struct {
 	waiters   map[watchKey]map[*waiter]struct{} // the open streams, by what they watch
 	manifests *manifest.Resources               // Services and routes of the OutboundPolicies API
 	inbound   manifest.InboundOptions           // the cluster's settings of the InboundServerPolicies API
+	// answers are the digests of the watched policy and inbound answers
+	// under manifests and inbound, by key, as the last reload computed
+	// them, so that the next reload computes each answer once, under its
+	// new state (see manifestsChangedLocked).
+	answers map[watchKey]answerDigest
 	// byIP are the endpoints at each IP address (unmapped), and
 	// clusterIPs the Services of the manifests by clusterIP, for the
 	// lookups by address (ipindex.go).
