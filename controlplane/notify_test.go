@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,6 +107,69 @@ func TestChangeWakesOnlyItsWatchers(t *testing.T) {
 		return err
 	})
 	expectWakes("a reload that changes nothing", 0, func() { store.SetEndpoints(sets) }, nil)
+	expectWakes("UpdateEndpoints of one set", 1, func() {
+		store.UpdateEndpoints(map[string][]endpoint.Endpoint{name(11) + ":80": {ep("10.0.0.12:80", false), ep("10.0.1.12:80", false)}}, nil)
+	}, func() error {
+		u, err := recvTimeout(t, gets[11].Recv)
+		if err == nil && len(u.GetAdd().GetAddrs()) != 1 {
+			err = fmt.Errorf("got %v, want one address added", u)
+		}
+		return err
+	})
+	expectWakes("UpdateEndpoints of a set as it is", 0, func() {
+		store.UpdateEndpoints(map[string][]endpoint.Endpoint{name(12) + ":80": {ep("10.0.0.13:80", false)}}, nil)
+	}, nil)
+	expectWakes("UpdateRegistered of one Service", 1, func() {
+		store.UpdateRegistered("r", map[string][]endpoint.Endpoint{name(13) + ":80": {ep("10.0.2.14:80", false)}}, nil)
+	}, func() error {
+		u, err := recvTimeout(t, gets[13].Recv)
+		if err == nil && len(u.GetAdd().GetAddrs()) != 1 {
+			err = fmt.Errorf("got %v, want one address added", u)
+		}
+		return err
+	})
+	expectWakes("UpdateRegistered removing it", 1, func() { store.UpdateRegistered("r", nil, []string{name(13) + ":80"}) }, func() error {
+		u, err := recvTimeout(t, gets[13].Recv)
+		if err == nil && len(u.GetRemove().GetAddrs()) != 1 {
+			err = fmt.Errorf("got %v, want one address removed", u)
+		}
+		return err
+	})
+}
+
+// UpdateEndpoints and UpdateRegistered leave a store as SetEndpoints and
+// PutRegistered of the whole result would: the same sets served, and the
+// same state for a store made afresh from it.
+func TestUpdatesMatchReplacingEverything(t *testing.T) {
+	a := func(i int) string { return fmt.Sprintf("svc-%d.default.svc.cluster.local:80", i) }
+	files := map[string][]endpoint.Endpoint{
+		a(1): {ep("10.0.0.1:80", false)}, a(2): {ep("10.0.0.2:80", true)}, a(3): {ep("10.0.0.3:80", false), ep("10.0.1.3:80", false)}}
+	regs := map[string][]endpoint.Endpoint{a(3): {ep("10.0.2.3:80", true)}, a(4): {ep("10.0.2.4:80", false)}}
+	incremental, whole := NewStore(), NewStore()
+	for _, s := range []*Store{incremental, whole} {
+		s.SetEndpoints(files)
+		s.PutRegistered("etcd", regs)
+	}
+
+	// A set changed (in another order), one deleted, one added, one the
+	// same; a registration moved from one Service to another, and one
+	// added to a Service the files give.
+	files2 := map[string][]endpoint.Endpoint{
+		a(1): {ep("10.0.1.1:80", false), ep("10.0.0.1:80", false)}, a(3): files[a(3)], a(5): {ep("10.0.0.5:80", false)}}
+	regs2 := map[string][]endpoint.Endpoint{a(4): {ep("10.0.2.3:80", true)}, a(1): {ep("10.0.2.1:80", false)}}
+	incremental.UpdateEndpoints(map[string][]endpoint.Endpoint{a(1): files2[a(1)], a(5): files2[a(5)]}, []string{a(2)})
+	incremental.UpdateRegistered("etcd", map[string][]endpoint.Endpoint{a(4): regs2[a(4)], a(1): regs2[a(1)]}, []string{a(3)})
+	whole.SetEndpoints(files2)
+	whole.PutRegistered("etcd", regs2)
+
+	assert.Equal(t, whole.EndpointSets(), incremental.EndpointSets())
+	assert.Equal(t, whole.Fresh().EndpointSets(), incremental.Fresh().EndpointSets())
+	for _, ip := range []string{"10.0.0.2", "10.0.2.3", "10.0.2.1", "10.0.0.5"} {
+		ws, wok := whole.byIP[netip.MustParseAddr(ip)]
+		is, iok := incremental.byIP[netip.MustParseAddr(ip)]
+		assert.Equal(t, wok, iok, ip)
+		assert.Equal(t, ws, is, ip)
+	}
 }
 
 // waitWatchers waits until n streams watch the store.

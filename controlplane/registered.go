@@ -43,6 +43,62 @@ func (s *Store) PutRegistered(id string, sets map[string][]endpoint.Endpoint) {
 	s.registeredAddrsChangedLocked(old, m, changed)
 }
 
+// UpdateRegistered sets, for the registration id, the endpoints of each
+// authority of sets and removes those of each authority of deleted, in
+// one change, leaving its other authorities as they are: a stream sees all
+// of it or none, and the work is that of the authorities given, not of
+// every authority of the registration ([Store.PutRegistered] replaces
+// them all).
+func (s *Store) UpdateRegistered(id string, sets map[string][]endpoint.Endpoint, deleted []string) {
+	m := make(map[string][]endpoint.Endpoint, len(sets))
+	for a, eps := range sets {
+		m[strings.ToLower(a)] = sortedEndpoints(eps)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	if s.registered == nil {
+		s.registered = make(map[string]map[string][]endpoint.Endpoint)
+	}
+	cur := s.registered[id]
+	if cur == nil {
+		cur = make(map[string][]endpoint.Endpoint)
+		s.registered[id] = cur
+	}
+	old := make(map[string][]endpoint.Endpoint)
+	var changed []string
+	for _, a := range deleted {
+		a = strings.ToLower(a)
+		if _, ok := m[a]; ok {
+			continue
+		}
+		if eps, ok := cur[a]; ok {
+			old[a] = eps
+			delete(cur, a)
+			changed = append(changed, a)
+		}
+	}
+	for a, eps := range m {
+		prev, had := cur[a]
+		if had && slices.EqualFunc(prev, eps, sameEndpoint) {
+			continue
+		}
+		if had {
+			old[a] = prev
+		}
+		cur[a] = eps
+		changed = append(changed, a)
+	}
+	for _, a := range changed {
+		_, had := old[a]
+		_, has := cur[a]
+		s.holdsLocked(id, a, had, has)
+		s.mergeLocked(a)
+	}
+	s.endpointsChangedLocked(changed...)
+	s.registeredAddrsChangedLocked(old, cur, changed)
+}
+
 // DeleteRegistered removes the endpoints of the registration id.
 func (s *Store) DeleteRegistered(id string) {
 	s.mu.Lock()

@@ -179,6 +179,39 @@ func (s *Store) PutEndpoints(authority string, eps []endpoint.Endpoint) {
 	s.endpointsChangedLocked(authority)
 }
 
+// UpdateEndpoints sets the endpoints of each authority of sets and deletes
+// each authority of deleted, in one change: a stream sees all of it or
+// none. Only the streams of the authorities whose sets differ are woken,
+// and the work is that of the authorities given, not of every set
+// ([Store.SetEndpoints] replaces all of them).
+func (s *Store) UpdateEndpoints(sets map[string][]endpoint.Endpoint, deleted []string) {
+	m := make(map[string][]endpoint.Endpoint, len(sets))
+	for a, eps := range sets {
+		m[normalAuthority(a)] = sortedEndpoints(eps)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	changed := make([]string, 0, len(m)+len(deleted))
+	for _, a := range deleted {
+		a = normalAuthority(a)
+		if _, ok := m[a]; ok {
+			continue
+		}
+		s.indexClaimsLocked(a, true, s.files[a], nil)
+		delete(s.files, a)
+		s.mergeLocked(a)
+		changed = append(changed, a)
+	}
+	for a, eps := range m {
+		s.indexClaimsLocked(a, true, s.files[a], eps)
+		s.files[a] = eps
+		s.mergeLocked(a)
+		changed = append(changed, a)
+	}
+	s.endpointsChangedLocked(changed...)
+}
+
 // DeleteEndpoints makes authority unknown: it no longer exists.
 func (s *Store) DeleteEndpoints(authority string) {
 	s.mu.Lock()

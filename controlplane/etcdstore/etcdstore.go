@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -232,6 +233,16 @@ type watcher struct {
 	// outside the keys read (or a reload that finds the same keys) does not
 	// wake every stream.
 	loadedManifests, loadedEndpoints map[string][]byte
+	// parsedEndpoints are the sets of each endpoints key as last parsed
+	// (or why it did not parse), and served the sets the store was last
+	// given, by authority: a change parses only the keys that changed and
+	// gives the store only the sets that changed.
+	parsedEndpoints map[string]parsedSets
+	served          map[string][]endpoint.Endpoint
+	// parsedRegistrations are the registration keys as last parsed, and
+	// servedRegistered the registered sets the store was last given.
+	parsedRegistrations map[string]parsedRegistration
+	servedRegistered    map[string][]endpoint.Endpoint
 	// Why the manifests and the endpoints last loaded were refused (nil:
 	// they were not): a refusal holds until keys that load replace it.
 	manifestsErr, endpointsErr error
@@ -348,12 +359,12 @@ func (w *watcher) load() error {
 		sets, err := w.parseEndpoints()
 		w.endpointsErr = err
 		if err == nil {
-			w.store.SetEndpoints(sets)
+			w.updateEndpoints(sets)
 		}
 	}
 	if !maps.EqualFunc(w.registrations, w.loadedRegistrations, bytes.Equal) {
 		w.loadedRegistrations = maps.Clone(w.registrations)
-		w.store.PutRegistered(registrationsID, w.parseRegistrations())
+		w.updateRegistered(w.parseRegistrations())
 	}
 	return errors.Join(w.manifestsErr, w.endpointsErr)
 }
@@ -361,41 +372,132 @@ func (w *watcher) load() error {
 // registrationsID names, in the Store, every registration etcd holds.
 const registrationsID = "etcd"
 
+// parsedRegistration is a registration key as parsed: its authority and
+// endpoint, or why it did not parse.
+type parsedRegistration struct {
+	value     []byte
+	authority string
+	endpoint  endpoint.Endpoint
+	err       error
+}
+
 // parseRegistrations returns the registered endpoints by authority; a key
-// that does not parse is logged and skipped.
+// that does not parse is logged and skipped. Only the keys whose values
+// changed since the last call are parsed.
 func (w *watcher) parseRegistrations() map[string][]endpoint.Endpoint {
+	parsed := make(map[string]parsedRegistration, len(w.registrations))
 	out := make(map[string][]endpoint.Endpoint)
 	for _, k := range slices.Sorted(maps.Keys(w.registrations)) {
-		a, e, err := parseRegistration(strings.TrimPrefix(k, w.prefix+RegistrationsDir+"/"), w.registrations[k])
-		if err != nil {
-			w.log.WarnErr("bad registration", "etcd: skipping a registration key that does not parse", err, "key", k)
+		v := w.registrations[k]
+		p, ok := w.parsedRegistrations[k]
+		if !ok || !bytes.Equal(p.value, v) {
+			p = parsedRegistration{value: v}
+			p.authority, p.endpoint, p.err = parseRegistration(strings.TrimPrefix(k, w.prefix+RegistrationsDir+"/"), v)
+		}
+		parsed[k] = p
+		if p.err != nil {
+			w.log.WarnErr("bad registration", "etcd: skipping a registration key that does not parse", p.err, "key", k)
 			continue
 		}
-		out[a] = append(out[a], e)
+		out[p.authority] = append(out[p.authority], p.endpoint)
 	}
+	w.parsedRegistrations = parsed
 	return out
 }
 
+// parsedSets are the sets of an endpoints key as parsed, or why it did
+// not parse.
+type parsedSets struct {
+	value []byte
+	sets  map[string][]endpoint.Endpoint
+	err   error
+}
+
 // parseEndpoints merges the endpoints keys; an authority given by two keys
-// is an error naming both.
+// is an error naming both. Only the keys whose values changed since the
+// last call are parsed.
 func (w *watcher) parseEndpoints() (map[string][]endpoint.Endpoint, error) {
+	parsed := make(map[string]parsedSets, len(w.endpoints))
+	for k, v := range w.endpoints {
+		p, ok := w.parsedEndpoints[k]
+		if !ok || !bytes.Equal(p.value, v) {
+			p = parsedSets{value: v}
+			p.sets, p.err = manifest.ParseEndpoints(v)
+		}
+		parsed[k] = p
+	}
+	w.parsedEndpoints = parsed
 	out := make(map[string][]endpoint.Endpoint)
 	from := make(map[string]string)
-	for _, k := range slices.Sorted(maps.Keys(w.endpoints)) {
-		sets, err := manifest.ParseEndpoints(w.endpoints[k])
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", k, err)
+	for _, k := range slices.Sorted(maps.Keys(parsed)) {
+		p := parsed[k]
+		if p.err != nil {
+			return nil, fmt.Errorf("%s: %w", k, p.err)
 		}
-		for _, a := range slices.Sorted(maps.Keys(sets)) {
+		for _, a := range slices.Sorted(maps.Keys(p.sets)) {
 			if prev, dup := from[a]; dup {
 				return nil, fmt.Errorf("%s: authority %s is also given in %s", k, a, prev)
 			}
 			from[a] = k
-			out[a] = sets[a]
+			out[a] = p.sets[a]
 		}
 	}
 	return out, nil
 }
+
+// updateEndpoints gives the store the sets that differ from those it was
+// last given, and the authorities that are gone, in one change: a change
+// to one key costs the store that key's sets, not every set. The first
+// load replaces every set the store held.
+func (w *watcher) updateEndpoints(sets map[string][]endpoint.Endpoint) {
+	if w.served == nil {
+		// The first load replaces whatever the store held.
+		w.served = sets
+		w.store.SetEndpoints(sets)
+		return
+	}
+	changed, deleted := changedSets(w.served, sets)
+	w.served = sets
+	if len(changed) > 0 || len(deleted) > 0 {
+		w.store.UpdateEndpoints(changed, deleted)
+	}
+}
+
+// updateRegistered gives the store the registered sets that differ from
+// those it was last given, and the authorities no longer registered, as
+// updateEndpoints does for the endpoints keys.
+func (w *watcher) updateRegistered(sets map[string][]endpoint.Endpoint) {
+	if w.servedRegistered == nil {
+		w.servedRegistered = sets
+		w.store.PutRegistered(registrationsID, sets)
+		return
+	}
+	changed, deleted := changedSets(w.servedRegistered, sets)
+	w.servedRegistered = sets
+	if len(changed) > 0 || len(deleted) > 0 {
+		w.store.UpdateRegistered(registrationsID, changed, deleted)
+	}
+}
+
+// changedSets returns the sets of cur that differ from those of prev, and
+// the authorities of prev that cur does not have.
+func changedSets(prev, cur map[string][]endpoint.Endpoint) (changed map[string][]endpoint.Endpoint, deleted []string) {
+	changed = make(map[string][]endpoint.Endpoint)
+	for a, eps := range cur {
+		if p, ok := prev[a]; !ok || !slices.EqualFunc(p, eps, sameEndpoint) {
+			changed[a] = eps
+		}
+	}
+	for a := range prev {
+		if _, ok := cur[a]; !ok {
+			deleted = append(deleted, a)
+		}
+	}
+	return changed, deleted
+}
+
+// sameEndpoint reports whether two endpoints of a set are the same.
+func sameEndpoint(a, b endpoint.Endpoint) bool { return reflect.DeepEqual(a, b) }
 
 // run follows the watch from w.rev+1 until ctx is done, resuming after
 // every failure from the last revision seen.
