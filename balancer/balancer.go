@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,6 +135,10 @@ type authority struct {
 	released bool
 	groups   map[confKey]*group // the configured groups but def
 	addrs    *addrs             // the Balancer's counts of addresses, nil without
+
+	// live is one past its place in its table's list of live
+	// authorities, 0 when it is not there; under the table's liveMu.
+	live int
 }
 
 // confRef is a BackendConfig and the group it is balanced by.
@@ -1072,8 +1077,12 @@ func closeBody(req *http.Request) {
 // flight is never idle, and eviction takes one only when every authority
 // has some. A cached Host is found without a lock or an allocation.
 type table struct {
-	reg    *registry.Registry[authority]
-	live   sync.Map   // *authority -> struct{}: the entries not released, for the metrics
+	reg *registry.Registry[authority]
+	// live lists the entries not released, for the metrics: a list
+	// rather than a map, as a proxy keeps thousands of authorities, each
+	// of which knows its place in it.
+	liveMu sync.Mutex
+	live   []*authority
 	closed *authority // what requests get once the Balancer is closed
 	shut   atomic.Bool
 	addrs  *addrs // the counts of endpoint addresses, nil without WithEndpointRemoved
@@ -1094,9 +1103,9 @@ func (t *table) init(cfg config, def *groupConf) {
 		return a
 	}, func(e *registry.Entry[authority]) (func(), error) {
 		a := e.Load()
-		t.live.Store(a, struct{}{})
+		t.addLive(a)
 		return func() {
-			t.live.Delete(a)
+			t.removeLive(a)
 			a.release()
 		}, nil
 	}, registry.WithMaxEntries(cfg.maxAuthorities), registry.WithIdleTimeout(cfg.idleTimeout))
@@ -1145,12 +1154,40 @@ func (t *table) close() {
 	t.reg.Close()
 }
 
-// each calls f for every authority not released.
+// addLive adds a to the authorities not released.
+func (t *table) addLive(a *authority) {
+	t.liveMu.Lock()
+	defer t.liveMu.Unlock()
+	if a.live == 0 {
+		t.live = append(t.live, a)
+		a.live = len(t.live)
+	}
+}
+
+// removeLive removes a from the authorities not released.
+func (t *table) removeLive(a *authority) {
+	t.liveMu.Lock()
+	defer t.liveMu.Unlock()
+	if a.live == 0 {
+		return
+	}
+	i, last := a.live-1, len(t.live)-1
+	t.live[i] = t.live[last]
+	t.live[i].live = i + 1
+	t.live[last] = nil
+	t.live = t.live[:last]
+	a.live = 0
+}
+
+// each calls f for every authority not released. It calls f on a copy of
+// the list, so that a collection does not keep new authorities waiting.
 func (t *table) each(f func(*authority)) {
-	t.live.Range(func(k, _ any) bool {
-		f(k.(*authority))
-		return true
-	})
+	t.liveMu.Lock()
+	live := slices.Clone(t.live)
+	t.liveMu.Unlock()
+	for _, a := range live {
+		f(a)
+	}
 }
 
 // find returns the entry of a normalized authority, or nil; it makes none.

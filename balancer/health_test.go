@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -826,4 +827,45 @@ func sendAsync(bal *Balancer) <-chan *http.Response {
 		done <- resp
 	}()
 	return done
+}
+
+// The gauges report the authorities the Balancer holds, each once with its
+// own figures, through evictions that take authorities from any place in
+// the list of those held: an evicted one is no longer reported, and one
+// that comes back is reported again.
+func TestGaugesFollowHeldAuthoritiesThroughEviction(t *testing.T) {
+	m := testutil.NewMetrics(t)
+	svc := func(n string) string { return n + ".default.svc.cluster.local:7000" }
+	sizes := map[string]int{"a": 1, "b": 2, "c": 3, "d": 4}
+	sets := map[string][]endpoint.Endpoint{}
+	for n, size := range sizes {
+		for i := range size {
+			sets[svc(n)] = append(sets[svc(n)], backend(t, fmt.Sprintf("%s%d", n, i)))
+		}
+	}
+	bal, client := newClient(t, staticSource(t, sets), WithMeterProvider(m.Provider), WithMaxAuthorities(3))
+	const family = "outbound_http_balancer_p2c_endpoints"
+	seen := map[string]bool{}
+	for step, n := range []string{"a", "b", "c", "d", "a", "b", "d", "c", "a"} {
+		seen[n] = true
+		status, _, _ := fetch(t, client, "http://"+svc(n)+"/")
+		require.Equal(t, 200, status)
+		held := 0
+		// d is past the bound of labelled Services: it is counted as "other".
+		for _, name := range []string{"a", "b", "c", "d"} {
+			label := name
+			if name == "d" {
+				label = "other"
+			}
+			got := m.Value(t, family, `parent_name="`+label+`"`)
+			if bal.table.find(svc(name)) == nil {
+				assert.Empty(t, got, "step %d: %s is not held", step, name)
+				continue
+			}
+			held++
+			assert.Equal(t, strconv.Itoa(sizes[name]), got, "step %d: %s", step, name)
+		}
+		assert.Equal(t, min(len(seen), 3), held, "step %d", step)
+		assert.Len(t, m.Lines(t, family), held, "step %d", step)
+	}
 }
