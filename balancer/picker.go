@@ -62,10 +62,29 @@ type snapshot struct {
 	zones  *zoneSplit // zone-aware balancing, nil without
 }
 
+// oneSnapshot is the snapshot of one endpoint with its member and their
+// lists in one allocation: most authorities have one endpoint, and a
+// proxy holds thousands of them.
+type oneSnapshot struct {
+	snapshot
+	m   member
+	eps [1]*member
+	cum [1]uint64
+}
+
 // newSnapshot builds the snapshot of u, the endpoints of authority,
 // keeping the loads of the endpoints of prev that stay.
 func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int64, meshTLS bool, authority string) *snapshot {
-	s := &snapshot{err: u.Err, health: prev.health, group: prev.group}
+	var s *snapshot
+	var one *oneSnapshot
+	if u.Set != nil && len(u.Set.Endpoints) == 1 {
+		one = &oneSnapshot{}
+		s = &one.snapshot
+		s.eps, s.cum = one.eps[:0], one.cum[:0]
+	} else {
+		s = &snapshot{}
+	}
+	s.err, s.health, s.group = u.Err, prev.health, prev.group
 	if u.Set == nil {
 		return s
 	}
@@ -76,7 +95,13 @@ func newSnapshot(u endpoint.Update, prev *snapshot, defaultRTT float64, now int6
 	}
 	var total uint64
 	for _, e := range u.Set.Endpoints {
-		ep := &member{Endpoint: e, addr: e.Addr.String(), g: prev.group}
+		var ep *member
+		if one != nil {
+			ep = &one.m
+		} else {
+			ep = new(member)
+		}
+		ep.Endpoint, ep.addr, ep.g = e, e.Addr.String(), prev.group
 		if o := old[ep.addr]; o != nil {
 			ep.load, ep.ref = o.load, o.ref
 		} else {
