@@ -5,10 +5,12 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/inmesh/inmesh/balancer/endpoint"
+	"github.com/inmesh/inmesh/internal/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -118,4 +120,53 @@ func BenchmarkRoundTrip(b *testing.B) {
 		})
 		bal.Close()
 	}
+}
+
+// BenchmarkBytesPerName reports the live heap that the Balancer keeps for
+// each of many Services with one endpoint each (bytes/name), after one
+// request to each: its authority, snapshot, endpoint labels and series,
+// as a client holds them for each of thousands of watched names.
+func BenchmarkBytesPerName(b *testing.B) {
+	const names = 2000
+	sets := make(map[string][]endpoint.Endpoint, names)
+	for i := range names {
+		sets[fmt.Sprintf("svc-%d.table.svc.cluster.local:80", i)] = []endpoint.Endpoint{ep("10.0.0.1:80")}
+	}
+	src, err := NewStaticSource(sets)
+	if err != nil {
+		b.Fatal(err)
+	}
+	base := roundTrip(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 204, Body: http.NoBody, Request: r}, nil
+	})
+	for b.Loop() {
+		b.StopTimer()
+		// A provider of its own each time: the series of an earlier
+		// round would otherwise be found, not made.
+		m := testutil.NewMetrics(b)
+		before := liveHeap()
+		bal := New(src, WithLogger(quietLogger), WithMeterProvider(m.Provider), WithMaxAuthorities(names))
+		rt := bal.Transport(base)
+		b.StartTimer()
+		for i := range names {
+			req, _ := http.NewRequest("GET", fmt.Sprintf("http://svc-%d.table.svc.cluster.local/", i), nil)
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(int64(liveHeap())-int64(before))/names, "bytes/name")
+		bal.Close()
+		b.StartTimer()
+	}
+}
+
+// liveHeap is the heap in use after a full collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }
