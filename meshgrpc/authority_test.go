@@ -2,6 +2,7 @@ package meshgrpc_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -94,3 +95,72 @@ func TestAuthorityOverride(t *testing.T) {
 		})
 	}
 }
+
+// A call's own l5d-dst-canonical metadata does not reach an endpoint with
+// an authority override, as Linkerd's proxy removes the header with the
+// authority of a request to such an endpoint
+// (linkerd/app/outbound/src/http/endpoint.rs, NewOverrideAuthority with
+// "host" and l5d-dst-canonical) and as the HTTP stack does (mesh
+// TestAuthorityOverrideRemovesCanonicalDst); an endpoint without one, or
+// with a value that is no authority, gets the call's values as they were.
+// The first call, unary and server-streaming, of a new channel, to a
+// Service's endpoint, to the forward to an address, and to the endpoint of
+// the Service a ServiceProfile's dst override sends books's calls to.
+func TestAuthorityOverrideRemovesCanonicalDst(t *testing.T) {
+	const override = "books.east.svc.cluster.local:7000"
+	for _, tc := range []struct {
+		name     string
+		toAddr   bool // the channel's target is the endpoint's address
+		split    bool // books's profile overrides books to authors, the endpoint's Service
+		override string
+		want     string // the l5d-dst-canonical values the server sees
+	}{
+		{name: "an endpoint without an override", want: "books.default.svc.cluster.local:7000,second"},
+		{name: "an endpoint with an override", override: override},
+		{name: "an override that is no authority", override: "books east", want: "books.default.svc.cluster.local:7000,second"},
+		{name: "a forward to the address, an override", toAddr: true, override: override},
+		{name: "a dst override to a Service whose endpoint has an override", split: true, override: override},
+		{name: "a dst override to a Service whose endpoint has none", split: true, want: "books.default.svc.cluster.local:7000,second"},
+	} {
+		for _, stream := range []bool{false, true} {
+			kind := "unary"
+			if stream {
+				kind = "stream"
+			}
+			t.Run(tc.name+"/"+kind, func(t *testing.T) {
+				seen := make(chan string, 1)
+				a := startApp(t, &app{handle: func(ctx context.Context, _ int64) error {
+					md, _ := metadata.FromIncomingContext(ctx)
+					select {
+					case seen <- strings.Join(md[canonicalDst], ","):
+					default:
+					}
+					return nil
+				}}, nil)
+				ep := endpoint.Endpoint{Addr: a.addr, Weight: endpoint.DefaultWeight, AuthorityOverride: tc.override}
+				store := controlplane.NewStore()
+				manifests(t, store, booksService)
+				if tc.split {
+					setOverrides(t, store, "", authors+" 1")
+					// books's own endpoint, which the split leaves, never
+					// reports to seen.
+					store.SetEndpoints(map[string][]endpoint.Endpoint{authors: {ep}, books: {{Addr: serveTestService(t, &app{})}}})
+				} else {
+					store.SetEndpoints(map[string][]endpoint.Endpoint{books: {ep}})
+				}
+				target := books
+				if tc.toAddr {
+					target = a.addr.String()
+				}
+				c := dialTarget(t, serveEmbedded(t, store), target)
+
+				ctx := metadata.AppendToOutgoingContext(callCtx(t), canonicalDst, books, canonicalDst, "second")
+				require.NoError(t, requireIDCall(ctx, c, stream))
+				assert.Equal(t, tc.want, testutil.Recv(t, seen, "the first call"))
+			})
+		}
+	}
+}
+
+// canonicalDst is the metadata key of l5d-dst-canonical.
+const canonicalDst = "l5d-dst-canonical"

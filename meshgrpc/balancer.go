@@ -526,8 +526,12 @@ type pickSub struct {
 // grpc.CallAuthority. A value that is no authority (empty, or with a
 // space or a byte outside printable ASCII, which grpc-go would refuse for
 // every call) is ignored, as Linkerd's proxy ignores an override it cannot
-// parse. The metadata is made once per endpoint and shared by its picks,
-// which grpc-go only reads.
+// parse. A call to an endpoint with an override goes without its own
+// l5d-dst-canonical, which [withoutMeshMetadata] took out and the picker
+// gives back only to an endpoint without one, as Linkerd's proxy removes
+// the header with the authority (NewOverrideAuthority names both). The
+// metadata is made once per endpoint and shared by its picks, which
+// grpc-go only reads.
 func authorityMD(override string) metadata.MD {
 	if override == "" {
 		return nil
@@ -670,7 +674,8 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 		k.Done(balancer.Result{Unsent: true})
 		return grpcbalancer.PickResult{}, grpcbalancer.ErrNoSubConnAvailable
 	}
-	if err := refuseUnproven(info.Ctx, sub.verified); err != nil {
+	cm, _ := info.Ctx.Value(callMetaKey{}).(*callMeta)
+	if err := refuseUnproven(info.Ctx, cm, sub.verified); err != nil {
 		// The call requires an identity this endpoint does not prove: it
 		// fails unsent, a status error that grpc-go neither retries nor
 		// waits out. As in Linkerd's proxy, where the check is part of
@@ -684,7 +689,13 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	if p.calls != nil {
 		d.ex = p.calls.Start(info.Ctx, backend, k.Labels())
 	}
-	return grpcbalancer.PickResult{SubConn: sub.sc, Done: d.fn, Metadata: sub.md}, nil
+	md := sub.md
+	if md == nil && cm != nil {
+		// No authority override: the call's own l5d-dst-canonical goes
+		// on (an endpoint with one gets the override instead).
+		md = cm.canonical
+	}
+	return grpcbalancer.PickResult{SubConn: sub.sc, Done: d.fn, Metadata: md}, nil
 }
 
 // givenUp reports whether a call on ctx that ended with code was given up

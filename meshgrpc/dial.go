@@ -82,7 +82,8 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //     [WithIdentity] gives a local identity, plaintext to an endpoint
 //     without one;
 //   - an endpoint's authority override as the :authority of the calls
-//     sent to it (a call's grpc.CallAuthority wins);
+//     sent to it (a call's grpc.CallAuthority wins), which then go without
+//     their l5d-dst-canonical metadata;
 //   - l5d-require-id ([RequireIDMetadata]): removed from every call; a call
 //     that names an identity its picked endpoint's connection did not
 //     verify fails UNAVAILABLE unsent;

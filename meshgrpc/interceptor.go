@@ -348,7 +348,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 		if err != nil {
 			return err
 		}
-		return invoker(withoutRequireID(ctx), method, req, reply, cc, opts...)
+		return invoker(withoutMeshMetadata(ctx), method, req, reply, cc, opts...)
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx, true)
@@ -371,7 +371,7 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 	var retries int
 	for {
 		actx, bt, err := c.prepare(ctx)
-		actx = withoutRequireID(actx) // for the mirror's copy too
+		actx = withoutMeshMetadata(actx) // for the mirror's copy too
 		if bt != nil {
 			bt.Request(ctx)
 		}
@@ -590,7 +590,7 @@ func (m *mesh) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 		if err != nil {
 			return nil, err
 		}
-		return streamer(withoutRequireID(ctx), desc, cc, method, opts...)
+		return streamer(withoutMeshMetadata(ctx), desc, cc, method, opts...)
 	}
 	c := &call{m: m, rt: rt, method: method, target: authority, start: time.Now()}
 	ctx, cancel := c.deadline(ctx, false)
@@ -702,7 +702,7 @@ func (s *retryStream) attempt() error {
 	if err != nil {
 		return s.attemptDone(err)
 	}
-	actx, acancel := context.WithCancel(withoutRequireID(actx))
+	actx, acancel := context.WithCancel(withoutMeshMetadata(actx))
 	cs, err := s.streamer(actx, s.desc, s.cc, s.c.method, s.opts...)
 	if err != nil {
 		acancel()

@@ -209,7 +209,7 @@ func (m *mesh) unaryProfile(ctx context.Context, ps *profileState, authority, me
 		if own != nil {
 			*own = attemptHooks{}
 		}
-		err := invoker(withoutRequireID(ps.callCtx(ctx, authority)), method, req, reply, cc, opts...)
+		err := invoker(withoutMeshMetadata(ps.callCtx(ctx, authority)), method, req, reply, cc, opts...)
 		if err != nil && classify.Abandoned(ctx) {
 			// The application gave the call up: no response, in route_*
 			// as in route_actual_*, as Linkerd's proxy records none for a
@@ -270,7 +270,7 @@ func (m *mesh) streamProfile(ctx context.Context, ps *profileState, authority st
 	if cr.Retryable {
 		s.budget = ps.budget
 	}
-	cs, err := streamer(withoutRequireID(ps.callCtx(s.ctx, authority)), desc, cc, method, opts...)
+	cs, err := streamer(withoutMeshMetadata(ps.callCtx(s.ctx, authority)), desc, cc, method, opts...)
 	if err != nil {
 		return nil, s.end(err)
 	}

@@ -18,58 +18,86 @@ import (
 // otherwise the call fails UNAVAILABLE and nothing is sent.
 const RequireIDMetadata = "l5d-require-id"
 
-// requireIDKey is the context key of the identity a call requires, which
-// [withoutRequireID] moved out of the call's metadata for the picker.
-type requireIDKey struct{}
+// canonicalDstMetadata is the metadata key of l5d-dst-canonical, in which
+// Linkerd's proxies name the logical destination of a request. A call's
+// own value goes to an endpoint without an authority override and not to
+// one with an override, as the HTTP balancer removes the header from a
+// request to such an endpoint.
+const canonicalDstMetadata = "l5d-dst-canonical"
 
-// requireIDCtx is a call's context carrying the identity it requires: one
+// callMetaKey is the context key of the [callMeta] that
+// [withoutMeshMetadata] made of a call's metadata, for the picker.
+type callMetaKey struct{}
+
+// callMeta is a call's context carrying the metadata the mesh reads that
+// [withoutMeshMetadata] moved out of the call's outgoing metadata: one
 // allocation, and Value returns the context itself, so that a lookup boxes
 // nothing.
-type requireIDCtx struct {
+type callMeta struct {
 	context.Context
+	// id is the identity the call requires, "" for none.
 	id string
+	// canonical is the call's own l5d-dst-canonical as pick metadata,
+	// which the picker gives back to an endpoint without an authority
+	// override; nil when the call has none.
+	canonical metadata.MD
 }
 
-func (c *requireIDCtx) Value(key any) any {
-	if _, ok := key.(requireIDKey); ok {
+func (c *callMeta) Value(key any) any {
+	if _, ok := key.(callMetaKey); ok {
 		return c
 	}
 	return c.Context.Value(key)
 }
 
-// withoutRequireID returns the context to send an attempt with: ctx itself
-// when its outgoing metadata has no [RequireIDMetadata], which allocates
-// nothing; otherwise a context whose metadata lacks it and that carries the
-// identity its first value names (a value that is no identity requires
-// nothing, see [requireid.Want]), for the picker to check against the picked endpoint. It is
-// applied where an attempt leaves the interceptors, after routing and the
-// route's filters, as Linkerd's proxy reads and removes the header at the
-// endpoint.
-func withoutRequireID(ctx context.Context) context.Context {
-	vs := metadata.ValueFromOutgoingContext(ctx, RequireIDMetadata)
-	if len(vs) == 0 {
+// withoutMeshMetadata returns the context to send an attempt with: ctx
+// itself when its outgoing metadata has neither [RequireIDMetadata] nor
+// l5d-dst-canonical, which allocates nothing; otherwise a context whose
+// metadata lacks both and that carries them for the picker: the identity
+// the first l5d-require-id value names (a value that is no identity
+// requires nothing, see [requireid.Want]), checked against the picked
+// endpoint, and the l5d-dst-canonical values, sent on only to an endpoint
+// without an authority override. It is applied where an attempt leaves
+// the interceptors, after routing and the route's filters, as Linkerd's
+// proxy reads and removes both headers at the endpoint
+// (linkerd/app/outbound/src/http/endpoint.rs, NewRequireIdentity and
+// NewOverrideAuthority).
+func withoutMeshMetadata(ctx context.Context) context.Context {
+	ids := metadata.ValueFromOutgoingContext(ctx, RequireIDMetadata)
+	canonical := metadata.ValueFromOutgoingContext(ctx, canonicalDstMetadata)
+	if len(ids) == 0 && len(canonical) == 0 {
 		return ctx
 	}
 	md, _ := metadata.FromOutgoingContext(ctx)
 	delete(md, RequireIDMetadata)
+	delete(md, canonicalDstMetadata)
 	ctx = metadata.NewOutgoingContext(ctx, md)
-	if want, ok := requireid.Want(vs[0]); ok {
-		return &requireIDCtx{Context: ctx, id: want}
+	c := &callMeta{Context: ctx}
+	if len(ids) > 0 {
+		if want, ok := requireid.Want(ids[0]); ok {
+			c.id = want
+		}
 	}
-	return ctx
+	if len(canonical) > 0 {
+		c.canonical = metadata.MD{canonicalDstMetadata: canonical}
+	}
+	if c.id == "" && c.canonical == nil {
+		return ctx
+	}
+	return c
 }
 
 // refuseUnproven returns the status that fails the call of ctx when it
-// requires an identity the picked endpoint does not prove; verified is the
-// identity that endpoint's connection verified in its mTLS handshake ("":
-// plaintext). The requirement is the one [withoutRequireID] moved into the
-// context, and also any [RequireIDMetadata] still in the call's metadata
-// (one an interceptor chained after the channel's own set): that is
+// requires an identity the picked endpoint does not prove; cm is what
+// [withoutMeshMetadata] moved out of the call's metadata (nil: nothing),
+// and verified the identity the endpoint's connection verified in its mTLS
+// handshake ("": plaintext). Any [RequireIDMetadata] still in the call's
+// metadata (one an interceptor chained after the channel's own set) is
 // checked all the same, though it leaves with the call. A call that
-// requires nothing costs two context lookups and no allocation.
-func refuseUnproven(ctx context.Context, verified string) error {
-	if r, ok := ctx.Value(requireIDKey{}).(*requireIDCtx); ok && !requireid.Satisfied(r.id, verified) {
-		return status.Error(codes.Unavailable, requireid.Reason(r.id, verified))
+// requires nothing costs a metadata lookup and no allocation.
+func refuseUnproven(ctx context.Context, cm *callMeta, verified string) error {
+	if cm != nil && cm.id != "" && !requireid.Satisfied(cm.id, verified) {
+		return status.Error(codes.Unavailable, requireid.Reason(cm.id, verified))
 	}
 	if vs := metadata.ValueFromOutgoingContext(ctx, RequireIDMetadata); len(vs) > 0 {
 		if want, ok := requireid.Want(vs[0]); ok && !requireid.Satisfied(want, verified) {
