@@ -84,9 +84,10 @@ const clientScope = "github.com/inmesh/inmesh/meshgrpc"
 //   - an endpoint's authority override as the :authority of the calls
 //     sent to it (a call's grpc.CallAuthority wins), which then go without
 //     their l5d-dst-canonical metadata;
-//   - l5d-require-id ([RequireIDMetadata]): removed from every call; a call
-//     that names an identity its picked endpoint's connection did not
-//     verify fails UNAVAILABLE unsent;
+//   - l5d-require-id ([RequireIDMetadata]): removed from every call (one
+//     an interceptor chained after these adds is checked but stays); a
+//     call that names an identity its picked endpoint's connection did
+//     not verify fails UNAVAILABLE unsent;
 //   - grpc.WithNoProxy (endpoint addresses are pod addresses, never to be
 //     sent through HTTPS_PROXY) and grpc.WithDisableRetry (the route's
 //     retries are the only configured ones; grpc-go's transparent retries

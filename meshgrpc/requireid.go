@@ -16,6 +16,13 @@ import (
 // from every call before the call leaves, and sends the call only to an
 // endpoint whose connection verified that identity in its handshake;
 // otherwise the call fails UNAVAILABLE and nothing is sent.
+//
+// The channel's interceptors remove it, so an interceptor that adds it
+// must run before them: chain it in a dial option given before those of
+// [DialOptions]. One chained after them still has its value checked, but
+// the metadata then leaves with the call, as grpc-go lets nothing after
+// the last interceptor remove metadata without a stats handler, which
+// would cost every call of the channel about fifteen allocations.
 const RequireIDMetadata = "l5d-require-id"
 
 // canonicalDstMetadata is the metadata key of l5d-dst-canonical, in which
