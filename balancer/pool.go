@@ -190,6 +190,13 @@ type Result struct {
 	// Trailers-Only answer, its content-type gRPC's), the only framing
 	// whose status sets a load penalty.
 	TrailersOnly bool
+	// PlainHTTP: a gRPC call was answered by an HTTP response that is
+	// not gRPC's (its content-type is not application/grpc), of status
+	// HTTPStatus. It ended without a gRPC status, a success, as Linkerd's
+	// classifier ends a gRPC response without grpc-status and the
+	// [Balancer] classes a gRPC request so answered; its HTTPStatus sets
+	// the load penalty as any response's does. GRPCStatus is ignored.
+	PlainHTTP bool
 	// RetryAfter is the Retry-After of a 429 or 503, or the
 	// grpc-retry-pushback-ms of a Trailers-Only answer, 0 for none.
 	RetryAfter time.Duration
@@ -199,8 +206,8 @@ type Result struct {
 // its result goes to failure accrual as the [Balancer] counts failures by
 // the default rules of package classify (a gRPC call by its status alone:
 // UNKNOWN or a code past 16, DEADLINE_EXCEEDED, PERMISSION_DENIED,
-// INTERNAL, UNAVAILABLE, DATA_LOSS; otherwise an HTTP status from 500 to
-// 599; no answer at all), rate limits as [Unified] counts them, and load
+// INTERNAL, UNAVAILABLE, DATA_LOSS, and none for a PlainHTTP answer;
+// otherwise an HTTP status from 500 to 599; no answer at all), rate limits as [Unified] counts them, and load
 // penalties as the [Balancer] reads a response head (see
 // [PenaltyPeakEWMA]): an HTTP status of 429, 503 or another 5xx, or the
 // status of a TrailersOnly answer (HTTPStatus 0 or 200) that is
@@ -239,10 +246,15 @@ func (k Pick) Done(r Result) {
 	}
 	l.observe(float64(now-k.start), now, p.decay)
 	var o outcome
-	if r.GRPCStatus >= 0 {
+	switch {
+	case r.PlainHTTP:
+		// A gRPC call without a status (Linkerd's GrpcOpen ended
+		// without trailers): a success, whatever the HTTP status.
+		o.classified((*classify.Classifier)(nil).GRPCCall(-1), r.HTTPStatus)
+	case r.GRPCStatus >= 0:
 		// A gRPC call: its status decides, whatever the HTTP status.
 		o.classified((*classify.Classifier)(nil).GRPCCall(int64(r.GRPCStatus)), r.HTTPStatus)
-	} else {
+	default:
 		class, _ := (*classify.Classifier)(nil).Head(false, r.HTTPStatus, nil)
 		o.classified(class, r.HTTPStatus)
 	}
@@ -252,7 +264,7 @@ func (k Pick) Done(r Result) {
 		o.bias(true, hint)
 	case s >= 500 && s <= 599:
 		o.bias(false, 0)
-	case (s == 0 || s == http.StatusOK) && r.TrailersOnly && r.GRPCStatus >= 0:
+	case (s == 0 || s == http.StatusOK) && r.TrailersOnly && r.GRPCStatus >= 0 && !r.PlainHTTP:
 		o.grpcBias(r.GRPCStatus, hint)
 	}
 	p.conf.penalize(l, o, now)

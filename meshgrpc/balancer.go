@@ -732,6 +732,37 @@ func givenUp(ctx context.Context, code codes.Code) bool {
 	return !classify.EndpointTimedOut(ctx)
 }
 
+// plainHTTPPrefix begins the message of the status grpc-go makes of a
+// response that is not gRPC's (google.golang.org/grpc/internal/transport,
+// operateHeaders), and the response's HTTP status follows it.
+const plainHTTPPrefix = "unexpected HTTP status code received from server: "
+
+// plainHTTPStatus returns the HTTP status of the response that ended a
+// call with err when that response was not gRPC's (an HTTP/2 server that
+// does not speak gRPC, a proxy's own answer), 0 otherwise. grpc-go gives
+// the balancer no HTTP status, only the status it made of one
+// (UNAVAILABLE for 429 and 502-504, UNIMPLEMENTED for 404, UNKNOWN for
+// 500, ...), whose message starts with it. A gRPC server's own status
+// whose message starts the same way is read as such an answer too.
+func plainHTTPStatus(err error) int {
+	s, ok := status.FromError(err)
+	if !ok || s == nil {
+		return 0
+	}
+	msg, ok := strings.CutPrefix(s.Message(), plainHTTPPrefix)
+	if !ok || len(msg) < 3 {
+		return 0
+	}
+	n := 0
+	for _, c := range []byte(msg[:3]) {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
 // pickDone is what a pick's Done needs: pooled, with its Done bound once,
 // so that a pick makes no closure. grpc-go calls a pick's Done once, also
 // for a pick it abandons before any call (an empty DoneInfo).
@@ -781,6 +812,13 @@ func (d *pickDone) done(info grpcbalancer.DoneInfo) {
 		r.TrailersOnly = true
 		if v := info.Trailer["grpc-retry-pushback-ms"]; len(v) > 0 {
 			r.RetryAfter = balancer.ParsePushback(v[0])
+		}
+	} else if info.Err != nil && info.BytesReceived {
+		if s := plainHTTPStatus(info.Err); s != 0 {
+			// An answer that is not gRPC's: classed and penalized by
+			// its HTTP status, as the HTTP balancer reads a gRPC
+			// request's plain answer.
+			r.PlainHTTP, r.HTTPStatus = true, s
 		}
 	}
 	if info.Err != nil && givenUp(ctx, code) {
