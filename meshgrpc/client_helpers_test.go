@@ -19,6 +19,7 @@ import (
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/manifest"
 	"github.com/inmesh/inmesh/meshgrpc"
+	"github.com/inmesh/inmesh/profiles"
 )
 
 // TestMain checks that no test of the package leaves a goroutine behind.
@@ -105,6 +106,15 @@ func manifests(t testing.TB, store *controlplane.Store, yaml string) {
 	res, err := manifest.Parse([]byte(yaml))
 	require.NoError(t, err)
 	store.SetManifests(res)
+}
+
+// setProfiles gives store the ServiceProfiles that yaml, one or more
+// ServiceProfile documents, declares.
+func setProfiles(t testing.TB, store *controlplane.Store, yaml string) {
+	t.Helper()
+	sps, err := profiles.ParseServiceProfiles([]byte(yaml))
+	require.NoError(t, err)
+	store.SetServiceProfiles(sps)
 }
 
 // dial makes a mesh channel to target.

@@ -22,7 +22,6 @@ import (
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
-	"github.com/inmesh/inmesh/profiles"
 	"github.com/inmesh/inmesh/proxyapi/destinationpb"
 	"github.com/inmesh/inmesh/proxyapi/outboundpb"
 )
@@ -225,7 +224,8 @@ func TestFirstCallProfileRouted(t *testing.T) {
 		<-ctx.Done()
 		return status.FromContextError(ctx.Err()).Err()
 	}}, nil)
-	sps, err := profiles.ParseServiceProfiles([]byte(`
+	store := controlplane.NewStore()
+	setProfiles(t, store, `
 apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
@@ -234,15 +234,12 @@ spec:
   - name: EmptyCall
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
     timeout: 300ms
-`))
-	require.NoError(t, err)
-	store := controlplane.NewStore()
-	store.SetServiceProfiles(sps)
+`)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
 	m := testutil.NewMetrics(t)
 	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))
 	ctx := callCtx(t)
-	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
+	_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	assert.NoError(t, ctx.Err(), "the profile route's timeout ended the call, not the caller's deadline")
 	assert.Len(t, m.Lines(t, "route_response_total", `rt_route="EmptyCall"`), 1)

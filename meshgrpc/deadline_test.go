@@ -19,7 +19,6 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
-	"github.com/inmesh/inmesh/profiles"
 )
 
 // A call that its caller's own deadline ends is no failure of its
@@ -108,7 +107,7 @@ spec:
 			store := controlplane.NewStore()
 			manifests(t, store, booksService+tc.objects)
 			if tc.profile {
-				sps, err := profiles.ParseServiceProfiles([]byte(`
+				setProfiles(t, store, `
 apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
@@ -117,9 +116,7 @@ spec:
   - name: TestService
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/(EmptyCall|StreamingOutputCall)}
     timeout: 50ms
-`))
-				require.NoError(t, err)
-				store.SetServiceProfiles(sps)
+`)
 			}
 			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
 			c := dial(t, serveStore(t, store), meshgrpc.WithBalancerOptions(balancer.WithFailureAccrual(&balancer.FailureAccrual{

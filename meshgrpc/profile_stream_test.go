@@ -19,7 +19,6 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
-	"github.com/inmesh/inmesh/profiles"
 )
 
 // streamsApp answers StreamingOutputCall with one message per
@@ -55,7 +54,8 @@ func (a *streamsApp) StreamingOutputCall(req *testgrpc.StreamingOutputCallReques
 // profile is the one that applies.
 func profileAndPolicyChannel(t *testing.T, a *streamsApp) (testgrpc.TestServiceClient, *testutil.Metrics) {
 	t.Helper()
-	sps, err := profiles.ParseServiceProfiles([]byte(`
+	store := controlplane.NewStore()
+	setProfiles(t, store, `
 apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
@@ -64,10 +64,7 @@ spec:
   - name: StreamingOutputCall
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/StreamingOutputCall}
     timeout: 500ms
-`))
-	require.NoError(t, err)
-	store := controlplane.NewStore()
-	store.SetServiceProfiles(sps)
+`)
 	manifests(t, store, booksService+timeoutRoute(`{timeout.linkerd.io/request: 200ms}`))
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: serveTestService(t, a)}}})
 	m := testutil.NewMetrics(t)
@@ -181,7 +178,8 @@ func TestServiceProfileRouteTimeoutBoundsStreamHeaders(t *testing.T) {
 // StreamingOutputCall with the route's further YAML lines, extra.
 func givenUpChannel(t *testing.T, a *streamsApp, extra string) (testgrpc.TestServiceClient, *testutil.Metrics) {
 	t.Helper()
-	sps, err := profiles.ParseServiceProfiles([]byte(`
+	store := controlplane.NewStore()
+	setProfiles(t, store, `
 apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
@@ -189,10 +187,7 @@ spec:
   routes:
   - name: StreamingOutputCall
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/StreamingOutputCall}
-` + extra))
-	require.NoError(t, err)
-	store := controlplane.NewStore()
-	store.SetServiceProfiles(sps)
+`+extra)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: serveTestService(t, a)}}})
 	m := testutil.NewMetrics(t)
 	return dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)), m
@@ -340,7 +335,8 @@ func TestServiceProfileBudgetDepositsAsAnswersCome(t *testing.T) {
 				}
 				return nil
 			}}, nil)
-			sps, err := profiles.ParseServiceProfiles([]byte(`
+			store := controlplane.NewStore()
+			setProfiles(t, store, `
 apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
@@ -353,10 +349,7 @@ spec:
   - name: StreamingOutputCall
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/StreamingOutputCall}
     isRetryable: true
-`))
-			require.NoError(t, err)
-			store := controlplane.NewStore()
-			store.SetServiceProfiles(sps)
+`)
 			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
 			c := dial(t, serveStore(t, store))
 			// giveUp sends a call or stream that stalls on the app,
@@ -404,7 +397,7 @@ spec:
 			}
 			before := unary.Load()
 			fail.Store(true)
-			_, err = c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+			_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
 			assert.Equal(t, tc.wantCode, status.Code(err), "%v", err)
 			assert.Equal(t, tc.wantCalls, unary.Load()-before, "attempts of the failing call")
 		})

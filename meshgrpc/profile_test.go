@@ -17,7 +17,6 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/internal/testutil"
 	"github.com/inmesh/inmesh/meshgrpc"
-	"github.com/inmesh/inmesh/profiles"
 )
 
 // A ServiceProfile with a gRPC route (/pkg.Service/Method) routes the
@@ -63,7 +62,8 @@ func TestServiceProfileRoute(t *testing.T) {
 // metrics.
 func retryableEmptyCall(t *testing.T, a *app, extra string) (testgrpc.TestServiceClient, *testutil.Metrics) {
 	t.Helper()
-	sps, err := profiles.ParseServiceProfiles([]byte(`
+	store := controlplane.NewStore()
+	setProfiles(t, store, `
 apiVersion: linkerd.io/v1alpha2
 kind: ServiceProfile
 metadata: {name: books.default.svc.cluster.local, namespace: default}
@@ -73,10 +73,7 @@ spec:
   - name: EmptyCall
     condition: {method: POST, pathRegex: /grpc\.testing\.TestService/EmptyCall}
     isRetryable: true
-` + extra))
-	require.NoError(t, err)
-	store := controlplane.NewStore()
-	store.SetServiceProfiles(sps)
+`+extra)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}}})
 	m := testutil.NewMetrics(t)
 	c := dial(t, serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider))

@@ -20,7 +20,6 @@ import (
 	"github.com/inmesh/inmesh/controlplane"
 	"github.com/inmesh/inmesh/destination"
 	"github.com/inmesh/inmesh/meshgrpc"
-	"github.com/inmesh/inmesh/profiles"
 	"github.com/inmesh/inmesh/proxyapi/destinationpb"
 )
 
@@ -182,9 +181,7 @@ func TestRequireIDMetadata(t *testing.T) {
 						manifests(t, store, mode.manifests)
 					}
 					if mode.profile {
-						sps, err := profiles.ParseServiceProfiles([]byte(emptyCallProfile))
-						require.NoError(t, err)
-						store.SetServiceProfiles(sps)
+						setProfiles(t, store, emptyCallProfile)
 					}
 					store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: addr, Identity: tc.epID}}})
 					opts := []meshgrpc.Option{meshgrpc.WithLogger(quiet)}
