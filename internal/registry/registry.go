@@ -161,20 +161,16 @@ func WithDefaultPort(port string) Option {
 
 // Entry is one authority's state. Its methods are safe for concurrent use.
 type Entry[S any] struct {
-	// The fields are in an order that packs them: a stack keeps an entry
-	// in each of its registries for each of thousands of authorities.
+	// The fields are in an order that packs them into 96 bytes: a stack
+	// keeps an entry in each of its registries for each of thousands of
+	// authorities.
 	authority string
 	state     atomic.Pointer[S]
-	holds     atomic.Int64 // requests in flight that hold the entry
-	// retryAt is when a lookup may call start again after it failed, in
-	// Unix nanoseconds; 0 when start has not failed.
-	retryAt atomic.Int64
-	ref     atomic.Bool // used since the last sweep or eviction pass
-	dead    atomic.Bool // released
-	// failures counts the start attempts that failed in a row; guarded
-	// by the registry's mu.
-	failures int32
-	stopped  bool // guarded by stopMu
+	// retry is set while start fails: when a lookup may call start again
+	// (see [Registry.restart]), and how many attempts failed in a row.
+	retry atomic.Pointer[retryState]
+	holds atomic.Int32  // requests in flight that hold the entry
+	flags atomic.Uint32 // refBit, deadBit, stopSetBit, stoppedBit
 
 	// Guarded by the registry's mu.
 	prev, next *Entry[S]
@@ -183,8 +179,24 @@ type Entry[S any] struct {
 	aliases   []string
 	idleSince time.Duration // since the registry's born, on its monotonic clock
 
-	stopMu sync.Mutex
-	stop   func()
+	// stop is set once by setStop, before stopSetBit, and read by finish
+	// when it sees that bit (see [Entry.setStop]).
+	stop func()
+}
+
+// The bits of an entry's flags.
+const (
+	refBit     = 1 << iota // used since the last sweep or eviction pass
+	deadBit                // released
+	stopSetBit             // stop is set
+	stoppedBit             // finished: stop was or is being called
+)
+
+// retryState is the state of an entry whose start failed; an entry's
+// retry is replaced, never changed.
+type retryState struct {
+	at       int64 // Unix nanoseconds
+	failures int32
 }
 
 // Authority returns the normalised authority (host:port) of the entry.
@@ -202,7 +214,9 @@ func (e *Entry[S]) Store(s *S) { e.state.Store(s) }
 func (e *Entry[S]) CompareAndSwap(old, s *S) bool { return e.state.CompareAndSwap(old, s) }
 
 // Released reports whether the entry has been released.
-func (e *Entry[S]) Released() bool { return e.dead.Load() }
+func (e *Entry[S]) Released() bool { return e.dead() }
+
+func (e *Entry[S]) dead() bool { return e.flags.Load()&deadBit != 0 }
 
 // Hold marks the entry in use until a matching [Entry.Unhold]: the idle
 // sweep does not release a held entry, and eviction takes one only when
@@ -226,36 +240,37 @@ func (e *Entry[S]) Unhold() {
 func (e *Entry[S]) held() bool { return e.holds.Load() > 0 }
 
 func (e *Entry[S]) touch() {
-	if !e.ref.Load() {
-		e.ref.Store(true)
+	if e.flags.Load()&refBit == 0 {
+		e.flags.Or(refBit)
 	}
 }
 
+// unref clears the entry's reference bit and reports whether it was set.
+func (e *Entry[S]) unref() bool { return e.flags.And(^uint32(refBit))&refBit != 0 }
+
 // setStop records the stop function start returned; when the entry was
-// released meanwhile it is called at once.
+// released meanwhile it is called at once. It is called at most once.
+// Whichever of setStop and finish sets its bit second calls stop.
 func (e *Entry[S]) setStop(stop func()) {
 	if stop == nil {
 		return
 	}
-	e.stopMu.Lock()
-	if e.stopped {
-		e.stopMu.Unlock()
-		stop()
-		return
-	}
 	e.stop = stop
-	e.stopMu.Unlock()
+	if e.flags.Or(stopSetBit)&stoppedBit != 0 {
+		e.stop = nil
+		stop()
+	}
 }
 
 // finish calls the stop function once, if there is one.
 func (e *Entry[S]) finish() {
-	e.stopMu.Lock()
-	stop := e.stop
-	e.stop, e.stopped = nil, true
-	e.stopMu.Unlock()
-	if stop != nil {
-		stop()
+	old := e.flags.Or(stoppedBit)
+	if old&stoppedBit != 0 || old&stopSetBit == 0 {
+		return
 	}
+	stop := e.stop
+	e.stop = nil
+	stop()
 }
 
 // Registry is a bounded, idle-released map from authorities to entries.
@@ -309,9 +324,9 @@ func New[S any](newState func(authority string) *S, start func(*Entry[S]) (stop 
 // allocates nothing and takes no lock.
 func (r *Registry[S]) Get(raw string) *Entry[S] {
 	if e := r.keys.load(raw); e != nil {
-		if !e.dead.Load() {
+		if !e.dead() {
 			e.touch()
-			if at := e.retryAt.Load(); at != 0 && r.cfg.now().UnixNano() >= at {
+			if rs := e.retry.Load(); rs != nil && r.cfg.now().UnixNano() >= rs.at {
 				r.restart(e)
 			}
 			return e
@@ -325,13 +340,13 @@ func (r *Registry[S]) Get(raw string) *Entry[S] {
 func (r *Registry[S]) restart(e *Entry[S]) {
 	now := r.cfg.now()
 	r.mu.Lock()
-	at := e.retryAt.Load()
-	if r.closed || e.dead.Load() || at == 0 || now.UnixNano() < at {
+	rs := e.retry.Load()
+	if r.closed || e.dead() || rs == nil || now.UnixNano() < rs.at {
 		r.mu.Unlock()
 		return
 	}
 	// Claim the attempt: lookups meanwhile wait for the next delay.
-	e.retryAt.Store(now.Add(r.cfg.retry.Delay(int(e.failures))).UnixNano())
+	e.retry.Store(&retryState{at: now.Add(r.cfg.retry.Delay(int(rs.failures))).UnixNano(), failures: rs.failures})
 	r.mu.Unlock()
 	stop, err := r.start(e)
 	r.started(e, stop, err)
@@ -341,13 +356,15 @@ func (r *Registry[S]) restart(e *Entry[S]) {
 func (r *Registry[S]) started(e *Entry[S], stop func(), err error) {
 	r.mu.Lock()
 	if err != nil {
-		e.failures++
-		e.retryAt.Store(r.cfg.now().Add(r.cfg.retry.Delay(int(e.failures) - 1)).UnixNano())
+		var failures int32 = 1
+		if rs := e.retry.Load(); rs != nil {
+			failures = rs.failures + 1
+		}
+		e.retry.Store(&retryState{at: r.cfg.now().Add(r.cfg.retry.Delay(int(failures) - 1)).UnixNano(), failures: failures})
 		r.mu.Unlock()
 		return
 	}
-	e.failures = 0
-	e.retryAt.Store(0)
+	e.retry.Store(nil)
 	r.mu.Unlock()
 	e.setStop(stop)
 }
@@ -356,7 +373,7 @@ func (r *Registry[S]) started(e *Entry[S], stop func(), err error) {
 // normalises nor creates, and never allocates.
 func (r *Registry[S]) Cached(raw string) *Entry[S] {
 	if e := r.keys.load(raw); e != nil {
-		if !e.dead.Load() {
+		if !e.dead() {
 			e.touch()
 			return e
 		}
@@ -367,7 +384,7 @@ func (r *Registry[S]) Cached(raw string) *Entry[S] {
 // Lookup returns the entry of a raw key if there is one, creating none.
 func (r *Registry[S]) Lookup(raw string) *Entry[S] {
 	if e := r.keys.load(raw); e != nil {
-		if !e.dead.Load() {
+		if !e.dead() {
 			return e
 		}
 	}
@@ -490,7 +507,7 @@ func (r *Registry[S]) get(raw string, create bool) *Entry[S] {
 // there is none.
 func (r *Registry[S]) aliasLocked(raw, authority string, touch bool) *Entry[S] {
 	e := r.keys.load(authority)
-	if e == nil || e.dead.Load() {
+	if e == nil || e.dead() {
 		return nil
 	}
 	if touch {
@@ -519,7 +536,7 @@ func (r *Registry[S]) addAliasLocked(e *Entry[S], raw string) {
 func (r *Registry[S]) evictLocked() *Entry[S] {
 	for n := 2 * r.n; ; n-- {
 		e := r.head
-		if second := e.ref.Swap(false) || e.held(); second && e.next != nil && n > 0 {
+		if second := e.unref() || e.held(); second && e.next != nil && n > 0 {
 			r.unlinkLocked(e)
 			r.pushLocked(e)
 			continue
@@ -542,7 +559,7 @@ func (r *Registry[S]) sweepLocked(now time.Time, force bool) []*Entry[S] {
 	for e := r.head; e != nil; {
 		next := e.next
 		switch {
-		case e.ref.Swap(false) || e.held():
+		case e.unref() || e.held():
 			e.idleSince = now.Sub(r.born)
 		case now.Sub(r.born)-e.idleSince >= idle:
 			r.removeLocked(e)
@@ -581,7 +598,7 @@ func (r *Registry[S]) janitor() {
 }
 
 func (r *Registry[S]) removeLocked(e *Entry[S]) {
-	e.dead.Store(true)
+	e.flags.Or(deadBit)
 	r.n--
 	r.keys.compareAndDelete(e.authority, e)
 	for _, a := range e.aliases {
