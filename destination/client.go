@@ -85,6 +85,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		c.mux = &mux{api: watchespb.NewWatchesClient(cc), ctx: c.ctx, timeout: cfg.firstMessageTimeout, wg: &c.wg}
 	}
 	c.profiles = &watches[*pb.DestinationProfile, profiles.Update]{
+		c: c,
 		kind: &kind[*pb.DestinationProfile, profiles.Update]{
 			name: "GetProfile",
 			open: func(ctx context.Context, authority string, s sink[*pb.DestinationProfile], opts ...grpc.CallOption) (recvStream[*pb.DestinationProfile], error) {
@@ -107,6 +108,7 @@ func NewClient(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		m: make(map[string]*watch[*pb.DestinationProfile, profiles.Update]),
 	}
 	c.endpoints = &watches[*pb.Update, endpoint.Update]{
+		c: c,
 		kind: &kind[*pb.Update, endpoint.Update]{
 			name: "Get",
 			open: func(ctx context.Context, authority string, s sink[*pb.Update], opts ...grpc.CallOption) (recvStream[*pb.Update], error) {

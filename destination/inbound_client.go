@@ -23,6 +23,7 @@ func (c *Client) initInbound(cc grpc.ClientConnInterface) {
 	api := inboundpb.NewInboundServerPoliciesClient(cc)
 	rl := ratelog.New(c.cfg.logger, 10*time.Second)
 	c.inbound = &watches[*inboundpb.Server, InboundUpdate]{
+		c: c,
 		kind: &kind[*inboundpb.Server, InboundUpdate]{
 			name: "InboundServerPolicies.WatchPort",
 			open: func(ctx context.Context, key string, _ sink[*inboundpb.Server], opts ...grpc.CallOption) (recvStream[*inboundpb.Server], error) {

@@ -76,6 +76,7 @@ func (c *Client) initPolicies(cc grpc.ClientConnInterface) {
 	c.policyAPI = outboundpb.NewOutboundPoliciesClient(cc)
 	rl := ratelog.New(c.cfg.logger, 10*time.Second)
 	c.policies = &watches[*outboundpb.OutboundPolicy, policy.Update]{
+		c: c,
 		kind: &kind[*outboundpb.OutboundPolicy, policy.Update]{
 			name: "OutboundPolicies.Watch",
 			open: func(ctx context.Context, key string, s sink[*outboundpb.OutboundPolicy], opts ...grpc.CallOption) (recvStream[*outboundpb.OutboundPolicy], error) {

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"google.golang.org/grpc"
 	"io"
+	"iter"
 	"log/slog"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,24 +101,17 @@ func isNotFound(err error) bool {
 }
 
 // watch is one shared stream for one authority, fanned out to subscribers.
-// It holds no goroutine of its own: see [watch.attempt].
+// It holds no goroutine of its own: see [watch.attempt]. A client holds
+// one for each kind of each of thousands of names, so its fields are
+// packed: its client and kind are its set's.
 type watch[M, U any] struct {
-	c         *Client
 	ws        *watches[M, U] // the set it is in (or was, once evicted)
-	kind      *kind[M, U]
 	authority string
-
-	// attempts is the backoff's attempt, part of the state across
-	// streams (with failing and announced, below), touched by one
-	// stream's end at a time (see [watch.ended]).
-	attempts int
 
 	mu   sync.Mutex
 	last U
-	// subs are the watch's mailboxes, in no order: a few for nearly
-	// every watch, where a map would cost more than the watch itself.
-	subs    []*mailbox.Mailbox[U]
-	idleGen uint64 // bumped on every subscribe, so a stale idle timer does nothing
+	// subs are the watch's mailboxes, in no order.
+	subs subList[U]
 	// idleTimer closes the watch after the idle timeout. It is stopped
 	// when the watch is subscribed again or evicted first, and it holds
 	// the watch weakly, so that an evicted watch is not kept alive by its
@@ -124,12 +120,20 @@ type watch[M, U any] struct {
 	// idle timeout.
 	idleTimer *time.Timer
 	// cur is the current stream, which stop ends; retry opens the next
-	// one after the backoff's delay; stopped says that the watch ended,
-	// so that no stream opens again. A watch has no context of its own:
+	// one after the backoff's delay. A watch has no context of its own:
 	// each one would be registered with the client's until it ends, and
 	// a client holds thousands of watches.
-	cur     *session[M, U]
-	retry   *time.Timer
+	cur   *session[M, U]
+	retry *time.Timer
+	// idleGen is bumped on every subscribe, so that a stale idle timer
+	// does nothing.
+	idleGen uint32
+	// attempts is the backoff's attempt, part of the state across
+	// streams (with failing and announced, below), touched by one
+	// stream's end at a time (see [watch.ended]).
+	attempts int32
+
+	// stopped says that the watch ended, so that no stream opens again.
 	stopped bool
 	hasLast bool
 	// lastNotFound: last is the kind's notFound update, the control
@@ -144,14 +148,84 @@ type watch[M, U any] struct {
 	// failing says that the last stream failed, and announced that the
 	// notFound update was published for the current run of such answers:
 	// with attempts, the state across streams. They are not under mu;
-	// they sit with the flags above so that a watch, one of thousands,
-	// spends one word on all of them.
+	// they sit with the flags above so that they share a word.
 	failing   bool
 	announced bool
 }
 
+// subList is a watch's mailboxes: nearly every watch has one or two, where
+// a slice would cost a header in the watch and an array beside it.
+type subList[U any] struct {
+	first *mailbox.Mailbox[U]
+	rest  *[]*mailbox.Mailbox[U]
+}
+
+func (l *subList[U]) len() int {
+	n := 0
+	if l.first != nil {
+		n++
+	}
+	if l.rest != nil {
+		n += len(*l.rest)
+	}
+	return n
+}
+
+func (l *subList[U]) add(s *mailbox.Mailbox[U]) {
+	switch {
+	case l.first == nil:
+		l.first = s
+	case l.rest == nil:
+		l.rest = &[]*mailbox.Mailbox[U]{s}
+	default:
+		*l.rest = append(*l.rest, s)
+	}
+}
+
+// remove takes s off the list.
+func (l *subList[U]) remove(s *mailbox.Mailbox[U]) {
+	if l.rest == nil {
+		if l.first == s {
+			l.first = nil
+		}
+		return
+	}
+	rest := *l.rest
+	last := len(rest) - 1
+	if l.first == s {
+		l.first = rest[last]
+	} else if i := slices.Index(rest, s); i >= 0 {
+		rest[i] = rest[last]
+	} else {
+		return
+	}
+	rest[last] = nil
+	if last == 0 {
+		l.rest = nil
+	} else {
+		*l.rest = rest[:last]
+	}
+}
+
+// all returns the mailboxes.
+func (l *subList[U]) all() iter.Seq[*mailbox.Mailbox[U]] {
+	return func(yield func(*mailbox.Mailbox[U]) bool) {
+		if l.first != nil && !yield(l.first) {
+			return
+		}
+		if l.rest != nil {
+			for _, s := range *l.rest {
+				if !yield(s) {
+					return
+				}
+			}
+		}
+	}
+}
+
 // watches is a bounded set of watches of one kind, keyed by authority.
 type watches[M, U any] struct {
+	c    *Client
 	kind *kind[M, U]
 	mu   sync.Mutex
 	m    map[string]*watch[M, U]
@@ -174,9 +248,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 			ws.rejected.Add(1)
 			return nil, fmt.Errorf("%w: %d %s watches already", errTooManyWatches, len(ws.m), ws.kind.name)
 		}
-		w = &watch[M, U]{
-			c: c, ws: ws, kind: ws.kind, authority: authority,
-		}
+		w = &watch[M, U]{ws: ws, authority: authority}
 		ws.m[authority] = w
 		// Counts the watch until it ended (see [watch.ended]).
 		c.wg.Add(1)
@@ -191,7 +263,7 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	// The mailbox ends with ctx, with Stop, or when the client closes
 	// (stopAll), not by a hook on the client's context.
 	s := mailbox.StartOwned(context.Background(), ctx, &c.wg, update, w)
-	w.subs = append(w.subs, s)
+	w.subs.add(s)
 	w.idleGen++
 	if w.hasLast {
 		s.Offer(w.last)
@@ -199,6 +271,12 @@ func (ws *watches[M, U]) subscribe(c *Client, ctx context.Context, authority str
 	w.mu.Unlock()
 	return s.Stop, nil
 }
+
+// c returns the watch's client.
+func (w *watch[M, U]) c() *Client { return w.ws.c }
+
+// kind returns the watch's kind.
+func (w *watch[M, U]) kind() *kind[M, U] { return w.ws.kind }
 
 // MailboxFinished takes the finished mailbox s of a subscriber off w: see
 // [watches.unsubscribe].
@@ -208,17 +286,17 @@ func (w *watch[M, U]) MailboxFinished(s *mailbox.Mailbox[U]) { w.ws.unsubscribe(
 // it after the idle timeout.
 func (ws *watches[M, U]) unsubscribe(w *watch[M, U], s *mailbox.Mailbox[U]) {
 	w.mu.Lock()
-	w.removeLocked(s)
-	idle := len(w.subs) == 0
+	w.subs.remove(s)
+	idle := w.subs.len() == 0
 	gen := w.idleGen
 	w.mu.Unlock()
-	if !idle || w.c.ctx.Err() != nil {
+	if !idle || w.c().ctx.Err() != nil {
 		return
 	}
-	d := w.c.cfg.idleTimeout
+	d := w.c().cfg.idleTimeout
 	ws.mu.Lock()
 	w.mu.Lock()
-	if len(w.subs) == 0 && !w.evicted && w.idleGen == gen && d > 0 {
+	if w.subs.len() == 0 && !w.evicted && w.idleGen == gen && d > 0 {
 		if ws.idle == nil {
 			ws.idle = make(map[*watch[M, U]]struct{})
 		}
@@ -251,10 +329,10 @@ func (w *watch[M, U]) stopIdleTimerLocked() {
 }
 
 // evict closes w if nobody subscribed since generation gen.
-func (ws *watches[M, U]) evict(w *watch[M, U], gen uint64) {
+func (ws *watches[M, U]) evict(w *watch[M, U], gen uint32) {
 	ws.mu.Lock()
 	w.mu.Lock()
-	stale := w.idleGen != gen || len(w.subs) > 0 || w.evicted
+	stale := w.idleGen != gen || w.subs.len() > 0 || w.evicted
 	if !stale {
 		w.evicted = true
 		w.stopIdleTimerLocked()
@@ -310,7 +388,9 @@ func (ws *watches[M, U]) stopAll() {
 	for _, w := range all {
 		w.stop()
 		w.mu.Lock()
-		subs = append(subs, w.subs...)
+		for s := range w.subs.all() {
+			subs = append(subs, s)
+		}
 		w.mu.Unlock()
 	}
 	for _, s := range subs {
@@ -324,21 +404,6 @@ func (ws *watches[M, U]) len() int {
 	return len(ws.m)
 }
 
-// removeLocked takes s off the watch's mailboxes.
-func (w *watch[M, U]) removeLocked(s *mailbox.Mailbox[U]) {
-	for i, x := range w.subs {
-		if x == s {
-			last := len(w.subs) - 1
-			w.subs[i], w.subs[last] = w.subs[last], nil
-			w.subs = w.subs[:last]
-			if last == 0 {
-				w.subs = nil
-			}
-			return
-		}
-	}
-}
-
 func (w *watch[M, U]) publish(u U) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -347,7 +412,7 @@ func (w *watch[M, U]) publish(u U) {
 
 func (w *watch[M, U]) publishLocked(u U) {
 	w.last, w.hasLast, w.lastNotFound, w.lastUnanswered = u, true, false, false
-	for _, s := range w.subs {
+	for s := range w.subs.all() {
 		s.Offer(u)
 	}
 }
@@ -370,7 +435,7 @@ func (w *watch[M, U]) cached() (U, bool) {
 // answer can come (see [unanswerable]) and the watch has published
 // nothing yet.
 func (w *watch[M, U]) noAnswer(err error, failFast bool) {
-	if w.kind.unanswered == nil || !unanswerable(err, failFast) {
+	if w.kind().unanswered == nil || !unanswerable(err, failFast) {
 		return
 	}
 	w.mu.Lock()
@@ -378,9 +443,9 @@ func (w *watch[M, U]) noAnswer(err error, failFast bool) {
 	if w.hasLast {
 		return
 	}
-	w.c.log.Info("unanswered "+w.kind.name, "no answer can come from the control plane for now; proceeding without one, still watching",
-		"rpc", w.kind.name, targetAttr(w.authority), "error", streamCause(err))
-	w.publishLocked(w.kind.unanswered(err))
+	w.c().log.Info("unanswered "+w.kind().name, "no answer can come from the control plane for now; proceeding without one, still watching",
+		"rpc", w.kind().name, targetAttr(w.authority), "error", streamCause(err))
+	w.publishLocked(w.kind().unanswered(err))
 	w.lastUnanswered = true
 }
 
@@ -451,7 +516,7 @@ func (w *watch[M, U]) attempt() {
 	s.sub.to = s
 	// The context of the call, while it opens, and of a Linkerd stream
 	// for its life; a subscription ends by its own means.
-	ctx, cancel := context.WithCancel(w.c.ctx)
+	ctx, cancel := context.WithCancel(w.c().ctx)
 	s.cancel = cancel
 	w.mu.Lock()
 	stopped := w.stopped
@@ -470,20 +535,20 @@ func (w *watch[M, U]) attempt() {
 	// of a kind with an unanswered update, though, fails at once when the
 	// control plane cannot be reached, so that nobody waits for an answer
 	// that cannot come.
-	s.failFast = w.kind.unanswered != nil && !w.answered()
+	s.failFast = w.kind().unanswered != nil && !w.answered()
 	var stream recvStream[M]
 	var err error
 	switch {
 	case s.failFast:
-		stream, err = w.kind.open(ctx, w.authority, s)
-	case w.kind.probe && !w.answered():
-		stream, err = w.kind.open(ctx, w.authority, s)
+		stream, err = w.kind().open(ctx, w.authority, s)
+	case w.kind().probe && !w.answered():
+		stream, err = w.kind().open(ctx, w.authority, s)
 		if err != nil && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
-			w.c.reach.set(err)
-			stream, err = w.kind.open(ctx, w.authority, s, waitForReady)
+			w.c().reach.set(err)
+			stream, err = w.kind().open(ctx, w.authority, s, waitForReady)
 		}
 	default:
-		stream, err = w.kind.open(ctx, w.authority, s, waitForReady)
+		stream, err = w.kind().open(ctx, w.authority, s, waitForReady)
 	}
 	if err != nil {
 		cancel()
@@ -526,18 +591,18 @@ func (w *watch[M, U]) attempt() {
 // watch. The ends of a watch's streams come one at a time: the next
 // stream opens after this returns.
 func (w *watch[M, U]) ended(err error) {
-	rpc := w.kind.name
+	rpc := w.kind().name
 	if backoff.IsPermanent(err) {
 		if !w.isStopped() {
-			w.c.log.Info("rejected "+rpc, "destination lookup rejected; not watching",
+			w.c().log.Info("rejected "+rpc, "destination lookup rejected; not watching",
 				"rpc", rpc, targetAttr(w.authority), "error", errors.Unwrap(err))
-			w.publish(w.kind.rejected(errors.Unwrap(err)))
+			w.publish(w.kind().rejected(errors.Unwrap(err)))
 		}
-		w.c.wg.Done()
+		w.c().wg.Done()
 		return
 	}
 	if w.isStopped() {
-		w.c.wg.Done()
+		w.c().wg.Done()
 		return
 	}
 	// NotFound is the control plane's ordinary answer for a target it
@@ -548,15 +613,17 @@ func (w *watch[M, U]) ended(err error) {
 	if progress {
 		w.attempts = 0
 	}
-	delay := w.c.cfg.policy.Delay(w.attempts)
-	w.attempts++
+	delay := w.c().cfg.policy.Delay(int(w.attempts))
+	if w.attempts < math.MaxInt32 {
+		w.attempts++
+	}
 	notFound := isNotFound(err)
-	if cause := streamCause(err); !notFound && (w.kind.probe || status.Code(cause) == codes.Unavailable) {
+	if cause := streamCause(err); !notFound && (w.kind().probe || status.Code(cause) == codes.Unavailable) {
 		// The inbound policy's own streams say why its ports wait,
 		// whatever ended them; the other kinds only when the control
 		// plane was not reached (an answer such as Unimplemented to
 		// one RPC says nothing of another's).
-		w.c.reach.set(cause)
+		w.c().reach.set(cause)
 	}
 	// A target that a stream delivered a state for keeps that state when
 	// a later stream is answered "not found": a control plane that
@@ -567,10 +634,10 @@ func (w *watch[M, U]) ended(err error) {
 	// tonic-watch for policies). A target that goes away while watched is
 	// said on the stream itself (no_endpoints{exists: false}).
 	held := false
-	if notFound && !w.announced && w.kind.notFound != nil {
+	if notFound && !w.announced && w.kind().notFound != nil {
 		w.mu.Lock()
 		if held = w.hasLast && !w.lastNotFound && !w.lastUnanswered; !held {
-			w.publishLocked(w.kind.notFound())
+			w.publishLocked(w.kind().notFound())
 			w.lastNotFound = true
 		}
 		w.mu.Unlock()
@@ -578,21 +645,21 @@ func (w *watch[M, U]) ended(err error) {
 	w.announced = notFound
 	switch {
 	case held:
-		w.c.log.Info("not found after state "+rpc, "the control plane answered that it knows no such target after it had served one; keeping the last state and asking again later",
+		w.c().log.Info("not found after state "+rpc, "the control plane answered that it knows no such target after it had served one; keeping the last state and asking again later",
 			"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
 	case notFound:
-		w.c.log.Debug("not found "+rpc, "the control plane knows no such target; asking again later",
+		w.c().log.Debug("not found "+rpc, "the control plane knows no such target; asking again later",
 			"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
 	case progress:
 		// The stream delivered updates, then ended (a control plane
 		// restart, a load balancer's idle cut): an event, not a failure.
-		w.c.log.Info("stream ended "+rpc, "destination stream ended after updates; re-establishing",
+		w.c().log.Info("stream ended "+rpc, "destination stream ended after updates; re-establishing",
 			"rpc", rpc, targetAttr(w.authority), "cause", streamCause(err), "delay", delay)
 	case !w.failing:
-		w.c.log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
+		w.c().log.Warn("stream failed "+rpc, "destination stream failed; re-establishing",
 			"rpc", rpc, targetAttr(w.authority), "error", err, "delay", delay)
 	default:
-		w.c.log.Debug("stream failed again "+rpc, "destination stream failed; re-establishing",
+		w.c().log.Debug("stream failed again "+rpc, "destination stream failed; re-establishing",
 			"rpc", rpc, targetAttr(w.authority), "error", streamCause(err), "delay", delay)
 	}
 	// An answer, even "not found", is a control plane that works.
@@ -601,7 +668,7 @@ func (w *watch[M, U]) ended(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped {
-		w.c.wg.Done()
+		w.c().wg.Done()
 		return
 	}
 	w.retry = time.AfterFunc(delay, w.attempt)
@@ -611,7 +678,7 @@ func (w *watch[M, U]) ended(err error) {
 func (w *watch[M, U]) isStopped() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.stopped || w.c.ctx.Err() != nil
+	return w.stopped || w.c().ctx.Err() != nil
 }
 
 // stop ends the watch: its stream ends, or its next attempt is called
@@ -625,7 +692,7 @@ func (w *watch[M, U]) stop() {
 		s.stop()
 	}
 	if t != nil && t.Stop() {
-		w.c.wg.Done() // the attempt that would have seen the end
+		w.c().wg.Done() // the attempt that would have seen the end
 	}
 }
 
@@ -705,7 +772,7 @@ func (s *session[M, U]) startDeadline() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.received && !s.done {
-		s.deadline = time.AfterFunc(s.w.c.cfg.firstMessageTimeout, s.silent)
+		s.deadline = time.AfterFunc(s.w.c().cfg.firstMessageTimeout, s.silent)
 	}
 }
 
@@ -718,7 +785,7 @@ func (s *session[M, U]) silent() {
 		return
 	}
 	s.timedOut = true
-	if w.kind.silent == nil {
+	if w.kind().silent == nil {
 		go s.stop() // not under s.mu, which the stream's end takes
 		return
 	}
@@ -732,15 +799,15 @@ func (s *session[M, U]) silent() {
 		// After "not found", though, a stream the control plane
 		// accepts says the target exists now: its silence is "no
 		// endpoints yet", as for a new authority.
-		w.c.log.Info("silent again "+w.kind.name,
+		w.c().log.Info("silent again "+w.kind().name,
 			"destination stream silent past the first-message deadline; the last state stays in force",
-			"rpc", w.kind.name, targetAttr(w.authority))
+			"rpc", w.kind().name, targetAttr(w.authority))
 		return
 	}
-	w.c.log.Debug("silent "+w.kind.name,
+	w.c().log.Debug("silent "+w.kind().name,
 		"destination stream silent past the first-message deadline; no endpoints yet",
-		"rpc", w.kind.name, targetAttr(w.authority))
-	w.publish(w.kind.silent())
+		"rpc", w.kind().name, targetAttr(w.authority))
+	w.publish(w.kind().silent())
 }
 
 // message applies one message of the stream. The messages of a session
@@ -756,14 +823,14 @@ func (s *session[M, U]) message(msg M) {
 	}
 	s.mu.Unlock()
 	w := s.w
-	w.c.reach.clear()
+	w.c().reach.clear()
 	// Once the stream published, the watch's last update is the
 	// stream's: nothing else publishes while a stream delivers (its
 	// silence is over, and its end comes after its last message).
 	w.mu.Lock()
 	prev := w.last
 	w.mu.Unlock()
-	if u, ok := w.kind.decode(w.authority, prev, !s.published, msg); ok {
+	if u, ok := w.kind().decode(w.authority, prev, !s.published, msg); ok {
 		s.published = true
 		w.publish(u)
 	}
@@ -784,8 +851,8 @@ func (s *session[M, U]) end(err error) {
 	if s.deadline != nil {
 		s.deadline.Stop()
 	}
-	progressed := s.received || (s.timedOut && s.w.kind.silent != nil)
-	silent := s.timedOut && s.w.kind.silent == nil
+	progressed := s.received || (s.timedOut && s.w.kind().silent != nil)
+	silent := s.timedOut && s.w.kind().silent == nil
 	s.mu.Unlock()
 	s.stop()
 	w := s.w
