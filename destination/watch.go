@@ -517,7 +517,7 @@ func (w *watch[M, U]) attempt() {
 	// The context of the call, while it opens, and of a Linkerd stream
 	// for its life; a subscription ends by its own means.
 	ctx, cancel := context.WithCancel(w.c().ctx)
-	s.cancel = cancel
+	s.open = &sessionOpen{cancel: cancel}
 	w.mu.Lock()
 	stopped := w.stopped
 	if !stopped {
@@ -709,29 +709,48 @@ func (w *watch[M, U]) stop() {
 // cannot take the last good state away. Either way the silence counts as
 // progress, so a later failure reconnects after the shortest delay.
 type session[M, U any] struct {
-	w        *watch[M, U]
+	w *watch[M, U]
+
+	// mu orders the deadline's update before any message's, so that a
+	// first message racing the deadline is never overwritten by it.
+	mu sync.Mutex
+	// open is what the stream needs while it opens, and only then on the
+	// Watches stream: nil once neither is left, as a client holds a
+	// session for each of its thousands of watches.
+	open *sessionOpen
+
 	failFast bool
 	// published says that the stream published an update (see
 	// [kind.decode]); it is read and set by the stream's messages alone,
 	// which come one at a time.
 	published bool
-
-	// mu orders the deadline's update before any message's, so that a
-	// first message racing the deadline is never overwritten by it.
-	mu sync.Mutex
-	// cancel ends the call's context: a Linkerd stream's for its life, a
-	// subscription's until it is made (nil then: see subscribed).
-	cancel   context.CancelFunc
-	deadline *time.Timer
-	received bool
-	timedOut bool
-	done     bool
+	received  bool
+	timedOut  bool
+	done      bool
 	// onMux says that sub is made, and stop ends it.
 	onMux bool
+
 	// sub is the session's subscription on the Watches stream, when the
 	// stream is one: held here rather than beside it, as a client holds
 	// a stream for each of its thousands of watches.
 	sub muxSub
+}
+
+// sessionOpen is what a session holds while its stream opens.
+type sessionOpen struct {
+	// cancel ends the call's context: a Linkerd stream's for its life, a
+	// subscription's until it is made (nil then: see subscribed).
+	cancel context.CancelFunc
+	// deadline is the first-message deadline, until the first message.
+	deadline *time.Timer
+}
+
+// dropOpenLocked lets go of s.open once it holds nothing. The caller
+// holds s.mu.
+func (s *session[M, U]) dropOpenLocked() {
+	if o := s.open; o != nil && o.cancel == nil && o.deadline == nil {
+		s.open = nil
+	}
 }
 
 // muxSub returns s's subscription on the Watches stream, for the mux to
@@ -745,7 +764,11 @@ func (s *session[M, U]) subscribed() {
 	s.mu.Lock()
 	done := s.done
 	if !done {
-		s.onMux, s.cancel = true, nil
+		s.onMux = true
+		if s.open != nil {
+			s.open.cancel = nil
+			s.dropOpenLocked()
+		}
 	}
 	s.mu.Unlock()
 	if done {
@@ -757,13 +780,19 @@ func (s *session[M, U]) subscribed() {
 // subscription on the Watches stream.
 func (s *session[M, U]) stop() {
 	s.mu.Lock()
-	cancel, onMux := s.cancel, s.onMux
+	var cancel context.CancelFunc
+	if s.open != nil {
+		cancel = s.open.cancel
+	}
+	onMux := s.onMux
 	s.mu.Unlock()
 	if onMux {
 		s.sub.unsubscribe()
 		return
 	}
-	cancel()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 // startDeadline starts the first-message deadline, unless a message or
@@ -772,7 +801,10 @@ func (s *session[M, U]) startDeadline() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.received && !s.done {
-		s.deadline = time.AfterFunc(s.w.c().cfg.firstMessageTimeout, s.silent)
+		if s.open == nil {
+			s.open = new(sessionOpen)
+		}
+		s.open.deadline = time.AfterFunc(s.w.c().cfg.firstMessageTimeout, s.silent)
 	}
 }
 
@@ -816,9 +848,10 @@ func (s *session[M, U]) message(msg M) {
 	s.mu.Lock()
 	if !s.received {
 		s.received = true
-		if s.deadline != nil {
-			s.deadline.Stop()
-			s.deadline = nil // not kept for the stream's life
+		if s.open != nil && s.open.deadline != nil {
+			s.open.deadline.Stop()
+			s.open.deadline = nil // not kept for the stream's life
+			s.dropOpenLocked()
 		}
 	}
 	s.mu.Unlock()
@@ -848,8 +881,8 @@ func (s *session[M, U]) answer(r *watchespb.WatchResponse) {
 func (s *session[M, U]) end(err error) {
 	s.mu.Lock()
 	s.done = true
-	if s.deadline != nil {
-		s.deadline.Stop()
+	if s.open != nil && s.open.deadline != nil {
+		s.open.deadline.Stop()
 	}
 	progressed := s.received || (s.timedOut && s.w.kind().silent != nil)
 	silent := s.timedOut && s.w.kind().silent == nil
