@@ -22,7 +22,9 @@ import (
 )
 
 // budgetProfileYAML retries every request of books within a budget of one
-// retry per deposit and no minimum; /slow has a 200ms timeout.
+// retry per deposit and no minimum; /slow has a 200ms timeout, and so does
+// /classed, whose response classes name none of the answers of the test
+// (so that their class waits on trailers).
 const budgetProfileYAML = `
 ---
 apiVersion: linkerd.io/v1alpha2
@@ -32,6 +34,11 @@ spec:
   retryBudget: {retryRatio: 1, minRetriesPerSecond: 0, ttl: 60s}
   routes:
   - {name: slow, condition: {pathRegex: /slow}, isRetryable: true, timeout: 200ms}
+  - name: classed
+    condition: {pathRegex: /classed}
+    isRetryable: true
+    timeout: 200ms
+    responseClasses: [{condition: {status: {min: 418, max: 418}}, isFailure: true}]
   - {name: all, condition: {pathRegex: '/.*'}, isRetryable: true}
 `
 
@@ -69,14 +76,26 @@ spec:
 // retried. Before, every request deposited as it started: a request's own
 // deposit paid for its retry, and a request given up before its answer
 // paid for another's.
+//
+// On a route whose response classes leave an answer's class to its
+// trailers, Linkerd's proxy peeks for the trailers of an HTTP/2 response
+// only (linkerd/http/retry/src/peek_trailers.rs,
+// PeekTrailersBody::map_response): an HTTP/1 head is the answer, deposited
+// as it comes, and the route's timeout, which ends at the answer, no longer
+// bounds its first data; an HTTP/2 head waits for its first data under the
+// timeout. Before, an HTTP/1 head waited for its first data too, so that a
+// first chunk later than the route's timeout ended the request in a 504
+// that deposited nothing.
 func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 	type step int
 	const (
-		answered  step = iota // a request answered 200
-		failed                // a request answered 503 once
-		givenUp               // a request given up before its response head
-		headGiven             // a request given up after its response began
-		timedOut              // a request the profile route's timeout ended
+		answered        step = iota // a request answered 200
+		failed                      // a request answered 503 once
+		givenUp                     // a request given up before its response head
+		headGiven                   // a request given up after its response began
+		timedOut                    // a request the profile route's timeout ended
+		classedGivenUp              // on /classed, given up after its head, before any data
+		classedLateData             // on /classed, its head in time, its first data after the timeout
 	)
 	for _, model := range []string{"ServiceProfile", "HTTPRoute"} {
 		for _, tc := range []struct {
@@ -84,6 +103,11 @@ func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 			before    []step
 			wantCode  int
 			wantCalls int64 // attempts of the failing request
+			h1Only    bool
+			// Over HTTP/2, when it differs: the status of the request
+			// before and the failing request's code and attempts.
+			h2Before, h2Code int
+			h2Calls          int64
 		}{
 			{name: "a fresh budget: the first failure is not retried", wantCode: http.StatusServiceUnavailable, wantCalls: 1},
 			{name: "an answer pays for a retry", before: []step{answered}, wantCode: http.StatusOK, wantCalls: 2},
@@ -91,18 +115,40 @@ func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 			{name: "a request given up before its answer pays nothing", before: []step{givenUp}, wantCode: http.StatusServiceUnavailable, wantCalls: 1},
 			{name: "a request given up after its response began pays for a retry", before: []step{headGiven}, wantCode: http.StatusOK, wantCalls: 2},
 			{name: "a request the route's timeout ended pays nothing", before: []step{timedOut}, wantCode: http.StatusServiceUnavailable, wantCalls: 1},
+			{name: "an HTTP/1 request given up after its head, before any data, pays for a retry", before: []step{classedGivenUp}, wantCode: http.StatusOK, wantCalls: 2, h1Only: true},
+			{name: "a head in time with its data after the route's timeout pays over HTTP/1", before: []step{classedLateData}, wantCode: http.StatusOK, wantCalls: 2,
+				h2Before: http.StatusGatewayTimeout, h2Code: http.StatusServiceUnavailable, h2Calls: 1},
 		} {
-			if model == "HTTPRoute" && tc.before != nil && tc.before[0] == timedOut {
-				continue // a ServiceProfile route's timeout
+			if model == "HTTPRoute" && tc.before != nil && tc.before[0] >= timedOut {
+				continue // a ServiceProfile route's timeout and classes
 			}
 			t.Run(model+"/"+tc.name, func(t *testing.T) {
 				testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
-					var fail, stall, headFirst atomic.Bool
+					if tc.h1Only && mode != testutil.H1 {
+						t.Skip("an HTTP/2 head waits for its first data")
+					}
+					wantBefore, wantCode, wantCalls := http.StatusOK, tc.wantCode, tc.wantCalls
+					if mode != testutil.H1 && tc.h2Code != 0 {
+						wantBefore, wantCode, wantCalls = tc.h2Before, tc.h2Code, tc.h2Calls
+					}
+					var fail, stall, headFirst, headOnly atomic.Bool
+					gotHead := make(chan struct{})
 					var calls atomic.Int64
 					reached := make(chan struct{}, 1)
 					up := testutil.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 						calls.Add(1)
 						switch {
+						case stall.Load() && headOnly.Load():
+							// Its head alone, then its data once the
+							// caller has the head, unless the request
+							// ends first.
+							w.WriteHeader(http.StatusOK)
+							w.(http.Flusher).Flush()
+							select {
+							case <-gotHead:
+								_, _ = io.WriteString(w, "late")
+							case <-r.Context().Done():
+							}
 						case stall.Load() && headFirst.Load():
 							// Its head and a first chunk: an answer.
 							_, _ = io.WriteString(w, "partial")
@@ -199,6 +245,30 @@ func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 							giveUp(false)
 						case headGiven:
 							giveUp(true)
+						case classedGivenUp, classedLateData:
+							stall.Store(true)
+							headOnly.Store(true)
+							sctx, scancel := context.WithCancel(ctx)
+							req, err := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+booksAuthority+"/classed", nil)
+							require.NoError(t, err)
+							resp, err := client.Do(req)
+							require.NoError(t, err)
+							require.Equal(t, wantBefore, resp.StatusCode)
+							if st == classedGivenUp {
+								scancel()
+							} else {
+								close(gotHead)
+							}
+							_, err = io.ReadAll(resp.Body)
+							resp.Body.Close()
+							if st == classedGivenUp {
+								require.Error(t, err, "the response given up")
+							} else {
+								require.NoError(t, err)
+							}
+							scancel()
+							stall.Store(false)
+							headOnly.Store(false)
 						case timedOut:
 							stall.Store(true)
 							resp, err := send(ctx, "/slow")
@@ -215,8 +285,8 @@ func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 					fail.Store(true)
 					resp, err := send(ctx, "/")
 					require.NoError(t, err)
-					assert.Equal(t, tc.wantCode, resp.StatusCode)
-					assert.Equal(t, tc.wantCalls, calls.Load()-before, "attempts of the failing request")
+					assert.Equal(t, wantCode, resp.StatusCode)
+					assert.Equal(t, wantCalls, calls.Load()-before, "attempts of the failing request")
 				})
 			})
 		}

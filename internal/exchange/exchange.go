@@ -177,8 +177,10 @@ type Plan struct {
 // request body is forwarded as it arrives, never waited for, while a copy
 // of up to BodyLimit bytes is kept: a retry happens only when the earlier
 // attempt read the whole body within that cap (or the caller can give it
-// again with GetBody), and sends the copy. A response is held back only
-// when its class waits on trailers and its stream ends before any data.
+// again with GetBody), and sends the copy. An HTTP/2 response whose class
+// waits on its trailers is held until its first body chunk, and retried
+// only when its stream ends before any data; an HTTP/1 response is never
+// held, and its head decides.
 func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Response, error) {
 	start := time.Now()
 	parent := req.Context()
@@ -324,8 +326,22 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 		}
 		class, final := p.Classifier.Head(x.grpc, resp.StatusCode, resp.Header)
 		canRetry := retryable && x.replayable()
+		// retryClass is the class the retry decides on: the final class,
+		// or for an HTTP/1 response the class of its head.
+		retryClass, decided := class, final
 		if canRetry && !final {
-			class, final = x.peek(resp, class)
+			if resp.ProtoMajor >= 2 {
+				class, final = x.peek(resp, class)
+				retryClass, decided = class, final
+			} else {
+				// HTTP/1 trailers are not waited for: the head is the
+				// answer, classed as a stream that ends without them, as
+				// Linkerd's proxy peeks for trailers on HTTP/2 only
+				// (linkerd/http/retry/src/peek_trailers.rs,
+				// PeekTrailersBody::map_response). The response keeps
+				// its tentative class, which its trailers end.
+				retryClass, decided = p.Classifier.End(class, x.grpc, nil), true
+			}
 		}
 		if x.timedOut() {
 			// A timeout fired as the head or the first chunk arrived.
@@ -333,14 +349,14 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 			closeBody(resp)
 			return x.gatewayTimeout(req), nil
 		}
-		if !canRetry || !final || !p.Retry.Retryable(resp, class, nil) {
+		if !canRetry || !decided || !p.Retry.Retryable(resp, retryClass, nil) {
 			return x.deliver(req, resp, class, final, true), nil
 		}
 		if !p.Retry.Allow(ctx, attempt) {
 			if x.timedOut() {
 				// A timeout fired during the backoff: the caller gets the
 				// timeout, not the failure that was to be retried.
-				p.Recorder.AttemptDone(parent, Outcome{Status: resp.StatusCode, Class: class}, start)
+				p.Recorder.AttemptDone(parent, Outcome{Status: resp.StatusCode, Class: retryClass}, start)
 				discard(resp)
 				return x.gatewayTimeout(req), nil
 			}
@@ -349,7 +365,7 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 		}
 		x.retries++
 		tap.NoteRetry(parent)
-		p.Recorder.AttemptDone(parent, Outcome{Status: resp.StatusCode, Class: class}, start)
+		p.Recorder.AttemptDone(parent, Outcome{Status: resp.StatusCode, Class: retryClass}, start)
 		discard(resp)
 		x.releaseTry()
 		switch {

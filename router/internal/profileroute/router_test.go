@@ -70,6 +70,13 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		io.WriteString(w, "retried")
+	case "/0.5/body": // a 503 with a body, then success
+		if odd {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "failed")
+			return
+		}
+		io.WriteString(w, "retried")
 	case "/0.5/100KB":
 		if odd {
 			w.WriteHeader(533)
@@ -362,6 +369,25 @@ func TestDoesNotRetryWithoutValidBudget(t *testing.T) {
 	}
 }
 
+// On a route with response classes that match none of its answers, an
+// answer's class waits on its trailers; an HTTP/1 response's trailers are
+// not waited for, so its head decides, and a 503 with a body is retried as
+// Linkerd's proxy retries it (linkerd/http/retry/src/peek_trailers.rs,
+// PeekTrailersBody::map_response, which peeks on HTTP/2 only, and
+// linkerd/app/core/src/classify.rs, whose unmatched profile class is the
+// status's). Before, its first chunk was waited for, and a response with
+// data went to the caller unretried.
+func TestRetryUnmatchedFailureOverHTTP1(t *testing.T) {
+	r := retryRoute("/0.5/body")
+	r.ResponseClasses = []profiles.ResponseClass{{Condition: profiles.StatusRange{Min: 418, Max: 418}, IsFailure: true}}
+	h := newHarness(t, testutil.H1, profileWith(budget10s, r))
+	status, body := h.do("GET", "/0.5/body", nil)
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "retried", body)
+	assert.Equal(t, 2, h.up.count("/0.5/body"))
+	assert.Equal(t, "1", h.metrics.Value(t, "route_actual_response_total", `rt_route="/0.5/body"`, `status_code="503"`, `classification="failure"`))
+}
+
 func TestTimeout(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
 		r := retryRoute("/slow")
@@ -391,16 +417,25 @@ func TestGRPCRetry(t *testing.T) {
 		path       string
 		wantCalls  int
 		wantStatus string
+		// h1: an HTTP/1 response's trailers are not waited for
+		// (linkerd/http/retry/src/peek_trailers.rs,
+		// PeekTrailersBody::map_response): its failure in them stands.
+		h1Calls  int
+		h1Status string
 	}{
-		{"/grpc/headers", 2, "0"},          // retries_failure_in_headers (trailers-only)
-		{"/grpc/empty-trailers", 2, "0"},   // no data, then a failure in the trailers
-		{"/grpc/trailers", 1, "14"},        // data went to the caller: the failure in its trailers stands
-		{"/grpc/success-trailers", 1, "0"}, // does_not_retry_success_in_trailers
-		{"/grpc/frames", 1, "0"},           // does_not_eat_multiple_data_frame_body
+		{"/grpc/headers", 2, "0", 0, ""},          // retries_failure_in_headers (trailers-only)
+		{"/grpc/empty-trailers", 2, "0", 1, "14"}, // no data, then a failure in the trailers
+		{"/grpc/trailers", 1, "14", 0, ""},        // data went to the caller: the failure in its trailers stands
+		{"/grpc/success-trailers", 1, "0", 0, ""}, // does_not_retry_success_in_trailers
+		{"/grpc/frames", 1, "0", 0, ""},           // does_not_eat_multiple_data_frame_body
 	}
 	for _, tc := range cases {
 		t.Run(tc.path, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, mode testutil.Mode) {
+				tc := tc
+				if mode == testutil.H1 && tc.h1Calls != 0 {
+					tc.wantCalls, tc.wantStatus = tc.h1Calls, tc.h1Status
+				}
 				h := newHarness(t, mode, profileWith(budget10s, retryRoute(tc.path)))
 				req, err := http.NewRequest("POST", h.url+tc.path, strings.NewReader("call"))
 				require.NoError(t, err)
@@ -413,9 +448,12 @@ func TestGRPCRetry(t *testing.T) {
 				resp.Body.Close()
 				assert.Equal(t, tc.wantCalls, h.up.count(tc.path))
 				assert.Equal(t, tc.wantStatus, resp.Trailer.Get("Grpc-Status"))
-				if tc.wantCalls == 2 {
+				switch {
+				case tc.wantCalls == 2:
 					assert.Equal(t, "retried", string(body))
-				} else {
+				case tc.path == "/grpc/empty-trailers":
+					assert.Empty(t, body, "the failure passes through")
+				default:
 					assert.Equal(t, "frame-0;frame-1;frame-2;", string(body), "every frame passes through")
 				}
 				class := "success"

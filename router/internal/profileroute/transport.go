@@ -23,7 +23,7 @@ import (
 //
 // A route's timeout bounds the request, every attempt included, until its
 // response goes to the caller: the wait for each response head, and for
-// the first body chunk of a response held to read its trailers. When it
+// the first body chunk of an HTTP/2 response held to read its trailers. When it
 // fires the caller gets a 504 with an l5d-proxy-error header, classified
 // error="timeout". A caller that cancels its request gets its context's
 // error, classified as an error, never as a timeout.
@@ -38,9 +38,11 @@ import (
 // happens only when the first attempt read the whole body within that cap,
 // and sends the copy. A body of a known length within the cap that the
 // caller can give again (Request.GetBody) is taken from the caller
-// instead. A response is held back only when its class waits on trailers
-// and its stream ends before any data (a gRPC trailers-only or empty-body
-// failure); a response with data goes to the caller at once. Errors are
+// instead. An HTTP/2 response whose class waits on trailers is held until
+// its first body chunk, and retried by them only when its stream ends
+// before any data (a gRPC trailers-only or empty-body failure); a response
+// with data goes to the caller at once. An HTTP/1 response is never held:
+// its head decides, as a stream that ends without trailers. Errors are
 // never retried: the upstream may have seen the request. The route_
 // metrics count the logical request, route_actual_ each attempt. When the
 // profile's dst overrides split the traffic, each attempt (a retry, a
