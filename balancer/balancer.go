@@ -741,8 +741,9 @@ func (b *Balancer) wait(req *http.Request, g *group, s *snapshot) (*snapshot, er
 	}
 }
 
-// send sends req to e and accounts for it in e's load until the response
-// body ends.
+// send sends req to e and accounts for it in e's load until the first
+// chunk of its response body, and in e's failure accrual until the body
+// ends.
 func (t *transport) send(req *http.Request, host string, e *member, probe bool, ent *registry.Entry[authority]) (_ *http.Response, held bool, _ error) {
 	b := t.b
 	s := &sent{}
@@ -805,21 +806,19 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 		return nil, false, err
 	}
 	now := b.cfg.now()
-	l.observe(float64(now-start), now, b.decay)
 	cl, grpcReq := classify.FromContext(req.Context()), classify.IsGRPC(req.Header)
 	o, class, final := headOutcome(cl, grpcReq, resp, time.Now())
 	// A penalized response is done with the endpoint's load at its head,
 	// as Linkerd's load biaser releases a failure's in-flight count there
 	// (linkerd/load-biaser/src/lib.rs, LoadBiaserFuture): its body,
-	// however long, is not load.
+	// however long, is not load. So is a response without a body.
 	penalized := b.conf(e.group()).penalize(l, o, now)
-	if penalized {
+	noBody := resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody
+	if penalized || noBody {
 		l.pending.Add(-1)
+		l.observe(float64(now-start), now, b.decay)
 	}
-	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
-		if !penalized {
-			l.pending.Add(-1)
-		}
+	if noBody {
 		if !final {
 			o.classified(cl.End(class, grpcReq, resp.Trailer), resp.StatusCode)
 		}
@@ -832,7 +831,8 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	// is a failure whatever its head said.
 	pb := &s.body
 	pb.ReadCloser, pb.b, pb.e, pb.ctx, pb.resp, pb.hold, pb.ref = resp.Body, b, e, req.Context(), resp, ent, ref
-	pb.probe, pb.head, pb.final, pb.released = probe, o, final, penalized
+	pb.probe, pb.head, pb.final, pb.start = probe, o, final, start
+	pb.released.Store(penalized)
 	if !final {
 		pb.classifier, pb.class, pb.grpc = cl, class, grpcReq
 	}
@@ -872,10 +872,15 @@ func (b *Balancer) record(e *member, o outcome, probe bool, now int64) {
 }
 
 // pendingBody keeps its request in flight on the endpoint's load until
-// the body ends, fails or is closed (a penalized response left it at its
-// head), and then gives failure accrual its
-// verdict. A failure other than the caller's own cancellation counts as a
-// failure and as a penalty sample; a stream its policy route's timeout
+// the body's first read that returns data or an error, or its closing,
+// whichever comes first, and takes the RTT sample then (a penalized
+// response left the load at its head), as Linkerd's balancer tracks an
+// HTTP response's load until its first body frame
+// (hyper-balance/src/lib.rs, PendingUntilFirstData;
+// linkerd/proxy/http/src/balance.rs): a long stream is not load once it
+// has begun. When the body ends, fails or is closed it gives failure
+// accrual its verdict. A failure other than the caller's own cancellation
+// counts as a failure and as a penalty sample; a stream its policy route's timeout
 // ends ([classify.ErrEndpointTimeout]) as a failure; a body closed or
 // given up before its end is classified as it stands then.
 type pendingBody struct {
@@ -889,9 +894,10 @@ type pendingBody struct {
 	done  atomic.Bool
 	probe bool    // the request is its endpoint's probe
 	head  outcome // what the head said
-	// released: the request left the endpoint's pending count at the
-	// head (a penalized response).
-	released bool
+	// released: the request left the endpoint's pending count, at the
+	// head (a penalized response) or at the first chunk.
+	released atomic.Bool
+	start    int64 // when the request was sent, on the balancer's clock
 	// final: the head's class is the response's; otherwise class is its
 	// tentative class, which the classifier ends with the trailers.
 	final      bool
@@ -902,10 +908,24 @@ type pendingBody struct {
 
 func (p *pendingBody) Read(buf []byte) (int, error) {
 	n, err := p.ReadCloser.Read(buf)
+	if (n > 0 || err != nil) && !p.released.Load() {
+		p.unload()
+	}
 	if err != nil {
 		p.finish(err)
 	}
 	return n, err
+}
+
+// unload takes the request out of its endpoint's pending count, once, and
+// its time to now as an RTT sample.
+func (p *pendingBody) unload() {
+	if p.released.Swap(true) {
+		return
+	}
+	l, now := p.e.load, p.b.cfg.now()
+	l.pending.Add(-1)
+	l.observe(float64(now-p.start), now, p.b.decay)
 }
 
 func (p *pendingBody) Close() error {
@@ -919,9 +939,7 @@ func (p *pendingBody) finish(err error) {
 	}
 	defer p.hold.Unhold()
 	defer p.b.table.addrs.end(p.ref)
-	if !p.released {
-		p.e.load.pending.Add(-1)
-	}
+	p.unload()
 	failed := err != nil && !errors.Is(err, io.EOF) && p.ctx.Err() == nil
 	if failed {
 		p.e.load.observe(float64(p.b.cfg.penalty), p.b.cfg.now(), p.b.decay)

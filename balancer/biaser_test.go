@@ -357,7 +357,7 @@ func TestLoadBiaserInFlightAsLinkerd(t *testing.T) {
 		}},
 		{name: "test_pending_counted_via_strong_count", status: http.StatusOK, run: func(t *testing.T, e env) {
 			resp := get(t, e)
-			assert.EqualValues(t, 1, stateOf(e.bal, svc, e.ep).Pending, "in flight after its head, until its body")
+			assert.EqualValues(t, 1, stateOf(e.bal, svc, e.ep).Pending, "in flight after its head, until its first data")
 			e.release()
 			drain(t, resp)
 			assert.Zero(t, stateOf(e.bal, svc, e.ep).Pending)

@@ -21,10 +21,12 @@
 //
 // Each endpoint's load is its round-trip-time estimate times the number of
 // its requests in flight plus one. A new endpoint starts at a default RTT
-// (30 ms); a response head slower than the estimate raises it at once, a
-// faster one pulls it down by an exponential average with a 10 s time
-// constant, and the estimate decays while the endpoint is idle. A request
-// stays in flight until its response body ends, fails or is closed. A
+// (30 ms); a response slower than the estimate to its first body chunk
+// raises it at once, a faster one pulls it down by an exponential average
+// with a 10 s time constant, and the estimate decays while the endpoint is
+// idle. A request stays in flight until the first chunk of its response
+// body (or the body's end, failure or closing, if that comes first), as
+// in Linkerd's balancer: a long stream that has begun is not load. A
 // request that fails without a response (connection refused or reset)
 // counts as a penalty RTT (5 s), not as a fast answer. A request its
 // caller gives up before its response head (a timeout, a cancellation)

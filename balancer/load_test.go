@@ -174,28 +174,83 @@ func TestSlowEndpoint(t *testing.T) {
 	assert.Equal(t, 100, n["f"]+n["s"])
 }
 
-// A request stays in flight on its endpoint until the response body ends,
-// not when the head arrives.
-func TestPendingUntilBodyEnds(t *testing.T) {
-	more := make(chan struct{})
-	e := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "head")
-		w.(http.Flusher).Flush()
-		<-more
-		io.WriteString(w, " tail")
-	}))
-	b, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {e}}))
-	resp, err := client.Get("http://" + books + ":7000/")
-	require.NoError(t, err)
-	l := lookup(b, books+":7000").def.state.Load().eps[0].load
-	assert.EqualValues(t, 1, l.pending.Load(), "in flight after the head")
-	close(more)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	assert.Equal(t, "head tail", string(body))
-	assert.EqualValues(t, 0, l.pending.Load(), "done at the end of the body")
-	require.NoError(t, resp.Body.Close())
-	assert.EqualValues(t, 0, l.pending.Load())
+// A request is in flight on its endpoint until the first chunk of its
+// response body, as Linkerd's balancer counts an HTTP response's load
+// until its first body frame (hyper-balance/src/lib.rs,
+// PendingUntilFirstData, which linkerd/proxy/http/src/balance.rs uses for
+// its peak-EWMA and load-biaser balancers): a long stream that has begun
+// does not keep its endpoint's load high for its whole life.
+//
+// Three streams run on s, each past its first chunk; then q joins. The
+// clock is the balancer's own and stands still but for one step, so the
+// costs are exact: s's estimate has decayed to half the default RTT that
+// q starts at. Counted to the end of their bodies, the three streams make
+// s cost twice q, and every pick goes to q; counted to their first chunk,
+// s costs half q, and every pick goes to s. (Before: every pick went to q.)
+func TestPendingUntilFirstData(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		name := "h1"
+		if h2 {
+			name = "h2"
+		}
+		t.Run(name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.now.Store(1)
+			release := make(chan struct{})
+			var once sync.Once
+			stop := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(stop)
+			s := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/stream" {
+					io.WriteString(w, "s")
+					return
+				}
+				io.WriteString(w, "first\n")
+				http.NewResponseController(w).Flush()
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+				io.WriteString(w, "last\n")
+			}))
+			q := backend(t, "q")
+			s.H2, q.H2 = h2, h2
+			src := staticSource(t, map[string][]endpoint.Endpoint{svc: {s}})
+			b, client := newClient(t, src, withClock(clock.read))
+
+			var streams []*http.Response
+			for range 3 {
+				resp, err := client.Get(svcURL + "stream")
+				require.NoError(t, err)
+				streams = append(streams, resp)
+				buf := make([]byte, len("first\n"))
+				_, err = io.ReadFull(resp.Body, buf)
+				require.NoError(t, err)
+			}
+			assert.Zero(t, stateOf(b, svc, s).Pending, "streams past their first chunk")
+
+			clock.now.Add(int64(math.Round(float64(DefaultDecay) * math.Ln2)))
+			require.NoError(t, src.Set(svc, []endpoint.Endpoint{s, q}))
+			require.Eventually(t, func() bool { return len(b.Endpoints(svc)) == 2 }, testutil.Timeout, time.Millisecond)
+			n := map[string]int{}
+			for range 20 {
+				_, body, _ := fetch(t, client, svcURL)
+				n[body[:1]]++
+			}
+			t.Logf("picks: %v", n)
+			assert.Equal(t, 20, n["s"], "picks of the endpoint whose streams have begun: %v", n)
+
+			stop()
+			for _, resp := range streams {
+				rest, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				assert.Equal(t, "last\n", string(rest))
+				resp.Body.Close()
+			}
+			assert.Zero(t, stateOf(b, svc, s).Pending)
+			assert.Zero(t, stateOf(b, svc, q).Pending)
+		})
+	}
 }
 
 // Acceptance: eight goroutines request through the split while another
@@ -358,20 +413,38 @@ func (s *onceGet) Get(_ *pb.GetDestination, st grpc.ServerStreamingServer[pb.Upd
 	return nil
 }
 
-// The RTT sample is the time to the response head on the balancer's
-// clock; a head slower than the estimate raises it at once.
-func TestSampleIsTimeToHead(t *testing.T) {
+// The RTT sample is the time to the first chunk of the response body on
+// the balancer's clock, as Linkerd's balancer samples it when its load
+// handle drops (hyper-balance/src/lib.rs, PendingUntilFirstData): a
+// response whose data comes 100 ms after a head that took 200 ms raises
+// the estimate to 300 ms at once. (Before: to 200 ms, the time to the
+// head.)
+func TestSampleIsTimeToFirstData(t *testing.T) {
 	clock := &fakeClock{}
 	clock.now.Store(1)
+	gotHead := make(chan struct{})
 	e := backendHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		clock.now.Add(int64(200 * time.Millisecond))
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		select {
+		case <-gotHead:
+		case <-r.Context().Done():
+			return
+		}
+		clock.now.Add(int64(100 * time.Millisecond))
 		io.WriteString(w, "ok")
 	}))
 	b, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{books + ":7000": {e}}), withClock(clock.read))
-	_, body, _ := fetch(t, client, "http://"+books+":7000/")
-	require.Equal(t, "ok", body)
+	resp, err := client.Get("http://" + books + ":7000/")
+	require.NoError(t, err)
+	close(gotHead)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, "ok", string(body))
 	l := lookup(b, books+":7000").def.state.Load().eps[0].load
-	assert.InDelta(t, 200*ms, l.cost(clock.read(), float64(DefaultDecay)), 1)
+	assert.InDelta(t, 300*ms, l.cost(clock.read(), float64(DefaultDecay)), 1)
 }
 
 // An endpoint's span attributes are built on its first traced request,
