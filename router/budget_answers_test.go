@@ -85,7 +85,10 @@ spec:
 // bounds its first data; an HTTP/2 head waits for its first data under the
 // timeout. Before, an HTTP/1 head waited for its first data too, so that a
 // first chunk later than the route's timeout ended the request in a 504
-// that deposited nothing.
+// that deposited nothing. So an HTTP/2 response's answer is its first
+// data, or its end, and one given up after its head and before any data
+// deposits nothing; an HTTP/1 response given up there has deposited.
+// Before, the HTTP/2 response deposited at its head.
 func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 	type step int
 	const (
@@ -94,6 +97,7 @@ func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 		givenUp                     // a request given up before its response head
 		headGiven                   // a request given up after its response began
 		timedOut                    // a request the profile route's timeout ended
+		headNoData                  // given up after its head, before any data
 		classedGivenUp              // on /classed, given up after its head, before any data
 		classedLateData             // on /classed, its head in time, its first data after the timeout
 	)
@@ -115,11 +119,13 @@ func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 			{name: "a request given up before its answer pays nothing", before: []step{givenUp}, wantCode: http.StatusServiceUnavailable, wantCalls: 1},
 			{name: "a request given up after its response began pays for a retry", before: []step{headGiven}, wantCode: http.StatusOK, wantCalls: 2},
 			{name: "a request the route's timeout ended pays nothing", before: []step{timedOut}, wantCode: http.StatusServiceUnavailable, wantCalls: 1},
+			{name: "a request given up after its head, before any data, pays over HTTP/1", before: []step{headNoData}, wantCode: http.StatusOK, wantCalls: 2,
+				h2Before: http.StatusOK, h2Code: http.StatusServiceUnavailable, h2Calls: 1},
 			{name: "an HTTP/1 request given up after its head, before any data, pays for a retry", before: []step{classedGivenUp}, wantCode: http.StatusOK, wantCalls: 2, h1Only: true},
 			{name: "a head in time with its data after the route's timeout pays over HTTP/1", before: []step{classedLateData}, wantCode: http.StatusOK, wantCalls: 2,
 				h2Before: http.StatusGatewayTimeout, h2Code: http.StatusServiceUnavailable, h2Calls: 1},
 		} {
-			if model == "HTTPRoute" && tc.before != nil && tc.before[0] >= timedOut {
+			if model == "HTTPRoute" && tc.before != nil && tc.before[0] >= timedOut && tc.before[0] != headNoData {
 				continue // a ServiceProfile route's timeout and classes
 			}
 			t.Run(model+"/"+tc.name, func(t *testing.T) {
@@ -245,23 +251,28 @@ func TestBudgetDepositsAsAnswersCome(t *testing.T) {
 							giveUp(false)
 						case headGiven:
 							giveUp(true)
-						case classedGivenUp, classedLateData:
+						case headNoData, classedGivenUp, classedLateData:
 							stall.Store(true)
 							headOnly.Store(true)
 							sctx, scancel := context.WithCancel(ctx)
-							req, err := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+booksAuthority+"/classed", nil)
+							path := "/classed"
+							if st == headNoData {
+								path = "/"
+							}
+							req, err := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+booksAuthority+path, nil)
 							require.NoError(t, err)
 							resp, err := client.Do(req)
 							require.NoError(t, err)
 							require.Equal(t, wantBefore, resp.StatusCode)
-							if st == classedGivenUp {
+							givenUp := st != classedLateData
+							if givenUp {
 								scancel()
 							} else {
 								close(gotHead)
 							}
 							_, err = io.ReadAll(resp.Body)
 							resp.Body.Close()
-							if st == classedGivenUp {
+							if givenUp {
 								require.Error(t, err, "the response given up")
 							} else {
 								require.NoError(t, err)

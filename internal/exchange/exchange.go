@@ -151,7 +151,9 @@ type Plan struct {
 	Retry Retry
 	// Budget is the retry budget the request's answers deposit into; nil
 	// means none. Each attempt whose answer is not retried deposits: a
-	// response that goes to the caller, an error that ends the request. A
+	// response that goes to the caller (an HTTP/2 one once its first body
+	// frame or its end comes, unless its caller gives it up first), an
+	// error that ends the request. A
 	// retry withdraws in Retry.Allow, and a failure it refuses deposits
 	// nothing; an attempt its caller gave up, or a timeout of the plan
 	// ended, is no answer and deposits nothing; nor does a request whose
@@ -329,8 +331,10 @@ func RoundTrip(base http.RoundTripper, req *http.Request, p *Plan) (*http.Respon
 		// retryClass is the class the retry decides on: the final class,
 		// or for an HTTP/1 response the class of its head.
 		retryClass, decided := class, final
+		x.peeked = false
 		if canRetry && !final {
 			if resp.ProtoMajor >= 2 {
+				x.peeked = true
 				class, final = x.peek(resp, class)
 				retryClass, decided = class, final
 			} else {
@@ -399,6 +403,7 @@ type exchange struct {
 	tryCancel   context.CancelCauseFunc // the delivered attempt's context
 	retries     int
 	deposits    bool        // the request's answers deposit into p.Budget
+	peeked      bool        // the attempt's first body chunk was read
 	idle        *time.Timer // the idle timer, reset on activity
 	idleFor     time.Duration
 	// afterBody are the timers that start when the request body ends;
@@ -554,7 +559,17 @@ func (x *exchange) deliver(req *http.Request, resp *http.Response, class classif
 		}
 	}
 	if deposit {
-		x.deposit()
+		if resp.ProtoMajor >= 2 && !x.peeked && resp.StatusCode != http.StatusSwitchingProtocols &&
+			resp.Body != nil && resp.Body != http.NoBody {
+			// An HTTP/2 answer comes with its first body frame, as
+			// Linkerd's proxy peeks for trailers before it asks its
+			// budget (linkerd/http/retry/src/peek_trailers.rs,
+			// PeekTrailersBody::map_response): a response its caller
+			// gives up before that deposits nothing.
+			x.resp.deposit = true
+		} else {
+			x.deposit()
+		}
 	}
 	return x.finish(resp, class, final)
 }
@@ -698,12 +713,21 @@ type routeBody struct {
 	class classify.Class
 	final bool
 	once  atomic.Bool
+	// deposit: the answer deposits at the first read that returns data,
+	// the end of the stream or an error other than the caller's giving up.
+	deposit bool
 }
 
 func (b *routeBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		b.x.touch()
+	}
+	if b.deposit && (n > 0 || err != nil) {
+		b.deposit = false
+		if n > 0 || errors.Is(err, io.EOF) || !classify.Abandoned(b.x.parent) {
+			b.x.deposit()
+		}
 	}
 	switch {
 	case err == nil:
