@@ -717,10 +717,16 @@ func TestTraceHedgedCall(t *testing.T) {
 	store := controlplane.NewStore()
 	manifests(t, store, booksService+hedgeRoutes)
 	store.SetEndpoints(map[string][]endpoint.Endpoint{books: eps})
-	c := dial(t, serveStore(t, store), meshgrpc.WithTracerProvider(tp), meshgrpc.WithDiscoveryWait(testutil.Timeout))
+	// Attempts are tagged as the client sent them: on a loaded machine the
+	// hedge may reach its endpoint before the first attempt does.
+	cc, err := grpc.NewClient(booksTarget, append(meshgrpc.DialOptions(serveStore(t, store),
+		meshgrpc.WithTracerProvider(tp), meshgrpc.WithDiscoveryWait(testutil.Timeout)), attemptTags()...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	c := testgrpc.NewTestServiceClient(cc)
 
 	ctx, root := tp.Tracer("test").Start(callAs(callCtx(t), "traced", ""), "app")
-	_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+	_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
 	root.End()
 	require.NoError(t, err)
 
@@ -778,16 +784,11 @@ spec:
 	benchUnary(b, c)
 }
 
-// hedgeChannel is policyChannel whose calls tag each attempt with its
-// number in the order the client sends them (x-attempt, counted per
-// x-call), below the hedger, so that the script tells a call's first
-// attempt from its hedge whichever arrives first.
-func hedgeChannel(t *testing.T, yaml string, eps map[string][]endpoint.Endpoint) (testgrpc.TestServiceClient, *testutil.Metrics) {
-	t.Helper()
-	store := controlplane.NewStore()
-	manifests(t, store, booksService+yaml+probeRoute)
-	store.SetEndpoints(eps)
-	m := testutil.NewMetrics(t)
+// attemptTags are dial options, to follow a mesh channel's, that tag each
+// attempt with its number in the order the client sends them (x-attempt,
+// counted per x-call), below the hedger, so that the script tells a call's
+// first attempt from its hedge whichever arrives first.
+func attemptTags() []grpc.DialOption {
 	var mu sync.Mutex
 	sent := map[string]int{}
 	tag := func(ctx context.Context) context.Context {
@@ -802,13 +803,25 @@ func hedgeChannel(t *testing.T, yaml string, eps map[string][]endpoint.Endpoint)
 		mu.Unlock()
 		return metadata.AppendToOutgoingContext(ctx, "x-attempt", strconv.Itoa(n))
 	}
-	opts := append(meshgrpc.DialOptions(serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)),
+	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			return invoker(tag(ctx), method, req, reply, cc, opts...)
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 			return streamer(tag(ctx), desc, cc, method, opts...)
-		}))
+		}),
+	}
+}
+
+// hedgeChannel is policyChannel whose calls tag each attempt
+// ([attemptTags]).
+func hedgeChannel(t *testing.T, yaml string, eps map[string][]endpoint.Endpoint) (testgrpc.TestServiceClient, *testutil.Metrics) {
+	t.Helper()
+	store := controlplane.NewStore()
+	manifests(t, store, booksService+yaml+probeRoute)
+	store.SetEndpoints(eps)
+	m := testutil.NewMetrics(t)
+	opts := append(meshgrpc.DialOptions(serveStore(t, store), meshgrpc.WithMeterProvider(m.Provider)), attemptTags()...)
 	cc, err := grpc.NewClient(booksTarget, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cc.Close() })
