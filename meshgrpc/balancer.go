@@ -715,22 +715,19 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 // class is then a failure, on a stream as on a unary call. DEADLINE_EXCEEDED at
 // or past the call's deadline is the end of that deadline even before
 // ctx says so: the server's answer to the grpc-timeout it was sent can
-// come before the client's own timer fires, which is due. Whose deadline
-// it is, the route's or another, is then read from the call's route
-// ([call.endpointTimeout]) rather than awaited. A DEADLINE_EXCEEDED
-// before the deadline is the server's own answer, classified by its
-// code.
+// come before the client's own timer fires, which is due, and is awaited
+// for its cause. A DEADLINE_EXCEEDED before the deadline is the
+// server's own answer, classified by its code.
 func givenUp(ctx context.Context, code codes.Code) bool {
-	if ctx.Err() == nil {
+	err := ctx.Err()
+	if err == nil {
 		if code != codes.DeadlineExceeded {
 			return false
 		}
-		d, ok := ctx.Deadline()
-		if !ok || time.Now().Before(d) {
+		if d, ok := ctx.Deadline(); !ok || time.Now().Before(d) {
 			return false
 		}
-		c, _ := ctx.Value(routeCallKey{}).(*call)
-		return c == nil || !c.endpointTimeout(d)
+		<-ctx.Done()
 	}
 	return !classify.EndpointTimedOut(ctx)
 }

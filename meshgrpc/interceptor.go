@@ -80,12 +80,8 @@ func targetAuthority(target string) (authority string, inmesh bool) {
 // for.
 func validAuthority(a string) bool { return a != "" && strings.Contains(a, ":") }
 
-// call is one logical call on a policy route. It is also the call's
-// context once [call.deadline] has bounded it, so that the balancer can
-// tell a deadline its route set from its caller's ([givenUp]) without an
-// allocation of its own.
+// call is one logical call on a policy route.
 type call struct {
-	context.Context
 	m      *mesh
 	rt     *routeTarget
 	method string
@@ -96,27 +92,6 @@ type call struct {
 	// zero when the caller's own deadline comes first.
 	timeout       time.Duration
 	routeDeadline time.Time
-	// tryDeadline is when the retry timeout ends the attempt in flight,
-	// in Unix nanoseconds; 0 when it has none, or an earlier deadline
-	// ends it.
-	tryDeadline atomic.Int64
-}
-
-// routeCallKey is the context key of a call's [call].
-type routeCallKey struct{}
-
-func (c *call) Value(key any) any {
-	if _, ok := key.(routeCallKey); ok {
-		return c
-	}
-	return c.Context.Value(key)
-}
-
-// endpointTimeout reports whether d, the earliest deadline of a context
-// of c's, is one that the route's request or retry timeout set: a
-// timeout enforced at the endpoint ([classify.ErrEndpointTimeout]).
-func (c *call) endpointTimeout(d time.Time) bool {
-	return !c.routeDeadline.IsZero() && d.Equal(c.routeDeadline) || d.UnixNano() == c.tryDeadline.Load()
 }
 
 // errForbiddenRoute fails the calls of a target whose policy refuses
@@ -253,25 +228,21 @@ func (c *call) pick() int {
 // every retry included); a unary call's request ends as it starts, so its
 // response timeout bounds it the same, the earlier of the two winning (a
 // stream's response and idle timeouts are its [streamTimers]). The call
-// remembers when the route, not the caller's own deadline, ends it. The
-// context returned is c, over ctx so bounded.
+// remembers when the route, not the caller's own deadline, ends it.
 func (c *call) deadline(ctx context.Context, unary bool) (context.Context, context.CancelFunc) {
 	t := c.rt.route.Timeouts.Request
 	if r := c.rt.route.Timeouts.Response; r > 0 && unary && (t <= 0 || r < t) {
 		t = r
 	}
 	if t <= 0 {
-		c.Context = ctx
-		return c, func() {}
+		return ctx, func() {}
 	}
 	c.timeout = t
 	d := time.Now().Add(t)
 	if pd, ok := ctx.Deadline(); !ok || d.Before(pd) {
 		c.routeDeadline = d
 	}
-	var cancel context.CancelFunc
-	c.Context, cancel = context.WithDeadlineCause(ctx, d, errRequestTimeout)
-	return c, cancel
+	return context.WithDeadlineCause(ctx, d, errRequestTimeout)
 }
 
 // timedOut reports whether err is the end the route timeout made: a
@@ -416,13 +387,8 @@ func (m *mesh) unary(ctx context.Context, method string, req, reply any, cc *grp
 			// The retry's timeout bounds each attempt but the last; an
 			// attempt that runs out is retried whatever its code.
 			if r := rt.route.Retry; r != nil && r.Timeout > 0 && retries < r.Limit() {
-				td := time.Now().Add(r.Timeout)
-				if pd, ok := actx.Deadline(); !ok || td.Before(pd) {
-					c.tryDeadline.Store(td.UnixNano())
-				}
-				tctx, tcancel := context.WithDeadlineCause(actx, td, errTryTimeout)
+				tctx, tcancel := context.WithTimeoutCause(actx, r.Timeout, errTryTimeout)
 				err = invoker(tctx, method, req, reply, cc, aopts...)
-				c.tryDeadline.Store(0)
 				tryTimedOut = err != nil && ctx.Err() == nil &&
 					(errors.Is(context.Cause(tctx), errTryTimeout) || serverTimedOut(ctx, tctx, err))
 				tcancel()
