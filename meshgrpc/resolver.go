@@ -81,12 +81,12 @@ func (b resolverBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ reso
 	return r, nil
 }
 
-// noAnswer reports a target whose endpoints have not answered within wait
-// (a control plane that cannot be reached or is silent) as a resolver
-// error: grpc-go then fails a fail-fast call with UNAVAILABLE, as the HTTP
-// balancer answers 503 past its resolve timeout, instead of holding it
-// until its deadline; a wait-for-ready call waits on. The first answer
-// clears it.
+// noAnswer reports a target none of whose backends' endpoints (see
+// firstLocked) have answered within wait (a control plane that cannot be
+// reached or is silent) as a resolver error: grpc-go then fails a
+// fail-fast call with UNAVAILABLE, as the HTTP balancer answers 503 past
+// its resolve timeout, instead of holding it until its deadline; a
+// wait-for-ready call waits on. The first answer clears it.
 func (r *meshResolver) noAnswer(wait time.Duration) {
 	r.mu.Lock()
 	silent := !r.closed && !r.firstLocked()
@@ -361,14 +361,19 @@ func (r *meshResolver) ownLocked() bool {
 	return !r.ip || r.policied && !r.policyRoutes || r.selfProfile
 }
 
-// firstLocked reports whether the target has had its first answer: its
-// own endpoints' when they are watched, else, once its policy answered,
-// the first of the backends its calls go to.
+// firstLocked reports whether the channel has had its first answer: that
+// of any backend its calls may go to (see wantedLocked), once an IP
+// target's policy answered when its own endpoints are not watched. The
+// target's own set is not awaited by a call sent elsewhere: a Service with
+// no endpoints, which the control plane answers with silence until the
+// Destination client's first-message timeout, whose dst overrides or
+// route backends send every call to another Service, has its calls
+// answered as soon as that Service's endpoints are known. A call to a
+// backend not answered yet waits for it in the picker. This follows
+// Linkerd's proxy, whose distribution waits only for the backend it draws
+// (linkerd/distribute/src/service/random.rs, poll_ready).
 func (r *meshResolver) firstLocked() bool {
-	if r.ownLocked() {
-		return r.sets[r.authority] != nil
-	}
-	if !r.policied {
+	if !r.ownLocked() && !r.policied {
 		return false
 	}
 	for _, b := range r.backends {
@@ -487,7 +492,7 @@ func addressItself(a string, u endpoint.Update) endpoint.Update {
 // push gives grpc-go the addresses of every backend that answered: one
 // per endpoint and backend, carrying the endpoint's identity (for the
 // credentials), its backend and the endpoint (for the balancer). Nothing
-// is pushed before the target's first answer (see firstLocked): calls
+// is pushed before the first answer of a backend (see firstLocked): calls
 // wait meanwhile. A watch that failed with no set is reported as a
 // resolver error.
 func (r *meshResolver) push() {
