@@ -276,12 +276,8 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 						if st.balancing == nil {
 							st.balancing = make(map[string]*balancer.BackendConfig)
 						}
-						// A GRPCRoute's backend configures its pool; an
-						// HTTPRoute's leaves the options' (the pool of a
-						// Service without GRPCRoutes, as before they
-						// routed calls).
-						if _, ok := st.balancing[a]; !ok && rt.IsGRPC() {
-							st.balancing[a] = router.BackendConfig(b.Backend, rt.FailureAccrual())
+						if _, ok := st.balancing[a]; !ok {
+							st.balancing[a] = backendConfig(b.Backend, rt)
 						}
 					}
 				}
@@ -297,6 +293,24 @@ func (m *mesh) setPolicy(authority string, owner *meshResolver, u policy.Update)
 	}
 	m.mu.Unlock()
 	return st
+}
+
+// backendConfig returns the configuration of the pool of backend b of
+// table rt. A GRPCRoute's backend configures it all. An HTTPRoute's, the
+// default policy's included, brings only the protocol's failure accrual:
+// the Service's, which Linkerd's policy controller sends in the HTTP/2
+// protocol that gRPC calls take (policy-controller/grpc/src/outbound/http.rs);
+// its queue, load and outlier detection stay the client's options', as
+// for the calls of a Service without GRPCRoutes before they were routed.
+func backendConfig(b policy.Backend, rt *policy.RouteTable) *balancer.BackendConfig {
+	c := router.BackendConfig(b, rt.FailureAccrual())
+	if rt.IsGRPC() {
+		return c
+	}
+	if c == nil || c.FailureAccrual == nil {
+		return nil
+	}
+	return &balancer.BackendConfig{FailureAccrual: c.FailureAccrual}
 }
 
 // forwardKey is the backend key of a forward backend: its endpoint's
