@@ -34,8 +34,8 @@ type BackendConfig struct {
 	QueueCapacity int
 	FailFast      time.Duration
 	// PenaltyPeakEWMA, when not nil, adds load penalties as
-	// [WithPenaltyPeakEWMA] does (its Penalty, MaxRetryAfter and
-	// PenaltyDecay; zero fields take their defaults).
+	// [WithPenaltyPeakEWMA] does (its Penalty and MaxRetryAfter; zero
+	// fields take their defaults). They fade with the balancer's decay.
 	PenaltyPeakEWMA *PenaltyPeakEWMA
 	// OutlierDetection, when not nil, ejects outliers as
 	// [WithOutlierDetection] does (one with neither ejection: none), in
@@ -67,7 +67,6 @@ type groupConf struct {
 	queueCap int
 	failfast time.Duration
 	penalty  *PenaltyPeakEWMA
-	penDecay float64
 	zone     zoneConf
 }
 
@@ -79,7 +78,6 @@ type confKey struct {
 	queueCap int
 	failfast time.Duration
 	penalty  PenaltyPeakEWMA
-	penDecay float64
 	zone     zoneConf
 }
 
@@ -89,7 +87,7 @@ func (c *groupConf) health() bool { return c.acc != nil || c.penalty != nil || c
 
 // newGroupConf makes the configuration of key.
 func newGroupConf(k confKey) *groupConf {
-	c := &groupConf{key: k, queueCap: k.queueCap, failfast: k.failfast, penDecay: k.penDecay, zone: k.zone}
+	c := &groupConf{key: k, queueCap: k.queueCap, failfast: k.failfast, zone: k.zone}
 	if k.acc != (accrual{}) {
 		acc := k.acc
 		c.acc = &acc
@@ -107,7 +105,7 @@ func newGroupConf(k confKey) *groupConf {
 
 // defaultKey is the configuration of the balancer's options.
 func (b *Balancer) defaultKey() confKey {
-	k := confKey{queueCap: b.cfg.queueCap, failfast: b.cfg.failfast, penDecay: b.penDecay, zone: b.cfg.zone.resolved()}
+	k := confKey{queueCap: b.cfg.queueCap, failfast: b.cfg.failfast, zone: b.cfg.zone.resolved()}
 	if b.cfg.accrual != nil {
 		k.acc = *b.cfg.accrual
 	}
@@ -116,7 +114,7 @@ func (b *Balancer) defaultKey() confKey {
 	}
 	if b.cfg.penaltyEWMA != nil {
 		k.penalty = *b.cfg.penaltyEWMA
-		k.penalty.DefaultRTT, k.penalty.Decay = 0, 0
+		k.penalty.DefaultRTT, k.penalty.Decay, k.penalty.PenaltyDecay = 0, 0, 0
 	}
 	return k
 }
@@ -138,17 +136,16 @@ func (b *Balancer) keyOf(c *BackendConfig) confKey {
 	}
 	if p := c.PenaltyPeakEWMA; p != nil {
 		q := *p
-		q.DefaultRTT, q.Decay = 0, 0 // the balancer's; not part of the configuration
+		// The balancer's estimate; not part of the configuration.
+		// PenaltyDecay is ignored (see PenaltyPeakEWMA).
+		q.DefaultRTT, q.Decay, q.PenaltyDecay = 0, 0, 0
 		if q.Penalty <= 0 {
 			q.Penalty = DefaultLoadPenalty
 		}
 		if q.MaxRetryAfter <= 0 {
 			q.MaxRetryAfter = DefaultMaxRetryAfter
 		}
-		k.penalty, k.penDecay = q, b.decay
-		if q.PenaltyDecay > 0 {
-			k.penDecay = float64(q.PenaltyDecay)
-		}
+		k.penalty = q
 	}
 	return k
 }
@@ -234,12 +231,13 @@ func (b *Balancer) findGroup(a *authority, c *BackendConfig) *group {
 // penalize applies the load penalty of c (none: nothing) for outcome o of
 // a request to the endpoint of l, as linkerd2-proxy's load biaser does
 // (linkerd/load-biaser/src/lib.rs, effective_rtt): a response it counts
-// ([headOutcome]) sets the endpoint's penalty to Penalty, or to its
-// Retry-After or pushback capped at MaxRetryAfter when that is longer.
+// ([headOutcome]) records Penalty, or its Retry-After or pushback capped
+// at MaxRetryAfter when that is longer, as the endpoint's RTT sample in
+// place of the time it took (decay is the estimate's time constant).
 // The hint lengthens the penalty and never shortens it; the endpoint
 // stays in rotation, its load decaying until a pick prefers it again. It
-// reports whether it set a penalty.
-func (c *groupConf) penalize(l *load, o outcome, now int64) bool {
+// reports whether it recorded a penalty.
+func (c *groupConf) penalize(l *load, o outcome, now int64, decay float64) bool {
 	p := c.penalty
 	if p == nil || !o.biased {
 		return false
@@ -248,6 +246,6 @@ func (c *groupConf) penalize(l *load, o outcome, now int64) bool {
 	if o.retryIn > 0 {
 		pen = max(pen, min(o.retryIn, int64(p.MaxRetryAfter)))
 	}
-	l.penalize(float64(pen), c.penDecay, now)
+	l.penalize(float64(pen), now, decay)
 	return true
 }

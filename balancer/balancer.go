@@ -51,19 +51,17 @@ var ErrClosed = errors.New("balancer: closed")
 // [EndpointFromContext]. A Balancer is safe for concurrent use; Close stops
 // its watches.
 type Balancer struct {
-	src   Source
-	cfg   config
-	decay float64
-	rtt   float64
-	log   *ratelog.Logger
-	// penDecay: the load penalty's time constant.
-	penDecay float64
-	def      *groupConf // the configuration of the options
-	metrics  *balMetrics
-	ctx      context.Context
-	cancel   context.CancelFunc
-	table    table
-	fwd      forwardLabels // the labels of WithForward's endpoints
+	src     Source
+	cfg     config
+	decay   float64
+	rtt     float64
+	log     *ratelog.Logger
+	def     *groupConf // the configuration of the options
+	metrics *balMetrics
+	ctx     context.Context
+	cancel  context.CancelFunc
+	table   table
+	fwd     forwardLabels // the labels of WithForward's endpoints
 }
 
 // New returns a Balancer over the endpoint sets of src. It panics when src
@@ -76,10 +74,6 @@ func New(src Source, opts ...Option) *Balancer {
 	cfg := newConfig(opts)
 	b := &Balancer{src: src, cfg: cfg, decay: float64(cfg.decay), rtt: float64(cfg.defaultRTT),
 		log: ratelog.New(cfg.logger, 0)}
-	b.penDecay = b.decay
-	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
-		b.penDecay = float64(p.PenaltyDecay)
-	}
 	b.def = newGroupConf(b.defaultKey())
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.table.init(cfg, b.def)
@@ -812,10 +806,13 @@ func (t *transport) send(req *http.Request, host string, e *member, probe bool, 
 	// as Linkerd's load biaser releases a failure's in-flight count there
 	// (linkerd/load-biaser/src/lib.rs, LoadBiaserFuture): its body,
 	// however long, is not load. So is a response without a body.
-	penalized := b.conf(e.group()).penalize(l, o, now)
+	// Its penalty is its RTT sample, in place of the time it took.
+	penalized := b.conf(e.group()).penalize(l, o, now, b.decay)
 	noBody := resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody
 	if penalized || noBody {
 		l.pending.Add(-1)
+	}
+	if noBody && !penalized {
 		l.observe(float64(now-start), now, b.decay)
 	}
 	if noBody {

@@ -167,7 +167,9 @@ func (a biasAnswer) send(t *testing.T, client *http.Client) {
 // (RESOURCE_EXHAUSTED, UNAVAILABLE, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL,
 // DATA_LOSS), take the base penalty; the Retry-After of a 429 or 503, and
 // the grpc-retry-pushback-ms of a RESOURCE_EXHAUSTED or UNAVAILABLE,
-// lengthen it up to the maximum. The crate's in-flight cases are
+// lengthen it up to the maximum. The penalty is recorded as the RTT
+// estimate's new peak, floored at the estimate, and fades with the RTT
+// decay whatever the penalty decay. The crate's in-flight cases are
 // TestLoadBiaserInFlightAsLinkerd's.
 func TestLoadBiaserAsLinkerd(t *testing.T) {
 	ra := func(secs int) []string { return []string{"Retry-After", strconv.Itoa(secs)} }
@@ -177,62 +179,76 @@ func TestLoadBiaserAsLinkerd(t *testing.T) {
 	ok := plainA(http.StatusOK)
 	type row struct {
 		name string
-		// defaultRTT, penalty and maxRetryAfter configure the penalty
-		// (defaultRTT 0: 1 ms; the others 0: their defaults).
-		defaultRTT, penalty, maxRetryAfter time.Duration
-		answers                            []biasAnswer
-		later                              time.Duration // clock advance before the load is read
-		want                               float64       // the load in seconds (RTT estimate plus penalty)
-		atLeast                            bool          // want is a bound the load exceeds
+		// defaultRTT, penalty, maxRetryAfter and penaltyDecay configure
+		// the penalty (defaultRTT 0: 1 ms; the others 0: their defaults).
+		defaultRTT, penalty, maxRetryAfter, penaltyDecay time.Duration
+		answers                                          []biasAnswer
+		later                                            time.Duration // clock advance before the load is read
+		want                                             float64       // the load in seconds (the RTT estimate)
+		atLeast                                          bool          // want is a bound the load exceeds
 	}
 	rows := []row{
 		{name: "test_load_uses_default_rtt_initially", defaultRTT: 100 * time.Millisecond, answers: []biasAnswer{ok}, want: 0.1},
 		{name: "test_rtt_tracked_after_request", defaultRTT: 100 * time.Millisecond,
 			answers: []biasAnswer{ok.after(time.Millisecond).taking(250 * time.Millisecond)}, want: 0.25},
-		{name: "test_fast_failure_more_expensive_than_healthy", answers: []biasAnswer{unavailable()}, want: 5.001},
+		{name: "test_fast_failure_more_expensive_than_healthy", answers: []biasAnswer{unavailable()}, want: 5},
 		{name: "test_faster_healthy_is_cheaper_than_slower_healthy (fast)", answers: []biasAnswer{ok.taking(10 * time.Millisecond)}, want: 0.01},
 		{name: "test_faster_healthy_is_cheaper_than_slower_healthy (slow)", answers: []biasAnswer{ok.taking(2 * time.Second)}, want: 2},
-		{name: "test_429_injects_penalty", answers: []biasAnswer{tooMany()}, want: 5.001},
+		{name: "test_429_injects_penalty", answers: []biasAnswer{tooMany()}, want: 5},
 		{name: "test_200_does_not_inject_penalty", answers: []biasAnswer{ok}, want: 0.001},
-		{name: "test_penalty_decays_over_time", answers: []biasAnswer{tooMany()}, later: 10 * time.Second, want: 5.001 * math.Exp(-1)},
+		{name: "test_penalty_decays_over_time", answers: []biasAnswer{tooMany()}, later: 10 * time.Second, want: 5 * math.Exp(-1)},
 		{name: "test_sequential_failures_maintain_load",
-			answers: []biasAnswer{tooMany(), tooMany().after(time.Second), tooMany().after(time.Second)}, want: 5 + 0.001*math.Exp(-0.2)},
-		{name: "default_max_duration_matches_client_policy", answers: []biasAnswer{tooMany(ra(3600)...)}, want: 300.001},
-		{name: "test_429_with_retry_after_records_hint", answers: []biasAnswer{tooMany(ra(30)...)}, want: 30.001},
-		{name: "test_small_retry_after_floored_at_base_penalty", answers: []biasAnswer{tooMany(ra(1)...)}, want: 5.001},
-		{name: "test_429_with_retry_after_capped_at_max", maxRetryAfter: 300 * time.Second, answers: []biasAnswer{tooMany(ra(600)...)}, want: 300.001},
-		{name: "test_rate_limit_hint_parses_retry_after", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany(ra(45)...)}, want: 45.001},
+			answers: []biasAnswer{tooMany(), tooMany().after(time.Second), tooMany().after(time.Second)}, want: 5},
+		{name: "default_max_duration_matches_client_policy", answers: []biasAnswer{tooMany(ra(3600)...)}, want: 300},
+		{name: "test_429_with_retry_after_records_hint", answers: []biasAnswer{tooMany(ra(30)...)}, want: 30},
+		{name: "test_small_retry_after_floored_at_base_penalty", answers: []biasAnswer{tooMany(ra(1)...)}, want: 5},
+		{name: "test_429_with_retry_after_capped_at_max", maxRetryAfter: 300 * time.Second, answers: []biasAnswer{tooMany(ra(600)...)}, want: 300},
+		{name: "test_rate_limit_hint_parses_retry_after", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany(ra(45)...)}, want: 45},
 		{name: "test_rate_limit_hint_none_for_200", maxRetryAfter: time.Minute, answers: []biasAnswer{plainA(http.StatusOK, ra(45)...)}, want: 0.001},
-		{name: "test_rate_limit_hint_none_without_header", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany()}, want: 5.001},
-		{name: "test_rate_limit_hint_on_read_without_attach", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany(ra(45)...)}, want: 45.001},
-		{name: "test_rate_limit_hint_on_read_caps_at_max", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany(ra(300)...)}, want: 60.001},
-		{name: "test_503_records_base_penalized_effective_rtt", answers: []biasAnswer{unavailable()}, want: 5.001},
-		{name: "test_503_with_retry_after_records_hint", answers: []biasAnswer{unavailable(ra(30)...)}, want: 30.001},
-		{name: "test_429_and_503_retry_after_produce_identical_load (429)", answers: []biasAnswer{tooMany(ra(30)...)}, want: 30.001},
-		{name: "test_429_and_503_retry_after_produce_identical_load (503)", answers: []biasAnswer{unavailable(ra(30)...)}, want: 30.001},
-		{name: "test_500_records_base_penalized_effective_rtt", answers: []biasAnswer{plainA(http.StatusInternalServerError)}, want: 5.001},
+		{name: "test_rate_limit_hint_none_without_header", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany()}, want: 5},
+		{name: "test_rate_limit_hint_on_read_without_attach", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany(ra(45)...)}, want: 45},
+		{name: "test_rate_limit_hint_on_read_caps_at_max", maxRetryAfter: time.Minute, answers: []biasAnswer{tooMany(ra(300)...)}, want: 60},
+		{name: "test_503_records_base_penalized_effective_rtt", answers: []biasAnswer{unavailable()}, want: 5},
+		{name: "test_503_with_retry_after_records_hint", answers: []biasAnswer{unavailable(ra(30)...)}, want: 30},
+		{name: "test_429_and_503_retry_after_produce_identical_load (429)", answers: []biasAnswer{tooMany(ra(30)...)}, want: 30},
+		{name: "test_429_and_503_retry_after_produce_identical_load (503)", answers: []biasAnswer{unavailable(ra(30)...)}, want: 30},
+		{name: "test_500_records_base_penalized_effective_rtt", answers: []biasAnswer{plainA(http.StatusInternalServerError)}, want: 5},
 		{name: "test_sub_measured_penalty_failures_floor_at_measured_rtt", penalty: 100 * time.Millisecond,
 			answers: append([]biasAnswer{ok.after(time.Millisecond).taking(500 * time.Millisecond)},
 				repeat(plainA(http.StatusInternalServerError).after(time.Second), 8)...),
 			want: (0.1 + 0.5) / 2, atLeast: true},
+		// A penalty is an RTT sample, the estimate's new peak, not a
+		// term added to it (load-biaser Handle's drop and
+		// linkerd/ewma/src/lib.rs add_peak): after a 2 s answer a 503
+		// makes the estimate 5 s, not 7 s; a penalty below the estimate
+		// leaves it where it was (0.5 s, not 0.6 s); and the policy's
+		// penalty decay is ignored, the penalty fading with the RTT
+		// decay (linkerd/proxy/balance/src/lib.rs,
+		// penalty_biaser_config_ignores_penalty_decay).
+		{name: "Handle's drop: a penalty replaces a lower estimate",
+			answers: []biasAnswer{ok.after(time.Millisecond).taking(2 * time.Second), unavailable()}, want: 5},
+		{name: "Handle's drop: a penalty below the estimate floors at it", penalty: 100 * time.Millisecond,
+			answers: []biasAnswer{ok.after(time.Millisecond).taking(500 * time.Millisecond), plainA(http.StatusInternalServerError)}, want: 0.5},
+		{name: "penalty_biaser_config_ignores_penalty_decay", penaltyDecay: 99 * time.Second,
+			answers: []biasAnswer{tooMany()}, later: 10 * time.Second, want: 5 * math.Exp(-1)},
 		{name: "failure_hint_non_grpc_200_with_grpc_status_header", answers: []biasAnswer{plainA(http.StatusOK, "Grpc-Status", "14")}, want: 0.001},
 		{name: "failure_hint_non_grpc_200_with_grpc_status_header (RESOURCE_EXHAUSTED)",
 			answers: []biasAnswer{plainA(http.StatusOK, "Grpc-Status", "8")}, want: 0.001},
 		{name: "test_grpc_ok_records_low_rtt", answers: []biasAnswer{grpcA(codes.OK)}, want: 0.001},
 		// The rules of failure_hint and effective_rtt beyond the tests.
-		{name: "failure_hint: another 5xx", answers: []biasAnswer{plainA(http.StatusBadGateway)}, want: 5.001},
+		{name: "failure_hint: another 5xx", answers: []biasAnswer{plainA(http.StatusBadGateway)}, want: 5},
 		{name: "failure_hint: a 4xx", answers: []biasAnswer{plainA(http.StatusNotFound)}, want: 0.001},
-		{name: "effective_rtt: a 500's Retry-After is no hint", answers: []biasAnswer{plainA(http.StatusInternalServerError, ra(30)...)}, want: 5.001},
-		{name: "rate_limit_hint: a 429's grpc-retry-pushback-ms is no hint", answers: []biasAnswer{tooMany(pushback(30_000)...)}, want: 5.001},
-		{name: "effective_rtt: UNAVAILABLE's pushback is a hint", answers: []biasAnswer{grpcA(codes.Unavailable, pushback(30_000)...)}, want: 30.001},
-		{name: "effective_rtt: INTERNAL's pushback is no hint", answers: []biasAnswer{grpcA(codes.Internal, pushback(30_000)...)}, want: 5.001},
+		{name: "effective_rtt: a 500's Retry-After is no hint", answers: []biasAnswer{plainA(http.StatusInternalServerError, ra(30)...)}, want: 5},
+		{name: "rate_limit_hint: a 429's grpc-retry-pushback-ms is no hint", answers: []biasAnswer{tooMany(pushback(30_000)...)}, want: 5},
+		{name: "effective_rtt: UNAVAILABLE's pushback is a hint", answers: []biasAnswer{grpcA(codes.Unavailable, pushback(30_000)...)}, want: 30},
+		{name: "effective_rtt: INTERNAL's pushback is no hint", answers: []biasAnswer{grpcA(codes.Internal, pushback(30_000)...)}, want: 5},
 		{name: "failure_hint: a status in the trailers after a message (INTERNAL)",
 			answers: []biasAnswer{{grpc: true, code: codes.Internal, afterMessage: true}}, want: 0.001},
 		{name: "failure_hint: a status in the trailers after a message (RESOURCE_EXHAUSTED)",
 			answers: []biasAnswer{{grpc: true, code: codes.ResourceExhausted, afterMessage: true}}, want: 0.001},
 	}
 	for _, c := range []struct{ cap, value int }{{60, 30}, {60, 120}, {300, 120}, {300, 600}, {1800, 900}, {1800, 3600}} {
-		want := float64(min(c.value, c.cap)) + 0.001
+		want := float64(min(c.value, c.cap))
 		rows = append(rows,
 			row{name: "test_rate_limit_hint_multi_cap_http (cap " + strconv.Itoa(c.cap) + " s, Retry-After " + strconv.Itoa(c.value) + ")",
 				maxRetryAfter: time.Duration(c.cap) * time.Second, answers: []biasAnswer{tooMany(ra(c.value)...)}, want: want},
@@ -241,7 +257,7 @@ func TestLoadBiaserAsLinkerd(t *testing.T) {
 	}
 	for _, code := range []codes.Code{codes.ResourceExhausted, codes.Unavailable, codes.Internal, codes.Unknown, codes.DeadlineExceeded, codes.DataLoss} {
 		rows = append(rows, row{name: "test_grpc_server_errors_record_effective_rtt (" + code.String() + ")",
-			answers: []biasAnswer{grpcA(code)}, want: 5.001})
+			answers: []biasAnswer{grpcA(code)}, want: 5})
 	}
 	for _, code := range []codes.Code{codes.Canceled, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
 		codes.FailedPrecondition, codes.Aborted, codes.OutOfRange, codes.Unimplemented, codes.Unauthenticated} {
@@ -249,7 +265,7 @@ func TestLoadBiaserAsLinkerd(t *testing.T) {
 			answers: []biasAnswer{grpcA(code)}, want: 0.001})
 	}
 	rows = append(rows, row{name: "is_grpc: a content-type with a +suffix",
-		answers: []biasAnswer{grpcA(codes.Unavailable, "Content-Type", "application/grpc+proto")}, want: 5.001})
+		answers: []biasAnswer{grpcA(codes.Unavailable, "Content-Type", "application/grpc+proto")}, want: 5})
 	for _, tc := range rows {
 		over := []string{overHTTP1, overHTTP2, overGRPC}
 		for _, a := range tc.answers {
@@ -268,7 +284,7 @@ func TestLoadBiaserAsLinkerd(t *testing.T) {
 				}
 				bal, client := newClient(t, staticSource(t, map[string][]endpoint.Endpoint{svc: {ep}}), withClock(clock.read),
 					WithPenaltyPeakEWMA(&PenaltyPeakEWMA{DefaultRTT: defaultRTT, Decay: 10 * time.Second,
-						Penalty: tc.penalty, MaxRetryAfter: tc.maxRetryAfter}))
+						Penalty: tc.penalty, MaxRetryAfter: tc.maxRetryAfter, PenaltyDecay: tc.penaltyDecay}))
 				for _, a := range tc.answers {
 					clock.now.Add(int64(a.before))
 					a.send(t, client)
@@ -297,7 +313,7 @@ func repeat[T any](v T, n int) []T {
 // The in-flight cases of the tests of linkerd/load-biaser/src/lib.rs, each
 // row named after its test, against a real HTTP server over HTTP/1 and
 // HTTP/2: a request counts in its endpoint's load from its send to the
-// end of its body, and the load is the RTT estimate (plus any penalty)
+// end of its body, and the load is the RTT estimate (a penalty included)
 // times the requests in flight plus one, while a penalized response
 // leaves the count at its head and records nothing more at its body's end.
 // A request its caller gives up before its head leaves the count and
@@ -413,8 +429,8 @@ func TestLoadBiaserInFlightAsLinkerd(t *testing.T) {
 			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 			st := stateOf(e.bal, svc, e.ep)
 			assert.Zero(t, st.Pending, "a penalized response is not in flight after its head")
-			assert.InDelta(t, 5.001, st.LoadSeconds, 0.01)
-			assert.InDelta(t, 5.001, cost(e), 0.01)
+			assert.InDelta(t, 5, st.LoadSeconds, 0.01)
+			assert.InDelta(t, 5, cost(e), 0.01)
 			e.clock.now.Add(int64(3 * time.Second))
 			before := stateOf(e.bal, svc, e.ep).LoadSeconds
 			e.release()
@@ -509,9 +525,52 @@ func TestPoolLoadBiaserAsLinkerd(t *testing.T) {
 			k.Done(tc.r)
 			l := p.loads[addr]
 			l.mu.Lock()
-			pen := l.penaltyLocked(clock.read()) / 1e9
+			est := l.estimateLocked(clock.read(), p.decay) / 1e9
 			l.mu.Unlock()
-			assert.InDelta(t, tc.want, pen, 1e-9)
+			assert.InDelta(t, max(tc.want, 0.001), est, 1e-9, "the penalty replaces the 1 ms estimate")
+		})
+	}
+}
+
+// A Pool records a load penalty as the Balancer does, as the RTT
+// estimate's new peak in place of the answer's time (linkerd/load-biaser/
+// src/lib.rs, Handle's drop; linkerd/ewma/src/lib.rs, add_peak), not as a
+// term added to the estimate: an endpoint whose estimate is 2 s after a
+// slow answer is at 5 s after a 503, not 7 s; and the penalty fades with
+// the RTT decay, PenaltyDecay ignored (linkerd/proxy/balance/src/lib.rs,
+// penalty_biaser_config_ignores_penalty_decay).
+func TestPoolPenaltyIsAnRTTPeak(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		penaltyDecay time.Duration
+		slow         time.Duration // the answer before the 503 took this long
+		later        time.Duration
+		want         float64 // the estimate in seconds
+	}{
+		{name: "Handle's drop: a penalty replaces a lower estimate", slow: 2 * time.Second, want: 5},
+		{name: "penalty_biaser_config_ignores_penalty_decay", penaltyDecay: 99 * time.Second, later: 10 * time.Second, want: 5 * math.Exp(-1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clock fakeClock
+			clock.now.Store(1)
+			p := NewPool(nil, withClock(clock.read), WithPenaltyPeakEWMA(&PenaltyPeakEWMA{DefaultRTT: time.Millisecond,
+				Decay: 10 * time.Second, PenaltyDecay: tc.penaltyDecay}))
+			addr := netip.MustParseAddrPort("127.0.0.1:1")
+			p.Update([]endpoint.Endpoint{{Addr: addr}})
+			k, ok := p.Pick()
+			require.True(t, ok)
+			clock.now.Add(int64(tc.slow))
+			k.Done(Result{GRPCStatus: int(codes.OK)})
+			k, ok = p.Pick()
+			require.True(t, ok)
+			k.Done(Result{GRPCStatus: int(codes.Unavailable), TrailersOnly: true})
+			clock.now.Add(int64(tc.later))
+			l := p.loads[addr]
+			l.mu.Lock()
+			est := l.estimateLocked(clock.read(), p.decay) / 1e9
+			l.mu.Unlock()
+			assert.InDelta(t, tc.want, est, 1e-6)
+			assert.InDelta(t, tc.want*1e9, l.cost(clock.read(), p.decay), 1e3, "the load is the estimate")
 		})
 	}
 }

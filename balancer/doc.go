@@ -77,11 +77,13 @@
 //
 // With [WithPenaltyPeakEWMA] a response that signals overload (a 429, a
 // 503 or another 5xx; a Trailers-Only gRPC RESOURCE_EXHAUSTED,
-// UNAVAILABLE, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL or DATA_LOSS) sets a
-// decaying penalty on the endpoint's load, raised by a longer Retry-After
-// (429, 503) or grpc-retry-pushback-ms (RESOURCE_EXHAUSTED, UNAVAILABLE;
-// capped), never shortened by a shorter one, as Linkerd's load biaser
-// does.
+// UNAVAILABLE, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL or DATA_LOSS) counts
+// as an RTT sample of a penalty (5 s, or the estimate if higher) in place
+// of its time, raised by a longer Retry-After (429, 503) or
+// grpc-retry-pushback-ms (RESOURCE_EXHAUSTED, UNAVAILABLE; capped), never
+// shortened by a shorter one, as Linkerd's load biaser does: the penalty
+// is the estimate's new peak, which decays as any peak and which the
+// endpoint's later fast answers pull down.
 //
 // When no endpoint of an authority is in rotation (all out of it, or none
 // at all), requests wait in its queue ([WithQueue]: 100 requests, 3 s). A request still waiting at the

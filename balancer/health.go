@@ -290,7 +290,6 @@ type health struct {
 	stamp    int64
 	trips    int // failed probes since the last restore
 	penalty  float64
-	penDecay float64 // time constant of the load penalty
 
 	// Outlier detection: the outcomes of the current interval, whether
 	// the endpoint is ejected (since odAt) and its ejection count.

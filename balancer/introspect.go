@@ -23,8 +23,8 @@ type EndpointState struct {
 	// rate only in unified mode).
 	ConsecutiveFailures int     `json:"consecutive_failures"`
 	SuccessRate         float64 `json:"success_rate,omitempty"`
-	// LoadSeconds is the peak-EWMA RTT estimate plus the load penalty (of
-	// a response that signals overload, see [PenaltyPeakEWMA]; decaying);
+	// LoadSeconds is the peak-EWMA RTT estimate, load penalties (of
+	// responses that signal overload, see [PenaltyPeakEWMA]) included;
 	// Pending the requests in flight.
 	LoadSeconds float64 `json:"load_seconds"`
 	Pending     int64   `json:"pending"`
@@ -89,7 +89,7 @@ func (b *Balancer) endpointStates(g *group) []EndpointState {
 		l := e.load
 		l.mu.Lock()
 		h := l.health
-		st.LoadSeconds = (l.estimateLocked(now, b.decay) + l.penaltyLocked(now)) / 1e9
+		st.LoadSeconds = l.estimateLocked(now, b.decay) / 1e9
 		l.mu.Unlock()
 		st.ConsecutiveFailures = h.failures
 		if acc := g.conf.acc; acc != nil && acc.unified && h.requests > 0 {

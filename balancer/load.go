@@ -16,9 +16,6 @@ type load struct {
 	rtt   float64 // estimate in nanoseconds at stamp
 	stamp int64   // clock reading of the estimate
 
-	pen      float64 // load penalty (see PenaltyPeakEWMA) at penStamp
-	penStamp int64
-
 	health health
 }
 
@@ -38,7 +35,7 @@ func (l *load) estimateLocked(now int64, decay float64) float64 {
 // cost is the estimate times the requests in flight plus one.
 func (l *load) cost(now int64, decay float64) float64 {
 	l.mu.Lock()
-	rtt := l.estimateLocked(now, decay) + l.penaltyLocked(now)
+	rtt := l.estimateLocked(now, decay)
 	l.mu.Unlock()
 	return rtt * float64(l.pending.Load()+1)
 }
@@ -48,7 +45,11 @@ func (l *load) cost(now int64, decay float64) float64 {
 // the weight of the time since the last sample.
 func (l *load) observe(sample float64, now int64, decay float64) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.observeLocked(sample, now, decay)
+	l.mu.Unlock()
+}
+
+func (l *load) observeLocked(sample float64, now int64, decay float64) {
 	cur := l.estimateLocked(now, decay)
 	if sample > cur {
 		l.rtt = sample
@@ -65,26 +66,15 @@ func (l *load) observe(sample float64, now int64, decay float64) {
 	}
 }
 
-// penaltyLocked is the load penalty at now: it decays with its own time
-// constant, stored with it.
-func (l *load) penaltyLocked(now int64) float64 {
-	if l.pen == 0 {
-		return 0
-	}
-	if dt := now - l.penStamp; dt > 0 {
-		return l.pen * math.Exp(-float64(dt)/l.health.penDecay)
-	}
-	return l.pen
-}
-
-// penalize raises the load penalty to p nanoseconds, decaying from now with
-// time constant decay; a larger penalty still in force is kept. Penalties
-// do not add up: a burst of 503s weighs as much as one, as in Linkerd
-// (each one records the penalty as a peak).
-func (l *load) penalize(p, decay float64, now int64) {
+// penalize records a load penalty of p nanoseconds (see
+// [PenaltyPeakEWMA]) as a sample of the RTT estimate, floored at the
+// estimate itself, as Linkerd's load biaser records a failure
+// (linkerd/load-biaser/src/lib.rs, Handle's drop): the penalty becomes the
+// estimate's new peak, fades with the estimate's decay, and faster answers
+// pull it down as they pull down any slow sample. Penalties do not add
+// up: a burst of 503s weighs as much as one.
+func (l *load) penalize(p float64, now int64, decay float64) {
 	l.mu.Lock()
-	l.pen = max(l.penaltyLocked(now), p)
-	l.penStamp = max(l.penStamp, now)
-	l.health.penDecay = decay
+	l.observeLocked(max(p, l.estimateLocked(now, decay)), now, decay)
 	l.mu.Unlock()
 }

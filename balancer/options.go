@@ -222,8 +222,12 @@ func WithQueue(capacity int, failfast time.Duration) Option {
 
 // PenaltyPeakEWMA is the OutboundPolicy's penalty_peak_ewma load: peak
 // EWMA (DefaultRTT, Decay, as [WithPeakEWMA]) where a response that signals
-// overload sets a penalty of Penalty (0: [DefaultLoadPenalty]) on the
-// endpoint's load, decaying with time constant PenaltyDecay (0: Decay).
+// overload counts as an RTT sample of Penalty (0: [DefaultLoadPenalty]),
+// or of the endpoint's current estimate if that is higher, in place of the
+// time it took, as Linkerd's load biaser records it: the penalty becomes
+// the estimate's new peak, fades with Decay like any peak, and the
+// endpoint's faster answers afterwards pull it down as they pull down any
+// slow sample.
 // The [Balancer] reads the response head, as Linkerd's load biaser does:
 // an HTTP 429, 503 or other 5xx, or a gRPC answer (HTTP 200, content-type
 // application/grpc...) whose head holds a grpc-status of
@@ -239,15 +243,22 @@ func WithQueue(capacity int, failfast time.Duration) Option {
 // linkerd2-proxy's load biaser, the hint does not
 // bound the penalty and takes nobody out of rotation: the endpoint gets
 // requests again once its decaying load is below its peers' (a 5 s penalty
-// against a peer answering in a millisecond: about 85 s at a 10 s decay),
-// and when every endpoint is penalized the least penalized one is picked.
-// Penalties do not add up; a larger one in force is kept.
+// against a peer answering in a millisecond: about 85 s at a 10 s decay,
+// sooner if it answers some requests fast meanwhile), and when every
+// endpoint is penalized the least penalized one is picked. Penalties do
+// not add up; a larger estimate in force is kept.
 type PenaltyPeakEWMA struct {
 	DefaultRTT    time.Duration
 	Decay         time.Duration
 	Penalty       time.Duration
 	MaxRetryAfter time.Duration
-	PenaltyDecay  time.Duration
+	// PenaltyDecay is ignored: a penalty is part of the RTT estimate and
+	// fades with Decay, as Linkerd's proxy ignores the policy's
+	// penalty_decay (linkerd/proxy/balance/src/lib.rs,
+	// penalty_biaser_config).
+	//
+	// Deprecated: it has no effect; a penalty decays with Decay.
+	PenaltyDecay time.Duration
 }
 
 // WithPenaltyPeakEWMA sets peak EWMA with load penalties (default: plain

@@ -45,10 +45,6 @@ type Pool struct {
 func NewPool(c *BackendConfig, opts ...Option) *Pool {
 	cfg := newConfig(opts)
 	b := &Balancer{cfg: cfg, decay: float64(cfg.decay)}
-	b.penDecay = b.decay
-	if p := cfg.penaltyEWMA; p != nil && p.PenaltyDecay > 0 {
-		b.penDecay = float64(p.PenaltyDecay)
-	}
 	b.def = newGroupConf(b.defaultKey())
 	conf := b.def
 	if c != nil {
@@ -244,7 +240,6 @@ func (k Pick) Done(r Result) {
 		p.record(k, outcome{failure: true}, now)
 		return
 	}
-	l.observe(float64(now-k.start), now, p.decay)
 	var o outcome
 	switch {
 	case r.PlainHTTP:
@@ -267,7 +262,10 @@ func (k Pick) Done(r Result) {
 	case (s == 0 || s == http.StatusOK) && r.TrailersOnly && r.GRPCStatus >= 0 && !r.PlainHTTP:
 		o.grpcBias(r.GRPCStatus, hint)
 	}
-	p.conf.penalize(l, o, now)
+	if !p.conf.penalize(l, o, now, p.decay) {
+		// A penalized answer's sample is its penalty.
+		l.observe(float64(now-k.start), now, p.decay)
+	}
 	p.record(k, o, now)
 }
 

@@ -318,7 +318,7 @@ func (s *snapshot) zoneLoad(now int64, decay, toward float64, costs, rtts *[]flo
 			}
 			est = l.rtt*f + toward*(1-f)
 		}
-		c := est + l.penaltyLocked(now)
+		c := est
 		l.mu.Unlock()
 		if out {
 			*costs = append(*costs, math.Inf(1))

@@ -41,9 +41,9 @@ const (
 // penalize-failures, the Service's backends use the peak-EWMA estimator
 // that penalizes an endpoint answering a response that signals overload (a
 // 429, a 503 or another 5xx, a Trailers-Only gRPC RESOURCE_EXHAUSTED,
-// UNAVAILABLE or server error): its load is raised by the penalty, or by
-// its Retry-After when that is longer (at most max-retry-after), and
-// decays (see balancer.PenaltyPeakEWMA).
+// UNAVAILABLE or server error): its RTT estimate is raised to the penalty,
+// or to its Retry-After when that is longer (at most max-retry-after),
+// and decays (see balancer.PenaltyPeakEWMA).
 const (
 	AnnotationPenalizeFailures        = "balancer.alpha.linkerd.io/penalize-failures"
 	AnnotationLoadBiaserPenalty       = "balancer.alpha.linkerd.io/load-biaser-penalty"

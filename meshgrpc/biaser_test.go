@@ -56,8 +56,9 @@ func (a *biasApp) StreamingOutputCall(_ *testgrpc.StreamingOutputCallRequest, s 
 // DATA_LOSS that a real grpc-go server answered Trailers-Only (a unary
 // error) sets the penalty, and the endpoint gets none of the next calls;
 // the other codes, and a status in the trailers after a message, set none,
-// and the endpoint keeps its share. The RTT average forgets at once, so
-// the two endpoints' loads differ by the penalty alone.
+// and the endpoint keeps its share. Both endpoints start at a default RTT
+// (1 s) that the calls' own sub-millisecond times barely move, so their
+// loads are alike but for a penalty, the estimate's new 5 s peak.
 func TestLoadPenaltyAsLinkerd(t *testing.T) {
 	type row struct {
 		name         string
@@ -84,7 +85,7 @@ func TestLoadPenaltyAsLinkerd(t *testing.T) {
 			manifests(t, store, booksService)
 			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: serveTestService(t, a)}, {Addr: serveTestService(t, b)}}})
 			c := dial(t, serveStore(t, store), meshgrpc.WithBalancerOptions(balancer.WithPenaltyPeakEWMA(
-				&balancer.PenaltyPeakEWMA{Decay: time.Nanosecond, PenaltyDecay: 10 * time.Second})))
+				&balancer.PenaltyPeakEWMA{DefaultRTT: time.Second, Decay: 10 * time.Second})))
 			call := func() error {
 				ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 				defer cancel()

@@ -65,9 +65,10 @@ func startPlainApp(t *testing.T, code int) *plainApp {
 // content-type (linkerd/load-biaser/src/lib.rs, failure_hint): a 429, a
 // 503 and any other 5xx set the penalty, and the endpoint gets none of the
 // next calls; a 4xx sets none, and the endpoint keeps its share, though
-// grpc-go fails the call with a status it made of the HTTP one. The RTT
-// average forgets at once, so the two endpoints' loads differ by the
-// penalty alone.
+// grpc-go fails the call with a status it made of the HTTP one. Both
+// endpoints start at a default RTT (1 s) that the calls' own
+// sub-millisecond times barely move, so their loads are alike but for a
+// penalty, the estimate's new 5 s peak.
 func TestPlainHTTPAnswerLoadPenalty(t *testing.T) {
 	for _, tc := range []struct {
 		http      int
@@ -91,7 +92,7 @@ func TestPlainHTTPAnswerLoadPenalty(t *testing.T) {
 			manifests(t, store, booksService)
 			store.SetEndpoints(map[string][]endpoint.Endpoint{books: {{Addr: a.addr}, {Addr: serveTestService(t, b)}}})
 			c := dial(t, serveStore(t, store), meshgrpc.WithBalancerOptions(balancer.WithPenaltyPeakEWMA(
-				&balancer.PenaltyPeakEWMA{Decay: time.Nanosecond, PenaltyDecay: 10 * time.Second})))
+				&balancer.PenaltyPeakEWMA{DefaultRTT: time.Second, Decay: 10 * time.Second})))
 			call := func() error {
 				ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 				defer cancel()

@@ -466,7 +466,9 @@ type Balancer struct {
 }
 
 // LoadPenalty adds a latency penalty to an endpoint that answers with
-// overload (429, RESOURCE_EXHAUSTED).
+// overload (429, RESOURCE_EXHAUSTED). PenaltyDecay is carried as the
+// control plane sends it; the balancer ignores it, as Linkerd's proxy
+// does (a penalty fades with the RTT estimate's Decay).
 type LoadPenalty struct {
 	Penalty, MaxRetryAfter, PenaltyDecay time.Duration
 }

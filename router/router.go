@@ -490,7 +490,9 @@ func backendConfig(b policy.Backend, fa *balancer.FailureAccrual) *balancer.Back
 	}
 	bc := &balancer.BackendConfig{FailureAccrual: fa, QueueCapacity: int(b.Queue.Capacity), FailFast: b.Queue.FailFastTimeout, OutlierDetection: od}
 	if p := b.Balancer.Penalty; p != nil {
-		bc.PenaltyPeakEWMA = &balancer.PenaltyPeakEWMA{Penalty: p.Penalty, MaxRetryAfter: p.MaxRetryAfter, PenaltyDecay: p.PenaltyDecay}
+		// The policy's penalty decay is ignored, as Linkerd's proxy
+		// ignores it: a penalty fades with the RTT estimate.
+		bc.PenaltyPeakEWMA = &balancer.PenaltyPeakEWMA{Penalty: p.Penalty, MaxRetryAfter: p.MaxRetryAfter}
 	}
 	return bc
 }
