@@ -10,7 +10,7 @@ import (
 // the endpoint stays in its authority's set, across updates. It is safe for
 // concurrent use; its lock is held only for arithmetic.
 type load struct {
-	pending atomic.Int64 // requests in flight: to their first body chunk (a Pool's, to Done)
+	pending atomic.Int64 // requests in flight: to their first body chunk or message
 
 	mu    sync.Mutex
 	rtt   float64 // estimate in nanoseconds at stamp

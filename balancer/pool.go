@@ -130,11 +130,14 @@ type Pick struct {
 	p     *Pool
 	probe bool
 	start int64
+	// begun: FirstData took the request out of the endpoint's load.
+	begun bool
 }
 
 // Pick chooses the endpoint of a request and counts the request in its
-// load until Done; ok is false when no endpoint may take it (none given,
-// or every one tripped, or on probation with its probe out).
+// load until the first data of its response ([Pick.FirstData]) or Done;
+// ok is false when no endpoint may take it (none given, or every one
+// tripped, or on probation with its probe out).
 func (p *Pool) Pick() (_ Pick, ok bool) {
 	now := p.cfg.now()
 	p.g.sweepOutliers(now)
@@ -156,6 +159,26 @@ func (k Pick) Endpoint() *endpoint.Endpoint { return &k.m.Endpoint }
 // speaks mTLS to endpoints with an identity); for a [NewForwardPool]'s
 // endpoint, labels without an authority.
 func (k Pick) Labels() *classify.Labels { return k.m.labels }
+
+// FirstData reports that the first data of the request's response came
+// (a gRPC call's first response message): the request leaves its
+// endpoint's load, and its time until now is the RTT sample, as
+// Linkerd's balancer counts a request until its response's first data
+// frame (hyper-balance/src/lib.rs, PendingUntilFirstData), so a long
+// stream that has begun is not load. It returns the pick to call Done on,
+// which then takes no second sample; failure accrual still waits for
+// Done. Calling it again does nothing.
+func (k Pick) FirstData() Pick {
+	if k.m == nil || k.begun {
+		return k
+	}
+	p, l := k.p, k.m.load
+	l.pending.Add(-1)
+	now := p.cfg.now()
+	l.observe(float64(now-k.start), now, p.decay)
+	k.begun = true
+	return k
+}
 
 // Result is how a request ended, for [Pick.Done].
 type Result struct {
@@ -198,8 +221,8 @@ type Result struct {
 	RetryAfter time.Duration
 }
 
-// Done ends the request: its time is a sample of the endpoint's load, and
-// its result goes to failure accrual as the [Balancer] counts failures by
+// Done ends the request: its time is a sample of the endpoint's load
+// (unless FirstData took it), and its result goes to failure accrual as the [Balancer] counts failures by
 // the default rules of package classify (a gRPC call by its status alone:
 // UNKNOWN or a code past 16, DEADLINE_EXCEEDED, PERMISSION_DENIED,
 // INTERNAL, UNAVAILABLE, DATA_LOSS, and none for a PlainHTTP answer;
@@ -215,10 +238,12 @@ func (k Pick) Done(r Result) {
 		return
 	}
 	p, l := k.p, k.m.load
-	l.pending.Add(-1)
+	if !k.begun {
+		l.pending.Add(-1)
+	}
 	now := p.cfg.now()
 	if r.Unsent || r.Canceled {
-		if r.Canceled {
+		if r.Canceled && !k.begun {
 			// As Linkerd's load biaser records the elapsed time of a
 			// request dropped in flight (linkerd/load-biaser/src/lib.rs,
 			// Handle's drop).
@@ -262,7 +287,7 @@ func (k Pick) Done(r Result) {
 	case (s == 0 || s == http.StatusOK) && r.TrailersOnly && r.GRPCStatus >= 0 && !r.PlainHTTP:
 		o.grpcBias(r.GRPCStatus, hint)
 	}
-	if !p.conf.penalize(l, o, now, p.decay) {
+	if !p.conf.penalize(l, o, now, p.decay) && !k.begun {
 		// A penalized answer's sample is its penalty.
 		l.observe(float64(now-k.start), now, p.decay)
 	}

@@ -83,3 +83,46 @@ func TestForwardPoolLabelsHaveNoAuthority(t *testing.T) {
 		})
 	}
 }
+
+// A Pool's pick leaves its endpoint's load at FirstData, which takes the
+// RTT sample, as Linkerd's balancer counts a request until the first data
+// frame of its response (hyper-balance/src/lib.rs, PendingUntilFirstData):
+// the stream that follows, however long, is neither load nor part of the
+// sample, and Done takes no second sample. A pick without FirstData (a
+// unary call, whose one message comes with its end) is counted until Done.
+func TestPoolFirstData(t *testing.T) {
+	var clock fakeClock
+	clock.now.Store(1)
+	p := NewPool(nil, withClock(clock.read), WithPeakEWMA(time.Millisecond, 10*time.Second))
+	addr := netip.MustParseAddrPort("127.0.0.1:1")
+	p.Update([]endpoint.Endpoint{{Addr: addr}})
+	l := p.loads[addr]
+	estimate := func() float64 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.estimateLocked(clock.read(), p.decay)
+	}
+
+	k, ok := p.Pick()
+	require.True(t, ok)
+	require.EqualValues(t, 1, l.pending.Load())
+	clock.now.Add(int64(300 * time.Millisecond))
+	k = k.FirstData()
+	require.Zero(t, l.pending.Load(), "out of the load at its first data")
+	require.InDelta(t, float64(300*time.Millisecond), estimate(), 1, "the time to the first data, a peak")
+	k = k.FirstData()
+	require.Zero(t, l.pending.Load(), "a second FirstData does nothing")
+	clock.now.Add(int64(5 * time.Second))
+	before := estimate()
+	k.Done(Result{GRPCStatus: 0})
+	require.Zero(t, l.pending.Load())
+	require.Equal(t, before, estimate(), "the stream's end takes no second sample")
+
+	k, ok = p.Pick()
+	require.True(t, ok)
+	clock.now.Add(int64(2 * time.Second))
+	require.EqualValues(t, 1, l.pending.Load())
+	k.Done(Result{GRPCStatus: 0})
+	require.Zero(t, l.pending.Load())
+	require.InDelta(t, float64(2*time.Second), estimate(), 1, "without FirstData, the time to Done")
+}

@@ -686,6 +686,11 @@ func (p *picker) Pick(info grpcbalancer.PickInfo) (grpcbalancer.PickResult, erro
 	}
 	d := pickDones.Get().(*pickDone)
 	d.k, d.ctx = k, info.Ctx
+	if f, ok := info.Ctx.Value(firstDataKey{}).(*firstData); ok {
+		// An attempt of a server-streaming call: its first response
+		// message takes it out of the endpoint's load.
+		f.bind(d, info.FullMethodName)
+	}
 	if p.calls != nil {
 		d.ex = p.calls.Start(info.Ctx, backend, k.Labels())
 	}
@@ -771,6 +776,8 @@ type pickDone struct {
 	ex  classify.Exchange // the zero Exchange records nothing
 	ctx context.Context
 	fn  func(grpcbalancer.DoneInfo)
+	// fd is the stream attempt this pick is bound to (nil: none).
+	fd *firstData
 }
 
 var pickDones sync.Pool
@@ -784,6 +791,9 @@ func init() {
 }
 
 func (d *pickDone) done(info grpcbalancer.DoneInfo) {
+	if d.fd != nil {
+		d.fd.unbind(d) // k below is then the stream's last word on it
+	}
 	k, ex, ctx := d.k, d.ex, d.ctx
 	*d = pickDone{fn: d.fn}
 	pickDones.Put(d)

@@ -9,7 +9,9 @@
 // where dst is a [destination.Client]: the resolver (scheme "inmesh") follows
 // the authority's endpoints from the Destination API, the balancer picks an
 // endpoint by power of two choices over peak-EWMA load with failure accrual
-// (the logic of package balancer), the interceptors apply the authority's
+// (the logic of package balancer; a call is load on its endpoint until its
+// first response message, so a long stream that has begun is not), the
+// interceptors apply the authority's
 // GRPCRoute policy (deadline, counted retries on gRPC codes, failure
 // injection, request mirrors of unary calls, Linkerd's
 // outbound_grpc_route_* metrics), or the HTTPRoutes of a Service without

@@ -70,6 +70,9 @@ func (m *mesh) unaryInterceptor(ctx context.Context, method string, req, reply a
 // a transparent retry of grpc-go (a stream the server refused unread)
 // comes later, in a read, and its fail-fast stays UNAVAILABLE.
 func (m *mesh) streamInterceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if desc.ServerStreams {
+		streamer = firstDataStreamer(streamer)
+	}
 	s, err := m.stream(ctx, desc, cc, method, streamer, opts...)
 	return s, failFastStatus(err)
 }
