@@ -136,10 +136,22 @@ spec:
 				return err
 			}
 
-			want := int64(3)
 			if tc.wantTripped {
-				want = 1
+				// One call trips the endpoint. On a loaded machine the
+				// route's 50ms timer may end it before the server's
+				// handler has seen it: a failure all the same.
+				err := call()
+				require.Error(t, err)
+				require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+				stall.Store(false)
+				ctx, cancel := context.WithTimeout(context.Background(), testutil.ShortTimeout)
+				defer cancel()
+				_, err = c.EmptyCall(ctx, &testgrpc.Empty{})
+				assert.Error(t, err, "the endpoint is out of rotation")
+				assert.LessOrEqual(t, a.calls.Load(), int64(1), "calls that reached the endpoint")
+				return
 			}
+			const want = 3
 			start := time.Now()
 			for a.calls.Load() < want {
 				require.Less(t, time.Since(start), testutil.Timeout, "calls that reached the endpoint: %d of %d", a.calls.Load(), want)
@@ -148,17 +160,9 @@ spec:
 				require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 			}
 			stall.Store(false)
-			if !tc.wantTripped {
-				_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
-				assert.NoError(t, err, "the endpoint is in rotation")
-				assert.Equal(t, want+1, a.calls.Load(), "calls that reached the endpoint")
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), testutil.ShortTimeout)
-			defer cancel()
-			_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
-			assert.Error(t, err, "the endpoint is out of rotation")
-			assert.Equal(t, want, a.calls.Load(), "calls that reached the endpoint")
+			_, err := c.EmptyCall(callCtx(t), &testgrpc.Empty{})
+			assert.NoError(t, err, "the endpoint is in rotation")
+			assert.Equal(t, int64(want+1), a.calls.Load(), "calls that reached the endpoint")
 		})
 	}
 }
