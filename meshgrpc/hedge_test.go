@@ -106,8 +106,9 @@ type script struct {
 // scriptCall is one call as the endpoints saw it.
 type scriptCall struct {
 	eps []string
-	// hedgeDone is closed when the call's second attempt has answered.
-	hedgeDone chan struct{}
+	// hedgeDone is closed when the call's second attempt has answered;
+	// firstIn when its first attempt has arrived.
+	hedgeDone, firstIn chan struct{}
 	// received are the messages each attempt of a bidi call received.
 	received [2][]string
 }
@@ -125,19 +126,39 @@ func (s *script) arrive(ctx context.Context, ep string) (*scriptCall, int) {
 	defer s.mu.Unlock()
 	c := s.calls[id]
 	if c == nil {
-		c = &scriptCall{hedgeDone: make(chan struct{})}
+		c = &scriptCall{hedgeDone: make(chan struct{}), firstIn: make(chan struct{})}
 		s.calls[id] = c
 	}
 	c.eps = append(c.eps, ep)
 	// The attempt as the client sent it, not as it arrived: on a loaded
 	// machine a hedge sent after its delay may arrive before the first
 	// attempt does.
+	n := len(c.eps) - 1
 	if v := md.Get("x-attempt"); len(v) > 0 {
-		if n, err := strconv.Atoi(v[0]); err == nil {
-			return c, n
+		if a, err := strconv.Atoi(v[0]); err == nil {
+			n = a
 		}
 	}
-	return c, len(c.eps) - 1
+	select {
+	case <-c.firstIn:
+	default:
+		if n == 0 {
+			close(c.firstIn)
+		}
+	}
+	return c, n
+}
+
+// afterFirst answers then once the call's first attempt has reached its
+// endpoint: a hedge that must not win before the first is there to be
+// cancelled (on a loaded machine the first may arrive after the hedge).
+func afterFirst(ctx context.Context, c *scriptCall, then error) error {
+	select {
+	case <-c.firstIn:
+		return then
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // call returns the endpoints call id reached.
@@ -517,14 +538,16 @@ func TestHedgeA6Rules(t *testing.T) {
 	}, {
 		name:      "OK of the hedge: the answer, the first cancelled",
 		first:     func(ctx context.Context, sc *script, _ *scriptCall) error { return sc.stall(ctx) },
-		hedge:     func(context.Context, *script, *scriptCall) error { return nil },
+		hedge:     func(ctx context.Context, _ *script, c *scriptCall) error { return afterFirst(ctx, c, nil) },
 		want:      codes.OK,
 		attempts:  2,
 		cancelled: 1,
 	}, {
-		name:      "fatal status of the hedge: the answer, the first cancelled",
-		first:     func(ctx context.Context, sc *script, _ *scriptCall) error { return sc.stall(ctx) },
-		hedge:     func(context.Context, *script, *scriptCall) error { return status.Error(codes.PermissionDenied, "no") },
+		name:  "fatal status of the hedge: the answer, the first cancelled",
+		first: func(ctx context.Context, sc *script, _ *scriptCall) error { return sc.stall(ctx) },
+		hedge: func(ctx context.Context, _ *script, c *scriptCall) error {
+			return afterFirst(ctx, c, status.Error(codes.PermissionDenied, "no"))
+		},
 		want:      codes.PermissionDenied,
 		attempts:  2,
 		cancelled: 1,
