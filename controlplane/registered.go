@@ -17,16 +17,10 @@ import (
 // server calls it with one id per stream; etcdstore's watch with one id
 // for every registration that etcd holds.
 func (s *Store) PutRegistered(id string, sets map[string][]endpoint.Endpoint) {
-	m := make(map[string][]endpoint.Endpoint, len(sets))
-	for a, eps := range sets {
-		m[strings.ToLower(a)] = sortedEndpoints(eps)
-	}
+	m := registeredSets(sets)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.initLocked()
-	if s.registered == nil {
-		s.registered = make(map[string]map[string][]endpoint.Endpoint)
-	}
+	s.initRegisteredLocked()
 	old := s.registered[id]
 	changed := changedAuthorities(old, m)
 	if len(changed) == 0 {
@@ -50,16 +44,10 @@ func (s *Store) PutRegistered(id string, sets map[string][]endpoint.Endpoint) {
 // every authority of the registration ([Store.PutRegistered] replaces
 // them all).
 func (s *Store) UpdateRegistered(id string, sets map[string][]endpoint.Endpoint, deleted []string) {
-	m := make(map[string][]endpoint.Endpoint, len(sets))
-	for a, eps := range sets {
-		m[strings.ToLower(a)] = sortedEndpoints(eps)
-	}
+	m := registeredSets(sets)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.initLocked()
-	if s.registered == nil {
-		s.registered = make(map[string]map[string][]endpoint.Endpoint)
-	}
+	s.initRegisteredLocked()
 	cur := s.registered[id]
 	if cur == nil {
 		cur = make(map[string][]endpoint.Endpoint)
@@ -272,5 +260,23 @@ func (s *Store) mergeAllLocked() {
 		if _, ok := s.files[a]; !ok {
 			s.mergeLocked(a)
 		}
+	}
+}
+
+// registeredSets is sets with lower-case authorities and sorted endpoints,
+// as the store holds a registration's.
+func registeredSets(sets map[string][]endpoint.Endpoint) map[string][]endpoint.Endpoint {
+	m := make(map[string][]endpoint.Endpoint, len(sets))
+	for a, eps := range sets {
+		m[strings.ToLower(a)] = sortedEndpoints(eps)
+	}
+	return m
+}
+
+// initRegisteredLocked readies the store and its registrations' map.
+func (s *Store) initRegisteredLocked() {
+	s.initLocked()
+	if s.registered == nil {
+		s.registered = make(map[string]map[string][]endpoint.Endpoint)
 	}
 }
