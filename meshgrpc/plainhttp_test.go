@@ -104,26 +104,24 @@ func TestPlainHTTPAnswerLoadPenalty(t *testing.T) {
 				require.Less(t, a.calls.Load()+b.calls.Load(), int64(10_000), "an endpoint got no call")
 				require.NoError(t, call())
 			}
-			// Calls until a answers plainly.
-			a.armed.Store(true)
-			for a.armed.Load() {
-				require.Less(t, b.calls.Load(), int64(10_000), "no call reached the endpoint")
-				was := a.answers.Load()
-				err := call()
-				if a.answers.Load() > was {
+			// From now on a answers every call plainly. Penalized, it
+			// gets one call now and then, after its penalty has decayed
+			// below b's load or when P2C draws it twice; unpenalized, it
+			// keeps its share, about half.
+			a.always.Store(true)
+			before, was := a.calls.Load(), a.answers.Load()
+			const n = 100
+			for range n {
+				if err := call(); err != nil {
 					require.Equal(t, tc.code, status.Code(err), "%v", err)
 				}
 			}
-			before := a.calls.Load()
-			const n = 100
-			for range n {
-				require.NoError(t, call())
-			}
 			got := a.calls.Load() - before
+			require.Equal(t, got, a.answers.Load()-was, "every call to the endpoint answered plainly")
 			if tc.penalized {
-				assert.Zero(t, got, "calls to the penalized endpoint, of %d", n)
+				assert.LessOrEqual(t, got, int64(5), "calls to the penalized endpoint, of %d", n)
 			} else {
-				assert.Positive(t, got, "calls to the endpoint, of %d", n)
+				assert.Greater(t, got, int64(20), "calls to the endpoint, of %d", n)
 			}
 		})
 	}
